@@ -1,0 +1,71 @@
+"""The interface every chat engine implements (transformers here, vLLM beside it).
+
+An engine owns the model. It lays out prompts, encodes facts into pre-RoPE K/V, and generates either with the
+memory segment's K/V injected into its KV cache (``mode="kv"``) or with the memory tokens prefilled like any other
+prompt tokens (``mode="prompt"``). Both modes see exactly the same token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from inferscale.kv.encode import EncodeRequest
+from inferscale.kv.fact import FactKV
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generated answer with its engine-side timings.
+
+    Attributes:
+        text: decoded answer (special tokens removed).
+        token_ids: generated ids.
+        kv_assembly_ms: rotating and writing the facts' K/V into the cache (ms); 0 in prompt mode.
+        prefill_ms: prefill up to the first token's logits and its argmax (ms).
+        total_ms: assembly + prefill + decode (ms).
+        prompt_tokens: tokens of the whole prompt, memory included.
+        memory_tokens: tokens of the memory segment.
+    """
+
+    text: str
+    token_ids: list[int]
+    kv_assembly_ms: float
+    prefill_ms: float
+    total_ms: float
+    prompt_tokens: int
+    memory_tokens: int
+
+
+class Engine(Protocol):
+    """What :class:`inferscale.MemoryClient` needs from an engine."""
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`inferscale.kv.fingerprint.model_fingerprint` of the loaded model (32 hex characters)."""
+        ...
+
+    def system_prefix_ids(self) -> list[int]:
+        """Token ids of the chat template up to the memory segment (the system prefix)."""
+        ...
+
+    def fact_token_ids(self, text: str) -> list[int]:
+        """Token ids a fact occupies in the memory segment."""
+        ...
+
+    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
+        """Token ids of preceding conversation turns, used as encoding context (context-window encoding)."""
+        ...
+
+    def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """Encode facts (batched) into pre-RoPE K/V on the engine's device."""
+        ...
+
+    def generate_kv(self, query: str, facts: Sequence[FactKV], max_new_tokens: int) -> Generation:
+        """Answer ``query`` with the facts' K/V injected after the system prefix."""
+        ...
+
+    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
+        """Answer ``query`` with the same fact tokens prefilled as ordinary prompt tokens (the baseline)."""
+        ...

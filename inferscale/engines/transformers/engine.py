@@ -1,0 +1,288 @@
+"""The Hugging Face transformers engine: KV injection into a ``DynamicCache``, then query-only prefill.
+
+KV mode (paper: KV injection): the system prefix's K/V (prefilled once and reused), then the k facts' stored
+pre-RoPE K/V rotated to their serving positions (:func:`inferscale.kv.compose.assemble`), are written into a fresh
+cache; the model prefills only the query tokens, with explicit position ids ``P+S .. P+S+Q-1``, and decodes.
+Prompt mode (the Mem0-style baseline): the same fact tokens are prefilled after the same cached prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferscale.config import EngineConfig
+from inferscale.engines.base import Generation
+from inferscale.engines.transformers.prompt import PromptLayout
+from inferscale.kv.compose import AssembledKV, PrefixKV, assemble
+from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.fact import FactKV
+from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.kv.rope import RopeTable
+from inferscale.models import resolve_llm_path
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; anything else as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _now_ms(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() * 1000.0
+
+
+class TransformersEngine:
+    """Chat engine over a transformers causal LM, with KV-injected memory.
+
+    Construction does no I/O; the model loads on first use (or :meth:`load`).
+
+    Args:
+        config: model, dtype, device, attention kernel.
+        system_prompt: the instruction before the memory segment.
+        home: cache directory (for the embedded model's converted folder).
+        encode_batch_size: facts per forward pass when encoding.
+        model, tokenizer: an already loaded model and tokenizer (tests, or callers that own the model); when
+            given, ``config.model``/``dtype``/``device`` are not used to load anything.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        system_prompt: str,
+        home: Path | None = None,
+        encode_batch_size: int = 16,
+        model: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self._config = config
+        self._system_prompt = system_prompt
+        self._home = home
+        self._batch_size = encode_batch_size
+        self._model = model
+        self._tokenizer = tokenizer
+        self._lock = threading.RLock()
+        self._ready = False
+
+    # ---------------------------------------------------------------- loading
+    def load(self) -> TransformersEngine:
+        """Load the model, tokenizer, rope table, system prefix K/V and fingerprint (once). Returns ``self``."""
+        with self._lock:
+            if self._ready:
+                return self
+            if self._config.num_threads is not None:
+                torch.set_num_threads(self._config.num_threads)
+            model_id = "custom"
+            if self._model is None:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                path = resolve_llm_path(self._config.model, self._home)
+                model_id = Path(path).name or path
+                self._tokenizer = AutoTokenizer.from_pretrained(path)
+                self._model = AutoModelForCausalLM.from_pretrained(
+                    path,
+                    dtype=_DTYPES[self._config.dtype],
+                    attn_implementation=self._config.attn_implementation,
+                ).to(resolve_device(self._config.device))
+            self._model.eval()
+            self._device = next(self._model.parameters()).device
+            self._layout = PromptLayout(self._tokenizer, self._system_prompt)
+            self._table = RopeTable(self._model.model.rotary_emb, self._model.config, self._device)
+            pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+            self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
+            self._stop_ids = self._stop_token_ids()
+            self._prefix = self._prefill_prefix()
+            self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
+            self._ready = True
+            return self
+
+    def _stop_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        eos = self._model.generation_config.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self._tokenizer.eos_token_id is not None:
+            ids.add(self._tokenizer.eos_token_id)
+        for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+            tid = self._tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self._tokenizer.unk_token_id:
+                ids.add(tid)
+        return ids
+
+    @torch.inference_mode()
+    def _prefill_prefix(self) -> PrefixKV:
+        ids = torch.tensor([self._layout.prefix_ids], dtype=torch.long, device=self._device)
+        positions = torch.arange(ids.shape[1], device=self._device)[None]
+        out = self._model(input_ids=ids, position_ids=positions, use_cache=True)
+        cache = out.past_key_values
+        keys = torch.stack([layer.keys[0] for layer in cache.layers])
+        values = torch.stack([layer.values[0] for layer in cache.layers])
+        return PrefixKV(keys=keys, values=values, token_ids=ids[0].cpu())
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def model(self) -> Any:
+        """The loaded transformers model."""
+        return self.load()._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer."""
+        return self.load()._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model and its KV cache live."""
+        return self.load()._device
+
+    @property
+    def fingerprint(self) -> str:
+        """Model fingerprint (32 hex characters); see :func:`inferscale.kv.fingerprint.model_fingerprint`."""
+        return self.load()._fingerprint
+
+    @property
+    def rope_table(self) -> RopeTable:
+        """The model's cos/sin table."""
+        return self.load()._table
+
+    @property
+    def prefix_kv(self) -> PrefixKV:
+        """K/V of the system prefix (post-RoPE), prefilled once at load."""
+        return self.load()._prefix
+
+    def system_prefix_ids(self) -> list[int]:
+        """Token ids of the system prefix."""
+        return list(self.load()._layout.prefix_ids)
+
+    def fact_token_ids(self, text: str) -> list[int]:
+        """Token ids of one fact line of the memory segment."""
+        return self.load()._layout.fact_ids(text)
+
+    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
+        """Token ids of preceding turns (encoding context)."""
+        return self.load()._layout.context_ids(turns)
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Token ids after the memory segment (end of system turn, user query, assistant header)."""
+        return self.load()._layout.query_ids(query)
+
+    # ---------------------------------------------------------------- encoding
+    def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """Pre-RoPE K/V of each fact, ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype."""
+        self.load()
+        with self._lock:
+            return self._encoder.encode(requests)
+
+    # ---------------------------------------------------------------- generation
+    def _cache_from(self, keys: torch.Tensor, values: torch.Tensor) -> Any:
+        from transformers import DynamicCache
+
+        # keys/values: [L, n_kv, N, hd] -> one [1, n_kv, N, hd] pair per layer.
+        return DynamicCache(
+            ddp_cache_data=[(keys[i][None], values[i][None]) for i in range(keys.shape[0])],
+            config=self._model.config,
+        )
+
+    def assemble(self, facts: Sequence[FactKV]) -> AssembledKV:
+        """Prefix K/V followed by the facts' rotated K/V (see :func:`inferscale.kv.compose.assemble`)."""
+        self.load()
+        return assemble(self._prefix, facts, self._table)
+
+    @torch.inference_mode()
+    def generate_kv(self, query: str, facts: Sequence[FactKV], max_new_tokens: int) -> Generation:
+        """Answer with the facts' K/V injected; prefill covers only the query tokens.
+
+        Raises:
+            ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
+        """
+        self.load()
+        with self._lock:
+            t0 = _now_ms(self._device)
+            assembled = assemble(self._prefix, facts, self._table)
+            cache = self._cache_from(assembled.keys, assembled.values)
+            t1 = _now_ms(self._device)
+            query_ids = self._layout.query_ids(query)
+            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens)
+            return Generation(
+                text=gen[0],
+                token_ids=gen[1],
+                kv_assembly_ms=t1 - t0,
+                prefill_ms=gen[2],
+                total_ms=_now_ms(self._device) - t0,
+                prompt_tokens=assembled.n_tokens + len(query_ids),
+                memory_tokens=assembled.memory_tokens,
+            )
+
+    @torch.inference_mode()
+    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
+        """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline)."""
+        self.load()
+        with self._lock:
+            t0 = _now_ms(self._device)
+            cache = self._cache_from(self._prefix.keys, self._prefix.values)
+            memory_ids = [t for ids in fact_ids for t in ids]
+            query_ids = self._layout.query_ids(query)
+            gen = self._run(cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens)
+            return Generation(
+                text=gen[0],
+                token_ids=gen[1],
+                kv_assembly_ms=0.0,
+                prefill_ms=gen[2],
+                total_ms=_now_ms(self._device) - t0,
+                prompt_tokens=self._prefix.n_tokens + len(memory_ids) + len(query_ids),
+                memory_tokens=len(memory_ids),
+            )
+
+    @torch.inference_mode()
+    def first_token_logits(
+        self, query: str, facts: Sequence[FactKV] | None, fact_ids: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
+        """Next-token logits ``[vocab]`` float32 after the prompt: KV mode when ``facts`` is given, else prompt
+        mode over ``fact_ids``. Used by exactness tests and the fidelity metrics."""
+        self.load()
+        with self._lock:
+            if facts is not None:
+                assembled = assemble(self._prefix, facts, self._table)
+                cache, ids, start = self._cache_from(assembled.keys, assembled.values), [], assembled.n_tokens
+            else:
+                cache, start = self._cache_from(self._prefix.keys, self._prefix.values), self._prefix.n_tokens
+                ids = [t for f in fact_ids or [] for t in f]
+            ids = ids + self._layout.query_ids(query)
+            return self._forward(cache, ids, start)[0, -1].float()
+
+    def _forward(self, cache: Any, ids: list[int], start: int) -> torch.Tensor:
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
+        positions = torch.arange(start, start + len(ids), device=self._device)[None]
+        out = self._model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True)
+        return out.logits
+
+    def _run(self, cache: Any, ids: list[int], start: int, max_new_tokens: int) -> tuple[str, list[int], float]:
+        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode.
+
+        Returns (text, generated ids, prefill ms up to the first token).
+        """
+        t0 = _now_ms(self._device)
+        logits = self._forward(cache, ids, start)
+        token = int(logits[0, -1].argmax())
+        prefill_ms = _now_ms(self._device) - t0
+        generated: list[int] = []
+        position = start + len(ids)
+        while token not in self._stop_ids and len(generated) < max_new_tokens:
+            generated.append(token)
+            logits = self._forward(cache, [token], position)
+            position += 1
+            token = int(logits[0, -1].argmax())
+        text = self._tokenizer.decode(generated, skip_special_tokens=True).strip()
+        return text, generated, prefill_ms

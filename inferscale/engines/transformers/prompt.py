@@ -1,0 +1,63 @@
+"""Prompt layout from the model's own chat template: ``[system prefix][memory segment][query]``.
+
+The template is rendered once with a sentinel where the memory segment goes; the text before it is the system
+prefix and the text after it (closing the system turn, the user's query, the assistant header) is the query part.
+This works for any chat template that renders the system message verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from inferscale.errors import ConfigError
+
+_SENTINEL = "\u2063INFERSCALE_MEMORY_SEGMENT\u2063"
+_QUERY_SENTINEL = "\u2063INFERSCALE_QUERY\u2063"
+
+
+class PromptLayout:
+    """Splits the chat template around the memory segment and tokenizes each part separately.
+
+    Both chat modes build the prompt from these same pieces, so their token ids are identical.
+
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        system_prompt: instruction text placed before the memory segment.
+
+    Raises:
+        ConfigError: when the tokenizer has no chat template, or the template drops the system message.
+    """
+
+    def __init__(self, tokenizer: Any, system_prompt: str) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("the model's tokenizer has no chat template; configure an instruct model")
+        rendered = tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": system_prompt + _SENTINEL},
+                {"role": "user", "content": _QUERY_SENTINEL},
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        if rendered.count(_SENTINEL) != 1 or rendered.count(_QUERY_SENTINEL) != 1:
+            raise ConfigError("the chat template does not render the system message verbatim; cannot place memory")
+        prefix, rest = rendered.split(_SENTINEL)
+        self._tokenizer = tokenizer
+        self._query_before, self._query_after = rest.split(_QUERY_SENTINEL)
+        self.prefix_ids: list[int] = self._encode(prefix)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def fact_ids(self, text: str) -> list[int]:
+        """Tokens of one fact as a line of the memory segment: ``"- {text}\\n"``."""
+        return self._encode(f"- {text.strip()}\n")
+
+    def context_ids(self, turns: Sequence[str]) -> list[int]:
+        """Tokens of preceding conversation turns, one per line, used as encoding context."""
+        return self._encode("".join(f"{t.strip()}\n" for t in turns)) if turns else []
+
+    def query_ids(self, query: str) -> list[int]:
+        """Tokens after the memory segment: the end of the system turn, the user's query, the assistant header."""
+        return self._encode(self._query_before + query.strip() + self._query_after)

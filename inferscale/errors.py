@@ -1,0 +1,46 @@
+"""Typed errors raised by InferScale.
+
+Every error names the bad value and, where there is one, the fix. Nothing already stored is lost when one is
+raised: validation happens before any write.
+"""
+
+from __future__ import annotations
+
+
+class InferScaleError(Exception):
+    """Base class of every error InferScale raises on purpose."""
+
+
+class InvalidInputError(InferScaleError, ValueError):
+    """An argument has the wrong type, shape or value (for example a message without ``content``)."""
+
+
+class ScopeError(InvalidInputError):
+    """A call that reads or writes memories was given no ``user_id``, ``agent_id`` or ``run_id``."""
+
+
+class MemoryNotFoundError(InferScaleError, KeyError):
+    """No memory has the given id (or it belongs to another scope)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else "memory not found"
+
+
+class ConfigError(InferScaleError, ValueError):
+    """The configuration names something that cannot be loaded (a missing model folder, a bad URL)."""
+
+
+class ModelNotAvailableError(ConfigError):
+    """A default model package is not installed, or a configured model path does not exist."""
+
+
+class UnsupportedModelError(InferScaleError, NotImplementedError):
+    """The model's architecture or rotary embedding cannot be handled exactly (for example dynamic NTK RoPE)."""
+
+
+class KVFingerprintMismatchError(InferScaleError):
+    """A stored KV entry was built by another model, dtype, rope configuration or tokenizer."""
+
+
+class ExtractionError(InferScaleError):
+    """The LLM returned output that could not be turned into facts, even after tolerant parsing."""

@@ -1,0 +1,102 @@
+"""Composition: k facts laid out as one contiguous memory segment after the system prefix, keys rotated in place.
+
+Prompt layout (both chat modes use exactly these token ids)::
+
+    [system prefix: P tokens][fact 1][fact 2]...[fact k][query: Q tokens]
+     positions 0..P-1         P ..  P+S-1 (S = memory tokens)   P+S ..
+
+In KV mode the prefix K/V come from a normal causal prefill (computed once and reused), the facts' K/V come from
+the store and are rotated to positions ``P + offset_i`` (chunked RoPE), and only the query is prefilled. By the
+paper's Theorem 3 this equals one prefill in which each fact attends only to what it saw when it was encoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inferscale.kv.fact import FactKV
+from inferscale.kv.rope import RopeTable
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKV:
+    """Post-RoPE K/V of the system prefix, from a causal prefill at positions ``0 .. P-1``.
+
+    Attributes:
+        keys, values: ``[n_layers, n_kv_heads, P, head_dim]``.
+        token_ids: ``[P]`` int64 on the CPU.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    token_ids: torch.Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        """P, the prefix length (tokens)."""
+        return int(self.keys.shape[2])
+
+
+@dataclass(frozen=True, slots=True)
+class AssembledKV:
+    """The KV cache content for ``[prefix][memory segment]``, ready to be written into an engine's cache.
+
+    Attributes:
+        keys, values: ``[n_layers, n_kv_heads, P + S, head_dim]``, keys post-RoPE.
+        token_ids: ``[P + S]`` int64 on the CPU: the tokens those entries stand for.
+        memory_tokens: S, the memory segment's length (tokens).
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    token_ids: torch.Tensor
+    memory_tokens: int
+
+    @property
+    def n_tokens(self) -> int:
+        """P + S: the position the query starts at (tokens)."""
+        return int(self.keys.shape[2])
+
+
+def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable) -> AssembledKV:
+    """Gather, rotate and write k facts after the prefix in one pass over preallocated buffers.
+
+    The facts' keys are concatenated along the token axis and rotated to positions ``P .. P+S-1`` with a single
+    batched op over all layers and heads; there is no Python loop over facts inside a loop over layers.
+
+    Args:
+        prefix: the system prefix's K/V (post-RoPE).
+        facts: the k facts, in layout order, pre-RoPE; same layers/heads/head_dim/dtype/device as ``prefix``.
+        table: cos/sin rows of the model (:class:`RopeTable`).
+
+    Returns:
+        :class:`AssembledKV` of ``P + S`` tokens.
+
+    Raises:
+        ValueError: when a fact's shape, dtype or device does not match the prefix.
+    """
+    n_layers, n_heads, p, head_dim = prefix.keys.shape
+    for i, fact in enumerate(facts):
+        if fact.keys.shape[:2] != (n_layers, n_heads) or fact.keys.shape[3] != head_dim:
+            raise ValueError(
+                f"fact {i} has K/V shape {tuple(fact.keys.shape)}, expected [{n_layers}, {n_heads}, T, {head_dim}]"
+            )
+        if fact.keys.dtype != prefix.keys.dtype or fact.keys.device != prefix.keys.device:
+            raise ValueError(
+                f"fact {i} is {fact.keys.dtype} on {fact.keys.device}; the cache is "
+                f"{prefix.keys.dtype} on {prefix.keys.device}"
+            )
+    s = sum(f.n_tokens for f in facts)
+    shape = (n_layers, n_heads, p + s, head_dim)
+    keys = torch.empty(shape, dtype=prefix.keys.dtype, device=prefix.keys.device)
+    values = torch.empty_like(keys)
+    keys[:, :, :p] = prefix.keys
+    values[:, :, :p] = prefix.values
+    if facts:
+        values[:, :, p:] = torch.cat([f.values for f in facts], dim=2)
+        keys[:, :, p:] = table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p)
+    token_ids = torch.cat([prefix.token_ids, *[f.token_ids for f in facts]])
+    return AssembledKV(keys=keys, values=values, token_ids=token_ids, memory_tokens=s)

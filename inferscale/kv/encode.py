@@ -1,0 +1,172 @@
+"""Fact encoding: one forward pass over ``[context][fact]`` per fact, keeping the fact's pre-RoPE K/V only.
+
+This is the paper's offline encoding step, with its context-window variant: a fact encoded after its w preceding
+conversation turns attends to them (so pronouns resolve), but only the K/V of the fact's own tokens are kept, so
+the context costs nothing at serve time.
+
+Keys are captured *before* RoPE with forward hooks on each attention module's key source: ``k_norm`` where the
+model normalises keys before rotating them (Qwen3, Gemma 3), else ``k_proj``. Values come from ``v_proj``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from inferscale.errors import UnsupportedModelError
+from inferscale.kv.fact import FactKV
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeRequest:
+    """One fact to encode.
+
+    Attributes:
+        fact_ids: the fact's token ids, exactly as they will be laid into the prompt.
+        context_ids: tokens the fact is encoded after (system prefix and/or preceding turns); their K/V are
+            discarded. Empty means standalone (the fact starts at position 0).
+    """
+
+    fact_ids: Sequence[int]
+    context_ids: Sequence[int] = field(default=())
+
+
+def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention module of every decoder layer of a transformers causal LM (``model.model.layers``).
+
+    Raises:
+        UnsupportedModelError: when the model does not have that structure or separate k/v projections.
+    """
+    backbone = getattr(model, "model", model)
+    layers = getattr(backbone, "layers", None)
+    if layers is None:
+        raise UnsupportedModelError(f"{type(model).__name__} has no model.layers; only decoder-only LMs are supported")
+    modules = []
+    for i, layer in enumerate(layers):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or not hasattr(attn, "k_proj") or not hasattr(attn, "v_proj"):
+            raise UnsupportedModelError(
+                f"layer {i} of {type(model).__name__} has no self_attn.k_proj/v_proj (fused QKV is not supported)"
+            )
+        modules.append(attn)
+    return modules
+
+
+class _KVCapture:
+    """Forward hooks that record every layer's pre-RoPE keys and values of one forward pass."""
+
+    def __init__(self, attention_modules: list[nn.Module], n_kv_heads: int, head_dim: int) -> None:
+        self._modules = attention_modules
+        self._shape = (n_kv_heads, head_dim)
+        self.keys: list[torch.Tensor | None] = [None] * len(attention_modules)
+        self.values: list[torch.Tensor | None] = [None] * len(attention_modules)
+        self._handles: list[Any] = []
+
+    def _store(self, bucket: list[torch.Tensor | None], layer: int) -> Any:
+        def hook(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+            # k_proj/v_proj give [B, T, n_kv * hd]; k_norm gives [B, T, n_kv, hd]. Store [B, n_kv, T, hd].
+            b, t = output.shape[0], output.shape[1]
+            bucket[layer] = output.reshape(b, t, *self._shape).transpose(1, 2)
+
+        return hook
+
+    def __enter__(self) -> _KVCapture:
+        for i, attn in enumerate(self._modules):
+            key_source = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
+            value_source = attn.v_norm if hasattr(attn, "v_norm") else attn.v_proj
+            self._handles.append(key_source.register_forward_hook(self._store(self.keys, i)))
+            self._handles.append(value_source.register_forward_hook(self._store(self.values, i)))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([L, B, n_kv, T, hd], [L, B, n_kv, T, hd])`` for the last forward pass."""
+        if any(k is None for k in self.keys) or any(v is None for v in self.values):
+            raise UnsupportedModelError("a layer's key or value projection was not called during the forward pass")
+        return torch.stack(self.keys), torch.stack(self.values)  # type: ignore[arg-type]
+
+
+class FactEncoder:
+    """Encodes facts in padded batches and returns each fact's pre-RoPE K/V.
+
+    Sequences are right-padded: under the causal mask no real token attends to padding, so each fact's K/V are
+    the same as in an unbatched pass (up to kernel rounding). Requests are sorted by length before batching to
+    keep padding small; results come back in request order.
+
+    Args:
+        model: a transformers causal LM (``model.model.layers[i].self_attn`` with ``k_proj``/``v_proj``).
+        batch_size: facts per forward pass.
+        pad_token_id: id used for padding (never attended to).
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0) -> None:
+        config = model.config
+        self._model = model
+        self._backbone = getattr(model, "model", model)
+        self._attn = decoder_attention_modules(model)
+        self._n_kv_heads = int(config.num_key_value_heads)
+        self._head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self._batch_size = batch_size
+        self._pad = pad_token_id
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return next(self._model.parameters()).device
+
+    @torch.inference_mode()
+    def encode(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """Encode every request; ``FactKV`` tensors are on the model's device in its dtype.
+
+        Raises:
+            ValueError: when a request has no fact tokens.
+        """
+        for i, req in enumerate(requests):
+            if len(req.fact_ids) == 0:
+                raise ValueError(f"request {i} has no fact tokens")
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
+        out: list[FactKV | None] = [None] * len(requests)
+        for start in range(0, len(order), self._batch_size):
+            chunk = order[start : start + self._batch_size]
+            for i, fact in zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True):
+                out[i] = fact
+        return out  # type: ignore[return-value]
+
+    def _encode_batch(self, batch: list[EncodeRequest]) -> list[FactKV]:
+        device = self.device
+        seqs = [list(r.context_ids) + list(r.fact_ids) for r in batch]
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self._pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention_mask[row, : len(seq)] = 1
+        position_ids = torch.arange(width, dtype=torch.long)[None].expand(len(seqs), width)
+        with _KVCapture(self._attn, self._n_kv_heads, self._head_dim) as capture:
+            self._backbone(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device),
+                use_cache=False,
+            )
+            keys, values = capture.stacked()
+        facts = []
+        for row, req in enumerate(batch):
+            lo, hi = len(req.context_ids), len(req.context_ids) + len(req.fact_ids)
+            facts.append(
+                FactKV(
+                    keys=keys[:, row, :, lo:hi].contiguous(),
+                    values=values[:, row, :, lo:hi].contiguous(),
+                    token_ids=torch.tensor(list(req.fact_ids), dtype=torch.long),
+                    encoded_at=lo,
+                )
+            )
+        return facts

@@ -1,0 +1,41 @@
+"""Tenant scope: the ``user_id`` / ``agent_id`` / ``run_id`` triple that isolates memories.
+
+Given ids are ANDed: a memory is visible to a scope when every id the scope names is equal to the memory's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferscale.errors import ScopeError
+
+SCOPE_KEYS: tuple[str, ...] = ("user_id", "agent_id", "run_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The ids a call is limited to. At least one must be set.
+
+    Raises:
+        ScopeError: when no id is given, or an id is not a non-empty string.
+    """
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in SCOPE_KEYS:
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
+        if self.user_id is None and self.agent_id is None and self.run_id is None:
+            raise ScopeError("at least one of user_id, agent_id or run_id is required; memories are always scoped")
+
+    def as_dict(self) -> dict[str, str]:
+        """The ids that are set, e.g. ``{"user_id": "alice"}``."""
+        return {k: v for k in SCOPE_KEYS if (v := getattr(self, k)) is not None}
+
+    def key(self) -> str:
+        """A stable string naming this scope, used to salt caches so tenants never share entries."""
+        return "|".join(f"{k}={getattr(self, k) or ''}" for k in SCOPE_KEYS)

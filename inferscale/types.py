@@ -1,0 +1,59 @@
+"""Result types returned by the public API."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ChatMode = Literal["kv", "prompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Wall-clock timings of one ``chat`` call, in milliseconds.
+
+    Attributes:
+        retrieval_ms: embedding the query and the scoped FAISS top-k search.
+        kv_assembly_ms: loading the k facts' KV, rotating keys to their positions and building the cache
+            (0 in ``prompt`` mode).
+        prefill_ms: the engine's prefill (query only in ``kv`` mode; facts + query in ``prompt`` mode) up to the
+            first token's logits.
+        ttft_ms: time to first token, from the start of the call: retrieval + assembly + prefill + sampling.
+        total_ms: the whole call, decode included.
+    """
+
+    retrieval_ms: float
+    kv_assembly_ms: float
+    prefill_ms: float
+    ttft_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """The answer of ``MemoryClient.chat``.
+
+    Attributes:
+        answer: the generated text.
+        memory_ids: ids of the retrieved memories, in the order they were laid out.
+        memories: their texts, same order.
+        mode: ``"kv"`` (KV injection) or ``"prompt"`` (facts pasted into the prompt).
+        timings: see :class:`Timings`.
+        prompt_tokens: tokens in the whole prompt, memory segment included (tokens).
+        memory_tokens: tokens in the memory segment (tokens).
+        generated_tokens: tokens decoded (tokens).
+    """
+
+    answer: str
+    memory_ids: list[str]
+    memories: list[str]
+    mode: ChatMode
+    timings: Timings
+    prompt_tokens: int
+    memory_tokens: int
+    generated_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field."""
+        return asdict(self)
