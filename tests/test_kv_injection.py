@@ -52,7 +52,7 @@ def test_injection_matches_block_diagonal_prefill(arch: str, prefix_len: int) ->
     # The block structure matters: a plain causal prefill over the same tokens gives other logits, so the
     # comparison above is not vacuous.
     with torch.no_grad():
-        full = model(input_ids=torch.tensor([prefix + sum(facts, []) + query])).logits[0, -1]
+        full = model(input_ids=torch.tensor([prefix + [t for f in facts for t in f] + query])).logits[0, -1]
     assert (injected - full).abs().max().item() > 1e-3
 
 
@@ -88,7 +88,7 @@ def test_prompt_mode_equals_full_causal_prefill(smol_engine: TransformersEngine)
     fact_ids = [smol_engine.fact_token_ids(t) for t in texts]
     query = "Where does Maya live?"
     logits = smol_engine.first_token_logits(query, None, fact_ids)
-    ids = smol_engine.system_prefix_ids() + sum(fact_ids, []) + smol_engine.query_token_ids(query)
+    ids = smol_engine.system_prefix_ids() + [t for f in fact_ids for t in f] + smol_engine.query_token_ids(query)
     with torch.no_grad():
         full = smol_engine.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
     assert (logits - full).abs().max().item() <= 1e-4
