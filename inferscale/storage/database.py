@@ -1,0 +1,73 @@
+"""Engine construction for any SQLAlchemy URL, with the SQLite settings a concurrent memory store needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
+
+from inferscale.errors import ConfigError
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    """The database file of a SQLite URL, or ``None`` for an in-memory database."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:") or url.query.get("mode"):
+        return None
+    return Path(database).expanduser()
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")  # in-memory databases answer "memory"; harmless
+        cursor.execute("PRAGMA synchronous=NORMAL")  # durable under WAL except against power loss
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url`` (any SQLAlchemy URL, e.g. ``sqlite:////tmp/m.db`` or
+    ``postgresql+psycopg://user@host:5432/db``). Connects lazily: no I/O happens here except creating the
+    parent folder of a SQLite file.
+
+    SQLite connections get ``journal_mode=WAL`` (readers do not block the writer), ``foreign_keys=ON`` and a
+    ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds. An in-memory SQLite database is shared by
+    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``.
+
+    Raises:
+        ConfigError: when ``url`` is not a valid SQLAlchemy URL or names a driver that is not installed.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"database url must be a non-empty string, got {url!r}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"database url {url!r} is not a SQLAlchemy URL: {exc}") from exc
+
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            path = _sqlite_file(parsed)
+            if path is None:
+                engine = create_engine(parsed, connect_args={"check_same_thread": False}, poolclass=StaticPool)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                engine = create_engine(parsed)
+            event.listen(engine, "connect", _set_sqlite_pragmas)
+            return engine
+        return create_engine(parsed, pool_pre_ping=True)
+    except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name
+        raise ConfigError(f"database url {url!r} names no known SQLAlchemy dialect: {exc}") from exc
+    except ImportError as exc:
+        raise ConfigError(
+            f"the driver for {parsed.drivername!r} is not installed ({exc}); for PostgreSQL run "
+            "`pip install 'inferscale[postgres]'`"
+        ) from exc

@@ -1,0 +1,313 @@
+"""VectorIndex (FAISS, checked against a numpy reference) and the embedded all-MiniLM-L6-v2 embedder."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
+from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
+from inferscale.scope import Scope
+from inferscale.storage import MemoryStore
+
+DIM = 16
+
+
+def _unit_rows(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    """float32 [n, dim] with L2 norm 1 per row."""
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _reference(
+    ids: np.ndarray, vectors: np.ndarray, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+) -> list[tuple[int, float]]:
+    """Brute-force top-k by inner product, in float64."""
+    scores = vectors.astype(np.float64) @ query.astype(np.float64)
+    keep = np.ones(len(ids), dtype=bool) if allowed is None else np.isin(ids, allowed)
+    order = [i for i in np.argsort(-scores, kind="stable") if keep[i]][:k]
+    return [(int(ids[i]), float(scores[i])) for i in order]
+
+
+def _assert_same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
+    assert [i for i, _ in got] == [i for i, _ in want]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def filled() -> tuple[VectorIndex, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    ids = np.arange(100, 400, 3, dtype=np.int64)  # 100 non-contiguous ids
+    vectors = _unit_rows(rng, len(ids))
+    index = VectorIndex(DIM)
+    index.add(ids, vectors)
+    return index, ids, vectors
+
+
+# ---- search ---------------------------------------------------------------------------------------------------
+
+
+def test_search_matches_numpy_reference(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    assert len(index) == 100
+    rng = np.random.default_rng(1)
+    for query in _unit_rows(rng, 5):
+        got = index.search(query, 7)
+        _assert_same(got, _reference(ids, vectors, query, 7))
+        assert all(a[1] >= b[1] for a, b in itertools.pairwise(got))
+    # A stored vector finds itself first with cosine 1.
+    best_id, best_score = index.search(vectors[42], 1)[0]
+    assert best_id == int(ids[42]) and best_score == pytest.approx(1.0, abs=1e-5)
+    # k beyond the index size returns every vector once.
+    assert sorted(i for i, _ in index.search(vectors[0], 1000)) == ids.tolist()
+    # A [1, dim] query is accepted too.
+    _assert_same(index.search(vectors[3][None, :], 4), _reference(ids, vectors, vectors[3], 4))
+
+
+def test_restricted_search_returns_only_allowed_ids(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    rng = np.random.default_rng(2)
+    allowed = rng.choice(ids, size=12, replace=False)
+    for query in _unit_rows(rng, 5):
+        got = index.search(query, 5, allowed_ids=allowed)
+        assert {i for i, _ in got} <= set(allowed.tolist())
+        _assert_same(got, _reference(ids, vectors, query, 5, allowed))
+    # The restriction is applied inside the search, not after a global top-k: the 3 worst-scoring ids, far
+    # below any unrestricted top-3, are still found when they are the only ones allowed.
+    query = vectors[0]
+    worst = np.array([i for i, _ in _reference(ids, vectors, query, len(ids))][-3:], dtype=np.int64)
+    got = index.search(query, 3, allowed_ids=worst)
+    assert [i for i, _ in got] == sorted(worst.tolist(), key=lambda i: -float(vectors[ids == i][0] @ query))
+    assert all(s < 0 for _, s in got)
+
+
+def test_restricted_search_edge_cases(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    assert index.search(vectors[0], 5, allowed_ids=np.array([], dtype=np.int64)) == []
+    # ids that are not in the index are ignored; k larger than the allowed set returns the allowed set.
+    allowed = np.array([ids[5], ids[9], 7, 999_999], dtype=np.int64)
+    got = index.search(vectors[5], 10, allowed_ids=allowed)
+    assert [i for i, _ in got] == _ids(_reference(ids, vectors, vectors[5], 10, allowed))
+    assert {i for i, _ in got} == {int(ids[5]), int(ids[9])}
+    assert VectorIndex(DIM).search(vectors[0], 3) == []
+
+
+def _ids(pairs: list[tuple[int, float]]) -> list[int]:
+    return [i for i, _ in pairs]
+
+
+# ---- add / remove ---------------------------------------------------------------------------------------------
+
+
+def test_add_replaces_an_existing_id(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    new_vector = -vectors[0]
+    index.add(np.array([ids[0]]), new_vector[None, :])
+    assert len(index) == 100
+    assert np.sort(index.ids()).tolist() == ids.tolist()
+    best_id, best_score = index.search(new_vector, 1)[0]
+    assert best_id == int(ids[0]) and best_score == pytest.approx(1.0, abs=1e-5)
+
+
+def test_remove(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    gone = ids[[0, 10, 20]]
+    assert index.remove(np.concatenate([gone, np.array([5], dtype=np.int64)])) == 3
+    assert len(index) == 97
+    assert set(index.ids().tolist()) == set(ids.tolist()) - set(gone.tolist())
+    for i in (0, 10, 20):
+        assert int(ids[i]) not in _ids(index.search(vectors[i], 10))
+    assert index.search(vectors[0], 3, allowed_ids=gone) == []
+    assert index.remove(gone) == 0
+    assert index.remove(np.array([], dtype=np.int64)) == 0
+    keep = np.setdiff1d(ids, gone)
+    kept_vectors = vectors[np.isin(ids, keep)]
+    query = vectors[1]
+    _assert_same(index.search(query, 8), _reference(keep, kept_vectors, query, 8))
+    index.reset()
+    assert len(index) == 0 and index.ids().shape == (0,)
+
+
+BAD_ADDS: list[tuple[str, object, object]] = [
+    ("wrong dim", np.array([1, 2]), np.zeros((2, DIM + 1), dtype=np.float32)),
+    ("1-D vectors", np.array([1]), np.zeros(DIM, dtype=np.float32)),
+    ("count mismatch", np.array([1, 2, 3]), np.zeros((2, DIM), dtype=np.float32)),
+    ("float ids", np.array([1.0, 2.0]), np.zeros((2, DIM), dtype=np.float32)),
+    ("negative id", np.array([-1, 2]), np.zeros((2, DIM), dtype=np.float32)),
+    ("2-D ids", np.array([[1, 2]]), np.zeros((2, DIM), dtype=np.float32)),
+    ("repeated ids", np.array([1, 1]), np.zeros((2, DIM), dtype=np.float32)),
+    ("nan", np.array([1]), np.full((1, DIM), np.nan, dtype=np.float32)),
+    ("int vectors", np.array([1]), np.ones((1, DIM), dtype=np.int64)),
+]
+
+
+@pytest.mark.parametrize(("ids", "vectors"), [(i, v) for _, i, v in BAD_ADDS], ids=[n for n, _, _ in BAD_ADDS])
+def test_bad_add_raises_and_changes_nothing(
+    filled: tuple[VectorIndex, np.ndarray, np.ndarray], ids: np.ndarray, vectors: np.ndarray
+) -> None:
+    index, stored_ids, stored_vectors = filled
+    before = index.ids()
+    with pytest.raises(InvalidInputError):
+        index.add(ids, vectors)
+    assert np.array_equal(index.ids(), before)
+    _assert_same(index.search(stored_vectors[0], 5), _reference(stored_ids, stored_vectors, stored_vectors[0], 5))
+
+
+def test_bad_search_and_constructor_arguments(filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, _, vectors = filled
+    with pytest.raises(InvalidInputError):
+        index.search(np.zeros(DIM + 1, dtype=np.float32), 3)
+    with pytest.raises(InvalidInputError):
+        index.search(vectors[:2], 3)
+    for bad_k in (0, -2, 2.5, True):
+        with pytest.raises(InvalidInputError):
+            index.search(vectors[0], bad_k)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        index.search(vectors[0], 3, allowed_ids=np.array([0.5]))
+    with pytest.raises(InvalidInputError):
+        index.remove(np.array([[1]]))
+    for bad_dim in (0, -3, 1.5):
+        with pytest.raises(InvalidInputError):
+            VectorIndex(bad_dim)  # type: ignore[arg-type]
+
+
+def test_concurrent_adds(tmp_path: Path) -> None:
+    index = VectorIndex(DIM)
+    rng = np.random.default_rng(3)
+    vectors = _unit_rows(rng, 400)
+
+    def work(worker: int) -> None:
+        for j in range(50):
+            i = worker * 50 + j
+            index.add(np.array([i], dtype=np.int64), vectors[i : i + 1])
+            index.search(vectors[i], 3)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(index) == 400
+    assert np.sort(index.ids()).tolist() == list(range(400))
+
+
+# ---- persistence ----------------------------------------------------------------------------------------------
+
+
+def test_save_and_open_round_trip(tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray]) -> None:
+    index, ids, vectors = filled
+    path = tmp_path / "nested" / "index.faiss"
+    assert index.save(path) == path
+    assert [p.name for p in path.parent.iterdir()] == ["index.faiss"]  # no temporary file left behind
+
+    loaded = VectorIndex.open(path, DIM)
+    assert loaded.path == path and len(loaded) == len(index)
+    assert np.array_equal(loaded.ids(), index.ids())
+    allowed = ids[::7]
+    for query in (vectors[0], vectors[50]):
+        assert loaded.search(query, 6) == index.search(query, 6)
+        assert loaded.search(query, 4, allowed_ids=allowed) == index.search(query, 4, allowed_ids=allowed)
+
+    # A reopened index keeps working and saves back to its own path.
+    loaded.remove(ids[:10])
+    loaded.save()
+    assert len(VectorIndex.open(path, DIM)) == 90
+
+
+def test_open_missing_file_gives_empty_index(tmp_path: Path) -> None:
+    path = tmp_path / "absent.faiss"
+    index = VectorIndex.open(path, DIM)
+    assert len(index) == 0 and index.path == path
+    assert not path.exists()
+    index.add(np.array([4]), _unit_rows(np.random.default_rng(4), 1))
+    index.save()
+    assert VectorIndex.open(path, DIM).ids().tolist() == [4]
+
+
+def test_open_rejects_wrong_dim_and_corrupt_files(
+    tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray]
+) -> None:
+    index, _, _ = filled
+    path = index.save(tmp_path / "index.faiss")
+    with pytest.raises(InvalidInputError, match="dim"):
+        VectorIndex.open(path, DIM * 2)
+    corrupt = tmp_path / "corrupt.faiss"
+    corrupt.write_bytes(b"not a faiss index")
+    with pytest.raises(ConfigError):
+        VectorIndex.open(corrupt, DIM)
+    with pytest.raises(InvalidInputError, match="no path"):
+        VectorIndex(DIM).save()
+
+
+# ---- embedder -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+def test_default_embedder_loads_minilm(minilm: SentenceTransformerEmbedder) -> None:
+    assert isinstance(minilm, Embedder)
+    assert minilm.dim == 384
+    texts = ["My dog is called Biscuit.", "I adopted a beagle.", "The stock market fell today."]
+    vectors = minilm.embed(texts)
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # Deterministic: embedding the same text twice gives the same vector.
+    np.testing.assert_allclose(minilm.embed(texts[:1])[0], vectors[0], atol=1e-5)
+
+
+def test_paraphrase_scores_higher_than_unrelated(minilm: SentenceTransformerEmbedder) -> None:
+    query, paraphrase, unrelated = minilm.embed(
+        [
+            "Alice is allergic to peanuts.",
+            "Peanuts give Alice an allergic reaction.",
+            "The train to Berlin leaves at noon.",
+        ]
+    )
+    close = float(query @ paraphrase)
+    far = float(query @ unrelated)
+    assert close > far + 0.3, (close, far)
+
+
+def test_embedder_edge_cases(minilm: SentenceTransformerEmbedder) -> None:
+    empty = minilm.embed([])
+    assert empty.shape == (0, 384) and empty.dtype == np.float32
+    with pytest.raises(InvalidInputError):
+        minilm.embed("a bare string")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError):
+        minilm.embed(["ok", 3])  # type: ignore[list-item]
+
+
+def test_missing_embedder_folder_fails_on_first_use(tmp_path: Path) -> None:
+    embedder = SentenceTransformerEmbedder(str(tmp_path / "no-such-model"))  # lazy: no error yet
+    with pytest.raises(ModelNotAvailableError):
+        embedder.embed(["hello"])
+
+
+def test_scoped_semantic_search_end_to_end(minilm: SentenceTransformerEmbedder, tmp_path: Path) -> None:
+    """Store facts for two users, index them by vector id, and search within one user's scope only."""
+    store = MemoryStore(f"sqlite:///{tmp_path}/memory.db")
+    alice, bob = Scope(user_id="alice"), Scope(user_id="bob")
+    facts = {
+        alice: ["Alice adopted a beagle named Biscuit.", "Alice works as a nurse in Lyon."],
+        bob: ["Bob's dog is a poodle called Max.", "Bob plays the cello."],
+    }
+    index = VectorIndex(minilm.dim)
+    for scope, texts in facts.items():
+        records = [store.add(t, scope) for t in texts]
+        index.add(np.array([r.vector_id for r in records], dtype=np.int64), minilm.embed(texts))
+
+    query = minilm.embed(["What is the name of my dog?"])[0]
+    for scope, expected in ((alice, facts[alice][0]), (bob, facts[bob][0])):
+        hits = index.search(query, 2, allowed_ids=store.vector_ids_in_scope(scope))
+        by_id = store.by_vector_ids([i for i, _ in hits])
+        texts = [by_id[i].text for i, _ in hits]
+        assert texts[0] == expected
+        assert set(texts) <= set(facts[scope])
+    store.close()
