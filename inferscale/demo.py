@@ -1,0 +1,132 @@
+"""``inferscale demo``: add a conversation, then answer questions with KV-injected memory and with the prompt baseline.
+
+Runs on the embedded defaults, offline. The bundled conversation (``inferscale/data/demo_conversation.json``) is
+original; ``--locomo PATH`` runs on one LoCoMo conversation instead (the file is read from PATH, never shipped).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from inferscale.client import MemoryClient
+from inferscale.config import KVConfig, MemoryConfig
+
+
+@dataclass(frozen=True)
+class DemoQuestion:
+    """A question with its expected short answer."""
+
+    question: str
+    expected: str
+
+
+@dataclass(frozen=True)
+class DemoScript:
+    """What the demo adds and asks: sessions of messages (with a date each) for one user, then questions."""
+
+    user_id: str
+    sessions: list[tuple[str, list[dict[str, str]]]]
+    questions: list[DemoQuestion]
+
+
+def bundled_script() -> DemoScript:
+    """The conversation shipped with the package."""
+    raw = json.loads(resources.files("inferscale.data").joinpath("demo_conversation.json").read_text("utf-8"))
+    return DemoScript(
+        user_id=raw["user_id"],
+        sessions=[(s["date"], s["messages"]) for s in raw["sessions"]],
+        questions=[DemoQuestion(q["question"], q["expected"]) for q in raw["questions"]],
+    )
+
+
+def locomo_script(path: str, conversation: str, n_questions: int) -> DemoScript:
+    """One LoCoMo conversation: every turn as a message (``"Speaker: text"``), questions of categories 1-4."""
+    from inferscale.eval.locomo import get_conversation, load_locomo, turn_text
+
+    conv = get_conversation(load_locomo(path), conversation)
+    sessions = [
+        (s.date_time.date().isoformat(), [{"role": "user", "content": turn_text(t)} for t in s.turns])
+        for s in conv.sessions
+    ]
+    qa = [q for q in conv.qa if q.category in (1, 2, 3, 4)][:n_questions]
+    return DemoScript(conv.sample_id, sessions, [DemoQuestion(q.question, q.answer) for q in qa])
+
+
+def run_demo(
+    script: DemoScript,
+    client: MemoryClient,
+    k: int,
+    infer: bool,
+    as_json: bool,
+    console: Console,
+) -> list[dict[str, Any]]:
+    """Add the script's sessions, print what was stored, ask each question in both modes. Returns the rows."""
+    user = script.user_id
+    t0 = time.perf_counter()
+    n_added = 0
+    for day, messages in script.sessions:
+        n_added += len(client.add(messages, user_id=user, metadata={"session_date": day}, infer=infer)["results"])
+    add_s = time.perf_counter() - t0
+    stored = client.get_all(user_id=user, limit=10_000)["results"]
+    if not as_json:
+        console.print(f"[bold]Stored {len(stored)} memories for {user!r}[/] ({n_added} new, {add_s:.1f} s)")
+        for m in stored[:40]:
+            console.print(f"  • {m['memory']}")
+        if len(stored) > 40:
+            console.print(f"  … and {len(stored) - 40} more")
+    rows: list[dict[str, Any]] = []
+    for q in script.questions:
+        kv = client.chat(q.question, user_id=user, limit=k, mode="kv")
+        prompt = client.chat(q.question, user_id=user, limit=k, mode="prompt")
+        row = {
+            "question": q.question,
+            "expected": q.expected,
+            "k": k,
+            "memory_ids_same": kv.memory_ids == prompt.memory_ids,
+            "kv": {"answer": kv.answer, **_timing(kv.timings)},
+            "prompt": {"answer": prompt.answer, **_timing(prompt.timings)},
+            "memory_tokens": kv.memory_tokens,
+        }
+        rows.append(row)
+        if as_json:
+            print(json.dumps(row, ensure_ascii=False))
+    if not as_json:
+        table = Table(title=f"Answers with k={k} memories (TTFT in ms)", show_lines=True)
+        for col in ("question", "expected", "kv answer", "kv TTFT", "prompt answer", "prompt TTFT"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            table.add_row(
+                r["question"],
+                r["expected"],
+                r["kv"]["answer"],
+                f"{r['kv']['ttft_ms']:.0f}",
+                r["prompt"]["answer"],
+                f"{r['prompt']['ttft_ms']:.0f}",
+            )
+        console.print(table)
+    return rows
+
+
+def _timing(t: Any) -> dict[str, float]:
+    return {
+        "ttft_ms": round(t.ttft_ms, 1),
+        "retrieval_ms": round(t.retrieval_ms, 1),
+        "kv_assembly_ms": round(t.kv_assembly_ms, 1),
+        "prefill_ms": round(t.prefill_ms, 1),
+        "total_ms": round(t.total_ms, 1),
+    }
+
+
+def demo_client(data_dir: Path, context_window: int) -> MemoryClient:
+    """A client whose database, index and K/V live in ``data_dir``, reset so the demo starts clean."""
+    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=KVConfig(context_window=context_window)))
+    client.reset()
+    return client

@@ -1,0 +1,92 @@
+"""Bridges memories (SQL rows) and their K/V (the KV store): look up, encode misses in batches, record entries.
+
+A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint and the encoding parameters,
+so an edited text, another model or another context window is a miss and the fact is encoded again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from inferscale.config import KVConfig
+from inferscale.engines.base import Engine
+from inferscale.kv.encode import EncodeRequest
+from inferscale.kv.fact import FactKV
+from inferscale.kv.store import KVKey, KVStore
+from inferscale.storage import MemoryRecord, MemoryStore
+
+log = logging.getLogger(__name__)
+
+
+class FactKVManager:
+    """K/V for memories, encoded on demand and stored in a :class:`KVStore` with a row per entry in SQL.
+
+    Args:
+        engine: the chat engine (encodes facts; its fingerprint keys the entries).
+        kv_store: the tiered tensor store.
+        db: the SQL store (``kv_entries`` rows).
+        config: context window and prefix settings.
+    """
+
+    def __init__(self, engine: Engine, kv_store: KVStore, db: MemoryStore, config: KVConfig) -> None:
+        self._engine = engine
+        self._store = kv_store
+        self._db = db
+        self._config = config
+
+    @property
+    def encoding_key(self) -> str:
+        """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"``."""
+        prefix = "system" if self._config.encode_after_system_prefix else "none"
+        return f"w={self._config.context_window};prefix={prefix};v1"
+
+    def key(self, record: MemoryRecord) -> KVKey:
+        """The store key of ``record`` under the current engine and settings."""
+        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key)
+
+    def encode_request(self, record: MemoryRecord) -> EncodeRequest:
+        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns)."""
+        context: list[int] = []
+        if self._config.encode_after_system_prefix:
+            context += self._engine.system_prefix_ids()
+        window = self._config.context_window
+        if window and record.context:
+            context += self._engine.context_token_ids(record.context[-window:])
+        return EncodeRequest(fact_ids=self._engine.fact_token_ids(record.text), context_ids=context)
+
+    def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
+        """K/V of every record, in order: store hits as they are, misses encoded in batches and stored.
+
+        Raises:
+            KVFingerprintMismatchError: when a stored file was written under another key (never injected).
+        """
+        found: list[FactKV | None] = [self._store.get(self.key(r)) for r in records]
+        missing = [i for i, fact in enumerate(found) if fact is None]
+        if missing:
+            encoded = self._engine.encode_facts([self.encode_request(records[i]) for i in missing])
+            for i, fact in zip(missing, encoded, strict=True):
+                record = records[i]
+                key = self.key(record)
+                location = self._store.put(key, fact)
+                self._db.put_kv_entry(
+                    memory_id=record.id,
+                    text_hash=record.hash,
+                    fingerprint=key.fingerprint,
+                    encoding_key=key.encoding_key,
+                    n_tokens=fact.n_tokens,
+                    nbytes=fact.nbytes,
+                    location=location,
+                )
+                found[i] = fact
+            log.debug("encoded %d of %d facts", len(missing), len(records))
+        return found  # type: ignore[return-value]
+
+    def forget(self, memory_id: str) -> None:
+        """Remove a memory's K/V from every tier and its ``kv_entries`` rows."""
+        self._store.delete_memory(memory_id)
+        self._db.delete_kv_entries(memory_id)
+
+    def clear(self) -> None:
+        """Drop every stored K/V (the SQL rows are cleared by the caller's reset)."""
+        self._store.clear()

@@ -1,0 +1,281 @@
+"""Fact extraction: tolerant parsing, the OpenAI-compatible backend (mocked HTTP) and the constrained local model."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import date
+from typing import Any
+
+import httpx
+import pytest
+
+from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
+from inferscale.memory import (
+    ExtractedFacts,
+    FactExtractor,
+    JSONGenerator,
+    Message,
+    OpenAIJSONGenerator,
+    TransformersJSONGenerator,
+    build_extraction_messages,
+    close_truncated_json,
+    facts_json_schema,
+    normalize_messages,
+    parse_facts,
+)
+
+TODAY = date(2025, 6, 2)
+CONVERSATION = [
+    Message("system", "You are a travel agent."),
+    Message("user", "I'm Maya and I moved to Lisbon with my husband Carlos."),
+    Message("assistant", "Welcome to Lisbon!"),
+    Message("user", "I'm vegetarian."),
+]
+
+
+class FakeGenerator:
+    """Returns a fixed answer and records what it was asked."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.calls: list[tuple[list[dict[str, str]], dict[str, Any], int]] = []
+
+    def generate_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_new_tokens: int) -> str:
+        self.calls.append((messages, schema, max_new_tokens))
+        return self.answer
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+@pytest.mark.parametrize(
+    ("answer", "facts"),
+    [
+        ('{"facts": ["Maya lives in Lisbon", "Maya is vegetarian"]}', ["Maya lives in Lisbon", "Maya is vegetarian"]),
+        ('{"facts": []}', []),
+        (
+            'Sure! Here are the facts:\n```json\n{"facts": ["Maya lives in Lisbon"]}\n```\nAnything else?',
+            ["Maya lives in Lisbon"],
+        ),
+        ('```\n{"facts": ["a fact"]}\n```', ["a fact"]),
+        ('The answer is {"facts": ["Maya is vegetarian"]} as requested.', ["Maya is vegetarian"]),
+        ('{"facts": ["Maya lives in Lisbon", "Maya is veg', ["Maya lives in Lisbon"]),  # truncated mid-fact
+        ('```json\n{"facts": ["Carlos is Maya\'s husband", "Ma', ["Carlos is Maya's husband"]),  # unclosed fence
+        ('["Maya lives in Lisbon"]', ["Maya lives in Lisbon"]),  # bare list
+        ('{"facts": ["x"], "note": "extra keys are ignored"}', ["x"]),
+        (
+            '{"facts": ["  Maya   is vegetarian ", "", "   ", "maya is VEGETARIAN", "Carlos is Maya\'s husband"]}',
+            ["Maya is vegetarian", "Carlos is Maya's husband"],
+        ),
+    ],
+)
+def test_parse_facts_is_tolerant_and_cleans(answer: str, facts: list[str]) -> None:
+    assert parse_facts(answer) == facts
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["", "I could not find any facts.", "{not json at all", '{"memories": 3}', '{"facts": [1, 2]}', '{"facts": "x"}'],
+)
+def test_parse_facts_raises_when_nothing_parseable(answer: str) -> None:
+    with pytest.raises(ExtractionError, match="facts"):
+        parse_facts(answer)
+
+
+@pytest.mark.parametrize(
+    ("text", "closed"),
+    [
+        ('{"facts": ["a", "b"]}', '{"facts": ["a", "b"]}'),
+        ('{"facts": ["a", "b', '{"facts": ["a"]}'),
+        ('{"facts": ["a", ', '{"facts": ["a"]}'),
+        ('{"facts": [', '{"facts": []}'),
+        ('{"facts": ["a \\" , b', '{"facts": []}'),  # an escaped quote does not end the string
+        ('{"a": 1, "b": [1, 2', '{"a": 1, "b": [1]}'),
+        ('{"a": 1, "b', '{"a": 1}'),
+        ("", ""),
+    ],
+)
+def test_close_truncated_json(text: str, closed: str) -> None:
+    assert close_truncated_json(text) == closed
+    if closed:
+        json.loads(closed)
+
+
+# ------------------------------------------------------------------------------------------------ extractor
+
+
+def test_extractor_prompt_schema_and_budget() -> None:
+    fake = FakeGenerator('{"facts": ["Maya lives in Lisbon"]}')
+    assert isinstance(fake, JSONGenerator)
+    extractor = FactExtractor(fake, max_new_tokens=99, max_facts=5, max_fact_chars=120)
+    assert extractor.extract(CONVERSATION, today=TODAY) == ["Maya lives in Lisbon"]
+    (messages, schema, budget) = fake.calls[0]
+    assert budget == 99
+    assert schema == facts_json_schema(5, 120)
+    assert schema["properties"]["facts"]["maxItems"] == 5
+    assert messages[0]["role"] == "system" and "2025-06-02" in messages[0]["content"]
+    last = messages[-1]
+    assert last["role"] == "user"
+    assert "Maya" in last["content"] and "vegetarian" in last["content"]
+    assert "travel agent" not in last["content"]  # system turns are never shown
+    assert "Welcome to Lisbon" not in last["content"]  # assistant turns are off by default
+
+
+def test_extractor_can_show_assistant_turns() -> None:
+    fake = FakeGenerator('{"facts": []}')
+    FactExtractor(fake, include_assistant=True).extract(CONVERSATION, today=TODAY)
+    assert "assistant: Welcome to Lisbon!" in fake.calls[0][0][-1]["content"]
+
+
+def test_extractor_returns_empty_without_calling_the_llm_when_nothing_to_show() -> None:
+    fake = FakeGenerator("garbage")
+    assert FactExtractor(fake).extract([Message("system", "rules")], today=TODAY) == []
+    assert fake.calls == []
+
+
+def test_extractor_raises_on_garbage_and_on_empty_input() -> None:
+    with pytest.raises(ExtractionError):
+        FactExtractor(FakeGenerator("no JSON here")).extract(normalize_messages("I like tea"), today=TODAY)
+    with pytest.raises(InvalidInputError, match="empty"):
+        FactExtractor(FakeGenerator("{}")).extract([], today=TODAY)
+    with pytest.raises(InvalidInputError, match="max_new_tokens"):
+        FactExtractor(FakeGenerator("{}"), max_new_tokens=0)
+
+
+def test_extracted_facts_model() -> None:
+    assert ExtractedFacts.model_validate_json('{"facts": ["a"]}').facts == ["a"]
+
+
+# ------------------------------------------------------------------------------------------------ OpenAI backend
+
+
+def _completion(content: str | None, **message: Any) -> dict[str, Any]:
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content, **message}}
+        ],
+    }
+
+
+def _generator(handler: Any, base_url: str = "http://llm.local:8000") -> OpenAIJSONGenerator:
+    return OpenAIJSONGenerator(base_url, "sk-test", "qwen-7b", timeout_s=5, transport=httpx.MockTransport(handler))
+
+
+def test_openai_request_body_and_parsing() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=_completion('{"facts": ["Maya is vegetarian"]}'))
+
+    extractor = FactExtractor(_generator(handler), max_new_tokens=77)
+    assert extractor.extract(CONVERSATION, today=TODAY) == ["Maya is vegetarian"]
+
+    request = seen[0]
+    assert request.method == "POST"
+    assert str(request.url) == "http://llm.local:8000/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-test"
+    body = json.loads(request.content)
+    assert body["model"] == "qwen-7b"
+    assert body["max_tokens"] == 77
+    assert body["temperature"] == 0
+    assert body["messages"] == build_extraction_messages(CONVERSATION, TODAY)
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "ExtractedFacts", "schema": extractor.schema, "strict": True},
+    }
+
+
+def test_openai_base_url_with_v1_suffix_and_fenced_answer() -> None:
+    urls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        urls.append(str(request.url))
+        return httpx.Response(200, json=_completion('```json\n{"facts": ["Carlos is Maya\'s husband"]}\n```'))
+
+    generator = _generator(handler, base_url="https://api.example.com/v1/")
+    facts = FactExtractor(generator).extract(CONVERSATION, today=TODAY)
+    assert facts == ["Carlos is Maya's husband"]
+    assert urls == ["https://api.example.com/v1/chat/completions"]
+
+
+@pytest.mark.parametrize(
+    ("response", "needle"),
+    [
+        (httpx.Response(500, text="upstream exploded"), "HTTP 500: upstream exploded"),
+        (httpx.Response(401, json={"error": "bad key"}), "HTTP 401"),
+        (httpx.Response(200, text="<html>not json</html>"), "did not return a chat completion"),
+        (httpx.Response(200, json={"choices": []}), "did not return a chat completion"),
+        (httpx.Response(200, json=_completion(None, refusal="I can't")), 'refusal="I can\'t"'),
+    ],
+)
+def test_openai_errors_are_typed(response: httpx.Response, needle: str) -> None:
+    generator = _generator(lambda request: response)
+    with pytest.raises(ExtractionError, match=r"http://llm\.local:8000") as info:
+        generator.generate_json([{"role": "user", "content": "x"}], facts_json_schema(8, 200), 16)
+    assert needle in str(info.value)
+
+
+def test_openai_transport_failure_is_an_extraction_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(ExtractionError, match="ConnectError"):
+        _generator(handler).generate_json([{"role": "user", "content": "x"}], {"type": "object"}, 16)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"base_url": "llm.local:8000"}, "base_url"),
+        ({"model": ""}, "model"),
+        ({"timeout_s": 0}, "timeout_s"),
+    ],
+)
+def test_openai_config_errors(kwargs: dict[str, Any], needle: str) -> None:
+    args: dict[str, Any] = {"base_url": "http://x", "api_key": None, "model": "m", **kwargs}
+    with pytest.raises(ConfigError, match=needle):
+        OpenAIJSONGenerator(**args)
+
+
+def test_openai_without_api_key_sends_no_authorization() -> None:
+    headers: list[httpx.Headers] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers)
+        return httpx.Response(200, json=_completion('{"facts": []}'))
+
+    with OpenAIJSONGenerator("http://x", None, "m", transport=httpx.MockTransport(handler)) as generator:
+        assert generator.generate_json([{"role": "user", "content": "x"}], {"type": "object"}, 8) == '{"facts": []}'
+    assert "authorization" not in headers[0]
+
+
+# ------------------------------------------------------------------------------------------------ local model
+
+
+@pytest.mark.slow
+def test_transformers_generator_always_returns_schema_valid_json(smollm2_fp32: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2_fp32
+    generator = TransformersJSONGenerator(model, tokenizer)
+    extractor = FactExtractor(generator, max_new_tokens=64)
+    conversation = normalize_messages(
+        [
+            {"role": "user", "content": "My daughter Lily turns 7 on March 14."},
+            {"role": "assistant", "content": "Lovely! Any plans?"},
+            {"role": "user", "content": "A dinosaur party. My brother Sam is allergic to peanuts."},
+        ]
+    )
+    prompt = build_extraction_messages(conversation, TODAY)
+    started = time.perf_counter()
+    for budget in (64, 12):  # a budget that runs out mid-answer must still give valid JSON
+        raw = generator.generate_json(prompt, extractor.schema, budget)
+        parsed = ExtractedFacts.model_validate_json(raw)
+        assert len(parsed.facts) <= 8
+        assert all(1 <= len(fact) <= 200 for fact in parsed.facts)
+    assert len(generator._grammars) == 1  # compiled once, reused
+    facts = extractor.extract(conversation, today=TODAY)
+    assert isinstance(facts, list) and all(isinstance(fact, str) and fact for fact in facts)
+    assert time.perf_counter() - started < 120  # ~10 s on an idle 2-core CPU

@@ -1,0 +1,86 @@
+"""normalize_messages: every accepted input shape and every rejected one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferscale.errors import InvalidInputError
+from inferscale.memory import Message, normalize_messages
+
+
+def test_string_becomes_one_user_message() -> None:
+    assert normalize_messages("I love tea") == [Message(role="user", content="I love tea")]
+
+
+def test_single_dict() -> None:
+    assert normalize_messages({"role": "assistant", "content": "Hello"}) == [Message("assistant", "Hello")]
+
+
+def test_list_of_dicts_keeps_order_roles_and_names() -> None:
+    msgs = normalize_messages(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "I'm Maya", "name": "maya"},
+            {"role": "assistant", "content": "Hi Maya"},
+        ]
+    )
+    assert [m.role for m in msgs] == ["system", "user", "assistant"]
+    assert msgs[1] == Message("user", "I'm Maya", name="maya")
+    assert msgs[2].name is None
+
+
+def test_tuple_and_message_instances_are_accepted() -> None:
+    given = (Message("user", "a"), {"role": "assistant", "content": "b"})
+    assert normalize_messages(given) == [Message("user", "a"), Message("assistant", "b")]
+    assert normalize_messages(Message("user", "c")) == [Message("user", "c")]  # type: ignore[arg-type]
+
+
+def test_content_is_kept_verbatim() -> None:
+    assert normalize_messages("  spaced  ")[0].content == "  spaced  "
+
+
+def test_message_is_frozen_and_renders_as_chat_dict() -> None:
+    msg = Message("user", "x", name="n")
+    with pytest.raises(AttributeError):
+        msg.content = "y"  # type: ignore[misc]
+    assert msg.as_chat_dict() == {"role": "user", "content": "x", "name": "n"}
+    assert Message("user", "x").as_chat_dict() == {"role": "user", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "needle"),
+    [
+        ("", "empty string"),
+        ("   \n", "empty string"),
+        ([], "empty list"),
+        (42, "int"),
+        (None, "NoneType"),
+        ({"content": "x"}, "'role'"),
+        ({"role": "user"}, "'content'"),
+        ({}, "'role', 'content'"),
+        ({"role": "tool", "content": "x"}, "role 'tool'"),
+        ({"role": 3, "content": "x"}, "role 3"),
+        ({"role": "user", "content": 5}, "content of type int"),
+        ({"role": "user", "content": None}, "content of type NoneType"),
+        ({"role": "user", "content": " \t"}, "empty content"),
+        ({"role": "user", "content": "x", "name": ""}, "name ''"),
+        ({"role": "user", "content": "x", "name": 7}, "name 7"),
+        ([{"role": "user", "content": "ok"}, "plain string"], "messages[1] is a str"),
+        ([{"role": "user", "content": "ok"}, {"role": "bot", "content": "x"}], "messages[1] has role 'bot'"),
+        ([{"role": "user", "content": ""}], "messages[0] has empty content"),
+        ([{"role": "user"}], "messages[0] lacks 'content'"),
+    ],
+)
+def test_bad_input_names_the_value_and_the_expected_shape(messages: Any, needle: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        normalize_messages(messages)
+    text = str(info.value)
+    assert needle in text
+    assert "expected" in text
+
+
+def test_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="expected"):
+        normalize_messages([{"role": "user", "content": ""}])
