@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--infer",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="extract facts with the LLM (default) or store each message as it is (--no-infer)",
+        default=False,
+        help=(
+            "extract facts with the LLM (--infer) or store each message as it is (default: the embedded 135M "
+            "model extracts facts poorly, so the demo stores messages verbatim unless asked)"
+        ),
     )
     demo.add_argument(
         "--context-window", type=int, default=0, help="w: preceding turns each fact is encoded after (default 0)"
