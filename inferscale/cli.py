@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 
@@ -19,7 +20,7 @@ def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     from inferscale.config import inferscale_home
 
-    data_dir = inferscale_home() / "demo"
+    data_dir = Path(args.data_dir) if args.data_dir else inferscale_home() / "demo"
     client = demo_client(data_dir, args.context_window)
     with console.status("loading models (the first run converts SmolLM2 from GGUF, about a minute)"):
         client.engine.load()  # type: ignore[attr-defined]
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--locomo", metavar="PATH", help="run on a LoCoMo file instead of the bundled conversation")
     demo.add_argument("--conversation", default="conv-26", help="LoCoMo sample_id (default conv-26)")
     demo.add_argument("--questions", type=int, default=5, help="LoCoMo questions to ask (default 5)")
+    demo.add_argument("--data-dir", help="where the demo's database, index and K/V go (default <home>/demo)")
     demo.set_defaults(func=_demo)
     return parser
 
@@ -63,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if not args.verbose:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     return int(args.func(args))
 
 

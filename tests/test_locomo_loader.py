@@ -125,10 +125,7 @@ def test_int_answers_become_str(convs: list[LocomoConversation]) -> None:
     """The six integer answers in the file are converted with str()."""
     raw = json.loads(LOCOMO_PATH.read_text(encoding="utf-8"))
     int_answers = [
-        (c["sample_id"], i, q["answer"])
-        for c in raw
-        for i, q in enumerate(c["qa"])
-        if isinstance(q.get("answer"), int)
+        (c["sample_id"], i, q["answer"]) for c in raw for i, q in enumerate(c["qa"]) if isinstance(q.get("answer"), int)
     ]
     assert len(int_answers) == 6
     by_id = {c.sample_id: c for c in convs}
@@ -197,9 +194,7 @@ def test_sessions_sorted_and_date_only_keys_ignored(tmp_path: Path) -> None:
         "speaker_b": "Bob",
         "session_2": [{"speaker": "Bob", "dia_id": "D2:1", "text": "later"}],
         "session_2_date_time": "9:00 am on 3 January, 2024",
-        "session_1": [
-            {"speaker": "Ann", "dia_id": "D1:1", "text": "look", "blip_caption": "a photo of a cat"}
-        ],
+        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "look", "blip_caption": "a photo of a cat"}],
         "session_1_date_time": "10:05 pm on 1 January, 2024",
         "session_3_date_time": "9:00 am on 9 January, 2024",
     }

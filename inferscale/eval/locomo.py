@@ -195,9 +195,7 @@ def load_locomo(path: str | Path) -> list[LocomoConversation]:
         except (KeyError, TypeError, ValueError) as exc:
             sample_id = item.get("sample_id") if isinstance(item, Mapping) else None
             where = repr(sample_id) if sample_id is not None else f"#{position}"
-            raise InvalidInputError(
-                f"malformed conversation {where} in LoCoMo file {str(file)!r}: {exc}"
-            ) from exc
+            raise InvalidInputError(f"malformed conversation {where} in LoCoMo file {str(file)!r}: {exc}") from exc
     return conversations
 
 
@@ -241,9 +239,7 @@ def _parse_conversation(item: Any) -> LocomoConversation:
             raise KeyError(f"{key} has no {date_key}") from None
         if not isinstance(turns, list):
             raise TypeError(f"{key} must be a list of turns, got {type(turns).__name__}")
-        sessions.append(
-            LocomoSession(index=index, date_time=date_time, turns=[_parse_turn(t) for t in turns])
-        )
+        sessions.append(LocomoSession(index=index, date_time=date_time, turns=[_parse_turn(t) for t in turns]))
     sessions.sort(key=lambda session: session.index)
     qa_items = item.get("qa", [])
     if not isinstance(qa_items, list):
