@@ -21,7 +21,7 @@ def _inject_logits(model: Any, prefix: list[int], facts: list[list[int]], query:
     fact_kv = encoder.encode([EncodeRequest(f) for f in facts])
     with torch.no_grad():
         out = model(input_ids=torch.tensor([prefix]), position_ids=torch.arange(len(prefix))[None], use_cache=True)
-    layers = out.past_key_values.layers
+    layers = out.cache.layers
     prefix_kv = PrefixKV(
         torch.stack([x.keys[0] for x in layers]), torch.stack([x.values[0] for x in layers]), torch.tensor(prefix)
     )

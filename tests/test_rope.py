@@ -16,7 +16,7 @@ def _hf_keys_at(model: torch.nn.Module, ids: list[int], start: int) -> torch.Ten
         out = model(
             input_ids=torch.tensor([ids]), position_ids=torch.arange(start, start + len(ids))[None], use_cache=True
         )
-    return torch.stack([layer.keys[0] for layer in out.past_key_values.layers])
+    return torch.stack([layer.keys[0] for layer in out.cache.layers])
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama31", "mistral", "qwen2", "qwen3"])

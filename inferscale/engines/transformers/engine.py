@@ -126,7 +126,7 @@ class TransformersEngine:
         ids = torch.tensor([self._layout.prefix_ids], dtype=torch.long, device=self._device)
         positions = torch.arange(ids.shape[1], device=self._device)[None]
         out = self._model(input_ids=ids, position_ids=positions, use_cache=True)
-        cache = out.past_key_values
+        cache = out.cache
         keys = torch.stack([layer.keys[0] for layer in cache.layers])
         values = torch.stack([layer.values[0] for layer in cache.layers])
         return PrefixKV(keys=keys, values=values, token_ids=ids[0].cpu())
