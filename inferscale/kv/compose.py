@@ -45,15 +45,19 @@ class AssembledKV:
     """The KV cache content for ``[prefix][memory segment]``, ready to be written into an engine's cache.
 
     Attributes:
-        keys, values: ``[n_layers, n_kv_heads, P + S, head_dim]``, keys post-RoPE.
+        keys, values: ``[n_layers, n_kv_heads, P + S, head_dim]``, keys post-RoPE (views of the buffers).
         token_ids: ``[P + S]`` int64 on the CPU: the tokens those entries stand for.
         memory_tokens: S, the memory segment's length (tokens).
+        key_buffer, value_buffer: ``[n_layers, n_kv_heads, P + S + extra_capacity, head_dim]``: the storage,
+            with free slots after the filled part.
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     token_ids: torch.Tensor
     memory_tokens: int
+    key_buffer: torch.Tensor
+    value_buffer: torch.Tensor
 
     @property
     def n_tokens(self) -> int:
@@ -61,19 +65,24 @@ class AssembledKV:
         return int(self.keys.shape[2])
 
 
-def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable) -> AssembledKV:
+def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_capacity: int = 0) -> AssembledKV:
     """Gather, rotate and write k facts after the prefix in one pass over preallocated buffers.
 
-    The facts' keys are concatenated along the token axis and rotated to positions ``P .. P+S-1`` with a single
-    batched op over all layers and heads; there is no Python loop over facts inside a loop over layers.
+    The buffers are allocated once, with ``extra_capacity`` free slots after the memory segment for the query and
+    the answer (see :class:`inferscale.engines.transformers.cache.PreallocatedCache`). Values are concatenated
+    straight into their slots; keys are concatenated and rotated to positions ``P .. P+S-1`` with a single
+    batched op over all layers and heads, written into their slots. There is no Python loop over facts inside a
+    loop over layers.
 
     Args:
         prefix: the system prefix's K/V (post-RoPE).
         facts: the k facts, in layout order, pre-RoPE; same layers/heads/head_dim/dtype/device as ``prefix``.
         table: cos/sin rows of the model (:class:`RopeTable`).
+        extra_capacity: free slots to reserve after ``P + S`` (tokens).
 
     Returns:
-        :class:`AssembledKV` of ``P + S`` tokens.
+        :class:`AssembledKV` of ``P + S`` tokens; ``keys``/``values`` are views into the larger buffers, which
+        :attr:`AssembledKV.key_buffer` / :attr:`AssembledKV.value_buffer` expose.
 
     Raises:
         ValueError: when a fact's shape, dtype or device does not match the prefix.
@@ -90,13 +99,20 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable) -> Ass
                 f"{prefix.keys.dtype} on {prefix.keys.device}"
             )
     s = sum(f.n_tokens for f in facts)
-    shape = (n_layers, n_heads, p + s, head_dim)
-    keys = torch.empty(shape, dtype=prefix.keys.dtype, device=prefix.keys.device)
-    values = torch.empty_like(keys)
-    keys[:, :, :p] = prefix.keys
-    values[:, :, :p] = prefix.values
+    shape = (n_layers, n_heads, p + s + extra_capacity, head_dim)
+    key_buffer = torch.empty(shape, dtype=prefix.keys.dtype, device=prefix.keys.device)
+    value_buffer = torch.empty_like(key_buffer)
+    key_buffer[:, :, :p] = prefix.keys
+    value_buffer[:, :, :p] = prefix.values
     if facts:
-        values[:, :, p:] = torch.cat([f.values for f in facts], dim=2)
-        keys[:, :, p:] = table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p)
+        torch.cat([f.values for f in facts], dim=2, out=value_buffer[:, :, p : p + s])
+        key_buffer[:, :, p : p + s] = table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p)
     token_ids = torch.cat([prefix.token_ids, *[f.token_ids for f in facts]])
-    return AssembledKV(keys=keys, values=values, token_ids=token_ids, memory_tokens=s)
+    return AssembledKV(
+        keys=key_buffer[:, :, : p + s],
+        values=value_buffer[:, :, : p + s],
+        token_ids=token_ids,
+        memory_tokens=s,
+        key_buffer=key_buffer,
+        value_buffer=value_buffer,
+    )

@@ -19,6 +19,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
+from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.prompt import PromptLayout
 from inferscale.kv.compose import AssembledKV, PrefixKV, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -186,14 +187,9 @@ class TransformersEngine:
             return self._encoder.encode(requests)
 
     # ---------------------------------------------------------------- generation
-    def _cache_from(self, keys: torch.Tensor, values: torch.Tensor) -> Any:
-        from transformers import DynamicCache
-
-        # keys/values: [L, n_kv, N, hd] -> one [1, n_kv, N, hd] pair per layer.
-        return DynamicCache(
-            ddp_cache_data=[(keys[i][None], values[i][None]) for i in range(keys.shape[0])],
-            config=self._model.config,
-        )
+    @staticmethod
+    def _cache_from(assembled: AssembledKV) -> PreallocatedCache:
+        return PreallocatedCache(assembled.key_buffer, assembled.value_buffer, assembled.n_tokens)
 
     def assemble(self, facts: Sequence[FactKV]) -> AssembledKV:
         """Prefix K/V followed by the facts' rotated K/V (see :func:`inferscale.kv.compose.assemble`)."""
@@ -210,10 +206,10 @@ class TransformersEngine:
         self.load()
         with self._lock:
             t0 = _now_ms(self._device)
-            assembled = assemble(self._prefix, facts, self._table)
-            cache = self._cache_from(assembled.keys, assembled.values)
-            t1 = _now_ms(self._device)
             query_ids = self._layout.query_ids(query)
+            assembled = assemble(self._prefix, facts, self._table, extra_capacity=len(query_ids) + max_new_tokens)
+            cache = self._cache_from(assembled)
+            t1 = _now_ms(self._device)
             gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens)
             return Generation(
                 text=gen[0],
@@ -231,9 +227,10 @@ class TransformersEngine:
         self.load()
         with self._lock:
             t0 = _now_ms(self._device)
-            cache = self._cache_from(self._prefix.keys, self._prefix.values)
             memory_ids = [t for ids in fact_ids for t in ids]
             query_ids = self._layout.query_ids(query)
+            capacity = len(memory_ids) + len(query_ids) + max_new_tokens
+            cache = self._cache_from(assemble(self._prefix, [], self._table, extra_capacity=capacity))
             gen = self._run(cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens)
             return Generation(
                 text=gen[0],
@@ -253,14 +250,14 @@ class TransformersEngine:
         mode over ``fact_ids``. Used by exactness tests and the fidelity metrics."""
         self.load()
         with self._lock:
+            query_ids = self._layout.query_ids(query)
             if facts is not None:
-                assembled = assemble(self._prefix, facts, self._table)
-                cache, ids, start = self._cache_from(assembled.keys, assembled.values), [], assembled.n_tokens
+                assembled = assemble(self._prefix, facts, self._table, extra_capacity=len(query_ids))
+                ids: list[int] = []
             else:
-                cache, start = self._cache_from(self._prefix.keys, self._prefix.values), self._prefix.n_tokens
                 ids = [t for f in fact_ids or [] for t in f]
-            ids = ids + self._layout.query_ids(query)
-            return self._forward(cache, ids, start)[0, -1].float()
+                assembled = assemble(self._prefix, [], self._table, extra_capacity=len(ids) + len(query_ids))
+            return self._forward(self._cache_from(assembled), ids + query_ids, assembled.n_tokens)[0, -1].float()
 
     def _forward(self, cache: Any, ids: list[int], start: int) -> torch.Tensor:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)

@@ -1,0 +1,81 @@
+"""A transformers KV cache over preallocated buffers, written in place.
+
+``DynamicCache`` concatenates on every update, so a cache built from injected tensors is copied once when built,
+once by the prefill and once per decoded token. :class:`PreallocatedCache` instead wraps buffers that already hold
+``[system prefix][memory segment]`` and have room for the query and the answer: the prefill and each decode step
+write their new K/V into the next free slots, and attention reads a view of the filled part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's K/V in buffers ``[1, n_kv_heads, capacity, head_dim]`` of which the first ``length`` are filled.
+
+    When an update would pass ``capacity`` the buffers are regrown (doubled), so a long generation never fails;
+    that costs one copy.
+    """
+
+    def __init__(self, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int) -> None:
+        super().__init__()
+        if key_buffer.shape != value_buffer.shape or key_buffer.dim() != 4 or key_buffer.shape[0] != 1:
+            raise ValueError(f"buffers must be [1, heads, capacity, head_dim], got {tuple(key_buffer.shape)}")
+        if not 0 <= length <= key_buffer.shape[2]:
+            raise ValueError(f"length {length} is outside the buffer capacity {key_buffer.shape[2]}")
+        self._key_buffer = key_buffer
+        self._value_buffer = value_buffer
+        self._length = length
+        self.dtype, self.device = key_buffer.dtype, key_buffer.device
+        self.is_initialized = True
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self._key_buffer[:, :, : self._length]
+        self.values = self._value_buffer[:, :, : self._length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the buffers exist from construction."""
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * self._key_buffer.shape[2])
+        for name in ("_key_buffer", "_value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+            new[:, :, : self._length] = old[:, :, : self._length]
+            setattr(self, name, new)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[1, heads, q, head_dim]`` new K/V after the filled part; return views of everything filled."""
+        end = self._length + key_states.shape[-2]
+        if end > self._key_buffer.shape[2]:
+            self._grow(end)
+        self._key_buffer[:, :, self._length : end] = key_states
+        self._value_buffer[:, :, self._length : end] = value_states
+        self._length = end
+        self._expose()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """Tokens filled (tokens)."""
+        return self._length
+
+
+class PreallocatedCache(Cache):
+    """A :class:`transformers.Cache` over per-layer preallocated buffers.
+
+    Args:
+        keys, values: ``[n_layers, n_kv_heads, capacity, head_dim]``; the first ``length`` slots of each layer
+            hold post-RoPE keys and values already (the system prefix and the injected memory segment).
+        length: filled slots (tokens).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        layers = [PreallocatedLayer(keys[i][None], values[i][None], length) for i in range(keys.shape[0])]
+        super().__init__(layers=layers)
