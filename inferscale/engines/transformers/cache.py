@@ -66,6 +66,17 @@ class PreallocatedLayer(DynamicLayer):
         """Tokens filled (tokens)."""
         return self._length
 
+    def move_tail(self, base: int, slots: torch.Tensor) -> None:
+        """Move the entries written after ``base`` into ``slots`` (``[n]`` int64, each < ``base``), then truncate
+        the filled part back to ``base``. Used to replace injected K/V with recomputed ones."""
+        n = self._length - base
+        if n != slots.numel():
+            raise ValueError(f"{n} entries after slot {base}, but {slots.numel()} destination slots")
+        self._key_buffer[:, :, slots] = self._key_buffer[:, :, base : self._length]
+        self._value_buffer[:, :, slots] = self._value_buffer[:, :, base : self._length]
+        self._length = base
+        self._expose()
+
 
 class PreallocatedCache(Cache):
     """A :class:`transformers.Cache` over per-layer preallocated buffers.
@@ -79,3 +90,8 @@ class PreallocatedCache(Cache):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         layers = [PreallocatedLayer(keys[i][None], values[i][None], length) for i in range(keys.shape[0])]
         super().__init__(layers=layers)
+
+    def move_tail(self, base: int, slots: torch.Tensor) -> None:
+        """:meth:`PreallocatedLayer.move_tail` on every layer."""
+        for layer in self.layers:
+            layer.move_tail(base, slots)  # type: ignore[attr-defined]

@@ -58,6 +58,9 @@ class TransformersEngine:
         encode_batch_size: facts per forward pass when encoding.
         model, tokenizer: an already loaded model and tokenizer (tests, or callers that own the model); when
             given, ``config.model``/``dtype``/``device`` are not used to load anything.
+        recompute_head_tokens: m, the first tokens of each injected fact recomputed at serve time with attention
+            to everything laid out before them (an attention-sink remedy; 0 = pure injection; m >= every fact's
+            length reproduces prompt mode exactly). See :meth:`_recompute_heads`.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class TransformersEngine:
         encode_batch_size: int = 16,
         model: Any = None,
         tokenizer: Any = None,
+        recompute_head_tokens: int = 0,
     ) -> None:
         self._config = config
         self._system_prompt = system_prompt
@@ -77,6 +81,9 @@ class TransformersEngine:
         self._tokenizer = tokenizer
         self._lock = threading.RLock()
         self._ready = False
+        if recompute_head_tokens < 0:
+            raise ValueError(f"recompute_head_tokens must be >= 0, got {recompute_head_tokens}")
+        self.recompute_head_tokens = recompute_head_tokens
 
     # ---------------------------------------------------------------- loading
     def load(self) -> TransformersEngine:
@@ -207,8 +214,7 @@ class TransformersEngine:
         with self._lock:
             t0 = _now_ms(self._device)
             query_ids = self._layout.query_ids(query)
-            assembled = assemble(self._prefix, facts, self._table, extra_capacity=len(query_ids) + max_new_tokens)
-            cache = self._cache_from(assembled)
+            assembled, cache = self._kv_cache(facts, extra_capacity=len(query_ids) + max_new_tokens)
             t1 = _now_ms(self._device)
             gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens)
             return Generation(
@@ -252,12 +258,65 @@ class TransformersEngine:
         with self._lock:
             query_ids = self._layout.query_ids(query)
             if facts is not None:
-                assembled = assemble(self._prefix, facts, self._table, extra_capacity=len(query_ids))
+                assembled, cache = self._kv_cache(facts, extra_capacity=len(query_ids))
                 ids: list[int] = []
             else:
                 ids = [t for f in fact_ids or [] for t in f]
                 assembled = assemble(self._prefix, [], self._table, extra_capacity=len(ids) + len(query_ids))
-            return self._forward(self._cache_from(assembled), ids + query_ids, assembled.n_tokens)[0, -1].float()
+                cache = self._cache_from(assembled)
+            return self._forward(cache, ids + query_ids, assembled.n_tokens)[0, -1].float()
+
+    def _kv_cache(self, facts: Sequence[FactKV], extra_capacity: int) -> tuple[AssembledKV, PreallocatedCache]:
+        """Assemble prefix + facts into a preallocated cache, then recompute the facts' first m tokens if asked."""
+        m = self.recompute_head_tokens
+        heads = sum(min(m, f.n_tokens) for f in facts)
+        assembled = assemble(self._prefix, facts, self._table, extra_capacity=extra_capacity + heads)
+        cache = self._cache_from(assembled)
+        if heads:
+            self._recompute_heads(cache, facts, assembled.n_tokens, m)
+        return assembled, cache
+
+    def _recompute_heads(self, cache: PreallocatedCache, facts: Sequence[FactKV], length: int, m: int) -> None:
+        """Recompute the first ``m`` tokens of every fact in place, in one forward pass.
+
+        Each recomputed token at position t of fact i attends to the prefix, to the earlier facts (their
+        recomputed first tokens in their fresh form, the rest as injected) and to its own fact's recomputed tokens
+        up to t, at its true position. Its new K/V then replace the injected ones
+        (:meth:`PreallocatedCache.move_tail`). With ``m`` at least every fact's length this is exactly a full
+        prefill of the memory segment (prompt mode); with small ``m`` it re-grounds the start of each fact, where
+        a standalone-encoded fact grows its own attention sink (a selective recompute in the spirit of
+        CacheBlend, with a fixed choice of tokens). Cost: ``k·m`` prefill tokens attending ``P + S`` keys.
+        """
+        ids: list[int] = []
+        positions: list[int] = []
+        fact_start: list[int] = []
+        start = self._prefix.n_tokens
+        for fact in facts:
+            n = min(m, fact.n_tokens)
+            ids += fact.token_ids[:n].tolist()
+            positions += range(start, start + n)
+            fact_start += [start] * n
+            start += fact.n_tokens
+        pos = torch.tensor(positions, device=self._device)
+        owner = torch.tensor(fact_start, device=self._device)
+        cols = torch.arange(length, device=self._device)
+        stale = torch.zeros(length, dtype=torch.bool, device=self._device)
+        stale[pos] = True  # slots whose fresh K/V are in the recomputed block
+        allowed_cache = (cols[None, :] < owner[:, None]) & ~stale[None, :]  # [q, length]
+        earlier = owner[None, :] < owner[:, None]
+        own_causal = (owner[None, :] == owner[:, None]) & (pos[None, :] <= pos[:, None])
+        allowed = torch.cat([allowed_cache, earlier | own_causal], dim=1)
+        dtype = next(self._model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self._device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        self._model.model(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=self._device),
+            position_ids=pos[None],
+            attention_mask=mask[None, None],
+            cache=cache,
+            use_cache=True,
+        )
+        cache.move_tail(length, pos)
 
     def _forward(self, cache: Any, ids: list[int], start: int) -> torch.Tensor:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
