@@ -1,19 +1,32 @@
-"""KV injection equals a block-diagonal prefill (paper Theorem 3), on tiny models and on SmolLM2, in float32."""
+"""KV injection equals a block-diagonal prefill (paper Theorem 3), on tiny models and on SmolLM2, in float32.
+
+The tiny models cover every supported architecture and rope type (see ``tiny_models``): Llama with default,
+``llama3`` (3.1-style), ``linear``, ``yarn`` and static ``longrope`` RoPE; Mistral; Qwen2 (biases); Qwen3 (k_norm);
+StableLM and Phi (partial rotary, k_layernorm); Gemma 3 (per-layer-type rotary tables, scaled embeddings, k_norm,
+sliding window wider than the test sequences).
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
-from tiny_models import block_diagonal_logits, tiny_model
+from tiny_models import SUPPORTED_ARCHS, block_diagonal_logits, tiny_model
 from transformers import DynamicCache
 
 from inferscale.config import EngineConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.kv import EncodeRequest, FactEncoder, PrefixKV, RopeTable, assemble
 
-ARCHS = ["llama", "llama31", "mistral", "qwen2", "qwen3"]
+ARCHS = list(SUPPORTED_ARCHS)
+
+
+@functools.cache
+def _model(arch: str) -> Any:
+    """One tiny model per architecture for the whole module (read-only in these tests)."""
+    return tiny_model(arch)
 
 
 def _inject_logits(model: Any, prefix: list[int], facts: list[list[int]], query: list[int]) -> torch.Tensor:
@@ -25,7 +38,7 @@ def _inject_logits(model: Any, prefix: list[int], facts: list[list[int]], query:
     prefix_kv = PrefixKV(
         torch.stack([x.keys[0] for x in layers]), torch.stack([x.values[0] for x in layers]), torch.tensor(prefix)
     )
-    assembled = assemble(prefix_kv, fact_kv, RopeTable(model.model.rotary_emb, model.config, torch.device("cpu")))
+    assembled = assemble(prefix_kv, fact_kv, RopeTable.from_model(model, torch.device("cpu")))
     cache = DynamicCache(
         ddp_cache_data=[(assembled.keys[i][None], assembled.values[i][None]) for i in range(len(layers))],
         config=model.config,
@@ -41,7 +54,7 @@ def _inject_logits(model: Any, prefix: list[int], facts: list[list[int]], query:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("prefix_len", [1, 8, 13, 21])
 def test_injection_matches_block_diagonal_prefill(arch: str, prefix_len: int) -> None:
-    model = tiny_model(arch)
+    model = _model(arch)
     g = torch.Generator().manual_seed(prefix_len)
     prefix = torch.randint(3, 250, (prefix_len,), generator=g).tolist()
     facts = [torch.randint(3, 250, (n,), generator=g).tolist() for n in (5, 9, 3, 7)]

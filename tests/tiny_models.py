@@ -1,4 +1,20 @@
-"""Tiny randomly initialised decoder models built from configs (no download), for exactness tests."""
+"""Tiny randomly initialised decoder models built from configs (no download), for exactness tests.
+
+Every model has hidden size 64, 4 query heads and 2 KV heads (head_dim 16 unless stated), 3 layers, float32
+weights. Supported architectures and rope types (re-rotation and injection must be exact):
+
+- ``llama`` (default RoPE), ``llama31`` (Llama-3.1-style ``llama3`` scaling), ``llama_linear``, ``llama_yarn``
+  (attention factor 0.1·ln 4 + 1 ≈ 1.139), ``llama_longrope`` (static below 256 positions; attention factor
+  sqrt(1 + ln 8 / ln 256) ≈ 1.173);
+- ``mistral``; ``qwen2`` (q/k/v biases); ``qwen3`` (``k_norm`` before RoPE);
+- ``stablelm`` (partial rotary, 8 of 16 channels; per-head ``k_layernorm`` on ``[B, n_kv, T, hd]``; q/k/v biases);
+- ``phi`` (partial rotary, 8 of 16 channels; ``k_layernorm``);
+- ``gemma3`` (sliding layers: base 10k; global layer: base 1M with linear factor 8; scaled embeddings;
+  ``k_norm`` on ``[B, n_kv, T, hd]``; sliding window 512, wider than every test sequence).
+
+Refused on purpose: ``cohere`` (interleaved cos/sin table), ``glm`` (rotate-half-looking table, interleaved
+attention code), ``phi3`` (fused ``qkv_proj``).
+"""
 
 from __future__ import annotations
 
@@ -16,46 +32,123 @@ TINY = dict(
     max_position_embeddings=2048,
 )
 
+SUPPORTED_ARCHS: tuple[str, ...] = (
+    "llama",
+    "llama31",
+    "llama_linear",
+    "llama_yarn",
+    "llama_longrope",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "stablelm",
+    "phi",
+    "gemma3",
+)
+REFUSED_ARCHS: tuple[str, ...] = ("cohere", "glm", "phi3")
+
+LONGROPE_ORIGINAL_MAX = 256
+"""``original_max_position_embeddings`` of ``llama_longrope``: positions 0..255 are static."""
+
+_LLAMA_ROPES: dict[str, dict[str, Any]] = {
+    "llama31": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+    "llama_linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "llama_yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
+    "llama_longrope": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
+        "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0, 10.0, 12.0],
+        "factor": 8.0,  # max_position_embeddings / original_max_position_embeddings
+        "original_max_position_embeddings": LONGROPE_ORIGINAL_MAX,
+    },
+}
+
 
 def tiny_config(arch: str, **overrides: Any) -> Any:
-    """A small config of ``arch`` in {llama, llama31, mistral, qwen2, qwen3}."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    """A small config of ``arch`` (one of :data:`SUPPORTED_ARCHS` or :data:`REFUSED_ARCHS`)."""
+    import transformers as tf
 
     kwargs: dict[str, Any] = {**TINY, **overrides}
     if arch == "llama":
-        return LlamaConfig(**kwargs)
-    if arch == "llama31":
-        rope = {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 256,
-        }
-        return LlamaConfig(**kwargs, rope_parameters=rope)
+        return tf.LlamaConfig(**kwargs)
+    if arch in _LLAMA_ROPES:
+        return tf.LlamaConfig(**{"rope_parameters": dict(_LLAMA_ROPES[arch]), **kwargs})
     if arch == "mistral":
-        return MistralConfig(**kwargs, sliding_window=None)
+        return tf.MistralConfig(**{"sliding_window": None, **kwargs})
     if arch == "qwen2":
-        return Qwen2Config(**kwargs)
+        return tf.Qwen2Config(**kwargs)
     if arch == "qwen3":
-        return Qwen3Config(**kwargs, head_dim=16)
+        return tf.Qwen3Config(**{"head_dim": 16, **kwargs})
+    if arch == "stablelm":
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        return tf.StableLmConfig(**{"rope_parameters": rope, "qk_layernorm": True, "use_qkv_bias": True, **kwargs})
+    if arch == "phi":
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        return tf.PhiConfig(**{"rope_parameters": rope, "qk_layernorm": True, **kwargs})
+    if arch == "gemma3":
+        rope = {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        }
+        return tf.Gemma3TextConfig(
+            **{
+                "head_dim": 16,
+                "query_pre_attn_scalar": 16,
+                "sliding_window": 512,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "rope_parameters": rope,
+                **kwargs,
+            }
+        )
+    if arch == "cohere":
+        return tf.CohereConfig(**{"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, **kwargs})
+    if arch == "glm":
+        return tf.GlmConfig(**{"head_dim": 16, "pad_token_id": 0, "eos_token_id": 2, **kwargs})
+    if arch == "phi3":
+        return tf.Phi3Config(**{"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, **kwargs})
     raise ValueError(arch)
 
 
+_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
+
+
 def tiny_model(arch: str, seed: int = 0, attn: str = "eager", **overrides: Any) -> Any:
-    """A float32 causal LM of ``arch`` with seeded random weights, in eval mode."""
+    """A float32 causal LM of ``arch`` with seeded random weights, in eval mode.
+
+    Biases of q/k/v projections (qwen2, stablelm, phi) and the weights of query/key norms are randomised so that
+    they matter: a capture that skipped them would fail the exactness tests.
+    """
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     config = tiny_config(arch, **overrides)
     config._attn_implementation = attn
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn)
-    if arch == "qwen2":  # make the q/k/v biases matter
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
+    with torch.no_grad():
+        for layer in getattr(model.model, "layers", []):
+            attention = layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj"):
+                bias = getattr(getattr(attention, name, None), "bias", None)
+                if bias is not None:
+                    bias.normal_(0, 0.5)
+            for name in _NORMS:
+                norm = getattr(attention, name, None)
+                if norm is not None:
+                    for param in norm.parameters():
+                        param.add_(torch.randn_like(param) * 0.3)
     return model.eval()
 
 
@@ -66,6 +159,8 @@ def block_diagonal_logits(
 
     The prefix is causal; each fact attends only to itself (causally), plus the prefix when ``fact_context``;
     the query attends to everything before it. Positions are 0..N-1. Returns last-token logits ``[vocab]``.
+    A 4-D mask is used as given by every layer type (also Gemma 3's sliding layers), so models with a sliding
+    window must have it wider than the sequence.
     """
     ids = prefix + [t for f in facts for t in f] + query
     n = len(ids)

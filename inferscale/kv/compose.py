@@ -106,7 +106,7 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
     value_buffer[:, :, :p] = prefix.values
     if facts:
         torch.cat([f.values for f in facts], dim=2, out=value_buffer[:, :, p : p + s])
-        key_buffer[:, :, p : p + s] = table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p)
+        table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p, out=key_buffer[:, :, p : p + s])
     token_ids = torch.cat([prefix.token_ids, *[f.token_ids for f in facts]])
     return AssembledKV(
         keys=key_buffer[:, :, : p + s],

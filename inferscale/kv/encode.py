@@ -4,8 +4,13 @@ This is the paper's offline encoding step, with its context-window variant: a fa
 conversation turns attends to them (so pronouns resolve), but only the K/V of the fact's own tokens are kept, so
 the context costs nothing at serve time.
 
-Keys are captured *before* RoPE with forward hooks on each attention module's key source: ``k_norm`` where the
-model normalises keys before rotating them (Qwen3, Gemma 3), else ``k_proj``. Values come from ``v_proj``.
+Keys are captured *before* RoPE with forward hooks on each attention module's key source: the key norm where the
+model normalises keys before rotating them (``k_norm``: Qwen3, Gemma 3, OLMo 2; ``k_layernorm``: StableLM and Phi
+with ``qk_layernorm``), else ``k_proj``. Values come from ``v_norm`` where present, else ``v_proj``. Models differ in
+where the norm sits: Qwen3 normalises ``[B, T, n_kv, hd]`` before the head transpose, Gemma 3, StableLM and Phi
+normalise ``[B, n_kv, T, hd]`` after it, OLMo 2 normalises the flat ``[B, T, n_kv * hd]``; the capture tells these
+apart by shape (see :class:`PreRopeCapture`). Whether capture and rotation together reproduce the model's own cache
+is checked end to end by :func:`inferscale.kv.rope.verify_rerotation`.
 """
 
 from __future__ import annotations
@@ -56,30 +61,86 @@ def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:
     return modules
 
 
-class _KVCapture:
-    """Forward hooks that record every layer's pre-RoPE keys and values of one forward pass."""
+KEY_NORM_NAMES: tuple[str, ...] = ("k_norm", "k_layernorm")
+"""Attribute names of a per-head key norm applied before RoPE (Qwen3/Gemma 3/OLMo 2; StableLM/Phi)."""
 
-    def __init__(self, attention_modules: list[nn.Module], n_kv_heads: int, head_dim: int) -> None:
+VALUE_NORM_NAMES: tuple[str, ...] = ("v_norm",)
+"""Attribute names of a value norm applied before the cache (Gemma 3n)."""
+
+
+def key_source(attn: nn.Module) -> nn.Module:
+    """The submodule whose output is the pre-RoPE key: the key norm if the attention has one, else ``k_proj``."""
+    for name in KEY_NORM_NAMES:
+        norm = getattr(attn, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    return attn.k_proj
+
+
+def value_source(attn: nn.Module) -> nn.Module:
+    """The submodule whose output is the cached value: the value norm if the attention has one, else ``v_proj``."""
+    for name in VALUE_NORM_NAMES:
+        norm = getattr(attn, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    return attn.v_proj
+
+
+def to_heads(output: torch.Tensor, n_tokens: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Bring a key/value source's output to ``[B, n_kv_heads, T, head_dim]``.
+
+    Accepted layouts: ``[B, T, n_kv * hd]`` (a projection, or a norm over the flat projection), ``[B, T, n_kv, hd]``
+    (a norm before the head transpose, Qwen3) and ``[B, n_kv, T, hd]`` (a norm after it: Gemma 3, StableLM, Phi).
+
+    Raises:
+        ValueError: when ``n_tokens == n_kv_heads`` and the output is 4-D (the two 4-D layouts cannot be told
+            apart; :class:`FactEncoder` pads its batches so this never happens).
+        UnsupportedModelError: for any other shape.
+    """
+    b = output.shape[0]
+    if output.dim() == 3 and output.shape[1] == n_tokens and output.shape[2] == n_kv_heads * head_dim:
+        return output.reshape(b, n_tokens, n_kv_heads, head_dim).transpose(1, 2)
+    if output.dim() == 4 and output.shape[3] == head_dim:
+        if n_tokens == n_kv_heads and n_kv_heads > 1:
+            raise ValueError(f"ambiguous 4-D layout: {n_tokens} tokens and {n_kv_heads} KV heads; pad the batch")
+        if tuple(output.shape[1:3]) == (n_tokens, n_kv_heads):
+            return output.transpose(1, 2)
+        if tuple(output.shape[1:3]) == (n_kv_heads, n_tokens):
+            return output
+    raise UnsupportedModelError(
+        f"a key/value source returned shape {tuple(output.shape)}; expected [B, {n_tokens}, {n_kv_heads * head_dim}], "
+        f"[B, {n_tokens}, {n_kv_heads}, {head_dim}] or [B, {n_kv_heads}, {n_tokens}, {head_dim}]"
+    )
+
+
+class PreRopeCapture:
+    """Forward hooks that record every layer's pre-RoPE keys and values of one forward pass.
+
+    Use as a context manager around exactly one forward pass over ``n_tokens`` positions per row.
+
+    Args:
+        attention_modules: one self-attention module per decoder layer (:func:`decoder_attention_modules`).
+        n_kv_heads, head_dim: the model's KV heads and head size.
+        n_tokens: the sequence length (tokens) of the forward pass, used to recognise the output layout.
+    """
+
+    def __init__(self, attention_modules: list[nn.Module], n_kv_heads: int, head_dim: int, n_tokens: int) -> None:
         self._modules = attention_modules
-        self._shape = (n_kv_heads, head_dim)
+        self._n_kv_heads, self._head_dim, self._n_tokens = n_kv_heads, head_dim, n_tokens
         self.keys: list[torch.Tensor | None] = [None] * len(attention_modules)
         self.values: list[torch.Tensor | None] = [None] * len(attention_modules)
         self._handles: list[Any] = []
 
     def _store(self, bucket: list[torch.Tensor | None], layer: int) -> Any:
         def hook(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
-            # k_proj/v_proj give [B, T, n_kv * hd]; k_norm gives [B, T, n_kv, hd]. Store [B, n_kv, T, hd].
-            b, t = output.shape[0], output.shape[1]
-            bucket[layer] = output.reshape(b, t, *self._shape).transpose(1, 2)
+            bucket[layer] = to_heads(output, self._n_tokens, self._n_kv_heads, self._head_dim)
 
         return hook
 
-    def __enter__(self) -> _KVCapture:
+    def __enter__(self) -> PreRopeCapture:
         for i, attn in enumerate(self._modules):
-            key_source = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
-            value_source = attn.v_norm if hasattr(attn, "v_norm") else attn.v_proj
-            self._handles.append(key_source.register_forward_hook(self._store(self.keys, i)))
-            self._handles.append(value_source.register_forward_hook(self._store(self.values, i)))
+            self._handles.append(key_source(attn).register_forward_hook(self._store(self.keys, i)))
+            self._handles.append(value_source(attn).register_forward_hook(self._store(self.values, i)))
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -88,7 +149,11 @@ class _KVCapture:
         self._handles.clear()
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([L, B, n_kv, T, hd], [L, B, n_kv, T, hd])`` for the last forward pass."""
+        """``([L, B, n_kv, T, hd], [L, B, n_kv, T, hd])`` for the last forward pass.
+
+        Raises:
+            UnsupportedModelError: when some layer's key or value source did not run.
+        """
         if any(k is None for k in self.keys) or any(v is None for v in self.values):
             raise UnsupportedModelError("a layer's key or value projection was not called during the forward pass")
         return torch.stack(self.keys), torch.stack(self.values)  # type: ignore[arg-type]
@@ -144,13 +209,15 @@ class FactEncoder:
         device = self.device
         seqs = [list(r.context_ids) + list(r.fact_ids) for r in batch]
         width = max(len(s) for s in seqs)
+        if width == self._n_kv_heads:  # one extra pad column keeps [B, T, n_kv, hd] and [B, n_kv, T, hd] distinct
+            width += 1
         input_ids = torch.full((len(seqs), width), self._pad, dtype=torch.long)
         attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for row, seq in enumerate(seqs):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             attention_mask[row, : len(seq)] = 1
         position_ids = torch.arange(width, dtype=torch.long)[None].expand(len(seqs), width)
-        with _KVCapture(self._attn, self._n_kv_heads, self._head_dim) as capture:
+        with PreRopeCapture(self._attn, self._n_kv_heads, self._head_dim, width) as capture:
             self._backbone(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),

@@ -5,55 +5,114 @@ logits q_m·k_n then depend on positions only through m − n, so a key block ca
 rotated to any position later and behaves exactly as if it had been computed there (the paper's chunked RoPE,
 Theorem 6). We store pre-RoPE keys, so serving needs one forward rotation and never an inverse one.
 
-Layout: the rotate-half ("NeoX") convention used by Llama, Mistral, Qwen2/3 and Gemma in transformers: pair i is
-(x[i], x[i + d/2]) over the first ``rotary_dim`` channels; channels past ``rotary_dim`` (partial rotary) pass
-through unchanged. The cos/sin tables come from the model's own rotary module, so every scaled variant
-(``linear``, ``llama3``, ``yarn``, static ``longrope``) and its attention scaling factor is honoured.
+Layout: the rotate-half ("NeoX") convention used by Llama, Mistral, Qwen2/3, Gemma 3, StableLM and Phi in
+transformers: pair i is (x[i], x[i + r/2]) over the first ``r = rotary_dim`` channels; channels past ``rotary_dim``
+(partial rotary) pass through unchanged. The interleaved ("GPT-J") convention, pair i = (x[2i], x[2i + 1]) as in
+Cohere and GLM, is refused (:class:`RopeTable` checks the table, :func:`verify_rerotation` the attention code).
+
+The cos/sin tables come from the model's own rotary module, so every static scaled variant (``linear``,
+``llama3``, ``yarn``, ``longrope`` below its original context) and its attention scaling factor are honoured
+exactly as transformers applies them: the module returns ``cos(p·θ)·a`` and ``sin(p·θ)·a`` with ``a`` the
+``attention_factor`` (yarn: ``0.1·ln(factor) + 1`` by default; longrope: ``sqrt(1 + ln(factor) / ln(L_orig))``),
+and the attention code computes ``k·cos + rotate_half(k)·sin`` with those scaled rows, so the cached key carries
+``a`` once. :func:`apply_rope` does the same with the same rows.
+
+Models whose layer types use different rotary parameters (Gemma 3: local sliding-window layers with base 10k,
+global layers with base 1M and linear scaling) get one table per layer type and an index per layer.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from inferscale.errors import UnsupportedModelError
 
 # Rope types whose frequencies do not depend on the sequence length: re-rotation is exact for them.
 STATIC_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3", "yarn"})
+# ``longrope`` is static below ``original_max_position_embeddings`` only (see :func:`max_static_position`).
+SUPPORTED_ROPE_TYPES: frozenset[str] = STATIC_ROPE_TYPES | {"longrope"}
 
 
 class RotaryModule(Protocol):
-    """A transformers rotary embedding: ``forward(x, position_ids) -> (cos, sin)``, each ``[B, T, rotary_dim]``."""
+    """A transformers rotary embedding: ``forward(x, position_ids) -> (cos, sin)``, each ``[B, T, rotary_dim]``.
 
-    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    Models with per-layer-type rotary parameters (Gemma 3) take a third argument, ``layer_type``.
+    """
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for ``position_ids``, in ``x``'s dtype, attention scaling folded in."""
+        ...
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:
-    """The rope settings of a transformers config as one dict (``rope_parameters``, or legacy ``rope_scaling``)."""
+    """The rope settings of a transformers config as one dict (``rope_parameters``, or legacy ``rope_scaling``).
+
+    For models with per-layer-type rotary parameters (Gemma 3) the dict is nested: ``{layer_type: {...}}``; see
+    :func:`rope_parameter_sets`.
+    """
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return dict(params)
+
+
+def rope_parameter_sets(config: Any) -> dict[str | None, dict[str, Any]]:
+    """The rope settings per layer type: ``{layer_type: params}`` when nested (Gemma 3), else ``{None: params}``.
+
+    Layer types whose settings are ``None`` (transformers skips them) are left out.
+    """
+    params = rope_parameters(config)
+    values = list(params.values())
+    if values and any(isinstance(v, dict) for v in values) and all(v is None or isinstance(v, dict) for v in values):
+        return {str(kind): dict(v) for kind, v in params.items() if v is not None}
+    return {None: params}
+
+
+def _rope_type(params: dict[str, Any]) -> str:
+    return str(params.get("rope_type", params.get("type", "default")))
 
 
 def max_static_position(config: Any) -> int | None:
     """The largest position count for which the model's RoPE is static, or ``None`` when it always is.
 
+    For per-layer-type settings (Gemma 3) every layer type must be supported; the bound is the smallest one.
+
+    Returns:
+        ``None`` for ``default``/``linear``/``llama3``/``yarn``; for ``longrope``, its
+        ``original_max_position_embeddings`` (positions ``0 .. bound - 1`` use the short factors; transformers
+        switches every position to the long factors once a sequence is longer than that).
+
     Raises:
-        UnsupportedModelError: for ``dynamic`` NTK scaling, whose frequencies change with the sequence length,
-            so a key rotated for one request length would be silently wrong for another.
+        UnsupportedModelError: for ``dynamic`` NTK scaling (its frequencies change with the sequence length, so a
+            key rotated for one request length would be silently wrong for another), and for any other rope type
+            (not verified).
     """
-    params = rope_parameters(config)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type in STATIC_ROPE_TYPES:
-        return None
-    if rope_type == "longrope":
-        # longrope switches from its short to its long factors once a sequence exceeds the original context;
-        # below that bound the short factors are used for every position and the rotation is static.
-        return int(params.get("original_max_position_embeddings") or config.max_position_embeddings)
-    raise UnsupportedModelError(
-        f"rope_type {rope_type!r} is not supported for KV re-rotation: its frequencies depend on the sequence "
-        f"length, so stored keys cannot be rotated exactly. Supported: {sorted(STATIC_ROPE_TYPES | {'longrope'})}"
-    )
+    bound: int | None = None
+    for kind, params in rope_parameter_sets(config).items():
+        rope_type = _rope_type(params)
+        where = "" if kind is None else f" (layer type {kind!r})"
+        if rope_type in STATIC_ROPE_TYPES:
+            continue
+        if rope_type == "longrope":
+            limit = int(
+                params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None)
+                or config.max_position_embeddings
+            )
+            bound = limit if bound is None else min(bound, limit)
+            continue
+        if "dynamic" in rope_type:
+            raise UnsupportedModelError(
+                f"rope_type {rope_type!r}{where} is not supported for KV re-rotation: its frequencies depend on the "
+                f"sequence length, so stored keys cannot be rotated exactly. Supported: {sorted(SUPPORTED_ROPE_TYPES)}"
+            )
+        raise UnsupportedModelError(
+            f"rope_type {rope_type!r}{where} is not supported for KV re-rotation (not verified to be a static "
+            f"rotate-half RoPE). Supported: {sorted(SUPPORTED_ROPE_TYPES)}"
+        )
+    return bound
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -62,23 +121,52 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(
+    k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotate pre-RoPE keys: ``k·cos + rotate_half(k)·sin`` on the first ``rotary_dim`` channels.
+
+    This is transformers' ``apply_rotary_pos_emb`` for keys (Llama; StableLM/Phi for partial rotary), run in
+    float32. Each half of the rotate-half pairs is computed once and written straight into ``out``, with no
+    intermediate ``rotate_half`` or concatenated tensor: ``rotate_half(x) = [-x2, x1]``, so the first half is
+    ``x1·cos₁ − x2·sin₁`` and the second ``x2·cos₂ + x1·sin₂``.
 
     Args:
         k: ``[..., T, head_dim]`` pre-RoPE keys, any float dtype.
         cos, sin: ``[T, rotary_dim]`` float32, attention scaling already folded in; ``rotary_dim <= head_dim``.
+            Any shape that broadcasts against ``k[..., :rotary_dim]`` works (``[L, 1, T, rotary_dim]`` gives each
+            layer its own rows).
+        out: optional destination of ``k``'s shape (e.g. a slice of a preallocated cache buffer), written in
+            place; it must not overlap ``k``.
 
     Returns:
-        ``[..., T, head_dim]`` rotated keys in ``k``'s dtype. The math runs in float32.
+        ``[..., T, head_dim]`` rotated keys in ``k``'s dtype (``out`` when given).
     """
     rotary_dim = cos.shape[-1]
-    k32 = k.float()
-    k_rot, k_pass = k32[..., :rotary_dim], k32[..., rotary_dim:]
-    out = k_rot * cos + rotate_half(k_rot) * sin
-    if k_pass.shape[-1]:
-        out = torch.cat((out, k_pass), dim=-1)
-    return out.to(k.dtype)
+    half = rotary_dim // 2
+    if out is None:
+        out = torch.empty_like(k)
+    x1 = k[..., :half].float()
+    x2 = k[..., half:rotary_dim].float()
+    out[..., :half] = x1 * cos[..., :half] - x2 * sin[..., :half]
+    out[..., half:rotary_dim] = x2 * cos[..., half:] + x1 * sin[..., half:]
+    if rotary_dim < k.shape[-1]:
+        out[..., rotary_dim:] = k[..., rotary_dim:]
+    return out
+
+
+def _takes_layer_type(rotary: Any) -> bool:
+    """Whether the rotary module has per-layer-type parameters (Gemma 3: ``forward(x, position_ids, layer_type)``)."""
+    if isinstance(getattr(rotary, "rope_type", None), dict):
+        return True
+    forward = getattr(rotary, "forward", None)
+    if forward is None:
+        return False
+    try:
+        parameter = inspect.signature(forward).parameters.get("layer_type")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 class RopeTable:
@@ -88,54 +176,257 @@ class RopeTable:
     time is a slice and two multiplies. Every row is a pure function of its position, so a slice computed for
     one request is valid for any other: no rotation is ever cached per offset.
 
+    When the rotary module has per-layer-type parameters (Gemma 3: its ``forward`` takes ``layer_type`` and
+    ``config.layer_types`` names each layer's type), one table is kept per distinct layer type plus an index per
+    layer, and :meth:`rotate` expects the layer axis first.
+
     Args:
         rotary: the model's rotary module (``model.model.rotary_emb``).
-        config: the model config (to refuse dynamic rope types and bound static ``longrope``).
+        config: the model config (to refuse dynamic rope types, bound static ``longrope`` and, for per-layer-type
+            rotary modules, read ``layer_types``).
         device: where the table lives (the KV cache's device).
         initial_positions: rows computed up front.
 
     Raises:
-        UnsupportedModelError: see :func:`max_static_position`.
+        UnsupportedModelError: see :func:`max_static_position`; also when the rows are not in the rotate-half
+            layout (interleaved tables, as in Cohere), when layer types disagree on the rotary dimension, or when a
+            per-layer-type rotary module comes without ``config.layer_types``.
     """
 
     def __init__(self, rotary: RotaryModule, config: Any, device: torch.device, initial_positions: int = 4096) -> None:
         self._rotary = rotary
         self._limit = max_static_position(config)
         self._device = device
-        self._cos = torch.empty(0, device=device)
+        self._kinds: list[str | None] = [None]
+        self._layer_types: tuple[str, ...] | None = None
+        self._layer_index: torch.Tensor | None = None
+        if _takes_layer_type(rotary):
+            layer_types = getattr(config, "layer_types", None)
+            if not layer_types:
+                raise UnsupportedModelError(
+                    f"{type(rotary).__name__} has per-layer-type rotary parameters but the config has no layer_types"
+                )
+            n_layers = int(getattr(config, "num_hidden_layers", len(layer_types)))
+            self._layer_types = tuple(str(t) for t in layer_types[:n_layers])
+            self._kinds = list(dict.fromkeys(self._layer_types))
+            self._layer_index = torch.tensor([self._kinds.index(t) for t in self._layer_types], device=device)
+        self._cos = torch.empty(0, device=device)  # [n_kinds, P, rotary_dim] float32
         self._sin = torch.empty(0, device=device)
         self._grow(initial_positions if self._limit is None else min(initial_positions, self._limit))
+
+    @classmethod
+    def from_model(cls, model: nn.Module, device: torch.device | None = None, verify: bool = True) -> RopeTable:
+        """The table of a transformers causal LM, found from the model itself.
+
+        Discovers ``model.model.rotary_emb`` and, for per-layer-type models, ``config.layer_types``; then (when
+        ``verify``) runs :func:`verify_rerotation`: one forward pass of 8 tokens that checks the captured pre-RoPE
+        keys, rotated by this table, equal the keys in the model's own cache.
+
+        Args:
+            model: a transformers causal LM (``model.model.layers``, ``model.model.rotary_emb``).
+            device: where the table lives; defaults to the model's device.
+            verify: run the end-to-end check (recommended: it is what refuses interleaved attention code).
+
+        Raises:
+            UnsupportedModelError: when there is no shared rotary module, for unsupported rope types or layouts,
+                or when the check fails.
+        """
+        backbone = getattr(model, "model", model)
+        rotary = getattr(backbone, "rotary_emb", None)
+        if not isinstance(rotary, nn.Module):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no shared rotary module at model.model.rotary_emb; only rotate-half "
+                "RoPE models in the Llama layout are supported"
+            )
+        config = getattr(backbone, "config", None) or model.config
+        if device is None:
+            device = next(model.parameters()).device
+        table = cls(rotary, config, device)
+        if verify:
+            verify_rerotation(model, table)
+        return table
 
     @property
     def rotary_dim(self) -> int:
         """Channels rotated per head (``head_dim`` unless the model uses partial rotary)."""
         return int(self._cos.shape[-1])
 
+    @property
+    def device(self) -> torch.device:
+        """Where the rows live; :meth:`rotate` expects keys on this device."""
+        return self._device
+
+    @property
+    def layer_types(self) -> tuple[str, ...] | None:
+        """Each layer's rotary type (Gemma 3: ``sliding_attention``/``full_attention``), or ``None`` for one table."""
+        return self._layer_types
+
+    @property
+    def max_positions(self) -> int | None:
+        """Positions ``0 .. max_positions - 1`` can be served (static ``longrope`` bound), or ``None`` if unbounded."""
+        return self._limit
+
+    def _rotary_rows(self, probe: torch.Tensor, position_ids: torch.Tensor, kind: str | None) -> tuple[Any, Any]:
+        if kind is None:
+            return self._rotary(probe, position_ids)
+        return self._rotary(probe, position_ids, kind)
+
     def _grow(self, n_positions: int) -> None:
         probe = torch.zeros(1, device=self._device, dtype=torch.float32)
         position_ids = torch.arange(n_positions, device=self._device)[None]
+        cos_rows, sin_rows = [], []
         with torch.no_grad():
-            cos, sin = self._rotary(probe, position_ids)
-        self._cos, self._sin = cos[0].float(), sin[0].float()
+            for kind in self._kinds:
+                cos, sin = self._rotary_rows(probe, position_ids, kind)
+                cos_rows.append(cos[0].float())
+                sin_rows.append(sin[0].float())
+        dims = {c.shape[-1] for c in cos_rows}
+        if len(dims) != 1:
+            raise UnsupportedModelError(f"layer types {self._kinds} rotate different channel counts {sorted(dims)}")
+        cos_all, sin_all = torch.stack(cos_rows), torch.stack(sin_rows)
+        rotary_dim = cos_all.shape[-1]
+        half = rotary_dim // 2
+        if rotary_dim % 2 or not (
+            torch.equal(cos_all[..., :half], cos_all[..., half:])
+            and torch.equal(sin_all[..., :half], sin_all[..., half:])
+        ):
+            raise UnsupportedModelError(
+                f"{type(self._rotary).__name__} does not produce rotate-half cos/sin rows (the two halves differ): "
+                "the interleaved (GPT-J style) rotary layout is not supported"
+            )
+        self._cos, self._sin = cos_all, sin_all
 
-    def slice(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[length, rotary_dim]`` float32 for positions ``start .. start + length - 1``.
-
-        Raises:
-            UnsupportedModelError: when the positions pass the static bound of a ``longrope`` model.
-        """
+    def _rows(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[n_kinds, length, rotary_dim]`` cos, sin for positions ``start .. start + length - 1``."""
+        if start < 0 or length < 0:
+            raise ValueError(f"start and length must be >= 0, got {start} and {length}")
         end = start + length
         if self._limit is not None and end > self._limit:
             raise UnsupportedModelError(
                 f"position {end - 1} is past original_max_position_embeddings={self._limit}, where longrope "
                 "switches to its long factors; re-rotation is exact only below it"
             )
-        if end > self._cos.shape[0]:
-            target = max(end, 2 * self._cos.shape[0])
+        if end > self._cos.shape[1]:
+            target = max(end, 2 * self._cos.shape[1])
             self._grow(target if self._limit is None else min(target, self._limit))
-        return self._cos[start:end], self._sin[start:end]
+        return self._cos[:, start:end], self._sin[:, start:end]
 
-    def rotate(self, k: torch.Tensor, start: int) -> torch.Tensor:
-        """Rotate ``k: [..., T, head_dim]`` (pre-RoPE) to positions ``start .. start + T - 1``."""
+    def slice(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin float32 rows for positions ``start .. start + length - 1``.
+
+        Returns:
+            ``[length, rotary_dim]`` each for a single-table model; ``[n_layers, length, rotary_dim]`` (each layer's
+            own rows) for a per-layer-type model (:attr:`layer_types` is not ``None``).
+
+        Raises:
+            UnsupportedModelError: when the positions pass the static bound of a ``longrope`` model.
+            ValueError: for a negative start or length.
+        """
+        cos, sin = self._rows(start, length)
+        if self._layer_index is None:
+            return cos[0], sin[0]
+        return cos[self._layer_index], sin[self._layer_index]
+
+    def rotate(self, k: torch.Tensor, start: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate pre-RoPE keys to positions ``start .. start + T - 1``.
+
+        Args:
+            k: ``[..., T, head_dim]`` pre-RoPE keys; for a per-layer-type model the layer axis comes first,
+                ``[n_layers, ..., T, head_dim]`` (e.g. ``[n_layers, n_kv_heads, T, head_dim]``).
+            start: position of the first token.
+            out: optional destination of ``k``'s shape, written in place (see :func:`apply_rope`).
+
+        Returns:
+            Rotated keys, same shape and dtype as ``k``.
+
+        Raises:
+            UnsupportedModelError: past a ``longrope`` model's static bound.
+            ValueError: when a per-layer-type model gets keys without its layer axis first.
+        """
         cos, sin = self.slice(start, k.shape[-2])
-        return apply_rope(k, cos, sin)
+        if self._layer_index is not None:
+            n_layers = self._layer_index.shape[0]
+            if k.dim() < 3 or k.shape[0] != n_layers:
+                raise ValueError(
+                    f"this model's layers use different rotary tables: keys must be [{n_layers}, ..., T, head_dim], "
+                    f"got {tuple(k.shape)}"
+                )
+            view = (n_layers,) + (1,) * (k.dim() - 3) + tuple(cos.shape[1:])
+            cos, sin = cos.view(view), sin.view(view)
+        return apply_rope(k, cos, sin, out=out)
+
+
+def _probe_tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance of the rotation check: a few rounding steps of ``dtype``, and at least 1e-5."""
+    return max(1e-5, 8 * torch.finfo(dtype).eps)
+
+
+def verify_rerotation(model: nn.Module, table: RopeTable, n_tokens: int = 8, start: int = 97) -> float:
+    """Check end to end that captured pre-RoPE keys, rotated by ``table``, equal the keys the model caches.
+
+    One forward pass over ``n_tokens`` fixed tokens at positions ``start ..`` (nonzero, so that every rotation
+    angle matters; lowered to fit a ``longrope`` bound) with :class:`~inferscale.kv.encode.PreRopeCapture` hooks
+    and ``use_cache=True``. For every layer, ``table.rotate(captured_keys, start)`` must equal the cached keys, and
+    the captured values the cached values, to a few rounding steps of the model dtype relative to the largest
+    cached key (1e-5 in float32, 0.0625 in bfloat16). A wrong layout gives an O(1) relative error. This refuses
+    what the table alone cannot see: attention code that pairs channels differently from its table (GLM
+    interleaves a rotate-half-looking table), norms or transforms we do not hook, and key/value mismatches.
+
+    Args:
+        model: a transformers causal LM with ``model.model.layers[i].self_attn.{k_proj, v_proj}``.
+        table: the model's :class:`RopeTable`.
+        n_tokens: probe length (tokens); must differ from the number of KV heads.
+        start: first probe position.
+
+    Returns:
+        The largest relative error seen (float).
+
+    Raises:
+        UnsupportedModelError: when a layer's keys or values do not match (or the model's structure is refused by
+            :func:`~inferscale.kv.encode.decoder_attention_modules`).
+    """
+    from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
+
+    attn = decoder_attention_modules(model)
+    backbone = getattr(model, "model", model)
+    config = getattr(backbone, "config", None) or model.config
+    n_kv = int(config.num_key_value_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    if n_tokens == n_kv:
+        n_tokens += 1
+    if table.max_positions is not None:
+        start = max(1, min(start, table.max_positions - n_tokens))
+    parameter = next(model.parameters())
+    ids = (torch.arange(n_tokens) * 7919 + 11) % int(config.vocab_size)
+    positions = torch.arange(start, start + n_tokens)
+    with torch.no_grad(), PreRopeCapture(attn, n_kv, head_dim, n_tokens) as capture:
+        out = backbone(
+            input_ids=ids[None].to(parameter.device),
+            attention_mask=torch.ones(1, n_tokens, dtype=torch.long, device=parameter.device),
+            position_ids=positions[None].to(parameter.device),
+            use_cache=True,
+        )
+        keys, values = capture.stacked()
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = out.past_key_values
+    rotated = table.rotate(keys[:, 0].to(table.device), start)
+    tolerance = _probe_tolerance(parameter.dtype)
+    worst = 0.0
+    for layer, cached in enumerate(cache.layers):
+        cached_k, cached_v = cached.keys[0].float(), cached.values[0].float()
+        kept = cached_k.shape[-2]  # sliding-window layers may keep fewer than n_tokens
+        scale_k = max(cached_k.abs().max().item(), 1e-6)
+        scale_v = max(cached_v.abs().max().item(), 1e-6)
+        err_k = (rotated[layer, :, n_tokens - kept :].float().to(cached_k.device) - cached_k).abs().max().item()
+        err_v = (values[layer, 0, :, n_tokens - kept :].float() - cached_v).abs().max().item()
+        rel_k, rel_v = err_k / scale_k, err_v / scale_v
+        worst = max(worst, rel_k, rel_v)
+        if rel_k > tolerance or rel_v > tolerance:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} layer {layer}: captured pre-RoPE keys rotated by chunked RoPE differ from "
+                f"the model's cached keys (relative error {rel_k:.3g}, values {rel_v:.3g}, tolerance {tolerance:.3g}). "
+                "Its attention does not apply rotate-half RoPE to k_proj/k_norm outputs (e.g. interleaved GPT-J "
+                "style pairs, as in GLM or Cohere), so injected keys would be silently wrong"
+            )
+    return worst

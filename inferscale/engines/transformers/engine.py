@@ -108,7 +108,7 @@ class TransformersEngine:
             self._model.eval()
             self._device = next(self._model.parameters()).device
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
-            self._table = RopeTable(self._model.model.rotary_emb, self._model.config, self._device)
+            self._table = RopeTable.from_model(self._model, self._device)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
             self._stop_ids = self._stop_token_ids()
