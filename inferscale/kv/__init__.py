@@ -5,17 +5,25 @@ from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.rope import RopeTable, apply_rope, max_static_position, rotate_half
-from inferscale.kv.store import KVKey, KVStore
+from inferscale.kv.store import KVKey, KVStore, KVStoreStats, TieredKVStore
+from inferscale.kv.tiers import DeviceTier, DiskTier, HostTier, KVFormatError, KVTier
 
 __all__ = [
     "AssembledKV",
+    "DeviceTier",
+    "DiskTier",
     "EncodeRequest",
     "FactEncoder",
     "FactKV",
+    "HostTier",
+    "KVFormatError",
     "KVKey",
     "KVStore",
+    "KVStoreStats",
+    "KVTier",
     "PrefixKV",
     "RopeTable",
+    "TieredKVStore",
     "apply_rope",
     "assemble",
     "max_static_position",

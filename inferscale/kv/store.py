@@ -1,166 +1,268 @@
-"""KV store: fact K/V keyed by (memory id, text hash, model fingerprint, encoding parameters).
+"""The KV store: fact K/V keyed by (memory id, text hash, model fingerprint, encoding parameters), in tiers.
 
-Two tiers here: host memory (an LRU under a byte budget) in front of disk (one safetensors file per entry, which
-survives restarts). Each disk file records the key it was written under; a file whose recorded fingerprint
-differs from the requested one is refused with :class:`KVFingerprintMismatchError`, never injected.
+Tiers, fastest first: device (GPU memory, only with a CUDA device), host (CPU memory, pinned with CUDA), disk
+(one safetensors file per entry, which survives restarts). The composite :class:`TieredKVStore` keeps their
+policies in one place:
+
+- lookup goes device ▸ host ▸ disk, and a hit below the top is promoted to the top memory tier;
+- the memory tiers are exclusive (an entry lives in one of them), the disk is inclusive: every ``put`` is
+  written through to disk before it is cached, so an entry evicted from memory is only demoted
+  (device ▸ host ▸ dropped from memory, still on disk), never lost while there is a disk tier;
+- a disk file recorded under another key (another model, dtype, rope, tokenizer or text) is refused with
+  :class:`~inferscale.errors.KVFingerprintMismatchError` and never injected. A changed fingerprint gives another
+  key, so entries of another model are simply misses and the fact is encoded again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 import threading
-from collections import OrderedDict
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from inferscale.errors import KVFingerprintMismatchError
 from inferscale.kv.fact import FactKV
+from inferscale.kv.tiers.base import KVKey, KVTier, check_memory_id
+from inferscale.kv.tiers.device import DeviceTier
+from inferscale.kv.tiers.disk import DiskTier
+from inferscale.kv.tiers.host import HostTier
+
+__all__ = [
+    "DEFAULT_DEVICE_BUDGET_BYTES",
+    "DEFAULT_HOST_BUDGET_BYTES",
+    "KVKey",
+    "KVStore",
+    "KVStoreStats",
+    "TieredKVStore",
+]
+
+DEFAULT_HOST_BUDGET_BYTES = 2 << 30
+"""Host tier capacity when none is given (2 GiB)."""
+
+DEFAULT_DEVICE_BUDGET_BYTES = 1 << 30
+"""Device tier capacity when ``device`` is a CUDA device and no budget is given (1 GiB)."""
 
 
 @dataclass(frozen=True, slots=True)
-class KVKey:
-    """Identity of one stored entry.
+class KVStoreStats:
+    """Counters of a :class:`TieredKVStore` since it was built (or :meth:`TieredKVStore.reset_stats`).
 
     Attributes:
-        memory_id: the memory's public id.
-        text_hash: sha256 hex of the memory's text (a changed text is a different entry).
-        fingerprint: :func:`inferscale.kv.fingerprint.model_fingerprint` of the encoding model.
-        encoding_key: the encoding parameters (context window, prefix), as a short string.
+        hits: lookups answered by each tier, by tier name (``"device"``, ``"host"``, ``"disk"``).
+        misses: lookups no tier could answer.
+        promotions: entries moved up to the top memory tier after a hit below it.
+        demotions: entries moved down one memory tier to make room.
+        drops: entries evicted from the last memory tier (still on disk when there is a disk tier).
+        nbytes: bytes held by each tier, by tier name (K/V bytes in memory, file sizes on disk).
+        entries: entries held by each memory tier, by tier name.
     """
 
-    memory_id: str
-    text_hash: str
-    fingerprint: str
-    encoding_key: str
-
-    def digest(self) -> str:
-        """32 hex characters naming this entry on disk."""
-        raw = "\x1f".join((self.memory_id, self.text_hash, self.fingerprint, self.encoding_key))
-        return hashlib.sha256(raw.encode()).hexdigest()[:32]
+    hits: Mapping[str, int]
+    misses: int
+    promotions: int
+    demotions: int
+    drops: int
+    nbytes: Mapping[str, int]
+    entries: Mapping[str, int]
 
 
-class KVStore:
-    """Host-memory LRU over a disk tier of safetensors files.
+def _on(fact: FactKV, device: torch.device) -> FactKV:
+    """``fact`` with K/V on ``device`` (the same object when they are there already)."""
+    if fact.keys.device == device and fact.values.device == device:
+        return fact
+    return FactKV(
+        fact.keys.to(device, non_blocking=True),
+        fact.values.to(device, non_blocking=True),
+        fact.token_ids,
+        fact.encoded_at,
+    )
+
+
+class TieredKVStore:
+    """Device ▸ host ▸ disk store of fact K/V; thread-safe (one lock around each call).
+
+    The constructor does no I/O. Entries are returned as stored (no defensive copy): do not modify them in place.
 
     Args:
-        directory: disk tier root; ``None`` keeps entries in host memory only.
-        host_budget_bytes: the host tier's capacity in bytes; least recently used entries are dropped first
-            (they stay on disk).
-        device: where :meth:`get` returns tensors (the engine's device).
+        directory: the disk tier's folder; ``None`` keeps entries in memory only (lost on eviction and restart).
+        host_budget_bytes: host tier capacity (bytes, >= 0; 0 disables the tier).
+        device: where :meth:`get` returns tensors (the engine's device, e.g. ``"cpu"`` or ``"cuda:0"``).
+        device_budget_bytes: device tier capacity (bytes, >= 0; 0 disables the tier). ``None`` means
+            :data:`DEFAULT_DEVICE_BUDGET_BYTES` when ``device`` is a CUDA device, else no device tier.
+        pin_memory: keep the host tier in page-locked memory; ``None`` means "when ``device`` is a CUDA device".
+        fsync: fsync each disk file before it is renamed into place.
+
+    Raises:
+        ConfigError: when a device tier is asked for without CUDA (``device_budget_bytes > 0`` with a CPU
+            ``device``, or a CUDA ``device`` on a machine without CUDA), or ``pin_memory=True`` without CUDA.
+        InvalidInputError: when a budget is negative.
     """
 
     def __init__(
         self,
         directory: Path | None,
-        host_budget_bytes: int = 2 << 30,
+        host_budget_bytes: int = DEFAULT_HOST_BUDGET_BYTES,
         device: torch.device | str = "cpu",
+        device_budget_bytes: int | None = None,
+        pin_memory: bool | None = None,
+        fsync: bool = True,
     ) -> None:
-        self._dir = directory
-        self._budget = host_budget_bytes
         self._device = torch.device(device)
-        self._host: OrderedDict[KVKey, FactKV] = OrderedDict()
-        self._host_bytes = 0
-        self._lock = threading.Lock()
+        on_cuda = self._device.type == "cuda"
+        if device_budget_bytes is None:
+            device_budget_bytes = DEFAULT_DEVICE_BUDGET_BYTES if on_cuda else 0
+        self._device_tier = DeviceTier(self._device, device_budget_bytes) if device_budget_bytes > 0 else None
+        if self._device_tier is not None:
+            self._device = self._device_tier.device
+        self._host = HostTier(host_budget_bytes, pin_memory=on_cuda if pin_memory is None else pin_memory)
+        self._memory: list[KVTier] = [t for t in (self._device_tier, self._host) if t is not None]
+        self._disk = DiskTier(Path(directory), fsync=fsync) if directory is not None else None
+        self._lock = threading.RLock()
+        self.reset_stats()
 
-    def _path(self, key: KVKey) -> Path:
-        assert self._dir is not None
-        return self._dir / key.memory_id / f"{key.digest()}.safetensors"
+    def __repr__(self) -> str:
+        tiers = " > ".join(t.name for t in self.tiers)
+        return f"TieredKVStore({tiers}, device={str(self._device)!r})"
 
-    def location(self, key: KVKey) -> str:
-        """Where :meth:`put` writes ``key``: a file path, or ``"host"`` without a disk tier."""
-        return str(self._path(key)) if self._dir is not None else "host"
+    # ------------------------------------------------------------------ tiers
+    @property
+    def tiers(self) -> tuple[KVTier, ...]:
+        """The tiers in lookup order (device, host, disk; absent ones left out)."""
+        return tuple(self._memory) + ((self._disk,) if self._disk is not None else ())
 
-    def put(self, key: KVKey, fact: FactKV) -> str:
-        """Store ``fact`` under ``key`` in both tiers; returns :meth:`location`."""
-        if self._dir is not None:
-            path = self._path(key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            save_file(
-                {
-                    "keys": fact.keys.detach().cpu().contiguous(),
-                    "values": fact.values.detach().cpu().contiguous(),
-                    "token_ids": fact.token_ids.cpu().contiguous(),
-                },
-                str(tmp),
-                metadata={
-                    "memory_id": key.memory_id,
-                    "text_hash": key.text_hash,
-                    "fingerprint": key.fingerprint,
-                    "encoding_key": key.encoding_key,
-                    "encoded_at": str(fact.encoded_at),
-                },
-            )
-            os.replace(tmp, path)
-        self._remember(key, fact.to(self._device))
-        return self.location(key)
+    @property
+    def device(self) -> torch.device:
+        """Where :meth:`get` returns tensors."""
+        return self._device
 
-    def get(self, key: KVKey) -> FactKV | None:
-        """The entry for ``key`` on the store's device, or ``None`` on a miss.
-
-        Raises:
-            KVFingerprintMismatchError: when the file found for ``key`` records another fingerprint or text hash.
-        """
-        with self._lock:
-            fact = self._host.get(key)
-            if fact is not None:
-                self._host.move_to_end(key)
-                return fact
-        if self._dir is None:
-            return None
-        path = self._path(key)
-        if not path.exists():
-            return None
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata() or {}
-        for field in ("fingerprint", "text_hash", "encoding_key", "memory_id"):
-            if meta.get(field) != getattr(key, field):
-                raise KVFingerprintMismatchError(
-                    f"KV file {path} was written for {field}={meta.get(field)!r}, requested "
-                    f"{getattr(key, field)!r}; refusing to inject it"
-                )
-        tensors = load_file(str(path), device=str(self._device))
-        fact = FactKV(tensors["keys"], tensors["values"], tensors["token_ids"].cpu(), int(meta["encoded_at"]))
-        self._remember(key, fact)
-        return fact
-
-    def _remember(self, key: KVKey, fact: FactKV) -> None:
-        with self._lock:
-            old = self._host.pop(key, None)
-            if old is not None:
-                self._host_bytes -= old.nbytes
-            self._host[key] = fact
-            self._host_bytes += fact.nbytes
-            while self._host_bytes > self._budget and len(self._host) > 1:
-                _, evicted = self._host.popitem(last=False)
-                self._host_bytes -= evicted.nbytes
-
-    def delete_memory(self, memory_id: str) -> int:
-        """Remove every entry of ``memory_id`` from both tiers; returns how many host entries were dropped."""
-        with self._lock:
-            doomed = [k for k in self._host if k.memory_id == memory_id]
-            for k in doomed:
-                self._host_bytes -= self._host.pop(k).nbytes
-        if self._dir is not None:
-            shutil.rmtree(self._dir / memory_id, ignore_errors=True)
-        return len(doomed)
-
-    def clear(self) -> None:
-        """Drop every entry from both tiers."""
-        with self._lock:
-            self._host.clear()
-            self._host_bytes = 0
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+    @property
+    def directory(self) -> Path | None:
+        """The disk tier's folder, or ``None``."""
+        return self._disk.root if self._disk is not None else None
 
     @property
     def host_bytes(self) -> int:
-        """Bytes held in the host tier (bytes)."""
-        return self._host_bytes
+        """K/V bytes held in the host tier (bytes)."""
+        return self._host.nbytes
+
+    @property
+    def device_bytes(self) -> int:
+        """K/V bytes held in the device tier (bytes; 0 without one)."""
+        return self._device_tier.nbytes if self._device_tier is not None else 0
+
+    def location(self, key: KVKey) -> str:
+        """Where :meth:`put` makes ``key`` durable: its file path, or the top memory tier's name without a disk."""
+        if self._disk is not None:
+            return str(self._disk.path(key))
+        return self._memory[0].name
+
+    # ------------------------------------------------------------------ reads and writes
+    def get(self, key: KVKey) -> FactKV | None:
+        """The entry for ``key`` with K/V on :attr:`device`, or ``None`` on a miss; promotes a lower-tier hit.
+
+        Raises:
+            KVFingerprintMismatchError: when the disk file found for ``key`` records another fingerprint, text
+                hash, encoding key or memory id; nothing is returned or cached.
+            KVFormatError: when that file is not in this version's layout.
+        """
+        with self._lock:
+            for level, tier in enumerate(self._memory):
+                fact = tier.get(key)
+                if fact is not None:
+                    self._hits[tier.name] += 1
+                    if level > 0:
+                        tier.pop(key)
+                        self._promotions += 1
+                        fact = self._cache(key, fact)
+                    return _on(fact, self._device)
+            fact = self._disk.get(key) if self._disk is not None else None
+            if self._disk is None or fact is None:
+                self._misses += 1
+                return None
+            self._hits[self._disk.name] += 1
+            if self._memory:
+                self._promotions += 1
+                fact = self._cache(key, fact)
+            return _on(fact, self._device)
+
+    def put(self, key: KVKey, fact: FactKV) -> str:
+        """Write ``fact`` through to disk, then cache it in the top memory tier; returns :meth:`location`.
+
+        Raises:
+            OSError: when the disk file cannot be written (nothing is cached then).
+        """
+        with self._lock:
+            if self._disk is not None:
+                self._disk.put(key, fact)
+            for tier in self._memory:
+                tier.pop(key)
+            if self._memory:
+                self._cache(key, fact)
+            return self.location(key)
+
+    def _cache(self, key: KVKey, fact: FactKV) -> FactKV:
+        """Insert into the top memory tier, demoting what it evicts; returns the copy cached highest (or
+        ``fact`` when no tier could hold it)."""
+        self._insert(0, key, fact)
+        for tier in self._memory:
+            cached = tier.get(key)
+            if cached is not None:
+                return cached
+        return fact
+
+    def _insert(self, level: int, key: KVKey, fact: FactKV) -> None:
+        for victim, evicted in self._memory[level].put(key, fact):
+            if level + 1 < len(self._memory):
+                self._demotions += 1
+                self._insert(level + 1, victim, evicted)
+            else:
+                self._drops += 1
+
+    # ------------------------------------------------------------------ removal
+    def delete_memory(self, memory_id: str) -> int:
+        """Remove every entry of ``memory_id`` from every tier.
+
+        Returns:
+            entry copies removed, summed over tiers (an entry cached in memory and on disk counts twice).
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a plain id (:func:`inferscale.kv.tiers.check_memory_id`).
+        """
+        check_memory_id(memory_id)
+        with self._lock:
+            return sum(tier.delete_memory(memory_id) for tier in self.tiers)
+
+    def clear(self) -> None:
+        """Drop every entry from every tier (only the files the disk tier wrote are removed)."""
+        with self._lock:
+            for tier in self.tiers:
+                tier.clear()
+
+    # ------------------------------------------------------------------ statistics
+    def stats(self) -> KVStoreStats:
+        """Hit counters per tier and sizes (reads the disk folder's listing when there is a disk tier)."""
+        with self._lock:
+            return KVStoreStats(
+                hits={t.name: self._hits[t.name] for t in self.tiers},
+                misses=self._misses,
+                promotions=self._promotions,
+                demotions=self._demotions,
+                drops=self._drops,
+                nbytes={t.name: t.nbytes for t in self.tiers},
+                entries={t.name: len(t.keys()) for t in self._memory},
+            )
+
+    def reset_stats(self) -> None:
+        """Zero the hit, miss, promotion, demotion and drop counters."""
+        with self._lock:
+            self._hits: Counter[str] = Counter()
+            self._misses = 0
+            self._promotions = 0
+            self._demotions = 0
+            self._drops = 0
+
+
+KVStore = TieredKVStore
+"""The name the rest of InferScale uses for the tiered store."""

@@ -1,0 +1,149 @@
+"""Disk tier: one safetensors file per entry, written atomically, which survives restarts.
+
+Layout: ``<root>/<memory_id>/<key digest>.safetensors``. Each file's metadata records the full key
+(:mod:`inferscale.kv.tiers.serialization`); a file found under a key but recorded for another fingerprint, text
+hash or encoding is refused with :class:`KVFingerprintMismatchError`, never returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save
+
+from inferscale.kv.fact import FactKV
+from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id
+from inferscale.kv.tiers.serialization import check_key, fact_from_payload, fact_to_payload, key_from_metadata
+
+SUFFIX = ".safetensors"
+_TMP_SUFFIX = ".tmp"
+
+
+class DiskTier:
+    """Safetensors files under ``root``; unbounded (nothing is evicted), thread- and process-safe for writes.
+
+    Writes go to a uniquely named temporary file in the entry's folder, are flushed (and fsync'ed when
+    ``fsync``), then renamed over the final name, so a reader sees either the old file, the new one or none,
+    never a partial file. The constructor does no I/O; folders are created on first write.
+
+    Args:
+        root: the folder of this tier. Only files this tier wrote are ever removed from it.
+        fsync: fsync each file before renaming it (durable across power loss; a few ms per write).
+    """
+
+    name = "disk"
+
+    def __init__(self, root: Path, fsync: bool = True) -> None:
+        self._root = Path(root)
+        self._fsync = fsync
+
+    @property
+    def root(self) -> Path:
+        """The folder of this tier."""
+        return self._root
+
+    def path(self, key: KVKey) -> Path:
+        """The file ``key`` is stored in (whether or not it exists)."""
+        return self._root / key.memory_id / f"{key.digest()}{SUFFIX}"
+
+    def get(self, key: KVKey) -> FactKV | None:
+        """The entry for ``key`` with CPU tensors, or ``None`` when there is no file.
+
+        Raises:
+            KVFingerprintMismatchError: when the file records another key (e.g. a file copied from another
+                model's store); its tensors are not loaded.
+            KVFormatError: when the file is not in this version's layout.
+            safetensors.SafetensorError: when the file is not a readable safetensors file.
+        """
+        path = self.path(key)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                metadata = handle.metadata() or {}
+                check_key(metadata, key, str(path))
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        except FileNotFoundError:
+            return None
+        return fact_from_payload(tensors, metadata, str(path))
+
+    def put(self, key: KVKey, fact: FactKV) -> Evicted:
+        """Write ``fact`` to :meth:`path` atomically (replacing any file there); evicts nothing.
+
+        Raises:
+            OSError: when the folder or file cannot be written (nothing partial is left under the final name).
+        """
+        tensors, metadata = fact_to_payload(key, fact)
+        data = save(tensors, metadata)
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                if self._fsync:
+                    os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return []
+
+    def pop(self, key: KVKey) -> FactKV | None:
+        """Load and delete the entry for ``key`` (``None`` when absent). Raises as :meth:`get`."""
+        fact = self.get(key)
+        if fact is not None:
+            self.path(key).unlink(missing_ok=True)
+        return fact
+
+    def delete_memory(self, memory_id: str) -> int:
+        """Remove the folder of ``memory_id``; returns how many entry files it held.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a plain id (see :func:`check_memory_id`).
+            OSError: when a file cannot be removed (the memory's K/V would otherwise outlive it silently).
+        """
+        folder = self._root / check_memory_id(memory_id)
+        if not folder.is_dir():
+            return 0
+        count = sum(1 for _ in folder.glob(f"*{SUFFIX}"))
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another store on the same folder
+            shutil.rmtree(folder)
+        return count
+
+    def clear(self) -> None:
+        """Remove every entry file (and temporary file) this tier wrote, and folders left empty; other files
+        under ``root`` are kept."""
+        if not self._root.is_dir():
+            return
+        for folder in self._root.iterdir():
+            if not folder.is_dir():
+                continue
+            for file in folder.iterdir():
+                if file.suffix in (SUFFIX, _TMP_SUFFIX):
+                    file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: it holds files this tier did not write
+                folder.rmdir()
+
+    def keys(self) -> list[KVKey]:
+        """The keys recorded in every entry file (reads each file's header only).
+
+        Raises:
+            KVFormatError: when an entry file is not in this version's layout.
+        """
+        found = []
+        for path in self._files():
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                found.append(key_from_metadata(handle.metadata() or {}, str(path)))
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the entry files on disk (bytes; headers and token ids included)."""
+        return sum(path.stat().st_size for path in self._files())
+
+    def _files(self) -> list[Path]:
+        return sorted(self._root.glob(f"*/*{SUFFIX}")) if self._root.is_dir() else []
