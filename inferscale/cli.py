@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--questions", type=int, default=5, help="LoCoMo questions to ask (default 5)")
     demo.add_argument("--data-dir", help="where the demo's database, index and K/V go (default <home>/demo)")
     demo.set_defaults(func=_demo)
+
+    from inferscale.serve_cli import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 

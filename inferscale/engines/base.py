@@ -62,8 +62,14 @@ class Engine(Protocol):
         """Encode facts (batched) into pre-RoPE K/V on the engine's device."""
         ...
 
-    def generate_kv(self, query: str, facts: Sequence[FactKV], max_new_tokens: int) -> Generation:
-        """Answer ``query`` with the facts' K/V injected after the system prefix."""
+    def generate_kv(
+        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
+        """Answer ``query`` with the facts' K/V injected after the system prefix.
+
+        ``cache_scope`` names the tenant (:meth:`inferscale.scope.Scope.key`); engines with a shared prefix cache
+        (vLLM) salt injected blocks with it so that no other tenant can hit them. In-process engines ignore it.
+        """
         ...
 
     def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:

