@@ -57,8 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", help="where the demo's database, index and K/V go (default <home>/demo)")
     demo.set_defaults(func=_demo)
 
+    from inferscale.bench.cli import add_bench_parser, add_eval_parser
     from inferscale.serve_cli import add_serve_parser
 
+    add_bench_parser(sub)
+    add_eval_parser(sub)
     add_serve_parser(sub)
     return parser
 

@@ -1,0 +1,11 @@
+"""Benchmarks run from the command line (``inferscale bench ...``) and their argparse wiring.
+
+- :mod:`inferscale.bench.ttft`: time to first token versus k, prompt injection against KV injection from each KV
+  store tier, and the query alone, measured side by side in one run.
+- :mod:`inferscale.bench.cli`: ``add_bench_parser`` and ``add_eval_parser`` (the LoCoMo evaluation lives in
+  :mod:`inferscale.eval.locomo_eval`).
+"""
+
+from inferscale.bench.ttft import TTFTCell, TTFTReport, TTFTSettings, run_ttft_bench, synthetic_facts
+
+__all__ = ["TTFTCell", "TTFTReport", "TTFTSettings", "run_ttft_bench", "synthetic_facts"]

@@ -1,0 +1,228 @@
+"""argparse wiring of ``inferscale bench ...`` and ``inferscale eval ...``.
+
+``inferscale/cli.py`` adds them to its subparsers::
+
+    from inferscale.bench.cli import add_bench_parser, add_eval_parser
+
+    add_bench_parser(sub)
+    add_eval_parser(sub)
+
+Each sets ``func`` on its leaf parser, which returns the exit code (0 on success, 2 on a configuration or input
+error, printed as one line). Heavy imports (torch, transformers, matplotlib) happen only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+__all__ = ["add_bench_parser", "add_eval_parser"]
+
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _fail(exc: Exception) -> int:
+    Console(stderr=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+
+def _bench_ttft(args: argparse.Namespace) -> int:
+    from inferscale.bench.ttft import TTFTSettings, print_report, run_ttft_bench
+    from inferscale.errors import InferScaleError
+
+    try:
+        settings = TTFTSettings(
+            ks=args.ks,
+            repeats=args.repeats,
+            engine=args.engine,
+            dtype=args.dtype,
+            device=args.device,
+            model=args.model,
+            tiers=args.tiers,
+            query=args.query,
+            warmup=args.warmup,
+            num_threads=args.threads,
+            out_dir=Path(args.out),
+        )
+        report = run_ttft_bench(settings)
+    except InferScaleError as exc:
+        return _fail(exc)
+    print_report(report, Console())
+    return 0
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` (with ``bench ttft``) to ``subparsers``; returns the ``bench`` parser."""
+    from inferscale.bench.ttft import DEFAULT_KS, DEFAULT_QUERY
+
+    bench = subparsers.add_parser("bench", help="latency benchmarks (TTFT vs k)")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    ttft = sub.add_parser(
+        "ttft",
+        help="TTFT vs k: prompt injection vs KV injection from each KV tier vs the query alone",
+        description=(
+            "Time to first token versus k memories, every path side by side in one run: prompt injection, KV "
+            "injection from each KV store tier (host, disk; device on CUDA) and the query alone. Prints median and "
+            "p95 (ms), writes ttft_vs_k.json and ttft_vs_k.png."
+        ),
+    )
+    ttft.add_argument(
+        "--engine", choices=("transformers", "vllm"), default="transformers", help="chat engine (default transformers)"
+    )
+    ttft.add_argument("--dtype", choices=_DTYPES, default="bfloat16", help="model dtype (default bfloat16)")
+    ttft.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default auto)")
+    ttft.add_argument("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
+    ttft.add_argument("--repeats", type=_positive, default=5, help="timed calls per cell (default 5)")
+    ttft.add_argument("--warmup", type=_non_negative, default=2, help="untimed warm-up rounds (default 2)")
+    ttft.add_argument(
+        "--ks",
+        type=_ks,
+        default=DEFAULT_KS,
+        help=f"comma-separated k values (default {','.join(map(str, DEFAULT_KS))})",
+    )
+    ttft.add_argument(
+        "--tiers", type=_names, default=None, help="KV tiers to measure, e.g. host,disk (default: every tier present)"
+    )
+    ttft.add_argument("--query", default=DEFAULT_QUERY, help="the query text")
+    ttft.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's)")
+    ttft.add_argument("--out", default="out/bench/ttft", help="output folder (default out/bench/ttft)")
+    ttft.set_defaults(func=_bench_ttft)
+    return bench
+
+
+# ---------------------------------------------------------------------------------------------------- eval
+
+
+def _eval_locomo(args: argparse.Namespace) -> int:
+    from inferscale.errors import InferScaleError
+    from inferscale.eval.locomo_eval import LocomoEvalSettings, print_summary, run_locomo_eval
+
+    console = Console(stderr=True)
+    try:
+        settings = LocomoEvalSettings(
+            data=Path(args.data),
+            conversations=args.conversations,
+            limit=args.limit,
+            k=args.k,
+            context_window=args.context_window,
+            recompute_head_tokens=args.recompute_head_tokens,
+            encode_after_system_prefix=args.encode_after_system_prefix,
+            out_dir=Path(args.out),
+            judge_base_url=args.judge_base_url,
+            judge_model=args.judge_model,
+            judge_api_key=args.judge_api_key or os.environ.get("INFERSCALE_JUDGE_API_KEY"),
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            max_new_tokens=args.max_new_tokens,
+            captions=args.captions,
+            date_in_text=args.date_in_text,
+            infer=args.infer,
+            fidelity=args.fidelity,
+            num_threads=args.threads,
+        )
+        outcome = run_locomo_eval(settings, console=console)
+    except InferScaleError as exc:
+        return _fail(exc)
+    console.print(
+        f"answered {outcome.answered} questions, {outcome.skipped} already done; "
+        f"wrote {', '.join(str(p) for p in outcome.paths.values())}",
+        style="dim",
+    )
+    print_summary(outcome.summary, Console())
+    return 0
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``eval`` (with ``eval locomo``) to ``subparsers``; returns the ``eval`` parser."""
+    evaluation = subparsers.add_parser("eval", help="accuracy evaluations (LoCoMo)")
+    sub = evaluation.add_subparsers(dest="eval_command", required=True)
+    locomo = sub.add_parser(
+        "locomo",
+        help="LoCoMo QA with KV injection vs prompt injection: F1, BLEU-1, J, recall@k, fidelity",
+        description=(
+            "Ingest LoCoMo conversations turn by turn (infer=False), answer categories 1-4 with mode=kv and "
+            "mode=prompt from the same memories, and report F1, BLEU-1, an optional LLM judge J, recall@k of the "
+            "evidence and KV/prompt fidelity per category code. Resumable: rerun with the same --out to continue."
+        ),
+    )
+    locomo.add_argument(
+        "--data", required=True, help="path of locomo10.json (e.g. ../shared/data/locomo/locomo10.json)"
+    )
+    locomo.add_argument("--conversations", type=_names, default=None, help="sample ids, e.g. conv-26,conv-30")
+    locomo.add_argument("--limit", type=_positive, default=None, help="at most N questions per conversation")
+    locomo.add_argument("-k", "--k", type=_positive, default=10, help="memories per question (default 10)")
+    locomo.add_argument("--context-window", type=_non_negative, default=0, help="w: context turns per fact (default 0)")
+    locomo.add_argument(
+        "--recompute-head-tokens", type=_non_negative, default=0, help="m: fact head tokens recomputed (default 0)"
+    )
+    locomo.add_argument(
+        "--encode-after-system-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="encode facts after the system prefix (default on)",
+    )
+    locomo.add_argument("--out", default="out/eval/locomo", help="results folder (default out/eval/locomo)")
+    locomo.add_argument("--judge-base-url", help="OpenAI-compatible API root for the LLM judge, e.g. http://host/v1")
+    locomo.add_argument("--judge-model", help="judge model name")
+    locomo.add_argument("--judge-api-key", help="judge API key (default $INFERSCALE_JUDGE_API_KEY)")
+    locomo.add_argument("--model", help="chat model folder or name (default: the embedded SmolLM2-135M-Instruct)")
+    locomo.add_argument("--dtype", choices=_DTYPES, default="bfloat16", help="model dtype (default bfloat16)")
+    locomo.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default auto)")
+    locomo.add_argument("--max-new-tokens", type=_positive, default=32, help="answer budget in tokens (default 32)")
+    locomo.add_argument(
+        "--captions", action=argparse.BooleanOptionalAction, default=True, help="keep photo captions (default on)"
+    )
+    locomo.add_argument(
+        "--date-in-text",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefix each memory with its session date (default on)",
+    )
+    locomo.add_argument(
+        "--infer", action=argparse.BooleanOptionalAction, default=False, help="extract facts with the LLM (no recall)"
+    )
+    locomo.add_argument(
+        "--fidelity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute the first-token KL (two extra forward passes per question; default on)",
+    )
+    locomo.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's)")
+    locomo.set_defaults(func=_eval_locomo)
+    return evaluation

@@ -1,0 +1,70 @@
+"""`inferscale bench ttft` on the embedded SmolLM2 with k in {0, 2}, one repeat and three tiny facts: every cell is
+measured and lands in the JSON; the PNG is written; the vLLM engine is refused clearly when it is not built."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferscale.bench.cli import add_bench_parser
+from inferscale.bench.ttft import TTFTSettings, run_ttft_bench, synthetic_facts
+from inferscale.config import EngineConfig, MemoryConfig
+from inferscale.engines.transformers import TransformersEngine
+from inferscale.errors import ConfigError
+
+FACTS = ["I adopted a beagle named Biscuit.", "I live in Porto.", "My partner Daniel was born on June 14."]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
+    model, tokenizer = smollm2_fp32
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt, model=model, tokenizer=tokenizer
+    )
+
+
+def test_ttft_bench_writes_every_cell(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+    settings = TTFTSettings(ks=(0, 2), repeats=1, warmup=0, dtype="float32", device="cpu", out_dir=tmp_path)
+    report = run_ttft_bench(settings, engine=engine, embedder=embedder, facts=FACTS)
+
+    doc = json.loads((tmp_path / "ttft_vs_k.json").read_text(encoding="utf-8"))
+    assert (tmp_path / "ttft_vs_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cells = {(c["k"], c["name"]): c for c in doc["cells"]}
+    assert report.kv_names == ["kv:host", "kv:disk"]  # no device tier on CPU
+    expected = {(0, "query")} | {(k, name) for k in (0, 2) for name in ("prompt", "kv:host", "kv:disk")}
+    assert set(cells) == expected
+    for cell in cells.values():
+        assert cell["n"] == 1 and cell["ttft_p50_ms"] > 0 and cell["ttft_p95_ms"] >= cell["ttft_p50_ms"]
+        assert cell["same_memories"] is True
+    assert cells[(2, "prompt")]["memory_tokens"] > 0
+    assert cells[(2, "kv:host")]["served"] == {"host": 2}
+    assert cells[(2, "kv:disk")]["served"] == {"disk": 2}
+    assert cells[(0, "kv:host")]["served"] == {}
+    assert doc["ratios"]["ttft_kv_host_k2_over_query"] is not None
+    assert doc["settings"]["ks"] == [0, 2]
+
+
+def test_vllm_engine_is_refused_when_not_installed(tmp_path: Path) -> None:
+    if importlib.util.find_spec("inferscale.engines.vllm") and importlib.util.find_spec("vllm"):
+        pytest.skip("the vLLM engine and vllm are installed")
+    with pytest.raises(ConfigError, match="not installed"):
+        run_ttft_bench(TTFTSettings(ks=(0,), repeats=1, engine="vllm", out_dir=tmp_path))
+
+
+def test_bench_parser_reads_the_options() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "ttft", "--ks", "0,5,50", "--repeats", "3", "--dtype", "float32"])
+    assert args.ks == (0, 5, 50) and args.repeats == 3 and args.dtype == "float32" and callable(args.func)
+
+
+def test_synthetic_facts_are_distinct_and_prefix_stable() -> None:
+    facts = synthetic_facts(50)
+    assert len(set(facts)) == 50
+    assert synthetic_facts(5) == facts[:5]
