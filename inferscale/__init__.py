@@ -23,6 +23,7 @@ from inferscale.errors import (
 from inferscale.types import ChatResult, Timings
 
 if TYPE_CHECKING:
+    from inferscale.async_client import AsyncMemory, AsyncMemoryClient
     from inferscale.client import Memory, MemoryClient
 
 __version__ = "0.1.0"
@@ -35,10 +36,16 @@ def __getattr__(name: str) -> Any:
         from inferscale import client
 
         return getattr(client, name)
+    if name in ("AsyncMemoryClient", "AsyncMemory"):
+        from inferscale import async_client
+
+        return getattr(async_client, name)
     raise AttributeError(f"module 'inferscale' has no attribute {name!r}")
 
 
 __all__ = [
+    "AsyncMemory",
+    "AsyncMemoryClient",
     "ChatResult",
     "ConfigError",
     "EmbedderConfig",

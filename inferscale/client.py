@@ -1,7 +1,12 @@
-"""The public API: :class:`MemoryClient` (alias :class:`Memory`), shaped like Mem0's.
+"""The public API: :class:`MemoryClient` (alias :class:`Memory`), shaped like Mem0's in both call shapes.
 
-Writes go to SQL first (the source of truth); the FAISS index and the fact K/V are derived from it. A call that
-fails validation raises before anything is written, so nothing stored is lost.
+- v1: scope ids as keyword arguments, ``search(query, user_id="alice", limit=5)``;
+- v2: scope ids inside ``filters``, ``search(query, filters={"user_id": "alice"}, top_k=5)``.
+
+Writes go to SQL first (the source of truth), in one transaction per call with a history row per change; the
+FAISS index and the fact K/V are derived from it. A call that fails validation raises before anything is written.
+:class:`_ClientCore` holds everything the sync client and :class:`inferscale.async_client.AsyncMemoryClient`
+share: argument resolution, lazy models, extraction and reconcile planning, result shapes.
 """
 
 from __future__ import annotations
@@ -16,26 +21,48 @@ from typing import Any
 
 import numpy as np
 
-from inferscale.config import MemoryConfig
+from inferscale.config import MemoryConfig, is_mem0_config
 from inferscale.engines.base import Engine
-from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.errors import ConfigError, InvalidInputError, MemoryNotFoundError
 from inferscale.fact_kv import FactKVManager
 from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message, normalize_messages
+from inferscale.memory.chunking import chunk_messages
+from inferscale.memory.grounding import ungrounded_reason
+from inferscale.memory.reconcile import Reconciler
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
+from inferscale.retrieval.filters import Filter, parse_filters, required_ids
 from inferscale.scope import SCOPE_KEYS, Scope
-from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.storage import HistoryRecord, MemoryRecord, MemoryStore, hash_text
+from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
 from inferscale.types import ChatMode, ChatResult, Timings
 
 log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 100
+"""Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
+
+MAX_CONTEXT_TURNS = 64
+"""Conversation turns kept as a fact's encoding context (the largest ``kv.context_window``)."""
+
+INDEX_SAVE_INTERVAL_S = 5.0
+"""The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
 
 
 def _ms_since(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+# ---------------------------------------------------------------------------------------------------- result shapes
+
+
 def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str, Any]:
-    """The Mem0-shaped dict of one memory: id, memory, hash, metadata, scope ids, timestamps (ISO 8601)."""
+    """The Mem0-shaped dict of one memory.
+
+    Returns:
+        ``{"id", "memory", "hash", "metadata", "created_at", "updated_at"}`` (timestamps ISO 8601, UTC), the scope
+        ids that are set (``"user_id"``, ``"agent_id"``, ``"run_id"``), and ``"score"`` when given.
+    """
     out: dict[str, Any] = {
         "id": record.id,
         "memory": record.text,
@@ -50,7 +77,48 @@ def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str
     return out
 
 
-def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
+    """The Mem0-shaped dict of one history row.
+
+    Returns:
+        ``{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata", "actor_id",
+        "created_at", "is_deleted"}``; ``old_memory`` is ``None`` on ADD, ``new_memory`` is ``None`` on DELETE.
+    """
+    return {
+        "id": str(row.id),
+        "memory_id": row.memory_id,
+        "event": row.event,
+        "old_memory": row.old_text,
+        "new_memory": row.new_text,
+        "old_metadata": row.old_metadata,
+        "new_metadata": row.new_metadata,
+        "actor_id": row.actor,
+        "created_at": row.created_at.isoformat(),
+        "is_deleted": row.event == "DELETE",
+    }
+
+
+def changes_to_results(applied: AppliedChanges) -> list[dict[str, Any]]:
+    """The ``results`` list of ``add``: ``{"id", "memory", "event"}`` per change (DELETEs, UPDATEs, ADDs), UPDATEs
+    with ``"previous_memory"``, DELETEs with the deleted text as ``"memory"``."""
+    out: list[dict[str, Any]] = [{"id": r.id, "memory": r.text, "event": "DELETE"} for r in applied.deleted]
+    out += [
+        {"id": after.id, "memory": after.text, "event": "UPDATE", "previous_memory": before.text}
+        for before, after in applied.updated
+    ]
+    out += [{"id": r.id, "memory": r.text, "event": "ADD"} for r in applied.added]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- arguments
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``metadata`` as a plain dict.
+
+    Raises:
+        InvalidInputError: when it is not a dict or names a scope id (metadata can never set or override an id).
+    """
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
@@ -63,26 +131,61 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(metadata)
 
 
-def _check_limit(limit: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InvalidInputError(f"limit must be a non-negative int, got {limit!r}")
-    return limit
-
-
-class MemoryClient:
-    """Long-term memory for agents, with KV-injected recall in :meth:`chat`.
-
-    Construction does no I/O: the database, index and models are opened on first use.
-
-    Args:
-        config: a :class:`MemoryConfig` or a dict of its fields; ``None`` runs on the embedded defaults.
-        engine: an engine to use instead of building one from ``config.engine`` (tests, shared models).
-        embedder: an embedder to use instead of ``config.embedder``.
-        generator: a JSON generator for fact extraction instead of ``config.llm``.
+def resolve_limit(limit: int | None, top_k: int | None, default: int = DEFAULT_LIMIT) -> int:
+    """One result count from Mem0 v1's ``limit`` or v2's ``top_k``.
 
     Raises:
-        ConfigError: for a config that does not validate.
+        InvalidInputError: when both are given with different values, or one is not a non-negative int.
     """
+    if limit is not None and top_k is not None and limit != top_k:
+        raise InvalidInputError(f"limit={limit!r} and top_k={top_k!r} disagree; pass one of them")
+    value = limit if limit is not None else top_k if top_k is not None else default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"limit/top_k must be a non-negative int, got {value!r}")
+    return value
+
+
+def resolve_scope(
+    user_id: str | None, agent_id: str | None, run_id: str | None, filters: Mapping[str, Any] | None
+) -> tuple[Scope, Filter | None]:
+    """The scope of a call from keyword ids (v1) and ids pinned inside ``filters`` (v2), ANDed together.
+
+    Returns:
+        ``(scope, parsed_filter)``; the filter still holds its id conditions (they are redundant with the scope).
+
+    Raises:
+        ScopeError: when no id is given either way, or ``filters`` pins an id to two values.
+        InvalidInputError: for a malformed filter, or a keyword id that disagrees with the id in ``filters``.
+    """
+    node = parse_filters(filters)
+    ids: dict[str, str | None] = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+    for key, value in required_ids(node).items():
+        given = ids[key]
+        if given is not None and given != value:
+            raise InvalidInputError(f"{key}={given!r} disagrees with filters {key}={value!r}; pass one of them")
+        ids[key] = value
+    return Scope(ids["user_id"], ids["agent_id"], ids["run_id"]), node
+
+
+def _check_version(version: str | None) -> None:
+    if version not in (None, "v1", "v2"):
+        raise InvalidInputError(f"version must be 'v1' or 'v2' (both call shapes are always accepted), got {version!r}")
+
+
+def _actor(messages: Sequence[Message]) -> str | None:
+    names = {m.name for m in messages if m.role == "user" and m.name}
+    return names.pop() if len(names) == 1 else None
+
+
+def _rendered(messages: Sequence[Message]) -> list[str]:
+    return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
+
+
+# ---------------------------------------------------------------------------------------------------- shared core
+
+
+class _ClientCore:
+    """Configuration, lazily built models and the pure steps shared by the sync and async clients."""
 
     def __init__(
         self,
@@ -92,24 +195,27 @@ class MemoryClient:
         embedder: Embedder | None = None,
         generator: JSONGenerator | None = None,
     ) -> None:
-        try:
-            self.config = config if isinstance(config, MemoryConfig) else MemoryConfig(**dict(config or {}))
-        except Exception as exc:  # pydantic.ValidationError, TypeError for non-mapping input
-            raise ConfigError(f"invalid InferScale config: {exc}") from exc
+        if isinstance(config, MemoryConfig):
+            self.config = config
+        elif isinstance(config, Mapping) and is_mem0_config(config):
+            self.config = MemoryConfig.from_mem0(config)
+        else:
+            try:
+                self.config = MemoryConfig(**dict(config or {}))
+            except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
+                raise ConfigError(f"invalid InferScale config: {exc}") from exc
         self._engine = engine
         self._embedder = embedder
         self._generator = generator
+        self._owns_generator = False
         self._lock = threading.RLock()
         self._db: MemoryStore | None = None
         self._index: VectorIndex | None = None
+        self._index_dirty = False
+        self._index_saved_at = 0.0
         self._fact_kv: FactKVManager | None = None
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:
-        """Build a client from a config dict (see :class:`MemoryConfig`)."""
-        return cls(config)
-
-    # ------------------------------------------------------------------ lazy parts
+    # ---- locations -------------------------------------------------------------------------------------------
     def _db_url(self) -> str:
         if self.config.db_url:
             return self.config.db_url
@@ -125,9 +231,15 @@ class MemoryClient:
 
         return self.config.data_path() / f"index-{hashlib.sha256(url.encode()).hexdigest()[:12]}.faiss"
 
+    def _kv_dir(self) -> Path:
+        return (
+            Path(self.config.kv.store_dir).expanduser() if self.config.kv.store_dir else self.config.data_path() / "kv"
+        )
+
+    # ---- lazy parts ------------------------------------------------------------------------------------------
     @property
     def db(self) -> MemoryStore:
-        """The SQL store (opened lazily)."""
+        """The synchronous SQL store (opened lazily)."""
         with self._lock:
             if self._db is None:
                 self._db = MemoryStore(self._db_url())
@@ -135,30 +247,12 @@ class MemoryClient:
 
     @property
     def embedder(self) -> Embedder:
-        """The sentence embedder (loaded lazily)."""
+        """The sentence embedder (loaded lazily). Inputs longer than its ``max_seq_length`` (256 tokens for the
+        default MiniLM) are truncated by sentence-transformers; memories are short facts."""
         with self._lock:
             if self._embedder is None:
                 self._embedder = SentenceTransformerEmbedder(self.config.embedder.model, self.config.embedder.device)
             return self._embedder
-
-    @property
-    def index(self) -> VectorIndex:
-        """The FAISS index, loaded from disk and rebuilt from SQL when it is out of step."""
-        with self._lock:
-            if self._index is None:
-                index = VectorIndex.open(self._index_path(), self.embedder.dim)
-                records = self.db.all_memories()
-                if sorted(int(i) for i in index.ids()) != sorted(r.vector_id for r in records):
-                    log.info("rebuilding the vector index from %d stored memories", len(records))
-                    index = VectorIndex(self.embedder.dim, self._index_path())
-                    if records:
-                        index.add(
-                            np.array([r.vector_id for r in records], dtype=np.int64),
-                            self.embedder.embed([r.text for r in records]),
-                        )
-                    index.save()
-                self._index = index
-            return self._index
 
     @property
     def engine(self) -> Engine:
@@ -186,16 +280,11 @@ class MemoryClient:
         with self._lock:
             if self._fact_kv is None:
                 engine = self.engine
-                directory = (
-                    Path(self.config.kv.store_dir).expanduser()
-                    if self.config.kv.store_dir
-                    else self.config.data_path() / "kv"
-                )
                 device = getattr(engine, "device", "cpu")
-                self._fact_kv = FactKVManager(engine, KVStore(directory, device=device), self.db, self.config.kv)
+                self._fact_kv = FactKVManager(engine, KVStore(self._kv_dir(), device=device), self.db, self.config.kv)
             return self._fact_kv
 
-    def _extractor(self) -> FactExtractor:
+    def _json_generator(self) -> JSONGenerator:
         with self._lock:
             if self._generator is None:
                 llm = self.config.llm
@@ -205,217 +294,182 @@ class MemoryClient:
                     if not llm.base_url or not llm.model:
                         raise ConfigError("llm provider 'openai' needs base_url and model")
                     self._generator = OpenAIJSONGenerator(llm.base_url, llm.api_key, llm.model)
+                    self._owns_generator = True
                 else:
                     from inferscale.memory import TransformersJSONGenerator
 
                     engine = self.engine
                     self._generator = TransformersJSONGenerator(engine.model, engine.tokenizer)  # type: ignore[attr-defined]
-            return FactExtractor(self._generator, max_new_tokens=self.config.llm.max_new_tokens)
+            return self._generator
 
-    # ------------------------------------------------------------------ write path
-    def add(
-        self,
-        messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        infer: bool = True,
-        encode_kv: bool = True,
-    ) -> dict[str, list[dict[str, Any]]]:
-        """Remember a conversation.
-
-        With ``infer=True`` the LLM extracts facts (JSON-constrained) and each fact keeps its source messages as
-        encoding context; with ``infer=False`` every user/assistant message is stored as it is, with the messages
-        before it as context. A fact whose text is already stored in the scope is skipped (no event). New facts
-        are embedded into the index and, with ``encode_kv``, their K/V are encoded right away (batched).
-
-        Returns:
-            ``{"results": [{"id", "memory", "event": "ADD"}, ...]}``.
-
-        Raises:
-            ScopeError: when no user_id, agent_id or run_id is given.
-            InvalidInputError: for malformed messages or metadata (nothing is written).
-            ExtractionError: when the LLM output cannot be parsed (nothing is written).
-        """
-        scope = Scope(user_id, agent_id, run_id)
-        meta = _check_metadata(metadata)
-        msgs = normalize_messages(messages)  # type: ignore[arg-type]
-        candidates = self._facts_from(msgs, infer)
-        with self._lock:
-            results: list[dict[str, Any]] = []
-            added: list[MemoryRecord] = []
-            seen: set[str] = set()
-            for text, context, role in candidates:
-                record = self._add_one(text, context, role, scope, meta, seen)
-                if record is not None:
-                    added.append(record)
-                    results.append({"id": record.id, "memory": record.text, "event": "ADD"})
-            if added:
-                self.index.add(
-                    np.array([r.vector_id for r in added], dtype=np.int64),
-                    self.embedder.embed([r.text for r in added]),
+    def _load_index(self, records: Sequence[MemoryRecord]) -> VectorIndex:
+        """The index file, or a rebuild from ``records`` (every stored memory) when its ids disagree with them."""
+        index = VectorIndex.open(self._index_path(), self.embedder.dim)
+        if sorted(int(i) for i in index.ids()) != sorted(r.vector_id for r in records):
+            log.info("rebuilding the vector index from %d stored memories", len(records))
+            index = VectorIndex(self.embedder.dim, self._index_path())
+            if records:
+                index.add(
+                    np.array([r.vector_id for r in records], dtype=np.int64),
+                    self.embedder.embed([r.text for r in records]),
                 )
-                self.index.save()
-                if encode_kv:
-                    self.fact_kv.ensure(added)
-        return {"results": results}
+            index.save()
+        return index
 
-    def _facts_from(self, msgs: list[Message], infer: bool) -> list[tuple[str, list[str], str]]:
-        turns = [m for m in msgs if m.role != "system"]
-        rendered = [f"{m.role}: {m.content}" for m in turns]
-        if infer:
-            facts = self._extractor().extract(msgs, today=date.today())
-            return [(fact, rendered, "fact") for fact in facts]
-        return [(m.content, rendered[:i], m.role) for i, m in enumerate(turns)]
+    def _embed_into_index(self, index: VectorIndex, records: Sequence[MemoryRecord]) -> None:
+        """Embed ``records`` and put them in ``index`` (replacing the vectors of ids already there)."""
+        if records:
+            index.add(
+                np.array([r.vector_id for r in records], dtype=np.int64),
+                self.embedder.embed([r.text for r in records]),
+            )
+            self._index_dirty = True
 
-    def _add_one(
-        self, text: str, context: list[str], role: str, scope: Scope, meta: dict[str, Any], seen: set[str]
-    ) -> MemoryRecord | None:
-        from inferscale.storage import hash_text
+    def _save_index_if_due(self, index: VectorIndex, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._index_dirty and (force or now - self._index_saved_at >= INDEX_SAVE_INTERVAL_S):
+            index.save()
+            self._index_dirty = False
+            self._index_saved_at = now
 
-        digest = hash_text(text)
-        if digest in seen or self.db.find_by_hash(digest, scope) is not None:
-            return None
-        seen.add(digest)
-        return self.db.add(text, scope, metadata={**meta, "role": role} if role != "fact" else meta, context=context)
+    def _forget_kv(self, memory_ids: Sequence[str]) -> None:
+        """Drop the K/V of memories whose text changed or that were deleted, from every tier and ``kv_entries``.
 
-    # ------------------------------------------------------------------ read path
-    def _search_records(self, query: str, scope: Scope, limit: int) -> list[tuple[MemoryRecord, float]]:
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
-        limit = _check_limit(limit)
-        if limit == 0:
-            return []
-        allowed = self.db.vector_ids_in_scope(scope)
-        if allowed.size == 0:
-            return []
-        vector = self.embedder.embed([query])[0]
-        hits = self.index.search(vector, limit, allowed_ids=allowed)
-        records = self.db.by_vector_ids([vid for vid, _ in hits])
-        return [(records[vid], float(score)) for vid, score in hits if vid in records]
+        A changed memory is encoded again from its new text on next use (its text hash, part of the KV key,
+        changed too, so a stale entry could never be hit even if one survived).
+        """
+        if not memory_ids:
+            return
+        if self._fact_kv is not None:
+            for memory_id in memory_ids:
+                self._fact_kv.forget(memory_id)
+            return
+        store = KVStore(self._kv_dir())
+        for memory_id in memory_ids:
+            store.delete_memory(memory_id)
+            self.db.delete_kv_entries(memory_id)
 
-    def search(
-        self,
-        query: str,
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
-        limit: int = 5,
-    ) -> dict[str, list[dict[str, Any]]]:
-        """Top-``limit`` memories of the scope by cosine similarity to ``query``, best first.
+    # ---- add: extraction and reconcile (pure or CPU-bound steps) ---------------------------------------------
+    def _extract_facts(self, messages: Sequence[Message]) -> list[str]:
+        """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens``.
 
-        Returns:
-            ``{"results": [{"id", "memory", "score", "metadata", "created_at", ...}, ...]}``.
+        With ``llm.check_grounding``, a fact that invents a name or number or leaves the conversation's CJK
+        script is dropped with a warning; a chunk whose every fact is dropped contributes its user turns
+        verbatim instead.
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query or a negative limit.
+            ExtractionError: when the LLM answer of a chunk cannot be parsed.
         """
-        scope = Scope(user_id, agent_id, run_id)
-        with self._lock:
-            hits = self._search_records(query, scope, limit)
-        return {"results": [memory_to_dict(r, s) for r, s in hits]}
+        extractor = FactExtractor(self._json_generator(), max_new_tokens=self.config.llm.max_new_tokens)
+        turns = [m for m in messages if m.role != "system"]
+        facts: list[str] = []
+        seen: set[str] = set()
+        today = date.today()
+        for chunk in chunk_messages(turns, self.config.llm.max_input_tokens) if turns else []:
+            found = extractor.extract(chunk, today=today)
+            if self.config.llm.check_grounding and found:
+                found = self._grounded(found, chunk)
+            for fact in found:
+                if fact.casefold() not in seen:
+                    seen.add(fact.casefold())
+                    facts.append(fact)
+        return facts
 
-    def get(self, memory_id: str) -> dict[str, Any] | None:
-        """One memory by id, or ``None`` when it does not exist."""
-        record = self.db.get(memory_id)
-        return memory_to_dict(record) if record else None
-
-    def get_all(
-        self,
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
-        limit: int = 100,
-    ) -> dict[str, list[dict[str, Any]]]:
-        """Every memory of the scope, oldest first, at most ``limit``.
-
-        Raises:
-            ScopeError: when no id is given.
-        """
-        scope = Scope(user_id, agent_id, run_id)
-        return {"results": [memory_to_dict(r) for r in self.db.list(scope, limit=_check_limit(limit))]}
-
-    def delete(self, memory_id: str) -> dict[str, str]:
-        """Delete one memory, its vector and its K/V from every tier.
-
-        Raises:
-            MemoryNotFoundError: when no memory has that id.
-        """
-        with self._lock:
-            record = self.db.delete(memory_id)
-            self.index.remove(np.array([record.vector_id], dtype=np.int64))
-            self.index.save()
-            if self._fact_kv is not None or self._engine is not None:
-                self.fact_kv.forget(memory_id)
+    @staticmethod
+    def _grounded(found: list[str], chunk: Sequence[Message]) -> list[str]:
+        source = "\n".join(m.content for m in chunk)
+        kept: list[str] = []
+        for fact in found:
+            reason = ungrounded_reason(fact, source)
+            if reason is None:
+                kept.append(fact)
             else:
-                KVStore(self._kv_dir()).delete_memory(memory_id)
-        return {"message": f"memory {memory_id} deleted"}
+                log.warning("dropped the extracted fact %r: %s", fact, reason)
+        if kept:
+            return kept
+        verbatim = [m.content.strip() for m in chunk if m.role == "user" and m.content.strip()]
+        log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
+        return verbatim
 
-    def _kv_dir(self) -> Path:
-        return (
-            Path(self.config.kv.store_dir).expanduser() if self.config.kv.store_dir else self.config.data_path() / "kv"
+    def _reconciler(self) -> Reconciler:
+        return Reconciler(self._json_generator(), max_new_tokens=self.config.llm.reconcile_max_new_tokens)
+
+    @staticmethod
+    def _verbatim_changes(
+        messages: Sequence[Message], scope: Scope, meta: dict[str, Any], actor: str | None
+    ) -> ChangeSet:
+        """``infer=False``: every user/assistant message becomes a memory, the turns before it its context."""
+        turns = [m for m in messages if m.role != "system"]
+        rendered = _rendered(turns)
+        adds = tuple(
+            NewMemory(m.content, {**meta, "role": m.role}, tuple(rendered[max(0, i - MAX_CONTEXT_TURNS) : i]))
+            for i, m in enumerate(turns)
+        )
+        return ChangeSet(scope, adds=adds, actor=actor)
+
+    @staticmethod
+    def _plan_changes(
+        scope: Scope,
+        facts: Sequence[str],
+        shown: Sequence[tuple[str, str]],
+        reconciler: Reconciler | None,
+        meta: dict[str, Any],
+        context: Sequence[str],
+        actor: str | None,
+    ) -> ChangeSet:
+        """The change set for new ``facts``: all ADDs when nothing similar is stored (or reconcile is off),
+        otherwise the LLM's decisions on the ``shown`` memories."""
+        context = tuple(context[-MAX_CONTEXT_TURNS:])
+        if not shown or reconciler is None:
+            return ChangeSet(scope, adds=tuple(NewMemory(f, meta, context) for f in facts), actor=actor)
+        decided = reconciler.decide(shown, facts)
+        return ChangeSet(
+            scope,
+            adds=tuple(NewMemory(text, meta, context) for text in decided.adds),
+            updates=tuple(MemoryUpdate(memory_id, text) for memory_id, text in decided.updates),
+            deletes=tuple(decided.deletes),
+            actor=actor,
         )
 
-    def reset(self) -> None:
-        """Delete every memory, history row, vector and stored K/V of this client's database."""
-        with self._lock:
-            self.db.reset()
-            index = VectorIndex(self.embedder.dim, self._index_path())
-            index.save()
-            self._index = index
-            KVStore(self._kv_dir()).clear()
-            if self._fact_kv is not None:
-                self._fact_kv.clear()
+    @staticmethod
+    def _update_change(
+        memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
+    ) -> ChangeSet:
+        if text is not None and data is not None and text != data:
+            raise InvalidInputError("text and data are two names for the new text; pass one of them")
+        new_text = text if text is not None else data
+        meta = check_metadata(metadata) if metadata is not None else None
+        if new_text is None and meta is None:
+            raise InvalidInputError(
+                f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both"
+            )
+        return ChangeSet(None, updates=(MemoryUpdate(memory_id, new_text, meta),), strict=True)
 
-    # ------------------------------------------------------------------ chat
-    def chat(
+    def _generate(
         self,
         query: str,
-        *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
-        limit: int = 5,
-        mode: ChatMode = "kv",
-        max_new_tokens: int | None = None,
+        records: Sequence[MemoryRecord],
+        mode: ChatMode,
+        max_new_tokens: int | None,
+        t0: float,
+        retrieval_ms: float,
     ) -> ChatResult:
-        """Answer ``query`` with the scope's top-``limit`` memories.
+        """Answer ``query`` over retrieved ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
 
-        ``mode="kv"`` writes the memories' K/V into the engine's KV cache after the system prefix, rotated to
-        their positions, and prefills only the query. ``mode="prompt"`` pastes the same memories, as the same
-        tokens, into the prompt (the Mem0-style baseline). Both modes retrieve the same memories.
-
-        Returns:
-            :class:`ChatResult` with the answer, the memory ids used and timings in ms.
-
-        Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or mode.
+        Args:
+            t0: ``time.perf_counter()`` at the start of the request; ``retrieval_ms`` the time retrieval took.
         """
-        if mode not in ("kv", "prompt"):
-            raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
-        scope = Scope(user_id, agent_id, run_id)
+        engine = self.engine
         budget = max_new_tokens or self.config.engine.max_new_tokens
-        with self._lock:
-            engine = self.engine
-            if hasattr(engine, "load"):
-                engine.load()  # model load is not part of the request's latency
-            t0 = time.perf_counter()
-            hits = self._search_records(query, scope, limit)
-            records = [r for r, _ in hits]
-            retrieval_ms = _ms_since(t0)
-            if mode == "kv":
-                t1 = time.perf_counter()
-                facts = self.fact_kv.ensure(records)
-                load_ms = _ms_since(t1)
-                gen = engine.generate_kv(query, facts, budget)
-            else:
-                load_ms = 0.0
-                gen = engine.generate_prompt(query, [engine.fact_token_ids(r.text) for r in records], budget)
-            total_ms = _ms_since(t0)
+        if mode == "kv":
+            t1 = time.perf_counter()
+            facts = self.fact_kv.ensure(list(records))
+            load_ms = _ms_since(t1)
+            gen = engine.generate_kv(query, facts, budget)
+        else:
+            load_ms = 0.0
+            gen = engine.generate_prompt(query, [engine.fact_token_ids(r.text) for r in records], budget)
+        total_ms = _ms_since(t0)
         assembly_ms = load_ms + gen.kv_assembly_ms
         return ChatResult(
             answer=gen.text,
@@ -434,11 +488,400 @@ class MemoryClient:
             generated_tokens=len(gen.token_ids),
         )
 
-    def close(self) -> None:
-        """Release the database connections."""
+
+# ---------------------------------------------------------------------------------------------------- sync client
+
+
+class MemoryClient(_ClientCore):
+    """Long-term memory for agents, with KV-injected recall in :meth:`chat`.
+
+    Construction does no I/O: the database, index and models are opened on first use. Every public method
+    delegates to a protected one of the same name (``add`` → ``_add``), the shape the async client mirrors.
+
+    Args:
+        config: a :class:`MemoryConfig`, a dict of its fields, or a Mem0-shaped dict (``{"llm": ..., "embedder":
+            ..., "vector_store": ..., "history_db_path": ...}``); ``None`` runs on the embedded defaults.
+        engine: an engine to use instead of building one from ``config.engine`` (tests, shared models).
+        embedder: an embedder to use instead of ``config.embedder``.
+        generator: a JSON generator for fact extraction and reconcile instead of ``config.llm``.
+
+    Raises:
+        ConfigError: for a config that does not validate.
+    """
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:
+        """Build a client from a config dict: :class:`MemoryConfig` fields or Mem0's shape.
+
+        Raises:
+            ConfigError: for a config that does not validate or names an unsupported provider.
+        """
+        return cls(config)
+
+    @property
+    def index(self) -> VectorIndex:
+        """The FAISS index, loaded from disk and rebuilt from SQL when it is out of step."""
         with self._lock:
+            if self._index is None:
+                self._index = self._load_index(self.db.all_memories())
+            return self._index
+
+    def _catch_up(self, allowed: np.ndarray) -> None:
+        """Embed memories that another client (thread or process) stored after this index was loaded."""
+        missing = np.setdiff1d(allowed, self.index.ids(), assume_unique=True)
+        if missing.size:
+            records = self.db.by_vector_ids(missing)
+            self._embed_into_index(self.index, list(records.values()))
+
+    # ------------------------------------------------------------------ write path
+    def add(
+        self,
+        messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        infer: bool = True,
+        encode_kv: bool | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Remember a conversation.
+
+        With ``infer=True`` the LLM extracts facts (JSON-constrained; chunk by chunk for long conversations).
+        Facts already stored verbatim in the scope are dropped; for the rest, similar stored memories of the
+        scope are retrieved and the LLM decides ADD, UPDATE, DELETE or NONE (see
+        :mod:`inferscale.memory.reconcile`). With ``infer=False`` every user/assistant message is stored as it
+        is. All changes and their history rows are written in one transaction. New and updated memories are
+        embedded and, with ``encode_kv`` (default ``config.kv.encode_on_add``), their K/V encoded right away
+        (eager); otherwise on the first ``chat`` that retrieves them. Deleted ones lose their vector and K/V.
+
+        Returns:
+            ``{"results": [{"id", "memory", "event"}, ...]}`` with event ``"ADD"``, ``"UPDATE"`` (plus
+            ``"previous_memory"``) or ``"DELETE"``; ``[]`` when nothing changed.
+
+        Raises:
+            ScopeError: when no user_id, agent_id or run_id is given.
+            InvalidInputError: for malformed messages, or metadata that is not a dict or sets a scope id.
+            ExtractionError: when an LLM answer cannot be parsed (nothing is written).
+        """
+        encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
+        return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
+
+    def _add(
+        self,
+        messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        scope: Scope,
+        metadata: Mapping[str, Any] | None,
+        infer: bool,
+        encode_kv: bool,
+    ) -> dict[str, list[dict[str, Any]]]:
+        meta = check_metadata(metadata)
+        msgs = normalize_messages(messages)  # type: ignore[arg-type]
+        actor = _actor(msgs)
+        if infer:
+            facts = [f for f in self._extract_facts(msgs) if self.db.find_by_hash(hash_text(f), scope) is None]
+            if not facts:
+                return {"results": []}
+            shown = self._similar(scope, facts) if self.config.llm.reconcile else []
+            reconciler = self._reconciler() if shown else None
+            changes = self._plan_changes(scope, facts, shown, reconciler, meta, _rendered(msgs), actor)
+        else:
+            changes = self._verbatim_changes(msgs, scope, meta, actor)
+        with self._lock:
+            applied = self.db.apply(changes)
+            self._after_write(applied, encode_kv)
+        return {"results": changes_to_results(applied)}
+
+    def _similar(self, scope: Scope, facts: Sequence[str]) -> list[tuple[str, str]]:
+        """``(memory_id, text)`` of the stored memories most similar to any of ``facts`` (top
+        ``llm.reconcile_top_k`` each), oldest first."""
+        with self._lock:
+            allowed = self.db.vector_ids_in_scope(scope)
+            if allowed.size == 0:
+                return []
+            self._catch_up(allowed)
+            vectors = self.embedder.embed(list(facts))
+            found: set[int] = set()
+            for vector in vectors:
+                found.update(i for i, _ in self.index.search(vector, self.config.llm.reconcile_top_k, allowed))
+        records = sorted(self.db.by_vector_ids(sorted(found)).values(), key=lambda r: (r.created_at, r.vector_id))
+        return [(r.id, r.text) for r in records]
+
+    def _after_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
+        """Bring the index and the K/V in step with committed changes (caller holds the lock)."""
+        index = self.index
+        gone = [r.vector_id for r in applied.deleted]
+        if gone:
+            index.remove(np.array(gone, dtype=np.int64))
+            self._index_dirty = True
+        changed = [after for _, after in applied.updated]
+        self._embed_into_index(index, [*changed, *applied.added])
+        self._forget_kv([r.id for r in applied.deleted] + [r.id for r in changed])
+        if encode_kv and (changed or applied.added):
+            self.fact_kv.ensure([*changed, *applied.added])
+        self._save_index_if_due(index)
+
+    def update(
+        self,
+        memory_id: str,
+        text: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        data: str | None = None,
+    ) -> dict[str, Any]:
+        """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata; records an UPDATE
+        history row. The memory is re-embedded; its K/V are dropped and encoded again on next use (lazily).
+
+        Returns:
+            ``{"message": "Memory updated successfully!", "result": <memory dict>}`` (the dict as after the update;
+            unchanged when the new values equal the old ones, and then no history row is written).
+
+        Raises:
+            InvalidInputError: when nothing is given, text and data disagree, or metadata sets a scope id.
+            MemoryNotFoundError: when no memory has that id.
+        """
+        return self._update(memory_id, self._update_change(memory_id, text, metadata, data))
+
+    def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        with self._lock:
+            applied = self.db.apply(change)
+            self._after_write(applied, encode_kv=False)
+        record = applied.updated[0][1] if applied.updated else self.db.get(memory_id)
+        if record is None:  # deleted between the two statements
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+        return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
+
+    def delete(self, memory_id: str) -> dict[str, str]:
+        """Delete one memory, its vector and its K/V from every tier; records a DELETE history row that keeps
+        the old text.
+
+        Returns:
+            ``{"message": "Memory deleted successfully!"}``.
+
+        Raises:
+            MemoryNotFoundError: when no memory has that id.
+        """
+        return self._delete(memory_id)
+
+    def _delete(self, memory_id: str) -> dict[str, str]:
+        with self._lock:
+            applied = self.db.apply(ChangeSet(None, deletes=(memory_id,), strict=True))
+            self._after_write(applied, encode_kv=False)
+        return {"message": "Memory deleted successfully!"}
+
+    def delete_all(
+        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Delete every memory of a scope (ids ANDed), with their vectors, K/V and a DELETE history row each.
+
+        Returns:
+            ``{"message": "Memories deleted successfully!", "deleted": <count>}``.
+
+        Raises:
+            ScopeError: when no id is given: this never means "delete everything" (that is :meth:`reset`).
+        """
+        return self._delete_all(Scope(user_id, agent_id, run_id))
+
+    def _delete_all(self, scope: Scope) -> dict[str, Any]:
+        with self._lock:
+            deleted = self.db.delete_scope(scope)
+            self._after_write(AppliedChanges([], [], deleted, []), encode_kv=False)
+        return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
+
+    def reset(self) -> None:
+        """Delete every memory, history row, vector and stored K/V of this client's database."""
+        self._reset()
+
+    def _reset(self) -> None:
+        with self._lock:
+            self.db.reset()
+            index = VectorIndex(self.embedder.dim, self._index_path())
+            index.save()
+            self._index = index
+            self._index_dirty = False
+            KVStore(self._kv_dir()).clear()
+            if self._fact_kv is not None:
+                self._fact_kv.clear()
+
+    # ------------------------------------------------------------------ read path
+    def _search_records(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
+    ) -> list[tuple[MemoryRecord, float]]:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
+        if limit == 0:
+            return []
+        with self._lock:
+            allowed = self.db.vector_ids_in_scope(scope, node)
+            if allowed.size == 0:
+                return []
+            self._catch_up(allowed)
+            vector = self.embedder.embed([query])[0]
+            hits = self.index.search(vector, limit, allowed_ids=allowed)
+        if threshold is not None:
+            hits = [(vid, score) for vid, score in hits if score >= threshold]
+        records = self.db.by_vector_ids([vid for vid, _ in hits])
+        return [(records[vid], float(score)) for vid, score in hits if vid in records]
+
+    def search(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        version: str | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The memories of the scope most similar to ``query`` (cosine), best first, among those matching
+        ``filters``. The filter is compiled to SQL and restricts the FAISS search itself, so the top-k is taken
+        within the matching set.
+
+        Args:
+            query: the text to match.
+            user_id, agent_id, run_id: scope ids (v1); they may instead be given inside ``filters`` (v2).
+            filters: a Mem0 filter dict (see :mod:`inferscale.retrieval.filters`).
+            limit, top_k: how many results at most (v1 / v2 name; default 100).
+            threshold: drop results whose score is below it.
+            version: ``"v1"`` or ``"v2"``; accepted for Mem0 compatibility, changes nothing.
+
+        Returns:
+            ``{"results": [<memory dict> + {"score"}, ...]}``.
+
+        Raises:
+            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
+        """
+        _check_version(version)
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return self._search(query, scope, node, resolve_limit(limit, top_k), threshold)
+
+    def _search(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
+    ) -> dict[str, list[dict[str, Any]]]:
+        hits = self._search_records(query, scope, node, limit, threshold)
+        return {"results": [memory_to_dict(r, s) for r, s in hits]}
+
+    def get(self, memory_id: str) -> dict[str, Any] | None:
+        """One memory by id.
+
+        Returns:
+            The memory dict (see :func:`memory_to_dict`), or ``None`` when it does not exist.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty string.
+        """
+        return self._get(memory_id)
+
+    def _get(self, memory_id: str) -> dict[str, Any] | None:
+        record = self.db.get(memory_id)
+        return memory_to_dict(record) if record else None
+
+    def get_all(
+        self,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        top_k: int | None = None,
+        version: str | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The memories of the scope that match ``filters``, oldest first, at most ``limit`` (default 100).
+
+        Returns:
+            ``{"results": [<memory dict>, ...]}``.
+
+        Raises:
+            ScopeError: when no id is given (as a keyword or inside ``filters``). InvalidInputError: for a bad
+            limit or filter.
+        """
+        _check_version(version)
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return self._get_all(scope, node, resolve_limit(limit, top_k))
+
+    def _get_all(self, scope: Scope, node: Filter | None, limit: int) -> dict[str, list[dict[str, Any]]]:
+        if limit == 0:
+            return {"results": []}
+        return {"results": [memory_to_dict(r) for r in self.db.list(scope, limit=limit, filters=node)]}
+
+    def history(self, memory_id: str) -> list[dict[str, Any]]:
+        """Every change to a memory, oldest first, also after it was deleted.
+
+        Returns:
+            ``[{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata",
+            "actor_id", "created_at", "is_deleted"}, ...]``; ``[]`` for an unknown id.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty string.
+        """
+        return self._history(memory_id)
+
+    def _history(self, memory_id: str) -> list[dict[str, Any]]:
+        return [history_to_dict(row) for row in self.db.history(memory_id)]
+
+    # ------------------------------------------------------------------ chat
+    def chat(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int = 5,
+        mode: ChatMode = "kv",
+        max_new_tokens: int | None = None,
+    ) -> ChatResult:
+        """Answer ``query`` with the scope's top-``limit`` memories (among those matching ``filters``).
+
+        ``mode="kv"`` writes the memories' K/V into the engine's KV cache after the system prefix, rotated to
+        their positions, and prefills only the query. ``mode="prompt"`` pastes the same memories, as the same
+        tokens, into the prompt (the Mem0-style baseline). Both modes retrieve the same memories.
+
+        Returns:
+            :class:`ChatResult` with the answer, the memory ids used and timings in ms.
+
+        Raises:
+            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit, filter or mode.
+        """
+        if mode not in ("kv", "prompt"):
+            raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return self._chat(query, scope, node, resolve_limit(limit, None), mode, max_new_tokens)
+
+    def _chat(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None
+    ) -> ChatResult:
+        with self._lock:
+            engine = self.engine
+            if hasattr(engine, "load"):
+                engine.load()  # model load is not part of the request's latency
+            t0 = time.perf_counter()
+            hits = self._search_records(query, scope, node, limit)
+            return self._generate(query, [r for r, _ in hits], mode, max_new_tokens, t0, _ms_since(t0))
+
+    def close(self) -> None:
+        """Write the index file if it changed, close an HTTP LLM client and release the database connections.
+        The client reopens what it needs if it is used again."""
+        with self._lock:
+            if self._index is not None:
+                self._save_index_if_due(self._index, force=True)
+            close = getattr(self._generator, "close", None)
+            if self._owns_generator and callable(close):
+                close()
+                self._generator = None
             if self._db is not None:
                 self._db.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 Memory = MemoryClient

@@ -8,10 +8,13 @@ under :func:`inferscale_home`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inferscale.errors import ConfigError
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -56,6 +59,15 @@ class LLMConfig(_Strict):
             ``"openai"`` calls any OpenAI-compatible endpoint (for example a vLLM server).
         base_url, api_key, model: the endpoint, for ``provider="openai"``.
         max_new_tokens: decode budget of one extraction, in tokens.
+        max_input_tokens: the most conversation tokens shown to the LLM in one extraction call (estimated as
+            UTF-8 bytes / 3); a longer conversation is extracted chunk by chunk.
+        reconcile: with ``add(infer=True)``, ask the LLM whether each new fact adds to, updates, deletes or
+            repeats a similar stored memory (Mem0's update step); ``False`` only adds new facts.
+        reconcile_top_k: similar stored memories retrieved per new fact for the reconcile step.
+        reconcile_max_new_tokens: decode budget of one reconcile answer, in tokens.
+        check_grounding: drop extracted facts that invent a name or number, or leave the conversation's CJK
+            script (see :mod:`inferscale.memory.grounding`); when every fact of a chunk is dropped, its user turns
+            are stored verbatim instead, so nothing said is lost and its language and names are kept.
     """
 
     provider: Literal["engine", "openai"] = "engine"
@@ -63,6 +75,11 @@ class LLMConfig(_Strict):
     api_key: str | None = None
     model: str | None = None
     max_new_tokens: int = Field(default=160, ge=16, le=4096)
+    max_input_tokens: int = Field(default=2048, ge=64, le=131072)
+    reconcile: bool = True
+    reconcile_top_k: int = Field(default=5, ge=1, le=50)
+    reconcile_max_new_tokens: int = Field(default=256, ge=16, le=4096)
+    check_grounding: bool = True
 
 
 class EmbedderConfig(_Strict):
@@ -88,12 +105,15 @@ class KVConfig(_Strict):
             holds only with this off; see docs/kv.md.
         store_dir: where KV tensors are written as safetensors; ``None`` means ``<home>/kv``.
         encode_batch_size: facts per forward pass when encoding.
+        encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
+            the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
     """
 
     context_window: int = Field(default=0, ge=0, le=64)
     encode_after_system_prefix: bool = True
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
+    encode_on_add: bool = True
 
 
 class MemoryConfig(_Strict):
@@ -121,6 +141,11 @@ class MemoryConfig(_Strict):
         "Answer the question briefly, using the memories below when they are relevant.\nMemories:\n"
     )
 
+    @classmethod
+    def from_mem0(cls, config: Mapping[str, Any]) -> MemoryConfig:
+        """Translate a Mem0-shaped config dict (see :func:`from_mem0_dict`)."""
+        return from_mem0_dict(config)
+
     def home_dir(self) -> Path:
         """The resolved cache directory (``home`` or :func:`inferscale_home`)."""
         return Path(self.home).expanduser() if self.home else inferscale_home()
@@ -128,3 +153,140 @@ class MemoryConfig(_Strict):
     def data_path(self) -> Path:
         """The resolved data directory (``data_dir`` or ``<home>/data``)."""
         return Path(self.data_dir).expanduser() if self.data_dir else self.home_dir() / "data"
+
+
+# ---------------------------------------------------------------------------------------------------- Mem0 configs
+
+MEM0_KEYS: frozenset[str] = frozenset(
+    {
+        "llm",
+        "embedder",
+        "vector_store",
+        "history_db_path",
+        "version",
+        "graph_store",
+        "custom_fact_extraction_prompt",
+        "custom_update_memory_prompt",
+        "reranker",
+    }
+)
+"""Top-level keys that mark a config dict as Mem0-shaped."""
+
+_OPENAI_COMPATIBLE = frozenset({"openai", "vllm", "lmstudio", "ollama", "deepseek", "together", "groq", "xai"})
+_LOCAL_LLM = frozenset({"inferscale", "engine", "huggingface", "transformers"})
+_BASE_URL_KEYS = ("base_url", "openai_base_url", "vllm_base_url", "lmstudio_base_url", "ollama_base_url")
+
+
+def is_mem0_config(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` uses Mem0's shape (a key such as ``"llm"``, ``"vector_store"`` or
+    ``"history_db_path"``) rather than :class:`MemoryConfig`'s fields."""
+    return any(key in MEM0_KEYS for key in config)
+
+
+def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str, Any]]:
+    raw = config.get(name)
+    if raw is None:
+        return None, {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name!r} must be a dict like {{'provider': ..., 'config': {{...}}}}, got {raw!r}")
+    unknown = set(raw) - {"provider", "config"}
+    if unknown:
+        raise ConfigError(f"{name!r} has unknown keys {sorted(unknown)}; expected 'provider' and 'config'")
+    inner = raw.get("config") or {}
+    if not isinstance(inner, Mapping):
+        raise ConfigError(f"{name}.config must be a dict, got {inner!r}")
+    provider = raw.get("provider")
+    return (str(provider).lower() if provider is not None else None), dict(inner)
+
+
+def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "max_tokens" in cfg:
+        out["max_new_tokens"] = cfg["max_tokens"]
+    if provider is None or provider in _LOCAL_LLM:
+        if cfg.get("model"):
+            out["engine_model"] = cfg["model"]
+        return out
+    if provider not in _OPENAI_COMPATIBLE:
+        raise ConfigError(
+            f"llm provider {provider!r} is not supported; use an OpenAI-compatible one ({sorted(_OPENAI_COMPATIBLE)}) "
+            f"with a base URL, or {sorted(_LOCAL_LLM)} for the local engine"
+        )
+    base_url = next((cfg[k] for k in _BASE_URL_KEYS if cfg.get(k)), None)
+    if base_url is None and provider == "openai":
+        base_url = "https://api.openai.com/v1"
+    if base_url is None:
+        raise ConfigError(f"llm provider {provider!r} needs a base URL (one of {list(_BASE_URL_KEYS)})")
+    if not cfg.get("model"):
+        raise ConfigError(f"llm provider {provider!r} needs config.model")
+    out.update(provider="openai", base_url=base_url, api_key=cfg.get("api_key"), model=cfg["model"])
+    return out
+
+
+def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
+    """Build a :class:`MemoryConfig` from Mem0's config shape.
+
+    Mapping:
+        - ``llm``: providers ``openai``, ``vllm``, ``lmstudio``, ``ollama`` (and other OpenAI-compatible ones) become
+          ``llm.provider="openai"`` with ``base_url`` (``openai_base_url``, ``vllm_base_url``, ... or
+          ``base_url``), ``api_key`` and ``model``; ``huggingface``/``transformers``/``inferscale`` use the local
+          engine, whose model is ``config.model``. ``max_tokens`` becomes ``llm.max_new_tokens``.
+        - ``embedder``: ``huggingface`` (sentence-transformers) with ``config.model``; other providers are refused.
+        - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file;
+          ``pgvector`` with ``config.connection_string`` gives the database URL (vectors stay in FAISS).
+        - ``history_db_path`` becomes a SQLite ``db_url``; ``db_url`` may also be given directly.
+        - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
+        - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: for an unsupported provider or key (``graph_store``, custom prompts, rerankers), or a result
+            that does not validate.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a dict, got {type(config).__name__}")
+    for key in ("graph_store", "custom_fact_extraction_prompt", "custom_update_memory_prompt", "reranker"):
+        if config.get(key):
+            raise ConfigError(f"Mem0 config key {key!r} is not supported by InferScale; remove it")
+    own = {k: v for k, v in config.items() if k not in MEM0_KEYS}
+    llm: dict[str, Any] = {}
+    engine = dict(own.get("engine") or {})
+    llm_provider, llm_cfg = _section(config, "llm")
+    mapped = _llm_fields(llm_provider, llm_cfg)
+    if "engine_model" in mapped:
+        engine["model"] = mapped.pop("engine_model")
+    llm.update(mapped)
+    emb_provider, emb_cfg = _section(config, "embedder")
+    if emb_provider not in (None, "huggingface", "sentence_transformers", "sentence-transformers", "inferscale"):
+        raise ConfigError(
+            f"embedder provider {emb_provider!r} is not supported; use 'huggingface' (sentence-transformers)"
+        )
+    embedder: dict[str, Any] = {}
+    if emb_cfg.get("model"):
+        embedder["model"] = emb_cfg["model"]
+    vs_provider, vs_cfg = _section(config, "vector_store")
+    if vs_provider == "faiss":
+        if vs_cfg.get("path"):
+            name = vs_cfg.get("collection_name") or "mem0"
+            own.setdefault("index_path", str(Path(vs_cfg["path"]).expanduser() / f"{name}.faiss"))
+    elif vs_provider == "pgvector":
+        if vs_cfg.get("connection_string"):
+            own.setdefault(
+                "db_url", str(vs_cfg["connection_string"]).replace("postgresql://", "postgresql+psycopg://", 1)
+            )
+    elif vs_provider is not None:
+        raise ConfigError(f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector'")
+    if config.get("history_db_path"):
+        own.setdefault("db_url", f"sqlite:///{Path(str(config['history_db_path'])).expanduser()}")
+    if llm:
+        own["llm"] = llm
+    if engine:
+        own["engine"] = engine
+    if embedder:
+        own["embedder"] = embedder
+    try:
+        return MemoryConfig(**own)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config after translating the Mem0 shape: {exc}") from exc

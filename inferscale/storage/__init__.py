@@ -1,5 +1,10 @@
-"""The storage layer: SQLAlchemy models and the :class:`MemoryStore` (SQL is the source of truth)."""
+"""The storage layer: SQLAlchemy models and the :class:`MemoryStore` (SQL is the source of truth).
 
+The async store lives in :mod:`inferscale.storage.async_store` (imported on demand: it needs ``greenlet`` and
+``aiosqlite``).
+"""
+
+from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
 from inferscale.storage.database import make_engine
 from inferscale.storage.models import Base, HistoryRow, KVEntryRow, MemoryRow
 from inferscale.storage.repository import (
@@ -12,7 +17,9 @@ from inferscale.storage.repository import (
 )
 
 __all__ = [
+    "AppliedChanges",
     "Base",
+    "ChangeSet",
     "HistoryEvent",
     "HistoryRecord",
     "HistoryRow",
@@ -21,6 +28,8 @@ __all__ = [
     "MemoryRecord",
     "MemoryRow",
     "MemoryStore",
+    "MemoryUpdate",
+    "NewMemory",
     "hash_text",
     "make_engine",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
@@ -13,6 +13,8 @@ from sqlalchemy.pool import StaticPool
 from inferscale.errors import ConfigError
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+WRITE_OPTION = "inferscale_write"
+"""Execution option that marks a connection as a writer: on SQLite its transactions start ``BEGIN IMMEDIATE``."""
 
 
 def _sqlite_file(url: URL) -> Path | None:
@@ -24,14 +26,35 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
+    # The driver's own implicit BEGIN is turned off: SQLAlchemy's "begin" event emits it (see _sqlite_begin).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
+        # busy_timeout first: switching to WAL needs a lock another process may hold for a moment.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA journal_mode=WAL")  # in-memory databases answer "memory"; harmless
         cursor.execute("PRAGMA synchronous=NORMAL")  # durable under WAL except against power loss
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     finally:
         cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """Start every transaction explicitly: ``BEGIN IMMEDIATE`` for writers, ``BEGIN`` for readers.
+
+    A deferred transaction that reads and then writes cannot wait for the write lock (SQLite answers "database
+    is locked" at once, since its snapshot may be stale); taking the write lock up front makes writers queue on
+    ``busy_timeout`` instead, across threads and processes.
+    """
+    mode = "IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def configure_sqlite(engine: Engine) -> None:
+    """Install the SQLite connection settings (pragmas, explicit BEGIN) on ``engine`` (also an async engine's
+    ``sync_engine``)."""
+    event.listen(engine, "connect", _set_sqlite_pragmas)
+    event.listen(engine, "begin", _sqlite_begin)
 
 
 def make_engine(url: str) -> Engine:
@@ -39,8 +62,9 @@ def make_engine(url: str) -> Engine:
     ``postgresql+psycopg://user@host:5432/db``). Connects lazily: no I/O happens here except creating the
     parent folder of a SQLite file.
 
-    SQLite connections get ``journal_mode=WAL`` (readers do not block the writer), ``foreign_keys=ON`` and a
-    ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds. An in-memory SQLite database is shared by
+    SQLite connections get ``journal_mode=WAL`` (readers do not block the writer), ``foreign_keys=ON``, a
+    ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds, and ``BEGIN IMMEDIATE`` on connections that
+    carry the :data:`WRITE_OPTION` execution option. An in-memory SQLite database is shared by
     every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``.
 
     Raises:
@@ -61,7 +85,7 @@ def make_engine(url: str) -> Engine:
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 engine = create_engine(parsed)
-            event.listen(engine, "connect", _set_sqlite_pragmas)
+            configure_sqlite(engine)
             return engine
         return create_engine(parsed, pool_pre_ping=True)
     except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name

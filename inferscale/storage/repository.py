@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import numpy as np
 from sqlalchemy import ColumnElement, Engine, delete, select
@@ -28,7 +28,12 @@ from sqlalchemy.orm import Session
 
 from inferscale.errors import ConfigError, InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
-from inferscale.storage.database import make_engine
+from inferscale.storage.database import WRITE_OPTION, make_engine
+
+if TYPE_CHECKING:
+    from inferscale.retrieval.filters import Filter
+    from inferscale.storage.changes import AppliedChanges, ChangeSet
+
 from inferscale.storage.models import (
     KEY_LENGTH,
     Base,
@@ -388,7 +393,9 @@ class MemoryStore:
             if self._engine is None:
                 engine = make_engine(self._url)
                 try:
-                    Base.metadata.create_all(engine)
+                    # Under the write lock, so two processes opening a new file do not both create the tables.
+                    with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+                        Base.metadata.create_all(conn)
                 except BaseException:
                     engine.dispose()
                     raise
@@ -397,6 +404,15 @@ class MemoryStore:
 
     def _session(self) -> Session:
         return Session(self.engine, expire_on_commit=False)
+
+    def _write_session(self) -> Session:
+        """A session whose transactions take the write lock up front (``BEGIN IMMEDIATE`` on SQLite)."""
+        return Session(self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        """The database's dialect name, e.g. ``"sqlite"`` or ``"postgresql"`` (opens the engine)."""
+        return self.engine.dialect.name
 
     def close(self) -> None:
         """Dispose the engine's connections. The store reconnects if it is used again."""
@@ -407,7 +423,7 @@ class MemoryStore:
 
     def reset(self) -> None:
         """Delete every row of every table (memories, history, KV entries). The schema stays."""
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             s.execute(delete(KVEntryRow))
             s.execute(delete(HistoryRow))
             s.execute(delete(MemoryRow))
@@ -455,7 +471,7 @@ class MemoryStore:
             created_at=now,
             updated_at=now,
         )
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             s.add(row)
             s.add(
                 HistoryRow(
@@ -503,18 +519,25 @@ class MemoryStore:
             row = s.scalars(stmt).first()
             return MemoryRecord.from_row(row) if row is not None else None
 
-    def list(self, scope: Scope, limit: int | None = None) -> builtins.list[MemoryRecord]:
-        """The memories in ``scope``, oldest first, at most ``limit`` of them (all when ``None``).
+    def list(
+        self, scope: Scope, limit: int | None = None, filters: Filter | None = None
+    ) -> builtins.list[MemoryRecord]:
+        """The memories in ``scope`` that match ``filters``, oldest first, at most ``limit`` (all when ``None``).
+
+        Args:
+            scope: the ids to stay inside.
+            limit: the most memories to return.
+            filters: a parsed filter (:func:`inferscale.retrieval.filters.parse_filters`), compiled to SQL.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
-        clauses = _scope_clauses(_check_scope(scope))
-        stmt = select(MemoryRow).where(*clauses).order_by(MemoryRow.created_at, MemoryRow.pk)
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
-            stmt = stmt.limit(limit)
+        from inferscale.storage.changes import select_memories
+
+        scope = _check_scope(scope)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
+        stmt = select_memories(scope, filters, self.dialect, limit)
         with self._session() as s:
             return [MemoryRecord.from_row(row) for row in s.scalars(stmt)]
 
@@ -542,16 +565,34 @@ class MemoryStore:
                     found[int(row.pk)] = MemoryRecord.from_row(row)
         return found
 
-    def vector_ids_in_scope(self, scope: Scope) -> np.ndarray:
-        """The vector ids of the memories in ``scope``: an int64 array ``[n]``, ascending.
+    def vector_ids_in_scope(self, scope: Scope, filters: Filter | None = None) -> np.ndarray:
+        """The vector ids of the memories in ``scope`` that match ``filters``: an int64 array ``[n]``, ascending.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope.
         """
-        clauses = _scope_clauses(_check_scope(scope))
+        from inferscale.storage.changes import select_vector_ids
+
+        stmt = select_vector_ids(_check_scope(scope), filters, self.dialect)
         with self._session() as s:
-            ids = s.scalars(select(MemoryRow.pk).where(*clauses).order_by(MemoryRow.pk)).all()
+            ids = s.scalars(stmt).all()
         return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+    def apply(self, changes: ChangeSet) -> AppliedChanges:
+        """Apply adds, updates and deletes with their history rows in one transaction (all or nothing).
+
+        Returns:
+            :class:`~inferscale.storage.changes.AppliedChanges`: what was added, updated, deleted and skipped.
+
+        Raises:
+            InvalidInputError: for an invalid change (nothing is written).
+            MemoryNotFoundError: with ``changes.strict``, for an unknown id (nothing is written).
+        """
+        from inferscale.storage.changes import apply_in_session, validate_changes
+
+        checked = validate_changes(changes)
+        with self._write_session() as s, s.begin():
+            return apply_in_session(s, checked)
 
     def update(
         self,
@@ -576,7 +617,7 @@ class MemoryStore:
         if new_text is None and new_meta is None:
             raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text, metadata or both")
         now = utc_now()
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             row = s.scalars(select(MemoryRow).where(MemoryRow.id == memory_id).with_for_update()).one_or_none()
             if row is None:
                 raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -616,7 +657,7 @@ class MemoryStore:
         """
         memory_id = _check_id(memory_id)
         actor = _check_actor(actor)
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             row = s.scalars(select(MemoryRow).where(MemoryRow.id == memory_id).with_for_update()).one_or_none()
             if row is None:
                 raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -635,7 +676,7 @@ class MemoryStore:
         """
         clauses = _scope_clauses(_check_scope(scope))
         actor = _check_actor(actor)
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             rows = s.scalars(select(MemoryRow).where(*clauses).order_by(MemoryRow.created_at, MemoryRow.pk)).all()
             records = [MemoryRecord.from_row(row) for row in rows]
             self._delete_rows(s, records, actor)
@@ -715,7 +756,7 @@ class MemoryStore:
         # Two writers may insert the same key at once; the loser retries and updates the winner's row.
         for attempt in range(2):
             try:
-                with self._session() as s, s.begin():
+                with self._write_session() as s, s.begin():
                     if s.scalar(select(MemoryRow.pk).where(MemoryRow.id == memory_id)) is None:
                         raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
                     row = s.scalars(
@@ -766,7 +807,7 @@ class MemoryStore:
             InvalidInputError: when ``memory_id`` is not a non-empty str.
         """
         memory_id = _check_id(memory_id)
-        with self._session() as s, s.begin():
+        with self._write_session() as s, s.begin():
             rows = s.scalars(select(KVEntryRow).where(KVEntryRow.memory_id == memory_id).order_by(KVEntryRow.id)).all()
             records = [KVEntryRecord.from_row(row) for row in rows]
             s.execute(

@@ -1,0 +1,378 @@
+"""The asynchronous API: :class:`AsyncMemoryClient` (alias :class:`AsyncMemory`), the same methods as
+:class:`~inferscale.client.MemoryClient` as coroutines, like Mem0's ``AsyncMemory``.
+
+Where the time goes, and where it runs:
+
+- SQL runs on the event loop through async SQLAlchemy (aiosqlite for SQLite, psycopg's async mode for
+  PostgreSQL; see :class:`~inferscale.storage.async_store.AsyncMemoryStore`).
+- CPU-bound work runs in worker threads via ``asyncio.to_thread``: LLM fact extraction and the reconcile
+  decision (local model decoding, or the blocking HTTP call of an OpenAI-compatible endpoint), embedding, FAISS
+  search and index updates, writing the index file, K/V encoding and removal, and ``chat`` generation.
+- K/V bookkeeping (``kv_entries`` rows written while encoding) goes through the sync store inside those worker
+  threads, never on the loop.
+
+Every public coroutine delegates to a protected one of the same name (``search`` → ``_asearch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from inferscale.client import (
+    _actor,
+    _check_version,
+    _ClientCore,
+    _ms_since,
+    _rendered,
+    changes_to_results,
+    check_metadata,
+    history_to_dict,
+    memory_to_dict,
+    resolve_limit,
+    resolve_scope,
+)
+from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.kv.store import KVStore
+from inferscale.memory import normalize_messages
+from inferscale.retrieval import VectorIndex
+from inferscale.retrieval.filters import Filter
+from inferscale.scope import Scope
+from inferscale.storage import MemoryRecord, hash_text
+from inferscale.storage.async_store import AsyncMemoryStore
+from inferscale.storage.changes import AppliedChanges, ChangeSet
+from inferscale.types import ChatMode, ChatResult
+
+
+class AsyncMemoryClient(_ClientCore):
+    """Long-term memory for agents, with ``async`` methods. Construction does no I/O.
+
+    Args: see :class:`~inferscale.client.MemoryClient` (same config, engine, embedder and generator).
+
+    Raises:
+        ConfigError: for a config that does not validate.
+    """
+
+    _adb: AsyncMemoryStore | None = None
+    _index_lock: asyncio.Lock | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:
+        """Build a client from a config dict: :class:`MemoryConfig` fields or Mem0's shape.
+
+        Raises:
+            ConfigError: for a config that does not validate or names an unsupported provider.
+        """
+        return cls(config)
+
+    @property
+    def adb(self) -> AsyncMemoryStore:
+        """The async SQL store (opened on first use)."""
+        if self._adb is None:
+            self._adb = AsyncMemoryStore(self._db_url())
+        return self._adb
+
+    async def _aindex(self) -> VectorIndex:
+        if self._index is None:
+            if self._index_lock is None:
+                self._index_lock = asyncio.Lock()
+            async with self._index_lock:
+                if self._index is None:
+                    records = await self.adb.all_memories()
+                    self._index = await asyncio.to_thread(self._load_index, records)
+        return self._index
+
+    async def _acatch_up(self, index: VectorIndex, allowed: np.ndarray) -> None:
+        missing = np.setdiff1d(allowed, index.ids(), assume_unique=True)
+        if missing.size:
+            records = await self.adb.by_vector_ids(missing)
+            await asyncio.to_thread(self._embed_into_index, index, list(records.values()))
+
+    # ------------------------------------------------------------------ write path
+    async def add(
+        self,
+        messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        infer: bool = True,
+        encode_kv: bool | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Remember a conversation; see :meth:`MemoryClient.add` (same arguments, result and errors)."""
+        encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
+        return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
+
+    async def _aadd(
+        self,
+        messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        scope: Scope,
+        metadata: Mapping[str, Any] | None,
+        infer: bool,
+        encode_kv: bool,
+    ) -> dict[str, list[dict[str, Any]]]:
+        meta = check_metadata(metadata)
+        msgs = normalize_messages(messages)  # type: ignore[arg-type]
+        actor = _actor(msgs)
+        if infer:
+            extracted = await asyncio.to_thread(self._extract_facts, msgs)
+            facts = [f for f in extracted if await self.adb.find_by_hash(hash_text(f), scope) is None]
+            if not facts:
+                return {"results": []}
+            shown = await self._asimilar(scope, facts) if self.config.llm.reconcile else []
+            reconciler = self._reconciler() if shown else None
+            changes = await asyncio.to_thread(
+                self._plan_changes, scope, facts, shown, reconciler, meta, _rendered(msgs), actor
+            )
+        else:
+            changes = self._verbatim_changes(msgs, scope, meta, actor)
+        applied = await self.adb.apply(changes)
+        await self._aafter_write(applied, encode_kv)
+        return {"results": changes_to_results(applied)}
+
+    async def _asimilar(self, scope: Scope, facts: Sequence[str]) -> list[tuple[str, str]]:
+        allowed = await self.adb.vector_ids_in_scope(scope)
+        if allowed.size == 0:
+            return []
+        index = await self._aindex()
+        await self._acatch_up(index, allowed)
+        top_k = self.config.llm.reconcile_top_k
+
+        def nearest() -> set[int]:
+            found: set[int] = set()
+            for vector in self.embedder.embed(list(facts)):
+                found.update(i for i, _ in index.search(vector, top_k, allowed))
+            return found
+
+        found = await asyncio.to_thread(nearest)
+        records = sorted(
+            (await self.adb.by_vector_ids(sorted(found))).values(), key=lambda r: (r.created_at, r.vector_id)
+        )
+        return [(r.id, r.text) for r in records]
+
+    async def _aafter_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
+        index = await self._aindex()
+        changed = [after for _, after in applied.updated]
+        forget = [r.id for r in applied.deleted] + [r.id for r in changed]
+
+        def derived() -> None:
+            gone = [r.vector_id for r in applied.deleted]
+            if gone:
+                index.remove(np.array(gone, dtype=np.int64))
+                self._index_dirty = True
+            self._embed_into_index(index, [*changed, *applied.added])
+            self._save_index_if_due(index)
+
+        await asyncio.to_thread(derived)
+        if forget:
+            if self._fact_kv is not None:
+                await asyncio.to_thread(lambda: [self.fact_kv.forget(memory_id) for memory_id in forget])
+            else:
+                store = KVStore(self._kv_dir())
+                for memory_id in forget:
+                    await self.adb.delete_kv_entries(memory_id)
+                    await asyncio.to_thread(store.delete_memory, memory_id)
+        if encode_kv and (changed or applied.added):
+            await asyncio.to_thread(self.fact_kv.ensure, [*changed, *applied.added])
+
+    async def update(
+        self,
+        memory_id: str,
+        text: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        data: str | None = None,
+    ) -> dict[str, Any]:
+        """Change a memory's text and/or metadata; see :meth:`MemoryClient.update`."""
+        return await self._aupdate(memory_id, self._update_change(memory_id, text, metadata, data))
+
+    async def _aupdate(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        applied = await self.adb.apply(change)
+        await self._aafter_write(applied, encode_kv=False)
+        record = applied.updated[0][1] if applied.updated else await self.adb.get(memory_id)
+        if record is None:
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+        return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
+
+    async def delete(self, memory_id: str) -> dict[str, str]:
+        """Delete one memory, its vector and its K/V; see :meth:`MemoryClient.delete`."""
+        return await self._adelete(memory_id)
+
+    async def _adelete(self, memory_id: str) -> dict[str, str]:
+        applied = await self.adb.apply(ChangeSet(None, deletes=(memory_id,), strict=True))
+        await self._aafter_write(applied, encode_kv=False)
+        return {"message": "Memory deleted successfully!"}
+
+    async def delete_all(
+        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Delete every memory of a scope; see :meth:`MemoryClient.delete_all`.
+
+        Raises:
+            ScopeError: when no id is given (never "delete everything").
+        """
+        return await self._adelete_all(Scope(user_id, agent_id, run_id))
+
+    async def _adelete_all(self, scope: Scope) -> dict[str, Any]:
+        deleted = await self.adb.delete_scope(scope)
+        await self._aafter_write(AppliedChanges([], [], deleted, []), encode_kv=False)
+        return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
+
+    async def reset(self) -> None:
+        """Delete every memory, history row, vector and stored K/V of this client's database."""
+        await self._areset()
+
+    async def _areset(self) -> None:
+        await self.adb.reset()
+
+        def clear_derived() -> VectorIndex:
+            index = VectorIndex(self.embedder.dim, self._index_path())
+            index.save()
+            KVStore(self._kv_dir()).clear()
+            if self._fact_kv is not None:
+                self._fact_kv.clear()
+            return index
+
+        self._index = await asyncio.to_thread(clear_derived)
+        self._index_dirty = False
+
+    # ------------------------------------------------------------------ read path
+    async def _asearch_records(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
+    ) -> list[tuple[MemoryRecord, float]]:
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
+        if limit == 0:
+            return []
+        allowed = await self.adb.vector_ids_in_scope(scope, node)
+        if allowed.size == 0:
+            return []
+        index = await self._aindex()
+        await self._acatch_up(index, allowed)
+
+        def nearest() -> list[tuple[int, float]]:
+            return index.search(self.embedder.embed([query])[0], limit, allowed_ids=allowed)
+
+        hits = await asyncio.to_thread(nearest)
+        if threshold is not None:
+            hits = [(vid, score) for vid, score in hits if score >= threshold]
+        records = await self.adb.by_vector_ids([vid for vid, _ in hits])
+        return [(records[vid], float(score)) for vid, score in hits if vid in records]
+
+    async def search(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+        version: str | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
+        _check_version(version)
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return await self._asearch(query, scope, node, resolve_limit(limit, top_k), threshold)
+
+    async def _asearch(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
+    ) -> dict[str, list[dict[str, Any]]]:
+        hits = await self._asearch_records(query, scope, node, limit, threshold)
+        return {"results": [memory_to_dict(r, s) for r, s in hits]}
+
+    async def get(self, memory_id: str) -> dict[str, Any] | None:
+        """One memory by id, or ``None``; see :meth:`MemoryClient.get`."""
+        return await self._aget(memory_id)
+
+    async def _aget(self, memory_id: str) -> dict[str, Any] | None:
+        record = await self.adb.get(memory_id)
+        return memory_to_dict(record) if record else None
+
+    async def get_all(
+        self,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        top_k: int | None = None,
+        version: str | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The scope's memories matching ``filters``, oldest first; see :meth:`MemoryClient.get_all`."""
+        _check_version(version)
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return await self._aget_all(scope, node, resolve_limit(limit, top_k))
+
+    async def _aget_all(self, scope: Scope, node: Filter | None, limit: int) -> dict[str, list[dict[str, Any]]]:
+        if limit == 0:
+            return {"results": []}
+        return {"results": [memory_to_dict(r) for r in await self.adb.list(scope, limit=limit, filters=node)]}
+
+    async def history(self, memory_id: str) -> list[dict[str, Any]]:
+        """Every change to a memory, oldest first; see :meth:`MemoryClient.history`."""
+        return await self._ahistory(memory_id)
+
+    async def _ahistory(self, memory_id: str) -> list[dict[str, Any]]:
+        return [history_to_dict(row) for row in await self.adb.history(memory_id)]
+
+    async def chat(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int = 5,
+        mode: ChatMode = "kv",
+        max_new_tokens: int | None = None,
+    ) -> ChatResult:
+        """Answer with KV-injected memories; see :meth:`MemoryClient.chat`. Retrieval is async; K/V loading,
+        prefill and decode run in a worker thread."""
+        if mode not in ("kv", "prompt"):
+            raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return await self._achat(query, scope, node, resolve_limit(limit, None), mode, max_new_tokens)
+
+    async def _achat(
+        self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None
+    ) -> ChatResult:
+        engine = self.engine
+        if hasattr(engine, "load"):
+            await asyncio.to_thread(engine.load)
+        t0 = time.perf_counter()
+        hits = await self._asearch_records(query, scope, node, limit)
+        retrieval_ms = _ms_since(t0)
+        records = [r for r, _ in hits]
+        return await asyncio.to_thread(self._generate, query, records, mode, max_new_tokens, t0, retrieval_ms)
+
+    async def close(self) -> None:
+        """Write the index file if it changed and release the database connections."""
+        if self._index is not None:
+            await asyncio.to_thread(self._save_index_if_due, self._index, True)
+        close = getattr(self._generator, "close", None)
+        if self._owns_generator and callable(close):
+            await asyncio.to_thread(close)
+            self._generator = None
+        if self._adb is not None:
+            await self._adb.close()
+        if self._db is not None:
+            await asyncio.to_thread(self._db.close)
+
+    async def __aenter__(self) -> AsyncMemoryClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+AsyncMemory = AsyncMemoryClient

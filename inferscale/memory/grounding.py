@@ -1,0 +1,57 @@
+"""Checks that an extracted fact copies its names, numbers and language from the conversation.
+
+Small models are prone to this failure: SmolLM2-135M answered a Chinese introduction with a few-shot example's
+"User will fly to Rome on 3 July". The check catches it without another model call. A fact fails when:
+
+- a name (a capitalised word other than the first) or a number in it does not occur in the conversation;
+- the conversation is written in CJK script but the fact is not, or most of the fact's CJK characters do not
+  occur in the conversation.
+
+Paraphrase is allowed ("I ride my red bike" → "Owns a red bicycle"); only copied tokens are checked.
+"""
+
+from __future__ import annotations
+
+import re
+
+_WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:[.,:/]\d+)*", re.UNICODE)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+CJK_CONVERSATION_SHARE = 0.3
+"""A conversation counts as CJK when at least this share of its letters are CJK characters."""
+CJK_FACT_MIN_SHARE = 0.5
+"""A CJK fact must take at least this share of its CJK characters from the conversation."""
+_GENERIC = frozenset({"user", "the", "i", "he", "she", "they", "we", "it", "assistant"})
+
+
+def _cjk_share(text: str) -> float:
+    letters = [ch for ch in text if ch.isalpha()]
+    return sum(1 for ch in letters if _CJK.match(ch)) / len(letters) if letters else 0.0
+
+
+def ungrounded_reason(fact: str, conversation: str) -> str | None:
+    """Why ``fact`` is not grounded in ``conversation``, or ``None`` when it is.
+
+    Returns:
+        A short reason naming the first invented name or number, or the language mismatch; ``None`` if the
+        fact passes every check.
+    """
+    source = conversation.casefold()
+    source_words = {w.casefold() for w in _WORD.findall(conversation)}
+    words = _WORD.findall(fact)
+    for index, word in enumerate(words):
+        key = word.casefold()
+        if word[0].isdigit() and word not in conversation:
+            return f"the number {word!r} is not in the conversation"
+        is_name = index > 0 and word[0].isupper() and key not in _GENERIC and not _CJK.match(word[0])
+        if is_name and key not in source_words and key not in source:
+            return f"the name {word!r} is not in the conversation"
+    if _cjk_share(conversation) >= CJK_CONVERSATION_SHARE:
+        chars = _CJK.findall(fact)
+        if not chars:
+            return "the conversation is in CJK script and the fact is not"
+        if sum(1 for ch in chars if ch in conversation) / len(chars) < CJK_FACT_MIN_SHARE:
+            return "most of the fact's characters are not in the conversation"
+    return None
+
+
+__all__ = ["ungrounded_reason"]

@@ -1,0 +1,338 @@
+"""Reconcile new facts with stored memories: the LLM decides ADD, UPDATE, DELETE or NONE for each.
+
+The LLM never sees a memory's UUID. The memories it is shown are numbered ``"0"``, ``"1"``, ... (oldest first) and
+its answer is mapped back through that numbering; a decision about a number it was not shown is skipped with a
+warning while the other decisions still apply. Decoding is constrained to :func:`decisions_json_schema` where
+the backend supports it, and the answer is parsed tolerantly (code fences, surrounding prose, truncation)
+where it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import from_json
+
+from inferscale.errors import ExtractionError, InvalidInputError
+from inferscale.memory.extraction import _candidates
+from inferscale.memory.llm import JSONGenerator
+
+log = logging.getLogger(__name__)
+
+Event = Literal["ADD", "UPDATE", "DELETE", "NONE"]
+EVENTS: tuple[str, ...] = ("ADD", "UPDATE", "DELETE", "NONE")
+
+RECONCILE_SYSTEM_PROMPT = (
+    "You keep a user's memory up to date. You get the stored memories, each with an id, and new facts. "
+    "Answer with one entry per new fact:\n"
+    '- "ADD" when the fact is new: "id" is "new", "text" is the fact.\n'
+    '- "UPDATE" when the fact changes or adds detail to a stored memory: "id" is that memory\'s id, "text" is '
+    'the corrected memory, "old_memory" is its old text.\n'
+    '- "DELETE" when the fact makes a stored memory false and replaces nothing: "id" is that memory\'s id.\n'
+    '- "NONE" when the fact is already stored: "id" is the memory that holds it.\n'
+    "Only use ids from the list. Keep the language of the facts and copy names exactly. "
+    'Reply with JSON: {"memory": [{"id": ..., "text": ..., "event": ...}]}.'
+)
+
+_EXAMPLE_INPUT = {
+    "memories": [{"id": "0", "text": "Likes cheese pizza"}, {"id": "1", "text": "Works at Acme"}],
+    "new_facts": ["Loves cheese and pepperoni pizza", "Has a cat named Miso", "Works at Acme"],
+}
+_EXAMPLE_ANSWER = {
+    "memory": [
+        {"id": "0", "text": "Loves cheese and pepperoni pizza", "event": "UPDATE", "old_memory": "Likes cheese pizza"},
+        {"id": "new", "text": "Has a cat named Miso", "event": "ADD"},
+        {"id": "1", "text": "Works at Acme", "event": "NONE"},
+    ]
+}
+
+
+def decisions_json_schema(max_items: int, max_text_chars: int) -> dict[str, Any]:
+    """The JSON schema of the reconcile answer ``{"memory": [{"id", "text", "event", "old_memory"?}]}``.
+
+    Args:
+        max_items: ``maxItems`` of the list (bounds decode time).
+        max_text_chars: ``maxLength`` of a memory text, in characters.
+    """
+    return {
+        "title": "MemoryDecisions",
+        "type": "object",
+        "properties": {
+            "memory": {
+                "type": "array",
+                "maxItems": max_items,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string", "maxLength": 12},
+                        "text": {"type": "string", "maxLength": max_text_chars},
+                        "event": {"type": "string", "enum": list(EVENTS)},
+                        "old_memory": {"type": "string", "maxLength": max_text_chars},
+                    },
+                    "required": ["id", "text", "event"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["memory"],
+        "additionalProperties": False,
+    }
+
+
+def build_reconcile_messages(shown: Sequence[str], facts: Sequence[str]) -> list[dict[str, str]]:
+    """The chat sent to the LLM: instruction, one worked example, then the memories (numbered) and the facts.
+
+    Args:
+        shown: texts of the stored memories the LLM may act on; the i-th gets id ``str(i)``.
+        facts: the new facts.
+
+    Returns:
+        OpenAI-style turns.
+    """
+    payload = {"memories": [{"id": str(i), "text": t} for i, t in enumerate(shown)], "new_facts": list(facts)}
+    return [
+        {"role": "system", "content": RECONCILE_SYSTEM_PROMPT},
+        {"role": "user", "content": json.dumps(_EXAMPLE_INPUT, ensure_ascii=False)},
+        {"role": "assistant", "content": json.dumps(_EXAMPLE_ANSWER, ensure_ascii=False)},
+        {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
+    ]
+
+
+class Decision(BaseModel):
+    """One decision of the LLM. ``id`` is the short id it was shown (or anything, for ADD)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = ""
+    text: str = ""
+    event: str
+    old_memory: str | None = None
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: object) -> str:
+        return "" if value is None else str(value).strip()
+
+    @field_validator("event", mode="before")
+    @classmethod
+    def _event_upper(cls, value: object) -> str:
+        return str(value).strip().upper()
+
+
+def parse_decisions(raw: str) -> list[Decision]:
+    """Parse the reconcile answer tolerantly (plain JSON, fenced, inside prose, truncated, or a bare list).
+
+    An entry that is not a decision object (for example the half-written last entry of a truncated answer) is
+    dropped with a warning; the others are kept.
+
+    Returns:
+        The decisions in the order given (events upper-cased; unknown events are kept and skipped by :func:`plan`).
+
+    Raises:
+        ExtractionError: when no ``{"memory": [...]}`` object can be read from ``raw``.
+    """
+    for candidate in _candidates(raw):
+        try:
+            value = from_json(candidate, allow_partial=True)
+        except ValueError:
+            continue
+        if isinstance(value, list):
+            value = {"memory": value}
+        if not isinstance(value, dict) or not isinstance(value.get("memory"), list):
+            continue
+        decisions: list[Decision] = []
+        for item in value["memory"]:
+            try:
+                decisions.append(Decision.model_validate(item))
+            except ValidationError:
+                log.warning("reconcile: dropped an entry that is not a decision: %r", item)
+        return decisions
+    raise ExtractionError(f'no {{"memory": [...]}} JSON could be read from the LLM answer: {raw[:300]!r}')
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to change, in terms of real memory ids.
+
+    Attributes:
+        adds: texts to add.
+        updates: ``(memory_id, new_text)`` pairs.
+        deletes: memory ids to delete.
+        confirmed: texts of the stored memories an accepted NONE said already hold a fact.
+        skipped: one reason per decision that is not applied (unknown id, ungrounded text, unrelated target,
+            repeated id, bad event).
+    """
+
+    adds: list[str] = field(default_factory=list)
+    updates: list[tuple[str, str]] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    confirmed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+HOLDS_MIN_SHARE = 0.6
+"""A text "holds" another when it contains at least this share of the other's words (CJK: characters)."""
+RELATED_MIN_SHARE = 0.34
+"""A stored memory is "related" to a new fact when this share of the memory's words occur in the fact."""
+
+
+def _tokens(text: str) -> set[str]:
+    out: set[str] = set()
+    for word in _TOKEN.findall(text.casefold()):
+        if any("\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" for ch in word):
+            out.update(word)  # CJK and Hangul are not space-separated: compare characters
+        else:
+            out.add(word)
+    return out
+
+
+def _share(part: str, whole: str) -> float:
+    wanted = _tokens(part)
+    return len(wanted & _tokens(whole)) / len(wanted) if wanted else 0.0
+
+
+def holds(container: str, text: str) -> bool:
+    """Whether ``container`` holds at least :data:`HOLDS_MIN_SHARE` of the words of ``text``."""
+    return _share(text, container) >= HOLDS_MIN_SHARE
+
+
+def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts: Sequence[str]) -> Plan:
+    """Map decisions on short ids back to memory ids, keeping only changes grounded in the new facts.
+
+    Rules, each broken rule skipping the decision with a warning:
+
+    - UPDATE and DELETE need an id the LLM was shown, at most one action per id, and a target memory related
+      to one of the facts (:data:`RELATED_MIN_SHARE` of its words occur in a fact), so that a model cannot
+      rewrite or delete an unrelated memory.
+    - ADD and UPDATE texts must be grounded: the new facts (and, for UPDATE, the old text) hold the text
+      (:func:`holds`). A small model's invented text is never stored.
+    - NONE ("already stored") counts only when the memory it names holds one of the facts.
+    - A fact that no kept ADD, UPDATE or NONE accounts for is added as extracted: an answer that forgets or
+      garbles a fact must not lose it.
+
+    Args:
+        decisions: the parsed LLM answer.
+        shown: ``(memory_id, text)`` of the memories shown; index ``i`` is short id ``str(i)``.
+        facts: the new facts the LLM was asked about.
+
+    Returns:
+        A :class:`Plan`.
+    """
+    result = Plan()
+    by_short = {str(i): item for i, item in enumerate(shown)}
+    acted: set[str] = set()
+    facts_text = "\n".join(facts)
+
+    def skip(reason: str) -> None:
+        log.warning("reconcile: %s", reason)
+        result.skipped.append(reason)
+
+    def related(memory: str) -> bool:
+        return any(_share(memory, fact) >= RELATED_MIN_SHARE for fact in facts)
+
+    for d in decisions:
+        text = " ".join(d.text.split())
+        if d.event not in EVENTS:
+            skip(f"decision {d.model_dump()} has unknown event {d.event!r}")
+            continue
+        if d.event == "ADD":
+            if text and holds(facts_text, text):
+                result.adds.append(text)
+            else:
+                skip(f"ADD of {text!r}, which the new facts do not hold")
+            continue
+        target = by_short.get(d.id)
+        if d.event == "NONE":
+            if target is not None and any(holds(target[1], fact) for fact in facts):
+                result.confirmed.append(target[1])
+            continue
+        if target is None:
+            skip(f"{d.event} on id {d.id!r}, which the LLM was not shown (shown: {sorted(by_short)})")
+            continue
+        memory_id, old_text = target
+        if memory_id in acted:
+            skip(f"second {d.event} on id {d.id!r}; the first decision on it wins")
+            continue
+        if not related(old_text):
+            skip(f"{d.event} of memory {d.id!r} ({old_text!r}), which no new fact is about")
+            continue
+        if d.event == "UPDATE":
+            if not text or not holds(f"{facts_text}\n{old_text}", text):
+                skip(f"UPDATE of id {d.id!r} to {text!r}, which the new facts and the old text do not hold")
+                continue
+            result.updates.append((memory_id, text))
+        else:
+            result.deletes.append(memory_id)
+        acted.add(memory_id)
+    kept = [*result.adds, *(text for _, text in result.updates), *result.confirmed]
+    for fact in facts:
+        if not any(holds(text, fact) for text in kept):
+            log.warning("reconcile: the answer does not account for the fact %r; adding it", fact)
+            result.adds.append(fact)
+    return result
+
+
+class Reconciler:
+    """Asks a :class:`JSONGenerator` what to do with new facts given similar stored memories.
+
+    Args:
+        generator: the LLM backend.
+        max_new_tokens: decode budget of one answer (tokens).
+        max_items: the most decisions in one answer.
+        max_text_chars: the longest memory text in an answer (characters).
+
+    Raises:
+        InvalidInputError: for a non-positive budget or limit.
+    """
+
+    def __init__(
+        self, generator: JSONGenerator, max_new_tokens: int = 256, *, max_items: int = 16, max_text_chars: int = 200
+    ) -> None:
+        if min(max_new_tokens, max_items, max_text_chars) < 1:
+            raise InvalidInputError("max_new_tokens, max_items and max_text_chars must be >= 1")
+        self.generator = generator
+        self.max_new_tokens = max_new_tokens
+        self.schema = decisions_json_schema(max_items, max_text_chars)
+
+    def decide(self, shown: Sequence[tuple[str, str]], facts: Sequence[str]) -> Plan:
+        """Decide for ``facts`` against ``shown`` memories.
+
+        Args:
+            shown: ``(memory_id, text)`` of the stored memories the LLM may act on (at least one).
+            facts: the new facts (at least one).
+
+        Only grounded changes are kept, and a fact the answer does not account for is added (see :func:`plan`).
+
+        Returns:
+            The :class:`Plan` in real memory ids.
+
+        Raises:
+            InvalidInputError: when ``shown`` or ``facts`` is empty.
+            ExtractionError: when the generator fails or its answer cannot be parsed.
+        """
+        if not shown or not facts:
+            raise InvalidInputError("reconcile needs at least one stored memory and one new fact")
+        messages = build_reconcile_messages([text for _, text in shown], facts)
+        raw = self.generator.generate_json(messages, self.schema, self.max_new_tokens)
+        return plan(parse_decisions(raw), shown, facts)
+
+
+__all__ = [
+    "EVENTS",
+    "RECONCILE_SYSTEM_PROMPT",
+    "Decision",
+    "Plan",
+    "Reconciler",
+    "build_reconcile_messages",
+    "decisions_json_schema",
+    "holds",
+    "parse_decisions",
+    "plan",
+]

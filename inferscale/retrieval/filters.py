@@ -1,0 +1,270 @@
+"""Mem0-shaped filters, parsed into a small typed tree that the storage layer compiles to SQL.
+
+Grammar (the shape Mem0 v1 and v2 accept)::
+
+    filters   := {key: condition, ...}                 every key must hold (AND)
+    key       := "AND" | "OR" | "NOT" | field          ("$and", "$or", "$not" are accepted too)
+    "AND"/"OR": [filters, ...]                         a non-empty list
+    "NOT"     : filters | [filters, ...]               none of them may hold
+    condition := scalar                                equality
+               | "*"                                   the field is present and not null
+               | {op: value, ...}                      every operator must hold
+    op        := eq ne gt gte lt lte in nin contains icontains
+
+Fields are the scope ids (``user_id``, ``agent_id``, ``run_id``), the timestamps (``created_at``,
+``updated_at``: ISO 8601 strings, dates, tz-aware datetimes or epoch seconds; naive values are read as UTC)
+and otherwise a top-level metadata key. ``ne`` and ``nin`` also match memories that lack the field, as
+MongoDB-style filters do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Literal, TypeAlias
+
+from inferscale.errors import InvalidInputError, ScopeError
+from inferscale.scope import SCOPE_KEYS
+
+Operator = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains", "exists"]
+Scalar: TypeAlias = str | int | float | bool | None
+FieldValue: TypeAlias = Scalar | datetime | tuple[Scalar | datetime, ...]
+
+OPERATORS: tuple[str, ...] = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains")
+TIME_FIELDS: tuple[str, ...] = ("created_at", "updated_at")
+LOGICAL_KEYS: tuple[str, ...] = ("AND", "OR", "NOT")
+WILDCARD = "*"
+_MAX_DEPTH = 32
+_LOGICAL_ALIASES = {"AND": "AND", "OR": "OR", "NOT": "NOT", "$and": "AND", "$or": "OR", "$not": "NOT"}
+_ID_OPERATORS = frozenset({"eq", "ne", "in", "nin", "contains", "icontains", "exists"})
+_TIME_OPERATORS = frozenset({"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "exists"})
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One test on one field.
+
+    Attributes:
+        field: a scope id, a timestamp field or a metadata key.
+        op: the operator; ``"exists"`` is the ``*`` wildcard.
+        value: the operand: a scalar, a tz-aware UTC datetime (timestamp fields), a tuple (``in``/``nin``) or
+            ``None`` (``exists``, or equality with JSON null).
+    """
+
+    field: str
+    op: Operator
+    value: FieldValue
+
+    @property
+    def kind(self) -> Literal["id", "time", "metadata"]:
+        """Where the field lives: a scope-id column, a timestamp column or the metadata JSON."""
+        if self.field in SCOPE_KEYS:
+            return "id"
+        if self.field in TIME_FIELDS:
+            return "time"
+        return "metadata"
+
+
+@dataclass(frozen=True, slots=True)
+class And:
+    """Every part holds."""
+
+    parts: tuple[Filter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Or:
+    """At least one part holds."""
+
+    parts: tuple[Filter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not:
+    """The part does not hold."""
+
+    part: Filter
+
+
+Filter: TypeAlias = Condition | And | Or | Not
+
+
+def parse_filters(filters: Mapping[str, object] | None) -> Filter | None:
+    """Parse a Mem0-shaped filter dict (see the module docstring).
+
+    Returns:
+        The filter tree, or ``None`` for ``None`` or ``{}`` (no restriction).
+
+    Raises:
+        InvalidInputError: for a non-dict, an unknown operator, an empty ``AND``/``OR`` list, an operand of the
+            wrong type (e.g. ``in`` without a list, a timestamp that is not ISO 8601), a bare list as a value, or
+            a metadata key holding ``"`` or ``\\``. The message names the bad key and the fix.
+    """
+    if filters is None:
+        return None
+    if not isinstance(filters, Mapping):
+        raise InvalidInputError(f"filters must be a dict such as {{'user_id': 'alice'}}, got {type(filters).__name__}")
+    if not filters:
+        return None
+    return _parse_mapping(filters, "filters", 0)
+
+
+def _parse_mapping(node: Mapping[str, object], where: str, depth: int) -> Filter:
+    if depth > _MAX_DEPTH:
+        raise InvalidInputError(f"{where} nests deeper than {_MAX_DEPTH} levels")
+    if not isinstance(node, Mapping) or not node:
+        raise InvalidInputError(f"{where} must be a non-empty dict of conditions, got {node!r}")
+    parts: list[Filter] = []
+    for key, value in node.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidInputError(f"{where} has the key {key!r}; filter keys are non-empty strings")
+        here = f"{where}[{key!r}]"
+        logical = _LOGICAL_ALIASES.get(key)
+        if logical is not None:
+            parts.append(_parse_logical(logical, value, here, depth))
+        else:
+            parts.extend(_parse_field(key, value, here))
+    return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+def _parse_logical(key: str, value: object, where: str, depth: int) -> Filter:
+    if key == "NOT" and isinstance(value, Mapping):
+        value = [value]
+    if not isinstance(value, list | tuple) or not value:
+        raise InvalidInputError(f"{where} must be a non-empty list of filter dicts, e.g. [{{'category': 'work'}}]")
+    children = tuple(_parse_mapping(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))  # type: ignore[arg-type]
+    if key == "AND":
+        return children[0] if len(children) == 1 else And(children)
+    either = children[0] if len(children) == 1 else Or(children)
+    return either if key == "OR" else Not(either)
+
+
+def _parse_field(field: str, value: object, where: str) -> list[Condition]:
+    if field not in SCOPE_KEYS and field not in TIME_FIELDS and ('"' in field or "\\" in field):
+        raise InvalidInputError(f"{where}: metadata keys used in filters may not contain '\"' or '\\\\'")
+    if isinstance(value, Mapping):
+        if not value:
+            raise InvalidInputError(f"{where} is an empty operator dict; use e.g. {{'eq': 'x'}} or '*'")
+        return [_condition(field, str(op), operand, f"{where}[{op!r}]") for op, operand in value.items()]
+    if isinstance(value, list | tuple):
+        raise InvalidInputError(f"{where} is a list; to match any of several values write {{'in': [...]}}")
+    if value == WILDCARD:
+        return [_condition(field, "exists", None, where)]
+    return [_condition(field, "eq", value, where)]
+
+
+def _condition(field: str, op: str, operand: object, where: str) -> Condition:
+    if op not in OPERATORS and op != "exists":
+        raise InvalidInputError(f"{where}: unknown operator {op!r}; use one of {', '.join(OPERATORS)} or '*'")
+    if op == "eq" and operand == WILDCARD:
+        op = "exists"
+    kind = Condition(field, "eq", None).kind
+    allowed = _ID_OPERATORS if kind == "id" else _TIME_OPERATORS if kind == "time" else None
+    if allowed is not None and op not in allowed:
+        raise InvalidInputError(f"{where}: {field} does not support {op!r}; use one of {sorted(allowed)}")
+    if op == "exists":
+        return Condition(field, "exists", None)
+    if op in ("in", "nin"):
+        if not isinstance(operand, list | tuple) or not operand:
+            raise InvalidInputError(f"{where} needs a non-empty list, e.g. {{'{op}': ['a', 'b']}}")
+        values = tuple(_operand(kind, field, item, f"{where}[{i}]") for i, item in enumerate(operand))
+        return Condition(field, op, values)  # type: ignore[arg-type]
+    value = _operand(kind, field, operand, where)
+    if op in ("contains", "icontains") and not isinstance(value, str):
+        raise InvalidInputError(f"{where} needs a string to search for, got {operand!r}")
+    if op in ("gt", "gte", "lt", "lte") and (value is None or isinstance(value, bool)):
+        raise InvalidInputError(f"{where} needs a number, a string or a timestamp to compare with, got {operand!r}")
+    return Condition(field, op, value)  # type: ignore[arg-type]
+
+
+def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datetime:
+    if kind == "time":
+        return parse_timestamp(value, where)
+    if kind == "id":
+        if not isinstance(value, str) or not value:
+            raise InvalidInputError(f"{where}: {field} values are non-empty strings, got {value!r}")
+        return value
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{where} is {value!r}; filters compare finite numbers only")
+        return value
+    raise InvalidInputError(f"{where} is a {type(value).__name__}; filter values are str, int, float, bool or None")
+
+
+def parse_timestamp(value: object, where: str = "timestamp") -> datetime:
+    """A tz-aware UTC datetime from a datetime, a date, an ISO 8601 string or epoch seconds (naive = UTC).
+
+    Raises:
+        InvalidInputError: for any other value, or a string that is not ISO 8601.
+    """
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):
+        parsed = datetime(value.year, value.month, value.day)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(float(value), UTC)
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise InvalidInputError(f"{where} is {value!r}; write timestamps as ISO 8601, e.g. '2024-07-01'") from exc
+    else:
+        raise InvalidInputError(f"{where} is {value!r}; use an ISO 8601 string, a datetime or epoch seconds")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def required_ids(node: Filter | None) -> dict[str, str]:
+    """The scope ids a filter pins by equality on every path: top-level conditions and those inside ``AND``.
+
+    ``{"AND": [{"user_id": "a"}, {"agent_id": "g"}]}`` gives ``{"user_id": "a", "agent_id": "g"}``; ids under
+    ``OR``/``NOT``, wildcards and ``in`` lists pin nothing.
+
+    Raises:
+        ScopeError: when the filter pins one id to two different values (it could match nothing).
+    """
+    found: dict[str, str] = {}
+
+    def visit(part: Filter) -> None:
+        if isinstance(part, And):
+            for child in part.parts:
+                visit(child)
+        elif isinstance(part, Condition) and part.kind == "id" and part.op == "eq" and isinstance(part.value, str):
+            previous = found.setdefault(part.field, part.value)
+            if previous != part.value:
+                raise ScopeError(f"filters require {part.field} to be both {previous!r} and {part.value!r}")
+
+    if node is not None:
+        visit(node)
+    return found
+
+
+def describe(node: Filter | None) -> str:
+    """A short readable form of the tree, for logs and error messages."""
+    if node is None:
+        return "<no filter>"
+    if isinstance(node, Condition):
+        return f"{node.field} {node.op} {node.value!r}"
+    if isinstance(node, Not):
+        return f"NOT ({describe(node.part)})"
+    joiner = " AND " if isinstance(node, And) else " OR "
+    return "(" + joiner.join(describe(p) for p in node.parts) + ")"
+
+
+__all__ = [
+    "OPERATORS",
+    "TIME_FIELDS",
+    "And",
+    "Condition",
+    "Filter",
+    "Not",
+    "Operator",
+    "Or",
+    "describe",
+    "parse_filters",
+    "parse_timestamp",
+    "required_ids",
+]

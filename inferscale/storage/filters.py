@@ -1,0 +1,162 @@
+"""Compile a parsed filter tree (:mod:`inferscale.retrieval.filters`) into a SQL ``WHERE`` clause on ``memories``.
+
+The same tree compiles for SQLite (``json_type``/``json_extract``) and PostgreSQL (``json_typeof``/``->>``).
+Metadata values are compared by JSON type: a string operand only matches JSON strings, a number only JSON
+numbers, a bool only JSON booleans, ``None`` only JSON null. Casts are guarded by ``CASE`` so that a row whose
+value has another type never reaches a cast (PostgreSQL would raise on ``CAST('abc' AS FLOAT)``). ``NOT``,
+``ne`` and ``nin`` are two-valued: a memory that lacks the field is "not equal".
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, and_, case, false, func, literal, not_, null, or_, true
+from sqlalchemy.sql.elements import KeyedColumnElement
+
+from inferscale.retrieval.filters import And, Condition, Filter, Not, Or
+from inferscale.storage.models import MemoryRow
+
+_COLUMNS: dict[str, KeyedColumnElement[object]] = {
+    "user_id": MemoryRow.__table__.c.user_id,
+    "agent_id": MemoryRow.__table__.c.agent_id,
+    "run_id": MemoryRow.__table__.c.run_id,
+    "created_at": MemoryRow.__table__.c.created_at,
+    "updated_at": MemoryRow.__table__.c.updated_at,
+}
+
+
+def compile_filter(node: Filter, dialect: str) -> ColumnElement[bool]:
+    """The SQL condition of ``node`` for the dialect named ``dialect`` (``"sqlite"`` or ``"postgresql"``).
+
+    Returns:
+        A boolean SQLAlchemy expression to put in ``select(MemoryRow).where(...)``.
+
+    Raises:
+        ValueError: for a dialect other than SQLite or PostgreSQL (metadata filters need its JSON functions).
+    """
+    if dialect not in ("sqlite", "postgresql"):
+        raise ValueError(f"filters are compiled for sqlite and postgresql, not {dialect!r}")
+    return _compile(node, dialect)
+
+
+def _compile(node: Filter, dialect: str) -> ColumnElement[bool]:
+    if isinstance(node, And):
+        return and_(*(_compile(p, dialect) for p in node.parts))
+    if isinstance(node, Or):
+        return or_(*(_compile(p, dialect) for p in node.parts))
+    if isinstance(node, Not):
+        return not_(_definite(_compile(node.part, dialect)))
+    if node.kind == "metadata":
+        return _metadata(node, dialect)
+    return _column(node, dialect)
+
+
+def _definite(expr: ColumnElement[bool]) -> ColumnElement[bool]:
+    """``expr`` with SQL's unknown (NULL) turned into false, so that negation is two-valued."""
+    return case((expr, true()), else_=false())
+
+
+# ---- columns (scope ids, timestamps) ---------------------------------------------------------------------
+
+
+def _column(cond: Condition, dialect: str) -> ColumnElement[bool]:
+    col = _COLUMNS[cond.field]
+    op, value = cond.op, cond.value
+    if op == "exists":
+        return col.is_not(None)
+    if op == "eq":
+        return col == value
+    if op == "ne":
+        return or_(col.is_(None), col != value)
+    if op == "in":
+        return col.in_(list(value))  # type: ignore[arg-type]
+    if op == "nin":
+        return or_(col.is_(None), col.not_in(list(value)))  # type: ignore[arg-type]
+    if op in ("contains", "icontains"):
+        return _contains(col, str(value), dialect, op == "icontains")  # type: ignore[arg-type]
+    return _compare(col, op, value)
+
+
+def _compare(expr: ColumnElement[object], op: str, value: object) -> ColumnElement[bool]:
+    if op == "gt":
+        return expr > value
+    if op == "gte":
+        return expr >= value
+    if op == "lt":
+        return expr < value
+    if op == "lte":
+        return expr <= value
+    raise AssertionError(f"not a comparison: {op}")
+
+
+def _contains(expr: ColumnElement[str], needle: str, dialect: str, fold_case: bool) -> ColumnElement[bool]:
+    if fold_case:
+        expr, needle = func.lower(expr), needle.lower()
+    position = func.strpos(expr, needle) if dialect == "postgresql" else func.instr(expr, needle)
+    return position > 0
+
+
+# ---- metadata (JSON) -------------------------------------------------------------------------------------
+
+
+def _kind(key: str, dialect: str) -> ColumnElement[str]:
+    """The JSON type name of ``metadata[key]`` (NULL when the key is missing)."""
+    if dialect == "postgresql":
+        return func.json_typeof(MemoryRow.metadata_[key])
+    return func.json_type(MemoryRow.metadata_, literal(f'$."{key}"'))
+
+
+def _is(key: str, json_type: str, dialect: str) -> ColumnElement[bool]:
+    kind = _kind(key, dialect)
+    if json_type == "number":
+        return kind == "number" if dialect == "postgresql" else kind.in_(("integer", "real"))
+    if json_type == "string":
+        return kind == ("string" if dialect == "postgresql" else "text")
+    if json_type == "null":
+        return kind == "null"
+    raise AssertionError(json_type)
+
+
+def _as_text(key: str, dialect: str) -> ColumnElement[str]:
+    return case((_is(key, "string", dialect), MemoryRow.metadata_[key].as_string()), else_=null())
+
+
+def _as_number(key: str, dialect: str) -> ColumnElement[float]:
+    return case((_is(key, "number", dialect), MemoryRow.metadata_[key].as_float()), else_=null())
+
+
+def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
+    if value is None:
+        return _is(key, "null", dialect)
+    if isinstance(value, bool):
+        if dialect == "postgresql":
+            return and_(_kind(key, dialect) == "boolean", MemoryRow.metadata_[key].as_string() == str(value).lower())
+        return _kind(key, dialect) == ("true" if value else "false")
+    if isinstance(value, int | float):
+        return _as_number(key, dialect) == float(value)
+    return _as_text(key, dialect) == str(value)
+
+
+def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
+    key, op, value = cond.field, cond.op, cond.value
+    if op == "exists":
+        kind = _kind(key, dialect)
+        return and_(kind.is_not(None), kind != "null")
+    if op == "eq":
+        return _equals(key, value, dialect)
+    if op == "ne":
+        return not_(_definite(_equals(key, value, dialect)))
+    if op in ("in", "nin"):
+        either = or_(*(_equals(key, v, dialect) for v in value))  # type: ignore[union-attr]
+        return either if op == "in" else not_(_definite(either))
+    if op in ("contains", "icontains"):
+        return _contains(_as_text(key, dialect), str(value), dialect, op == "icontains")
+    if isinstance(value, datetime):
+        value = value.isoformat()
+    if isinstance(value, int | float):
+        return _compare(_as_number(key, dialect), op, float(value))
+    return _compare(_as_text(key, dialect), op, str(value))
+
+
+__all__ = ["compile_filter"]

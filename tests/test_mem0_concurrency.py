@@ -1,0 +1,103 @@
+"""Two threads and, separately, two processes share one SQLite file: 50 adds and 200 reads run concurrently.
+No "database is locked", every memory present with its ADD history row, and each client finds the others'."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+
+from inferscale import MemoryClient
+
+ADDS_PER_WORKER = 25
+READS_PER_WORKER = 100
+
+
+def work(client: MemoryClient, tag: str) -> None:
+    """25 adds interleaved with 100 reads (search, get_all, get, history)."""
+    last_id = None
+    for i in range(ADDS_PER_WORKER):
+        out = client.add(f"{tag} fact number {i} about chess", user_id="shared", infer=False)
+        last_id = out["results"][0]["id"]
+        for j in range(READS_PER_WORKER // ADDS_PER_WORKER):
+            if j == 0:
+                client.search(f"{tag} chess {i}", user_id="shared", limit=3)
+            elif j == 1:
+                client.get_all(user_id="shared", limit=5)
+            elif j == 2:
+                client.get(last_id)
+            else:
+                client.history(last_id)
+
+
+def check_complete(db_url: str, tmp_path: Path) -> None:
+    client = MemoryClient(fake_config(tmp_path / "check", db_url), embedder=HashEmbedder())
+    stored = client.get_all(user_id="shared", limit=1000)["results"]
+    assert len(stored) == 2 * ADDS_PER_WORKER
+    assert len({m["memory"] for m in stored}) == 2 * ADDS_PER_WORKER
+    for memory in stored:
+        assert [row["event"] for row in client.history(memory["id"])] == ["ADD"]
+    hits = client.search("worker-b fact number 7", user_id="shared", limit=1)["results"]
+    assert hits[0]["memory"] == "worker-b fact number 7 about chess"
+    client.close()
+
+
+@pytest.mark.parametrize("shared_client", [False, True], ids=["two-clients", "one-client"])
+def test_two_threads_share_one_sqlite_file(tmp_path: Path, shared_client: bool) -> None:
+    db_url = f"sqlite:///{tmp_path}/memory.db"
+    one = MemoryClient(fake_config(tmp_path, db_url), embedder=HashEmbedder(), generator=ScriptedGenerator())
+    clients = (
+        [one, one] if shared_client else [one, MemoryClient(fake_config(tmp_path, db_url), embedder=HashEmbedder())]
+    )
+    errors: list[BaseException] = []
+
+    def run(client: MemoryClient, tag: str) -> None:
+        try:
+            work(client, tag)
+        except BaseException as exc:  # reported below; a thread cannot raise into the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c, f"worker-{t}")) for c, t in zip(clients, "ab", strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    for client in clients:
+        client.close()
+    check_complete(db_url, tmp_path)
+
+
+WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+from inferscale import MemoryClient
+from mem0_fakes import HashEmbedder, fake_config
+from test_mem0_concurrency import work
+from pathlib import Path
+client = MemoryClient(fake_config(Path({data!r}), {url!r}), embedder=HashEmbedder())
+work(client, sys.argv[1])
+client.close()
+"""
+
+
+def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path}/memory.db"
+    script = tmp_path / "worker.py"
+    tests = str(Path(__file__).parent)
+    script.write_text(WORKER.format(tests=tests, data=str(tmp_path), url=db_url))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), f"worker-{t}"], env=env, stderr=subprocess.PIPE, text=True)
+        for t in "ab"
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        assert "database is locked" not in err
+    check_complete(db_url, tmp_path)

@@ -1,0 +1,108 @@
+"""The Mem0 quickstart example runs unchanged on InferScale (fakes keep it fast); Mem0-shaped configs map."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
+
+from inferscale import Memory, MemoryConfig
+from inferscale.config import from_mem0_dict, is_mem0_config
+from inferscale.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "migrate_from_mem0.py"
+
+
+def load_example():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("migrate_from_mem0", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_runs_in_both_call_shapes(tmp_path: Path) -> None:
+    source = EXAMPLE.read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
+    assert "inferscale" in imported and not any("mem0" in (name or "") for name in imported)
+    gen = ScriptedGenerator(
+        facts=facts("Dislikes long strategy games", "Loves quick card games"),
+        decisions=json.dumps({"memory": []}),
+    )
+    m = Memory(fake_config(tmp_path), embedder=HashEmbedder(), generator=gen)
+    seen = load_example().quickstart(m)
+    assert [r["event"] for r in seen["added"]] == ["ADD", "ADD"]
+    assert len(seen["v1_search"]) == len(seen["v2_search"]) == 2
+    assert [r["id"] for r in seen["v1_search"]] == [r["id"] for r in seen["v2_search"]]
+    assert seen["v1_all"] == seen["v2_all"]
+    assert [h["event"] for h in seen["history"]] == ["ADD", "UPDATE"]
+    assert seen["deleted_all"]["deleted"] == 1
+    assert m.get_all(user_id="alice")["results"] == []
+
+
+def test_mem0_config_shape_maps(tmp_path: Path) -> None:
+    config = {
+        "llm": {
+            "provider": "vllm",
+            "config": {"model": "qwen", "vllm_base_url": "http://localhost:8000/v1", "max_tokens": 300},
+        },
+        "embedder": {"provider": "huggingface", "config": {"model": "/models/minilm"}},
+        "vector_store": {"provider": "faiss", "config": {"path": str(tmp_path / "vs"), "collection_name": "c"}},
+        "history_db_path": str(tmp_path / "h.db"),
+        "version": "v1.1",
+        "data_dir": str(tmp_path),
+    }
+    assert is_mem0_config(config)
+    mapped = from_mem0_dict(config)
+    assert mapped.llm.provider == "openai" and mapped.llm.base_url == "http://localhost:8000/v1"
+    assert mapped.llm.model == "qwen" and mapped.llm.max_new_tokens == 300
+    assert mapped.embedder.model == "/models/minilm"
+    assert mapped.index_path == str(tmp_path / "vs" / "c.faiss")
+    assert mapped.db_url == f"sqlite:///{tmp_path / 'h.db'}"
+    client = Memory.from_config(config)
+    assert client.config == mapped
+    local = from_mem0_dict({"llm": {"provider": "huggingface", "config": {"model": "/m/smol"}}})
+    assert local.llm.provider == "engine" and local.engine.model == "/m/smol"
+    pg = from_mem0_dict(
+        {"vector_store": {"provider": "pgvector", "config": {"connection_string": "postgresql://u@h/d"}}}
+    )
+    assert pg.db_url == "postgresql+psycopg://u@h/d"
+    assert isinstance(Memory.from_config({"data_dir": str(tmp_path)}).config, MemoryConfig)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"llm": {"provider": "anthropic", "config": {"model": "x"}}},
+        {"embedder": {"provider": "openai", "config": {}}},
+        {"vector_store": {"provider": "qdrant", "config": {}}},
+        {"graph_store": {"provider": "neo4j"}},
+        {"llm": {"provider": "vllm", "config": {"model": "x"}}},
+        {"llm": {"provider": "openai", "config": {}}},
+    ],
+)
+def test_unsupported_mem0_config_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        Memory.from_config(bad)
+
+
+def test_extraction_endpoint_config_builds_an_http_generator(tmp_path: Path) -> None:
+    m = Memory.from_config(
+        {
+            "llm": {"provider": "openai", "config": {"model": "m", "openai_base_url": "http://127.0.0.1:9/v1"}},
+            "data_dir": str(tmp_path),
+        }
+    )
+    from inferscale.memory import OpenAIJSONGenerator
+
+    generator = m._json_generator()
+    assert isinstance(generator, OpenAIJSONGenerator) and generator.url == "http://127.0.0.1:9/v1/chat/completions"
+    m.close()
+
+
+def test_unused_scripted_generator_is_harmless() -> None:
+    assert ScriptedGenerator().titles() == []

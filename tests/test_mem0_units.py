@@ -1,0 +1,158 @@
+"""Pure pieces of the Mem0 layer: filter parsing, reconcile parsing and planning, conversation chunking."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferscale.errors import ExtractionError, InvalidInputError, ScopeError
+from inferscale.memory import Message
+from inferscale.memory.chunking import chunk_messages, estimate_tokens, split_text
+from inferscale.memory.reconcile import build_reconcile_messages, parse_decisions, plan
+from inferscale.retrieval.filters import And, Condition, Not, Or, parse_filters, parse_timestamp, required_ids
+
+
+def test_filters_parse_into_a_tree() -> None:
+    assert parse_filters(None) is None and parse_filters({}) is None
+    assert parse_filters({"food": "walnut"}) == Condition("food", "eq", "walnut")
+    assert parse_filters({"food": "*"}) == Condition("food", "exists", None)
+    tree = parse_filters({"AND": [{"user_id": "a"}, {"OR": [{"n": {"gt": 1}}, {"NOT": {"k": {"in": ["x"]}}}]}]})
+    assert tree == And(
+        (Condition("user_id", "eq", "a"), Or((Condition("n", "gt", 1), Not(Condition("k", "in", ("x",))))))
+    )
+    assert parse_filters({"$or": [{"a": 1}, {"b": 2}]}) == Or((Condition("a", "eq", 1), Condition("b", "eq", 2)))
+    when = parse_filters({"created_at": {"gte": "2024-07-01"}})
+    assert isinstance(when, Condition) and when.value == parse_timestamp("2024-07-01T00:00:00Z")
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"a": {"between": 1}}, "unknown operator"),
+        ({"a": ["x"]}, "'in'"),
+        ({"a": {"in": "x"}}, "non-empty list"),
+        ({"a": {"contains": 3}}, "string"),
+        ({"a": {"gt": None}}, "compare"),
+        ({"AND": []}, "non-empty list"),
+        ({"user_id": {"gt": "a"}}, "does not support"),
+        ({"created_at": {"gte": "yesterday"}}, "ISO 8601"),
+        ({'we"ird': 1}, "may not contain"),
+        ({"a": float("nan")}, "finite"),
+    ],
+)
+def test_bad_filters_name_the_fix(bad: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        parse_filters(bad)
+
+
+def test_required_ids_are_the_anded_equalities() -> None:
+    assert required_ids(parse_filters({"AND": [{"user_id": "a"}, {"agent_id": "g"}], "run_id": "r"})) == {
+        "user_id": "a",
+        "agent_id": "g",
+        "run_id": "r",
+    }
+    assert required_ids(parse_filters({"OR": [{"user_id": "a"}]})) == {"user_id": "a"}  # a one-item OR is the item
+    assert required_ids(parse_filters({"OR": [{"user_id": "a"}, {"user_id": "b"}]})) == {}
+    assert required_ids(parse_filters({"NOT": [{"user_id": "a"}]})) == {}
+    assert required_ids(parse_filters({"user_id": {"in": ["a"]}})) == {}
+    with pytest.raises(ScopeError):
+        required_ids(parse_filters({"AND": [{"user_id": "a"}, {"user_id": "b"}]}))
+
+
+def test_reconcile_answers_parse_tolerantly() -> None:
+    fenced = 'Here you go:\n```json\n{"memory": [{"id": 0, "text": "x", "event": "update"}]}\n```'
+    (decision,) = parse_decisions(fenced)
+    assert (decision.id, decision.event) == ("0", "UPDATE")
+    truncated = '{"memory": [{"id": "new", "text": "A", "event": "ADD"}, {"id": "0", "te'
+    assert [d.text for d in parse_decisions(truncated)] == ["A"]
+    assert parse_decisions('[{"id": "1", "text": "", "event": "NONE"}]')[0].event == "NONE"
+    with pytest.raises(ExtractionError):
+        parse_decisions("no json here")
+
+
+def test_plan_maps_short_ids_and_skips_the_rest() -> None:
+    decisions = parse_decisions(
+        '{"memory": ['
+        '{"id": "0", "text": "Lives in Porto", "event": "UPDATE"},'
+        '{"id": "9", "text": "x", "event": "DELETE"},'
+        '{"id": "0", "text": "", "event": "DELETE"},'
+        '{"id": "1", "text": "", "event": "DELETE"},'
+        '{"id": "new", "text": "Has a cat", "event": "ADD"},'
+        '{"id": "new", "text": "  ", "event": "ADD"},'
+        '{"id": "2", "text": "", "event": "DELETE"},'
+        '{"id": "new", "text": "Will eat walnuts on 3 July", "event": "ADD"},'
+        '{"id": "1", "text": "?", "event": "MERGE"}]}'
+    )
+    shown = [("uuid-a", "Lives in Lisbon"), ("uuid-b", "No longer works at Acme"), ("uuid-c", "Allergic to walnuts")]
+    result = plan(decisions, shown, ["Lives in Porto", "Works at Acme", "Has a cat"])
+    assert result.updates == [("uuid-a", "Lives in Porto")]
+    assert result.deletes == ["uuid-b"]
+    assert result.adds == ["Has a cat", "Works at Acme"]  # the forgotten fact is added as extracted
+    # id 9 unknown, second action on 0, empty ADD, unrelated DELETE of 2, invented ADD, unknown event
+    assert len(result.skipped) == 6
+
+
+def test_reconcile_prompt_shows_short_ids_only() -> None:
+    messages = build_reconcile_messages(["Likes tea"], ["Likes coffee"])
+    assert '"id": "0"' in messages[-1]["content"] and "Likes coffee" in messages[-1]["content"]
+
+
+def test_chunking_respects_the_budget() -> None:
+    assert estimate_tokens("abc") == 1 and estimate_tokens("林晓雨") == 3
+    text = "word " * 1000
+    pieces = split_text(text, 100)
+    assert all(estimate_tokens(p) <= 100 for p in pieces)
+    assert " ".join(pieces).split() == text.split()
+    cjk = "林" * 500
+    assert "".join(split_text(cjk, 100)) == cjk
+    messages = [Message("user", "hello there " * 30), Message("assistant", "ok"), Message("user", "x " * 2000)]
+    chunks = chunk_messages(messages, 200)
+    assert len(chunks) > 2
+    assert all(sum(estimate_tokens(m.content) + 4 for m in chunk) <= 200 for chunk in chunks)
+    assert chunk_messages(messages[:2], 10_000) == [messages[:2]]
+
+
+def test_none_must_name_a_memory_that_holds_the_fact() -> None:
+    shown = [("uuid-a", "Works at Acme as a nurse"), ("uuid-b", "林晓雨在青木科技工作")]
+    answer = parse_decisions(
+        '{"memory": ['
+        '{"id": "0", "text": "Works at Acme", "event": "NONE"},'
+        '{"id": "1", "text": "林晓雨在青木科技工作", "event": "NONE"},'
+        '{"id": "7", "text": "Has a cat named Miso", "event": "NONE"},'
+        '{"id": "0", "text": "Runs every Sunday", "event": "NONE"}]}'
+    )
+    result = plan(answer, shown, ["Works at Acme", "林晓雨在青木科技工作", "Has a cat named Miso", "Runs every Sunday"])
+    assert result.adds == ["Has a cat named Miso", "Runs every Sunday"]
+    assert result.updates == [] and result.deletes == []
+
+
+def test_a_fact_the_answer_forgets_is_added() -> None:
+    from mem0_fakes import ScriptedGenerator
+
+    from inferscale.memory.reconcile import Reconciler
+
+    shown = [("uuid-a", "Likes tea")]
+    forgetful = Reconciler(ScriptedGenerator(decisions='{"memory": []}'))
+    assert forgetful.decide(shown, ["Has a cat named Miso"]).adds == ["Has a cat named Miso"]
+    confirmed = Reconciler(
+        ScriptedGenerator(decisions='{"memory": [{"id": "0", "text": "Likes tea", "event": "NONE"}]}')
+    )
+    assert confirmed.decide(shown, ["Likes tea"]).adds == []
+
+
+@pytest.mark.parametrize(
+    ("fact", "conversation", "grounded"),
+    [
+        ("User will fly to Rome on 3 July", "我叫林晓雨，在青木科技做产品经理。", False),  # seen from SmolLM2-135M
+        ("User hates flying", "我叫林晓雨，在青木科技做产品经理。", False),
+        ("林晓雨在青木科技做产品经理", "我叫林晓雨，在青木科技做产品经理。", True),
+        ("User will eat walnuts on 3 July", "I'm allergic to walnuts.", False),
+        ("User has a nut allergy", "I'm allergic to walnuts.", True),
+        ("Owns a red bicycle", "I ride my red bike to work", True),
+        ("User was born on June 14", "My partner Daniel was born on june 14.", True),
+        ("Lives in Lisbon", "I live in Porto", False),
+    ],
+)
+def test_grounding_catches_invented_names_numbers_and_language(fact: str, conversation: str, grounded: bool) -> None:
+    from inferscale.memory import ungrounded_reason
+
+    assert (ungrounded_reason(fact, conversation) is None) is grounded
