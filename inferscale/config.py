@@ -107,6 +107,12 @@ class KVConfig(_Strict):
         encode_batch_size: facts per forward pass when encoding.
         encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
             the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
+        recompute_head_tokens: m, the first tokens of each injected fact re-prefilled at serve time with attention
+            to the prefix and the earlier facts (a sink remedy; costs k·m prefill tokens; 0 = pure injection).
+            Transformers engine only. See docs/architecture.md for the measured trade-off.
+        host_budget_bytes: capacity of the host-memory KV tier in bytes (LRU; evicted entries stay on disk).
+        device_budget_bytes: capacity of the GPU KV tier in bytes; ``None`` means 1 GiB when the engine runs on
+            CUDA and no GPU tier otherwise.
     """
 
     context_window: int = Field(default=0, ge=0, le=64)
@@ -114,6 +120,9 @@ class KVConfig(_Strict):
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
     encode_on_add: bool = True
+    recompute_head_tokens: int = Field(default=0, ge=0, le=4096)
+    host_budget_bytes: int = Field(default=2 << 30, ge=0)
+    device_budget_bytes: int | None = Field(default=None, ge=0)
 
 
 class MemoryConfig(_Strict):

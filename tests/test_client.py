@@ -161,3 +161,23 @@ def test_index_is_rebuilt_from_sql_when_missing(tmp_path: Path, engine: Transfor
     reopened = make_client(tmp_path, engine, embedder)
     top = reopened.search("dog", user_id="maya", limit=1)["results"]
     assert top[0]["memory"] == "I have a beagle named Biscuit."
+
+
+def test_kv_settings_reach_the_engine_and_store(tmp_path: Path) -> None:
+    client = MemoryClient({"data_dir": str(tmp_path), "kv": {"recompute_head_tokens": 3, "host_budget_bytes": 1 << 20}})
+    assert isinstance(client.engine, TransformersEngine)
+    assert client.engine.recompute_head_tokens == 3  # built without loading the model
+
+
+def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path) -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vLLM is installed here; the error path is for machines without it")
+    from inferscale.errors import ConfigError
+
+    client = MemoryClient({"data_dir": str(tmp_path), "engine": {"provider": "vllm"}})
+    with pytest.raises(ConfigError, match="inferscale\\[vllm"):
+        _ = client.engine
