@@ -63,3 +63,22 @@ def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[An
         expected.append(token)
     assert ours.token_ids == expected
     assert ours.prompt_tokens == len(ids)
+
+
+def test_reused_workspace_leaks_nothing_between_requests(smollm2_fp32: tuple[Any, Any]) -> None:
+    from inferscale.kv import EncodeRequest
+
+    model, tokenizer = smollm2_fp32
+    texts = ["Maya lives in Porto.", "Biscuit is a beagle.", "Raj plays chess.", "Clara teaches.", "Ines runs."]
+
+    def fresh_engine() -> TransformersEngine:
+        return TransformersEngine(
+            EngineConfig(dtype="float32", device="cpu"), "Memories:\n", model=model, tokenizer=tokenizer
+        ).load()
+
+    engine = fresh_engine()
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in texts])
+    engine.generate_kv("Who plays chess?", facts, max_new_tokens=4)  # fills the workspace further
+    after_long = engine.first_token_logits("Where does Maya live?", facts[:2])
+    alone = fresh_engine().first_token_logits("Where does Maya live?", facts[:2])
+    assert torch.equal(after_long, alone)

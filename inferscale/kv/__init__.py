@@ -1,6 +1,6 @@
 """The KV core: pre-RoPE fact encoding, chunked RoPE, composition and storage. Torch only: no SQL, no HTTP."""
 
-from inferscale.kv.compose import AssembledKV, PrefixKV, assemble
+from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -23,6 +23,7 @@ __all__ = [
     "KVTier",
     "PrefixKV",
     "RopeTable",
+    "SegmentWorkspace",
     "TieredKVStore",
     "apply_rope",
     "assemble",

@@ -87,7 +87,12 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
     Raises:
         ValueError: when a fact's shape, dtype or device does not match the prefix.
     """
-    n_layers, n_heads, p, head_dim = prefix.keys.shape
+    needed = prefix.n_tokens + sum(f.n_tokens for f in facts) + extra_capacity
+    return SegmentWorkspace(prefix, capacity=needed).assemble(facts, table, extra_capacity)
+
+
+def _check_facts(prefix: PrefixKV, facts: Sequence[FactKV]) -> None:
+    n_layers, n_heads, _, head_dim = prefix.keys.shape
     for i, fact in enumerate(facts):
         if fact.keys.shape[:2] != (n_layers, n_heads) or fact.keys.shape[3] != head_dim:
             raise ValueError(
@@ -98,12 +103,15 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
                 f"fact {i} is {fact.keys.dtype} on {fact.keys.device}; the cache is "
                 f"{prefix.keys.dtype} on {prefix.keys.device}"
             )
+
+
+def _write_segment(
+    key_buffer: torch.Tensor, value_buffer: torch.Tensor, prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable
+) -> AssembledKV:
+    """Write the facts after the prefix already in the buffers: values concatenated into their slots, keys
+    concatenated and rotated into theirs with one batched op over all layers and heads."""
+    p = prefix.n_tokens
     s = sum(f.n_tokens for f in facts)
-    shape = (n_layers, n_heads, p + s + extra_capacity, head_dim)
-    key_buffer = torch.empty(shape, dtype=prefix.keys.dtype, device=prefix.keys.device)
-    value_buffer = torch.empty_like(key_buffer)
-    key_buffer[:, :, :p] = prefix.keys
-    value_buffer[:, :, :p] = prefix.values
     if facts:
         torch.cat([f.values for f in facts], dim=2, out=value_buffer[:, :, p : p + s])
         table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p, out=key_buffer[:, :, p : p + s])
@@ -116,3 +124,51 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
         key_buffer=key_buffer,
         value_buffer=value_buffer,
     )
+
+
+class SegmentWorkspace:
+    """Per-layer K/V buffers reused across requests; the system prefix is written into them once.
+
+    Allocating fresh multi-MB buffers per request costs page faults and a prefix copy every time; a workspace
+    keeps one pair of ``[n_layers, n_kv_heads, capacity, head_dim]`` buffers whose first P slots hold the prefix
+    for good, and each request writes only its memory segment (and then its query and answer) after it.
+    The buffers grow (doubling, prefix copied once more) when a request needs more room.
+
+    Not thread-safe: one request at a time (the engines serialise requests), and an :class:`AssembledKV` it
+    returns is valid only until the next :meth:`assemble`.
+
+    Args:
+        prefix: the system prefix's K/V.
+        capacity: initial slots per layer (tokens).
+    """
+
+    def __init__(self, prefix: PrefixKV, capacity: int = 2048) -> None:
+        self._prefix = prefix
+        self._key_buffer = torch.empty(0)
+        self._value_buffer = torch.empty(0)
+        self._allocate(max(capacity, prefix.n_tokens))
+
+    @property
+    def capacity(self) -> int:
+        """Slots per layer (tokens)."""
+        return int(self._key_buffer.shape[2])
+
+    def _allocate(self, capacity: int) -> None:
+        n_layers, n_heads, p, head_dim = self._prefix.keys.shape
+        shape = (n_layers, n_heads, capacity, head_dim)
+        self._key_buffer = torch.empty(shape, dtype=self._prefix.keys.dtype, device=self._prefix.keys.device)
+        self._value_buffer = torch.empty_like(self._key_buffer)
+        self._key_buffer[:, :, :p] = self._prefix.keys
+        self._value_buffer[:, :, :p] = self._prefix.values
+
+    def assemble(self, facts: Sequence[FactKV], table: RopeTable, extra_capacity: int = 0) -> AssembledKV:
+        """Like :func:`assemble`, into the workspace's buffers (see the class notes on validity).
+
+        Raises:
+            ValueError: when a fact's shape, dtype or device does not match the prefix.
+        """
+        _check_facts(self._prefix, facts)
+        needed = self._prefix.n_tokens + sum(f.n_tokens for f in facts) + extra_capacity
+        if needed > self.capacity:
+            self._allocate(max(needed, 2 * self.capacity))
+        return _write_segment(self._key_buffer, self._value_buffer, self._prefix, facts, table)

@@ -21,7 +21,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.prompt import PromptLayout
-from inferscale.kv.compose import AssembledKV, PrefixKV, assemble
+from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -113,6 +113,7 @@ class TransformersEngine:
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
             self._stop_ids = self._stop_token_ids()
             self._prefix = self._prefill_prefix()
+            self._workspace = SegmentWorkspace(self._prefix)
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
             return self
@@ -240,7 +241,7 @@ class TransformersEngine:
             memory_ids = [t for ids in fact_ids for t in ids]
             query_ids = self._layout.query_ids(query)
             capacity = len(memory_ids) + len(query_ids) + max_new_tokens
-            cache = self._cache_from(assemble(self._prefix, [], self._table, extra_capacity=capacity))
+            cache = self._cache_from(self._workspace.assemble([], self._table, extra_capacity=capacity))
             gen = self._run(cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens)
             return Generation(
                 text=gen[0],
@@ -266,7 +267,7 @@ class TransformersEngine:
                 ids: list[int] = []
             else:
                 ids = [t for f in fact_ids or [] for t in f]
-                assembled = assemble(self._prefix, [], self._table, extra_capacity=len(ids) + len(query_ids))
+                assembled = self._workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
                 cache = self._cache_from(assembled)
             return self._forward(cache, ids + query_ids, assembled.n_tokens)[0, -1].float()
 
@@ -274,7 +275,7 @@ class TransformersEngine:
         """Assemble prefix + facts into a preallocated cache, then recompute the facts' first m tokens if asked."""
         m = self.recompute_head_tokens
         heads = sum(min(m, f.n_tokens) for f in facts)
-        assembled = assemble(self._prefix, facts, self._table, extra_capacity=extra_capacity + heads)
+        assembled = self._workspace.assemble(facts, self._table, extra_capacity=extra_capacity + heads)
         cache = self._cache_from(assembled)
         if heads:
             self._recompute_heads(cache, facts, assembled.n_tokens, m)
