@@ -8,7 +8,6 @@ print(client.chat("What is my dog's name?", user_id="maya").answer)
 
 from typing import TYPE_CHECKING, Any
 
-from inferscale.config import EmbedderConfig, EngineConfig, KVConfig, LLMConfig, MemoryConfig
 from inferscale.errors import (
     ConfigError,
     ExtractionError,
@@ -25,13 +24,22 @@ from inferscale.types import ChatResult, Timings
 if TYPE_CHECKING:
     from inferscale.async_client import AsyncMemory, AsyncMemoryClient
     from inferscale.client import Memory, MemoryClient
+    from inferscale.config import EmbedderConfig, EngineConfig, KVConfig, LLMConfig, MemoryConfig
 
 __version__ = "0.1.0"
 
 
+_CONFIG_NAMES = ("EmbedderConfig", "EngineConfig", "KVConfig", "LLMConfig", "MemoryConfig")
+
+
 def __getattr__(name: str) -> Any:
-    # The client pulls in torch, transformers and FAISS; import it on first use so that light modules
-    # (errors, config, the KV core) can be imported on their own.
+    # The clients pull in torch, transformers, FAISS and SQLAlchemy, and the config pydantic; import them on first
+    # use so that the KV core (torch only) can be imported on its own, e.g. on a GPU box with only torch and
+    # transformers (benchmarks/gpu_check.sh).
+    if name in _CONFIG_NAMES:
+        from inferscale import config
+
+        return getattr(config, name)
     if name in ("MemoryClient", "Memory"):
         from inferscale import client
 
