@@ -24,21 +24,27 @@ from typing import Any
 import numpy as np
 
 from inferscale.client import (
+    DEFAULT_CHAT_LIMIT,
     _actor,
     _check_version,
     _ClientCore,
     _ms_since,
     _rendered,
     changes_to_results,
+    check_add_messages,
+    check_max_new_tokens,
     check_metadata,
+    check_query,
+    check_threshold,
     history_to_dict,
+    in_scope,
     memory_to_dict,
+    optional_scope,
     resolve_limit,
     resolve_scope,
 )
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.kv.store import KVStore
-from inferscale.memory import normalize_messages
 from inferscale.retrieval import VectorIndex
 from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
@@ -117,7 +123,7 @@ class AsyncMemoryClient(_ClientCore):
         encode_kv: bool,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
-        msgs = normalize_messages(messages)  # type: ignore[arg-type]
+        msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
         actor = _actor(msgs)
         if infer:
             extracted = await asyncio.to_thread(self._extract_facts, msgs)
@@ -187,9 +193,14 @@ class AsyncMemoryClient(_ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text and/or metadata; see :meth:`MemoryClient.update`."""
-        return await self._aupdate(memory_id, self._update_change(memory_id, text, metadata, data))
+        change = self._update_change(memory_id, text, metadata, data)
+        await self._arequire_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
+        return await self._aupdate(memory_id, change)
 
     async def _aupdate(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
         applied = await self.adb.apply(change)
@@ -199,8 +210,17 @@ class AsyncMemoryClient(_ClientCore):
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
         return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
 
-    async def delete(self, memory_id: str) -> dict[str, str]:
+    async def _arequire_in_scope(self, memory_id: str, scope: Scope | None) -> None:
+        if scope is not None:
+            record = await self.adb.get(memory_id)
+            if record is None or not in_scope(record, scope):
+                raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {scope.as_dict()}")
+
+    async def delete(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, str]:
         """Delete one memory, its vector and its K/V; see :meth:`MemoryClient.delete`."""
+        await self._arequire_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
         return await self._adelete(memory_id)
 
     async def _adelete(self, memory_id: str) -> dict[str, str]:
@@ -245,8 +265,7 @@ class AsyncMemoryClient(_ClientCore):
     async def _asearch_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
+        check_query(query)
         if limit == 0:
             return []
         allowed = await self.adb.vector_ids_in_scope(scope, node)
@@ -280,7 +299,7 @@ class AsyncMemoryClient(_ClientCore):
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
         _check_version(version)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return await self._asearch(query, scope, node, resolve_limit(limit, top_k), threshold)
+        return await self._asearch(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
 
     async def _asearch(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
@@ -288,13 +307,15 @@ class AsyncMemoryClient(_ClientCore):
         hits = await self._asearch_records(query, scope, node, limit, threshold)
         return {"results": [memory_to_dict(r, s) for r, s in hits]}
 
-    async def get(self, memory_id: str) -> dict[str, Any] | None:
+    async def get(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any] | None:
         """One memory by id, or ``None``; see :meth:`MemoryClient.get`."""
-        return await self._aget(memory_id)
+        return await self._aget(memory_id, optional_scope(user_id, agent_id, run_id))
 
-    async def _aget(self, memory_id: str) -> dict[str, Any] | None:
+    async def _aget(self, memory_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
         record = await self.adb.get(memory_id)
-        return memory_to_dict(record) if record else None
+        return memory_to_dict(record) if record is not None and in_scope(record, scope) else None
 
     async def get_all(
         self,
@@ -317,8 +338,13 @@ class AsyncMemoryClient(_ClientCore):
             return {"results": []}
         return {"results": [memory_to_dict(r) for r in await self.adb.list(scope, limit=limit, filters=node)]}
 
-    async def history(self, memory_id: str) -> list[dict[str, Any]]:
+    async def history(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first; see :meth:`MemoryClient.history`."""
+        scope = optional_scope(user_id, agent_id, run_id)
+        if scope is not None and await self._aget(memory_id, scope) is None:
+            return []
         return await self._ahistory(memory_id)
 
     async def _ahistory(self, memory_id: str) -> list[dict[str, Any]]:
@@ -332,16 +358,19 @@ class AsyncMemoryClient(_ClientCore):
         agent_id: str | None = None,
         run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
-        limit: int = 5,
+        limit: int | None = None,
         mode: ChatMode = "kv",
         max_new_tokens: int | None = None,
+        top_k: int | None = None,
     ) -> ChatResult:
         """Answer with KV-injected memories; see :meth:`MemoryClient.chat`. Retrieval is async; K/V loading,
         prefill and decode run in a worker thread."""
         if mode not in ("kv", "prompt"):
             raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return await self._achat(query, scope, node, resolve_limit(limit, None), mode, max_new_tokens)
+        budget = check_max_new_tokens(max_new_tokens)
+        limit_ = resolve_limit(limit, top_k, DEFAULT_CHAT_LIMIT)
+        return await self._achat(query, scope, node, limit_, mode, budget)
 
     async def _achat(
         self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None

@@ -40,6 +40,8 @@ from inferscale.types import ChatMode, ChatResult, Timings
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT = 100
+MAX_LIMIT = 1_000_000
+DEFAULT_CHAT_LIMIT = 5
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
 
 MAX_CONTEXT_TURNS = 64
@@ -142,7 +144,83 @@ def resolve_limit(limit: int | None, top_k: int | None, default: int = DEFAULT_L
     value = limit if limit is not None else top_k if top_k is not None else default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidInputError(f"limit/top_k must be a non-negative int, got {value!r}")
+    if value > MAX_LIMIT:
+        raise InvalidInputError(f"limit/top_k must be at most {MAX_LIMIT:,}, got {value:,}")
     return value
+
+
+def optional_scope(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
+    """The scope named by the given ids, or ``None`` when none is given (an id-addressed call without a scope)."""
+    if user_id is None and agent_id is None and run_id is None:
+        return None
+    return Scope(user_id, agent_id, run_id)
+
+
+def in_scope(record: MemoryRecord, scope: Scope | None) -> bool:
+    """Whether ``record`` belongs to ``scope`` (every id the scope sets is equal); ``True`` for no scope."""
+    return scope is None or all(getattr(record, key) == value for key, value in scope.as_dict().items())
+
+
+def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list[Message]:
+    """Normalised messages of an ``add`` call, checked before anything is written.
+
+    Raises:
+        InvalidInputError: for malformed messages, a non-bool ``infer``, or (with ``infer=False``) a message
+            longer than ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document.
+    """
+    if not isinstance(infer, bool):
+        raise InvalidInputError(f"infer must be True or False, got {infer!r}")
+    msgs = normalize_messages(messages)
+    if not infer:
+        for i, m in enumerate(msgs):
+            if m.role != "system" and len(m.content) > max_memory_chars:
+                raise InvalidInputError(
+                    f"message {i} has {len(m.content):,} characters; a memory holds at most "
+                    f"max_memory_chars={max_memory_chars:,}. Split it, raise the limit, or use infer=True to "
+                    "extract facts from it"
+                )
+    return msgs
+
+
+def check_query(query: Any) -> str:
+    """A non-empty query string that encodes as UTF-8.
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"query is not valid Unicode text ({exc.reason} at {exc.start})") from exc
+    return query
+
+
+def check_max_new_tokens(max_new_tokens: int | None) -> int | None:
+    """``None`` (the config's budget) or a positive int (tokens).
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if max_new_tokens is None:
+        return None
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InvalidInputError(f"max_new_tokens must be a positive int or None, got {max_new_tokens!r}")
+    return max_new_tokens
+
+
+def check_threshold(threshold: float | None) -> float | None:
+    """``None`` or a real number (a cosine-similarity floor).
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if threshold is None:
+        return None
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold != threshold:
+        raise InvalidInputError(f"threshold must be a number or None, got {threshold!r}")
+    return float(threshold)
 
 
 def resolve_scope(
@@ -422,7 +500,7 @@ class _ClientCore:
         turns = [m for m in messages if m.role != "system"]
         rendered = _rendered(turns)
         adds = tuple(
-            NewMemory(m.content, {**meta, "role": m.role}, tuple(rendered[max(0, i - MAX_CONTEXT_TURNS) : i]))
+            NewMemory(m.content, {"role": m.role, **meta}, tuple(rendered[max(0, i - MAX_CONTEXT_TURNS) : i]))
             for i, m in enumerate(turns)
         )
         return ChangeSet(scope, adds=adds, actor=actor)
@@ -597,7 +675,7 @@ class MemoryClient(_ClientCore):
         encode_kv: bool,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
-        msgs = normalize_messages(messages)  # type: ignore[arg-type]
+        msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
         actor = _actor(msgs)
         if infer:
             facts = [f for f in self._extract_facts(msgs) if self.db.find_by_hash(hash_text(f), scope) is None]
@@ -649,6 +727,9 @@ class MemoryClient(_ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata; records an UPDATE
         history row. The memory is re-embedded; its K/V are dropped and encoded again on next use (lazily).
@@ -659,9 +740,11 @@ class MemoryClient(_ClientCore):
 
         Raises:
             InvalidInputError: when nothing is given, text and data disagree, or metadata sets a scope id.
-            MemoryNotFoundError: when no memory has that id.
+            MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
         """
-        return self._update(memory_id, self._update_change(memory_id, text, metadata, data))
+        change = self._update_change(memory_id, text, metadata, data)
+        self._require_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
+        return self._update(memory_id, change)
 
     def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
         with self._lock:
@@ -672,16 +755,19 @@ class MemoryClient(_ClientCore):
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
         return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
 
-    def delete(self, memory_id: str) -> dict[str, str]:
+    def delete(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, str]:
         """Delete one memory, its vector and its K/V from every tier; records a DELETE history row that keeps
-        the old text.
+        the old text. Given ids restrict it to a memory of that scope.
 
         Returns:
             ``{"message": "Memory deleted successfully!"}``.
 
         Raises:
-            MemoryNotFoundError: when no memory has that id.
+            MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
         """
+        self._require_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
         return self._delete(memory_id)
 
     def _delete(self, memory_id: str) -> dict[str, str]:
@@ -728,8 +814,7 @@ class MemoryClient(_ClientCore):
     def _search_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
+        check_query(query)
         if limit == 0:
             return []
         with self._lock:
@@ -777,7 +862,7 @@ class MemoryClient(_ClientCore):
         """
         _check_version(version)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return self._search(query, scope, node, resolve_limit(limit, top_k), threshold)
+        return self._search(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
 
     def _search(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
@@ -785,20 +870,28 @@ class MemoryClient(_ClientCore):
         hits = self._search_records(query, scope, node, limit, threshold)
         return {"results": [memory_to_dict(r, s) for r, s in hits]}
 
-    def get(self, memory_id: str) -> dict[str, Any] | None:
-        """One memory by id.
+    def get(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """One memory by id. Like Mem0, the id alone addresses it; pass the caller's ids to also require that the
+        memory belongs to that scope (recommended in multi-tenant services).
 
         Returns:
-            The memory dict (see :func:`memory_to_dict`), or ``None`` when it does not exist.
+            The memory dict (see :func:`memory_to_dict`), or ``None`` when it does not exist or is outside the
+            given scope.
 
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty string.
         """
-        return self._get(memory_id)
+        return self._get(memory_id, optional_scope(user_id, agent_id, run_id))
 
-    def _get(self, memory_id: str) -> dict[str, Any] | None:
-        record = self.db.get(memory_id)
+    def _get(self, memory_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
+        record = self.db.get(memory_id, scope)
         return memory_to_dict(record) if record else None
+
+    def _require_in_scope(self, memory_id: str, scope: Scope | None) -> None:
+        if scope is not None and self.db.get(memory_id, scope) is None:
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {scope.as_dict()}")
 
     def get_all(
         self,
@@ -829,8 +922,11 @@ class MemoryClient(_ClientCore):
             return {"results": []}
         return {"results": [memory_to_dict(r) for r in self.db.list(scope, limit=limit, filters=node)]}
 
-    def history(self, memory_id: str) -> list[dict[str, Any]]:
-        """Every change to a memory, oldest first, also after it was deleted.
+    def history(
+        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every change to a memory, oldest first, also after it was deleted. With ids given, only a memory that
+        currently exists in that scope has a history (a deleted memory's scope cannot be checked: ``[]``).
 
         Returns:
             ``[{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata",
@@ -839,6 +935,9 @@ class MemoryClient(_ClientCore):
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty string.
         """
+        scope = optional_scope(user_id, agent_id, run_id)
+        if scope is not None and self.db.get(memory_id, scope) is None:
+            return []
         return self._history(memory_id)
 
     def _history(self, memory_id: str) -> list[dict[str, Any]]:
@@ -853,11 +952,13 @@ class MemoryClient(_ClientCore):
         agent_id: str | None = None,
         run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
-        limit: int = 5,
+        limit: int | None = None,
         mode: ChatMode = "kv",
         max_new_tokens: int | None = None,
+        top_k: int | None = None,
     ) -> ChatResult:
-        """Answer ``query`` with the scope's top-``limit`` memories (among those matching ``filters``).
+        """Answer ``query`` with the scope's top-``limit`` (or v2 ``top_k``; default 5) memories (among those
+        matching ``filters``).
 
         ``mode="kv"`` writes the memories' K/V into the engine's KV cache after the system prefix, rotated to
         their positions, and prefills only the query. ``mode="prompt"`` pastes the same memories, as the same
@@ -867,12 +968,14 @@ class MemoryClient(_ClientCore):
             :class:`ChatResult` with the answer, the memory ids used and timings in ms.
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit, filter or mode.
+            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit, filter, mode or
+            max_new_tokens, or a prompt longer than the model's context.
         """
         if mode not in ("kv", "prompt"):
             raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return self._chat(query, scope, node, resolve_limit(limit, None), mode, max_new_tokens)
+        budget = check_max_new_tokens(max_new_tokens)
+        return self._chat(query, scope, node, resolve_limit(limit, top_k, DEFAULT_CHAT_LIMIT), mode, budget)
 
     def _chat(
         self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None

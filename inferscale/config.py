@@ -37,7 +37,8 @@ class EngineConfig(_Strict):
         model: a local model folder or a hub model name; ``None`` means the embedded SmolLM2-135M-Instruct.
         dtype: weights and KV dtype. Exactness tests use ``float32``; ``bfloat16`` is faster on CPUs with AMX.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when present).
-        attn_implementation: transformers attention kernel: ``"sdpa"`` or ``"eager"``.
+        attn_implementation: transformers attention kernel: ``"sdpa_gqa"`` (SDPA reading grouped K/V heads
+            directly, see :mod:`inferscale.engines.transformers.attention`), ``"sdpa"`` or ``"eager"``.
         max_new_tokens: decode budget of ``chat`` answers, in tokens.
         num_threads: torch intra-op threads on CPU; ``None`` keeps torch's default.
     """
@@ -46,7 +47,7 @@ class EngineConfig(_Strict):
     model: str | None = None
     dtype: DType = "bfloat16"
     device: str = "auto"
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)
     num_threads: int | None = Field(default=None, ge=1)
 
@@ -134,6 +135,9 @@ class MemoryConfig(_Strict):
             other databases.
         home: the cache directory for converted models; ``None`` means :func:`inferscale_home`.
         data_dir: where the default database, the index and KV tensors live; ``None`` means ``<home>/data``.
+        max_memory_chars: the longest text one memory may have (characters). A memory is a fact recalled into a
+            prompt, not a document: ``add(infer=False)`` refuses a longer message with ``InvalidInputError``
+            (``infer=True`` extracts short facts from long conversations chunk by chunk).
         system_prompt: the instruction placed before the memory segment of every chat prompt.
     """
 
@@ -145,6 +149,7 @@ class MemoryConfig(_Strict):
     index_path: str | None = None
     home: str | None = None
     data_dir: str | None = None
+    max_memory_chars: int = Field(default=4000, ge=1)
     system_prompt: str = (
         "You are a helpful assistant with a long-term memory of the user. "
         "Answer the question briefly, using the memories below when they are relevant.\nMemories:\n"

@@ -121,9 +121,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(
-    k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def apply_rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate pre-RoPE keys: ``k·cos + rotate_half(k)·sin`` on the first ``rotary_dim`` channels.
 
     This is transformers' ``apply_rotary_pos_emb`` for keys (Llama; StableLM/Phi for partial rotary), run in

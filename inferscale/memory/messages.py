@@ -41,6 +41,14 @@ class Message:
         return out
 
 
+def _check_unicode(text: str, where: str) -> None:
+    """Refuse text that cannot be stored or tokenized (lone surrogates cannot be encoded as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start})") from exc
+
+
 def _from_dict(item: Mapping[Any, Any], where: str) -> Message:
     missing = [key for key in ("role", "content") if key not in item]
     if missing:
@@ -54,6 +62,7 @@ def _from_dict(item: Mapping[Any, Any], where: str) -> Message:
         )
     if not content.strip():
         raise InvalidInputError(f"{where} has empty content {content!r}; expected a non-empty string")
+    _check_unicode(content, where)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise InvalidInputError(f"{where} has name {name!r}; expected a non-empty string or no 'name' key")
     return Message(role=role, content=content, name=name)
@@ -78,6 +87,7 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
     if isinstance(messages, str):
         if not messages.strip():
             raise InvalidInputError(f"messages is an empty string {messages!r}; expected {_EXPECTED}")
+        _check_unicode(messages, "messages")
         return [Message(role="user", content=messages)]
     if isinstance(messages, Message):
         messages = [messages]

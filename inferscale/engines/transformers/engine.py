@@ -19,8 +19,10 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
+from inferscale.engines.transformers.attention import resolve_attention
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.prompt import PromptLayout
+from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
@@ -103,7 +105,7 @@ class TransformersEngine:
                 self._model = AutoModelForCausalLM.from_pretrained(
                     path,
                     dtype=_DTYPES[self._config.dtype],
-                    attn_implementation=self._config.attn_implementation,
+                    attn_implementation=resolve_attention(self._config.attn_implementation),
                 ).to(resolve_device(self._config.device))
             self._model.eval()
             self._device = next(self._model.parameters()).device
@@ -171,6 +173,22 @@ class TransformersEngine:
         """K/V of the system prefix (post-RoPE), prefilled once at load."""
         return self.load()._prefix
 
+    @property
+    def max_context_tokens(self) -> int:
+        """The model's context window (tokens): ``max_position_embeddings``."""
+        return int(self.load()._model.config.max_position_embeddings)
+
+    def _check_context(self, memory_tokens: int, rest: int) -> None:
+        """Refuse a request whose prefix + memory + query + answer budget passes the context window: it could
+        only fail slowly or answer from positions the model never saw."""
+        total = self._prefix.n_tokens + memory_tokens + rest
+        if total > self.max_context_tokens:
+            raise InvalidInputError(
+                f"the prompt needs {total} tokens (system prefix {self._prefix.n_tokens}, memories {memory_tokens}, "
+                f"query and answer budget {rest}) but the model's context is {self.max_context_tokens}; retrieve "
+                "fewer memories (limit) or store shorter ones"
+            )
+
     def system_prefix_ids(self) -> list[int]:
         """Token ids of the system prefix."""
         return list(self.load()._layout.prefix_ids)
@@ -189,8 +207,19 @@ class TransformersEngine:
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
-        """Pre-RoPE K/V of each fact, ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype."""
+        """Pre-RoPE K/V of each fact, ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype.
+
+        Raises:
+            InvalidInputError: when a fact with its context is longer than the model's context window.
+        """
         self.load()
+        limit = self.max_context_tokens
+        for i, req in enumerate(requests):
+            if len(req.context_ids) + len(req.fact_ids) > limit:
+                raise InvalidInputError(
+                    f"fact {i} needs {len(req.context_ids) + len(req.fact_ids)} tokens with its context; the model's "
+                    f"context is {limit} tokens"
+                )
         with self._lock:
             return self._encoder.encode(requests)
 
@@ -219,6 +248,7 @@ class TransformersEngine:
         with self._lock:
             t0 = _now_ms(self._device)
             query_ids = self._layout.query_ids(query)
+            self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
             assembled, cache = self._kv_cache(facts, extra_capacity=len(query_ids) + max_new_tokens)
             t1 = _now_ms(self._device)
             gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens)
@@ -240,6 +270,7 @@ class TransformersEngine:
             t0 = _now_ms(self._device)
             memory_ids = [t for ids in fact_ids for t in ids]
             query_ids = self._layout.query_ids(query)
+            self._check_context(len(memory_ids), len(query_ids) + max_new_tokens)
             capacity = len(memory_ids) + len(query_ids) + max_new_tokens
             cache = self._cache_from(self._workspace.assemble([], self._table, extra_capacity=capacity))
             gen = self._run(cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens)
@@ -345,5 +376,6 @@ class TransformersEngine:
             logits = self._forward(cache, [token], position)
             position += 1
             token = int(logits[0, -1].argmax())
-        text = self._tokenizer.decode(generated, skip_special_tokens=True).strip()
+        # A budget that ends inside a multi-byte character leaves a replacement character: drop it.
+        text = self._tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd").strip()
         return text, generated, prefill_ms

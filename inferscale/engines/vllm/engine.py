@@ -248,13 +248,16 @@ class VLLMEngine:
             from vllm import LLM
 
             from inferscale.engines.transformers import resolve_device
+            from inferscale.engines.transformers.attention import resolve_attention
 
             path = resolve_llm_path(self._config.model, self._home)
             self._path = path
             self._tokenizer = AutoTokenizer.from_pretrained(path)
             device = resolve_device(self._config.device)
             self._model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=_DTYPES[self._config.dtype], attn_implementation=self._config.attn_implementation
+                path,
+                dtype=_DTYPES[self._config.dtype],
+                attn_implementation=resolve_attention(self._config.attn_implementation),
             ).to(device)
             self._model.eval()
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)

@@ -1,0 +1,79 @@
+"""SDPA attention that keeps grouped-query K/V grouped when a mask is present.
+
+transformers' ``sdpa`` attention repeats each K/V head ``n_heads / n_kv_heads`` times whenever an attention mask is
+passed (every prefill on top of a cache has one), copying the whole cache per layer per forward. With injected
+memory the cache is long and the query short, so that copy and the wider matmuls are most of the query's prefill
+on a CPU. ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` (torch >= 2.5) reads the
+grouped heads directly and gives the same result.
+
+Registered with transformers under :data:`SDPA_GQA` (with the same mask builder as ``sdpa``), so a model loaded
+with ``attn_implementation=SDPA_GQA`` uses it; anything this function does not cover falls back to ``sdpa``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SDPA_GQA = "inferscale_sdpa_gqa"
+
+
+def sdpa_gqa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for one layer.
+
+    Args:
+        query: ``[B, n_heads, q, head_dim]``; key, value: ``[B, n_kv_heads, kv, head_dim]``.
+        attention_mask: ``[B, 1, q, >= kv]`` (bool: True attends; or float, added) or ``None``.
+
+    Returns:
+        ``([B, q, n_heads, head_dim], None)``, as transformers' attention functions return.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    unsupported = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+    if groups == 1 or unsupported or kwargs.get("output_attentions", False):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        is_causal=bool(query.shape[2] > 1 and attention_mask is None and causal),
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_sdpa_gqa() -> str:
+    """Register :func:`sdpa_gqa_attention` with transformers (idempotent); returns its name, :data:`SDPA_GQA`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(SDPA_GQA, sdpa_gqa_attention)
+    AttentionMaskInterface.register(SDPA_GQA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return SDPA_GQA
+
+
+def resolve_attention(name: str) -> str:
+    """The transformers ``attn_implementation`` for a config value: ``"sdpa_gqa"`` registers and names
+    :func:`sdpa_gqa_attention`; ``"sdpa"``/``"eager"`` pass through."""
+    return register_sdpa_gqa() if name == "sdpa_gqa" else name
