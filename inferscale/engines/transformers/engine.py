@@ -21,7 +21,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
 from inferscale.engines.transformers.attention import resolve_attention
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.engines.transformers.prompt import PromptLayout
+from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout
 from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -48,7 +48,7 @@ def _now_ms(device: torch.device) -> float:
     return time.perf_counter() * 1000.0
 
 
-class TransformersEngine:
+class TransformersEngine(LayoutTokensMixin):
     """Chat engine over a transformers causal LM, with KV-injected memory.
 
     Construction does no I/O; the model loads on first use (or :meth:`load`).
@@ -189,21 +189,8 @@ class TransformersEngine:
                 "fewer memories (limit) or store shorter ones"
             )
 
-    def system_prefix_ids(self) -> list[int]:
-        """Token ids of the system prefix."""
-        return list(self.load()._layout.prefix_ids)
-
-    def fact_token_ids(self, text: str) -> list[int]:
-        """Token ids of one fact line of the memory segment."""
-        return self.load()._layout.fact_ids(text)
-
-    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
-        """Token ids of preceding turns (encoding context)."""
-        return self.load()._layout.context_ids(turns)
-
-    def query_token_ids(self, query: str) -> list[int]:
-        """Token ids after the memory segment (end of system turn, user query, assistant header)."""
-        return self.load()._layout.query_ids(query)
+    def _prompt_layout(self) -> PromptLayout:
+        return self.load()._layout
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:

@@ -61,3 +61,28 @@ class PromptLayout:
     def query_ids(self, query: str) -> list[int]:
         """Tokens after the memory segment: the end of the system turn, the user's query, the assistant header."""
         return self._encode(self._query_before + query.strip() + self._query_after)
+
+
+class LayoutTokensMixin:
+    """The token-id accessors of the :class:`inferscale.engines.base.Engine` interface, for engines that build
+    their prompts with a :class:`PromptLayout` (the transformers and vLLM engines). Subclasses implement
+    :meth:`_prompt_layout`, loading the model first if needed."""
+
+    def _prompt_layout(self) -> PromptLayout:
+        raise NotImplementedError
+
+    def system_prefix_ids(self) -> list[int]:
+        """Token ids of the system prefix."""
+        return list(self._prompt_layout().prefix_ids)
+
+    def fact_token_ids(self, text: str) -> list[int]:
+        """Token ids of one fact line of the memory segment."""
+        return self._prompt_layout().fact_ids(text)
+
+    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
+        """Token ids of preceding turns (encoding context)."""
+        return self._prompt_layout().context_ids(turns)
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Token ids after the memory segment (end of system turn, user query, assistant header)."""
+        return self._prompt_layout().query_ids(query)

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
-from inferscale.engines.transformers.prompt import PromptLayout
+from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
 from inferscale.engines.vllm.segments import read_header
@@ -194,7 +194,7 @@ class RequestBuilder:
         return PreparedRequest(ids, len(memory), None, None)
 
 
-class VLLMEngine:
+class VLLMEngine(LayoutTokensMixin):
     """Chat engine on vLLM with KV-injected memory (the same interface as the transformers engine).
 
     Construction does no I/O; :meth:`load` (or first use) loads the transformers encoder, computes the
@@ -342,21 +342,8 @@ class VLLMEngine:
         """The system prefix's segment file."""
         return self.load()._builder.prefix_ref
 
-    def system_prefix_ids(self) -> list[int]:
-        """Token ids of the system prefix."""
-        return list(self.load()._layout.prefix_ids)
-
-    def fact_token_ids(self, text: str) -> list[int]:
-        """Token ids of one fact line of the memory segment."""
-        return self.load()._layout.fact_ids(text)
-
-    def context_token_ids(self, turns: Sequence[str]) -> list[int]:
-        """Token ids of preceding turns (encoding context)."""
-        return self.load()._layout.context_ids(turns)
-
-    def query_token_ids(self, query: str) -> list[int]:
-        """Token ids after the memory segment (end of system turn, user query, assistant header)."""
-        return self.load()._layout.query_ids(query)
+    def _prompt_layout(self) -> PromptLayout:
+        return self.load()._layout
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
