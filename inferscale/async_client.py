@@ -23,28 +23,23 @@ from typing import Any
 
 import numpy as np
 
-from inferscale.client import (
+from inferscale.arguments import (
     DEFAULT_CHAT_LIMIT,
-    _actor,
-    _check_version,
-    _ClientCore,
-    _ms_since,
-    _rendered,
-    changes_to_results,
     check_add_messages,
     check_max_new_tokens,
     check_metadata,
     check_query,
     check_threshold,
-    history_to_dict,
+    check_version,
     in_scope,
-    memory_to_dict,
     optional_scope,
     resolve_limit,
     resolve_scope,
 )
+from inferscale.client import _actor, _ClientCore, _ms_since, _rendered
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.kv.store import KVStore
+from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
 from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
@@ -297,7 +292,7 @@ class AsyncMemoryClient(_ClientCore):
         version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
-        _check_version(version)
+        check_version(version)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return await self._asearch(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
 
@@ -329,7 +324,7 @@ class AsyncMemoryClient(_ClientCore):
         version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """The scope's memories matching ``filters``, oldest first; see :meth:`MemoryClient.get_all`."""
-        _check_version(version)
+        check_version(version)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return await self._aget_all(scope, node, resolve_limit(limit, top_k))
 

@@ -1,0 +1,65 @@
+"""Mem0-shaped result dicts of the public API (memories, history rows, applied changes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferscale.storage import HistoryRecord, MemoryRecord
+from inferscale.storage.changes import AppliedChanges
+
+
+def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str, Any]:
+    """The Mem0-shaped dict of one memory.
+
+    Returns:
+        ``{"id", "memory", "hash", "metadata", "created_at", "updated_at"}`` (timestamps ISO 8601, UTC), the scope
+        ids that are set (``"user_id"``, ``"agent_id"``, ``"run_id"``), and ``"score"`` when given.
+    """
+    out: dict[str, Any] = {
+        "id": record.id,
+        "memory": record.text,
+        "hash": record.hash,
+        "metadata": dict(record.metadata),
+        "created_at": record.created_at.isoformat(),
+        "updated_at": record.updated_at.isoformat(),
+    }
+    out.update(record.scope_dict())
+    if score is not None:
+        out["score"] = score
+    return out
+
+
+def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
+    """The Mem0-shaped dict of one history row.
+
+    Returns:
+        ``{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata", "actor_id",
+        "created_at", "is_deleted"}``; ``old_memory`` is ``None`` on ADD, ``new_memory`` is ``None`` on DELETE.
+    """
+    return {
+        "id": str(row.id),
+        "memory_id": row.memory_id,
+        "event": row.event,
+        "old_memory": row.old_text,
+        "new_memory": row.new_text,
+        "old_metadata": row.old_metadata,
+        "new_metadata": row.new_metadata,
+        "actor_id": row.actor,
+        "created_at": row.created_at.isoformat(),
+        "is_deleted": row.event == "DELETE",
+    }
+
+
+def changes_to_results(applied: AppliedChanges) -> list[dict[str, Any]]:
+    """The ``results`` list of ``add``: ``{"id", "memory", "event"}`` per change (DELETEs, UPDATEs, ADDs), UPDATEs
+    with ``"previous_memory"``, DELETEs with the deleted text as ``"memory"``."""
+    out: list[dict[str, Any]] = [{"id": r.id, "memory": r.text, "event": "DELETE"} for r in applied.deleted]
+    out += [
+        {"id": after.id, "memory": after.text, "event": "UPDATE", "previous_memory": before.text}
+        for before, after in applied.updated
+    ]
+    out += [{"id": r.id, "memory": r.text, "event": "ADD"} for r in applied.added]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- arguments
