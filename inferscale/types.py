@@ -14,8 +14,8 @@ class Timings:
 
     Attributes:
         retrieval_ms: embedding the query and the scoped FAISS top-k search.
-        kv_assembly_ms: loading the k facts' KV, rotating keys to their positions and building the cache
-            (0 in ``prompt`` mode).
+        kv_assembly_ms: loading (or encoding, on a miss) the k facts' KV, rotating keys to their positions and
+            building the cache, plus the serve-time recompute of fact heads when enabled (0 in ``prompt`` mode).
         prefill_ms: the engine's prefill (query only in ``kv`` mode; facts + query in ``prompt`` mode) up to the
             first token's logits.
         ttft_ms: time to first token, from the start of the call: retrieval + assembly + prefill + sampling.

@@ -227,9 +227,12 @@ class TransformersEngine(LayoutTokensMixin):
         """Answer with the facts' K/V injected; prefill covers only the query tokens.
 
         ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
+        ``kv_assembly_ms`` covers the rotation and cache build, and the recompute of fact heads when
+        ``recompute_head_tokens`` > 0.
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
+            InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.
         """
         self.load()
         with self._lock:
@@ -251,7 +254,11 @@ class TransformersEngine(LayoutTokensMixin):
 
     @torch.inference_mode()
     def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
-        """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline)."""
+        """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline).
+
+        Raises:
+            InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.
+        """
         self.load()
         with self._lock:
             t0 = _now_ms(self._device)
