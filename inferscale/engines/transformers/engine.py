@@ -21,7 +21,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
 from inferscale.engines.transformers.attention import resolve_attention
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout
+from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -113,24 +113,12 @@ class TransformersEngine(LayoutTokensMixin):
             self._table = RopeTable.from_model(self._model, self._device)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
-            self._stop_ids = self._stop_token_ids()
+            self._stop_ids = stop_token_ids(self._model, self._tokenizer)
             self._prefix = self._prefill_prefix()
             self._workspace = SegmentWorkspace(self._prefix)
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
             return self
-
-    def _stop_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        eos = self._model.generation_config.eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self._tokenizer.eos_token_id is not None:
-            ids.add(self._tokenizer.eos_token_id)
-        for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
-            tid = self._tokenizer.convert_tokens_to_ids(token)
-            if isinstance(tid, int) and tid != self._tokenizer.unk_token_id:
-                ids.add(tid)
-        return ids
 
     @torch.inference_mode()
     def _prefill_prefix(self) -> PrefixKV:

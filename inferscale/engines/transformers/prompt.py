@@ -86,3 +86,18 @@ class LayoutTokensMixin:
     def query_token_ids(self, query: str) -> list[int]:
         """Token ids after the memory segment (end of system turn, user query, assistant header)."""
         return self._prompt_layout().query_ids(query)
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Token ids that end an answer: the generation config's EOS ids, the tokenizer's EOS and the end-of-turn
+    tokens of common chat templates (ChatML ``<|im_end|>``, Llama 3 ``<|eot_id|>``, Gemma ``<end_of_turn>``)."""
+    ids: set[int] = set()
+    eos = model.generation_config.eos_token_id
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return ids

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout
+from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
 from inferscale.engines.vllm.segments import read_header
@@ -264,7 +264,7 @@ class VLLMEngine(LayoutTokensMixin):
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, Path(path).name or path)
-            self._stop_ids = sorted(self._stop_token_ids())
+            self._stop_ids = sorted(stop_token_ids(self._model, self._tokenizer))
             directory = self._staging_dir or Path(tempfile.mkdtemp(prefix="inferscale-vllm-"))
             self._staging_dir = directory
             prefix = self._encoder.encode([EncodeRequest(self._layout.prefix_ids)])[0]
@@ -284,18 +284,6 @@ class VLLMEngine(LayoutTokensMixin):
             self._llm = LLM(**kwargs)
             self._ready = True
             return self
-
-    def _stop_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        eos = self._model.generation_config.eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self._tokenizer.eos_token_id is not None:
-            ids.add(self._tokenizer.eos_token_id)
-        for token in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
-            tid = self._tokenizer.convert_tokens_to_ids(token)
-            if isinstance(tid, int) and tid != self._tokenizer.unk_token_id:
-                ids.add(tid)
-        return ids
 
     def close(self) -> None:
         """Shut vLLM down and remove a temporary staging folder."""

@@ -212,6 +212,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     from inferscale.client import MemoryClient
     from inferscale.config import MemoryConfig
     from inferscale.engines.transformers import PromptLayout
+    from inferscale.engines.transformers.prompt import stop_token_ids
     from inferscale.kv.encode import EncodeRequest
     from inferscale.models import resolve_llm_path
 
@@ -226,7 +227,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     layout = PromptLayout(engine.tokenizer, config.system_prompt)
     prefix = engine.encode_facts([EncodeRequest(layout.prefix_ids)])[0]
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")
-    stop_ids = sorted(engine._stop_token_ids())
+    stop_ids = sorted(stop_token_ids(engine.model, engine.tokenizer))
     _SERVICE = MemoryService(client, builder, options.port, stop_ids, options.limit)
     return _SERVICE, path, engine.fingerprint
 
