@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from datetime import date
 from typing import Any
 
@@ -66,6 +67,20 @@ def _candidates(raw: str) -> list[str]:
     return out
 
 
+def tolerant_json_values(raw: str, list_key: str) -> Iterator[Any]:
+    """Every JSON value that can be read from an LLM answer, most likely first.
+
+    Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON; a bare list is wrapped as
+    ``{list_key: list}``. Callers take the first value that validates against their schema.
+    """
+    for candidate in _candidates(raw):
+        try:
+            value = from_json(candidate, allow_partial=True)
+        except ValueError:
+            continue
+        yield {list_key: value} if isinstance(value, list) else value
+
+
 def parse_facts(raw: str) -> list[str]:
     """Parse an extraction answer tolerantly and clean the facts.
 
@@ -83,13 +98,7 @@ def parse_facts(raw: str) -> list[str]:
     Raises:
         ExtractionError: when no ``{"facts": [<strings>]}`` object (or list of strings) can be read from ``raw``.
     """
-    for candidate in _candidates(raw):
-        try:
-            value = from_json(candidate, allow_partial=True)
-        except ValueError:
-            continue
-        if isinstance(value, list):
-            value = {"facts": value}
+    for value in tolerant_json_values(raw, "facts"):
         try:
             parsed = ExtractedFacts.model_validate(value)
         except ValidationError:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-from pydantic_core import from_json
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.extraction import _candidates
+from inferscale.memory.extraction import tolerant_json_values
 from inferscale.memory.llm import JSONGenerator
 
 log = logging.getLogger(__name__)
@@ -137,13 +136,7 @@ def parse_decisions(raw: str) -> list[Decision]:
     Raises:
         ExtractionError: when no ``{"memory": [...]}`` object can be read from ``raw``.
     """
-    for candidate in _candidates(raw):
-        try:
-            value = from_json(candidate, allow_partial=True)
-        except ValueError:
-            continue
-        if isinstance(value, list):
-            value = {"memory": value}
+    for value in tolerant_json_values(raw, "memory"):
         if not isinstance(value, dict) or not isinstance(value.get("memory"), list):
             continue
         decisions: list[Decision] = []
