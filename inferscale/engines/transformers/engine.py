@@ -339,7 +339,9 @@ class TransformersEngine(LayoutTokensMixin):
     def _forward(self, cache: Any, ids: list[int], start: int) -> torch.Tensor:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
         positions = torch.arange(start, start + len(ids), device=self._device)[None]
-        out = self._model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True)
+        # Only the last position's logits are used: projecting every prompt token onto the vocabulary would add
+        # T x hidden x vocab multiply-adds to each prefill (at k=50, more than the query's whole prefill).
+        out = self._model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
         return out.logits
 
     def _run(self, cache: Any, ids: list[int], start: int, max_new_tokens: int) -> tuple[str, list[int], float]:
