@@ -63,6 +63,38 @@ def test_rerotated_keys_equal_keys_captured_at_target(arch: str, a: int, b: int)
     assert (moved - table.rotate(fact.keys, a)).abs().max().item() > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_rotation_is_bit_identical_to_the_models_own_in_its_dtype(arch: str, dtype: torch.dtype) -> None:
+    # Layer 0's pre-RoPE keys depend on the tokens only, so rotating them to position b must reproduce, bit for bit,
+    # the keys the model caches when it prefills the same tokens at b: the rotation uses the model's rows cast to
+    # the model's dtype and rounds each product and the sum in that dtype, as transformers' apply_rotary_pos_emb does.
+    model = tiny_model(arch).to(dtype)
+    ids = _ids(13, 7)
+    b = 301 if arch != "llama_longrope" else LONGROPE_ORIGINAL_MAX - len(ids)
+    table = RopeTable.from_model(model)
+    fact = FactEncoder(model).encode([EncodeRequest(ids)])[0]
+    assert fact.keys.dtype == dtype
+    moved = table.rotate(fact.keys, b)
+    target = _hf_keys_at(model, ids, b)
+    assert torch.equal(moved[0], target[0])
+    # In-place rotation (the assembly path rotates inside the cache buffer) gives the same bits.
+    in_place = fact.keys.clone()
+    table.rotate(in_place, b, out=in_place)
+    assert torch.equal(in_place, moved)
+    # And the float32 arithmetic of earlier versions does not: it rounds once instead of per operation.
+    if dtype != torch.float32:
+        cos, sin = table.slice(b, len(ids))
+        if cos.dim() == 3:  # per-layer rows (gemma3): layer 0's
+            cos, sin = cos[0], sin[0]
+        x = fact.keys[0].float()
+        half = cos.shape[-1] // 2
+        rot = cos.shape[-1]
+        upcast = x.clone()
+        upcast[..., :rot] = x[..., :rot] * cos + torch.cat((-x[..., half:rot], x[..., :half]), -1) * sin
+        assert not torch.equal(upcast.to(dtype), target[0])
+
+
 def test_public_constructor_matches_from_model() -> None:
     """``RopeTable(rotary, config, device)`` (the engine's call) gives the same rows as ``from_model``."""
     for arch in ("llama", "gemma3"):

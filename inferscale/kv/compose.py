@@ -109,12 +109,15 @@ def _write_segment(
     key_buffer: torch.Tensor, value_buffer: torch.Tensor, prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable
 ) -> AssembledKV:
     """Write the facts after the prefix already in the buffers: values concatenated into their slots, keys
-    concatenated and rotated into theirs with one batched op over all layers and heads."""
+    concatenated into theirs and rotated there in place, all facts at once per layer (no temporary copy of the
+    segment, no loop over facts)."""
     p = prefix.n_tokens
     s = sum(f.n_tokens for f in facts)
     if facts:
         torch.cat([f.values for f in facts], dim=2, out=value_buffer[:, :, p : p + s])
-        table.rotate(torch.cat([f.keys for f in facts], dim=2), start=p, out=key_buffer[:, :, p : p + s])
+        keys = key_buffer[:, :, p : p + s]
+        torch.cat([f.keys for f in facts], dim=2, out=keys)
+        table.rotate(keys, start=p, out=keys)
     token_ids = torch.cat([prefix.token_ids, *[f.token_ids for f in facts]])
     return AssembledKV(
         keys=key_buffer[:, :, : p + s],

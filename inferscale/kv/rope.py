@@ -121,36 +121,56 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotate pre-RoPE keys: ``k·cos + rotate_half(k)·sin`` on the first ``rotary_dim`` channels.
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``[-sin₁, sin₂]``: the sin rows with the first half negated, so that ``swap(k)·signed_sin(sin)`` equals
+    ``rotate_half(k)·sin`` bit for bit (``(-x₂)·s == -(x₂·s)`` in IEEE arithmetic)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    This is transformers' ``apply_rotary_pos_emb`` for keys (Llama; StableLM/Phi for partial rotary), run in
-    float32. Each half of the rotate-half pairs is computed once and written straight into ``out``, with no
-    intermediate ``rotate_half`` or concatenated tensor: ``rotate_half(x) = [-x2, x1]``, so the first half is
-    ``x1·cos₁ − x2·sin₁`` and the second ``x2·cos₂ + x1·sin₂``.
 
-    Args:
-        k: ``[..., T, head_dim]`` pre-RoPE keys, any float dtype.
-        cos, sin: ``[T, rotary_dim]`` float32, attention scaling already folded in; ``rotary_dim <= head_dim``.
-            Any shape that broadcasts against ``k[..., :rotary_dim]`` works (``[L, 1, T, rotary_dim]`` gives each
-            layer its own rows).
-        out: optional destination of ``k``'s shape (e.g. a slice of a preallocated cache buffer), written in
-            place; it must not overlap ``k``.
+def rotate_into(
+    k: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`apply_rope` with rows already in ``k``'s dtype and the sin rows from :func:`signed_sin`.
 
-    Returns:
-        ``[..., T, head_dim]`` rotated keys in ``k``'s dtype (``out`` when given).
+    ``out`` may be ``k`` itself (an in-place rotation); it must not otherwise overlap ``k``.
     """
     rotary_dim = cos.shape[-1]
     half = rotary_dim // 2
     if out is None:
         out = torch.empty_like(k)
-    x1 = k[..., :half].float()
-    x2 = k[..., half:rotary_dim].float()
-    out[..., :half] = x1 * cos[..., :half] - x2 * sin[..., :half]
-    out[..., half:rotary_dim] = x2 * cos[..., half:] + x1 * sin[..., half:]
-    if rotary_dim < k.shape[-1]:
+    x = k[..., :rotary_dim]
+    turned = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [x2, x1], a copy, so out may be k
+    turned.mul_(sin_signed)  # rotate_half(x)·sin
+    target = out[..., :rotary_dim]
+    torch.mul(x, cos, out=target)  # x·cos
+    target.add_(turned)
+    if rotary_dim < k.shape[-1] and out.data_ptr() != k.data_ptr():
         out[..., rotary_dim:] = k[..., rotary_dim:]
     return out
+
+
+def apply_rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate pre-RoPE keys: ``k·cos + rotate_half(k)·sin`` on the first ``rotary_dim`` channels.
+
+    This is transformers' ``apply_rotary_pos_emb`` for keys (Llama; StableLM/Phi for partial rotary) with the
+    same arithmetic: the rows are cast to ``k``'s dtype, as the model's rotary module returns them, and each
+    product and the sum are rounded in that dtype. A key rotated here is therefore bit-identical to the key the
+    model itself computes at that position, in float32 and in bfloat16/float16 alike, when the rows are the
+    model's own (:class:`RopeTable`).
+
+    Args:
+        k: ``[..., T, head_dim]`` pre-RoPE keys, any float dtype.
+        cos, sin: ``[T, rotary_dim]`` rows (any float dtype; cast to ``k``'s), attention scaling already folded
+            in; ``rotary_dim <= head_dim``. Any shape that broadcasts against ``k[..., :rotary_dim]`` works
+            (``[L, 1, T, rotary_dim]`` gives each layer its own rows).
+        out: optional destination of ``k``'s shape (e.g. a slice of a preallocated cache buffer), written in
+            place; it may be ``k`` itself, and must not otherwise overlap ``k``.
+
+    Returns:
+        ``[..., T, head_dim]`` rotated keys in ``k``'s dtype (``out`` when given).
+    """
+    return rotate_into(k, cos.to(k.dtype), signed_sin(sin).to(k.dtype), out=out)
 
 
 def _takes_layer_type(rotary: Any) -> bool:
@@ -210,6 +230,7 @@ class RopeTable:
             self._layer_index = torch.tensor([self._kinds.index(t) for t in self._layer_types], device=device)
         self._cos = torch.empty(0, device=device)  # [n_kinds, P, rotary_dim] float32
         self._sin = torch.empty(0, device=device)
+        self._typed: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, signed sin per key dtype
         self._grow(initial_positions if self._limit is None else min(initial_positions, self._limit))
 
     @classmethod
@@ -293,6 +314,7 @@ class RopeTable:
                 "the interleaved (GPT-J style) rotary layout is not supported"
             )
         self._cos, self._sin = cos_all, sin_all
+        self._typed = {}
 
     def _rows(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``[n_kinds, length, rotary_dim]`` cos, sin for positions ``start .. start + length - 1``."""
@@ -332,34 +354,44 @@ class RopeTable:
             k: ``[..., T, head_dim]`` pre-RoPE keys; for a per-layer-type model the layer axis comes first,
                 ``[n_layers, ..., T, head_dim]`` (e.g. ``[n_layers, n_kv_heads, T, head_dim]``).
             start: position of the first token.
-            out: optional destination of ``k``'s shape, written in place (see :func:`apply_rope`).
+            out: optional destination of ``k``'s shape, written in place; it may be ``k`` itself (see
+                :func:`apply_rope`).
 
         Returns:
-            Rotated keys, same shape and dtype as ``k``.
+            Rotated keys, same shape and dtype as ``k``, computed in ``k``'s dtype with the model's rows cast to it
+            (bit-identical to the model's own rotation at those positions; see :func:`apply_rope`).
 
         Raises:
             UnsupportedModelError: past a ``longrope`` model's static bound.
             ValueError: when a per-layer-type model gets keys without its layer axis first.
         """
-        cos, sin = self.slice(start, k.shape[-2])
-        if self._layer_index is not None:
+        self._rows(start, k.shape[-2])  # bounds check, grows the table if needed
+        typed = self._typed.get(k.dtype)
+        if typed is None:
+            typed = (self._cos.to(k.dtype), signed_sin(self._sin).to(k.dtype))
+            self._typed[k.dtype] = typed
+        cos, sin = (t[:, start : start + k.shape[-2]] for t in typed)
+        if self._layer_index is None:
+            cos, sin = cos[0], sin[0]
+        else:
             n_layers = self._layer_index.shape[0]
             if k.dim() < 3 or k.shape[0] != n_layers:
                 raise ValueError(
                     f"this model's layers use different rotary tables: keys must be [{n_layers}, ..., T, head_dim], "
                     f"got {tuple(k.shape)}"
                 )
+            cos, sin = cos[self._layer_index], sin[self._layer_index]
             view = (n_layers,) + (1,) * (k.dim() - 3) + tuple(cos.shape[1:])
             cos, sin = cos.view(view), sin.view(view)
         if out is None:
             out = torch.empty_like(k)
         if k.dim() < 4:
-            return apply_rope(k, cos, sin, out=out)
-        # One leading slice (layer) at a time keeps the float32 temporaries cache-resident: rotating all layers at
-        # once streams several times the keys' size through memory and was ~3x slower at k=50 on CPU.
+            return rotate_into(k, cos, sin, out=out)
+        # One leading slice (layer) at a time keeps the temporaries cache-resident: rotating all layers at once
+        # streams several times the keys' size through memory and was ~3-5x slower at k=50 on CPU.
         per_layer = cos.dim() == k.dim()
         for i in range(k.shape[0]):
-            apply_rope(k[i], cos[i] if per_layer else cos, sin[i] if per_layer else sin, out=out[i])
+            rotate_into(k[i], cos[i] if per_layer else cos, sin[i] if per_layer else sin, out=out[i])
         return out
 
 
