@@ -11,10 +11,11 @@ holding the pre-RoPE K/V of the prefix and of each fact (:mod:`inferscale.engine
   not claimed: vLLM then prefills those tokens itself, so the answer stays right, only slower. It computes each
   claimed position's cache slot once (:class:`~inferscale.engines.vllm.metadata.LoadSpec`).
 - **Worker side** (:class:`WorkerSide`): before the forward pass that computes the query, it loads the segments,
-  rotates their keys to their positions (chunked RoPE with the model's own transformers rotary tables, in the keys' dtype),
-  keeps its tensor-parallel shard of KV heads, and writes every layer through the active attention backend's own
-  cache-update op (on CPU ``cpu_attn_reshape_and_cache``, which packs K/V per instruction set; on GPU, e.g.
-  ``reshape_and_cache_flash``), so block boundaries, unaligned starts and the cache layout are the backend's.
+  rotates their keys to their positions (chunked RoPE with the model's own transformers rotary tables, in the
+  keys' dtype), keeps its tensor-parallel shard of KV heads, and writes every layer through the active attention
+  backend's own cache-update op (on CPU ``cpu_attn_reshape_and_cache``, which packs K/V per instruction set; on
+  GPU, e.g. ``reshape_and_cache_flash``), so block boundaries, unaligned starts and the cache layout are the
+  backend's.
 
 Enable it with ``kv_transfer_config={"kv_connector": "InferScaleConnector", "kv_connector_module_path":
 "inferscale.engines.vllm.connector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"fingerprint": fp}}``
