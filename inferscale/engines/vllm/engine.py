@@ -236,16 +236,18 @@ class VLLMEngine(LayoutTokensMixin):
         self._enforce_eager = enforce_eager
         self._llm_kwargs = dict(llm_kwargs or {})
         self._lock = threading.RLock()
+        self._encoder_ready = False
         self._ready = False
 
     # ---------------------------------------------------------------- loading
-    def load(self) -> VLLMEngine:
-        """Load the encoder model, fingerprint it, encode the system prefix and start vLLM (once). Returns self."""
+    def load_encoder(self) -> VLLMEngine:
+        """Load the transformers copy of the weights, fingerprint it and encode the system prefix, without starting
+        vLLM (once). Returns self. :meth:`load` calls it; a caller that drives vLLM's async engine itself
+        (:meth:`start_async_llm`) calls only this."""
         with self._lock:
-            if self._ready:
+            if self._encoder_ready:
                 return self
             from transformers import AutoModelForCausalLM, AutoTokenizer
-            from vllm import LLM
 
             from inferscale.engines.transformers import resolve_device
             from inferscale.engines.transformers.attention import resolve_attention
@@ -269,21 +271,59 @@ class VLLMEngine(LayoutTokensMixin):
             self._staging_dir = directory
             prefix = self._encoder.encode([EncodeRequest(self._layout.prefix_ids)])[0]
             self._builder = RequestBuilder(self._layout, self._fingerprint, prefix, directory)
-            kwargs: dict[str, Any] = {
-                "model": path,
-                "dtype": self._config.dtype,
-                "enforce_eager": self._enforce_eager,
-                "enable_prefix_caching": True,
-                "kv_cache_memory_bytes": self._kv_cache_bytes,
-                "kv_transfer_config": kv_transfer_config(self._fingerprint),
-                "seed": 0,
-            }
-            if self._max_model_len is not None:
-                kwargs["max_model_len"] = self._max_model_len
-            kwargs.update(self._llm_kwargs)
-            self._llm = LLM(**kwargs)
+            self._encoder_ready = True
+            return self
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` / ``vllm.AsyncEngineArgs``: the model folder, dtype, eager mode, prefix
+        caching, KV cache size (bytes), context limit (tokens), the InferScale connector bound to this model's
+        fingerprint, and ``llm_kwargs`` on top. Loads the encoder (for the path and fingerprint)."""
+        self.load_encoder()
+        kwargs: dict[str, Any] = {
+            "model": self._path,
+            "dtype": self._config.dtype,
+            "enforce_eager": self._enforce_eager,
+            "enable_prefix_caching": True,
+            "kv_cache_memory_bytes": self._kv_cache_bytes,
+            "kv_transfer_config": kv_transfer_config(self._fingerprint),
+            "seed": 0,
+        }
+        if self._max_model_len is not None:
+            kwargs["max_model_len"] = self._max_model_len
+        kwargs.update(self._llm_kwargs)
+        return kwargs
+
+    def load(self) -> VLLMEngine:
+        """Load the encoder model, fingerprint it, encode the system prefix and start vLLM's offline ``LLM``
+        (once). Returns self."""
+        with self._lock:
+            if self._ready:
+                return self
+            from vllm import LLM
+
+            self._llm = LLM(**self.engine_args())
             self._ready = True
             return self
+
+    def start_async_llm(self) -> Any:
+        """Start a ``vllm.v1.engine.async_llm.AsyncLLM`` with :meth:`engine_args` (the connector included) and return
+        it; the caller owns it and shuts it down. For concurrent clients (``inferscale bench throughput``); do not
+        also start the offline engine (:meth:`load`) in the same process, or two engines share the machine.
+
+        Raises:
+            RuntimeError: when the offline engine is already running in this object.
+        """
+        if self._ready:
+            raise RuntimeError("the offline vLLM engine is already running; start the async engine on a fresh object")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty vLLM's prefix cache (cold-cache measurements); returns whether vLLM did (it refuses while requests
+        are running)."""
+        return bool(self.llm.reset_prefix_cache())
 
     def close(self) -> None:
         """Shut vLLM down and remove a temporary staging folder."""
@@ -303,40 +343,40 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def model(self) -> Any:
         """The transformers copy of the weights (the fact encoder's model)."""
-        return self.load()._model
+        return self.load_encoder()._model
 
     @property
     def tokenizer(self) -> Any:
         """The tokenizer."""
-        return self.load()._tokenizer
+        return self.load_encoder()._tokenizer
 
     @property
     def device(self) -> torch.device:
         """Where encoded fact K/V live (the encoder's device)."""
-        return next(self.load()._model.parameters()).device
+        return next(self.load_encoder()._model.parameters()).device
 
     @property
     def fingerprint(self) -> str:
         """Model fingerprint (32 hex characters) of the transformers copy, which is also vLLM's weights."""
-        return self.load()._fingerprint
+        return self.load_encoder()._fingerprint
 
     @property
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an answer."""
-        return list(self.load()._stop_ids)
+        return list(self.load_encoder()._stop_ids)
 
     @property
     def prefix_segment(self) -> SegmentRef:
         """The system prefix's segment file."""
-        return self.load()._builder.prefix_ref
+        return self.load_encoder()._builder.prefix_ref
 
     def _prompt_layout(self) -> PromptLayout:
-        return self.load()._layout
+        return self.load_encoder()._layout
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         """Pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` per fact, by the transformers encoder."""
-        self.load()
+        self.load_encoder()
         with self._lock:
             return self._encoder.encode(requests)
 
@@ -344,7 +384,7 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def builder(self) -> RequestBuilder:
         """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
-        return self.load()._builder
+        return self.load_encoder()._builder
 
     def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_kv`."""
