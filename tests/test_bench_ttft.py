@@ -45,6 +45,7 @@ def test_ttft_bench_writes_every_cell(tmp_path: Path, engine: TransformersEngine
     assert cells[(2, "kv:disk")]["served"] == {"disk": 2}
     assert cells[(0, "kv:host")]["served"] == {}
     assert doc["ratios"]["ttft_kv_host_k2_over_query"] is not None
+    assert doc["ratios"]["prefill_flops_kv_k2_over_k2"] == 1.0  # one positive k: compared with itself
     assert doc["settings"]["ks"] == [0, 2]
 
 

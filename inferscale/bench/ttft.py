@@ -15,7 +15,8 @@ TTFT is :attr:`inferscale.types.Timings.ttft_ms` of ``MemoryClient.chat`` (retri
 prefill to the first token), in ms; the median and p95 over repeats are reported with the assembly and prefill
 parts. Outputs: a rich table, ``ttft_vs_k.json`` and ``ttft_vs_k.png`` in ``settings.out_dir``, and the ratios
 of the [kv] issue: assembly(kv, k_max) / TTFT(prompt, 5), TTFT(kv, k_max) / TTFT(kv, 5) and
-TTFT(kv, k_max) / TTFT(query alone).
+TTFT(kv, k_max) / TTFT(query alone); next to them, the KV-mode prefill's FLOP ratio between the same two k
+(:mod:`inferscale.bench.flops`), which the TTFT ratio tends to wherever the query's prefill is compute-bound.
 """
 
 from __future__ import annotations
@@ -525,7 +526,32 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     report.machine["model"] = _model_name(client)
     report.machine["load_avg_1m_at_start"] = load_start
     report.ratios = compute_ratios(report)
+    report.ratios.update(_flop_ratios(client, report, query))
     return report
+
+
+def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[str, float | None]:
+    """``prefill_flops_kv_k{k_max}_over_k{k_small}``: the KV-mode prefill's FLOPs at k_max over those at k_small
+    (:mod:`inferscale.bench.flops`), the value the TTFT ratio tends to where prefill is compute-bound. Empty when
+    the engine does not expose a transformers model."""
+    from inferscale.bench.flops import prefill_cost
+
+    engine: Any = client.engine
+    positive = sorted({c.k for c in report.cells if c.mode == "kv" and c.k > 0})
+    model = getattr(engine, "model", None)
+    if not positive or model is None:
+        return {}
+    try:
+        cost = prefill_cost(model)
+    except ValueError:
+        return {}
+    k_max, k_small = max(positive), 5 if 5 in positive else min(positive)
+    prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids(query))
+    big, small = report.cell(k_max, "prompt"), report.cell(k_small, "prompt")
+    if big is None or small is None:
+        return {}
+    ratio = cost.flops(q, prefix + big.memory_tokens) / cost.flops(q, prefix + small.memory_tokens)
+    return {f"prefill_flops_kv_k{k_max}_over_k{k_small}": round(ratio, 4)}
 
 
 def _model_name(client: MemoryClient) -> str:
