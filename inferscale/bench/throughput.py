@@ -431,8 +431,11 @@ def plot_report(report: ThroughputReport, path: Path) -> None:
             label=f"{labels[mode]} p95",
         )
     s = report.settings
+    users = sorted({r.users for r in report.rounds})
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(users, [str(n) for n in users])
+        ax.minorticks_off()
         ax.set_xlabel("concurrent users N")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -440,7 +443,7 @@ def plot_report(report: ThroughputReport, path: Path) -> None:
     right.set_ylabel("TTFT (ms)")
     right.set_yscale("log")
     fig.suptitle(
-        f"vLLM, k={s['k']} memories, {s['requests_per_user']} requests/user, {s['max_tokens']} tokens each "
+        f"vLLM, k={s['k']} memories, {s['requests_per_user']} request(s) per user, {s['max_tokens']} tokens each "
         f"({report.machine.get('model')}, {s['dtype']})"
     )
     fig.tight_layout()
