@@ -307,6 +307,25 @@ def test_put_replaces_an_entry_and_clear_empties_every_tier(tmp_path: Path) -> N
     assert store.host_bytes == 0 and store.get(key()) is None and DiskTier(tmp_path).keys() == []
 
 
+def test_entries_name_the_file_that_holds_them(tmp_path: Path) -> None:
+    # Engines in another process (vLLM's workers) read the store's own file instead of a staged copy: every entry a
+    # store with a disk tier hands back names its file, and that file holds exactly the entry's K/V.
+    store = KVStore(tmp_path)
+    original = fact(1, dtype=torch.bfloat16)
+    location = store.put(key(), original)
+    assert original.source is None  # the caller's object is not changed
+    hit = store.get(key())
+    assert hit is not None and hit.source == location
+    with safe_open(location, framework="pt") as handle:
+        assert torch.equal(handle.get_tensor("keys"), hit.keys) and torch.equal(handle.get_tensor("values"), hit.values)
+    from_disk = KVStore(tmp_path).get(key())  # a restart: read from the file, promoted to host
+    assert from_disk is not None and from_disk.source == location and same(from_disk, original)
+    assert hit.to("cpu").source == location and hit.to("cpu", dtype=torch.float32).source is None
+    memory_only = KVStore(None)
+    memory_only.put(key(), original)
+    assert memory_only.get(key()).source is None  # type: ignore[union-attr]
+
+
 def test_a_store_without_a_directory_lives_in_host_memory() -> None:
     store = KVStore(None, host_budget_bytes=FACT_BYTES)
     assert [t.name for t in store.tiers] == ["host"]

@@ -146,6 +146,34 @@ def test_transformers_encoding_agrees_with_vllm_prefill(engine: VLLMEngine) -> N
     assert kv.outputs[0].token_ids == prompt.outputs[0].token_ids
 
 
+def test_stored_facts_are_read_from_the_kv_stores_own_files(engine: VLLMEngine, tmp_path: Path) -> None:
+    """A fact from a KV store with a disk tier names its file: the request points the workers at that file (no
+    staged copy), and the answer is the same as with a staged copy of the same tensors."""
+    from inferscale.kv import KVKey, KVStore
+
+    store = KVStore(tmp_path / "kv")
+    facts = _facts(engine, FACTS[:3])
+    stored = []
+    for i, fact in enumerate(facts):
+        key = KVKey(f"m{i}", f"h{i}", engine.fingerprint, "w=0;prefix=system;v1")
+        store.put(key, fact)
+        stored.append(store.get(key))
+    prepared = engine.prepare_kv(QUERY, stored, _scope())
+    assert prepared.payload is not None
+    assert [ref.path for ref in prepared.payload.segments[1:]] == [f.source for f in stored]
+    copies = [f.with_source(None) for f in stored]
+    staged = engine.prepare_kv(QUERY, copies, _scope())
+    assert staged.payload is not None and all(f.source not in {r.path for r in staged.payload.segments} for f in stored)
+    from_files, from_copies = engine.run([prepared, staged], 16, logprobs=10)
+    assert _stats(from_files)["injected_tokens"] == _stats(from_copies)["injected_tokens"] > 0
+    assert _first(from_files) == _first(from_copies)
+    assert from_files.outputs[0].token_ids == from_copies.outputs[0].token_ids
+    # A file that went away (memory deleted) is not named: the tensors are staged instead.
+    Path(stored[0].source or "").unlink()
+    again = engine.prepare_kv(QUERY, stored, _scope())
+    assert again.payload is not None and again.payload.segments[1].path != stored[0].source
+
+
 def test_zeros_change_the_output(engine: VLLMEngine) -> None:
     facts = _facts(engine, FACTS)
     zeros = [FactKV(torch.zeros_like(f.keys), torch.zeros_like(f.values), f.token_ids, f.encoded_at) for f in facts]

@@ -77,6 +77,7 @@ def _on(fact: FactKV, device: torch.device) -> FactKV:
         fact.values.to(device, non_blocking=True),
         fact.token_ids,
         fact.encoded_at,
+        fact.source,
     )
 
 
@@ -196,6 +197,7 @@ class TieredKVStore:
         with self._lock:
             if self._disk is not None:
                 self._disk.put(key, fact)
+                fact = fact.with_source(str(self._disk.path(key)))
             for tier in self._memory:
                 tier.pop(key)
             if self._memory:

@@ -100,8 +100,11 @@ def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
 class _Stager:
     """Files for K/V handed in as tensors, one per :class:`FactKV` object, LRU by count.
 
-    The same object (the KV store hands back the same object on a host-tier hit) reuses its file and uid, so
-    repeated requests share prefix-cache blocks; a new object gets a new uid, so it never aliases another's blocks.
+    A fact whose :attr:`FactKV.source` file exists (every entry of a KV store with a disk tier) is named by that
+    file, with no copy; its uid is derived from the path and the file's mtime, so a rewritten file is a new segment.
+    Other facts are written to the staging folder once per object: the same object (the KV store hands back the
+    same object on a host-tier hit) reuses its file and uid, so repeated requests share prefix-cache blocks; a new
+    object gets a new uid, so it never aliases another's blocks.
     """
 
     def __init__(self, directory: Path, fingerprint: str, max_entries: int = 4096) -> None:
@@ -112,7 +115,15 @@ class _Stager:
         self._lock = threading.Lock()
 
     def ref(self, fact: FactKV) -> SegmentRef:
-        """The segment of ``fact``, written on first use."""
+        """The segment of ``fact``: its source file when it has one, else a staged copy written on first use."""
+        if fact.source is not None:
+            try:
+                mtime = os.stat(fact.source).st_mtime_ns
+            except OSError:
+                pass  # the file went away (memory deleted or store cleared): stage a copy instead
+            else:
+                digest = hashlib.sha256(f"{fact.source}|{mtime}".encode()).hexdigest()[:24]
+                return SegmentRef(fact.source, f"file-{digest}")
         with self._lock:
             hit = self._entries.get(id(fact))
             if hit is not None and hit[0] is fact:

@@ -46,4 +46,4 @@ class DeviceTier(MemoryTier):
     def _place(self, fact: FactKV) -> FactKV:
         keys = owned(fact.keys.to(self._device, non_blocking=True))
         values = owned(fact.values.to(self._device, non_blocking=True))
-        return FactKV(keys, values, fact.token_ids, fact.encoded_at)
+        return FactKV(keys, values, fact.token_ids, fact.encoded_at, fact.source)

@@ -52,7 +52,8 @@ class DiskTier:
         return self._root / key.memory_id / f"{key.digest()}{SUFFIX}"
 
     def get(self, key: KVKey) -> FactKV | None:
-        """The entry for ``key`` with CPU tensors, or ``None`` when there is no file.
+        """The entry for ``key`` with CPU tensors and :attr:`FactKV.source` set to its file, or ``None`` when there is
+        no file.
 
         Raises:
             KVFingerprintMismatchError: when the file records another key (e.g. a file copied from another
@@ -68,7 +69,7 @@ class DiskTier:
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except FileNotFoundError:
             return None
-        return fact_from_payload(tensors, metadata, str(path))
+        return fact_from_payload(tensors, metadata, str(path)).with_source(str(path))
 
     def put(self, key: KVKey, fact: FactKV) -> Evicted:
         """Write ``fact`` to :meth:`path` atomically (replacing any file there); evicts nothing.
