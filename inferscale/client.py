@@ -383,7 +383,8 @@ class _ClientCore:
             gen = engine.generate_kv(query, facts, budget, cache_scope=scope.key())
         else:
             load_ms = 0.0
-            gen = engine.generate_prompt(query, [engine.fact_token_ids(r.text) for r in records], budget)
+            fact_ids = [engine.fact_token_ids(r.text) for r in records]
+            gen = engine.generate_prompt(query, fact_ids, budget, cache_scope=scope.key())
         total_ms = _ms_since(t0)
         assembly_ms = load_ms + gen.kv_assembly_ms
         return ChatResult(

@@ -147,8 +147,9 @@ def test_transformers_encoding_agrees_with_vllm_prefill(engine: VLLMEngine) -> N
 
 
 def test_stored_facts_are_read_from_the_kv_stores_own_files(engine: VLLMEngine, tmp_path: Path) -> None:
-    """A fact from a KV store with a disk tier names its file: the request points the workers at that file (no
-    staged copy), and the answer is the same as with a staged copy of the same tensors."""
+    """A fact from a KV store with a disk tier names its file: the request points the workers at a hard link to
+    that file (no copy), which keeps serving the same K/V after the memory's file is deleted, and the answer is the
+    same as with a staged copy of the same tensors."""
     from inferscale.kv import KVKey, KVStore
 
     store = KVStore(tmp_path / "kv")
@@ -160,18 +161,48 @@ def test_stored_facts_are_read_from_the_kv_stores_own_files(engine: VLLMEngine, 
         stored.append(store.get(key))
     prepared = engine.prepare_kv(QUERY, stored, _scope())
     assert prepared.payload is not None
-    assert [ref.path for ref in prepared.payload.segments[1:]] == [f.source for f in stored]
-    copies = [f.with_source(None) for f in stored]
-    staged = engine.prepare_kv(QUERY, copies, _scope())
-    assert staged.payload is not None and all(f.source not in {r.path for r in staged.payload.segments} for f in stored)
+    refs = prepared.payload.segments[1:]
+    assert all(os.path.samefile(ref.path, f.source or "") for ref, f in zip(refs, stored, strict=True))
+    assert all(ref.uid.startswith("file-") and ref.path != f.source for ref, f in zip(refs, stored, strict=True))
+    staged = engine.prepare_kv(QUERY, [f.with_source(None) for f in stored], _scope())
+    assert staged.payload is not None and all(r.uid.startswith("staged-") for r in staged.payload.segments[1:])
+    for f in stored:  # the memories are deleted after the requests were built: the links still hold the K/V
+        Path(f.source or "").unlink()
     from_files, from_copies = engine.run([prepared, staged], 16, logprobs=10)
     assert _stats(from_files)["injected_tokens"] == _stats(from_copies)["injected_tokens"] > 0
     assert _first(from_files) == _first(from_copies)
     assert from_files.outputs[0].token_ids == from_copies.outputs[0].token_ids
-    # A file that went away (memory deleted) is not named: the tensors are staged instead.
-    Path(stored[0].source or "").unlink()
-    again = engine.prepare_kv(QUERY, stored, _scope())
-    assert again.payload is not None and again.payload.segments[1].path != stored[0].source
+    # A fact whose file is gone before the request is built is staged from its tensors instead.
+    again = engine.prepare_kv(QUERY, stored[:1], _scope())
+    assert again.payload is not None and again.payload.segments[1].uid.startswith("staged-")
+
+
+def test_unreadable_segment_is_recomputed_not_fatal(engine: VLLMEngine, tmp_path: Path) -> None:
+    """A segment whose header passes the scheduler's checks but whose tensors the workers cannot use (here: one
+    token more K/V than token ids) is reported as a load error: vLLM recomputes those blocks, the answer equals a
+    plain prefill, and the engine keeps serving."""
+    from safetensors.torch import save_file
+
+    fact = _facts(engine, FACTS[:1])[0]
+    broken = tmp_path / "broken.safetensors"
+    save_file(
+        {
+            "keys": torch.cat([fact.keys, fact.keys[:, :, :1]], dim=2).contiguous(),
+            "values": torch.cat([fact.values, fact.values[:, :, :1]], dim=2).contiguous(),
+            "token_ids": fact.token_ids.to(torch.int64).contiguous(),
+        },
+        str(broken),
+        metadata={"format": "inferscale.kv/1", "fingerprint": engine.fingerprint, "encoded_at": str(fact.encoded_at)},
+    )
+    request = engine.prepare_files(QUERY, [SegmentRef(str(broken), f"broken-{uuid.uuid4().hex}")], _scope())
+    plain = engine.prepare_prompt(QUERY, [fact.token_ids.tolist()], _scope())
+    out = engine.run([request], 12, logprobs=10)[0]
+    ref = engine.run([plain], 12, logprobs=10)[0]
+    assert _stats(out)["injected_tokens"] > 0  # the scheduler claimed it; the workers could not load it
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    assert _max_delta(_first(out), _first(ref)) <= 1e-4
+    healthy = engine.run([engine.prepare_kv(QUERY, [fact], _scope())], 4)[0]
+    assert _stats(healthy)["injected_tokens"] > 0 and healthy.outputs[0].token_ids
 
 
 def test_zeros_change_the_output(engine: VLLMEngine) -> None:

@@ -72,6 +72,12 @@ class Engine(Protocol):
         """
         ...
 
-    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
-        """Answer ``query`` with the same fact tokens prefilled as ordinary prompt tokens (the baseline)."""
+    def generate_prompt(
+        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
+        """Answer ``query`` with the same fact tokens prefilled as ordinary prompt tokens (the baseline).
+
+        ``cache_scope`` names the tenant; engines with a shared prefix cache salt the request with it, so tenants
+        never share cached blocks. In-process engines ignore it.
+        """
         ...

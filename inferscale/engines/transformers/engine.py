@@ -241,8 +241,12 @@ class TransformersEngine(LayoutTokensMixin):
             )
 
     @torch.inference_mode()
-    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
+    def generate_prompt(
+        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
         """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline).
+
+        ``cache_scope`` is unused here: each request builds its own cache on the shared system prefix.
 
         Raises:
             InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.

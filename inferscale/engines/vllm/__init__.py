@@ -6,7 +6,7 @@ CPU); the rest of InferScale does not.
 
 from inferscale.engines.vllm.connector import InferScaleConnector, kv_transfer_config
 from inferscale.engines.vllm.engine import PreparedRequest, RequestBuilder, VLLMEngine, write_segment
-from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
+from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 
 __all__ = [
     "InferScaleConnector",
@@ -17,5 +17,6 @@ __all__ = [
     "VLLMEngine",
     "cache_salt",
     "kv_transfer_config",
+    "prompt_cache_salt",
     "write_segment",
 ]

@@ -75,6 +75,9 @@ def kv_transfer_config(fingerprint: str, segment_cache_bytes: int = 1 << 30) -> 
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": "kv_consumer",
+        # A segment the workers cannot read (its file vanished or changed after the scheduler checked it) is
+        # reported as a load error; vLLM then recomputes those blocks instead of failing the request.
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"fingerprint": fingerprint, "segment_cache_bytes": segment_cache_bytes},
     }
 
@@ -269,6 +272,8 @@ class WorkerSide:
         n_kv_heads = int(self._hf_config.num_key_value_heads)
         self._heads = kv_head_range(n_kv_heads, get_tensor_model_parallel_rank() if tp_size > 1 else 0, tp_size)
         self._cache_bytes = segment_cache_bytes
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._failed_blocks: set[int] = set()
         self._device: torch.device | None = None
         self._rope: RopeTable | None = None
         self._segments: SegmentCache | None = None
@@ -284,6 +289,11 @@ class WorkerSide:
         self._device = device
         self._rope = RopeTable(rotary_for_config(self._hf_config), self._hf_config, device)
         self._segments = SegmentCache(device, self._cache_bytes)
+
+    def take_failed_blocks(self) -> set[int]:
+        """The paged-cache block ids of requests whose K/V could not be loaded since the last call (then cleared)."""
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
 
     def _span(self, spec: LoadSpec, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Post-RoPE K/V of positions ``spec.start .. spec.end - 1`` for this rank's heads:
@@ -308,9 +318,11 @@ class WorkerSide:
         """Called every step before the forward pass when a synchronous load is pending (after vLLM zeroed new
         blocks). Writes every queued request's K/V into every attention layer's paged cache; returns nothing.
 
+        A request whose segments cannot be read (a file disappeared or changed since the scheduler checked it)
+        is skipped and its blocks are reported by :meth:`get_block_ids_with_load_errors`, so vLLM recomputes them.
+
         Raises:
             UnsupportedModelError: for an attention backend that writes its cache inside ``forward``.
-            SegmentError: when a segment file disappeared or changed since the scheduler checked it.
         """
         if not metadata.loads:
             return
@@ -329,7 +341,12 @@ class WorkerSide:
         self._init_on(layers[0][1].kv_cache.device)
         for spec in metadata.loads:
             dtype = layers[0][1].kv_cache.dtype
-            keys, values = self._span(spec, dtype)
+            try:
+                keys, values = self._span(spec, dtype)
+            except SegmentError as exc:
+                log.warning("request %s: memory K/V not loaded, vLLM recomputes them (%s)", spec.req_id, exc)
+                self._failed_blocks.update(int(b) for b in torch.unique(spec.slot_mapping // self._block_size))
+                continue
             slots = spec.slot_mapping.to(keys.device)
             for index, layer in layers:
                 # [n_local_heads, n_tokens, head_dim] -> [n_tokens, n_local_heads, head_dim], as the backend takes it.
@@ -402,6 +419,11 @@ class InferScaleConnector(KVConnectorBase_V1):
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, InferScaleConnectorMetadata)
         self._worker.start_load_kv(metadata, forward_context)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """See :meth:`WorkerSide.take_failed_blocks`: block ids whose K/V this step could not load (vLLM
+        recomputes them, ``kv_load_failure_policy="recompute"``)."""
+        return self._worker.take_failed_blocks() if self._worker is not None else set()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Called per attention layer. Loads are complete when :meth:`start_load_kv` returns: nothing to wait for."""

@@ -36,7 +36,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
 from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.engines.vllm.connector import kv_transfer_config
-from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt
+from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
@@ -98,46 +98,75 @@ def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
 
 
 class _Stager:
-    """Files for K/V handed in as tensors, one per :class:`FactKV` object, LRU by count.
+    """The segment files vLLM's workers read for K/V handed in as tensors, in a private folder, LRU by count.
 
-    A fact whose :attr:`FactKV.source` file exists (every entry of a KV store with a disk tier) is named by that
-    file, with no copy; its uid is derived from the path and the file's mtime, so a rewritten file is a new segment.
-    Other facts are written to the staging folder once per object: the same object (the KV store hands back the
-    same object on a host-tier hit) reuses its file and uid, so repeated requests share prefix-cache blocks; a new
-    object gets a new uid, so it never aliases another's blocks.
+    - A fact whose :attr:`FactKV.source` file exists (every entry of a KV store with a disk tier) is hard-linked
+      into the folder, with no copy. The link pins the file's content: deleting the memory or rewriting its entry
+      (an atomic rename onto the path) cannot change or remove what a request already names. The uid hashes the
+      file's identity (device, inode, size, mtime), so every fact object backed by the same file shares one
+      segment, and a rewritten file is a new segment.
+    - Any other fact (or one whose file cannot be linked, e.g. across file systems) is written to the folder once
+      per object: the same object (the KV store hands back the same object on a host-tier hit) reuses its file and
+      uid, so repeated requests share prefix-cache blocks; a new object gets a new uid, so it never aliases
+      another's blocks.
+
+    Evicted entries are unlinked. Until then the folder holds the K/V of memories deleted since; :meth:`close` of
+    the engine removes a temporary folder.
     """
 
     def __init__(self, directory: Path, fingerprint: str, max_entries: int = 4096) -> None:
         self._dir = directory
         self._fingerprint = fingerprint
         self._max = max_entries
-        self._entries: OrderedDict[int, tuple[FactKV, SegmentRef]] = OrderedDict()
+        self._entries: OrderedDict[tuple[Any, ...], tuple[FactKV | None, SegmentRef]] = OrderedDict()
         self._lock = threading.Lock()
 
     def ref(self, fact: FactKV) -> SegmentRef:
-        """The segment of ``fact``: its source file when it has one, else a staged copy written on first use."""
-        if fact.source is not None:
-            try:
-                mtime = os.stat(fact.source).st_mtime_ns
-            except OSError:
-                pass  # the file went away (memory deleted or store cleared): stage a copy instead
-            else:
-                digest = hashlib.sha256(f"{fact.source}|{mtime}".encode()).hexdigest()[:24]
-                return SegmentRef(fact.source, f"file-{digest}")
+        """The segment of ``fact``: a link to its source file when it has one, else a staged copy (first use)."""
         with self._lock:
-            hit = self._entries.get(id(fact))
+            if fact.source is not None:
+                linked = self._linked(fact.source)
+                if linked is not None:
+                    return linked
+            hit = self._entries.get(("object", id(fact)))
             if hit is not None and hit[0] is fact:
-                self._entries.move_to_end(id(fact))
+                self._entries.move_to_end(("object", id(fact)))
                 return hit[1]
             uid = f"staged-{uuid.uuid4().hex}"
             path = self._dir / f"{uid}.safetensors"
             write_segment(path, fact, self._fingerprint)
-            ref = SegmentRef(str(path), uid)
-            self._entries[id(fact)] = (fact, ref)
-            while len(self._entries) > self._max:
-                _, (_, old) = self._entries.popitem(last=False)
-                Path(old.path).unlink(missing_ok=True)
-            return ref
+            return self._remember(("object", id(fact)), fact, SegmentRef(str(path), uid))
+
+    def _linked(self, source: str) -> SegmentRef | None:
+        """A hard link to ``source`` in the folder, or ``None`` when it cannot be made (then stage a copy)."""
+        try:
+            st = os.stat(source)
+        except OSError:
+            return None  # the file went away (memory deleted, store cleared)
+        identity = ("file", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = self._entries.get(identity)
+        if hit is not None and os.path.exists(hit[1].path):
+            self._entries.move_to_end(identity)
+            return hit[1]
+        uid = "file-" + hashlib.sha256(repr(identity).encode()).hexdigest()[:24]
+        path = self._dir / f"{uid}.safetensors"
+        try:
+            if not path.exists():
+                os.link(source, path)
+            linked = os.stat(path)
+        except OSError:
+            return None  # another file system, no hard links, or the file vanished in between
+        if (linked.st_dev, linked.st_ino, linked.st_size, linked.st_mtime_ns) != identity[1:]:
+            path.unlink(missing_ok=True)  # the source was replaced between stat and link
+            return None
+        return self._remember(identity, None, SegmentRef(str(path), uid))
+
+    def _remember(self, key: tuple[Any, ...], fact: FactKV | None, ref: SegmentRef) -> SegmentRef:
+        self._entries[key] = (fact, ref)
+        while len(self._entries) > self._max:
+            _, (_, old) = self._entries.popitem(last=False)
+            Path(old.path).unlink(missing_ok=True)
+        return ref
 
 
 class RequestBuilder:
@@ -198,11 +227,14 @@ class RequestBuilder:
         ids = [t for h in headers for t in h.token_ids]
         return self._prepared(query, refs, [h.n_tokens for h in headers], ids, cache_scope)
 
-    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]]) -> PreparedRequest:
-        """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload, no salt)."""
+    def prepare_prompt(
+        self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
+    ) -> PreparedRequest:
+        """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload), salted with the tenant
+        (:func:`~inferscale.engines.vllm.metadata.prompt_cache_salt`) so tenants never share prefix-cache blocks."""
         memory = [t for ids in fact_ids for t in ids]
         ids = list(self._layout.prefix_ids) + memory + self._layout.query_ids(query)
-        return PreparedRequest(ids, len(memory), None, None)
+        return PreparedRequest(ids, len(memory), None, prompt_cache_salt(cache_scope))
 
 
 class VLLMEngine(LayoutTokensMixin):
@@ -249,6 +281,7 @@ class VLLMEngine(LayoutTokensMixin):
         self._lock = threading.RLock()
         self._encoder_ready = False
         self._ready = False
+        self._async_started = False
 
     # ---------------------------------------------------------------- loading
     def load_encoder(self) -> VLLMEngine:
@@ -310,6 +343,11 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._ready:
                 return self
+            if self._async_started:
+                raise RuntimeError(
+                    "this engine started vLLM's async engine (start_async_llm); the offline engine would be a second "
+                    "vLLM on the same machine"
+                )
             from vllm import LLM
 
             self._llm = LLM(**self.engine_args())
@@ -322,19 +360,25 @@ class VLLMEngine(LayoutTokensMixin):
         also start the offline engine (:meth:`load`) in the same process, or two engines share the machine.
 
         Raises:
-            RuntimeError: when the offline engine is already running in this object.
+            RuntimeError: when the offline engine or an async engine was already started from this object.
         """
-        if self._ready:
-            raise RuntimeError("the offline vLLM engine is already running; start the async engine on a fresh object")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
+        with self._lock:
+            if self._ready or self._async_started:
+                raise RuntimeError("a vLLM engine was already started from this object; use a fresh VLLMEngine")
+            self._async_started = True
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
 
-    def reset_prefix_cache(self) -> bool:
-        """Empty vLLM's prefix cache (cold-cache measurements); returns whether vLLM did (it refuses while requests
-        are running)."""
-        return bool(self.llm.reset_prefix_cache())
+    def reset_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (cold-cache measurements).
+
+        Raises:
+            RuntimeError: when vLLM refuses (requests are running), so a "cold" measurement would run warm.
+        """
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache (requests are still running)")
 
     def close(self) -> None:
         """Shut vLLM down and remove a temporary staging folder."""
@@ -405,9 +449,11 @@ class VLLMEngine(LayoutTokensMixin):
         """See :meth:`RequestBuilder.prepare_files`."""
         return self.builder.prepare_files(query, refs, cache_scope)
 
-    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]]) -> PreparedRequest:
+    def prepare_prompt(
+        self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
+    ) -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_prompt`."""
-        return self.builder.prepare_prompt(query, fact_ids)
+        return self.builder.prepare_prompt(query, fact_ids, cache_scope)
 
     def run(self, requests: Sequence[PreparedRequest], max_new_tokens: int, logprobs: int | None = None) -> list[Any]:
         """Greedy-generate every request in one ``LLM.generate`` call; returns vLLM ``RequestOutput`` objects in
@@ -451,6 +497,9 @@ class VLLMEngine(LayoutTokensMixin):
         request = self.prepare_kv(query, facts, cache_scope)
         return self._generation(request, max_new_tokens, (time.perf_counter() - t0) * 1000.0)
 
-    def generate_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int) -> Generation:
-        """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline)."""
-        return self._generation(self.prepare_prompt(query, fact_ids), max_new_tokens, 0.0)
+    def generate_prompt(
+        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
+    ) -> Generation:
+        """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline); ``cache_scope``
+        salts the prefix cache, so tenants never share blocks."""
+        return self._generation(self.prepare_prompt(query, fact_ids, cache_scope), max_new_tokens, 0.0)

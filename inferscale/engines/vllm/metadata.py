@@ -128,6 +128,16 @@ def cache_salt(scope_key: str, content_digest: str) -> str:
     return f"{SALT_PREFIX}.{scope_hash}.{content_digest}"
 
 
+def prompt_cache_salt(scope_key: str) -> str:
+    """The ``cache_salt`` of a request without injected memory (prompt mode): ``"isp.<scope hash>"``.
+
+    vLLM hashes the salt into every block, so one tenant's prompt-mode requests share prefix-cache blocks with each
+    other but never with another tenant's, whose hits would otherwise reveal, by timing, which memory texts that
+    tenant holds. The connector never claims such a request (it has no payload).
+    """
+    return f"isp.{hashlib.sha256(scope_key.encode()).hexdigest()[:16]}"
+
+
 def salt_content(salt: str | None) -> str | None:
     """The content digest inside a salt made by :func:`cache_salt`, or ``None`` for any other salt."""
     if salt is None:
