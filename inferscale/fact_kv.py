@@ -78,7 +78,9 @@ class FactKVManager:
                     nbytes=fact.nbytes,
                     location=location,
                 )
-                found[i] = fact
+                # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
+                # process read that file); without one, ``location`` is a tier name, not a file.
+                found[i] = fact.with_source(location) if self._store.directory is not None else fact
             log.debug("encoded %d of %d facts", len(missing), len(records))
         return found  # type: ignore[return-value]
 

@@ -88,6 +88,15 @@ def test_kv_entries_are_recorded_and_deleted(tmp_path: Path, engine: Transformer
     entry = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)
     assert entry is not None and entry.n_tokens == len(engine.fact_token_ids(CONVERSATION[0]["content"]))
     assert Path(entry.location).exists()
+    # Every K/V handed out names the store's file, whether just encoded or found in the store (engines in another
+    # process, vLLM's workers, read that file instead of a copy).
+    record = client.db.get(memory_id)
+    assert record is not None
+    client.fact_kv.forget(memory_id)
+    encoded = client.fact_kv.ensure([record])[0]
+    entry = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)
+    assert entry is not None and encoded.source == entry.location
+    assert client.fact_kv.ensure([record])[0].source == entry.location
 
     client.delete(memory_id)
     assert client.get(memory_id) is None

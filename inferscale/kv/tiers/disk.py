@@ -39,7 +39,7 @@ class DiskTier:
     name = "disk"
 
     def __init__(self, root: Path, fsync: bool = True) -> None:
-        self._root = Path(root)
+        self._root = Path(os.path.abspath(root))  # entries name their file to other processes: keep it absolute
         self._fsync = fsync
 
     @property
