@@ -38,6 +38,6 @@ def test_flops_count_every_attended_key() -> None:
     cost = PrefillCost(linear_per_token=100.0, attention_per_key=1.0, lm_head=7.0)
     # 2 query tokens after 3 cached ones attend to 3 + 1 and 3 + 2 keys.
     assert cost.flops(2, 3) == 2 * 100.0 + 9 * 1.0 + 7.0
-    assert cost.flops(0, 10) == 7.0
+    assert cost.flops(0, 10) == 0.0  # no query, no prefill
     with pytest.raises(ValueError):
         cost.flops(-1, 0)

@@ -39,7 +39,16 @@ def test_every_request_draws_its_own_k_distinct_facts_deterministically() -> Non
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"users": ()}, {"users": (0,)}, {"k": 0}, {"k": 9, "facts": 8}, {"requests_per_user": 0}, {"modes": ("x",)}],
+    [
+        {"users": ()},
+        {"users": (0,)},
+        {"users": (4, 4)},
+        {"k": 0},
+        {"k": 9, "facts": 8},
+        {"requests_per_user": 0},
+        {"modes": ("x",)},
+        {"modes": ("kv", "kv")},
+    ],
 )
 def test_bad_settings_are_refused(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError):

@@ -60,10 +60,9 @@ def test_throughput_rounds_inject_exactly_the_memory(tmp_path: Path) -> None:
         assert kv.prompt_tokens == prompt.prompt_tokens  # same prompts in both modes
         # KV: vLLM computed only the query part; everything before it (prefix + k facts) was injected.
         assert kv.injected_tokens == kv.cached_tokens == kv.prompt_tokens - query_tokens
-        # Prompt: nothing injected, and no request reused another's memory blocks from the prefix cache (at most the
-        # system prefix's whole blocks: none on CPU, whose 128-token blocks are longer than the prefix).
-        assert prompt.injected_tokens == 0
-        assert prompt.cached_tokens <= prompt.requests * len(layout.prefix_ids)
+        # Prompt: nothing injected, and nothing from the prefix cache: each user's requests are salted with that
+        # user, and on CPU a block (128 tokens) is longer than this workload's prompts share.
+        assert prompt.injected_tokens == 0 and prompt.cached_tokens == 0
     assert (tmp_path / "throughput_vs_users.json").is_file() and (tmp_path / "throughput_vs_users.png").is_file()
     assert set(report.ratios()) == {
         "throughput_kv_over_prompt_n1",

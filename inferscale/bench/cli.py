@@ -103,6 +103,8 @@ def _bench_throughput(args: argparse.Namespace) -> int:
             model=args.model,
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
+            enforce_eager=args.enforce_eager,
+            seed=args.seed,
             out_dir=Path(args.out),
         )
         report = run_throughput_bench(settings)
@@ -150,6 +152,13 @@ def _add_throughput_parser(sub: Any) -> None:
     throughput.add_argument(
         "--max-num-seqs", type=_positive, default=128, help="most requests vLLM runs at once (default 128)"
     )
+    throughput.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run vLLM eagerly (default; quick start on CPU); --no-enforce-eager for CUDA graphs on a GPU",
+    )
+    throughput.add_argument("--seed", type=_non_negative, default=0, help="seed of the fact draws (default 0)")
     throughput.add_argument(
         "--out", default="out/bench/throughput", help="output folder (default out/bench/throughput)"
     )

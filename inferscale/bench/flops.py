@@ -10,8 +10,10 @@ tokens (system prefix and memory segment) before it. Per query token:
   query heads of each of the L layers; grouped K/V heads do not reduce it);
 - the LM head projects only the last position (``2 · hidden · vocab``, once per prefill).
 
-The ratio of these FLOPs at two memory sizes is what ``TTFT(kv, k_max) / TTFT(kv, k_small)`` tends to on a device
-where the query's prefill is compute-bound and attention runs at the matmuls' efficiency. A small model makes it
+The ratio of these FLOPs at two memory sizes is how much the query's prefill time grows between them on a device
+where it is compute-bound and attention runs at the matmuls' efficiency (retrieval and K/V assembly, which also
+grow with k, come on top). Mixture-of-experts layers are counted with every expert, and sliding windows are
+ignored: the coefficients are meant for dense full-attention decoders. A small model makes it
 large: SmolLM2-135M's attention costs 69 kFLOP per query token per key against 212 MFLOP of linear layers, so
 1,300 memory tokens add ~43 % to every query token's prefill; Llama-3.1-8B's add ~5 %.
 """
@@ -45,6 +47,8 @@ class PrefillCost:
         to the cache and to query tokens 0..i), with the LM head on the last position only."""
         if query_tokens < 0 or cached_tokens < 0:
             raise ValueError("token counts must be >= 0")
+        if query_tokens == 0:
+            return 0.0  # nothing to prefill
         keys = query_tokens * cached_tokens + query_tokens * (query_tokens + 1) // 2
         return query_tokens * self.linear_per_token + keys * self.attention_per_key + self.lm_head
 

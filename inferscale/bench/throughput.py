@@ -9,17 +9,19 @@ engine, one after the other for each N:
 - ``kv``: the same tokens with their pre-RoPE K/V injected by the connector, so vLLM prefills only the query.
 
 Workload. A pool of ``settings.facts`` synthetic one-sentence facts is encoded once (after the system prefix, as
-``MemoryClient`` does by default). Request r of user u takes its own random k of them, in its own order (seeded by
-(u, r)), with its own question. So no two requests share a memory segment, and vLLM's prefix cache can share
-only the system prefix between prompt-mode requests. Each KV request carries its user's ``cache_salt``.
-Retrieval is not part of this benchmark: it costs the same in both modes (``bench ttft`` includes it).
+``MemoryClient`` does by default) and staged for vLLM's workers before any timing. Request r of user u takes its
+own random k of them, in its own order (seeded by (u, r)), with its own question. Every request is salted with its
+user (``cache_salt``, both modes), so vLLM's prefix cache is never shared between users; a user's own requests
+share blocks only where their token sequences agree (the system prefix, and a first fact drawn twice). Retrieval is
+not part of this benchmark: it costs the same in both modes (``bench ttft`` includes it).
 
 Per (N, mode) it reports: requests/s and generated tokens/s over the wall time of the whole round, TTFT (from
 submitting the request, including building the KV request, to its first token) and end-to-end latency, median
 and p95 in ms, and the tokens vLLM took from its prefix cache or from the connector. The prefix cache is
-emptied before each round, then the system prefix alone is warmed, as a server would have it (vLLM caches whole
-blocks only: on CPU, with 128-token blocks, a system prefix shorter than a block is recomputed by every
-prompt-mode request, and injected by every KV request). Outputs:
+emptied before each round. KV requests inject the system prefix with the memory (their salt also binds the
+memory, so they never reuse a block computed by another request); prompt requests prefill it, once per user at
+most (vLLM caches whole blocks only, and on CPU a block is 128 tokens, longer than the 37-token prefix, so there
+every prompt request prefills it). Outputs:
 ``throughput_vs_users.json`` and ``throughput_vs_users.png`` in ``settings.out_dir``.
 """
 
@@ -78,6 +80,8 @@ class ThroughputSettings:
         model: model folder; ``None`` = the embedded SmolLM2-135M-Instruct.
         kv_cache_bytes: vLLM's paged KV cache size (bytes); it must hold N requests' prompts at the largest N.
         max_num_seqs: most requests vLLM runs at once (>= max(users), or the rest queue).
+        enforce_eager: run vLLM without CUDA graphs / torch.compile (needed for a quick start on CPU; pass False on
+            a GPU for representative figures).
         seed: seed of the fact draws.
         out_dir: folder for the JSON and the plot (created).
     """
@@ -92,17 +96,18 @@ class ThroughputSettings:
     model: str | None = None
     kv_cache_bytes: int = 6 << 30
     max_num_seqs: int = 128
+    enforce_eager: bool = True
     seed: int = 0
     out_dir: Path = Path("out/bench/throughput")
 
     def __post_init__(self) -> None:
-        if not self.users or any(n < 1 for n in self.users):
-            raise ConfigError(f"users must be non-empty and >= 1, got {self.users!r}")
+        if not self.users or any(n < 1 for n in self.users) or len(set(self.users)) != len(self.users):
+            raise ConfigError(f"users must be distinct counts >= 1, got {self.users!r}")
         if self.k < 1 or self.facts < self.k:
             raise ConfigError(f"need 1 <= k <= facts, got k={self.k}, facts={self.facts}")
         if self.requests_per_user < 1 or self.max_tokens < 1:
             raise ConfigError("requests_per_user and max_tokens must be >= 1")
-        if not self.modes or set(self.modes) - set(MODES):
+        if not self.modes or set(self.modes) - set(MODES) or len(set(self.modes)) != len(self.modes):
             raise ConfigError(f"modes must be a non-empty subset of {list(MODES)}, got {self.modes!r}")
 
 
@@ -263,10 +268,10 @@ class _Runner:
         from inferscale.scope import Scope
 
         facts = [self._pool[i] for i in draw.facts]
+        scope = Scope(user_id=f"bench-user-{draw.user}").key()
         if mode == "kv":
-            scope = Scope(user_id=f"bench-user-{draw.user}").key()
             return self._engine.prepare_kv(draw.question, facts, scope)
-        return self._engine.prepare_prompt(draw.question, [f.token_ids.tolist() for f in facts])
+        return self._engine.prepare_prompt(draw.question, [f.token_ids.tolist() for f in facts], scope)
 
     async def _one(self, draw: _Draw, mode: str, into: ThroughputRound) -> None:
         t0 = time.perf_counter()
@@ -291,15 +296,22 @@ class _Runner:
         for draw in requests:
             await self._one(draw, mode, into)
 
-    async def warm_prefix(self) -> None:
-        """Empty the prefix cache, then prefill the system prefix once, as a running server would have it."""
-        await self._llm.reset_prefix_cache()
-        warm = _Draw(-1, 0, "Hello.", ())
-        await self._one(warm, "prompt", ThroughputRound(0, "warm"))
+    def stage_pool(self) -> None:
+        """Write (or link) every fact of the pool for vLLM's workers, so no timed request pays for it."""
+        self._engine.prepare_kv("", self._pool, "")
+
+    async def reset(self) -> None:
+        """Empty vLLM's prefix cache.
+
+        Raises:
+            RuntimeError: when vLLM refuses (requests still running): the round would not start cold.
+        """
+        if not await self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache")
 
     async def round(self, users: int, mode: str) -> ThroughputRound:
-        """Run N users' requests concurrently in ``mode``; returns the timed round."""
-        await self.warm_prefix()
+        """Run N users' requests concurrently in ``mode``, from an empty prefix cache; returns the timed round."""
+        await self.reset()
         result = ThroughputRound(users, mode)
         per_user = draws(self._settings, users)
         t0 = time.perf_counter()
@@ -323,6 +335,7 @@ def _settings_dict(settings: ThroughputSettings) -> dict[str, Any]:
         "model": settings.model,
         "kv_cache_bytes": settings.kv_cache_bytes,
         "max_num_seqs": settings.max_num_seqs,
+        "enforce_eager": settings.enforce_eager,
         "seed": settings.seed,
     }
 
@@ -349,6 +362,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
         home=config.home_dir(),
         encode_batch_size=config.kv.encode_batch_size,
         kv_cache_bytes=settings.kv_cache_bytes,
+        enforce_eager=settings.enforce_eager,
         llm_kwargs={"max_num_seqs": settings.max_num_seqs, "disable_log_stats": True},
     )
     try:
@@ -376,7 +390,8 @@ async def _run_rounds(
     engine: VLLMEngine, llm: Any, pool: Sequence[FactKV], settings: ThroughputSettings, console: Console
 ) -> list[ThroughputRound]:
     runner = _Runner(engine, llm, pool, settings)
-    for mode in settings.modes:  # untimed: kernels, allocator, staging files of every fact
+    runner.stage_pool()
+    for mode in settings.modes:  # untimed: kernels and allocator of both paths
         await runner.round(1, mode)
     rounds: list[ThroughputRound] = []
     for i, n in enumerate(settings.users):

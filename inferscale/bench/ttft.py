@@ -15,8 +15,8 @@ TTFT is :attr:`inferscale.types.Timings.ttft_ms` of ``MemoryClient.chat`` (retri
 prefill to the first token), in ms; the median and p95 over repeats are reported with the assembly and prefill
 parts. Outputs: a rich table, ``ttft_vs_k.json`` and ``ttft_vs_k.png`` in ``settings.out_dir``, and the ratios
 of the [kv] issue: assembly(kv, k_max) / TTFT(prompt, 5), TTFT(kv, k_max) / TTFT(kv, 5) and
-TTFT(kv, k_max) / TTFT(query alone); next to them, the KV-mode prefill's FLOP ratio between the same two k
-(:mod:`inferscale.bench.flops`), which the TTFT ratio tends to wherever the query's prefill is compute-bound.
+TTFT(kv, k_max) / TTFT(query alone); next to them, the KV-mode query prefill's FLOP ratio between the same two
+k (:mod:`inferscale.bench.flops`), the growth of the prefill part of TTFT wherever it is compute-bound.
 """
 
 from __future__ import annotations
@@ -475,11 +475,14 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
 
     reset = getattr(client.engine, "reset_prefix_cache", None)
     cold = settings.prefix_cache == "cold" and callable(reset)
+    from inferscale.scope import Scope
+
+    scope = Scope(user_id=USER_ID).key()
 
     def chat(k: int, mode: str) -> Any:
-        if cold:  # untimed: forget earlier repeats, keep the system prefix cached
+        if cold:  # untimed: forget earlier repeats, keep this user's system prefix cached (prompt mode)
             reset()
-            client.engine.generate_prompt("Hello.", [], 1)
+            client.engine.generate_prompt("Hello.", [], 1, cache_scope=scope)
         return client.chat(query, user_id=USER_ID, limit=k, mode=mode, max_new_tokens=1)  # type: ignore[arg-type]
 
     for _ in range(settings.warmup):  # untimed: kernels, allocator and caches of both paths at the largest k
@@ -532,8 +535,9 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
 
 def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[str, float | None]:
     """``prefill_flops_kv_k{k_max}_over_k{k_small}``: the KV-mode prefill's FLOPs at k_max over those at k_small
-    (:mod:`inferscale.bench.flops`), the value the TTFT ratio tends to where prefill is compute-bound. Empty when
-    the engine does not expose a transformers model."""
+    (:mod:`inferscale.bench.flops`): what the query prefill's share of TTFT grows by where prefill is
+    compute-bound (retrieval and assembly, which also grow with k, are not in it). Empty when the engine does not
+    expose a transformers model."""
     from inferscale.bench.flops import prefill_cost
 
     engine: Any = client.engine
