@@ -70,9 +70,9 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
 
     The buffers are allocated once, with ``extra_capacity`` free slots after the memory segment for the query and
     the answer (see :class:`inferscale.engines.transformers.cache.PreallocatedCache`). Values are concatenated
-    straight into their slots; keys are concatenated and rotated to positions ``P .. P+S-1`` with a single
-    batched op over all layers and heads, written into their slots. There is no Python loop over facts inside a
-    loop over layers.
+    straight into their slots; keys are concatenated into theirs and rotated there, in place, to positions
+    ``P .. P+S-1``: one batched rotation of all facts and heads per layer (one layer at a time keeps the
+    temporaries cache-resident). There is no Python loop over facts, inside or outside the loop over layers.
 
     Args:
         prefix: the system prefix's K/V (post-RoPE).

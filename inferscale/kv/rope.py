@@ -145,7 +145,8 @@ def rotate_into(
     target = out[..., :rotary_dim]
     torch.mul(x, cos, out=target)  # x·cos
     target.add_(turned)
-    if rotary_dim < k.shape[-1] and out.data_ptr() != k.data_ptr():
+    in_place = out.data_ptr() == k.data_ptr() and out.stride() == k.stride()
+    if rotary_dim < k.shape[-1] and not in_place:
         out[..., rotary_dim:] = k[..., rotary_dim:]
     return out
 
