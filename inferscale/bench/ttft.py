@@ -397,13 +397,7 @@ def _make_client(
             num_threads=settings.num_threads,
         ),
     )
-    if engine is None and settings.engine == "vllm":
-        from inferscale.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine(
-            config.engine, config.system_prompt, home=config.home_dir(), encode_batch_size=config.kv.encode_batch_size
-        )
-    return MemoryClient(config, engine=engine, embedder=embedder)
+    return MemoryClient(config, engine=engine, embedder=embedder)  # without an engine, it builds the configured one
 
 
 def run_ttft_bench(
@@ -440,7 +434,7 @@ def run_ttft_bench(
             client.close()
             close_engine = getattr(client.engine, "close", None) if engine is None else None
             if callable(close_engine):
-                close_engine()  # an engine built here (vLLM) owns a process and a staging folder
+                close_engine()  # an engine the client built (vLLM) owns a process and a staging folder
     write_outputs(report, settings.out_dir)
     return report
 
