@@ -42,6 +42,23 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
+    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype``, with
+    ``config.attn_implementation``, on ``config.device``, in eval mode.
+
+    Returns:
+        ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_llm_path(config.model, home)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=_DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
+    ).to(resolve_device(config.device))
+    return path, model.eval(), tokenizer
+
+
 def _now_ms(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -97,16 +114,8 @@ class TransformersEngine(LayoutTokensMixin):
                 torch.set_num_threads(self._config.num_threads)
             model_id = "custom"
             if self._model is None:
-                from transformers import AutoModelForCausalLM, AutoTokenizer
-
-                path = resolve_llm_path(self._config.model, self._home)
+                path, self._model, self._tokenizer = load_causal_lm(self._config, self._home)
                 model_id = Path(path).name or path
-                self._tokenizer = AutoTokenizer.from_pretrained(path)
-                self._model = AutoModelForCausalLM.from_pretrained(
-                    path,
-                    dtype=_DTYPES[self._config.dtype],
-                    attn_implementation=resolve_attention(self._config.attn_implementation),
-                ).to(resolve_device(self._config.device))
             self._model.eval()
             self._device = next(self._model.parameters()).device
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)

@@ -41,12 +41,8 @@ from inferscale.engines.vllm.segments import read_header
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
-from inferscale.models import resolve_llm_path
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
@@ -291,21 +287,10 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._encoder_ready:
                 return self
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from inferscale.engines.transformers import load_causal_lm
 
-            from inferscale.engines.transformers import resolve_device
-            from inferscale.engines.transformers.attention import resolve_attention
-
-            path = resolve_llm_path(self._config.model, self._home)
+            path, self._model, self._tokenizer = load_causal_lm(self._config, self._home)
             self._path = path
-            self._tokenizer = AutoTokenizer.from_pretrained(path)
-            device = resolve_device(self._config.device)
-            self._model = AutoModelForCausalLM.from_pretrained(
-                path,
-                dtype=_DTYPES[self._config.dtype],
-                attn_implementation=resolve_attention(self._config.attn_implementation),
-            ).to(device)
-            self._model.eval()
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
