@@ -34,10 +34,15 @@ class EncodeRequest:
         fact_ids: the fact's token ids, exactly as they will be laid into the prompt.
         context_ids: tokens the fact is encoded after (system prefix and/or preceding turns); their K/V are
             discarded. Empty means standalone (the fact starts at position 0).
+        position_gap: positions left empty between the context and the fact (tokens): the fact's first token is
+            encoded at position ``len(context_ids) + position_gap``, so its K/V carry that distance to the context,
+            as if ``position_gap`` other tokens (unseen) stood between them. Position-aware encoding uses it to
+            encode a fact at the distance from the system prefix it will be served at.
     """
 
     fact_ids: Sequence[int]
     context_ids: Sequence[int] = field(default=())
+    position_gap: int = 0
 
 
 def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -197,6 +202,8 @@ class FactEncoder:
         for i, req in enumerate(requests):
             if len(req.fact_ids) == 0:
                 raise ValueError(f"request {i} has no fact tokens")
+            if req.position_gap < 0:
+                raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
         out: list[FactKV | None] = [None] * len(requests)
         for start in range(0, len(order), self._batch_size):
@@ -216,7 +223,10 @@ class FactEncoder:
         for row, seq in enumerate(seqs):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             attention_mask[row, : len(seq)] = 1
-        position_ids = torch.arange(width, dtype=torch.long)[None].expand(len(seqs), width)
+        position_ids = torch.arange(width, dtype=torch.long)[None].repeat(len(seqs), 1)
+        for row, req in enumerate(batch):
+            if req.position_gap:
+                position_ids[row, len(req.context_ids) :] += req.position_gap
         with PreRopeCapture(self._attn, self._n_kv_heads, self._head_dim, width) as capture:
             self._backbone(
                 input_ids=input_ids.to(device),
@@ -233,7 +243,7 @@ class FactEncoder:
                     keys=keys[:, row, :, lo:hi].contiguous(),
                     values=values[:, row, :, lo:hi].contiguous(),
                     token_ids=torch.tensor(list(req.fact_ids), dtype=torch.long),
-                    encoded_at=lo,
+                    encoded_at=lo + req.position_gap,
                 )
             )
         return facts
