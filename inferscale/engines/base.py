@@ -27,6 +27,8 @@ class Generation:
         total_ms: assembly + prefill + decode (ms).
         prompt_tokens: tokens of the whole prompt, memory included.
         memory_tokens: tokens of the memory segment.
+        recomputed_tokens: extra tokens prefilled in KV mode by the serving remedies (recomputed memory tokens, a
+            selective policy's probe of the query); 0 in prompt mode and for pure injection.
     """
 
     text: str
@@ -36,6 +38,7 @@ class Generation:
     total_ms: float
     prompt_tokens: int
     memory_tokens: int
+    recomputed_tokens: int = 0
 
 
 class Engine(Protocol):

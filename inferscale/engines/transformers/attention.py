@@ -12,6 +12,9 @@ with ``attn_implementation=SDPA_GQA`` uses it; anything this function does not c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -19,6 +22,72 @@ import torch.nn.functional as F
 from torch import nn
 
 SDPA_GQA = "inferscale_sdpa_gqa"
+
+
+class QueryAttentionProbe:
+    """Records, during one forward pass, the attention mass the new tokens put on a span of cache slots.
+
+    Used as a context manager around a probe prefill of the query: every layer running :func:`sdpa_gqa_attention`
+    adds ``softmax(q·kᵀ·scale + mask)`` summed over heads and query tokens, on columns ``[start, end)``, to
+    :meth:`scores`. Selective recompute (``selective:r``) ranks memory tokens by it.
+
+    Args:
+        start, end: the cache slots to score (the memory segment ``[P, P + S)``).
+    """
+
+    def __init__(self, start: int, end: int) -> None:
+        self._start, self._end = start, end
+        self._scores: torch.Tensor | None = None
+        self._token: Any = None
+
+    def __enter__(self) -> QueryAttentionProbe:
+        self._token = _ACTIVE_PROBE.set(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        _ACTIVE_PROBE.reset(self._token)
+
+    def record(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None) -> None:
+        """Add one layer's attention on the span. query ``[1, n_heads, q, hd]``, key ``[1, n_kv_heads, kv, hd]``."""
+        groups = query.shape[1] // key.shape[1]
+        keys = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        logits = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scale
+        if mask is not None:
+            mask = mask[:, :, :, : key.shape[-2]]
+            logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.float()
+        else:
+            q, kv = logits.shape[-2], logits.shape[-1]
+            future = torch.ones((q, kv), dtype=torch.bool, device=logits.device).triu(kv - q + 1)
+            logits = logits.masked_fill(future, float("-inf"))
+        mass = logits.softmax(dim=-1)[..., self._start : self._end].sum(dim=(0, 1, 2))
+        self._scores = mass if self._scores is None else self._scores + mass
+
+    def scores(self) -> torch.Tensor:
+        """``[end - start]`` float32 on the CPU: the recorded mass per slot.
+
+        Raises:
+            RuntimeError: when no layer recorded anything (the model did not run :func:`sdpa_gqa_attention`).
+        """
+        if self._scores is None:
+            raise RuntimeError("no attention was recorded: run the probe under routed_through_sdpa_gqa(model)")
+        return self._scores.cpu()
+
+
+@contextmanager
+def routed_through_sdpa_gqa(model: nn.Module) -> Iterator[None]:
+    """Run ``model``'s attention through :func:`sdpa_gqa_attention` inside the block, whatever kernel it was
+    loaded with (so a :class:`QueryAttentionProbe` sees every layer), and restore the kernel after."""
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = register_sdpa_gqa()
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
+
+
+_ACTIVE_PROBE: ContextVar[QueryAttentionProbe | None] = ContextVar("inferscale_attention_probe", default=None)
 
 
 def sdpa_gqa_attention(
@@ -43,6 +112,9 @@ def sdpa_gqa_attention(
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    probe = _ACTIVE_PROBE.get()
+    if probe is not None:
+        probe.record(query, key, attention_mask, scaling)
     groups = getattr(module, "num_key_value_groups", 1)
     unsupported = kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
     if groups == 1 or unsupported or kwargs.get("output_attentions", False):

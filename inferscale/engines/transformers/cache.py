@@ -66,6 +66,13 @@ class PreallocatedLayer(DynamicLayer):
         """Tokens filled (tokens)."""
         return self._length
 
+    def crop(self, max_length: int) -> None:
+        """Forget every entry after the first ``max_length`` (tokens); the buffers are kept."""
+        if max_length < 0:
+            max_length = self._length + max_length
+        self._length = min(self._length, max_length)
+        self._expose()
+
     def move_tail(self, base: int, slots: torch.Tensor) -> None:
         """Move the entries written after ``base`` into ``slots`` (``[n]`` int64, each < ``base``), then truncate
         the filled part back to ``base``. Used to replace injected K/V with recomputed ones."""
@@ -90,6 +97,11 @@ class PreallocatedCache(Cache):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         layers = [PreallocatedLayer(keys[i][None], values[i][None], length) for i in range(keys.shape[0])]
         super().__init__(layers=layers)
+
+    def crop(self, max_length: int) -> None:
+        """:meth:`PreallocatedLayer.crop` on every layer."""
+        for layer in self.layers:
+            layer.crop(max_length)
 
     def move_tail(self, base: int, slots: torch.Tensor) -> None:
         """:meth:`PreallocatedLayer.move_tail` on every layer."""

@@ -19,7 +19,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
-from inferscale.engines.transformers.attention import resolve_attention
+from inferscale.engines.transformers.attention import QueryAttentionProbe, resolve_attention, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.errors import InvalidInputError
@@ -27,7 +27,9 @@ from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assem
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.kv.recompute import planned_slots, top_scored_slots
 from inferscale.kv.rope import RopeTable
+from inferscale.kv.serving import ServingSettings
 from inferscale.models import resolve_llm_path
 
 log = logging.getLogger(__name__)
@@ -77,9 +79,9 @@ class TransformersEngine(LayoutTokensMixin):
         encode_batch_size: facts per forward pass when encoding.
         model, tokenizer: an already loaded model and tokenizer (tests, or callers that own the model); when
             given, ``config.model``/``dtype``/``device`` are not used to load anything.
-        recompute_head_tokens: m, the first tokens of each injected fact recomputed at serve time with attention
-            to everything laid out before them (an attention-sink remedy; 0 = pure injection; m >= every fact's
-            length reproduces prompt mode exactly). See :meth:`_recompute_heads`.
+        serving: the fidelity remedies applied to the injected memory at request time
+            (:class:`inferscale.kv.serving.ServingSettings`: attention scale s, temperature T, recompute policy).
+            Pure injection by default. See :meth:`_kv_cache`.
     """
 
     def __init__(
@@ -90,7 +92,7 @@ class TransformersEngine(LayoutTokensMixin):
         encode_batch_size: int = 16,
         model: Any = None,
         tokenizer: Any = None,
-        recompute_head_tokens: int = 0,
+        serving: ServingSettings | None = None,
     ) -> None:
         self._config = config
         self._system_prompt = system_prompt
@@ -100,9 +102,7 @@ class TransformersEngine(LayoutTokensMixin):
         self._tokenizer = tokenizer
         self._lock = threading.RLock()
         self._ready = False
-        if recompute_head_tokens < 0:
-            raise ValueError(f"recompute_head_tokens must be >= 0, got {recompute_head_tokens}")
-        self.recompute_head_tokens = recompute_head_tokens
+        self.serving = serving if serving is not None else ServingSettings()
 
     # ---------------------------------------------------------------- loading
     def load(self) -> TransformersEngine:
@@ -224,8 +224,8 @@ class TransformersEngine(LayoutTokensMixin):
         """Answer with the facts' K/V injected; prefill covers only the query tokens.
 
         ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
-        ``kv_assembly_ms`` covers the rotation and cache build, and the recompute of fact heads when
-        ``recompute_head_tokens`` > 0.
+        ``kv_assembly_ms`` covers the rotation, the cache build and the serving remedies of :attr:`serving` (the
+        recompute of chosen memory tokens, the probe prefill of ``selective:r``, the key scaling of ``T``).
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
@@ -236,9 +236,9 @@ class TransformersEngine(LayoutTokensMixin):
             t0 = _now_ms(self._device)
             query_ids = self._layout.query_ids(query)
             self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
-            assembled, cache = self._kv_cache(facts, extra_capacity=len(query_ids) + max_new_tokens)
+            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids)
             t1 = _now_ms(self._device)
-            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens)
+            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens, self._span(assembled))
             return Generation(
                 text=gen[0],
                 token_ids=gen[1],
@@ -247,6 +247,7 @@ class TransformersEngine(LayoutTokensMixin):
                 total_ms=_now_ms(self._device) - t0,
                 prompt_tokens=assembled.n_tokens + len(query_ids),
                 memory_tokens=assembled.memory_tokens,
+                recomputed_tokens=added,
             )
 
     @torch.inference_mode()
@@ -288,60 +289,92 @@ class TransformersEngine(LayoutTokensMixin):
         self.load()
         with self._lock:
             query_ids = self._layout.query_ids(query)
+            span = None
             if facts is not None:
-                assembled, cache = self._kv_cache(facts, extra_capacity=len(query_ids))
+                assembled, cache, _ = self._kv_cache(facts, len(query_ids), query_ids)
                 ids: list[int] = []
+                span = self._span(assembled)
             else:
                 ids = [t for f in fact_ids or [] for t in f]
                 assembled = self._workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
                 cache = self._cache_from(assembled)
-            return self._forward(cache, ids + query_ids, assembled.n_tokens)[0, -1].float()
+            return self._forward(cache, ids + query_ids, assembled.n_tokens, span)[0, -1].float()
 
-    def _kv_cache(self, facts: Sequence[FactKV], extra_capacity: int) -> tuple[AssembledKV, PreallocatedCache]:
-        """Assemble prefix + facts into a preallocated cache, then recompute the facts' first m tokens if asked."""
-        m = self.recompute_head_tokens
-        heads = sum(min(m, f.n_tokens) for f in facts)
-        assembled = self._workspace.assemble(facts, self._table, extra_capacity=extra_capacity + heads)
-        cache = self._cache_from(assembled)
-        if heads:
-            self._recompute_heads(cache, facts, assembled.n_tokens, m)
-        return assembled, cache
+    def _span(self, assembled: AssembledKV) -> tuple[int, int]:
+        return (self._prefix.n_tokens, assembled.n_tokens)
 
-    def _recompute_heads(self, cache: PreallocatedCache, facts: Sequence[FactKV], length: int, m: int) -> None:
-        """Recompute the first ``m`` tokens of every fact in place, in one forward pass.
+    def _kv_cache(
+        self, facts: Sequence[FactKV], extra_capacity: int, query_ids: Sequence[int] = ()
+    ) -> tuple[AssembledKV, PreallocatedCache, int]:
+        """Assemble prefix + facts into a preallocated cache, then apply the serving remedies: recompute the slots
+        the policy chooses (:meth:`_recompute`), and scale the memory keys by ``1/T`` (the temperature).
 
-        Each recomputed token at position t of fact i attends to the prefix, to the earlier facts (their
-        recomputed first tokens in their fresh form, the rest as injected) and to its own fact's recomputed tokens
-        up to t, at its true position. Its new K/V then replace the injected ones
-        (:meth:`PreallocatedCache.move_tail`). With ``m`` at least every fact's length this is exactly a full
-        prefill of the memory segment (prompt mode); with small ``m`` it re-grounds the start of each fact, where
-        a standalone-encoded fact grows its own attention sink (a selective recompute in the spirit of
-        CacheBlend, with a fixed choice of tokens). Cost: ``k·m`` prefill tokens attending ``P + S`` keys.
+        ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
+
+        Returns:
+            ``(assembled, cache, added_tokens)``: ``added_tokens`` counts the extra tokens prefilled (recomputed
+            memory tokens, plus the query's probe prefill for ``selective:r``).
         """
-        ids: list[int] = []
-        positions: list[int] = []
-        fact_start: list[int] = []
-        start = self._prefix.n_tokens
-        for fact in facts:
-            n = min(m, fact.n_tokens)
-            ids += fact.token_ids[:n].tolist()
-            positions += range(start, start + n)
-            fact_start += [start] * n
-            start += fact.n_tokens
-        pos = torch.tensor(positions, device=self._device)
-        owner = torch.tensor(fact_start, device=self._device)
+        policy = self.serving.recompute
+        lengths = [f.n_tokens for f in facts]
+        memory = sum(lengths)
+        p = self._prefix.n_tokens
+        slots = planned_slots(policy, lengths, p, self._layout.line_layout)  # None: chosen after a query probe
+        reserve = memory if slots is None else len(slots)
+        assembled = self._workspace.assemble(
+            facts, self._table, extra_capacity=extra_capacity + max(reserve, len(query_ids))
+        )
+        cache = self._cache_from(assembled)
+        added = 0
+        if slots is None:
+            if not query_ids:
+                raise ValueError("selective recompute ranks memory tokens by the query's attention: pass query_ids")
+            scores = self._query_attention_on_memory(cache, list(query_ids), assembled.n_tokens, p)
+            slots = top_scored_slots(scores, p, policy.amount)
+            added += len(query_ids)
+        added += len(slots)
+        if slots:
+            self._recompute(cache, assembled.token_ids, slots, assembled.n_tokens)
+        if self.serving.temperature != 1.0 and memory:
+            for layer in cache.layers:
+                layer.keys[:, :, p : p + memory].div_(self.serving.temperature)
+        return assembled, cache, added
+
+    def _query_attention_on_memory(
+        self, cache: PreallocatedCache, query_ids: list[int], length: int, start: int
+    ) -> torch.Tensor:
+        """``[S]`` float32: the attention mass the query tokens put on each memory slot, summed over layers, heads
+        and query tokens, from one probe prefill of the query on the injected cache (then discarded)."""
+        with QueryAttentionProbe(start, length) as probe, routed_through_sdpa_gqa(self._model):
+            self._forward(cache, query_ids, length)
+        cache.crop(length)
+        return probe.scores()
+
+    def _recompute(self, cache: PreallocatedCache, token_ids: torch.Tensor, slots: Sequence[int], length: int) -> None:
+        """Recompute the memory tokens at ``slots`` (ascending) in place, in one forward pass.
+
+        Each recomputed token attends, at its true position, to every slot before it: the injected K/V of the slots
+        not recomputed and the fresh K/V of the recomputed ones (and itself). Its new K/V then replace the injected
+        ones (:meth:`PreallocatedCache.move_tail`). With every memory slot chosen this is exactly a full prefill of
+        the memory segment (prompt mode). Cost: ``len(slots)`` prefill tokens attending up to ``P + S`` keys.
+
+        Args:
+            token_ids: ``[P + S]`` int64: the tokens the cache's slots stand for.
+            slots: cache positions to recompute, each in ``[P, P + S)``.
+            length: P + S, the filled slots.
+        """
+        pos = torch.tensor(list(slots), dtype=torch.long, device=self._device)
         cols = torch.arange(length, device=self._device)
         stale = torch.zeros(length, dtype=torch.bool, device=self._device)
         stale[pos] = True  # slots whose fresh K/V are in the recomputed block
-        allowed_cache = (cols[None, :] < owner[:, None]) & ~stale[None, :]  # [q, length]
-        earlier = owner[None, :] < owner[:, None]
-        own_causal = (owner[None, :] == owner[:, None]) & (pos[None, :] <= pos[:, None])
-        allowed = torch.cat([allowed_cache, earlier | own_causal], dim=1)
+        allowed_cache = (cols[None, :] < pos[:, None]) & ~stale[None, :]  # [q, length]
+        allowed_fresh = pos[None, :] <= pos[:, None]  # [q, q]
+        allowed = torch.cat([allowed_cache, allowed_fresh], dim=1)
         dtype = next(self._model.parameters()).dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self._device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         self._model.model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=self._device),
+            input_ids=token_ids[pos.cpu()][None].to(self._device),
             position_ids=pos[None],
             attention_mask=mask[None, None],
             cache=cache,
@@ -349,28 +382,65 @@ class TransformersEngine(LayoutTokensMixin):
         )
         cache.move_tail(length, pos)
 
-    def _forward(self, cache: Any, ids: list[int], start: int) -> torch.Tensor:
+    def _memory_bias_mask(
+        self, cache_length: int, n_new: int, memory_span: tuple[int, int] | None
+    ) -> torch.Tensor | None:
+        """``[1, 1, n_new, cache_length + n_new]`` float mask adding ``log s`` to the memory columns
+        ``memory_span = (P, P + S)`` (causal over the new tokens), or ``None`` when there is no span or s is 1."""
+        span = memory_span
+        if span is None or span[0] == span[1] or self.serving.attention_scale == 1.0:
+            return None
+        dtype = next(self._model.parameters()).dtype
+        mask = torch.zeros((n_new, cache_length + n_new), dtype=dtype, device=self._device)
+        mask[:, span[0] : span[1]] = self.serving.memory_logit_bias
+        if n_new > 1:
+            future = torch.ones((n_new, n_new), dtype=torch.bool, device=self._device).triu(1)
+            mask[:, cache_length:].masked_fill_(future, torch.finfo(dtype).min)
+        return mask[None, None]
+
+    def _forward(
+        self, cache: Any, ids: list[int], start: int, memory_span: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """Prefill ``ids`` at positions ``start ..`` on ``cache`` (length ``start``); ``[1, 1, vocab]`` logits of the
+        last position. With ``memory_span`` (injected memory slots ``[P, P + S)``) the memory block's attention bias
+        ``log s`` is added for these tokens."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
         positions = torch.arange(start, start + len(ids), device=self._device)[None]
+        mask = self._memory_bias_mask(start, len(ids), memory_span)
         # Only the last position's logits are used: projecting every prompt token onto the vocabulary would add
         # T x hidden x vocab multiply-adds to each prefill (at k=50, more than the query's whole prefill).
-        out = self._model(input_ids=input_ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        out = self._model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits
 
-    def _run(self, cache: Any, ids: list[int], start: int, max_new_tokens: int) -> tuple[str, list[int], float]:
-        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode.
+    def _run(
+        self,
+        cache: Any,
+        ids: list[int],
+        start: int,
+        max_new_tokens: int,
+        memory_span: tuple[int, int] | None = None,
+    ) -> tuple[str, list[int], float]:
+        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode (the memory bias of
+        ``memory_span`` applies to the prefill and every decoded token).
 
         Returns (text, generated ids, prefill ms up to the first token).
         """
         t0 = _now_ms(self._device)
-        logits = self._forward(cache, ids, start)
+        logits = self._forward(cache, ids, start, memory_span)
         token = int(logits[0, -1].argmax())
         prefill_ms = _now_ms(self._device) - t0
         generated: list[int] = []
         position = start + len(ids)
         while token not in self._stop_ids and len(generated) < max_new_tokens:
             generated.append(token)
-            logits = self._forward(cache, [token], position)
+            logits = self._forward(cache, [token], position, memory_span)
             position += 1
             token = int(logits[0, -1].argmax())
         # A budget that ends inside a multi-byte character leaves a replacement character: drop it.

@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferscale.errors import ConfigError
+from inferscale.kv.recompute import FactLineLayout
 
 _SENTINEL = "\u2063INFERSCALE_MEMORY_SEGMENT\u2063"
 _QUERY_SENTINEL = "\u2063INFERSCALE_QUERY\u2063"
+_BULLET = "- "
+_LINE_END = "\n"
 
 
 class PromptLayout:
@@ -46,17 +49,37 @@ class PromptLayout:
         self._tokenizer = tokenizer
         self._query_before, self._query_after = rest.split(_QUERY_SENTINEL)
         self.prefix_ids: list[int] = self._encode(prefix)
+        self.line_layout: FactLineLayout = self._line_layout()
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def fact_ids(self, text: str) -> list[int]:
         """Tokens of one fact as a line of the memory segment: ``"- {text}\\n"``."""
-        return self._encode(f"- {text.strip()}\n")
+        return self._encode(f"{_BULLET}{text.strip()}{_LINE_END}")
+
+    def _line_layout(self) -> FactLineLayout:
+        """How many tokens of a fact line the bullet and the line break take, found by tokenizing a line and
+        counting the leading tokens that decode to part of the bullet and the trailing ones that decode to part of
+        the line break (a token that merges layout with fact text is left out: it is text too)."""
+        ids = self.fact_ids("memory")
+        pieces = [self._tokenizer.decode([t]) for t in ids]
+        opening = 0
+        text = ""
+        while opening < len(ids) and _BULLET.startswith(text + pieces[opening]) and pieces[opening]:
+            text += pieces[opening]
+            opening += 1
+        closing = 0
+        text = ""
+        while closing < len(ids) - opening and _LINE_END.endswith(pieces[-1 - closing] + text) and pieces[-1 - closing]:
+            text = pieces[-1 - closing] + text
+            closing += 1
+        return FactLineLayout(opening=opening, closing=closing)
 
     def context_ids(self, turns: Sequence[str]) -> list[int]:
-        """Tokens of preceding conversation turns, one per line, used as encoding context."""
-        return self._encode("".join(f"{t.strip()}\n" for t in turns)) if turns else []
+        """Tokens of preceding conversation turns used as encoding context, each laid out as a memory line
+        (:meth:`fact_ids`): a fact encoded after them sees what it sees when served after other memories."""
+        return [t for turn in turns for t in self.fact_ids(turn)]
 
     def query_ids(self, query: str) -> list[int]:
         """Tokens after the memory segment: the end of the system turn, the user's query, the assistant header."""

@@ -38,11 +38,14 @@ from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayo
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
+from inferscale.errors import ConfigError
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.kv.serving import ServingSettings
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
@@ -223,9 +226,7 @@ class RequestBuilder:
         ids = [t for h in headers for t in h.token_ids]
         return self._prepared(query, refs, [h.n_tokens for h in headers], ids, cache_scope)
 
-    def prepare_prompt(
-        self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
-    ) -> PreparedRequest:
+    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = "") -> PreparedRequest:
         """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload), salted with the tenant
         (:func:`~inferscale.engines.vllm.metadata.prompt_cache_salt`) so tenants never share prefix-cache blocks."""
         memory = [t for ids in fact_ids for t in ids]
@@ -250,6 +251,11 @@ class VLLMEngine(LayoutTokensMixin):
         max_model_len: vLLM's context limit (tokens); ``None`` keeps the model's.
         enforce_eager: run vLLM without torch.compile / graphs (required for fast start on CPU).
         llm_kwargs: further keyword arguments for ``vllm.LLM`` (override the ones above).
+        serving: the request-time remedies; only pure injection (the default) is served.
+
+    Raises:
+        ConfigError: when ``serving`` asks for a memory attention scale, a temperature or a recompute policy,
+            which vLLM cannot apply without a fork (the message says why).
     """
 
     def __init__(
@@ -263,7 +269,20 @@ class VLLMEngine(LayoutTokensMixin):
         max_model_len: int | None = 4096,
         enforce_eager: bool = True,
         llm_kwargs: Mapping[str, Any] | None = None,
+        serving: ServingSettings | None = None,
     ) -> None:
+        serving = serving if serving is not None else ServingSettings()
+        if not serving.is_pure_injection:
+            raise ConfigError(
+                f"the vLLM engine serves injected memory as it was encoded; it cannot apply {serving.label()}: "
+                "vLLM's attention kernels take no per-column logit bias (memory_attention_scale), a KV connector "
+                "may only claim one contiguous span of prompt tokens from position 0 (so memory tokens inside the "
+                "segment cannot be recomputed), and the temperature is not wired to the connector. Set "
+                "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' for provider 'vllm'; "
+                "the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
+                "See docs/vllm.md."
+            )
+        self.serving = serving
         self._config = config
         self._system_prompt = system_prompt
         self._home = home
@@ -434,9 +453,7 @@ class VLLMEngine(LayoutTokensMixin):
         """See :meth:`RequestBuilder.prepare_files`."""
         return self.builder.prepare_files(query, refs, cache_scope)
 
-    def prepare_prompt(
-        self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
-    ) -> PreparedRequest:
+    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = "") -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_prompt`."""
         return self.builder.prepare_prompt(query, fact_ids, cache_scope)
 
