@@ -53,6 +53,33 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _add_kv_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """The KV serving remedies, as ``KVConfig`` names them, with its defaults."""
+    from inferscale.config import KVConfig
+
+    fields = KVConfig.model_fields
+    parser.add_argument(
+        "--recompute",
+        default=fields["recompute"].default,
+        help="memory tokens recomputed at serve time: none, head:M, structure or selective:R "
+        f"(default {fields['recompute'].default})",
+    )
+    parser.add_argument(
+        "--memory-attention-scale",
+        type=float,
+        default=fields["memory_attention_scale"].default,
+        help=f"s, the memory block's attention scale (default {fields['memory_attention_scale'].default})",
+    )
+    parser.add_argument(
+        "--position-buckets",
+        type=int,
+        nargs="+",
+        default=list(fields["position_buckets"].default),
+        help="distances from the system prefix facts are encoded at, tokens "
+        f"(default {' '.join(map(str, fields['position_buckets'].default))})",
+    )
+
+
 def _fail(exc: Exception) -> int:
     Console(stderr=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
     return 2
@@ -227,7 +254,9 @@ def _eval_locomo(args: argparse.Namespace) -> int:
             limit=args.limit,
             k=args.k,
             context_window=args.context_window,
-            recompute_head_tokens=args.recompute_head_tokens,
+            recompute=args.recompute,
+            memory_attention_scale=args.memory_attention_scale,
+            position_buckets=tuple(args.position_buckets),
             encode_after_system_prefix=args.encode_after_system_prefix,
             out_dir=Path(args.out),
             judge_base_url=args.judge_base_url,
@@ -256,8 +285,10 @@ def _eval_locomo(args: argparse.Namespace) -> int:
 
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``eval`` (with ``eval locomo``) to ``subparsers``; returns the ``eval`` parser."""
-    evaluation = subparsers.add_parser("eval", help="accuracy evaluations (LoCoMo)")
+    """Add ``eval`` (``eval locomo``, ``eval fidelity``) to ``subparsers``; returns the ``eval`` parser."""
+    from inferscale.config import KVConfig
+
+    evaluation = subparsers.add_parser("eval", help="accuracy evaluations (LoCoMo, KV-injection fidelity)")
     sub = evaluation.add_subparsers(dest="eval_command", required=True)
     locomo = sub.add_parser(
         "locomo",
@@ -274,10 +305,13 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     locomo.add_argument("--conversations", type=_names, default=None, help="sample ids, e.g. conv-26,conv-30")
     locomo.add_argument("--limit", type=_positive, default=None, help="at most N questions per conversation")
     locomo.add_argument("-k", "--k", type=_positive, default=10, help="memories per question (default 10)")
-    locomo.add_argument("--context-window", type=_non_negative, default=0, help="w: context turns per fact (default 0)")
     locomo.add_argument(
-        "--recompute-head-tokens", type=_non_negative, default=0, help="m: fact head tokens recomputed (default 0)"
+        "--context-window",
+        type=_non_negative,
+        default=KVConfig.model_fields["context_window"].default,
+        help="w: context turns per fact (default: KVConfig's, %(default)s)",
     )
+    _add_kv_serving_arguments(locomo)
     locomo.add_argument(
         "--encode-after-system-prefix",
         action=argparse.BooleanOptionalAction,
@@ -312,4 +346,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     locomo.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's)")
     locomo.set_defaults(func=_eval_locomo)
+    from inferscale.eval.fidelity_cli import add_fidelity_parser
+
+    add_fidelity_parser(sub)
     return evaluation

@@ -1,0 +1,376 @@
+"""``inferscale eval fidelity``: how far KV-injected answers are from pasted ones, per serving setting.
+
+For every slice (:mod:`inferscale.eval.fidelity_cases`), every system prompt and every setting, each case is
+answered twice from the same memories in the same order: once with the memory tokens prefilled as text (prompt
+mode, the reference) and once with their K/V injected under the setting (KV mode). Per setting it reports:
+
+- KL(prompt ‖ kv) of the first generated token's distribution (nats): mean and median; first-token agreement
+  (the two argmaxes equal);
+- token F1 between the KV and the prompt answer, and of each against the gold answer (when the case has one);
+- how often each mode's answer hits the token budget, and how often it repeats itself (:func:`repeats`);
+- the extra tokens the setting prefills (as a fraction of the memory tokens) and the engine-side TTFT (ms).
+
+A setting (:class:`FidelitySetting`) combines the request-time remedies (:class:`inferscale.kv.serving.ServingSettings`)
+with position-aware encoding: ``position_buckets`` are the distances from the system prefix a fact is encoded at
+(:attr:`inferscale.kv.encode.EncodeRequest.position_gap`); at serve time each fact uses the bucket nearest to its
+real offset in the memory segment (:func:`inferscale.kv.serving.nearest_bucket`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inferscale.eval.fidelity_cases import FidelityCase, FidelitySlice
+from inferscale.eval.metrics import first_token_kl, token_f1
+from inferscale.kv.encode import EncodeRequest
+from inferscale.kv.fact import FactKV
+from inferscale.kv.recompute import RecomputePolicy
+from inferscale.kv.serving import ServingSettings, bucket_per_fact
+
+__all__ = [
+    "SCALE_GRID",
+    "SYSTEM_PROMPTS",
+    "Calibration",
+    "FidelitySetting",
+    "SettingSummary",
+    "calibrate_scale",
+    "repeats",
+    "run_fidelity",
+    "summarize_rows",
+]
+
+SYSTEM_PROMPTS: dict[str, str] = {
+    "short": "Memories:\n",
+    "default": (
+        "You are a helpful assistant with a long-term memory of the user. "
+        "Answer the question briefly, using the memories below when they are relevant.\nMemories:\n"
+    ),
+    "long": (
+        "You are a careful, friendly assistant that remembers what the user told you in earlier conversations. "
+        "Below is a list of memories retrieved for this question: each line is one thing the user or someone "
+        "they spoke with said, sometimes with the date it was said. Some memories may be irrelevant. Answer the "
+        "user's question in one short sentence, using only the memories that matter; if they do not contain the "
+        "answer, say that you do not know.\nMemories:\n"
+    ),
+}
+"""The three system prompts every setting is judged on (a remedy tuned on one prompt is not a default)."""
+
+
+class FidelitySetting(BaseModel):
+    """One serving setting to measure.
+
+    Attributes:
+        name: its label in the report (defaults to a description of the fields).
+        attention_scale: s, the memory block's attention scale (1 = off).
+        temperature: T, the memory logits' temperature (1 = off).
+        recompute: ``"none"``, ``"head:m"``, ``"structure"`` or ``"selective:r"`` (:mod:`inferscale.kv.recompute`).
+        position_buckets: distances from the system prefix (tokens) the facts are encoded at; ``[0]`` encodes
+            each fact right after the prefix.
+        context_window: w, the conversation turns before each memory it is encoded after (laid out as memory
+            lines; the case's ``contexts``), as ``KVConfig.context_window``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    attention_scale: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    recompute: str = "none"
+    position_buckets: tuple[int, ...] = (0,)
+    context_window: int = Field(default=0, ge=0, le=16)
+
+    @field_validator("recompute")
+    @classmethod
+    def _valid_recompute(cls, value: str) -> str:
+        return str(RecomputePolicy.parse(value))
+
+    @field_validator("position_buckets")
+    @classmethod
+    def _valid_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(b < 0 for b in value):
+            raise ValueError("position_buckets needs at least one distance, each >= 0 (tokens)")
+        return tuple(sorted(set(value)))
+
+    @property
+    def serving(self) -> ServingSettings:
+        """The request-time part of the setting."""
+        return ServingSettings(self.attention_scale, self.temperature, RecomputePolicy.parse(self.recompute))
+
+    @property
+    def label(self) -> str:
+        """``name`` if set, else the fields, e.g. ``"s=0.35 T=1 recompute=none buckets=0"``."""
+        if self.name:
+            return self.name
+        buckets = "/".join(map(str, self.position_buckets))
+        return f"{self.serving.label()} buckets={buckets} w={self.context_window}"
+
+
+_REPEAT_N = 4
+
+
+def repeats(token_ids: Sequence[int], n: int = _REPEAT_N) -> bool:
+    """Whether an answer repeats itself: some run of ``n`` tokens occurs twice or more."""
+    seen: set[tuple[int, ...]] = set()
+    for i in range(len(token_ids) - n + 1):
+        gram = tuple(token_ids[i : i + n])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
+@dataclass(frozen=True)
+class SettingSummary:
+    """Aggregates of one (setting, slice, system prompt) group; see the module notes for each figure."""
+
+    setting: str
+    slice: str
+    system_prompt: str
+    n: int
+    kl_mean: float
+    kl_median: float
+    top1_agreement: float
+    f1_kv_vs_prompt: float
+    f1_kv_gold: float | None
+    f1_prompt_gold: float | None
+    kv_budget_hit: float
+    prompt_budget_hit: float
+    kv_repeat: float
+    prompt_repeat: float
+    added_tokens: float
+    added_fraction: float
+    ttft_kv_ms: float
+    ttft_prompt_ms: float
+
+
+class _FactCache:
+    """Encoded facts of one engine (system prompt), keyed by (text, context, bucket): each is encoded once."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._facts: dict[tuple[str, tuple[str, ...], int], FactKV] = {}
+
+    def get(self, case: FidelityCase, setting: FidelitySetting) -> list[FactKV]:
+        """The case's facts encoded as ``setting`` asks, in layout order."""
+        texts = case.memories
+        w = setting.context_window
+        contexts = [tuple(case.context_of(i)[-w:]) if w else () for i in range(len(texts))]
+        lengths = [len(self._engine.fact_token_ids(t)) for t in texts]
+        gaps = bucket_per_fact(lengths, setting.position_buckets)
+        wanted = list(zip(texts, contexts, gaps, strict=True))
+        missing = list(dict.fromkeys(key for key in wanted if key not in self._facts))
+        if missing:
+            prefix = self._engine.system_prefix_ids()
+            requests = [
+                EncodeRequest(
+                    self._engine.fact_token_ids(text),
+                    context_ids=prefix + self._engine.context_token_ids(list(context)),
+                    position_gap=gap,
+                )
+                for text, context, gap in missing
+            ]
+            for key, fact in zip(missing, self._engine.encode_facts(requests), strict=True):
+                self._facts[key] = fact
+        return [self._facts[key] for key in wanted]
+
+
+def run_fidelity(
+    engines: dict[str, Any],
+    slices: Sequence[FidelitySlice],
+    settings: Sequence[FidelitySetting],
+    max_new_tokens: int = 32,
+    generate: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure every setting on every case of every slice, under every system prompt.
+
+    Args:
+        engines: one transformers engine per system prompt name (same model), e.g. built from
+            :data:`SYSTEM_PROMPTS`; each engine's ``serving`` is set per setting and restored after.
+        slices: the cases.
+        settings: the settings to measure.
+        max_new_tokens: answer budget (tokens).
+        generate: also generate both answers (F1, budget and repeat rates, TTFT); ``False`` measures the first
+            token only (KL, agreement), as calibration does.
+        progress: called with a line of text after each case.
+
+    Returns:
+        One row per (system prompt, slice, case, setting): ``kl``, ``top1_agree``, the answers, their token
+        counts, ``added_tokens``, ``memory_tokens``, TTFTs (ms) and the case's gold answer.
+    """
+    rows: list[dict[str, Any]] = []
+    for prompt_name, engine in engines.items():
+        saved = engine.serving
+        facts = _FactCache(engine)
+        try:
+            for part in slices:
+                for index, case in enumerate(part.cases):
+                    reference = _prompt_reference(engine, case, max_new_tokens, generate)
+                    for setting in settings:
+                        row = _measure(engine, facts, case, setting, reference, max_new_tokens, generate)
+                        rows.append({"system_prompt": prompt_name, "slice": part.name, "case": index, **row})
+                    if progress is not None:
+                        progress(f"{prompt_name} {part.name} case {index + 1}/{len(part.cases)}")
+        finally:
+            engine.serving = saved
+    return rows
+
+
+def _prompt_reference(engine: Any, case: FidelityCase, max_new_tokens: int, generate: bool) -> dict[str, Any]:
+    ids = [engine.fact_token_ids(t) for t in case.memories]
+    reference: dict[str, Any] = {"logits": engine.first_token_logits(case.question, None, ids)}
+    if generate:
+        reference["generation"] = engine.generate_prompt(case.question, ids, max_new_tokens)
+    return reference
+
+
+def _measure(
+    engine: Any,
+    facts: _FactCache,
+    case: FidelityCase,
+    setting: FidelitySetting,
+    reference: dict[str, Any],
+    max_new_tokens: int,
+    generate: bool,
+) -> dict[str, Any]:
+    engine.serving = setting.serving
+    served = facts.get(case, setting)
+    kv_logits = engine.first_token_logits(case.question, served)
+    prompt_logits = reference["logits"]
+    row: dict[str, Any] = {
+        "setting": setting.label,
+        "kl": first_token_kl(prompt_logits, kv_logits),
+        "top1_agree": int(kv_logits.argmax()) == int(prompt_logits.argmax()),
+        "memory_tokens": sum(f.n_tokens for f in served),
+        "gold": case.answer,
+    }
+    if generate:
+        kv = engine.generate_kv(case.question, served, max_new_tokens)
+        prompt = reference["generation"]
+        row.update(
+            kv_answer=kv.text,
+            prompt_answer=prompt.text,
+            kv_tokens=len(kv.token_ids),
+            prompt_tokens=len(prompt.token_ids),
+            kv_budget_hit=len(kv.token_ids) >= max_new_tokens,
+            prompt_budget_hit=len(prompt.token_ids) >= max_new_tokens,
+            kv_repeat=repeats(kv.token_ids),
+            prompt_repeat=repeats(prompt.token_ids),
+            added_tokens=kv.recomputed_tokens,
+            ttft_kv_ms=kv.kv_assembly_ms + kv.prefill_ms,
+            ttft_prompt_ms=prompt.prefill_ms,
+        )
+    return row
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(statistics.fmean(values)) if values else float("nan")
+
+
+def summarize_rows(
+    rows: Sequence[dict[str, Any]], by: Sequence[str] = ("setting", "slice", "system_prompt")
+) -> list[SettingSummary]:
+    """One :class:`SettingSummary` per group of ``rows`` (groups in first-seen order).
+
+    ``by`` names the row fields that define a group; fields left out are pooled (e.g. ``("setting",)`` pools
+    every slice and system prompt), and the pooled ones are reported as ``"all"``.
+    """
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in by), []).append(row)
+    out = []
+    for key, group in groups.items():
+        labels = dict(zip(by, key, strict=True))
+        kls = [r["kl"] for r in group]
+        generated = [r for r in group if "kv_answer" in r]
+        gold = [r for r in generated if r.get("gold")]
+        memory = sum(r["memory_tokens"] for r in generated)
+        out.append(
+            SettingSummary(
+                setting=str(labels.get("setting", "all")),
+                slice=str(labels.get("slice", "all")),
+                system_prompt=str(labels.get("system_prompt", "all")),
+                n=len(group),
+                kl_mean=_mean(kls),
+                kl_median=float(statistics.median(kls)),
+                top1_agreement=_mean([float(r["top1_agree"]) for r in group]),
+                f1_kv_vs_prompt=_mean([token_f1(r["kv_answer"], r["prompt_answer"]) for r in generated]),
+                f1_kv_gold=_mean([token_f1(r["kv_answer"], r["gold"]) for r in gold]) if gold else None,
+                f1_prompt_gold=_mean([token_f1(r["prompt_answer"], r["gold"]) for r in gold]) if gold else None,
+                kv_budget_hit=_mean([float(r["kv_budget_hit"]) for r in generated]),
+                prompt_budget_hit=_mean([float(r["prompt_budget_hit"]) for r in generated]),
+                kv_repeat=_mean([float(r["kv_repeat"]) for r in generated]),
+                prompt_repeat=_mean([float(r["prompt_repeat"]) for r in generated]),
+                added_tokens=_mean([r["added_tokens"] for r in generated]),
+                added_fraction=sum(r["added_tokens"] for r in generated) / memory if memory else float("nan"),
+                ttft_kv_ms=statistics.median([r["ttft_kv_ms"] for r in generated]) if generated else float("nan"),
+                ttft_prompt_ms=statistics.median([r["ttft_prompt_ms"] for r in generated])
+                if generated
+                else float("nan"),
+            )
+        )
+    return out
+
+
+SCALE_GRID: tuple[float, ...] = (1.0, 0.7, 0.5, 0.4, 0.35, 0.3, 0.25, 0.2)
+"""The attention scales ``--calibrate`` tries."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The attention scale chosen for a model on calibration cases, and how it does on held-out ones.
+
+    Attributes:
+        scale: the chosen s (lowest mean first-token KL on the calibration half).
+        calibration_kl: mean KL of each tried s on the calibration half, ``{s: nats}``.
+        held_out_kl: mean KL on the held-out half with the chosen s (nats).
+        held_out_kl_unscaled: mean KL on the held-out half with s = 1 (nats).
+        n_calibration, n_held_out: cases in each half (times the system prompts).
+    """
+
+    scale: float
+    calibration_kl: dict[float, float]
+    held_out_kl: float
+    held_out_kl_unscaled: float
+    n_calibration: int
+    n_held_out: int
+
+
+def calibrate_scale(
+    engines: dict[str, Any],
+    slices: Sequence[FidelitySlice],
+    base: FidelitySetting,
+    grid: Sequence[float] = SCALE_GRID,
+) -> Calibration:
+    """Pick the memory attention scale s for a model: the s of ``grid`` with the lowest mean first-token KL on the
+    even-numbered cases of every slice (pooled over the system prompts of ``engines``), then report that s and
+    s = 1 on the odd-numbered (held-out) cases. Every other field comes from ``base``.
+
+    Raises:
+        ValueError: when the slices hold fewer than two cases in all, or ``grid`` is empty.
+    """
+    calibration = [FidelitySlice(s.name, s.cases[0::2]) for s in slices]
+    held_out = [FidelitySlice(s.name, s.cases[1::2]) for s in slices]
+    n_cal, n_held = sum(len(s.cases) for s in calibration), sum(len(s.cases) for s in held_out)
+    if not grid or n_cal == 0 or n_held == 0:
+        raise ValueError("calibration needs a non-empty scale grid and at least two cases")
+    candidates = [base.model_copy(update={"attention_scale": s, "name": f"s={s:g}"}) for s in grid]
+    rows = run_fidelity(engines, calibration, candidates, generate=False)
+    kl = {s: _mean([r["kl"] for r in rows if r["setting"] == c.label]) for s, c in zip(grid, candidates, strict=True)}
+    best = min(grid, key=lambda s: (kl[s], -s))
+    chosen = base.model_copy(update={"attention_scale": best, "name": "chosen"})
+    unscaled = base.model_copy(update={"attention_scale": 1.0, "name": "unscaled"})
+    held = run_fidelity(engines, held_out, [chosen, unscaled], generate=False)
+    return Calibration(
+        scale=best,
+        calibration_kl=kl,
+        held_out_kl=_mean([r["kl"] for r in held if r["setting"] == "chosen"]),
+        held_out_kl_unscaled=_mean([r["kl"] for r in held if r["setting"] == "unscaled"]),
+        n_calibration=n_cal * len(engines),
+        n_held_out=n_held * len(engines),
+    )
