@@ -179,7 +179,7 @@ class AsyncMemoryClient(_ClientCore):
                     await self.adb.delete_kv_entries(memory_id)
                     await asyncio.to_thread(store.delete_memory, memory_id)
         if encode_kv and (changed or applied.added):
-            await asyncio.to_thread(self.fact_kv.ensure, [*changed, *applied.added])
+            await asyncio.to_thread(self.fact_kv.prepare, [*changed, *applied.added])
 
     async def update(
         self,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from inferscale.config import KVConfig
+
 
 def _demo(args: argparse.Namespace) -> int:
     from inferscale.demo import bundled_script, demo_client, locomo_script, run_demo
@@ -49,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--context-window", type=int, default=0, help="w: preceding turns each fact is encoded after (default 0)"
+        "--context-window",
+        type=int,
+        default=KVConfig.model_fields["context_window"].default,
+        help="w: preceding turns each fact is encoded after (default: KVConfig's, %(default)s)",
     )
     demo.add_argument("--locomo", metavar="PATH", help="run on a LoCoMo file instead of the bundled conversation")
     demo.add_argument("--conversation", default="conv-26", help="LoCoMo sample_id (default conv-26)")

@@ -163,7 +163,7 @@ class _ClientCore:
                         self.config.system_prompt,
                         home=self.config.home_dir(),
                         encode_batch_size=self.config.kv.encode_batch_size,
-                        recompute_head_tokens=self.config.kv.recompute_head_tokens,
+                        serving=self.config.kv.serving(),
                     )
             return self._engine
 
@@ -180,6 +180,7 @@ class _ClientCore:
             self.config.system_prompt,
             home=self.config.home_dir(),
             encode_batch_size=self.config.kv.encode_batch_size,
+            serving=self.config.kv.serving(),
         )
 
     @property
@@ -312,11 +313,14 @@ class _ClientCore:
     def _verbatim_changes(
         messages: Sequence[Message], scope: Scope, meta: dict[str, Any], actor: str | None
     ) -> ChangeSet:
-        """``infer=False``: every user/assistant message becomes a memory, the turns before it its context."""
+        """``infer=False``: every user/assistant message becomes a memory, the turns before it its context.
+
+        The context turns are kept as the memories they become (their text), so that a fact encoded after them
+        (context-window encoding) sees lines laid out exactly like the memories it is served among."""
         turns = [m for m in messages if m.role != "system"]
-        rendered = _rendered(turns)
+        texts = [m.content for m in turns]
         adds = tuple(
-            NewMemory(m.content, {"role": m.role, **meta}, tuple(rendered[max(0, i - MAX_CONTEXT_TURNS) : i]))
+            NewMemory(m.content, {"role": m.role, **meta}, tuple(texts[max(0, i - MAX_CONTEXT_TURNS) : i]))
             for i, m in enumerate(turns)
         )
         return ChangeSet(scope, adds=adds, actor=actor)
@@ -534,7 +538,7 @@ class MemoryClient(_ClientCore):
         self._embed_into_index(index, [*changed, *applied.added])
         self._forget_kv([r.id for r in applied.deleted] + [r.id for r in changed])
         if encode_kv and (changed or applied.added):
-            self.fact_kv.ensure([*changed, *applied.added])
+            self.fact_kv.prepare([*changed, *applied.added])
         self._save_index_if_due(index)
 
     def update(

@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from inferscale.kv.serving import ServingSettings
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -99,31 +102,68 @@ class KVConfig(_Strict):
     """How fact KV is encoded and injected (paper: context-window encoding, chunked RoPE).
 
     Attributes:
-        context_window: w, the number of preceding conversation turns a fact is encoded after; only the fact's
-            own K/V are kept. 0 encodes every fact standalone.
+        context_window: w, the number of preceding conversation turns a fact is encoded after, each laid out as
+            a memory line; only the fact's own K/V are kept. 0 encodes every fact with no turns before it. The
+            default, 5, was chosen by ``inferscale eval fidelity`` (docs/architecture.md): it brings KV answers
+            closest to pasted ones at no serve-time cost, in both engines.
         encode_after_system_prefix: encode each fact after the chat template's system prefix (an attention-sink
             remedy: the fact does not grow a sink of its own). Exact injection (block-diagonal equivalence)
-            holds only with this off; see docs/kv.md.
+            holds only with this off; see docs/architecture.md.
         store_dir: where KV tensors are written as safetensors; ``None`` means ``<home>/kv``.
         encode_batch_size: facts per forward pass when encoding.
         encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
             the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
-        recompute_head_tokens: m, the first tokens of each injected fact re-prefilled at serve time with attention
-            to the prefix and the earlier facts (a sink remedy; costs k·m prefill tokens; 0 = pure injection).
-            Transformers engine only. See docs/architecture.md for the measured trade-off.
+        recompute: which injected memory tokens are prefilled again at serve time, each attending to everything
+            before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"structure"``
+            (each fact line's bullet and line break) or ``"selective:r"`` (the r% of memory tokens the query
+            attends to most); see :mod:`inferscale.kv.recompute`.
+        memory_attention_scale: s, the memory block's attention mass is scaled by s for the query and every
+            decoded token (``log s`` added to the memory columns' logits; APE); 1 turns it off.
+        memory_temperature: T, the memory columns' attention logits are divided by T (injected keys scaled by
+            ``1/T``); 1 turns it off.
+        position_buckets: distances from the system prefix (tokens) each fact is encoded at (position-aware
+            encoding); at serve time a fact uses the bucket nearest to its offset in the memory segment. Each
+            bucket costs one encoding and one stored K/V per fact. ``(0,)`` encodes right after the prefix.
+            The defaults of these four were chosen by ``inferscale eval fidelity`` (docs/architecture.md).
         host_budget_bytes: capacity of the host-memory KV tier in bytes (LRU; evicted entries stay on disk).
         device_budget_bytes: capacity of the GPU KV tier in bytes; ``None`` means 1 GiB when the engine runs on
             CUDA and no GPU tier otherwise.
     """
 
-    context_window: int = Field(default=0, ge=0, le=64)
+    context_window: int = Field(default=5, ge=0, le=64)
     encode_after_system_prefix: bool = True
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
     encode_on_add: bool = True
-    recompute_head_tokens: int = Field(default=0, ge=0, le=4096)
+    recompute: str = "none"
+    memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
+    memory_temperature: float = Field(default=1.0, gt=0, le=10)
+    position_buckets: tuple[int, ...] = (0,)
     host_budget_bytes: int = Field(default=2 << 30, ge=0)
     device_budget_bytes: int | None = Field(default=None, ge=0)
+
+    @field_validator("recompute")
+    @classmethod
+    def _valid_recompute(cls, value: str) -> str:
+        from inferscale.kv.recompute import RecomputePolicy  # the KV core imports torch: only when validating
+
+        return str(RecomputePolicy.parse(value))
+
+    @field_validator("position_buckets")
+    @classmethod
+    def _valid_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or any(b < 0 for b in value) or len(value) > 16:
+            raise ValueError("position_buckets needs 1 to 16 distances, each >= 0 (tokens)")
+        return tuple(sorted(set(value)))
+
+    def serving(self) -> ServingSettings:
+        """The request-time remedies of these settings (:class:`inferscale.kv.serving.ServingSettings`)."""
+        from inferscale.kv.recompute import RecomputePolicy
+        from inferscale.kv.serving import ServingSettings
+
+        return ServingSettings(
+            self.memory_attention_scale, self.memory_temperature, RecomputePolicy.parse(self.recompute)
+        )
 
 
 class MemoryConfig(_Strict):

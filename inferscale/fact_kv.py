@@ -13,6 +13,7 @@ from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
+from inferscale.kv.serving import bucket_per_fact
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
 
@@ -35,39 +36,63 @@ class FactKVManager:
         self._db = db
         self._config = config
 
-    @property
-    def encoding_key(self) -> str:
-        """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"``."""
+    def encoding_key(self, gap: int = 0) -> str:
+        """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"`` or ``"w=3;prefix=system;v2"``
+        (``";gap=N"`` is added for a position-aware encoding at distance N > 0 from the prefix)."""
         prefix = "system" if self._config.encode_after_system_prefix else "none"
-        return f"w={self._config.context_window};prefix={prefix};v1"
+        distance = f";gap={gap}" if gap else ""
+        # v2: context turns are laid out as memory lines ("- {turn}\n"); v1 entries (bare lines) are not reused.
+        version = "v2" if self._config.context_window else "v1"
+        return f"w={self._config.context_window};prefix={prefix}{distance};{version}"
 
-    def key(self, record: MemoryRecord) -> KVKey:
-        """The store key of ``record`` under the current engine and settings."""
-        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key)
+    def key(self, record: MemoryRecord, gap: int = 0) -> KVKey:
+        """The store key of ``record`` encoded at distance ``gap`` (tokens) from the prefix, under the current
+        engine and settings."""
+        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(gap))
 
-    def encode_request(self, record: MemoryRecord) -> EncodeRequest:
-        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns)."""
+    def encode_request(self, record: MemoryRecord, gap: int = 0) -> EncodeRequest:
+        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns), at
+        ``gap`` positions past them (position-aware encoding)."""
         context: list[int] = []
         if self._config.encode_after_system_prefix:
             context += self._engine.system_prefix_ids()
         window = self._config.context_window
         if window and record.context:
             context += self._engine.context_token_ids(record.context[-window:])
-        return EncodeRequest(fact_ids=self._engine.fact_token_ids(record.text), context_ids=context)
+        return EncodeRequest(fact_ids=self._engine.fact_token_ids(record.text), context_ids=context, position_gap=gap)
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
-        """K/V of every record, in order: store hits as they are, misses encoded in batches and stored.
+        """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
+        offset in the memory segment (:func:`inferscale.kv.serving.bucket_per_fact`); store hits as they are,
+        misses encoded in batches and stored.
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key (never injected).
         """
-        found: list[FactKV | None] = [self._store.get(self.key(r)) for r in records]
+        buckets = self._config.position_buckets
+        if len(buckets) == 1:
+            gaps = [buckets[0]] * len(records)
+        else:
+            gaps = bucket_per_fact([len(self._engine.fact_token_ids(r.text)) for r in records], buckets)
+        return self._ensure(list(zip(records, gaps, strict=True)))
+
+    def prepare(self, records: Sequence[MemoryRecord]) -> None:
+        """Encode and store every record at every position bucket (the eager encoding of ``add``), so no later
+        request encodes on its path.
+
+        Raises:
+            KVFingerprintMismatchError: when a stored file was written under another key.
+        """
+        self._ensure([(r, gap) for r in records for gap in self._config.position_buckets])
+
+    def _ensure(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[FactKV]:
+        found: list[FactKV | None] = [self._store.get(self.key(r, gap)) for r, gap in wanted]
         missing = [i for i, fact in enumerate(found) if fact is None]
         if missing:
-            encoded = self._engine.encode_facts([self.encode_request(records[i]) for i in missing])
+            encoded = self._engine.encode_facts([self.encode_request(*wanted[i]) for i in missing])
             for i, fact in zip(missing, encoded, strict=True):
-                record = records[i]
-                key = self.key(record)
+                record, gap = wanted[i]
+                key = self.key(record, gap)
                 location = self._store.put(key, fact)
                 self._db.put_kv_entry(
                     memory_id=record.id,
@@ -81,7 +106,7 @@ class FactKVManager:
                 # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact
-            log.debug("encoded %d of %d facts", len(missing), len(records))
+            log.debug("encoded %d of %d facts", len(missing), len(wanted))
         return found  # type: ignore[return-value]
 
     def forget(self, memory_id: str) -> None:

@@ -36,9 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from inferscale.config import KVConfig
 from inferscale.errors import ConfigError
 from inferscale.eval.locomo import LocomoConversation, LocomoQA, LocomoTurn, get_conversation, load_locomo, turn_text
 from inferscale.eval.metrics import STEMMER, bleu1, exact_match, first_token_kl, locomo_f1
@@ -76,7 +78,9 @@ INGESTED_FILE = "ingested.json"
 _RUN_KEYS = (
     "k",
     "context_window",
-    "recompute_head_tokens",
+    "recompute",
+    "memory_attention_scale",
+    "position_buckets",
     "encode_after_system_prefix",
     "model",
     "dtype",
@@ -99,7 +103,9 @@ class LocomoEvalSettings:
         limit: at most this many questions (categories 1-4, file order) per conversation; ``None``: all.
         k: memories retrieved per question.
         context_window: w, preceding turns each memory is encoded after (``KVConfig.context_window``).
-        recompute_head_tokens: m, first tokens of each injected fact recomputed at serve time (sink remedy).
+        recompute: ``KVConfig.recompute`` (``none``, ``head:m``, ``structure``, ``selective:r``).
+        memory_attention_scale: ``KVConfig.memory_attention_scale`` s (1 = off).
+        position_buckets: ``KVConfig.position_buckets`` (position-aware encoding distances, tokens).
         encode_after_system_prefix: encode facts after the system prefix (``KVConfig``; sink remedy).
         out_dir: results folder (``results.jsonl``, ``summary.*``, the memory store).
         judge_base_url, judge_model, judge_api_key: OpenAI-compatible LLM judge; J is skipped unless both URL and
@@ -118,8 +124,10 @@ class LocomoEvalSettings:
     conversations: tuple[str, ...] | None = None
     limit: int | None = None
     k: int = 10
-    context_window: int = 0
-    recompute_head_tokens: int = 0
+    context_window: int = KVConfig.model_fields["context_window"].default
+    recompute: str = KVConfig.model_fields["recompute"].default
+    memory_attention_scale: float = KVConfig.model_fields["memory_attention_scale"].default
+    position_buckets: tuple[int, ...] = KVConfig.model_fields["position_buckets"].default
     encode_after_system_prefix: bool = True
     out_dir: Path = Path("out/eval/locomo")
     judge_base_url: str | None = None
@@ -140,10 +148,28 @@ class LocomoEvalSettings:
             raise ConfigError(f"k must be >= 1, got {self.k}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
-        if self.context_window < 0 or self.recompute_head_tokens < 0:
-            raise ConfigError("context window and recompute_head_tokens must be >= 0")
+        if self.context_window < 0:
+            raise ConfigError(f"context window must be >= 0, got {self.context_window}")
+        self.kv_config(Path("."))  # the KV settings validate as KVConfig does
         if bool(self.judge_base_url) != bool(self.judge_model):
             raise ConfigError("the LLM judge needs both --judge-base-url and --judge-model")
+
+    def kv_config(self, out_dir: Path) -> KVConfig:
+        """The run's :class:`KVConfig`.
+
+        Raises:
+            ConfigError: when a KV setting is invalid.
+        """
+        try:
+            return KVConfig(
+                context_window=self.context_window,
+                encode_after_system_prefix=self.encode_after_system_prefix,
+                recompute=self.recompute,
+                memory_attention_scale=self.memory_attention_scale,
+                position_buckets=self.position_buckets,
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"invalid KV settings: {exc}") from exc
 
     @property
     def judged(self) -> bool:
@@ -220,21 +246,10 @@ class LLMJudge:
 def build_client(
     settings: LocomoEvalSettings, *, engine: Engine | None = None, embedder: Embedder | None = None
 ) -> MemoryClient:
-    """The memory client of a run: its store in ``OUT/store``, KV settings from ``settings``.
-
-    ``recompute_head_tokens`` goes into ``KVConfig`` when that field exists; otherwise the transformers engine is
-    built here with it (``TransformersEngine(..., recompute_head_tokens=m)``) and passed to the client.
-    """
+    """The memory client of a run: its store in ``OUT/store``, KV settings from ``settings``."""
     from inferscale.client import MemoryClient
-    from inferscale.config import EngineConfig, KVConfig, MemoryConfig
+    from inferscale.config import EngineConfig, MemoryConfig
 
-    kv_fields: dict[str, Any] = {
-        "context_window": settings.context_window,
-        "encode_after_system_prefix": settings.encode_after_system_prefix,
-    }
-    m_in_config = "recompute_head_tokens" in KVConfig.model_fields
-    if m_in_config:
-        kv_fields["recompute_head_tokens"] = settings.recompute_head_tokens
     config = MemoryConfig(
         data_dir=str(settings.out_dir / "store"),
         engine=EngineConfig(
@@ -244,20 +259,8 @@ def build_client(
             max_new_tokens=settings.max_new_tokens,
             num_threads=settings.num_threads,
         ),
-        kv=KVConfig(**kv_fields),
+        kv=settings.kv_config(settings.out_dir),
     )
-    if engine is None and not m_in_config and settings.recompute_head_tokens:
-        from inferscale.engines.transformers import TransformersEngine
-
-        engine = TransformersEngine(
-            config.engine,
-            config.system_prompt,
-            home=config.home_dir(),
-            encode_batch_size=config.kv.encode_batch_size,
-            recompute_head_tokens=settings.recompute_head_tokens,
-        )
-    elif engine is not None and hasattr(engine, "recompute_head_tokens"):
-        engine.recompute_head_tokens = settings.recompute_head_tokens  # type: ignore[union-attr]
     return MemoryClient(config, engine=engine, embedder=embedder)
 
 
@@ -665,7 +668,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         "# LoCoMo: KV injection vs prompt injection",
         "",
         f"Conversations: {', '.join(summary['conversations']) or 'none'}; k={s['k']}, w={s['context_window']}, "
-        f"m={s['recompute_head_tokens']}, encode after system prefix: {s['encode_after_system_prefix']}; "
+        f"recompute={s['recompute']}, s={s['memory_attention_scale']}, buckets={s['position_buckets']}, "
+        f"encode after system prefix: {s['encode_after_system_prefix']}; "
         f"model {s['model'] or 'SmolLM2-135M-Instruct (embedded)'} ({s['dtype']}); stemmer: {summary['stemmer']}.",
         "Category codes: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop (LoCoMo's mapping). "
         "KL(prompt ‖ kv) of the first token in nats; TTFT in ms.",
@@ -739,7 +743,8 @@ def print_summary(summary: Mapping[str, Any], console: Console | None = None) ->
     table = Table(
         title=(
             f"LoCoMo {', '.join(summary['conversations'])}: k={s['k']}, w={s['context_window']}, "
-            f"m={s['recompute_head_tokens']}, prefix={s['encode_after_system_prefix']} (TTFT ms, KL nats)"
+            f"recompute={s['recompute']}, s={s['memory_attention_scale']}, buckets={s['position_buckets']}, "
+            f"prefix={s['encode_after_system_prefix']} (TTFT ms, KL nats)"
         )
     )
     table.add_column("category")
