@@ -173,9 +173,12 @@ def test_index_is_rebuilt_from_sql_when_missing(tmp_path: Path, engine: Transfor
 
 
 def test_kv_settings_reach_the_engine_and_store(tmp_path: Path) -> None:
-    client = MemoryClient({"data_dir": str(tmp_path), "kv": {"recompute_head_tokens": 3, "host_budget_bytes": 1 << 20}})
+    kv = {"recompute": "head:3", "memory_attention_scale": 0.5, "memory_temperature": 1.1, "host_budget_bytes": 1 << 20}
+    client = MemoryClient({"data_dir": str(tmp_path), "kv": kv})
     assert isinstance(client.engine, TransformersEngine)
-    assert client.engine.recompute_head_tokens == 3  # built without loading the model
+    serving = client.engine.serving  # built without loading the model
+    assert (serving.recompute.kind, serving.recompute.amount) == ("head", 3.0)
+    assert (serving.attention_scale, serving.temperature) == (0.5, 1.1)
 
 
 def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path) -> None:
@@ -190,3 +193,38 @@ def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path) -> None:
     client = MemoryClient({"data_dir": str(tmp_path), "engine": {"provider": "vllm"}})
     with pytest.raises(ConfigError, match="inferscale\\[vllm"):
         _ = client.engine
+
+
+def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any
+) -> None:
+    client = make_client(tmp_path, engine, embedder, kv=KVConfig(context_window=2))
+    added = client.add(CONVERSATION, user_id="maya", infer=False)["results"]
+    last = client.db.get(added[-1]["id"])
+    assert last is not None
+    assert last.context == [m["content"] for m in CONVERSATION[:-1]]  # the texts, as the memories they became
+    request = client.fact_kv.encode_request(last)
+    lines = [engine.fact_token_ids(m["content"]) for m in CONVERSATION[1:3]]
+    assert list(request.context_ids) == engine.system_prefix_ids() + [t for line in lines for t in line]
+    assert client.fact_kv.key(last).encoding_key == "w=2;prefix=system;v2"
+
+
+def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any
+) -> None:
+    buckets = (0, 10, 1000)
+    client = make_client(tmp_path, engine, embedder, kv=KVConfig(position_buckets=buckets))
+    added = client.add(CONVERSATION, user_id="maya", infer=False)["results"]
+    records = [client.db.get(r["id"]) for r in added]
+    assert all(r is not None for r in records)
+    for record in records:  # add() encoded every bucket of every memory
+        for gap in buckets:
+            key = client.fact_kv.key(record, gap)  # type: ignore[arg-type]
+            assert client.db.get_kv_entry(record.id, key.fingerprint, key.encoding_key) is not None  # type: ignore[union-attr]
+    served = client.fact_kv.ensure(records)  # type: ignore[arg-type]
+    prefix = len(engine.system_prefix_ids())
+    lengths = [f.n_tokens for f in served]
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    expected = [min(buckets, key=lambda b, o=o: (abs(b - o), b)) for o in offsets]
+    assert [f.encoded_at - prefix for f in served] == expected
+    assert expected[0] == 0 and expected[1] == 10  # the second fact starts about 12 tokens in

@@ -1,33 +1,132 @@
-"""Serve-time recompute of each fact's first m tokens (attention-sink remedy)."""
+"""Serve-time fidelity remedies: memory attention scale, temperature, recompute policies, position-aware encoding.
+
+Each remedy is checked against a reference computed another way: a single forward pass with a block-structured
+mask (tests/tiny_models.py), duplicated cache columns, or hooks on a plain forward pass.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
+import torch
+from tiny_models import block_diagonal_logits
+from transformers import DynamicCache
 
-from inferscale.config import EngineConfig
+from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
+from inferscale.errors import ConfigError
 from inferscale.kv import EncodeRequest
+from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
+from inferscale.kv.recompute import (
+    FactLineLayout,
+    RecomputePolicy,
+    head_slots,
+    structure_slots,
+    tail_slots,
+    top_scored_slots,
+)
+from inferscale.kv.serving import ServingSettings, bucket_per_fact, nearest_bucket
 
 FACTS = ["Maya lives in Porto.", "Biscuit is a three-year-old beagle.", "Daniel's birthday is on June 14."]
 QUERY = "Where does Maya live?"
 
 
-def _engine(smollm2_fp32: tuple[Any, Any], m: int) -> TransformersEngine:
+# ------------------------------------------------------------------------------------------------ pure functions
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "amount"),
+    [
+        ("none", "none", 0.0),
+        ("head:4", "head", 4.0),
+        ("tail:50", "tail", 50.0),
+        ("structure", "structure", 0.0),
+        ("selective:12.5", "selective", 12.5),
+        (" selective:100 ", "selective", 100.0),
+    ],
+)
+def test_recompute_policy_parses(spec: str, kind: str, amount: float) -> None:
+    policy = RecomputePolicy.parse(spec)
+    assert (policy.kind, policy.amount) == (kind, amount)
+    assert RecomputePolicy.parse(str(policy)) == policy
+    assert policy.keeps_block_diagonal_exactness == (kind == "none")
+
+
+@pytest.mark.parametrize("spec", ["", "head", "head:0", "head:-1", "selective:0", "selective:101", "all", "tail:x"])
+def test_bad_recompute_policy_is_a_config_error(spec: str) -> None:
+    with pytest.raises(ConfigError, match="recompute"):
+        RecomputePolicy.parse(spec)
+
+
+def test_recompute_slots_of_each_policy() -> None:
+    lengths = [5, 2, 4]  # facts at slots 10..14, 15..16, 17..20
+    assert head_slots(lengths, 10, 3) == [10, 11, 12, 15, 16, 17, 18, 19]
+    assert tail_slots(sum(lengths), 10, 3) == [18, 19, 20]
+    assert tail_slots(sum(lengths), 10, 50) == list(range(10, 21))
+    assert structure_slots(lengths, 10, FactLineLayout(opening=1, closing=1)) == [10, 14, 15, 16, 17, 20]
+    scores = torch.tensor([0.1, 0.9, 0.0, 0.5, 0.2, 0.3, 0.8, 0.05, 0.4, 0.6, 0.7])
+    assert top_scored_slots(scores, 10, 25.0) == [11, 16, 20]  # ceil(0.25 * 11) = 3 highest, ascending
+    assert top_scored_slots(scores, 10, 100.0) == list(range(10, 21))
+
+
+def test_position_buckets_pick_the_nearest_distance() -> None:
+    assert [nearest_bucket(o, (0, 128, 256)) for o in (0, 63, 64, 65, 200, 1000)] == [0, 0, 0, 128, 256, 256]
+    assert bucket_per_fact([60, 70, 200, 10], (0, 128, 256)) == [0, 0, 128, 256]  # offsets 0, 60, 130, 330
+    with pytest.raises(ValueError, match="empty"):
+        nearest_bucket(3, ())
+
+
+def test_serving_settings_refuse_non_positive_values() -> None:
+    assert ServingSettings().is_pure_injection
+    assert ServingSettings(0.5).memory_logit_bias == pytest.approx(math.log(0.5))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="attention_scale"):
+            ServingSettings(attention_scale=bad)
+        with pytest.raises(ValueError, match="temperature"):
+            ServingSettings(temperature=bad)
+
+
+def test_kv_config_validates_the_remedies() -> None:
+    config = KVConfig(recompute="head:2", position_buckets=(256, 0, 128, 0))
+    assert config.position_buckets == (0, 128, 256)
+    assert config.serving().recompute == RecomputePolicy("head", 2.0)
+    with pytest.raises(ValueError, match="recompute"):
+        KVConfig(recompute="first:3")
+    with pytest.raises(ValueError, match="position_buckets"):
+        KVConfig(position_buckets=(-1,))
+    with pytest.raises(ValueError):
+        KVConfig(memory_attention_scale=0)
+
+
+# ------------------------------------------------------------------------------------------------ SmolLM2, fp32
+
+
+def _engine(smollm2_fp32: tuple[Any, Any], **serving: Any) -> TransformersEngine:
     model, tokenizer = smollm2_fp32
+    settings = ServingSettings(
+        attention_scale=serving.get("s", 1.0),
+        temperature=serving.get("t", 1.0),
+        recompute=RecomputePolicy.parse(serving.get("recompute", "none")),
+    )
     return TransformersEngine(
-        EngineConfig(dtype="float32", device="cpu"),
-        "Memories:\n",
-        model=model,
-        tokenizer=tokenizer,
-        recompute_head_tokens=m,
+        EngineConfig(dtype="float32", device="cpu"), "Memories:\n", model=model, tokenizer=tokenizer, serving=settings
     ).load()
 
 
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    p, q = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+    return float((p.exp() * (p - q)).sum())
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("after_prefix", [False, True])
-def test_recomputing_every_token_equals_prompt_mode(smollm2_fp32: tuple[Any, Any], after_prefix: bool) -> None:
-    engine = _engine(smollm2_fp32, m=10_000)
+@pytest.mark.parametrize("recompute", ["head:10000", "tail:10000", "selective:100"])
+def test_recomputing_every_token_equals_prompt_mode(
+    smollm2_fp32: tuple[Any, Any], after_prefix: bool, recompute: str
+) -> None:
+    engine = _engine(smollm2_fp32, recompute=recompute)
     fact_ids = [engine.fact_token_ids(t) for t in FACTS]
     context = engine.system_prefix_ids() if after_prefix else []
     facts = engine.encode_facts([EncodeRequest(ids, context) for ids in fact_ids])
@@ -36,25 +135,165 @@ def test_recomputing_every_token_equals_prompt_mode(smollm2_fp32: tuple[Any, Any
     assert (kv - prompt).abs().max().item() <= 1e-4
 
 
-def test_partial_recompute_lies_between_injection_and_prompt(smollm2_fp32: tuple[Any, Any]) -> None:
-    plain = _engine(smollm2_fp32, m=0)
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["head:2", "structure", "selective:20", "tail:6"])
+def test_partial_recompute_moves_towards_prompt_mode(smollm2_fp32: tuple[Any, Any], recompute: str) -> None:
+    plain = _engine(smollm2_fp32)
     fact_ids = [plain.fact_token_ids(t) for t in FACTS]
     facts = plain.encode_facts([EncodeRequest(ids) for ids in fact_ids])  # standalone: each grows a sink
-    prompt = plain.first_token_logits(QUERY, None, fact_ids).log_softmax(-1)
-    injected = plain.first_token_logits(QUERY, facts).log_softmax(-1)
-    healed = _engine(smollm2_fp32, m=2).first_token_logits(QUERY, facts).log_softmax(-1)
-
-    def kl(p: Any, q: Any) -> float:
-        return float((p.exp() * (p - q)).sum())
-
+    prompt = plain.first_token_logits(QUERY, None, fact_ids)
+    injected = plain.first_token_logits(QUERY, facts)
+    healed = _engine(smollm2_fp32, recompute=recompute).first_token_logits(QUERY, facts)
     assert (healed - injected).abs().max().item() > 1e-3  # it changes the cache
-    assert kl(prompt, healed) < kl(prompt, injected)  # and moves the answer distribution toward prompt mode
+    assert _kl(prompt, healed) < _kl(prompt, injected)  # and moves the answer distribution toward prompt mode
 
 
-def test_recompute_keeps_the_cache_length(smollm2_fp32: tuple[Any, Any]) -> None:
-    engine = _engine(smollm2_fp32, m=3)
+@pytest.mark.slow
+def test_structure_finds_the_bullet_and_the_line_break(smollm2_fp32: tuple[Any, Any]) -> None:
+    engine = _engine(smollm2_fp32)
+    layout = engine._layout.line_layout
+    assert layout.opening >= 1 and layout.closing >= 1
+    for text in FACTS:
+        ids = engine.fact_token_ids(text)
+        opening = engine.tokenizer.decode(ids[: layout.opening])
+        closing = engine.tokenizer.decode(ids[len(ids) - layout.closing :])
+        assert "- ".startswith(opening) and opening.strip() == "-"
+        assert closing == "\n"
+
+
+@pytest.mark.slow
+def test_recompute_reports_its_tokens_and_keeps_the_cache_length(smollm2_fp32: tuple[Any, Any]) -> None:
+    engine = _engine(smollm2_fp32, recompute="head:3")
     facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
-    assembled, cache = engine._kv_cache(facts, extra_capacity=4)
+    assembled, cache, added = engine._kv_cache(facts, extra_capacity=4)
     assert cache.get_seq_length(0) == assembled.n_tokens
-    with pytest.raises(ValueError, match="recompute_head_tokens"):
-        TransformersEngine(EngineConfig(), "x", recompute_head_tokens=-1)
+    assert added == 3 * len(FACTS)
+    selective = _engine(smollm2_fp32, recompute="selective:10")
+    query_ids = selective.query_token_ids(QUERY)
+    assembled, cache, added = selective._kv_cache(facts, len(query_ids), query_ids)
+    assert cache.get_seq_length(0) == assembled.n_tokens
+    assert added == math.ceil(0.1 * assembled.memory_tokens) + len(query_ids)  # chosen slots + the query's probe
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [0.35, 2.0])
+def test_memory_attention_scale_matches_a_masked_single_pass(smollm2_fp32: tuple[Any, Any], scale: float) -> None:
+    """Reference: one forward pass over prefix + facts + query with the block-diagonal mask and log s added to the
+    memory columns of the query rows (tiny_models.block_diagonal_logits)."""
+    engine = _engine(smollm2_fp32, s=scale)
+    fact_ids = [engine.fact_token_ids(t) for t in FACTS]
+    facts = engine.encode_facts([EncodeRequest(ids) for ids in fact_ids])
+    scaled = engine.first_token_logits(QUERY, facts)
+    reference = block_diagonal_logits(
+        engine.model,
+        engine.system_prefix_ids(),
+        fact_ids,
+        engine.query_token_ids(QUERY),
+        memory_bias=math.log(scale),
+    )
+    assert (scaled - reference).abs().max().item() <= 1e-4
+    unscaled = _engine(smollm2_fp32).first_token_logits(QUERY, facts)
+    assert (scaled - unscaled).abs().max().item() > 1e-2
+
+
+@pytest.mark.slow
+def test_memory_attention_scale_two_equals_every_memory_column_twice(smollm2_fp32: tuple[Any, Any]) -> None:
+    """s = 2 doubles the memory block's attention mass: the same as the memory K/V standing twice in the cache."""
+    engine = _engine(smollm2_fp32, s=2.0)
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
+    scaled = engine.first_token_logits(QUERY, facts)
+    assembled = engine.assemble(facts)
+    p, n = engine.prefix_kv.n_tokens, assembled.n_tokens
+    layers = []
+    for keys, values in zip(assembled.keys, assembled.values, strict=True):
+        layers.append(
+            (
+                torch.cat([keys[:, :n], keys[:, p:n]], dim=1)[None],
+                torch.cat([values[:, :n], values[:, p:n]], dim=1)[None],
+            )
+        )
+    cache = DynamicCache(ddp_cache_data=layers, config=engine.model.config)
+    query_ids = engine.query_token_ids(QUERY)
+    length = n + (n - p)
+    mask = torch.zeros(len(query_ids), length + len(query_ids))
+    mask[:, length:] = torch.full((len(query_ids), len(query_ids)), torch.finfo(torch.float32).min).triu(1)
+    with torch.no_grad():
+        out = engine.model(
+            input_ids=torch.tensor([query_ids]),
+            position_ids=torch.arange(n, n + len(query_ids))[None],  # the duplicates sit at their own positions
+            attention_mask=mask[None, None],
+            past_key_values=cache,
+        )
+    assert (scaled - out.logits[0, -1].float()).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_memory_temperature_divides_the_memory_logits(smollm2_fp32: tuple[Any, Any]) -> None:
+    """T = 2 equals the memory keys halved in a cache built by hand."""
+    engine = _engine(smollm2_fp32, t=2.0)
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
+    tempered = engine.first_token_logits(QUERY, facts)
+    assembled = engine.assemble(facts)
+    p = engine.prefix_kv.n_tokens
+    layers = []
+    for keys, values in zip(assembled.keys, assembled.values, strict=True):
+        k = keys.clone()
+        k[:, p:] /= 2.0
+        layers.append((k[None], values.clone()[None]))
+    cache = DynamicCache(ddp_cache_data=layers, config=engine.model.config)
+    query_ids = engine.query_token_ids(QUERY)
+    with torch.no_grad():
+        out = engine.model(
+            input_ids=torch.tensor([query_ids]),
+            position_ids=torch.arange(assembled.n_tokens, assembled.n_tokens + len(query_ids))[None],
+            past_key_values=cache,
+        )
+    assert (tempered - out.logits[0, -1].float()).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap", [0, 7, 120])
+def test_position_gap_encodes_the_fact_as_if_unseen_tokens_stood_before_it(
+    smollm2_fp32: tuple[Any, Any], gap: int
+) -> None:
+    """Reference: a plain forward pass over [prefix][gap filler tokens][fact] in which the fact may not attend to
+    the filler, its pre-RoPE K/V captured with hooks: it must equal the fact encoded with ``position_gap=gap``."""
+    engine = _engine(smollm2_fp32)
+    model = engine.model
+    prefix = engine.system_prefix_ids()
+    fact = engine.fact_token_ids(FACTS[1])
+    encoded = engine.encode_facts([EncodeRequest(fact, prefix, position_gap=gap)])[0]
+    assert encoded.encoded_at == len(prefix) + gap
+    filler = [engine.tokenizer.convert_tokens_to_ids("the")] * gap
+    ids = prefix + filler + fact
+    n, p = len(ids), len(prefix)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    allowed[p + gap :, p : p + gap] = False
+    mask = torch.zeros(n, n).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    with (
+        torch.no_grad(),
+        PreRopeCapture(decoder_attention_modules(model), config.num_key_value_heads, head_dim, n) as capture,
+    ):
+        model.model(input_ids=torch.tensor([ids]), attention_mask=mask[None, None], position_ids=torch.arange(n)[None])
+        keys, values = capture.stacked()
+    assert (encoded.keys - keys[:, 0, :, p + gap :]).abs().max().item() <= 1e-4
+    assert (encoded.values - values[:, 0, :, p + gap :]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_scale_applies_to_every_decoded_token(smollm2_fp32: tuple[Any, Any]) -> None:
+    """Greedy answers under s equal a manual loop that rebuilds the masked single pass for each new token."""
+    engine = _engine(smollm2_fp32, s=0.35)
+    fact_ids = [engine.fact_token_ids(t) for t in FACTS]
+    facts = engine.encode_facts([EncodeRequest(ids) for ids in fact_ids])
+    generation = engine.generate_kv(QUERY, facts, max_new_tokens=6)
+    query = engine.query_token_ids(QUERY)
+    expected: list[int] = []
+    for _ in range(len(generation.token_ids)):
+        logits = block_diagonal_logits(
+            engine.model, engine.system_prefix_ids(), fact_ids, query + expected, memory_bias=math.log(0.35)
+        )
+        expected.append(int(logits.argmax()))
+    assert generation.token_ids == expected

@@ -153,12 +153,18 @@ def tiny_model(arch: str, seed: int = 0, attn: str = "eager", **overrides: Any) 
 
 
 def block_diagonal_logits(
-    model: Any, prefix: list[int], facts: list[list[int]], query: list[int], fact_context: bool = False
+    model: Any,
+    prefix: list[int],
+    facts: list[list[int]],
+    query: list[int],
+    fact_context: bool = False,
+    memory_bias: float = 0.0,
 ) -> torch.Tensor:
     """Reference: one forward pass over prefix + facts + query with a block-structured float mask.
 
     The prefix is causal; each fact attends only to itself (causally), plus the prefix when ``fact_context``;
-    the query attends to everything before it. Positions are 0..N-1. Returns last-token logits ``[vocab]``.
+    the query attends to everything before it, with ``memory_bias`` added to its logits on the fact columns (the
+    memory attention scale, log s). Positions are 0..N-1. Returns last-token logits ``[vocab]``.
     A 4-D mask is used as given by every layer type (also Gemma 3's sliding layers), so models with a sliding
     window must have it wider than the sequence.
     """
@@ -178,6 +184,7 @@ def block_diagonal_logits(
     allowed[start:, :] = True
     allowed &= causal
     mask = torch.zeros(n, n, dtype=torch.float32)
+    mask[start:, p:start] = memory_bias
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
     with torch.no_grad():
         out = model(

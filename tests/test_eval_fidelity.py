@@ -1,0 +1,163 @@
+"""``inferscale eval fidelity``: cases, settings, aggregation, the report and the command end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from inferscale.cli import main
+from inferscale.errors import InvalidInputError
+from inferscale.eval.fidelity import FidelitySetting, repeats, summarize_rows
+from inferscale.eval.fidelity_cases import load_cases, retrieve_cases
+
+CASES = Path(__file__).parent / "data" / "fidelity_cases.json"
+
+
+def test_cases_file_loads_and_bad_files_are_typed_errors(tmp_path: Path) -> None:
+    part = load_cases(CASES)
+    assert part.name == "fidelity_cases" and len(part.cases) == 10
+    assert part.cases[0].question == "Where did Maya move to?" and len(part.cases[0].memories) == 8
+    bad = tmp_path / "bad.json"
+    for text, match in [
+        ("not json", "not JSON"),
+        ("[]", "no cases"),
+        ('[{"memories": [], "question": "q"}]', "memories"),
+        ('[{"memories": ["a"], "question": "q", "extra": 1}]', "extra"),
+    ]:
+        bad.write_text(text, encoding="utf-8")
+        with pytest.raises(InvalidInputError, match=match):
+            load_cases(bad)
+    with pytest.raises(InvalidInputError, match="no cases file"):
+        load_cases(tmp_path / "missing.json")
+
+
+class _Embedder:
+    """Unit vectors by keyword: memory i and question i share dimension i."""
+
+    dim = 3
+
+    def embed(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        out = np.zeros((len(texts), 3), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for col, word in enumerate(("dog", "city", "job")):
+                out[row, col] = 1.0 if word in text else 0.1
+            out[row] /= np.linalg.norm(out[row])
+        return out
+
+
+def test_retrieved_cases_are_ranked_by_similarity() -> None:
+    memories = ["my job is nice", "the dog barks", "the city is big"]
+    part = retrieve_cases("toy", memories, [("which dog?", "beagle"), ("what job?", None)], 2, _Embedder())
+    assert part.cases[0].memories[0] == "the dog barks" and part.cases[0].answer == "beagle"
+    assert part.cases[1].memories[0] == "my job is nice" and len(part.cases[1].memories) == 2
+    with pytest.raises(InvalidInputError, match="k must be"):
+        retrieve_cases("toy", memories, [("q", None)], 0, _Embedder())
+
+
+def test_setting_validates_and_labels_itself() -> None:
+    setting = FidelitySetting(attention_scale=0.35, recompute=" head:4", position_buckets=(128, 0, 128))
+    assert setting.position_buckets == (0, 128) and setting.recompute == "head:4"
+    assert setting.label == "s=0.35 T=1 recompute=head:4 buckets=0/128 w=0"
+    assert FidelitySetting(name="mine").label == "mine"
+    for bad in ({"attention_scale": 0}, {"recompute": "heads:4"}, {"position_buckets": ()}, {"typo": 1}):
+        with pytest.raises(ValidationError):
+            FidelitySetting(**bad)
+
+
+def test_repeats_finds_a_repeated_four_token_run() -> None:
+    assert repeats([1, 2, 3, 4, 5, 1, 2, 3, 4])
+    assert not repeats([1, 2, 3, 4, 5, 1, 2, 3, 6])
+    assert not repeats([7, 7, 7])  # shorter than one run
+
+
+def _row(setting: str, kl: float, agree: bool, kv: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "setting": setting,
+        "slice": "s1",
+        "system_prompt": "short",
+        "kl": kl,
+        "top1_agree": agree,
+        "memory_tokens": 100,
+        "gold": "porto",
+        "kv_answer": kv,
+        "prompt_answer": prompt,
+        "kv_budget_hit": extra.get("kv_budget", False),
+        "prompt_budget_hit": False,
+        "kv_repeat": extra.get("kv_repeat", False),
+        "prompt_repeat": False,
+        "added_tokens": extra.get("added", 0),
+        "ttft_kv_ms": extra.get("ttft", 10.0),
+        "ttft_prompt_ms": 50.0,
+    }
+
+
+def test_summaries_aggregate_each_figure() -> None:
+    rows = [
+        _row("a", 0.1, True, "porto", "porto", added=10, ttft=10.0),
+        _row("a", 0.3, False, "lisbon city", "porto city", kv_budget=True, kv_repeat=True, added=20, ttft=30.0),
+        _row("b", 0.0, True, "porto", "porto"),
+    ]
+    a, b = summarize_rows(rows)
+    assert (a.setting, a.n, b.n) == ("a", 2, 1)
+    assert a.kl_mean == pytest.approx(0.2) and a.kl_median == pytest.approx(0.2)
+    assert a.top1_agreement == 0.5
+    assert a.f1_kv_vs_prompt == pytest.approx((1.0 + 0.5) / 2)
+    assert a.f1_kv_gold == pytest.approx((1.0 + 0.0) / 2) and a.f1_prompt_gold == pytest.approx((1.0 + 2 / 3) / 2)
+    assert (a.kv_budget_hit, a.kv_repeat, a.prompt_budget_hit) == (0.5, 0.5, 0.0)
+    assert a.added_tokens == 15 and a.added_fraction == pytest.approx(30 / 200)
+    assert a.ttft_kv_ms == 20.0 and a.ttft_prompt_ms == 50.0
+    (pooled,) = summarize_rows(rows[:2], by=("setting",))
+    assert (pooled.slice, pooled.system_prompt) == ("all", "all")
+    (first_token,) = summarize_rows([{k: v for k, v in rows[2].items() if k in _FIRST_TOKEN_KEYS}])
+    assert first_token.kl_mean == 0.0 and math.isnan(first_token.f1_kv_vs_prompt)
+
+
+_FIRST_TOKEN_KEYS = {"setting", "slice", "system_prompt", "kl", "top1_agree", "memory_tokens", "gold"}
+
+
+@pytest.mark.slow
+def test_eval_fidelity_command_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fid"
+    cases = tmp_path / "two.json"
+    cases.write_text(json.dumps(json.loads(CASES.read_text("utf-8"))[:2]), encoding="utf-8")
+    code = main(
+        [
+            "eval",
+            "fidelity",
+            "--cases",
+            str(cases),
+            "--system-prompts",
+            "short,default",
+            "--setting",
+            '{"name": "pure"}',
+            "--setting",
+            '{"name": "head:2+s", "recompute": "head:2", "attention_scale": 0.5}',
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    document = json.loads((out / "fidelity.json").read_text("utf-8"))
+    assert (out / "fidelity.png").stat().st_size > 0
+    assert len(document["rows"]) == 2 * 2 * 2  # prompts x cases x settings
+    pure = [r for r in document["rows"] if r["setting"] == "pure"]
+    healed = [r for r in document["rows"] if r["setting"] == "head:2+s"]
+    assert all(r["added_tokens"] == 0 for r in pure)
+    assert all(r["added_tokens"] == 2 * 8 for r in healed)  # two tokens of each of the eight memories
+    assert all(r["kv_tokens"] <= 4 and r["kl"] >= 0 for r in document["rows"])
+    assert {s["setting"] for s in document["pooled"]} == {"pure", "head:2+s"}
+    assert "pure" in capsys.readouterr().out
+
+
+def test_eval_fidelity_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "fidelity", "--cases", str(CASES), "--setting", '{"recompute": "all"}']) == 2
+    assert "recompute" in capsys.readouterr().err
