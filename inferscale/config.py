@@ -114,11 +114,12 @@ class KVConfig(_Strict):
         encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
             the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
         recompute: which injected memory tokens are prefilled again at serve time, each attending to everything
-            before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"structure"``
+            before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"tail:n"`` (the
+            segment's last n tokens), ``"structure"``
             (each fact line's bullet and line break) or ``"selective:r"`` (the r% of memory tokens the query
             attends to most); see :mod:`inferscale.kv.recompute`.
-        memory_attention_scale: s, the memory block's attention mass is scaled by s for the query and every
-            decoded token (``log s`` added to the memory columns' logits; APE); 1 turns it off.
+        memory_attention_scale: s in (0, 1], the memory block's attention mass is scaled by s for the query and
+            every decoded token (``log s`` added to the memory columns' logits; APE); 1 turns it off.
         memory_temperature: T, the memory columns' attention logits are divided by T (injected keys scaled by
             ``1/T``); 1 turns it off.
         position_buckets: distances from the system prefix (tokens) each fact is encoded at (position-aware

@@ -13,7 +13,7 @@ from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
-from inferscale.kv.serving import bucket_per_fact
+from inferscale.kv.serving import bucket_per_fact, gap_for_bucket
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
 
@@ -36,30 +36,34 @@ class FactKVManager:
         self._db = db
         self._config = config
 
-    def encoding_key(self, gap: int = 0) -> str:
+    def encoding_key(self, bucket: int = 0) -> str:
         """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"`` or ``"w=3;prefix=system;v2"``
-        (``";gap=N"`` is added for a position-aware encoding at distance N > 0 from the prefix)."""
+        (``";gap=N"`` is added for a position-aware encoding in bucket N > 0, tokens from the prefix)."""
         prefix = "system" if self._config.encode_after_system_prefix else "none"
-        distance = f";gap={gap}" if gap else ""
+        distance = f";gap={bucket}" if bucket else ""
         # v2: context turns are laid out as memory lines ("- {turn}\n"); v1 entries (bare lines) are not reused.
         version = "v2" if self._config.context_window else "v1"
         return f"w={self._config.context_window};prefix={prefix}{distance};{version}"
 
-    def key(self, record: MemoryRecord, gap: int = 0) -> KVKey:
-        """The store key of ``record`` encoded at distance ``gap`` (tokens) from the prefix, under the current
-        engine and settings."""
-        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(gap))
+    def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
+        """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
+        current engine and settings."""
+        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(bucket))
 
-    def encode_request(self, record: MemoryRecord, gap: int = 0) -> EncodeRequest:
-        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns), at
-        ``gap`` positions past them (position-aware encoding)."""
+    def encode_request(self, record: MemoryRecord, bucket: int = 0) -> EncodeRequest:
+        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns), placed
+        ``bucket`` tokens after the prefix when the turns are shorter than that (position-aware encoding,
+        :func:`inferscale.kv.serving.gap_for_bucket`)."""
         context: list[int] = []
         if self._config.encode_after_system_prefix:
             context += self._engine.system_prefix_ids()
         window = self._config.context_window
-        if window and record.context:
-            context += self._engine.context_token_ids(record.context[-window:])
-        return EncodeRequest(fact_ids=self._engine.fact_token_ids(record.text), context_ids=context, position_gap=gap)
+        turns = self._engine.context_token_ids(record.context[-window:]) if window and record.context else []
+        return EncodeRequest(
+            fact_ids=self._engine.fact_token_ids(record.text),
+            context_ids=context + turns,
+            position_gap=gap_for_bucket(bucket, len(turns)),
+        )
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its

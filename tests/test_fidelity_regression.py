@@ -1,7 +1,8 @@
 """Fidelity regression (fp32, SmolLM2): the default serving settings stay much closer to prompt mode than pure
 injection, and pure injection stays exactly the block-diagonal prefill of the paper's Theorem 3.
 
-The ten cases (tests/data/fidelity_cases.json) are original: eight memories each, LoCoMo-style lines."""
+The ten cases (tests/data/fidelity_cases.json) are original: eight memories each, LoCoMo-style lines, each with
+the turns before it in a conversation added in one call (up to five) as its context."""
 
 from __future__ import annotations
 
@@ -33,21 +34,14 @@ def engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
 
 
 def test_default_settings_halve_the_divergence_of_pure_injection(engine: TransformersEngine) -> None:
-    kv = KVConfig()
-    default = FidelitySetting(
-        name="default",
-        attention_scale=kv.memory_attention_scale,
-        temperature=kv.memory_temperature,
-        recompute=kv.recompute,
-        position_buckets=kv.position_buckets,
-    )
-    pure = FidelitySetting(name="pure")
+    default = FidelitySetting.from_kv(KVConfig(), name="default")
+    pure = FidelitySetting(name="pure")  # no context turns, no request-time remedy
     rows = run_fidelity({"default": engine}, [load_cases(CASES)], [default, pure], generate=False)
     kl = {name: statistics.fmean(r["kl"] for r in rows if r["setting"] == name) for name in ("default", "pure")}
     assert len(rows) == 20
     assert kl["pure"] > 0.05  # the slice does show the divergence the remedies are for
     assert kl["default"] < 0.5 * kl["pure"], kl
-    assert engine.serving == ServingSettings()  # the runner restores the engine's settings
+    assert engine.serving == ServingSettings()  # settings travel per request; the engine's own are untouched
 
 
 @pytest.mark.parametrize("case_index", [0, 4, 9])

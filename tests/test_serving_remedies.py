@@ -65,7 +65,8 @@ def test_recompute_slots_of_each_policy() -> None:
     assert head_slots(lengths, 10, 3) == [10, 11, 12, 15, 16, 17, 18, 19]
     assert tail_slots(sum(lengths), 10, 3) == [18, 19, 20]
     assert tail_slots(sum(lengths), 10, 50) == list(range(10, 21))
-    assert structure_slots(lengths, 10, FactLineLayout(opening=1, closing=1)) == [10, 14, 15, 16, 17, 20]
+    layouts = [FactLineLayout(1, 1), FactLineLayout(1, 1), FactLineLayout(2, 0)]
+    assert structure_slots(lengths, 10, layouts) == [10, 14, 15, 16, 17, 18]
     scores = torch.tensor([0.1, 0.9, 0.0, 0.5, 0.2, 0.3, 0.8, 0.05, 0.4, 0.6, 0.7])
     assert top_scored_slots(scores, 10, 25.0) == [11, 16, 20]  # ceil(0.25 * 11) = 3 highest, ascending
     assert top_scored_slots(scores, 10, 100.0) == list(range(10, 21))
@@ -151,10 +152,10 @@ def test_partial_recompute_moves_towards_prompt_mode(smollm2_fp32: tuple[Any, An
 @pytest.mark.slow
 def test_structure_finds_the_bullet_and_the_line_break(smollm2_fp32: tuple[Any, Any]) -> None:
     engine = _engine(smollm2_fp32)
-    layout = engine._layout.line_layout
-    assert layout.opening >= 1 and layout.closing >= 1
     for text in FACTS:
         ids = engine.fact_token_ids(text)
+        layout = engine._layout.line_layout_of(ids)
+        assert layout.opening >= 1 and layout.closing >= 1
         opening = engine.tokenizer.decode(ids[: layout.opening])
         closing = engine.tokenizer.decode(ids[len(ids) - layout.closing :])
         assert "- ".startswith(opening) and opening.strip() == "-"
@@ -289,6 +290,7 @@ def test_scale_applies_to_every_decoded_token(smollm2_fp32: tuple[Any, Any]) -> 
     fact_ids = [engine.fact_token_ids(t) for t in FACTS]
     facts = engine.encode_facts([EncodeRequest(ids) for ids in fact_ids])
     generation = engine.generate_kv(QUERY, facts, max_new_tokens=6)
+    assert len(generation.token_ids) >= 2  # decoded tokens exist to check
     query = engine.query_token_ids(QUERY)
     expected: list[int] = []
     for _ in range(len(generation.token_ids)):
@@ -297,3 +299,50 @@ def test_scale_applies_to_every_decoded_token(smollm2_fp32: tuple[Any, Any]) -> 
         )
         expected.append(int(logits.argmax()))
     assert generation.token_ids == expected
+
+
+@pytest.mark.slow
+def test_query_attention_probe_matches_eager_attention_weights(smollm2_fp32: tuple[Any, Any]) -> None:
+    """The probe's scores equal the eager kernel's attention weights on the memory columns, summed over layers,
+    heads and query tokens (output_attentions of a plain forward pass over the same injected cache)."""
+    from inferscale.engines.transformers.attention import QueryAttentionProbe, routed_through_sdpa_gqa
+
+    engine = _engine(smollm2_fp32)
+    model = engine.model
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
+    assembled = engine.assemble(facts)
+    p, n = engine.prefix_kv.n_tokens, assembled.n_tokens
+    query_ids = engine.query_token_ids(QUERY)
+    positions = torch.arange(n, n + len(query_ids))[None]
+
+    def cache() -> DynamicCache:
+        layers = [(k.clone()[None], v.clone()[None]) for k, v in zip(assembled.keys, assembled.values, strict=True)]
+        return DynamicCache(ddp_cache_data=layers, config=model.config)
+
+    with torch.no_grad(), QueryAttentionProbe(p, n) as probe, routed_through_sdpa_gqa(model):
+        model(input_ids=torch.tensor([query_ids]), position_ids=positions, past_key_values=cache())
+    assert model.config._attn_implementation == "eager"  # restored
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor([query_ids]), position_ids=positions, past_key_values=cache(), output_attentions=True
+        )
+    reference = sum(a[0, :, :, p:n].sum(dim=(0, 1)) for a in out.attentions)
+    assert (probe.scores() - reference).abs().max().item() <= 1e-4
+    with pytest.raises(RuntimeError, match="no attention was recorded"), QueryAttentionProbe(p, n) as empty:
+        empty.scores()
+
+
+@pytest.mark.slow
+def test_remedies_are_refused_on_sliding_window_models(smollm2_fp32: tuple[Any, Any]) -> None:
+    from inferscale.errors import UnsupportedModelError
+
+    engine = _engine(smollm2_fp32, s=0.5)
+    facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
+    engine.model.config.sliding_window = 4096
+    try:
+        with pytest.raises(UnsupportedModelError, match="sliding-window"):
+            engine.first_token_logits(QUERY, facts)
+        pure = engine.first_token_logits(QUERY, facts, serving=ServingSettings())  # pure injection still serves
+        assert pure.shape == (engine.model.config.vocab_size,)
+    finally:
+        engine.model.config.sliding_window = None

@@ -132,6 +132,40 @@ def test_exact_against_transformers_engine(engine: VLLMEngine, reference: Transf
     assert [t for t in out.outputs[0].token_ids if t not in engine.stop_token_ids] == gen.token_ids
 
 
+def test_context_window_encoding_is_served_as_the_transformers_engine_serves_it(
+    engine: VLLMEngine, reference: TransformersEngine
+) -> None:
+    """The default fidelity remedy (each fact encoded after the prefix and the turns before it, laid out as memory
+    lines) lives in the stored K/V, so vLLM serves it with the transformers engine's first-token distribution."""
+    turns = [*FACTS, "Maya's sister Ana visits at Easter.", "Biscuit likes the beach."]
+    prefix = engine.system_prefix_ids()
+    requests = [
+        EncodeRequest(engine.fact_token_ids(t), prefix + engine.context_token_ids(turns[max(0, i - 5) : i]))
+        for i, t in enumerate(turns)
+    ]
+    facts = engine.encode_facts(requests)
+    assert facts[-1].encoded_at > len(prefix)  # the context turns stand before the fact
+    out = engine.run([engine.prepare_kv(QUERY, facts, _scope())], 4, logprobs=10)[0]
+    ref = torch.log_softmax(reference.first_token_logits(QUERY, facts).double(), dim=-1)
+    got = _first(out)
+    assert max(abs(lp - ref[t].item()) for t, lp in got.items()) <= 1e-3
+
+
+def test_request_time_remedies_are_refused_with_the_reason() -> None:
+    from inferscale.errors import ConfigError
+    from inferscale.kv.recompute import RecomputePolicy
+    from inferscale.kv.serving import ServingSettings
+
+    for serving in (
+        ServingSettings(0.35),
+        ServingSettings(temperature=1.1),
+        ServingSettings(recompute=RecomputePolicy("head", 4)),
+    ):
+        with pytest.raises(ConfigError, match="vLLM"):
+            VLLMEngine(EngineConfig(), "Memories:\n", serving=serving)  # construction does no I/O
+    assert VLLMEngine(EngineConfig(), "Memories:\n").serving.is_pure_injection
+
+
 def test_transformers_encoding_agrees_with_vllm_prefill(engine: VLLMEngine) -> None:
     """Route check: one fact encoded after the prefix by the transformers encoder, injected, equals vLLM's own
     causal prefill of the same tokens."""

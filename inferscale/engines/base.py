@@ -13,6 +13,7 @@ from typing import Protocol
 
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
+from inferscale.kv.serving import ServingSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class Generation:
 
 class Engine(Protocol):
     """What :class:`inferscale.MemoryClient` needs from an engine."""
+
+    serving: ServingSettings
+    """The request-time fidelity remedies the engine applies in KV mode (:mod:`inferscale.kv.serving`)."""
 
     @property
     def fingerprint(self) -> str:

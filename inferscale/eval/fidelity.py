@@ -25,12 +25,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from inferscale.eval.fidelity_cases import FidelityCase, FidelitySlice
+from inferscale.config import KVConfig
+from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
 from inferscale.eval.metrics import first_token_kl, token_f1
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.recompute import RecomputePolicy
-from inferscale.kv.serving import ServingSettings, bucket_per_fact
+from inferscale.kv.serving import ServingSettings, bucket_per_fact, gap_for_bucket
 
 __all__ = [
     "SCALE_GRID",
@@ -82,7 +83,7 @@ class FidelitySetting(BaseModel):
     temperature: float = Field(default=1.0, gt=0)
     recompute: str = "none"
     position_buckets: tuple[int, ...] = (0,)
-    context_window: int = Field(default=0, ge=0, le=16)
+    context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
 
     @field_validator("recompute")
     @classmethod
@@ -95,6 +96,18 @@ class FidelitySetting(BaseModel):
         if not value or any(b < 0 for b in value):
             raise ValueError("position_buckets needs at least one distance, each >= 0 (tokens)")
         return tuple(sorted(set(value)))
+
+    @classmethod
+    def from_kv(cls, kv: KVConfig, name: str = "") -> FidelitySetting:
+        """The setting a :class:`inferscale.config.KVConfig` serves (its remedies and encoding)."""
+        return cls(
+            name=name,
+            attention_scale=kv.memory_attention_scale,
+            temperature=kv.memory_temperature,
+            recompute=kv.recompute,
+            position_buckets=kv.position_buckets,
+            context_window=kv.context_window,
+        )
 
     @property
     def serving(self) -> ServingSettings:
@@ -166,14 +179,16 @@ class _FactCache:
         missing = list(dict.fromkeys(key for key in wanted if key not in self._facts))
         if missing:
             prefix = self._engine.system_prefix_ids()
-            requests = [
-                EncodeRequest(
-                    self._engine.fact_token_ids(text),
-                    context_ids=prefix + self._engine.context_token_ids(list(context)),
-                    position_gap=gap,
+            requests = []
+            for text, context, bucket in missing:
+                turns = self._engine.context_token_ids(list(context))
+                requests.append(
+                    EncodeRequest(
+                        self._engine.fact_token_ids(text),
+                        context_ids=prefix + turns,
+                        position_gap=gap_for_bucket(bucket, len(turns)),
+                    )
                 )
-                for text, context, gap in missing
-            ]
             for key, fact in zip(missing, self._engine.encode_facts(requests), strict=True):
                 self._facts[key] = fact
         return [self._facts[key] for key in wanted]
@@ -191,7 +206,7 @@ def run_fidelity(
 
     Args:
         engines: one transformers engine per system prompt name (same model), e.g. built from
-            :data:`SYSTEM_PROMPTS`; each engine's ``serving`` is set per setting and restored after.
+            :data:`SYSTEM_PROMPTS`; each setting is passed per request (the engines' own settings are not used).
         slices: the cases.
         settings: the settings to measure.
         max_new_tokens: answer budget (tokens).
@@ -205,19 +220,15 @@ def run_fidelity(
     """
     rows: list[dict[str, Any]] = []
     for prompt_name, engine in engines.items():
-        saved = engine.serving
         facts = _FactCache(engine)
-        try:
-            for part in slices:
-                for index, case in enumerate(part.cases):
-                    reference = _prompt_reference(engine, case, max_new_tokens, generate)
-                    for setting in settings:
-                        row = _measure(engine, facts, case, setting, reference, max_new_tokens, generate)
-                        rows.append({"system_prompt": prompt_name, "slice": part.name, "case": index, **row})
-                    if progress is not None:
-                        progress(f"{prompt_name} {part.name} case {index + 1}/{len(part.cases)}")
-        finally:
-            engine.serving = saved
+        for part in slices:
+            for index, case in enumerate(part.cases):
+                reference = _prompt_reference(engine, case, max_new_tokens, generate)
+                for setting in settings:
+                    row = _measure(engine, facts, case, setting, reference, max_new_tokens, generate)
+                    rows.append({"system_prompt": prompt_name, "slice": part.name, "case": index, **row})
+                if progress is not None:
+                    progress(f"{prompt_name} {part.name} case {index + 1}/{len(part.cases)}")
     return rows
 
 
@@ -238,9 +249,8 @@ def _measure(
     max_new_tokens: int,
     generate: bool,
 ) -> dict[str, Any]:
-    engine.serving = setting.serving
     served = facts.get(case, setting)
-    kv_logits = engine.first_token_logits(case.question, served)
+    kv_logits = engine.first_token_logits(case.question, served, serving=setting.serving)
     prompt_logits = reference["logits"]
     row: dict[str, Any] = {
         "setting": setting.label,
@@ -250,7 +260,7 @@ def _measure(
         "gold": case.answer,
     }
     if generate:
-        kv = engine.generate_kv(case.question, served, max_new_tokens)
+        kv = engine.generate_kv(case.question, served, max_new_tokens, serving=setting.serving)
         prompt = reference["generation"]
         row.update(
             kv_answer=kv.text,

@@ -28,7 +28,15 @@ from inferscale.errors import InvalidInputError
 if TYPE_CHECKING:
     from inferscale.retrieval import Embedder
 
-__all__ = ["FidelityCase", "FidelitySlice", "demo_cases", "load_cases", "locomo_cases", "retrieve_cases"]
+__all__ = [
+    "MAX_CONTEXT_TURNS",
+    "FidelityCase",
+    "FidelitySlice",
+    "demo_cases",
+    "load_cases",
+    "locomo_cases",
+    "retrieve_cases",
+]
 
 
 class FidelityCase(BaseModel):
@@ -168,9 +176,9 @@ def _with_contexts(sessions: Sequence[Sequence[str]]) -> tuple[list[str], list[l
             if text not in seen:
                 seen.add(text)
                 memories.append(text)
-                contexts.append(list(turns[max(0, i - _MAX_CONTEXT) : i]))
+                contexts.append(list(turns[max(0, i - MAX_CONTEXT_TURNS) : i]))
     return memories, contexts
 
 
-_MAX_CONTEXT = 16
+MAX_CONTEXT_TURNS = 16
 """Turns kept before each memory (the largest context window a setting may ask for)."""

@@ -32,16 +32,9 @@ _TABLE_WIDTH = 220
 def default_setting() -> dict[str, Any]:
     """The setting :class:`inferscale.config.KVConfig`'s defaults serve, as a ``--setting`` object."""
     from inferscale.config import KVConfig
+    from inferscale.eval.fidelity import FidelitySetting
 
-    kv = KVConfig()
-    return {
-        "name": "default",
-        "attention_scale": kv.memory_attention_scale,
-        "temperature": kv.memory_temperature,
-        "recompute": kv.recompute,
-        "position_buckets": list(kv.position_buckets),
-        "context_window": kv.context_window,
-    }
+    return FidelitySetting.from_kv(KVConfig(), name="default").model_dump()
 
 
 def _settings(raw: list[str] | None) -> list[Any]:

@@ -150,11 +150,11 @@ class LocomoEvalSettings:
             raise ConfigError(f"limit must be >= 1, got {self.limit}")
         if self.context_window < 0:
             raise ConfigError(f"context window must be >= 0, got {self.context_window}")
-        self.kv_config(Path("."))  # the KV settings validate as KVConfig does
+        self.kv_config()  # the KV settings validate as KVConfig does
         if bool(self.judge_base_url) != bool(self.judge_model):
             raise ConfigError("the LLM judge needs both --judge-base-url and --judge-model")
 
-    def kv_config(self, out_dir: Path) -> KVConfig:
+    def kv_config(self) -> KVConfig:
         """The run's :class:`KVConfig`.
 
         Raises:
@@ -246,7 +246,11 @@ class LLMJudge:
 def build_client(
     settings: LocomoEvalSettings, *, engine: Engine | None = None, embedder: Embedder | None = None
 ) -> MemoryClient:
-    """The memory client of a run: its store in ``OUT/store``, KV settings from ``settings``."""
+    """The memory client of a run: its store in ``OUT/store``, KV settings from ``settings``.
+
+    Raises:
+        ConfigError: when ``engine`` is given and serves other request-time remedies than ``settings`` ask for.
+    """
     from inferscale.client import MemoryClient
     from inferscale.config import EngineConfig, MemoryConfig
 
@@ -259,8 +263,13 @@ def build_client(
             max_new_tokens=settings.max_new_tokens,
             num_threads=settings.num_threads,
         ),
-        kv=settings.kv_config(settings.out_dir),
+        kv=settings.kv_config(),
     )
+    if engine is not None and engine.serving != config.kv.serving():
+        raise ConfigError(
+            f"the engine passed in serves {engine.serving.label()}, but the run asks for "
+            f"{config.kv.serving().label()}; build the engine with serving=KVConfig(...).serving()"
+        )
     return MemoryClient(config, engine=engine, embedder=embedder)
 
 

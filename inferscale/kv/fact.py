@@ -15,7 +15,8 @@ class FactKV:
         keys: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` pre-RoPE keys (after any key norm).
         values: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` values; same dtype and device as ``keys``.
         token_ids: ``[n_tokens]`` int64, on the CPU: the fact's tokens, exactly as laid into the prompt.
-        encoded_at: position of the fact's first token when it was encoded (its context length, in tokens).
+        encoded_at: position of the fact's first token when it was encoded: its context length plus any position
+            gap (:attr:`inferscale.kv.encode.EncodeRequest.position_gap`), in tokens.
         source: path of a safetensors file in the KV store's layout holding exactly these K/V (set by the KV
             store's disk tier), or ``None``. An engine in another process (vLLM's workers) reads that file instead
             of a staged copy.

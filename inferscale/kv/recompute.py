@@ -8,8 +8,8 @@ tokens carry the cross-fact context again; with every token chosen it is exactly
 - ``head:m``: each fact's first ``m`` tokens, where a standalone fact grows its own attention sink;
 - ``tail:n``: the memory segment's last ``n`` tokens, right before the query (the one span a prefix-claiming KV
   connector such as vLLM's can leave to the engine);
-- ``structure``: each fact line's layout tokens, the bullet that opens it and the newline that closes it, as the
-  prompt layout renders them (:class:`FactLineLayout`), independent of what the fact says;
+- ``structure``: each fact line's layout tokens, the bullet that opens it and the newline that closes it, found in
+  that line's own tokens (:class:`FactLineLayout`), independent of what the fact says;
 - ``selective:r``: the ``r`` percent of memory tokens the query attends to most (CacheBlend-style selection, with
   the query's attention as the score, Yao et al. 2024, §4.2), found by one probe prefill of the query.
 
@@ -38,9 +38,9 @@ class RecomputePolicy:
     """A parsed ``kv.recompute`` setting.
 
     Attributes:
-        kind: ``"none"``, ``"head"``, ``"structure"`` or ``"selective"``.
-        amount: ``m`` tokens per fact for ``head``; ``r`` percent of the memory tokens for ``selective``
-            (0 < r <= 100); 0 otherwise.
+        kind: ``"none"``, ``"head"``, ``"tail"``, ``"structure"`` or ``"selective"``.
+        amount: ``m`` tokens per fact for ``head``; ``n`` tokens for ``tail``; ``r`` percent of the memory tokens
+            for ``selective`` (0 < r <= 100); 0 otherwise.
     """
 
     kind: RecomputeKind = "none"
@@ -48,10 +48,10 @@ class RecomputePolicy:
 
     @classmethod
     def parse(cls, spec: str) -> RecomputePolicy:
-        """``"none"``, ``"head:m"``, ``"structure"`` or ``"selective:r"`` → a policy.
+        """``"none"``, ``"head:m"``, ``"tail:n"``, ``"structure"`` or ``"selective:r"`` → a policy.
 
         Raises:
-            ConfigError: for any other text, ``m`` < 1, or ``r`` outside (0, 100].
+            ConfigError: for any other text, ``m`` or ``n`` < 1, or ``r`` outside (0, 100].
         """
         match = _SPEC.match(spec.strip())
         if match is None:
@@ -112,10 +112,11 @@ def tail_slots(memory_tokens: int, start: int, n: int) -> list[int]:
     return list(range(start + max(0, memory_tokens - n), start + memory_tokens))
 
 
-def structure_slots(fact_lengths: Sequence[int], start: int, layout: FactLineLayout) -> list[int]:
-    """Slots of each fact line's opening and closing layout tokens (``structure``), ascending."""
+def structure_slots(fact_lengths: Sequence[int], start: int, layouts: Sequence[FactLineLayout]) -> list[int]:
+    """Slots of each fact line's opening and closing layout tokens (``structure``), ascending; ``layouts`` has one
+    entry per fact."""
     slots: list[int] = []
-    for n in fact_lengths:
+    for n, layout in zip(fact_lengths, layouts, strict=True):
         opening = min(layout.opening, n)
         closing = min(layout.closing, n - opening)
         slots += range(start, start + opening)
@@ -140,16 +141,17 @@ def top_scored_slots(scores: torch.Tensor, start: int, percent: float) -> list[i
 
 
 def planned_slots(
-    policy: RecomputePolicy, fact_lengths: Sequence[int], start: int, layout: FactLineLayout
+    policy: RecomputePolicy, fact_lengths: Sequence[int], start: int, layouts: Sequence[FactLineLayout] = ()
 ) -> list[int] | None:
     """The slots a policy recomputes for facts laid contiguously from slot ``start``, ascending; ``None`` for
-    ``selective:r``, whose slots depend on the query (:func:`top_scored_slots` after a probe)."""
+    ``selective:r`` over a non-empty segment, whose slots depend on the query (:func:`top_scored_slots` after a
+    probe). ``layouts`` (one per fact) are needed by ``structure`` only."""
     if policy.kind == "head":
         return head_slots(fact_lengths, start, int(policy.amount))
     if policy.kind == "tail":
         return tail_slots(sum(fact_lengths), start, int(policy.amount))
     if policy.kind == "structure":
-        return structure_slots(fact_lengths, start, layout)
+        return structure_slots(fact_lengths, start, layouts)
     if policy.kind == "selective" and sum(fact_lengths) > 0:
         return None
     return []

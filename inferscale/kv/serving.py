@@ -81,3 +81,10 @@ def bucket_per_fact(fact_lengths: Sequence[int], buckets: Sequence[int]) -> list
         out.append(nearest_bucket(offset, buckets))
         offset += n
     return out
+
+
+def gap_for_bucket(bucket: int, context_tokens: int) -> int:
+    """The :attr:`~inferscale.kv.encode.EncodeRequest.position_gap` that puts a fact ``bucket`` tokens after the
+    system prefix when ``context_tokens`` tokens (its context turns) already stand between them; 0 when the
+    context alone is longer."""
+    return max(0, bucket - context_tokens)

@@ -12,6 +12,7 @@ with ``attn_implementation=SDPA_GQA`` uses it; anything this function does not c
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -77,14 +78,21 @@ class QueryAttentionProbe:
 @contextmanager
 def routed_through_sdpa_gqa(model: nn.Module) -> Iterator[None]:
     """Run ``model``'s attention through :func:`sdpa_gqa_attention` inside the block, whatever kernel it was
-    loaded with (so a :class:`QueryAttentionProbe` sees every layer), and restore the kernel after."""
+    loaded with (so a :class:`QueryAttentionProbe` sees every layer), and restore the kernel after, also on an
+    exception. The switch is on the model's config, which its layers share: blocks on one model are serialised by
+    a process-wide lock, but a forward pass of the same model on another thread without this block would see the
+    switched kernel (the engines serialise their requests, so they never do that)."""
     config = model.config
-    saved = config._attn_implementation
-    config._attn_implementation = register_sdpa_gqa()
-    try:
-        yield
-    finally:
-        config._attn_implementation = saved
+    with _SWITCH_LOCK:
+        saved = config._attn_implementation
+        config._attn_implementation = register_sdpa_gqa()
+        try:
+            yield
+        finally:
+            config._attn_implementation = saved
+
+
+_SWITCH_LOCK = threading.RLock()
 
 
 _ACTIVE_PROBE: ContextVar[QueryAttentionProbe | None] = ContextVar("inferscale_attention_probe", default=None)

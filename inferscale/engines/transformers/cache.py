@@ -67,8 +67,15 @@ class PreallocatedLayer(DynamicLayer):
         return self._length
 
     def crop(self, max_length: int) -> None:
-        """Forget every entry after the first ``max_length`` (tokens); the buffers are kept."""
+        """Forget every entry after the first ``max_length`` (tokens); a negative value drops that many from the
+        end, as transformers' caches do. The buffers are kept.
+
+        Raises:
+            ValueError: when a negative ``max_length`` would drop more entries than are filled.
+        """
         if max_length < 0:
+            if -max_length > self._length:
+                raise ValueError(f"cannot drop {-max_length} entries from a layer holding {self._length}")
             max_length = self._length + max_length
         self._length = min(self._length, max_length)
         self._expose()

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from inferscale.engines.base import Generation
 from inferscale.engines.transformers.attention import QueryAttentionProbe, resolve_attention, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
-from inferscale.errors import InvalidInputError
+from inferscale.errors import InvalidInputError, UnsupportedModelError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
@@ -59,6 +60,16 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
         path, dtype=_DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
     ).to(resolve_device(config.device))
     return path, model.eval(), tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBias:
+    """The memory attention scale of one request: ``logit_bias`` = log s added to the attention logits of the
+    query and every decoded token on the memory slots ``[start, end)`` (APE's scaling factor)."""
+
+    start: int
+    end: int
+    logit_bias: float
 
 
 def _now_ms(device: torch.device) -> float:
@@ -194,15 +205,17 @@ class TransformersEngine(LayoutTokensMixin):
         """Pre-RoPE K/V of each fact, ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype.
 
         Raises:
-            InvalidInputError: when a fact with its context is longer than the model's context window.
+            InvalidInputError: when a fact with its context and position gap reaches past the model's context
+                window.
         """
         self.load()
         limit = self.max_context_tokens
         for i, req in enumerate(requests):
-            if len(req.context_ids) + len(req.fact_ids) > limit:
+            span = len(req.context_ids) + req.position_gap + len(req.fact_ids)
+            if span > limit:
                 raise InvalidInputError(
-                    f"fact {i} needs {len(req.context_ids) + len(req.fact_ids)} tokens with its context; the model's "
-                    f"context is {limit} tokens"
+                    f"fact {i} needs positions up to {span} with its context and position gap; the model's context "
+                    f"is {limit} tokens"
                 )
         with self._lock:
             return self._encoder.encode(requests)
@@ -219,26 +232,37 @@ class TransformersEngine(LayoutTokensMixin):
 
     @torch.inference_mode()
     def generate_kv(
-        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
+        self,
+        query: str,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
     ) -> Generation:
-        """Answer with the facts' K/V injected; prefill covers only the query tokens.
+        """Answer with the facts' K/V injected; prefill covers only the query tokens (and whatever memory tokens
+        the recompute policy chooses).
 
         ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
-        ``kv_assembly_ms`` covers the rotation, the cache build and the serving remedies of :attr:`serving` (the
-        recompute of chosen memory tokens, the probe prefill of ``selective:r``, the key scaling of ``T``).
+        ``serving`` overrides :attr:`serving` for this request. ``kv_assembly_ms`` covers the rotation, the cache
+        build and the serving remedies (the recompute of chosen memory tokens, the probe prefill of
+        ``selective:r``, the key scaling of ``T``); ``recomputed_tokens`` counts the tokens they prefilled.
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
             InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.
+            UnsupportedModelError: when a request-time remedy is asked of a model it cannot serve exactly
+                (sliding-window attention, attention logit soft-capping).
         """
         self.load()
+        settings = serving if serving is not None else self.serving
         with self._lock:
             t0 = _now_ms(self._device)
             query_ids = self._layout.query_ids(query)
             self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
-            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids)
+            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids, settings)
             t1 = _now_ms(self._device)
-            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens, self._span(assembled))
+            bias = self._memory_bias(assembled, settings)
+            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens, bias)
             return Generation(
                 text=gen[0],
                 token_ids=gen[1],
@@ -282,44 +306,94 @@ class TransformersEngine(LayoutTokensMixin):
 
     @torch.inference_mode()
     def first_token_logits(
-        self, query: str, facts: Sequence[FactKV] | None, fact_ids: Sequence[Sequence[int]] | None = None
+        self,
+        query: str,
+        facts: Sequence[FactKV] | None,
+        fact_ids: Sequence[Sequence[int]] | None = None,
+        serving: ServingSettings | None = None,
     ) -> torch.Tensor:
-        """Next-token logits ``[vocab]`` float32 after the prompt: KV mode when ``facts`` is given, else prompt
-        mode over ``fact_ids``. Used by exactness tests and the fidelity metrics."""
+        """Next-token logits ``[vocab]`` float32 after the prompt: KV mode when ``facts`` is given (served with
+        ``serving``, default :attr:`serving`, as :meth:`generate_kv` serves them), else prompt mode over
+        ``fact_ids``. Used by exactness tests and the fidelity metrics.
+
+        Raises:
+            the errors of :meth:`generate_kv`.
+        """
         self.load()
+        settings = serving if serving is not None else self.serving
         with self._lock:
             query_ids = self._layout.query_ids(query)
-            span = None
+            bias = None
             if facts is not None:
-                assembled, cache, _ = self._kv_cache(facts, len(query_ids), query_ids)
+                assembled, cache, _ = self._kv_cache(facts, len(query_ids), query_ids, settings)
                 ids: list[int] = []
-                span = self._span(assembled)
+                bias = self._memory_bias(assembled, settings)
             else:
                 ids = [t for f in fact_ids or [] for t in f]
                 assembled = self._workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
                 cache = self._cache_from(assembled)
-            return self._forward(cache, ids + query_ids, assembled.n_tokens, span)[0, -1].float()
+            return self._forward(cache, ids + query_ids, assembled.n_tokens, bias)[0, -1].float()
 
-    def _span(self, assembled: AssembledKV) -> tuple[int, int]:
-        return (self._prefix.n_tokens, assembled.n_tokens)
+    def _memory_bias(self, assembled: AssembledKV, settings: ServingSettings) -> MemoryBias | None:
+        """The attention bias on the memory slots ``[P, P + S)`` of ``assembled``, or ``None`` when s is 1."""
+        if settings.attention_scale == 1.0 or assembled.memory_tokens == 0:
+            return None
+        return MemoryBias(self._prefix.n_tokens, assembled.n_tokens, settings.memory_logit_bias)
+
+    def _check_remedies(self, settings: ServingSettings) -> None:
+        """Refuse request-time remedies on models whose attention a full 4-D mask would change (sliding windows)
+        or whose logits are soft-capped (the probe and the bias assume plain softmax attention).
+
+        Raises:
+            UnsupportedModelError: naming the model feature and the setting.
+        """
+        if settings.is_pure_injection:
+            return
+        config = self._model.config
+        sliding = getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
+            getattr(config, "layer_types", None) or ()
+        )
+        capped = getattr(config, "attn_logit_softcapping", None) is not None
+        if sliding or capped:
+            feature = "sliding-window attention" if sliding else "attention logit soft-capping"
+            raise UnsupportedModelError(
+                f"{settings.label()} needs plain full attention, but this model uses {feature}; serve it with "
+                "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none'"
+            )
 
     def _kv_cache(
-        self, facts: Sequence[FactKV], extra_capacity: int, query_ids: Sequence[int] = ()
+        self,
+        facts: Sequence[FactKV],
+        extra_capacity: int,
+        query_ids: Sequence[int] = (),
+        serving: ServingSettings | None = None,
     ) -> tuple[AssembledKV, PreallocatedCache, int]:
-        """Assemble prefix + facts into a preallocated cache, then apply the serving remedies: recompute the slots
-        the policy chooses (:meth:`_recompute`), and scale the memory keys by ``1/T`` (the temperature).
+        """Assemble prefix + facts into a preallocated cache, then apply the request-time remedies of ``serving``
+        (default :attr:`serving`): recompute the slots its policy chooses (:meth:`_recompute`), and scale the
+        memory keys by ``1/T`` (the temperature).
 
         ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
 
         Returns:
             ``(assembled, cache, added_tokens)``: ``added_tokens`` counts the extra tokens prefilled (recomputed
             memory tokens, plus the query's probe prefill for ``selective:r``).
+
+        Raises:
+            InvalidInputError: for ``selective:r`` without ``query_ids``.
+            UnsupportedModelError: see :meth:`_check_remedies`.
         """
-        policy = self.serving.recompute
+        settings = serving if serving is not None else self.serving
+        self._check_remedies(settings)
+        policy = settings.recompute
         lengths = [f.n_tokens for f in facts]
         memory = sum(lengths)
         p = self._prefix.n_tokens
-        slots = planned_slots(policy, lengths, p, self._layout.line_layout)  # None: chosen after a query probe
+        layouts = (
+            [self._layout.line_layout_of(f.token_ids.tolist()) for f in facts] if policy.kind == "structure" else []
+        )
+        slots = planned_slots(policy, lengths, p, layouts)  # None: chosen after a probe of the query
+        if slots is None and not query_ids:
+            raise InvalidInputError("selective recompute ranks memory tokens by the query's attention: pass query_ids")
         reserve = memory if slots is None else len(slots)
         assembled = self._workspace.assemble(
             facts, self._table, extra_capacity=extra_capacity + max(reserve, len(query_ids))
@@ -327,17 +401,15 @@ class TransformersEngine(LayoutTokensMixin):
         cache = self._cache_from(assembled)
         added = 0
         if slots is None:
-            if not query_ids:
-                raise ValueError("selective recompute ranks memory tokens by the query's attention: pass query_ids")
             scores = self._query_attention_on_memory(cache, list(query_ids), assembled.n_tokens, p)
             slots = top_scored_slots(scores, p, policy.amount)
             added += len(query_ids)
         added += len(slots)
         if slots:
             self._recompute(cache, assembled.token_ids, slots, assembled.n_tokens)
-        if self.serving.temperature != 1.0 and memory:
+        if settings.temperature != 1.0 and memory:
             for layer in cache.layers:
-                layer.keys[:, :, p : p + memory].div_(self.serving.temperature)
+                layer.keys[:, :, p : p + memory].div_(settings.temperature)
         return assembled, cache, added
 
     def _query_attention_on_memory(
@@ -382,31 +454,28 @@ class TransformersEngine(LayoutTokensMixin):
         )
         cache.move_tail(length, pos)
 
-    def _memory_bias_mask(
-        self, cache_length: int, n_new: int, memory_span: tuple[int, int] | None
+    @staticmethod
+    def _bias_mask(
+        cache_length: int, n_new: int, bias: MemoryBias | None, dtype: torch.dtype, device: torch.device
     ) -> torch.Tensor | None:
-        """``[1, 1, n_new, cache_length + n_new]`` float mask adding ``log s`` to the memory columns
-        ``memory_span = (P, P + S)`` (causal over the new tokens), or ``None`` when there is no span or s is 1."""
-        span = memory_span
-        if span is None or span[0] == span[1] or self.serving.attention_scale == 1.0:
+        """``[1, 1, n_new, cache_length + n_new]`` float mask adding ``bias.logit_bias`` (log s) to the memory
+        columns ``[bias.start, bias.end)`` and masking future columns among the new tokens; ``None`` without a
+        bias (the model then builds its own causal mask)."""
+        if bias is None:
             return None
-        dtype = next(self._model.parameters()).dtype
-        mask = torch.zeros((n_new, cache_length + n_new), dtype=dtype, device=self._device)
-        mask[:, span[0] : span[1]] = self.serving.memory_logit_bias
+        mask = torch.zeros((n_new, cache_length + n_new), dtype=dtype, device=device)
+        mask[:, bias.start : bias.end] = bias.logit_bias
         if n_new > 1:
-            future = torch.ones((n_new, n_new), dtype=torch.bool, device=self._device).triu(1)
+            future = torch.ones((n_new, n_new), dtype=torch.bool, device=device).triu(1)
             mask[:, cache_length:].masked_fill_(future, torch.finfo(dtype).min)
         return mask[None, None]
 
-    def _forward(
-        self, cache: Any, ids: list[int], start: int, memory_span: tuple[int, int] | None = None
-    ) -> torch.Tensor:
+    def _forward(self, cache: Any, ids: list[int], start: int, bias: MemoryBias | None = None) -> torch.Tensor:
         """Prefill ``ids`` at positions ``start ..`` on ``cache`` (length ``start``); ``[1, 1, vocab]`` logits of the
-        last position. With ``memory_span`` (injected memory slots ``[P, P + S)``) the memory block's attention bias
-        ``log s`` is added for these tokens."""
+        last position. With ``bias`` the memory block's attention bias (log s) is added for these tokens."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
         positions = torch.arange(start, start + len(ids), device=self._device)[None]
-        mask = self._memory_bias_mask(start, len(ids), memory_span)
+        mask = self._bias_mask(start, len(ids), bias, next(self._model.parameters()).dtype, self._device)
         # Only the last position's logits are used: projecting every prompt token onto the vocabulary would add
         # T x hidden x vocab multiply-adds to each prefill (at k=50, more than the query's whole prefill).
         out = self._model(
@@ -425,22 +494,22 @@ class TransformersEngine(LayoutTokensMixin):
         ids: list[int],
         start: int,
         max_new_tokens: int,
-        memory_span: tuple[int, int] | None = None,
+        bias: MemoryBias | None = None,
     ) -> tuple[str, list[int], float]:
-        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode (the memory bias of
-        ``memory_span`` applies to the prefill and every decoded token).
+        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode (``bias`` applies to the
+        prefill and every decoded token).
 
         Returns (text, generated ids, prefill ms up to the first token).
         """
         t0 = _now_ms(self._device)
-        logits = self._forward(cache, ids, start, memory_span)
+        logits = self._forward(cache, ids, start, bias)
         token = int(logits[0, -1].argmax())
         prefill_ms = _now_ms(self._device) - t0
         generated: list[int] = []
         position = start + len(ids)
         while token not in self._stop_ids and len(generated) < max_new_tokens:
             generated.append(token)
-            logits = self._forward(cache, [token], position, memory_span)
+            logits = self._forward(cache, [token], position, bias)
             position += 1
             token = int(logits[0, -1].argmax())
         # A budget that ends inside a multi-byte character leaves a replacement character: drop it.

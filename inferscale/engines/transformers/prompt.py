@@ -49,7 +49,6 @@ class PromptLayout:
         self._tokenizer = tokenizer
         self._query_before, self._query_after = rest.split(_QUERY_SENTINEL)
         self.prefix_ids: list[int] = self._encode(prefix)
-        self.line_layout: FactLineLayout = self._line_layout()
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -58,21 +57,27 @@ class PromptLayout:
         """Tokens of one fact as a line of the memory segment: ``"- {text}\\n"``."""
         return self._encode(f"{_BULLET}{text.strip()}{_LINE_END}")
 
-    def _line_layout(self) -> FactLineLayout:
-        """How many tokens of a fact line the bullet and the line break take, found by tokenizing a line and
-        counting the leading tokens that decode to part of the bullet and the trailing ones that decode to part of
-        the line break (a token that merges layout with fact text is left out: it is text too)."""
-        ids = self.fact_ids("memory")
-        pieces = [self._tokenizer.decode([t]) for t in ids]
-        opening = 0
-        text = ""
-        while opening < len(ids) and _BULLET.startswith(text + pieces[opening]) and pieces[opening]:
-            text += pieces[opening]
+    def line_layout_of(self, ids: Sequence[int]) -> FactLineLayout:
+        """How many of one fact line's tokens the bullet and the line break take: the leading tokens that decode to
+        part of ``"- "`` and the trailing ones that decode to part of ``"\\n"``. A token that merges layout with
+        fact text (``".\\n"`` in some vocabularies) is text, so it is not counted.
+
+        Args:
+            ids: the line's token ids, as :meth:`fact_ids` gives them.
+        """
+        opening, text = 0, ""
+        while opening < len(ids):
+            piece = self._tokenizer.decode([ids[opening]])
+            if not piece or not _BULLET.startswith(text + piece):
+                break
+            text += piece
             opening += 1
-        closing = 0
-        text = ""
-        while closing < len(ids) - opening and _LINE_END.endswith(pieces[-1 - closing] + text) and pieces[-1 - closing]:
-            text = pieces[-1 - closing] + text
+        closing, text = 0, ""
+        while closing < len(ids) - opening:
+            piece = self._tokenizer.decode([ids[len(ids) - 1 - closing]])
+            if not piece or not _LINE_END.endswith(piece + text):
+                break
+            text = piece + text
             closing += 1
         return FactLineLayout(opening=opening, closing=closing)
 
