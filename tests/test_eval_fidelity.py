@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from inferscale.cli import main
 from inferscale.errors import InvalidInputError
 from inferscale.eval.fidelity import FidelitySetting, repeats, summarize_rows
-from inferscale.eval.fidelity_cases import load_cases, retrieve_cases
+from inferscale.eval.fidelity_cases import FidelitySlice, load_cases, retrieve_cases
 
 CASES = Path(__file__).parent / "data" / "fidelity_cases.json"
 
@@ -161,3 +161,23 @@ def test_eval_fidelity_command_writes_its_report(tmp_path: Path, capsys: pytest.
 def test_eval_fidelity_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "fidelity", "--cases", str(CASES), "--setting", '{"recompute": "all"}']) == 2
     assert "recompute" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibration_picks_the_scale_that_lowers_held_out_kl(smollm2_fp32: tuple[Any, Any]) -> None:
+    from inferscale.config import EngineConfig, MemoryConfig
+    from inferscale.engines.transformers import TransformersEngine
+    from inferscale.eval.fidelity import calibrate_scale
+
+    model, tokenizer = smollm2_fp32
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt, model=model, tokenizer=tokenizer
+    )
+    part = load_cases(CASES)
+    result = calibrate_scale({"default": engine}, [part], FidelitySetting(), grid=(1.0, 0.35))
+    assert (result.n_calibration, result.n_held_out) == (5, 5)
+    assert set(result.calibration_kl) == {1.0, 0.35}
+    assert result.scale == min(result.calibration_kl, key=result.calibration_kl.__getitem__)
+    assert result.scale == 0.35 and result.held_out_kl < result.held_out_kl_unscaled
+    with pytest.raises(ValueError, match="two cases"):
+        calibrate_scale({"default": engine}, [FidelitySlice("one", part.cases[:1])], FidelitySetting())

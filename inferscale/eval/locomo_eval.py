@@ -445,7 +445,8 @@ def load_results(path: Path) -> dict[str, dict[str, Any]]:
 
 def _check_run_file(out_dir: Path, settings: LocomoEvalSettings) -> None:
     path = out_dir / RUN_FILE
-    current = settings.run_dict()
+    # Compared as they read back from JSON (a tuple setting comes back as a list), so a resumed run matches itself.
+    current = json.loads(json.dumps(settings.run_dict()))
     if path.exists():
         previous = json.loads(path.read_text(encoding="utf-8"))
         changed = {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
