@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from inferscale.errors import ConfigError
 
@@ -98,6 +98,29 @@ class EmbedderConfig(_Strict):
     device: str = "cpu"
 
 
+def _normalise_recompute(value: str) -> str:
+    from inferscale.kv.recompute import RecomputePolicy  # the KV core imports torch: only when validating
+
+    return str(RecomputePolicy.parse(value))
+
+
+def _normalise_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
+    if not value or any(b < 0 for b in value) or len(value) > MAX_POSITION_BUCKETS:
+        raise ValueError(f"position_buckets needs 1 to {MAX_POSITION_BUCKETS} distances, each >= 0 (tokens)")
+    return tuple(sorted(set(value)))
+
+
+MAX_POSITION_BUCKETS = 16
+"""The most position buckets a fact may be encoded at (each costs one encoding and one stored K/V)."""
+
+RecomputeSpec = Annotated[str, AfterValidator(_normalise_recompute)]
+"""A ``kv.recompute`` setting, validated and written canonically
+(:meth:`inferscale.kv.recompute.RecomputePolicy.parse`)."""
+
+PositionBuckets = Annotated[tuple[int, ...], AfterValidator(_normalise_buckets)]
+"""Position-aware encoding distances (tokens from the system prefix), sorted, each once."""
+
+
 class KVConfig(_Strict):
     """How fact KV is encoded and injected (paper: context-window encoding, chunked RoPE).
 
@@ -136,26 +159,12 @@ class KVConfig(_Strict):
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
     encode_on_add: bool = True
-    recompute: str = "none"
+    recompute: RecomputeSpec = "none"
     memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
     memory_temperature: float = Field(default=1.0, gt=0, le=10)
-    position_buckets: tuple[int, ...] = (0,)
+    position_buckets: PositionBuckets = (0,)
     host_budget_bytes: int = Field(default=2 << 30, ge=0)
     device_budget_bytes: int | None = Field(default=None, ge=0)
-
-    @field_validator("recompute")
-    @classmethod
-    def _valid_recompute(cls, value: str) -> str:
-        from inferscale.kv.recompute import RecomputePolicy  # the KV core imports torch: only when validating
-
-        return str(RecomputePolicy.parse(value))
-
-    @field_validator("position_buckets")
-    @classmethod
-    def _valid_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or any(b < 0 for b in value) or len(value) > 16:
-            raise ValueError("position_buckets needs 1 to 16 distances, each >= 0 (tokens)")
-        return tuple(sorted(set(value)))
 
     def serving(self) -> ServingSettings:
         """The request-time remedies of these settings (:class:`inferscale.kv.serving.ServingSettings`)."""

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale.config import KVConfig
+from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
 from inferscale.eval.metrics import first_token_kl, token_f1
 from inferscale.kv.encode import EncodeRequest
@@ -81,21 +81,9 @@ class FidelitySetting(BaseModel):
     name: str = ""
     attention_scale: float = Field(default=1.0, gt=0)
     temperature: float = Field(default=1.0, gt=0)
-    recompute: str = "none"
-    position_buckets: tuple[int, ...] = (0,)
+    recompute: RecomputeSpec = "none"
+    position_buckets: PositionBuckets = (0,)
     context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
-
-    @field_validator("recompute")
-    @classmethod
-    def _valid_recompute(cls, value: str) -> str:
-        return str(RecomputePolicy.parse(value))
-
-    @field_validator("position_buckets")
-    @classmethod
-    def _valid_buckets(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value or any(b < 0 for b in value):
-            raise ValueError("position_buckets needs at least one distance, each >= 0 (tokens)")
-        return tuple(sorted(set(value)))
 
     @classmethod
     def from_kv(cls, kv: KVConfig, name: str = "") -> FidelitySetting:
