@@ -75,10 +75,10 @@ class FactKVManager:
         """
         buckets = self._config.position_buckets
         if len(buckets) == 1:
-            gaps = [buckets[0]] * len(records)
+            chosen = [buckets[0]] * len(records)
         else:
-            gaps = bucket_per_fact([len(self._engine.fact_token_ids(r.text)) for r in records], buckets)
-        return self._ensure(list(zip(records, gaps, strict=True)))
+            chosen = bucket_per_fact([len(self._engine.fact_token_ids(r.text)) for r in records], buckets)
+        return self._ensure(list(zip(records, chosen, strict=True)))
 
     def prepare(self, records: Sequence[MemoryRecord]) -> None:
         """Encode and store every record at every position bucket (the eager encoding of ``add``), so no later
@@ -87,16 +87,16 @@ class FactKVManager:
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
         """
-        self._ensure([(r, gap) for r in records for gap in self._config.position_buckets])
+        self._ensure([(r, bucket) for r in records for bucket in self._config.position_buckets])
 
     def _ensure(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[FactKV]:
-        found: list[FactKV | None] = [self._store.get(self.key(r, gap)) for r, gap in wanted]
+        found: list[FactKV | None] = [self._store.get(self.key(r, bucket)) for r, bucket in wanted]
         missing = [i for i, fact in enumerate(found) if fact is None]
         if missing:
             encoded = self._engine.encode_facts([self.encode_request(*wanted[i]) for i in missing])
             for i, fact in zip(missing, encoded, strict=True):
-                record, gap = wanted[i]
-                key = self.key(record, gap)
+                record, bucket = wanted[i]
+                key = self.key(record, bucket)
                 location = self._store.put(key, fact)
                 self._db.put_kv_entry(
                     memory_id=record.id,
