@@ -7,6 +7,7 @@ mask (tests/tiny_models.py), duplicated cache columns, or hooks on a plain forwa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -116,6 +117,20 @@ def _engine(smollm2_fp32: tuple[Any, Any], **serving: Any) -> TransformersEngine
     ).load()
 
 
+def _cache_by_hand(
+    model: Any,
+    assembled: Any,
+    per_layer: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = lambda k, v: (k, v),
+) -> DynamicCache:
+    """A plain transformers cache holding ``per_layer(keys, values)`` of each layer of ``assembled`` (copies,
+    ``[n_kv_heads, T, head_dim]`` each): the reference side of the remedy tests."""
+    layers = []
+    for keys, values in zip(assembled.keys, assembled.values, strict=True):
+        k, v = per_layer(keys, values)
+        layers.append((k.clone()[None], v.clone()[None]))
+    return DynamicCache(ddp_cache_data=layers, config=model.config)
+
+
 def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     p, q = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
     return float((p.exp() * (p - q)).sum())
@@ -205,15 +220,11 @@ def test_memory_attention_scale_two_equals_every_memory_column_twice(smollm2_fp3
     scaled = engine.first_token_logits(QUERY, facts)
     assembled = engine.assemble(facts)
     p, n = engine.prefix_kv.n_tokens, assembled.n_tokens
-    layers = []
-    for keys, values in zip(assembled.keys, assembled.values, strict=True):
-        layers.append(
-            (
-                torch.cat([keys[:, :n], keys[:, p:n]], dim=1)[None],
-                torch.cat([values[:, :n], values[:, p:n]], dim=1)[None],
-            )
-        )
-    cache = DynamicCache(ddp_cache_data=layers, config=engine.model.config)
+    cache = _cache_by_hand(
+        engine.model,
+        assembled,
+        lambda k, v: (torch.cat([k[:, :n], k[:, p:n]], dim=1), torch.cat([v[:, :n], v[:, p:n]], dim=1)),
+    )
     query_ids = engine.query_token_ids(QUERY)
     length = n + (n - p)
     mask = torch.zeros(len(query_ids), length + len(query_ids))
@@ -236,12 +247,7 @@ def test_memory_temperature_divides_the_memory_logits(smollm2_fp32: tuple[Any, A
     tempered = engine.first_token_logits(QUERY, facts)
     assembled = engine.assemble(facts)
     p = engine.prefix_kv.n_tokens
-    layers = []
-    for keys, values in zip(assembled.keys, assembled.values, strict=True):
-        k = keys.clone()
-        k[:, p:] /= 2.0
-        layers.append((k[None], values.clone()[None]))
-    cache = DynamicCache(ddp_cache_data=layers, config=engine.model.config)
+    cache = _cache_by_hand(engine.model, assembled, lambda k, v: (torch.cat([k[:, :p], k[:, p:] / 2.0], dim=1), v))
     query_ids = engine.query_token_ids(QUERY)
     with torch.no_grad():
         out = engine.model(
@@ -315,16 +321,19 @@ def test_query_attention_probe_matches_eager_attention_weights(smollm2_fp32: tup
     query_ids = engine.query_token_ids(QUERY)
     positions = torch.arange(n, n + len(query_ids))[None]
 
-    def cache() -> DynamicCache:
-        layers = [(k.clone()[None], v.clone()[None]) for k, v in zip(assembled.keys, assembled.values, strict=True)]
-        return DynamicCache(ddp_cache_data=layers, config=model.config)
-
     with torch.no_grad(), QueryAttentionProbe(p, n) as probe, routed_through_sdpa_gqa(model):
-        model(input_ids=torch.tensor([query_ids]), position_ids=positions, past_key_values=cache())
+        model(
+            input_ids=torch.tensor([query_ids]),
+            position_ids=positions,
+            past_key_values=_cache_by_hand(model, assembled),
+        )
     assert model.config._attn_implementation == "eager"  # restored
     with torch.no_grad():
         out = model(
-            input_ids=torch.tensor([query_ids]), position_ids=positions, past_key_values=cache(), output_attentions=True
+            input_ids=torch.tensor([query_ids]),
+            position_ids=positions,
+            past_key_values=_cache_by_hand(model, assembled),
+            output_attentions=True,
         )
     reference = sum(a[0, :, :, p:n].sum(dim=(0, 1)) for a in out.attentions)
     # Each score sums 30 layers x 9 heads x ~20 query rows of fp32 weights (up to ~600): compare relatively.
