@@ -1,0 +1,166 @@
+"""The clients' shared orchestration (inferscale.derived): recall, memory_kv, metadata-only updates, close."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, ClassVar, cast
+
+import numpy as np
+import pytest
+import torch
+
+import inferscale.engines.transformers as transformers_engines
+from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig
+from inferscale.config import EngineConfig
+from inferscale.engines.base import Engine
+from inferscale.engines.transformers import TransformersEngine
+
+FACTS = [
+    {"role": "user", "content": "I have a beagle named Biscuit."},
+    {"role": "user", "content": "My sister Ana lives in Lisbon."},
+    {"role": "user", "content": "I play chess on Sundays."},
+]
+
+
+class CountingEmbedder:
+    """Wraps an embedder and counts the texts it embeds."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.texts: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return int(self.inner.dim)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+def _config(tmp_path: Path) -> MemoryConfig:
+    return MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(max_new_tokens=4))
+
+
+def test_recall_returns_the_records_and_scores_search_returns(tmp_path: Path, embedder: Any) -> None:
+    with MemoryClient(_config(tmp_path), embedder=embedder) as client:
+        client.add(FACTS, user_id="maya", infer=False, encode_kv=False)
+        client.add("I have a cat named Tom.", user_id="other", infer=False, encode_kv=False)
+        searched = client.search("What is my dog called?", user_id="maya", limit=2)["results"]
+        recalled = client.recall("What is my dog called?", user_id="maya", limit=2)
+    assert [r.record.id for r in recalled] == [r["id"] for r in searched]
+    assert [r.score for r in recalled] == pytest.approx([r["score"] for r in searched], abs=1e-6)
+    assert recalled[0].record.text == "I have a beagle named Biscuit."
+    assert all(r.record.user_id == "maya" for r in recalled)
+
+
+def test_async_recall_equals_sync_recall(tmp_path: Path, embedder: Any) -> None:
+    with MemoryClient(_config(tmp_path), embedder=embedder) as client:
+        client.add(FACTS, user_id="maya", infer=False, encode_kv=False)
+        expected = client.recall("Where does Ana live?", user_id="maya", limit=3, threshold=0.0)
+
+    async def recall() -> list[Any]:
+        async with AsyncMemoryClient(_config(tmp_path), embedder=embedder) as aclient:
+            return await aclient.recall("Where does Ana live?", user_id="maya", limit=3, threshold=0.0)
+
+    got = asyncio.run(recall())
+    assert [r.record for r in got] == [r.record for r in expected]
+    assert [r.score for r in got] == pytest.approx([r.score for r in expected], abs=1e-6)
+
+
+def test_metadata_only_update_neither_re_embeds_nor_drops_kv(tmp_path: Path, embedder: Any) -> None:
+    counting = CountingEmbedder(embedder)
+    with MemoryClient(_config(tmp_path), embedder=counting) as client:
+        memory_id = client.add(FACTS[:1], user_id="maya", infer=False, encode_kv=False)["results"][0]["id"]
+        client.index  # noqa: B018  (loads the index)
+        embedded = len(counting.texts)
+        client.update(memory_id, metadata={"topic": "pets"})
+        assert len(counting.texts) == embedded
+        assert client.get(memory_id)["metadata"] == {"topic": "pets"}  # replaced whole, as Mem0 does
+        client.update(memory_id, text="I have a beagle named Cookie.")
+        assert counting.texts[embedded:] == ["I have a beagle named Cookie."]
+
+
+@pytest.mark.slow
+def test_metadata_only_update_keeps_the_stored_kv(tmp_path: Path, smollm2_fp32: tuple[Any, Any], embedder: Any) -> None:
+    model, tokenizer = smollm2_fp32
+    config = _config(tmp_path)
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), config.system_prompt, model=model, tokenizer=tokenizer
+    )
+    with MemoryClient(config, engine=engine, embedder=embedder) as client:
+        memory_id = client.add(FACTS[:1], user_id="maya", infer=False, encode_kv=True)["results"][0]["id"]
+        record = client.db.get(memory_id)
+        assert record is not None
+        key = client.fact_kv.key(record)
+        before = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)
+        assert before is not None
+        client.update(memory_id, metadata={"topic": "pets"})
+        assert client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key) == before
+        client.update(memory_id, text="I have a beagle named Cookie.")
+        assert client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key) is None
+
+
+@pytest.mark.slow
+def test_memory_kv_equals_a_fresh_encoding(tmp_path: Path, smollm2_fp32: tuple[Any, Any], embedder: Any) -> None:
+    model, tokenizer = smollm2_fp32
+    config = _config(tmp_path)
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), config.system_prompt, model=model, tokenizer=tokenizer
+    )
+    with MemoryClient(config, engine=engine, embedder=embedder) as client:
+        client.add(FACTS, user_id="maya", infer=False, encode_kv=True)
+        records = [r.record for r in client.recall("chess", user_id="maya", limit=3)]
+        served = client.memory_kv(records)
+        fresh = engine.encode_facts([client.fact_kv.encode_request(r) for r in records])
+    assert len(served) == 3
+    for got, want in zip(served, fresh, strict=True):
+        assert torch.equal(got.token_ids, want.token_ids)
+        assert got.encoded_at == want.encoded_at
+        torch.testing.assert_close(got.keys, want.keys, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-5)
+
+
+class FakeEngine:
+    """Stands in for the engine a client builds from its config; records close()."""
+
+    instances: ClassVar[list[FakeEngine]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.closed = 0
+        FakeEngine.instances.append(self)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_close_releases_the_engine_the_client_built_but_not_one_passed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FakeEngine.instances.clear()
+    monkeypatch.setattr(transformers_engines, "TransformersEngine", FakeEngine)
+    client = MemoryClient(_config(tmp_path))
+    built = client.engine
+    assert isinstance(built, FakeEngine)
+    client.close()
+    assert built.closed == 1
+    client.close()  # a second close has nothing left to release
+    assert built.closed == 1
+
+    passed = FakeEngine()
+    with MemoryClient(_config(tmp_path), engine=cast(Engine, passed)) as other:
+        assert other.engine is passed
+    assert passed.closed == 0
+
+
+def test_async_close_releases_the_engine_the_client_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transformers_engines, "TransformersEngine", FakeEngine)
+
+    async def build_and_close() -> FakeEngine:
+        client = AsyncMemoryClient(_config(tmp_path))
+        built = client.engine
+        await client.close()
+        return cast(FakeEngine, built)
+
+    assert asyncio.run(build_and_close()).closed == 1
