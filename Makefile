@@ -42,7 +42,8 @@ install-vllm: $(VSTAMP)
 demo: $(STAMP)
 	$(BIN)/inferscale demo
 
-test: test-core test-vllm
+# The test command CI runs: lint (ruff + mypy), the core suite, then the vLLM stage.
+test: lint test-core test-vllm
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -53,6 +54,7 @@ test-vllm: $(VSTAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
