@@ -11,7 +11,7 @@ from typing import Any
 
 from inferscale.errors import InvalidInputError
 from inferscale.memory import Message, normalize_messages
-from inferscale.retrieval.filters import Filter, parse_filters, required_ids
+from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.storage import MemoryRecord
 

@@ -41,7 +41,7 @@ from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.kv.store import KVStore
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
-from inferscale.retrieval.filters import Filter
+from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, hash_text
 from inferscale.storage.async_store import AsyncMemoryStore

@@ -44,7 +44,7 @@ from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.reconcile import Reconciler
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
-from inferscale.retrieval.filters import Filter
+from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
@@ -670,7 +670,7 @@ class MemoryClient(_ClientCore):
         Args:
             query: the text to match.
             user_id, agent_id, run_id: scope ids (v1); they may instead be given inside ``filters`` (v2).
-            filters: a Mem0 filter dict (see :mod:`inferscale.retrieval.filters`).
+            filters: a Mem0 filter dict (see :mod:`inferscale.filters`).
             limit, top_k: how many results at most (v1 / v2 name; default 100).
             threshold: drop results whose score is below it.
             version: ``"v1"`` or ``"v2"``; accepted for Mem0 compatibility, changes nothing.

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.pool import StaticPool
 
 from inferscale.errors import ConfigError, InvalidInputError
-from inferscale.retrieval.filters import Filter
+from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage.changes import (
     AppliedChanges,

@@ -18,9 +18,9 @@ from sqlalchemy import ColumnElement, Select, delete, select
 from sqlalchemy.orm import Session
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
-from inferscale.retrieval.filters import Filter
+from inferscale.filters import Filter
 from inferscale.scope import Scope
-from inferscale.storage.filters import compile_filter
+from inferscale.storage.filter_sql import compile_filter
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.repository import (
     MemoryRecord,

@@ -31,7 +31,7 @@ from inferscale.scope import Scope
 from inferscale.storage.database import WRITE_OPTION, make_engine
 
 if TYPE_CHECKING:
-    from inferscale.retrieval.filters import Filter
+    from inferscale.filters import Filter
     from inferscale.storage.changes import AppliedChanges, ChangeSet
 
 from inferscale.storage.models import (
@@ -527,7 +527,7 @@ class MemoryStore:
         Args:
             scope: the ids to stay inside.
             limit: the most memories to return.
-            filters: a parsed filter (:func:`inferscale.retrieval.filters.parse_filters`), compiled to SQL.
+            filters: a parsed filter (:func:`inferscale.filters.parse_filters`), compiled to SQL.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.

@@ -1,4 +1,4 @@
-"""Compile a parsed filter tree (:mod:`inferscale.retrieval.filters`) into a SQL ``WHERE`` clause on ``memories``.
+"""Compile a parsed filter tree (:mod:`inferscale.filters`) into a SQL ``WHERE`` clause on ``memories``.
 
 The same tree compiles for SQLite (``json_type``/``json_extract``) and PostgreSQL (``json_typeof``/``->>``).
 Metadata values are compared by JSON type: a string operand only matches JSON strings, a number only JSON
@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, and_, case, false, func, literal, not_, null, or_, true
 from sqlalchemy.sql.elements import KeyedColumnElement
 
-from inferscale.retrieval.filters import And, Condition, Filter, Not, Or
+from inferscale.filters import And, Condition, Filter, Not, Or
 from inferscale.storage.models import MemoryRow
 
 _COLUMNS: dict[str, KeyedColumnElement[object]] = {
