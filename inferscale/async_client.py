@@ -38,10 +38,10 @@ from inferscale.arguments import (
 )
 from inferscale.client import _actor, _ClientCore, _ms_since, _rendered
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
-from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, hash_text
 from inferscale.storage.async_store import AsyncMemoryStore

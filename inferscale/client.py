@@ -37,6 +37,7 @@ from inferscale.config import MemoryConfig, is_mem0_config
 from inferscale.engines.base import Engine
 from inferscale.errors import ConfigError, InvalidInputError, MemoryNotFoundError
 from inferscale.fact_kv import FactKVManager
+from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
@@ -44,7 +45,6 @@ from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.reconcile import Reconciler
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
-from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
