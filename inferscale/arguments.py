@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferscale.errors import InvalidInputError
+from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
-from inferscale.retrieval.filters import Filter, parse_filters, required_ids
 from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.storage import MemoryRecord
 

@@ -36,10 +36,10 @@ from inferscale.arguments import (
 from inferscale.client_core import ClientCore, actor_of, ms_since, rendered_turns
 from inferscale.derived import arun_steps
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
-from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, hash_text
 from inferscale.storage.async_store import AsyncMemoryStore

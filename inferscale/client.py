@@ -30,10 +30,10 @@ from inferscale.arguments import (
 from inferscale.client_core import ClientCore, actor_of, ms_since, rendered_turns
 from inferscale.derived import run_steps
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
-from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, hash_text
 from inferscale.storage.changes import AppliedChanges, ChangeSet
@@ -250,7 +250,7 @@ class MemoryClient(ClientCore):
         Args:
             query: the text to match.
             user_id, agent_id, run_id: scope ids (v1); they may instead be given inside ``filters`` (v2).
-            filters: a Mem0 filter dict (see :mod:`inferscale.retrieval.filters`).
+            filters: a Mem0 filter dict (see :mod:`inferscale.filters`).
             limit, top_k: how many results at most (v1 / v2 name; default 100).
             threshold: drop results whose score is below it.
             version: ``"v1"`` or ``"v2"``; accepted for Mem0 compatibility, changes nothing.

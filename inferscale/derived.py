@@ -29,10 +29,10 @@ import numpy as np
 from inferscale.config import MemoryConfig
 from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager
+from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVStore
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
 from inferscale.storage.changes import AppliedChanges

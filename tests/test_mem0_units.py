@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from inferscale.errors import ExtractionError, InvalidInputError, ScopeError
+from inferscale.filters import And, Condition, Not, Or, parse_filters, parse_timestamp, required_ids
 from inferscale.memory import Message
 from inferscale.memory.chunking import chunk_messages, estimate_tokens, split_text
 from inferscale.memory.reconcile import build_reconcile_messages, parse_decisions, plan
-from inferscale.retrieval.filters import And, Condition, Not, Or, parse_filters, parse_timestamp, required_ids
 
 
 def test_filters_parse_into_a_tree() -> None:

@@ -1,5 +1,10 @@
 """The storage layer: SQLAlchemy models and the :class:`MemoryStore` (SQL is the source of truth).
 
+Modules, each importing only those before it: ``database`` (engines), ``models`` (tables), ``records`` (frozen
+copies of rows), ``validation`` (input checks), ``filter_sql`` (filters → ``WHERE``), ``queries`` (every read),
+``changes`` and ``kv_entries`` (every write, as session functions), then the shells ``store`` (sync) and
+``async_store`` (async).
+
 The async store lives in :mod:`inferscale.storage.async_store` (imported on demand: it needs ``greenlet`` and
 ``aiosqlite``).
 """
@@ -7,14 +12,8 @@ The async store lives in :mod:`inferscale.storage.async_store` (imported on dema
 from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
 from inferscale.storage.database import make_engine
 from inferscale.storage.models import Base, HistoryRow, KVEntryRow, MemoryRow
-from inferscale.storage.repository import (
-    HistoryEvent,
-    HistoryRecord,
-    KVEntryRecord,
-    MemoryRecord,
-    MemoryStore,
-    hash_text,
-)
+from inferscale.storage.records import HistoryEvent, HistoryRecord, KVEntryRecord, MemoryRecord, hash_text
+from inferscale.storage.store import MemoryStore
 
 __all__ = [
     "AppliedChanges",

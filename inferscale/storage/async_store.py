@@ -1,51 +1,65 @@
 """The memory store on async SQLAlchemy: aiosqlite for SQLite, psycopg's async mode for PostgreSQL.
 
-Same tables, same statements and the same transaction bodies as :class:`~inferscale.storage.MemoryStore`: reads
-``await`` the statements built in :mod:`inferscale.storage.changes`, and writes run the shared session functions
-through ``AsyncSession.run_sync`` (SQLAlchemy's greenlet bridge: the driver I/O is awaited on the event loop, no
-thread is blocked). Needs ``greenlet`` and ``aiosqlite`` (``pip install 'sqlalchemy[asyncio]' aiosqlite``).
+Same tables, same statements and the same transaction bodies as :class:`~inferscale.storage.MemoryStore`: every
+method validates its arguments and runs one session function of :mod:`~inferscale.storage.queries`,
+:mod:`~inferscale.storage.changes` or :mod:`~inferscale.storage.kv_entries` through ``AsyncSession.run_sync``
+(SQLAlchemy's greenlet bridge: the driver I/O is awaited on the event loop, no thread is blocked). Needs
+``greenlet`` and ``aiosqlite`` (``pip install 'sqlalchemy[asyncio]' aiosqlite``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
-from sqlalchemy import delete, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from inferscale.errors import ConfigError, InvalidInputError
-from inferscale.retrieval.filters import Filter
+from inferscale.errors import ConfigError
+from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage.changes import (
     AppliedChanges,
     ChangeSet,
+    add_change,
     apply_in_session,
+    delete_change,
     delete_scope_in_session,
     reset_in_session,
-    select_by_vector_ids,
-    select_memories,
-    select_vector_ids,
+    update_change,
     validate_changes,
 )
-from inferscale.storage.database import WRITE_OPTION, _sqlite_file, configure_sqlite
-from inferscale.storage.models import Base, HistoryRow, KVEntryRow, MemoryRow
-from inferscale.storage.repository import (
-    HistoryRecord,
-    MemoryRecord,
-    _check_actor,
-    _check_id,
-    _check_scope,
-    _check_text,
-    _check_vector_ids,
-    _chunks,
-    _scope_clauses,
+from inferscale.storage.database import WRITE_OPTION, configure_sqlite, sqlite_file
+from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
+from inferscale.storage.models import Base
+from inferscale.storage.queries import (
+    all_memories,
+    by_vector_ids,
+    find_by_hash,
+    get_kv_entry,
+    get_memory,
+    history,
+    list_memories,
+    vector_ids_in_scope,
 )
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.validation import (
+    check_actor,
+    check_id,
+    check_limit,
+    check_scope,
+    check_text,
+    check_vector_ids,
+)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def async_url(url: str) -> str:
@@ -71,8 +85,8 @@ def async_url(url: str) -> str:
 
 
 class AsyncMemoryStore:
-    """Memories and history in one SQL database, with ``async`` methods. Construction does no I/O; the engine
-    and the tables are created on first use.
+    """Memories, history and KV entries in one SQL database, with ``async`` methods. Construction does no I/O;
+    the engine and the tables are created on first use.
 
     Args:
         url: a SQLAlchemy URL in its sync or async form (see :func:`async_url`).
@@ -122,7 +136,7 @@ class AsyncMemoryStore:
         parsed = make_url(self._url)
         try:
             if parsed.get_backend_name() == "sqlite":
-                path = _sqlite_file(parsed)
+                path = sqlite_file(parsed)
                 if path is None:
                     engine = create_async_engine(parsed, poolclass=StaticPool)
                 else:
@@ -137,11 +151,17 @@ class AsyncMemoryStore:
                 "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
             ) from exc
 
-    async def _session(self, write: bool = False) -> AsyncSession:
-        engine = await self.engine()
-        if write:
-            engine = engine.execution_options(**{WRITE_OPTION: True})
-        return AsyncSession(engine, expire_on_commit=False)
+    async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``."""
+        async with AsyncSession(await self.engine(), expire_on_commit=False) as s:
+            return await s.run_sync(fn, *args, **kwargs)
+
+    async def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), through
+        ``run_sync``; committed when it returns and rolled back when it raises."""
+        engine = (await self.engine()).execution_options(**{WRITE_OPTION: True})
+        async with AsyncSession(engine, expire_on_commit=False) as s, s.begin():
+            return await s.run_sync(fn, *args, **kwargs)
 
     async def dialect(self) -> str:
         """The database's dialect name (``"sqlite"`` or ``"postgresql"``)."""
@@ -154,29 +174,24 @@ class AsyncMemoryStore:
             self._engine = None
 
     # ---- reads -----------------------------------------------------------------------------------------------
-    async def get(self, memory_id: str) -> MemoryRecord | None:
-        """The memory with id ``memory_id``, or ``None``.
+    async def get(self, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:
+        """The memory with id ``memory_id``; ``None`` when there is none or it is outside ``scope`` (checked in SQL).
 
         Raises:
-            InvalidInputError: when ``memory_id`` is not a non-empty str.
+            InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` is not a Scope.
         """
-        memory_id = _check_id(memory_id)
-        async with await self._session() as s:
-            row = (await s.scalars(select(MemoryRow).where(MemoryRow.id == memory_id))).one_or_none()
-            return MemoryRecord.from_row(row) if row is not None else None
+        memory_id = check_id(memory_id)
+        checked = check_scope(scope) if scope is not None else None
+        return await self._read(get_memory, memory_id, checked)
 
     async def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
-        """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``."""
-        text_hash = _check_text(text_hash, "text_hash")
-        stmt = (
-            select(MemoryRow)
-            .where(MemoryRow.hash == text_hash, *_scope_clauses(_check_scope(scope)))
-            .order_by(MemoryRow.created_at, MemoryRow.pk)
-            .limit(1)
-        )
-        async with await self._session() as s:
-            row = (await s.scalars(stmt)).first()
-            return MemoryRecord.from_row(row) if row is not None else None
+        """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``.
+
+        Raises:
+            InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
+        """
+        text_hash = check_text(text_hash, "text_hash")
+        return await self._read(find_by_hash, text_hash, check_scope(scope))
 
     async def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None
@@ -186,43 +201,48 @@ class AsyncMemoryStore:
         Raises:
             InvalidInputError: for a non-Scope or a bad limit.
         """
-        scope = _check_scope(scope)
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
-        stmt = select_memories(scope, filters, await self.dialect(), limit)
-        async with await self._session() as s:
-            return [MemoryRecord.from_row(row) for row in await s.scalars(stmt)]
+        scope = check_scope(scope)
+        return await self._read(list_memories, scope, filters, check_limit(limit))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in vector-id order."""
-        async with await self._session() as s:
-            return [MemoryRecord.from_row(row) for row in await s.scalars(select(MemoryRow).order_by(MemoryRow.pk))]
+        return await self._read(all_memories)
 
     async def vector_ids_in_scope(self, scope: Scope, filters: Filter | None = None) -> np.ndarray:
-        """Vector ids of the memories of ``scope`` matching ``filters``: int64 ``[n]``, ascending."""
-        stmt = select_vector_ids(_check_scope(scope), filters, await self.dialect())
-        async with await self._session() as s:
-            ids = (await s.scalars(stmt)).all()
-        return np.asarray(ids, dtype=np.int64).reshape(-1)
+        """Vector ids of the memories of ``scope`` matching ``filters``: int64 ``[n]``, ascending.
+
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope.
+        """
+        return await self._read(vector_ids_in_scope, check_scope(scope), filters)
 
     async def by_vector_ids(self, ids: Sequence[int] | np.ndarray) -> dict[int, MemoryRecord]:
-        """The memories whose vector id is in ``ids``, keyed by vector id; unknown ids are left out."""
-        wanted = sorted(set(_check_vector_ids(ids)))
-        found: dict[int, MemoryRecord] = {}
-        if not wanted:
-            return found
-        async with await self._session() as s:
-            for chunk in _chunks(wanted):
-                for row in await s.scalars(select_by_vector_ids(chunk)):
-                    found[int(row.pk)] = MemoryRecord.from_row(row)
-        return found
+        """The memories whose vector id is in ``ids``, keyed by vector id; unknown ids are left out.
+
+        Raises:
+            InvalidInputError: when ``ids`` holds something other than integers.
+        """
+        wanted = sorted(set(check_vector_ids(ids)))
+        return await self._read(by_vector_ids, wanted) if wanted else {}
 
     async def history(self, memory_id: str) -> builtins.list[HistoryRecord]:
-        """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id."""
-        memory_id = _check_id(memory_id)
-        stmt = select(HistoryRow).where(HistoryRow.memory_id == memory_id).order_by(HistoryRow.id)
-        async with await self._session() as s:
-            return [HistoryRecord.from_row(row) for row in await s.scalars(stmt)]
+        """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty str.
+        """
+        return await self._read(history, check_id(memory_id))
+
+    async def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
+        """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.
+
+        Raises:
+            InvalidInputError: when an argument is not a non-empty str.
+        """
+        memory_id = check_id(memory_id)
+        fingerprint = check_text(fingerprint, "fingerprint")
+        encoding_key = check_text(encoding_key, "encoding_key")
+        return await self._read(get_kv_entry, memory_id, fingerprint, encoding_key)
 
     # ---- writes ----------------------------------------------------------------------------------------------
     async def apply(self, changes: ChangeSet) -> AppliedChanges:
@@ -231,27 +251,91 @@ class AsyncMemoryStore:
         Raises:
             InvalidInputError: for an invalid change. MemoryNotFoundError: with ``strict``, for an unknown id.
         """
-        checked = validate_changes(changes)
-        async with await self._session(write=True) as s, s.begin():
-            return await s.run_sync(apply_in_session, checked)
+        return await self._write(apply_in_session, validate_changes(changes))
+
+    async def add(
+        self,
+        text: str,
+        scope: Scope,
+        metadata: dict[str, Any] | None = None,
+        context: Sequence[str] | None = None,
+        actor: str | None = None,
+    ) -> MemoryRecord:
+        """Store a new memory and its ``ADD`` history row; see :meth:`MemoryStore.add`.
+
+        Raises:
+            InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata or non-str context.
+        """
+        return (await self._write(apply_in_session, add_change(text, scope, metadata, context, actor))).added[0]
+
+    async def update(
+        self,
+        memory_id: str,
+        text: str | None,
+        metadata: dict[str, Any] | None = None,
+        actor: str | None = None,
+    ) -> MemoryRecord:
+        """Replace a memory's text and/or metadata with an ``UPDATE`` history row; see :meth:`MemoryStore.update`.
+
+        Raises:
+            InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either is invalid.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        applied = await self._write(apply_in_session, update_change(memory_id, text, metadata, actor))
+        return applied.updated[0][1]
+
+    async def delete(self, memory_id: str, actor: str | None = None) -> MemoryRecord:
+        """Delete a memory and its KV entries with a ``DELETE`` history row; returns it as it was before.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        return (await self._write(apply_in_session, delete_change(memory_id, actor))).deleted[0]
 
     async def delete_scope(self, scope: Scope, actor: str | None = None) -> builtins.list[MemoryRecord]:
-        """Delete every memory of ``scope`` with a DELETE history row each; returns them, oldest first."""
-        scope = _check_scope(scope)
-        actor = _check_actor(actor)
-        async with await self._session(write=True) as s, s.begin():
-            return await s.run_sync(delete_scope_in_session, scope, actor)
+        """Delete every memory of ``scope`` with a DELETE history row each; returns them, oldest first.
 
-    async def delete_kv_entries(self, memory_id: str) -> None:
-        """Delete the ``kv_entries`` rows of ``memory_id``."""
-        memory_id = _check_id(memory_id)
-        async with await self._session(write=True) as s, s.begin():
-            await s.execute(delete(KVEntryRow).where(KVEntryRow.memory_id == memory_id))
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope or ``actor`` is not a non-empty str.
+        """
+        scope = check_scope(scope)
+        return await self._write(delete_scope_in_session, scope, check_actor(actor))
 
     async def reset(self) -> None:
         """Delete every row of every table."""
-        async with await self._session(write=True) as s, s.begin():
-            await s.run_sync(reset_in_session)
+        await self._write(reset_in_session)
+
+    async def put_kv_entry(
+        self,
+        memory_id: str,
+        text_hash: str,
+        fingerprint: str,
+        encoding_key: str,
+        n_tokens: int,
+        nbytes: int,
+        location: str,
+    ) -> KVEntryRecord:
+        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; see
+        :meth:`MemoryStore.put_kv_entry`.
+
+        Raises:
+            InvalidInputError: when an argument is empty, too long or negative.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        entry = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location)
+        try:
+            return await self._write(put_kv_entry_in_session, entry)
+        except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists
+            return await self._write(put_kv_entry_in_session, entry)
+
+    async def delete_kv_entries(self, memory_id: str) -> builtins.list[KVEntryRecord]:
+        """Delete the KV entries of ``memory_id`` and return them, oldest first.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty str.
+        """
+        return await self._write(delete_kv_entries_in_session, check_id(memory_id))
 
 
 __all__ = ["AsyncMemoryStore", "async_url"]

@@ -1,9 +1,13 @@
-"""Atomic change sets and the statements shared by the sync and async stores.
+"""Every write to memories and their history: change sets, scope deletion and reset (KV entries:
+:mod:`inferscale.storage.kv_entries`).
 
 A :class:`ChangeSet` (adds, updates, deletes in one scope) is applied by :func:`apply_in_session` inside one
-transaction: either every row and history row is written, or none is. The function takes a plain ``Session`` so
-that :class:`~inferscale.storage.MemoryStore` runs it directly and
-:class:`~inferscale.storage.AsyncMemoryStore` runs it through ``AsyncSession.run_sync`` (same SQL, async I/O).
+transaction: either every row and history row is written, or none is. Single adds, updates and deletes of the
+stores are one-change sets built by :func:`add_change`, :func:`update_change` and :func:`delete_change`.
+
+Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
+:class:`~inferscale.storage.MemoryStore` runs it directly and
+:class:`~inferscale.storage.async_store.AsyncMemoryStore` through ``AsyncSession.run_sync`` (same SQL, async I/O).
 """
 
 from __future__ import annotations
@@ -12,27 +16,25 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, delete, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
-from inferscale.retrieval.filters import Filter
 from inferscale.scope import Scope
-from inferscale.storage.filters import compile_filter
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.repository import (
-    MemoryRecord,
-    _check_actor,
-    _check_context,
-    _check_id,
-    _check_metadata,
-    _check_text,
-    _chunks,
-    _json_copy,
-    _scope_clauses,
-    hash_text,
+from inferscale.storage.queries import chunks, scope_clauses, select_memory
+from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
+from inferscale.storage.validation import (
+    check_actor,
+    check_context,
+    check_id,
+    check_metadata,
+    check_scope,
+    check_text,
+    json_copy,
 )
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class ChangeSet:
         strict: raise :class:`MemoryNotFoundError` for an update or delete of an unknown id (explicit calls);
             otherwise such a change is skipped with a warning (LLM decisions).
         skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history).
+        skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
+            ``updated_at``); otherwise it is written like any other update.
     """
 
     scope: Scope | None
@@ -83,6 +87,7 @@ class ChangeSet:
     actor: str | None = None
     strict: bool = False
     skip_duplicates: bool = True
+    skip_unchanged: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ class AppliedChanges:
 
     Attributes:
         added: the new memories, in the order of ``adds`` (skipped duplicates left out).
-        updated: ``(before, after)`` pairs, in the order of ``updates`` (no-op updates left out).
+        updated: ``(before, after)`` pairs, in the order of ``updates`` (skipped updates left out).
         deleted: the memories as they were before deletion.
         skipped: one human-readable reason per change that was not applied.
     """
@@ -102,6 +107,9 @@ class AppliedChanges:
     skipped: list[str]
 
 
+# ---- building and checking change sets -------------------------------------------------------------------------
+
+
 def validate_changes(changes: ChangeSet) -> ChangeSet:
     """Check every text, id and metadata dict before anything is written.
 
@@ -109,14 +117,14 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
         The change set with metadata deep-copied into plain JSON values.
 
     Raises:
-        InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, or
-            adds without a scope.
+        InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, a
+            scope that is not a Scope, or adds without a scope.
     """
     if changes.adds and changes.scope is None:
         raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
+    scope = check_scope(changes.scope) if changes.scope is not None else None
     adds = tuple(
-        NewMemory(_check_text(a.text), _check_metadata(a.metadata), tuple(_check_context(list(a.context))))
-        for a in changes.adds
+        NewMemory(check_text(a.text), check_metadata(a.metadata), tuple(check_context(a.context))) for a in changes.adds
     )
     updates: list[MemoryUpdate] = []
     for u in changes.updates:
@@ -124,28 +132,82 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
             raise InvalidInputError(f"nothing to update for memory {u.memory_id!r}: pass text, metadata or both")
         updates.append(
             MemoryUpdate(
-                _check_id(u.memory_id),
-                _check_text(u.text) if u.text is not None else None,
-                _check_metadata(u.metadata) if u.metadata is not None else None,
+                check_id(u.memory_id),
+                check_text(u.text) if u.text is not None else None,
+                check_metadata(u.metadata) if u.metadata is not None else None,
             )
         )
-    deletes = tuple(_check_id(d) for d in changes.deletes)
-    _check_actor(changes.actor)
+    deletes = tuple(check_id(d) for d in changes.deletes)
+    actor = check_actor(changes.actor)
     return ChangeSet(
-        changes.scope, adds, tuple(updates), deletes, changes.actor, changes.strict, changes.skip_duplicates
+        scope,
+        adds,
+        tuple(updates),
+        deletes,
+        actor,
+        changes.strict,
+        changes.skip_duplicates,
+        changes.skip_unchanged,
     )
 
 
+def add_change(
+    text: object, scope: object, metadata: object = None, context: object = None, actor: object = None
+) -> ChangeSet:
+    """The validated one-add change set of ``MemoryStore.add``: duplicates are stored too.
+
+    Raises:
+        InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata, non-str context or a bad actor.
+    """
+    new = NewMemory(check_text(text), check_metadata(metadata), tuple(check_context(context)))
+    return ChangeSet(check_scope(scope), adds=(new,), actor=check_actor(actor), skip_duplicates=False)
+
+
+def update_change(memory_id: object, text: object, metadata: object = None, actor: object = None) -> ChangeSet:
+    """The validated one-update change set of ``MemoryStore.update``: strict, and written even when nothing
+    changes (an ``UPDATE`` history row and a new ``updated_at``).
+
+    Raises:
+        InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either (or the id, or the actor) is
+            invalid.
+    """
+    memory_id = check_id(memory_id)
+    new_text = check_text(text) if text is not None else None
+    new_meta = check_metadata(metadata) if metadata is not None else None
+    checked_actor = check_actor(actor)
+    if new_text is None and new_meta is None:
+        raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text, metadata or both")
+    update = MemoryUpdate(memory_id, new_text, new_meta)
+    return ChangeSet(None, updates=(update,), actor=checked_actor, strict=True, skip_unchanged=False)
+
+
+def delete_change(memory_id: object, actor: object = None) -> ChangeSet:
+    """The validated strict one-delete change set of ``MemoryStore.delete``.
+
+    Raises:
+        InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
+    """
+    return ChangeSet(None, deletes=(check_id(memory_id),), actor=check_actor(actor), strict=True)
+
+
+# ---- session functions -----------------------------------------------------------------------------------------
+
+
 def _history(
-    memory_id: str, event: str, before: MemoryRecord | None, after: MemoryRow | None, actor: str | None, now: Any
+    memory_id: str,
+    event: HistoryEvent,
+    before: MemoryRecord | None,
+    after: MemoryRow | None,
+    actor: str | None,
+    now: datetime,
 ) -> HistoryRow:
     return HistoryRow(
         memory_id=memory_id,
         event=event,
         old_text=before.text if before is not None else None,
         new_text=after.text if after is not None else None,
-        old_metadata=_json_copy(before.metadata) if before is not None else None,
-        new_metadata=_json_copy(after.metadata_) if after is not None else None,
+        old_metadata=json_copy(before.metadata) if before is not None else None,
+        new_metadata=json_copy(after.metadata_) if after is not None else None,
         actor=actor,
         created_at=now,
     )
@@ -159,6 +221,16 @@ def _missing(changes: ChangeSet, what: str, memory_id: str, skipped: list[str]) 
     skipped.append(reason)
 
 
+def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | None, now: datetime) -> None:
+    """Delete the memories and their KV entries; one ``DELETE`` history row each."""
+    for chunk in chunks([r.id for r in records]):
+        s.execute(
+            delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
+        )
+        s.execute(delete(MemoryRow).where(MemoryRow.id.in_(chunk)).execution_options(synchronize_session=False))
+    s.add_all(_history(r.id, "DELETE", r, None, actor, now) for r in records)
+
+
 def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     """Apply a validated change set inside the caller's transaction (deletes, then updates, then adds).
 
@@ -170,20 +242,16 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             transaction then rolls back: nothing is written).
     """
     now = utc_now()
-    scope_clauses = _scope_clauses(changes.scope) if changes.scope is not None else []
     skipped: list[str] = []
     deleted: list[MemoryRecord] = []
     for memory_id in dict.fromkeys(changes.deletes):
-        row = s.scalars(select(MemoryRow).where(MemoryRow.id == memory_id, *scope_clauses).with_for_update()).first()
+        row = s.scalars(select_memory(memory_id, changes.scope).with_for_update()).first()
         if row is None:
             _missing(changes, "DELETE", memory_id, skipped)
             continue
         record = MemoryRecord.from_row(row)
-        s.execute(
-            delete(KVEntryRow).where(KVEntryRow.memory_id == memory_id).execution_options(synchronize_session=False)
-        )
-        s.delete(row)
-        s.add(_history(memory_id, "DELETE", record, None, changes.actor, now))
+        s.expunge(row)
+        _delete_memories(s, [record], changes.actor, now)
         deleted.append(record)
     gone = {d.id for d in deleted}
     updated: list[tuple[MemoryRecord, MemoryRecord]] = []
@@ -191,15 +259,14 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         if update.memory_id in gone:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: it is deleted in the same change set")
             continue
-        stmt = select(MemoryRow).where(MemoryRow.id == update.memory_id, *scope_clauses).with_for_update()
-        row = s.scalars(stmt).first()
+        row = s.scalars(select_memory(update.memory_id, changes.scope).with_for_update()).first()
         if row is None:
             _missing(changes, "UPDATE", update.memory_id, skipped)
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
         same_meta = update.metadata is None or update.metadata == row.metadata_
-        if same_text and same_meta:
+        if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
         if update.text is not None:
@@ -214,14 +281,12 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     added: list[MemoryRecord] = []
     seen: set[str] = set()
     for new in changes.adds:
-        assert changes.scope is not None  # validate_changes guarantees it
+        if changes.scope is None:
+            raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
         digest = hash_text(new.text)
         if changes.skip_duplicates:
-            duplicate = (
-                digest in seen
-                or s.scalar(select(MemoryRow.pk).where(MemoryRow.hash == digest, *scope_clauses).limit(1)) is not None
-            )
-            if duplicate:
+            in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *scope_clauses(changes.scope)).limit(1)
+            if digest in seen or s.scalar(in_scope) is not None:
                 skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {changes.scope}")
                 continue
         seen.add(digest)
@@ -246,52 +311,25 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
 
 
 def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list[MemoryRecord]:
-    """Delete every memory of ``scope`` with one ``DELETE`` history row each (inside the caller's transaction).
+    """Delete every memory of ``scope`` (and their KV entries) with one ``DELETE`` history row each.
 
     Returns:
         The deleted memories, oldest first.
     """
-    rows = s.scalars(select(MemoryRow).where(*_scope_clauses(scope)).order_by(MemoryRow.created_at, MemoryRow.pk)).all()
+    stmt = select(MemoryRow).where(*scope_clauses(scope)).order_by(MemoryRow.created_at, MemoryRow.pk)
+    rows = s.scalars(stmt).all()
     records = [MemoryRecord.from_row(row) for row in rows]
-    now = utc_now()
-    for chunk in _chunks([r.id for r in records]):
-        s.execute(
-            delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
-        )
-        s.execute(delete(MemoryRow).where(MemoryRow.id.in_(chunk)).execution_options(synchronize_session=False))
-    s.add_all(_history(r.id, "DELETE", r, None, actor, now) for r in records)
+    for row in rows:
+        s.expunge(row)
+    _delete_memories(s, records, actor, utc_now())
     return records
 
 
 def reset_in_session(s: Session) -> None:
-    """Delete every row of every table (inside the caller's transaction)."""
+    """Delete every row of every table (the schema stays)."""
     s.execute(delete(KVEntryRow))
     s.execute(delete(HistoryRow))
     s.execute(delete(MemoryRow))
-
-
-def where_clauses(scope: Scope, node: Filter | None, dialect: str) -> list[ColumnElement[bool]]:
-    """The ``WHERE`` conditions of a scope plus an optional filter."""
-    clauses = _scope_clauses(scope)
-    if node is not None:
-        clauses.append(compile_filter(node, dialect))
-    return clauses
-
-
-def select_memories(scope: Scope, node: Filter | None, dialect: str, limit: int | None) -> Select[tuple[MemoryRow]]:
-    """Memories of ``scope`` matching ``node``, oldest first, at most ``limit`` (all when ``None``)."""
-    stmt = select(MemoryRow).where(*where_clauses(scope, node, dialect)).order_by(MemoryRow.created_at, MemoryRow.pk)
-    return stmt.limit(limit) if limit is not None else stmt
-
-
-def select_vector_ids(scope: Scope, node: Filter | None, dialect: str) -> Select[tuple[int]]:
-    """Vector ids of the memories of ``scope`` matching ``node``, ascending."""
-    return select(MemoryRow.pk).where(*where_clauses(scope, node, dialect)).order_by(MemoryRow.pk)
-
-
-def select_by_vector_ids(ids: Sequence[int]) -> Select[tuple[MemoryRow]]:
-    """Memories whose vector id is in ``ids`` (pass at most a few hundred ids per statement)."""
-    return select(MemoryRow).where(MemoryRow.pk.in_(list(ids)))
 
 
 __all__ = [
@@ -299,12 +337,11 @@ __all__ = [
     "ChangeSet",
     "MemoryUpdate",
     "NewMemory",
+    "add_change",
     "apply_in_session",
+    "delete_change",
     "delete_scope_in_session",
     "reset_in_session",
-    "select_by_vector_ids",
-    "select_memories",
-    "select_vector_ids",
+    "update_change",
     "validate_changes",
-    "where_clauses",
 ]

@@ -17,7 +17,7 @@ WRITE_OPTION = "inferscale_write"
 """Execution option that marks a connection as a writer: on SQLite its transactions start ``BEGIN IMMEDIATE``."""
 
 
-def _sqlite_file(url: URL) -> Path | None:
+def sqlite_file(url: URL) -> Path | None:
     """The database file of a SQLite URL, or ``None`` for an in-memory database."""
     database = url.database
     if not database or database == ":memory:" or database.startswith("file:") or url.query.get("mode"):
@@ -79,7 +79,7 @@ def make_engine(url: str) -> Engine:
 
     try:
         if parsed.get_backend_name() == "sqlite":
-            path = _sqlite_file(parsed)
+            path = sqlite_file(parsed)
             if path is None:
                 engine = create_engine(parsed, connect_args={"check_same_thread": False}, poolclass=StaticPool)
             else:

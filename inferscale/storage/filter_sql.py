@@ -1,4 +1,4 @@
-"""Compile a parsed filter tree (:mod:`inferscale.retrieval.filters`) into a SQL ``WHERE`` clause on ``memories``.
+"""Compile a parsed filter tree (:mod:`inferscale.filters`) into a SQL ``WHERE`` clause on ``memories``.
 
 The same tree compiles for SQLite (``json_type``/``json_extract``) and PostgreSQL (``json_typeof``/``->>``).
 Metadata values are compared by JSON type: a string operand only matches JSON strings, a number only JSON
@@ -10,12 +10,15 @@ value has another type never reaches a cast (PostgreSQL would raise on ``CAST('a
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, and_, case, false, func, literal, not_, null, or_, true
 from sqlalchemy.sql.elements import KeyedColumnElement
 
-from inferscale.retrieval.filters import And, Condition, Filter, Not, Or
+from inferscale.filters import And, Condition, FieldValue, Filter, Not, Or
 from inferscale.storage.models import MemoryRow
+
+_T = TypeVar("_T")
 
 _COLUMNS: dict[str, KeyedColumnElement[object]] = {
     "user_id": MemoryRow.__table__.c.user_id,
@@ -70,15 +73,22 @@ def _column(cond: Condition, dialect: str) -> ColumnElement[bool]:
     if op == "ne":
         return or_(col.is_(None), col != value)
     if op == "in":
-        return col.in_(list(value))  # type: ignore[arg-type]
+        return col.in_(_operands(cond))
     if op == "nin":
-        return or_(col.is_(None), col.not_in(list(value)))  # type: ignore[arg-type]
+        return or_(col.is_(None), col.not_in(_operands(cond)))
     if op in ("contains", "icontains"):
-        return _contains(col, str(value), dialect, op == "icontains")  # type: ignore[arg-type]
+        return _contains(col, str(value), dialect, op == "icontains")
     return _compare(col, op, value)
 
 
-def _compare(expr: ColumnElement[object], op: str, value: object) -> ColumnElement[bool]:
+def _operands(cond: Condition) -> tuple[FieldValue, ...]:
+    """The value list of an ``in``/``nin`` condition (the parser always stores a tuple there)."""
+    if not isinstance(cond.value, tuple):
+        raise TypeError(f"{cond.field} {cond.op} needs a tuple of values, got {cond.value!r}")
+    return cond.value
+
+
+def _compare(expr: ColumnElement[_T], op: str, value: object) -> ColumnElement[bool]:
     if op == "gt":
         return expr > value
     if op == "gte":
@@ -90,7 +100,7 @@ def _compare(expr: ColumnElement[object], op: str, value: object) -> ColumnEleme
     raise AssertionError(f"not a comparison: {op}")
 
 
-def _contains(expr: ColumnElement[str], needle: str, dialect: str, fold_case: bool) -> ColumnElement[bool]:
+def _contains(expr: ColumnElement[Any], needle: str, dialect: str, fold_case: bool) -> ColumnElement[bool]:
     if fold_case:
         expr, needle = func.lower(expr), needle.lower()
     position = func.strpos(expr, needle) if dialect == "postgresql" else func.instr(expr, needle)
@@ -148,7 +158,7 @@ def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
     if op == "ne":
         return not_(_definite(_equals(key, value, dialect)))
     if op in ("in", "nin"):
-        either = or_(*(_equals(key, v, dialect) for v in value))  # type: ignore[union-attr]
+        either = or_(*(_equals(key, v, dialect) for v in _operands(cond)))
         return either if op == "in" else not_(_definite(either))
     if op in ("contains", "icontains"):
         return _contains(_as_text(key, dialect), str(value), dialect, op == "icontains")

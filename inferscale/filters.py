@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, TypeGuard
 
 from inferscale.errors import InvalidInputError, ScopeError
 from inferscale.scope import SCOPE_KEYS
@@ -134,7 +134,7 @@ def _parse_logical(key: str, value: object, where: str, depth: int) -> Filter:
         value = [value]
     if not isinstance(value, list | tuple) or not value:
         raise InvalidInputError(f"{where} must be a non-empty list of filter dicts, e.g. [{{'category': 'work'}}]")
-    children = tuple(_parse_mapping(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))  # type: ignore[arg-type]
+    children = tuple(_parse_mapping(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
     if key == "AND":
         return children[0] if len(children) == 1 else And(children)
     either = children[0] if len(children) == 1 else Or(children)
@@ -155,11 +155,14 @@ def _parse_field(field: str, value: object, where: str) -> list[Condition]:
     return [_condition(field, "eq", value, where)]
 
 
-def _condition(field: str, op: str, operand: object, where: str) -> Condition:
-    if op not in OPERATORS and op != "exists":
-        raise InvalidInputError(f"{where}: unknown operator {op!r}; use one of {', '.join(OPERATORS)} or '*'")
-    if op == "eq" and operand == WILDCARD:
-        op = "exists"
+def _is_operator(op: str) -> TypeGuard[Operator]:
+    return op in OPERATORS or op == "exists"
+
+
+def _condition(field: str, name: str, operand: object, where: str) -> Condition:
+    if not _is_operator(name):
+        raise InvalidInputError(f"{where}: unknown operator {name!r}; use one of {', '.join(OPERATORS)} or '*'")
+    op: Operator = "exists" if name == "eq" and operand == WILDCARD else name
     kind = Condition(field, "eq", None).kind
     allowed = _ID_OPERATORS if kind == "id" else _TIME_OPERATORS if kind == "time" else None
     if allowed is not None and op not in allowed:
@@ -170,13 +173,13 @@ def _condition(field: str, op: str, operand: object, where: str) -> Condition:
         if not isinstance(operand, list | tuple) or not operand:
             raise InvalidInputError(f"{where} needs a non-empty list, e.g. {{'{op}': ['a', 'b']}}")
         values = tuple(_operand(kind, field, item, f"{where}[{i}]") for i, item in enumerate(operand))
-        return Condition(field, op, values)  # type: ignore[arg-type]
+        return Condition(field, op, values)
     value = _operand(kind, field, operand, where)
     if op in ("contains", "icontains") and not isinstance(value, str):
         raise InvalidInputError(f"{where} needs a string to search for, got {operand!r}")
     if op in ("gt", "gte", "lt", "lte") and (value is None or isinstance(value, bool)):
         raise InvalidInputError(f"{where} needs a number, a string or a timestamp to compare with, got {operand!r}")
-    return Condition(field, op, value)  # type: ignore[arg-type]
+    return Condition(field, op, value)
 
 
 def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datetime:

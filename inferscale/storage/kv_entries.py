@@ -1,0 +1,93 @@
+"""Writes of the KV-entry bookkeeping (where each fact's KV tensors are stored, per model and encoding).
+
+Like :mod:`inferscale.storage.changes`, each ``*_in_session`` function runs inside the caller's ``Session`` and
+transaction, for the sync store directly and for the async store through ``AsyncSession.run_sync``; reads are in
+:mod:`inferscale.storage.queries`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from inferscale.errors import MemoryNotFoundError
+from inferscale.storage.models import KVEntryRow, MemoryRow, utc_now
+from inferscale.storage.queries import select_kv_entry
+from inferscale.storage.records import KVEntryRecord
+from inferscale.storage.validation import check_count, check_id, check_key, check_text
+
+
+@dataclass(frozen=True, slots=True)
+class NewKVEntry:
+    """Where one fact's KV tensors were stored; build it with :meth:`checked`. Fields as in
+    :class:`~inferscale.storage.records.KVEntryRecord`."""
+
+    memory_id: str
+    text_hash: str
+    fingerprint: str
+    encoding_key: str
+    n_tokens: int
+    nbytes: int
+    location: str
+
+    @classmethod
+    def checked(
+        cls,
+        memory_id: object,
+        text_hash: object,
+        fingerprint: object,
+        encoding_key: object,
+        n_tokens: object,
+        nbytes: object,
+        location: object,
+    ) -> NewKVEntry:
+        """The validated entry.
+
+        Raises:
+            InvalidInputError: when an id or key is empty or longer than 255 characters, or a count is negative.
+        """
+        return cls(
+            check_id(memory_id),
+            check_key(text_hash, "text_hash"),
+            check_key(fingerprint, "fingerprint"),
+            check_key(encoding_key, "encoding_key"),
+            check_count(n_tokens, "n_tokens"),
+            check_count(nbytes, "nbytes"),
+            check_text(location, "location"),
+        )
+
+
+def put_kv_entry_in_session(s: Session, entry: NewKVEntry) -> KVEntryRecord:
+    """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; ``created_at`` is now.
+
+    Raises:
+        MemoryNotFoundError: when no memory has id ``entry.memory_id``.
+        sqlalchemy.exc.IntegrityError: when a concurrent writer inserted the same key first (retry the
+            transaction: the row then exists and is updated).
+    """
+    if s.scalar(select(MemoryRow.pk).where(MemoryRow.id == entry.memory_id)) is None:
+        raise MemoryNotFoundError(f"no memory with id {entry.memory_id!r}")
+    row = s.scalars(select_kv_entry(entry.memory_id, entry.fingerprint, entry.encoding_key)).one_or_none()
+    if row is None:
+        row = KVEntryRow(memory_id=entry.memory_id, fingerprint=entry.fingerprint, encoding_key=entry.encoding_key)
+        s.add(row)
+    row.text_hash = entry.text_hash
+    row.n_tokens = entry.n_tokens
+    row.nbytes = entry.nbytes
+    row.location = entry.location
+    row.created_at = utc_now()
+    s.flush()
+    return KVEntryRecord.from_row(row)
+
+
+def delete_kv_entries_in_session(s: Session, memory_id: str) -> list[KVEntryRecord]:
+    """Delete every KV entry of ``memory_id`` and return them, oldest first (so their tensors can go too)."""
+    rows = s.scalars(select(KVEntryRow).where(KVEntryRow.memory_id == memory_id).order_by(KVEntryRow.id)).all()
+    records = [KVEntryRecord.from_row(row) for row in rows]
+    s.execute(delete(KVEntryRow).where(KVEntryRow.memory_id == memory_id).execution_options(synchronize_session=False))
+    return records
+
+
+__all__ = ["NewKVEntry", "delete_kv_entries_in_session", "put_kv_entry_in_session"]

@@ -1,0 +1,182 @@
+"""Every read of the memory store: the ``SELECT`` builders and the session functions that run them.
+
+Each session function takes the caller's plain ``Session`` and returns detached records, so
+:class:`~inferscale.storage.MemoryStore` calls it directly and
+:class:`~inferscale.storage.async_store.AsyncMemoryStore` through ``AsyncSession.run_sync`` (same SQL, async I/O).
+Arguments are expected to be validated already (:mod:`inferscale.storage.validation`).
+
+Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
+memory's column (the ids are ANDed; ids the scope leaves unset are not constrained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+from sqlalchemy import ColumnElement, Select, select
+from sqlalchemy.orm import Session
+
+from inferscale.filters import Filter
+from inferscale.scope import Scope
+from inferscale.storage.filter_sql import compile_filter
+from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+
+IN_CHUNK = 500
+"""Ids per ``IN (...)`` clause; stays far below SQLite's bound-parameter limit."""
+
+_T = TypeVar("_T")
+
+
+def chunks(values: Sequence[_T], size: int = IN_CHUNK) -> Iterator[Sequence[_T]]:
+    """``values`` in consecutive slices of at most ``size`` items (for ``IN`` clauses)."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+# ---- statement builders ----------------------------------------------------------------------------------------
+
+
+def scope_clauses(scope: Scope | None) -> list[ColumnElement[bool]]:
+    """The ``WHERE`` conditions that keep ``memories`` inside ``scope`` (none for ``None``)."""
+    clauses: list[ColumnElement[bool]] = []
+    if scope is None:
+        return clauses
+    if scope.user_id is not None:
+        clauses.append(MemoryRow.user_id == scope.user_id)
+    if scope.agent_id is not None:
+        clauses.append(MemoryRow.agent_id == scope.agent_id)
+    if scope.run_id is not None:
+        clauses.append(MemoryRow.run_id == scope.run_id)
+    return clauses
+
+
+def where_clauses(scope: Scope, node: Filter | None, dialect: str) -> list[ColumnElement[bool]]:
+    """The ``WHERE`` conditions of a scope plus an optional filter compiled for ``dialect``."""
+    clauses = scope_clauses(scope)
+    if node is not None:
+        clauses.append(compile_filter(node, dialect))
+    return clauses
+
+
+def select_memory(memory_id: str, scope: Scope | None = None) -> Select[MemoryRow]:
+    """The memory with public id ``memory_id`` when it is in ``scope`` (any scope for ``None``)."""
+    return select(MemoryRow).where(MemoryRow.id == memory_id, *scope_clauses(scope))
+
+
+def select_memories(scope: Scope, node: Filter | None, dialect: str, limit: int | None) -> Select[MemoryRow]:
+    """Memories of ``scope`` matching ``node``, oldest first, at most ``limit`` (all when ``None``)."""
+    stmt = select(MemoryRow).where(*where_clauses(scope, node, dialect)).order_by(MemoryRow.created_at, MemoryRow.pk)
+    return stmt.limit(limit) if limit is not None else stmt
+
+
+def select_vector_ids(scope: Scope, node: Filter | None, dialect: str) -> Select[int]:
+    """Vector ids of the memories of ``scope`` matching ``node``, ascending."""
+    return select(MemoryRow.pk).where(*where_clauses(scope, node, dialect)).order_by(MemoryRow.pk)
+
+
+def select_by_vector_ids(ids: Sequence[int]) -> Select[MemoryRow]:
+    """Memories whose vector id is in ``ids`` (pass at most :data:`IN_CHUNK` ids per statement)."""
+    return select(MemoryRow).where(MemoryRow.pk.in_(list(ids)))
+
+
+def select_kv_entry(memory_id: str, fingerprint: str, encoding_key: str) -> Select[KVEntryRow]:
+    """The KV entry of ``(memory_id, fingerprint, encoding_key)`` (unique)."""
+    return select(KVEntryRow).where(
+        KVEntryRow.memory_id == memory_id,
+        KVEntryRow.fingerprint == fingerprint,
+        KVEntryRow.encoding_key == encoding_key,
+    )
+
+
+def _dialect(s: Session) -> str:
+    return s.get_bind().dialect.name
+
+
+# ---- session functions -----------------------------------------------------------------------------------------
+
+
+def get_memory(s: Session, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:
+    """The memory with public id ``memory_id``; ``None`` when there is none or it is outside ``scope``."""
+    row = s.scalars(select_memory(memory_id, scope)).one_or_none()
+    return MemoryRecord.from_row(row) if row is not None else None
+
+
+def find_by_hash(s: Session, text_hash: str, scope: Scope) -> MemoryRecord | None:
+    """The oldest memory in ``scope`` whose text hashes to ``text_hash``, or ``None``."""
+    stmt = (
+        select(MemoryRow)
+        .where(MemoryRow.hash == text_hash, *scope_clauses(scope))
+        .order_by(MemoryRow.created_at, MemoryRow.pk)
+        .limit(1)
+    )
+    row = s.scalars(stmt).first()
+    return MemoryRecord.from_row(row) if row is not None else None
+
+
+def list_memories(s: Session, scope: Scope, node: Filter | None, limit: int | None) -> list[MemoryRecord]:
+    """The memories in ``scope`` that match ``node``, oldest first, at most ``limit`` (all when ``None``).
+
+    Raises:
+        ValueError: when ``node`` is set and the database is neither SQLite nor PostgreSQL.
+    """
+    return [MemoryRecord.from_row(row) for row in s.scalars(select_memories(scope, node, _dialect(s), limit))]
+
+
+def all_memories(s: Session) -> list[MemoryRecord]:
+    """Every memory of every scope, in ``vector_id`` order."""
+    return [MemoryRecord.from_row(row) for row in s.scalars(select(MemoryRow).order_by(MemoryRow.pk))]
+
+
+def by_vector_ids(s: Session, ids: Sequence[int]) -> dict[int, MemoryRecord]:
+    """The memories whose ``vector_id`` is in ``ids`` (ascending, no duplicates), keyed by vector id."""
+    found: dict[int, MemoryRecord] = {}
+    for chunk in chunks(ids):
+        for row in s.scalars(select_by_vector_ids(chunk)):
+            found[int(row.pk)] = MemoryRecord.from_row(row)
+    return found
+
+
+def vector_ids_in_scope(s: Session, scope: Scope, node: Filter | None) -> np.ndarray:
+    """The vector ids of the memories in ``scope`` that match ``node``: an int64 array ``[n]``, ascending.
+
+    Raises:
+        ValueError: when ``node`` is set and the database is neither SQLite nor PostgreSQL.
+    """
+    ids = s.scalars(select_vector_ids(scope, node, _dialect(s))).all()
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def history(s: Session, memory_id: str) -> list[HistoryRecord]:
+    """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id."""
+    stmt = select(HistoryRow).where(HistoryRow.memory_id == memory_id).order_by(HistoryRow.id)
+    return [HistoryRecord.from_row(row) for row in s.scalars(stmt)]
+
+
+def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
+    """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``."""
+    row = s.scalars(select_kv_entry(memory_id, fingerprint, encoding_key)).one_or_none()
+    return KVEntryRecord.from_row(row) if row is not None else None
+
+
+__all__ = [
+    "IN_CHUNK",
+    "all_memories",
+    "by_vector_ids",
+    "chunks",
+    "find_by_hash",
+    "get_kv_entry",
+    "get_memory",
+    "history",
+    "list_memories",
+    "scope_clauses",
+    "select_by_vector_ids",
+    "select_kv_entry",
+    "select_memories",
+    "select_memory",
+    "select_vector_ids",
+    "vector_ids_in_scope",
+    "where_clauses",
+]

@@ -1,0 +1,163 @@
+"""The frozen records the stores return: detached copies of rows, so callers never hold ORM objects."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
+
+HistoryEvent = Literal["ADD", "UPDATE", "DELETE"]
+
+
+def hash_text(text: str) -> str:
+    """The sha256 hex digest (64 lowercase hex characters) of ``text`` encoded as UTF-8."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """One stored fact.
+
+    Attributes:
+        id: the public UUID4 string.
+        vector_id: the integer key, also the fact's FAISS vector id (int64).
+        text: the fact.
+        hash: sha256 hex of ``text``.
+        user_id, agent_id, run_id: the scope the fact was written in (unset ids are ``None``).
+        metadata: JSON-serialisable user metadata.
+        context: the preceding conversation turns the fact's KV is encoded after (oldest first).
+        created_at, updated_at: tz-aware UTC timestamps.
+    """
+
+    id: str
+    vector_id: int
+    text: str
+    hash: str
+    user_id: str | None
+    agent_id: str | None
+    run_id: str | None
+    metadata: dict[str, Any]
+    context: list[str]
+    created_at: datetime
+    updated_at: datetime
+
+    def scope_dict(self) -> dict[str, str]:
+        """The scope ids that are set, e.g. ``{"user_id": "alice", "run_id": "r1"}``."""
+        ids = {"user_id": self.user_id, "agent_id": self.agent_id, "run_id": self.run_id}
+        return {key: value for key, value in ids.items() if value is not None}
+
+    @classmethod
+    def from_row(cls, row: MemoryRow) -> MemoryRecord:
+        """A detached copy of ``row``."""
+        return cls(
+            id=row.id,
+            vector_id=int(row.pk),
+            text=row.text,
+            hash=row.hash,
+            user_id=row.user_id,
+            agent_id=row.agent_id,
+            run_id=row.run_id,
+            metadata=copy.deepcopy(row.metadata_) if row.metadata_ is not None else {},
+            context=list(row.context) if row.context is not None else [],
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One change to a memory.
+
+    Attributes:
+        id: the row's integer key (increases with time).
+        memory_id: the public id of the memory that changed.
+        event: ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
+        old_text, new_text: the text before and after (``old_text`` is ``None`` on ADD, ``new_text`` on DELETE).
+        old_metadata, new_metadata: the metadata before and after, same convention.
+        actor: who made the change, when the caller said so.
+        created_at: tz-aware UTC time of the change.
+    """
+
+    id: int
+    memory_id: str
+    event: HistoryEvent
+    old_text: str | None
+    new_text: str | None
+    old_metadata: dict[str, Any] | None
+    new_metadata: dict[str, Any] | None
+    actor: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: HistoryRow) -> HistoryRecord:
+        """A detached copy of ``row``."""
+        event: HistoryEvent
+        if row.event == "ADD":
+            event = "ADD"
+        elif row.event == "UPDATE":
+            event = "UPDATE"
+        elif row.event == "DELETE":
+            event = "DELETE"
+        else:
+            raise ValueError(f"history row {row.id} has unknown event {row.event!r}")
+        return cls(
+            id=int(row.id),
+            memory_id=row.memory_id,
+            event=event,
+            old_text=row.old_text,
+            new_text=row.new_text,
+            old_metadata=copy.deepcopy(row.old_metadata),
+            new_metadata=copy.deepcopy(row.new_metadata),
+            actor=row.actor,
+            created_at=row.created_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KVEntryRecord:
+    """Where one fact's KV tensors are stored, for one model fingerprint and encoding.
+
+    Attributes:
+        id: the row's integer key.
+        memory_id: the public id of the memory.
+        text_hash: sha256 hex of the text the KV was encoded from; differs from the memory's ``hash`` once the
+            memory's text has been updated (the entry is then stale).
+        fingerprint: the model / dtype / rope / tokenizer fingerprint the KV was built with.
+        encoding_key: how the fact was encoded (context window, prefix).
+        n_tokens: the fact's length (tokens).
+        nbytes: size of the stored tensors (bytes).
+        location: where the tensors live (a file path or a store key).
+        created_at: tz-aware UTC time the entry was last written.
+    """
+
+    id: int
+    memory_id: str
+    text_hash: str
+    fingerprint: str
+    encoding_key: str
+    n_tokens: int
+    nbytes: int
+    location: str
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: KVEntryRow) -> KVEntryRecord:
+        """A detached copy of ``row``."""
+        return cls(
+            id=int(row.id),
+            memory_id=row.memory_id,
+            text_hash=row.text_hash,
+            fingerprint=row.fingerprint,
+            encoding_key=row.encoding_key,
+            n_tokens=int(row.n_tokens),
+            nbytes=int(row.nbytes),
+            location=row.location,
+            created_at=row.created_at,
+        )
+
+
+__all__ = ["HistoryEvent", "HistoryRecord", "KVEntryRecord", "MemoryRecord", "hash_text"]

@@ -1,0 +1,365 @@
+"""The memory store: memories, their history and KV-entry bookkeeping in any SQL database (the source of truth).
+
+:class:`MemoryStore` is a thin shell: each method validates its arguments (:mod:`~inferscale.storage.validation`),
+opens a session (a write transaction for writes) and calls one session function of
+:mod:`~inferscale.storage.queries`, :mod:`~inferscale.storage.changes` or :mod:`~inferscale.storage.kv_entries`,
+the same functions :class:`~inferscale.storage.async_store.AsyncMemoryStore` runs.
+
+Everything returned is a frozen record detached from the session, so callers never hold ORM objects. Inputs
+are validated before anything is written; a rejected call leaves the database untouched.
+
+Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
+memory's column (the ids are ANDed; ids the scope leaves unset are not constrained).
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+
+import numpy as np
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from inferscale.errors import ConfigError
+from inferscale.filters import Filter
+from inferscale.scope import Scope
+from inferscale.storage.changes import (
+    AppliedChanges,
+    ChangeSet,
+    add_change,
+    apply_in_session,
+    delete_change,
+    delete_scope_in_session,
+    reset_in_session,
+    update_change,
+    validate_changes,
+)
+from inferscale.storage.database import WRITE_OPTION, make_engine
+from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
+from inferscale.storage.models import Base
+from inferscale.storage.queries import (
+    all_memories,
+    by_vector_ids,
+    find_by_hash,
+    get_kv_entry,
+    get_memory,
+    history,
+    list_memories,
+    vector_ids_in_scope,
+)
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.validation import (
+    check_actor,
+    check_id,
+    check_limit,
+    check_scope,
+    check_text,
+    check_vector_ids,
+)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class MemoryStore:
+    """Memories, history and KV entries in one SQL database, addressed by a SQLAlchemy URL.
+
+    The constructor does no I/O: the engine is created and the tables are created (if missing) on first use,
+    once, under a lock, so a store may be shared by threads. Every method runs in its own transaction.
+
+    Args:
+        url: any SQLAlchemy URL, e.g. ``sqlite:////home/me/.cache/inferscale/memory.db`` or
+            ``postgresql+psycopg://postgres@127.0.0.1:5432/inferscale``.
+
+    Raises:
+        ConfigError: when ``url`` is not a non-empty string (a malformed URL is reported on first use).
+
+    Every method may also raise ``sqlalchemy.exc.OperationalError`` when the database cannot be reached.
+    """
+
+    def __init__(self, url: str) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigError(f"database url must be a non-empty string, got {url!r}")
+        self._url = url
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL this store was opened with."""
+        return self._url
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self._url!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The engine, created (and the schema with it) on first access.
+
+        Raises:
+            ConfigError: when the URL is malformed or its driver is not installed.
+        """
+        engine = self._engine
+        if engine is not None:
+            return engine
+        with self._lock:
+            if self._engine is None:
+                engine = make_engine(self._url)
+                try:
+                    # Under the write lock, so two processes opening a new file do not both create the tables.
+                    with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+                        Base.metadata.create_all(conn)
+                except BaseException:
+                    engine.dispose()
+                    raise
+                self._engine = engine
+            return self._engine
+
+    def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in a read session."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            return fn(s, *args, **kwargs)
+
+    def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), committed
+        when it returns and rolled back when it raises."""
+        with Session(self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False) as s, s.begin():
+            return fn(s, *args, **kwargs)
+
+    @property
+    def dialect(self) -> str:
+        """The database's dialect name, e.g. ``"sqlite"`` or ``"postgresql"`` (opens the engine)."""
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Dispose the engine's connections. The store reconnects if it is used again."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
+
+    def reset(self) -> None:
+        """Delete every row of every table (memories, history, KV entries). The schema stays."""
+        self._write(reset_in_session)
+
+    # ---- memories ----------------------------------------------------------------------------------------
+
+    def add(
+        self,
+        text: str,
+        scope: Scope,
+        metadata: dict[str, Any] | None = None,
+        context: Sequence[str] | None = None,
+        actor: str | None = None,
+    ) -> MemoryRecord:
+        """Store a new memory and its ``ADD`` history row in one transaction (a text already stored is stored again).
+
+        Args:
+            text: the fact; a non-empty string, stored as given.
+            scope: the ids the memory belongs to.
+            metadata: JSON-serialisable dict (str keys; str/int/float/bool/None/list/dict values).
+            context: preceding conversation turns used to encode the fact's KV (oldest first).
+            actor: who made the change, recorded in the history.
+
+        Returns:
+            The stored memory, with its new UUID4 ``id`` and integer ``vector_id``.
+
+        Raises:
+            InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata or non-str context.
+        """
+        return self._write(apply_in_session, add_change(text, scope, metadata, context, actor)).added[0]
+
+    def get(self, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:
+        """The memory with public id ``memory_id``; ``None`` when there is none or it is outside ``scope``.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` is not a Scope.
+        """
+        memory_id = check_id(memory_id)
+        checked = check_scope(scope) if scope is not None else None
+        return self._read(get_memory, memory_id, checked)
+
+    def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
+        """The oldest memory in ``scope`` whose text hashes to ``text_hash`` (see :func:`hash_text`), or None.
+
+        Raises:
+            InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
+        """
+        text_hash = check_text(text_hash, "text_hash")
+        return self._read(find_by_hash, text_hash, check_scope(scope))
+
+    def list(
+        self, scope: Scope, limit: int | None = None, filters: Filter | None = None
+    ) -> builtins.list[MemoryRecord]:
+        """The memories in ``scope`` that match ``filters``, oldest first, at most ``limit`` (all when ``None``).
+
+        Args:
+            scope: the ids to stay inside.
+            limit: the most memories to return.
+            filters: a parsed filter (:func:`inferscale.filters.parse_filters`), compiled to SQL.
+
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
+        """
+        scope = check_scope(scope)
+        return self._read(list_memories, scope, filters, check_limit(limit))
+
+    def all_memories(self) -> builtins.list[MemoryRecord]:
+        """Every memory of every scope, in ``vector_id`` order (used to rebuild a vector index)."""
+        return self._read(all_memories)
+
+    def by_vector_ids(self, ids: Sequence[int] | np.ndarray) -> dict[int, MemoryRecord]:
+        """The memories whose ``vector_id`` is in ``ids``, keyed by vector id; unknown ids are left out.
+
+        Args:
+            ids: int64 vector ids, e.g. the ids a FAISS search returned (any order, duplicates allowed).
+
+        Raises:
+            InvalidInputError: when ``ids`` holds something other than integers.
+        """
+        wanted = sorted(set(check_vector_ids(ids)))
+        return self._read(by_vector_ids, wanted) if wanted else {}
+
+    def vector_ids_in_scope(self, scope: Scope, filters: Filter | None = None) -> np.ndarray:
+        """The vector ids of the memories in ``scope`` that match ``filters``: an int64 array ``[n]``, ascending.
+
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope.
+        """
+        return self._read(vector_ids_in_scope, check_scope(scope), filters)
+
+    def history(self, memory_id: str) -> builtins.list[HistoryRecord]:
+        """The changes to ``memory_id``, oldest first (also after it was deleted); ``[]`` for an unknown id.
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty str.
+        """
+        return self._read(history, check_id(memory_id))
+
+    def apply(self, changes: ChangeSet) -> AppliedChanges:
+        """Apply adds, updates and deletes with their history rows in one transaction (all or nothing).
+
+        Returns:
+            :class:`~inferscale.storage.changes.AppliedChanges`: what was added, updated, deleted and skipped.
+
+        Raises:
+            InvalidInputError: for an invalid change (nothing is written).
+            MemoryNotFoundError: with ``changes.strict``, for an unknown id (nothing is written).
+        """
+        return self._write(apply_in_session, validate_changes(changes))
+
+    def update(
+        self,
+        memory_id: str,
+        text: str | None,
+        metadata: dict[str, Any] | None = None,
+        actor: str | None = None,
+    ) -> MemoryRecord:
+        """Replace a memory's text and/or metadata, and record an ``UPDATE`` history row with old and new.
+
+        A new ``text`` also updates ``hash``; ``metadata``, when given, replaces the whole dict; ``updated_at``
+        is set to now. The row is written even when nothing changes. KV entries are left alone: their
+        ``text_hash`` no longer matches, which marks them stale.
+
+        Raises:
+            InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either is invalid.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        return self._write(apply_in_session, update_change(memory_id, text, metadata, actor)).updated[0][1]
+
+    def delete(self, memory_id: str, actor: str | None = None) -> MemoryRecord:
+        """Delete a memory and its KV entries, recording a ``DELETE`` history row.
+
+        Returns:
+            The memory as it was just before deletion (its ``vector_id`` is what to remove from the index).
+
+        Raises:
+            InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        return self._write(apply_in_session, delete_change(memory_id, actor)).deleted[0]
+
+    def delete_scope(self, scope: Scope, actor: str | None = None) -> builtins.list[MemoryRecord]:
+        """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each.
+
+        Returns:
+            The deleted memories, oldest first.
+
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope or ``actor`` is not a non-empty str.
+        """
+        scope = check_scope(scope)
+        return self._write(delete_scope_in_session, scope, check_actor(actor))
+
+    # ---- KV entries --------------------------------------------------------------------------------------
+
+    def put_kv_entry(
+        self,
+        memory_id: str,
+        text_hash: str,
+        fingerprint: str,
+        encoding_key: str,
+        n_tokens: int,
+        nbytes: int,
+        location: str,
+    ) -> KVEntryRecord:
+        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``.
+
+        Args:
+            memory_id: the memory's public id.
+            text_hash: sha256 hex of the text the KV was encoded from.
+            fingerprint: model / dtype / rope / tokenizer fingerprint (at most 255 characters).
+            encoding_key: how the fact was encoded (at most 255 characters).
+            n_tokens: the fact's length (tokens, >= 0).
+            nbytes: size of the stored tensors (bytes, >= 0).
+            location: where the tensors live.
+
+        Returns:
+            The stored entry; ``created_at`` is the time of this write.
+
+        Raises:
+            InvalidInputError: when an argument is empty, too long or negative.
+            MemoryNotFoundError: when no memory has id ``memory_id``.
+        """
+        entry = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location)
+        try:
+            return self._write(put_kv_entry_in_session, entry)
+        except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists
+            return self._write(put_kv_entry_in_session, entry)
+
+    def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
+        """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.
+
+        Raises:
+            InvalidInputError: when an argument is not a non-empty str.
+        """
+        memory_id = check_id(memory_id)
+        fingerprint = check_text(fingerprint, "fingerprint")
+        encoding_key = check_text(encoding_key, "encoding_key")
+        return self._read(get_kv_entry, memory_id, fingerprint, encoding_key)
+
+    def delete_kv_entries(self, memory_id: str) -> builtins.list[KVEntryRecord]:
+        """Delete every KV entry of ``memory_id`` and return them (so their tensors can be removed too).
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a non-empty str.
+        """
+        return self._write(delete_kv_entries_in_session, check_id(memory_id))
+
+
+__all__ = ["MemoryStore"]

@@ -1,0 +1,207 @@
+"""Checks that run before anything is written: each returns the value in the form it is stored, or raises
+:class:`~inferscale.errors.InvalidInputError` naming the bad value."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from inferscale.errors import InvalidInputError
+from inferscale.scope import Scope
+from inferscale.storage.models import KEY_LENGTH
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of lists and dicts accepted in metadata (deeper is most likely a cycle)."""
+
+
+def check_text(text: object, name: str = "text") -> str:
+    """``text`` when it is a str that is not empty or whitespace.
+
+    Raises:
+        InvalidInputError: otherwise, naming ``name``.
+    """
+    if not isinstance(text, str):
+        raise InvalidInputError(f"{name} must be a str, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidInputError(f"{name} must not be empty or whitespace, got {text!r}")
+    return text
+
+
+def check_key(value: object, name: str) -> str:
+    """``value`` when it is a non-blank str of at most :data:`~inferscale.storage.models.KEY_LENGTH` characters.
+
+    Raises:
+        InvalidInputError: otherwise, naming ``name``.
+    """
+    text = check_text(value, name)
+    if len(text) > KEY_LENGTH:
+        raise InvalidInputError(f"{name} is {len(text)} characters; at most {KEY_LENGTH} are stored")
+    return text
+
+
+def check_id(memory_id: object) -> str:
+    """``memory_id`` when it is a non-empty str.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    if not isinstance(memory_id, str) or not memory_id:
+        raise InvalidInputError(f"memory_id must be a non-empty str, got {memory_id!r}")
+    return memory_id
+
+
+def check_scope(scope: object) -> Scope:
+    """``scope`` when it is a :class:`~inferscale.scope.Scope`.
+
+    Raises:
+        InvalidInputError: otherwise (e.g. a plain dict of ids).
+    """
+    if not isinstance(scope, Scope):
+        raise InvalidInputError(
+            f"scope must be an inferscale.scope.Scope, got {type(scope).__name__}; e.g. Scope(user_id='alice')"
+        )
+    return scope
+
+
+def check_actor(actor: object) -> str | None:
+    """``actor`` when it is ``None`` or a non-blank str of at most ``KEY_LENGTH`` characters.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    if actor is None:
+        return None
+    return check_key(actor, "actor")
+
+
+def check_limit(limit: object) -> int | None:
+    """``limit`` when it is ``None`` (no limit) or a positive int.
+
+    Raises:
+        InvalidInputError: otherwise (``bool`` included).
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
+    return limit
+
+
+def check_json(value: object, where: str, depth: int = 0) -> None:
+    """Check that ``value`` is plain JSON: str keys; str, int, finite float, bool, None, list, tuple or dict values.
+
+    Raises:
+        InvalidInputError: for anything else, NaN or infinity, or nesting deeper than :data:`MAX_JSON_DEPTH`;
+            the message names the path to the bad value (``where`` is its root).
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels (is it cyclic?)")
+    if value is None or isinstance(value, str | bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{where} is {value!r}; JSON has no NaN or infinity")
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{where}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInputError(f"{where} has the key {key!r}; JSON object keys must be str")
+            check_json(item, f"{where}[{key!r}]", depth + 1)
+        return
+    raise InvalidInputError(
+        f"{where} is a {type(value).__name__}, which is not JSON-serialisable; "
+        "use str, int, float, bool, None, list or dict"
+    )
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of checked JSON ``value`` with tuples turned into lists, as a JSON column stores them."""
+    if isinstance(value, dict):
+        return {key: json_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_copy(item) for item in value]
+    return value
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    """A deep copy of ``metadata`` (``None`` → ``{}``), tuples turned into lists as JSON stores them.
+
+    Raises:
+        InvalidInputError: when ``metadata`` is not a dict of plain JSON (see :func:`check_json`).
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+    check_json(metadata, "metadata")
+    return {key: json_copy(item) for key, item in metadata.items()}
+
+
+def check_context(context: object) -> list[str]:
+    """The conversation turns of ``context`` as a new list (``None`` → ``[]``).
+
+    Raises:
+        InvalidInputError: when ``context`` is a str or not a sequence of str.
+    """
+    if context is None:
+        return []
+    if isinstance(context, str) or not isinstance(context, Sequence):
+        raise InvalidInputError(f"context must be a list of str (conversation turns), got {context!r}")
+    turns = list(context)
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str):
+            raise InvalidInputError(f"context[{i}] must be a str, got {type(turn).__name__}")
+    return turns
+
+
+def check_count(value: object, name: str) -> int:
+    """``value`` as an int when it is a non-negative int or numpy integer (not a bool).
+
+    Raises:
+        InvalidInputError: otherwise, naming ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def check_vector_ids(ids: object) -> list[int]:
+    """``ids`` as a list of Python ints: a 1-D integer array or a sequence of ints (int64 vector ids).
+
+    Raises:
+        InvalidInputError: for another array shape or dtype, a str, or an item that is not an int.
+    """
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise InvalidInputError(f"ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+        return [int(i) for i in ids]
+    if isinstance(ids, str) or not isinstance(ids, Sequence):
+        raise InvalidInputError(f"ids must be a sequence of int, got {type(ids).__name__}")
+    out: list[int] = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise InvalidInputError(f"vector ids must be int, got {i!r}")
+        out.append(int(i))
+    return out
+
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "check_actor",
+    "check_context",
+    "check_count",
+    "check_id",
+    "check_json",
+    "check_key",
+    "check_limit",
+    "check_metadata",
+    "check_scope",
+    "check_text",
+    "check_vector_ids",
+    "json_copy",
+]
