@@ -289,10 +289,8 @@ class DerivedStores:
         self.save_index()
 
     def _forget_kv(self, memory_ids: Sequence[str]) -> None:
-        """Drop the K/V of deleted or re-worded memories from every tier and their ``kv_entries`` rows.
-
-        A re-worded memory is encoded again from its new text on next use (its text hash, part of the K/V key,
-        changed too, so a stale entry could never be hit even if one survived)."""
+        """Drop the K/V tensors of deleted or re-worded memories from every tier. Their ``kv_entries`` rows were
+        deleted by the same transaction as the change (:func:`inferscale.storage.changes.apply_in_session`)."""
         if not memory_ids:
             return
         if self._fact_kv is not None:
@@ -302,7 +300,6 @@ class DerivedStores:
         store = KVStore(self._kv_dir)  # the engine is not loaded: only the disk tier can hold them
         for memory_id in memory_ids:
             store.delete_memory(memory_id)
-            self._db().delete_kv_entries(memory_id)
 
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""

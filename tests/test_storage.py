@@ -363,6 +363,22 @@ def test_kv_entry_upsert_get_delete(store: MemoryStore) -> None:
     assert store.get(record.id) == record  # the memory itself stays
 
 
+def test_new_text_deletes_kv_entries_in_the_same_transaction_and_metadata_keeps_them(store: MemoryStore) -> None:
+    record = store.add("I have a beagle.", ALICE)
+    entry = store.put_kv_entry(record.id, record.hash, "fp", "w0", 5, 2048, "/kv/1")
+    store.update(record.id, None, {"topic": "pets"})
+    assert store.get_kv_entry(record.id, "fp", "w0") == entry
+    store.apply(ChangeSet(ALICE, updates=(MemoryUpdate(record.id, metadata={"topic": "dogs"}),)))
+    assert store.get_kv_entry(record.id, "fp", "w0") == entry
+    store.update(record.id, "I have a poodle.")
+    assert store.get_kv_entry(record.id, "fp", "w0") is None
+
+    other = store.add("I play chess.", ALICE)
+    store.put_kv_entry(other.id, other.hash, "fp", "w0", 4, 1024, "/kv/2")
+    store.apply(ChangeSet(ALICE, updates=(MemoryUpdate(other.id, text="I play go."),)))
+    assert store.get_kv_entry(other.id, "fp", "w0") is None
+
+
 def test_kv_entry_for_unknown_memory(store: MemoryStore) -> None:
     with pytest.raises(MemoryNotFoundError):
         store.put_kv_entry(str(uuid.uuid4()), "h", "fp", "w0", 1, 1, "loc")

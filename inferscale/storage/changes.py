@@ -269,9 +269,15 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
-        if update.text is not None:
+        if update.text is not None and update.text != row.text:
             row.text = update.text
             row.hash = hash_text(update.text)
+            # K/V encoded from the old text can never be served again: their rows go in the same transaction.
+            s.execute(
+                delete(KVEntryRow)
+                .where(KVEntryRow.memory_id == update.memory_id)
+                .execution_options(synchronize_session=False)
+            )
         if update.metadata is not None:
             row.metadata_ = update.metadata
         row.updated_at = now

@@ -124,8 +124,8 @@ class KVEntryRecord:
     Attributes:
         id: the row's integer key.
         memory_id: the public id of the memory.
-        text_hash: sha256 hex of the text the KV was encoded from; differs from the memory's ``hash`` once the
-            memory's text has been updated (the entry is then stale).
+        text_hash: sha256 hex of the text the KV was encoded from (a change of the memory's text deletes the
+            entry in the same transaction).
         fingerprint: the model / dtype / rope / tokenizer fingerprint the KV was built with.
         encoding_key: how the fact was encoded (context window, prefix).
         n_tokens: the fact's length (tokens).
