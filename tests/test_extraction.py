@@ -88,15 +88,15 @@ def test_parse_facts_raises_when_nothing_parseable(answer: str) -> None:
     [
         ('{"facts":["a","b"]}', '{"facts":["a","b"]}'),  # complete JSON is returned as it is
         ('{"facts": ["a", "b"]}', '{"facts": ["a", "b"]}'),
-        ('{"facts":["a","b', '{"facts":["a"]}'),  # a half-written fact is dropped, never completed
-        ('{"facts":["a",', '{"facts":["a"]}'),
-        ('{"facts":[', '{"facts":[]}'),
-        ('{"facts":["a \\" , b', '{"facts":[]}'),  # an escaped quote does not end the string
-        ('{"facts":["Café","Zoë', '{"facts":["Café"]}'),
-        ('{"a":1,"b', '{"a":1}'),
+        ('{"facts": ["a", "b', '{"facts": ["a"]}'),  # a half-written fact is dropped, never completed
+        ('{"facts": ["a", ', '{"facts": ["a"]}'),
+        ('{"facts": [', '{"facts": []}'),
+        ('{"facts": ["a \\" , b', '{"facts": []}'),  # an escaped quote does not end the string
+        ('{"facts": ["Café", "Zoë', '{"facts": ["Café"]}'),
+        ('{"a": 1, "b', '{"a": 1}'),
         (
-            '{"memory":[{"id":"0","text":"A","event":"ADD"},{"id":"1","te',
-            '{"memory":[{"id":"0","text":"A","event":"ADD"},{"id":"1"}]}',
+            '{"memory": [{"id": "0", "text": "A", "event": "ADD"}, {"id": "1", "te',
+            '{"memory": [{"id": "0", "text": "A", "event": "ADD"}, {"id": "1"}]}',
         ),
         ("", ""),
     ],
@@ -110,9 +110,9 @@ def test_truncated_answer_is_closed_at_its_last_complete_element(text: str, clos
 @pytest.mark.parametrize(
     ("answer", "facts"),
     [
-        ('{"facts":["Maya lives in Lisbon","Maya is veg', ["Maya lives in Lisbon"]),
-        ('{"facts":["Maya lives in Lisbon",', ["Maya lives in Lisbon"]),
-        ('{"facts":["Maya lives in Lisbon","Maya is vegetarian"]}', ["Maya lives in Lisbon", "Maya is vegetarian"]),
+        ('{"facts": ["Maya lives in Lisbon", "Maya is veg', ["Maya lives in Lisbon"]),
+        ('{"facts": ["Maya lives in Lisbon", ', ["Maya lives in Lisbon"]),
+        ('{"facts": ["Maya lives in Lisbon", "Maya is vegetarian"]}', ["Maya lives in Lisbon", "Maya is vegetarian"]),
     ],
 )
 def test_closed_truncated_answer_parses_into_the_same_facts(answer: str, facts: list[str]) -> None:
@@ -160,6 +160,14 @@ def test_extractor_raises_on_garbage_and_on_empty_input() -> None:
         FactExtractor(FakeGenerator("{}")).extract([], today=TODAY)
     with pytest.raises(InvalidInputError, match="max_new_tokens"):
         FactExtractor(FakeGenerator("{}"), max_new_tokens=0)
+
+
+def test_facts_schema_is_strict() -> None:
+    schema = facts_json_schema(5, 120)
+    assert schema["title"] == "ExtractedFacts"
+    assert schema["additionalProperties"] is False and schema["required"] == ["facts"]  # OpenAI strict mode
+    assert schema["properties"]["facts"]["maxItems"] == 5
+    assert schema["properties"]["facts"]["items"] == {"type": "string", "minLength": 1, "maxLength": 120}
 
 
 def test_extracted_facts_model() -> None:

@@ -62,14 +62,15 @@ def _schema_key(schema: dict[str, Any]) -> str:
 def _close_truncated(text: str) -> str:
     """JSON text that stopped mid-way, cut back to its last complete element and closed.
 
-    ``'{"facts":["a","b'`` becomes ``'{"facts":["a"]}'``: pydantic-core's partial JSON parser drops a half-written
+    ``'{"facts": ["a", "b'`` becomes ``'{"facts": ["a"]}'``: pydantic-core's partial JSON parser drops a half-written
     string or key (it never completes one) and closes the open containers. Complete JSON is returned unchanged.
 
     Args:
         text: the prefix of a JSON value, as produced by a grammar-constrained decoder that ran out of tokens.
 
     Returns:
-        Valid compact JSON text, or ``""`` when ``text`` never opened a value.
+        Valid JSON text in xgrammar's layout (``", "`` and ``": "`` separators), or ``""`` when ``text`` never
+        opened a value.
     """
     try:
         from_json(text)
@@ -80,7 +81,7 @@ def _close_truncated(text: str) -> str:
         value = from_json(text, allow_partial=True)
     except ValueError:
         return ""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------------------------- local model
