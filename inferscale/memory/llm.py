@@ -181,6 +181,7 @@ class TransformersJSONGenerator:
 
         Raises:
             InvalidInputError: for ``max_new_tokens < 1`` or a schema xgrammar cannot compile.
+            ConfigError: when the tokenizer has no end-of-sequence token or its chat template gives no token ids.
         """
         import torch
         from transformers import BatchEncoding, LogitsProcessorList
