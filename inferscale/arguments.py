@@ -1,13 +1,18 @@
 """Argument checks and resolution shared by the sync and async clients (Mem0 v1 and v2 call shapes).
 
 Every check raises :class:`inferscale.errors.InvalidInputError` (or :class:`~inferscale.errors.ScopeError`)
-before anything is written, naming the bad value and the expected shape.
+before anything is written, naming the bad value and the expected shape. The value checks are pydantic
+``TypeAdapter`` objects over ``Annotated`` constraints in strict mode (no coercion: ``"5"`` is not a number and ``True``
+is not an int); this module only turns their ``ValidationError`` into an :class:`InvalidInputError`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
@@ -24,39 +29,73 @@ DEFAULT_CHAT_LIMIT = 5
 MAX_LIMIT = 1_000_000
 """The largest ``limit``/``top_k`` accepted."""
 
+T = TypeVar("T")
 
-def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``metadata`` as a plain dict.
+
+def _not_nan(value: float) -> float:
+    if math.isnan(value):
+        raise ValueError("NaN is not a number")
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("whitespace only")
+    return value
+
+
+_METADATA = TypeAdapter(dict[Any, Any])  # any Mapping, copied into a dict
+_LIMIT = TypeAdapter(Annotated[int, Field(strict=True, ge=0, le=MAX_LIMIT)])
+_MAX_NEW_TOKENS = TypeAdapter(Annotated[int, Field(strict=True, ge=1)] | None)
+_THRESHOLD = TypeAdapter(Annotated[float, Field(strict=True), AfterValidator(_not_nan)] | None)  # int, float; no bool
+# A length constraint makes pydantic-core decode the text, so a lone surrogate (not UTF-8) fails it too.
+_QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValidator(_not_blank)])
+_INFER = TypeAdapter(Annotated[bool, Field(strict=True)])
+_VERSION = TypeAdapter(Literal["v1", "v2"] | None)
+
+
+def _validated(adapter: TypeAdapter[T], value: object, expected: str) -> T:
+    """``value`` as ``adapter`` validates it.
 
     Raises:
-        InvalidInputError: when it is not a dict or names a scope id (metadata can never set or override an id).
+        InvalidInputError: ``"<expected>, got <value!r> (<pydantic's reason>)"`` when it does not validate.
+    """
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        reason = exc.errors(include_url=False)[0]["msg"]
+        raise InvalidInputError(f"{expected}, got {value!r} ({reason})") from exc
+
+
+def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``metadata`` as a plain dict (``{}`` for ``None``).
+
+    Raises:
+        InvalidInputError: when it is not a dict (any ``Mapping``) or names a scope id (metadata can never set or
+            override an id).
     """
     if metadata is None:
         return {}
-    if not isinstance(metadata, Mapping):
-        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
-    clash = sorted(set(metadata) & set(SCOPE_KEYS))
+    checked = _validated(_METADATA, metadata, "metadata must be a dict")
+    clash = sorted(set(checked) & set(SCOPE_KEYS))
     if clash:
         raise InvalidInputError(
             f"metadata may not set scope ids {clash}; pass them as keyword arguments (user_id=..., ...)"
         )
-    return dict(metadata)
+    return checked
 
 
 def resolve_limit(limit: int | None, top_k: int | None, default: int = DEFAULT_LIMIT) -> int:
     """One result count from Mem0 v1's ``limit`` or v2's ``top_k``.
 
     Raises:
-        InvalidInputError: when both are given with different values, or one is not a non-negative int.
+        InvalidInputError: when both are given with different values, or the one given is not an int from 0 to
+            :data:`MAX_LIMIT`.
     """
     if limit is not None and top_k is not None and limit != top_k:
         raise InvalidInputError(f"limit={limit!r} and top_k={top_k!r} disagree; pass one of them")
     value = limit if limit is not None else top_k if top_k is not None else default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"limit/top_k must be a non-negative int, got {value!r}")
-    if value > MAX_LIMIT:
-        raise InvalidInputError(f"limit/top_k must be at most {MAX_LIMIT:,}, got {value:,}")
-    return value
+    return _validated(_LIMIT, value, f"limit/top_k must be a non-negative int, at most {MAX_LIMIT:,}")
 
 
 def optional_scope(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
@@ -78,8 +117,7 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
         InvalidInputError: for malformed messages, a non-bool ``infer``, or (with ``infer=False``) a message
             longer than ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document.
     """
-    if not isinstance(infer, bool):
-        raise InvalidInputError(f"infer must be True or False, got {infer!r}")
+    infer = _validated(_INFER, infer, "infer must be True or False")
     msgs = normalize_messages(messages)
     if not infer:
         for i, m in enumerate(msgs):
@@ -96,15 +134,9 @@ def check_query(query: Any) -> str:
     """A non-empty query string that encodes as UTF-8.
 
     Raises:
-        InvalidInputError: for anything else.
+        InvalidInputError: for anything else (a lone surrogate is not valid Unicode text).
     """
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidInputError(f"query must be a non-empty string, got {query!r}")
-    try:
-        query.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"query is not valid Unicode text ({exc.reason} at {exc.start})") from exc
-    return query
+    return _validated(_QUERY, query, "query must be a non-empty string of valid Unicode text")
 
 
 def check_max_new_tokens(max_new_tokens: int | None) -> int | None:
@@ -113,24 +145,16 @@ def check_max_new_tokens(max_new_tokens: int | None) -> int | None:
     Raises:
         InvalidInputError: for anything else.
     """
-    if max_new_tokens is None:
-        return None
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise InvalidInputError(f"max_new_tokens must be a positive int or None, got {max_new_tokens!r}")
-    return max_new_tokens
+    return _validated(_MAX_NEW_TOKENS, max_new_tokens, "max_new_tokens must be a positive int or None")
 
 
 def check_threshold(threshold: float | None) -> float | None:
-    """``None`` or a real number (a cosine-similarity floor).
+    """``None`` or a real number (a cosine-similarity floor), as a float.
 
     Raises:
-        InvalidInputError: for anything else.
+        InvalidInputError: for anything else (a string, a bool, NaN).
     """
-    if threshold is None:
-        return None
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold != threshold:
-        raise InvalidInputError(f"threshold must be a number or None, got {threshold!r}")
-    return float(threshold)
+    return _validated(_THRESHOLD, threshold, "threshold must be a number or None")
 
 
 def resolve_scope(
@@ -161,5 +185,4 @@ def check_version(version: str | None) -> None:
     Raises:
         InvalidInputError: for any other value.
     """
-    if version not in (None, "v1", "v2"):
-        raise InvalidInputError(f"version must be 'v1' or 'v2' (both call shapes are always accepted), got {version!r}")
+    _validated(_VERSION, version, "version must be 'v1' or 'v2' (both call shapes are always accepted)")

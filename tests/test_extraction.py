@@ -19,11 +19,11 @@ from inferscale.memory import (
     OpenAIJSONGenerator,
     TransformersJSONGenerator,
     build_extraction_messages,
-    close_truncated_json,
     facts_json_schema,
     normalize_messages,
     parse_facts,
 )
+from inferscale.memory.llm import _close_truncated
 
 TODAY = date(2025, 6, 2)
 CONVERSATION = [
@@ -86,20 +86,39 @@ def test_parse_facts_raises_when_nothing_parseable(answer: str) -> None:
 @pytest.mark.parametrize(
     ("text", "closed"),
     [
+        ('{"facts":["a","b"]}', '{"facts":["a","b"]}'),  # complete JSON is returned as it is
         ('{"facts": ["a", "b"]}', '{"facts": ["a", "b"]}'),
-        ('{"facts": ["a", "b', '{"facts": ["a"]}'),
+        ('{"facts": ["a", "b', '{"facts": ["a"]}'),  # a half-written fact is dropped, never completed
         ('{"facts": ["a", ', '{"facts": ["a"]}'),
         ('{"facts": [', '{"facts": []}'),
         ('{"facts": ["a \\" , b', '{"facts": []}'),  # an escaped quote does not end the string
-        ('{"a": 1, "b": [1, 2', '{"a": 1, "b": [1]}'),
+        ('{"facts": ["Café", "Zoë', '{"facts": ["Café"]}'),
         ('{"a": 1, "b', '{"a": 1}'),
+        (
+            '{"memory": [{"id": "0", "text": "A", "event": "ADD"}, {"id": "1", "te',
+            '{"memory": [{"id": "0", "text": "A", "event": "ADD"}, {"id": "1"}]}',
+        ),
         ("", ""),
     ],
 )
-def test_close_truncated_json(text: str, closed: str) -> None:
-    assert close_truncated_json(text) == closed
+def test_truncated_answer_is_closed_at_its_last_complete_element(text: str, closed: str) -> None:
+    assert _close_truncated(text) == closed
     if closed:
         json.loads(closed)
+
+
+@pytest.mark.parametrize(
+    ("answer", "facts"),
+    [
+        ('{"facts": ["Maya lives in Lisbon", "Maya is veg', ["Maya lives in Lisbon"]),
+        ('{"facts": ["Maya lives in Lisbon", ', ["Maya lives in Lisbon"]),
+        ('{"facts": ["Maya lives in Lisbon", "Maya is vegetarian"]}', ["Maya lives in Lisbon", "Maya is vegetarian"]),
+    ],
+)
+def test_closed_truncated_answer_parses_into_the_same_facts(answer: str, facts: list[str]) -> None:
+    closed = _close_truncated(answer)
+    assert ExtractedFacts.model_validate_json(closed).facts == facts
+    assert parse_facts(closed) == parse_facts(answer) == facts
 
 
 # ------------------------------------------------------------------------------------------------ extractor
@@ -141,6 +160,14 @@ def test_extractor_raises_on_garbage_and_on_empty_input() -> None:
         FactExtractor(FakeGenerator("{}")).extract([], today=TODAY)
     with pytest.raises(InvalidInputError, match="max_new_tokens"):
         FactExtractor(FakeGenerator("{}"), max_new_tokens=0)
+
+
+def test_facts_schema_is_strict() -> None:
+    schema = facts_json_schema(5, 120)
+    assert schema["title"] == "ExtractedFacts"
+    assert schema["additionalProperties"] is False and schema["required"] == ["facts"]  # OpenAI strict mode
+    assert schema["properties"]["facts"]["maxItems"] == 5
+    assert schema["properties"]["facts"]["items"] == {"type": "string", "minLength": 1, "maxLength": 120}
 
 
 def test_extracted_facts_model() -> None:

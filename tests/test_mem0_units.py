@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from inferscale.errors import ExtractionError, InvalidInputError, ScopeError
@@ -89,6 +91,22 @@ def test_plan_maps_short_ids_and_skips_the_rest() -> None:
     assert result.adds == ["Has a cat", "Works at Acme"]  # the forgotten fact is added as extracted
     # id 9 unknown, second action on 0, empty ADD, unrelated DELETE of 2, invented ADD, unknown event
     assert len(result.skipped) == 6
+
+
+def test_reconcile_schema_is_strict_and_its_example_follows_it() -> None:
+    from inferscale.memory.reconcile import _EXAMPLE_ANSWER, decisions_json_schema
+
+    schema = decisions_json_schema(16, 200)
+    assert schema["title"] == "MemoryDecisions"
+    assert schema["properties"]["memory"]["maxItems"] == 16
+    entry = schema["$defs"][schema["properties"]["memory"]["items"]["$ref"].rsplit("/", 1)[-1]]
+    for obj in (schema, entry):  # OpenAI strict mode: every key required, no other key allowed
+        assert obj["additionalProperties"] is False
+        assert obj["required"] == list(obj["properties"])
+    assert entry["properties"]["event"]["enum"] == ["ADD", "UPDATE", "DELETE", "NONE"]
+    for item in _EXAMPLE_ANSWER["memory"]:
+        assert set(item) == set(entry["properties"])
+    assert [d.event for d in parse_decisions(json.dumps(_EXAMPLE_ANSWER))] == ["UPDATE", "ADD", "NONE"]
 
 
 def test_reconcile_prompt_shows_short_ids_only() -> None:

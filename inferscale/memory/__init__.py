@@ -3,12 +3,7 @@
 from inferscale.memory.chunking import chunk_messages, estimate_tokens, split_text
 from inferscale.memory.extraction import ExtractedFacts, FactExtractor, facts_json_schema, parse_facts
 from inferscale.memory.grounding import ungrounded_reason
-from inferscale.memory.llm import (
-    JSONGenerator,
-    OpenAIJSONGenerator,
-    TransformersJSONGenerator,
-    close_truncated_json,
-)
+from inferscale.memory.llm import JSONGenerator, OpenAIJSONGenerator, TransformersJSONGenerator
 from inferscale.memory.messages import ROLES, Message, normalize_messages
 from inferscale.memory.prompts import (
     FACT_EXTRACTION_SYSTEM_PROMPT,
@@ -31,7 +26,6 @@ __all__ = [
     "TransformersJSONGenerator",
     "build_extraction_messages",
     "chunk_messages",
-    "close_truncated_json",
     "decisions_json_schema",
     "estimate_tokens",
     "fact_extraction_system_prompt",

@@ -7,13 +7,14 @@ cut off by their token budget.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Iterator
 from datetime import date
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json
 
 from inferscale.errors import ExtractionError, InvalidInputError
@@ -28,33 +29,40 @@ _MAX_JSON_STARTS = 16  # '{' / '[' positions tried in prose before giving up
 
 
 class ExtractedFacts(BaseModel):
-    """The extraction answer: ``{"facts": ["...", ...]}``. Extra keys are ignored."""
+    """The extraction answer as parsed: ``{"facts": ["...", ...]}``. Extra keys are ignored."""
 
     model_config = ConfigDict(extra="ignore")
 
     facts: list[str]
 
 
+@functools.cache
+def _facts_answer_model(max_facts: int, max_fact_chars: int) -> type[ExtractedFacts]:
+    """:class:`ExtractedFacts` as the LLM must write it: no other key, at most ``max_facts`` non-empty facts."""
+
+    class StrictExtractedFacts(ExtractedFacts):
+        model_config = ConfigDict(extra="forbid", title="ExtractedFacts")
+
+        facts: list[Annotated[str, Field(min_length=1, max_length=max_fact_chars)]] = Field(max_length=max_facts)
+
+    return StrictExtractedFacts
+
+
 def facts_json_schema(max_facts: int, max_fact_chars: int) -> dict[str, Any]:
-    """The JSON schema sent with every extraction call.
+    """The JSON schema sent with every extraction call, generated from :class:`ExtractedFacts` made strict.
+
+    Strict as grammar-constrained decoding and OpenAI's strict structured outputs want it: ``facts`` is required
+    and no other key is allowed (``additionalProperties: false``). The parser stays lenient (extra keys, empty
+    facts and truncation are tolerated) because unconstrained endpoints do not follow the schema.
 
     Args:
         max_facts: ``maxItems`` of the list (bounds decode time on small models, which tend to repeat).
         max_fact_chars: ``maxLength`` of one fact, in characters.
+
+    Returns:
+        A JSON schema (a new dict on every call) titled ``"ExtractedFacts"``.
     """
-    return {
-        "title": "ExtractedFacts",
-        "type": "object",
-        "properties": {
-            "facts": {
-                "type": "array",
-                "items": {"type": "string", "minLength": 1, "maxLength": max_fact_chars},
-                "maxItems": max_facts,
-            }
-        },
-        "required": ["facts"],
-        "additionalProperties": False,
-    }
+    return _facts_answer_model(max_facts, max_fact_chars).model_json_schema()
 
 
 def _candidates(raw: str) -> list[str]:

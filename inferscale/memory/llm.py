@@ -1,7 +1,8 @@
 """LLM backends that answer a chat with JSON matching a schema, for fact extraction.
 
-- :class:`TransformersJSONGenerator` runs a local causal LM with greedy decoding whose every step is masked by
-  an xgrammar matcher compiled from the JSON schema, so even a 135M model can only emit schema-valid JSON.
+- :class:`TransformersJSONGenerator` runs a local causal LM's greedy ``generate`` with xgrammar's Hugging Face
+  logits processor, which masks every step to the JSON schema, so even a 135M model can only emit schema-valid
+  JSON.
 - :class:`OpenAIJSONGenerator` calls any OpenAI-compatible ``/v1/chat/completions`` endpoint (OpenAI, a vLLM
   server, ...) with ``response_format={"type": "json_schema", ...}``.
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
+from pydantic_core import from_json
 
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
 
@@ -57,45 +59,29 @@ def _schema_key(schema: dict[str, Any]) -> str:
         raise InvalidInputError(f"the JSON schema is not JSON-serialisable: {exc}") from exc
 
 
-def close_truncated_json(text: str) -> str:
-    """Cut JSON text that stopped mid-way back to its last complete element and close what is still open.
+def _close_truncated(text: str) -> str:
+    """JSON text that stopped mid-way, cut back to its last complete element and closed.
 
-    ``'{"facts": ["a", "b'`` becomes ``'{"facts": ["a"]}'``: the half-written element is dropped, never
-    completed, so no invented text is returned. Complete JSON is returned unchanged.
+    ``'{"facts": ["a", "b'`` becomes ``'{"facts": ["a"]}'``: pydantic-core's partial JSON parser drops a half-written
+    string or key (it never completes one) and closes the open containers. Complete JSON is returned unchanged.
 
     Args:
         text: the prefix of a JSON value, as produced by a grammar-constrained decoder that ran out of tokens.
 
     Returns:
-        Valid JSON text, or ``""`` when ``text`` never opened an object or array.
+        Valid JSON text in xgrammar's layout (``", "`` and ``": "`` separators), or ``""`` when ``text`` never
+        opened a value.
     """
-    closers: list[str] = []
-    cut, cut_closers = 0, ""
-    in_string = escaped = False
-    for index, char in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-            continue
-        if char == '"':
-            in_string = True
-        elif char in "[{":
-            closers.append("]" if char == "[" else "}")
-            cut, cut_closers = index + 1, "".join(reversed(closers))
-        elif char in "]}":
-            if closers:
-                closers.pop()
-            cut, cut_closers = index + 1, "".join(reversed(closers))
-            if not closers:
-                return text[:cut]
-        elif char == ",":
-            # The element (or key/value pair) before a top-level-of-container comma is complete.
-            cut, cut_closers = index, "".join(reversed(closers))
-    return text[:cut].rstrip() + cut_closers
+    try:
+        from_json(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        value = from_json(text, allow_partial=True)
+    except ValueError:
+        return ""
+    return json.dumps(value, ensure_ascii=False)
 
 
 # ---------------------------------------------------------------------------------------------------- local model
@@ -104,12 +90,14 @@ def close_truncated_json(text: str) -> str:
 class TransformersJSONGenerator:
     """Greedy decoding of a local transformers causal LM, constrained by xgrammar to a JSON schema.
 
-    At every step the grammar matcher fills a vocabulary bitmask of the tokens that keep the output a valid
-    prefix of schema-conforming JSON; masked logits are set to -inf before the argmax. The matcher terminates
-    as soon as the JSON value is complete (no end-of-sequence token is decoded). If ``max_new_tokens`` runs out
-    first, the output is cut back to its last complete element and closed (see :func:`close_truncated_json`),
-    so the answer is valid JSON either way (it may then miss ``required`` keys only if the budget ended before
-    they were written, which needs a budget of a handful of tokens).
+    ``model.generate`` decodes greedily with xgrammar's Hugging Face logits processor
+    (:class:`xgrammar.contrib.hf.LogitsProcessor`): at every step it fills a vocabulary bitmask of the tokens that
+    keep the output a valid prefix of schema-conforming JSON and sets the other logits to -inf. Once the JSON value
+    is complete only the tokenizer's stop tokens are allowed, and decoding ends on one. If ``max_new_tokens`` runs
+    out first, the output is cut back to its last complete element and closed by pydantic-core's partial JSON
+    parser, so the answer is valid JSON either way (it may then miss ``required`` keys only if the budget ended
+    before they were written, which needs a budget of a handful of tokens). Sampling, beams, repetition penalties
+    and n-gram bans of the model's generation config are switched off: the answer is the plain argmax.
 
     Compiled grammars are cached per schema. One lock serialises compilation and decoding: the model's
     forward pass is not re-entrant-safe with a shared cache object and CPU threads are already saturated by
@@ -130,6 +118,10 @@ class TransformersJSONGenerator:
                 f"the tokenizer of {getattr(model, 'name_or_path', 'the model')!r} has no chat template; "
                 "use an instruction-tuned model"
             )
+        from transformers import GenerationMixin
+
+        if not isinstance(model, GenerationMixin):
+            raise ConfigError(f"{type(model).__name__} cannot generate text; load the model with AutoModelForCausalLM")
         self._model = model
         self._tokenizer = tokenizer
         self._compile_threads = compile_threads
@@ -152,7 +144,7 @@ class TransformersJSONGenerator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32).eval().to(device)
         return cls(model, tokenizer)
 
     def _grammar(self, schema: dict[str, Any]) -> xgrammar.CompiledGrammar:
@@ -165,6 +157,8 @@ class TransformersJSONGenerator:
                 info = xgr.TokenizerInfo.from_huggingface(
                     self._tokenizer, vocab_size=int(self._model.config.vocab_size)
                 )
+                if not info.stop_token_ids:
+                    raise ConfigError("the tokenizer has no end-of-sequence token to end a constrained answer with")
                 self._compiler = xgr.GrammarCompiler(info, max_threads=self._compile_threads)
             try:
                 # any_whitespace=False: compact JSON, no tokens wasted on (or looping in) indentation.
@@ -187,41 +181,44 @@ class TransformersJSONGenerator:
 
         Raises:
             InvalidInputError: for ``max_new_tokens < 1`` or a schema xgrammar cannot compile.
+            ConfigError: when the tokenizer has no end-of-sequence token or its chat template gives no token ids.
         """
         import torch
-        import xgrammar as xgr
-        from transformers import DynamicCache
+        from transformers import BatchEncoding, LogitsProcessorList
+        from xgrammar.contrib.hf import LogitsProcessor
 
         if max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         with self._lock:
             grammar = self._grammar(schema)
-            matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
-            bitmask = xgr.allocate_token_bitmask(1, grammar.tokenizer_info.vocab_size)
-            device = self._model.device
+            stop_ids = list(grammar.tokenizer_info.stop_token_ids)
             encoded = self._tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
             )
-            step_ids = encoded["input_ids"].to(device)  # [1, n_prompt_tokens]
-            cache = DynamicCache(config=self._model.config)
-            generated: list[int] = []
+            if not isinstance(encoded, BatchEncoding):
+                raise ConfigError(f"the chat template gave a {type(encoded).__name__}, not token ids")
+            prompt_ids = encoded["input_ids"].to(self._model.device)  # [1, n_prompt_tokens]
             with torch.inference_mode():
-                for _ in range(max_new_tokens):
-                    out = self._model(input_ids=step_ids, cache=cache, use_cache=True, logits_to_keep=1)
-                    logits = out.logits[:, -1, :].float()  # [1, vocab]
-                    matcher.fill_next_token_bitmask(bitmask)
-                    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device))
-                    token = int(logits.argmax(dim=-1).item())
-                    if not matcher.accept_token(token):  # cannot happen with a correct mask
-                        raise ExtractionError(f"the grammar rejected token {token} it had allowed")
-                    generated.append(token)
-                    if matcher.is_terminated():
-                        break
-                    step_ids = torch.tensor([[token]], device=device)
-        text = self._tokenizer.decode(generated, skip_special_tokens=True)
-        if not matcher.is_terminated():
-            log.warning("JSON answer hit max_new_tokens=%d; closing it at its last complete element", max_new_tokens)
-            text = close_truncated_json(text)
+                output = self._model.generate(
+                    prompt_ids,
+                    attention_mask=torch.ones_like(prompt_ids),
+                    logits_processor=LogitsProcessorList([LogitsProcessor(grammar)]),  # one per call: it keeps state
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    num_beams=1,
+                    repetition_penalty=1.0,
+                    no_repeat_ngram_size=0,
+                    eos_token_id=stop_ids,
+                    pad_token_id=stop_ids[0],
+                )
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        generated = sequences[0, prompt_ids.shape[1] :].tolist()  # the answer's token ids, a stop token last if any
+        text = self._tokenizer.batch_decode([generated], skip_special_tokens=True)[0]
+        if not generated or generated[-1] not in stop_ids:
+            closed = _close_truncated(text)
+            if closed != text:
+                log.warning("JSON answer hit max_new_tokens=%d; closed it at its last complete element", max_new_tokens)
+            text = closed
         return text
 
 

@@ -9,14 +9,15 @@ where it does not.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferscale.errors import ExtractionError, InvalidInputError
 from inferscale.memory.extraction import tolerant_json_values
@@ -25,63 +26,31 @@ from inferscale.memory.llm import JSONGenerator
 log = logging.getLogger(__name__)
 
 Event = Literal["ADD", "UPDATE", "DELETE", "NONE"]
-EVENTS: tuple[str, ...] = ("ADD", "UPDATE", "DELETE", "NONE")
+EVENTS: tuple[str, ...] = get_args(Event)
 
 RECONCILE_SYSTEM_PROMPT = (
     "You keep a user's memory up to date. You get the stored memories, each with an id, and new facts. "
     "Answer with one entry per new fact:\n"
     '- "ADD" when the fact is new: "id" is "new", "text" is the fact.\n'
     '- "UPDATE" when the fact changes or adds detail to a stored memory: "id" is that memory\'s id, "text" is '
-    'the corrected memory, "old_memory" is its old text.\n'
+    'the corrected memory, "old_memory" is its old text (null for the other events).\n'
     '- "DELETE" when the fact makes a stored memory false and replaces nothing: "id" is that memory\'s id.\n'
     '- "NONE" when the fact is already stored: "id" is the memory that holds it.\n'
     "Only use ids from the list. Keep the language of the facts and copy names exactly. "
-    'Reply with JSON: {"memory": [{"id": ..., "text": ..., "event": ...}]}.'
+    'Reply with JSON: {"memory": [{"id": ..., "text": ..., "event": ..., "old_memory": ...}]}.'
 )
 
 _EXAMPLE_INPUT = {
     "memories": [{"id": "0", "text": "Likes cheese pizza"}, {"id": "1", "text": "Works at Acme"}],
     "new_facts": ["Loves cheese and pepperoni pizza", "Has a cat named Miso", "Works at Acme"],
 }
-_EXAMPLE_ANSWER = {
+_EXAMPLE_ANSWER = {  # every key in every entry, as the strict schema requires
     "memory": [
         {"id": "0", "text": "Loves cheese and pepperoni pizza", "event": "UPDATE", "old_memory": "Likes cheese pizza"},
-        {"id": "new", "text": "Has a cat named Miso", "event": "ADD"},
-        {"id": "1", "text": "Works at Acme", "event": "NONE"},
+        {"id": "new", "text": "Has a cat named Miso", "event": "ADD", "old_memory": None},
+        {"id": "1", "text": "Works at Acme", "event": "NONE", "old_memory": None},
     ]
 }
-
-
-def decisions_json_schema(max_items: int, max_text_chars: int) -> dict[str, Any]:
-    """The JSON schema of the reconcile answer ``{"memory": [{"id", "text", "event", "old_memory"?}]}``.
-
-    Args:
-        max_items: ``maxItems`` of the list (bounds decode time).
-        max_text_chars: ``maxLength`` of a memory text, in characters.
-    """
-    return {
-        "title": "MemoryDecisions",
-        "type": "object",
-        "properties": {
-            "memory": {
-                "type": "array",
-                "maxItems": max_items,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string", "maxLength": 12},
-                        "text": {"type": "string", "maxLength": max_text_chars},
-                        "event": {"type": "string", "enum": list(EVENTS)},
-                        "old_memory": {"type": "string", "maxLength": max_text_chars},
-                    },
-                    "required": ["id", "text", "event"],
-                    "additionalProperties": False,
-                },
-            }
-        },
-        "required": ["memory"],
-        "additionalProperties": False,
-    }
 
 
 def build_reconcile_messages(shown: Sequence[str], facts: Sequence[str]) -> list[dict[str, str]]:
@@ -122,6 +91,44 @@ class Decision(BaseModel):
     @classmethod
     def _event_upper(cls, value: object) -> str:
         return str(value).strip().upper()
+
+
+@functools.cache
+def _decisions_answer_model(max_items: int, max_text_chars: int) -> type[BaseModel]:
+    """The reconcile answer as the LLM must write it: ``{"memory": [<strict Decision>, ...]}``, nothing else."""
+
+    class StrictDecision(Decision):
+        model_config = ConfigDict(extra="forbid", title="Decision")
+
+        id: str = Field(max_length=12)
+        text: str = Field(max_length=max_text_chars)
+        event: Event
+        old_memory: Annotated[str, Field(max_length=max_text_chars)] | None
+
+    class MemoryDecisions(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        memory: list[StrictDecision] = Field(max_length=max_items)
+
+    return MemoryDecisions
+
+
+def decisions_json_schema(max_items: int, max_text_chars: int) -> dict[str, Any]:
+    """The JSON schema of the reconcile answer ``{"memory": [{"id", "text", "event", "old_memory"}]}``.
+
+    Generated from :class:`Decision` made strict, as grammar-constrained decoding and OpenAI's strict structured
+    outputs want it: every key is required (``old_memory`` is a string or ``null``), no other key is allowed
+    (``additionalProperties: false``) and ``event`` is one of :data:`EVENTS`. The parser stays lenient
+    (:func:`parse_decisions`) because unconstrained endpoints do not follow the schema.
+
+    Args:
+        max_items: ``maxItems`` of the list (bounds decode time).
+        max_text_chars: ``maxLength`` of a memory text, in characters.
+
+    Returns:
+        A JSON schema (a new dict on every call) titled ``"MemoryDecisions"``; the entry schema is under ``$defs``.
+    """
+    return _decisions_answer_model(max_items, max_text_chars).model_json_schema()
 
 
 def parse_decisions(raw: str) -> list[Decision]:
