@@ -20,9 +20,9 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
-from inferscale.engines.transformers.attention import QueryAttentionProbe, resolve_attention, routed_through_sdpa_gqa
+from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
+from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.errors import InvalidInputError, UnsupportedModelError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -31,35 +31,8 @@ from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.recompute import planned_slots, top_scored_slots
 from inferscale.kv.rope import RopeTable
 from inferscale.kv.serving import ServingSettings
-from inferscale.models import resolve_llm_path
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; anything else as given."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
-    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype``, with
-    ``config.attn_implementation``, on ``config.device``, in eval mode.
-
-    Returns:
-        ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_llm_path(config.model, home)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=_DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
-    ).to(resolve_device(config.device))
-    return path, model.eval(), tokenizer
 
 
 @dataclass(frozen=True, slots=True)

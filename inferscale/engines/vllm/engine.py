@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Generation
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
+from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
@@ -306,8 +306,6 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._encoder_ready:
                 return self
-            from inferscale.engines.transformers import load_causal_lm
-
             path, self._model, self._tokenizer = load_causal_lm(self._config, self._home)
             self._path = path
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)

@@ -211,8 +211,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     global _SERVICE
     from inferscale.client import MemoryClient
     from inferscale.config import MemoryConfig
-    from inferscale.engines.transformers import PromptLayout
-    from inferscale.engines.transformers.prompt import stop_token_ids
+    from inferscale.engines.hf import PromptLayout, stop_token_ids
     from inferscale.kv.encode import EncodeRequest
     from inferscale.models import resolve_llm_path
 
