@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from inferscale.config import EngineConfig
-from inferscale.engines.base import Generation
+from inferscale.engines.base import Engine, Generation
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
@@ -84,6 +84,7 @@ class TransformersEngine(LayoutTokensMixin):
         self._batch_size = encode_batch_size
         self._model = model
         self._tokenizer = tokenizer
+        self._owns_model = model is None  # close() drops only a model this engine loaded itself
         self._lock = threading.RLock()
         self._ready = False
         self.serving = serving if serving is not None else ServingSettings()
@@ -112,6 +113,22 @@ class TransformersEngine(LayoutTokensMixin):
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
             return self
+
+    def close(self) -> None:
+        """Drop the loaded model (unless the caller passed it in), the system prefix K/V and the rope table, so
+        their memory can be freed. Idempotent; the next use loads again."""
+        with self._lock:
+            if not self._ready:
+                return
+            del self._prefix, self._workspace, self._encoder, self._table, self._layout
+            if self._owns_model:
+                self._model = None
+                self._tokenizer = None
+            self._ready = False
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to forget: each request builds its own cache on the system prefix (kept for the engine's life,
+        and the same for every tenant)."""
 
     @torch.inference_mode()
     def _prefill_prefix(self) -> PrefixKV:
@@ -488,3 +505,8 @@ class TransformersEngine(LayoutTokensMixin):
         # A budget that ends inside a multi-byte character leaves a replacement character: drop it.
         text = self._tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd").strip()
         return text, generated, prefill_ms
+
+
+def _conforms_to_engine(engine: TransformersEngine) -> Engine:
+    """Never called: mypy checks here that :class:`TransformersEngine` implements the whole :class:`Engine`."""
+    return engine
