@@ -10,7 +10,7 @@ with ``qk_layernorm``), else ``k_proj``. Values come from ``v_norm`` where prese
 where the norm sits: Qwen3 normalises ``[B, T, n_kv, hd]`` before the head transpose, Gemma 3, StableLM and Phi
 normalise ``[B, n_kv, T, hd]`` after it, OLMo 2 normalises the flat ``[B, T, n_kv * hd]``; the capture tells these
 apart by shape (see :class:`PreRopeCapture`). Whether capture and rotation together reproduce the model's own cache
-is checked end to end by :func:`inferscale.kv.rope.verify_rerotation`.
+is checked end to end by :func:`inferscale.kv.rope_probe.verify_rerotation`.
 """
 
 from __future__ import annotations
