@@ -47,13 +47,12 @@ def verify_rerotation(model: nn.Module, table: RopeTable, n_tokens: int = 8, sta
         UnsupportedModelError: when a layer's keys or values do not match (or the model's structure is refused by
             :func:`~inferscale.kv.encode.decoder_attention_modules`).
     """
-    from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
+    from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules, kv_head_shape, model_config
 
     attn = decoder_attention_modules(model)
     backbone = getattr(model, "model", model)
-    config = getattr(backbone, "config", None) or model.config
-    n_kv = int(config.num_key_value_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    config = model_config(model)
+    n_kv, head_dim = kv_head_shape(config)
     if n_tokens == n_kv:
         n_tokens += 1
     if table.max_positions is not None:

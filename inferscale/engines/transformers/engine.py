@@ -398,8 +398,7 @@ class TransformersEngine(LayoutTokensMixin):
         if slots:
             self._recompute(cache, assembled.token_ids, slots, assembled.n_tokens)
         if settings.temperature != 1.0 and memory:
-            for layer in cache.layers:
-                layer.keys[:, :, p : p + memory].div_(settings.temperature)
+            cache.divide_keys(p, p + memory, settings.temperature)
         return assembled, cache, added
 
     def _query_attention_on_memory(

@@ -492,10 +492,9 @@ class VLLMEngine(LayoutTokensMixin):
             temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=self._stop_ids, logprobs=logprobs
         )
         pairs = [r.vllm_inputs(sampling) for r in requests]
+        prompts: list[Any] = [p for p, _ in pairs]  # token prompts (vLLM's TokensPrompt dicts)
         with self._lock:
-            return list(
-                self._llm.generate([p for p, _ in pairs], [s for _, s in pairs], use_tqdm=False)  # type: ignore[arg-type]
-            )
+            return list(self._llm.generate(prompts, [s for _, s in pairs], use_tqdm=False))
 
     def _generation(self, request: PreparedRequest, max_new_tokens: int, assembly_ms: float) -> Generation:
         t0 = time.perf_counter()
