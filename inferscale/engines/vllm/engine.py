@@ -369,8 +369,8 @@ class VLLMEngine(LayoutTokensMixin):
     def start_async_llm(self) -> Any:
         """Start a ``vllm.v1.engine.async_llm.AsyncLLM`` with :meth:`engine_args` (the connector included) and return
         it; the caller owns it and shuts it down (:meth:`close` also shuts it down if it is still alive). For
-        concurrent clients (``inferscale bench throughput``); do not
-        also start the offline engine (:meth:`load`) in the same process, or two engines share the machine.
+        concurrent clients (``inferscale bench throughput``); do not also start the offline engine (:meth:`load`)
+        in the same process, or two engines share the machine.
 
         Raises:
             RuntimeError: when the offline engine or an async engine was already started from this object.
@@ -401,14 +401,16 @@ class VLLMEngine(LayoutTokensMixin):
         Idempotent. Using the engine afterwards loads and starts everything again (in a new staging folder)."""
         with self._lock:
             if self._ready:
-                # vLLM's offline LLM has no shutdown of its own: its LLMEngine's EngineCoreClient.shutdown() stops
-                # the engine core process and closes the IPC sockets (what LLM.__del__ would do at collection).
+                # The offline LLM's engine core client owns the engine core process and its IPC sockets;
+                # EngineCoreClient.shutdown() stops and closes them (the route tests/test_vllm_connector.py uses).
                 self._llm.llm_engine.engine_core.shutdown()
                 del self._llm
                 self._ready = False
             async_llm = self._async_llm() if self._async_llm is not None else None
             if async_llm is not None:
-                async_llm.shutdown()  # AsyncLLM.shutdown(): the background process and IPC; safe to repeat
+                # AsyncLLM.shutdown(): its engine core process and IPC. The caller may have run it already; it is
+                # safe to repeat (AsyncLLM.__del__ runs it again too).
+                async_llm.shutdown()
             self._async_llm = None
             self._async_started = False
             if self._encoder_ready:
