@@ -80,6 +80,7 @@ def engine() -> Iterator[VLLMEngine]:
     ).load()
     yield eng
     eng.close()
+    eng.close()  # idempotent
     shutil.rmtree(_TMP, ignore_errors=True)
 
 
