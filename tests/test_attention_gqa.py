@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from inferscale.engines.transformers.attention import SDPA_GQA, resolve_attention
+from inferscale.engines.hf.attention import SDPA_GQA, resolve_attention
 
 
 def test_resolve_attention_names() -> None:

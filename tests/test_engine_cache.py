@@ -39,6 +39,17 @@ def test_cache_reports_length_per_layer() -> None:
     assert cache.get_seq_length(0) == 7 and len(cache.layers) == 3
 
 
+def test_divide_keys_scales_the_filled_slots_of_every_layer() -> None:
+    cache = PreallocatedCache(torch.full((2, 1, 6, 2), 3.0), torch.full((2, 1, 6, 2), 3.0), length=4)
+    cache.divide_keys(1, 3, 2.0)
+    for layer in cache.layers:
+        assert layer.keys is not None and layer.values is not None
+        assert layer.keys[0, 0, :, 0].tolist() == [3.0, 1.5, 1.5, 3.0]
+        assert layer.values[0, 0, :, 0].tolist() == [3.0] * 4
+    with pytest.raises(ValueError, match="filled"):
+        cache.divide_keys(2, 5, 2.0)
+
+
 def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2_fp32
     engine = TransformersEngine(
@@ -82,3 +93,18 @@ def test_reused_workspace_leaks_nothing_between_requests(smollm2_fp32: tuple[Any
     after_long = engine.first_token_logits("Where does Maya live?", facts[:2])
     alone = fresh_engine().first_token_logits("Where does Maya live?", facts[:2])
     assert torch.equal(after_long, alone)
+
+
+def test_close_keeps_a_given_model_and_reloads(smollm2_fp32: tuple[Any, Any]) -> None:
+    """close() drops what the engine built (prefix K/V, table) but never a model the caller passed in; the next use
+    loads again and answers the same."""
+    model, tokenizer = smollm2_fp32
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), "Memories:\n", model=model, tokenizer=tokenizer
+    )
+    before = engine.first_token_logits("Where does Maya live?", None, [engine.fact_token_ids("Maya lives in Porto.")])
+    engine.close()
+    engine.close()
+    assert engine.model is model and engine.tokenizer is tokenizer
+    after = engine.first_token_logits("Where does Maya live?", None, [engine.fact_token_ids("Maya lives in Porto.")])
+    assert torch.equal(before, after)

@@ -13,7 +13,7 @@ from tiny_models import LONGROPE_ORIGINAL_MAX, SUPPORTED_ARCHS, tiny_config, tin
 
 from inferscale.errors import UnsupportedModelError
 from inferscale.kv import EncodeRequest, FactEncoder, RopeTable, apply_rope, max_static_position, rotate_half
-from inferscale.kv.rope import verify_rerotation
+from inferscale.kv.rope_probe import verify_rerotation
 
 CPU = torch.device("cpu")
 DEEP_LAYER_TOLERANCE = {"gemma3": 1e-4}

@@ -311,7 +311,7 @@ def test_scale_applies_to_every_decoded_token(smollm2_fp32: tuple[Any, Any]) -> 
 def test_query_attention_probe_matches_eager_attention_weights(smollm2_fp32: tuple[Any, Any]) -> None:
     """The probe's scores equal the eager kernel's attention weights on the memory columns, summed over layers,
     heads and query tokens (output_attentions of a plain forward pass over the same injected cache)."""
-    from inferscale.engines.transformers.attention import QueryAttentionProbe, routed_through_sdpa_gqa
+    from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 
     engine = _engine(smollm2_fp32)
     model = engine.model

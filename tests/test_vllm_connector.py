@@ -42,7 +42,8 @@ except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio
     )
 
 from inferscale.config import EngineConfig  # noqa: E402
-from inferscale.engines.transformers import PromptLayout, TransformersEngine  # noqa: E402
+from inferscale.engines.hf import PromptLayout  # noqa: E402
+from inferscale.engines.transformers import TransformersEngine  # noqa: E402
 from inferscale.engines.vllm import (  # noqa: E402
     MemoryPayload,
     PreparedRequest,
@@ -79,6 +80,7 @@ def engine() -> Iterator[VLLMEngine]:
     ).load()
     yield eng
     eng.close()
+    eng.close()  # idempotent
     shutil.rmtree(_TMP, ignore_errors=True)
 
 

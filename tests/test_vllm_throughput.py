@@ -26,7 +26,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from inferscale.bench.throughput import ThroughputSettings, draws, run_throughput_bench  # noqa: E402
 from inferscale.config import MemoryConfig  # noqa: E402
-from inferscale.engines.transformers import PromptLayout  # noqa: E402
+from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.models import resolve_llm_path  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -3,13 +3,19 @@
 An engine owns the model. It lays out prompts, encodes facts into pre-RoPE K/V, and generates either with the
 memory segment's K/V injected into its KV cache (``mode="kv"``) or with the memory tokens prefilled like any other
 prompt tokens (``mode="prompt"``). Both modes see exactly the same token ids.
+
+:class:`Engine` is the whole contract the rest of InferScale uses (client, async client, bench, eval): callers never
+probe an engine with ``hasattr``/``getattr``. Both engines implement all of it: mypy checks it at the end of each
+engine's module, where a ``_conforms_to_engine`` function returns the engine as an :class:`Engine`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, Self
+
+import torch
 
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
@@ -43,48 +49,160 @@ class Generation:
 
 
 class Engine(Protocol):
-    """What :class:`inferscale.MemoryClient` needs from an engine."""
+    """What the clients, the benchmarks and the evaluation need from an engine.
+
+    Lifecycle: construction does no I/O. :meth:`load` loads the model (once); every other method loads it on first
+    use if :meth:`load` was not called. :meth:`close` releases what the engine loaded; a later call loads again.
+    An engine serialises its own requests (it is safe to call from several threads, one request at a time runs).
+    """
 
     serving: ServingSettings
     """The request-time fidelity remedies the engine applies in KV mode (:mod:`inferscale.kv.serving`)."""
 
-    @property
-    def fingerprint(self) -> str:
-        """:func:`inferscale.kv.fingerprint.model_fingerprint` of the loaded model (32 hex characters)."""
+    # ---------------------------------------------------------------- lifecycle
+    def load(self) -> Self:
+        """Load the model, tokenizer and whatever the engine prepares once (system prefix K/V, fingerprint; vLLM:
+        start its engine). Idempotent: calls after the first return at once. Callers call it before timing a
+        request, so model loading is never part of a request's latency.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            inferscale.errors.ModelNotAvailableError: when the configured model cannot be found.
+            inferscale.errors.ConfigError: when the model's tokenizer has no usable chat template.
+        """
         ...
 
+    def close(self) -> None:
+        """Release what the engine loaded or started: the model it loaded itself (a model passed in by the caller
+        stays the caller's), the vLLM engine and its processes, temporary folders. Idempotent; never raises for an
+        engine that was never loaded. Using the engine afterwards loads it again."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix, for cold-cache measurements. A no-op for engines that keep nothing
+        between requests (transformers).
+
+        Raises:
+            RuntimeError: when the engine refuses (vLLM with requests running), so a "cold" run would run warm.
+        """
+        ...
+
+    # ---------------------------------------------------------------- the model
+    @property
+    def device(self) -> torch.device:
+        """Where encoded fact K/V live (:meth:`encode_facts` returns tensors there); the KV store's device tier
+        uses it. Loads the model."""
+        ...
+
+    @property
+    def model(self) -> Any:
+        """The Hugging Face causal LM (``transformers.PreTrainedModel``; for vLLM, the transformers copy of the
+        served weights that encodes facts). Typed ``Any``: any ``AutoModelForCausalLM`` class. Used to build the
+        local JSON generator for fact extraction and for FLOP counts. Loads the model."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (``transformers.PreTrainedTokenizerBase``; typed ``Any`` like
+        :attr:`model`). Loads the model."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """:func:`inferscale.kv.fingerprint.model_fingerprint` of the loaded model (32 hex characters). Loads the
+        model."""
+        ...
+
+    # ---------------------------------------------------------------- token layout
     def system_prefix_ids(self) -> list[int]:
-        """Token ids of the chat template up to the memory segment (the system prefix)."""
+        """Token ids of the chat template up to the memory segment (the system prefix), P tokens."""
         ...
 
     def fact_token_ids(self, text: str) -> list[int]:
-        """Token ids a fact occupies in the memory segment."""
+        """Token ids a fact occupies in the memory segment (its line ``"- {text}\\n"``)."""
         ...
 
     def context_token_ids(self, turns: Sequence[str]) -> list[int]:
         """Token ids of preceding conversation turns, used as encoding context (context-window encoding)."""
         ...
 
-    def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
-        """Encode facts (batched) into pre-RoPE K/V on the engine's device."""
+    def query_token_ids(self, query: str) -> list[int]:
+        """Token ids after the memory segment: the end of the system turn, the user's query, the assistant
+        header."""
         ...
 
-    def generate_kv(
-        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
-    ) -> Generation:
-        """Answer ``query`` with the facts' K/V injected after the system prefix.
+    # ---------------------------------------------------------------- encoding
+    def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """Encode facts (batched) into pre-RoPE K/V, one :class:`FactKV` per request in order: keys and values
+        ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype on :attr:`device`.
 
-        ``cache_scope`` names the tenant (:meth:`inferscale.scope.Scope.key`); engines with a shared prefix cache
-        (vLLM) salt injected blocks with it so that no other tenant can hit them. In-process engines ignore it.
+        Raises:
+            inferscale.errors.InvalidInputError: when a fact with its context and position gap reaches past the
+                model's context window.
+        """
+        ...
+
+    # ---------------------------------------------------------------- generation
+    def generate_kv(
+        self,
+        query: str,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
+    ) -> Generation:
+        """Answer ``query`` greedily with the facts' K/V injected after the system prefix, in ``facts`` order.
+
+        Args:
+            query: the user's question.
+            facts: pre-RoPE fact K/V (from :meth:`encode_facts` or the KV store).
+            max_new_tokens: answer budget (tokens); 0 prefills only (TTFT).
+            cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); engines with a shared prefix cache (vLLM)
+                salt injected blocks with it so that no other tenant can hit them. In-process engines ignore it.
+            serving: the remedies for this request instead of :attr:`serving`.
+
+        Raises:
+            inferscale.errors.InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the
+                model's context.
+            inferscale.errors.UnsupportedModelError: when a request-time remedy is asked of a model it cannot
+                serve exactly (transformers).
+            inferscale.errors.ConfigError: when ``serving`` asks for a remedy the engine cannot apply (vLLM).
         """
         ...
 
     def generate_prompt(
         self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
     ) -> Generation:
-        """Answer ``query`` with the same fact tokens prefilled as ordinary prompt tokens (the baseline).
+        """Answer ``query`` greedily with the same fact tokens prefilled as ordinary prompt tokens (the baseline).
 
-        ``cache_scope`` names the tenant; engines with a shared prefix cache salt the request with it, so tenants
-        never share cached blocks. In-process engines ignore it.
+        Args:
+            fact_ids: each fact's token ids (:meth:`fact_token_ids`), in layout order.
+            cache_scope: the tenant; engines with a shared prefix cache salt the request with it, so tenants never
+                share cached blocks. In-process engines ignore it.
+
+        Raises:
+            inferscale.errors.InvalidInputError: when the prompt and ``max_new_tokens`` exceed the model's context.
+        """
+        ...
+
+    def first_token_logits(
+        self,
+        query: str,
+        facts: Sequence[FactKV] | None,
+        fact_ids: Sequence[Sequence[int]] | None = None,
+        serving: ServingSettings | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits ``[vocab]`` float32 on :attr:`device` after the prompt, without decoding: KV mode
+        when ``facts`` is given (served with ``serving``, default :attr:`serving`, as :meth:`generate_kv` serves
+        them), else prompt mode over ``fact_ids``. One prefill per call. Used by the fidelity metrics (first-token
+        KL between the two modes) and exactness tests.
+
+        Raises:
+            inferscale.errors.UnsupportedModelError: when the engine cannot return full-vocabulary logits (the vLLM
+                engine: vLLM returns only the top log-probabilities); callers that can do without the metric catch
+                it.
+            the errors of :meth:`generate_kv`.
         """
         ...

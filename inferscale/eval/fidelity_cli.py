@@ -66,8 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from inferscale.config import EngineConfig
+    from inferscale.engines.hf import load_causal_lm
     from inferscale.engines.transformers import TransformersEngine
-    from inferscale.engines.transformers.engine import load_causal_lm
     from inferscale.eval.fidelity import SYSTEM_PROMPTS, calibrate_scale, run_fidelity, summarize_rows
     from inferscale.eval.fidelity_report import fidelity_document, print_fidelity_table, write_fidelity_report
     from inferscale.retrieval.embedder import SentenceTransformerEmbedder

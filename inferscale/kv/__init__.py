@@ -4,7 +4,8 @@ from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assem
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
-from inferscale.kv.rope import RopeTable, apply_rope, max_static_position, rotate_half
+from inferscale.kv.rope import RopeTable, apply_rope, rotate_half
+from inferscale.kv.rope_config import max_static_position
 from inferscale.kv.store import KVKey, KVStore, KVStoreStats, TieredKVStore
 from inferscale.kv.tiers import DeviceTier, DiskTier, HostTier, KVFormatError, KVTier
 

@@ -10,7 +10,7 @@ with ``qk_layernorm``), else ``k_proj``. Values come from ``v_norm`` where prese
 where the norm sits: Qwen3 normalises ``[B, T, n_kv, hd]`` before the head transpose, Gemma 3, StableLM and Phi
 normalise ``[B, n_kv, T, hd]`` after it, OLMo 2 normalises the flat ``[B, T, n_kv * hd]``; the capture tells these
 apart by shape (see :class:`PreRopeCapture`). Whether capture and rotation together reproduce the model's own cache
-is checked end to end by :func:`inferscale.kv.rope.verify_rerotation`.
+is checked end to end by :func:`inferscale.kv.rope_probe.verify_rerotation`.
 """
 
 from __future__ import annotations
@@ -73,13 +73,31 @@ VALUE_NORM_NAMES: tuple[str, ...] = ("v_norm",)
 """Attribute names of a value norm applied before the cache (Gemma 3n)."""
 
 
+def model_config(model: nn.Module) -> Any:
+    """The transformers config of a causal LM (its backbone's, when the backbone has its own).
+
+    Typed ``Any``: each ``PretrainedConfig`` subclass names its own attributes, which are read by name.
+    """
+    config: Any = getattr(getattr(model, "model", model), "config", None) or getattr(model, "config", None)
+    if config is None:
+        raise UnsupportedModelError(f"{type(model).__name__} has no config; pass a transformers causal LM")
+    return config
+
+
+def kv_head_shape(config: Any) -> tuple[int, int]:
+    """``(n_kv_heads, head_dim)`` of a transformers config: ``num_key_value_heads`` and ``head_dim`` (or
+    ``hidden_size // num_attention_heads`` when the config has none)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(config.num_key_value_heads), int(head_dim)
+
+
 def key_source(attn: nn.Module) -> nn.Module:
     """The submodule whose output is the pre-RoPE key: the key norm if the attention has one, else ``k_proj``."""
     for name in KEY_NORM_NAMES:
         norm = getattr(attn, name, None)
         if isinstance(norm, nn.Module):
             return norm
-    return attn.k_proj
+    return attn.get_submodule("k_proj")
 
 
 def value_source(attn: nn.Module) -> nn.Module:
@@ -88,7 +106,7 @@ def value_source(attn: nn.Module) -> nn.Module:
         norm = getattr(attn, name, None)
         if isinstance(norm, nn.Module):
             return norm
-    return attn.v_proj
+    return attn.get_submodule("v_proj")
 
 
 def to_heads(output: torch.Tensor, n_tokens: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
@@ -178,12 +196,10 @@ class FactEncoder:
     """
 
     def __init__(self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0) -> None:
-        config = model.config
         self._model = model
         self._backbone = getattr(model, "model", model)
         self._attn = decoder_attention_modules(model)
-        self._n_kv_heads = int(config.num_key_value_heads)
-        self._head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self._n_kv_heads, self._head_dim = kv_head_shape(model_config(model))
         self._batch_size = batch_size
         self._pad = pad_token_id
 

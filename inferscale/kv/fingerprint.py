@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inferscale.kv.rope import rope_parameters
+from inferscale.kv.rope_config import rope_parameters
 
 
 def weights_digest(model: nn.Module) -> str:

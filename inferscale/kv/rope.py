@@ -19,6 +19,9 @@ and the attention code computes ``k·cos + rotate_half(k)·sin`` with those scal
 
 Models whose layer types use different rotary parameters (Gemma 3: local sliding-window layers with base 10k,
 global layers with base 1M and linear scaling) get one table per layer type and an index per layer.
+
+This module is the rotation math and the table. Reading the rope settings from a model config is
+:mod:`inferscale.kv.rope_config`; the end-to-end check of a table against the model is :mod:`inferscale.kv.rope_probe`.
 """
 
 from __future__ import annotations
@@ -30,11 +33,8 @@ import torch
 from torch import nn
 
 from inferscale.errors import UnsupportedModelError
-
-# Rope types whose frequencies do not depend on the sequence length: re-rotation is exact for them.
-STATIC_ROPE_TYPES: frozenset[str] = frozenset({"default", "linear", "llama3", "yarn"})
-# ``longrope`` is static below ``original_max_position_embeddings`` only (see :func:`max_static_position`).
-SUPPORTED_ROPE_TYPES: frozenset[str] = STATIC_ROPE_TYPES | {"longrope"}
+from inferscale.kv.rope_config import max_static_position
+from inferscale.kv.rope_probe import verify_rerotation
 
 
 class RotaryModule(Protocol):
@@ -46,73 +46,6 @@ class RotaryModule(Protocol):
     def __call__(self, x: torch.Tensor, position_ids: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for ``position_ids``, in ``x``'s dtype, attention scaling folded in."""
         ...
-
-
-def rope_parameters(config: Any) -> dict[str, Any]:
-    """The rope settings of a transformers config as one dict (``rope_parameters``, or legacy ``rope_scaling``).
-
-    For models with per-layer-type rotary parameters (Gemma 3) the dict is nested: ``{layer_type: {...}}``; see
-    :func:`rope_parameter_sets`.
-    """
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return dict(params)
-
-
-def rope_parameter_sets(config: Any) -> dict[str | None, dict[str, Any]]:
-    """The rope settings per layer type: ``{layer_type: params}`` when nested (Gemma 3), else ``{None: params}``.
-
-    Layer types whose settings are ``None`` (transformers skips them) are left out.
-    """
-    params = rope_parameters(config)
-    values = list(params.values())
-    if values and any(isinstance(v, dict) for v in values) and all(v is None or isinstance(v, dict) for v in values):
-        return {str(kind): dict(v) for kind, v in params.items() if v is not None}
-    return {None: params}
-
-
-def _rope_type(params: dict[str, Any]) -> str:
-    return str(params.get("rope_type", params.get("type", "default")))
-
-
-def max_static_position(config: Any) -> int | None:
-    """The largest position count for which the model's RoPE is static, or ``None`` when it always is.
-
-    For per-layer-type settings (Gemma 3) every layer type must be supported; the bound is the smallest one.
-
-    Returns:
-        ``None`` for ``default``/``linear``/``llama3``/``yarn``; for ``longrope``, its
-        ``original_max_position_embeddings`` (positions ``0 .. bound - 1`` use the short factors; transformers
-        switches every position to the long factors once a sequence is longer than that).
-
-    Raises:
-        UnsupportedModelError: for ``dynamic`` NTK scaling (its frequencies change with the sequence length, so a
-            key rotated for one request length would be silently wrong for another), and for any other rope type
-            (not verified).
-    """
-    bound: int | None = None
-    for kind, params in rope_parameter_sets(config).items():
-        rope_type = _rope_type(params)
-        where = "" if kind is None else f" (layer type {kind!r})"
-        if rope_type in STATIC_ROPE_TYPES:
-            continue
-        if rope_type == "longrope":
-            limit = int(
-                params.get("original_max_position_embeddings")
-                or getattr(config, "original_max_position_embeddings", None)
-                or config.max_position_embeddings
-            )
-            bound = limit if bound is None else min(bound, limit)
-            continue
-        if "dynamic" in rope_type:
-            raise UnsupportedModelError(
-                f"rope_type {rope_type!r}{where} is not supported for KV re-rotation: its frequencies depend on the "
-                f"sequence length, so stored keys cannot be rotated exactly. Supported: {sorted(SUPPORTED_ROPE_TYPES)}"
-            )
-        raise UnsupportedModelError(
-            f"rope_type {rope_type!r}{where} is not supported for KV re-rotation (not verified to be a static "
-            f"rotate-half RoPE). Supported: {sorted(SUPPORTED_ROPE_TYPES)}"
-        )
-    return bound
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -394,79 +327,3 @@ class RopeTable:
         for i in range(k.shape[0]):
             rotate_into(k[i], cos[i] if per_layer else cos, sin[i] if per_layer else sin, out=out[i])
         return out
-
-
-def _probe_tolerance(dtype: torch.dtype) -> float:
-    """Relative tolerance of the rotation check: a few rounding steps of ``dtype``, and at least 1e-5."""
-    return max(1e-5, 8 * torch.finfo(dtype).eps)
-
-
-def verify_rerotation(model: nn.Module, table: RopeTable, n_tokens: int = 8, start: int = 97) -> float:
-    """Check end to end that captured pre-RoPE keys, rotated by ``table``, equal the keys the model caches.
-
-    One forward pass over ``n_tokens`` fixed tokens at positions ``start ..`` (nonzero, so that every rotation
-    angle matters; lowered to fit a ``longrope`` bound) with :class:`~inferscale.kv.encode.PreRopeCapture` hooks
-    and ``use_cache=True``. For every layer, ``table.rotate(captured_keys, start)`` must equal the cached keys, and
-    the captured values the cached values, to a few rounding steps of the model dtype relative to the largest
-    cached key (1e-5 in float32, 0.0625 in bfloat16). A wrong layout gives an O(1) relative error. This refuses
-    what the table alone cannot see: attention code that pairs channels differently from its table (GLM
-    interleaves a rotate-half-looking table), norms or transforms we do not hook, and key/value mismatches.
-
-    Args:
-        model: a transformers causal LM with ``model.model.layers[i].self_attn.{k_proj, v_proj}``.
-        table: the model's :class:`RopeTable`.
-        n_tokens: probe length (tokens); must differ from the number of KV heads.
-        start: first probe position.
-
-    Returns:
-        The largest relative error seen (float).
-
-    Raises:
-        UnsupportedModelError: when a layer's keys or values do not match (or the model's structure is refused by
-            :func:`~inferscale.kv.encode.decoder_attention_modules`).
-    """
-    from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
-
-    attn = decoder_attention_modules(model)
-    backbone = getattr(model, "model", model)
-    config = getattr(backbone, "config", None) or model.config
-    n_kv = int(config.num_key_value_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    if n_tokens == n_kv:
-        n_tokens += 1
-    if table.max_positions is not None:
-        start = max(1, min(start, table.max_positions - n_tokens))
-    parameter = next(model.parameters())
-    ids = (torch.arange(n_tokens) * 7919 + 11) % int(config.vocab_size)
-    positions = torch.arange(start, start + n_tokens)
-    with torch.no_grad(), PreRopeCapture(attn, n_kv, head_dim, n_tokens) as capture:
-        out = backbone(
-            input_ids=ids[None].to(parameter.device),
-            attention_mask=torch.ones(1, n_tokens, dtype=torch.long, device=parameter.device),
-            position_ids=positions[None].to(parameter.device),
-            use_cache=True,
-        )
-        keys, values = capture.stacked()
-    cache = getattr(out, "cache", None)
-    if cache is None:
-        cache = out.past_key_values
-    rotated = table.rotate(keys[:, 0].to(table.device), start)
-    tolerance = _probe_tolerance(parameter.dtype)
-    worst = 0.0
-    for layer, cached in enumerate(cache.layers):
-        cached_k, cached_v = cached.keys[0].float(), cached.values[0].float()
-        kept = cached_k.shape[-2]  # sliding-window layers may keep fewer than n_tokens
-        scale_k = max(cached_k.abs().max().item(), 1e-6)
-        scale_v = max(cached_v.abs().max().item(), 1e-6)
-        err_k = (rotated[layer, :, n_tokens - kept :].float().to(cached_k.device) - cached_k).abs().max().item()
-        err_v = (values[layer, 0, :, n_tokens - kept :].float() - cached_v).abs().max().item()
-        rel_k, rel_v = err_k / scale_k, err_v / scale_v
-        worst = max(worst, rel_k, rel_v)
-        if rel_k > tolerance or rel_v > tolerance:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} layer {layer}: captured pre-RoPE keys rotated by chunked RoPE differ from "
-                f"the model's cached keys (relative error {rel_k:.3g}, values {rel_v:.3g}, tolerance {tolerance:.3g}). "
-                "Its attention does not apply rotate-half RoPE to k_proj/k_norm outputs (e.g. interleaved GPT-J "
-                "style pairs, as in GLM or Cohere), so injected keys would be silently wrong"
-            )
-    return worst

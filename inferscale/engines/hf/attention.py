@@ -82,7 +82,7 @@ def routed_through_sdpa_gqa(model: nn.Module) -> Iterator[None]:
     exception. The switch is on the model's config, which its layers share: blocks on one model are serialised by
     a process-wide lock, but a forward pass of the same model on another thread without this block would see the
     switched kernel (the engines serialise their requests, so they never do that)."""
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig (nn.Module.__getattr__ types it as a submodule)
     with _SWITCH_LOCK:
         saved = config._attn_implementation
         config._attn_implementation = register_sdpa_gqa()

@@ -1,0 +1,41 @@
+"""Loading a Hugging Face causal LM and its tokenizer, as every engine does (the vLLM engine for its fact encoder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferscale.config import EngineConfig
+from inferscale.engines.hf.attention import resolve_attention
+from inferscale.models import resolve_llm_path
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``EngineConfig.dtype`` names → torch dtypes."""
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; anything else as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
+    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype``, with
+    ``config.attn_implementation``, on ``config.device``, in eval mode.
+
+    Returns:
+        ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer (typed
+        ``Any``: any ``AutoModelForCausalLM`` / ``AutoTokenizer`` class).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_llm_path(config.model, home)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
+    )
+    model = model.to(resolve_device(config.device))
+    return path, model.eval(), tokenizer
