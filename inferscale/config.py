@@ -41,7 +41,7 @@ class EngineConfig(_Strict):
         dtype: weights and KV dtype. Exactness tests use ``float32``; ``bfloat16`` is faster on CPUs with AMX.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when present).
         attn_implementation: transformers attention kernel: ``"sdpa_gqa"`` (SDPA reading grouped K/V heads
-            directly, see :mod:`inferscale.engines.transformers.attention`), ``"sdpa"`` or ``"eager"``.
+            directly, see :mod:`inferscale.engines.hf.attention`), ``"sdpa"`` or ``"eager"``.
         max_new_tokens: decode budget of ``chat`` answers, in tokens.
         num_threads: torch intra-op threads on CPU; ``None`` keeps torch's default.
     """
