@@ -5,8 +5,9 @@ CPU); the rest of InferScale does not.
 """
 
 from inferscale.engines.vllm.connector import InferScaleConnector, kv_transfer_config
-from inferscale.engines.vllm.engine import PreparedRequest, RequestBuilder, VLLMEngine, write_segment
+from inferscale.engines.vllm.engine import VLLMEngine
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
+from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, write_segment
 
 __all__ = [
     "InferScaleConnector",

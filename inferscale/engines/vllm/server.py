@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.engines.vllm.connector import kv_transfer_config
-from inferscale.engines.vllm.engine import PreparedRequest, RequestBuilder
+from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
 from inferscale.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,215 @@
+"""Requests for the vLLM engine: token ids plus the connector payload that names each segment's K/V file.
+
+A :class:`RequestBuilder` lays out ``[system prefix][facts][query]`` from a :class:`PromptLayout` and turns fact
+K/V into :class:`~inferscale.engines.vllm.metadata.SegmentRef` entries: K/V handed in as tensors are staged once
+per object into a private folder (:class:`_Stager`; the engine core runs in another process), and K/V already in
+the KV store's files are named by path. The result, a :class:`PreparedRequest`, is what
+:meth:`inferscale.engines.vllm.VLLMEngine.run` submits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from inferscale.engines.hf import PromptLayout
+from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
+from inferscale.engines.vllm.segments import read_header
+from inferscale.kv.fact import FactKV
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """One prompt ready for vLLM.
+
+    Attributes:
+        prompt_ids: ``[system prefix][memory segment][query]`` token ids.
+        memory_tokens: S, the memory segment's length (tokens).
+        payload: the segments to inject, or ``None`` to let vLLM prefill everything.
+        salt: the request's ``cache_salt`` (``None`` without a payload).
+    """
+
+    prompt_ids: list[int]
+    memory_tokens: int
+    payload: MemoryPayload | None
+    salt: str | None
+
+    def vllm_inputs(self, sampling: Any) -> tuple[dict[str, Any], Any]:
+        """``(prompt, sampling_params)`` for ``LLM.generate``: the token prompt with its salt, and ``sampling``
+        with this request's ``kv_transfer_params`` added to its ``extra_args``."""
+        prompt: dict[str, Any] = {"prompt_token_ids": list(self.prompt_ids)}
+        if self.salt is not None:
+            prompt["cache_salt"] = self.salt
+        if self.payload is not None:
+            sampling = sampling.clone()
+            sampling.extra_args = {**(sampling.extra_args or {}), "kv_transfer_params": self.payload.to_params()}
+        return prompt, sampling
+
+
+def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
+    """Write ``fact`` as a segment file (the KV store's layout) atomically.
+
+    Args:
+        path: target file.
+        fact: pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` and token ids.
+        fingerprint: the model fingerprint it was encoded under (the connector injects it only under that model).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(
+        {
+            "keys": fact.keys.detach().cpu().contiguous(),
+            "values": fact.values.detach().cpu().contiguous(),
+            "token_ids": fact.token_ids.to(torch.int64).cpu().contiguous(),
+        },
+        str(tmp),
+        metadata={"format": "inferscale.kv/1", "fingerprint": fingerprint, "encoded_at": str(fact.encoded_at)},
+    )
+    os.replace(tmp, path)
+
+
+class _Stager:
+    """The segment files vLLM's workers read for K/V handed in as tensors, in a private folder, LRU by count.
+
+    - A fact whose :attr:`FactKV.source` file exists (every entry of a KV store with a disk tier) is hard-linked
+      into the folder, with no copy. The link pins the file's content: deleting the memory or rewriting its entry
+      (an atomic rename onto the path) cannot change or remove what a request already names. The uid hashes the
+      file's identity (device, inode, size, mtime), so every fact object backed by the same file shares one
+      segment, and a rewritten file is a new segment.
+    - Any other fact (or one whose file cannot be linked, e.g. across file systems) is written to the folder once
+      per object: the same object (the KV store hands back the same object on a host-tier hit) reuses its file and
+      uid, so repeated requests share prefix-cache blocks; a new object gets a new uid, so it never aliases
+      another's blocks.
+
+    Evicted entries are unlinked. Until then the folder holds the K/V of memories deleted since; :meth:`close` of
+    the engine removes a temporary folder.
+    """
+
+    def __init__(self, directory: Path, fingerprint: str, max_entries: int = 4096) -> None:
+        self._dir = directory
+        self._fingerprint = fingerprint
+        self._max = max_entries
+        self._entries: OrderedDict[tuple[Any, ...], tuple[FactKV | None, SegmentRef]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def ref(self, fact: FactKV) -> SegmentRef:
+        """The segment of ``fact``: a link to its source file when it has one, else a staged copy (first use)."""
+        with self._lock:
+            if fact.source is not None:
+                linked = self._linked(fact.source)
+                if linked is not None:
+                    return linked
+            hit = self._entries.get(("object", id(fact)))
+            if hit is not None and hit[0] is fact:
+                self._entries.move_to_end(("object", id(fact)))
+                return hit[1]
+            uid = f"staged-{uuid.uuid4().hex}"
+            path = self._dir / f"{uid}.safetensors"
+            write_segment(path, fact, self._fingerprint)
+            return self._remember(("object", id(fact)), fact, SegmentRef(str(path), uid))
+
+    def _linked(self, source: str) -> SegmentRef | None:
+        """A hard link to ``source`` in the folder, or ``None`` when it cannot be made (then stage a copy)."""
+        try:
+            st = os.stat(source)
+        except OSError:
+            return None  # the file went away (memory deleted, store cleared)
+        identity = ("file", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        hit = self._entries.get(identity)
+        if hit is not None and os.path.exists(hit[1].path):
+            self._entries.move_to_end(identity)
+            return hit[1]
+        uid = "file-" + hashlib.sha256(repr(identity).encode()).hexdigest()[:24]
+        path = self._dir / f"{uid}.safetensors"
+        try:
+            if not path.exists():
+                os.link(source, path)
+            linked = os.stat(path)
+        except OSError:
+            return None  # another file system, no hard links, or the file vanished in between
+        if (linked.st_dev, linked.st_ino, linked.st_size, linked.st_mtime_ns) != identity[1:]:
+            path.unlink(missing_ok=True)  # the source was replaced between stat and link
+            return None
+        return self._remember(identity, None, SegmentRef(str(path), uid))
+
+    def _remember(self, key: tuple[Any, ...], fact: FactKV | None, ref: SegmentRef) -> SegmentRef:
+        self._entries[key] = (fact, ref)
+        while len(self._entries) > self._max:
+            _, (_, old) = self._entries.popitem(last=False)
+            Path(old.path).unlink(missing_ok=True)
+        return ref
+
+
+class RequestBuilder:
+    """Builds :class:`PreparedRequest` objects: prompt ids in our layout, the memory payload and the cache salt.
+
+    Shared by :class:`VLLMEngine` and the OpenAI server's middleware (which encodes with a transformers engine).
+
+    Args:
+        layout: the prompt layout (chat template split around the memory segment).
+        fingerprint: the served model's fingerprint.
+        prefix: the system prefix's pre-RoPE K/V (encoded from position 0).
+        staging_dir: where segment files are written (must be readable by vLLM's workers).
+    """
+
+    def __init__(self, layout: PromptLayout, fingerprint: str, prefix: FactKV, staging_dir: Path) -> None:
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        self._layout = layout
+        self._fingerprint = fingerprint
+        self._stager = _Stager(staging_dir, fingerprint)
+        digest = hashlib.sha256(repr(list(layout.prefix_ids)).encode()).hexdigest()[:16]
+        path = staging_dir / f"prefix-{fingerprint[:16]}-{digest}.safetensors"
+        write_segment(path, prefix, fingerprint)
+        self.prefix_ref = SegmentRef(str(path), f"prefix-{digest}")
+
+    @property
+    def layout(self) -> PromptLayout:
+        """The prompt layout."""
+        return self._layout
+
+    def _prepared(
+        self, query: str, refs: Sequence[SegmentRef], lengths: Sequence[int], fact_ids: list[int], cache_scope: str
+    ) -> PreparedRequest:
+        prefix = self._layout.prefix_ids
+        payload = MemoryPayload(self._fingerprint, (self.prefix_ref, *refs), len(prefix))
+        salt = cache_salt(cache_scope, payload.content_digest([len(prefix), *lengths]))
+        ids = list(prefix) + fact_ids + self._layout.query_ids(query)
+        return PreparedRequest(ids, len(fact_ids), payload, salt)
+
+    def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
+        """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix.
+
+        Args:
+            query: the user's question.
+            facts: pre-RoPE fact K/V in layout order (from an encoder or the KV store).
+            cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); it salts the prefix cache.
+        """
+        refs = [self._stager.ref(f) for f in facts]
+        ids = [int(t) for f in facts for t in f.token_ids.tolist()]
+        return self._prepared(query, refs, [f.n_tokens for f in facts], ids, cache_scope)
+
+    def prepare_files(self, query: str, refs: Sequence[SegmentRef], cache_scope: str = "") -> PreparedRequest:
+        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier).
+
+        Raises:
+            inferscale.engines.vllm.segments.SegmentError: when a file is missing or malformed.
+        """
+        headers = [read_header(r.path) for r in refs]
+        ids = [t for h in headers for t in h.token_ids]
+        return self._prepared(query, refs, [h.n_tokens for h in headers], ids, cache_scope)
+
+    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = "") -> PreparedRequest:
+        """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload), salted with the tenant
+        (:func:`~inferscale.engines.vllm.metadata.prompt_cache_salt`) so tenants never share prefix-cache blocks."""
+        memory = [t for ids in fact_ids for t in ids]
+        ids = list(self._layout.prefix_ids) + memory + self._layout.query_ids(query)
+        return PreparedRequest(ids, len(memory), None, prompt_cache_salt(cache_scope))
