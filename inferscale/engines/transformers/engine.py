@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from inferscale.engines.base import Engine, Generation
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.errors import InvalidInputError, UnsupportedModelError
+from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
+from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
@@ -33,16 +33,6 @@ from inferscale.kv.rope import RopeTable
 from inferscale.kv.serving import ServingSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBias:
-    """The memory attention scale of one request: ``logit_bias`` = log s added to the attention logits of the
-    query and every decoded token on the memory slots ``[start, end)`` (APE's scaling factor)."""
-
-    start: int
-    end: int
-    logit_bias: float
 
 
 def _now_ms(device: torch.device) -> float:
@@ -330,27 +320,6 @@ class TransformersEngine(LayoutTokensMixin):
             return None
         return MemoryBias(self._prefix.n_tokens, assembled.n_tokens, settings.memory_logit_bias)
 
-    def _check_remedies(self, settings: ServingSettings) -> None:
-        """Refuse request-time remedies on models whose attention a full 4-D mask would change (sliding windows)
-        or whose logits are soft-capped (the probe and the bias assume plain softmax attention).
-
-        Raises:
-            UnsupportedModelError: naming the model feature and the setting.
-        """
-        if settings.is_pure_injection:
-            return
-        config = self._model.config
-        sliding = getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
-            getattr(config, "layer_types", None) or ()
-        )
-        capped = getattr(config, "attn_logit_softcapping", None) is not None
-        if sliding or capped:
-            feature = "sliding-window attention" if sliding else "attention logit soft-capping"
-            raise UnsupportedModelError(
-                f"{settings.label()} needs plain full attention, but this model uses {feature}; serve it with "
-                "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none'"
-            )
-
     def _kv_cache(
         self,
         facts: Sequence[FactKV],
@@ -359,8 +328,8 @@ class TransformersEngine(LayoutTokensMixin):
         serving: ServingSettings | None = None,
     ) -> tuple[AssembledKV, PreallocatedCache, int]:
         """Assemble prefix + facts into a preallocated cache, then apply the request-time remedies of ``serving``
-        (default :attr:`serving`): recompute the slots its policy chooses (:meth:`_recompute`), and scale the
-        memory keys by ``1/T`` (the temperature).
+        (default :attr:`serving`): recompute the slots its policy chooses (:func:`.remedies.recompute_slots`),
+        and scale the memory keys by ``1/T`` (the temperature).
 
         ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
 
@@ -370,10 +339,10 @@ class TransformersEngine(LayoutTokensMixin):
 
         Raises:
             InvalidInputError: for ``selective:r`` without ``query_ids``.
-            UnsupportedModelError: see :meth:`_check_remedies`.
+            UnsupportedModelError: see :func:`~inferscale.engines.transformers.remedies.check_remedies`.
         """
         settings = serving if serving is not None else self.serving
-        self._check_remedies(settings)
+        check_remedies(self._model.config, settings)
         policy = settings.recompute
         lengths = [f.n_tokens for f in facts]
         memory = sum(lengths)
@@ -396,7 +365,7 @@ class TransformersEngine(LayoutTokensMixin):
             added += len(query_ids)
         added += len(slots)
         if slots:
-            self._recompute(cache, assembled.token_ids, slots, assembled.n_tokens)
+            recompute_slots(self._model, cache, assembled.token_ids, slots, assembled.n_tokens)
         if settings.temperature != 1.0 and memory:
             cache.divide_keys(p, p + memory, settings.temperature)
         return assembled, cache, added
@@ -411,60 +380,12 @@ class TransformersEngine(LayoutTokensMixin):
         cache.crop(length)
         return probe.scores()
 
-    def _recompute(self, cache: PreallocatedCache, token_ids: torch.Tensor, slots: Sequence[int], length: int) -> None:
-        """Recompute the memory tokens at ``slots`` (ascending) in place, in one forward pass.
-
-        Each recomputed token attends, at its true position, to every slot before it: the injected K/V of the slots
-        not recomputed and the fresh K/V of the recomputed ones (and itself). Its new K/V then replace the injected
-        ones (:meth:`PreallocatedCache.move_tail`). With every memory slot chosen this is exactly a full prefill of
-        the memory segment (prompt mode). Cost: ``len(slots)`` prefill tokens attending up to ``P + S`` keys.
-
-        Args:
-            token_ids: ``[P + S]`` int64: the tokens the cache's slots stand for.
-            slots: cache positions to recompute, each in ``[P, P + S)``.
-            length: P + S, the filled slots.
-        """
-        pos = torch.tensor(list(slots), dtype=torch.long, device=self._device)
-        cols = torch.arange(length, device=self._device)
-        stale = torch.zeros(length, dtype=torch.bool, device=self._device)
-        stale[pos] = True  # slots whose fresh K/V are in the recomputed block
-        allowed_cache = (cols[None, :] < pos[:, None]) & ~stale[None, :]  # [q, length]
-        allowed_fresh = pos[None, :] <= pos[:, None]  # [q, q]
-        allowed = torch.cat([allowed_cache, allowed_fresh], dim=1)
-        dtype = next(self._model.parameters()).dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=self._device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        self._model.model(
-            input_ids=token_ids[pos.cpu()][None].to(self._device),
-            position_ids=pos[None],
-            attention_mask=mask[None, None],
-            cache=cache,
-            use_cache=True,
-        )
-        cache.move_tail(length, pos)
-
-    @staticmethod
-    def _bias_mask(
-        cache_length: int, n_new: int, bias: MemoryBias | None, dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor | None:
-        """``[1, 1, n_new, cache_length + n_new]`` float mask adding ``bias.logit_bias`` (log s) to the memory
-        columns ``[bias.start, bias.end)`` and masking future columns among the new tokens; ``None`` without a
-        bias (the model then builds its own causal mask)."""
-        if bias is None:
-            return None
-        mask = torch.zeros((n_new, cache_length + n_new), dtype=dtype, device=device)
-        mask[:, bias.start : bias.end] = bias.logit_bias
-        if n_new > 1:
-            future = torch.ones((n_new, n_new), dtype=torch.bool, device=device).triu(1)
-            mask[:, cache_length:].masked_fill_(future, torch.finfo(dtype).min)
-        return mask[None, None]
-
     def _forward(self, cache: Any, ids: list[int], start: int, bias: MemoryBias | None = None) -> torch.Tensor:
         """Prefill ``ids`` at positions ``start ..`` on ``cache`` (length ``start``); ``[1, 1, vocab]`` logits of the
         last position. With ``bias`` the memory block's attention bias (log s) is added for these tokens."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self._device)
         positions = torch.arange(start, start + len(ids), device=self._device)[None]
-        mask = self._bias_mask(start, len(ids), bias, next(self._model.parameters()).dtype, self._device)
+        mask = bias_mask(start, len(ids), bias, next(self._model.parameters()).dtype, self._device)
         # Only the last position's logits are used: projecting every prompt token onto the vocabulary would add
         # T x hidden x vocab multiply-adds to each prefill (at k=50, more than the query's whole prefill).
         out = self._model(
