@@ -26,6 +26,9 @@ Measured (median and p95 over the calls and repeats, milliseconds):
   K/V assembly + prefill up to the first token's logits), in process;
 - the server's prompt-injected first token alone (the Mem0 row without its search), so the engine difference
   between the two columns (vLLM over loopback versus transformers in process) can be read off.
+
+Over 400 lines on purpose: a self-contained script meant to run in its own venv next to ``mem0ai`` (copied and
+run alone), so its Mem0 side, InferScale side and report stay in one file.
 """
 
 from __future__ import annotations

@@ -9,25 +9,29 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
-from inferscale.config import KVConfig
+from inferscale.cli_options import add_options, from_args
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from inferscale.demo import bundled_script, demo_client, locomo_script, run_demo
-
-    console = Console(stderr=args.json)
-    script = locomo_script(args.locomo, args.conversation, args.questions) if args.locomo else bundled_script()
-    t0 = time.perf_counter()
+    from inferscale.apps_extra import console as make_console
+    from inferscale.apps_extra import fail
     from inferscale.config import inferscale_home
+    from inferscale.demo import DemoOptions, bundled_script, demo_client, locomo_script, run_demo
+    from inferscale.errors import InferScaleError
 
-    data_dir = Path(args.data_dir) if args.data_dir else inferscale_home() / "demo"
-    client = demo_client(data_dir, args.context_window)
+    opts = from_args(DemoOptions, args)
+    try:
+        console = make_console(stderr=opts.as_json)
+        script = locomo_script(opts.locomo, opts.conversation, opts.questions) if opts.locomo else bundled_script()
+    except InferScaleError as exc:
+        return fail(exc)
+    t0 = time.perf_counter()
+    data_dir = Path(opts.data_dir) if opts.data_dir else inferscale_home() / "demo"
+    client = demo_client(data_dir, opts.context_window)
     with console.status("loading models (the first run converts SmolLM2 from GGUF, about a minute)"):
-        client.engine.load()  # type: ignore[attr-defined]
+        client.engine.load()
     console.print(f"models ready in {time.perf_counter() - t0:.1f} s", style="dim")
-    run_demo(script, client, k=args.k, infer=args.infer, as_json=args.json, console=console)
+    run_demo(script, client, k=opts.k, infer=opts.infer, as_json=opts.as_json, console=console)
     console.print(f"demo wall time {time.perf_counter() - t0:.1f} s", style="dim")
     client.close()
     return 0
@@ -35,36 +39,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``inferscale``."""
+    from inferscale.bench.cli import add_bench_parser, add_eval_parser
+    from inferscale.demo import DemoOptions
+    from inferscale.serve_cli import add_serve_parser
+
     parser = argparse.ArgumentParser(prog="inferscale", description="Memory for LLM agents with KV-injected recall.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="add a conversation, then chat with KV-injected memory vs the prompt baseline")
-    demo.add_argument("--json", action="store_true", help="print one JSON object per question on stdout")
-    demo.add_argument("-k", type=int, default=5, help="memories retrieved per question (default 5)")
-    demo.add_argument(
-        "--infer",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help=(
-            "extract facts with the LLM (--infer) or store each message as it is (default: the embedded 135M "
-            "model extracts facts poorly, so the demo stores messages verbatim unless asked)"
-        ),
-    )
-    demo.add_argument(
-        "--context-window",
-        type=int,
-        default=KVConfig.model_fields["context_window"].default,
-        help="w: preceding turns each fact is encoded after (default: KVConfig's, %(default)s)",
-    )
-    demo.add_argument("--locomo", metavar="PATH", help="run on a LoCoMo file instead of the bundled conversation")
-    demo.add_argument("--conversation", default="conv-26", help="LoCoMo sample_id (default conv-26)")
-    demo.add_argument("--questions", type=int, default=5, help="LoCoMo questions to ask (default 5)")
-    demo.add_argument("--data-dir", help="where the demo's database, index and K/V go (default <home>/demo)")
-    demo.set_defaults(func=_demo)
-
-    from inferscale.bench.cli import add_bench_parser, add_eval_parser
-    from inferscale.serve_cli import add_serve_parser
-
+    add_options(demo, DemoOptions).set_defaults(func=_demo)
     add_bench_parser(sub)
     add_eval_parser(sub)
     add_serve_parser(sub)

@@ -6,18 +6,69 @@ original; ``--locomo PATH`` runs on one LoCoMo conversation instead (the file is
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
+from inferscale.cli_options import cli
 from inferscale.client import MemoryClient
 from inferscale.config import KVConfig, MemoryConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``inferscale demo`` runs; each field is its command-line option (flag and help in its metadata).
+
+    Attributes:
+        as_json: print one JSON object per question on stdout instead of tables.
+        k: memories retrieved per question.
+        infer: extract facts with the LLM instead of storing each message verbatim.
+        context_window: w, preceding turns each fact is encoded after.
+        locomo: a LoCoMo file to run on instead of the bundled conversation; ``conversation``: its sample id;
+            ``questions``: how many of its questions to ask.
+        data_dir: where the demo's database, index and K/V go (``None``: ``<home>/demo``).
+    """
+
+    as_json: bool = field(
+        default=False, metadata=cli("--json", action="store_true", help="print one JSON object per question on stdout")
+    )
+    k: int = field(default=5, metadata=cli("-k", help="memories retrieved per question (default 5)"))
+    infer: bool = field(
+        default=False,
+        metadata=cli(
+            "--infer",
+            action=argparse.BooleanOptionalAction,
+            help=(
+                "extract facts with the LLM (--infer) or store each message as it is (default: the embedded 135M "
+                "model extracts facts poorly, so the demo stores messages verbatim unless asked)"
+            ),
+        ),
+    )
+    context_window: int = field(
+        default=KVConfig.model_fields["context_window"].default,
+        metadata=cli(
+            "--context-window", help="w: preceding turns each fact is encoded after (default: KVConfig's, %(default)s)"
+        ),
+    )
+    locomo: str | None = field(
+        default=None,
+        metadata=cli("--locomo", metavar="PATH", help="run on a LoCoMo file instead of the bundled conversation"),
+    )
+    conversation: str = field(
+        default="conv-26", metadata=cli("--conversation", help="LoCoMo sample_id (default conv-26)")
+    )
+    questions: int = field(default=5, metadata=cli("--questions", help="LoCoMo questions to ask (default 5)"))
+    data_dir: str | None = field(
+        default=None,
+        metadata=cli("--data-dir", help="where the demo's database, index and K/V go (default <home>/demo)"),
+    )
 
 
 @dataclass(frozen=True)
@@ -99,7 +150,9 @@ def run_demo(
         if as_json:
             print(json.dumps(row, ensure_ascii=False))
     if not as_json:
-        table = Table(title=f"Answers with k={k} memories (TTFT in ms)", show_lines=True)
+        from inferscale.apps_extra import table as make_table
+
+        table = make_table(title=f"Answers with k={k} memories (TTFT in ms)", show_lines=True)
         for col in ("question", "expected", "kv answer", "kv TTFT", "prompt answer", "prompt TTFT"):
             table.add_column(col, overflow="fold")
         for r in rows:

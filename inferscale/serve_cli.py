@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``serve`` on the ``inferscale`` subcommand parsers; returns its parser."""
     serve = sub.add_parser("serve", help="OpenAI-compatible server answering chats with KV-injected memory")
     serve.add_argument("--engine", choices=["vllm"], default="vllm", help="serving engine (default vllm)")

@@ -12,7 +12,7 @@ import pytest
 from inferscale.config import EngineConfig, MemoryConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import ConfigError
-from inferscale.eval import locomo_eval
+from inferscale.eval import locomo_eval, locomo_files
 from inferscale.eval.locomo_eval import LocomoEvalSettings, load_results, run_locomo_eval
 
 CONVERSATION = {
@@ -153,7 +153,7 @@ def test_other_settings_in_the_same_out_are_refused(
 def test_run_file_matches_a_resumed_run_with_tuple_settings(tmp_path: Path, data_file: Path) -> None:
     """run.json stores tuples as lists; a rerun with the same position buckets must match it, another must not."""
     settings = _settings(data_file, tmp_path, position_buckets=(0, 128))
-    locomo_eval._check_run_file(tmp_path, settings)
-    locomo_eval._check_run_file(tmp_path, settings)  # the same settings, read back from JSON
+    locomo_files.check_run_file(tmp_path, settings)
+    locomo_files.check_run_file(tmp_path, settings)  # the same settings, read back from JSON
     with pytest.raises(ConfigError, match="position_buckets"):
-        locomo_eval._check_run_file(tmp_path, _settings(data_file, tmp_path, position_buckets=(0, 256)))
+        locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, position_buckets=(0, 256)))

@@ -1,7 +1,11 @@
 """Benchmarks run from the command line (``inferscale bench ...``) and their argparse wiring.
 
 - :mod:`inferscale.bench.ttft`: time to first token versus k, prompt injection against KV injection from each KV
-  store tier, and the query alone, measured side by side in one run.
+  store tier, and the query alone, measured side by side in one run (its report in
+  :mod:`inferscale.bench.ttft_report`, the tier staging in :mod:`inferscale.bench.kv_tiers`).
+- :mod:`inferscale.bench.throughput`: requests/s and TTFT versus concurrent users on vLLM (its report in
+  :mod:`inferscale.bench.throughput_report`).
+- :mod:`inferscale.bench.report`: the table and plot helpers the bench and eval reports share.
 - :mod:`inferscale.bench.cli`: ``add_bench_parser`` and ``add_eval_parser`` (the LoCoMo evaluation lives in
   :mod:`inferscale.eval.locomo_eval`).
 """

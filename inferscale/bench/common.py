@@ -1,4 +1,5 @@
-"""What the benchmarks share: where they ran, percentiles, the engine check, and a JSON document with its plot."""
+"""What the benchmarks share: where they ran, percentiles, the engine check, the synthetic facts they store, and a
+JSON document with its plot."""
 
 from __future__ import annotations
 
@@ -15,7 +16,38 @@ import numpy as np
 
 from inferscale.errors import ConfigError
 
-__all__ = ["check_engine", "machine_info", "percentile", "write_json_and_plot"]
+__all__ = ["check_engine", "machine_info", "percentile", "synthetic_facts", "write_json_and_plot"]
+
+
+_PEOPLE = ("Daniel", "Clara", "Raj", "Ines", "Tomas", "Leila", "Marco", "Yuki", "Ana", "Pedro", "Noor", "Felix")
+_HOBBIES = (
+    "old maps",
+    "jazz records",
+    "sourdough baking",
+    "trail running",
+    "green tea",
+    "board games",
+    "film cameras",
+    "origami",
+)
+_PLACES = ("Porto", "Lyon", "Kyoto", "Austin", "Nairobi", "Oslo", "Lima", "Hanoi", "Tbilisi")
+_MONTHS = ("January", "March", "May", "July", "September", "November")
+
+
+def synthetic_facts(n: int) -> list[str]:
+    """``n`` distinct one-sentence facts (about 20 tokens each) about friends, hobbies, places and dates.
+
+    Deterministic: the same ``n`` gives the same list, and the first ``m`` facts of ``synthetic_facts(n)`` equal
+    ``synthetic_facts(m)``.
+    """
+    facts: list[str] = []
+    for i in range(n):
+        person = _PEOPLE[i % len(_PEOPLE)]
+        hobby = _HOBBIES[(i // len(_PEOPLE)) % len(_HOBBIES)]
+        place = _PLACES[(i * 7) % len(_PLACES)]
+        month = _MONTHS[(i * 5) % len(_MONTHS)]
+        facts.append(f"My friend {person} took up {hobby} in {place} in {month} {2015 + i % 9}, memory number {i + 1}.")
+    return facts
 
 
 def percentile(values: Sequence[float], q: float) -> float:

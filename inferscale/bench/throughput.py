@@ -27,25 +27,26 @@ every prompt request prefills it). Outputs:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import random
-import statistics
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from inferscale.bench.common import check_engine, machine_info, percentile, write_json_and_plot
-from inferscale.bench.ttft import synthetic_facts
+from inferscale.bench.common import check_engine, machine_info, synthetic_facts
+from inferscale.bench.throughput_report import ThroughputReport, ThroughputRound, print_throughput, write_outputs
+from inferscale.cli_options import cli, int_list, name_list, non_negative_int, positive_int
+from inferscale.config import DType
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from inferscale.engines.vllm import VLLMEngine
     from inferscale.engines.vllm.engine import PreparedRequest
     from inferscale.kv.fact import FactKV
@@ -55,8 +56,10 @@ __all__ = [
     "ThroughputReport",
     "ThroughputRound",
     "ThroughputSettings",
+    "draws",
     "print_throughput",
     "run_throughput_bench",
+    "write_outputs",
 ]
 
 DEFAULT_USERS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 100)
@@ -67,7 +70,7 @@ MODES: tuple[str, ...] = ("prompt", "kv")
 
 @dataclass(frozen=True)
 class ThroughputSettings:
-    """What ``inferscale bench throughput`` measures.
+    """What ``inferscale bench throughput`` measures; each field's flag and help are in its metadata.
 
     Attributes:
         users: concurrent user counts N, each >= 1.
@@ -84,21 +87,60 @@ class ThroughputSettings:
             a GPU for representative figures).
         seed: seed of the fact draws.
         out_dir: folder for the JSON and the plot (created).
+
+    Raises:
+        ConfigError: for repeated or non-positive user counts, ``k`` outside 1..facts, ``requests_per_user`` or
+            ``max_tokens`` below 1, or modes that are not a non-empty subset of ``prompt``, ``kv``.
     """
 
-    users: tuple[int, ...] = DEFAULT_USERS
-    k: int = 30
-    requests_per_user: int = 2
-    max_tokens: int = 16
-    facts: int = 120
-    modes: tuple[str, ...] = MODES
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    model: str | None = None
-    kv_cache_bytes: int = 6 << 30
-    max_num_seqs: int = 128
-    enforce_eager: bool = True
-    seed: int = 0
-    out_dir: Path = Path("out/bench/throughput")
+    users: tuple[int, ...] = field(
+        default=DEFAULT_USERS,
+        metadata=cli(
+            "--users",
+            type=int_list,
+            help=f"comma-separated concurrent user counts (default {','.join(map(str, DEFAULT_USERS))})",
+        ),
+    )
+    k: int = field(default=30, metadata=cli("-k", "--k", type=positive_int, help="memories per request (default 30)"))
+    requests_per_user: int = field(
+        default=2,
+        metadata=cli("--requests-per-user", type=positive_int, help="requests each user sends in turn (default 2)"),
+    )
+    max_tokens: int = field(
+        default=16, metadata=cli("--max-tokens", type=positive_int, help="tokens generated per request (default 16)")
+    )
+    facts: int = field(
+        default=120, metadata=cli("--facts", type=positive_int, help="fact pool the requests draw from (default 120)")
+    )
+    modes: tuple[str, ...] = field(
+        default=MODES, metadata=cli("--modes", type=name_list, help="prompt,kv (default both)")
+    )
+    dtype: DType = field(default="bfloat16", metadata=cli("--dtype", help="model dtype (default bfloat16)"))
+    model: str | None = field(
+        default=None, metadata=cli("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
+    )
+    kv_cache_bytes: int = field(
+        default=6 << 30,
+        metadata=cli("--kv-cache-bytes", type=positive_int, help="vLLM paged KV cache size in bytes (default 6 GiB)"),
+    )
+    max_num_seqs: int = field(
+        default=128,
+        metadata=cli("--max-num-seqs", type=positive_int, help="most requests vLLM runs at once (default 128)"),
+    )
+    enforce_eager: bool = field(
+        default=True,
+        metadata=cli(
+            "--enforce-eager",
+            action=argparse.BooleanOptionalAction,
+            help="run vLLM eagerly (default; quick start on CPU); --no-enforce-eager for CUDA graphs on a GPU",
+        ),
+    )
+    seed: int = field(
+        default=0, metadata=cli("--seed", type=non_negative_int, help="seed of the fact draws (default 0)")
+    )
+    out_dir: Path = field(
+        default=Path("out/bench/throughput"), metadata=cli("--out", help="output folder (default out/bench/throughput)")
+    )
 
     def __post_init__(self) -> None:
         if not self.users or any(n < 1 for n in self.users) or len(set(self.users)) != len(self.users):
@@ -109,114 +151,6 @@ class ThroughputSettings:
             raise ConfigError("requests_per_user and max_tokens must be >= 1")
         if not self.modes or set(self.modes) - set(MODES) or len(set(self.modes)) != len(self.modes):
             raise ConfigError(f"modes must be a non-empty subset of {list(MODES)}, got {self.modes!r}")
-
-
-@dataclass
-class ThroughputRound:
-    """One (N, mode) round: every user's requests, timed.
-
-    Attributes:
-        users: N, the concurrent users.
-        mode: ``"prompt"`` or ``"kv"``.
-        wall_s: from the first submission to the last answer (s).
-        ttft_ms, latency_ms: per request, time to the first token and to the last one (ms).
-        output_tokens: tokens generated over the round.
-        prompt_tokens: prompt tokens over the round (prefix + memory + query).
-        cached_tokens: prompt tokens vLLM did not compute (prefix-cache hits plus tokens the connector injected).
-        injected_tokens: prompt tokens whose K/V the connector wrote.
-    """
-
-    users: int
-    mode: str
-    wall_s: float = 0.0
-    ttft_ms: list[float] = field(default_factory=list)
-    latency_ms: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    injected_tokens: int = 0
-
-    @property
-    def requests(self) -> int:
-        """Requests completed."""
-        return len(self.ttft_ms)
-
-    @property
-    def requests_per_s(self) -> float:
-        """Completed requests per second of wall time."""
-        return self.requests / self.wall_s if self.wall_s > 0 else float("nan")
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        """Generated tokens per second of wall time."""
-        return self.output_tokens / self.wall_s if self.wall_s > 0 else float("nan")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary and raw samples."""
-        return {
-            "users": self.users,
-            "mode": self.mode,
-            "requests": self.requests,
-            "wall_s": round(self.wall_s, 4),
-            "requests_per_s": round(self.requests_per_s, 4),
-            "output_tokens_per_s": round(self.output_tokens_per_s, 3),
-            "ttft_p50_ms": round(statistics.median(self.ttft_ms), 3) if self.ttft_ms else None,
-            "ttft_p95_ms": round(percentile(self.ttft_ms, 95), 3) if self.ttft_ms else None,
-            "latency_p50_ms": round(statistics.median(self.latency_ms), 3) if self.latency_ms else None,
-            "latency_p95_ms": round(percentile(self.latency_ms, 95), 3) if self.latency_ms else None,
-            "output_tokens": self.output_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "injected_tokens": self.injected_tokens,
-            "ttft_ms": [round(v, 3) for v in self.ttft_ms],
-            "latency_ms": [round(v, 3) for v in self.latency_ms],
-        }
-
-
-@dataclass
-class ThroughputReport:
-    """Every round of one run, with the settings and the machine.
-
-    Attributes:
-        settings: what was asked (JSON-ready).
-        machine: where it ran.
-        rounds: one per (N, mode).
-        json_path, png_path: the files written.
-    """
-
-    settings: dict[str, Any]
-    machine: dict[str, Any]
-    rounds: list[ThroughputRound]
-    json_path: Path | None = None
-    png_path: Path | None = None
-
-    def round(self, users: int, mode: str) -> ThroughputRound | None:
-        """The round of ``mode`` at N = ``users``, or ``None``."""
-        return next((r for r in self.rounds if r.users == users and r.mode == mode), None)
-
-    def ratios(self) -> dict[str, float | None]:
-        """Per N: KV over prompt requests/s (``throughput_kv_over_prompt_n{N}``) and prompt over KV TTFT median
-        (``ttft_prompt_over_kv_n{N}``)."""
-        out: dict[str, float | None] = {}
-        for n in sorted({r.users for r in self.rounds}):
-            kv, prompt = self.round(n, "kv"), self.round(n, "prompt")
-            if kv is None or prompt is None:
-                continue
-            out[f"throughput_kv_over_prompt_n{n}"] = round(kv.requests_per_s / prompt.requests_per_s, 3)
-            out[f"ttft_prompt_over_kv_n{n}"] = round(
-                statistics.median(prompt.ttft_ms) / statistics.median(kv.ttft_ms), 3
-            )
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document written to ``throughput_vs_users.json``."""
-        return {
-            "benchmark": "throughput_vs_users",
-            "settings": self.settings,
-            "machine": self.machine,
-            "ratios": self.ratios(),
-            "rounds": [r.to_dict() for r in self.rounds],
-        }
 
 
 # ---------------------------------------------------------------------------------------------------- workload
@@ -348,11 +282,12 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
         ConfigError: when vLLM (or the vLLM engine of this package) is not installed.
     """
     check_engine("vllm")
+    from inferscale.apps_extra import console as make_console
     from inferscale.config import EngineConfig, MemoryConfig
     from inferscale.engines.vllm import VLLMEngine
     from inferscale.kv.encode import EncodeRequest
 
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     config = MemoryConfig(engine=EngineConfig(provider="vllm", model=settings.model, dtype=settings.dtype))
     engine = VLLMEngine(
         config.engine,
@@ -399,106 +334,3 @@ async def _run_rounds(
             console.print(f"N={n} users, {mode}: {n * settings.requests_per_user} requests", style="dim")
             rounds.append(await runner.round(n, mode))
     return rounds
-
-
-# ---------------------------------------------------------------------------------------------------- outputs
-
-
-def write_outputs(report: ThroughputReport, out_dir: Path) -> None:
-    """Write ``throughput_vs_users.json`` and ``throughput_vs_users.png`` into ``out_dir`` (created) and set their
-    paths."""
-    report.json_path, report.png_path = write_json_and_plot(
-        out_dir, "throughput_vs_users", report.to_dict(), lambda path: plot_report(report, path)
-    )
-
-
-def plot_report(report: ThroughputReport, path: Path) -> None:
-    """Two panels versus N (log scale): requests/s, and TTFT median with p95 dashed, per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.3), dpi=120)
-    labels = {"prompt": "prompt injection", "kv": "KV injection"}
-    for mode in report.settings["modes"]:
-        rounds = sorted((r for r in report.rounds if r.mode == mode), key=lambda r: r.users)
-        if not rounds:
-            continue
-        xs = [r.users for r in rounds]
-        (line,) = left.plot(xs, [r.requests_per_s for r in rounds], marker="o", label=labels[mode])
-        right.plot(
-            xs,
-            [statistics.median(r.ttft_ms) for r in rounds],
-            marker="o",
-            color=line.get_color(),
-            label=f"{labels[mode]} p50",
-        )
-        right.plot(
-            xs,
-            [percentile(r.ttft_ms, 95) for r in rounds],
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{labels[mode]} p95",
-        )
-    s = report.settings
-    users = sorted({r.users for r in report.rounds})
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(users, [str(n) for n in users])
-        ax.minorticks_off()
-        ax.set_xlabel("concurrent users N")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    left.set_ylabel("requests/s")
-    right.set_ylabel("TTFT (ms)")
-    right.set_yscale("log")
-    fig.suptitle(
-        f"vLLM, k={s['k']} memories, {s['requests_per_user']} request(s) per user, {s['max_tokens']} tokens each "
-        f"({report.machine.get('model')}, {s['dtype']})"
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def print_throughput(report: ThroughputReport, console: Console | None = None) -> None:
-    """Print the table (requests/s, TTFT p50/p95 ms per mode and N) and the KV/prompt ratios."""
-    console = console or Console()
-    machine = report.machine
-    table = Table(
-        title=(
-            f"Throughput vs concurrent users · vLLM, k={report.settings['k']}, "
-            f"{report.settings['requests_per_user']} req/user, {report.settings['max_tokens']} tokens · "
-            f"{machine.get('model')} {report.settings['dtype']} on {machine.get('cuda') or machine.get('processor')}"
-        )
-    )
-    table.add_column("N", justify="right")
-    for mode in report.settings["modes"]:
-        table.add_column(f"{mode} req/s", justify="right")
-        table.add_column(f"{mode} TTFT p50 / p95 ms", justify="right")
-    if len(report.settings["modes"]) == 2:
-        table.add_column("kv/prompt req/s", justify="right")
-    for n in sorted({r.users for r in report.rounds}):
-        row = [str(n)]
-        for mode in report.settings["modes"]:
-            r = report.round(n, mode)
-            if r is None:
-                row += ["", ""]
-                continue
-            row += [f"{r.requests_per_s:.2f}", f"{statistics.median(r.ttft_ms):.0f} / {percentile(r.ttft_ms, 95):.0f}"]
-        kv, prompt = report.round(n, "kv"), report.round(n, "prompt")
-        if len(report.settings["modes"]) == 2:
-            row.append(f"{kv.requests_per_s / prompt.requests_per_s:.2f}×" if kv and prompt else "")
-        table.add_row(*row)
-    console.print(table)
-    for r in report.rounds:
-        console.print(
-            f"N={r.users} {r.mode}: {r.prompt_tokens} prompt tokens, {r.cached_tokens} not computed by vLLM "
-            f"({r.injected_tokens} injected), {r.output_tokens} generated",
-            style="dim",
-        )
-    for name, value in report.ratios().items():
-        console.print(f"{name} = {value}")
-    if report.json_path is not None:
-        console.print(f"wrote {report.json_path} and {report.png_path}", style="dim")

@@ -22,7 +22,6 @@ k (:mod:`inferscale.bench.flops`), the growth of the prefill part of TTFT wherev
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -30,14 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-from rich.console import Console
-from rich.table import Table
-
-from inferscale.bench.common import check_engine, machine_info, percentile, write_json_and_plot
+from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts
+from inferscale.bench.kv_tiers import available_tiers, hit_delta, hits, kv_store, make_resident, stage
+from inferscale.bench.ttft_report import TIER_ORDER, TTFTCell, TTFTReport, compute_ratios, print_report, write_outputs
+from inferscale.cli_options import cli, int_list, name_list, non_negative_int, positive_int
+from inferscale.config import DType
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from inferscale.client import MemoryClient
     from inferscale.engines.base import Engine
     from inferscale.retrieval import Embedder
@@ -49,10 +50,12 @@ __all__ = [
     "TTFTReport",
     "TTFTSettings",
     "available_tiers",
+    "compute_ratios",
     "percentile",
     "print_report",
     "run_ttft_bench",
     "synthetic_facts",
+    "write_outputs",
 ]
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 50)
@@ -64,47 +67,10 @@ DEFAULT_QUERY = "Which of my friends collects old maps, and since when?"
 USER_ID = "bench"
 """Scope of the benchmark's memories (a throwaway database in a temporary folder)."""
 
-TIER_ORDER: tuple[str, ...] = ("device", "host", "disk")
-"""KV store tiers the benchmark knows how to stage, fastest first."""
-
-_PEOPLE = ("Daniel", "Clara", "Raj", "Ines", "Tomas", "Leila", "Marco", "Yuki", "Ana", "Pedro", "Noor", "Felix")
-_HOBBIES = (
-    "old maps",
-    "jazz records",
-    "sourdough baking",
-    "trail running",
-    "green tea",
-    "board games",
-    "film cameras",
-    "origami",
-)
-_PLACES = ("Porto", "Lyon", "Kyoto", "Austin", "Nairobi", "Oslo", "Lima", "Hanoi", "Tbilisi")
-_MONTHS = ("January", "March", "May", "July", "September", "November")
-
-
-def synthetic_facts(n: int) -> list[str]:
-    """``n`` distinct one-sentence facts (about 20 tokens each) about friends, hobbies, places and dates.
-
-    Deterministic: the same ``n`` gives the same list, and the first ``m`` facts of ``synthetic_facts(n)`` equal
-    ``synthetic_facts(m)``.
-    """
-    facts: list[str] = []
-    for i in range(n):
-        person = _PEOPLE[i % len(_PEOPLE)]
-        hobby = _HOBBIES[(i // len(_PEOPLE)) % len(_HOBBIES)]
-        place = _PLACES[(i * 7) % len(_PLACES)]
-        month = _MONTHS[(i * 5) % len(_MONTHS)]
-        facts.append(f"My friend {person} took up {hobby} in {place} in {month} {2015 + i % 9}, memory number {i + 1}.")
-    return facts
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
-
 
 @dataclass(frozen=True)
 class TTFTSettings:
-    """What ``inferscale bench ttft`` measures and where it writes.
+    """What ``inferscale bench ttft`` measures and where it writes; each field's flag and help are in its metadata.
 
     Attributes:
         ks: memory counts k (the facts retrieved per call), each >= 0.
@@ -124,21 +90,53 @@ class TTFTSettings:
             computed (prompt) or injected (KV) again; ``"warm"`` keeps the cache, so repeats of a request are
             served from it. The transformers engine keeps nothing between requests (each builds its cache on the
             shared system prefix), so this changes nothing there.
+
+    Raises:
+        ConfigError: for an empty or negative ``ks``, ``repeats < 1``, ``warmup < 0``, an unknown ``prefix_cache``
+            or an unknown tier.
     """
 
-    ks: tuple[int, ...] = DEFAULT_KS
-    repeats: int = 5
-    engine: Literal["transformers", "vllm"] = "transformers"
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    device: str = "auto"
-    model: str | None = None
-    tiers: tuple[str, ...] | None = None
-    query: str = DEFAULT_QUERY
-    warmup: int = 2
-    num_threads: int | None = None
-    out_dir: Path = Path("out/bench/ttft")
+    ks: tuple[int, ...] = field(
+        default=DEFAULT_KS,
+        metadata=cli(
+            "--ks", type=int_list, help=f"comma-separated k values (default {','.join(map(str, DEFAULT_KS))})"
+        ),
+    )
+    repeats: int = field(
+        default=5, metadata=cli("--repeats", type=positive_int, help="timed calls per cell (default 5)")
+    )
+    engine: Literal["transformers", "vllm"] = field(
+        default="transformers", metadata=cli("--engine", help="chat engine (default transformers)")
+    )
+    dtype: DType = field(default="bfloat16", metadata=cli("--dtype", help="model dtype (default bfloat16)"))
+    device: str = field(default="auto", metadata=cli("--device", help="cpu, cuda, cuda:N or auto (default auto)"))
+    model: str | None = field(
+        default=None, metadata=cli("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
+    )
+    tiers: tuple[str, ...] | None = field(
+        default=None,
+        metadata=cli(
+            "--tiers", type=name_list, help="KV tiers to measure, e.g. host,disk (default: every tier present)"
+        ),
+    )
+    query: str = field(default=DEFAULT_QUERY, metadata=cli("--query", help="the query text"))
+    warmup: int = field(
+        default=2, metadata=cli("--warmup", type=non_negative_int, help="untimed warm-up rounds (default 2)")
+    )
+    num_threads: int | None = field(
+        default=None, metadata=cli("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    )
+    out_dir: Path = field(
+        default=Path("out/bench/ttft"), metadata=cli("--out", help="output folder (default out/bench/ttft)")
+    )
     data_dir: Path | None = None
-    prefix_cache: Literal["cold", "warm"] = "cold"
+    prefix_cache: Literal["cold", "warm"] = field(
+        default="cold",
+        metadata=cli(
+            "--prefix-cache",
+            help="vLLM only: empty its prefix cache before every timed call (cold, default) or keep it (warm)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.ks or any(k < 0 for k in self.ks):
@@ -151,172 +149,6 @@ class TTFTSettings:
             raise ConfigError(f"prefix_cache must be 'cold' or 'warm', got {self.prefix_cache!r}")
         if self.tiers is not None and (unknown := set(self.tiers) - set(TIER_ORDER)):
             raise ConfigError(f"unknown KV tiers {sorted(unknown)}; choose from {list(TIER_ORDER)}")
-
-
-@dataclass
-class TTFTCell:
-    """The samples of one (k, path) cell, all in ms.
-
-    Attributes:
-        k: memories retrieved per call.
-        mode: ``"prompt"``, ``"kv"`` or ``"query"`` (the query alone).
-        tier: the KV store tier staged for ``"kv"`` cells, else ``None``.
-        ttft_ms, assembly_ms, prefill_ms, retrieval_ms: one sample per repeat (ms).
-        memory_tokens: tokens of the memory segment (tokens).
-        served: lookups answered per tier over all repeats, from the store's hit counters (``"miss"``: encoded).
-        same_memories: whether every call of this cell used the memory ids of the k-cell's prompt call.
-    """
-
-    k: int
-    mode: str
-    tier: str | None = None
-    ttft_ms: list[float] = field(default_factory=list)
-    assembly_ms: list[float] = field(default_factory=list)
-    prefill_ms: list[float] = field(default_factory=list)
-    retrieval_ms: list[float] = field(default_factory=list)
-    memory_tokens: int = 0
-    served: dict[str, int] = field(default_factory=dict)
-    same_memories: bool = True
-
-    @property
-    def name(self) -> str:
-        """``"prompt"``, ``"query"`` or ``"kv:<tier>"``."""
-        return f"kv:{self.tier}" if self.mode == "kv" and self.tier else self.mode
-
-    def p50(self) -> float:
-        """Median TTFT (ms)."""
-        return _median(self.ttft_ms)
-
-    def p95(self) -> float:
-        """95th percentile TTFT (ms)."""
-        return percentile(self.ttft_ms, 95)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary and raw samples."""
-        return {
-            "k": self.k,
-            "mode": self.mode,
-            "tier": self.tier,
-            "name": self.name,
-            "n": len(self.ttft_ms),
-            "ttft_p50_ms": round(self.p50(), 3),
-            "ttft_p95_ms": round(self.p95(), 3),
-            "ttft_mean_ms": round(float(np.mean(self.ttft_ms)), 3) if self.ttft_ms else None,
-            "assembly_p50_ms": round(_median(self.assembly_ms), 3),
-            "prefill_p50_ms": round(_median(self.prefill_ms), 3),
-            "retrieval_p50_ms": round(_median(self.retrieval_ms), 3),
-            "memory_tokens": self.memory_tokens,
-            "served": dict(self.served),
-            "same_memories": self.same_memories,
-            "ttft_ms": [round(v, 3) for v in self.ttft_ms],
-            "assembly_ms": [round(v, 3) for v in self.assembly_ms],
-            "prefill_ms": [round(v, 3) for v in self.prefill_ms],
-        }
-
-
-@dataclass
-class TTFTReport:
-    """Everything one run measured.
-
-    Attributes:
-        settings: what was asked (JSON-ready).
-        machine: where it ran (CPU, threads, load average, torch, CUDA device).
-        cells: one per (k, path), plus the ``query`` cell.
-        skipped: tiers that were asked for or expected but could not be staged, with the reason.
-        ratios: the [kv] issue's ratios (see :func:`compute_ratios`).
-        json_path, png_path: the files written (``None`` before :func:`write_outputs`).
-    """
-
-    settings: dict[str, Any]
-    machine: dict[str, Any]
-    cells: list[TTFTCell]
-    skipped: dict[str, str]
-    ratios: dict[str, float | None] = field(default_factory=dict)
-    json_path: Path | None = None
-    png_path: Path | None = None
-
-    def cell(self, k: int, name: str) -> TTFTCell | None:
-        """The cell of ``name`` (``"prompt"``, ``"kv:host"``, ``"query"``...) at ``k``, or ``None``."""
-        return next((c for c in self.cells if c.k == k and c.name == name), None)
-
-    @property
-    def kv_names(self) -> list[str]:
-        """The KV cell names measured, fastest tier first."""
-        names = {c.name for c in self.cells if c.mode == "kv"}
-        return sorted(names, key=lambda n: TIER_ORDER.index(n[3:]) if n[3:] in TIER_ORDER else len(TIER_ORDER))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document written to ``ttft_vs_k.json``."""
-        return {
-            "benchmark": "ttft_vs_k",
-            "settings": self.settings,
-            "machine": self.machine,
-            "skipped_tiers": self.skipped,
-            "ratios": self.ratios,
-            "cells": [c.to_dict() for c in self.cells],
-        }
-
-
-# ---------------------------------------------------------------------------------------------------- KV tiers
-
-
-def _kv_store(client: MemoryClient) -> Any | None:
-    """The client's tiered KV store, or ``None`` when it cannot be reached."""
-    manager = client.fact_kv
-    return getattr(manager, "store", None) or getattr(manager, "_store", None)
-
-
-def available_tiers(store: Any) -> list[str]:
-    """Names of the tiers of ``store`` this benchmark can stage (device, host, disk), fastest first."""
-    tiers = getattr(store, "tiers", None)
-    if tiers is None:
-        return []
-    names = {getattr(t, "name", None) for t in tiers}
-    return [name for name in TIER_ORDER if name in names]
-
-
-def _stage(store: Any, tier: str) -> None:
-    """Arrange for the next lookups to be answered by ``tier``.
-
-    ``device``: nothing (entries are promoted to the top memory tier by every hit). ``host``: move every entry
-    of the tiers above the host tier down into it. ``disk``: empty every memory tier (entries stay on disk).
-    """
-    tiers = {t.name: t for t in store.tiers}
-    if tier == "host":
-        host = tiers["host"]
-        for name in TIER_ORDER[: TIER_ORDER.index("host")]:
-            upper = tiers.get(name)
-            if upper is None:
-                continue
-            snapshot = upper.keys()  # a KVTier method returning a list, not a dict view
-            for key in snapshot:
-                fact = upper.pop(key)
-                if fact is not None:
-                    host.put(key, fact)  # evicted entries are still on disk
-    elif tier == "disk":
-        for name in ("device", "host"):
-            if name in tiers:
-                tiers[name].clear()
-
-
-def _make_resident(client: MemoryClient, memory_ids: Sequence[str]) -> None:
-    """Look the memories' K/V up once (untimed), which promotes disk-only entries to the top memory tier."""
-    records = [client.db.get(memory_id) for memory_id in memory_ids]
-    client.fact_kv.ensure([r for r in records if r is not None])
-
-
-def _hits(store: Any) -> dict[str, int]:
-    stats = getattr(store, "stats", None)
-    if stats is None:
-        return {}
-    s = stats()
-    out = {str(k): int(v) for k, v in s.hits.items()}
-    out["miss"] = int(s.misses)
-    return out
-
-
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -360,8 +192,10 @@ def run_ttft_bench(
     Raises:
         ConfigError: for ``--engine vllm`` without the vLLM engine, or too few facts for the largest k.
     """
+    from inferscale.apps_extra import console as make_console
+
     check_engine(settings.engine)
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     k_max = max(settings.ks)
     memories = list(facts) if facts is not None else synthetic_facts(k_max)
     if len(memories) < k_max:
@@ -390,7 +224,7 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     client.add([{"role": "user", "content": m} for m in memories], user_id=USER_ID, infer=False)
     console.print(f"stored and encoded {len(memories)} memories in {time.perf_counter() - t0:.1f} s", style="dim")
 
-    store = _kv_store(client)
+    store = kv_store(client)
     have = available_tiers(store)
     wanted = list(settings.tiers) if settings.tiers is not None else list(TIER_ORDER)
     skipped: dict[str, str] = {}
@@ -415,7 +249,7 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     scope = Scope(user_id=USER_ID).key()
 
     def chat(k: int, mode: str) -> Any:
-        if cold:  # untimed: forget earlier repeats, keep this user's system prefix cached (prompt mode)
+        if cold and callable(reset):  # untimed: forget earlier repeats, keep this user's system prefix (prompt mode)
             reset()
             client.engine.generate_prompt("Hello.", [], 1, cache_scope=scope)
         return client.chat(query, user_id=USER_ID, limit=k, mode=mode, max_new_tokens=1)  # type: ignore[arg-type]
@@ -442,12 +276,12 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
                 for cell in kv_cells:
                     if store is not None and cell.tier is not None:
                         if cell.tier != "disk":
-                            _make_resident(client, reference.memory_ids)
-                        _stage(store, cell.tier)
-                    before = _hits(store) if store is not None else {}
+                            make_resident(client, reference.memory_ids)
+                        stage(store, cell.tier)
+                    before = hits(store) if store is not None else {}
                     result = chat(k, "kv")
                     if store is not None:
-                        for name, n in _delta(_hits(store), before).items():
+                        for name, n in hit_delta(hits(store), before).items():
                             cell.served[name] = cell.served.get(name, 0) + n
                     _record(cell, result, reference.memory_ids)
                 done += 1 + len(kv_cells)
@@ -523,144 +357,3 @@ def _settings_dict(settings: TTFTSettings) -> dict[str, Any]:
         "warmup": settings.warmup,
         "prefix_cache": settings.prefix_cache,
     }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or not np.isfinite(a) or not np.isfinite(b) or b <= 0:
-        return None
-    return round(a / b, 4)
-
-
-def compute_ratios(report: TTFTReport) -> dict[str, float | None]:
-    """The [kv] issue's ratios, on medians, for each KV tier measured (``<tier>`` in each name).
-
-    With ``k_max = max(ks)`` and ``k_small = 5`` (else the smallest k > 0):
-
-    - ``assembly_kv_<tier>_k{k_max}_over_ttft_prompt_k{k_small}``: KV load + assembly at k_max over the prompt
-      path's whole TTFT at k_small;
-    - ``ttft_kv_<tier>_k{k_max}_over_k{k_small}``: how KV-injection TTFT grows with k;
-    - ``ttft_kv_<tier>_k{k_max}_over_query``: KV-injection TTFT at k_max over the query alone;
-    - ``speedup_prompt_over_kv_<tier>_k{k_max}``: prompt TTFT over KV TTFT at k_max.
-    """
-    ks = sorted({c.k for c in report.cells if c.mode != "query"})
-    positive = [k for k in ks if k > 0]
-    if not positive:
-        return {}
-    k_max = max(positive)
-    k_small = 5 if 5 in positive else min(positive)
-    query = report.cell(0, "query")
-    prompt_small = report.cell(k_small, "prompt")
-    prompt_max = report.cell(k_max, "prompt")
-    out: dict[str, float | None] = {}
-    for name in report.kv_names:
-        tag = name.replace(":", "_")
-        big = report.cell(k_max, name)
-        small = report.cell(k_small, name)
-        if big is None:
-            continue
-        out[f"assembly_{tag}_k{k_max}_over_ttft_prompt_k{k_small}"] = _ratio(
-            _median(big.assembly_ms), prompt_small.p50() if prompt_small else None
-        )
-        out[f"ttft_{tag}_k{k_max}_over_k{k_small}"] = _ratio(big.p50(), small.p50() if small else None)
-        out[f"ttft_{tag}_k{k_max}_over_query"] = _ratio(big.p50(), query.p50() if query else None)
-        out[f"speedup_prompt_over_{tag}_k{k_max}"] = _ratio(prompt_max.p50() if prompt_max else None, big.p50())
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------- outputs
-
-
-def write_outputs(report: TTFTReport, out_dir: Path) -> None:
-    """Write ``ttft_vs_k.json`` and ``ttft_vs_k.png`` into ``out_dir`` (created) and set their paths."""
-    report.json_path, report.png_path = write_json_and_plot(
-        out_dir, "ttft_vs_k", report.to_dict(), lambda path: plot_report(report, path)
-    )
-
-
-def plot_report(report: TTFTReport, path: Path) -> None:
-    """Median TTFT (ms) versus k per path, with p50..p95 shaded and the query alone as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
-    names = ["prompt", *report.kv_names]
-    for name in names:
-        cells = sorted((c for c in report.cells if c.name == name), key=lambda c: c.k)
-        if not cells:
-            continue
-        xs = [c.k for c in cells]
-        p50 = [c.p50() for c in cells]
-        p95 = [c.p95() for c in cells]
-        label = "prompt injection" if name == "prompt" else f"KV injection ({name[3:] or 'kv'} tier)"
-        (line,) = ax.plot(xs, p50, marker="o", label=label)
-        ax.fill_between(xs, p50, p95, color=line.get_color(), alpha=0.15)
-    query = report.cell(0, "query")
-    if query is not None:
-        ax.axhline(query.p50(), color="grey", linestyle="--", label="query alone")
-    model = report.machine.get("model", "")
-    ax.set_title(f"TTFT vs k ({model}, {report.settings['dtype']}, {report.settings['repeats']} repeats)")
-    ax.set_xlabel("k (memories retrieved)")
-    ax.set_ylabel("TTFT, median (ms); shaded to p95")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def print_report(report: TTFTReport, console: Console | None = None) -> None:
-    """Print the TTFT table (median and p95, ms), the skipped tiers and the ratios."""
-    console = console or Console()
-    kv_names = report.kv_names
-    machine = report.machine
-    title = (
-        f"TTFT vs k in ms, median / p95 over {report.settings['repeats']} repeats (asm: KV load + assembly "
-        f"median) · {machine.get('model')} "
-        f"{report.settings['dtype']} on {machine.get('cuda') or machine.get('processor')}, "
-        f"{machine.get('torch_threads')} threads"
-    )
-    table = Table(title=title)
-    table.add_column("k", justify="right")
-    table.add_column("mem tok", justify="right")
-    table.add_column("prompt", justify="right")
-    for name in kv_names:
-        table.add_column(name, justify="right")
-        table.add_column(f"asm {name[3:]}", justify="right")
-    if kv_names:
-        table.add_column(f"prompt/{kv_names[0]}", justify="right")
-    query = report.cell(0, "query")
-    if query is not None:
-        row = ["query", "0", f"{query.p50():.1f} / {query.p95():.1f}"]
-        row += ["", ""] * len(kv_names) + ([""] if kv_names else [])
-        table.add_row(*row)
-    for k in sorted({c.k for c in report.cells if c.mode != "query"}):
-        prompt = report.cell(k, "prompt")
-        row = [str(k), str(prompt.memory_tokens if prompt else ""), _pair(prompt)]
-        for name in kv_names:
-            cell = report.cell(k, name)
-            row += [_pair(cell), f"{_median(cell.assembly_ms):.1f}" if cell else ""]
-        if kv_names:
-            first = report.cell(k, kv_names[0])
-            ratio = _ratio(prompt.p50() if prompt else None, first.p50() if first else None)
-            row.append(f"{ratio:.2f}×" if ratio is not None else "")
-        table.add_row(*row)
-    console.print(table)
-    for name, reason in report.skipped.items():
-        console.print(f"skipped KV tier {name}: {reason}", style="yellow")
-    for cell in report.cells:
-        if not cell.same_memories:
-            console.print(f"warning: {cell.name} at k={cell.k} did not always use the same memories", style="red")
-        unexpected = {t for t in cell.served if t not in (cell.tier, "miss")} if cell.tier else set()
-        if unexpected or cell.served.get("miss"):
-            console.print(f"note: {cell.name} at k={cell.k} was served by {cell.served}", style="yellow")
-    for name, value in report.ratios.items():
-        console.print(f"{name} = {value if value is not None else 'n/a'}")
-    if report.json_path is not None:
-        console.print(f"wrote {report.json_path} and {report.png_path}", style="dim")
-
-
-def _pair(cell: TTFTCell | None) -> str:
-    return f"{cell.p50():.1f} / {cell.p95():.1f}" if cell is not None and cell.ttft_ms else ""

@@ -154,11 +154,12 @@ def locomo_cases(path: str | Path, conversation: str, n_questions: int, k: int, 
     Temporal questions (category 2) get LoCoMo's hint to answer with a date, as ``inferscale eval locomo`` asks
     them.
     """
-    from inferscale.eval.locomo import get_conversation, load_locomo
-    from inferscale.eval.locomo_eval import ANSWERED_CATEGORIES, TEMPORAL_HINT, _date_label, memory_text
+    from inferscale.eval.locomo import date_label, get_conversation, load_locomo
+    from inferscale.eval.locomo_eval import memory_text
+    from inferscale.eval.locomo_settings import ANSWERED_CATEGORIES, TEMPORAL_HINT
 
     conv = get_conversation(load_locomo(path), conversation)
-    sessions = [[memory_text(t, _date_label(s.date_time)) for t in s.turns] for s in conv.sessions]
+    sessions = [[memory_text(t, date_label(s.date_time)) for t in s.turns] for s in conv.sessions]
     memories, contexts = _with_contexts(sessions)
     qa = [q for q in conv.qa if q.category in ANSWERED_CATEGORIES][:n_questions]
     questions = [(q.question + (TEMPORAL_HINT if q.category == 2 else ""), q.answer) for q in qa]

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from rich.console import Console
 
+from inferscale.cli_options import add_options, cli, from_args, name_list
+from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
+from inferscale.eval.fidelity import SYSTEM_PROMPTS
 
-__all__ = ["STANDARD_SETTINGS", "add_fidelity_parser", "default_setting"]
+__all__ = ["STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
 
 STANDARD_SETTINGS: tuple[dict[str, Any], ...] = (
     {"name": "pure injection", "context_window": 0},
@@ -29,6 +32,93 @@ _TABLE_WIDTH = 220
 """Characters per line of the printed tables."""
 
 
+@dataclass(frozen=True)
+class FidelityOptions:
+    """What ``inferscale eval fidelity`` runs; each field is its command-line option (flag and help in its metadata).
+
+    Attributes:
+        demo: run the bundled demo conversation.
+        cases: JSON case files (``[{"memories": [...], "question": ...}, ...]``).
+        locomo: a LoCoMo file; ``conversations``: its sample ids; ``questions``: questions per conversation.
+        k: memories per question for retrieved slices.
+        system_prompts: names from :data:`inferscale.eval.fidelity.SYSTEM_PROMPTS`.
+        setting: settings to measure, as JSON objects (``None``: the default and :data:`STANDARD_SETTINGS`).
+        calibrate: pick the attention scale on half the cases, report it on the other half.
+        first_token_only: measure KL and agreement only.
+        model, dtype, device: the chat model.
+        max_new_tokens: answer budget (tokens).
+        num_threads: torch CPU threads (``None``: torch's default).
+        out_dir: output folder.
+    """
+
+    demo: bool = field(
+        default=False,
+        metadata=cli("--demo", action="store_true", help="run the bundled demo conversation and its questions"),
+    )
+    cases: tuple[str, ...] | None = field(
+        default=None,
+        metadata=cli(
+            "--cases", action="append", metavar="FILE", help='a JSON list of {"memories": [...], "question": ...}'
+        ),
+    )
+    locomo: str | None = field(
+        default=None,
+        metadata=cli("--locomo", metavar="PATH", help="a LoCoMo file (e.g. ../shared/data/locomo/locomo10.json)"),
+    )
+    conversations: tuple[str, ...] = field(
+        default=("conv-26",),
+        metadata=cli("--conversations", type=name_list, help="LoCoMo sample ids, comma-separated (default conv-26)"),
+    )
+    questions: int = field(
+        default=40, metadata=cli("--questions", help="LoCoMo questions of categories 1-4 per conversation (default 40)")
+    )
+    k: int = field(
+        default=10, metadata=cli("-k", "--k", help="memories per question for retrieved slices (default 10)")
+    )
+    system_prompts: tuple[str, ...] = field(
+        default=tuple(SYSTEM_PROMPTS),
+        metadata=cli(
+            "--system-prompts", type=name_list, help=f"comma-separated, from {', '.join(SYSTEM_PROMPTS)} (default all)"
+        ),
+    )
+    setting: tuple[str, ...] | None = field(
+        default=None,
+        metadata=cli(
+            "--setting",
+            action="append",
+            metavar="JSON",
+            help="a setting to measure (repeatable; default: the configured default and a standard set)",
+        ),
+    )
+    calibrate: bool = field(
+        default=False,
+        metadata=cli(
+            "--calibrate",
+            action="store_true",
+            help="pick the attention scale s for this model on half the cases and report it on the other half "
+            "(the first --setting gives the other fields)",
+        ),
+    )
+    first_token_only: bool = field(
+        default=False,
+        metadata=cli("--first-token-only", action="store_true", help="measure KL and agreement only (no answers)"),
+    )
+    model: str | None = field(
+        default=None, metadata=cli("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
+    )
+    dtype: DType = field(default="float32", metadata=cli("--dtype", help="model dtype (default float32)"))
+    device: str = field(default="cpu", metadata=cli("--device", help="cpu, cuda, cuda:N or auto (default cpu)"))
+    max_new_tokens: int = field(
+        default=32, metadata=cli("--max-new-tokens", help="answer budget in tokens (default 32)")
+    )
+    num_threads: int | None = field(
+        default=None, metadata=cli("--threads", help="torch CPU threads (default: torch's)")
+    )
+    out_dir: Path = field(
+        default=Path("out/eval/fidelity"), metadata=cli("--out", help="output folder (default out/eval/fidelity)")
+    )
+
+
 def default_setting() -> dict[str, Any]:
     """The setting :class:`inferscale.config.KVConfig`'s defaults serve, as a ``--setting`` object."""
     from inferscale.config import KVConfig
@@ -37,7 +127,7 @@ def default_setting() -> dict[str, Any]:
     return FidelitySetting.from_kv(KVConfig(), name="default").model_dump()
 
 
-def _settings(raw: list[str] | None) -> list[Any]:
+def _settings(raw: tuple[str, ...] | None) -> list[Any]:
     from inferscale.eval.fidelity import FidelitySetting
 
     objects = [json.loads(text) for text in raw] if raw else [default_setting(), *STANDARD_SETTINGS]
@@ -47,16 +137,17 @@ def _settings(raw: list[str] | None) -> list[Any]:
         raise ConfigError(f"invalid --setting: {exc}") from exc
 
 
-def _slices(args: argparse.Namespace, embedder: Any) -> list[Any]:
+def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:
     from inferscale.eval.fidelity_cases import demo_cases, load_cases, locomo_cases
 
     slices = []
-    if args.demo:
-        slices.append(demo_cases(args.k, embedder))
-    for path in args.cases or []:
+    if opts.demo:
+        slices.append(demo_cases(opts.k, embedder))
+    for path in opts.cases or ():
         slices.append(load_cases(path))
-    for conversation in args.conversations if args.locomo else ():
-        slices.append(locomo_cases(args.locomo, conversation, args.questions, args.k, embedder))
+    if opts.locomo:
+        for conversation in opts.conversations:
+            slices.append(locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder))
     if not slices:
         raise ConfigError("nothing to run: give --demo, --cases FILE and/or --locomo PATH")
     return slices
@@ -65,31 +156,34 @@ def _slices(args: argparse.Namespace, embedder: Any) -> list[Any]:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    from inferscale.apps_extra import console as make_console
+    from inferscale.apps_extra import fail
     from inferscale.config import EngineConfig
     from inferscale.engines.hf import load_causal_lm
     from inferscale.engines.transformers import TransformersEngine
-    from inferscale.eval.fidelity import SYSTEM_PROMPTS, calibrate_scale, run_fidelity, summarize_rows
+    from inferscale.eval.fidelity import calibrate_scale, run_fidelity, summarize_rows
     from inferscale.eval.fidelity_report import fidelity_document, print_fidelity_table, write_fidelity_report
     from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
-    console = Console(stderr=True)
+    opts = from_args(FidelityOptions, args)
     try:
-        settings = _settings(args.setting)
-        unknown = [p for p in args.system_prompts if p not in SYSTEM_PROMPTS]
+        console = make_console(stderr=True)
+        settings = _settings(opts.setting)
+        unknown = [p for p in opts.system_prompts if p not in SYSTEM_PROMPTS]
         if unknown:
             raise ConfigError(f"unknown system prompt(s) {unknown}; choose from {sorted(SYSTEM_PROMPTS)}")
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        slices = _slices(args, SentenceTransformerEmbedder(None, "cpu"))
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device)
+        if opts.num_threads:
+            torch.set_num_threads(opts.num_threads)
+        slices = _slices(opts, SentenceTransformerEmbedder(None, "cpu"))
+        config = EngineConfig(model=opts.model, dtype=opts.dtype, device=opts.device)
         _, model, tokenizer = load_causal_lm(config, None)
         engines = {
             name: TransformersEngine(config, SYSTEM_PROMPTS[name], model=model, tokenizer=tokenizer)
-            for name in args.system_prompts
+            for name in opts.system_prompts
         }
         t0 = time.perf_counter()
-        out = Path(args.out)
-        if args.calibrate:
+        out = opts.out_dir
+        if opts.calibrate:
             result = calibrate_scale(engines, slices, settings[0])
             console.print(
                 f"calibrated s={result.scale:g}: held-out KL {result.held_out_kl:.3f} (s=1: "
@@ -112,27 +206,26 @@ def _run(args: argparse.Namespace) -> int:
                 engines,
                 slices,
                 settings,
-                max_new_tokens=args.max_new_tokens,
-                generate=not args.first_token_only,
+                max_new_tokens=opts.max_new_tokens,
+                generate=not opts.first_token_only,
                 progress=status.update,
             )
     except (InferScaleError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
+        return fail(exc)
     summaries = summarize_rows(rows)
     pooled = summarize_rows(rows, by=("setting",))
     run = {
         "slices": [s.name for s in slices],
-        "k": args.k,
-        "system_prompts": list(args.system_prompts),
+        "k": opts.k,
+        "system_prompts": list(opts.system_prompts),
         "settings": [s.model_dump() for s in settings],
-        "model": args.model or "SmolLM2-135M-Instruct (embedded)",
-        "dtype": args.dtype,
-        "max_new_tokens": args.max_new_tokens,
+        "model": opts.model or "SmolLM2-135M-Instruct (embedded)",
+        "dtype": opts.dtype,
+        "max_new_tokens": opts.max_new_tokens,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     json_path, png_path = write_fidelity_report(out, fidelity_document(summaries, pooled, rows, run), pooled)
-    wide = Console(width=_TABLE_WIDTH)  # 18 columns: narrower terminals would fold every cell
+    wide = make_console(width=_TABLE_WIDTH)  # 18 columns: narrower terminals would fold every cell
     print_fidelity_table(summaries, "KV-injection fidelity per setting, slice and system prompt", wide)
     print_fidelity_table(pooled, "Pooled over slices and system prompts", wide)
     console.print(f"wrote {json_path} and {png_path} ({run['wall_s']} s)", style="dim")
@@ -141,8 +234,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_fidelity_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``eval fidelity`` to the ``eval`` subparsers; returns its parser."""
-    from inferscale.eval.fidelity import SYSTEM_PROMPTS
-
     parser = subparsers.add_parser(
         "fidelity",
         help="KV injection vs pasted memories per serving setting: KL, agreement, answer F1, cost",
@@ -153,47 +244,5 @@ def add_fidelity_parser(subparsers: Any) -> argparse.ArgumentParser:
             'A setting is a JSON object: {"name", "attention_scale", "temperature", "recompute", "position_buckets"}.'
         ),
     )
-    parser.add_argument("--demo", action="store_true", help="run the bundled demo conversation and its questions")
-    parser.add_argument(
-        "--cases", action="append", metavar="FILE", help='a JSON list of {"memories": [...], "question": ...}'
-    )
-    parser.add_argument("--locomo", metavar="PATH", help="a LoCoMo file (e.g. ../shared/data/locomo/locomo10.json)")
-    parser.add_argument(
-        "--conversations",
-        type=lambda text: tuple(t for t in text.split(",") if t),
-        default=("conv-26",),
-        help="LoCoMo sample ids, comma-separated (default conv-26)",
-    )
-    parser.add_argument(
-        "--questions", type=int, default=40, help="LoCoMo questions of categories 1-4 per conversation (default 40)"
-    )
-    parser.add_argument(
-        "-k", "--k", type=int, default=10, help="memories per question for retrieved slices (default 10)"
-    )
-    parser.add_argument(
-        "--system-prompts",
-        type=lambda text: tuple(t for t in text.split(",") if t),
-        default=tuple(SYSTEM_PROMPTS),
-        help=f"comma-separated, from {', '.join(SYSTEM_PROMPTS)} (default all)",
-    )
-    parser.add_argument(
-        "--setting",
-        action="append",
-        metavar="JSON",
-        help="a setting to measure (repeatable; default: the configured default and a standard set)",
-    )
-    parser.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="pick the attention scale s for this model on half the cases and report it on the other half "
-        "(the first --setting gives the other fields)",
-    )
-    parser.add_argument("--first-token-only", action="store_true", help="measure KL and agreement only (no answers)")
-    parser.add_argument("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="answer budget in tokens (default 32)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--out", default="out/eval/fidelity", help="output folder (default out/eval/fidelity)")
-    parser.set_defaults(func=_run)
+    add_options(parser, FidelityOptions).set_defaults(func=_run)
     return parser

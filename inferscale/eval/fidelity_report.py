@@ -6,13 +6,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from inferscale.bench.common import machine_info, write_json_and_plot
+from inferscale.bench.report import figure, report_table
 from inferscale.eval.fidelity import SettingSummary
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["fidelity_document", "print_fidelity_table", "write_fidelity_report"]
 
@@ -46,16 +47,18 @@ def _cell(value: Any, digits: int, key: str) -> str:
 
 
 def print_fidelity_table(summaries: Sequence[SettingSummary], title: str, console: Console | None = None) -> None:
-    """Print one row per summary: setting, slice, system prompt and every figure of :class:`SettingSummary`."""
-    table = Table(title=title)
-    for column in ("setting", "slice", "prompt"):
-        table.add_column(column, overflow="fold")
-    for name, _, _ in _COLUMNS:
-        table.add_column(name, justify="right")
+    """Print one row per summary: setting, slice, system prompt and every figure of :class:`SettingSummary`.
+
+    Raises:
+        ConfigError: when rich is not installed (the ``apps`` extra).
+    """
+    from inferscale.apps_extra import console as make_console
+
+    table = report_table(title, ["setting", "slice", "prompt"], [name for name, _, _ in _COLUMNS], fold_left=True)
     for s in summaries:
         values = asdict(s)
         table.add_row(s.setting, s.slice, s.system_prompt, *(_cell(values[key], d, key) for _, key, d in _COLUMNS))
-    (console or Console()).print(table)
+    (console or make_console()).print(table)
 
 
 def fidelity_document(
@@ -76,24 +79,16 @@ def fidelity_document(
 
 
 def _plot(pooled: Sequence[SettingSummary], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for s in pooled:
-        added = 0.0 if math.isnan(s.added_fraction) else 100 * s.added_fraction
-        ax.scatter(added, s.kl_mean, s=40)
-        ax.annotate(s.setting, (added, s.kl_mean), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    ax.set_xlabel("added prefill tokens (% of memory tokens)")
-    ax.set_ylabel("mean first-token KL(prompt ‖ kv), nats")
-    ax.set_title("KV-injection fidelity per setting (all slices and system prompts)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, (7.5, 4.8)) as (ax,):
+        for s in pooled:
+            added = 0.0 if math.isnan(s.added_fraction) else 100 * s.added_fraction
+            ax.scatter(added, s.kl_mean, s=40)
+            ax.annotate(s.setting, (added, s.kl_mean), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel("added prefill tokens (% of memory tokens)")
+        ax.set_ylabel("mean first-token KL(prompt ‖ kv), nats")
+        ax.set_title("KV-injection fidelity per setting (all slices and system prompts)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
 
 
 def write_fidelity_report(

@@ -34,6 +34,7 @@ __all__ = [
     "LocomoQA",
     "LocomoSession",
     "LocomoTurn",
+    "date_label",
     "get_conversation",
     "load_locomo",
     "parse_evidence",
@@ -143,6 +144,11 @@ def turn_text(turn: LocomoTurn) -> str:
     if turn.blip_caption:
         line += f" [shares {turn.blip_caption}]"
     return line
+
+
+def date_label(session_date: datetime) -> str:
+    """A session date as memories show it: ``datetime(2023, 5, 8, 13, 56)`` → ``"8 May 2023"``."""
+    return f"{session_date.day} {session_date:%B %Y}"
 
 
 def parse_evidence(raw: Iterable[Any]) -> list[str]:

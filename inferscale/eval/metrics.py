@@ -9,10 +9,12 @@ Quality (each answer against the gold answer):
   (:data:`STEMMER` says which). Per category (:func:`locomo_f1`): code 1 (multi-hop) is the partial F1 over
   comma-separated sub-answers, code 3 scores only the gold answer's part before the first ``;``, codes 2 and 4
   are plain token F1.
-- :func:`bleu1`: sentence BLEU-1 as Mem0's evaluation computes it (``sentence_bleu`` with weights
-  ``(1, 0, 0, 0)`` on lower-cased word tokens, one reference): clipped unigram precision times the brevity
-  penalty, 0 when no unigram matches. Tokens come from :func:`word_tokens`, a small regex tokenizer close to
-  NLTK's ``word_tokenize`` for short answers.
+- :func:`bleu1`: sentence BLEU-1 as Mem0's evaluation computes it: NLTK's ``sentence_bleu`` with weights
+  ``(1, 0, 0, 0)`` and smoothing ``method1``, one reference, on :func:`word_tokens` (clipped unigram precision
+  times the brevity penalty, 0 when no unigram matches). Tokens are NLTK's ``word_tokenize`` of the lower-cased
+  text with ``preserve_line=True``: the Treebank-style word tokenizer without the sentence splitter, which needs
+  no downloaded data (it differs from Mem0's call only in keeping a sentence-final period inside a multi-sentence
+  answer attached to its word). These need ``nltk`` (the ``eval`` extra).
 
 Fidelity (KV injection against prompt injection on the same memories):
 
@@ -22,7 +24,7 @@ Fidelity (KV injection against prompt injection on the same memories):
 
 from __future__ import annotations
 
-import math
+import importlib.util
 import re
 import string
 from collections import Counter
@@ -30,6 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from inferscale.errors import ConfigError
 
 __all__ = [
     "STEMMER",
@@ -45,12 +49,11 @@ __all__ = [
 
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
-_WORD = re.compile(r"\w+(?:'\w+)?|[^\w\s]")
 
 
 def _load_stemmer() -> tuple[str, Callable[[str], str]]:
     try:
-        from nltk.stem import PorterStemmer  # type: ignore[import-not-found]
+        from nltk.stem import PorterStemmer
     except ImportError:
         return "none", lambda word: word
     stemmer = PorterStemmer()
@@ -113,28 +116,46 @@ def locomo_f1(prediction: Any, gold: Any, category: int) -> float:
     return token_f1(prediction, gold)
 
 
+def _require_nltk() -> None:
+    if importlib.util.find_spec("nltk") is None:
+        raise ConfigError("BLEU-1 needs nltk, which is not installed: pip install 'inferscale[eval]'")
+
+
 def word_tokens(text: Any) -> list[str]:
-    """Lower-cased word and punctuation tokens (``"It's 7 May."`` → ``["it's", "7", "may", "."]``)."""
-    return _WORD.findall(str(text).lower())
+    """NLTK's word tokens of the lower-cased text, without sentence splitting (``"It's 7 May."`` →
+    ``["it", "'s", "7", "may", "."]``).
+
+    Raises:
+        ConfigError: when nltk is not installed (the ``eval`` extra).
+    """
+    _require_nltk()
+    from nltk.tokenize import word_tokenize
+
+    return list(word_tokenize(str(text).lower(), preserve_line=True))
 
 
 def bleu1(prediction: Any, gold: Any) -> float:
-    """Sentence BLEU-1 (0..1) with one reference: clipped unigram precision × brevity penalty.
+    """Sentence BLEU-1 (0..1) with one reference: clipped unigram precision × brevity penalty (NLTK).
 
-    The brevity penalty is 1 when the prediction is longer than the reference, else ``exp(1 - r / c)``
-    (``r``, ``c``: reference and prediction lengths in tokens). Returns 0.0 when no unigram matches or the
-    prediction is empty (as NLTK's ``sentence_bleu`` does, smoothing or not).
+    NLTK's ``sentence_bleu([word_tokens(gold)], word_tokens(prediction), weights=(1, 0, 0, 0))`` with
+    ``SmoothingFunction().method1``, as Mem0's evaluation scores it. The brevity penalty is 1 when the prediction
+    is longer than the reference, else ``exp(1 - r / c)`` (``r``, ``c``: reference and prediction lengths in
+    tokens). 0.0 when no unigram matches or the prediction is empty; the smoothing only touches the 2..4-gram
+    precisions, whose weights are 0, so it never changes the score.
+
+    Raises:
+        ConfigError: when nltk is not installed (the ``eval`` extra).
     """
-    pred = word_tokens(prediction)
-    ref = word_tokens(gold)
-    if not pred or not ref:
-        return 0.0
-    clipped = sum((Counter(pred) & Counter(ref)).values())
-    if clipped == 0:
-        return 0.0
-    c, r = len(pred), len(ref)
-    penalty = 1.0 if c > r else math.exp(1.0 - r / c)
-    return penalty * clipped / c
+    _require_nltk()
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    score = sentence_bleu(
+        [word_tokens(gold)],
+        word_tokens(prediction),
+        weights=(1, 0, 0, 0),
+        smoothing_function=SmoothingFunction().method1,
+    )
+    return float(score)
 
 
 def exact_match(a: Any, b: Any) -> bool:

@@ -1,0 +1,114 @@
+"""The optional libraries of the apps (``inferscale demo``, ``bench``, ``eval``): rich and matplotlib.
+
+They come with the ``apps`` extra (``pip install 'inferscale[apps]'``); the core install (``import inferscale``,
+:class:`~inferscale.MemoryClient`, the server) never imports them. The apps get them through the functions
+here, at the time a command prints or plots, so a missing library is one clear error naming the extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from inferscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+__all__ = ["APPS_EXTRA", "console", "fail", "progress_bar", "pyplot", "require", "table"]
+
+APPS_EXTRA = "apps"
+"""The extra that installs rich and matplotlib: ``pip install 'inferscale[apps]'``."""
+
+
+def require(module: str) -> ModuleType:
+    """Import ``module`` (``"rich.console"``, ``"matplotlib"``...), which the ``apps`` extra installs.
+
+    Raises:
+        ConfigError: when it is not installed; the message names the module and the extra to install.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{module} is not installed; the demo, bench and eval commands need the {APPS_EXTRA!r} extra: "
+            f"pip install 'inferscale[{APPS_EXTRA}]'"
+        ) from exc
+
+
+def console(**kwargs: Any) -> Console:
+    """A ``rich.console.Console(**kwargs)``.
+
+    Raises:
+        ConfigError: when rich is not installed (see :func:`require`).
+    """
+    require("rich.console")
+    from rich.console import Console
+
+    return Console(**kwargs)
+
+
+def table(**kwargs: Any) -> Table:
+    """A ``rich.table.Table(**kwargs)``.
+
+    Raises:
+        ConfigError: when rich is not installed (see :func:`require`).
+    """
+    require("rich.table")
+    from rich.table import Table
+
+    return Table(**kwargs)
+
+
+def progress_bar(console: Console | None = None, *, disable: bool = False) -> Progress:
+    """A ``rich.progress.Progress`` with a bar, ``done/total``, elapsed and remaining time, and a free text field
+    ``status`` (set with ``progress.update(task, status=...)``).
+
+    Raises:
+        ConfigError: when rich is not installed (see :func:`require`).
+    """
+    require("rich.progress")
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        disable=disable,
+    )
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (files only, no display needed).
+
+    Raises:
+        ConfigError: when matplotlib is not installed (see :func:`require`).
+    """
+    require("matplotlib").use("Agg")
+    return require("matplotlib.pyplot")
+
+
+def fail(exc: Exception) -> int:
+    """Print ``error: <exc>`` on stderr (in red, when rich is installed) and return a command's error exit code, 2."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        print(f"error: {exc}", file=sys.stderr)
+    else:
+        Console(stderr=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
+    return 2

@@ -1,0 +1,209 @@
+"""Command-line options defined once, on the fields of a command's settings dataclass.
+
+A field whose metadata is :func:`cli` carries its flags and help; :func:`add_options` turns every such field into an
+argparse argument (``dest`` = the field name, ``default`` = the field's default, ``choices`` from a ``Literal``
+type, ``type`` from a plain ``int``/``float``/``str``/``Path`` type unless given), and :func:`from_args` builds the
+settings back from the parsed namespace. So a flag, its default and its meaning are written in one place::
+
+    @dataclass(frozen=True)
+    class Settings:
+        repeats: int = field(default=5, metadata=cli("--repeats", type=positive_int, help="timed calls (default 5)"))
+
+    add_options(parser, Settings)
+    settings = from_args(Settings, parser.parse_args())
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "CliOption",
+    "add_options",
+    "cli",
+    "from_args",
+    "int_list",
+    "name_list",
+    "non_negative_int",
+    "positive_int",
+]
+
+_CLI = "inferscale.cli"
+"""The metadata key of a field's :class:`CliOption`."""
+
+_PLAIN_TYPES: tuple[type, ...] = (int, float, str, Path)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """How one settings field appears on the command line.
+
+    Attributes:
+        flags: its option strings, e.g. ``("-k", "--k")``.
+        help: the help text (argparse's ``%(default)s`` works).
+        parse: parses one command-line word (argparse's ``type``); ``None``: from the field's type when it is
+            ``int``, ``float``, ``str`` or ``Path`` (or one of them ``| None``), else the word itself.
+        choices: the allowed values; ``None``: the field type's ``Literal`` values, if any.
+        action: an argparse action (``"store_true"``, ``"append"``, ``argparse.BooleanOptionalAction``...).
+        nargs: argparse's ``nargs``.
+        metavar: the value's name in the help.
+    """
+
+    flags: tuple[str, ...]
+    help: str
+    parse: Callable[[str], Any] | None = None
+    choices: Sequence[Any] | None = None
+    action: str | type[argparse.Action] | None = None
+    nargs: str | None = None
+    metavar: str | None = None
+
+
+def cli(
+    *flags: str,
+    help: str,
+    type: Callable[[str], Any] | None = None,
+    choices: Sequence[Any] | None = None,
+    action: str | type[argparse.Action] | None = None,
+    nargs: str | None = None,
+    metavar: str | None = None,
+) -> dict[str, CliOption]:
+    """The metadata of a dataclass field that is also a command-line option:
+    ``field(default=5, metadata=cli("--repeats", help=...))``. A field without a default is a required option.
+
+    Returns:
+        ``{key: CliOption(...)}``, for ``dataclasses.field(metadata=...)``.
+    """
+    return {_CLI: CliOption(tuple(flags), help, type, choices, action, nargs, metavar)}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:  # a field annotation names something only imported for type checking
+        return {}
+
+
+def _plain(hint: Any) -> type | None:
+    """``int`` for ``int`` or ``int | None`` (likewise float, str, Path); else ``None``."""
+    if isinstance(hint, type) and hint in _PLAIN_TYPES:
+        return hint
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return next((t for t in _PLAIN_TYPES if args == [t]), None)
+    return None
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type) -> argparse.ArgumentParser:
+    """Add an argparse argument for every field of the dataclass ``cls`` whose metadata is :func:`cli`.
+
+    Returns:
+        ``parser``.
+
+    Raises:
+        TypeError: when ``cls`` is not a dataclass.
+    """
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        spec: CliOption | None = f.metadata.get(_CLI)
+        if spec is None:
+            continue
+        kwargs: dict[str, Any] = {"dest": f.name, "help": spec.help}
+        if f.default is dataclasses.MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = f.default
+        if spec.action is not None:
+            kwargs["action"] = spec.action
+        hint = hints.get(f.name)
+        choices = spec.choices
+        if choices is None and typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+        if choices is not None:
+            kwargs["choices"] = choices
+        if spec.action not in ("store_true", "store_false", argparse.BooleanOptionalAction):
+            parse = spec.parse or _plain(hint)
+            if parse is not None and parse is not str:
+                kwargs["type"] = parse
+            if spec.metavar is not None or choices is None:  # help names the value after the flag, not the field
+                kwargs["metavar"] = spec.metavar or spec.flags[-1].lstrip("-").replace("-", "_").upper()
+        if spec.nargs is not None:
+            kwargs["nargs"] = spec.nargs
+        parser.add_argument(*spec.flags, **kwargs)
+    return parser
+
+
+def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+    """Build the dataclass ``cls`` from the options :func:`add_options` added (lists become tuples).
+
+    Args:
+        cls: the settings dataclass.
+        args: the parsed namespace.
+        overrides: values that replace (or complete) what was parsed.
+
+    Raises:
+        whatever ``cls`` raises for invalid values (the settings classes raise ``ConfigError``).
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(typing.cast(Any, cls)):
+        if _CLI in f.metadata and f.name not in overrides:
+            value = getattr(args, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values, **overrides)
+
+
+# ---------------------------------------------------------------------------------------------------- value parsers
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"0,5,50"`` → ``(0, 5, 50)``: comma-separated non-negative integers.
+
+    Raises:
+        argparse.ArgumentTypeError: for an empty list, a non-integer or a negative value.
+    """
+    try:
+        values = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """``"conv-26, conv-30"`` → ``("conv-26", "conv-30")``: comma-separated names, blanks dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: for a smaller value.
+        ValueError: for a word that is not an integer (argparse reports it as an invalid value).
+    """
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0.
+
+    Raises:
+        argparse.ArgumentTypeError: for a negative value.
+        ValueError: for a word that is not an integer (argparse reports it as an invalid value).
+    """
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
