@@ -18,7 +18,6 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope
-from inferscale.storage import MemoryRecord
 
 DEFAULT_LIMIT = 100
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
@@ -103,11 +102,6 @@ def optional_scope(user_id: str | None, agent_id: str | None, run_id: str | None
     if user_id is None and agent_id is None and run_id is None:
         return None
     return Scope(user_id, agent_id, run_id)
-
-
-def in_scope(record: MemoryRecord, scope: Scope | None) -> bool:
-    """Whether ``record`` belongs to ``scope`` (every id the scope sets is equal); ``True`` for no scope."""
-    return scope is None or all(getattr(record, key) == value for key, value in scope.as_dict().items())
 
 
 def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list[Message]:

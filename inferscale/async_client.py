@@ -238,10 +238,17 @@ class AsyncMemoryClient(ClientCore):
         hits = await self._asearch_records(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
         return [RecalledMemory(record, score) for record, score in hits]
 
-    async def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
-        """The K/V of ``records`` as :meth:`chat` serves them (loaded, or encoded in a worker thread); see
-        :meth:`MemoryClient.memory_kv`."""
+    async def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:
+        """The K/V of ``memories`` (records or ids) as :meth:`chat` serves them, loaded or encoded in a worker
+        thread; see :meth:`MemoryClient.memory_kv` (same errors)."""
+        records = [m if isinstance(m, MemoryRecord) else await self._arecord(m) for m in memories]
         return await asyncio.to_thread(self.derived.memory_kv, records)
+
+    async def _arecord(self, memory_id: str) -> MemoryRecord:
+        record = await self.adb.get(memory_id)
+        if record is None:
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+        return record
 
     async def get(
         self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None

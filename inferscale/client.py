@@ -296,22 +296,31 @@ class MemoryClient(ClientCore):
         hits = self._search_records(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
         return [RecalledMemory(record, score) for record, score in hits]
 
-    def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
-        """The K/V of ``records`` as :meth:`chat` serves them in this order: pre-RoPE keys and values per layer,
+    def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:
+        """The K/V of ``memories`` as :meth:`chat` serves them in this order: pre-RoPE keys and values per layer,
         loaded from the K/V store, or encoded now (and stored) when missing or stale.
 
         Args:
-            records: stored memories, e.g. from :meth:`recall`, in the order they are laid out.
+            memories: stored memories in the order they are laid out: records (e.g. from :meth:`recall`) or ids.
 
         Returns:
-            One :class:`~inferscale.kv.fact.FactKV` per record (keys ``[n_layers, n_kv_heads, n_tokens, head_dim]``
+            One :class:`~inferscale.kv.fact.FactKV` per memory (keys ``[n_layers, n_kv_heads, n_tokens, head_dim]``
             before RoPE, values alike, in the engine's dtype), on the engine's device or host.
 
         Raises:
+            MemoryNotFoundError: for an id that names no stored memory.
+            InvalidInputError: for an id that is not a non-empty str.
             KVFingerprintMismatchError: when a stored file was written by another model or encoding.
         """
+        records = [m if isinstance(m, MemoryRecord) else self._record(m) for m in memories]
         with self._lock:
             return self.derived.memory_kv(records)
+
+    def _record(self, memory_id: str) -> MemoryRecord:
+        record = self.db.get(memory_id)
+        if record is None:
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+        return record
 
     def get(
         self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None

@@ -24,6 +24,7 @@ from inferscale.derived import DerivedStores
 from inferscale.engines.base import Engine
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
+from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.grounding import ungrounded_reason
@@ -174,6 +175,12 @@ class ClientCore:
                     kv_dir=self._kv_dir(),
                 )
             return self._derived
+
+    @property
+    def kv_store(self) -> KVStore:
+        """The tiered store of the facts' K/V (device, host, disk): its tiers and hit counters, for benchmarks and
+        operators. Builds the engine on first use (the store lives on its device)."""
+        return self.derived.fact_kv.store
 
     @property
     def fact_kv(self) -> FactKVManager:

@@ -36,6 +36,11 @@ class FactKVManager:
         self._db = db
         self._config = config
 
+    @property
+    def store(self) -> KVStore:
+        """The tiered K/V store the entries live in."""
+        return self._store
+
     def encoding_key(self, bucket: int = 0) -> str:
         """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"`` or ``"w=3;prefix=system;v2"``
         (``";gap=N"`` is added for a position-aware encoding in bucket N > 0, tokens from the prefix)."""

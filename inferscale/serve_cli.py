@@ -26,7 +26,7 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted); returns the exit status."""
-    from inferscale.engines.vllm.server import ServeOptions, serve
+    from inferscale.server.vllm_memory import ServeOptions, serve
 
     serve(
         ServeOptions(

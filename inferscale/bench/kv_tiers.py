@@ -4,32 +4,24 @@ that the next lookups are answered by a chosen tier, and counting which tier ans
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from inferscale.bench.ttft_report import TIER_ORDER
 
 if TYPE_CHECKING:
     from inferscale.client import MemoryClient
+    from inferscale.kv.store import KVStore
 
-__all__ = ["available_tiers", "hit_delta", "hits", "kv_store", "make_resident", "stage"]
-
-
-def kv_store(client: MemoryClient) -> Any | None:
-    """The client's tiered KV store, or ``None`` when it cannot be reached."""
-    manager = client.fact_kv
-    return getattr(manager, "store", None) or getattr(manager, "_store", None)
+__all__ = ["available_tiers", "hit_delta", "hits", "make_resident", "stage"]
 
 
-def available_tiers(store: Any) -> list[str]:
+def available_tiers(store: KVStore) -> list[str]:
     """Names of the tiers of ``store`` this benchmark can stage (device, host, disk), fastest first."""
-    tiers = getattr(store, "tiers", None)
-    if tiers is None:
-        return []
-    names = {getattr(t, "name", None) for t in tiers}
+    names = {t.name for t in store.tiers}
     return [name for name in TIER_ORDER if name in names]
 
 
-def stage(store: Any, tier: str) -> None:
+def stage(store: KVStore, tier: str) -> None:
     """Arrange for the next lookups to be answered by ``tier``.
 
     ``device``: nothing (entries are promoted to the top memory tier by every hit). ``host``: move every entry
@@ -55,16 +47,12 @@ def stage(store: Any, tier: str) -> None:
 
 def make_resident(client: MemoryClient, memory_ids: Sequence[str]) -> None:
     """Look the memories' K/V up once (untimed), which promotes disk-only entries to the top memory tier."""
-    records = [client.db.get(memory_id) for memory_id in memory_ids]
-    client.fact_kv.ensure([r for r in records if r is not None])
+    client.memory_kv(memory_ids)
 
 
-def hits(store: Any) -> dict[str, int]:
-    """Lookups answered so far per tier, and ``"miss"`` (encoded), from the store's counters (``{}``: none)."""
-    stats = getattr(store, "stats", None)
-    if stats is None:
-        return {}
-    s = stats()
+def hits(store: KVStore) -> dict[str, int]:
+    """Lookups answered so far per tier, and ``"miss"`` (encoded), from the store's counters."""
+    s = store.stats()
     out = {str(k): int(v) for k, v in s.hits.items()}
     out["miss"] = int(s.misses)
     return out

@@ -299,6 +299,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
         llm_kwargs={"max_num_seqs": settings.max_num_seqs, "disable_log_stats": True},
     )
     try:
+        model_name = Path(str(engine.model.config.name_or_path)).name
         with console.status("encoding the fact pool"):
             prefix_ids = engine.system_prefix_ids()
             texts = synthetic_facts(settings.facts)
@@ -314,7 +315,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
     finally:
         engine.close()
     report = ThroughputReport(settings=_settings_dict(settings), machine=machine_info(), rounds=rounds)
-    report.machine["model"] = Path(str(engine.model.config._name_or_path)).name
+    report.machine["model"] = model_name
     write_outputs(report, settings.out_dir)
     return report
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts
-from inferscale.bench.kv_tiers import available_tiers, hit_delta, hits, kv_store, make_resident, stage
+from inferscale.bench.kv_tiers import available_tiers, hit_delta, hits, make_resident, stage
 from inferscale.bench.ttft_report import TIER_ORDER, TTFTCell, TTFTReport, compute_ratios, print_report, write_outputs
 from inferscale.cli_options import cli, int_list, name_list, non_negative_int, positive_int
 from inferscale.config import DType
@@ -206,10 +206,7 @@ def run_ttft_bench(
         try:
             report = _measure(client, settings, memories, console)
         finally:
-            client.close()
-            close_engine = getattr(client.engine, "close", None) if engine is None else None
-            if callable(close_engine):
-                close_engine()  # an engine the client built (vLLM) owns a process and a staging folder
+            client.close()  # also closes an engine the client built (vLLM: its process and staging folder)
     write_outputs(report, settings.out_dir)
     return report
 
@@ -218,13 +215,11 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     t0 = time.perf_counter()
     load_start = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     with console.status("loading the model"):
-        load = getattr(client.engine, "load", None)
-        if callable(load):
-            load()
+        client.engine.load()
     client.add([{"role": "user", "content": m} for m in memories], user_id=USER_ID, infer=False)
     console.print(f"stored and encoded {len(memories)} memories in {time.perf_counter() - t0:.1f} s", style="dim")
 
-    store = kv_store(client)
+    store = client.kv_store
     have = available_tiers(store)
     wanted = list(settings.tiers) if settings.tiers is not None else list(TIER_ORDER)
     skipped: dict[str, str] = {}
@@ -234,24 +229,22 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
             tiers.append(name)
         elif name == "device" and settings.tiers is None:
             continue  # no device tier without CUDA: nothing to report
-        elif store is None or not have:
-            skipped[name] = "the KV store does not expose its tiers"
         else:
             skipped[name] = f"the KV store has no {name} tier (tiers: {', '.join(have)})"
     if not tiers:
         tiers = [None]  # still measure KV injection, from whatever tier serves it
     query = settings.query
 
-    reset = getattr(client.engine, "reset_prefix_cache", None)
-    cold = settings.prefix_cache == "cold" and callable(reset)
+    engine = client.engine
+    cold = settings.prefix_cache == "cold" and settings.engine == "vllm"  # the transformers engine has no prefix cache
     from inferscale.scope import Scope
 
     scope = Scope(user_id=USER_ID).key()
 
     def chat(k: int, mode: str) -> Any:
-        if cold and callable(reset):  # untimed: forget earlier repeats, keep this user's system prefix (prompt mode)
-            reset()
-            client.engine.generate_prompt("Hello.", [], 1, cache_scope=scope)
+        if cold:  # untimed: forget earlier repeats, keep this user's system prefix (prompt mode)
+            engine.reset_prefix_cache()
+            engine.generate_prompt("Hello.", [], 1, cache_scope=scope)
         return client.chat(query, user_id=USER_ID, limit=k, mode=mode, max_new_tokens=1)  # type: ignore[arg-type]
 
     for _ in range(settings.warmup):  # untimed: kernels, allocator and caches of both paths at the largest k
@@ -274,15 +267,14 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
                 reference = chat(k, "prompt")
                 _record(prompt_cell, reference, reference.memory_ids)
                 for cell in kv_cells:
-                    if store is not None and cell.tier is not None:
+                    if cell.tier is not None:
                         if cell.tier != "disk":
                             make_resident(client, reference.memory_ids)
                         stage(store, cell.tier)
-                    before = hits(store) if store is not None else {}
+                    before = hits(store)
                     result = chat(k, "kv")
-                    if store is not None:
-                        for name, n in hit_delta(hits(store), before).items():
-                            cell.served[name] = cell.served.get(name, 0) + n
+                    for name, n in hit_delta(hits(store), before).items():
+                        cell.served[name] = cell.served.get(name, 0) + n
                     _record(cell, result, reference.memory_ids)
                 done += 1 + len(kv_cells)
                 status.update(f"measuring: repeat {rep + 1}/{settings.repeats}, k={k} ({done}/{total} calls)")
@@ -305,17 +297,16 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
 def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[str, float | None]:
     """``prefill_flops_kv_k{k_max}_over_k{k_small}``: the KV-mode prefill's FLOPs at k_max over those at k_small
     (:mod:`inferscale.bench.flops`): what the query prefill's share of TTFT grows by where prefill is
-    compute-bound (retrieval and assembly, which also grow with k, are not in it). Empty when the engine does not
-    expose a transformers model."""
+    compute-bound (retrieval and assembly, which also grow with k, are not in it). Empty when the FLOP model does
+    not cover the architecture."""
     from inferscale.bench.flops import prefill_cost
 
-    engine: Any = client.engine
+    engine = client.engine
     positive = sorted({c.k for c in report.cells if c.mode == "kv" and c.k > 0})
-    model = getattr(engine, "model", None)
-    if not positive or model is None:
+    if not positive:
         return {}
     try:
-        cost = prefill_cost(model)
+        cost = prefill_cost(engine.model)
     except ValueError:
         return {}
     k_max, k_small = max(positive), 5 if 5 in positive else min(positive)
@@ -328,8 +319,7 @@ def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[s
 
 
 def _model_name(client: MemoryClient) -> str:
-    model = getattr(client.engine, "model", None)
-    path = getattr(getattr(model, "config", None), "_name_or_path", None)
+    path = client.engine.model.config.name_or_path
     return Path(str(path)).name if path else (client.config.engine.model or "SmolLM2-135M-Instruct (embedded)")
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, UnsupportedModelError
 from inferscale.eval.judge import LLMJudge
 from inferscale.eval.locomo import (
     LocomoConversation,
@@ -136,12 +136,11 @@ def ingest_conversation(client: MemoryClient, conv: LocomoConversation, settings
     Returns:
         The number of memories stored.
     """
-    from inferscale.storage import hash_text
-
     user = conv.sample_id
     client.delete_all(user_id=user)
     scope_ids: dict[str, list[str]] = {}
     speakers: dict[str, str] = {}
+    stored: dict[str, str] = {}  # text -> memory id: the scope was emptied above, so every memory is from here
     for session in conv.sessions:
         label = date_label(session.date_time) if settings.date_in_text else None
         texts = [memory_text(t, label, settings.captions) for t in session.turns]
@@ -150,33 +149,21 @@ def ingest_conversation(client: MemoryClient, conv: LocomoConversation, settings
         result = client.add(messages, user_id=user, metadata=meta, infer=settings.infer)
         if settings.infer:
             continue
-        added = [r for r in result["results"] if r.get("event") == "ADD"]
-        position = 0
+        stored.update((str(r["memory"]), str(r["id"])) for r in result["results"] if r.get("event") == "ADD")
         for turn, text in zip(session.turns, texts, strict=True):
-            if position < len(added) and added[position]["memory"] == text:
-                memory_id = str(added[position]["id"])
-                position += 1
-            else:  # a text already stored in the scope (a repeated turn): credit the stored memory
-                record = client.db.find_by_hash(hash_text(text), _scope(user))
-                if record is None:
-                    log.warning("turn %s of %s was not stored", turn.dia_id, user)
-                    continue
-                memory_id = record.id
+            memory_id = stored.get(text)  # a repeated turn is credited to the memory stored first
+            if memory_id is None:
+                log.warning("turn %s of %s was not stored", turn.dia_id, user)
+                continue
             scope_ids.setdefault(memory_id, []).append(turn.dia_id)
             speakers.setdefault(memory_id, turn.speaker)
     for memory_id, dia_ids in scope_ids.items():
-        record = client.db.get(memory_id)
-        if record is None:
+        memory = client.get(memory_id, user_id=user)
+        if memory is None:
             continue
-        metadata = {**record.metadata, "dia_id": dia_ids[0], "dia_ids": dia_ids, "speaker": speakers[memory_id]}
-        client.db.update(memory_id, None, metadata)  # metadata only: text, vector and K/V stay valid
+        metadata = {**memory["metadata"], "dia_id": dia_ids[0], "dia_ids": dia_ids, "speaker": speakers[memory_id]}
+        client.update(memory_id, metadata=metadata, user_id=user)  # metadata only: vector and K/V stay
     return len(client.get_all(user_id=user, limit=1_000_000)["results"])
-
-
-def _scope(user: str) -> Any:
-    from inferscale.scope import Scope
-
-    return Scope(user, None, None)
 
 
 # ---------------------------------------------------------------------------------------------------- answering
@@ -239,22 +226,19 @@ def answer_question(
             "prefill_ms": round(t.prefill_ms, 2),
         }
     row["exact_match"] = exact_match(kv.answer, prompt.answer)
-    row["kl"] = _first_token_kl(client, query, kv.memory_ids) if settings.fidelity else None
+    row["kl"] = _first_token_kl(client, query, kv.memory_ids, kv.memories) if settings.fidelity else None
     return row
 
 
-def _first_token_kl(client: MemoryClient, query: str, memory_ids: Sequence[str]) -> float | None:
-    """KL(prompt ‖ kv) of the first token on the given memories, or ``None`` when the engine cannot say."""
+def _first_token_kl(client: MemoryClient, query: str, memory_ids: Sequence[str], texts: Sequence[str]) -> float | None:
+    """KL(prompt ‖ kv) of the first token on the given memories (ids and their texts, in chat's order), or
+    ``None`` when the engine cannot give full-vocabulary logits (vLLM)."""
     engine = client.engine
-    logits = getattr(engine, "first_token_logits", None)
-    if logits is None:
+    try:
+        kv_logits = engine.first_token_logits(query, client.memory_kv(memory_ids))
+        prompt_logits = engine.first_token_logits(query, None, [engine.fact_token_ids(t) for t in texts])
+    except UnsupportedModelError:
         return None
-    records = [client.db.get(memory_id) for memory_id in memory_ids]
-    if any(r is None for r in records):
-        return None
-    facts = client.fact_kv.ensure(records)  # type: ignore[arg-type]
-    kv_logits = logits(query, facts)
-    prompt_logits = logits(query, None, [engine.fact_token_ids(r.text) for r in records])  # type: ignore[union-attr]
     return round(first_token_kl(prompt_logits, kv_logits), 6)
 
 

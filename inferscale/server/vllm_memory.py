@@ -93,10 +93,8 @@ class MemoryService:
 
         scope = Scope(user_id=user)
         with self._lock:
-            hits = self._client.search(query, user_id=user, limit=self._limit)["results"]
-            records = [self._client.db.get(h["id"]) for h in hits]
-            records = [r for r in records if r is not None]
-            facts = self._client.fact_kv.ensure(records)
+            records = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
+            facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(query, facts, scope.key())
         return prepared, [{"id": r.id, "memory": r.text} for r in records]
 
