@@ -33,7 +33,7 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
-from inferscale.client_core import ClientCore, actor_of, ms_since, rendered_turns
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.derived import arun_steps
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.filters import Filter
@@ -41,7 +41,7 @@ from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
 from inferscale.scope import Scope
-from inferscale.storage import MemoryRecord, hash_text
+from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.changes import AppliedChanges, ChangeSet
 from inferscale.types import ChatMode, ChatResult, RecalledMemory
@@ -103,25 +103,12 @@ class AsyncMemoryClient(ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
-        actor = actor_of(msgs)
-        if infer:
-            extracted = await asyncio.to_thread(self._extract_facts, msgs)
-            facts = [f for f in extracted if await self.adb.find_by_hash(hash_text(f), scope) is None]
-            if not facts:
-                return {"results": []}
-            shown = await self._asimilar(scope, facts) if self.config.llm.reconcile else []
-            reconciler = self._reconciler() if shown else None
-            changes = await asyncio.to_thread(
-                self._plan_changes, scope, facts, shown, reconciler, meta, rendered_turns(msgs), actor
-            )
-        else:
-            changes = self._verbatim_changes(msgs, scope, meta, actor)
+        changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer), self.adb)
+        if changes is None:
+            return {"results": []}
         applied = await self.adb.apply(changes)
         await self._aafter_write(applied, encode_kv)
         return {"results": changes_to_results(applied)}
-
-    async def _asimilar(self, scope: Scope, facts: Sequence[str]) -> list[tuple[str, str]]:
-        return await arun_steps(self.derived.similar_steps(scope, facts), self.adb)
 
     async def _aafter_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
         index = await self._aindex()

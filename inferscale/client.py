@@ -27,7 +27,7 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
-from inferscale.client_core import ClientCore, actor_of, ms_since, rendered_turns
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.derived import run_steps
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.filters import Filter
@@ -35,7 +35,7 @@ from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import VectorIndex
 from inferscale.scope import Scope
-from inferscale.storage import MemoryRecord, hash_text
+from inferscale.storage import MemoryRecord
 from inferscale.storage.changes import AppliedChanges, ChangeSet
 from inferscale.types import ChatMode, ChatResult, RecalledMemory
 
@@ -115,24 +115,13 @@ class MemoryClient(ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
-        actor = actor_of(msgs)
-        if infer:
-            facts = [f for f in self._extract_facts(msgs) if self.db.find_by_hash(hash_text(f), scope) is None]
-            if not facts:
-                return {"results": []}
-            shown = self._similar(scope, facts) if self.config.llm.reconcile else []
-            reconciler = self._reconciler() if shown else None
-            changes = self._plan_changes(scope, facts, shown, reconciler, meta, rendered_turns(msgs), actor)
-        else:
-            changes = self._verbatim_changes(msgs, scope, meta, actor)
+        changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer), self.db)
+        if changes is None:
+            return {"results": []}
         with self._lock:
             applied = self.db.apply(changes)
             self._after_write(applied, encode_kv)
         return {"results": changes_to_results(applied)}
-
-    def _similar(self, scope: Scope, facts: Sequence[str]) -> list[tuple[str, str]]:
-        with self._lock:
-            return run_steps(self.derived.similar_steps(scope, facts), self.db)
 
     def _after_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
         """Bring the index and the K/V in step with committed changes (caller holds the lock)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.arguments import check_metadata
 from inferscale.config import MemoryConfig, is_mem0_config
-from inferscale.derived import DerivedStores
+from inferscale.derived import DerivedStores, Steps, StoredText
 from inferscale.engines.base import Engine
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
@@ -31,7 +31,7 @@ from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.reconcile import Reconciler
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope
-from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.changes import ChangeSet, MemoryUpdate, NewMemory
 from inferscale.types import ChatMode, ChatResult, Timings
 
@@ -249,6 +249,32 @@ class ClientCore:
 
     def _reconciler(self) -> Reconciler:
         return Reconciler(self._json_generator(), max_new_tokens=self.config.llm.reconcile_max_new_tokens)
+
+    def _plan_add_steps(
+        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
+    ) -> Steps[ChangeSet | None]:
+        """The change set of an ``add``, or ``None`` when nothing is new.
+
+        ``infer=False``: every message becomes a memory. ``infer=True``: the LLM extracts facts; those stored
+        verbatim in the scope are dropped; the rest are added, or, when similar memories are stored and reconcile
+        is on, the LLM decides ADD/UPDATE/DELETE/NONE against them (:mod:`inferscale.memory.reconcile`).
+
+        Raises:
+            ExtractionError: when an LLM answer cannot be parsed.
+        """
+        actor = actor_of(msgs)
+        if not infer:
+            return self._verbatim_changes(msgs, scope, meta, actor)
+        facts: list[str] = []
+        for fact in self._extract_facts(msgs):
+            stored: MemoryRecord | None = yield StoredText(scope, hash_text(fact))
+            if stored is None:
+                facts.append(fact)
+        if not facts:
+            return None
+        shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []
+        reconciler = self._reconciler() if shown else None
+        return self._plan_changes(scope, facts, shown, reconciler, meta, rendered_turns(msgs), actor)
 
     @staticmethod
     def _verbatim_changes(

@@ -92,6 +92,20 @@ class RecordsByVectorId:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredText:
+    """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``."""
+
+    scope: Scope
+    text_hash: str
+
+    def run(self, store: MemoryStore) -> MemoryRecord | None:
+        return store.find_by_hash(self.text_hash, self.scope)
+
+    async def arun(self, store: AsyncMemoryStore) -> MemoryRecord | None:
+        return await store.find_by_hash(self.text_hash, self.scope)
+
+
+@dataclass(frozen=True, slots=True)
 class AllMemories:
     """Every stored memory, in vector-id order (to rebuild the index)."""
 
