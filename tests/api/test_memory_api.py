@@ -17,25 +17,11 @@ from mem0_fakes import (
     ScriptedGenerator,
     facts,
     fake_config,
-    fresh_postgres_schema,
-    postgres_available,
     shown_memories,
 )
 
 from inferscale import Memory, MemoryClient
 from inferscale.errors import ExtractionError, InvalidInputError, MemoryNotFoundError, ScopeError
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/db/memory.db"
-        return
-    if not postgres_available():
-        pytest.skip("no PostgreSQL server answered at 127.0.0.1:5432/test (user postgres, trust auth)")
-    url, drop = fresh_postgres_schema()
-    yield url
-    drop()
 
 
 def make(tmp_path: Path, db_url: str, generator: ScriptedGenerator | None = None) -> MemoryClient:
