@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,6 +120,57 @@ def test_metadata_can_never_set_an_id(m: ClientAdapter) -> None:
     stored = m.get(memory_id)
     assert stored is not None
     assert stored["user_id"] == "alice" and stored["metadata"] == {"topic": "games", "role": "user"}
+
+
+def test_user_metadata_role_is_kept(m: ClientAdapter) -> None:
+    added = m.add("meta role key", user_id="alice", metadata={"role": "admin"}, infer=False)["results"][0]
+    assert m.get(added["id"])["metadata"] == {"role": "admin"}  # type: ignore[index]
+    plain = m.add("no role given", user_id="alice", infer=False)["results"][0]
+    assert m.get(plain["id"])["metadata"] == {"role": "user"}  # type: ignore[index]
+
+
+def test_id_addressed_calls_can_be_scoped(m: ClientAdapter) -> None:
+    bob = m.add("Bob likes tennis", user_id="bob", infer=False)["results"][0]["id"]
+    assert m.get(bob, user_id="alice") is None
+    assert m.get(bob, user_id="bob")["memory"] == "Bob likes tennis"  # type: ignore[index]
+    with pytest.raises(MemoryNotFoundError):
+        m.update(bob, "Alice wrote this", user_id="alice")
+    with pytest.raises(MemoryNotFoundError):
+        m.delete(bob, user_id="alice")
+    assert m.history(bob, user_id="alice") == []
+    assert [h["event"] for h in m.history(bob, user_id="bob")] == ["ADD"]
+    assert m.get(bob)["memory"] == "Bob likes tennis"  # type: ignore[index]  # untouched by the refused calls
+    m.update(bob, "Bob loves tennis", user_id="bob")
+    m.delete(bob, user_id="bob")
+    assert m.get(bob) is None
+
+
+# ---- bad input -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda m: m.add("x", user_id="a", infer="no"), "infer"),
+        (lambda m: m.add("\ud800 lone surrogate", user_id="a", infer=False), "Unicode"),
+        (lambda m: m.search("\ud800", user_id="a"), "Unicode"),
+        (lambda m: m.search("x", user_id="a", threshold="0.5"), "threshold"),
+        (lambda m: m.get_all(user_id="a", limit=2**70), "at most"),
+        (lambda m: m.chat("x", user_id="a", max_new_tokens=-1), "max_new_tokens"),
+        (lambda m: m.chat("x", user_id="a", max_new_tokens=0), "max_new_tokens"),
+        (lambda m: m.add("My favourite number is 42. " * 4000, user_id="a", infer=False), "max_memory_chars"),
+    ],
+)
+def test_bad_input_gets_a_typed_error_and_loses_nothing(m: ClientAdapter, call: Any, match: str) -> None:
+    m.add("kept", user_id="a", infer=False)
+    with pytest.raises(InvalidInputError, match=match):
+        call(m)
+    assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["kept"]
+
+
+def test_chat_accepts_v2_top_k(m: ClientAdapter) -> None:
+    with pytest.raises(InvalidInputError, match="disagree"):  # parsed, then refused for disagreeing with limit
+        m.chat("x", user_id="a", limit=3, top_k=2)
 
 
 # ---- get / update / delete / history -----------------------------------------------------------------------
