@@ -101,3 +101,20 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'drop schema "{schema}" cascade'))
         admin.dispose()
+
+
+# ---- the slow marker ---------------------------------------------------------------------------------------------
+
+SMOLLM2_FIXTURES = frozenset({"smollm2_path", "smollm2_fp32"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a test that loads SmolLM2 through a fixture without saying ``@pytest.mark.slow`` (or a module's
+    ``pytestmark``): ``-m "not slow"`` must leave every model load out. The mark stays explicit in each file."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SMOLLM2_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that load SmolLM2 need @pytest.mark.slow:\n  " + "\n  ".join(unmarked))

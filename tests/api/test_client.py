@@ -66,6 +66,7 @@ def make_client(client_kind: ClientKind) -> Iterator[MakeClient]:
         client.close()
 
 
+@pytest.mark.slow
 def test_add_search_chat_roundtrip(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -98,6 +99,7 @@ def test_add_search_chat_roundtrip(
     assert prompt.timings.kv_assembly_ms == 0.0
 
 
+@pytest.mark.slow
 def test_kv_entries_are_recorded_and_deleted(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -127,6 +129,7 @@ def test_kv_entries_are_recorded_and_deleted(
         client.delete(memory_id)
 
 
+@pytest.mark.slow
 def test_tenants_never_see_each_other(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -146,6 +149,7 @@ def test_tenants_never_see_each_other(
     assert client.search("dog", agent_id="helper")["results"] == []
 
 
+@pytest.mark.slow
 def test_bad_input_is_refused_and_nothing_is_lost(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -165,6 +169,7 @@ def test_bad_input_is_refused_and_nothing_is_lost(
     assert [m["memory"] for m in stored] == [CONVERSATION[0]["content"]]
 
 
+@pytest.mark.slow
 def test_infer_stores_extracted_facts_with_their_source_as_context(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -183,6 +188,7 @@ def test_infer_stores_extracted_facts_with_their_source_as_context(
     assert list(request.context_ids) == expected
 
 
+@pytest.mark.slow
 def test_index_is_rebuilt_from_sql_when_missing(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -220,6 +226,7 @@ def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path, client_kin
         _ = client.engine
 
 
+@pytest.mark.slow
 def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
@@ -234,6 +241,7 @@ def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
     assert client.fact_kv.key(last).encoding_key == "w=2;prefix=system;v2"
 
 
+@pytest.mark.slow
 def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:

@@ -39,6 +39,7 @@ def test_cache_reports_length_per_layer() -> None:
     assert cache.get_seq_length(0) == 7 and len(cache.layers) == 3
 
 
+@pytest.mark.slow
 def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2_fp32
     engine = TransformersEngine(
@@ -65,6 +66,7 @@ def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[An
     assert ours.prompt_tokens == len(ids)
 
 
+@pytest.mark.slow
 def test_reused_workspace_leaks_nothing_between_requests(smollm2_fp32: tuple[Any, Any]) -> None:
     from inferscale.kv import EncodeRequest
 

@@ -12,6 +12,8 @@ from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import InvalidInputError
 from inferscale.kv import EncodeRequest
 
+pytestmark = pytest.mark.slow  # every test loads SmolLM2
+
 
 @pytest.fixture(scope="module")
 def smol(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
