@@ -105,16 +105,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 # ---- the slow marker ---------------------------------------------------------------------------------------------
 
-SMOLLM2_FIXTURES = frozenset({"smollm2_path", "smollm2_fp32"})
+MODEL_FIXTURES = frozenset({"smollm2_path", "smollm2_fp32", "embedder"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test that loads SmolLM2 through a fixture without saying ``@pytest.mark.slow`` (or a module's
-    ``pytestmark``): ``-m "not slow"`` must leave every model load out. The mark stays explicit in each file."""
+    """Refuse a test that loads a model through a fixture (SmolLM2, MiniLM) without saying ``@pytest.mark.slow``
+    (or a module's ``pytestmark``): ``-m "not slow"`` must leave every model load out. The mark stays explicit in
+    each file; a test that loads a model another way (the demo CLI) carries it all the same."""
     unmarked = [
         item.nodeid
         for item in items
-        if SMOLLM2_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
     ]
     if unmarked:
-        raise pytest.UsageError("tests that load SmolLM2 need @pytest.mark.slow:\n  " + "\n  ".join(unmarked))
+        raise pytest.UsageError("tests that load a model need @pytest.mark.slow:\n  " + "\n  ".join(unmarked))
