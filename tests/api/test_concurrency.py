@@ -86,6 +86,7 @@ client.close()
 """
 
 
+@pytest.mark.slow  # two Python processes that import torch: seconds of CPU each
 def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path}/memory.db"
     script = tmp_path / "worker.py"
