@@ -1,5 +1,5 @@
 """Shared fixtures: the database URL of each backend, the embedded SmolLM2 (converted once into the shared cache)
-and the MiniLM embedder."""
+and the MiniLM embedder; and the check that every test loading a model through them is marked slow."""
 
 from __future__ import annotations
 
