@@ -1,8 +1,12 @@
-"""Shared fixtures: the embedded SmolLM2 (converted once into the shared cache) and the MiniLM embedder."""
+"""Shared fixtures: the database URL of each backend, the embedded SmolLM2 (converted once into the shared cache)
+and the MiniLM embedder; and the check that every test loading a model through them is marked slow."""
 
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +44,78 @@ def embedder() -> Any:
     emb = SentenceTransformerEmbedder()
     emb.embed(["warm up"])
     return emb
+
+
+# ---- databases -------------------------------------------------------------------------------------------------
+
+PG_HOST = "127.0.0.1:5432"
+PG_DATABASE = "test"
+PG_ROLES = ("postgres", "root")
+
+
+@cache
+def _postgres_base_url() -> str | None:
+    """The first ``postgresql+psycopg://ROLE@127.0.0.1:5432/test`` URL that connects (trust auth), or None."""
+    try:
+        import psycopg  # noqa: F401  (SQLAlchemy's driver for the URLs below)
+    except ImportError:
+        return None
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    for role in PG_ROLES:
+        url = f"postgresql+psycopg://{role}@{PG_HOST}/{PG_DATABASE}"
+        engine = create_engine(url, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("select 1"))
+            return url
+        except OperationalError:
+            continue
+        finally:
+            engine.dispose()
+    return None
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database URL per backend: a SQLite file under ``tmp_path``, then a fresh, empty schema on the PostgreSQL
+    server (its connections use it through libpq's ``search_path`` option; dropped with its tables after the test).
+    The PostgreSQL case is skipped when psycopg is missing or no server answers."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/db/memory.db"
+        return
+    base = _postgres_base_url()
+    if base is None:
+        roles = ", ".join(PG_ROLES)
+        pytest.skip(f"no PostgreSQL server answered at {PG_HOST}/{PG_DATABASE} (roles {roles}, trust auth)")
+    from sqlalchemy import create_engine, text
+
+    schema = f"inferscale_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(text(f'create schema "{schema}"'))
+    try:
+        yield f"{base}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'drop schema "{schema}" cascade'))
+        admin.dispose()
+
+
+# ---- the slow marker ---------------------------------------------------------------------------------------------
+
+MODEL_FIXTURES = frozenset({"smollm2_path", "smollm2_fp32", "embedder"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a test that loads a model through a fixture (SmolLM2, MiniLM) without saying ``@pytest.mark.slow``
+    (or a module's ``pytestmark``): ``-m "not slow"`` must leave every model load out. The mark stays explicit in
+    each file; a test that loads a model another way (the demo CLI) carries it all the same."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that load a model need @pytest.mark.slow:\n  " + "\n  ".join(unmarked))

@@ -1,5 +1,5 @@
 """`inferscale bench throughput` without vLLM: the workload draws, the report's figures and ratios, the outputs and
-the CLI. The end-to-end run on vLLM is in tests/test_vllm_throughput.py (vLLM stage)."""
+the CLI. The end-to-end run on vLLM is in tests/bench/test_vllm_throughput.py (vLLM stage)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_report_figures_and_ratios(tmp_path: Path) -> None:
 
 def test_throughput_needs_vllm(tmp_path: Path) -> None:
     if importlib.util.find_spec("inferscale.engines.vllm") and importlib.util.find_spec("vllm"):
-        pytest.skip("vllm is installed here; tests/test_vllm_throughput.py runs the benchmark")
+        pytest.skip("vllm is installed here; tests/bench/test_vllm_throughput.py runs the benchmark")
     with pytest.raises(ConfigError, match="not installed"):
         run_throughput_bench(ThroughputSettings(users=(1,), k=1, facts=1, out_dir=tmp_path))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from inferscale.engines.hf.attention import SDPA_GQA, resolve_attention
@@ -14,6 +15,7 @@ def test_resolve_attention_names() -> None:
     assert resolve_attention("eager") == "eager"
 
 
+@pytest.mark.slow
 def test_sdpa_gqa_matches_eager_on_smollm2(smollm2_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -15,7 +15,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.eval.fidelity import FidelitySetting, repeats, summarize_rows
 from inferscale.eval.fidelity_cases import FidelitySlice, load_cases, retrieve_cases
 
-CASES = Path(__file__).parent / "data" / "fidelity_cases.json"
+CASES = Path(__file__).parents[1] / "data" / "fidelity_cases.json"
 
 
 def test_cases_file_loads_and_bad_files_are_typed_errors(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from tiny_models import tiny_model
 from inferscale.bench.flops import PrefillCost, prefill_cost
 
 
+@pytest.mark.slow
 def test_smollm2_coefficients_match_its_config(smollm2_fp32: tuple[Any, Any]) -> None:
     model, _ = smollm2_fp32
     c = model.config

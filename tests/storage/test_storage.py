@@ -9,78 +9,27 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import OperationalError
 
 from inferscale.errors import ConfigError, InvalidInputError, MemoryNotFoundError, ScopeError
 from inferscale.scope import Scope
 from inferscale.storage import ChangeSet, MemoryRecord, MemoryStore, MemoryUpdate, NewMemory, hash_text, make_engine
 from inferscale.storage.changes import validate_changes
 
-PG_HOST = "127.0.0.1:5432"
-PG_DATABASE = "test"
-PG_ROLES = ("postgres", "root")
-
 ALICE = Scope(user_id="alice")
 BOB = Scope(user_id="bob")
 
 
-@cache
-def _postgres_base_url() -> str | None:
-    """The first ``postgresql+psycopg://ROLE@127.0.0.1:5432/test`` URL that connects, or None."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'inferscale[dev]')")
-    for role in PG_ROLES:
-        url = f"postgresql+psycopg://{role}@{PG_HOST}/{PG_DATABASE}"
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as conn:
-                conn.execute(text("select 1"))
-            return url
-        except OperationalError:
-            continue
-        finally:
-            engine.dispose()
-    return None
-
-
 @pytest.fixture
-def postgres_store() -> Iterator[MemoryStore]:
-    base = _postgres_base_url()
-    if base is None:
-        pytest.skip(f"no PostgreSQL server answered at {PG_HOST}/{PG_DATABASE} for roles {', '.join(PG_ROLES)}")
-    schema = f"inferscale_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(text(f'create schema "{schema}"'))
-    # libpq's `options` sets search_path on every connection, so the store's tables live in the schema.
-    store = MemoryStore(f"{base}?options=-csearch_path%3D{schema}")
-    try:
-        yield store
-    finally:
-        store.close()
-        with admin.begin() as conn:
-            conn.execute(text(f'drop schema "{schema}" cascade'))
-        admin.dispose()
-
-
-@pytest.fixture
-def sqlite_store(tmp_path: Path) -> Iterator[MemoryStore]:
-    store = MemoryStore(f"sqlite:///{tmp_path}/db/memory.db")
+def store(db_url: str) -> Iterator[MemoryStore]:
+    """A store on each backend (SQLite file, fresh PostgreSQL schema; see ``db_url`` in conftest.py)."""
+    store = MemoryStore(db_url)
     yield store
     store.close()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> MemoryStore:
-    fixture_name = "sqlite_store" if request.param == "sqlite" else "postgres_store"
-    result: MemoryStore = request.getfixturevalue(fixture_name)
-    return result
 
 
 def _snapshot(store: MemoryStore) -> tuple[list[MemoryRecord], dict[str, list[Any]]]:

@@ -20,7 +20,7 @@ from inferscale.eval.fidelity_cases import load_cases
 from inferscale.kv import EncodeRequest
 from inferscale.kv.serving import ServingSettings
 
-CASES = Path(__file__).parent / "data" / "fidelity_cases.json"
+CASES = Path(__file__).parents[1] / "data" / "fidelity_cases.json"
 
 pytestmark = pytest.mark.slow
 

@@ -50,6 +50,7 @@ def test_divide_keys_scales_the_filled_slots_of_every_layer() -> None:
         cache.divide_keys(2, 5, 2.0)
 
 
+@pytest.mark.slow
 def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2_fp32
     engine = TransformersEngine(
@@ -76,6 +77,7 @@ def test_prompt_mode_decode_matches_transformers_generate(smollm2_fp32: tuple[An
     assert ours.prompt_tokens == len(ids)
 
 
+@pytest.mark.slow
 def test_reused_workspace_leaks_nothing_between_requests(smollm2_fp32: tuple[Any, Any]) -> None:
     from inferscale.kv import EncodeRequest
 

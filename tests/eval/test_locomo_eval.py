@@ -67,6 +67,7 @@ def _settings(data: Path, out: Path, **kw: Any) -> LocomoEvalSettings:
     return LocomoEvalSettings(data=data, out_dir=out, k=2, max_new_tokens=4, dtype="float32", device="cpu", **kw)
 
 
+@pytest.mark.slow
 def test_run_is_resumable_and_scores_both_modes(
     tmp_path: Path, data_file: Path, engine: TransformersEngine, embedder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -119,6 +120,7 @@ def test_run_is_resumable_and_scores_both_modes(
     assert json.loads((out / "ingested.json").read_text(encoding="utf-8")) == {"conv-t1": 4}
 
 
+@pytest.mark.slow
 def test_ingestion_records_dia_ids_and_dates(
     tmp_path: Path, data_file: Path, engine: TransformersEngine, embedder: Any
 ) -> None:
@@ -135,6 +137,7 @@ def test_ingestion_records_dia_ids_and_dates(
     client.close()
 
 
+@pytest.mark.slow
 def test_other_settings_in_the_same_out_are_refused(
     tmp_path: Path, data_file: Path, engine: TransformersEngine, embedder: Any
 ) -> None:

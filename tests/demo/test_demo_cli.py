@@ -9,6 +9,8 @@ import pytest
 
 from inferscale.cli import main
 
+pytestmark = pytest.mark.slow  # every test loads SmolLM2
+
 
 def test_demo_json_prints_one_row_per_question(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--json", "-k", "3", "--data-dir", str(tmp_path)]) == 0

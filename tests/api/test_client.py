@@ -1,14 +1,17 @@
-"""MemoryClient end to end on the embedded models: add, search, chat (kv and prompt), delete, isolation."""
+"""Both clients end to end on the embedded models: add, search, chat (kv and prompt), delete, isolation. Each test
+runs on MemoryClient and on AsyncMemoryClient (through ``client_adapter``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_adapter import ClientAdapter, ClientKind, MakeClient, open_client
 
-from inferscale import MemoryClient, MemoryConfig
+from inferscale import MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
@@ -45,12 +48,28 @@ def engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
     )
 
 
-def make_client(tmp_path: Path, engine: TransformersEngine, embedder: Any, **kw: Any) -> MemoryClient:
-    config = MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(max_new_tokens=12), **kw)
-    return MemoryClient(config, engine=engine, embedder=embedder, generator=kw.pop("generator", None))
+@pytest.fixture
+def make_client(client_kind: ClientKind) -> Iterator[MakeClient]:
+    """Builds clients of this test's kind: ``make_client(tmp_path, engine, embedder, generator=None,
+    **config_fields)``. Closes them after the test."""
+    built: list[ClientAdapter] = []
+
+    def build(tmp_path: Path, engine: TransformersEngine, embedder: Any, **kw: Any) -> ClientAdapter:
+        generator = kw.pop("generator", None)
+        config = MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(max_new_tokens=12), **kw)
+        client = open_client(client_kind, config, engine=engine, embedder=embedder, generator=generator)
+        built.append(client)
+        return client
+
+    yield build
+    for client in built:
+        client.close()
 
 
-def test_add_search_chat_roundtrip(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+@pytest.mark.slow
+def test_add_search_chat_roundtrip(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
+) -> None:
     client = make_client(tmp_path, engine, embedder)
     added = client.add(CONVERSATION, user_id="maya", infer=False)["results"]
     assert [r["memory"] for r in added] == [m["content"] for m in CONVERSATION]
@@ -80,7 +99,10 @@ def test_add_search_chat_roundtrip(tmp_path: Path, engine: TransformersEngine, e
     assert prompt.timings.kv_assembly_ms == 0.0
 
 
-def test_kv_entries_are_recorded_and_deleted(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+@pytest.mark.slow
+def test_kv_entries_are_recorded_and_deleted(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
+) -> None:
     client = make_client(tmp_path, engine, embedder)
     added = client.add(CONVERSATION[:1], user_id="maya", infer=False)["results"]
     memory_id = added[0]["id"]
@@ -107,7 +129,10 @@ def test_kv_entries_are_recorded_and_deleted(tmp_path: Path, engine: Transformer
         client.delete(memory_id)
 
 
-def test_tenants_never_see_each_other(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+@pytest.mark.slow
+def test_tenants_never_see_each_other(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
+) -> None:
     client = make_client(tmp_path, engine, embedder)
     a = {r["id"] for r in client.add(CONVERSATION, user_id="maya", infer=False)["results"]}
     b = {r["id"] for r in client.add("My dog is a poodle named Rex.", user_id="omar", infer=False)["results"]}
@@ -124,7 +149,10 @@ def test_tenants_never_see_each_other(tmp_path: Path, engine: TransformersEngine
     assert client.search("dog", agent_id="helper")["results"] == []
 
 
-def test_bad_input_is_refused_and_nothing_is_lost(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+@pytest.mark.slow
+def test_bad_input_is_refused_and_nothing_is_lost(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
+) -> None:
     client = make_client(tmp_path, engine, embedder)
     client.add(CONVERSATION[:1], user_id="maya", infer=False)
     with pytest.raises(ScopeError):
@@ -141,12 +169,12 @@ def test_bad_input_is_refused_and_nothing_is_lost(tmp_path: Path, engine: Transf
     assert [m["memory"] for m in stored] == [CONVERSATION[0]["content"]]
 
 
+@pytest.mark.slow
 def test_infer_stores_extracted_facts_with_their_source_as_context(
-    tmp_path: Path, engine: TransformersEngine, embedder: Any
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
     fake = FakeGenerator(json.dumps({"facts": ["Maya lives in Porto.", "Maya has a beagle named Biscuit."]}))
-    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(context_window=2))
-    client = MemoryClient(config, engine=engine, embedder=embedder, generator=fake)
+    client = make_client(tmp_path, engine, embedder, kv=KVConfig(context_window=2), generator=fake)
     added = client.add(CONVERSATION, user_id="maya", metadata={"source": "chat"})["results"]
     assert [r["memory"] for r in added] == ["Maya lives in Porto.", "Maya has a beagle named Biscuit."]
     assert len(fake.calls) == 1
@@ -160,7 +188,10 @@ def test_infer_stores_extracted_facts_with_their_source_as_context(
     assert list(request.context_ids) == expected
 
 
-def test_index_is_rebuilt_from_sql_when_missing(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
+@pytest.mark.slow
+def test_index_is_rebuilt_from_sql_when_missing(
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
+) -> None:
     client = make_client(tmp_path, engine, embedder)
     client.add(CONVERSATION, user_id="maya", infer=False, encode_kv=False)
     client.close()
@@ -172,16 +203,16 @@ def test_index_is_rebuilt_from_sql_when_missing(tmp_path: Path, engine: Transfor
     assert top[0]["memory"] == "I have a beagle named Biscuit."
 
 
-def test_kv_settings_reach_the_engine_and_store(tmp_path: Path) -> None:
+def test_kv_settings_reach_the_engine_and_store(tmp_path: Path, client_kind: ClientKind) -> None:
     kv = {"recompute": "head:3", "memory_attention_scale": 0.5, "memory_temperature": 1.1, "host_budget_bytes": 1 << 20}
-    client = MemoryClient({"data_dir": str(tmp_path), "kv": kv})
+    client = open_client(client_kind, MemoryConfig(data_dir=str(tmp_path), kv=kv))
     assert isinstance(client.engine, TransformersEngine)
     serving = client.engine.serving  # built without loading the model
     assert (serving.recompute.kind, serving.recompute.amount) == ("head", 3.0)
     assert (serving.attention_scale, serving.temperature) == (0.5, 1.1)
 
 
-def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path) -> None:
+def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path, client_kind: ClientKind) -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -190,13 +221,14 @@ def test_vllm_provider_without_vllm_is_a_config_error(tmp_path: Path) -> None:
         pytest.skip("vLLM is installed here; the error path is for machines without it")
     from inferscale.errors import ConfigError
 
-    client = MemoryClient({"data_dir": str(tmp_path), "engine": {"provider": "vllm"}})
+    client = open_client(client_kind, MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(provider="vllm")))
     with pytest.raises(ConfigError, match="inferscale\\[vllm"):
         _ = client.engine
 
 
+@pytest.mark.slow
 def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
-    tmp_path: Path, engine: TransformersEngine, embedder: Any
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
     client = make_client(tmp_path, engine, embedder, kv=KVConfig(context_window=2))
     added = client.add(CONVERSATION, user_id="maya", infer=False)["results"]
@@ -209,8 +241,9 @@ def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
     assert client.fact_kv.key(last).encoding_key == "w=2;prefix=system;v2"
 
 
+@pytest.mark.slow
 def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
-    tmp_path: Path, engine: TransformersEngine, embedder: Any
+    tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
     buckets = (0, 10, 1000)
     client = make_client(tmp_path, engine, embedder, kv=KVConfig(position_buckets=buckets, context_window=0))

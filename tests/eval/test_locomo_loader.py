@@ -25,7 +25,7 @@ from inferscale.eval import (
     turn_text,
 )
 
-LOCOMO_PATH = Path(__file__).resolve().parents[1].parent / "shared/data/locomo/locomo10.json"
+LOCOMO_PATH = Path(__file__).resolve().parents[2].parent / "shared/data/locomo/locomo10.json"
 
 SAMPLE_IDS = [
     "conv-26", "conv-30", "conv-41", "conv-42", "conv-43",

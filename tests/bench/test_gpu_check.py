@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a Python process that imports torch and runs a tiny model: seconds of CPU
 def test_gpu_check_prints_every_k_on_a_tiny_model() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--repeats", "1", "--ks", "0", "3"],

@@ -75,10 +75,10 @@ def test_two_threads_share_one_sqlite_file(tmp_path: Path, shared_client: bool) 
 
 WORKER = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {paths!r}
 from inferscale import MemoryClient
 from mem0_fakes import HashEmbedder, fake_config
-from test_mem0_concurrency import work
+from test_concurrency import work
 from pathlib import Path
 client = MemoryClient(fake_config(Path({data!r}), {url!r}), embedder=HashEmbedder())
 work(client, sys.argv[1])
@@ -86,11 +86,12 @@ client.close()
 """
 
 
+@pytest.mark.slow  # two Python processes that import torch: seconds of CPU each
 def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
     db_url = f"sqlite:///{tmp_path}/memory.db"
     script = tmp_path / "worker.py"
-    tests = str(Path(__file__).parent)
-    script.write_text(WORKER.format(tests=tests, data=str(tmp_path), url=db_url))
+    paths = [str(Path(__file__).parent), str(Path(__file__).parents[1])]  # this file's folder, the helpers'
+    script.write_text(WORKER.format(paths=paths, data=str(tmp_path), url=db_url))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     procs = [
         subprocess.Popen([sys.executable, str(script), f"worker-{t}"], env=env, stderr=subprocess.PIPE, text=True)

@@ -77,6 +77,7 @@ def smol_engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
     ).load()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_facts", [1, 3, 5])
 def test_smollm2_engine_injection_matches_block_diagonal(smol_engine: TransformersEngine, n_facts: int) -> None:
     texts = [
@@ -96,6 +97,7 @@ def test_smollm2_engine_injection_matches_block_diagonal(smol_engine: Transforme
     assert (injected - reference).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_prompt_mode_equals_full_causal_prefill(smol_engine: TransformersEngine) -> None:
     texts = ["Maya lives in Porto.", "Biscuit is a beagle."]
     fact_ids = [smol_engine.fact_token_ids(t) for t in texts]
@@ -107,6 +109,7 @@ def test_prompt_mode_equals_full_causal_prefill(smol_engine: TransformersEngine)
     assert (logits - full).abs().max().item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_encoding_is_batch_invariant(smol_engine: TransformersEngine) -> None:
     texts = ["Maya lives in Porto.", "Daniel's birthday is on June 14 and he likes jazz.", "Hi."]
     reqs = [EncodeRequest(smol_engine.fact_token_ids(t), smol_engine.system_prefix_ids()) for t in texts]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-DEMO_PATH = Path(__file__).resolve().parents[1] / "inferscale" / "data" / "demo_conversation.json"
+DEMO_PATH = Path(__file__).resolve().parents[2] / "inferscale" / "data" / "demo_conversation.json"
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mem0_fakes import ScriptedGenerator, facts, fake_config
 
 from inferscale import MemoryClient
+
+pytestmark = pytest.mark.slow  # every test loads the MiniLM embedder
 
 DISTRACTORS = [
     "My dog is a beagle named Pip.",

@@ -247,10 +247,12 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
 
 
 @pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
-    return SentenceTransformerEmbedder()
+def minilm(embedder: SentenceTransformerEmbedder) -> SentenceTransformerEmbedder:
+    """The default embedder (``SentenceTransformerEmbedder()``), loaded once per session by conftest.py."""
+    return embedder
 
 
+@pytest.mark.slow
 def test_default_embedder_loads_minilm(minilm: SentenceTransformerEmbedder) -> None:
     assert isinstance(minilm, Embedder)
     assert minilm.dim == 384
@@ -262,6 +264,7 @@ def test_default_embedder_loads_minilm(minilm: SentenceTransformerEmbedder) -> N
     np.testing.assert_allclose(minilm.embed(texts[:1])[0], vectors[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_paraphrase_scores_higher_than_unrelated(minilm: SentenceTransformerEmbedder) -> None:
     query, paraphrase, unrelated = minilm.embed(
         [
@@ -275,6 +278,7 @@ def test_paraphrase_scores_higher_than_unrelated(minilm: SentenceTransformerEmbe
     assert close > far + 0.3, (close, far)
 
 
+@pytest.mark.slow
 def test_embedder_edge_cases(minilm: SentenceTransformerEmbedder) -> None:
     empty = minilm.embed([])
     assert empty.shape == (0, 384) and empty.dtype == np.float32
@@ -290,6 +294,7 @@ def test_missing_embedder_folder_fails_on_first_use(tmp_path: Path) -> None:
         embedder.embed(["hello"])
 
 
+@pytest.mark.slow
 def test_scoped_semantic_search_end_to_end(minilm: SentenceTransformerEmbedder, tmp_path: Path) -> None:
     """Store facts for two users, index them by vector id, and search within one user's scope only."""
     store = MemoryStore(f"sqlite:///{tmp_path}/memory.db")

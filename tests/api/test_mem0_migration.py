@@ -14,7 +14,7 @@ from inferscale import Memory, MemoryConfig
 from inferscale.config import from_mem0_dict, is_mem0_config
 from inferscale.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "migrate_from_mem0.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "migrate_from_mem0.py"
 
 
 def load_example():  # type: ignore[no-untyped-def]

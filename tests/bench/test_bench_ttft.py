@@ -27,6 +27,7 @@ def engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
     )
 
 
+@pytest.mark.slow
 def test_ttft_bench_writes_every_cell(tmp_path: Path, engine: TransformersEngine, embedder: Any) -> None:
     settings = TTFTSettings(ks=(0, 2), repeats=1, warmup=0, dtype="float32", device="cpu", out_dir=tmp_path)
     report = run_ttft_bench(settings, engine=engine, embedder=embedder, facts=FACTS)

@@ -1,0 +1,62 @@
+"""What only the async client has: async drivers for the database URL, and concurrent tasks that interleave (SQL is
+awaited, CPU work runs in threads). Its Mem0 API runs with the sync client's in test_memory_api.py."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
+pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
+
+from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+
+from inferscale import AsyncMemory, AsyncMemoryClient
+from inferscale.storage.async_store import async_url
+
+
+def make(tmp_path: Path, db_url: str, generator: ScriptedGenerator | None = None) -> AsyncMemoryClient:
+    return AsyncMemory(
+        fake_config(tmp_path, db_url), embedder=HashEmbedder(), generator=generator or ScriptedGenerator()
+    )
+
+
+def test_async_url_maps_drivers() -> None:
+    assert async_url("sqlite:////tmp/m.db") == "sqlite+aiosqlite:////tmp/m.db"
+    assert async_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert async_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert async_url("postgresql+asyncpg://u@h/db") == "postgresql+asyncpg://u@h/db"
+
+
+def test_concurrent_tasks_interleave(tmp_path: Path) -> None:
+    """Many adds and reads as concurrent tasks on one SQLite file; a ticker task keeps running meanwhile."""
+    db_url = f"sqlite:///{tmp_path}/memory.db"
+
+    async def scenario() -> None:
+        async with make(tmp_path, db_url) as m:
+            ticks = 0
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not done.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            async def writer(i: int) -> None:
+                await m.add(f"fact {i} about the sea", user_id="shared", infer=False)
+                await m.search(f"fact {i}", user_id="shared", limit=2)
+
+            tick = asyncio.create_task(ticker())
+            await asyncio.gather(*(writer(i) for i in range(20)))
+            done.set()
+            await tick
+            assert ticks > 20
+            stored = (await m.get_all(user_id="shared"))["results"]
+            assert len(stored) == 20
+            for memory in stored:
+                assert [r["event"] for r in await m.history(memory["id"])] == ["ADD"]
+
+    asyncio.run(scenario())
