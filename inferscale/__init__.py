@@ -19,7 +19,7 @@ from inferscale.errors import (
     ScopeError,
     UnsupportedModelError,
 )
-from inferscale.types import ChatResult, Timings
+from inferscale.types import ChatResult, RecalledMemory, Timings
 
 if TYPE_CHECKING:
     from inferscale.async_client import AsyncMemory, AsyncMemoryClient
@@ -69,6 +69,7 @@ __all__ = [
     "MemoryConfig",
     "MemoryNotFoundError",
     "ModelNotAvailableError",
+    "RecalledMemory",
     "ScopeError",
     "Timings",
     "UnsupportedModelError",

@@ -84,4 +84,3 @@ def shown_memories(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 def fake_config(tmp_path: Path, db_url: str | None = None, **fields: Any) -> MemoryConfig:
     """A config whose data lives under ``tmp_path`` and that never encodes K/V on add (no engine needed)."""
     return MemoryConfig(data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(encode_on_add=False), **fields)
-

@@ -27,6 +27,7 @@ EXPECTED_ALL = [
     "MemoryConfig",
     "MemoryNotFoundError",
     "ModelNotAvailableError",
+    "RecalledMemory",
     "ScopeError",
     "Timings",
     "UnsupportedModelError",
@@ -49,4 +50,3 @@ def test_star_import_gives_every_public_name() -> None:
     namespace: dict[str, object] = {}
     exec("from inferscale import *", namespace)
     assert set(EXPECTED_ALL) <= set(namespace)
-

@@ -206,7 +206,6 @@ def test_api_round_trip(m: ClientAdapter) -> None:
     assert texts(m.get_all(user_id="alice")) == ["Likes go"]
 
 
-
 def test_add_update_delete_history(m: ClientAdapter) -> None:
     memory_id = m.add("Lives in Lisbon", user_id="alice", infer=False)["results"][0]["id"]
     got = m.get(memory_id)

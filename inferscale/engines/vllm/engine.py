@@ -4,9 +4,9 @@ Where fact K/V come from (route 2 of the design): facts are encoded by :class:`i
 transformers copy of the same weights, in the same dtype, on the engine's device. The system prefix is encoded the
 same way (pre-RoPE, positions from 0). A request then names, per segment, a safetensors file with those pre-RoPE
 K/V; the connector's workers rotate them to their positions and write them into vLLM's paged cache, so vLLM
-prefills only the query. ``tests/test_vllm_connector.py`` checks in float32 that this route agrees with vLLM's own
-prefill (a single fact encoded after the prefix gives the same first-token log-probabilities as a plain prefill of
-the same tokens) and with the transformers engine.
+prefills only the query. ``tests/engines/test_vllm_connector.py`` checks in float32 that this route agrees with
+vLLM's own prefill (a single fact encoded after the prefix gives the same first-token log-probabilities as a plain
+prefill of the same tokens) and with the transformers engine.
 
 Fact K/V handed in as tensors (:meth:`VLLMEngine.generate_kv`) are staged once per object into a private folder
 (the engine core runs in another process); K/V already in the KV store's files are named by path
@@ -209,7 +209,8 @@ class VLLMEngine(LayoutTokensMixin):
         with self._lock:
             if self._ready:
                 # The offline LLM's engine core client owns the engine core process and its IPC sockets;
-                # EngineCoreClient.shutdown() stops and closes them (the route tests/test_vllm_connector.py uses).
+                # EngineCoreClient.shutdown() stops and closes them (the route tests/engines/test_vllm_connector.py
+                # uses).
                 self._llm.llm_engine.engine_core.shutdown()
                 del self._llm
                 self._ready = False

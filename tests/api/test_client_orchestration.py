@@ -43,6 +43,7 @@ def _config(tmp_path: Path) -> MemoryConfig:
     return MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(max_new_tokens=4))
 
 
+@pytest.mark.slow
 def test_recall_returns_the_records_and_scores_search_returns(tmp_path: Path, embedder: Any) -> None:
     with MemoryClient(_config(tmp_path), embedder=embedder) as client:
         client.add(FACTS, user_id="maya", infer=False, encode_kv=False)
@@ -55,6 +56,7 @@ def test_recall_returns_the_records_and_scores_search_returns(tmp_path: Path, em
     assert all(r.record.user_id == "maya" for r in recalled)
 
 
+@pytest.mark.slow
 def test_async_recall_equals_sync_recall(tmp_path: Path, embedder: Any) -> None:
     with MemoryClient(_config(tmp_path), embedder=embedder) as client:
         client.add(FACTS, user_id="maya", infer=False, encode_kv=False)
@@ -69,6 +71,7 @@ def test_async_recall_equals_sync_recall(tmp_path: Path, embedder: Any) -> None:
     assert [r.score for r in got] == pytest.approx([r.score for r in expected], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_metadata_only_update_neither_re_embeds_nor_drops_kv(tmp_path: Path, embedder: Any) -> None:
     counting = CountingEmbedder(embedder)
     with MemoryClient(_config(tmp_path), embedder=counting) as client:
