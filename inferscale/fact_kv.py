@@ -119,9 +119,10 @@ class FactKVManager:
         return found  # type: ignore[return-value]
 
     def forget(self, memory_id: str) -> None:
-        """Remove a memory's K/V tensors from every tier (its ``kv_entries`` rows went with the SQL change that
-        deleted or re-worded it)."""
+        """Remove a memory's K/V from every tier and its ``kv_entries`` rows (after a delete or a new text, the
+        transaction that made the change has already deleted the rows)."""
         self._store.delete_memory(memory_id)
+        self._db.delete_kv_entries(memory_id)
 
     def clear(self) -> None:
         """Drop every stored K/V (the SQL rows are cleared by the caller's reset)."""

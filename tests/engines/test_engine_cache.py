@@ -97,6 +97,7 @@ def test_reused_workspace_leaks_nothing_between_requests(smollm2_fp32: tuple[Any
     assert torch.equal(after_long, alone)
 
 
+@pytest.mark.slow
 def test_close_keeps_a_given_model_and_reloads(smollm2_fp32: tuple[Any, Any]) -> None:
     """close() drops what the engine built (prefix K/V, table) but never a model the caller passed in; the next use
     loads again and answers the same."""

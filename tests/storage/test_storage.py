@@ -533,7 +533,7 @@ def test_async_store_matches_the_sync_store(store: MemoryStore) -> None:
 
 # ---- structure -------------------------------------------------------------------------------------------------
 
-STORAGE = Path(__file__).resolve().parents[1] / "inferscale" / "storage"
+STORAGE = Path(__file__).resolve().parents[2] / "inferscale" / "storage"
 
 
 def _storage_imports(path: Path) -> list[tuple[str, list[str]]]:
