@@ -7,6 +7,9 @@ Writes go to SQL first (the source of truth), in one transaction per call with a
 FAISS index and the fact K/V are derived from it (:mod:`inferscale.derived`). A call that fails validation raises
 before anything is written. :class:`~inferscale.client_core.ClientCore` holds what this client shares with
 :class:`inferscale.async_client.AsyncMemoryClient`.
+
+Why one file over 400 lines: one documented public method per Mem0 call (v1 and v2 shapes), each a thin shell over
+the shared core and the derived stores; the logic lives in :mod:`inferscale.client_core` and :mod:`inferscale.derived`.
 """
 
 from __future__ import annotations

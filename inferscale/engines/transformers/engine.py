@@ -4,6 +4,9 @@ KV mode (paper: KV injection): the system prefix's K/V (prefilled once and reuse
 pre-RoPE K/V rotated to their serving positions (:func:`inferscale.kv.compose.assemble`), are written into a fresh
 cache; the model prefills only the query tokens, with explicit position ids ``P+S .. P+S+Q-1``, and decodes.
 Prompt mode (the Mem0-style baseline): the same fact tokens are prefilled after the same cached prefix.
+
+Why one file over 400 lines: it is one class, the request path from assembly to the last decoded token, which reads
+top to bottom; the serving remedies live in :mod:`.remedies`, the cache in :mod:`.cache`.
 """
 
 from __future__ import annotations
