@@ -116,7 +116,10 @@ class FactKVManager:
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
-        return found  # type: ignore[return-value]
+        complete = [fact for fact in found if fact is not None]
+        if len(complete) != len(found):
+            raise AssertionError("every K/V lookup miss is encoded above")
+        return complete
 
     def forget(self, memory_id: str) -> None:
         """Remove a memory's K/V from every tier and its ``kv_entries`` rows (after a delete or a new text, the

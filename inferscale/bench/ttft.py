@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from inferscale.client import MemoryClient
     from inferscale.engines.base import Engine
     from inferscale.retrieval import Embedder
+    from inferscale.types import ChatMode
 
 __all__ = [
     "DEFAULT_KS",
@@ -241,11 +242,11 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
 
     scope = Scope(user_id=USER_ID).key()
 
-    def chat(k: int, mode: str) -> Any:
+    def chat(k: int, mode: ChatMode) -> Any:
         if cold:  # untimed: forget earlier repeats, keep this user's system prefix (prompt mode)
             engine.reset_prefix_cache()
             engine.generate_prompt("Hello.", [], 1, cache_scope=scope)
-        return client.chat(query, user_id=USER_ID, limit=k, mode=mode, max_new_tokens=1)  # type: ignore[arg-type]
+        return client.chat(query, user_id=USER_ID, limit=k, mode=mode, max_new_tokens=1)
 
     for _ in range(settings.warmup):  # untimed: kernels, allocator and caches of both paths at the largest k
         chat(max(settings.ks), "prompt")

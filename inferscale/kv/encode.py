@@ -177,9 +177,11 @@ class PreRopeCapture:
         Raises:
             UnsupportedModelError: when some layer's key or value source did not run.
         """
-        if any(k is None for k in self.keys) or any(v is None for v in self.values):
+        keys = [k for k in self.keys if k is not None]
+        values = [v for v in self.values if v is not None]
+        if len(keys) != len(self.keys) or len(values) != len(self.values):
             raise UnsupportedModelError("a layer's key or value projection was not called during the forward pass")
-        return torch.stack(self.keys), torch.stack(self.values)  # type: ignore[arg-type]
+        return torch.stack(keys), torch.stack(values)
 
 
 class FactEncoder:
@@ -221,12 +223,11 @@ class FactEncoder:
             if req.position_gap < 0:
                 raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
-        out: list[FactKV | None] = [None] * len(requests)
+        encoded: dict[int, FactKV] = {}
         for start in range(0, len(order), self._batch_size):
             chunk = order[start : start + self._batch_size]
-            for i, fact in zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True):
-                out[i] = fact
-        return out  # type: ignore[return-value]
+            encoded.update(zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True))
+        return [encoded[i] for i in range(len(requests))]
 
     def _encode_batch(self, batch: list[EncodeRequest]) -> list[FactKV]:
         device = self.device
