@@ -1,0 +1,215 @@
+"""add(infer=True) on both clients with fakes (no model loads): fact extraction, the reconcile decisions and their
+atomic writes, chunking, grounding, and the index catching up with another client. Every test runs on MemoryClient
+and AsyncMemoryClient (through ``client_adapter``), each on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from client_adapter import MakeClient
+from mem0_fakes import (
+    HashEmbedder,
+    ScriptedGenerator,
+    facts,
+    fake_config,
+    shown_memories,
+)
+
+from inferscale.errors import ExtractionError
+
+
+def texts(results: dict[str, list[dict[str, object]]]) -> list[object]:
+    return [r["memory"] for r in results["results"]]
+
+
+# ---- add(infer=True): extraction and reconcile ---------------------------------------------------------------
+
+PIP = "Pip the beagle was adopted from the Riverside shelter in 2019."
+
+
+def test_same_fact_twice_is_one_memory(make: MakeClient) -> None:
+    gen = ScriptedGenerator(facts=facts(PIP))
+    m = make(gen)
+    first = m.add(PIP, user_id="u")["results"]
+    assert [(r["memory"], r["event"]) for r in first] == [(PIP, "ADD")]
+    assert m.add(PIP, user_id="u")["results"] == []
+    assert texts(m.get_all(user_id="u")) == [PIP]
+    assert [r["event"] for r in m.history(first[0]["id"])] == ["ADD"]
+    # The exact duplicate never reached the reconcile LLM.
+    assert gen.titles() == ["ExtractedFacts", "ExtractedFacts"]
+
+
+def test_thai_food_preference_is_updated(make: MakeClient) -> None:
+    def update(messages: list[dict[str, str]]) -> str:
+        (old,) = shown_memories(messages)
+        answer = {"id": old["id"], "text": "Hates Thai food", "event": "UPDATE", "old_memory": old["text"]}
+        return json.dumps({"memory": [answer]})
+
+    gen = ScriptedGenerator(facts=[facts("Loves Thai food"), facts("Hates Thai food")], decisions=update)
+    m = make(gen)
+    added = m.add("I love Thai food", user_id="u", run_id="r1")["results"]
+    assert texts(m.get_all(user_id="u", run_id="r1")) == ["Loves Thai food"]
+    changed = m.add("I hate Thai food", user_id="u", run_id="r1")["results"]
+    assert changed == [
+        {"id": added[0]["id"], "memory": "Hates Thai food", "event": "UPDATE", "previous_memory": "Loves Thai food"}
+    ]
+    assert texts(m.get_all(user_id="u", run_id="r1")) == ["Hates Thai food"]
+    rows = m.history(added[0]["id"])
+    assert [(r["event"], r["old_memory"], r["new_memory"]) for r in rows] == [
+        ("ADD", None, "Loves Thai food"),
+        ("UPDATE", "Loves Thai food", "Hates Thai food"),
+    ]
+    assert texts(m.search("Thai food", user_id="u", run_id="r1")) == ["Hates Thai food"]
+
+
+def test_thai_food_as_delete_plus_add_is_atomic(make: MakeClient) -> None:
+    decisions = json.dumps(
+        {
+            "memory": [
+                {"id": "0", "text": "", "event": "DELETE"},
+                {"id": "new", "text": "Hates Thai food", "event": "ADD"},
+            ]
+        }
+    )
+    gen = ScriptedGenerator(facts=[facts("Loves Thai food"), facts("Hates Thai food")], decisions=decisions)
+    m = make(gen)
+    old_id = m.add("I love Thai food", user_id="u", run_id="r1")["results"][0]["id"]
+    events = [(r["event"], r["memory"]) for r in m.add("I hate Thai food", user_id="u", run_id="r1")["results"]]
+    assert events == [("DELETE", "Loves Thai food"), ("ADD", "Hates Thai food")]
+    assert texts(m.get_all(user_id="u", run_id="r1")) == ["Hates Thai food"]
+    assert [r["event"] for r in m.history(old_id)] == ["ADD", "DELETE"]
+    assert m.history(old_id)[-1]["old_memory"] == "Loves Thai food"
+
+
+def test_unknown_id_is_skipped_with_a_warning(make: MakeClient, caplog: pytest.LogCaptureFixture) -> None:
+    answer = (
+        '{"memory":[{"id":"0","text":"Lives in Porto","event":"UPDATE","old_memory":"Lives in Lisbon"},'
+        '{"id":"9","text":"x","event":"DELETE"}]}'
+    )
+    gen = ScriptedGenerator(facts=facts("Lives in Porto"), decisions=answer)
+    m = make(gen)
+    stored = ["Lives in Lisbon", "Works as a nurse", "Has two cats"]
+    ids = [m.add(text, user_id="u", infer=False)["results"][0]["id"] for text in stored]
+    with caplog.at_level(logging.WARNING, logger="inferscale.memory.reconcile"):
+        results = m.add("I moved to Porto", user_id="u")["results"]
+    assert [(r["id"], r["event"], r["memory"]) for r in results] == [(ids[0], "UPDATE", "Lives in Porto")]
+    assert any("'9'" in record.getMessage() for record in caplog.records)
+    assert texts(m.get_all(user_id="u")) == ["Lives in Porto", "Works as a nurse", "Has two cats"]
+    # The LLM saw short ids only, never a UUID.
+    _, prompt = gen.calls[-1]
+    assert [s["id"] for s in shown_memories(prompt)] == ["0", "1", "2"]
+    assert not any(memory_id in prompt[-1]["content"] for memory_id in ids)
+
+
+def test_reconcile_update_and_unknown_id(make: MakeClient) -> None:
+    def update(messages: list[dict[str, str]]) -> str:
+        shown = shown_memories(messages)
+        lisbon = next(s["id"] for s in shown if s["text"] == "Lives in Lisbon")
+        return json.dumps(
+            {
+                "memory": [
+                    {"id": lisbon, "text": "Lives in Porto", "event": "UPDATE", "old_memory": "Lives in Lisbon"},
+                    {"id": "9", "text": "x", "event": "DELETE"},
+                ]
+            }
+        )
+
+    gen = ScriptedGenerator(facts=[facts("Lives in Lisbon"), facts("Lives in Porto")], decisions=update)
+    m = make(gen)
+    first = m.add("I live in Lisbon", user_id="u")["results"]
+    second = m.add("I moved to Porto", user_id="u")["results"]
+    assert [(r["id"], r["event"]) for r in second] == [(first[0]["id"], "UPDATE")]
+    assert texts(m.get_all(user_id="u")) == ["Lives in Porto"]
+
+
+def test_prose_and_fenced_json_from_an_endpoint(make: MakeClient) -> None:
+    raw = 'Sure! Here is what I found:\n```json\n{"facts": ["Owns a red bicycle"]}\n```\nLet me know if you need more.'
+    m = make(ScriptedGenerator(facts=raw))
+    assert texts(m.add("I ride my red bike to work", user_id="u")) == ["Owns a red bicycle"]
+    assert texts(m.get_all(user_id="u")) == ["Owns a red bicycle"]
+
+
+def test_unparseable_reconcile_answer_writes_nothing(make: MakeClient) -> None:
+    gen = ScriptedGenerator(facts=[facts("Likes tea"), facts("Likes green tea")], decisions="I cannot help with that.")
+    m = make(gen)
+    m.add("I like tea", user_id="u")
+    with pytest.raises(ExtractionError):
+        m.add("I like green tea", user_id="u")
+    assert texts(m.get_all(user_id="u")) == ["Likes tea"]
+
+
+def test_chinese_fact_is_kept_verbatim(make: MakeClient) -> None:
+    fact = "林晓雨在青木科技做产品经理"
+    m = make(ScriptedGenerator(facts=facts("名字是林晓雨", fact)))
+    m.add([{"role": "user", "content": "我叫林晓雨，在青木科技做产品经理。"}], user_id="cn1")
+    stored = texts(m.get_all(user_id="cn1"))
+    assert stored == ["名字是林晓雨", fact]
+    assert texts(m.search("林晓雨在哪里工作？", user_id="cn1", limit=1)) == [fact]
+    assert m.get_all(user_id="cn1", filters={"user_id": "cn1"})["results"][1]["memory"] == fact
+
+
+def test_long_conversation_is_extracted_in_chunks(make: MakeClient) -> None:
+    seen: list[str] = []
+
+    def extract(messages: list[dict[str, str]]) -> str:
+        conversation = messages[-1]["content"]
+        seen.append(conversation)
+        marker = re.search(r"topic\d+", conversation)
+        return facts(f"Discussed {marker.group(0) if marker else 'nothing'}")
+
+    embedder = HashEmbedder()
+    m = make(ScriptedGenerator(facts=extract), embedder=embedder)
+    sentence = "We talked about the weather, the harbour and the trains again today. "
+    turns = [{"role": "user", "content": f"topic{i}: " + sentence * 8} for i in range(90)]
+    turns[10]["content"] = "topic10: " + sentence * 200  # one message longer than a chunk
+    total_bytes = sum(len(t["content"].encode()) for t in turns)
+    assert total_bytes / 4 > 12_000  # about 12k tokens or more
+    results = m.add(turns, user_id="u")["results"]
+    budget = m.config.llm.max_input_tokens
+    assert len(seen) > 1 and all(len(c.encode()) / 3 <= budget + 40 for c in seen)
+    stored = [r["memory"] for r in results]
+    assert len(stored) == len(set(stored)) >= len(seen) - 2  # pieces of topic10 repeat its marker
+    assert stored[0] == "Discussed topic0"
+    assert embedder.max_chars_seen < 100  # only short facts were embedded
+
+
+def test_ungrounded_facts_are_dropped_and_the_turn_kept(make: MakeClient) -> None:
+    message = "我叫林晓雨，在青木科技做产品经理。"
+    gen = ScriptedGenerator(facts=facts("User will fly to Rome on 3 July", "User hates flying"))
+    m = make(gen)
+    assert texts(m.add(message, user_id="cn1")) == [message]
+    gen = ScriptedGenerator(facts=facts("User will eat walnuts on 3 July", "User has a nut allergy"))
+    m = make(gen)
+    assert texts(m.add("I'm allergic to walnuts.", user_id="a")) == ["User has a nut allergy"]
+
+
+def test_reconcile_off_only_adds(tmp_path: Path, db_url: str, make: MakeClient) -> None:
+    from inferscale.config import LLMConfig
+
+    gen = ScriptedGenerator(facts=[facts("Likes tea"), facts("Likes green tea")])
+    config = fake_config(tmp_path, db_url, llm=LLMConfig(reconcile=False))
+    m = make(gen, config=config)
+    m.add("I like tea", user_id="u")
+    m.add("I like green tea", user_id="u")
+    assert texts(m.get_all(user_id="u")) == ["Likes tea", "Likes green tea"]
+    assert gen.titles() == ["ExtractedFacts", "ExtractedFacts"]
+
+
+def test_index_catches_up_with_another_client(make: MakeClient) -> None:
+    a = make()
+    b = make()
+    a.add("Likes chess", user_id="u", infer=False)
+    # Both clients load their index now (a search does, on either kind), before b adds behind a's back.
+    assert texts(a.search("chess", user_id="u", limit=1)) == texts(b.search("chess", user_id="u", limit=1))
+    if a.kind == "sync":  # the async client has no public index
+        assert len(a.index) == 1
+        assert len(b.index) == 1
+    b.add("Likes tennis", user_id="u", infer=False)
+    assert texts(a.search("tennis", user_id="u", limit=1)) == ["Likes tennis"]
+    if a.kind == "sync":
+        assert np.isin(b.index.ids(), a.index.ids()).all()

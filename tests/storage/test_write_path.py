@@ -1,0 +1,185 @@
+"""The storage layer's one write path: store calls and change sets through the same session functions, the async
+store through them too, and the package's import structure (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.scope import Scope
+from inferscale.storage import ChangeSet, MemoryStore, MemoryUpdate, NewMemory, hash_text
+from inferscale.storage.changes import validate_changes
+
+ALICE = Scope(user_id="alice")
+BOB = Scope(user_id="bob")
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[MemoryStore]:
+    """A store on each backend (SQLite file, fresh PostgreSQL schema; see ``db_url`` in conftest.py)."""
+    store = MemoryStore(db_url)
+    yield store
+    store.close()
+
+
+# ---- one write path: store methods are change sets -------------------------------------------------------------
+
+
+def test_update_that_changes_nothing_is_still_recorded(store: MemoryStore) -> None:
+    # MemoryStore.update always writes (history row, new updated_at); a change set skips a no-op update.
+    record = store.add("likes tea", ALICE, {"k": 1})
+    same = store.update(record.id, "likes tea", {"k": 1}, actor="eval")
+    assert (same.text, same.metadata) == ("likes tea", {"k": 1}) and same.updated_at >= record.updated_at
+    assert [e.event for e in store.history(record.id)] == ["ADD", "UPDATE"]
+
+    applied = store.apply(ChangeSet(ALICE, updates=(MemoryUpdate(record.id, "likes tea"),)))
+    assert applied.updated == [] and applied.skipped == [f"UPDATE of memory {record.id!r} skipped: nothing changes"]
+    assert [e.event for e in store.history(record.id)] == ["ADD", "UPDATE"]
+
+
+def test_store_add_keeps_duplicates_while_change_sets_skip_them(store: MemoryStore) -> None:
+    first = store.add("likes tea", ALICE)
+    second = store.add("likes tea", ALICE)
+    assert first.id != second.id and first.hash == second.hash
+    applied = store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"),)))
+    assert applied.added == [] and len(applied.skipped) == 1
+    assert [m.id for m in store.list(ALICE)] == [first.id, second.id]
+
+
+def test_change_sets_are_validated_like_store_calls() -> None:
+    one_turn: Any = "one turn"  # a str where a tuple of turns belongs
+    with pytest.raises(InvalidInputError, match="context must be a list of str"):
+        validate_changes(ChangeSet(ALICE, adds=(NewMemory("x", context=one_turn),)))
+    scope_dict: Any = {"user_id": "alice"}
+    with pytest.raises(InvalidInputError, match=r"scope must be an inferscale\.scope\.Scope"):
+        validate_changes(ChangeSet(scope_dict, adds=(NewMemory("x"),)))
+    with pytest.raises(InvalidInputError, match="nothing to update"):
+        validate_changes(ChangeSet(None, updates=(MemoryUpdate("some-id"),)))
+
+
+# ---- the async store runs the same session functions -----------------------------------------------------------
+
+
+def _async_store(store: MemoryStore) -> Any:
+    """An AsyncMemoryStore on the same database (and PostgreSQL schema) as ``store``."""
+    pytest.importorskip("aiosqlite", reason="the async store needs aiosqlite (pip install aiosqlite)")
+    pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
+    from inferscale.storage.async_store import AsyncMemoryStore
+
+    return AsyncMemoryStore(store.url)
+
+
+def test_async_get_checks_the_scope_in_sql(store: MemoryStore) -> None:
+    astore = _async_store(store)
+    record = store.add("bob's secret", BOB)
+
+    async def body() -> None:
+        try:
+            assert await astore.get(record.id) == record
+            assert await astore.get(record.id, BOB) == record
+            assert await astore.get(record.id, Scope(user_id="bob", run_id=None)) == record
+            assert await astore.get(record.id, ALICE) is None
+            assert await astore.get(record.id, Scope(user_id="bob", agent_id="other")) is None
+            assert await astore.get(str(uuid.uuid4()), BOB) is None
+            with pytest.raises(InvalidInputError):
+                await astore.get(record.id, {"user_id": "bob"})
+        finally:
+            await astore.close()
+
+    asyncio.run(body())
+
+
+def test_async_store_matches_the_sync_store(store: MemoryStore) -> None:
+    astore = _async_store(store)
+
+    async def body() -> None:
+        try:
+            added = await astore.add("likes tea", ALICE, {"k": 1}, context=["turn"], actor="user")
+            assert store.get(added.id) == added and added.context == ["turn"]
+            twice = await astore.add("likes tea", ALICE)
+            assert twice.id != added.id
+
+            same = await astore.update(added.id, None, {"k": 1})
+            assert same.metadata == {"k": 1}
+            changed = await astore.update(added.id, "likes green tea", actor="reconciler")
+            assert changed.hash == hash_text("likes green tea") and store.get(added.id) == changed
+            with pytest.raises(MemoryNotFoundError):
+                await astore.update(str(uuid.uuid4()), "x")
+            with pytest.raises(InvalidInputError, match="nothing to update"):
+                await astore.update(added.id, None)
+
+            entry = await astore.put_kv_entry(added.id, changed.hash, "fp", "w0", 3, 64, "/kv/1")
+            replaced = await astore.put_kv_entry(added.id, changed.hash, "fp", "w0", 4, 128, "/kv/2")
+            assert replaced.id == entry.id and await astore.get_kv_entry(added.id, "fp", "w0") == replaced
+            assert store.get_kv_entry(added.id, "fp", "w0") == replaced
+            with pytest.raises(MemoryNotFoundError):
+                await astore.put_kv_entry(str(uuid.uuid4()), "h", "fp", "w0", 1, 1, "loc")
+            assert [e.location for e in await astore.delete_kv_entries(added.id)] == ["/kv/2"]
+            assert await astore.delete_kv_entries(added.id) == []
+
+            assert await astore.delete(added.id, actor="user") == changed
+            with pytest.raises(MemoryNotFoundError):
+                await astore.delete(added.id)
+            events = await astore.history(added.id)
+            assert events == store.history(added.id)
+            assert [(e.event, e.actor) for e in events] == [
+                ("ADD", "user"),
+                ("UPDATE", None),
+                ("UPDATE", "reconciler"),
+                ("DELETE", "user"),
+            ]
+            assert [m.id for m in await astore.list(ALICE)] == [twice.id]
+        finally:
+            await astore.close()
+
+    asyncio.run(body())
+
+
+# ---- structure -------------------------------------------------------------------------------------------------
+
+STORAGE = Path(__file__).resolve().parents[2] / "inferscale" / "storage"
+
+
+def _storage_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of every import of an ``inferscale.storage`` module in ``path``, lazy ones included."""
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("inferscale.storage"):
+            found.append((node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, []) for a in node.names if a.name.startswith("inferscale.storage"))
+    return found
+
+
+def test_storage_modules_import_no_circle_and_no_privates() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(STORAGE.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = f"inferscale.storage.{path.stem}"
+        imports = _storage_imports(path)
+        assert all(m != "inferscale.storage" for m, _ in imports), f"{module} imports the package __init__"
+        private = [(m, n) for m, names in imports for n in names if n.startswith("_")]
+        assert private == [], f"{module} imports private names {private}"
+        graph[module] = {m for m, _ in imports}
+
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for target in graph.get(module, set()):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+    assert max(len(p.read_text().splitlines()) for p in STORAGE.glob("*.py")) <= 400
