@@ -35,7 +35,7 @@ from inferscale.storage.changes import (
     update_change,
     validate_changes,
 )
-from inferscale.storage.database import WRITE_OPTION, configure_sqlite, sqlite_file
+from inferscale.storage.database import WRITE_OPTION, configure_sqlite, enable_wal, sqlite_file
 from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
 from inferscale.storage.models import Base
 from inferscale.storage.queries import (
@@ -140,7 +140,7 @@ class AsyncMemoryStore:
                 if path is None:
                     engine = create_async_engine(parsed, poolclass=StaticPool)
                 else:
-                    path.parent.mkdir(parents=True, exist_ok=True)
+                    enable_wal(path)  # one short blocking call, on first use only
                     engine = create_async_engine(parsed)
                 configure_sqlite(engine.sync_engine)
                 return engine

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +28,32 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database).expanduser()
 
 
+_WAL_SWITCH = threading.Lock()
+
+
+def enable_wal(path: Path) -> None:
+    """Create the parent folder of the SQLite file ``path`` and switch the file to WAL mode (readers do not block
+    the writer), once, before any pooled connection opens it. WAL is kept in the file, so later connections need
+    no switch. The switch takes an exclusive lock that SQLite refuses at once ("database is locked") to a second
+    connection switching the same new file, so this process's switches take turns under one lock (two processes
+    creating one file at the same instant can still race).
+
+    Raises:
+        sqlite3.OperationalError: when the file cannot be opened or switched.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _WAL_SWITCH, closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as conn:
+        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+
+
 def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     # The driver's own implicit BEGIN is turned off: SQLAlchemy's "begin" event emits it (see _sqlite_begin).
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        # busy_timeout first: switching to WAL needs a lock another process may hold for a moment.
+        # The file is already in WAL (enable_wal, when the engine was made): WAL is a property of the file.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode=WAL")  # in-memory databases answer "memory"; harmless
         cursor.execute("PRAGMA synchronous=NORMAL")  # durable under WAL except against power loss
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
@@ -59,10 +80,10 @@ def configure_sqlite(engine: Engine) -> None:
 
 def make_engine(url: str) -> Engine:
     """Create an engine for ``url`` (any SQLAlchemy URL, e.g. ``sqlite:////tmp/m.db`` or
-    ``postgresql+psycopg://user@host:5432/db``). Connects lazily: no I/O happens here except creating the
-    parent folder of a SQLite file.
+    ``postgresql+psycopg://user@host:5432/db``). Connects lazily: no I/O happens here except, for a SQLite file,
+    creating its folder and switching it to WAL (:func:`enable_wal`).
 
-    SQLite connections get ``journal_mode=WAL`` (readers do not block the writer), ``foreign_keys=ON``, a
+    SQLite connections get ``foreign_keys=ON``, a
     ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds, and ``BEGIN IMMEDIATE`` on connections that
     carry the :data:`WRITE_OPTION` execution option. An in-memory SQLite database is shared by
     every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``.
@@ -83,7 +104,7 @@ def make_engine(url: str) -> Engine:
             if path is None:
                 engine = create_engine(parsed, connect_args={"check_same_thread": False}, poolclass=StaticPool)
             else:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                enable_wal(path)
                 engine = create_engine(parsed)
             configure_sqlite(engine)
             return engine
