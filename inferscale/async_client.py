@@ -11,7 +11,8 @@ Where the time goes, and where it runs:
 - K/V bookkeeping (``kv_entries`` rows written while encoding) goes through the sync store inside those worker
   threads, never on the loop.
 
-Every public coroutine delegates to a protected one of the same name (``search`` → ``_asearch``).
+Every public coroutine that answers in Mem0's shapes delegates to a protected one of the same name (``search`` →
+``_asearch``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ class MemoryClient(ClientCore):
     """Long-term memory for agents, with KV-injected recall in :meth:`chat`.
 
     Construction does no I/O: the database, index and models are opened on first use. Every public method
-    delegates to a protected one of the same name (``add`` → ``_add``), the shape the async client mirrors.
+    that answers in Mem0's shapes delegates to a protected one of the same name (``add`` → ``_add``), the shape
+    the async client mirrors.
 
     Args:
         config: a :class:`MemoryConfig`, a dict of its fields, or a Mem0-shaped dict (``{"llm": ..., "embedder":
@@ -142,7 +143,8 @@ class MemoryClient(ClientCore):
         run_id: str | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata; records an UPDATE
-        history row. The memory is re-embedded; its K/V are dropped and encoded again on next use (lazily).
+        history row. A new text is re-embedded and its K/V dropped (encoded again on next use, lazily); a
+        metadata-only update keeps the vector and the K/V.
 
         Returns:
             ``{"message": "Memory updated successfully!", "result": <memory dict>}`` (the dict as after the update;

@@ -84,10 +84,19 @@ class ClientCore:
         self._owns_engine = engine is None
         self._embedder = embedder
         self._generator = generator
-        self._owned_generator: OpenAIJSONGenerator | None = None  # built here from config.llm, so closed here
+        self._owned_generator: OpenAIJSONGenerator | None = None  # an HTTP client built here, so closed here
+        self._generator_built_here = False  # built from config.llm (not passed in): released by close()
         self._lock = threading.RLock()
         self._db: MemoryStore | None = None
-        self._derived: DerivedStores | None = None
+        self._derived = DerivedStores(
+            self.config,
+            db=lambda: self.db,
+            embedder=lambda: self.embedder,
+            engine=lambda: self.engine,
+            index_path=self._index_path(),
+            kv_dir=self._kv_dir(),
+            lock=self._lock,
+        )
 
     # ---- locations -------------------------------------------------------------------------------------------
     def _db_url(self) -> str:
@@ -163,18 +172,8 @@ class ClientCore:
 
     @property
     def derived(self) -> DerivedStores:
-        """The vector index and the facts' K/V, kept in step with SQL (built without I/O)."""
-        with self._lock:
-            if self._derived is None:
-                self._derived = DerivedStores(
-                    self.config,
-                    db=lambda: self.db,
-                    embedder=lambda: self.embedder,
-                    engine=lambda: self.engine,
-                    index_path=self._index_path(),
-                    kv_dir=self._kv_dir(),
-                )
-            return self._derived
+        """The vector index and the facts' K/V, kept in step with SQL (built with the client; no I/O)."""
+        return self._derived
 
     @property
     def kv_store(self) -> KVStore:
@@ -198,11 +197,13 @@ class ClientCore:
                         raise ConfigError("llm provider 'openai' needs base_url and model")
                     self._owned_generator = OpenAIJSONGenerator(llm.base_url, llm.api_key, llm.model)
                     self._generator = self._owned_generator
+                    self._generator_built_here = True
                 else:
                     from inferscale.memory import TransformersJSONGenerator
 
                     engine = self.engine
                     self._generator = TransformersJSONGenerator(engine.model, engine.tokenizer)
+                    self._generator_built_here = True
             return self._generator
 
     # ---- add: extraction and reconcile (pure or CPU-bound steps) ---------------------------------------------
@@ -376,15 +377,17 @@ class ClientCore:
         )
 
     def _release(self) -> None:
-        """Write the index file if it changed, and release what this client built: an HTTP LLM client and the
-        engine (its model, or the vLLM engine and its processes). The SQL stores are closed by the caller."""
+        """Write the index file if it changed, and release what this client built: the JSON generator (an HTTP
+        client is closed) and the engine (its model, or the vLLM engine and its processes). The SQL stores are
+        closed by the caller."""
         with self._lock:
-            if self._derived is not None:
-                self._derived.save_index(force=True)
-            if self._owned_generator is not None:
-                owned, self._owned_generator, self._generator = self._owned_generator, None, None
-                owned.close()
+            self._derived.save_index(force=True)
+            if self._generator_built_here:
+                owned, self._owned_generator = self._owned_generator, None
+                self._generator, self._generator_built_here = None, False
+                if owned is not None:
+                    owned.close()
             if self._owns_engine and self._engine is not None:
                 engine, self._engine = self._engine, None
-                self._derived = None  # its K/V manager holds the engine; rebuilt (index reloaded) on next use
+                self._derived.release_kv()  # its K/V manager holds the engine
                 engine.close()

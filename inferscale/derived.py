@@ -171,6 +171,8 @@ class DerivedStores:
         engine: returns the chat engine (built lazily by the client).
         index_path: the index file.
         kv_dir: the directory of the disk K/V tier.
+        lock: the client's lock (reentrant). One lock for the client and its derived stores: the steps call back
+            into the client's lazy parts (embedder, engine), which take it too.
     """
 
     def __init__(
@@ -181,6 +183,7 @@ class DerivedStores:
         engine: Callable[[], Engine],
         index_path: Path,
         kv_dir: Path,
+        lock: threading.RLock,
     ) -> None:
         self._config = config
         self._db = db
@@ -188,7 +191,7 @@ class DerivedStores:
         self._engine = engine
         self._index_path = index_path
         self._kv_dir = kv_dir
-        self._lock = threading.RLock()
+        self._lock = lock
         self._index: VectorIndex | None = None
         self._index_dirty = False
         self._index_saved_at = 0.0
@@ -225,7 +228,8 @@ class DerivedStores:
 
     def _catch_up_steps(self, index: VectorIndex, allowed: np.ndarray) -> Steps[None]:
         """Embed memories that another client (thread or process) stored after this index was loaded."""
-        missing = np.setdiff1d(allowed, index.ids(), assume_unique=True)
+        with self._lock:
+            missing = np.setdiff1d(allowed, index.ids(), assume_unique=True)
         if missing.size:
             records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in missing))
             with self._lock:
@@ -304,16 +308,20 @@ class DerivedStores:
 
     def _forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted or re-worded memories from every tier. Their ``kv_entries`` rows were
-        deleted by the same transaction as the change (:func:`inferscale.storage.changes.apply_in_session`)."""
+        deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
+        no SQL runs here."""
         if not memory_ids:
             return
-        if self._fact_kv is not None:
-            for memory_id in memory_ids:
-                self._fact_kv.forget(memory_id)
-            return
-        store = KVStore(self._kv_dir)  # the engine is not loaded: only the disk tier can hold them
+        # Without a K/V manager the engine is not loaded and only the disk tier can hold them.
+        store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         for memory_id in memory_ids:
             store.delete_memory(memory_id)
+
+    def release_kv(self) -> None:
+        """Drop the K/V manager (and with it the engine it holds and the memory tiers' tensors); the disk tier and
+        the index stay. The next K/V use builds it again."""
+        with self._lock:
+            self._fact_kv = None
 
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""

@@ -62,6 +62,8 @@ def _targets(nodes: list[ast.stmt], typing_only: bool, out: dict[str, set[str]])
             continue
         for child in ast.walk(node):
             names: list[str] = []
+            if isinstance(child, ast.ImportFrom) and child.level:
+                raise AssertionError(f"relative import at line {child.lineno}: write it absolute, for this check")
             if isinstance(child, ast.ImportFrom) and child.module:
                 names = [child.module]
             elif isinstance(child, ast.Import):

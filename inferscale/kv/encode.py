@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inferscale.errors import UnsupportedModelError
+from inferscale.errors import InvalidInputError, UnsupportedModelError
 from inferscale.kv.fact import FactKV
 
 
@@ -43,6 +43,28 @@ class EncodeRequest:
     fact_ids: Sequence[int]
     context_ids: Sequence[int] = field(default=())
     position_gap: int = 0
+
+    @property
+    def span(self) -> int:
+        """The positions the fact needs with its context and position gap (tokens)."""
+        return len(self.context_ids) + self.position_gap + len(self.fact_ids)
+
+
+def check_spans(requests: Sequence[EncodeRequest], max_positions: int) -> None:
+    """Refuse requests that reach past a model's context window before anything is encoded.
+
+    Args:
+        max_positions: the model's context window (tokens).
+
+    Raises:
+        InvalidInputError: naming the first request whose :attr:`EncodeRequest.span` exceeds ``max_positions``.
+    """
+    for i, req in enumerate(requests):
+        if req.span > max_positions:
+            raise InvalidInputError(
+                f"fact {i} needs positions up to {req.span} with its context and position gap; the model's context "
+                f"is {max_positions} tokens"
+            )
 
 
 def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:

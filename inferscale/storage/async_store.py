@@ -122,7 +122,7 @@ class AsyncMemoryStore:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._engine is None:
-                engine = self._build()
+                engine = await asyncio.to_thread(self._build)  # a SQLite file is switched to WAL: blocking I/O
                 try:
                     async with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
                         await conn.run_sync(Base.metadata.create_all)
@@ -140,7 +140,7 @@ class AsyncMemoryStore:
                 if path is None:
                     engine = create_async_engine(parsed, poolclass=StaticPool)
                 else:
-                    enable_wal(path)  # one short blocking call, on first use only
+                    enable_wal(path)
                     engine = create_async_engine(parsed)
                 configure_sqlite(engine.sync_engine)
                 return engine

@@ -31,6 +31,11 @@ def sqlite_file(url: URL) -> Path | None:
 _WAL_SWITCH = threading.Lock()
 
 
+def _journal_mode(cursor: Any) -> str:
+    cursor.execute("PRAGMA journal_mode")
+    return str(cursor.fetchone()[0]).lower()
+
+
 def enable_wal(path: Path) -> None:
     """Create the parent folder of the SQLite file ``path`` and switch the file to WAL mode (readers do not block
     the writer), once, before any pooled connection opens it. WAL is kept in the file, so later connections need
@@ -39,12 +44,20 @@ def enable_wal(path: Path) -> None:
     creating one file at the same instant can still race).
 
     Raises:
-        sqlite3.OperationalError: when the file cannot be opened or switched.
+        ConfigError: when the folder or the file cannot be created or opened, or the file cannot be switched to
+            WAL (e.g. a read-only file, or a file system without shared memory).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _WAL_SWITCH, closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as conn:
-        if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _WAL_SWITCH, closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as conn:
+            mode = _journal_mode(conn.cursor())
+            if mode != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+                mode = _journal_mode(conn.cursor())
+    except (OSError, sqlite3.Error) as exc:
+        raise ConfigError(f"cannot open the SQLite database {path} ({exc}); check the path and permissions") from exc
+    if mode != "wal":
+        raise ConfigError(f"the SQLite database {path} cannot use WAL journaling (it stays in {mode!r} mode)")
 
 
 def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
@@ -52,8 +65,11 @@ def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        # The file is already in WAL (enable_wal, when the engine was made): WAL is a property of the file.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        # A plain file was switched to WAL when its engine was made (enable_wal), and WAL stays in the file: asking
+        # costs no lock. A ``file:`` URI naming a file is switched here. In-memory databases answer "memory".
+        if _journal_mode(cursor) not in ("wal", "memory"):
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")  # durable under WAL except against power loss
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import inferscale.engines.transformers as transformers_engines
+import inferscale.memory
 from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig
 from inferscale.engines.base import Engine
@@ -167,3 +168,29 @@ def test_async_close_releases_the_engine_the_client_built(tmp_path: Path, monkey
         return cast(FakeEngine, built)
 
     assert asyncio.run(build_and_close()).closed == 1
+
+
+def test_close_drops_the_local_json_generator_built_on_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default extraction LLM is the engine's own model: close() must drop the generator that holds it, or a
+    reused client would extract with the released model while a new engine loads a second copy."""
+
+    class ModelEngine(FakeEngine):
+        model, tokenizer = object(), object()
+
+    class StubGenerator:
+        def __init__(self, model: object, tokenizer: object) -> None:
+            self.model = model
+
+    monkeypatch.setattr(transformers_engines, "TransformersEngine", ModelEngine)
+    monkeypatch.setattr(inferscale.memory, "TransformersJSONGenerator", StubGenerator)
+    client = MemoryClient(_config(tmp_path))
+    generator = client._json_generator()
+    assert isinstance(generator, StubGenerator) and generator.model is ModelEngine.model
+    client.close()
+    assert client._generator is None and client._engine is None
+    passed = StubGenerator(object(), object())
+    with MemoryClient(_config(tmp_path), generator=cast(Any, passed)) as other:
+        assert other._json_generator() is passed
+    assert other._generator is passed  # a generator passed in is left to its owner

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
 from inferscale import MemoryClient
 
@@ -102,3 +104,42 @@ def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
         assert proc.returncode == 0, err[-3000:]
         assert "database is locked" not in err
     check_complete(db_url, tmp_path)
+
+
+def test_add_with_inference_and_search_at_once_both_finish(tmp_path: Path) -> None:
+    """An ``add(infer=True)`` whose similar-memory step runs while a search holds the client: the two threads once
+    took the client's lock and the derived stores' lock in opposite orders and hung for good. The scope read of the
+    add waits until the search is inside its own scope read; the search's read then holds on until the add's step
+    has gone on (or a second has passed). Both must finish."""
+    add_reading, search_reading = threading.Event(), threading.Event()
+    generator = ScriptedGenerator(facts("alice likes green tea"), '{"memory": []}')
+    client = MemoryClient(fake_config(tmp_path), embedder=HashEmbedder(), generator=generator)
+    client.add("alice likes tea", user_id="a", infer=False)
+    read_scope = client.db.vector_ids_in_scope
+
+    def timed_read(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "add":
+            add_reading.set()
+            search_reading.wait(5)
+        elif threading.current_thread().name == "search":
+            search_reading.set()
+            time.sleep(1.0)  # the add's step, now past its read, computes meanwhile
+        return read_scope(*args, **kwargs)
+
+    client.db.vector_ids_in_scope = timed_read  # type: ignore[method-assign]  # a spy on the store's read
+    results: dict[str, Any] = {}
+    adder = threading.Thread(
+        target=lambda: results.update(add=client.add("I like green tea", user_id="a")), name="add", daemon=True
+    )
+    adder.start()
+    add_reading.wait(5)
+    searcher = threading.Thread(
+        target=lambda: results.update(search=client.search("tea", user_id="a")), name="search", daemon=True
+    )
+    searcher.start()
+    adder.join(30)
+    searcher.join(30)
+    assert not adder.is_alive() and not searcher.is_alive(), "add and search deadlocked"
+    assert [r["memory"] for r in results["add"]["results"]] == ["alice likes green tea"]
+    assert results["search"]["results"][0]["memory"] in ("alice likes tea", "alice likes green tea")
+    client.close()

@@ -28,7 +28,7 @@ from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
 from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
-from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.recompute import planned_slots, top_scored_slots
@@ -191,15 +191,7 @@ class TransformersEngine(LayoutTokensMixin):
             InvalidInputError: when a fact with its context and position gap reaches past the model's context
                 window.
         """
-        self.load()
-        limit = self.max_context_tokens
-        for i, req in enumerate(requests):
-            span = len(req.context_ids) + req.position_gap + len(req.fact_ids)
-            if span > limit:
-                raise InvalidInputError(
-                    f"fact {i} needs positions up to {span} with its context and position gap; the model's context "
-                    f"is {limit} tokens"
-                )
+        check_spans(requests, self.max_context_tokens)
         with self._lock:
             return self._encoder.encode(requests)
 

@@ -34,7 +34,7 @@ from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
 from inferscale.errors import ConfigError, UnsupportedModelError
-from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.serving import ServingSettings
@@ -269,8 +269,14 @@ class VLLMEngine(LayoutTokensMixin):
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
-        """Pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` per fact, by the transformers encoder."""
+        """Pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` per fact, by the transformers encoder.
+
+        Raises:
+            InvalidInputError: when a fact with its context and position gap reaches past vLLM's context limit
+                (``max_model_len``, or the model's ``max_position_embeddings``).
+        """
         self.load_encoder()
+        check_spans(requests, self._max_model_len or int(self._model.config.max_position_embeddings))
         with self._lock:
             return self._encoder.encode(requests)
 
