@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.arguments import check_metadata
 from inferscale.config import MemoryConfig, is_mem0_config
-from inferscale.derived import DerivedStores, Steps, StoredText
+from inferscale.derived import DerivedStores, LatestMemories, Steps, StoredText
 from inferscale.engines.base import Engine
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
@@ -256,6 +256,8 @@ class ClientCore:
     ) -> Steps[ChangeSet | None]:
         """The change set of an ``add``, or ``None`` when nothing is new.
 
+        Each new memory's context (context-window encoding) starts with the texts of the ``kv.context_window``
+        memories stored last in the scope, so a message added on its own is encoded after its neighbours.
         ``infer=False``: every message becomes a memory. ``infer=True``: the LLM extracts facts; those stored
         verbatim in the scope are dropped; the rest are added, or, when similar memories are stored and reconcile
         is on, the LLM decides ADD/UPDATE/DELETE/NONE against them (:mod:`inferscale.memory.reconcile`).
@@ -264,8 +266,11 @@ class ClientCore:
             ExtractionError: when an LLM answer cannot be parsed.
         """
         actor = actor_of(msgs)
+        window = self.config.kv.context_window
+        earlier: list[MemoryRecord] = (yield LatestMemories(scope, window)) if window else []
+        neighbours = [r.text for r in earlier]  # frozen now: the K/V stay valid whatever later happens to them
         if not infer:
-            return self._verbatim_changes(msgs, scope, meta, actor)
+            return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
         for fact in self._extract_facts(msgs):
             stored: MemoryRecord | None = yield StoredText(scope, hash_text(fact))
@@ -275,20 +280,31 @@ class ClientCore:
             return None
         shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []
         reconciler = self._reconciler() if shown else None
-        return self._plan_changes(scope, facts, shown, reconciler, meta, rendered_turns(msgs), actor)
+        return self._plan_changes(scope, facts, shown, reconciler, meta, [*neighbours, *rendered_turns(msgs)], actor)
 
     @staticmethod
     def _verbatim_changes(
-        messages: Sequence[Message], scope: Scope, meta: dict[str, Any], actor: str | None
+        messages: Sequence[Message],
+        scope: Scope,
+        meta: dict[str, Any],
+        actor: str | None,
+        stored: Sequence[str] = (),
     ) -> ChangeSet:
-        """``infer=False``: every user/assistant message becomes a memory, the turns before it its context.
+        """``infer=False``: every user/assistant message becomes a memory; its context is the turns before it,
+        after the texts of the scope's ``stored`` memories (the last ones stored, oldest first).
 
         The context turns are kept as the memories they become (their text), so that a fact encoded after them
-        (context-window encoding) sees lines laid out exactly like the memories it is served among."""
+        (context-window encoding) sees lines laid out exactly like the memories it is served among. A message
+        added on its own thus follows the memories stored before it in its scope, never another scope's."""
         turns = [m for m in messages if m.role != "system"]
-        texts = [m.content for m in turns]
+        texts = [*stored, *(m.content for m in turns)]
+        first = len(stored)
         adds = tuple(
-            NewMemory(m.content, {"role": m.role, **meta}, tuple(texts[max(0, i - MAX_CONTEXT_TURNS) : i]))
+            NewMemory(
+                m.content,
+                {"role": m.role, **meta},
+                tuple(texts[max(0, first + i - MAX_CONTEXT_TURNS) : first + i]),
+            )
             for i, m in enumerate(turns)
         )
         return ChangeSet(scope, adds=adds, actor=actor)

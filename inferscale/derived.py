@@ -106,6 +106,20 @@ class StoredText:
 
 
 @dataclass(frozen=True, slots=True)
+class LatestMemories:
+    """The ``limit`` memories of ``scope`` stored last, oldest first."""
+
+    scope: Scope
+    limit: int
+
+    def run(self, store: MemoryStore) -> list[MemoryRecord]:
+        return store.latest(self.scope, self.limit)
+
+    async def arun(self, store: AsyncMemoryStore) -> list[MemoryRecord]:
+        return await store.latest(self.scope, self.limit)
+
+
+@dataclass(frozen=True, slots=True)
 class AllMemories:
     """Every stored memory, in vector-id order (to rebuild the index)."""
 

@@ -45,6 +45,7 @@ from inferscale.storage.queries import (
     get_kv_entry,
     get_memory,
     history,
+    latest_memories,
     list_memories,
     vector_ids_in_scope,
 )
@@ -53,6 +54,7 @@ from inferscale.storage.validation import (
     check_actor,
     check_id,
     check_limit,
+    check_positive,
     check_scope,
     check_text,
     check_vector_ids,
@@ -203,6 +205,10 @@ class AsyncMemoryStore:
         """
         scope = check_scope(scope)
         return await self._read(list_memories, scope, filters, check_limit(limit))
+
+    async def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
+        """The ``limit`` memories of ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
+        return await self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in vector-id order."""

@@ -125,6 +125,17 @@ def list_memories(s: Session, scope: Scope, node: Filter | None, limit: int | No
     return [MemoryRecord.from_row(row) for row in s.scalars(select_memories(scope, node, _dialect(s), limit))]
 
 
+def latest_memories(s: Session, scope: Scope, limit: int) -> list[MemoryRecord]:
+    """The ``limit`` memories of ``scope`` stored last, oldest first (the neighbours a new memory follows)."""
+    stmt = (
+        select(MemoryRow)
+        .where(*scope_clauses(scope))
+        .order_by(MemoryRow.created_at.desc(), MemoryRow.pk.desc())
+        .limit(limit)
+    )
+    return [MemoryRecord.from_row(row) for row in reversed(s.scalars(stmt).all())]
+
+
 def all_memories(s: Session) -> list[MemoryRecord]:
     """Every memory of every scope, in ``vector_id`` order."""
     return [MemoryRecord.from_row(row) for row in s.scalars(select(MemoryRow).order_by(MemoryRow.pk))]
@@ -170,6 +181,7 @@ __all__ = [
     "get_kv_entry",
     "get_memory",
     "history",
+    "latest_memories",
     "list_memories",
     "scope_clauses",
     "select_by_vector_ids",

@@ -49,6 +49,7 @@ from inferscale.storage.queries import (
     get_kv_entry,
     get_memory,
     history,
+    latest_memories,
     list_memories,
     vector_ids_in_scope,
 )
@@ -57,6 +58,7 @@ from inferscale.storage.validation import (
     check_actor,
     check_id,
     check_limit,
+    check_positive,
     check_scope,
     check_text,
     check_vector_ids,
@@ -218,6 +220,14 @@ class MemoryStore:
         """
         scope = check_scope(scope)
         return self._read(list_memories, scope, filters, check_limit(limit))
+
+    def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
+        """The ``limit`` memories of ``scope`` stored last, oldest first.
+
+        Raises:
+            InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
+        """
+        return self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
 
     def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in ``vector_id`` order (used to rebuild a vector index)."""

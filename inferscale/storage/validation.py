@@ -77,6 +77,17 @@ def check_actor(actor: object) -> str | None:
     return check_key(actor, "actor")
 
 
+def check_positive(value: object, name: str) -> int:
+    """``value`` when it is a positive int.
+
+    Raises:
+        InvalidInputError: otherwise (``bool`` and ``None`` included), naming ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
 def check_limit(limit: object) -> int | None:
     """``limit`` when it is ``None`` (no limit) or a positive int.
 
@@ -200,6 +211,7 @@ __all__ = [
     "check_key",
     "check_limit",
     "check_metadata",
+    "check_positive",
     "check_scope",
     "check_text",
     "check_vector_ids",

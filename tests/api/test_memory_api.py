@@ -5,12 +5,16 @@ AsyncMemoryClient (through ``client_adapter``), each on SQLite and on PostgreSQL
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
-from client_adapter import ClientAdapter
+from client_adapter import ClientAdapter, MakeClient
+from mem0_fakes import fake_config
 
+from inferscale.config import KVConfig
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
+from inferscale.scope import Scope
 
 
 def texts(results: dict[str, list[dict[str, object]]]) -> list[object]:
@@ -258,3 +262,33 @@ def test_filters_restrict_search_and_get_all(m: ClientAdapter) -> None:
         m.get_all(user_id="u", filters={"score": {"between": [1, 2]}})
     with pytest.raises(InvalidInputError, match="'in'"):
         m.get_all(user_id="u", filters={"kind": ["book"]})
+
+
+def test_a_message_added_alone_is_encoded_after_its_scopes_last_memories(
+    make: MakeClient, tmp_path: Path, db_url: str
+) -> None:
+    """Context-window encoding for one-message adds: the new memory's context is the texts of the memories its
+    scope stored last (kv.context_window of them, oldest first), frozen at add time; another scope's never."""
+    m = make()
+    for text in ("I have a beagle.", "I live in Porto.", "I play chess on Fridays."):
+        m.add(text, user_id="maya", infer=False)
+    m.add("I am a secret of another user.", user_id="noor", infer=False)
+    m.add(
+        [{"role": "user", "content": "My beagle is Biscuit."}, {"role": "user", "content": "Biscuit is three."}],
+        user_id="maya",
+        infer=False,
+    )
+    contexts = {r.text: r.context for r in m.db.list(Scope(user_id="maya"))}
+    assert contexts["I have a beagle."] == []
+    assert contexts["I live in Porto."] == ["I have a beagle."]
+    earlier = ["I have a beagle.", "I live in Porto.", "I play chess on Fridays."]
+    assert contexts["My beagle is Biscuit."] == earlier
+    assert contexts["Biscuit is three."] == [*earlier, "My beagle is Biscuit."]
+    assert m.db.list(Scope(user_id="noor"))[0].context == []
+
+    config = fake_config(tmp_path / "narrow", db_url)
+    narrow = make(config=config.model_copy(update={"kv": KVConfig(encode_on_add=False, context_window=1)}))
+    narrow.add("First.", user_id="a", infer=False)
+    narrow.add("Second.", user_id="a", infer=False)
+    narrow.add("Third.", user_id="a", infer=False)
+    assert [r.context for r in narrow.db.list(Scope(user_id="a"))] == [[], ["First."], ["Second."]]
