@@ -28,7 +28,6 @@ from inferscale.arguments import (
     check_max_new_tokens,
     check_metadata,
     check_query,
-    check_threshold,
     check_version,
     optional_scope,
     resolve_limit,
@@ -200,8 +199,8 @@ class AsyncMemoryClient(ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
         check_version(version)
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return await self._asearch(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
+        args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        return await self._asearch(query, *args)
 
     async def _asearch(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
@@ -222,8 +221,8 @@ class AsyncMemoryClient(ClientCore):
         threshold: float | None = None,
     ) -> list[RecalledMemory]:
         """What :meth:`search` finds, as records with their scores; see :meth:`MemoryClient.recall`."""
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        hits = await self._asearch_records(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
+        args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        hits = await self._asearch_records(query, *args)
         return [RecalledMemory(record, score) for record, score in hits]
 
     async def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:

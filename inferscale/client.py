@@ -24,7 +24,6 @@ from inferscale.arguments import (
     check_max_new_tokens,
     check_metadata,
     check_query,
-    check_threshold,
     check_version,
     optional_scope,
     resolve_limit,
@@ -256,8 +255,7 @@ class MemoryClient(ClientCore):
             ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
         """
         check_version(version)
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return self._search(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
+        return self._search(query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold))
 
     def _search(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
@@ -286,8 +284,9 @@ class MemoryClient(ClientCore):
         Raises:
             ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
         """
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        hits = self._search_records(query, scope, node, resolve_limit(limit, top_k), check_threshold(threshold))
+        hits = self._search_records(
+            query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        )
         return [RecalledMemory(record, score) for record, score in hits]
 
     def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:

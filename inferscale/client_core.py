@@ -18,12 +18,13 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferscale.arguments import check_metadata
+from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
 from inferscale.config import MemoryConfig, is_mem0_config
 from inferscale.derived import DerivedStores, LatestMemories, Steps, StoredText
 from inferscale.engines.base import Engine
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
+from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
@@ -250,6 +251,24 @@ class ClientCore:
 
     def _reconciler(self) -> Reconciler:
         return Reconciler(self._json_generator(), max_new_tokens=self.config.llm.reconcile_max_new_tokens)
+
+    @staticmethod
+    def _search_args(
+        user_id: str | None,
+        agent_id: str | None,
+        run_id: str | None,
+        filters: Mapping[str, Any] | None,
+        limit: int | None,
+        top_k: int | None,
+        threshold: float | None,
+    ) -> tuple[Scope, Filter | None, int, float | None]:
+        """``(scope, filter, limit, threshold)`` of a ``search`` or ``recall`` call, in Mem0's v1 or v2 shape.
+
+        Raises:
+            ScopeError: when no id is given. InvalidInputError: for a bad limit, filter or threshold.
+        """
+        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+        return scope, node, resolve_limit(limit, top_k), check_threshold(threshold)
 
     def _plan_add_steps(
         self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
