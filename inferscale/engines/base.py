@@ -11,12 +11,13 @@ engine's module, where a ``_conforms_to_engine`` function returns the engine as 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 import torch
 
+from inferscale.conversation import ChatMessage, SamplingSettings
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.serving import ServingSettings
@@ -36,6 +37,8 @@ class Generation:
         memory_tokens: tokens of the memory segment.
         recomputed_tokens: extra tokens prefilled in KV mode by the serving remedies (recomputed memory tokens, a
             selective policy's probe of the query); 0 in prompt mode and for pure injection.
+        finish_reason: ``"stop"`` (an end-of-turn token or a stop string) or ``"length"`` (the token budget ran
+            out), as OpenAI's API names them.
     """
 
     text: str
@@ -46,6 +49,29 @@ class Generation:
     prompt_tokens: int
     memory_tokens: int
     recomputed_tokens: int = 0
+    finish_reason: Literal["stop", "length"] = "stop"
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """One step of a streamed answer: the token(s) just generated and the text they made stable.
+
+    Attributes:
+        text: new answer text (may be ``""`` while a multi-byte character, trailing whitespace or a possible stop
+            string is held back; see :mod:`inferscale.engines.hf.answer_text`).
+        token_ids: the generated ids this step added.
+    """
+
+    text: str
+    token_ids: list[int]
+
+
+StreamEvent = TextDelta | Generation
+"""What a streaming call yields: :class:`TextDelta` per step, then one :class:`Generation` (the whole answer, whose
+``text`` is the deltas joined)."""
+
+Conversation = str | Sequence[ChatMessage]
+"""A one-turn query, or messages checked by :func:`inferscale.conversation.check_messages`."""
 
 
 class Engine(Protocol):
@@ -133,6 +159,15 @@ class Engine(Protocol):
         header."""
         ...
 
+    def conversation_token_ids(self, conversation: Conversation) -> list[int]:
+        """Token ids after the memory segment for a conversation: the end of the system turn, the caller's system
+        text and turns in the chat template, the assistant header. Both modes prefill exactly these.
+
+        Raises:
+            inferscale.errors.InvalidInputError: when the chat template refuses the conversation.
+        """
+        ...
+
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         """Encode facts (batched) into pre-RoPE K/V, one :class:`FactKV` per request in order: keys and values
@@ -147,25 +182,28 @@ class Engine(Protocol):
     # ---------------------------------------------------------------- generation
     def generate_kv(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV],
         max_new_tokens: int,
         cache_scope: str = "",
         serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
     ) -> Generation:
-        """Answer ``query`` greedily with the facts' K/V injected after the system prefix, in ``facts`` order.
+        """Answer the conversation with the facts' K/V injected after the system prefix, in ``facts`` order; the
+        conversation tokens (:meth:`conversation_token_ids`) are prefilled after the memory segment.
 
         Args:
-            query: the user's question.
+            conversation: the user's question, or the caller's messages.
             facts: pre-RoPE fact K/V (from :meth:`encode_facts` or the KV store).
             max_new_tokens: answer budget (tokens); 0 prefills only (TTFT).
             cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); engines with a shared prefix cache (vLLM)
                 salt injected blocks with it so that no other tenant can hit them. In-process engines ignore it.
             serving: the remedies for this request instead of :attr:`serving`.
+            sampling: how tokens are chosen (default greedy) and the stop strings.
 
         Raises:
-            inferscale.errors.InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the
-                model's context.
+            inferscale.errors.InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed
+                the model's context, or the chat template refuses the conversation.
             inferscale.errors.UnsupportedModelError: when a request-time remedy is asked of a model it cannot
                 serve exactly (transformers).
             inferscale.errors.ConfigError: when ``serving`` asks for a remedy the engine cannot apply (vLLM).
@@ -173,23 +211,55 @@ class Engine(Protocol):
         ...
 
     def generate_prompt(
-        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
     ) -> Generation:
-        """Answer ``query`` greedily with the same fact tokens prefilled as ordinary prompt tokens (the baseline).
+        """Answer the conversation with the same fact tokens prefilled as ordinary prompt tokens (the baseline).
 
         Args:
             fact_ids: each fact's token ids (:meth:`fact_token_ids`), in layout order.
             cache_scope: the tenant; engines with a shared prefix cache salt the request with it, so tenants never
                 share cached blocks. In-process engines ignore it.
+            the rest: as :meth:`generate_kv`.
 
         Raises:
-            inferscale.errors.InvalidInputError: when the prompt and ``max_new_tokens`` exceed the model's context.
+            inferscale.errors.InvalidInputError: when the prompt and ``max_new_tokens`` exceed the model's context,
+                or the chat template refuses the conversation.
         """
+        ...
+
+    def stream_kv(
+        self,
+        conversation: Conversation,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoding step, then the :class:`Generation`.
+        The request holds the engine until the iterator is exhausted or closed. Errors of :meth:`generate_kv` are
+        raised before the first event."""
+        ...
+
+    def stream_prompt(
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         ...
 
     def first_token_logits(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV] | None,
         fact_ids: Sequence[Sequence[int]] | None = None,
         serving: ServingSettings | None = None,

@@ -31,6 +31,7 @@ def test_contract_members() -> None:
         [
             "close",
             "context_token_ids",
+            "conversation_token_ids",
             "device",
             "encode_facts",
             "fact_token_ids",
@@ -43,6 +44,8 @@ def test_contract_members() -> None:
             "query_token_ids",
             "reset_prefix_cache",
             "serving",
+            "stream_kv",
+            "stream_prompt",
             "system_prefix_ids",
             "tokenizer",
         ]

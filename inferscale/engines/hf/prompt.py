@@ -1,8 +1,17 @@
-"""Prompt layout from the model's own chat template: ``[system prefix][memory segment][query]``.
+"""Prompt layout from the model's own chat template: ``[system prefix][memory segment][conversation]``.
 
-The template is rendered once with a sentinel where the memory segment goes; the text before it is the system
-prefix and the text after it (closing the system turn, the user's query, the assistant header) is the query part.
+The template renders the configured system prompt followed by a sentinel where the memory segment goes, then the
+caller's conversation. The text before the sentinel is the fixed system prefix (the same for every request, so fact
+K/V encoded after it stay reusable); the text after it (the end of the system turn, the caller's system text, the
+earlier turns, the last user turn and the assistant header) is the conversation part, prefilled on every request.
 This works for any chat template that renders the system message verbatim.
+
+Caller system text: a template that renders a system message anywhere (ChatML, Llama 3, ...) gets each of the
+caller's system messages as its own system turn, in place. A template that allows only one leading system message
+(it raises, or drops the second one; Gemma, Mistral) gets the caller's leading system messages appended to the
+fixed system message after the memory segment, separated by blank lines, so they still come after the memory and
+are prefilled; a system message after the first user turn is refused for such a template
+(:class:`~inferscale.errors.InvalidInputError`).
 """
 
 from __future__ import annotations
@@ -10,11 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from inferscale.errors import ConfigError
+from jinja2 import TemplateError
+
+from inferscale.conversation import ChatMessage, as_conversation
+from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.kv.recompute import FactLineLayout
 
 _SENTINEL = "\u2063INFERSCALE_MEMORY_SEGMENT\u2063"
 _QUERY_SENTINEL = "\u2063INFERSCALE_QUERY\u2063"
+_SYSTEM_SENTINEL = "\u2063INFERSCALE_CALLER_SYSTEM\u2063"
 _BULLET = "- "
 _LINE_END = "\n"
 
@@ -35,20 +48,31 @@ class PromptLayout:
     def __init__(self, tokenizer: Any, system_prompt: str) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("the model's tokenizer has no chat template; configure an instruct model")
-        rendered = tokenizer.apply_chat_template(
-            [
-                {"role": "system", "content": system_prompt + _SENTINEL},
-                {"role": "user", "content": _QUERY_SENTINEL},
-            ],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
+        self._tokenizer = tokenizer
+        self._system_prompt = system_prompt
+        rendered = self._render(system_prompt + _SENTINEL, [{"role": "user", "content": _QUERY_SENTINEL}])
         if rendered.count(_SENTINEL) != 1 or rendered.count(_QUERY_SENTINEL) != 1:
             raise ConfigError("the chat template does not render the system message verbatim; cannot place memory")
-        prefix, rest = rendered.split(_SENTINEL)
-        self._tokenizer = tokenizer
-        self._query_before, self._query_after = rest.split(_QUERY_SENTINEL)
-        self.prefix_ids: list[int] = self._encode(prefix)
+        self._prefix_text = rendered.split(_SENTINEL)[0]
+        self.prefix_ids: list[int] = self._encode(self._prefix_text)
+        self.system_turns = self._renders_system_turns()
+        """Whether the template renders a caller's system message as its own turn after the fixed one (else the
+        caller's leading system text is appended to the fixed system message, after the memory segment)."""
+
+    def _render(self, system_text: str, turns: list[dict[str, str]]) -> str:
+        rendered: str = self._tokenizer.apply_chat_template(
+            [{"role": "system", "content": system_text}, *turns], tokenize=False, add_generation_prompt=True
+        )
+        return rendered
+
+    def _renders_system_turns(self) -> bool:
+        turns = [{"role": "system", "content": _SYSTEM_SENTINEL}, {"role": "user", "content": _QUERY_SENTINEL}]
+        try:
+            rendered = self._render(self._system_prompt + _SENTINEL, turns)
+        except (TemplateError, ValueError, TypeError):
+            return False
+        marks = [rendered.find(m) for m in (_SENTINEL, _SYSTEM_SENTINEL, _QUERY_SENTINEL)]
+        return rendered.count(_SYSTEM_SENTINEL) == 1 and marks == sorted(marks) and marks[0] >= 0
 
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -86,9 +110,50 @@ class PromptLayout:
         (:meth:`fact_ids`): a fact encoded after them sees what it sees when served after other memories."""
         return [t for turn in turns for t in self.fact_ids(turn)]
 
+    def conversation_ids(self, conversation: str | Sequence[ChatMessage]) -> list[int]:
+        """Tokens after the memory segment: the end of the system turn, then the caller's conversation (system
+        text, earlier turns, the last user turn; each content stripped) in the model's chat template, then the
+        assistant header. A string is a one-turn conversation (the user's query).
+
+        Args:
+            conversation: the query, or messages checked by :func:`inferscale.conversation.check_messages`.
+
+        Raises:
+            InvalidInputError: when the model's chat template refuses the conversation (roles that do not
+                alternate, a system message after the first user turn where only a leading one is allowed).
+            ConfigError: when the template renders the fixed system prefix differently for this conversation, so
+                the memory cannot be placed after it.
+        """
+        messages = list(as_conversation(conversation))
+        system_text = self._system_prompt + _SENTINEL
+        if not self.system_turns:
+            while messages and messages[0].role == "system":
+                extra = messages.pop(0).content.strip()
+                system_text += f"\n\n{extra}" if extra else ""
+            if any(m.role == "system" for m in messages):
+                raise InvalidInputError(
+                    "this model's chat template accepts system text only before the first user turn; move the "
+                    "system message to the start of the conversation"
+                )
+        turns = [{"role": m.role, "content": m.content.strip()} for m in messages]
+        try:
+            rendered = self._render(system_text, turns)
+        except (TemplateError, ValueError, TypeError) as exc:
+            raise InvalidInputError(f"the model's chat template refused the conversation: {exc}") from exc
+        if rendered.count(_SENTINEL) != 1 or rendered.split(_SENTINEL)[0] != self._prefix_text:
+            raise ConfigError(
+                "the chat template renders the system prefix differently for this conversation; cannot place memory"
+            )
+        return self._encode(rendered.split(_SENTINEL)[1])
+
     def query_ids(self, query: str) -> list[int]:
-        """Tokens after the memory segment: the end of the system turn, the user's query, the assistant header."""
-        return self._encode(self._query_before + query.strip() + self._query_after)
+        """Tokens after the memory segment for a one-turn conversation: the end of the system turn, the user's
+        query, the assistant header (:meth:`conversation_ids` of ``query``).
+
+        Raises:
+            InvalidInputError: for an empty query.
+        """
+        return self.conversation_ids(query)
 
 
 class LayoutTokensMixin:
@@ -114,6 +179,10 @@ class LayoutTokensMixin:
     def query_token_ids(self, query: str) -> list[int]:
         """Token ids after the memory segment (end of system turn, user query, assistant header)."""
         return self._prompt_layout().query_ids(query)
+
+    def conversation_token_ids(self, conversation: str | Sequence[ChatMessage]) -> list[int]:
+        """Token ids after the memory segment for a conversation (:meth:`PromptLayout.conversation_ids`)."""
+        return self._prompt_layout().conversation_ids(conversation)
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

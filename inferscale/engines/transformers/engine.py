@@ -14,18 +14,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from inferscale.config import EngineConfig
-from inferscale.engines.base import Engine, Generation
+from inferscale.conversation import GREEDY, SamplingSettings
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
+from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
+from inferscale.engines.transformers.sampling import TokenChooser
 from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
@@ -205,17 +208,17 @@ class TransformersEngine(LayoutTokensMixin):
         self.load()
         return assemble(self._prefix, facts, self._table)
 
-    @torch.inference_mode()
     def generate_kv(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV],
         max_new_tokens: int,
         cache_scope: str = "",
         serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
     ) -> Generation:
-        """Answer with the facts' K/V injected; prefill covers only the query tokens (and whatever memory tokens
-        the recompute policy chooses).
+        """Answer with the facts' K/V injected; prefill covers only the conversation tokens (and whatever memory
+        tokens the recompute policy chooses). :meth:`stream_kv`, drained.
 
         ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
         ``serving`` overrides :attr:`serving` for this request. ``kv_assembly_ms`` covers the rotation, the cache
@@ -224,65 +227,87 @@ class TransformersEngine(LayoutTokensMixin):
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
-            InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.
+            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
+                context, or the chat template refuses the conversation.
             UnsupportedModelError: when a request-time remedy is asked of a model it cannot serve exactly
                 (sliding-window attention, attention logit soft-capping).
         """
-        self.load()
-        settings = serving if serving is not None else self.serving
-        with self._lock:
-            t0 = _now_ms(self._device)
-            query_ids = self._layout.query_ids(query)
-            self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
-            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids, settings)
-            t1 = _now_ms(self._device)
-            bias = self._memory_bias(assembled, settings)
-            gen = self._run(cache, query_ids, assembled.n_tokens, max_new_tokens, bias)
-            return Generation(
-                text=gen[0],
-                token_ids=gen[1],
-                kv_assembly_ms=t1 - t0,
-                prefill_ms=gen[2],
-                total_ms=_now_ms(self._device) - t0,
-                prompt_tokens=assembled.n_tokens + len(query_ids),
-                memory_tokens=assembled.memory_tokens,
-                recomputed_tokens=added,
-            )
+        return _drained(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
 
-    @torch.inference_mode()
     def generate_prompt(
-        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
     ) -> Generation:
-        """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline).
+        """Answer with the fact tokens prefilled after the cached system prefix (prompt injection baseline);
+        :meth:`stream_prompt`, drained.
 
         ``cache_scope`` is unused here: each request builds its own cache on the shared system prefix.
 
         Raises:
-            InvalidInputError: when prefix + memories + query + ``max_new_tokens`` exceed the model's context.
+            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
+                context, or the chat template refuses the conversation.
         """
+        return _drained(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
+
+    @torch.inference_mode()
+    def stream_kv(
+        self,
+        conversation: Conversation,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoded token, then the :class:`Generation`.
+        Holds the engine until the iterator ends or is closed; errors are raised before the first event."""
+        self.load()
+        settings = serving if serving is not None else self.serving
+        with self._lock:
+            t0 = _now_ms(self._device)
+            query_ids = self._layout.conversation_ids(conversation)
+            self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
+            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids, settings)
+            t1 = _now_ms(self._device)
+            bias = self._memory_bias(assembled, settings)
+        prompt = assembled.token_ids.tolist() + query_ids
+        return self._stream(
+            cache, query_ids, assembled.n_tokens, max_new_tokens, prompt, sampling, t0, t1 - t0, bias,
+            memory_tokens=assembled.memory_tokens, recomputed_tokens=added,
+        )  # fmt: skip
+
+    @torch.inference_mode()
+    def stream_prompt(
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         self.load()
         with self._lock:
             t0 = _now_ms(self._device)
             memory_ids = [t for ids in fact_ids for t in ids]
-            query_ids = self._layout.query_ids(query)
+            query_ids = self._layout.conversation_ids(conversation)
             self._check_context(len(memory_ids), len(query_ids) + max_new_tokens)
             capacity = len(memory_ids) + len(query_ids) + max_new_tokens
             cache = self._cache_from(self._workspace.assemble([], self._table, extra_capacity=capacity))
-            gen = self._run(cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens)
-            return Generation(
-                text=gen[0],
-                token_ids=gen[1],
-                kv_assembly_ms=0.0,
-                prefill_ms=gen[2],
-                total_ms=_now_ms(self._device) - t0,
-                prompt_tokens=self._prefix.n_tokens + len(memory_ids) + len(query_ids),
-                memory_tokens=len(memory_ids),
-            )
+        prompt = list(self._layout.prefix_ids) + memory_ids + query_ids
+        return self._stream(
+            cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0, 0.0,
+            memory_tokens=len(memory_ids),
+        )  # fmt: skip
 
     @torch.inference_mode()
     def first_token_logits(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV] | None,
         fact_ids: Sequence[Sequence[int]] | None = None,
         serving: ServingSettings | None = None,
@@ -297,7 +322,7 @@ class TransformersEngine(LayoutTokensMixin):
         self.load()
         settings = serving if serving is not None else self.serving
         with self._lock:
-            query_ids = self._layout.query_ids(query)
+            query_ids = self._layout.conversation_ids(conversation)
             bias = None
             if facts is not None:
                 assembled, cache, _ = self._kv_cache(facts, len(query_ids), query_ids, settings)
@@ -393,33 +418,68 @@ class TransformersEngine(LayoutTokensMixin):
         )
         return out.logits
 
-    def _run(
+    def _stream(
         self,
         cache: Any,
         ids: list[int],
         start: int,
         max_new_tokens: int,
+        prompt_ids: list[int],
+        sampling: SamplingSettings | None,
+        t0: float,
+        assembly_ms: float,
         bias: MemoryBias | None = None,
-    ) -> tuple[str, list[int], float]:
-        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then greedy-decode (``bias`` applies to the
-        prefill and every decoded token).
-
-        Returns (text, generated ids, prefill ms up to the first token).
+        *,
+        memory_tokens: int,
+        recomputed_tokens: int = 0,
+    ) -> Iterator[StreamEvent]:
+        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then decode, choosing tokens with
+        ``sampling`` (default greedy) until an end-of-turn token, a stop string or the budget (``bias`` applies to
+        the prefill and every decoded token). Yields a :class:`TextDelta` per token, then the :class:`Generation`
+        (``t0`` is when the request started, in ms; ``prompt_ids`` the whole prompt, for the repetition penalty).
         """
-        t0 = _now_ms(self._device)
-        logits = self._forward(cache, ids, start, bias)
-        token = int(logits[0, -1].argmax())
-        prefill_ms = _now_ms(self._device) - t0
-        generated: list[int] = []
-        position = start + len(ids)
-        while token not in self._stop_ids and len(generated) < max_new_tokens:
-            generated.append(token)
-            logits = self._forward(cache, [token], position, bias)
-            position += 1
-            token = int(logits[0, -1].argmax())
-        # A budget that ends inside a multi-byte character leaves a replacement character: drop it.
-        text = self._tokenizer.decode(generated, skip_special_tokens=True).rstrip("\ufffd").strip()
-        return text, generated, prefill_ms
+        # The lock is held across yields (one request runs at a time); inference mode is not, so the caller's
+        # code between two events runs in its own autograd mode.
+        with self._lock:
+            with torch.inference_mode():
+                chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
+                answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
+                t_prefill = _now_ms(self._device)
+                token = chooser.choose(self._forward(cache, ids, start, bias)[0, -1])
+                prefill_ms = _now_ms(self._device) - t_prefill
+            generated: list[int] = []
+            position = start + len(ids)
+            while token not in self._stop_ids and len(generated) < max_new_tokens:
+                generated.append(token)
+                yield TextDelta(answer.push(token), [token])
+                if answer.stopped:
+                    break
+                with torch.inference_mode():
+                    token = chooser.choose(self._forward(cache, [token], position, bias)[0, -1])
+                position += 1
+            rest = answer.finish()
+            if rest:
+                yield TextDelta(rest, [])
+            length_cut = not answer.stopped and token not in self._stop_ids and len(generated) >= max_new_tokens
+            yield Generation(
+                text=answer.text,
+                token_ids=generated,
+                kv_assembly_ms=assembly_ms,
+                prefill_ms=prefill_ms,
+                total_ms=_now_ms(self._device) - t0,
+                prompt_tokens=start + len(ids),
+                memory_tokens=memory_tokens,
+                recomputed_tokens=recomputed_tokens,
+                finish_reason="length" if length_cut else "stop",
+            )
+
+
+def _drained(events: Iterator[StreamEvent]) -> Generation:
+    """The :class:`Generation` that ends a stream (the deltas are dropped)."""
+    for event in events:
+        if isinstance(event, Generation):
+            return event
+    raise RuntimeError("an engine stream ended without its Generation")
 
 
 def _conforms_to_engine(engine: TransformersEngine) -> Engine:

@@ -1,0 +1,205 @@
+"""What a chat request says: the caller's conversation and how to sample the answer.
+
+Both are plain, validated values shared by every layer: the clients build them from their arguments, the engines
+turn them into token ids (:class:`inferscale.engines.hf.PromptLayout`) and into their own sampling machinery
+(transformers' logits processors, vLLM's ``SamplingParams``), and the server builds them from OpenAI requests. Bad
+values raise :class:`~inferscale.errors.InvalidInputError` here, before anything is retrieved or generated, so every
+backend refuses the same input the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from inferscale.errors import InvalidInputError
+
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[Role, ...] = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One turn of the caller's conversation.
+
+    Attributes:
+        role: ``"system"`` (an instruction), ``"user"`` or ``"assistant"`` (an earlier answer).
+        content: the turn's text.
+    """
+
+    role: Role
+    content: str
+
+
+def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple[ChatMessage, ...]:
+    """Validate a conversation given as :class:`ChatMessage` objects or OpenAI-style ``{"role", "content"}`` dicts.
+
+    A conversation is non-empty, uses only the system, user and assistant roles, has text content in every turn
+    (empty text is allowed for system and assistant turns only), contains a user message and does not end with an
+    assistant turn (continuing a partial answer is not supported).
+
+    Returns:
+        the messages as a tuple of :class:`ChatMessage`, contents unchanged.
+
+    Raises:
+        InvalidInputError: naming the first offending message and why.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidInputError(
+            f"messages must be a list of {{'role', 'content'}} dicts, got {type(messages).__name__}"
+        )
+    if not messages:
+        raise InvalidInputError("messages is empty; pass at least one user message")
+    checked: list[ChatMessage] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, ChatMessage):
+            role, content = message.role, message.content
+        elif isinstance(message, Mapping):
+            unknown = set(message) - {"role", "content", "name"}
+            if unknown:
+                raise InvalidInputError(
+                    f"messages[{i}] has unsupported keys {sorted(unknown)} (tool calls are not supported)"
+                )
+            role, content = message.get("role"), message.get("content")
+        else:
+            raise InvalidInputError(
+                f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
+        if role not in ROLES:
+            raise InvalidInputError(f"messages[{i}] has role {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise InvalidInputError(f"messages[{i}] content must be a string, got {type(content).__name__}")
+        if role == "user" and not content.strip():
+            raise InvalidInputError(f"messages[{i}] is a user message with no text")
+        checked.append(ChatMessage(cast(Role, role), content))
+    if not any(m.role == "user" for m in checked):
+        raise InvalidInputError("messages has no user message; the model answers the last user turn")
+    if checked[-1].role == "assistant":
+        raise InvalidInputError(
+            "messages ends with an assistant turn; end with the user turn to answer (continuing an answer is not "
+            "supported)"
+        )
+    return tuple(checked)
+
+
+def last_user_text(messages: Sequence[ChatMessage]) -> str:
+    """The content of the last user message (what ``chat`` retrieves with by default).
+
+    Raises:
+        InvalidInputError: when there is no user message.
+    """
+    for message in reversed(messages):
+        if message.role == "user":
+            return message.content
+    raise InvalidInputError("messages has no user message")
+
+
+def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:
+    """A single query string as a one-turn conversation; a sequence of messages as a tuple. A string is checked
+    for text; a sequence is trusted to come from :func:`check_messages`.
+
+    Raises:
+        InvalidInputError: for a query with no text.
+    """
+    if isinstance(conversation, str):
+        if not conversation.strip():
+            raise InvalidInputError("the query is empty")
+        return (ChatMessage("user", conversation),)
+    return tuple(conversation)
+
+
+def _finite(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSettings:
+    """How the answer's tokens are chosen. The default is greedy decoding (the argmax at every step).
+
+    The engines map these onto their own machinery: the transformers engine onto transformers' logits processors
+    (``RepetitionPenaltyLogitsProcessor``, ``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+    ``TopPLogitsWarper``) and a seeded ``torch.Generator``; the vLLM engine onto ``vllm.SamplingParams``.
+
+    Attributes:
+        temperature: 0 is greedy; above 0, logits are divided by it and the token is sampled.
+        top_p: nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``; in (0, 1].
+        top_k: keep the ``top_k`` most likely tokens; ``None`` keeps all.
+        seed: seeds the sampler, so a request with the same seed samples the same answer; ``None`` is unseeded.
+        repetition_penalty: > 0; above 1 makes tokens already in the prompt or the answer less likely (CTRL's
+            penalty, as transformers and vLLM apply it). 1 is off.
+        stop: strings that end the answer; the answer stops before the first one and does not contain it.
+
+    Raises:
+        InvalidInputError: for ``temperature < 0``, ``top_p`` outside (0, 1], ``top_k < 1``,
+            ``repetition_penalty <= 0``, a non-integer seed, or an empty stop string.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if _finite("temperature", self.temperature) < 0:
+            raise InvalidInputError(f"temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
+        if not 0 < _finite("top_p", self.top_p) <= 1:
+            raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise InvalidInputError(f"top_k must be a positive int or None, got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidInputError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if _finite("repetition_penalty", self.repetition_penalty) <= 0:
+            raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidInputError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> SamplingSettings:
+        """Settings from optional call arguments (``None`` keeps the default); ``stop`` may be one string, as in
+        OpenAI's API.
+
+        Raises:
+            InvalidInputError: see the class.
+        """
+        if stop is None:
+            stops: tuple[str, ...] = ()
+        elif isinstance(stop, str):
+            stops = (stop,)
+        elif isinstance(stop, Sequence):
+            stops = tuple(stop)
+        else:
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+        return cls(
+            temperature=0.0 if temperature is None else temperature,
+            top_p=1.0 if top_p is None else top_p,
+            top_k=top_k,
+            seed=seed,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            stop=stops,
+        )
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when every token is the argmax (``temperature == 0``); top-p, top-k and the seed do not apply."""
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingSettings()
+"""Greedy decoding, no penalty, no stop strings."""
