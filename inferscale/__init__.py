@@ -8,6 +8,7 @@ print(client.chat("What is my dog's name?", user_id="maya").answer)
 
 from typing import TYPE_CHECKING, Any
 
+from inferscale.conversation import ChatMessage
 from inferscale.errors import (
     ConfigError,
     ExtractionError,
@@ -19,7 +20,7 @@ from inferscale.errors import (
     ScopeError,
     UnsupportedModelError,
 )
-from inferscale.types import ChatResult, RecalledMemory, Timings
+from inferscale.types import ChatChunk, ChatResult, RecalledMemory, Timings
 
 if TYPE_CHECKING:
     from inferscale.async_client import AsyncMemory, AsyncMemoryClient
@@ -54,6 +55,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AsyncMemory",
     "AsyncMemoryClient",
+    "ChatChunk",
+    "ChatMessage",
     "ChatResult",
     "ConfigError",
     "EmbedderConfig",

@@ -18,14 +18,14 @@ Every public coroutine that answers in Mem0's shapes delegates to a protected on
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from typing import Any, Literal, overload
 
 from inferscale.arguments import (
-    DEFAULT_CHAT_LIMIT,
     check_add_messages,
-    check_max_new_tokens,
     check_metadata,
     check_query,
     check_version,
@@ -33,9 +33,11 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
+from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
+from inferscale.conversation import ChatMessage
 from inferscale.derived import arun_steps
-from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
@@ -44,7 +46,7 @@ from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.changes import AppliedChanges, ChangeSet
-from inferscale.types import ChatMode, ChatResult, RecalledMemory
+from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 
 
 class AsyncMemoryClient(ClientCore):
@@ -280,37 +282,122 @@ class AsyncMemoryClient(ClientCore):
     async def _ahistory(self, memory_id: str) -> list[dict[str, Any]]:
         return [history_to_dict(row) for row in await self.adb.history(memory_id)]
 
+    @overload
     async def chat(
         self,
-        query: str,
+        query: str | None = None,
         *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
         user_id: str | None = None,
         agent_id: str | None = None,
         run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
         mode: ChatMode = "kv",
+        stream: Literal[False] = False,
         max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
         top_k: int | None = None,
-    ) -> ChatResult:
-        """Answer with KV-injected memories; see :meth:`MemoryClient.chat`. Retrieval is async; K/V loading,
-        prefill and decode run in a worker thread."""
-        if mode not in ("kv", "prompt"):
-            raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        budget = check_max_new_tokens(max_new_tokens)
-        limit_ = resolve_limit(limit, top_k, DEFAULT_CHAT_LIMIT)
-        return await self._achat(query, scope, node, limit_, mode, budget)
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> ChatResult: ...
 
-    async def _achat(
-        self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None
-    ) -> ChatResult:
+    @overload
+    async def chat(
+        self,
+        query: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
+        mode: ChatMode = "kv",
+        stream: Literal[True],
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> AsyncIterator[ChatChunk]: ...
+
+    async def chat(
+        self,
+        query: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
+        mode: ChatMode = "kv",
+        stream: bool = False,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> ChatResult | AsyncIterator[ChatChunk]:
+        """Answer a question or a conversation with the scope's memories; see :meth:`MemoryClient.chat` (same
+        arguments, results and errors). Retrieval is async; K/V loading, prefill and decode run in a worker thread.
+        With ``stream=True`` the awaited call returns an async iterator of :class:`ChatChunk`; the answer is
+        generated on a thread of its own and handed to the loop chunk by chunk (closing the iterator early stops
+        generation after the current token)."""
+        request = resolve_chat(
+            query,
+            messages=messages,
+            user_id=user_id,
+            agent_id=agent_id,
+            run_id=run_id,
+            filters=filters,
+            limit=limit,
+            memory_ids=memory_ids,
+            search_query=search_query,
+            mode=mode,
+            stream=stream,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            stop=stop,
+        )
         await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
         t0 = time.perf_counter()
-        hits = await self._asearch_records(query, scope, node, limit)
+        records = await self._achat_records(request)
         retrieval_ms = ms_since(t0)
-        records = [r for r, _ in hits]
-        return await asyncio.to_thread(self._generate, query, records, mode, max_new_tokens, t0, retrieval_ms, scope)
+        if request.stream:
+            chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
+            return _iterate_on_thread(chunks)
+        return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
+
+    async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
+        """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
+        if request.memory_ids is None:
+            hits = await self._asearch_records(request.search_query, request.scope, request.node, request.limit)
+            return [r for r, _ in hits]
+        records = []
+        for memory_id in request.memory_ids:
+            record = await self.adb.get(memory_id, request.scope)
+            if record is None:
+                raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {request.scope.as_dict()}")
+            records.append(record)
+        return records
 
     async def close(self) -> None:
         """Write the index file if it changed, and release what this client opened or built; see
@@ -326,6 +413,43 @@ class AsyncMemoryClient(ClientCore):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncIterator[ChatChunk]:
+    """Run ``chunks`` on one thread of its own (the engine holds its lock across a stream's tokens, so every step
+    must run on the thread that took it) and hand each chunk to the event loop. Leaving the ``async for`` early
+    stops the generator after the chunk being computed, and closes it on its thread."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stopped = threading.Event()
+
+    def hand_over(kind: str, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while the stream ran
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+
+    def pump() -> None:
+        try:
+            for chunk in chunks:
+                hand_over("chunk", chunk)
+                if stopped.is_set():
+                    break
+        except BaseException as exc:  # handed to the consumer, who re-raises it
+            hand_over("error", exc)
+        finally:
+            chunks.close()
+            hand_over("end", None)
+
+    threading.Thread(target=pump, name="inferscale-chat-stream", daemon=True).start()
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stopped.set()
 
 
 AsyncMemory = AsyncMemoryClient

@@ -15,13 +15,11 @@ the shared core and the derived stores; the logic lives in :mod:`inferscale.clie
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal, overload
 
 from inferscale.arguments import (
-    DEFAULT_CHAT_LIMIT,
     check_add_messages,
-    check_max_new_tokens,
     check_metadata,
     check_query,
     check_version,
@@ -29,9 +27,11 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
+from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
+from inferscale.conversation import ChatMessage
 from inferscale.derived import run_steps
-from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
@@ -39,7 +39,7 @@ from inferscale.retrieval import VectorIndex
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 from inferscale.storage.changes import AppliedChanges, ChangeSet
-from inferscale.types import ChatMode, ChatResult, RecalledMemory
+from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 
 
 class MemoryClient(ClientCore):
@@ -389,47 +389,155 @@ class MemoryClient(ClientCore):
         return [history_to_dict(row) for row in self.db.history(memory_id)]
 
     # ------------------------------------------------------------------ chat
+    @overload
     def chat(
         self,
-        query: str,
+        query: str | None = None,
         *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
         user_id: str | None = None,
         agent_id: str | None = None,
         run_id: str | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
         mode: ChatMode = "kv",
+        stream: Literal[False] = False,
         max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
         top_k: int | None = None,
-    ) -> ChatResult:
-        """Answer ``query`` with the scope's top-``limit`` (or v2 ``top_k``; default 5) memories (among those
-        matching ``filters``).
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> ChatResult: ...
 
-        ``mode="kv"`` writes the memories' K/V into the engine's KV cache after the system prefix, rotated to
-        their positions, and prefills only the query. ``mode="prompt"`` pastes the same memories, as the same
-        tokens, into the prompt (the Mem0-style baseline). Both modes retrieve the same memories.
+    @overload
+    def chat(
+        self,
+        query: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
+        mode: ChatMode = "kv",
+        stream: Literal[True],
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> Iterator[ChatChunk]: ...
+
+    def chat(
+        self,
+        query: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
+        run_id: str | None = None,
+        filters: Mapping[str, Any] | None = None,
+        limit: int | None = None,
+        memory_ids: Sequence[str] | None = None,
+        search_query: str | None = None,
+        mode: ChatMode = "kv",
+        stream: bool = False,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        repetition_penalty: float | None = None,
+        stop: str | Sequence[str] | None = None,
+    ) -> ChatResult | Iterator[ChatChunk]:
+        """Answer a question or a conversation with the scope's memories.
+
+        The prompt is ``[system prefix][memory segment][conversation]``: the configured ``system_prompt`` (fixed,
+        so stored fact K/V stay reusable), the memories, then everything the caller sends (system text, earlier
+        turns, the last user turn) in the model's chat template, prefilled. ``mode="kv"`` writes the memories'
+        K/V into the engine's KV cache, rotated to their positions, and prefills only the conversation;
+        ``mode="prompt"`` pastes the same memories, as the same tokens, into the prompt (the Mem0-style baseline).
+
+        Args:
+            query: a single question (one user turn). Pass it or ``messages``.
+            messages: the conversation, ``[{"role": "system" | "user" | "assistant", "content": str}, ...]``,
+                ending with a user (or system) turn.
+            user_id, agent_id, run_id, filters: whose memories (v1 ids or v2 ``filters``); required.
+            limit: memories retrieved (default 5).
+            memory_ids: inject exactly these memories of the scope, in this order, with no retrieval.
+            search_query: what to retrieve with (default: the last user message).
+            mode: ``"kv"`` (KV injection) or ``"prompt"``.
+            stream: return an iterator of :class:`ChatChunk` instead of a :class:`ChatResult`.
+            max_new_tokens: answer budget (tokens; default the engine config's).
+            temperature, top_p, top_k, seed, repetition_penalty: sampling; the default (temperature 0) is greedy.
+                ``top_k`` here is the sampler's top-k, not a retrieval count (use ``limit``).
+            stop: a string or strings that end the answer (not included).
 
         Returns:
-            :class:`ChatResult` with the answer, the memory ids used and timings in ms.
+            :class:`ChatResult` (answer, memory ids, token counts, finish reason, timings in ms); with
+            ``stream=True`` an iterator of :class:`ChatChunk` whose deltas joined are the answer and whose last
+            chunk carries the :class:`ChatResult`. The stream holds the engine until it is exhausted or closed.
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit, filter, mode or
-            max_new_tokens, or a prompt longer than the model's context.
+            ScopeError: when no scope id is given.
+            InvalidInputError: for bad messages (empty, an unknown role, no user message), both or neither of
+                ``query`` and ``messages``, ``memory_ids`` with ``limit``/``filters``/``search_query``, a bad mode,
+                budget or sampling value (``temperature < 0``, ``top_p`` outside (0, 1]), a conversation the chat
+                template refuses, or a prompt longer than the model's context. Raised before anything is generated,
+                also when streaming.
+            MemoryNotFoundError: for a ``memory_ids`` entry that is not a memory of the scope.
         """
-        if mode not in ("kv", "prompt"):
-            raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
-        scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        budget = check_max_new_tokens(max_new_tokens)
-        return self._chat(query, scope, node, resolve_limit(limit, top_k, DEFAULT_CHAT_LIMIT), mode, budget)
-
-    def _chat(
-        self, query: str, scope: Scope, node: Filter | None, limit: int, mode: ChatMode, max_new_tokens: int | None
-    ) -> ChatResult:
+        request = resolve_chat(
+            query,
+            messages=messages,
+            user_id=user_id,
+            agent_id=agent_id,
+            run_id=run_id,
+            filters=filters,
+            limit=limit,
+            memory_ids=memory_ids,
+            search_query=search_query,
+            mode=mode,
+            stream=stream,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            stop=stop,
+        )
         with self._lock:
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
-            hits = self._search_records(query, scope, node, limit)
-            return self._generate(query, [r for r, _ in hits], mode, max_new_tokens, t0, ms_since(t0), scope)
+            records = self._chat_records(request)
+            retrieval_ms = ms_since(t0)
+            if request.stream:
+                return self._chunks(request, records, t0, retrieval_ms)
+            return self._generate(request, records, t0, retrieval_ms)
+
+    def _chat_records(self, request: ChatRequest) -> list[MemoryRecord]:
+        """The memories ``request`` injects: its ``memory_ids`` (each must be in the scope), or the top ``limit``
+        for its ``search_query``."""
+        if request.memory_ids is None:
+            hits = self._search_records(request.search_query, request.scope, request.node, request.limit)
+            return [r for r, _ in hits]
+        records = []
+        for memory_id in request.memory_ids:
+            record = self.db.get(memory_id, request.scope)
+            if record is None:
+                raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {request.scope.as_dict()}")
+            records.append(record)
+        return records
 
     def close(self) -> None:
         """Write the index file if it changed, and release what this client opened or built: the database

@@ -9,19 +9,21 @@ I/O around them, each in its own call shape.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
+from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, is_mem0_config
 from inferscale.derived import DerivedStores, LatestMemories, Steps, StoredText
-from inferscale.engines.base import Engine
+from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
@@ -34,7 +36,7 @@ from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.changes import ChangeSet, MemoryUpdate, NewMemory
-from inferscale.types import ChatMode, ChatResult, Timings
+from inferscale.types import ChatChunk, ChatResult, Timings
 
 if TYPE_CHECKING:
     from inferscale.memory import OpenAIJSONGenerator
@@ -366,50 +368,101 @@ class ClientCore:
             )
         return ChangeSet(None, updates=(MemoryUpdate(memory_id, new_text, meta),), strict=True)
 
-    def _generate(
-        self,
-        query: str,
-        records: Sequence[MemoryRecord],
-        mode: ChatMode,
-        max_new_tokens: int | None,
-        t0: float,
-        retrieval_ms: float,
-        scope: Scope,
-    ) -> ChatResult:
-        """Answer ``query`` over retrieved ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
-
-        Args:
-            t0: ``time.perf_counter()`` at the start of the request; ``retrieval_ms`` the time retrieval took.
+    def _open_stream(
+        self, request: ChatRequest, records: Sequence[MemoryRecord]
+    ) -> tuple[Generator[StreamEvent, None, None], float]:
+        """Start generating the answer to ``request`` over ``records`` (K/V load or encode in KV mode): the engine's
+        event stream and the K/V load time (ms). Context and template errors are raised here, before any event.
         """
         engine = self.engine
-        budget = max_new_tokens or self.config.engine.max_new_tokens
-        if mode == "kv":
+        budget = request.max_new_tokens or self.config.engine.max_new_tokens
+        cache_scope = request.scope.key()
+        if request.mode == "kv":
             t1 = time.perf_counter()
             facts = self.derived.memory_kv(records)
             load_ms = ms_since(t1)
-            gen = engine.generate_kv(query, facts, budget, cache_scope=scope.key())
-        else:
-            load_ms = 0.0
-            fact_ids = [engine.fact_token_ids(r.text) for r in records]
-            gen = engine.generate_prompt(query, fact_ids, budget, cache_scope=scope.key())
-        total_ms = ms_since(t0)
-        assembly_ms = load_ms + gen.kv_assembly_ms
+            events = engine.stream_kv(
+                request.conversation, facts, budget, cache_scope=cache_scope, sampling=request.sampling
+            )
+            return events, load_ms
+        fact_ids = [engine.fact_token_ids(r.text) for r in records]
+        events = engine.stream_prompt(
+            request.conversation, fact_ids, budget, cache_scope=cache_scope, sampling=request.sampling
+        )
+        return events, 0.0
+
+    @staticmethod
+    def _result(
+        request: ChatRequest,
+        records: Sequence[MemoryRecord],
+        gen: Generation,
+        retrieval_ms: float,
+        load_ms: float,
+        ttft_ms: float,
+        total_ms: float,
+    ) -> ChatResult:
         return ChatResult(
             answer=gen.text,
             memory_ids=[r.id for r in records],
             memories=[r.text for r in records],
-            mode=mode,
+            mode=request.mode,
             timings=Timings(
                 retrieval_ms=retrieval_ms,
-                kv_assembly_ms=assembly_ms,
+                kv_assembly_ms=load_ms + gen.kv_assembly_ms,
                 prefill_ms=gen.prefill_ms,
-                ttft_ms=retrieval_ms + assembly_ms + gen.prefill_ms,
+                ttft_ms=ttft_ms,
                 total_ms=total_ms,
             ),
             prompt_tokens=gen.prompt_tokens,
             memory_tokens=gen.memory_tokens,
             generated_tokens=len(gen.token_ids),
+            finish_reason=gen.finish_reason,
         )
+
+    def _generate(
+        self, request: ChatRequest, records: Sequence[MemoryRecord], t0: float, retrieval_ms: float
+    ) -> ChatResult:
+        """Answer ``request`` over ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
+
+        Args:
+            t0: ``time.perf_counter()`` at the start of the call; ``retrieval_ms`` the time choosing the memories
+                took.
+
+        ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
+        load, assembly, prefill and the first token's choice, with everything between them).
+        """
+        events, load_ms = self._open_stream(request, records)
+        ttft_ms: float | None = None
+        for event in events:
+            if isinstance(event, Generation):
+                first = ttft_ms if ttft_ms is not None else ms_since(t0)
+                return self._result(request, records, event, retrieval_ms, load_ms, first, ms_since(t0))
+            ttft_ms = ms_since(t0) if ttft_ms is None else ttft_ms
+        raise RuntimeError("the engine's stream ended without its Generation")
+
+    def _chunks(
+        self, request: ChatRequest, records: Sequence[MemoryRecord], t0: float, retrieval_ms: float
+    ) -> Generator[ChatChunk, None, None]:
+        """Start answering ``request`` and return its chunks: one per piece of new text, then the final chunk with
+        the :class:`ChatResult`. Errors before the first token are raised by this call, not by the iterator.
+        ``ttft_ms`` is taken when the engine hands over the first token, as in :meth:`_generate`; its text is
+        yielded at once unless it must wait (half a character, whitespace, a possible stop string)."""
+        events, load_ms = self._open_stream(request, records)
+
+        def chunks() -> Generator[ChatChunk, None, None]:
+            ttft_ms: float | None = None
+            with contextlib.closing(events):
+                for event in events:
+                    if isinstance(event, Generation):
+                        first = ttft_ms if ttft_ms is not None else ms_since(t0)
+                        result = self._result(request, records, event, retrieval_ms, load_ms, first, ms_since(t0))
+                        yield ChatChunk("", result)
+                        return
+                    ttft_ms = ms_since(t0) if ttft_ms is None else ttft_ms
+                    if event.text:
+                        yield ChatChunk(event.text)
+
+        return chunks()
 
     def _release(self) -> None:
         """Write the index file if it changed, and release what this client built: the JSON generator (an HTTP

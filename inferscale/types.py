@@ -21,7 +21,9 @@ class Timings:
             building the cache, plus the serve-time recompute of fact heads when enabled (0 in ``prompt`` mode).
         prefill_ms: the engine's prefill (query only in ``kv`` mode; facts + query in ``prompt`` mode) up to the
             first token's logits.
-        ttft_ms: time to first token, from the start of the call: retrieval + assembly + prefill + sampling.
+        ttft_ms: time to first token: wall-clock time from the start of the call until the engine produced the
+            first token (retrieval, K/V load, assembly, prefill, choosing the token, and everything in between).
+            A streamed call yields that token's text at once.
         total_ms: the whole call, decode included.
     """
 
@@ -45,6 +47,9 @@ class ChatResult:
         prompt_tokens: tokens in the whole prompt, memory segment included (tokens).
         memory_tokens: tokens in the memory segment (tokens).
         generated_tokens: tokens decoded (tokens).
+        finish_reason: ``"stop"`` (the model ended its turn or a stop string was reached) or ``"length"`` (the
+            ``max_new_tokens`` budget ran out), as OpenAI's API names them.
+        extra: room for engine-specific reports (empty today).
     """
 
     answer: str
@@ -56,10 +61,26 @@ class ChatResult:
     memory_tokens: int
     generated_tokens: int
     extra: dict[str, Any] = field(default_factory=dict)
+    finish_reason: Literal["stop", "length"] = "stop"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatChunk:
+    """One piece of a streamed ``chat`` answer (``chat(..., stream=True)``).
+
+    Attributes:
+        delta: new answer text; never ends inside a character. The deltas joined are the answer.
+        result: ``None`` on every chunk but the last, whose ``delta`` is ``""`` and whose result carries the whole
+            answer, the memory ids used, the token counts, the finish reason and the timings (ms; ``ttft_ms`` is
+            when the first chunk was yielded).
+    """
+
+    delta: str
+    result: ChatResult | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from inferscale import AsyncMemoryClient, MemoryClient
 
 if TYPE_CHECKING:  # annotations only: the adapter needs no more than the two clients at run time
-    from inferscale import ChatResult, MemoryConfig
+    from inferscale import ChatChunk, ChatResult, MemoryConfig
     from inferscale.engines.base import Engine
     from inferscale.fact_kv import FactKVManager
     from inferscale.retrieval import VectorIndex
@@ -67,6 +67,19 @@ class ClientAdapter:
 
     def chat(self, *args: Any, **kwargs: Any) -> ChatResult:
         return self._call(self.client.chat, *args, **kwargs)
+
+    def chat_stream(self, *args: Any, **kwargs: Any) -> list[ChatChunk]:
+        """``chat(..., stream=True)``, every chunk collected (errors raised by the call itself, as the client
+        raises them before the first chunk)."""
+        if isinstance(self.client, MemoryClient):
+            return list(self.client.chat(*args, stream=True, **kwargs))
+        client = self.client
+
+        async def collect() -> list[ChatChunk]:
+            return [chunk async for chunk in await client.chat(*args, stream=True, **kwargs)]
+
+        assert self._runner is not None
+        return self._runner.run(collect())
 
     def close(self) -> None:
         """Close the client (writing its index file), then the adapter's event loop. A second call does nothing."""

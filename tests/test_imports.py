@@ -12,6 +12,8 @@ import inferscale
 EXPECTED_ALL = [
     "AsyncMemory",
     "AsyncMemoryClient",
+    "ChatChunk",
+    "ChatMessage",
     "ChatResult",
     "ConfigError",
     "EmbedderConfig",

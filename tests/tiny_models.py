@@ -194,3 +194,51 @@ def block_diagonal_logits(
             use_cache=False,
         )
     return out.logits[0, -1].float()
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""A template that renders every message in place, system ones included (like ChatML)."""
+
+ONE_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' and not loop.first %}{{ raise_exception('system message not first') }}{% endif %}"
+    "{% if loop.index0 > 0 and m['role'] != 'system' and (m['role'] == 'user') != (loop.index0 % 2 == 1) %}"
+    "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+    "{{ m['role'] }}: {{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""A template like Gemma's or Mistral's: one leading system message, then user and assistant turns alternating."""
+
+
+def byte_chat_tokenizer(template: str = CHATML_TEMPLATE) -> Any:
+    """A real byte-level tokenizer for the tiny models (vocabulary 257: the 256 bytes and ``<|end|>``) with a chat
+    template: every UTF-8 byte is one token, so multi-byte characters span several tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>", pad_token="<|end|>")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def tiny_engine(arch: str = "llama", template: str = CHATML_TEMPLATE, **kwargs: Any) -> Any:
+    """A float32 :class:`~inferscale.engines.transformers.TransformersEngine` on ``tiny_model(arch)`` and
+    :func:`byte_chat_tokenizer`, system prompt ``"Memories:\\n"``, loaded."""
+    from inferscale.config import EngineConfig
+    from inferscale.engines.transformers import TransformersEngine
+
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        "Memories:\n",
+        model=tiny_model(arch),
+        tokenizer=byte_chat_tokenizer(template),
+        **kwargs,
+    )
+    return engine.load()

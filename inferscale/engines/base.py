@@ -11,7 +11,7 @@ engine's module, where a ``_conforms_to_engine`` function returns the engine as 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Self
 
@@ -240,7 +240,7 @@ class Engine(Protocol):
         cache_scope: str = "",
         serving: ServingSettings | None = None,
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoding step, then the :class:`Generation`.
         The request holds the engine until the iterator is exhausted or closed. Errors of :meth:`generate_kv` are
         raised before the first event."""
@@ -253,7 +253,7 @@ class Engine(Protocol):
         max_new_tokens: int,
         cache_scope: str = "",
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         ...
 

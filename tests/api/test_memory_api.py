@@ -127,11 +127,6 @@ def test_bad_input_gets_a_typed_error_and_loses_nothing(m: ClientAdapter, call: 
     assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["kept"]
 
 
-def test_chat_accepts_v2_top_k(m: ClientAdapter) -> None:
-    with pytest.raises(InvalidInputError, match="disagree"):  # parsed, then refused for disagreeing with limit
-        m.chat("x", user_id="a", limit=3, top_k=2)
-
-
 # ---- get / update / delete / history -----------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +262,7 @@ class TransformersEngine(LayoutTokensMixin):
         cache_scope: str = "",
         serving: ServingSettings | None = None,
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoded token, then the :class:`Generation`.
         Holds the engine until the iterator ends or is closed; errors are raised before the first event."""
         self.load()
@@ -288,7 +288,7 @@ class TransformersEngine(LayoutTokensMixin):
         max_new_tokens: int,
         cache_scope: str = "",
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         self.load()
         with self._lock:
@@ -432,7 +432,7 @@ class TransformersEngine(LayoutTokensMixin):
         *,
         memory_tokens: int,
         recomputed_tokens: int = 0,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then decode, choosing tokens with
         ``sampling`` (default greedy) until an end-of-turn token, a stop string or the budget (``bias`` applies to
         the prefill and every decoded token). Yields a :class:`TextDelta` per token, then the :class:`Generation`

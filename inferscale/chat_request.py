@@ -1,0 +1,137 @@
+"""One ``chat`` call's arguments, checked and resolved the same way for the sync and async clients.
+
+Everything is validated here, before anything is retrieved or generated: the query or messages, the scope, how the
+memories are chosen (retrieval with ``search_query`` or explicit ``memory_ids``), the mode, the token budget and the
+sampling settings. Every problem raises :class:`~inferscale.errors.InvalidInputError` (or
+:class:`~inferscale.errors.ScopeError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferscale.arguments import (
+    DEFAULT_CHAT_LIMIT,
+    MAX_LIMIT,
+    check_max_new_tokens,
+    check_query,
+    resolve_limit,
+    resolve_scope,
+)
+from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
+from inferscale.errors import InvalidInputError
+from inferscale.filters import Filter
+from inferscale.scope import Scope
+from inferscale.types import ChatMode
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A checked ``chat`` call.
+
+    Attributes:
+        conversation: the caller's turns (a query is one user turn).
+        scope: whose memories are used.
+        memory_ids: the memories to inject, in this order, with no retrieval; ``None`` retrieves.
+        search_query: what retrieval embeds (the last user message unless the caller named one).
+        node: the Mem0 filter retrieval applies (``None``: the whole scope).
+        limit: memories retrieved at most.
+        mode: ``"kv"`` or ``"prompt"``.
+        max_new_tokens: the answer budget (tokens); ``None`` uses the engine config's.
+        sampling: temperature, top-p, top-k, seed, repetition penalty, stop strings.
+        stream: whether the caller asked for an iterator of chunks.
+    """
+
+    conversation: tuple[ChatMessage, ...]
+    scope: Scope
+    memory_ids: tuple[str, ...] | None
+    search_query: str
+    node: Filter | None
+    limit: int
+    mode: ChatMode
+    max_new_tokens: int | None
+    sampling: SamplingSettings
+    stream: bool
+
+
+def _memory_ids(memory_ids: Any) -> tuple[str, ...]:
+    if isinstance(memory_ids, (str, bytes)) or not isinstance(memory_ids, Sequence):
+        raise InvalidInputError(f"memory_ids must be a list of memory id strings, got {type(memory_ids).__name__}")
+    ids = tuple(memory_ids)
+    if not all(isinstance(i, str) and i.strip() for i in ids):
+        raise InvalidInputError("memory_ids must hold non-empty strings")
+    if len(set(ids)) != len(ids):
+        raise InvalidInputError("memory_ids names a memory twice; each memory is injected once")
+    if len(ids) > MAX_LIMIT:
+        raise InvalidInputError(f"memory_ids holds {len(ids):,} ids; at most {MAX_LIMIT:,}")
+    return ids
+
+
+def resolve_chat(
+    query: str | None,
+    *,
+    messages: Sequence[ChatMessage | Mapping[str, Any]] | None,
+    user_id: str | None,
+    agent_id: str | None,
+    run_id: str | None,
+    filters: Mapping[str, Any] | None,
+    limit: int | None,
+    memory_ids: Sequence[str] | None,
+    search_query: str | None,
+    mode: Any,
+    stream: Any,
+    max_new_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    seed: int | None,
+    repetition_penalty: float | None,
+    stop: str | Sequence[str] | None,
+) -> ChatRequest:
+    """Check a ``chat`` call's arguments (see :meth:`inferscale.MemoryClient.chat`).
+
+    Raises:
+        ScopeError: when no scope id is given.
+        InvalidInputError: when neither or both of ``query`` and ``messages`` are given, for bad messages (empty,
+            an unknown role, no user message, ending with an assistant turn), ``memory_ids`` together with
+            ``limit``, ``filters`` or ``search_query``, a bad mode, budget, ``stream`` flag or sampling value.
+    """
+    if (query is None) == (messages is None):
+        raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
+    if mode not in ("kv", "prompt"):
+        raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
+    if not isinstance(stream, bool):
+        raise InvalidInputError(f"stream must be True or False, got {stream!r}")
+    conversation = (ChatMessage("user", check_query(query)),) if messages is None else check_messages(messages)
+    scope, node = resolve_scope(user_id, agent_id, run_id, filters)
+    ids: tuple[str, ...] | None = None
+    if memory_ids is not None:
+        clash = [n for n, v in (("limit", limit), ("filters", filters), ("search_query", search_query)) if v]
+        if clash:
+            raise InvalidInputError(
+                f"memory_ids chooses the memories, so {', '.join(clash)} would be ignored; pass one or the other "
+                "(the scope goes in user_id/agent_id/run_id)"
+            )
+        ids = _memory_ids(memory_ids)
+    retrieve_with = last_user_text(conversation) if search_query is None else check_query(search_query)
+    return ChatRequest(
+        conversation=conversation,
+        scope=scope,
+        memory_ids=ids,
+        search_query=retrieve_with,
+        node=node,
+        limit=resolve_limit(limit, None, DEFAULT_CHAT_LIMIT),
+        mode=mode,
+        max_new_tokens=check_max_new_tokens(max_new_tokens),
+        sampling=SamplingSettings.of(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            stop=stop,
+        ),
+        stream=stream,
+    )

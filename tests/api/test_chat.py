@@ -1,0 +1,142 @@
+"""``chat`` with conversations on both clients and both databases, on a tiny float32 model with a byte-level
+tokenizer (fast, real generation): which memories a conversation gets, streaming, sampling, and typed errors
+raised before anything is generated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from client_adapter import ClientAdapter, ClientKind, open_client
+from mem0_fakes import HashEmbedder, fake_config
+from tiny_models import tiny_engine
+
+from inferscale import ChatMessage, InvalidInputError, MemoryNotFoundError, ScopeError
+
+FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara is a teacher in Madrid."]
+CONVERSATION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "I live in Porto."},
+    {"role": "assistant", "content": "Porto is lovely."},
+    {"role": "user", "content": "My dog is a beagle named Biscuit."},
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return tiny_engine("llama")
+
+
+@pytest.fixture
+def c(tmp_path: Path, db_url: str, client_kind: ClientKind, engine: Any) -> Iterator[ClientAdapter]:
+    client = open_client(client_kind, fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
+    for fact in FACTS:
+        client.add(fact, user_id="alice", infer=False)
+    client.add("Bob's dog is a poodle named Rex.", user_id="bob", infer=False)
+    yield client
+    client.close()
+
+
+def _ids(c: ClientAdapter, query: str, limit: int) -> list[str]:
+    return [r["id"] for r in c.search(query, user_id="alice", limit=limit)["results"]]
+
+
+def test_a_conversation_retrieves_with_its_last_user_turn_or_the_search_query(c: ClientAdapter) -> None:
+    result = c.chat(messages=CONVERSATION, user_id="alice", limit=1, max_new_tokens=4)
+    assert result.memory_ids == _ids(c, CONVERSATION[-1]["content"], 1)
+    assert result.memories == ["My dog is a beagle named Biscuit."]  # HashEmbedder: the same text is closest
+    asked = c.chat(messages=CONVERSATION, user_id="alice", limit=1, search_query="I live in Porto.", max_new_tokens=4)
+    assert asked.memory_ids == _ids(c, "I live in Porto.", 1) != result.memory_ids
+    # every turn is prefilled: a longer conversation is more prompt tokens, the same memory tokens
+    one_turn = c.chat(CONVERSATION[-1]["content"], user_id="alice", limit=1, max_new_tokens=4)
+    assert one_turn.memory_ids == result.memory_ids
+    turns = c.engine.conversation_token_ids([ChatMessage(m["role"], m["content"]) for m in CONVERSATION])
+    query = c.engine.query_token_ids(CONVERSATION[-1]["content"])
+    assert result.prompt_tokens - one_turn.prompt_tokens == len(turns) - len(query) > 0
+    assert result.memory_tokens == one_turn.memory_tokens
+
+
+def test_memory_ids_inject_exactly_those_memories_of_the_scope(c: ClientAdapter) -> None:
+    all_ids = [r["id"] for r in c.get_all(user_id="alice")["results"]]
+    chosen = [all_ids[2], all_ids[0]]
+    for mode in ("kv", "prompt"):
+        result = c.chat(messages=CONVERSATION, user_id="alice", memory_ids=chosen, mode=mode, max_new_tokens=4)
+        assert result.memory_ids == chosen
+        assert result.memories == [(c.get(i) or {}).get("memory") for i in chosen]
+    assert c.chat("Anything?", user_id="alice", memory_ids=[], max_new_tokens=2).memory_ids == []
+    bobs = c.get_all(user_id="bob")["results"][0]["id"]
+    with pytest.raises(MemoryNotFoundError, match="in scope"):  # another tenant's memory is never injected
+        c.chat("What is my dog called?", user_id="alice", memory_ids=[bobs], max_new_tokens=2)
+
+
+@pytest.mark.parametrize("mode", ["kv", "prompt"])
+def test_streamed_chunks_join_to_the_answer_and_end_with_the_report(c: ClientAdapter, mode: str) -> None:
+    whole = c.chat(messages=CONVERSATION, user_id="alice", mode=mode, max_new_tokens=20)
+    chunks = c.chat_stream(messages=CONVERSATION, user_id="alice", mode=mode, max_new_tokens=20)
+    final = chunks[-1].result
+    assert final is not None and chunks[-1].delta == ""
+    assert all(chunk.result is None and chunk.delta for chunk in chunks[:-1])
+    assert "".join(chunk.delta for chunk in chunks) == final.answer == whole.answer
+    assert final.memory_ids == whole.memory_ids
+    assert (final.generated_tokens, final.prompt_tokens, final.finish_reason) == (
+        whole.generated_tokens,
+        whole.prompt_tokens,
+        whole.finish_reason,
+    )
+    timings = final.timings
+    assert 0 < timings.retrieval_ms <= timings.ttft_ms <= timings.total_ms
+
+
+def test_a_streamed_answer_with_memory_ids_reports_them(c: ClientAdapter) -> None:
+    chosen = [r["id"] for r in c.get_all(user_id="alice")["results"]][:2]
+    chunks = c.chat_stream(messages=CONVERSATION, user_id="alice", memory_ids=chosen, max_new_tokens=6)
+    assert chunks[-1].result is not None and chunks[-1].result.memory_ids == chosen
+
+
+def test_a_seed_repeats_a_sample_and_temperature_zero_is_greedy(c: ClientAdapter) -> None:
+    def answer(**kwargs: Any) -> str:
+        return c.chat(messages=CONVERSATION, user_id="alice", max_new_tokens=12, **kwargs).answer
+
+    greedy = answer()
+    assert answer(temperature=0) == greedy
+    assert answer(temperature=1.5, seed=4) == answer(temperature=1.5, seed=4)
+    assert len({answer(temperature=1.5, seed=s) for s in (1, 2, 3)}) > 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"messages": []}, InvalidInputError, "empty"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, InvalidInputError, "role 'tool'"),
+        ({"messages": [{"role": "system", "content": "Be brief."}]}, InvalidInputError, "no user message"),
+        ({"query": "Hi", "messages": CONVERSATION}, InvalidInputError, "either a query"),
+        ({}, InvalidInputError, "either a query"),
+        ({"query": "Hi", "temperature": -1}, InvalidInputError, "temperature"),
+        ({"query": "Hi", "top_p": 0}, InvalidInputError, "top_p"),
+        ({"query": "Hi", "top_p": 1.5}, InvalidInputError, "top_p"),
+        ({"query": "Hi", "top_k": 0}, InvalidInputError, "top_k"),
+        ({"query": "Hi", "stop": [""]}, InvalidInputError, "stop"),
+        ({"query": "Hi", "memory_ids": ["x"], "limit": 2}, InvalidInputError, "memory_ids chooses"),
+        ({"query": "Hi", "memory_ids": "abc"}, InvalidInputError, "list of memory id"),
+        ({"query": "Hi", "memory_ids": ["a", "a"]}, InvalidInputError, "twice"),
+        ({"query": "Hi", "search_query": " "}, InvalidInputError, "query"),
+        ({"query": "Hi", "mode": "paste"}, InvalidInputError, "mode"),
+        ({"query": "Hi", "max_new_tokens": 0}, InvalidInputError, "max_new_tokens"),
+        ({"query": "Hi", "user_id": None}, ScopeError, "user_id"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_input_is_refused_before_anything_runs(
+    c: ClientAdapter, kwargs: dict[str, Any], error: type[Exception], match: str, stream: bool
+) -> None:
+    before = c.get_all(user_id="alice")["results"]
+    call = {"user_id": "alice", **kwargs}
+    query = call.pop("query", None)
+    with pytest.raises(error, match=match):
+        if stream:
+            c.chat_stream(query, **call)
+        else:
+            c.chat(query, **call)
+    assert c.get_all(user_id="alice")["results"] == before

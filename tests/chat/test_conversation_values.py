@@ -1,0 +1,77 @@
+"""The chat request's values: conversations and sampling settings are checked before anything runs, with typed
+errors that name the problem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
+from inferscale.errors import InvalidInputError
+
+LANGCHAIN_SHAPED = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "My cat is called Pixel."},
+    {"role": "assistant", "content": "Nice name."},
+    {"role": "user", "content": "What is my cat called?"},
+]
+
+
+def test_a_conversation_is_kept_in_order_and_retrieves_with_its_last_user_turn() -> None:
+    checked = check_messages(LANGCHAIN_SHAPED)
+    assert [m.role for m in checked] == ["system", "user", "assistant", "user"]
+    assert checked[1] == ChatMessage("user", "My cat is called Pixel.")
+    assert last_user_text(checked) == "What is my cat called?"
+    assert check_messages(checked) == checked  # ChatMessage objects pass through
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ([], "empty"),
+        ("What is my cat called?", "list"),
+        ([{"role": "tool", "content": "x"}], "role 'tool'"),
+        ([{"role": "user"}], "content must be a string"),
+        ([{"role": "user", "content": ["parts"]}], "content must be a string"),
+        ([{"role": "user", "content": "  "}], "no text"),
+        ([{"role": "system", "content": "Be brief."}], "no user message"),
+        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}], "ends with an assistant"),
+        ([{"role": "user", "content": "Hi", "tool_calls": []}], "unsupported keys"),
+        (["Hi"], "must be a dict"),
+    ],
+)
+def test_bad_conversations_are_refused(messages: Any, match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        check_messages(messages)
+
+
+def test_sampling_defaults_to_greedy_and_reads_openai_shapes() -> None:
+    assert SamplingSettings().is_greedy
+    assert SamplingSettings.of(temperature=0.0, seed=3).is_greedy
+    settings = SamplingSettings.of(temperature=0.7, top_p=0.9, top_k=40, seed=1, repetition_penalty=1.1, stop="\n")
+    assert not settings.is_greedy
+    assert settings.stop == ("\n",)
+    assert SamplingSettings.of(stop=["a", "b"]).stop == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": 5}, "stop"),
+    ],
+)
+def test_bad_sampling_values_are_refused(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidInputError, match=match):
+        SamplingSettings.of(**kwargs)
