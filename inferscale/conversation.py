@@ -54,6 +54,8 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
         raise InvalidInputError("messages is empty; pass at least one user message")
     checked: list[ChatMessage] = []
     for i, message in enumerate(messages):
+        role: object
+        content: object
         if isinstance(message, ChatMessage):
             role, content = message.role, message.content
         elif isinstance(message, Mapping):

@@ -10,6 +10,7 @@ settings take the argmax of the (penalised) logits.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers import (
@@ -57,7 +58,7 @@ class TokenChooser:
     def choose(self, logits: torch.Tensor) -> int:
         """The next token id from the last position's logits ``[vocab]``; the token is appended to the sequence
         the repetition penalty sees."""
-        scores = self._processors(self._ids, logits.float()[None]) if self._processors else logits.float()[None]
+        scores = self._processors(cast(torch.LongTensor, self._ids), logits.float()[None]) if self._processors else logits.float()[None]
         if self._generator is None:
             token = int(scores[0].argmax())
         else:
