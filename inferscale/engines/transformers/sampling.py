@@ -58,7 +58,9 @@ class TokenChooser:
     def choose(self, logits: torch.Tensor) -> int:
         """The next token id from the last position's logits ``[vocab]``; the token is appended to the sequence
         the repetition penalty sees."""
-        scores = self._processors(cast(torch.LongTensor, self._ids), logits.float()[None]) if self._processors else logits.float()[None]
+        scores = logits.float()[None]
+        if self._processors:
+            scores = self._processors(cast(torch.LongTensor, self._ids), scores)
         if self._generator is None:
             token = int(scores[0].argmax())
         else:

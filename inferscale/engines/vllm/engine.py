@@ -438,6 +438,8 @@ class VLLMEngine(LayoutTokensMixin):
     ) -> Iterator[StreamEvent]:
         """Check the request against vLLM's context limit, then return the generator that submits and drains it
         (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
+        if max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.load()
         limit = self._max_model_len or int(self._model.config.max_position_embeddings)
         if len(request.prompt_ids) + max_new_tokens > limit:
@@ -447,8 +449,6 @@ class VLLMEngine(LayoutTokensMixin):
                 f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit) or store "
                 "shorter ones"
             )
-        if max_new_tokens < 0:
-            raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
 
     def _events(
