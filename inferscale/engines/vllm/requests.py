@@ -1,6 +1,7 @@
 """Requests for the vLLM engine: token ids plus the connector payload that names each segment's K/V file.
 
-A :class:`RequestBuilder` lays out ``[system prefix][facts][query]`` from a :class:`PromptLayout` and turns fact
+A :class:`RequestBuilder` lays out ``[system prefix][facts][conversation]`` from a :class:`PromptLayout` (the
+conversation is the caller's query, or its messages rendered with the model's chat template) and turns fact
 K/V into :class:`~inferscale.engines.vllm.metadata.SegmentRef` entries: K/V handed in as tensors are staged once
 per object into a private folder (:class:`_Stager`; the engine core runs in another process), and K/V already in
 the KV store's files are named by path. The result, a :class:`PreparedRequest`, is what
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from inferscale.conversation import ChatMessage
 from inferscale.engines.hf import PromptLayout
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
@@ -33,7 +35,7 @@ class PreparedRequest:
     """One prompt ready for vLLM.
 
     Attributes:
-        prompt_ids: ``[system prefix][memory segment][query]`` token ids.
+        prompt_ids: ``[system prefix][memory segment][conversation]`` token ids.
         memory_tokens: S, the memory segment's length (tokens).
         payload: the segments to inject, or ``None`` to let vLLM prefill everything.
         salt: the request's ``cache_salt`` (``None`` without a payload).
@@ -176,40 +178,68 @@ class RequestBuilder:
         """The prompt layout."""
         return self._layout
 
+    def stage(self, facts: Sequence[FactKV]) -> list[SegmentRef]:
+        """The segment files of ``facts`` (linked or written now, see :class:`_Stager`), without building a
+        request: a benchmark stages its pool before timing anything."""
+        return [self._stager.ref(f) for f in facts]
+
     def _prepared(
-        self, query: str, refs: Sequence[SegmentRef], lengths: Sequence[int], fact_ids: list[int], cache_scope: str
+        self,
+        conversation: str | Sequence[ChatMessage],
+        refs: Sequence[SegmentRef],
+        lengths: Sequence[int],
+        fact_ids: list[int],
+        cache_scope: str,
     ) -> PreparedRequest:
         prefix = self._layout.prefix_ids
         payload = MemoryPayload(self._fingerprint, (self.prefix_ref, *refs), len(prefix))
         salt = cache_salt(cache_scope, payload.content_digest([len(prefix), *lengths]))
-        ids = list(prefix) + fact_ids + self._layout.query_ids(query)
+        ids = list(prefix) + fact_ids + self._layout.conversation_ids(conversation)
         return PreparedRequest(ids, len(fact_ids), payload, salt)
 
-    def prepare_kv(self, query: str, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
-        """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix.
+    def prepare_kv(
+        self, conversation: str | Sequence[ChatMessage], facts: Sequence[FactKV], cache_scope: str = ""
+    ) -> PreparedRequest:
+        """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix, the
+        conversation prefilled after them.
 
         Args:
-            query: the user's question.
+            conversation: the user's question, or the caller's messages (checked by
+                :func:`inferscale.conversation.check_messages`), laid out by
+                :meth:`PromptLayout.conversation_ids`.
             facts: pre-RoPE fact K/V in layout order (from an encoder or the KV store).
             cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); it salts the prefix cache.
-        """
-        refs = [self._stager.ref(f) for f in facts]
-        ids = [int(t) for f in facts for t in f.token_ids.tolist()]
-        return self._prepared(query, refs, [f.n_tokens for f in facts], ids, cache_scope)
 
-    def prepare_files(self, query: str, refs: Sequence[SegmentRef], cache_scope: str = "") -> PreparedRequest:
-        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier).
+        Raises:
+            InvalidInputError: for an empty query, or a conversation the chat template refuses.
+        """
+        refs = self.stage(facts)
+        ids = [int(t) for f in facts for t in f.token_ids.tolist()]
+        return self._prepared(conversation, refs, [f.n_tokens for f in facts], ids, cache_scope)
+
+    def prepare_files(
+        self, conversation: str | Sequence[ChatMessage], refs: Sequence[SegmentRef], cache_scope: str = ""
+    ) -> PreparedRequest:
+        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier); ``conversation`` and
+        ``cache_scope`` as in :meth:`prepare_kv`.
 
         Raises:
             inferscale.engines.vllm.segments.SegmentError: when a file is missing or malformed.
+            InvalidInputError: see :meth:`prepare_kv`.
         """
         headers = [read_header(r.path) for r in refs]
         ids = [t for h in headers for t in h.token_ids]
-        return self._prepared(query, refs, [h.n_tokens for h in headers], ids, cache_scope)
+        return self._prepared(conversation, refs, [h.n_tokens for h in headers], ids, cache_scope)
 
-    def prepare_prompt(self, query: str, fact_ids: Sequence[Sequence[int]], cache_scope: str = "") -> PreparedRequest:
+    def prepare_prompt(
+        self, conversation: str | Sequence[ChatMessage], fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
+    ) -> PreparedRequest:
         """A prompt-mode request: the same tokens, all prefilled by vLLM (no payload), salted with the tenant
-        (:func:`~inferscale.engines.vllm.metadata.prompt_cache_salt`) so tenants never share prefix-cache blocks."""
+        (:func:`~inferscale.engines.vllm.metadata.prompt_cache_salt`) so tenants never share prefix-cache blocks.
+
+        Raises:
+            InvalidInputError: see :meth:`prepare_kv`.
+        """
         memory = [t for ids in fact_ids for t in ids]
-        ids = list(self._layout.prefix_ids) + memory + self._layout.query_ids(query)
+        ids = list(self._layout.prefix_ids) + memory + self._layout.conversation_ids(conversation)
         return PreparedRequest(ids, len(memory), None, prompt_cache_salt(cache_scope))
