@@ -11,7 +11,7 @@ engine's module, where a ``_conforms_to_engine`` function returns the engine as 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Self
 
@@ -69,6 +69,19 @@ class TextDelta:
 StreamEvent = TextDelta | Generation
 """What a streaming call yields: :class:`TextDelta` per step, then one :class:`Generation` (the whole answer, whose
 ``text`` is the deltas joined)."""
+
+
+def drain(events: Iterator[StreamEvent]) -> Generation:
+    """The :class:`Generation` that ends an engine's stream (the deltas are dropped): what ``generate_*`` return.
+
+    Raises:
+        RuntimeError: when the stream ends without one (an engine bug).
+    """
+    for event in events:
+        if isinstance(event, Generation):
+            return event
+    raise RuntimeError("an engine stream ended without its Generation")
+
 
 Conversation = str | Sequence[ChatMessage]
 """A one-turn query, or messages checked by :func:`inferscale.conversation.check_messages`."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.conversation import GREEDY, SamplingSettings
-from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
@@ -232,7 +232,7 @@ class TransformersEngine(LayoutTokensMixin):
             UnsupportedModelError: when a request-time remedy is asked of a model it cannot serve exactly
                 (sliding-window attention, attention logit soft-capping).
         """
-        return _drained(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
+        return drain(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
 
     def generate_prompt(
         self,
@@ -251,7 +251,7 @@ class TransformersEngine(LayoutTokensMixin):
             InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
                 context, or the chat template refuses the conversation.
         """
-        return _drained(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
+        return drain(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
 
     @torch.inference_mode()
     def stream_kv(
@@ -472,14 +472,6 @@ class TransformersEngine(LayoutTokensMixin):
                 recomputed_tokens=recomputed_tokens,
                 finish_reason="length" if length_cut else "stop",
             )
-
-
-def _drained(events: Iterator[StreamEvent]) -> Generation:
-    """The :class:`Generation` that ends a stream (the deltas are dropped)."""
-    for event in events:
-        if isinstance(event, Generation):
-            return event
-    raise RuntimeError("an engine stream ended without its Generation")
 
 
 def _conforms_to_engine(engine: TransformersEngine) -> Engine:

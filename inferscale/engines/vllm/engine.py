@@ -28,7 +28,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.conversation import GREEDY, SamplingSettings
-from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -378,7 +378,7 @@ class VLLMEngine(LayoutTokensMixin):
             InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed vLLM's context
                 limit, or the chat template refuses the conversation.
         """
-        return _drained(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
+        return drain(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
 
     def generate_prompt(
         self,
@@ -394,7 +394,7 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             InvalidInputError: see :meth:`generate_kv`.
         """
-        return _drained(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
+        return drain(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
 
     def stream_kv(
         self,
@@ -404,7 +404,7 @@ class VLLMEngine(LayoutTokensMixin):
         cache_scope: str = "",
         serving: ServingSettings | None = None,
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_kv`, streamed: a :class:`TextDelta` per generated token as vLLM produces it, then the
         :class:`Generation`. The request is laid out and checked here (errors raise at the call); it is submitted
         to vLLM on the first ``next()``. Several streams may be open at once (vLLM batches them); closing one
@@ -427,7 +427,7 @@ class VLLMEngine(LayoutTokensMixin):
         max_new_tokens: int,
         cache_scope: str = "",
         sampling: SamplingSettings | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         t0 = time.perf_counter()
         request = self.prepare_prompt(conversation, fact_ids, cache_scope)
@@ -435,7 +435,7 @@ class VLLMEngine(LayoutTokensMixin):
 
     def _stream(
         self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """Check the request against vLLM's context limit, then return the generator that submits and drains it
         (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
         if max_new_tokens < 0:
@@ -453,7 +453,7 @@ class VLLMEngine(LayoutTokensMixin):
 
     def _events(
         self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """Submit ``request`` to the offline engine's ``llm_engine`` and yield its tokens as they arrive.
 
         Generated ids go through :class:`AnswerText` exactly as in the transformers engine: stop token ids end the
@@ -549,14 +549,6 @@ class VLLMEngine(LayoutTokensMixin):
             "the vLLM engine does not expose full-vocabulary next-token logits; measure first-token fidelity with "
             "the transformers engine on the same weights (engine provider 'transformers')"
         )
-
-
-def _drained(events: Iterator[StreamEvent]) -> Generation:
-    """The :class:`Generation` that ends a stream (the deltas are dropped)."""
-    for event in events:
-        if isinstance(event, Generation):
-            return event
-    raise RuntimeError("an engine stream ended without its Generation")
 
 
 def _conforms_to_engine(engine: VLLMEngine) -> Engine:
