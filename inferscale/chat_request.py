@@ -108,7 +108,8 @@ def resolve_chat(
     scope, node = resolve_scope(user_id, agent_id, run_id, filters)
     ids: tuple[str, ...] | None = None
     if memory_ids is not None:
-        clash = [n for n, v in (("limit", limit), ("filters", filters), ("search_query", search_query)) if v]
+        given = (("limit", limit), ("filters", filters), ("search_query", search_query))
+        clash = [name for name, value in given if value is not None]
         if clash:
             raise InvalidInputError(
                 f"memory_ids chooses the memories, so {', '.join(clash)} would be ignored; pass one or the other "
