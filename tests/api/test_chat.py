@@ -120,7 +120,7 @@ def test_a_seed_repeats_a_sample_and_temperature_zero_is_greedy(c: ClientAdapter
         ({"query": "Hi", "stop": [""]}, InvalidInputError, "stop"),
         ({"query": "Hi", "memory_ids": ["x"], "limit": 2}, InvalidInputError, "memory_ids chooses"),
         ({"query": "Hi", "memory_ids": [], "limit": 0}, InvalidInputError, "memory_ids chooses"),
-        ({"query": "Hi", "memory_ids": ["x"], "filters": {"user_id": "alice"}}, InvalidInputError, "memory_ids chooses"),
+        ({"query": "Hi", "memory_ids": ["x"], "filters": {"user_id": "alice"}}, InvalidInputError, "chooses"),
         ({"query": "Hi", "memory_ids": "abc"}, InvalidInputError, "list of memory id"),
         ({"query": "Hi", "memory_ids": ["a", "a"]}, InvalidInputError, "twice"),
         ({"query": "Hi", "search_query": " "}, InvalidInputError, "query"),
