@@ -50,9 +50,8 @@ def conversation(turn: int) -> list[dict[str, str]]:
 
 def measure_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
     """Every (k, mode, turn) cell of one engine: TTFT samples (ms) and the prompt's token counts."""
-    config: dict[str, Any] = {"data_dir": tempfile.mkdtemp(prefix=f"chat-ttft-{engine}-")}
-    config["engine"] = {"provider": engine, "dtype": args.dtype}
-    client = MemoryClient(config)
+    data_dir = tempfile.TemporaryDirectory(prefix=f"chat-ttft-{engine}-")
+    client = MemoryClient({"data_dir": data_dir.name, "engine": {"provider": engine, "dtype": args.dtype}})
     cells: dict[str, dict[str, Any]] = {}
     try:
         t0 = time.perf_counter()
@@ -81,6 +80,7 @@ def measure_engine(engine: str, args: argparse.Namespace) -> dict[str, Any]:
                         cell["memory_tokens"] = result.memory_tokens
     finally:
         client.close()
+        data_dir.cleanup()
     for cell in cells.values():
         cell["median_ms"] = statistics.median(cell["ttft_ms"])
         cell["p95_ms"] = percentile(cell["ttft_ms"], 95)

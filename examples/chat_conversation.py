@@ -53,13 +53,13 @@ def converse(client: MemoryClient, user_id: str, max_new_tokens: int = 48) -> li
 
 
 def main() -> int:
-    client = MemoryClient({"data_dir": tempfile.mkdtemp(prefix="inferscale-chat-")})
-    try:
+    with (
+        tempfile.TemporaryDirectory(prefix="inferscale-chat-") as data_dir,
+        MemoryClient({"data_dir": data_dir}) as client,
+    ):
         for memory in MEMORIES:
             client.add(memory, user_id="alice", infer=False)
         converse(client, "alice")
-    finally:
-        client.close()
     return 0
 
 

@@ -416,9 +416,9 @@ class AsyncMemoryClient(ClientCore):
 
 
 async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncIterator[ChatChunk]:
-    """Run ``chunks`` on one thread of its own (the engine holds its lock across a stream's tokens, so every step
-    must run on the thread that took it) and hand each chunk to the event loop. Leaving the ``async for`` early
-    stops the generator after the chunk being computed, and closes it on its thread."""
+    """Run ``chunks`` on a thread of its own (decoding is CPU/GPU-bound; the event loop stays free) and hand each
+    chunk to the loop as it is produced. Leaving the ``async for`` early stops the generator after the chunk being
+    computed, and closes it on its thread (ending the engine request)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     stopped = threading.Event()

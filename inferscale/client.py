@@ -485,7 +485,8 @@ class MemoryClient(ClientCore):
         Returns:
             :class:`ChatResult` (answer, memory ids, token counts, finish reason, timings in ms); with
             ``stream=True`` an iterator of :class:`ChatChunk` whose deltas joined are the answer and whose last
-            chunk carries the :class:`ChatResult`. The stream holds the engine until it is exhausted or closed.
+            chunk carries the :class:`ChatResult`. Several streams may be open at once (their decoding steps
+            interleave), and the client may be used between two chunks.
 
         Raises:
             ScopeError: when no scope id is given.

@@ -431,21 +431,17 @@ class ClientCore:
         ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
         load, assembly, prefill and the first token's choice, with everything between them).
         """
-        events, load_ms = self._open_stream(request, records)
-        ttft_ms: float | None = None
-        for event in events:
-            if isinstance(event, Generation):
-                first = ttft_ms if ttft_ms is not None else ms_since(t0)
-                return self._result(request, records, event, retrieval_ms, load_ms, first, ms_since(t0))
-            ttft_ms = ms_since(t0) if ttft_ms is None else ttft_ms
-        raise RuntimeError("the engine's stream ended without its Generation")
+        *_, last = self._chunks(request, records, t0, retrieval_ms)
+        if last.result is None:
+            raise RuntimeError("a chat stream ended without its result")
+        return last.result
 
     def _chunks(
         self, request: ChatRequest, records: Sequence[MemoryRecord], t0: float, retrieval_ms: float
     ) -> Generator[ChatChunk, None, None]:
         """Start answering ``request`` and return its chunks: one per piece of new text, then the final chunk with
         the :class:`ChatResult`. Errors before the first token are raised by this call, not by the iterator.
-        ``ttft_ms`` is taken when the engine hands over the first token, as in :meth:`_generate`; its text is
+        ``ttft_ms`` is taken when the engine hands over the first token (for both call shapes); its text is
         yielded at once unless it must wait (half a character, whitespace, a possible stop string)."""
         events, load_ms = self._open_stream(request, records)
 

@@ -16,6 +16,9 @@ from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
 
+MAX_SEED = 2**63
+"""Seeds are ints in ``[0, MAX_SEED)``."""
+
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant")
 
@@ -36,7 +39,8 @@ class ChatMessage:
 def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple[ChatMessage, ...]:
     """Validate a conversation given as :class:`ChatMessage` objects or OpenAI-style ``{"role", "content"}`` dicts.
 
-    A conversation is non-empty, uses only the system, user and assistant roles, has text content in every turn
+    A conversation is non-empty, uses only the system, user and assistant roles (a ``name`` key is accepted, as in
+    OpenAI's API, and not used), has text content in every turn
     (empty text is allowed for system and assistant turns only), contains a user message and does not end with an
     assistant turn (continuing a partial answer is not supported).
 
@@ -131,6 +135,7 @@ class SamplingSettings:
         top_p: nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``; in (0, 1].
         top_k: keep the ``top_k`` most likely tokens; ``None`` keeps all.
         seed: seeds the sampler, so a request with the same seed samples the same answer; ``None`` is unseeded.
+            At most ``2**63 - 1`` (what ``torch.Generator.manual_seed`` and vLLM take).
         repetition_penalty: > 0; above 1 makes tokens already in the prompt or the answer less likely (CTRL's
             penalty, as transformers and vLLM apply it). 1 is off.
         stop: strings that end the answer; the answer stops before the first one and does not contain it.
@@ -156,8 +161,10 @@ class SamplingSettings:
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         ):
             raise InvalidInputError(f"top_k must be a positive int or None, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise InvalidInputError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED
+        ):
+            raise InvalidInputError(f"seed must be an int in [0, 2**63) or None, got {self.seed!r}")
         if _finite("repetition_penalty", self.repetition_penalty) <= 0:
             raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):

@@ -75,8 +75,9 @@ class ChatChunk:
     Attributes:
         delta: new answer text; never ends inside a character. The deltas joined are the answer.
         result: ``None`` on every chunk but the last, whose ``delta`` is ``""`` and whose result carries the whole
-            answer, the memory ids used, the token counts, the finish reason and the timings (ms; ``ttft_ms`` is
-            when the first chunk was yielded).
+            answer, the memory ids used, the token counts, the finish reason and the timings (ms; ``ttft_ms`` as
+            in :class:`Timings`: when the engine produced the first token, whose text is yielded at once unless
+            it is half a character, whitespace or the start of a possible stop string).
     """
 
     delta: str

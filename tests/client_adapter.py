@@ -68,6 +68,11 @@ class ClientAdapter:
     def chat(self, *args: Any, **kwargs: Any) -> ChatResult:
         return self._call(self.client.chat, *args, **kwargs)
 
+    def chat_stream_open(self, *args: Any, **kwargs: Any) -> Any:
+        """``chat(..., stream=True)`` without reading the stream (the async client's call awaited): what the call
+        itself returns or raises."""
+        return self._call(self.client.chat, *args, stream=True, **kwargs)
+
     def chat_stream(self, *args: Any, **kwargs: Any) -> list[ChatChunk]:
         """``chat(..., stream=True)``, every chunk collected (errors raised by the call itself, as the client
         raises them before the first chunk)."""

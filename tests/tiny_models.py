@@ -213,6 +213,17 @@ ONE_SYSTEM_TEMPLATE = (
 """A template like Gemma's or Mistral's: one leading system message, then user and assistant turns alternating."""
 
 
+LAST_TURN_SYSTEM_TEMPLATE = (
+    "{% set system = messages[0]['content'] if messages[0]['role'] == 'system' else none %}"
+    "{% set turns = messages[1:] if system is not none else messages %}"
+    "{% for m in turns %}{% if m['role'] == 'user' %}"
+    "{% if loop.last and system is not none %}[INST] {{ system }}\n\n{{ m['content'] }}[/INST]"
+    "{% else %}[INST] {{ m['content'] }}[/INST]{% endif %}"
+    "{% else %}{{ m['content'] }}<|end|>{% endif %}{% endfor %}"
+)
+"""Like Mistral-7B-Instruct-v0.3's: the system message is rendered inside the last user turn."""
+
+
 def byte_chat_tokenizer(template: str = CHATML_TEMPLATE) -> Any:
     """A real byte-level tokenizer for the tiny models (vocabulary 257: the 256 bytes and ``<|end|>``) with a chat
     template: every UTF-8 byte is one token, so multi-byte characters span several tokens."""

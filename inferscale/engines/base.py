@@ -255,7 +255,8 @@ class Engine(Protocol):
         sampling: SamplingSettings | None = None,
     ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoding step, then the :class:`Generation`.
-        The request holds the engine until the iterator is exhausted or closed. Errors of :meth:`generate_kv` are
+        Several streams may be open at once; each forward pass holds the engine, nothing is held between two
+        events. Closing the iterator early ends the request. Errors of :meth:`generate_kv` are
         raised before the first event."""
         ...
 

@@ -5,8 +5,10 @@ The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with
 names a user in OpenAI's ``user`` field is answered with that user's memory:
 
 1. the messages are checked (:func:`inferscale.conversation.check_messages`; content given as a list of text parts
-   is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); bad input is a
-   400 with the typed error's message, before anything is retrieved or generated;
+   is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); a field the
+   memory path does not honour (tools, ``response_format``, ``logprobs``, penalties other than
+   ``repetition_penalty``, ``n`` > 1, ...) is refused rather than ignored (:func:`check_supported_fields`); bad
+   input is a 400 with the typed error's message, before anything is retrieved or generated;
 2. the last user message is the retrieval query; the user's top-``limit`` memories are retrieved
    (:class:`MemoryClient`, FAISS over the SQL store in ``--data-dir``) and their K/V come from the KV store, encoded
    on a miss by a transformers copy of the served weights;
@@ -138,6 +140,33 @@ def _text_content(content: Any) -> Any:
             raise InvalidInputError(f"content part {i} is not a text part; only text content is supported")
         texts.append(part["text"])
     return "".join(texts)
+
+
+SUPPORTED_FIELDS = frozenset(
+    {
+        "model", "messages", "user", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop",
+    }
+)  # fmt: skip
+"""The OpenAI chat fields a memory request honours; any other field given a value is refused, not ignored."""
+
+
+def check_supported_fields(body: dict[str, Any]) -> None:
+    """Refuse a memory request that sets a field it would otherwise silently ignore (tools, ``response_format``,
+    ``logprobs``, presence/frequency penalties, ``logit_bias``, ``n`` above 1, ...). A field sent with its neutral
+    value (``null``, ``false``, ``0``, empty) is accepted.
+
+    Raises:
+        InvalidInputError: naming every unsupported field that was set.
+    """
+    unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
+    if body.get("n") not in (None, 1):
+        unsupported.append("n (only 1 answer per request)")
+    if unsupported:
+        raise InvalidInputError(
+            f"unsupported field(s) for a memory chat (a request with 'user'): {', '.join(unsupported)}; supported: "
+            f"{', '.join(sorted(SUPPORTED_FIELDS))}"
+        )
 
 
 def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
@@ -343,6 +372,7 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     try:
+        check_supported_fields(body)
         conversation = chat_messages(body.get("messages"))
         sampling = ChatSampling.of(body)
         prepared, memories = await asyncio.to_thread(service.prepare, user, conversation)

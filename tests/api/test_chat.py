@@ -131,14 +131,27 @@ def test_a_seed_repeats_a_sample_and_temperature_zero_is_greedy(c: ClientAdapter
 )
 @pytest.mark.parametrize("stream", [False, True])
 def test_bad_input_is_refused_before_anything_runs(
-    c: ClientAdapter, kwargs: dict[str, Any], error: type[Exception], match: str, stream: bool
+    c: ClientAdapter,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+    stream: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The error comes from the ``chat`` call itself (a stream is opened, never read), and the engine is never
+    asked to generate."""
+
+    def no_generation(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("bad input reached the engine")
+
+    for name in ("stream_kv", "stream_prompt", "generate_kv", "generate_prompt"):
+        monkeypatch.setattr(c.engine, name, no_generation)
     before = c.get_all(user_id="alice")["results"]
     call = {"user_id": "alice", **kwargs}
     query = call.pop("query", None)
     with pytest.raises(error, match=match):
         if stream:
-            c.chat_stream(query, **call)
+            c.chat_stream_open(query, **call)
         else:
             c.chat(query, **call)
     assert c.get_all(user_id="alice")["results"] == before

@@ -5,6 +5,7 @@ the same tokens in both modes, streaming equal to the whole answer, and sampling
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import pytest
@@ -113,6 +114,33 @@ def test_streamed_deltas_join_to_the_answer(mode: str, sampling: SamplingSetting
     assert [t for d in deltas for t in d.token_ids] == final.token_ids == whole.token_ids
     assert final.finish_reason == whole.finish_reason
     assert not any(d.text.endswith("\ufffd") for d in deltas)  # random bytes: characters arrive in pieces
+
+
+def test_open_streams_keep_their_own_memory_interleaved_and_in_threads() -> None:
+    """Two open streams with different memories, read interleaved on one thread and then on two threads, answer
+    exactly what each request answers alone: no stream decodes on another's K/V."""
+    engine = _engine("llama")
+    _, facts = _facts(engine)
+    first, second = facts[:1], facts[1:]
+    alone = [engine.generate_kv(CONVERSATION, f, 20).token_ids for f in (first, second)]
+    assert alone[0] != alone[1]  # different memories, different answers: the check below can fail
+
+    def ids(stream: Any) -> list[int]:
+        return [t for e in stream if isinstance(e, TextDelta) for t in e.token_ids]
+
+    a, b = engine.stream_kv(CONVERSATION, first, 20), engine.stream_kv(CONVERSATION, second, 20)
+    head = next(a)
+    assert isinstance(head, TextDelta)
+    assert [ids(b), head.token_ids + ids(a)] == [alone[1], alone[0]]
+
+    results: dict[int, list[int]] = {}
+    streams = [engine.stream_kv(CONVERSATION, f, 20) for f in (first, second)]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, ids(streams[i]))) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [results[0], results[1]] == alone
 
 
 def test_seed_repeats_a_sample_and_temperature_zero_is_greedy() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from tiny_models import CHATML_TEMPLATE, ONE_SYSTEM_TEMPLATE, byte_chat_tokenizer
+from tiny_models import CHATML_TEMPLATE, LAST_TURN_SYSTEM_TEMPLATE, ONE_SYSTEM_TEMPLATE, byte_chat_tokenizer
 
 from inferscale.conversation import ChatMessage
 from inferscale.engines.hf import PromptLayout
@@ -55,6 +55,14 @@ def test_a_one_system_template_gets_the_callers_system_text_after_the_memory() -
         layout.conversation_ids(late_system)
     with pytest.raises(InvalidInputError, match="chat template refused"):
         layout.conversation_ids([ChatMessage("user", "Hi"), ChatMessage("user", "Again")])
+
+
+def test_a_template_that_moves_the_system_message_serves_one_turn_and_refuses_more() -> None:
+    layout = PromptLayout(byte_chat_tokenizer(LAST_TURN_SYSTEM_TEMPLATE), "Memories:\n")
+    assert layout._tokenizer.decode(layout.prefix_ids) == "[INST] Memories:\n"
+    assert _rest(layout, "Where?") == "\n\nWhere?[/INST]"
+    with pytest.raises(InvalidInputError, match="one user turn"):
+        layout.conversation_ids(CONVERSATION)
 
 
 def _stream(tokenizer: Any, text: str, stop: tuple[str, ...] = ()) -> tuple[list[str], str, bool]:

@@ -162,6 +162,7 @@ def test_stream_joined_equals_the_answer(server: tuple[openai.OpenAI, set[str]])
     client, alice_ids = server
     question = [{"role": "user", "content": "Where does my sister work?"}]
     whole = _chat(client, question)
+    assert _report(whole)["kv_transfer_params"]["inferscale"]["injected_tokens"] > 0  # the answer used the memory
     chunks = list(_chat(client, question, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -179,6 +180,9 @@ def test_stream_joined_equals_the_answer(server: tuple[openai.OpenAI, set[str]])
         ([{"role": "robot", "content": "hi"}], {}, "role"),
         ([{"role": "user", "content": "hi"}], {"temperature": -0.5}, "temperature"),
         ([{"role": "user", "content": "hi"}], {"top_p": 1.5}, "top_p"),
+        ([{"role": "user", "content": "hi"}], {"n": 2}, "only 1 answer"),
+        ([{"role": "user", "content": "hi"}], {"presence_penalty": 0.5}, "presence_penalty"),
+        ([{"role": "user", "content": "hi"}], {"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_bad_requests_are_400(

@@ -14,8 +14,11 @@ The deltas joined are the answer, so a streamed answer equals the same request's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _REPLACEMENT = "\ufffd"
 
@@ -33,6 +36,7 @@ class AnswerText:
         self._stop = tuple(stop)
         self._ids: list[int] = []
         self._emitted = ""
+        self._rewritten = False
         self.stopped = False
         """True once the decoded text contains a stop string: generation should end."""
 
@@ -60,10 +64,13 @@ class AnswerText:
         return held
 
     def _emit(self, safe: str) -> str:
-        if not safe.startswith(self._emitted):
-            return ""  # the tokenizer rewrote text already shown (rare); keep what was shown, add nothing
+        if not safe.startswith(self._emitted) and not self._rewritten:
+            # The tokenizer changed text already shown (a decoder that cleans up spaces around later tokens).
+            # Shown text cannot be taken back: keep it and go on from its length, so nothing later is lost.
+            self._rewritten = True
+            log.warning("the tokenizer rewrote streamed text already shown; the answer keeps the text as shown")
         delta = safe[len(self._emitted) :]
-        self._emitted = safe
+        self._emitted += delta
         return delta
 
     def push(self, token_id: int) -> str:

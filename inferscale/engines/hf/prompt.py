@@ -11,7 +11,9 @@ caller's system messages as its own system turn, in place. A template that allow
 (it raises, or drops the second one; Gemma, Mistral) gets the caller's leading system messages appended to the
 fixed system message after the memory segment, separated by blank lines, so they still come after the memory and
 are prefilled; a system message after the first user turn is refused for such a template
-(:class:`~inferscale.errors.InvalidInputError`).
+(:class:`~inferscale.errors.InvalidInputError`). A template that moves the system message away from the start
+once there are earlier turns (Mistral's puts it in the last user turn) serves single-turn requests only; a
+multi-turn conversation is refused with :class:`~inferscale.errors.InvalidInputError`.
 """
 
 from __future__ import annotations
@@ -120,9 +122,9 @@ class PromptLayout:
 
         Raises:
             InvalidInputError: when the model's chat template refuses the conversation (roles that do not
-                alternate, a system message after the first user turn where only a leading one is allowed).
-            ConfigError: when the template renders the fixed system prefix differently for this conversation, so
-                the memory cannot be placed after it.
+                alternate, a system message after the first user turn where only a leading one is allowed), or
+                renders the fixed system prefix differently for it (Mistral's template moves the system message
+                into the last user turn of a multi-turn conversation), so the memory cannot be placed after it.
         """
         messages = list(as_conversation(conversation))
         system_text = self._system_prompt + _SENTINEL
@@ -141,8 +143,10 @@ class PromptLayout:
         except (TemplateError, ValueError, TypeError) as exc:
             raise InvalidInputError(f"the model's chat template refused the conversation: {exc}") from exc
         if rendered.count(_SENTINEL) != 1 or rendered.split(_SENTINEL)[0] != self._prefix_text:
-            raise ConfigError(
-                "the chat template renders the system prefix differently for this conversation; cannot place memory"
+            raise InvalidInputError(
+                "this model's chat template does not keep the system message at the start of this conversation "
+                "(Mistral's renders it inside the last user turn once there are earlier turns), so the memory "
+                "cannot follow the fixed system prefix; send the conversation as one user turn"
             )
         return self._encode(rendered.split(_SENTINEL)[1])
 

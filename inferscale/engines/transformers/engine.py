@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -29,6 +29,7 @@ from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
 from inferscale.engines.transformers.sampling import TokenChooser
+from inferscale.engines.transformers.workspaces import WorkspacePool
 from inferscale.errors import InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
@@ -105,7 +106,7 @@ class TransformersEngine(LayoutTokensMixin):
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
             self._stop_ids = stop_token_ids(self._model, self._tokenizer)
             self._prefix = self._prefill_prefix()
-            self._workspace = SegmentWorkspace(self._prefix)
+            self._workspaces = WorkspacePool(self._prefix)
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
             return self
@@ -116,7 +117,7 @@ class TransformersEngine(LayoutTokensMixin):
         with self._lock:
             if not self._ready:
                 return
-            del self._prefix, self._workspace, self._encoder, self._table, self._layout
+            del self._prefix, self._workspaces, self._encoder, self._table, self._layout
             if self._owns_model:
                 self._model = None
                 self._tokenizer = None
@@ -264,19 +265,30 @@ class TransformersEngine(LayoutTokensMixin):
         sampling: SamplingSettings | None = None,
     ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_kv`, streamed: a :class:`TextDelta` per decoded token, then the :class:`Generation`.
-        Holds the engine until the iterator ends or is closed; errors are raised before the first event."""
+
+        This call lays out and checks the request and builds its cache (errors are raised here, before any
+        event); the iterator prefills and decodes. The cache lives in a workspace of the request's own and each
+        forward pass takes the engine's lock, so several streams may be open and read at once (their steps
+        interleave) and the caller may use the engine or the client between two events."""
         self.load()
         settings = serving if serving is not None else self.serving
-        with self._lock:
-            t0 = _now_ms(self._device)
-            query_ids = self._layout.conversation_ids(conversation)
-            self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
-            assembled, cache, added = self._kv_cache(facts, len(query_ids) + max_new_tokens, query_ids, settings)
-            t1 = _now_ms(self._device)
-            bias = self._memory_bias(assembled, settings)
+        workspace = self._workspaces.borrow()
+        try:
+            with self._lock:
+                t0 = _now_ms(self._device)
+                query_ids = self._layout.conversation_ids(conversation)
+                self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
+                assembled, cache, added = self._kv_cache(
+                    workspace, facts, len(query_ids) + max_new_tokens, query_ids, settings
+                )
+                t1 = _now_ms(self._device)
+                bias = self._memory_bias(assembled, settings)
+        except BaseException:
+            self._workspaces.give_back(workspace)
+            raise
         prompt = assembled.token_ids.tolist() + query_ids
         return self._stream(
-            cache, query_ids, assembled.n_tokens, max_new_tokens, prompt, sampling, t0, t1 - t0, bias,
+            workspace, cache, query_ids, assembled.n_tokens, max_new_tokens, prompt, sampling, t0, t1 - t0, bias,
             memory_tokens=assembled.memory_tokens, recomputed_tokens=added,
         )  # fmt: skip
 
@@ -291,17 +303,22 @@ class TransformersEngine(LayoutTokensMixin):
     ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         self.load()
-        with self._lock:
-            t0 = _now_ms(self._device)
-            memory_ids = [t for ids in fact_ids for t in ids]
-            query_ids = self._layout.conversation_ids(conversation)
-            self._check_context(len(memory_ids), len(query_ids) + max_new_tokens)
-            capacity = len(memory_ids) + len(query_ids) + max_new_tokens
-            cache = self._cache_from(self._workspace.assemble([], self._table, extra_capacity=capacity))
+        workspace = self._workspaces.borrow()
+        try:
+            with self._lock:
+                t0 = _now_ms(self._device)
+                memory_ids = [t for ids in fact_ids for t in ids]
+                query_ids = self._layout.conversation_ids(conversation)
+                self._check_context(len(memory_ids), len(query_ids) + max_new_tokens)
+                capacity = len(memory_ids) + len(query_ids) + max_new_tokens
+                cache = self._cache_from(workspace.assemble([], self._table, extra_capacity=capacity))
+        except BaseException:
+            self._workspaces.give_back(workspace)
+            raise
         prompt = list(self._layout.prefix_ids) + memory_ids + query_ids
         return self._stream(
-            cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0, 0.0,
-            memory_tokens=len(memory_ids),
+            workspace, cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0,
+            0.0, memory_tokens=len(memory_ids),
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -321,18 +338,22 @@ class TransformersEngine(LayoutTokensMixin):
         """
         self.load()
         settings = serving if serving is not None else self.serving
-        with self._lock:
-            query_ids = self._layout.conversation_ids(conversation)
-            bias = None
-            if facts is not None:
-                assembled, cache, _ = self._kv_cache(facts, len(query_ids), query_ids, settings)
-                ids: list[int] = []
-                bias = self._memory_bias(assembled, settings)
-            else:
-                ids = [t for f in fact_ids or [] for t in f]
-                assembled = self._workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
-                cache = self._cache_from(assembled)
-            return self._forward(cache, ids + query_ids, assembled.n_tokens, bias)[0, -1].float()
+        workspace = self._workspaces.borrow()
+        try:
+            with self._lock:
+                query_ids = self._layout.conversation_ids(conversation)
+                bias = None
+                if facts is not None:
+                    assembled, cache, _ = self._kv_cache(workspace, facts, len(query_ids), query_ids, settings)
+                    ids: list[int] = []
+                    bias = self._memory_bias(assembled, settings)
+                else:
+                    ids = [t for f in fact_ids or [] for t in f]
+                    assembled = workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
+                    cache = self._cache_from(assembled)
+                return self._forward(cache, ids + query_ids, assembled.n_tokens, bias)[0, -1].float()
+        finally:
+            self._workspaces.give_back(workspace)
 
     def _memory_bias(self, assembled: AssembledKV, settings: ServingSettings) -> MemoryBias | None:
         """The attention bias on the memory slots ``[P, P + S)`` of ``assembled``, or ``None`` when s is 1."""
@@ -342,14 +363,15 @@ class TransformersEngine(LayoutTokensMixin):
 
     def _kv_cache(
         self,
+        workspace: SegmentWorkspace,
         facts: Sequence[FactKV],
         extra_capacity: int,
         query_ids: Sequence[int] = (),
         serving: ServingSettings | None = None,
     ) -> tuple[AssembledKV, PreallocatedCache, int]:
-        """Assemble prefix + facts into a preallocated cache, then apply the request-time remedies of ``serving``
-        (default :attr:`serving`): recompute the slots its policy chooses (:func:`.remedies.recompute_slots`),
-        and scale the memory keys by ``1/T`` (the temperature).
+        """Assemble prefix + facts into a preallocated cache in ``workspace``, then apply the request-time
+        remedies of ``serving`` (default :attr:`serving`): recompute the slots its policy chooses
+        (:func:`.remedies.recompute_slots`), and scale the memory keys by ``1/T`` (the temperature).
 
         ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
 
@@ -374,9 +396,7 @@ class TransformersEngine(LayoutTokensMixin):
         if slots is None and not query_ids:
             raise InvalidInputError("selective recompute ranks memory tokens by the query's attention: pass query_ids")
         reserve = memory if slots is None else len(slots)
-        assembled = self._workspace.assemble(
-            facts, self._table, extra_capacity=extra_capacity + max(reserve, len(query_ids))
-        )
+        assembled = workspace.assemble(facts, self._table, extra_capacity=extra_capacity + max(reserve, len(query_ids)))
         cache = self._cache_from(assembled)
         added = 0
         if slots is None:
@@ -420,6 +440,7 @@ class TransformersEngine(LayoutTokensMixin):
 
     def _stream(
         self,
+        workspace: SegmentWorkspace,
         cache: Any,
         ids: list[int],
         start: int,
@@ -433,34 +454,35 @@ class TransformersEngine(LayoutTokensMixin):
         memory_tokens: int,
         recomputed_tokens: int = 0,
     ) -> Generator[StreamEvent, None, None]:
-        """Prefill ``ids`` at positions ``start..`` on top of ``cache``, then decode, choosing tokens with
-        ``sampling`` (default greedy) until an end-of-turn token, a stop string or the budget (``bias`` applies to
-        the prefill and every decoded token). Yields a :class:`TextDelta` per token, then the :class:`Generation`
-        (``t0`` is when the request started, in ms; ``prompt_ids`` the whole prompt, for the repetition penalty).
+        """Prefill ``ids`` at positions ``start..`` on top of ``cache`` (built in ``workspace``, given back to the
+        pool when the stream ends), then decode, choosing tokens with ``sampling`` (default greedy) until an
+        end-of-turn token, a stop string or the budget (``bias`` applies to the prefill and every decoded token).
+        Yields a :class:`TextDelta` per token, then the :class:`Generation` (``t0`` is when the request started, in
+        ms; ``prompt_ids`` the whole prompt, for the repetition penalty).
+
+        Each forward pass holds the engine's lock; nothing is held between two events, and inference mode is not
+        either, so the caller's code between events runs in its own autograd mode.
         """
-        # The lock is held across yields (one request runs at a time); inference mode is not, so the caller's
-        # code between two events runs in its own autograd mode.
-        with self._lock:
-            with torch.inference_mode():
-                chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
-                answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
-                t_prefill = _now_ms(self._device)
-                token = chooser.choose(self._forward(cache, ids, start, bias)[0, -1])
-                prefill_ms = _now_ms(self._device) - t_prefill
+        try:
+            chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
+            answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
+            t_prefill = _now_ms(self._device)
+            token = self._next_token(chooser, cache, ids, start, bias)
+            prefill_ms = _now_ms(self._device) - t_prefill
             generated: list[int] = []
             position = start + len(ids)
             while token not in self._stop_ids and len(generated) < max_new_tokens:
                 generated.append(token)
                 yield TextDelta(answer.push(token), [token])
-                if answer.stopped:
-                    break
-                with torch.inference_mode():
-                    token = chooser.choose(self._forward(cache, [token], position, bias)[0, -1])
+                if answer.stopped or len(generated) == max_new_tokens:
+                    break  # no forward pass for a token that would not be kept
+                token = self._next_token(chooser, cache, [token], position, bias)
                 position += 1
+            # The budget ended the answer unless a stop string or an end-of-turn token did.
+            reason: Literal["stop", "length"] = "stop" if answer.stopped or token in self._stop_ids else "length"
             rest = answer.finish()
             if rest:
                 yield TextDelta(rest, [])
-            length_cut = not answer.stopped and token not in self._stop_ids and len(generated) >= max_new_tokens
             yield Generation(
                 text=answer.text,
                 token_ids=generated,
@@ -470,8 +492,18 @@ class TransformersEngine(LayoutTokensMixin):
                 prompt_tokens=start + len(ids),
                 memory_tokens=memory_tokens,
                 recomputed_tokens=recomputed_tokens,
-                finish_reason="length" if length_cut else "stop",
+                finish_reason=reason,
             )
+        finally:
+            self._workspaces.give_back(workspace)
+
+    def _next_token(
+        self, chooser: TokenChooser, cache: Any, ids: list[int], start: int, bias: MemoryBias | None
+    ) -> int:
+        """One forward pass of ``ids`` at ``start..`` on ``cache`` under the engine's lock, and the token chosen
+        from its last position."""
+        with self._lock, torch.inference_mode():
+            return chooser.choose(self._forward(cache, ids, start, bias)[0, -1])
 
 
 def _conforms_to_engine(engine: TransformersEngine) -> Engine:

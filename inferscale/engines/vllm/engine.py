@@ -521,12 +521,21 @@ class VLLMEngine(LayoutTokensMixin):
         """The next vLLM ``RequestOutput`` (a delta) of the open stream ``request_id``. Under the engine lock,
         steps the engine until that stream's queue has one, routing every step's outputs to their own streams'
         queues by request id, so streams read from several threads (or interleaved in one) all progress; outputs
-        of requests no stream waits for (aborted ones) are dropped."""
+        of requests no stream waits for (aborted ones) are dropped.
+
+        Raises:
+            RuntimeError: when the engine was closed while the stream was open, or vLLM no longer has the request
+                and never finished it (it would otherwise be waited for forever).
+        """
         while True:
             with self._lock:
-                queue = self._streams[request_id]
+                queue = self._streams.get(request_id)
+                if queue is None or not self._ready:
+                    raise RuntimeError("the vLLM engine was closed while this stream was open")
                 if queue:
                     return queue.popleft()
+                if not self._llm.llm_engine.has_unfinished_requests():
+                    raise RuntimeError(f"vLLM has no request {request_id} left and gave it no final output")
                 for output in self._llm.llm_engine.step():
                     target = self._streams.get(output.request_id)
                     if target is not None:
