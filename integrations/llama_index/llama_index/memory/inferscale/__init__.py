@@ -1,0 +1,1 @@
+"""LlamaIndex integration for InferScale (KV-injected memory)."""
