@@ -180,3 +180,32 @@ def check_version(version: str | None) -> None:
         InvalidInputError: for any other value.
     """
     _validated(_VERSION, version, "version must be 'v1' or 'v2' (both call shapes are always accepted)")
+
+
+_MEM0_UNSUPPORTED = {
+    "timestamp": "a memory is timestamped when it is added",
+    "expiration_date": "memories do not expire",
+    "rerank": "there is no reranker; results are ranked by cosine similarity",
+    "explain": "scores are cosine similarities, with no explanation",
+    "reference_date": "memories do not expire, so there is no date to judge expiry by",
+}
+
+
+def refuse_unsupported_mem0(call: str, **given: Any) -> None:
+    """Accept Mem0 2.x arguments InferScale does not implement only at their neutral value (``None`` or ``False``),
+    so a migrated program that passes the defaults keeps working and one that relies on the feature is told.
+
+    Args:
+        call: the method, for the message (``"add"``, ``"search"``).
+        given: the arguments as passed (``timestamp``, ``expiration_date``, ``rerank``, ``explain``,
+            ``reference_date``).
+
+    Raises:
+        InvalidInputError: naming the first argument set to something else, and why it is not supported.
+    """
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise InvalidInputError(
+                f"{call}({name}={value!r}) is a Mem0 argument InferScale does not support: {_MEM0_UNSUPPORTED[name]} "
+                "(see docs/migration.md)"
+            )

@@ -30,6 +30,7 @@ from inferscale.arguments import (
     check_query,
     check_version,
     optional_scope,
+    refuse_unsupported_mem0,
     resolve_limit,
     resolve_scope,
 )
@@ -90,8 +91,11 @@ class AsyncMemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
+        timestamp: int | float | str | None = None,
+        expiration_date: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation; see :meth:`MemoryClient.add` (same arguments, result and errors)."""
+        refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -198,9 +202,14 @@ class AsyncMemoryClient(ClientCore):
         top_k: int | None = None,
         threshold: float | None = None,
         version: str | None = None,
+        rerank: bool = False,
+        explain: bool = False,
+        reference_date: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
         check_version(version)
+        refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
         args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
         return await self._asearch(query, *args)
 

@@ -24,6 +24,7 @@ from inferscale.arguments import (
     check_query,
     check_version,
     optional_scope,
+    refuse_unsupported_mem0,
     resolve_limit,
     resolve_scope,
 )
@@ -85,6 +86,8 @@ class MemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
+        timestamp: int | float | str | None = None,
+        expiration_date: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation.
 
@@ -100,11 +103,16 @@ class MemoryClient(ClientCore):
             ``{"results": [{"id", "memory", "event"}, ...]}`` with event ``"ADD"``, ``"UPDATE"`` (plus
             ``"previous_memory"``) or ``"DELETE"``; ``[]`` when nothing changed.
 
+        ``timestamp`` and ``expiration_date`` are Mem0 2.x arguments accepted only as ``None``: a memory is
+        timestamped when it is added, and memories do not expire.
+
         Raises:
             ScopeError: when no user_id, agent_id or run_id is given.
-            InvalidInputError: for malformed messages, or metadata that is not a dict or sets a scope id.
+            InvalidInputError: for malformed messages, metadata that is not a dict or sets a scope id, or a
+                ``timestamp``/``expiration_date`` (not supported).
             ExtractionError: when an LLM answer cannot be parsed (nothing is written).
         """
+        refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -235,6 +243,10 @@ class MemoryClient(ClientCore):
         top_k: int | None = None,
         threshold: float | None = None,
         version: str | None = None,
+        rerank: bool = False,
+        explain: bool = False,
+        reference_date: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """The memories of the scope most similar to ``query`` (cosine), best first, among those matching
         ``filters``. The filter is compiled to SQL and restricts the FAISS search itself, so the top-k is taken
@@ -247,6 +259,9 @@ class MemoryClient(ClientCore):
             limit, top_k: how many results at most (v1 / v2 name; default 100).
             threshold: drop results whose score is below it.
             version: ``"v1"`` or ``"v2"``; accepted for Mem0 compatibility, changes nothing.
+            rerank, explain, reference_date, show_expired: Mem0 2.x arguments. ``show_expired`` changes nothing
+                (no memory expires, so all are shown); the others are accepted only at their default (``False`` /
+                ``None``) and refused otherwise (no reranker, no explanations, no expiry).
 
         Returns:
             ``{"results": [<memory dict> + {"score"}, ...]}``.
@@ -255,6 +270,7 @@ class MemoryClient(ClientCore):
             ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
         """
         check_version(version)
+        refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
         return self._search(query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold))
 
     def _search(

@@ -6,13 +6,15 @@ import ast
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from client_adapter import ClientAdapter
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
 from inferscale import Memory, MemoryConfig
 from inferscale.config import from_mem0_dict, is_mem0_config
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, InvalidInputError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "migrate_from_mem0.py"
 
@@ -106,3 +108,27 @@ def test_extraction_endpoint_config_builds_an_http_generator(tmp_path: Path) -> 
 
 def test_unused_scripted_generator_is_harmless() -> None:
     assert ScriptedGenerator().titles() == []
+
+
+@pytest.mark.parametrize(
+    ("call", "kwargs", "match"),
+    [
+        ("add", {"timestamp": 1_700_000_000}, "timestamped when it is added"),
+        ("add", {"expiration_date": "2027-01-01"}, "do not expire"),
+        ("search", {"rerank": True}, "no reranker"),
+        ("search", {"explain": True}, "no explanation"),
+        ("search", {"reference_date": "2026-11-30"}, "no date to judge expiry"),
+    ],
+)
+def test_mem0_2x_arguments_are_refused_when_set_and_accepted_at_their_defaults(
+    m: ClientAdapter, call: str, kwargs: dict[str, Any], match: str
+) -> None:
+    m.add("I like tea", user_id="u", infer=False, timestamp=None, expiration_date=None)
+    defaults = {"rerank": False, "explain": False, "reference_date": None, "show_expired": True}
+    assert [r["memory"] for r in m.search("tea", user_id="u", **defaults)["results"]] == ["I like tea"]
+    with pytest.raises(InvalidInputError, match=match):
+        if call == "add":
+            m.add("I like coffee", user_id="u", infer=False, **kwargs)
+        else:
+            m.search("tea", user_id="u", **kwargs)
+    assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
