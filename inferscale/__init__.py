@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from inferscale.conversation import ChatMessage
 from inferscale.errors import (
     ConfigError,
+    EngineClosedError,
     ExtractionError,
     InferScaleError,
     InvalidInputError,
@@ -60,6 +61,7 @@ __all__ = [
     "ChatResult",
     "ConfigError",
     "EmbedderConfig",
+    "EngineClosedError",
     "EngineConfig",
     "ExtractionError",
     "InferScaleError",

@@ -426,10 +426,16 @@ class AsyncMemoryClient(ClientCore):
 
 async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncIterator[ChatChunk]:
     """Run ``chunks`` on a thread of its own (decoding is CPU/GPU-bound; the event loop stays free) and hand each
-    chunk to the loop as it is produced. Leaving the ``async for`` early stops the generator after the chunk being
-    computed, and closes it on its thread (ending the engine request)."""
+    chunk to the loop as it is produced.
+
+    The thread computes at most one chunk ahead of the consumer: after handing one over it waits until the consumer
+    asks for the next. So a consumer that stops reading (``break``) stops the decoding within one token, and
+    closing the iterator (``await it.aclose()``, or dropping it) closes the generator on its thread, which ends
+    the engine request and frees its cache.
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    wanted = threading.Semaphore(0)  # one release per chunk the consumer asks for after the first
     stopped = threading.Event()
 
     def hand_over(kind: str, value: Any) -> None:
@@ -440,6 +446,7 @@ async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncI
         try:
             for chunk in chunks:
                 hand_over("chunk", chunk)
+                wanted.acquire()
                 if stopped.is_set():
                     break
         except BaseException as exc:  # handed to the consumer, who re-raises it
@@ -457,8 +464,10 @@ async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncI
             if kind == "error":
                 raise value
             yield value
+            wanted.release()
     finally:
         stopped.set()
+        wanted.release()
 
 
 AsyncMemory = AsyncMemoryClient

@@ -23,7 +23,7 @@ from inferscale.arguments import (
 from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter
-from inferscale.scope import Scope
+from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.types import ChatMode
 
 
@@ -96,7 +96,8 @@ def resolve_chat(
         ScopeError: when no scope id is given.
         InvalidInputError: when neither or both of ``query`` and ``messages`` are given, for bad messages (empty,
             an unknown role, no user message, ending with an assistant turn), ``memory_ids`` together with
-            ``limit``, ``filters`` or ``search_query``, a bad mode, budget, ``stream`` flag or sampling value.
+            ``limit``, ``search_query`` or ``filters`` that do more than name the scope, a bad mode, budget,
+            ``stream`` flag or sampling value.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
@@ -108,12 +109,16 @@ def resolve_chat(
     scope, node = resolve_scope(user_id, agent_id, run_id, filters)
     ids: tuple[str, ...] | None = None
     if memory_ids is not None:
-        given = (("limit", limit), ("filters", filters), ("search_query", search_query))
+        # filters that only name the scope (Mem0 v2's way to pass user_id) choose nothing, so they may stay
+        scope_only = isinstance(filters, Mapping) and all(
+            k in SCOPE_KEYS and isinstance(v, str) for k, v in filters.items()
+        )
+        given = (("limit", limit), ("filters", None if scope_only else filters), ("search_query", search_query))
         clash = [name for name, value in given if value is not None]
         if clash:
             raise InvalidInputError(
                 f"memory_ids chooses the memories, so {', '.join(clash)} would be ignored; pass one or the other "
-                "(the scope goes in user_id/agent_id/run_id)"
+                "(filters may still name the scope: {'user_id': ...})"
             )
         ids = _memory_ids(memory_ids)
     retrieve_with = last_user_text(conversation) if search_query is None else check_query(search_query)

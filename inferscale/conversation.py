@@ -16,6 +16,9 @@ from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy decoding (vLLM's threshold; dividing logits by less overflows)."""
+
 MAX_SEED = 2**63
 """Seeds are ints in ``[0, MAX_SEED)``."""
 
@@ -131,7 +134,9 @@ class SamplingSettings:
     ``TopPLogitsWarper``) and a seeded ``torch.Generator``; the vLLM engine onto ``vllm.SamplingParams``.
 
     Attributes:
-        temperature: 0 is greedy; above 0, logits are divided by it and the token is sampled.
+        temperature: 0 (or anything below :data:`GREEDY_BELOW`) is greedy; above, logits are divided by it and
+            the token is sampled. Ints are accepted and stored as floats, as are ``top_p`` and
+            ``repetition_penalty``.
         top_p: nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``; in (0, 1].
         top_k: keep the ``top_k`` most likely tokens; ``None`` keeps all.
         seed: seeds the sampler, so a request with the same seed samples the same answer; ``None`` is unseeded.
@@ -153,9 +158,12 @@ class SamplingSettings:
     stop: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if _finite("temperature", self.temperature) < 0:
+        # ints are numbers too (OpenAI clients send temperature=1); the engines' processors take floats
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            object.__setattr__(self, name, _finite(name, getattr(self, name)))
+        if self.temperature < 0:
             raise InvalidInputError(f"temperature must be >= 0 (0 is greedy), got {self.temperature!r}")
-        if not 0 < _finite("top_p", self.top_p) <= 1:
+        if not 0 < self.top_p <= 1:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
@@ -165,7 +173,7 @@ class SamplingSettings:
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED
         ):
             raise InvalidInputError(f"seed must be an int in [0, 2**63) or None, got {self.seed!r}")
-        if _finite("repetition_penalty", self.repetition_penalty) <= 0:
+        if self.repetition_penalty <= 0:
             raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidInputError(f"stop must be a list of non-empty strings, got {self.stop!r}")
@@ -206,8 +214,9 @@ class SamplingSettings:
 
     @property
     def is_greedy(self) -> bool:
-        """True when every token is the argmax (``temperature == 0``); top-p, top-k and the seed do not apply."""
-        return self.temperature == 0.0
+        """True when every token is the argmax: ``temperature`` below :data:`GREEDY_BELOW` (as vLLM decides; a
+        smaller one would overflow the softmax). Top-p, top-k and the seed then do not apply."""
+        return self.temperature < GREEDY_BELOW
 
 
 GREEDY = SamplingSettings()

@@ -38,6 +38,10 @@ class UnsupportedModelError(InferScaleError, NotImplementedError):
     """The model's architecture or rotary embedding cannot be handled exactly (for example dynamic NTK RoPE)."""
 
 
+class EngineClosedError(InferScaleError, RuntimeError):
+    """The engine was closed (``close()`` of the client or engine) while a streamed answer was still being read."""
+
+
 class KVFingerprintMismatchError(InferScaleError):
     """A stored KV entry was built by another model, dtype, rope configuration or tokenizer."""
 

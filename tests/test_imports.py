@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "ChatResult",
     "ConfigError",
     "EmbedderConfig",
+    "EngineClosedError",
     "EngineConfig",
     "ExtractionError",
     "InferScaleError",

@@ -66,6 +66,8 @@ def test_memory_ids_inject_exactly_those_memories_of_the_scope(c: ClientAdapter)
         assert result.memory_ids == chosen
         assert result.memories == [(c.get(i) or {}).get("memory") for i in chosen]
     assert c.chat("Anything?", user_id="alice", memory_ids=[], max_new_tokens=2).memory_ids == []
+    v2 = c.chat("Anything?", filters={"user_id": "alice"}, memory_ids=chosen, max_new_tokens=2)  # scope-only filters
+    assert v2.memory_ids == chosen
     bobs = c.get_all(user_id="bob")["results"][0]["id"]
     with pytest.raises(MemoryNotFoundError, match="in scope"):  # another tenant's memory is never injected
         c.chat("What is my dog called?", user_id="alice", memory_ids=[bobs], max_new_tokens=2)
@@ -120,7 +122,7 @@ def test_a_seed_repeats_a_sample_and_temperature_zero_is_greedy(c: ClientAdapter
         ({"query": "Hi", "stop": [""]}, InvalidInputError, "stop"),
         ({"query": "Hi", "memory_ids": ["x"], "limit": 2}, InvalidInputError, "memory_ids chooses"),
         ({"query": "Hi", "memory_ids": [], "limit": 0}, InvalidInputError, "memory_ids chooses"),
-        ({"query": "Hi", "memory_ids": ["x"], "filters": {"user_id": "alice"}}, InvalidInputError, "chooses"),
+        ({"query": "Hi", "memory_ids": ["x"], "filters": {"topic": "pets"}}, InvalidInputError, "chooses"),
         ({"query": "Hi", "memory_ids": "abc"}, InvalidInputError, "list of memory id"),
         ({"query": "Hi", "memory_ids": ["a", "a"]}, InvalidInputError, "twice"),
         ({"query": "Hi", "search_query": " "}, InvalidInputError, "query"),
@@ -155,3 +157,36 @@ def test_bad_input_is_refused_before_anything_runs(
         else:
             c.chat(query, **call)
     assert c.get_all(user_id="alice")["results"] == before
+
+
+def test_leaving_an_async_stream_early_stops_decoding(tmp_path: Path, engine: Any) -> None:
+    """The async stream's thread runs at most one chunk ahead: after ``break`` (the iterator still referenced) the
+    engine runs no more than a couple of forward passes, not the whole budget."""
+    import asyncio
+
+    from inferscale import AsyncMemoryClient
+
+    forwards: list[int] = []
+    original = engine._forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        forwards.append(1)
+        return original(*args, **kwargs)
+
+    async def run() -> int:
+        client = AsyncMemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
+        try:
+            await client.add(FACTS[0], user_id="alice", infer=False)
+            stream = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=60, stream=True)
+            engine._forward = counted
+            async for _ in stream:
+                break
+            await asyncio.sleep(0.5)  # 60 tiny forward passes take a few tens of ms
+            seen = len(forwards)
+            await stream.aclose()  # type: ignore[attr-defined]
+            return seen
+        finally:
+            engine._forward = original
+            await client.close()
+
+    assert asyncio.run(run()) <= 3

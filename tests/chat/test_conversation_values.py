@@ -48,6 +48,11 @@ def test_bad_conversations_are_refused(messages: Any, match: str) -> None:
 
 def test_sampling_defaults_to_greedy_and_reads_openai_shapes() -> None:
     assert SamplingSettings().is_greedy
+    whole = SamplingSettings.of(temperature=1, repetition_penalty=2, top_p=1)  # JSON clients send ints
+    assert (whole.temperature, whole.repetition_penalty, whole.top_p) == (1.0, 2.0, 1.0)
+    assert all(isinstance(v, float) for v in (whole.temperature, whole.repetition_penalty, whole.top_p))
+    assert SamplingSettings.of(temperature=1e-40).is_greedy  # below vLLM's threshold: greedy, not an overflow
+    assert not SamplingSettings.of(temperature=1e-4).is_greedy
     assert SamplingSettings.of(temperature=0.0, seed=3).is_greedy
     settings = SamplingSettings.of(temperature=0.7, top_p=0.9, top_k=40, seed=1, repetition_penalty=1.1, stop="\n")
     assert not settings.is_greedy

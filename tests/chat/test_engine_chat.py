@@ -16,7 +16,7 @@ from inferscale.config import EngineConfig
 from inferscale.conversation import ChatMessage, SamplingSettings
 from inferscale.engines.base import Generation, TextDelta
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.errors import UnsupportedModelError
+from inferscale.errors import EngineClosedError, UnsupportedModelError
 from inferscale.kv import EncodeRequest
 from inferscale.kv.recompute import RecomputePolicy
 from inferscale.kv.serving import ServingSettings
@@ -183,6 +183,27 @@ def test_sampling_equals_transformers_generate(settings: SamplingSettings) -> No
         )
     reference = [t for t in out[0, len(ids) :].tolist() if t != 256]
     assert ours == reference
+
+
+def test_whole_number_sampling_values_run() -> None:
+    engine = _engine("llama")
+    _, facts = _facts(engine)
+    ints = SamplingSettings.of(temperature=1, repetition_penalty=2, seed=5)
+    floats = SamplingSettings.of(temperature=1.0, repetition_penalty=2.0, seed=5)
+    assert engine.generate_kv(CONVERSATION, facts, 8, sampling=ints).token_ids == (
+        engine.generate_kv(CONVERSATION, facts, 8, sampling=floats).token_ids
+    )
+
+
+def test_closing_the_engine_under_an_open_stream_raises_a_typed_error() -> None:
+    engine: TransformersEngine = tiny_engine("llama")
+    _, facts = _facts(engine)
+    stream = engine.stream_kv(CONVERSATION, facts, 20)
+    next(stream)
+    engine.close()
+    with pytest.raises(EngineClosedError, match="closed"):
+        list(stream)
+    assert engine.generate_kv(CONVERSATION, facts, 4).token_ids  # it loads again and answers
 
 
 def test_stop_strings_and_the_budget_end_the_answer() -> None:

@@ -96,6 +96,15 @@ def test_a_stop_string_ends_the_answer_and_is_never_shown() -> None:
     assert (text, stopped) == ("Pixel.\nUs", False)
 
 
+def test_text_before_a_possible_stop_string_is_stripped_too(caplog: pytest.LogCaptureFixture) -> None:
+    tokenizer = byte_chat_tokenizer()
+    deltas, text, stopped = _stream(tokenizer, "My dog's name is Biscuit.", stop=("dog's name",))
+    assert stopped and text == "".join(deltas) == "My"
+    _, text, _ = _stream(tokenizer, "My dog's name is Biscuit.", stop=("Biscuit.",))
+    assert text == "My dog's name is"
+    assert "rewrote" not in caplog.text
+
+
 def test_a_budget_that_ends_inside_a_character_drops_it() -> None:
     tokenizer = byte_chat_tokenizer()
     ids = tokenizer("ok 林", add_special_tokens=False)["input_ids"]

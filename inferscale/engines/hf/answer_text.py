@@ -81,7 +81,9 @@ class AnswerText:
             return self._emit(text.rstrip())
         text = text.rstrip(_REPLACEMENT).rstrip()
         held = self._held_stop_prefix(text)
-        return self._emit(text[: len(text) - held] if held else text)
+        # What is shown before a held stop-string prefix is stripped too: if the stop string completes, the answer
+        # ends there, stripped.
+        return self._emit(text[: len(text) - held].rstrip() if held else text)
 
     def finish(self) -> str:
         """End the answer (stop token, stop string or budget); returns the rest of the text. A budget that ended

@@ -30,7 +30,7 @@ from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
 from inferscale.engines.transformers.sampling import TokenChooser
 from inferscale.engines.transformers.workspaces import WorkspacePool
-from inferscale.errors import InvalidInputError
+from inferscale.errors import EngineClosedError, InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
@@ -180,8 +180,8 @@ class TransformersEngine(LayoutTokensMixin):
         if total > self.max_context_tokens:
             raise InvalidInputError(
                 f"the prompt needs {total} tokens (system prefix {self._prefix.n_tokens}, memories {memory_tokens}, "
-                f"query and answer budget {rest}) but the model's context is {self.max_context_tokens}; retrieve "
-                "fewer memories (limit) or store shorter ones"
+                f"conversation and answer budget {rest}) but the model's context is {self.max_context_tokens}; "
+                "retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"
             )
 
     def _prompt_layout(self) -> PromptLayout:
@@ -463,6 +463,7 @@ class TransformersEngine(LayoutTokensMixin):
         Each forward pass holds the engine's lock; nothing is held between two events, and inference mode is not
         either, so the caller's code between events runs in its own autograd mode.
         """
+        pool = self._workspaces  # the pool that lent the workspace, even if the engine is closed meanwhile
         try:
             chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
             answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
@@ -495,14 +496,20 @@ class TransformersEngine(LayoutTokensMixin):
                 finish_reason=reason,
             )
         finally:
-            self._workspaces.give_back(workspace)
+            pool.give_back(workspace)
 
     def _next_token(
         self, chooser: TokenChooser, cache: Any, ids: list[int], start: int, bias: MemoryBias | None
     ) -> int:
         """One forward pass of ``ids`` at ``start..`` on ``cache`` under the engine's lock, and the token chosen
-        from its last position."""
+        from its last position.
+
+        Raises:
+            EngineClosedError: when the engine was closed since the stream was opened.
+        """
         with self._lock, torch.inference_mode():
+            if not self._ready:
+                raise EngineClosedError("the engine was closed while this answer was streaming; ask again")
             return chooser.choose(self._forward(cache, ids, start, bias)[0, -1])
 
 

@@ -42,7 +42,7 @@ from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
-from inferscale.errors import ConfigError, InvalidInputError, UnsupportedModelError
+from inferscale.errors import ConfigError, EngineClosedError, InvalidInputError, UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -446,8 +446,8 @@ class VLLMEngine(LayoutTokensMixin):
             raise InvalidInputError(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
                 f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
-                f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit) or store "
-                "shorter ones"
+                f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit), send a "
+                "shorter conversation or lower max_new_tokens"
             )
         return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
 
@@ -524,14 +524,15 @@ class VLLMEngine(LayoutTokensMixin):
         of requests no stream waits for (aborted ones) are dropped.
 
         Raises:
-            RuntimeError: when the engine was closed while the stream was open, or vLLM no longer has the request
-                and never finished it (it would otherwise be waited for forever).
+            EngineClosedError: when the engine was closed while the stream was open.
+            RuntimeError: when vLLM no longer has the request and never finished it (it would otherwise be waited
+                for forever).
         """
         while True:
             with self._lock:
                 queue = self._streams.get(request_id)
                 if queue is None or not self._ready:
-                    raise RuntimeError("the vLLM engine was closed while this stream was open")
+                    raise EngineClosedError("the vLLM engine was closed while this stream was open")
                 if queue:
                     return queue.popleft()
                 if not self._llm.llm_engine.has_unfinished_requests():
