@@ -189,6 +189,16 @@ class InferScaleMemory(BaseMemory):
         passes that count to :meth:`get` as ``initial_token_count``."""
         return self.primary_memory.tokenizer_fn
 
+    def add(self, messages: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any] | None:
+        """``client.add(messages, **kwargs)`` (Mem0Memory's pass-through); ``None`` for no messages."""
+        if not messages:
+            return None
+        return self._client.add(messages, **kwargs)
+
+    def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
+        """``client.search(query, **kwargs)`` (Mem0Memory's pass-through)."""
+        return self._client.search(query, **kwargs)
+
     # ------------------------------------------------------------------ BaseMemory
     def get(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
         """The memory message, then the newest chat history that fits ``token_limit - initial_token_count``
