@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from inferscale import MemoryClient  # noqa: E402
+from inferscale import MemoryClient
 
 MAX_NEW_TOKENS = 12
 ALICE_FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto."]

@@ -9,14 +9,12 @@ from typing import Any
 import pytest
 from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatStartEvent
-
-import inferscale
-from inferscale import ChatResult, MemoryClient
 from llama_index.memory.inferscale import (
     MEMORY_IDS_KEY,
     InferScaleLLM,
@@ -25,11 +23,14 @@ from llama_index.memory.inferscale import (
     split_memory,
 )
 
+import inferscale
+from inferscale import ChatResult, MemoryClient
+
 
 class Recorder(BaseEventHandler):
     """Keeps LLM chat events: the messages the LLM received and its responses."""
 
-    events: list[BaseEvent] = []
+    events: list[BaseEvent] = Field(default_factory=list)
 
     @classmethod
     def class_name(cls) -> str:
@@ -82,7 +83,9 @@ def test_three_turns_inject_the_memory_ids_as_kv_and_prefill_no_memory_text(
         # the prompt is [prefix][memory K/V][conversation]: only the conversation was prefilled as text
         assert result.prompt_tokens == len(prefix) + result.memory_tokens + len(conversation_ids)
         conversation, _ = split_memory(messages)
-        assert all(memory not in m["content"] for memory in result.memories for m in conversation if m["role"] != "assistant")
+        assert all(
+            memory not in m["content"] for memory in result.memories for m in conversation if m["role"] != "assistant"
+        )
         for memory in result.memories:
             assert not contains(conversation_ids, client.engine.fact_token_ids(memory)[:-1])
     first_ids = calls[0][1].memory_ids
@@ -117,7 +120,7 @@ def test_token_limit_50_with_a_200_token_system_prompt_and_6_prior_turns(
     llm = InferScaleLLM(client, user_id="alice", max_new_tokens=MAX_NEW_TOKENS)
     engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=system_prompt)
     assert str(engine.chat("What is my dog called?"))
-    (messages, result), = recorder.calls()
+    ((messages, result),) = recorder.calls()
     assert messages[0].content == system_prompt
     window = [m for m in messages[1:] if MEMORY_IDS_KEY not in m.additional_kwargs]
     assert sum(len(count(m.content or "")) for m in window) <= 50  # the prefix used the budget: only the question
@@ -130,7 +133,9 @@ def test_stream_and_async_paths(client: MemoryClient) -> None:
 
     llm = InferScaleLLM(client, user_id="alice", max_new_tokens=MAX_NEW_TOKENS)
     ids = sorted(m["id"] for m in client.search("dog", user_id="alice", limit=1)["results"])
-    tagged = ChatMessage(role="system", content="- My dog is a beagle named Biscuit.", additional_kwargs={MEMORY_IDS_KEY: ids})
+    tagged = ChatMessage(
+        role="system", content="- My dog is a beagle named Biscuit.", additional_kwargs={MEMORY_IDS_KEY: ids}
+    )
     messages = [tagged, ChatMessage(role="user", content="What is my dog called?")]
     whole = llm.chat(messages)
     assert whole.raw.memory_ids == ids

@@ -10,9 +10,6 @@ import pytest
 from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.memory import Memory
-
-from inferscale import MemoryClient, MemoryNotFoundError
-from inferscale.config import inferscale_home
 from llama_index.memory.inferscale import (
     MEMORY_IDS_KEY,
     InferScaleKVMemoryBlock,
@@ -21,6 +18,9 @@ from llama_index.memory.inferscale import (
     InferScaleMemoryBlock,
     InferScaleRetriever,
 )
+
+from inferscale import MemoryClient, MemoryNotFoundError
+from inferscale.config import inferscale_home
 
 USERS = ("alice", "bob")
 
@@ -44,7 +44,9 @@ def test_two_users_never_see_each_others_memories(client: MemoryClient, memory_i
         # the memory blocks
         messages = [ChatMessage(role="user", content=question)]
         text = asyncio.run(InferScaleMemoryBlock(client, user_id=user).aget(messages))
-        assert text and all(line[2:] in {m["memory"] for m in client.get_all(user_id=user)["results"]} for line in text.splitlines())
+        assert text and all(
+            line[2:] in {m["memory"] for m in client.get_all(user_id=user)["results"]} for line in text.splitlines()
+        )
         (block_message,) = asyncio.run(InferScaleKVMemoryBlock(client, user_id=user).aget(messages))
         assert not set(block_message.additional_kwargs[MEMORY_IDS_KEY]) & other
         # InferScaleLLM: retrieval stays in its scope, and another user's ids are refused
@@ -56,19 +58,20 @@ def test_two_users_never_see_each_others_memories(client: MemoryClient, memory_i
 
 
 def test_the_kv_memory_block_feeds_inferscale_llm_through_llamaindex_memory(client: MemoryClient) -> None:
-    block = InferScaleKVMemoryBlock(client, user_id="alice", similarity_top_k=2)
+    client.add("My dog is a beagle named Biscuit.", user_id="erin", infer=False)  # a user no chat test wrote to
+    block = InferScaleKVMemoryBlock(client, user_id="erin", similarity_top_k=2)
     memory = Memory.from_defaults(session_id="block-test", token_limit=2000, memory_blocks=[block])
     memory.put(ChatMessage(role="user", content="What is my dog called?"))
     messages = memory.get()
     tagged = [m for m in messages if MEMORY_IDS_KEY in m.additional_kwargs]
     assert len(tagged) == 1 and "Biscuit" in (tagged[0].content or "")
-    result = InferScaleLLM(client, user_id="alice", max_new_tokens=MAX_NEW_TOKENS).chat(messages).raw
+    result = InferScaleLLM(client, user_id="erin", max_new_tokens=MAX_NEW_TOKENS).chat(messages).raw
     assert result.memory_ids == tagged[0].additional_kwargs[MEMORY_IDS_KEY]
     asyncio.run(block.aput([ChatMessage(role="user", content="My favourite food is ramen.")]))
-    assert any(m["memory"] == "My favourite food is ramen." for m in client.get_all(user_id="alice")["results"])
+    assert any(m["memory"] == "My favourite food is ramen." for m in client.get_all(user_id="erin")["results"])
 
 
-MEM0_PROGRAM = '''
+MEM0_PROGRAM = """
 {import_line}
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
@@ -79,7 +82,7 @@ memory.add([{{"role": "user", "content": "My favourite colour is green."}}], use
 chat_engine = SimpleChatEngine.from_defaults(llm=MockLLM(), memory=memory)
 response = chat_engine.chat("Hi, my name is Carol. What is my favourite colour?")
 seen = memory.get()
-'''
+"""
 
 
 def test_a_mem0memory_program_changes_only_its_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,7 +106,8 @@ def test_a_mem0memory_program_changes_only_its_import(tmp_path: Path, monkeypatc
 
 def test_from_config_builds_its_client(tmp_path: Path) -> None:
     memory = InferScaleMemory.from_config(
-        context={"user_id": "dave"}, config={"data_dir": str(tmp_path), "engine": {"dtype": "float32"}},
+        context={"user_id": "dave"},
+        config={"data_dir": str(tmp_path), "engine": {"dtype": "float32"}},
         search_msg_limit=2,
     )
     memory.put(ChatMessage(role="user", content="I play the cello."))

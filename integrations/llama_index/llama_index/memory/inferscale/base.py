@@ -11,10 +11,10 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SerializeAsAny
 from llama_index.core.memory import BaseMemory, Memory
-
-from inferscale import MemoryClient
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import InferScaleContext
+
+from inferscale import MemoryClient
 
 DEFAULT_TOKEN_LIMIT = 3000
 """Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
@@ -98,7 +98,8 @@ class InferScaleMemory(BaseMemory):
         Raises:
             ScopeError: when the context sets no id. InvalidInputError: for an unknown context key.
         """
-        platform = [name for name, value in zip(_MEM0_PLATFORM_ARGS, (api_key, host, org_id, project_id)) if value]
+        given = zip(_MEM0_PLATFORM_ARGS, (api_key, host, org_id, project_id), strict=True)
+        platform = [name for name, value in given if value]
         if platform:
             warnings.warn(
                 f"{', '.join(platform)} name Mem0's hosted platform; InferScale runs in-process and ignores them "

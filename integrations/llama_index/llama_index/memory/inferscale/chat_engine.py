@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from llama_index.core.chat_engine import SimpleChatEngine
-
-from inferscale import AsyncMemoryClient, MemoryClient
 from llama_index.memory.inferscale._scope import InferScaleContext
 from llama_index.memory.inferscale.base import DEFAULT_TOKEN_LIMIT, InferScaleMemory
 from llama_index.memory.inferscale.llm import InferScaleLLM
+
+from inferscale import AsyncMemoryClient, MemoryClient
 
 
 def simple_chat_engine(

@@ -21,10 +21,10 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-
-from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient
 from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
 from llama_index.memory.inferscale._scope import InferScaleContext
+
+from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient
 
 _CALL_ARGS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop"})
 """Per-call keyword arguments :class:`InferScaleLLM` passes to ``MemoryClient.chat`` (besides ``memory_ids``)."""
@@ -67,9 +67,7 @@ class InferScaleLLM(CustomLLM):
     _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
     _scope: InferScaleContext = PrivateAttr()
 
-    def __init__(
-        self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any
-    ) -> None:
+    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any) -> None:
         """Raises: ScopeError when no scope id is given."""
         super().__init__(**fields)
         self._client = client
@@ -112,8 +110,10 @@ class InferScaleLLM(CustomLLM):
         memory_ids = call.pop("memory_ids", tagged)
         unknown = sorted(set(call) - _CALL_ARGS)
         if unknown:
-            raise TypeError(f"InferScaleLLM got unsupported keyword arguments {unknown}; it takes memory_ids and "
-                            f"{', '.join(sorted(_CALL_ARGS))}")
+            raise TypeError(
+                f"InferScaleLLM got unsupported keyword arguments {unknown}; it takes memory_ids and "
+                f"{', '.join(sorted(_CALL_ARGS))}"
+            )
         kwargs: dict[str, Any] = {
             "messages": conversation,
             **self._scope.ids(),
@@ -201,9 +201,7 @@ class InferScaleLLM(CustomLLM):
         return _completion(await self._achat(self._prompt_messages(prompt), kwargs))
 
     @llm_completion_callback()
-    async def astream_complete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponseAsyncGen:
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """:meth:`stream_complete` on the async path."""
         responses = await self._astream_chat(self._prompt_messages(prompt), kwargs)
 

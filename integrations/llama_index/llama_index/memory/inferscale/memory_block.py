@@ -21,10 +21,10 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.memory import BaseMemoryBlock
-
-from inferscale import MemoryClient
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import InferScaleContext
+
+from inferscale import MemoryClient
 
 
 class _InferScaleBlockBase:

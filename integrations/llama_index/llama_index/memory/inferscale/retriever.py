@@ -9,9 +9,9 @@ from typing import Any
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, MemoryClient
-from llama_index.memory.inferscale._scope import InferScaleContext
 
 
 class InferScaleRetriever(BaseRetriever):
