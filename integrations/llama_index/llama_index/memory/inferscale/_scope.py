@@ -1,0 +1,45 @@
+"""Whose memories: the scope every class of this package is bound to (Mem0Memory's ``context``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from llama_index.core.bridge.pydantic import BaseModel
+
+from inferscale import InvalidInputError, ScopeError
+
+SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+
+
+class InferScaleContext(BaseModel):
+    """A scope: at least one of ``user_id``, ``agent_id`` and ``run_id`` (the fields of Mem0Memory's context).
+    Build it with :meth:`of`, which checks it."""
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+
+    @classmethod
+    def of(cls, context: Mapping[str, Any] | InferScaleContext | None = None, **ids: str | None) -> InferScaleContext:
+        """A checked scope from a context dict (``{"user_id": ...}``), a context, or keyword ids (which win).
+
+        Raises:
+            ScopeError: when no id is set.
+            InvalidInputError: for a key other than user_id, agent_id and run_id, or an id that is not a string.
+        """
+        given = dict(context.ids() if isinstance(context, InferScaleContext) else (context or {}))
+        given.update({k: v for k, v in ids.items() if v is not None})
+        unknown = sorted(set(given) - set(SCOPE_KEYS))
+        if unknown:
+            raise InvalidInputError(f"unknown scope keys {unknown}; a context takes {', '.join(SCOPE_KEYS)}")
+        for key, value in given.items():
+            if value is not None and not isinstance(value, str):
+                raise InvalidInputError(f"{key} must be a string, got {type(value).__name__}")
+        if not any(given.values()):
+            raise ScopeError("set at least one of user_id, agent_id or run_id (e.g. context={'user_id': 'alice'})")
+        return cls(**given)
+
+    def ids(self) -> dict[str, str]:
+        """The ids that are set, as keyword arguments for ``MemoryClient`` calls (and node metadata)."""
+        return {k: v for k in SCOPE_KEYS if (v := getattr(self, k))}

@@ -1,0 +1,296 @@
+""":class:`InferScaleMemory`: Mem0Memory's shape (``from_client``, ``from_config``, ``context``,
+``search_msg_limit``) over an InferScale ``MemoryClient``, whose recalled memories travel to the LLM by id."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SerializeAsAny
+from llama_index.core.memory import BaseMemory, Memory
+from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
+from llama_index.memory.inferscale._scope import InferScaleContext
+
+from inferscale import MemoryClient
+
+DEFAULT_TOKEN_LIMIT = 3000
+"""Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
+
+_MEM0_PLATFORM_ARGS = ("api_key", "host", "org_id", "project_id")
+
+
+class InferScaleMemory(BaseMemory):
+    """Chat memory for LlamaIndex chat engines and agents: a chat history (``primary_memory``, a LlamaIndex
+    :class:`~llama_index.core.memory.Memory`) plus the scope's long-term memories in an InferScale ``MemoryClient``.
+
+    Built like ``Mem0Memory`` (:meth:`from_client`, :meth:`from_config`), so a Mem0Memory program changes one import.
+    :meth:`get` returns ``[memory message, *window]``: a system message holding the memories recalled for the last
+    ``search_msg_limit`` messages, tagged with their ids in ``additional_kwargs["inferscale_memory_ids"]``, then the
+    newest history that fits ``token_limit``. :class:`~llama_index.memory.inferscale.InferScaleLLM` drops the tagged
+    text and injects those ids as K/V; any other LLM reads the text. :meth:`put` and :meth:`set` store new user and
+    assistant messages with ``client.add(infer=...)``.
+
+    Memories stored from messages still in the window are not recalled again (their text is already there).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    primary_memory: SerializeAsAny[Memory] = Field(description="The chat history (a LlamaIndex Memory).")
+    context: InferScaleContext = Field(description="Whose memories: user_id, agent_id and/or run_id.")
+    search_msg_limit: int = Field(default=5, ge=0, description="Recent messages the memory search uses.")
+    similarity_top_k: int = Field(default=5, ge=0, description="Memories recalled per get().")
+    token_limit: int = Field(default=DEFAULT_TOKEN_LIMIT, ge=1, description="Tokens of chat history get() returns.")
+    infer: bool = Field(default=False, description="add(infer=...): extract facts (True) or store messages as is.")
+
+    _client: MemoryClient = PrivateAttr()
+    _added: list[list[str]] = PrivateAttr(default_factory=list)  # memory ids stored per history message, in order
+
+    def __init__(self, client: MemoryClient, **data: Any) -> None:
+        super().__init__(**data)
+        self._client = client
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "InferScaleMemory"
+
+    # ------------------------------------------------------------------ construction (Mem0Memory's names)
+    @classmethod
+    def from_defaults(cls, **kwargs: Any) -> InferScaleMemory:
+        """Not used: a memory needs a scope and a client. Use :meth:`from_client` or :meth:`from_config`."""
+        raise NotImplementedError("use InferScaleMemory.from_client(context=...) or from_config(context=, config=)")
+
+    @classmethod
+    def from_client(
+        cls,
+        context: Mapping[str, Any],
+        api_key: str | None = None,
+        host: str | None = None,
+        org_id: str | None = None,
+        project_id: str | None = None,
+        search_msg_limit: int = 5,
+        *,
+        client: MemoryClient | None = None,
+        token_limit: int = DEFAULT_TOKEN_LIMIT,
+        similarity_top_k: int = 5,
+        infer: bool = False,
+        tokenizer_fn: Callable[[str], list[Any]] | None = None,
+        chat_history: Sequence[ChatMessage] | None = None,
+    ) -> InferScaleMemory:
+        """A memory over ``client`` (a ``MemoryClient``; one on the embedded defaults when ``None``).
+
+        ``api_key``, ``host``, ``org_id`` and ``project_id`` are Mem0's hosted-platform arguments, kept so that a
+        ``Mem0Memory.from_client`` call works unchanged: InferScale runs in-process, so they are ignored with a
+        warning.
+
+        Args:
+            context: the scope, ``{"user_id": ..., "agent_id": ..., "run_id": ...}`` (at least one).
+            search_msg_limit: how many recent messages the memory search uses.
+            client: the InferScale client.
+            token_limit: tokens of chat history :meth:`get` returns at most (counted with ``tokenizer_fn``).
+            similarity_top_k: memories recalled per :meth:`get`.
+            infer: ``client.add(infer=...)`` for new messages.
+            tokenizer_fn: counts tokens (LlamaIndex's default tokenizer when ``None``).
+            chat_history: messages the history starts with (not stored as memories).
+
+        Raises:
+            ScopeError: when the context sets no id. InvalidInputError: for an unknown context key.
+        """
+        given = zip(_MEM0_PLATFORM_ARGS, (api_key, host, org_id, project_id), strict=True)
+        platform = [name for name, value in given if value]
+        if platform:
+            warnings.warn(
+                f"{', '.join(platform)} name Mem0's hosted platform; InferScale runs in-process and ignores them "
+                "(pass client= or use from_config)",
+                UserWarning,
+                stacklevel=2,
+            )
+        return cls._build(
+            client or MemoryClient(),
+            context,
+            search_msg_limit,
+            token_limit=token_limit,
+            similarity_top_k=similarity_top_k,
+            infer=infer,
+            tokenizer_fn=tokenizer_fn,
+            chat_history=chat_history,
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        context: Mapping[str, Any],
+        config: Mapping[str, Any],
+        search_msg_limit: int = 5,
+        *,
+        token_limit: int = DEFAULT_TOKEN_LIMIT,
+        similarity_top_k: int = 5,
+        infer: bool = False,
+        tokenizer_fn: Callable[[str], list[Any]] | None = None,
+        chat_history: Sequence[ChatMessage] | None = None,
+    ) -> InferScaleMemory:
+        """A memory over ``MemoryClient.from_config(config)``: InferScale's config fields or Mem0's config dict.
+
+        Raises:
+            ConfigError: for a config that does not validate. ScopeError, InvalidInputError: as :meth:`from_client`.
+        """
+        return cls._build(
+            MemoryClient.from_config(config),
+            context,
+            search_msg_limit,
+            token_limit=token_limit,
+            similarity_top_k=similarity_top_k,
+            infer=infer,
+            tokenizer_fn=tokenizer_fn,
+            chat_history=chat_history,
+        )
+
+    @classmethod
+    def _build(
+        cls,
+        client: MemoryClient,
+        context: Mapping[str, Any],
+        search_msg_limit: int,
+        *,
+        token_limit: int,
+        similarity_top_k: int,
+        infer: bool,
+        tokenizer_fn: Callable[[str], list[Any]] | None,
+        chat_history: Sequence[ChatMessage] | None,
+    ) -> InferScaleMemory:
+        scope = InferScaleContext.of(context)
+        primary = Memory.from_defaults(
+            token_limit=token_limit,
+            tokenizer_fn=tokenizer_fn,
+            chat_history=list(chat_history) if chat_history else None,
+        )
+        memory = cls(
+            client,
+            primary_memory=primary,
+            context=scope,
+            search_msg_limit=search_msg_limit,
+            similarity_top_k=similarity_top_k,
+            token_limit=token_limit,
+            infer=infer,
+        )
+        memory._added = [[] for _ in chat_history or ()]
+        return memory
+
+    # ------------------------------------------------------------------ accessors
+    @property
+    def client(self) -> MemoryClient:
+        """The InferScale client."""
+        return self._client
+
+    @property
+    def tokenizer_fn(self) -> Callable[[str], list[Any]]:
+        """The token counter of the history window; ``SimpleChatEngine`` counts its prefix messages with it and
+        passes that count to :meth:`get` as ``initial_token_count``."""
+        return self.primary_memory.tokenizer_fn
+
+    def add(self, messages: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any] | None:
+        """``client.add(messages, **kwargs)`` (Mem0Memory's pass-through); ``None`` for no messages."""
+        if not messages:
+            return None
+        return self._client.add(messages, **kwargs)
+
+    def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
+        """``client.search(query, **kwargs)`` (Mem0Memory's pass-through)."""
+        return self._client.search(query, **kwargs)
+
+    # ------------------------------------------------------------------ BaseMemory
+    def get(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
+        """The memory message, then the newest chat history that fits ``token_limit - initial_token_count``
+        tokens.
+
+        The window always holds the last user message and what follows it (the turn being answered), even past the
+        limit; older messages join while they fit, and a window never opens with an assistant reply to a question
+        it left out. Other system messages of the history count like any message (pass a long system prompt as the
+        chat engine's ``system_prompt``). Never raises for a full history.
+
+        Args:
+            input: text about to be sent, added to the memory search (Mem0Memory's ``input``).
+            initial_token_count: tokens the caller puts before the history (``SimpleChatEngine``'s prefix).
+            kwargs: passed to ``primary_memory.get`` (its memory blocks' arguments).
+        """
+        history = self.primary_memory.get(input=input, **kwargs)
+        window = self._window(history, self.token_limit - initial_token_count)
+        hits = self._search(history, input, self._ids_in_window(len(window)))
+        return [memory_message(hits), *window]
+
+    async def aget(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
+        """:meth:`get` on the event loop: the history from ``primary_memory.aget``, the search on a thread."""
+        history = await self.primary_memory.aget(input=input, **kwargs)
+        window = self._window(history, self.token_limit - initial_token_count)
+        hits = await asyncio.to_thread(self._search, history, input, self._ids_in_window(len(window)))
+        return [memory_message(hits), *window]
+
+    def get_all(self) -> list[ChatMessage]:
+        """The whole chat history (no memory message)."""
+        return self.primary_memory.get_all()
+
+    def put(self, message: ChatMessage) -> None:
+        """Store a user or assistant message as memory (``client.add``), and append it to the history."""
+        ids = self._add([message])
+        self.primary_memory.put(message)
+        self._added.append(ids)
+
+    async def aput(self, message: ChatMessage) -> None:
+        """:meth:`put` on the event loop (``client.add`` on a thread)."""
+        ids = await asyncio.to_thread(self._add, [message])
+        await self.primary_memory.aput(message)
+        self._added.append(ids)
+
+    def set(self, messages: list[ChatMessage]) -> None:
+        """Replace the history with ``messages``; the ones past the current history's length are new and stored as
+        memories (Mem0Memory's rule)."""
+        known = len(self.primary_memory.get_all())
+        added = [self._add([m]) for m in messages[known:]]
+        self.primary_memory.set(messages)
+        self._added = [[] for _ in messages[: min(known, len(messages))]] + added
+
+    def reset(self) -> None:
+        """Clear the chat history; the long-term memories stay."""
+        self.primary_memory.reset()
+        self._added = []
+
+    # ------------------------------------------------------------------ helpers
+    def _add(self, messages: Sequence[ChatMessage]) -> list[str]:
+        """Store ``messages``' user/assistant turns; the ids of the memories added or updated."""
+        turns = turns_to_add(messages)
+        if not turns:
+            return []
+        result = self._client.add(turns, **self.context.ids(), infer=self.infer)
+        return [r["id"] for r in result["results"] if r.get("event") in ("ADD", "UPDATE")]
+
+    def _ids_in_window(self, n_messages: int) -> set[str]:
+        """Ids stored from the newest ``n_messages`` history messages."""
+        return {i for ids in self._added[len(self._added) - n_messages :] for i in ids} if n_messages else set()
+
+    def _search(self, history: Sequence[ChatMessage], input: str | None, exclude: set[str]) -> list[dict[str, Any]]:
+        """The scope's top ``similarity_top_k`` memories for the recent messages, leaving out ``exclude``."""
+        query = search_text(history, self.search_msg_limit, input)
+        if not query.strip() or self.similarity_top_k == 0:
+            return []
+        limit = self.similarity_top_k + len(exclude)
+        hits = self._client.search(query, **self.context.ids(), limit=limit)["results"]
+        return [h for h in hits if h["id"] not in exclude][: self.similarity_top_k]
+
+    def _window(self, history: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
+        """The newest messages of ``history`` within ``budget`` tokens (see :meth:`get`)."""
+        last_user = next((i for i in range(len(history) - 1, -1, -1) if history[i].role == MessageRole.USER), None)
+        start = len(history) - 1 if last_user is None else last_user
+        if start < 0:
+            return []
+        used = sum(self._tokens(m) for m in history[start:])
+        while start > 0 and used + self._tokens(history[start - 1]) <= budget:
+            start -= 1
+            used += self._tokens(history[start])
+        while start < len(history) - 1 and history[start].role == MessageRole.ASSISTANT:
+            start += 1
+        return list(history[start:])
+
+    def _tokens(self, message: ChatMessage) -> int:
+        return len(self.tokenizer_fn(message.content or ""))

@@ -1,0 +1,123 @@
+"""Memory blocks for LlamaIndex's :class:`~llama_index.core.memory.Memory`.
+
+``Memory`` renders a block's text into a system message of its own template, where no id can travel with it. So
+there are two blocks over the same search:
+
+- :class:`InferScaleMemoryBlock` (``BaseMemoryBlock[str]``) returns the memories' text: the Mem0 way, for any LLM.
+- :class:`InferScaleKVMemoryBlock` returns them as one tagged system message instead (``List[ChatMessage]``, the
+  block content ``Memory`` puts before the history as it is), whose ``additional_kwargs["inferscale_memory_ids"]``
+  carries the ids: :class:`~llama_index.memory.inferscale.InferScaleLLM` injects them as K/V and drops the text;
+  any other LLM reads the text. Use it with InferScaleLLM, and keep it the only block that renders into a system
+  message (``Memory`` prepends other blocks' template text to the first system message, which is this one).
+
+Both store what ``Memory`` flushes from its short-term history with ``client.add(infer=...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.memory import BaseMemoryBlock
+from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
+from llama_index.memory.inferscale._scope import InferScaleContext
+
+from inferscale import MemoryClient
+
+
+class _InferScaleBlockBase:
+    """The search and the write both blocks share (a mixin over their pydantic fields and private attributes)."""
+
+    search_msg_limit: int
+    similarity_top_k: int
+    infer: bool
+    _client: MemoryClient
+    _scope: InferScaleContext
+
+    def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
+        query = search_text(messages or [], self.search_msg_limit)
+        if not query.strip() or self.similarity_top_k == 0:
+            return []
+        return self._client.search(query, **self._scope.ids(), limit=self.similarity_top_k)["results"]
+
+    def _store(self, messages: list[ChatMessage]) -> None:
+        turns = turns_to_add(messages)
+        if turns:
+            self._client.add(turns, **self._scope.ids(), infer=self.infer)
+
+
+_FIELDS_DOC = """
+    Args:
+        client: the InferScale ``MemoryClient``.
+        user_id, agent_id, run_id: the scope (at least one).
+        name: the block's name in ``Memory``.
+        similarity_top_k: memories returned per ``aget``.
+        search_msg_limit: recent messages the search uses.
+        infer: ``client.add(infer=...)`` for flushed messages.
+
+    Raises:
+        ScopeError: when no scope id is given.
+"""
+
+
+class InferScaleMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[str]):
+    """The scope's memories for the last ``search_msg_limit`` messages, as text (``"- memory"`` lines)."""
+
+    __doc__ = (__doc__ or "") + _FIELDS_DOC
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str = Field(default="inferscale_memory", description="The block's name.")
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    similarity_top_k: int = Field(default=5, ge=0)
+    search_msg_limit: int = Field(default=5, ge=0)
+    infer: bool = False
+
+    _client: MemoryClient = PrivateAttr()
+    _scope: InferScaleContext = PrivateAttr()
+
+    def __init__(self, client: MemoryClient, **data: Any) -> None:
+        super().__init__(**data)
+        self._client = client
+        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+
+    async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
+        hits = await asyncio.to_thread(self._hits, messages)
+        return "\n".join(f"- {h['memory']}" for h in hits)
+
+    async def _aput(self, messages: list[ChatMessage]) -> None:
+        await asyncio.to_thread(self._store, messages)
+
+
+class InferScaleKVMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[list[ChatMessage]]):
+    """The scope's memories for the last ``search_msg_limit`` messages, as one system message tagged with their
+    ids (see the module docstring); an empty list when none is found, so the LLM then retrieves on its own."""
+
+    __doc__ = (__doc__ or "") + _FIELDS_DOC
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str = Field(default="inferscale_kv_memory", description="The block's name.")
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    similarity_top_k: int = Field(default=5, ge=0)
+    search_msg_limit: int = Field(default=5, ge=0)
+    infer: bool = False
+
+    _client: MemoryClient = PrivateAttr()
+    _scope: InferScaleContext = PrivateAttr()
+
+    def __init__(self, client: MemoryClient, **data: Any) -> None:
+        super().__init__(**data)
+        self._client = client
+        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+
+    async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> list[ChatMessage]:
+        hits = await asyncio.to_thread(self._hits, messages)
+        return [memory_message(hits)] if hits else []
+
+    async def _aput(self, messages: list[ChatMessage]) -> None:
+        await asyncio.to_thread(self._store, messages)
