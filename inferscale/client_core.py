@@ -150,6 +150,12 @@ class ClientCore:
         return Path(model).expanduser().name if model.startswith(("/", ".", "~")) else model
 
     @property
+    def context_window(self) -> int:
+        """The chat model's context window (tokens): system prefix, memories, conversation and answer together must
+        fit in it. Loads the model."""
+        return self.engine.max_context_tokens
+
+    @property
     def engine(self) -> Engine:
         """The chat engine (built lazily from ``config.engine``)."""
         with self._lock:

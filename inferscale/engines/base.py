@@ -149,6 +149,12 @@ class Engine(Protocol):
         ...
 
     @property
+    def max_context_tokens(self) -> int:
+        """The longest prompt plus answer the engine serves (tokens): the model's ``max_position_embeddings``, or
+        vLLM's ``max_model_len`` when it is lower. Loads the model."""
+        ...
+
+    @property
     def fingerprint(self) -> str:
         """:func:`inferscale.kv.fingerprint.model_fingerprint` of the loaded model (32 hex characters). Loads the
         model."""

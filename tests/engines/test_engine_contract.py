@@ -40,6 +40,7 @@ def test_contract_members() -> None:
             "generate_kv",
             "generate_prompt",
             "load",
+            "max_context_tokens",
             "model",
             "query_token_ids",
             "reset_prefix_cache",

@@ -267,6 +267,13 @@ class VLLMEngine(LayoutTokensMixin):
         return self.load_encoder()._fingerprint
 
     @property
+    def max_context_tokens(self) -> int:
+        """vLLM's context limit (tokens): ``max_model_len``, or the model's ``max_position_embeddings`` when none
+        is set. Loads the encoder."""
+        model_limit = int(self.load_encoder()._model.config.max_position_embeddings)
+        return min(self._max_model_len, model_limit) if self._max_model_len is not None else model_limit
+
+    @property
     def stop_token_ids(self) -> list[int]:
         """Token ids that end an answer."""
         return list(self.load_encoder()._stop_ids)
@@ -288,7 +295,7 @@ class VLLMEngine(LayoutTokensMixin):
                 (``max_model_len``, or the model's ``max_position_embeddings``).
         """
         self.load_encoder()
-        check_spans(requests, self._max_model_len or int(self._model.config.max_position_embeddings))
+        check_spans(requests, self.max_context_tokens)
         with self._lock:
             return self._encoder.encode(requests)
 
@@ -441,7 +448,7 @@ class VLLMEngine(LayoutTokensMixin):
         if max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.load()
-        limit = self._max_model_len or int(self._model.config.max_position_embeddings)
+        limit = self.max_context_tokens
         if len(request.prompt_ids) + max_new_tokens > limit:
             raise InvalidInputError(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "

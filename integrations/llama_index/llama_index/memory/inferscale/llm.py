@@ -18,7 +18,6 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
@@ -89,7 +88,7 @@ class InferScaleLLM(CustomLLM):
         loads the model)."""
         window = self.context_window
         if window is None:
-            window = int(getattr(self._client.engine, "max_context_tokens", DEFAULT_CONTEXT_WINDOW))
+            window = self._client.context_window
         return LLMMetadata(
             context_window=window,
             num_output=self.max_new_tokens or self._client.config.engine.max_new_tokens,
