@@ -3,8 +3,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from inferscale.client import MemoryClient
 
+from inferscale.client import MemoryClient
 from tests.integration_tests.shared import shared_client
 
 

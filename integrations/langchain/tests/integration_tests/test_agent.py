@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from inferscale import ChatMessage
-from inferscale.client import MemoryClient
 from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-
 from langchain_inferscale import MEMORY_IDS_KEY, ChatInferScale, InferScaleMemoryMiddleware
 from langchain_inferscale.messages import prepare
+
+from inferscale import ChatMessage
+from inferscale.client import MemoryClient
 from tests.integration_tests.shared import MAX_TOKENS
 
 

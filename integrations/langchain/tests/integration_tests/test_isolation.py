@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import HumanMessage
+from langchain_inferscale import ChatInferScale, InferScaleRetriever, memory_system_message, memory_tools
+
 from inferscale import InvalidInputError, MemoryNotFoundError
 from inferscale.client import MemoryClient
-from langchain_core.messages import HumanMessage
-
-from langchain_inferscale import ChatInferScale, InferScaleRetriever, memory_system_message, memory_tools
 from tests.integration_tests.shared import MAX_TOKENS, shared_async_client
 
 
@@ -36,9 +36,7 @@ def test_chat_model_refuses_another_users_ids(client: MemoryClient, memories: di
 
 
 async def test_async_chat_model_isolation(client: MemoryClient, memories: dict) -> None:
-    model = ChatInferScale(
-        client=client, async_client=shared_async_client(), user_id="iso-bob", max_tokens=MAX_TOKENS
-    )
+    model = ChatInferScale(client=client, async_client=shared_async_client(), user_id="iso-bob", max_tokens=MAX_TOKENS)
     answer = await model.ainvoke("What is my dog called?")
     assert set(answer.response_metadata["memory_ids"]) == set(memories["iso-bob"])
 

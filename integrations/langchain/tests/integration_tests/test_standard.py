@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from langchain_inferscale import ChatInferScale, InferScaleRetriever
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 
-from langchain_inferscale import ChatInferScale, InferScaleRetriever
 from tests.integration_tests.shared import MAX_TOKENS, STANDARD_USER, shared_async_client, shared_client
 
 

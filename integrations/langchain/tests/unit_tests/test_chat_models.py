@@ -5,10 +5,10 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-from inferscale import InvalidInputError
 from langchain_core.messages import HumanMessage, SystemMessage
-
 from langchain_inferscale import ChatInferScale, memory_system_message
+
+from inferscale import InvalidInputError
 
 _CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from langchain_tests.unit_tests import ChatModelUnitTests
-
 from langchain_inferscale import ChatInferScale
+from langchain_tests.unit_tests import ChatModelUnitTests
 
 _DATA_DIR = tempfile.mkdtemp(prefix="langchain-inferscale-unit-")
 

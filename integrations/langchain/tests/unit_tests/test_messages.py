@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from inferscale import InvalidInputError
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
-
 from langchain_inferscale import MEMORY_BLOCK_ID, MEMORY_IDS_KEY, memory_system_message
 from langchain_inferscale.messages import prepare, with_memory_block
+
+from inferscale import InvalidInputError
 
 
 def test_roles_are_converted() -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-
 from langchain_inferscale import InferScaleRetriever, memory_tools
 from langchain_inferscale.chat_models import ChatInferScale
 
