@@ -111,7 +111,7 @@ class ChatInferScale(BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
             ls_provider="inferscale",
-            ls_model_name=kwargs.get("model", self.model_name),
+            ls_model_name=kwargs.get("model", self._name),
             ls_model_type="chat",
             ls_temperature=kwargs.get("temperature", self.temperature),
         )
@@ -225,7 +225,7 @@ class ChatInferScale(BaseChatModel):
                 _check_deadline(deadline, self.timeout)
                 yield chunk
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     # ------------------------------------------------------------------ request
     @property

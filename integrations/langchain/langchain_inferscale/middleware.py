@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langgraph.runtime import Runtime
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
 from langchain_inferscale.chat_models import ChatInferScale
 from langchain_inferscale.messages import with_memory_block
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
 
 _SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 

@@ -39,3 +39,17 @@ def test_prompt_mode_prefills_the_same_tokens(client: MemoryClient) -> None:
     assert prompt.response_metadata["memory_ids"] == kv.response_metadata["memory_ids"]
     assert prompt.usage_metadata["input_tokens"] == kv.usage_metadata["input_tokens"]
     assert "input_token_details" not in prompt.usage_metadata
+
+
+def test_streaming_flag_answers_invoke_through_the_stream(client: MemoryClient) -> None:
+    streamed = ChatInferScale(client=client, user_id=STANDARD_USER, max_tokens=2, streaming=True).invoke("Hello")
+    plain = ChatInferScale(client=client, user_id=STANDARD_USER, max_tokens=2).invoke("Hello")
+    assert streamed.text == plain.text
+    assert streamed.usage_metadata == plain.usage_metadata
+    assert streamed.response_metadata["memory_ids"] == plain.response_metadata["memory_ids"]
+
+
+def test_timeout_is_checked_between_tokens(client: MemoryClient) -> None:
+    model = ChatInferScale(client=client, user_id=STANDARD_USER, max_tokens=4, timeout=1e-6)
+    with pytest.raises(TimeoutError, match="timeout"):
+        model.invoke("Hello")
