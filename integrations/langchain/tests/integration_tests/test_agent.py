@@ -1,0 +1,137 @@
+"""create_agent with InferScaleMemoryMiddleware: K/V with ChatInferScale, text with any other chat model."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from langchain.agents import create_agent
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_inferscale import MEMORY_IDS_KEY, ChatInferScale, InferScaleMemoryMiddleware
+from langchain_inferscale.messages import prepare
+
+from inferscale import ChatMessage
+from inferscale.client import MemoryClient
+from tests.integration_tests.shared import MAX_TOKENS
+
+
+class ModelCalls(BaseCallbackHandler):
+    """Records what each chat model call received: its messages and its call kwargs."""
+
+    def __init__(self) -> None:
+        self.messages: list[list[BaseMessage]] = []
+        self.params: list[dict[str, Any]] = []
+
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self.messages.append(messages[0])
+        self.params.append(kwargs.get("invocation_params", {}))
+
+
+def _remember(client: MemoryClient, user_id: str, *facts: str) -> dict[str, str]:
+    added = client.add([{"role": "user", "content": f} for f in facts], user_id=user_id, infer=False)
+    return {r["memory"]: r["id"] for r in added["results"]}
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    return any(haystack[i : i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+
+
+def test_agent_answers_from_kv_memory_without_its_text_in_the_prompt(client: MemoryClient) -> None:
+    ids = _remember(client, "agent-kv", "My dog is called Biscuit.", "I live in Lisbon.", "I drink green tea.")
+    calls = ModelCalls()
+    agent = create_agent(
+        model=ChatInferScale(client=client, max_tokens=MAX_TOKENS),
+        middleware=[InferScaleMemoryMiddleware(client, user_id="agent-kv", limit=2)],
+    )
+    question = "What is my dog called?"
+    state = agent.invoke({"messages": [{"role": "user", "content": question}]}, config={"callbacks": [calls]})
+
+    answer = state["messages"][-1]
+    assert isinstance(answer, AIMessage)
+    assert "Biscuit" in answer.text
+
+    # the middleware's ids reached the model as call kwargs, and the model injected exactly those as K/V
+    [params] = calls.params
+    assert ids["My dog is called Biscuit."] in params["memory_ids"]
+    assert params["user_id"] == "agent-kv"
+    assert answer.response_metadata["memory_ids"] == params["memory_ids"]
+    assert answer.response_metadata["mode"] == "kv"
+
+    # no memory text in what the framework sent, nor in the tokens prefilled after the memory segment
+    [sent] = calls.messages
+    assert not any(text in str(m.content) for m in sent for text in ids)
+    engine = client.engine
+    conversation = [ChatMessage(m["role"], m["content"]) for m in prepare(sent).messages]
+    prefilled = engine.conversation_token_ids(conversation)
+    injected = [client.get(i)["memory"] for i in answer.response_metadata["memory_ids"]]
+    for text in injected:
+        assert not _contains(prefilled, engine.fact_token_ids(text))
+    memory_tokens = sum(len(engine.fact_token_ids(text)) for text in injected)
+    assert answer.response_metadata["memory_tokens"] == memory_tokens
+    assert answer.usage_metadata is not None
+    assert answer.usage_metadata["input_tokens"] == len(engine.system_prefix_ids()) + memory_tokens + len(prefilled)
+
+    # the turn was written back (infer=False stores both messages as they are)
+    stored = {m["memory"] for m in client.get_all(user_id="agent-kv")["results"]}
+    assert {question, answer.text} <= stored
+
+
+async def test_agent_async_path(client: MemoryClient) -> None:
+    ids = _remember(client, "agent-async", "My cat is called Pixel.")
+    calls = ModelCalls()
+    agent = create_agent(
+        model=ChatInferScale(client=client, max_tokens=MAX_TOKENS),
+        middleware=[InferScaleMemoryMiddleware(client, user_id="agent-async", remember=False)],
+    )
+    state = await agent.ainvoke(
+        {"messages": [{"role": "user", "content": "What is my cat called?"}]}, config={"callbacks": [calls]}
+    )
+    assert calls.params[0]["memory_ids"] == list(ids.values())
+    assert state["messages"][-1].response_metadata["memory_ids"] == list(ids.values())
+
+
+def test_fake_model_gets_memory_text_in_the_system_message(client: MemoryClient) -> None:
+    ids = _remember(client, "agent-text", "My dog is called Biscuit.")
+    calls = ModelCalls()
+    model = GenericFakeChatModel(messages=iter([AIMessage("Your dog is called Biscuit.")]))
+    agent = create_agent(
+        model=model,
+        system_prompt="You are terse.",
+        middleware=[InferScaleMemoryMiddleware(client, user_id="agent-text")],
+    )
+    agent.invoke({"messages": [{"role": "user", "content": "What is my dog called?"}]}, config={"callbacks": [calls]})
+
+    [sent] = calls.messages
+    system = sent[0]
+    assert system.type == "system"
+    assert "You are terse." in system.text
+    assert "My dog is called Biscuit." in system.text
+    assert system.additional_kwargs[MEMORY_IDS_KEY] == list(ids.values())
+    assert "memory_ids" not in calls.params[0]
+    stored = {m["memory"] for m in client.get_all(user_id="agent-text")["results"]}
+    assert "Your dog is called Biscuit." in stored
+
+
+def test_one_agent_serves_users_by_context(client: MemoryClient) -> None:
+    alice = _remember(client, "ctx-alice", "My dog is called Biscuit.")
+    bob = _remember(client, "ctx-bob", "My dog is called Rex.")
+    calls = ModelCalls()
+    agent = create_agent(
+        model=GenericFakeChatModel(messages=iter([AIMessage("ok"), AIMessage("ok")])),
+        middleware=[InferScaleMemoryMiddleware(client, remember=False)],
+    )
+    for user in ("ctx-alice", "ctx-bob"):
+        agent.invoke(
+            {"messages": [{"role": "user", "content": "What is my dog called?"}]},
+            config={"callbacks": [calls]},
+            context={"user_id": user},
+        )
+    assert [m[0].additional_kwargs[MEMORY_IDS_KEY] for m in calls.messages] == [
+        list(alice.values()),
+        list(bob.values()),
+    ]
+    assert "Rex" not in calls.messages[0][0].text and "Biscuit" not in calls.messages[1][0].text

@@ -1,0 +1,96 @@
+"""ChatInferScale's request building, without a model: what reaches ``MemoryClient.chat``."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_inferscale import ChatInferScale, memory_system_message
+
+from inferscale import InvalidInputError
+
+_CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
+
+
+def _model(**fields: object) -> ChatInferScale:
+    return ChatInferScale(config=_CONFIG, user_id="maya", **fields)
+
+
+def test_model_name_defaults_to_the_clients() -> None:
+    model = _model()
+    assert model.model_name == "SmolLM2-135M-Instruct"
+    assert model._get_ls_params()["ls_model_name"] == "SmolLM2-135M-Instruct"
+    assert model._get_ls_params()["ls_provider"] == "inferscale"
+
+
+def test_fields_reach_the_request() -> None:
+    model = _model(max_tokens=7, temperature=0.5, stop=["x"], limit=3, mode="prompt")
+    request = model._request([HumanMessage("hi")], None, {})
+    assert request == {
+        "messages": [{"role": "user", "content": "hi"}],
+        "user_id": "maya",
+        "agent_id": None,
+        "run_id": None,
+        "mode": "prompt",
+        "temperature": 0.5,
+        "max_new_tokens": 7,
+        "stop": ["x"],
+        "limit": 3,
+        "filters": None,
+    }
+
+
+def test_call_kwargs_override_fields() -> None:
+    request = _model(max_tokens=7)._request(
+        [HumanMessage("hi")],
+        ["stop"],
+        {"user_id": "bob", "agent_id": "a", "memory_run_id": "r", "max_tokens": 3, "temperature": 0.0},
+    )
+    assert (request["user_id"], request["agent_id"], request["run_id"]) == ("bob", "a", "r")
+    assert (request["max_new_tokens"], request["temperature"], request["stop"]) == (3, 0.0, ["stop"])
+
+
+def test_tagged_ids_and_call_ids_are_injected_without_retrieval() -> None:
+    messages = [memory_system_message([("m1", "My dog is Biscuit.")]), HumanMessage("dog?")]
+    request = _model()._request(messages, None, {"memory_ids": ["m2", "m1"]})
+    assert request["memory_ids"] == ["m1", "m2"]
+    assert "limit" not in request and "filters" not in request
+    assert request["messages"] == [{"role": "user", "content": "dog?"}]
+
+
+def test_empty_memory_ids_inject_none() -> None:
+    assert _model()._request([HumanMessage("hi")], None, {"memory_ids": []})["memory_ids"] == []
+
+
+def test_unknown_call_kwargs_fail() -> None:
+    with pytest.raises(TypeError, match="top_p"):
+        _model()._request([HumanMessage("hi")], None, {"top_p": 0.9})
+
+
+def test_another_model_name_fails() -> None:
+    model = _model()
+    assert model._request([HumanMessage("hi")], None, {"model": model.model_name})
+    with pytest.raises(InvalidInputError, match="gpt"):
+        model._request([HumanMessage("hi")], None, {"model": "gpt-4o"})
+
+
+def test_unknown_fields_fail() -> None:
+    with pytest.raises(ValueError, match="api_key"):
+        ChatInferScale(config=_CONFIG, api_key="x")
+
+
+def test_client_and_config_are_exclusive() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="not both"):
+        ChatInferScale(client=model.client, config=_CONFIG)
+
+
+def test_no_tool_calling() -> None:
+    with pytest.raises(NotImplementedError):
+        _model().bind_tools([])
+
+
+def test_system_messages_stay_in_place() -> None:
+    request = _model()._request([SystemMessage("a"), HumanMessage("b"), SystemMessage("c")], None, {})
+    assert [m["role"] for m in request["messages"]] == ["system", "user", "system"]
