@@ -74,8 +74,8 @@ class ChatInferScale(BaseChatModel):
     timeout: float | None = None
     """Seconds a call may run, checked between generated tokens (prefill is not interrupted); ``TimeoutError``."""
     max_retries: int = Field(default=2, ge=0)
-    """Retries of a call whose client raised ``ConnectionError`` before its first token (a remote engine); the
-    embedded engine never does."""
+    """Accepted as LangChain chat models take it; unused: the client answers in process, with no network call to
+    retry."""
     streaming: bool = False
     """Answer ``invoke`` through the streaming path (callbacks see each token)."""
     model_name: str | None = Field(default=None, alias="model")
@@ -159,13 +159,7 @@ class ChatInferScale(BaseChatModel):
         client = self._sync_client()
         request = self._request(messages, stop, kwargs)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        for attempt in range(self.max_retries + 1):
-            try:
-                chunks = client.chat(**request, stream=True)
-                break
-            except ConnectionError:
-                if attempt == self.max_retries:
-                    raise
+        chunks = client.chat(**request, stream=True)
         with contextlib.closing(chunks):  # leaving early ends the request and frees its KV cache
             for chunk in chunks:
                 _check_deadline(deadline, self.timeout)
@@ -213,13 +207,7 @@ class ChatInferScale(BaseChatModel):
         assert self.async_client is not None  # callers check
         request = self._request(messages, stop, kwargs)
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        for attempt in range(self.max_retries + 1):
-            try:
-                chunks = await self.async_client.chat(**request, stream=True)
-                break
-            except ConnectionError:
-                if attempt == self.max_retries:
-                    raise
+        chunks = await self.async_client.chat(**request, stream=True)
         try:
             async for chunk in chunks:
                 _check_deadline(deadline, self.timeout)
