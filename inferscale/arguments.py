@@ -209,3 +209,17 @@ def refuse_unsupported_mem0(call: str, **given: Any) -> None:
                 f"{call}({name}={value!r}) is a Mem0 argument InferScale does not support: {_MEM0_UNSUPPORTED[name]} "
                 "(see docs/migration.md)"
             )
+
+
+def check_output_format(output_format: str | None) -> None:
+    """Accept Mem0's ``output_format`` when it asks for the shape InferScale always returns: ``"v1.1"`` (or
+    ``None``), ``{"results": [...]}``.
+
+    Raises:
+        InvalidInputError: for another value (Mem0's ``"v1.0"`` bare list is not offered).
+    """
+    if output_format not in (None, "v1.1"):
+        raise InvalidInputError(
+            f"output_format={output_format!r}: InferScale always returns Mem0's v1.1 shape {{'results': [...]}}; "
+            "pass 'v1.1' or leave it out"
+        )

@@ -27,6 +27,7 @@ from typing import Any, Literal, overload
 from inferscale.arguments import (
     check_add_messages,
     check_metadata,
+    check_output_format,
     check_query,
     check_version,
     optional_scope,
@@ -93,9 +94,11 @@ class AsyncMemoryClient(ClientCore):
         encode_kv: bool | None = None,
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
+        output_format: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation; see :meth:`MemoryClient.add` (same arguments, result and errors)."""
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
+        check_output_format(output_format)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -202,6 +205,7 @@ class AsyncMemoryClient(ClientCore):
         top_k: int | None = None,
         threshold: float | None = None,
         version: str | None = None,
+        output_format: str | None = None,
         rerank: bool = False,
         explain: bool = False,
         reference_date: str | None = None,
@@ -210,6 +214,7 @@ class AsyncMemoryClient(ClientCore):
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
         check_version(version)
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
+        check_output_format(output_format)
         args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
         return await self._asearch(query, *args)
 
@@ -268,9 +273,11 @@ class AsyncMemoryClient(ClientCore):
         limit: int | None = None,
         top_k: int | None = None,
         version: str | None = None,
+        output_format: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """The scope's memories matching ``filters``, oldest first; see :meth:`MemoryClient.get_all`."""
         check_version(version)
+        check_output_format(output_format)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return await self._aget_all(scope, node, resolve_limit(limit, top_k))
 

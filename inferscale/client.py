@@ -21,6 +21,7 @@ from typing import Any, Literal, overload
 from inferscale.arguments import (
     check_add_messages,
     check_metadata,
+    check_output_format,
     check_query,
     check_version,
     optional_scope,
@@ -88,6 +89,7 @@ class MemoryClient(ClientCore):
         encode_kv: bool | None = None,
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
+        output_format: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation.
 
@@ -113,6 +115,7 @@ class MemoryClient(ClientCore):
             ExtractionError: when an LLM answer cannot be parsed (nothing is written).
         """
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
+        check_output_format(output_format)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -243,6 +246,7 @@ class MemoryClient(ClientCore):
         top_k: int | None = None,
         threshold: float | None = None,
         version: str | None = None,
+        output_format: str | None = None,
         rerank: bool = False,
         explain: bool = False,
         reference_date: str | None = None,
@@ -271,6 +275,7 @@ class MemoryClient(ClientCore):
         """
         check_version(version)
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
+        check_output_format(output_format)
         return self._search(query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold))
 
     def _search(
@@ -364,6 +369,7 @@ class MemoryClient(ClientCore):
         limit: int | None = None,
         top_k: int | None = None,
         version: str | None = None,
+        output_format: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """The memories of the scope that match ``filters``, oldest first, at most ``limit`` (default 100).
 
@@ -375,6 +381,7 @@ class MemoryClient(ClientCore):
             limit or filter.
         """
         check_version(version)
+        check_output_format(output_format)
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return self._get_all(scope, node, resolve_limit(limit, top_k))
 

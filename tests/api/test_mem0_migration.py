@@ -132,3 +132,18 @@ def test_mem0_2x_arguments_are_refused_when_set_and_accepted_at_their_defaults(
         else:
             m.search("tea", user_id="u", **kwargs)
     assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
+
+
+def test_output_format_v1_1_is_the_shape_returned_and_other_formats_are_refused(m: ClientAdapter) -> None:
+    added = m.add("I like tea", user_id="u", infer=False, output_format="v1.1")
+    assert [r["memory"] for r in added["results"]] == ["I like tea"]
+    assert [r["memory"] for r in m.search("tea", user_id="u", output_format="v1.1")["results"]] == ["I like tea"]
+    assert [r["memory"] for r in m.get_all(user_id="u", output_format="v1.1")["results"]] == ["I like tea"]
+    for call in (
+        lambda: m.add("I like coffee", user_id="u", infer=False, output_format="v1.0"),
+        lambda: m.search("tea", user_id="u", output_format="v1.0"),
+        lambda: m.get_all(user_id="u", output_format="v2"),
+    ):
+        with pytest.raises(InvalidInputError, match="output_format"):
+            call()
+    assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
