@@ -17,7 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage
+from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages.utils import convert_to_openai_messages
 
 from inferscale import InvalidInputError
 
@@ -27,7 +28,6 @@ MEMORY_IDS_KEY = "inferscale_memory_ids"
 MEMORY_BLOCK_ID = "inferscale_memories"
 """``id`` of the text block that holds memory text inside a system message with list content."""
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 _CHAT_ROLES = ("user", "assistant", "system")
 
 
@@ -75,45 +75,45 @@ def with_memory_block(system: SystemMessage | None, memories: Sequence[tuple[str
 def prepare(messages: Sequence[BaseMessage]) -> Prepared:
     """Convert a LangChain conversation for :meth:`inferscale.MemoryClient.chat`, taking tagged memory out.
 
-    Human, AI and system messages become user, assistant and system turns (a :class:`ChatMessage` with one of those
-    roles keeps it). Content is a string or a list of text blocks (joined with newlines).
+    Roles and text come from langchain-core's :func:`~langchain_core.messages.utils.convert_to_openai_messages`
+    (``text_format="string"``): human, AI and system messages, their chunks (a reply assembled from a stream) and
+    a :class:`~langchain_core.messages.ChatMessage` with one of InferScale's roles become user, assistant and
+    system turns; text blocks are joined with newlines.
 
     Raises:
-        InvalidInputError: for another message type (tool, function), an AI message with tool calls, a content
-            block that is not text (images, audio), or a tag that is not a list of ids.
+        InvalidInputError: for another role (tool, function), an AI message with tool calls, a content block that
+            is not text (images, audio), or a tag that is not a list of ids.
     """
     turns: list[dict[str, str]] = []
     memory_ids: list[str] | None = None
     for i, message in enumerate(messages):
-        role = _role(i, message)
-        if role == "system" and MEMORY_IDS_KEY in message.additional_kwargs:
+        if isinstance(message, SystemMessage) and MEMORY_IDS_KEY in message.additional_kwargs:
             memory_ids = [*(memory_ids or []), *_tagged_ids(i, message)]
             if isinstance(message.content, str):
                 continue
-            text = _text(i, [b for b in message.content if not _is_memory_block(b)])
-            if text:
-                turns.append({"role": role, "content": text})
+            message = message.model_copy(update={"content": [b for b in message.content if not _is_memory_block(b)]})
+            turn = _turn(i, message)
+            if turn["content"]:
+                turns.append(turn)
             continue
-        turns.append({"role": role, "content": _text(i, message.content)})
+        turns.append(_turn(i, message))
     return Prepared(turns, None if memory_ids is None else _unique(memory_ids))
 
 
-def _role(i: int, message: BaseMessage) -> str:
-    if isinstance(message, ChatMessage):
-        if message.role in _CHAT_ROLES:
-            return message.role
-        raise InvalidInputError(
-            f"message {i} has role {message.role!r}; InferScale takes the roles {', '.join(_CHAT_ROLES)}"
-        )
-    if isinstance(message, AIMessage) and message.tool_calls:
+def _turn(i: int, message: BaseMessage) -> dict[str, str]:
+    converted = convert_to_openai_messages(message, text_format="string")
+    role, content = converted["role"], converted["content"]
+    if converted.get("tool_calls"):
         raise InvalidInputError(f"message {i} is an AI message with tool calls; ChatInferScale does not call tools")
-    role = _ROLES.get(message.type)
-    if role is None or not isinstance(message, (HumanMessage, AIMessage, SystemMessage)):
+    if role not in _CHAT_ROLES:
         raise InvalidInputError(
-            f"message {i} is a {type(message).__name__} (type {message.type!r}); ChatInferScale takes human, AI and "
-            "system messages only (no tool calling): convert it to one of those first"
+            f"message {i} is a {type(message).__name__} with role {role!r}; ChatInferScale takes the roles "
+            f"{', '.join(_CHAT_ROLES)} (no tool calling): convert it to a human, AI or system message first"
         )
-    return role
+    if not isinstance(content, str):
+        kinds = sorted({block.get("type", "?") for block in content if isinstance(block, dict)} - {"text"})
+        raise InvalidInputError(f"message {i} has {kinds} content blocks; ChatInferScale takes text only")
+    return {"role": role, "content": content}
 
 
 def _tagged_ids(i: int, message: BaseMessage) -> list[str]:
@@ -128,22 +128,6 @@ def _tagged_ids(i: int, message: BaseMessage) -> list[str]:
 
 def _is_memory_block(block: str | dict[str, Any]) -> bool:
     return isinstance(block, dict) and block.get("id") == MEMORY_BLOCK_ID
-
-
-def _text(i: int, content: str | list[str | dict[str, Any]]) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, str):
-            parts.append(block)
-        elif block.get("type") == "text":
-            parts.append(block["text"])
-        else:
-            raise InvalidInputError(
-                f"message {i} has a {block.get('type')!r} content block; ChatInferScale takes text only"
-            )
-    return "\n".join(parts)
 
 
 def _unique(ids: Iterable[str]) -> list[str]:

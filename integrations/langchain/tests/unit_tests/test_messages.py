@@ -1,7 +1,15 @@
 from __future__ import annotations
 
 import pytest
-from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    ChatMessage,
+    HumanMessage,
+    HumanMessageChunk,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_inferscale import MEMORY_BLOCK_ID, MEMORY_IDS_KEY, memory_system_message
 from langchain_inferscale.messages import prepare, with_memory_block
 
@@ -24,6 +32,16 @@ def test_roles_are_converted() -> None:
         {"role": "user", "content": "how are you"},
     ]
     assert prepared.memory_ids is None
+
+
+def test_a_reply_built_from_a_stream_is_an_assistant_turn() -> None:
+    reply = AIMessageChunk(content="Your dog ") + AIMessageChunk(content="is Biscuit.")  # full += chunk
+    prepared = prepare([HumanMessageChunk(content="dog?"), reply, HumanMessage("and my cat?")])
+    assert prepared.messages == [
+        {"role": "user", "content": "dog?"},
+        {"role": "assistant", "content": "Your dog is Biscuit."},
+        {"role": "user", "content": "and my cat?"},
+    ]
 
 
 def test_text_blocks_are_joined() -> None:
