@@ -21,7 +21,9 @@ from inferscale.client import MemoryClient
 from langchain_inferscale.messages import prepare
 
 _CALL_SCOPE = ("user_id", "agent_id", "memory_run_id")
-_CALL_KWARGS = frozenset({*_CALL_SCOPE, "memory_ids", "filters", "limit", "mode", "temperature", "max_tokens", "model"})
+_CALL_KWARGS = frozenset(
+    {*_CALL_SCOPE, "memory_ids", "filters", "limit", "mode", "temperature", "max_tokens", "model", "stream"}
+)
 
 
 class ChatInferScale(BaseChatModel):
@@ -44,7 +46,9 @@ class ChatInferScale(BaseChatModel):
 
     Per call (``invoke(..., **kwargs)`` or ``bind(**kwargs)``): ``user_id``, ``agent_id``, ``memory_run_id`` (the
     run scope: LangChain reserves ``run_id`` for its tracing run), ``memory_ids``, ``filters``, ``limit``, ``mode``,
-    ``temperature``, ``max_tokens``, and ``model`` (only this model's name). Any other keyword raises ``TypeError``.
+    ``temperature``, ``max_tokens``, ``model`` (only this model's name), and ``stream`` (langchain-core's routing
+    between the streaming and the whole-answer path; the answer is the same). Any other keyword raises
+    ``TypeError``.
 
     Tool calling is not implemented: ``bind_tools`` raises ``NotImplementedError``.
     """
@@ -77,7 +81,8 @@ class ChatInferScale(BaseChatModel):
     """Accepted as LangChain chat models take it; unused: the client answers in process, with no network call to
     retry."""
     streaming: bool = False
-    """Answer ``invoke`` through the streaming path (callbacks see each token)."""
+    """Answer ``invoke`` through the streaming path (callbacks see each token). langchain-core routes the call
+    (``BaseChatModel._should_stream``), so ``disable_streaming`` and a per-call ``stream=False`` still win."""
     model_name: str | None = Field(default=None, alias="model")
     """The model's name in ``response_metadata`` and traces; ``client.model_name`` when ``None``."""
 
@@ -130,9 +135,6 @@ class ChatInferScale(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.streaming:
-            chunks = list(self._stream(messages, stop, run_manager, **kwargs))
-            return _joined(chunks)
         deltas: list[str] = []
         for chunk in self._chat_chunks(messages, stop, kwargs):
             if chunk.result is not None:
@@ -175,8 +177,6 @@ class ChatInferScale(BaseChatModel):
     ) -> ChatResult:
         if self.async_client is None:
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
-        if self.streaming:
-            return _joined([chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)])
         deltas: list[str] = []
         async for chunk in self._achat_chunks(messages, stop, kwargs):
             if chunk.result is not None:
@@ -305,18 +305,6 @@ def _generation_chunk(chunk: ChatChunk, model_name: str) -> ChatGenerationChunk:
         chunk_position="last",
     )
     return ChatGenerationChunk(message=message, generation_info={"finish_reason": chunk.result.finish_reason})
-
-
-def _joined(chunks: list[ChatGenerationChunk]) -> ChatResult:
-    total = chunks[0]
-    for chunk in chunks[1:]:
-        total += chunk
-    message = AIMessage(
-        content=total.message.content,
-        usage_metadata=total.message.usage_metadata,  # type: ignore[attr-defined]
-        response_metadata=total.message.response_metadata,
-    )
-    return ChatResult(generations=[ChatGeneration(message=message, generation_info=total.generation_info)])
 
 
 def _check_deadline(deadline: float | None, timeout: float | None) -> None:

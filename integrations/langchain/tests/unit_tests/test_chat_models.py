@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_inferscale import ChatInferScale, memory_system_message
 
-from inferscale import InvalidInputError
+from inferscale import ChatChunk, InvalidInputError, Timings
+from inferscale import ChatResult as InferScaleResult
 
 _CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
 
@@ -94,3 +98,57 @@ def test_no_tool_calling() -> None:
 def test_system_messages_stay_in_place() -> None:
     request = _model()._request([SystemMessage("a"), HumanMessage("b"), SystemMessage("c")], None, {})
     assert [m["role"] for m in request["messages"]] == ["system", "user", "system"]
+
+
+def _fake_result() -> InferScaleResult:
+    timings = Timings(retrieval_ms=1.0, kv_assembly_ms=1.0, prefill_ms=1.0, ttft_ms=3.0, total_ms=4.0)
+    return InferScaleResult(
+        answer="Biscuit.",
+        memory_ids=["m1"],
+        memories=["My dog is Biscuit."],
+        mode="kv",
+        timings=timings,
+        prompt_tokens=10,
+        memory_tokens=6,
+        generated_tokens=2,
+    )
+
+
+class _Tokens(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+
+@pytest.fixture
+def fake_chat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ChatInferScale`` answers from two canned chunks instead of the engine."""
+
+    def chat_chunks(self: ChatInferScale, messages: Any, stop: Any, kwargs: Any) -> Iterator[ChatChunk]:
+        self._request(messages, stop, kwargs)  # the call's arguments are still checked
+        yield from (ChatChunk("Bis"), ChatChunk("cuit."), ChatChunk("", _fake_result()))
+
+    monkeypatch.setattr(ChatInferScale, "_chat_chunks", chat_chunks)
+
+
+@pytest.mark.usefixtures("fake_chat")
+@pytest.mark.parametrize(
+    ("fields", "kwargs", "streamed"),
+    [
+        ({}, {}, False),
+        ({"streaming": True}, {}, True),
+        ({}, {"stream": True}, True),
+        ({"streaming": True}, {"stream": False}, False),
+        ({"streaming": True, "disable_streaming": True}, {}, False),
+    ],
+)
+def test_langchain_core_routes_streaming(fields: dict[str, Any], kwargs: dict[str, Any], streamed: bool) -> None:
+    tokens = _Tokens()
+    answer = _model(**fields).invoke("dog?", config={"callbacks": [tokens]}, **kwargs)
+    assert answer.text == "Biscuit."
+    assert answer.response_metadata["memory_ids"] == ["m1"]
+    assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] == 2
+    # on the streaming path langchain-core reports every chunk's text, the last chunk's "" included
+    assert [token for token in tokens.tokens if token] == (["Bis", "cuit."] if streamed else [])
