@@ -1,7 +1,9 @@
 """A LangChain agent with long-term memory injected as K/V: ``create_agent`` + ``InferScaleMemoryMiddleware``.
 
 The middleware recalls the user's memories before each model call and hands their ids to ``ChatInferScale``, which
-injects their K/V: the memory text never enters the agent's prompt. After the run it stores the turn.
+injects their K/V: the memory text never enters the agent's prompt. After the run it stores the turn. Asked the same
+question in a second conversation, it recalls the fact again, not the question it stored the first time (a memory
+whose text is a message being sent is left out).
 
 Run with the integrations environment (``make`` builds it; ``langchain-inferscale`` installed from
 ``integrations/langchain``)::
@@ -34,13 +36,18 @@ def main() -> None:
         middleware=[InferScaleMemoryMiddleware(client, user_id="maya", limit=2)],
     )
     question = "What is my dog called?"
-    state = agent.invoke({"messages": [{"role": "user", "content": question}]})
-    answer = state["messages"][-1]
-    print("user:", question)
-    print("agent:", answer.text)
-    print("memories injected as K/V:", answer.response_metadata["memory_ids"])
-    print("usage:", answer.usage_metadata)
-    print("stored after the run:", len(client.get_all(user_id="maya")["results"]), "memories")
+    for conversation in (1, 2):
+        state = agent.invoke({"messages": [{"role": "user", "content": question}]})
+        answer = state["messages"][-1]
+        injected = answer.response_metadata["memory_ids"]
+        print(f"conversation {conversation}")
+        print("  user:", question)
+        print("  agent:", answer.text)
+        print("  memories injected as K/V:", [client.get(memory_id)["memory"] for memory_id in injected])
+        print("  usage:", answer.usage_metadata)
+    # the first run stored its question and answer (infer=False; the second run's are the same text, not stored
+    # twice), and the second run did not recall that question
+    print("stored after the runs:", len(client.get_all(user_id="maya")["results"]), "memories")
     client.close()
 
 

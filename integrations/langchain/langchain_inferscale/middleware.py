@@ -24,16 +24,21 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     """Recall the scope's memories before each model call, and remember the turn after the run.
 
     Before each model call (``wrap_model_call``), it recalls the ``limit`` memories of the scope closest to the last
-    user message. With a :class:`~langchain_inferscale.ChatInferScale` model it passes their ids through
-    ``request.model_settings`` (``memory_ids`` and the scope reach the model as call kwargs) and adds **no text**: the
-    model injects them as K/V. With any other chat model it appends their text to the system message, tagged with the
-    ids (the Mem0 way; see :mod:`langchain_inferscale.messages`).
+    user message, leaving out any memory whose text is one of the user or assistant messages being sent: with
+    ``infer=False`` the turns it stored earlier are memories too, and an identical question would otherwise recall
+    itself first and push a fact out. With a :class:`~langchain_inferscale.ChatInferScale` model it passes the ids
+    through ``request.model_settings`` (``memory_ids`` and the run's scope reach the model as call kwargs; no ids
+    when nothing was recalled, so the model never retrieves on its own under its default scope) and adds **no
+    text**: the model injects them as K/V. With any other chat model it appends their text to the system message,
+    tagged with the ids (the Mem0 way; see :mod:`langchain_inferscale.messages`).
 
     After the run (``after_agent``) it stores the last user message and the agent's final answer with
     ``client.add(..., infer=infer)``.
 
-    The scope is the constructor's ids, overridden per run by the same keys in the runtime context when it is a dict
-    (``agent.invoke(..., context={"user_id": "maya"})``), so one agent serves many users.
+    The scope is the constructor's ids, unless the runtime context is a dict that sets any of ``user_id``,
+    ``agent_id``, ``run_id``: then it is exactly the context's ids, the others ``None``
+    (``agent.invoke(..., context={"user_id": "bob"})``), so one agent serves many users and a run never mixes the
+    constructor's user with the context's agent.
 
     Example:
         .. code-block:: python
@@ -80,28 +85,37 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     def wrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]
     ) -> ModelResponse | AIMessage:
+        scope = self._scope(request.runtime)
         query = _last_user_text(request.messages)
-        if query is None:
-            return handler(request)
-        memories = self._recalled(self.client.search(query, **self._scope(request.runtime), limit=self.limit))
-        return handler(self._with_memories(request, memories))
+        memories: list[tuple[str, str]] = []
+        if query is not None:
+            sent = _sent_texts(request.messages)
+            found = self.client.search(query, **scope, limit=self.limit + len(sent))
+            memories = self._recalled(found, sent)
+        return handler(self._with_memories(request, scope, memories))
 
     async def awrap_model_call(
         self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
     ) -> ModelResponse | AIMessage:
-        query = _last_user_text(request.messages)
-        if query is None:
-            return await handler(request)
         scope = self._scope(request.runtime)
-        if self.async_client is not None:
-            found = await self.async_client.search(query, **scope, limit=self.limit)
-        else:
-            found = await asyncio.to_thread(self.client.search, query, **scope, limit=self.limit)
-        return await handler(self._with_memories(request, self._recalled(found)))
+        query = _last_user_text(request.messages)
+        memories: list[tuple[str, str]] = []
+        if query is not None:
+            sent = _sent_texts(request.messages)
+            limit = self.limit + len(sent)
+            if self.async_client is not None:
+                found = await self.async_client.search(query, **scope, limit=limit)
+            else:
+                found = await asyncio.to_thread(self.client.search, query, **scope, limit=limit)
+            memories = self._recalled(found, sent)
+        return await handler(self._with_memories(request, scope, memories))
 
-    def _with_memories(self, request: ModelRequest, memories: list[tuple[str, str]]) -> ModelRequest:
+    def _with_memories(
+        self, request: ModelRequest, scope: Mapping[str, str | None], memories: list[tuple[str, str]]
+    ) -> ModelRequest:
         if isinstance(request.model, ChatInferScale):
-            scope = self._scope(request.runtime)
+            # always the run's scope and the recalled ids (maybe none): the model never retrieves on its own,
+            # under its own default scope
             settings = {
                 **request.model_settings,
                 "memory_ids": [memory_id for memory_id, _ in memories],
@@ -132,14 +146,16 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
 
     # ------------------------------------------------------------------ helpers
     def _scope(self, runtime: Runtime | None) -> dict[str, str | None]:
+        """The run's scope: the context's ids when it sets any (the others ``None``), else the constructor's."""
         context = getattr(runtime, "context", None)
-        if isinstance(context, Mapping):
-            return {key: context.get(key, self.scope[key]) for key in _SCOPE_KEYS}
+        if isinstance(context, Mapping) and any(context.get(key) is not None for key in _SCOPE_KEYS):
+            return {key: context.get(key) for key in _SCOPE_KEYS}
         return dict(self.scope)
 
-    @staticmethod
-    def _recalled(found: Mapping[str, Any]) -> list[tuple[str, str]]:
-        return [(r["id"], r["memory"]) for r in found["results"]]
+    def _recalled(self, found: Mapping[str, Any], sent: set[str]) -> list[tuple[str, str]]:
+        """The top ``limit`` hits, leaving out those whose text is a message of the request (already there)."""
+        hits = [(r["id"], r["memory"]) for r in found["results"] if r["memory"].strip() not in sent]
+        return hits[: self.limit]
 
 
 def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
@@ -147,6 +163,11 @@ def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
         if isinstance(message, HumanMessage):
             return message.text or None
     return None
+
+
+def _sent_texts(messages: Sequence[BaseMessage]) -> set[str]:
+    """The texts of the user and assistant messages about to be sent (what a stored turn would repeat)."""
+    return {text for m in messages if isinstance(m, (HumanMessage, AIMessage)) and (text := m.text.strip())}
 
 
 def _last_turn(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:

@@ -14,7 +14,7 @@ from langchain_inferscale.messages import prepare
 
 from inferscale import ChatMessage
 from inferscale.client import MemoryClient
-from tests.integration_tests.shared import MAX_TOKENS
+from tests.integration_tests.shared import MAX_TOKENS, shared_async_client
 
 
 class ModelCalls(BaseCallbackHandler):
@@ -94,6 +94,49 @@ async def test_agent_async_path(client: MemoryClient) -> None:
     assert state["messages"][-1].response_metadata["memory_ids"] == list(ids.values())
 
 
+class NoSyncClient:
+    """Stands for the sync client where only the async one may be used: any use fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the sync client's {name} was used; the async hooks must use async_client")
+
+
+async def test_agent_async_path_on_the_async_client(client: MemoryClient) -> None:
+    ids = _remember(client, "agent-async-client", "My cat is called Pixel.")
+    calls = ModelCalls()
+    async_client = shared_async_client()
+    agent = create_agent(
+        model=ChatInferScale(async_client=async_client, max_tokens=MAX_TOKENS),
+        middleware=[
+            InferScaleMemoryMiddleware(NoSyncClient(), async_client=async_client, user_id="agent-async-client")  # type: ignore[arg-type]
+        ],
+    )
+    question = "What is my cat called?"
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": question}]}, config={"callbacks": [calls]})
+    answer = state["messages"][-1]
+    assert calls.params[0]["memory_ids"] == list(ids.values())
+    assert answer.response_metadata["memory_ids"] == list(ids.values())
+    stored = {m["memory"] for m in client.get_all(user_id="agent-async-client")["results"]}
+    assert {question, answer.text} <= stored  # written back by aafter_agent on the async client
+
+
+def test_a_repeated_question_does_not_recall_itself(client: MemoryClient) -> None:
+    ids = _remember(client, "agent-repeat", "My dog is called Biscuit.", "I live in Lisbon.", "I drink green tea.")
+    calls = ModelCalls()
+    agent = create_agent(
+        model=ChatInferScale(client=client, max_tokens=MAX_TOKENS),
+        middleware=[InferScaleMemoryMiddleware(client, user_id="agent-repeat", limit=1)],
+    )
+    question = "What is my dog called?"
+    for _ in range(2):  # two conversations; the first stores the question (infer=False)
+        agent.invoke({"messages": [{"role": "user", "content": question}]}, config={"callbacks": [calls]})
+    stored = {m["memory"]: m["id"] for m in client.get_all(user_id="agent-repeat")["results"]}
+    assert question in stored
+    assert calls.params[0]["memory_ids"] == [ids["My dog is called Biscuit."]]
+    assert stored[question] not in calls.params[1]["memory_ids"]
+    assert calls.params[1]["memory_ids"] == [ids["My dog is called Biscuit."]]
+
+
 def test_fake_model_gets_memory_text_in_the_system_message(client: MemoryClient) -> None:
     ids = _remember(client, "agent-text", "My dog is called Biscuit.")
     calls = ModelCalls()
@@ -135,3 +178,31 @@ def test_one_agent_serves_users_by_context(client: MemoryClient) -> None:
         list(bob.values()),
     ]
     assert "Rex" not in calls.messages[0][0].text and "Biscuit" not in calls.messages[1][0].text
+
+
+def test_one_kv_agent_serves_users_by_context(client: MemoryClient) -> None:
+    alice = _remember(client, "kv-ctx-alice", "My dog is called Biscuit.")
+    bob = _remember(client, "kv-ctx-bob", "My dog is called Rex.")
+    default = _remember(client, "kv-ctx-default", "My dog is called Max.")
+    added = client.add("My dog is called Pepper.", agent_id="kv-ctx-agent", infer=False)
+    agent_memories = [r["id"] for r in added["results"]]
+    calls = ModelCalls()
+    agent = create_agent(
+        model=ChatInferScale(client=client, user_id="kv-ctx-model", max_tokens=MAX_TOKENS),
+        middleware=[InferScaleMemoryMiddleware(client, user_id="kv-ctx-default", remember=False)],
+    )
+    runs = [
+        ({"user_id": "kv-ctx-alice"}, ("kv-ctx-alice", None), list(alice.values())),
+        ({"user_id": "kv-ctx-bob"}, ("kv-ctx-bob", None), list(bob.values())),
+        (None, ("kv-ctx-default", None), list(default.values())),
+        ({"agent_id": "kv-ctx-agent"}, (None, "kv-ctx-agent"), agent_memories),  # not the default user's
+    ]
+    for context, _, _ in runs:
+        agent.invoke(
+            {"messages": [{"role": "user", "content": "What is my dog called?"}]},
+            config={"callbacks": [calls]},
+            context=context,
+        )
+    for params, (_, (user_id, agent_id), memory_ids) in zip(calls.params, runs, strict=True):
+        assert (params["user_id"], params["agent_id"], params["memory_run_id"]) == (user_id, agent_id, None)
+        assert params["memory_ids"] == memory_ids

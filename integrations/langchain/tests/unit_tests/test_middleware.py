@@ -1,0 +1,96 @@
+"""InferScaleMemoryMiddleware's model-call hook without a model: the scope and ids it hands on."""
+
+from __future__ import annotations
+
+import tempfile
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from langchain.agents.middleware import ModelRequest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_inferscale import ChatInferScale, InferScaleMemoryMiddleware
+
+_CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
+
+
+class FakeClient:
+    """``search`` answers ``hits`` (best first) and records its arguments."""
+
+    def __init__(self, *hits: tuple[str, str]) -> None:
+        self.hits = hits
+        self.searches: list[dict[str, Any]] = []
+
+    def search(self, query: str, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+        self.searches.append({"query": query, **kwargs})
+        return {"results": [{"id": i, "memory": m} for i, m in self.hits][: kwargs["limit"]]}
+
+
+def _call(
+    middleware: InferScaleMemoryMiddleware,
+    messages: list[BaseMessage],
+    context: dict[str, Any] | None = None,
+    model: BaseChatModel | None = None,
+) -> ModelRequest:
+    """The request ``wrap_model_call`` hands to the model."""
+    model = model or ChatInferScale(config=_CONFIG, user_id="model-default")
+    runtime = SimpleNamespace(context=context)
+    request = ModelRequest(model=model, messages=messages, runtime=runtime)  # type: ignore[arg-type]
+    seen: list[ModelRequest] = []
+
+    def handler(request: ModelRequest) -> AIMessage:
+        seen.append(request)
+        return AIMessage("ok")
+
+    middleware.wrap_model_call(request, handler)  # type: ignore[arg-type]
+    return seen[0]
+
+
+def test_no_query_still_sends_the_runs_scope_and_no_ids() -> None:
+    client = FakeClient(("m1", "My dog is called Biscuit."))
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya")  # type: ignore[arg-type]
+    sent = _call(middleware, [HumanMessage(content=[])], context={"user_id": "bob"})
+    assert client.searches == []
+    assert sent.model_settings == {"memory_ids": [], "user_id": "bob", "agent_id": None, "memory_run_id": None}
+
+
+def test_text_path_without_a_query_is_unchanged() -> None:
+    middleware = InferScaleMemoryMiddleware(FakeClient(), user_id="maya")  # type: ignore[arg-type]
+    request_model = GenericFakeChatModel(messages=iter([]))
+    sent = _call(middleware, [HumanMessage(content=[])], model=request_model)
+    assert sent.model_settings == {} and sent.system_message is None
+
+
+@pytest.mark.parametrize(
+    ("context", "scope"),
+    [
+        (None, {"user_id": "maya", "agent_id": None, "run_id": "r0"}),
+        ({"tenant": "t"}, {"user_id": "maya", "agent_id": None, "run_id": "r0"}),
+        ({"agent_id": "x"}, {"user_id": None, "agent_id": "x", "run_id": None}),
+        ({"user_id": "bob", "agent_id": None}, {"user_id": "bob", "agent_id": None, "run_id": None}),
+    ],
+)
+def test_a_context_that_sets_any_scope_key_is_the_whole_scope(
+    context: dict[str, Any] | None, scope: dict[str, str | None]
+) -> None:
+    client = FakeClient(("m1", "My dog is called Biscuit."))
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya", run_id="r0")  # type: ignore[arg-type]
+    sent = _call(middleware, [HumanMessage("dog?")], context=context)
+    [search] = client.searches
+    assert {key: search[key] for key in scope} == scope
+    assert (sent.model_settings["user_id"], sent.model_settings["memory_run_id"]) == (scope["user_id"], scope["run_id"])
+
+
+def test_messages_being_sent_are_not_recalled() -> None:
+    question, answer = "What is my dog called?", "Your dog is Biscuit."
+    client = FakeClient(
+        ("q", question), ("a", answer), ("f1", "My dog is called Biscuit."), ("f2", "I live in Lisbon.")
+    )
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya", limit=1)  # type: ignore[arg-type]
+    sent = _call(middleware, [HumanMessage(question)])
+    assert client.searches[0]["limit"] == 2  # one more, for the one message that could come back
+    assert sent.model_settings["memory_ids"] == ["a"]
+    sent = _call(middleware, [HumanMessage(question), AIMessage(answer), HumanMessage(f" {question} ")])
+    assert sent.model_settings["memory_ids"] == ["f1"]
