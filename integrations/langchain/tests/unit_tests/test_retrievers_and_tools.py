@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 import pytest
 from langchain_inferscale import InferScaleRetriever, memory_tools
@@ -30,6 +31,89 @@ def test_tools_have_mem0_names_and_arguments() -> None:
     assert client is not None
     tools = {tool.name: tool for tool in memory_tools(client, user_id="alex")}
     assert list(tools) == ["add_memory", "search_memory", "get_all_memory"]
-    assert set(tools["add_memory"].args) == {"messages", "user_id", "metadata"}
+    assert set(tools["add_memory"].args) == {"messages", "user_id", "output_format", "metadata"}
     assert set(tools["search_memory"].args) == {"query", "filters"}
-    assert set(tools["get_all_memory"].args) == {"filters", "page", "page_size"}
+    assert set(tools["get_all_memory"].args) == {"version", "filters", "page", "page_size"}
+    assert all(tool.coroutine is None for tool in tools.values())  # no async_client: LangChain's executor
+
+
+class RecordingClient:
+    """Records each call's method and keyword arguments; answers an empty result."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def _record(self, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((method, kwargs))
+        return {"results": []}
+
+    def add(self, messages: Any, **kwargs: Any) -> dict[str, Any]:
+        return self._record("add", {"messages": messages, **kwargs})
+
+    def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
+        return self._record("search", {"query": query, **kwargs})
+
+    def get_all(self, **kwargs: Any) -> dict[str, Any]:
+        return self._record("get_all", kwargs)
+
+
+class AsyncRecordingClient(RecordingClient):
+    async def add(self, messages: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._record("add", {"messages": messages, **kwargs})
+
+    async def search(self, query: str, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._record("search", {"query": query, **kwargs})
+
+    async def get_all(self, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self._record("get_all", kwargs)
+
+
+_ADD = {"messages": [{"role": "user", "content": "I like tea."}], "output_format": "v1.1", "metadata": {"k": 1}}
+_GET_ALL = {"version": "v2", "filters": {"category": "drinks"}, "page": 2, "page_size": 3}
+_EXPECTED = [
+    (
+        "add",
+        {
+            "messages": [{"role": "user", "content": "I like tea."}],
+            "user_id": "alex",
+            "agent_id": None,
+            "run_id": None,
+            "metadata": {"k": 1},
+            "infer": False,
+            "output_format": "v1.1",
+        },
+    ),
+    (
+        "get_all",
+        {
+            "user_id": "alex",
+            "agent_id": None,
+            "run_id": None,
+            "filters": {"category": "drinks"},
+            "limit": 6,
+            "version": "v2",
+        },
+    ),
+]
+
+
+def test_tools_pass_output_format_and_version_through() -> None:
+    client = RecordingClient()
+    add_memory, _, get_all_memory = memory_tools(client, user_id="alex", infer=False)  # type: ignore[arg-type]
+    add_memory.invoke(_ADD)
+    assert get_all_memory.invoke(_GET_ALL) == {"page": 2, "page_size": 3, "results": []}
+    assert client.calls == _EXPECTED
+
+
+async def test_tools_run_on_the_async_client() -> None:
+    client, async_client = RecordingClient(), AsyncRecordingClient()
+    tools = memory_tools(client, async_client=async_client, user_id="alex", infer=False)  # type: ignore[arg-type]
+    add_memory, search_memory, get_all_memory = tools
+    await add_memory.ainvoke(_ADD)
+    await get_all_memory.ainvoke(_GET_ALL)
+    await search_memory.ainvoke({"query": "tea"})
+    assert client.calls == []
+    assert async_client.calls == [
+        *_EXPECTED,
+        ("search", {"query": "tea", "user_id": "alex", "agent_id": None, "run_id": None, "filters": None}),
+    ]
