@@ -18,7 +18,7 @@ from transformers import DynamicCache
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import ConfigError
-from inferscale.kv import EncodeRequest
+from inferscale.kv import EncodeRequest, SegmentWorkspace
 from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
 from inferscale.kv.recompute import (
     FactLineLayout,
@@ -181,12 +181,14 @@ def test_structure_finds_the_bullet_and_the_line_break(smollm2_fp32: tuple[Any, 
 def test_recompute_reports_its_tokens_and_keeps_the_cache_length(smollm2_fp32: tuple[Any, Any]) -> None:
     engine = _engine(smollm2_fp32, recompute="head:3")
     facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
-    assembled, cache, added = engine._kv_cache(facts, extra_capacity=4)
+    assembled, cache, added = engine._kv_cache(SegmentWorkspace(engine.prefix_kv), facts, extra_capacity=4)
     assert cache.get_seq_length(0) == assembled.n_tokens
     assert added == 3 * len(FACTS)
     selective = _engine(smollm2_fp32, recompute="selective:10")
     query_ids = selective.query_token_ids(QUERY)
-    assembled, cache, added = selective._kv_cache(facts, len(query_ids), query_ids)
+    assembled, cache, added = selective._kv_cache(
+        SegmentWorkspace(selective.prefix_kv), facts, len(query_ids), query_ids
+    )
     assert cache.get_seq_length(0) == assembled.n_tokens
     assert added == math.ceil(0.1 * assembled.memory_tokens) + len(query_ids)  # chosen slots + the query's probe
 
