@@ -12,8 +12,8 @@ from inferscale import ChatChunk
 class StubClient:
     """``search`` returns ``hits``; ``add`` stores nothing; ``chat(stream=True)`` yields ``n_chunks`` chunks and
     records in ``closed`` whether each stream was closed (it keeps each stream, as an engine keeps its request, so
-    only an explicit ``close()`` ends one, not the garbage collector). Reading ``context_window`` fails (it would load the
-    model)."""
+    only an explicit ``close()`` ends one, not the garbage collector). Reading ``context_window`` fails (it would
+    load the model)."""
 
     model_name = "stub-model"
 
