@@ -8,7 +8,9 @@ there are two blocks over the same search:
   block content ``Memory`` puts before the history as it is), whose ``additional_kwargs["inferscale_memory_ids"]``
   carries the ids: :class:`~llama_index.memory.inferscale.InferScaleLLM` injects them as K/V and drops the text;
   any other LLM reads the text. Use it with InferScaleLLM, and keep it the only block that renders into a system
-  message (``Memory`` prepends other blocks' template text to the first system message, which is this one).
+  message: ``Memory`` prepends other blocks' template text to the first system message, which is this one, and
+  InferScaleLLM refuses that message (``InvalidInputError``) rather than drop their text; build such a ``Memory``
+  with ``insert_method="user"``.
 
 Both store what ``Memory`` flushes from its short-term history with ``client.add(infer=...)``. Both use
 ``async_client`` (an ``AsyncMemoryClient`` on the same store) when given, else run the sync client on a thread.
@@ -108,7 +110,8 @@ class InferScaleMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[str]):
 
 class InferScaleKVMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[list[ChatMessage]]):
     """The scope's memories for the last ``search_msg_limit`` messages, as one system message tagged with their
-    ids (see the module docstring); an empty list when none is found, so the LLM then retrieves on its own."""
+    ids (see the module docstring); an empty list when none is found (build the LLM with ``auto_retrieve=False``
+    so that it then injects none rather than retrieving on its own)."""
 
     __doc__ = (__doc__ or "") + _FIELDS_DOC
     model_config = ConfigDict(arbitrary_types_allowed=True)
