@@ -68,13 +68,23 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
         no message is tagged.
 
     Raises:
-        InvalidInputError: for a tool or function message (tool calling is not supported), or a bad tag.
+        InvalidInputError: for a tool or function message (tool calling is not supported), a bad tag, or a tagged
+            message holding more than the one text block :func:`memory_message` made (other text was merged into
+            it, which dropping the message would lose).
     """
     conversation: list[dict[str, str]] = []
     memory_ids: list[str] | None = None
     for i, message in enumerate(messages):
         ids = memory_ids_of(message)
         if ids is not None:
+            if len(message.blocks) > 1:
+                raise InvalidInputError(
+                    f"messages[{i}] is tagged with {MEMORY_IDS_KEY!r} but holds {len(message.blocks)} content "
+                    "blocks: other text was merged into the memory message and would be lost with it. LlamaIndex's "
+                    "Memory puts its text blocks into the first system message, which is InferScaleKVMemoryBlock's: "
+                    "build it with Memory.from_defaults(..., insert_method='user'), or use InferScaleMemoryBlock "
+                    "(memories as text) instead of InferScaleKVMemoryBlock"
+                )
             memory_ids = memory_ids or []
             memory_ids.extend(mid for mid in ids if mid not in memory_ids)
             continue

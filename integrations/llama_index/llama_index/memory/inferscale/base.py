@@ -12,9 +12,9 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SerializeAsAny
 from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
-from llama_index.memory.inferscale._scope import InferScaleContext
+from llama_index.memory.inferscale._scope import SCOPE_KEYS, InferScaleContext
 
-from inferscale import MemoryClient
+from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
 
 DEFAULT_TOKEN_LIMIT = 3000
 """Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
@@ -29,11 +29,15 @@ class InferScaleMemory(BaseMemory):
     Built like ``Mem0Memory`` (:meth:`from_client`, :meth:`from_config`), so a Mem0Memory program changes one import.
     :meth:`get` returns ``[memory message, *window]``: a system message holding the memories recalled for the last
     ``search_msg_limit`` messages, tagged with their ids in ``additional_kwargs["inferscale_memory_ids"]``, then the
-    newest history that fits ``token_limit``. :class:`~llama_index.memory.inferscale.InferScaleLLM` drops the tagged
-    text and injects those ids as K/V; any other LLM reads the text. :meth:`put` and :meth:`set` store new user and
-    assistant messages with ``client.add(infer=...)``.
+    newest history that fits ``token_limit``; with no memory recalled there is no memory message (some chat APIs
+    refuse an empty system message). :class:`~llama_index.memory.inferscale.InferScaleLLM` drops the tagged text
+    and injects those ids as K/V (build it with ``auto_retrieve=False`` so that it injects none on a turn without
+    a memory message, as :func:`~llama_index.memory.inferscale.simple_chat_engine` does); any other LLM reads the
+    text. :meth:`put` and :meth:`set` store new user and assistant messages with ``client.add(infer=...)``.
 
     Memories stored from messages still in the window are not recalled again (their text is already there).
+    :meth:`aget` and :meth:`aput` use ``async_client`` (an ``AsyncMemoryClient`` on the same store) when given, else
+    run the sync client on a thread.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -46,11 +50,13 @@ class InferScaleMemory(BaseMemory):
     infer: bool = Field(default=False, description="add(infer=...): extract facts (True) or store messages as is.")
 
     _client: MemoryClient = PrivateAttr()
+    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
     _added: list[list[str]] = PrivateAttr(default_factory=list)  # memory ids stored per history message, in order
 
-    def __init__(self, client: MemoryClient, **data: Any) -> None:
+    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
         super().__init__(**data)
         self._client = client
+        self._async_client = async_client
 
     @classmethod
     def class_name(cls) -> str:
@@ -78,6 +84,7 @@ class InferScaleMemory(BaseMemory):
         infer: bool = False,
         tokenizer_fn: Callable[[str], list[Any]] | None = None,
         chat_history: Sequence[ChatMessage] | None = None,
+        async_client: AsyncMemoryClient | None = None,
     ) -> InferScaleMemory:
         """A memory over ``client`` (a ``MemoryClient``; one on the embedded defaults when ``None``).
 
@@ -94,6 +101,8 @@ class InferScaleMemory(BaseMemory):
             infer: ``client.add(infer=...)`` for new messages.
             tokenizer_fn: counts tokens (LlamaIndex's default tokenizer when ``None``).
             chat_history: messages the history starts with (not stored as memories).
+            async_client: an ``AsyncMemoryClient`` on the same store, for :meth:`aget`/:meth:`aput` (else the
+                sync client runs on a thread).
 
         Raises:
             ScopeError: when the context sets no id. InvalidInputError: for an unknown context key.
@@ -116,6 +125,7 @@ class InferScaleMemory(BaseMemory):
             infer=infer,
             tokenizer_fn=tokenizer_fn,
             chat_history=chat_history,
+            async_client=async_client,
         )
 
     @classmethod
@@ -159,6 +169,7 @@ class InferScaleMemory(BaseMemory):
         infer: bool,
         tokenizer_fn: Callable[[str], list[Any]] | None,
         chat_history: Sequence[ChatMessage] | None,
+        async_client: AsyncMemoryClient | None = None,
     ) -> InferScaleMemory:
         scope = InferScaleContext.of(context)
         primary = Memory.from_defaults(
@@ -168,6 +179,7 @@ class InferScaleMemory(BaseMemory):
         )
         memory = cls(
             client,
+            async_client=async_client,
             primary_memory=primary,
             context=scope,
             search_msg_limit=search_msg_limit,
@@ -191,19 +203,39 @@ class InferScaleMemory(BaseMemory):
         return self.primary_memory.tokenizer_fn
 
     def add(self, messages: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> dict[str, Any] | None:
-        """``client.add(messages, **kwargs)`` (Mem0Memory's pass-through); ``None`` for no messages."""
+        """``client.add(messages, **kwargs)`` in this memory's ``context`` (Mem0Memory's pass-through); ``None``
+        for no messages.
+
+        Raises:
+            InvalidInputError: for a ``user_id``/``agent_id``/``run_id`` other than the context's.
+        """
         if not messages:
             return None
-        return self._client.add(messages, **kwargs)
+        return self._client.add(messages, **self._in_context(kwargs))
 
     def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
-        """``client.search(query, **kwargs)`` (Mem0Memory's pass-through)."""
-        return self._client.search(query, **kwargs)
+        """``client.search(query, **kwargs)`` in this memory's ``context`` (Mem0Memory's pass-through).
+
+        Raises:
+            InvalidInputError: for a ``user_id``/``agent_id``/``run_id`` other than the context's.
+        """
+        return self._client.search(query, **self._in_context(kwargs))
+
+    def _in_context(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with the context's scope ids; a scope id the context does not hold is refused."""
+        own = self.context.ids()
+        for key in SCOPE_KEYS:
+            if kwargs.get(key) is not None and kwargs[key] != own.get(key):
+                raise InvalidInputError(
+                    f"{key}={kwargs[key]!r} is outside this memory's context {own}; pass no scope ids (the "
+                    "context's are used) or use a memory built for that scope"
+                )
+        return {**kwargs, **own}
 
     # ------------------------------------------------------------------ BaseMemory
     def get(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
-        """The memory message, then the newest chat history that fits ``token_limit - initial_token_count``
-        tokens.
+        """The memory message (none when no memory is recalled), then the newest chat history that fits
+        ``token_limit - initial_token_count`` tokens.
 
         The window always holds the last user message and what follows it (the turn being answered), even past the
         limit; older messages join while they fit, and a window never opens with an assistant reply to a question
@@ -217,15 +249,26 @@ class InferScaleMemory(BaseMemory):
         """
         history = self.primary_memory.get(input=input, **kwargs)
         window = self._window(history, self.token_limit - initial_token_count)
-        hits = self._search(history, input, self._ids_in_window(len(window)))
-        return [memory_message(hits), *window]
+        exclude = self._ids_in_window(len(window))
+        query = self._query(history, input)
+        hits = self._client.search(query, **self.context.ids(), limit=self._limit(exclude)) if query else None
+        return self._with_memories(hits, exclude, window)
 
     async def aget(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
-        """:meth:`get` on the event loop: the history from ``primary_memory.aget``, the search on a thread."""
+        """:meth:`get` on the event loop: the history from ``primary_memory.aget``, the search on ``async_client``
+        (or the sync client on a thread)."""
         history = await self.primary_memory.aget(input=input, **kwargs)
         window = self._window(history, self.token_limit - initial_token_count)
-        hits = await asyncio.to_thread(self._search, history, input, self._ids_in_window(len(window)))
-        return [memory_message(hits), *window]
+        exclude = self._ids_in_window(len(window))
+        query = self._query(history, input)
+        hits = None
+        if query:
+            search = {**self.context.ids(), "limit": self._limit(exclude)}
+            if self._async_client is not None:
+                hits = await self._async_client.search(query, **search)
+            else:
+                hits = await asyncio.to_thread(lambda: self._client.search(query, **search))
+        return self._with_memories(hits, exclude, window)
 
     def get_all(self) -> list[ChatMessage]:
         """The whole chat history (no memory message)."""
@@ -238,8 +281,13 @@ class InferScaleMemory(BaseMemory):
         self._added.append(ids)
 
     async def aput(self, message: ChatMessage) -> None:
-        """:meth:`put` on the event loop (``client.add`` on a thread)."""
-        ids = await asyncio.to_thread(self._add, [message])
+        """:meth:`put` on the event loop (``async_client.add``, or ``client.add`` on a thread)."""
+        turns = turns_to_add([message])
+        ids: list[str] = []
+        if turns and self._async_client is not None:
+            ids = _stored_ids(await self._async_client.add(turns, **self.context.ids(), infer=self.infer))
+        elif turns:
+            ids = await asyncio.to_thread(self._add, [message])
         await self.primary_memory.aput(message)
         self._added.append(ids)
 
@@ -262,21 +310,28 @@ class InferScaleMemory(BaseMemory):
         turns = turns_to_add(messages)
         if not turns:
             return []
-        result = self._client.add(turns, **self.context.ids(), infer=self.infer)
-        return [r["id"] for r in result["results"] if r.get("event") in ("ADD", "UPDATE")]
+        return _stored_ids(self._client.add(turns, **self.context.ids(), infer=self.infer))
 
     def _ids_in_window(self, n_messages: int) -> set[str]:
         """Ids stored from the newest ``n_messages`` history messages."""
         return {i for ids in self._added[len(self._added) - n_messages :] for i in ids} if n_messages else set()
 
-    def _search(self, history: Sequence[ChatMessage], input: str | None, exclude: set[str]) -> list[dict[str, Any]]:
-        """The scope's top ``similarity_top_k`` memories for the recent messages, leaving out ``exclude``."""
+    def _query(self, history: Sequence[ChatMessage], input: str | None) -> str | None:
+        """What :meth:`get` searches with (the recent messages and ``input``), or ``None`` for no search."""
         query = search_text(history, self.search_msg_limit, input)
-        if not query.strip() or self.similarity_top_k == 0:
-            return []
-        limit = self.similarity_top_k + len(exclude)
-        hits = self._client.search(query, **self.context.ids(), limit=limit)["results"]
-        return [h for h in hits if h["id"] not in exclude][: self.similarity_top_k]
+        return query if query.strip() and self.similarity_top_k > 0 else None
+
+    def _limit(self, exclude: set[str]) -> int:
+        """Hits to ask for so that ``similarity_top_k`` remain once ``exclude`` is left out."""
+        return self.similarity_top_k + len(exclude)
+
+    def _with_memories(
+        self, found: Mapping[str, Any] | None, exclude: set[str], window: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """``window`` after the memory message of ``found`` (a search's result) less ``exclude``; ``window`` alone
+        when no memory is left."""
+        hits = [h for h in (found or {}).get("results", []) if h["id"] not in exclude][: self.similarity_top_k]
+        return [memory_message(hits), *window] if hits else window
 
     def _window(self, history: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
         """The newest messages of ``history`` within ``budget`` tokens (see :meth:`get`)."""
@@ -294,3 +349,8 @@ class InferScaleMemory(BaseMemory):
 
     def _tokens(self, message: ChatMessage) -> int:
         return len(self.tokenizer_fn(message.content or ""))
+
+
+def _stored_ids(result: Mapping[str, Any]) -> list[str]:
+    """The ids of the memories an ``add`` result says were added or updated."""
+    return [r["id"] for r in result["results"] if r.get("event") in ("ADD", "UPDATE")]

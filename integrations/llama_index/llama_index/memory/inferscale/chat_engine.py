@@ -27,24 +27,27 @@ def simple_chat_engine(
     **llm_fields: Any,
 ) -> SimpleChatEngine:
     """``SimpleChatEngine.from_defaults(llm=InferScaleLLM(...), memory=InferScaleMemory(...))`` on one scope: each
-    turn the memory recalls the scope's memories and tags them, and the LLM injects them by id as K/V.
+    turn the memory recalls the scope's memories and tags them, and the LLM injects them by id as K/V. The memory
+    alone chooses: the LLM is built with ``auto_retrieve=False`` (unless ``llm_fields`` say otherwise), so a turn
+    without a memory message injects none.
 
     Args:
         client: the InferScale ``MemoryClient`` both use.
         user_id, agent_id, run_id: the scope (at least one).
         system_prompt: the engine's system prompt (sent every turn, before the history).
         token_limit, similarity_top_k, search_msg_limit, infer: :class:`InferScaleMemory`'s.
-        async_client: for ``achat``/``astream_chat`` (see :class:`InferScaleLLM`).
+        async_client: for ``achat``/``astream_chat`` and the memory's ``aget``/``aput`` (see :class:`InferScaleLLM`).
         llm_fields: other :class:`InferScaleLLM` fields (``max_new_tokens``, ``temperature``, ``stop``...).
 
     Raises:
         ScopeError: when no scope id is given.
     """
     scope = InferScaleContext.of(user_id=user_id, agent_id=agent_id, run_id=run_id)
-    llm = InferScaleLLM(client, async_client=async_client, **scope.ids(), **llm_fields)
+    llm = InferScaleLLM(client, async_client=async_client, **scope.ids(), **{"auto_retrieve": False, **llm_fields})
     memory = InferScaleMemory.from_client(
         context=scope.ids(),
         client=client,
+        async_client=async_client,
         search_msg_limit=search_msg_limit,
         token_limit=token_limit,
         similarity_top_k=similarity_top_k,

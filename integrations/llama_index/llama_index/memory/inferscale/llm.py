@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Generator, Sequence
 from typing import Any, Literal
 
 from llama_index.core.base.llms.types import (
@@ -18,6 +19,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
@@ -45,7 +47,12 @@ class InferScaleLLM(CustomLLM):
     ``additional_kwargs`` carry the injected ``memory_ids`` and the token counts.
 
     Async calls use ``async_client`` (an :class:`inferscale.AsyncMemoryClient` on the same store) when given, else
-    run the sync client on a thread.
+    run the sync client on a thread. A stream the consumer stops reading early is closed (its engine request ends
+    and its cache is freed) when the response generator is closed or dropped.
+
+    ``metadata`` never loads the model: its ``context_window`` is the ``context_window`` field when set, else the
+    model's own once a call has loaded the model, else LlamaIndex's ``DEFAULT_CONTEXT_WINDOW`` (3900 tokens, a
+    conservative stand-in; set ``context_window`` for the exact value from the start).
     """
 
     user_id: str | None = Field(default=None, description="Scope: the user whose memories are used.")
@@ -60,11 +67,14 @@ class InferScaleLLM(CustomLLM):
         default=True, description="With no tagged message: retrieve for the scope (True) or inject none (False)."
     )
     mode: Literal["kv", "prompt"] = Field(default="kv", description="'kv' injection or the 'prompt' baseline.")
-    context_window: int | None = Field(default=None, description="Tokens; the model's own when None.")
+    context_window: int | None = Field(
+        default=None, gt=0, description="Tokens for metadata; the model's once loaded by a call when None."
+    )
 
     _client: MemoryClient = PrivateAttr()
     _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
     _scope: InferScaleContext = PrivateAttr()
+    _model_window: int | None = PrivateAttr(default=None)  # client.context_window, read after a call loaded it
 
     def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any) -> None:
         """Raises: ScopeError when no scope id is given."""
@@ -84,11 +94,9 @@ class InferScaleLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """``model_name`` is ``client.model_name``; the context window is ``context_window`` or the model's (which
-        loads the model)."""
-        window = self.context_window
-        if window is None:
-            window = self._client.context_window
+        """``model_name`` is ``client.model_name``; ``context_window`` the field, else the model's once a call
+        loaded it, else ``DEFAULT_CONTEXT_WINDOW``. Loads nothing (``SimpleChatEngine.from_defaults`` reads it)."""
+        window = self.context_window or self._model_window or DEFAULT_CONTEXT_WINDOW
         return LLMMetadata(
             context_window=window,
             num_output=self.max_new_tokens or self._client.config.engine.max_new_tokens,
@@ -106,7 +114,10 @@ class InferScaleLLM(CustomLLM):
             TypeError: for a keyword argument ``chat`` does not take.
         """
         conversation, tagged = split_memory(messages)
-        memory_ids = call.pop("memory_ids", tagged)
+        explicit = call.pop("memory_ids", None)
+        memory_ids = tagged
+        if explicit is not None:  # the tagged ids, then the call's, in order without repeats
+            memory_ids = list(dict.fromkeys([*(tagged or []), *explicit]))
         unknown = sorted(set(call) - _CALL_ARGS)
         if unknown:
             raise TypeError(
@@ -160,10 +171,12 @@ class InferScaleLLM(CustomLLM):
 
     def _chat(self, messages: Sequence[ChatMessage], call: dict[str, Any]) -> ChatResponse:
         result = self._client.chat(**self._chat_kwargs(messages, call))
+        self._note_window()
         return _chat_response(result.answer, None, result)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], call: dict[str, Any]) -> ChatResponseGen:
         chunks = self._client.chat(**self._chat_kwargs(messages, call), stream=True)
+        self._note_window()
         return _chat_stream(chunks)
 
     async def _achat(self, messages: Sequence[ChatMessage], call: dict[str, Any]) -> ChatResponse:
@@ -172,6 +185,7 @@ class InferScaleLLM(CustomLLM):
             result = await self._async_client.chat(**request)
         else:
             result = await asyncio.to_thread(lambda: self._client.chat(**request))
+        self._note_window()
         return _chat_response(result.answer, None, result)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], call: dict[str, Any]) -> ChatResponseAsyncGen:
@@ -181,7 +195,14 @@ class InferScaleLLM(CustomLLM):
         else:
             sync_chunks = await asyncio.to_thread(lambda: self._client.chat(**request, stream=True))
             chunks = _on_thread(sync_chunks)
+        self._note_window()
         return _achat_stream(chunks)
+
+    def _note_window(self) -> None:
+        """Keep the model's context window for :attr:`metadata` once a call has loaded the model (then reading it
+        costs nothing)."""
+        if self._model_window is None and self.context_window is None:
+            self._model_window = self._client.context_window
 
     # ------------------------------------------------------------------ completion
     @llm_completion_callback()
@@ -192,7 +213,14 @@ class InferScaleLLM(CustomLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream the answer to ``prompt`` (see :meth:`stream_chat`)."""
-        return (_completion(r) for r in self._stream_chat(self._prompt_messages(prompt), kwargs))
+        responses = self._stream_chat(self._prompt_messages(prompt), kwargs)
+
+        def gen() -> CompletionResponseGen:
+            with contextlib.closing(responses):
+                for response in responses:
+                    yield _completion(response)
+
+        return gen()
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -205,8 +233,11 @@ class InferScaleLLM(CustomLLM):
         responses = await self._astream_chat(self._prompt_messages(prompt), kwargs)
 
         async def gen() -> CompletionResponseAsyncGen:
-            async for response in responses:
-                yield _completion(response)
+            try:
+                async for response in responses:
+                    yield _completion(response)
+            finally:
+                await responses.aclose()
 
         return gen()
 
@@ -226,25 +257,37 @@ def _chat_response(text: str, delta: str | None, result: ChatResult | None) -> C
     return ChatResponse(message=message, delta=delta or None, raw=result, additional_kwargs=extra)
 
 
-def _chat_stream(chunks: Iterator[ChatChunk]) -> ChatResponseGen:
+def _chat_stream(chunks: Generator[ChatChunk, None, None]) -> ChatResponseGen:
+    """The responses of a sync stream; closing this generator (or stopping early) closes ``chunks``."""
     text = ""
-    for chunk in chunks:
-        text += chunk.delta
-        yield _chat_response(text, chunk.delta, chunk.result)
+    with contextlib.closing(chunks):
+        for chunk in chunks:
+            text += chunk.delta
+            yield _chat_response(text, chunk.delta, chunk.result)
 
 
 async def _achat_stream(chunks: AsyncIterator[ChatChunk]) -> ChatResponseAsyncGen:
+    """The responses of an async stream; closing this generator (or stopping early) closes ``chunks``."""
     text = ""
-    async for chunk in chunks:
-        text += chunk.delta
-        yield _chat_response(text, chunk.delta, chunk.result)
+    try:
+        async for chunk in chunks:
+            text += chunk.delta
+            yield _chat_response(text, chunk.delta, chunk.result)
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
-async def _on_thread(chunks: Iterator[ChatChunk]) -> AsyncIterator[ChatChunk]:
-    """Read a sync stream chunk by chunk on a worker thread, so that decoding never blocks the event loop."""
+async def _on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncIterator[ChatChunk]:
+    """Read a sync stream chunk by chunk on a worker thread, so that decoding never blocks the event loop; closed
+    on its thread when the consumer stops early or is cancelled."""
     done = object()
-    while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
-        yield chunk  # type: ignore[misc]
+    try:
+        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            yield chunk  # type: ignore[misc]
+    finally:
+        await asyncio.to_thread(chunks.close)
 
 
 def _completion(response: ChatResponse) -> CompletionResponse:

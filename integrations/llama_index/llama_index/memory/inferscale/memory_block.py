@@ -8,9 +8,12 @@ there are two blocks over the same search:
   block content ``Memory`` puts before the history as it is), whose ``additional_kwargs["inferscale_memory_ids"]``
   carries the ids: :class:`~llama_index.memory.inferscale.InferScaleLLM` injects them as K/V and drops the text;
   any other LLM reads the text. Use it with InferScaleLLM, and keep it the only block that renders into a system
-  message (``Memory`` prepends other blocks' template text to the first system message, which is this one).
+  message: ``Memory`` prepends other blocks' template text to the first system message, which is this one, and
+  InferScaleLLM refuses that message (``InvalidInputError``) rather than drop their text; build such a ``Memory``
+  with ``insert_method="user"``.
 
-Both store what ``Memory`` flushes from its short-term history with ``client.add(infer=...)``.
+Both store what ``Memory`` flushes from its short-term history with ``client.add(infer=...)``. Both use
+``async_client`` (an ``AsyncMemoryClient`` on the same store) when given, else run the sync client on a thread.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from llama_index.core.memory import BaseMemoryBlock
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import InferScaleContext
 
-from inferscale import MemoryClient
+from inferscale import AsyncMemoryClient, MemoryClient
 
 
 class _InferScaleBlockBase:
@@ -34,23 +37,34 @@ class _InferScaleBlockBase:
     similarity_top_k: int
     infer: bool
     _client: MemoryClient
+    _async_client: AsyncMemoryClient | None
     _scope: InferScaleContext
 
-    def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
+    async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
         query = search_text(messages or [], self.search_msg_limit)
         if not query.strip() or self.similarity_top_k == 0:
             return []
-        return self._client.search(query, **self._scope.ids(), limit=self.similarity_top_k)["results"]
+        search = {**self._scope.ids(), "limit": self.similarity_top_k}
+        if self._async_client is not None:
+            found = await self._async_client.search(query, **search)
+        else:
+            found = await asyncio.to_thread(lambda: self._client.search(query, **search))
+        return found["results"]
 
-    def _store(self, messages: list[ChatMessage]) -> None:
+    async def _store(self, messages: list[ChatMessage]) -> None:
         turns = turns_to_add(messages)
-        if turns:
-            self._client.add(turns, **self._scope.ids(), infer=self.infer)
+        if not turns:
+            return
+        if self._async_client is not None:
+            await self._async_client.add(turns, **self._scope.ids(), infer=self.infer)
+        else:
+            await asyncio.to_thread(lambda: self._client.add(turns, **self._scope.ids(), infer=self.infer))
 
 
 _FIELDS_DOC = """
     Args:
         client: the InferScale ``MemoryClient``.
+        async_client: an ``AsyncMemoryClient`` on the same store (optional; else ``client`` runs on a thread).
         user_id, agent_id, run_id: the scope (at least one).
         name: the block's name in ``Memory``.
         similarity_top_k: memories returned per ``aget``.
@@ -77,24 +91,27 @@ class InferScaleMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[str]):
     infer: bool = False
 
     _client: MemoryClient = PrivateAttr()
+    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
     _scope: InferScaleContext = PrivateAttr()
 
-    def __init__(self, client: MemoryClient, **data: Any) -> None:
+    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
         super().__init__(**data)
         self._client = client
+        self._async_client = async_client
         self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
-        hits = await asyncio.to_thread(self._hits, messages)
+        hits = await self._hits(messages)
         return "\n".join(f"- {h['memory']}" for h in hits)
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
-        await asyncio.to_thread(self._store, messages)
+        await self._store(messages)
 
 
 class InferScaleKVMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[list[ChatMessage]]):
     """The scope's memories for the last ``search_msg_limit`` messages, as one system message tagged with their
-    ids (see the module docstring); an empty list when none is found, so the LLM then retrieves on its own."""
+    ids (see the module docstring); an empty list when none is found (build the LLM with ``auto_retrieve=False``
+    so that it then injects none rather than retrieving on its own)."""
 
     __doc__ = (__doc__ or "") + _FIELDS_DOC
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -108,16 +125,18 @@ class InferScaleKVMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[list[ChatMes
     infer: bool = False
 
     _client: MemoryClient = PrivateAttr()
+    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
     _scope: InferScaleContext = PrivateAttr()
 
-    def __init__(self, client: MemoryClient, **data: Any) -> None:
+    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
         super().__init__(**data)
         self._client = client
+        self._async_client = async_client
         self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> list[ChatMessage]:
-        hits = await asyncio.to_thread(self._hits, messages)
+        hits = await self._hits(messages)
         return [memory_message(hits)] if hits else []
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
-        await asyncio.to_thread(self._store, messages)
+        await self._store(messages)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "llamaindex_chat.py"
+EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "llamaindex_chat.py"
 
 
 def test_the_llamaindex_chat_example_runs(tmp_path: Path) -> None:

@@ -14,10 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from inferscale import MemoryClient
-
-MAX_NEW_TOKENS = 12
-ALICE_FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto."]
-BOB_FACTS = ["My cat is a tabby named Whiskers.", "I live in Oslo."]
+from tests.integration_tests.shared import ALICE_FACTS, BOB_FACTS
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.chat_engine import SimpleChatEngine
@@ -25,6 +24,7 @@ from llama_index.memory.inferscale import (
 
 import inferscale
 from inferscale import ChatResult, MemoryClient
+from tests.integration_tests.shared import MAX_NEW_TOKENS
 
 
 class Recorder(BaseEventHandler):

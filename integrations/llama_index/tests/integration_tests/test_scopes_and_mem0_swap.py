@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import MAX_NEW_TOKENS
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.memory import Memory
 from llama_index.memory.inferscale import (
@@ -21,6 +20,7 @@ from llama_index.memory.inferscale import (
 
 from inferscale import MemoryClient, MemoryNotFoundError
 from inferscale.config import inferscale_home
+from tests.integration_tests.shared import MAX_NEW_TOKENS
 
 USERS = ("alice", "bob")
 

@@ -1,0 +1,78 @@
+"""InferScaleMemory and InferScaleContext without a model: the history window, the scope of the pass-throughs,
+no memory message without memories."""
+
+from __future__ import annotations
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleContext, InferScaleMemory
+
+from inferscale import InvalidInputError, ScopeError
+from tests.unit_tests.stubs import HITS, StubClient
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+def memory_on(client: StubClient, **kwargs: object) -> InferScaleMemory:
+    return InferScaleMemory.from_client(context={"user_id": "alice"}, client=client, tokenizer_fn=words, **kwargs)
+
+
+def test_context_of_checks_the_scope() -> None:
+    assert InferScaleContext.of({"user_id": "a"}).ids() == {"user_id": "a"}
+    assert InferScaleContext.of({"user_id": "a"}, run_id="r").ids() == {"user_id": "a", "run_id": "r"}
+    assert InferScaleContext.of(InferScaleContext.of(agent_id="g"), agent_id="h").ids() == {"agent_id": "h"}
+    with pytest.raises(ScopeError):
+        InferScaleContext.of({})
+    with pytest.raises(InvalidInputError, match="unknown scope keys"):
+        InferScaleContext.of({"session": "x"})
+    with pytest.raises(InvalidInputError, match="must be a string"):
+        InferScaleContext.of({"user_id": 7})
+
+
+def turn(role: str, n_words: int, tag: str = "") -> ChatMessage:
+    return ChatMessage(role=role, content=" ".join([tag or role] * n_words))
+
+
+def test_the_window_keeps_the_last_turn_and_what_fits_never_opening_on_an_answer() -> None:
+    memory = memory_on(StubClient())
+    history = [turn("user", 5, "u1"), turn("assistant", 5, "a1"), turn("user", 5, "u2"), turn("assistant", 5, "a2")]
+    history.append(turn("user", 5, "u3"))
+    assert memory._window(history, 1000) == history
+    assert memory._window(history, 15) == history[2:]  # u2 a2 u3
+    assert memory._window(history, 10) == history[4:]  # a2 would open the window: left out
+    assert memory._window(history, 1) == history[4:]  # the question stays past the budget
+    assert memory._window([*history, turn("assistant", 50)], 1) == [history[4], turn("assistant", 50)]
+    assert memory._window([], 10) == []
+
+
+def test_search_and_add_stay_in_the_memorys_context() -> None:
+    client = StubClient()
+    memory = memory_on(client)
+    memory.search("pets")
+    memory.search("pets", user_id="alice", limit=3)
+    memory.add([{"role": "user", "content": "I like tea."}])
+    assert [c[1] for c in client.calls] == [
+        {"query": "pets", "user_id": "alice"},
+        {"query": "pets", "user_id": "alice", "limit": 3},
+        {"messages": [{"role": "user", "content": "I like tea."}], "user_id": "alice"},
+    ]
+    for call in (lambda: memory.search("pets", user_id="bob"), lambda: memory.add("x", agent_id="helper")):
+        with pytest.raises(InvalidInputError, match="outside this memory's context"):
+            call()
+    assert len(client.calls) == 3
+
+
+def test_no_memory_message_without_memories() -> None:
+    question = ChatMessage(role="user", content="What is my dog called?")
+    memory = memory_on(StubClient())  # finds nothing
+    memory.set([question])
+    assert memory.get() == [question]
+    memory = memory_on(StubClient(HITS))
+    memory.set([question])
+    first, *rest = memory.get()
+    assert first.additional_kwargs[MEMORY_IDS_KEY] == ["m1"] and rest == [question]
+    memory = memory_on(StubClient(HITS), similarity_top_k=0)
+    memory.set([question])
+    assert memory.get() == [question]
