@@ -19,7 +19,7 @@ Both store what ``Memory`` flushes from its short-term history with ``client.add
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
@@ -29,16 +29,30 @@ from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, MemoryClient
 
+T = TypeVar("T")
 
-class _InferScaleBlockBase:
-    """The search and the write both blocks share (a mixin over their pydantic fields and private attributes)."""
 
-    search_msg_limit: int
-    similarity_top_k: int
-    infer: bool
-    _client: MemoryClient
-    _async_client: AsyncMemoryClient | None
-    _scope: InferScaleContext
+class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
+    """The fields, the search and the write both blocks share."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    user_id: str | None = None
+    agent_id: str | None = None
+    run_id: str | None = None
+    similarity_top_k: int = Field(default=5, ge=0)
+    search_msg_limit: int = Field(default=5, ge=0)
+    infer: bool = False
+
+    _client: MemoryClient = PrivateAttr()
+    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
+    _scope: InferScaleContext = PrivateAttr()
+
+    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
+        super().__init__(**data)
+        self._client = client
+        self._async_client = async_client
+        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
         query = search_text(messages or [], self.search_msg_limit)
@@ -51,7 +65,7 @@ class _InferScaleBlockBase:
             found = await asyncio.to_thread(lambda: self._client.search(query, **search))
         return found["results"]
 
-    async def _store(self, messages: list[ChatMessage]) -> None:
+    async def _aput(self, messages: list[ChatMessage]) -> None:
         turns = turns_to_add(messages)
         if not turns:
             return
@@ -76,67 +90,27 @@ _FIELDS_DOC = """
 """
 
 
-class InferScaleMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[str]):
+class InferScaleMemoryBlock(_InferScaleBlock[str]):
     """The scope's memories for the last ``search_msg_limit`` messages, as text (``"- memory"`` lines)."""
 
     __doc__ = (__doc__ or "") + _FIELDS_DOC
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str = Field(default="inferscale_memory", description="The block's name.")
-    user_id: str | None = None
-    agent_id: str | None = None
-    run_id: str | None = None
-    similarity_top_k: int = Field(default=5, ge=0)
-    search_msg_limit: int = Field(default=5, ge=0)
-    infer: bool = False
-
-    _client: MemoryClient = PrivateAttr()
-    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
-    _scope: InferScaleContext = PrivateAttr()
-
-    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
-        super().__init__(**data)
-        self._client = client
-        self._async_client = async_client
-        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> str:
         hits = await self._hits(messages)
         return "\n".join(f"- {h['memory']}" for h in hits)
 
-    async def _aput(self, messages: list[ChatMessage]) -> None:
-        await self._store(messages)
 
-
-class InferScaleKVMemoryBlock(_InferScaleBlockBase, BaseMemoryBlock[list[ChatMessage]]):
+class InferScaleKVMemoryBlock(_InferScaleBlock[list[ChatMessage]]):
     """The scope's memories for the last ``search_msg_limit`` messages, as one system message tagged with their
     ids (see the module docstring); an empty list when none is found (build the LLM with ``auto_retrieve=False``
     so that it then injects none rather than retrieving on its own)."""
 
     __doc__ = (__doc__ or "") + _FIELDS_DOC
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str = Field(default="inferscale_kv_memory", description="The block's name.")
-    user_id: str | None = None
-    agent_id: str | None = None
-    run_id: str | None = None
-    similarity_top_k: int = Field(default=5, ge=0)
-    search_msg_limit: int = Field(default=5, ge=0)
-    infer: bool = False
-
-    _client: MemoryClient = PrivateAttr()
-    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
-    _scope: InferScaleContext = PrivateAttr()
-
-    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
-        super().__init__(**data)
-        self._client = client
-        self._async_client = async_client
-        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     async def _aget(self, messages: list[ChatMessage] | None = None, **block_kwargs: Any) -> list[ChatMessage]:
         hits = await self._hits(messages)
         return [memory_message(hits)] if hits else []
-
-    async def _aput(self, messages: list[ChatMessage]) -> None:
-        await self._store(messages)
