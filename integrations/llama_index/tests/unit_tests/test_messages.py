@@ -62,20 +62,22 @@ def test_split_memory_refuses_a_tagged_message_other_text_was_merged_into() -> N
         split_memory([tagged, ChatMessage(role="user", content="hi")])
 
 
-def test_a_text_block_next_to_the_kv_block_in_a_real_memory_is_not_lost() -> None:
+async def test_a_text_block_next_to_the_kv_block_in_a_real_memory_is_not_lost() -> None:
+    # async calls on one event loop: Memory's sync get/put run a loop per call, and its in-memory SQL store's
+    # connection thread then reports to a loop already closed
     kv_block = InferScaleKVMemoryBlock(StubClient(HITS), user_id="alice")
     static = StaticMemoryBlock(name="profile", static_content="The user prefers short answers.")
     question = ChatMessage(role="user", content="What is my dog called?")
 
     memory = Memory.from_defaults(token_limit=2000, memory_blocks=[static, kv_block])
-    memory.put(question)
-    messages = memory.get()  # Memory puts the profile text into the first system message: the tagged one
+    await memory.aput(question)
+    messages = await memory.aget()  # Memory puts the profile text into the first system message: the tagged one
     with pytest.raises(InvalidInputError, match="holds 2 content blocks"):
         split_memory(messages)
 
     memory = Memory.from_defaults(token_limit=2000, memory_blocks=[static, kv_block], insert_method="user")
-    memory.put(question)
-    conversation, ids = split_memory(memory.get())
+    await memory.aput(question)
+    conversation, ids = split_memory(await memory.aget())
     assert ids == ["m1"]
     assert [m["role"] for m in conversation] == ["user"]
     assert "The user prefers short answers." in conversation[0]["content"]
