@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.conversation import ChatMessage
 from inferscale.errors import (
+    AuthenticationError,
     ConfigError,
     EngineClosedError,
     ExtractionError,
@@ -18,7 +19,10 @@ from inferscale.errors import (
     KVFingerprintMismatchError,
     MemoryNotFoundError,
     ModelNotAvailableError,
+    PermissionDeniedError,
+    RequestTooLargeError,
     ScopeError,
+    ServerError,
     UnsupportedModelError,
 )
 from inferscale.types import ChatChunk, ChatResult, RecalledMemory, Timings
@@ -56,6 +60,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AsyncMemory",
     "AsyncMemoryClient",
+    "AuthenticationError",
     "ChatChunk",
     "ChatMessage",
     "ChatResult",
@@ -74,8 +79,11 @@ __all__ = [
     "MemoryConfig",
     "MemoryNotFoundError",
     "ModelNotAvailableError",
+    "PermissionDeniedError",
     "RecalledMemory",
+    "RequestTooLargeError",
     "ScopeError",
+    "ServerError",
     "Timings",
     "UnsupportedModelError",
     "__version__",

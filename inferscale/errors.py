@@ -48,3 +48,19 @@ class KVFingerprintMismatchError(InferScaleError):
 
 class ExtractionError(InferScaleError):
     """The LLM returned output that could not be turned into facts, even after tolerant parsing."""
+
+
+class RequestTooLargeError(InvalidInputError):
+    """A request to the InferScale server was larger than its limit (``ServerOptions.max_request_bytes``)."""
+
+
+class AuthenticationError(InferScaleError):
+    """The InferScale server was called with no API key, an unknown one or a revoked one."""
+
+
+class PermissionDeniedError(InferScaleError):
+    """The API key is valid but may not make this call (an admin-only route, or a scope outside the key's)."""
+
+
+class ServerError(InferScaleError):
+    """The InferScale server failed (a 5xx reply), or could not be reached after the client's retries."""

@@ -17,6 +17,7 @@ LAYERS: dict[str, int] = {
     "inferscale.scope": 0,
     "inferscale.filters": 0,
     "inferscale.conversation": 0,
+    "inferscale.error_codes": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
     "inferscale.models": 3,
@@ -33,6 +34,7 @@ LAYERS: dict[str, int] = {
     "inferscale.client_core": 6,
     "inferscale.client": 6,
     "inferscale.async_client": 6,
+    "inferscale.remote": 6,
     "inferscale": 6,  # the package's own __init__: the public names
     "inferscale.server": 7,
     "inferscale.bench": 7,

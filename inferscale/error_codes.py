@@ -1,0 +1,76 @@
+"""The stable error codes of the InferScale server, one per exception type, shared by the server and the remote
+client so that an error raised on one side is raised as the same type on the other.
+
+A reply that is not 2xx carries ``{"error": {"code", "type", "message"}}``; ``code`` and the HTTP status come from
+:data:`ERROR_CODES`, and the remote client turns ``code`` back into the exception with :func:`error_from_code`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferscale.errors import (
+    AuthenticationError,
+    ConfigError,
+    EngineClosedError,
+    ExtractionError,
+    InferScaleError,
+    InvalidInputError,
+    KVFingerprintMismatchError,
+    MemoryNotFoundError,
+    ModelNotAvailableError,
+    PermissionDeniedError,
+    RequestTooLargeError,
+    ScopeError,
+    ServerError,
+    UnsupportedModelError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCode:
+    """One row of the table: the wire ``code``, the HTTP ``status`` and the exception type it stands for."""
+
+    code: str
+    status: int
+    error: type[InferScaleError]
+
+
+ERROR_CODES: tuple[ErrorCode, ...] = (
+    ErrorCode("invalid_input", 400, InvalidInputError),
+    ErrorCode("scope_required", 400, ScopeError),
+    ErrorCode("request_too_large", 413, RequestTooLargeError),
+    ErrorCode("unauthenticated", 401, AuthenticationError),
+    ErrorCode("permission_denied", 403, PermissionDeniedError),
+    ErrorCode("memory_not_found", 404, MemoryNotFoundError),
+    ErrorCode("kv_fingerprint_mismatch", 409, KVFingerprintMismatchError),
+    ErrorCode("extraction_failed", 502, ExtractionError),
+    ErrorCode("config_error", 500, ConfigError),
+    ErrorCode("model_not_available", 503, ModelNotAvailableError),
+    ErrorCode("unsupported_model", 501, UnsupportedModelError),
+    ErrorCode("engine_closed", 503, EngineClosedError),
+    ErrorCode("internal_error", 500, ServerError),
+)
+"""Every code the server sends. ``internal_error`` stands for any exception that is not an InferScale error."""
+
+_BY_CODE = {row.code: row for row in ERROR_CODES}
+_INTERNAL = _BY_CODE["internal_error"]
+
+
+def code_of(exc: BaseException) -> ErrorCode:
+    """The row for ``exc``: that of its most specific InferScale class (``ScopeError`` before ``InvalidInputError``);
+    ``internal_error`` for any other exception."""
+    for cls in type(exc).__mro__:
+        for row in ERROR_CODES:
+            if row.error is cls:
+                return row
+    return _INTERNAL
+
+
+def error_from_code(code: str, message: str) -> InferScaleError:
+    """The exception a reply's ``code`` stands for, with the server's ``message``; an unknown code (a newer server)
+    gives :class:`ServerError` naming it."""
+    row = _BY_CODE.get(code)
+    if row is None:
+        return ServerError(f"{message} (error code {code!r})")
+    return row.error(message)
