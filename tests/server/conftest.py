@@ -12,13 +12,14 @@ import httpx
 import pytest
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 from server_fixture import running_server
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from tiny_models import tiny_engine
 
 from inferscale import AsyncMemoryClient, MemoryConfig
 from inferscale.server.app import create_app
 from inferscale.server.keys import KeyStore
 from inferscale.server.options import ServerOptions
+from inferscale.storage import Base, make_engine
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Served:
     url: str
     keys: KeyStore
     config: MemoryConfig
+    client: AsyncMemoryClient
 
     def http(self, key: str | None = None, scheme: str = "Token") -> httpx.Client:
         """An HTTP client for the server, sending ``key`` in the Authorization header when given."""
@@ -35,8 +37,10 @@ class Served:
         return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
 
     def row_counts(self) -> tuple[int, int]:
-        """(memories, history rows) in the server's database, read outside the server."""
-        engine = create_engine(self.config.database_url())
+        """(memories, history rows) in the server's database, read outside the server (the tables are created when
+        no request has written yet)."""
+        engine = make_engine(self.config.database_url())
+        Base.metadata.create_all(engine)
         try:
             with engine.connect() as conn:
                 memories = conn.execute(text("select count(*) from memories")).scalar_one()
@@ -70,7 +74,7 @@ def make_server(tmp_path: Path, chat_engine: Any) -> Iterator[MakeServer]:
         context = running_server(app)
         url = context.__enter__()
         stack.append((context, keys))
-        return Served(url, keys, config)
+        return Served(url, keys, config, client)
 
     yield start
     for context, keys in reversed(stack):
