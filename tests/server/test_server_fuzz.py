@@ -9,9 +9,9 @@ from collections import Counter
 from typing import Any
 
 import schemathesis
-from conftest import Served
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
+from server_harness import Served
 
 from inferscale.server.schemas import ChatBody
 

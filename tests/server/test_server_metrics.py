@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conftest import Served
 from prometheus_client.parser import text_string_to_metric_families
+from server_harness import Served
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
