@@ -1,0 +1,64 @@
+"""The one place a command builds what it calls: :func:`open_client` (the local store, or a server at ``--host``)
+and :func:`open_key_store` (the API keys, in the local store's database).
+
+Tests replace :func:`open_client` to run the commands on fake models; the commands look it up here at call time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING, Any, cast
+
+from inferscale.client import MemoryClient
+from inferscale.commands.options import API_KEY_ENV, RemoteOptions, StoreOptions
+from inferscale.errors import ConfigError, InvalidInputError
+
+if TYPE_CHECKING:
+    from inferscale.server.keys import KeyStore
+
+__all__ = ["open_client", "open_key_store"]
+
+
+def open_client(store: StoreOptions, remote: RemoteOptions) -> MemoryClient:
+    """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
+    api_key=...)`` on the server at ``--host`` (the key from ``--api-key``, else ``$INFERSCALE_API_KEY``). Building
+    it does no I/O; the store opens, or the server is called, on first use.
+
+    Raises:
+        InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
+            without ``--host``.
+        ConfigError: for ``--host`` when this install has no remote client.
+    """
+    if remote.host is None:
+        if remote.api_key is not None:
+            raise InvalidInputError("--api-key is for a server: give --host URL too, or drop --api-key")
+        return MemoryClient(store.config())
+    if store != StoreOptions():
+        raise InvalidInputError(
+            "--data-dir, --model and --dtype configure a local store; the server at --host uses its own: drop them"
+        )
+    if importlib.util.find_spec("inferscale.remote") is None:
+        raise ConfigError(
+            f"--host {remote.host} needs the remote client (inferscale.remote), missing from this install"
+        )
+    api_key = remote.api_key if remote.api_key is not None else os.environ.get(API_KEY_ENV)
+    # MemoryClient(host=...) returns the remote client (MemoryClient.__new__ dispatches on host); Any until the
+    # remote client's signature is merged, so that this line type-checks both before and after.
+    client: MemoryClient = cast(Any, MemoryClient)(host=remote.host, api_key=api_key)
+    return client
+
+
+def open_key_store(store: StoreOptions) -> KeyStore:
+    """The API key store in the database of the store ``store`` names (the one ``inferscale serve`` reads).
+
+    Raises:
+        ConfigError: when the server package (``inferscale[server]``) is not installed.
+    """
+    try:
+        from inferscale.server.keys import KeyStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"the key commands need the server package: pip install 'inferscale[server]' ({exc})"
+        ) from exc
+    return KeyStore.for_config(store.config())
