@@ -36,7 +36,8 @@ def open_client(store: StoreOptions, remote: RemoteOptions) -> MemoryClient:
         return MemoryClient(store.config())
     if store != StoreOptions():
         raise InvalidInputError(
-            "--data-dir, --model and --dtype configure a local store; the server at --host uses its own: drop them"
+            "--data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses its own: "
+            "drop them"
         )
     if importlib.util.find_spec("inferscale.remote") is None:
         raise ConfigError(

@@ -3,7 +3,8 @@
 (:func:`parents`).
 
 - :class:`ScopeOptions`: ``--user``, ``--agent``, ``--run``: whose memories.
-- :class:`StoreOptions`: ``--data-dir``, ``--model``, ``--dtype``: the local store (and the key store in its database).
+- :class:`StoreOptions`: ``--data-dir``, ``--db-url``, ``--model``, ``--dtype``: the local store (and the key store,
+  in its database).
 - :class:`RemoteOptions`: ``--host``, ``--api-key``: a server to talk to instead of the local store.
 - :class:`OutputOptions`: ``--json``: the client's return value as JSON, for scripts.
 - :class:`SelectOptions`: ``--filters``, ``--limit``: which memories a search, list or chat considers.
@@ -81,18 +82,24 @@ class ScopeOptions:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """The local store: its data folder and the chat model (also the model that extracts facts)."""
+    """The local store: its data folder, its database and the chat model (also the model that extracts facts);
+    ``inferscale serve`` takes the same flags."""
 
     data_dir: str | None = field(
         default=None,
         metadata=cli("--data-dir", metavar="DIR", help="memory database, index and K/V folder (default <home>/data)"),
+    )
+    db_url: str | None = field(
+        default=None,
+        metadata=cli("--db-url", metavar="URL", help="memory database URL (default <data-dir>/memory.db)"),
     )
     model: str | None = field(default=None, metadata=MODEL_OPTION)
     dtype: DType = field(default=EngineConfig.model_fields["dtype"].default, metadata=DTYPE_OPTION)
 
     def config(self) -> MemoryConfig:
         """The :class:`MemoryConfig` of the store these options name (every other field at its default)."""
-        return MemoryConfig(data_dir=self.data_dir, engine=EngineConfig(model=self.model, dtype=self.dtype))
+        engine = EngineConfig(model=self.model, dtype=self.dtype)
+        return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@ console; notes, warnings and spinners go to stderr. Rich comes with the ``apps``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-
-from pydantic_core import to_jsonable_python
 
 from inferscale.apps_extra import console, table
 
@@ -39,10 +38,24 @@ __all__ = [
 ]
 
 
+def _encode(value: object) -> object:
+    """What :func:`json.dumps` writes for a value it has no encoding of: a dataclass's fields, a datetime's ISO 8601
+    text (as the client writes its timestamps).
+
+    Raises:
+        TypeError: for any other type (as :func:`json.dumps` does).
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def print_json(value: Any) -> None:
     """Print ``value`` as one line of JSON on stdout: dicts and lists as they are, dataclasses (``ChatResult``,
     ``ChatChunk``, ``ApiKey``) as objects of their fields, datetimes as ISO 8601 strings."""
-    print(json.dumps(to_jsonable_python(value), ensure_ascii=False), flush=True)
+    print(json.dumps(value, ensure_ascii=False, default=_encode), flush=True)
 
 
 def stdout() -> Console:
