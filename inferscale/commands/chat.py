@@ -55,12 +55,16 @@ class ChatOptions:
     )
     max_new_tokens: int | None = field(
         default=None,
-        metadata=cli("--max-new-tokens", type=positive_int, help="answer budget in tokens (default: the engine's)"),
+        metadata=cli(
+            "--max-new-tokens", type=positive_int, metavar="N", help="answer budget in tokens (default: the engine's)"
+        ),
     )
     temperature: float | None = field(
-        default=None, metadata=cli("--temperature", help="sampling temperature (default 0: greedy)")
+        default=None, metadata=cli("--temperature", metavar="T", help="sampling temperature (default 0: greedy)")
     )
-    seed: int | None = field(default=None, metadata=cli("--seed", help="sampling seed, for repeatable samples"))
+    seed: int | None = field(
+        default=None, metadata=cli("--seed", metavar="N", help="sampling seed, for repeatable samples")
+    )
 
     def arguments(self, select: SelectOptions) -> ChatArguments:
         """The keyword arguments of ``MemoryClient.chat`` these options and ``select`` give (scope ids aside)."""
@@ -109,7 +113,7 @@ def _streamed(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions
     common = Common.from_args(args)
     as_json = common.output.as_json
     result: ChatResult | None = None
-    with clients.open_client(common.store, common.remote) as client:
+    with clients.open_client(common.store, common.model, common.remote) as client:
         with working(None if as_json else _BUSY):  # until the first piece of the answer
             chunks = client.chat(opts.query, **common.scope.ids(), **opts.arguments(select), stream=True)
             first = next(chunks, None)

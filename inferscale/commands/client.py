@@ -1,7 +1,8 @@
 """The one place a command builds what it calls: :func:`open_client` (the local store, or a server at ``--host``)
 and :func:`open_key_store` (the API keys, in the local store's database).
 
-Tests replace :func:`open_client` to run the commands on fake models; the commands look it up here at call time.
+The commands look this module up when they run, so tests may replace the ``MemoryClient`` it calls (to run the
+commands on fake models) while every option is still parsed and checked here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any, cast
 
 from inferscale.client import MemoryClient
-from inferscale.commands.options import API_KEY_ENV, RemoteOptions, StoreOptions
+from inferscale.commands.options import API_KEY_ENV, ModelOptions, RemoteOptions, StoreOptions
 from inferscale.errors import ConfigError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["open_client", "open_key_store"]
 
 
-def open_client(store: StoreOptions, remote: RemoteOptions) -> MemoryClient:
+def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> MemoryClient:
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
     api_key=...)`` on the server at ``--host`` (the key from ``--api-key``, else ``$INFERSCALE_API_KEY``). Building
     it does no I/O; the store opens, or the server is called, on first use.
@@ -33,8 +34,8 @@ def open_client(store: StoreOptions, remote: RemoteOptions) -> MemoryClient:
     if remote.host is None:
         if remote.api_key is not None:
             raise InvalidInputError("--api-key is for a server: give --host URL too, or drop --api-key")
-        return MemoryClient(store.config())
-    if store != StoreOptions():
+        return MemoryClient(store.config(model))
+    if store != StoreOptions() or model != ModelOptions():
         raise InvalidInputError(
             "--data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses its own: "
             "drop them"

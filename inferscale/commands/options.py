@@ -3,8 +3,8 @@
 (:func:`parents`).
 
 - :class:`ScopeOptions`: ``--user``, ``--agent``, ``--run``: whose memories.
-- :class:`StoreOptions`: ``--data-dir``, ``--db-url``, ``--model``, ``--dtype``: the local store (and the key store,
-  in its database).
+- :class:`StoreOptions`: ``--data-dir``, ``--db-url``: the local store (and the key store, in its database).
+- :class:`ModelOptions`: ``--model``, ``--dtype``: the local store's chat model.
 - :class:`RemoteOptions`: ``--host``, ``--api-key``: a server to talk to instead of the local store.
 - :class:`OutputOptions`: ``--json``: the client's return value as JSON, for scripts.
 - :class:`SelectOptions`: ``--filters``, ``--limit``: which memories a search, list or chat considers.
@@ -23,6 +23,7 @@ from inferscale.config import DType, EngineConfig, MemoryConfig
 __all__ = [
     "API_KEY_ENV",
     "Common",
+    "ModelOptions",
     "OutputOptions",
     "Parents",
     "RemoteOptions",
@@ -82,8 +83,7 @@ class ScopeOptions:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """The local store: its data folder, its database and the chat model (also the model that extracts facts);
-    ``inferscale serve`` takes the same flags."""
+    """The local store: its data folder and its database (``inferscale serve`` takes the same flags)."""
 
     data_dir: str | None = field(
         default=None,
@@ -93,13 +93,20 @@ class StoreOptions:
         default=None,
         metadata=cli("--db-url", metavar="URL", help="memory database URL (default <data-dir>/memory.db)"),
     )
+
+    def config(self, model: ModelOptions | None = None) -> MemoryConfig:
+        """The :class:`MemoryConfig` of the store these options name, with ``model``'s chat model (every other
+        field at its default)."""
+        engine = EngineConfig() if model is None else EngineConfig(model=model.model, dtype=model.dtype)
+        return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The local store's chat model, also the model that extracts facts."""
+
     model: str | None = field(default=None, metadata=MODEL_OPTION)
     dtype: DType = field(default=EngineConfig.model_fields["dtype"].default, metadata=DTYPE_OPTION)
-
-    def config(self) -> MemoryConfig:
-        """The :class:`MemoryConfig` of the store these options name (every other field at its default)."""
-        engine = EngineConfig(model=self.model, dtype=self.dtype)
-        return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,7 @@ class Common:
 
     scope: ScopeOptions
     store: StoreOptions
+    model: ModelOptions
     remote: RemoteOptions
     output: OutputOptions
 
@@ -156,6 +164,7 @@ class Common:
         return cls(
             from_args(ScopeOptions, args),
             from_args(StoreOptions, args),
+            from_args(ModelOptions, args),
             from_args(RemoteOptions, args),
             from_args(OutputOptions, args),
         )
@@ -166,7 +175,7 @@ class Parents:
     """argparse parent parsers holding the shared options (``add_parser(..., parents=...)``).
 
     Attributes:
-        memory: scope, store, server and output options: every memory command.
+        memory: scope, store, model, server and output options: every memory command.
         keys: store and output options: the key commands (keys live in the local database).
         select: ``--filters`` and ``--limit``: search, list and chat.
     """
@@ -186,7 +195,8 @@ def parents() -> Parents:
     """The parent parsers of the memory and key commands, each shared option added once."""
     scope = _parent("scope (whose memories)", ScopeOptions)
     store = _parent("local store", StoreOptions)
+    model = _parent("local model", ModelOptions)
     remote = _parent("server", RemoteOptions)
     output = _parent("output", OutputOptions)
     select = _parent("selection", SelectOptions)
-    return Parents(memory=[scope, store, remote, output], keys=[store, output], select=[select])
+    return Parents(memory=[scope, store, model, remote, output], keys=[store, output], select=[select])

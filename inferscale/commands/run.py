@@ -34,7 +34,10 @@ def run_call(
     from inferscale.commands.output import print_json, stdout, working
 
     common = Common.from_args(args)
-    with clients.open_client(common.store, common.remote) as client, working(None if common.output.as_json else busy):
+    with (
+        clients.open_client(common.store, common.model, common.remote) as client,
+        working(None if common.output.as_json else busy),
+    ):
         value = call(client, common)
     if common.output.as_json:
         print_json(value)
