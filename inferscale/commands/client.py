@@ -8,11 +8,10 @@ commands on fake models) while every option is still parsed and checked here.
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import TYPE_CHECKING, Any, cast
 
 from inferscale.client import MemoryClient
-from inferscale.commands.options import API_KEY_ENV, ModelOptions, RemoteOptions, StoreOptions
+from inferscale.commands.options import ModelOptions, RemoteOptions, StoreOptions
 from inferscale.errors import ConfigError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -23,8 +22,8 @@ __all__ = ["open_client", "open_key_store"]
 
 def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> MemoryClient:
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
-    api_key=...)`` on the server at ``--host`` (the key from ``--api-key``, else ``$INFERSCALE_API_KEY``). Building
-    it does no I/O; the store opens, or the server is called, on first use.
+    api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
+    ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
 
     Raises:
         InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
@@ -44,10 +43,10 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
         raise ConfigError(
             f"--host {remote.host} needs the remote client (inferscale.remote), missing from this install"
         )
-    api_key = remote.api_key if remote.api_key is not None else os.environ.get(API_KEY_ENV)
-    # MemoryClient(host=...) returns the remote client (MemoryClient.__new__ dispatches on host); Any until the
-    # remote client's signature is merged, so that this line type-checks both before and after.
-    client: MemoryClient = cast(Any, MemoryClient)(host=remote.host, api_key=api_key)
+    # MemoryClient(host=...) returns the remote client (MemoryClient.__new__ dispatches on host; with no api_key it
+    # reads $INFERSCALE_API_KEY). Any until the remote client's signature is merged, so that this line type-checks
+    # both before and after.
+    client: MemoryClient = cast(Any, MemoryClient)(host=remote.host, api_key=remote.api_key)
     return client
 
 

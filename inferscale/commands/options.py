@@ -21,7 +21,6 @@ from inferscale.cli_options import DTYPE_OPTION, MODEL_OPTION, add_options, cli,
 from inferscale.config import DType, EngineConfig, MemoryConfig
 
 __all__ = [
-    "API_KEY_ENV",
     "Common",
     "ModelOptions",
     "OutputOptions",
@@ -34,9 +33,6 @@ __all__ = [
     "json_object",
     "parents",
 ]
-
-API_KEY_ENV = "INFERSCALE_API_KEY"
-"""The environment variable ``--api-key`` defaults to."""
 
 
 def json_object(text: str) -> dict[str, Any]:
@@ -118,7 +114,8 @@ class RemoteOptions:
         metadata=cli("--host", metavar="URL", help="call the InferScale server at URL instead of the local store"),
     )
     api_key: str | None = field(
-        default=None, metadata=cli("--api-key", metavar="KEY", help=f"the server's API key (default ${API_KEY_ENV})")
+        default=None,
+        metadata=cli("--api-key", metavar="KEY", help="the server's API key (default $INFERSCALE_API_KEY)"),
     )
 
 

@@ -150,14 +150,11 @@ def test_host_without_the_remote_client_is_a_config_error(cli: Callable[..., Ran
 
 
 @pytest.mark.skipif(not REMOTE, reason="the remote client (inferscale.remote) is not merged yet")
-def test_host_builds_the_remote_client_with_the_key(
-    cli: Callable[..., Ran], fakes: Fakes, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("INFERSCALE_API_KEY", "isk_from_env")
+def test_host_builds_the_remote_client_with_the_key(cli: Callable[..., Ran], fakes: Fakes) -> None:
     assert cli("list", "--user", "u", "--host", "http://h:1", "--json", local=False).json() == {"results": []}
     assert cli("list", "--user", "u", "--host", "http://h:2", "--api-key", "isk_flag", local=False).code == 0
-    assert fakes.remote == [
-        {"host": "http://h:1", "api_key": "isk_from_env"},
+    assert fakes.remote == [  # without --api-key the remote client reads $INFERSCALE_API_KEY itself
+        {"host": "http://h:1", "api_key": None},
         {"host": "http://h:2", "api_key": "isk_flag"},
     ]
 
