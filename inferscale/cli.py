@@ -4,7 +4,8 @@ demo``.
 The memory and key commands live in :mod:`inferscale.commands` (their shared options declared once, as parent
 parsers); ``serve`` in :mod:`inferscale.serve_cli`; ``bench`` and ``eval`` in :mod:`inferscale.bench.cli`. An
 :class:`~inferscale.errors.InferScaleError` a command raises is printed as one red line ``error: <message>`` on
-stderr, with exit code 2 for bad input and 1 for any other failure (:func:`inferscale.apps_extra.exit_code`).
+stderr, with exit code 2 for bad input and 1 for any other failure (:func:`inferscale.apps_extra.exit_code`); Ctrl-C
+exits with 130.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except InferScaleError as exc:
         return fail(exc)
+    except KeyboardInterrupt:  # Ctrl-C (e.g. during a streamed answer): the shell's code for SIGINT, no traceback
+        return 130
 
 
 if __name__ == "__main__":

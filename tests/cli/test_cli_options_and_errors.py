@@ -16,6 +16,7 @@ from inferscale import MemoryClient
 from inferscale.apps_extra import exit_code
 from inferscale.cli import build_parser
 from inferscale.cli_options import add_options, cli, from_args
+from inferscale.commands import client as clients
 from inferscale.errors import (
     AuthenticationError,
     ConfigError,
@@ -167,3 +168,12 @@ def test_narrow_tables_keep_the_id_and_text_whole(cli: Callable[..., Ran], monke
     assert all(len(line) <= 80 for line in lines)
     row = next(i for i, line in enumerate(lines) if memory_id in line)
     assert "I live in Porto." in lines[row] and "user=alice · 1.000 · " in lines[row + 1]
+
+
+def test_ctrl_c_exits_130_without_a_traceback(cli: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> MemoryClient:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(clients, "MemoryClient", interrupted)
+    ran = cli("list", "--user", "u")
+    assert ran.code == 130 and ran.out == "" and "Traceback" not in ran.err
