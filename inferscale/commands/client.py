@@ -51,15 +51,8 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
 
 
 def open_key_store(store: StoreOptions) -> KeyStore:
-    """The API key store in the database of the store ``store`` names (the one ``inferscale serve`` reads).
+    """The API key store in the database of the store ``store`` names (the one ``inferscale serve`` reads). Its
+    module needs SQLAlchemy only, not the server's extra. Building it does no I/O."""
+    from inferscale.server.keys import KeyStore
 
-    Raises:
-        ConfigError: when the server package (``inferscale[server]``) is not installed.
-    """
-    try:
-        from inferscale.server.keys import KeyStore
-    except ImportError as exc:
-        raise ConfigError(
-            f"the key commands need the server package: pip install 'inferscale[server]' ({exc})"
-        ) from exc
     return KeyStore.for_config(store.config())
