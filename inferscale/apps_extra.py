@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
     from rich.table import Table
 
-__all__ = ["APPS_EXTRA", "console", "fail", "progress_bar", "pyplot", "require", "table"]
+__all__ = ["APPS_EXTRA", "console", "exit_code", "fail", "progress_bar", "pyplot", "require", "table"]
 
 APPS_EXTRA = "apps"
 """The extra that installs rich and matplotlib: ``pip install 'inferscale[apps]'``."""
@@ -103,12 +103,20 @@ def pyplot() -> Any:
     return require("matplotlib.pyplot")
 
 
+def exit_code(exc: Exception) -> int:
+    """A command's exit code for the error ``exc``: 2 for bad input (a ``ValueError``: ``InvalidInputError``,
+    ``ScopeError``, ``ConfigError``..., which the caller fixes by changing the command line or configuration), 1
+    for any other failure (a missing memory, a refused key, a server or model error)."""
+    return 2 if isinstance(exc, ValueError) else 1
+
+
 def fail(exc: Exception) -> int:
-    """Print ``error: <exc>`` on stderr (in red, when rich is installed) and return a command's error exit code, 2."""
+    """Print ``error: <exc>`` on stderr as one line (in red, when rich is installed) and return the command's exit
+    code, :func:`exit_code`."""
     try:
         from rich.console import Console
     except ImportError:
         print(f"error: {exc}", file=sys.stderr)
     else:
-        Console(stderr=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
-    return 2
+        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
+    return exit_code(exc)

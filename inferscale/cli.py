@@ -1,4 +1,12 @@
-"""The ``inferscale`` command line."""
+"""The ``inferscale`` command line: ``add | search | list | delete | history | chat | serve | keys | bench | eval |
+demo``.
+
+The memory and key commands live in :mod:`inferscale.commands` (their shared options declared once, as parent
+parsers); ``serve`` in :mod:`inferscale.serve_cli`; ``bench`` and ``eval`` in :mod:`inferscale.bench.cli`. An
+:class:`~inferscale.errors.InferScaleError` a command raises is printed as one red line ``error: <message>`` on
+stderr, with exit code 2 for bad input and 1 for any other failure (:func:`inferscale.apps_extra.exit_code`); Ctrl-C
+exits with 130.
+"""
 
 from __future__ import annotations
 
@@ -40,17 +48,25 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``inferscale``."""
     from inferscale.bench.cli import add_bench_parser, add_eval_parser
+    from inferscale.commands.chat import add_chat_parser
+    from inferscale.commands.keys import add_keys_parser
+    from inferscale.commands.memory import add_memory_parsers
+    from inferscale.commands.options import parents
     from inferscale.demo import DemoOptions
     from inferscale.serve_cli import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="inferscale", description="Memory for LLM agents with KV-injected recall.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="add a conversation, then chat with KV-injected memory vs the prompt baseline")
-    add_options(demo, DemoOptions).set_defaults(func=_demo)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    shared = parents()
+    add_memory_parsers(sub, shared)
+    add_chat_parser(sub, shared)
+    add_serve_parser(sub)
+    add_keys_parser(sub, shared)
     add_bench_parser(sub)
     add_eval_parser(sub)
-    add_serve_parser(sub)
+    demo = sub.add_parser("demo", help="add a conversation, then chat with KV-injected memory vs the prompt baseline")
+    add_options(demo, DemoOptions).set_defaults(func=_demo)
     return parser
 
 
@@ -65,7 +81,15 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    return int(args.func(args))
+    from inferscale.apps_extra import fail
+    from inferscale.errors import InferScaleError
+
+    try:
+        return int(args.func(args))
+    except InferScaleError as exc:
+        return fail(exc)
+    except KeyboardInterrupt:  # Ctrl-C (e.g. during a streamed answer): the shell's code for SIGINT, no traceback
+        return 130
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A field whose metadata is :func:`cli` carries its flags and help; :func:`add_options` turns every such field into an
 argparse argument (``dest`` = the field name, ``default`` = the field's default, ``choices`` from a ``Literal``
 type, ``type`` from a plain ``int``/``float``/``str``/``Path`` type unless given), and :func:`from_args` builds the
-settings back from the parsed namespace. So a flag, its default and its meaning are written in one place::
+settings back from the parsed namespace. A "flag" without a leading dash (``cli("QUERY", ...)``) is a positional
+argument shown under that name. So a flag, its default and its meaning are written in one place::
 
     @dataclass(frozen=True)
     class Settings:
@@ -25,6 +26,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 __all__ = [
+    "DEVICE_OPTION",
+    "DTYPE_OPTION",
+    "MODEL_OPTION",
+    "THREADS_OPTION",
     "CliOption",
     "add_options",
     "cli",
@@ -41,6 +46,7 @@ _CLI = "inferscale.cli"
 _PLAIN_TYPES: tuple[type, ...] = (int, float, str, Path)
 
 T = TypeVar("T")
+P = TypeVar("P", bound=argparse._ActionsContainer)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,8 @@ def cli(
 ) -> dict[str, CliOption]:
     """The metadata of a dataclass field that is also a command-line option:
     ``field(default=5, metadata=cli("--repeats", help=...))``. A field without a default is a required option.
+    One name without a leading dash (``cli("QUERY", help=...)``) makes a positional argument, shown as that name;
+    give it a default and ``nargs="?"`` to make it optional.
 
     Returns:
         ``{key: CliOption(...)}``, for ``dataclasses.field(metadata=...)``.
@@ -102,8 +110,9 @@ def _plain(hint: Any) -> type | None:
     return None
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type) -> argparse.ArgumentParser:
-    """Add an argparse argument for every field of the dataclass ``cls`` whose metadata is :func:`cli`.
+def add_options(parser: P, cls: type) -> P:
+    """Add an argparse argument for every field of the dataclass ``cls`` whose metadata is :func:`cli`, to a parser
+    or an argument group.
 
     Returns:
         ``parser``.
@@ -116,11 +125,16 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> argparse.Argument
         spec: CliOption | None = f.metadata.get(_CLI)
         if spec is None:
             continue
-        kwargs: dict[str, Any] = {"dest": f.name, "help": spec.help}
-        if f.default is dataclasses.MISSING:
-            kwargs["required"] = True
+        positional = not spec.flags[0].startswith("-")
+        kwargs: dict[str, Any] = {"help": spec.help}
+        if positional:  # argparse names a positional by its dest: the field name, shown as the given name
+            kwargs["metavar"] = spec.flags[0]
         else:
+            kwargs["dest"] = f.name
+        if f.default is not dataclasses.MISSING:
             kwargs["default"] = f.default
+        elif not positional:
+            kwargs["required"] = True
         if spec.action is not None:
             kwargs["action"] = spec.action
         hint = hints.get(f.name)
@@ -133,11 +147,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> argparse.Argument
             parse = spec.parse or _plain(hint)
             if parse is not None and parse is not str:
                 kwargs["type"] = parse
-            if spec.metavar is not None or choices is None:  # help names the value after the flag, not the field
+            if not positional and (spec.metavar is not None or choices is None):  # the value's name, not the field's
                 kwargs["metavar"] = spec.metavar or spec.flags[-1].lstrip("-").replace("-", "_").upper()
         if spec.nargs is not None:
             kwargs["nargs"] = spec.nargs
-        parser.add_argument(*spec.flags, **kwargs)
+        parser.add_argument(*((f.name,) if positional else spec.flags), **kwargs)
     return parser
 
 
@@ -207,3 +221,18 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
+
+
+# ---------------------------------------------------------------------------------------------------- shared options
+
+MODEL_OPTION = cli("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
+"""``--model``: the chat model, for every command that loads one (``field(default=None, metadata=MODEL_OPTION)``)."""
+
+DTYPE_OPTION = cli("--dtype", help="model dtype (default %(default)s)")
+"""``--dtype``: the model's dtype, on a field typed :data:`inferscale.config.DType` (its values are the choices)."""
+
+DEVICE_OPTION = cli("--device", help="cpu, cuda, cuda:N or auto (default %(default)s)")
+"""``--device``: where the model runs."""
+
+THREADS_OPTION = cli("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+"""``--threads``: torch intra-op threads on CPU, on a field typed ``int | None``."""

@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "inferscale.demo": 7,
     "inferscale.cli": 7,
     "inferscale.cli_options": 7,
+    "inferscale.commands": 7,
     "inferscale.apps_extra": 7,
     "inferscale.serve_cli": 7,
 }

@@ -9,7 +9,8 @@
 
 Each command's options are the fields of its settings dataclass (:mod:`inferscale.cli_options`): ``TTFTSettings``,
 ``ThroughputSettings``, ``LocomoEvalSettings``. Each sets ``func`` on its leaf parser, which returns the exit code
-(0 on success, 2 on a configuration or input error, printed as one line). Heavy imports (torch, transformers,
+(0 on success; on an InferScale error, one line on stderr and :func:`inferscale.apps_extra.exit_code`: 2 for a
+configuration or input error, 1 otherwise). Heavy imports (torch, transformers,
 rich, matplotlib) happen only when a command runs.
 """
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.bench.common import check_engine, machine_info, synthetic_facts
 from inferscale.bench.throughput_report import ThroughputReport, ThroughputRound, print_throughput, write_outputs
-from inferscale.cli_options import cli, int_list, name_list, non_negative_int, positive_int
+from inferscale.cli_options import DTYPE_OPTION, MODEL_OPTION, cli, int_list, name_list, non_negative_int, positive_int
 from inferscale.config import DType
 from inferscale.errors import ConfigError
 
@@ -115,10 +115,8 @@ class ThroughputSettings:
     modes: tuple[str, ...] = field(
         default=MODES, metadata=cli("--modes", type=name_list, help="prompt,kv (default both)")
     )
-    dtype: DType = field(default="bfloat16", metadata=cli("--dtype", help="model dtype (default bfloat16)"))
-    model: str | None = field(
-        default=None, metadata=cli("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
-    )
+    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)
+    model: str | None = field(default=None, metadata=MODEL_OPTION)
     kv_cache_bytes: int = field(
         default=6 << 30,
         metadata=cli("--kv-cache-bytes", type=positive_int, help="vLLM paged KV cache size in bytes (default 6 GiB)"),

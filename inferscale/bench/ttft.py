@@ -32,7 +32,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts
 from inferscale.bench.kv_tiers import available_tiers, hit_delta, hits, make_resident, stage
 from inferscale.bench.ttft_report import TIER_ORDER, TTFTCell, TTFTReport, compute_ratios, print_report, write_outputs
-from inferscale.cli_options import cli, int_list, name_list, non_negative_int, positive_int
+from inferscale.cli_options import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    cli,
+    int_list,
+    name_list,
+    non_negative_int,
+    positive_int,
+)
 from inferscale.config import DType
 from inferscale.errors import ConfigError
 
@@ -109,11 +119,9 @@ class TTFTSettings:
     engine: Literal["transformers", "vllm"] = field(
         default="transformers", metadata=cli("--engine", help="chat engine (default transformers)")
     )
-    dtype: DType = field(default="bfloat16", metadata=cli("--dtype", help="model dtype (default bfloat16)"))
-    device: str = field(default="auto", metadata=cli("--device", help="cpu, cuda, cuda:N or auto (default auto)"))
-    model: str | None = field(
-        default=None, metadata=cli("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
-    )
+    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)
+    device: str = field(default="auto", metadata=DEVICE_OPTION)
+    model: str | None = field(default=None, metadata=MODEL_OPTION)
     tiers: tuple[str, ...] | None = field(
         default=None,
         metadata=cli(
@@ -124,9 +132,7 @@ class TTFTSettings:
     warmup: int = field(
         default=2, metadata=cli("--warmup", type=non_negative_int, help="untimed warm-up rounds (default 2)")
     )
-    num_threads: int | None = field(
-        default=None, metadata=cli("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
-    )
+    num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
     out_dir: Path = field(
         default=Path("out/bench/ttft"), metadata=cli("--out", help="output folder (default out/bench/ttft)")
     )

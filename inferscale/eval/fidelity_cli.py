@@ -11,7 +11,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferscale.cli_options import add_options, cli, from_args, name_list
+from inferscale.cli_options import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    add_options,
+    cli,
+    from_args,
+    name_list,
+)
 from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
@@ -103,17 +112,13 @@ class FidelityOptions:
         default=False,
         metadata=cli("--first-token-only", action="store_true", help="measure KL and agreement only (no answers)"),
     )
-    model: str | None = field(
-        default=None, metadata=cli("--model", help="model folder or name (default: the embedded SmolLM2-135M-Instruct)")
-    )
-    dtype: DType = field(default="float32", metadata=cli("--dtype", help="model dtype (default float32)"))
-    device: str = field(default="cpu", metadata=cli("--device", help="cpu, cuda, cuda:N or auto (default cpu)"))
+    model: str | None = field(default=None, metadata=MODEL_OPTION)
+    dtype: DType = field(default="float32", metadata=DTYPE_OPTION)
+    device: str = field(default="cpu", metadata=DEVICE_OPTION)
     max_new_tokens: int = field(
         default=32, metadata=cli("--max-new-tokens", help="answer budget in tokens (default 32)")
     )
-    num_threads: int | None = field(
-        default=None, metadata=cli("--threads", help="torch CPU threads (default: torch's)")
-    )
+    num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
     out_dir: Path = field(
         default=Path("out/eval/fidelity"), metadata=cli("--out", help="output folder (default out/eval/fidelity)")
     )

@@ -10,7 +10,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from inferscale.cli_options import cli, name_list, non_negative_int, positive_int
+from inferscale.cli_options import (
+    DEVICE_OPTION,
+    DTYPE_OPTION,
+    MODEL_OPTION,
+    THREADS_OPTION,
+    cli,
+    name_list,
+    non_negative_int,
+    positive_int,
+)
 from inferscale.config import DType, KVConfig
 from inferscale.errors import ConfigError
 
@@ -135,10 +144,10 @@ class LocomoEvalSettings:
     )
     model: str | None = field(
         default=None,
-        metadata=cli("--model", help="chat model folder or name (default: the embedded SmolLM2-135M-Instruct)"),
+        metadata=MODEL_OPTION,
     )
-    dtype: DType = field(default="bfloat16", metadata=cli("--dtype", help="model dtype (default bfloat16)"))
-    device: str = field(default="auto", metadata=cli("--device", help="cpu, cuda, cuda:N or auto (default auto)"))
+    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)
+    device: str = field(default="auto", metadata=DEVICE_OPTION)
     max_new_tokens: int = field(
         default=32, metadata=cli("--max-new-tokens", type=positive_int, help="answer budget in tokens (default 32)")
     )
@@ -166,9 +175,7 @@ class LocomoEvalSettings:
             help="compute the first-token KL (two extra forward passes per question; default on)",
         ),
     )
-    num_threads: int | None = field(
-        default=None, metadata=cli("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
-    )
+    num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
 
     def __post_init__(self) -> None:
         if self.k < 1:

@@ -1,0 +1,58 @@
+"""The one place a command builds what it calls: :func:`open_client` (the local store, or a server at ``--host``)
+and :func:`open_key_store` (the API keys, in the local store's database).
+
+The commands look this module up when they run, so tests may replace the ``MemoryClient`` it calls (to run the
+commands on fake models) while every option is still parsed and checked here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING, Any, cast
+
+from inferscale.client import MemoryClient
+from inferscale.commands.options import ModelOptions, RemoteOptions, StoreOptions
+from inferscale.errors import ConfigError, InvalidInputError
+
+if TYPE_CHECKING:
+    from inferscale.server.keys import KeyStore
+
+__all__ = ["open_client", "open_key_store"]
+
+
+def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> MemoryClient:
+    """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
+    api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
+    ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
+
+    Raises:
+        InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
+            without ``--host``.
+        ConfigError: for ``--host`` when this install has no remote client.
+    """
+    if remote.host is None:
+        if remote.api_key is not None:
+            raise InvalidInputError("--api-key is for a server: give --host URL too, or drop --api-key")
+        return MemoryClient(store.config(model))
+    if store != StoreOptions() or model != ModelOptions():
+        raise InvalidInputError(
+            "--data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses its own: "
+            "drop them"
+        )
+    if importlib.util.find_spec("inferscale.remote") is None:
+        raise ConfigError(
+            f"--host {remote.host} needs the remote client (inferscale.remote), missing from this install"
+        )
+    # MemoryClient(host=...) returns the remote client (MemoryClient.__new__ dispatches on host; with no api_key it
+    # reads $INFERSCALE_API_KEY). Any until the remote client's signature is merged, so that this line type-checks
+    # both before and after.
+    client: MemoryClient = cast(Any, MemoryClient)(host=remote.host, api_key=remote.api_key)
+    return client
+
+
+def open_key_store(store: StoreOptions) -> KeyStore:
+    """The API key store in the database of the store ``store`` names (the one ``inferscale serve`` reads). Its
+    module needs SQLAlchemy only, not the server's extra. Building it does no I/O."""
+    from inferscale.server.keys import KeyStore
+
+    return KeyStore.for_config(store.config())

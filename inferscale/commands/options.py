@@ -1,0 +1,199 @@
+"""The options the memory and key commands share, each declared once, as the fields of a settings dataclass
+(:func:`inferscale.cli_options.cli`), and attached to every command through argparse parent parsers
+(:func:`parents`).
+
+- :class:`ScopeOptions`: ``--user``, ``--agent``, ``--run``: whose memories.
+- :class:`StoreOptions`: ``--data-dir``, ``--db-url``: the local store (and the key store, in its database).
+- :class:`ModelOptions`: ``--model``, ``--dtype``: the local store's chat model.
+- :class:`RemoteOptions`: ``--host``, ``--api-key``: a server to talk to instead of the local store.
+- :class:`OutputOptions`: ``--json``: the client's return value as JSON, for scripts.
+- :class:`SelectOptions`: ``--filters``, ``--limit``: which memories a search, list or chat considers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from inferscale.cli_options import DTYPE_OPTION, MODEL_OPTION, add_options, cli, from_args
+from inferscale.config import DType, EngineConfig, MemoryConfig
+
+__all__ = [
+    "Common",
+    "ModelOptions",
+    "OutputOptions",
+    "Parents",
+    "RemoteOptions",
+    "ScopeIds",
+    "ScopeOptions",
+    "SelectOptions",
+    "StoreOptions",
+    "json_object",
+    "parents",
+]
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A command-line word holding a JSON object, e.g. ``'{"category": "travel"}'``.
+
+    Raises:
+        argparse.ArgumentTypeError: for text that is not JSON or not an object (argparse reports it and exits 2).
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc.msg})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {text!r}")
+    return value
+
+
+class ScopeIds(TypedDict):
+    """The scope keyword arguments of every client call."""
+
+    user_id: str | None
+    agent_id: str | None
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class ScopeOptions:
+    """Whose memories a command reads or writes; ids given are ANDed (as the client's ``user_id``, ``agent_id``,
+    ``run_id``)."""
+
+    user_id: str | None = field(default=None, metadata=cli("--user", metavar="ID", help="the memories' user id"))
+    agent_id: str | None = field(default=None, metadata=cli("--agent", metavar="ID", help="the memories' agent id"))
+    run_id: str | None = field(default=None, metadata=cli("--run", metavar="ID", help="the memories' run id"))
+
+    def ids(self) -> ScopeIds:
+        """``{"user_id", "agent_id", "run_id"}``, as the client's keyword arguments."""
+        return ScopeIds(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+
+    def describe(self) -> str:
+        """The ids given, e.g. ``"user=alice run=r1"``; ``"no scope"`` when none is."""
+        named = [(k, v) for k, v in (("user", self.user_id), ("agent", self.agent_id), ("run", self.run_id)) if v]
+        return " ".join(f"{k}={v}" for k, v in named) or "no scope"
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """The local store: its data folder and its database (``inferscale serve`` takes the same flags)."""
+
+    data_dir: str | None = field(
+        default=None,
+        metadata=cli("--data-dir", metavar="DIR", help="memory database, index and K/V folder (default <home>/data)"),
+    )
+    db_url: str | None = field(
+        default=None,
+        metadata=cli("--db-url", metavar="URL", help="memory database URL (default <data-dir>/memory.db)"),
+    )
+
+    def config(self, model: ModelOptions | None = None) -> MemoryConfig:
+        """The :class:`MemoryConfig` of the store these options name, with ``model``'s chat model (every other
+        field at its default)."""
+        engine = EngineConfig() if model is None else EngineConfig(model=model.model, dtype=model.dtype)
+        return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The local store's chat model, also the model that extracts facts."""
+
+    model: str | None = field(default=None, metadata=MODEL_OPTION)
+    dtype: DType = field(default=EngineConfig.model_fields["dtype"].default, metadata=DTYPE_OPTION)
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """An InferScale server to call instead of the local store (``inferscale serve``)."""
+
+    host: str | None = field(
+        default=None,
+        metadata=cli("--host", metavar="URL", help="call the InferScale server at URL instead of the local store"),
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata=cli("--api-key", metavar="KEY", help="the server's API key (default $INFERSCALE_API_KEY)"),
+    )
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a command prints its result."""
+
+    as_json: bool = field(
+        default=False,
+        metadata=cli("--json", action="store_true", help="print the client's return value as JSON on stdout, only it"),
+    )
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """Which memories a search, a list or a chat considers, besides the scope."""
+
+    filters: dict[str, Any] | None = field(
+        default=None,
+        metadata=cli(
+            "--filters", type=json_object, metavar="JSON", help='a Mem0 filter object, e.g. \'{"category": "travel"}\''
+        ),
+    )
+    limit: int | None = field(
+        default=None,
+        metadata=cli("--limit", type=int, metavar="N", help="memories at most (default: the client's, 100; chat: 5)"),
+    )
+
+
+@dataclass(frozen=True)
+class Common:
+    """The shared options of one memory command, parsed."""
+
+    scope: ScopeOptions
+    store: StoreOptions
+    model: ModelOptions
+    remote: RemoteOptions
+    output: OutputOptions
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Common:
+        """Read them from a namespace a parser with :attr:`Parents.memory` parents parsed."""
+        return cls(
+            from_args(ScopeOptions, args),
+            from_args(StoreOptions, args),
+            from_args(ModelOptions, args),
+            from_args(RemoteOptions, args),
+            from_args(OutputOptions, args),
+        )
+
+
+@dataclass(frozen=True)
+class Parents:
+    """argparse parent parsers holding the shared options (``add_parser(..., parents=...)``).
+
+    Attributes:
+        memory: scope, store, model, server and output options: every memory command.
+        keys: store and output options: the key commands (keys live in the local database).
+        select: ``--filters`` and ``--limit``: search, list and chat.
+    """
+
+    memory: list[argparse.ArgumentParser]
+    keys: list[argparse.ArgumentParser]
+    select: list[argparse.ArgumentParser]
+
+
+def _parent(title: str, options: type) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_options(parser.add_argument_group(title), options)
+    return parser
+
+
+def parents() -> Parents:
+    """The parent parsers of the memory and key commands, each shared option added once."""
+    scope = _parent("scope (whose memories)", ScopeOptions)
+    store = _parent("local store", StoreOptions)
+    model = _parent("local model", ModelOptions)
+    remote = _parent("server", RemoteOptions)
+    output = _parent("output", OutputOptions)
+    select = _parent("selection", SelectOptions)
+    return Parents(memory=[scope, store, model, remote, output], keys=[store, output], select=[select])

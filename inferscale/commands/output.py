@@ -1,0 +1,193 @@
+"""How the memory and key commands print: the client's return value as JSON (``--json``), or rich tables for people.
+
+JSON goes to stdout through :func:`print_json` and is the only thing there; tables go to stdout through a rich
+console; notes, warnings and spinners go to stderr. Rich comes with the ``apps`` extra (see
+:mod:`inferscale.apps_extra`); ``--json`` does not need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from inferscale.apps_extra import console, table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from inferscale.server.keys import ApiKey
+
+__all__ = [
+    "WIDE",
+    "changes_table",
+    "count",
+    "history_table",
+    "keys_table",
+    "memories_table",
+    "print_json",
+    "scope_of",
+    "stderr",
+    "stdout",
+    "when",
+    "working",
+]
+
+
+def _encode(value: object) -> object:
+    """What :func:`json.dumps` writes for a value it has no encoding of: a dataclass's fields, a datetime's ISO 8601
+    text (as the client writes its timestamps).
+
+    Raises:
+        TypeError: for any other type (as :func:`json.dumps` does).
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def print_json(value: Any) -> None:
+    """Print ``value`` as one line of JSON on stdout: dicts and lists as they are, dataclasses (``ChatResult``,
+    ``ChatChunk``, ``ApiKey``) as objects of their fields, datetimes as ISO 8601 strings."""
+    print(json.dumps(value, ensure_ascii=False, default=_encode), flush=True)
+
+
+def stdout() -> Console:
+    """The console of human output (stdout).
+
+    Raises:
+        ConfigError: when rich is not installed.
+    """
+    return console(soft_wrap=False)
+
+
+def stderr() -> Console:
+    """The console of notes, warnings and spinners (stderr).
+
+    Raises:
+        ConfigError: when rich is not installed.
+    """
+    return console(stderr=True)
+
+
+@contextlib.contextmanager
+def working(message: str | None) -> Iterator[None]:
+    """A spinner with ``message`` on stderr while the block runs (model loads take seconds); nothing when
+    ``message`` is ``None`` (``--json``: scripts get no decoration, and rich is not needed)."""
+    if message is None:
+        yield
+        return
+    with stderr().status(message):
+        yield
+
+
+def count(n: int, one: str, many: str) -> str:
+    """``"1 memory"``, ``"3 memories"``."""
+    return f"{n} {one if n == 1 else many}"
+
+
+def when(iso: str | datetime | None) -> str:
+    """``"2026-01-02 10:11"`` for an ISO 8601 timestamp (as the client returns them, UTC); ``""`` for ``None``."""
+    if iso is None:
+        return ""
+    moment = iso if isinstance(iso, datetime) else datetime.fromisoformat(iso)
+    return moment.strftime("%Y-%m-%d %H:%M")
+
+
+def scope_of(memory: Mapping[str, Any]) -> str:
+    """The scope ids a memory dict carries, e.g. ``"user=alice run=r1"``."""
+    return " ".join(f"{k.removesuffix('_id')}={memory[k]}" for k in ("user_id", "agent_id", "run_id") if memory.get(k))
+
+
+WIDE = 120
+"""Console columns from which memory tables give scope, score and creation time columns of their own; narrower
+consoles show them on a dim line under each memory's text."""
+
+
+def memories_table(memories: Sequence[Mapping[str, Any]], title: str, width: int) -> Table:
+    """Memory dicts (``search``, ``get_all``) as rows: id, memory, scope, score (when they have one), created.
+
+    Args:
+        memories: the client's memory dicts.
+        title: the table's title.
+        width: the console's width in columns; under :data:`WIDE`, scope, score and created share a dim line
+            under the text, so that the full id and the text keep their room.
+    """
+    scored = any("score" in m for m in memories)
+    wide = width >= WIDE
+    out = table(title=title, title_justify="left")
+    from rich.text import Text  # rich is there: table() checked
+
+    out.add_column("id", no_wrap=True, style="cyan")
+    out.add_column("memory", overflow="fold", ratio=1)
+    if wide:
+        out.add_column("scope", overflow="fold")
+        if scored:
+            out.add_column("score", justify="right", no_wrap=True)
+        out.add_column("created", no_wrap=True, style="dim")
+    for m in memories:
+        facts = [scope_of(m), *([f"{m['score']:.3f}"] if scored else []), when(m.get("created_at"))]
+        if wide:
+            out.add_row(m["id"], m["memory"], *facts)
+        else:
+            details = Text(" · ".join(facts), style="dim")
+            out.add_row(m["id"], Text.assemble(m["memory"], "\n", details))
+    return out
+
+
+def changes_table(changes: Sequence[Mapping[str, Any]], title: str) -> Table:
+    """``add``'s results as rows: event, id, memory (an UPDATE's previous text on a dim line under it)."""
+    out = table(title=title, title_justify="left")
+    from rich.text import Text  # rich is there: table() checked
+
+    out.add_column("event", no_wrap=True, style="bold")
+    out.add_column("id", no_wrap=True, style="cyan")
+    out.add_column("memory", overflow="fold", ratio=1)
+    for c in changes:
+        was = c.get("previous_memory")
+        text = Text.assemble(c["memory"], *(("\n", Text(f"was: {was}", style="dim")) if was else ()))
+        out.add_row(c["event"], c["id"], text)
+    return out
+
+
+def history_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
+    """``history``'s rows, oldest first: created, event, memory (its previous text on a dim line under it), and the
+    actor when a row has one."""
+    actors = any(r["actor_id"] for r in rows)
+    out = table(title=title, title_justify="left")
+    from rich.text import Text  # rich is there: table() checked
+
+    out.add_column("created", no_wrap=True, style="dim")
+    out.add_column("event", no_wrap=True, style="bold")
+    out.add_column("memory", overflow="fold", ratio=1)
+    if actors:
+        out.add_column("actor", no_wrap=True)
+    for r in rows:
+        old, new = r["old_memory"], r["new_memory"]
+        text = Text(old or "", style="strike") if new is None else Text(new)
+        if old is not None and new is not None:
+            text.append(f"\nwas: {old}", style="dim")
+        out.add_row(when(r["created_at"]), r["event"], text, *([r["actor_id"] or ""] if actors else []))
+    return out
+
+
+def _bound(kind: str, ids: Sequence[str] | None) -> str | None:
+    return None if ids is None else f"{kind}={','.join(ids)}"
+
+
+def keys_table(keys: Sequence[ApiKey]) -> Table:
+    """API keys as rows: id, name, scopes (``any`` where a list is unbound), admin, created, revoked."""
+    out = table(title=count(len(keys), "API key", "API keys"), title_justify="left")
+    for name in ("id", "name", "scopes", "admin", "created", "revoked"):
+        out.add_column(name, no_wrap=name in ("id", "admin", "created", "revoked"), overflow="fold")
+    for k in keys:
+        bound = [_bound("user", k.user_ids), _bound("agent", k.agent_ids), _bound("run", k.run_ids)]
+        scopes = " ".join(b for b in bound if b) or "any"
+        out.add_row(k.key_id, k.name, scopes, "yes" if k.admin else "", when(k.created_at), when(k.revoked_at))
+    return out

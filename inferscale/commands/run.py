@@ -1,0 +1,46 @@
+"""Running one memory command: build its client, make its call, print the return value (JSON or a table)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from inferscale.commands.options import Common
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from inferscale.client import MemoryClient
+
+__all__ = ["run_call"]
+
+T = TypeVar("T")
+
+
+def run_call(
+    args: argparse.Namespace,
+    call: Callable[[MemoryClient, Common], T],
+    show: Callable[[T, Common, Console], None],
+    busy: str,
+) -> int:
+    """Run one memory command: build its client (:func:`inferscale.commands.client.open_client`), make ``call``
+    under a spinner saying ``busy``, close the client, then print the value (``--json``) or ``show`` it.
+
+    Returns:
+        0 (errors propagate, for ``inferscale.cli.main`` to print).
+    """
+    from inferscale.commands import client as clients
+    from inferscale.commands.output import print_json, stdout, working
+
+    common = Common.from_args(args)
+    with (
+        clients.open_client(common.store, common.model, common.remote) as client,
+        working(None if common.output.as_json else busy),
+    ):
+        value = call(client, common)
+    if common.output.as_json:
+        print_json(value)
+    else:
+        show(value, common, stdout())
+    return 0

@@ -1,0 +1,179 @@
+"""The command line's shape: every command, the shared options on each memory command, positional arguments from
+settings fields, the client each run builds (local or ``--host``), and typed errors printed as one line with exit
+code 2 (bad input) or 1 (any other failure)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from cli_runner import Fakes, Ran
+
+from inferscale import MemoryClient
+from inferscale.apps_extra import exit_code
+from inferscale.cli import build_parser
+from inferscale.cli_options import add_options, cli, from_args
+from inferscale.commands import client as clients
+from inferscale.errors import (
+    AuthenticationError,
+    ConfigError,
+    ExtractionError,
+    InvalidInputError,
+    MemoryNotFoundError,
+    ScopeError,
+    ServerError,
+)
+
+COMMANDS = ["add", "search", "list", "delete", "history", "chat", "serve", "keys", "bench", "eval", "demo"]
+MEMORY_COMMANDS = {
+    "add": ["some text"],
+    "search": ["query"],
+    "list": [],
+    "delete": ["some-id"],
+    "history": ["some-id"],
+    "chat": ["a question?"],
+}
+REMOTE = importlib.util.find_spec("inferscale.remote") is not None
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(action.choices)
+
+
+def test_every_command_is_there_in_order() -> None:
+    assert _subcommands(build_parser()) == COMMANDS
+
+
+@pytest.mark.parametrize("command", list(MEMORY_COMMANDS))
+def test_each_memory_command_takes_the_shared_options(command: str) -> None:
+    argv = [command, *MEMORY_COMMANDS[command], "--user", "u", "--agent", "a", "--run", "r", "--json"]
+    args = build_parser().parse_args([*argv, "--data-dir", "/d", "--db-url", "sqlite:///x.db", "--dtype", "float32"])
+    assert (args.user_id, args.agent_id, args.run_id, args.as_json) == ("u", "a", "r", True)
+    assert (args.data_dir, args.db_url, args.model, args.dtype) == ("/d", "sqlite:///x.db", None, "float32")
+    remote = build_parser().parse_args([command, *MEMORY_COMMANDS[command], "--host", "http://h:1", "--api-key", "k"])
+    assert (remote.host, remote.api_key) == ("http://h:1", "k")
+
+
+def test_keys_commands_take_the_store_and_output_options() -> None:
+    args = build_parser().parse_args(
+        ["keys", "create", "n", "--user", "a", "--user", "b", "--data-dir", "/d", "--json"]
+    )
+    assert (args.name, args.user_ids, args.agent_ids, args.data_dir, args.as_json) == (
+        "n",
+        ["a", "b"],
+        None,
+        "/d",
+        True,
+    )
+    with pytest.raises(SystemExit):  # keys live in the local database: no --host
+        build_parser().parse_args(["keys", "list", "--host", "http://h:1"])
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]"])
+def test_a_json_option_that_is_not_an_object_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["search", "q", "--user", "u", "--filters", bad])
+    assert exited.value.code == 2 and "expected a JSON object" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class _Positional:
+    name: str = field(metadata=cli("NAME", help="required"))
+    maybe: str | None = field(default=None, metadata=cli("OTHER", nargs="?", help="optional"))
+    count: int = field(default=1, metadata=cli("--count", help="a flag"))
+
+
+def test_settings_fields_make_positional_arguments() -> None:
+    parser = add_options(argparse.ArgumentParser(), _Positional)
+    assert from_args(_Positional, parser.parse_args(["x"])) == _Positional("x", None, 1)
+    assert from_args(_Positional, parser.parse_args(["x", "y", "--count", "3"])) == _Positional("x", "y", 3)
+    assert "NAME" in parser.format_usage() and "[OTHER]" in parser.format_usage()
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (InvalidInputError("x"), 2),
+        (ScopeError("x"), 2),
+        (ConfigError("x"), 2),
+        (MemoryNotFoundError("x"), 1),
+        (AuthenticationError("x"), 1),
+        (ServerError("x"), 1),
+        (ExtractionError("x"), 1),
+    ],
+)
+def test_exit_codes(error: Exception, code: int) -> None:
+    assert exit_code(error) == code
+
+
+def _one_error_line(ran: Ran, code: int, *words: str) -> None:
+    assert ran.code == code and ran.out == ""
+    assert ran.err.startswith("error: ") and ran.err.count("\n") == 1, ran.err
+    assert "Traceback" not in ran.err and all(w in ran.err for w in words), ran.err
+
+
+def test_a_call_without_a_scope_exits_2(cli: Callable[..., Ran]) -> None:
+    _one_error_line(cli("search", "dog", "--json"), 2, "user_id")
+    _one_error_line(cli("list"), 2, "user_id")
+
+
+def test_deleting_needs_one_id_or_all_with_a_scope(
+    cli: Callable[..., Ran], reference: Callable[[], MemoryClient]
+) -> None:
+    memory_id = cli("add", "I live in Porto.", "--user", "alice", "--no-infer", "--json").json()["results"][0]["id"]
+    _one_error_line(cli("delete"), 2, "--all")
+    _one_error_line(cli("delete", memory_id, "--all", "--user", "alice"), 2, "--all")
+    _one_error_line(cli("delete", "--all"), 2, "user_id")
+    _one_error_line(cli("delete", "no-such-id", "--user", "alice"), 1, "no-such-id")
+    _one_error_line(cli("delete", memory_id, "--user", "bob"), 1, memory_id)  # another scope's memory
+    assert [m["id"] for m in reference().get_all(user_id="alice")["results"]] == [memory_id]
+
+
+def test_bad_input_the_client_refuses_exits_2(cli: Callable[..., Ran]) -> None:
+    _one_error_line(cli("add", "x", "--user", "u", "--no-infer", "--metadata", '{"user_id": "v"}'), 2, "user_id")
+    _one_error_line(cli("search", "x", "--user", "u", "--limit", "-1"), 2, "limit")
+
+
+def test_api_key_without_host_and_host_with_local_options_exit_2(cli: Callable[..., Ran]) -> None:
+    _one_error_line(cli("list", "--user", "u", "--api-key", "isk_x"), 2, "--host")
+    _one_error_line(cli("list", "--user", "u", "--host", "http://127.0.0.1:9"), 2, "--data-dir")
+
+
+@pytest.mark.skipif(REMOTE, reason="the remote client is installed")
+def test_host_without_the_remote_client_is_a_config_error(cli: Callable[..., Ran]) -> None:
+    _one_error_line(cli("list", "--user", "u", "--host", "http://127.0.0.1:9", local=False), 2, "remote client")
+
+
+@pytest.mark.skipif(not REMOTE, reason="the remote client (inferscale.remote) is not merged yet")
+def test_host_builds_the_remote_client_with_the_key(cli: Callable[..., Ran], fakes: Fakes) -> None:
+    assert cli("list", "--user", "u", "--host", "http://h:1", "--json", local=False).json() == {"results": []}
+    assert cli("list", "--user", "u", "--host", "http://h:2", "--api-key", "isk_flag", local=False).code == 0
+    assert fakes.remote == [  # without --api-key the remote client reads $INFERSCALE_API_KEY itself
+        {"host": "http://h:1", "api_key": None},
+        {"host": "http://h:2", "api_key": "isk_flag"},
+    ]
+
+
+def test_narrow_tables_keep_the_id_and_text_whole(cli: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch) -> None:
+    memory_id = cli("add", "I live in Porto.", "--user", "alice", "--no-infer", "--json").json()["results"][0]["id"]
+    monkeypatch.setenv("COLUMNS", "80")
+    ran = cli("search", "I live in Porto.", "--user", "alice")
+    lines = ran.out.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    row = next(i for i, line in enumerate(lines) if memory_id in line)
+    assert "I live in Porto." in lines[row] and "user=alice · 1.000 · " in lines[row + 1]
+
+
+def test_ctrl_c_exits_130_without_a_traceback(cli: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> MemoryClient:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(clients, "MemoryClient", interrupted)
+    ran = cli("list", "--user", "u")
+    assert ran.code == 130 and ran.out == "" and "Traceback" not in ran.err

@@ -1,0 +1,94 @@
+"""``inferscale keys create | list | revoke`` on the key store of the test's data folder: a created key
+authenticates with its bound scopes, a revoked one no longer does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from cli_runner import Fakes, Ran
+
+from inferscale.commands.options import StoreOptions
+from inferscale.server.keys import KeyStore
+
+
+@pytest.fixture
+def store(fakes: Fakes) -> Iterator[KeyStore]:
+    """The key store the commands use: the one in the data folder's memory database (as ``inferscale serve``)."""
+    keys = KeyStore.for_config(StoreOptions(data_dir=str(fakes.data_dir)).config())
+    yield keys
+    keys.close()
+
+
+def test_create_list_revoke_round_trip(cli: Callable[..., Ran], store: KeyStore) -> None:
+    created = cli("keys", "create", "alice's agent", "--user", "alice", "--user", "al", "--agent", "helper", "--json")
+    assert created.code == 0, created.err
+    body = created.json()
+    key, api_key = body["key"], body["api_key"]
+    assert "not shown again" in created.err
+    found = store.authenticate(key)
+    assert found is not None and found.key_id == api_key["key_id"]
+    assert (found.name, found.user_ids, found.agent_ids, found.run_ids, found.admin) == (
+        "alice's agent",
+        ("alice", "al"),
+        ("helper",),
+        None,
+        False,
+    )
+    assert api_key == {
+        "key_id": found.key_id,
+        "name": "alice's agent",
+        "admin": False,
+        "user_ids": ["alice", "al"],
+        "agent_ids": ["helper"],
+        "run_ids": None,
+        "created_at": found.created_at.isoformat(),
+        "revoked_at": None,
+    }
+
+    admin = cli("keys", "create", "ops", "--admin", "--json").json()
+    listed = cli("keys", "list", "--json").json()
+    assert (
+        [k["key_id"] for k in listed] == [k.key_id for k in store.list()] == [found.key_id, admin["api_key"]["key_id"]]
+    )
+    assert listed[1]["admin"] is True and listed[1]["user_ids"] is None
+
+    revoked = cli("keys", "revoke", found.key_id, "--json")
+    assert revoked.code == 0
+    assert revoked.json()["revoked_at"] is not None
+    assert store.authenticate(key) is None
+    assert store.authenticate(admin["key"]) is not None
+
+
+def test_create_prints_the_key_once_with_a_warning(cli: Callable[..., Ran], store: KeyStore) -> None:
+    ran = cli("keys", "create", "ci", "--run", "nightly")
+    assert ran.code == 0
+    key = next(line for line in ran.out.splitlines() if line.startswith("isk_"))
+    found = store.authenticate(key)
+    assert found is not None and found.run_ids == ("nightly",)
+    assert f"created API key {found.key_id} (ci)" in ran.out
+    assert "warning: save this key now: it is not shown again" in ran.err
+    assert key not in cli("keys", "list").out
+
+
+def test_list_table_shows_scopes_admin_and_revocation(cli: Callable[..., Ran], store: KeyStore) -> None:
+    bound = cli("keys", "create", "bob", "--user", "bob", "--json").json()["api_key"]
+    admin = cli("keys", "create", "root", "--admin", "--json").json()["api_key"]
+    revoked = cli("keys", "revoke", bound["key_id"])
+    assert revoked.code == 0 and f"revoked API key {bound['key_id']} (bob)" in revoked.out
+    ran = cli("keys", "list")
+    assert "2 API keys" in ran.out
+    rows = {k: next(line for line in ran.out.splitlines() if k in line) for k in (bound["key_id"], admin["key_id"])}
+    when_revoked = store.list()[0].revoked_at
+    assert when_revoked is not None
+    assert "user=bob" in rows[bound["key_id"]] and when_revoked.strftime("%Y-%m-%d %H:%M") in rows[bound["key_id"]]
+    assert "any" in rows[admin["key_id"]] and "yes" in rows[admin["key_id"]]
+
+
+def test_key_errors_are_one_line_and_exit_2(cli: Callable[..., Ran], store: KeyStore) -> None:
+    unbound = cli("keys", "create", "nobody")  # a non-admin key must bind a scope
+    assert unbound.code == 2 and unbound.out == ""
+    assert unbound.err.startswith("error: ") and unbound.err.count("\n") == 1 and "user_ids" in unbound.err
+    unknown = cli("keys", "revoke", "0123456789ab")
+    assert unknown.code == 2 and "0123456789ab" in unknown.err and unknown.err.count("\n") == 1
+    assert store.list() == []
