@@ -31,15 +31,23 @@ def decoded_error(body: Any) -> InferScaleError | None:
     return None
 
 
+def _json_or_none(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:  # also UnicodeDecodeError
+        return None
+
+
+def is_error_reply(content: bytes) -> bool:
+    """Whether ``content`` is an InferScale error reply (the server's own, typed answer), not a proxy's page."""
+    return decoded_error(_json_or_none(content)) is not None
+
+
 def error_of(status: int, content: bytes, what: str) -> InferScaleError:
     """The exception of a non-2xx reply: its code's type with its message, or a :class:`ServerError` naming
     ``what`` (e.g. ``"POST http://host/v1/memories/"``), the status and the start of the body."""
     text = content.decode("utf-8", errors="replace")
-    try:
-        body = json.loads(text)
-    except ValueError:
-        body = None
-    error = decoded_error(body)
+    error = decoded_error(_json_or_none(content))
     if error is None:
         return ServerError(f"{what} answered HTTP {status}, not with an InferScale error: {text[:BODY_QUOTED]!r}")
     return error

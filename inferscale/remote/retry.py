@@ -2,8 +2,10 @@
 
 - Every call is retried when the connection cannot be made (the request was never sent).
 - An idempotent call (:attr:`ApiCall.idempotent <inferscale.remote.calls.ApiCall.idempotent>`: the GETs, PUT,
-  DELETEs and the search/get_all POSTs) is also retried on a 502, 503 or 504 reply: a proxy or a starting server
-  that did not run it, or ran it to no lasting effect.
+  DELETEs and the search/get_all POSTs) is also retried on a 502, 503 or 504 reply from something other than the
+  InferScale server (a proxy or load balancer with no server behind it yet). A 5xx that carries an InferScale error
+  code (``model_not_available``, ``engine_closed``, ``extraction_failed``) is the server's own answer, the same on
+  every attempt, and is raised at once.
 - ``add``, ``chat`` and ``reset`` are never sent twice: a 5xx reply to them is the caller's answer.
 
 Waits grow exponentially from :data:`FIRST_WAIT_S` to at most :data:`MAX_WAIT_S`, with a little jitter so that
@@ -13,7 +15,17 @@ clients that failed together do not come back together. After the last attempt t
 from __future__ import annotations
 
 import httpx
-from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_combine,
+    wait_exponential,
+    wait_random,
+)
+
+from inferscale.remote.errors import is_error_reply
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Replies an idempotent call is tried again on."""
@@ -50,20 +62,25 @@ def is_transient(error: BaseException) -> bool:
 
 
 def check_reply(status: int, content: bytes, idempotent: bool) -> None:
-    """Raise :class:`RetryableReply` for a 502/503/504 reply to an idempotent call; do nothing otherwise."""
-    if idempotent and status in RETRY_STATUSES:
+    """Raise :class:`RetryableReply` for a 502/503/504 reply to an idempotent call that is not an InferScale error
+    reply; do nothing otherwise."""
+    if idempotent and status in RETRY_STATUSES and not is_error_reply(content):
         raise RetryableReply(status, content)
 
 
-_RETRY = retry_if_exception(is_transient)
-_WAIT = wait_exponential_jitter(initial=FIRST_WAIT_S, max=MAX_WAIT_S, jitter=JITTER_S)
+def _wait() -> wait_combine:
+    return wait_combine(wait_exponential(multiplier=FIRST_WAIT_S, max=MAX_WAIT_S), wait_random(0, JITTER_S))
 
 
 def retrying(retries: int) -> Retrying:
     """The sync policy: at most ``retries`` more attempts after the first."""
-    return Retrying(retry=_RETRY, stop=stop_after_attempt(retries + 1), wait=_WAIT, reraise=True)
+    return Retrying(
+        retry=retry_if_exception(is_transient), stop=stop_after_attempt(retries + 1), wait=_wait(), reraise=True
+    )
 
 
 def aretrying(retries: int) -> AsyncRetrying:
     """The async policy (waits with ``asyncio.sleep``): at most ``retries`` more attempts after the first."""
-    return AsyncRetrying(retry=_RETRY, stop=stop_after_attempt(retries + 1), wait=_WAIT, reraise=True)
+    return AsyncRetrying(
+        retry=retry_if_exception(is_transient), stop=stop_after_attempt(retries + 1), wait=_wait(), reraise=True
+    )

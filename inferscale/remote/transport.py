@@ -187,10 +187,10 @@ class Transport:
                     yield from reader.feed(event.data)
                     if reader.done:
                         break
+            except SSEError as exc:  # an httpx.TransportError: caught first
+                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
                 raise self.connection.failed(call, exc) from exc
-            except SSEError as exc:
-                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
         reader.end()
 
     def _open(self, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
@@ -272,10 +272,10 @@ class AsyncTransport:
                         yield chunk
                     if reader.done:
                         break
+            except SSEError as exc:  # an httpx.TransportError: caught first
+                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
                 raise self.connection.failed(call, exc) from exc
-            except SSEError as exc:
-                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
         reader.end()
 
     async def _open(self, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
