@@ -153,9 +153,7 @@ class ClientCore:
 
     # ---- locations -------------------------------------------------------------------------------------------
     def _db_url(self) -> str:
-        if self.config.db_url:
-            return self.config.db_url
-        return f"sqlite:///{self.config.data_path() / 'memory.db'}"
+        return self.config.database_url()
 
     def _index_path(self) -> Path:
         if self.config.index_path:

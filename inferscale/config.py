@@ -218,6 +218,13 @@ class MemoryConfig(_Strict):
         """The resolved data directory (``data_dir`` or ``<home>/data``)."""
         return Path(self.data_dir).expanduser() if self.data_dir else self.home_dir() / "data"
 
+    def database_url(self) -> str:
+        """The resolved SQLAlchemy URL of the memory database: ``db_url``, or the SQLite file
+        ``<data_dir>/memory.db``."""
+        if self.db_url:
+            return self.db_url
+        return f"sqlite:///{self.data_path() / 'memory.db'}"
+
 
 # ---------------------------------------------------------------------------------------------------- Mem0 configs
 

@@ -31,7 +31,7 @@ from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
-from inferscale.kv.store import KVStore
+from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -364,6 +364,14 @@ class DerivedStores:
                 )
                 self._fact_kv = FactKVManager(engine, store, self._db(), kv)
             return self._fact_kv
+
+    def kv_stats(self) -> KVStoreStats | None:
+        """The K/V store's counters (hits per tier, misses, sizes) since it was built, or ``None`` while no K/V has
+        been used (nothing is built or loaded to answer). The counters start again when the store is rebuilt
+        (:meth:`release_kv`)."""
+        with self._lock:
+            fact_kv = self._fact_kv
+        return fact_kv.store.stats() if fact_kv is not None else None
 
     def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """The K/V of ``records`` as served in this order (stored ones loaded, missing ones encoded and stored)."""

@@ -1,23 +1,47 @@
-"""The ``inferscale serve`` subcommand: an OpenAI-compatible server whose chat answers use KV-injected memory."""
+"""The ``inferscale serve`` subcommand: the memory REST API and an OpenAI-compatible chat server whose answers use
+KV-injected memory, on the transformers engine in process (default) or on vLLM."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register ``serve`` on the ``inferscale`` subcommand parsers; returns its parser."""
-    serve = sub.add_parser("serve", help="OpenAI-compatible server answering chats with KV-injected memory")
-    serve.add_argument("--engine", choices=["vllm"], default="vllm", help="serving engine (default vllm)")
+    serve = sub.add_parser(
+        "serve", help="memory REST API + OpenAI-compatible chat server with KV-injected memory (docs/server.md)"
+    )
+    serve.add_argument(
+        "--engine",
+        choices=["transformers", "vllm"],
+        default="transformers",
+        help="transformers: the InferScale server in process (default); vllm: vLLM's server with the memory "
+        "middleware (docs/vllm.md)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
     serve.add_argument("--data-dir", help="memory database, index and K/V folder (default <home>/data)")
+    serve.add_argument("--db-url", help="memory database URL (transformers engine; default <data-dir>/memory.db)")
     serve.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
-    serve.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
-    serve.add_argument("--limit", type=int, default=5, help="memories retrieved per request (default 5)")
-    serve.add_argument("--max-model-len", type=int, default=4096, help="context limit in tokens (default 4096)")
     serve.add_argument(
-        "--kv-cache-bytes", type=int, default=2 << 30, help="vLLM paged KV cache size in bytes (default 2 GiB)"
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and K/V dtype (default bfloat16)",
+    )
+    serve.add_argument("--device", default="auto", help="transformers engine: cpu, cuda, cuda:N or auto (default)")
+    serve.add_argument("--limit", type=int, help="memories retrieved per chat request (default 5)")
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help=f"transformers engine: largest request body (default {DEFAULT_MAX_REQUEST_BYTES:,} bytes)",
+    )
+    serve.add_argument("--max-model-len", type=int, default=4096, help="vLLM: context limit in tokens (default 4096)")
+    serve.add_argument(
+        "--kv-cache-bytes", type=int, default=2 << 30, help="vLLM: paged KV cache size in bytes (default 2 GiB)"
     )
     serve.add_argument("--served-model-name", help="model name clients send (default: the folder name)")
     serve.set_defaults(func=run_serve)
@@ -25,7 +49,42 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Start the server (blocks until interrupted); returns the exit status."""
+    """Start the server (blocks until interrupted); returns the exit status: 2, with the reason on stderr, when the
+    options are refused (e.g. a public host with no API key)."""
+    from inferscale.errors import ConfigError
+
+    try:
+        if args.engine == "vllm":
+            _serve_vllm(args)
+        else:
+            _serve_transformers(args)
+    except ConfigError as exc:
+        print(f"inferscale serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _serve_transformers(args: argparse.Namespace) -> None:
+    from inferscale.server.options import ServerOptions
+    from inferscale.server.run import serve_transformers
+
+    serve_transformers(
+        ServerOptions(
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            db_url=args.db_url,
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            max_request_bytes=args.max_request_bytes,
+            chat_limit=args.limit,
+            served_model_name=args.served_model_name,
+        )
+    )
+
+
+def _serve_vllm(args: argparse.Namespace) -> None:
     from inferscale.server.vllm_memory import ServeOptions, serve
 
     serve(
@@ -34,14 +93,13 @@ def run_serve(args: argparse.Namespace) -> int:
             port=args.port,
             data_dir=args.data_dir,
             model=args.model,
-            dtype=args.dtype,
-            limit=args.limit,
+            dtype=args.dtype or "bfloat16",
+            limit=5 if args.limit is None else args.limit,
             max_model_len=args.max_model_len,
             kv_cache_bytes=args.kv_cache_bytes,
             served_model_name=args.served_model_name,
         )
     )
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,18 +35,26 @@ import asyncio
 import json
 import logging
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
+from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
 from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.server.openai_chat import (
+    SSE_DONE,
+    Completion,
+    chat_messages,
+    check_supported_fields,
+    include_usage,
+    requested_max_tokens,
+    sampler_top_k,
+    sse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,63 +133,6 @@ _SERVICE: MemoryService | None = None
 _DEFAULT_MAX_TOKENS = 64
 
 
-def _text_content(content: Any) -> Any:
-    """OpenAI content parts (``[{"type": "text", "text": ...}]``) joined into one string; other values as given
-    (:func:`check_messages` judges them).
-
-    Raises:
-        InvalidInputError: for a part that is not text (images, audio).
-    """
-    if not isinstance(content, list):
-        return content
-    texts = []
-    for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
-            raise InvalidInputError(f"content part {i} is not a text part; only text content is supported")
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-SUPPORTED_FIELDS = frozenset(
-    {
-        "model", "messages", "user", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
-        "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop",
-    }
-)  # fmt: skip
-"""The OpenAI chat fields a memory request honours; any other field given a value is refused, not ignored."""
-
-
-def check_supported_fields(body: dict[str, Any]) -> None:
-    """Refuse a memory request that sets a field it would otherwise silently ignore (tools, ``response_format``,
-    ``logprobs``, presence/frequency penalties, ``logit_bias``, ``n`` above 1, ...). A field sent with its neutral
-    value (``null``, ``false``, ``0``, empty) is accepted.
-
-    Raises:
-        InvalidInputError: naming every unsupported field that was set.
-    """
-    unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
-    if body.get("n") not in (None, 1):
-        unsupported.append("n (only 1 answer per request)")
-    if unsupported:
-        raise InvalidInputError(
-            f"unsupported field(s) for a memory chat (a request with 'user'): {', '.join(unsupported)}; supported: "
-            f"{', '.join(sorted(SUPPORTED_FIELDS))}"
-        )
-
-
-def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
-    """An OpenAI request's ``messages`` as checked :class:`ChatMessage` values.
-
-    Raises:
-        InvalidInputError: for a missing or empty list, an unknown role, non-text content, no user message, a
-            conversation that ends with an assistant turn (see :func:`check_messages`).
-    """
-    if not isinstance(messages, list):
-        raise InvalidInputError("'messages' must be a list of {'role', 'content'} objects")
-    converted = [{**m, "content": _text_content(m.get("content"))} if isinstance(m, dict) else m for m in messages]
-    return check_messages(converted)
-
-
 @dataclass(frozen=True, slots=True)
 class ChatSampling:
     """The sampling fields of an OpenAI chat request.
@@ -203,18 +154,15 @@ class ChatSampling:
             InvalidInputError: naming the bad field (see :class:`SamplingSettings`; ``max_tokens`` must be a positive
                 int).
         """
-        top_k = body.get("top_k")
         settings = SamplingSettings.of(
             temperature=body.get("temperature"),
             top_p=body.get("top_p"),
-            top_k=None if top_k in (0, -1) else top_k,
+            top_k=sampler_top_k(body.get("top_k")),
             seed=body.get("seed"),
             repetition_penalty=body.get("repetition_penalty"),
             stop=body.get("stop"),
         )
-        budget = body.get("max_completion_tokens")
-        if budget is None:
-            budget = body.get("max_tokens")
+        budget = requested_max_tokens(body)
         if budget is None:
             budget = _DEFAULT_MAX_TOKENS
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -281,67 +229,48 @@ def _chat_response(
     choice = completion["choices"][0]
     answer.push(choice.get("token_ids") or [])
     answer.finish()
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": answer.text},
-                "finish_reason": answer.finish_reason(choice.get("finish_reason")),
-            }
-        ],
-        "usage": completion.get("usage"),
-        "inferscale": {"memories": memories, "kv_transfer_params": completion.get("kv_transfer_params")},
-    }
-
-
-def _sse(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data)}\n\n".encode()
+    return Completion.new(model).message(
+        answer.text,
+        answer.finish_reason(choice.get("finish_reason")),
+        usage=completion.get("usage"),
+        inferscale={"memories": memories, "kv_transfer_params": completion.get("kv_transfer_params")},
+    )
 
 
 async def _chat_chunks(
-    response: Any, http: Any, model: str, memories: list[dict[str, Any]], answer: _Answer, include_usage: bool
+    response: Any, http: Any, model: str, memories: list[dict[str, Any]], answer: _Answer, usage_wanted: bool
 ) -> AsyncIterator[bytes]:
     """Re-emit vLLM's completion stream (``response``, an open httpx streaming response) as ``chat.completion.chunk``
     events: the assistant role first, then each non-empty text delta, then ``finish_reason`` with the ``inferscale``
     report, the usage (when the caller asked ``stream_options.include_usage``) and ``[DONE]``. An error event from
     vLLM is passed on and ends the stream. Closes ``response`` and ``http``."""
-    chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-    head = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model}
-
-    def chunk(delta: dict[str, Any], finish: Any = None, **extra: Any) -> bytes:
-        return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
-
+    reply = Completion.new(model)
     vllm_reason: Any = None
     usage: Any = None
     try:
-        yield chunk({"role": "assistant", "content": ""})
+        yield reply.chunk({"role": "assistant", "content": ""})
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[len("data: ") :])
             if "error" in event:
-                yield _sse(event)
-                yield b"data: [DONE]\n\n"
+                yield sse(event)
+                yield SSE_DONE
                 return
             usage = event.get("usage") or usage
             for choice in event.get("choices") or []:
                 text = answer.push(choice.get("token_ids") or [])
                 if text:
-                    yield chunk({"content": text})
+                    yield reply.chunk({"content": text})
                 vllm_reason = choice.get("finish_reason") or vllm_reason
         rest = answer.finish()
         if rest:
-            yield chunk({"content": rest})
+            yield reply.chunk({"content": rest})
         report = {"memories": memories, "kv_transfer_params": None}
-        yield chunk({}, answer.finish_reason(vllm_reason), inferscale=report)
-        if include_usage:
-            yield _sse({**head, "choices": [], "usage": usage})
-        yield b"data: [DONE]\n\n"
+        yield reply.chunk({}, answer.finish_reason(vllm_reason), inferscale=report)
+        if usage_wanted:
+            yield reply.usage_chunk(usage)
+        yield SSE_DONE
     finally:
         await response.aclose()
         await http.aclose()
@@ -369,8 +298,6 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         return await call_next(request)
     service = _SERVICE
     stream = body.get("stream") is True
-    options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and options.get("include_usage") is True
     try:
         check_supported_fields(body)
         conversation = chat_messages(body.get("messages"))
@@ -412,7 +339,7 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
             return JSONResponse(content, status_code=response.status_code)
         return JSONResponse(_chat_response(content, model, memories, answer))
     return StreamingResponse(
-        _chat_chunks(response, http, model, memories, answer, include_usage), media_type="text/event-stream"
+        _chat_chunks(response, http, model, memories, answer, include_usage(body)), media_type="text/event-stream"
     )
 
 

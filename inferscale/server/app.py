@@ -1,0 +1,68 @@
+"""The server's FastAPI application: :func:`create_app`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from inferscale.async_client import AsyncMemoryClient
+from inferscale.server.errors import UnexpectedErrors, install_error_handlers
+from inferscale.server.keys import KeyStore
+from inferscale.server.limits import BodySizeLimit
+from inferscale.server.metrics import Metrics, RequestMetrics
+from inferscale.server.options import ServerOptions
+from inferscale.server.routes import memories, openai, ops
+from inferscale.server.state import ServerState
+
+API_VERSION = "1"
+
+
+def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: ServerOptions) -> FastAPI:
+    """The InferScale server: Mem0's memory REST API, OpenAI's chat completions and models, ping, health, metrics
+    and the OpenAPI schema (``/openapi.json``, ``/docs``), all answering through ``client``'s public methods.
+
+    The app owns ``client``: it is closed when the app shuts down (uvicorn's lifespan). Build one client per app.
+
+    Args:
+        client: the async memory client (its store, index, engine and K/V).
+        keys: the API keys; ``None``, or a store holding no key, runs the server without authentication (keep it on
+            loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then).
+        options: the server's settings (request size limit, chat defaults, served model name).
+
+    Returns:
+        the ASGI application; construction does no I/O.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(
+        title="InferScale",
+        version=API_VERSION,
+        summary="Long-term memory for LLM agents: Mem0's REST API and OpenAI's chat completions with KV-injected "
+        "recall",
+        redirect_slashes=False,
+        lifespan=lifespan,
+    )
+    metrics = Metrics(client)
+    app.state.inferscale = ServerState(
+        client=client,
+        keys=keys,
+        options=options,
+        metrics=metrics,
+        model_name=options.served_model_name or client.model_name,
+    )
+    install_error_handlers(app)
+    for group in (memories, openai, ops):
+        app.include_router(group.router)
+    # Middleware added last runs first: metrics see every reply, the 413s of the size limit and the 500s included.
+    app.add_middleware(UnexpectedErrors)
+    app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return app

@@ -1,0 +1,174 @@
+"""Who is calling, and which scopes the call may touch.
+
+:func:`current_caller` is the FastAPI dependency: with no key in the store (or no store) the server is open and
+every call is allowed; otherwise the ``Authorization: Token <key>`` (Mem0's client) or ``Bearer <key>`` (OpenAI's)
+header must name a valid key, else 401 ``unauthenticated``.
+
+:class:`Caller` applies a key's scope rules:
+
+- a call's scope ids must each lie in the key's lists (403 ``permission_denied``); when the call names no id of a
+  kind the key binds to exactly one value, that value is used; when it binds several, the call must name one;
+- Mem0 v2 ``filters`` count: the scope is resolved from the keyword ids and the ids ``filters`` pins, exactly as the
+  client resolves it (:func:`inferscale.arguments.resolve_scope`), and that resolved scope is checked. Conditions
+  under ``OR``/``NOT`` pin nothing, so they only narrow the checked scope further;
+- a memory addressed by id that lies outside the key's scopes is reported as not found (404, never 403, so its
+  existence does not leak);
+- ``reset`` needs an admin key (403).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyHeader
+from starlette.concurrency import run_in_threadpool
+
+from inferscale.arguments import resolve_scope
+from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError
+from inferscale.filters import parse_filters, required_ids
+from inferscale.scope import SCOPE_KEYS
+from inferscale.server.keys import ApiKey
+from inferscale.server.state import ServerState, server_state
+
+_AUTHORIZATION = APIKeyHeader(
+    name="Authorization",
+    auto_error=False,
+    description="`Token <key>` or `Bearer <key>`; not needed while the server has no API keys",
+)
+
+
+class ScopeIds(TypedDict):
+    """The scope ids a route passes to the client."""
+
+    user_id: str | None
+    agent_id: str | None
+    run_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The caller of one request.
+
+    Attributes:
+        key: its API key; ``None`` when the server is open (no keys), where every call is allowed.
+    """
+
+    key: ApiKey | None
+
+    @property
+    def admin(self) -> bool:
+        """Whether the caller may reset the store (an admin key, or an open server)."""
+        return self.key is None or self.key.admin
+
+    def require_admin(self, action: str) -> None:
+        """Raises:
+        PermissionDeniedError: unless the caller is an admin."""
+        if not self.admin:
+            raise PermissionDeniedError(f"{action} needs an admin API key")
+
+    def scope(
+        self,
+        user_id: str | None,
+        agent_id: str | None,
+        run_id: str | None,
+        filters: Mapping[str, Any] | None = None,
+    ) -> ScopeIds:
+        """The scope ids a scoped call (add, search, get_all, delete_all, chat) passes to the client: as given on an
+        open server; with a key, checked and completed by the key's lists (see the module docstring).
+
+        Raises:
+            PermissionDeniedError: when a named or resolved id lies outside the key's lists, or the key binds
+                several ids of a kind and the call names none.
+            InvalidInputError, ScopeError: for malformed ``filters`` or ids that disagree, as the client raises.
+        """
+        given = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+        if self.key is None:
+            return ScopeIds(user_id=user_id, agent_id=agent_id, run_id=run_id)
+        pinned = required_ids(parse_filters(filters))
+        for field in SCOPE_KEYS:
+            bound = self.key.bound(field)
+            if bound is None:
+                continue
+            named = [v for v in (given[field], pinned.get(field)) if v is not None]
+            if not named and len(bound) == 1:
+                given[field] = bound[0]
+            elif not named:
+                raise PermissionDeniedError(f"this API key may touch {field} {list(bound)}; name one of them")
+            for value in named:
+                self._check(field, value)
+        ids = ScopeIds(user_id=given["user_id"], agent_id=given["agent_id"], run_id=given["run_id"])
+        scope, _ = resolve_scope(ids["user_id"], ids["agent_id"], ids["run_id"], filters)
+        for field in SCOPE_KEYS:  # the scope the client will use, whatever shape the filters had
+            if self.key.bound(field) is not None:
+                self._check(field, getattr(scope, field))
+        return ids
+
+    def named(self, user_id: str | None, agent_id: str | None, run_id: str | None) -> ScopeIds:
+        """The scope ids an id-addressed call (get, update, delete, history) names, each checked against the key
+        (none are added: the memory itself is checked with :meth:`require_visible`).
+
+        Raises:
+            PermissionDeniedError: when a named id lies outside the key's lists.
+        """
+        if self.key is not None:
+            for field, value in (("user_id", user_id), ("agent_id", agent_id), ("run_id", run_id)):
+                if value is not None:
+                    self._check(field, value)
+        return ScopeIds(user_id=user_id, agent_id=agent_id, run_id=run_id)
+
+    def can_see(self, memory: Mapping[str, Any]) -> bool:
+        """Whether every scope id of ``memory`` (a Mem0 memory dict) lies in the key's lists."""
+        if self.key is None:
+            return True
+        return all((bound := self.key.bound(field)) is None or memory.get(field) in bound for field in SCOPE_KEYS)
+
+    def require_visible(self, memory_id: str, memory: Mapping[str, Any] | None) -> None:
+        """Raises:
+        MemoryNotFoundError: when ``memory`` is ``None`` or outside the key's scopes (the same reply either way).
+        """
+        if memory is None or not self.can_see(memory):
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+
+    def _check(self, field: str, value: Any) -> None:
+        assert self.key is not None
+        bound = self.key.bound(field)
+        if bound is not None and value not in bound:
+            raise PermissionDeniedError(
+                f"this API key may not touch {field}={value!r}; it is bound to {field} {list(bound)}"
+            )
+
+
+def _token(header: str | None) -> str | None:
+    """The key in an ``Authorization`` header (``Token <key>`` or ``Bearer <key>``), or ``None``."""
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    return (token.strip() or None) if scheme.lower() in ("token", "bearer") else None
+
+
+async def current_caller(request: Request, authorization: Annotated[str | None, Depends(_AUTHORIZATION)]) -> Caller:
+    """FastAPI dependency: the request's :class:`Caller`.
+
+    Raises:
+        AuthenticationError: when the server has keys and the header names none, an unknown one or a revoked one.
+    """
+    state: ServerState = server_state(request)
+    keys = state.keys
+    if keys is None or not await run_in_threadpool(keys.has_keys):
+        return Caller(None)
+    token = _token(authorization)
+    if token is None:
+        raise AuthenticationError(
+            "this server needs an API key: send the header 'Authorization: Token <key>' (or 'Bearer <key>')"
+        )
+    key = await run_in_threadpool(keys.authenticate, token)
+    if key is None:
+        raise AuthenticationError("the API key is unknown or revoked; create one with `inferscale keys create`")
+    return Caller(key)
+
+
+CurrentCaller = Annotated[Caller, Depends(current_caller)]
+"""A route parameter holding the request's :class:`Caller`."""

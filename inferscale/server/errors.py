@@ -1,0 +1,133 @@
+"""Structured error replies: every non-2xx answer is ``{"error": {"code", "type", "message"}}`` with the status of
+its code in :data:`inferscale.error_codes.ERROR_CODES`, so the remote client raises the same exception type.
+
+One set of handlers (:func:`install_error_handlers`): InferScale errors by their code; FastAPI's request validation
+failures (its 422) as 400 ``invalid_input``; Starlette's HTTP errors (unknown path 404, wrong method 405) by their
+status with the closest code; any other exception as 500 ``internal_error``, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
+from inferscale.errors import InferScaleError, ServerError
+
+log = logging.getLogger(__name__)
+
+_BY_CODE = {row.code: row for row in ERROR_CODES}
+_BY_STATUS = {401: "unauthenticated", 403: "permission_denied", 413: "request_too_large"}
+
+
+class ErrorDetail(BaseModel):
+    """The ``error`` object of a reply that is not 2xx."""
+
+    code: str
+    type: str
+    message: str
+
+
+class ErrorReply(BaseModel):
+    """A reply that is not 2xx."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorReply, "description": description}
+    for status, description in (
+        (400, "invalid input (invalid_input, scope_required)"),
+        (401, "no, unknown or revoked API key (unauthenticated)"),
+        (403, "the API key may not make this call (permission_denied)"),
+        (413, "request body over the limit (request_too_large)"),
+    )
+}
+"""The error replies every route may give, for the OpenAPI schema."""
+
+
+def error_content(row: ErrorCode, message: str, type_name: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error reply: ``{"error": {"code", "type", "message"}}``; ``type`` defaults to the
+    exception class of ``row``."""
+    return {"error": {"code": row.code, "type": type_name or row.error.__name__, "message": message}}
+
+
+def error_response(exc: InferScaleError) -> JSONResponse:
+    """The reply for ``exc``: its code's status and body (``type`` is the exception's own class name)."""
+    row = code_of(exc)
+    return JSONResponse(error_content(row, str(exc), type(exc).__name__), status_code=row.status)
+
+
+def internal_error_content(exc: BaseException) -> dict[str, Any]:
+    """The body of a 500 for an unexpected exception: names its class, not its text (which may hold internals)."""
+    message = f"internal server error ({type(exc).__name__}); the server log has the details"
+    return error_content(_BY_CODE["internal_error"], message, ServerError.__name__)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg')}" + (f" (got {error['input']!r:.80})" if "input" in error else ""))
+    more = len(exc.errors()) - len(parts)
+    return "invalid request: " + "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InferScaleError)
+    return error_response(exc)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(error_content(_BY_CODE["invalid_input"], _validation_message(exc)), status_code=400)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _BY_STATUS.get(exc.status_code, "invalid_input" if exc.status_code < 500 else "internal_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return JSONResponse(error_content(_BY_CODE[code], message), status_code=exc.status_code, headers=exc.headers)
+
+
+class UnexpectedErrors:
+    """ASGI middleware: any exception that no handler took becomes a 500 ``internal_error``, logged once with its
+    traceback. (Starlette's own handler for ``Exception`` answers and then re-raises, so the server logs it
+    again.) An exception after the reply has started cannot be answered: it is logged and the connection closed.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception as exc:  # answered (or, once started, cut short) and logged here
+            log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
+            if not started:
+                await JSONResponse(internal_error_content(exc), status_code=500)(scope, receive, send)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on ``app`` (see the module docstring); add :class:`UnexpectedErrors` as the innermost
+    middleware too."""
+    app.add_exception_handler(InferScaleError, _inferscale_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

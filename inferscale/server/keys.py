@@ -1,0 +1,257 @@
+"""API keys of the server: created, listed, revoked and checked, stored hashed in the memory database.
+
+A key reads ``isk_<key_id>_<secret>``: ``key_id`` is 12 hex characters, stored in clear (``keys list`` shows it),
+``secret`` is ``secrets.token_urlsafe(32)``. The table ``api_keys`` keeps the secret's scrypt hash
+(``hashlib.scrypt``, n=2**14, r=8, p=1, a 16-byte random salt per key), compared with ``hmac.compare_digest``. A key
+verified once is remembered in this process (by the sha256 of the key string), so scrypt runs once per key; each
+check still reads the key's row, so a revocation is seen at once, by every process sharing the database.
+
+A key binds the scopes it may touch: lists of ``user_ids``, ``agent_ids`` and ``run_ids`` (``None``: any value).
+A non-admin key binds at least one list; an admin key may also reset the store and manage keys.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, Engine, LargeBinary, String, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from inferscale.config import MemoryConfig
+from inferscale.errors import InvalidInputError
+from inferscale.storage import make_engine
+from inferscale.storage.models import UTCDateTime, utc_now
+
+KEY_PREFIX = "isk_"
+_KEY = re.compile(r"isk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+_MAX_SCOPE_IDS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One API key, without its secret or hash.
+
+    Attributes:
+        key_id: 12 hex characters, the public part of the key.
+        name: a label for people.
+        admin: may reset the store and manage keys.
+        user_ids, agent_ids, run_ids: the scope ids the key may touch; ``None`` means any.
+        created_at: when it was created (UTC).
+        revoked_at: when it was revoked (UTC), or ``None`` while it is valid.
+    """
+
+    key_id: str
+    name: str
+    admin: bool
+    user_ids: tuple[str, ...] | None
+    agent_ids: tuple[str, ...] | None
+    run_ids: tuple[str, ...] | None
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    def bound(self, field: str) -> tuple[str, ...] | None:
+        """The ids the key binds for ``field`` (``"user_id"``, ``"agent_id"`` or ``"run_id"``); ``None``: any."""
+        value: tuple[str, ...] | None = getattr(self, f"{field}s")
+        return value
+
+    def scopes(self) -> dict[str, list[str] | None]:
+        """``{"user_ids", "agent_ids", "run_ids"}`` as JSON-ready lists (``None``: any)."""
+        return {f"{k}s": None if (v := self.bound(k)) is None else list(v) for k in ("user_id", "agent_id", "run_id")}
+
+
+class _Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {list[str]: JSON, datetime: UTCDateTime}
+
+
+class ApiKeyRow(_Base):
+    """A row of ``api_keys``."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(12), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    salt: Mapped[bytes] = mapped_column(LargeBinary(16))
+    secret_hash: Mapped[bytes] = mapped_column(LargeBinary(64))
+    admin: Mapped[bool]
+    user_ids: Mapped[list[str] | None]
+    agent_ids: Mapped[list[str] | None]
+    run_ids: Mapped[list[str] | None]
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+    def record(self) -> ApiKey:
+        """The key as a frozen :class:`ApiKey`."""
+        return ApiKey(
+            key_id=self.key_id,
+            name=self.name,
+            admin=self.admin,
+            user_ids=None if self.user_ids is None else tuple(self.user_ids),
+            agent_ids=None if self.agent_ids is None else tuple(self.agent_ids),
+            run_ids=None if self.run_ids is None else tuple(self.run_ids),
+            created_at=self.created_at,
+            revoked_at=self.revoked_at,
+        )
+
+
+def _hash(secret: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(secret.encode(), salt=salt, **_SCRYPT)
+
+
+def _ids(field: str, ids: Sequence[str] | None) -> list[str] | None:
+    """``ids`` as a list of distinct non-empty strings, or ``None``.
+
+    Raises:
+        InvalidInputError: for a string instead of a list, an empty list, a blank or non-string id.
+    """
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise InvalidInputError(f"{field} must be a list of ids or None, got {ids!r}")
+    if not ids or len(ids) > _MAX_SCOPE_IDS:
+        raise InvalidInputError(f"{field} must hold 1 to {_MAX_SCOPE_IDS} ids (None binds any), got {len(ids)}")
+    if not all(isinstance(i, str) and i.strip() for i in ids):
+        raise InvalidInputError(f"{field} must hold non-empty strings, got {list(ids)!r}")
+    return list(dict.fromkeys(ids))
+
+
+class KeyStore:
+    """The API keys in the table ``api_keys`` of a SQL database (any SQLAlchemy URL; the memory database's).
+
+    The constructor does no I/O; the table is created on first use. Thread-safe; every method runs in its own
+    transaction.
+
+    Args:
+        url: the database, e.g. ``MemoryConfig.database_url()``.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+        self._verified: dict[str, str] = {}  # sha256 of a key string -> its key_id, once scrypt accepted it
+        self._has_keys = False
+
+    @classmethod
+    def for_config(cls, config: MemoryConfig) -> KeyStore:
+        """The key store in ``config``'s memory database."""
+        return cls(config.database_url())
+
+    def _db(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                engine = make_engine(self.url)
+                _Base.metadata.create_all(engine)
+                self._engine = engine
+            return self._engine
+
+    def create(
+        self,
+        name: str,
+        *,
+        user_ids: Sequence[str] | None = None,
+        agent_ids: Sequence[str] | None = None,
+        run_ids: Sequence[str] | None = None,
+        admin: bool = False,
+    ) -> tuple[ApiKey, str]:
+        """Create a key; returns it and its key string ``isk_<key_id>_<secret>`` (shown once: only a hash is kept).
+
+        Raises:
+            InvalidInputError: for a blank name (or over 255 characters), a bad id list, or a non-admin key that
+                binds no list (it could touch every memory).
+        """
+        if not isinstance(name, str) or not name.strip() or len(name) > 255:
+            raise InvalidInputError(f"a key's name must be a non-empty string of at most 255 characters, got {name!r}")
+        lists = {"user_ids": _ids("user_ids", user_ids), "agent_ids": _ids("agent_ids", agent_ids)}
+        lists["run_ids"] = _ids("run_ids", run_ids)
+        if not isinstance(admin, bool):
+            raise InvalidInputError(f"admin must be True or False, got {admin!r}")
+        if not admin and all(v is None for v in lists.values()):
+            raise InvalidInputError(
+                "a non-admin key must bind user_ids, agent_ids or run_ids (the scopes it may touch); "
+                "pass admin=True for a key that may touch every scope"
+            )
+        secret, salt = secrets.token_urlsafe(32), secrets.token_bytes(16)
+        with Session(self._db()) as s, s.begin():
+            key_id = secrets.token_hex(6)
+            while s.get(ApiKeyRow, key_id) is not None:
+                key_id = secrets.token_hex(6)
+            row = ApiKeyRow(
+                key_id=key_id,
+                name=name,
+                salt=salt,
+                secret_hash=_hash(secret, salt),
+                admin=admin,
+                created_at=utc_now(),
+                revoked_at=None,
+                **lists,
+            )
+            s.add(row)
+            s.flush()
+            key = row.record()
+        self._has_keys = True
+        return key, f"{KEY_PREFIX}{key_id}_{secret}"
+
+    def list(self) -> builtins.list[ApiKey]:
+        """Every key, revoked ones included, oldest first."""
+        with Session(self._db()) as s:
+            rows = s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.key_id))
+            return [row.record() for row in rows]
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key at once (a key already revoked keeps its first ``revoked_at``); returns it.
+
+        Raises:
+            InvalidInputError: when no key has this id.
+        """
+        with Session(self._db()) as s, s.begin():
+            row = s.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
+            if row is None:
+                raise InvalidInputError(f"no API key has id {key_id!r}; `inferscale keys list` shows the ids")
+            if row.revoked_at is None:
+                row.revoked_at = utc_now()
+            return row.record()
+
+    def authenticate(self, key: str) -> ApiKey | None:
+        """The valid key ``key`` is, or ``None`` when it is malformed, unknown, wrong or revoked."""
+        match = _KEY.fullmatch(key) if isinstance(key, str) else None
+        if match is None:
+            return None
+        key_id, secret = match.groups()
+        with Session(self._db()) as s:
+            row = s.get(ApiKeyRow, key_id)
+            if row is None or row.revoked_at is not None:
+                return None
+            found = row.record()
+            salt, stored = row.salt, row.secret_hash
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        if self._verified.get(digest) == key_id:
+            return found
+        if not hmac.compare_digest(_hash(secret, salt), stored):
+            return None
+        self._verified[digest] = key_id
+        return found
+
+    def has_keys(self) -> bool:
+        """Whether any key was ever created in this database (revoked ones count: revoking every key never
+        reopens a server)."""
+        if not self._has_keys:
+            with Session(self._db()) as s:
+                self._has_keys = s.scalar(select(ApiKeyRow.key_id).limit(1)) is not None
+        return self._has_keys
+
+    def close(self) -> None:
+        """Release the database connections (the next call opens them again)."""
+        with self._lock:
+            if self._engine is not None:
+                self._engine.dispose()
+                self._engine = None

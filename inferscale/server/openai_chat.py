@@ -1,0 +1,146 @@
+"""OpenAI chat-completions pieces shared by both servers (``--engine transformers`` and ``--engine vllm``): which
+request fields a memory chat honours, the request's messages as checked :class:`ChatMessage` values, its token
+budget and sampler ``top_k``, and the ``chat.completion`` / ``chat.completion.chunk`` shapes sent back (streams as
+server-sent events). Pure functions: no I/O, no framework.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inferscale.conversation import ChatMessage, check_messages
+from inferscale.errors import InvalidInputError
+
+SUPPORTED_FIELDS = frozenset(
+    {
+        "model", "messages", "user", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens",
+        "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop",
+    }
+)  # fmt: skip
+"""The OpenAI chat fields a memory request honours; any other field given a value is refused, not ignored."""
+
+SSE_DONE = b"data: [DONE]\n\n"
+"""The event that ends an OpenAI stream."""
+
+
+def check_supported_fields(body: Mapping[str, Any]) -> None:
+    """Refuse a memory request that sets a field it would otherwise silently ignore (tools, ``response_format``,
+    ``logprobs``, presence/frequency penalties, ``logit_bias``, ``n`` above 1, ...). A field sent with its neutral
+    value (``null``, ``false``, ``0``, empty) is accepted.
+
+    Raises:
+        InvalidInputError: naming every unsupported field that was set.
+    """
+    unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
+    if body.get("n") not in (None, 1):
+        unsupported.append("n (only 1 answer per request)")
+    if unsupported:
+        raise InvalidInputError(
+            f"unsupported field(s) for a memory chat: {', '.join(unsupported)}; supported: "
+            f"{', '.join(sorted(SUPPORTED_FIELDS))}"
+        )
+
+
+def text_content(content: Any) -> Any:
+    """OpenAI content parts (``[{"type": "text", "text": ...}]``) joined into one string; other values as given
+    (:func:`check_messages` judges them).
+
+    Raises:
+        InvalidInputError: for a part that is not text (images, audio).
+    """
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type", "text") != "text" or not isinstance(part.get("text"), str):
+            raise InvalidInputError(f"content part {i} is not a text part; only text content is supported")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
+    """An OpenAI request's ``messages`` as checked :class:`ChatMessage` values.
+
+    Raises:
+        InvalidInputError: for a missing or empty list, an unknown role, non-text content, no user message, a
+            conversation that ends with an assistant turn (see :func:`check_messages`).
+    """
+    if not isinstance(messages, list):
+        raise InvalidInputError("'messages' must be a list of {'role', 'content'} objects")
+    converted = [{**m, "content": text_content(m.get("content"))} if isinstance(m, dict) else m for m in messages]
+    return check_messages(converted)
+
+
+def requested_max_tokens(body: Mapping[str, Any]) -> Any:
+    """The answer budget a request asks for (tokens): ``max_completion_tokens``, else ``max_tokens``, else ``None``.
+    Returned as given; the caller checks it."""
+    budget = body.get("max_completion_tokens")
+    return body.get("max_tokens") if budget is None else budget
+
+
+def sampler_top_k(value: Any) -> Any:
+    """OpenAI-compatible servers' ``top_k`` (vLLM's extension) as InferScale's: 0 and -1 mean all tokens
+    (``None``); other values as given."""
+    return None if value in (0, -1) and not isinstance(value, bool) else value
+
+
+def sse(data: Mapping[str, Any]) -> bytes:
+    """One server-sent event carrying ``data`` as JSON."""
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The identity shared by a reply's ``chat.completion`` or all of its chunks.
+
+    Attributes:
+        id: ``"chatcmpl-<hex>"``.
+        created: Unix time (seconds).
+        model: the model name the reply reports.
+    """
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, model: str) -> Completion:
+        """A fresh id, created now."""
+        return cls(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
+
+    def message(self, content: str, finish_reason: Any, **extra: Any) -> dict[str, Any]:
+        """The ``chat.completion`` object with one assistant ``choice``, plus ``extra`` top-level fields (``usage``,
+        ``inferscale``)."""
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
+            ],
+            **extra,
+        }
+
+    def chunk(self, delta: Mapping[str, Any], finish_reason: Any = None, **extra: Any) -> bytes:
+        """One ``chat.completion.chunk`` event with ``delta`` in its one choice, plus ``extra`` top-level fields."""
+        choice = {"index": 0, "delta": dict(delta), "finish_reason": finish_reason}
+        return sse(self._head("chat.completion.chunk") | {"choices": [choice], **extra})
+
+    def usage_chunk(self, usage: Any) -> bytes:
+        """The chunk with no choices and the ``usage`` (sent when ``stream_options.include_usage`` is true)."""
+        return sse(self._head("chat.completion.chunk") | {"choices": [], "usage": usage})
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    """Whether a streamed request asked for the usage chunk (``stream_options.include_usage``)."""
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True

@@ -1,0 +1,140 @@
+"""OpenAI-compatible routes: ``POST /v1/chat/completions`` answered with KV-injected memory, and ``GET /v1/models``.
+
+A chat request is checked like the vLLM server's (:mod:`inferscale.server.openai_chat`: unsupported fields refused,
+content parts joined) and answered by ``client.chat(messages=..., stream=...)``: the memories of the scope named by
+the ``inferscale`` object (or OpenAI's ``user``, or the API key's one bound user) are retrieved and injected. The
+reply is a ``chat.completion`` with ``usage`` and an ``inferscale`` object (``ChatResult.to_dict()`` without
+``answer``: memory ids and texts, mode, timings in ms, token counts, finish reason); with ``stream: true`` it is a
+stream of ``chat.completion.chunk`` events: the assistant role, the content deltas, a last chunk with
+``finish_reason`` and the ``inferscale`` object, the usage chunk when ``stream_options.include_usage`` asks for it,
+then ``[DONE]``. An error once the stream has started is sent as an ``{"error": {...}}`` event, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from inferscale.error_codes import code_of
+from inferscale.errors import InferScaleError
+from inferscale.server.auth import CurrentCaller
+from inferscale.server.errors import ERROR_RESPONSES, error_content, internal_error_content
+from inferscale.server.metrics import Metrics
+from inferscale.server.openai_chat import (
+    SSE_DONE,
+    Completion,
+    chat_messages,
+    check_supported_fields,
+    include_usage,
+    requested_max_tokens,
+    sampler_top_k,
+    sse,
+)
+from inferscale.server.routes import route
+from inferscale.server.schemas import ChatBody, ChatOptions
+from inferscale.server.state import State
+from inferscale.types import ChatChunk, ChatResult
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES)
+
+_STARTED = int(time.time())
+
+
+def _report(result: ChatResult) -> dict[str, Any]:
+    """The reply's ``inferscale`` object: ``ChatResult.to_dict()`` without ``answer``."""
+    report = result.to_dict()
+    del report["answer"]
+    return report
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.generated_tokens,
+        "total_tokens": result.prompt_tokens + result.generated_tokens,
+    }
+
+
+@route(router, "POST", "/v1/chat/completions")
+async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State) -> Response:
+    """Answer a conversation with the scope's memories (OpenAI's chat completions; SSE with ``stream: true``)."""
+    request = body.model_dump(exclude_unset=True, exclude={"inferscale"})
+    check_supported_fields(request)
+    messages = chat_messages(request.get("messages"))
+    options = body.inferscale or ChatOptions()
+    user_id = options.user_id if options.user_id is not None else body.user
+    ids = caller.scope(user_id, options.agent_id, options.run_id, options.filters)
+    limit = options.limit
+    if limit is None and options.memory_ids is None:
+        limit = server.options.chat_limit
+    stream = False if body.stream is None else body.stream
+    arguments: dict[str, Any] = dict(
+        messages=messages,
+        **ids,
+        filters=options.filters,
+        limit=limit,
+        memory_ids=options.memory_ids,
+        search_query=options.search_query,
+        mode=options.mode,
+        max_new_tokens=requested_max_tokens(request),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=sampler_top_k(body.top_k),
+        seed=body.seed,
+        repetition_penalty=body.repetition_penalty,
+        stop=body.stop,
+    )
+    reply = Completion.new(server.model_name)
+    if stream:
+        chunks = await server.client.chat(**arguments, stream=True)
+        events = _events(chunks, reply, server.metrics, include_usage(request))
+        return StreamingResponse(events, media_type="text/event-stream")
+    result = await server.client.chat(**arguments, stream=False)
+    server.metrics.observe_chat(result)
+    content = reply.message(result.answer, result.finish_reason, usage=_usage(result), inferscale=_report(result))
+    return JSONResponse(content)
+
+
+async def _events(
+    chunks: AsyncIterator[ChatChunk], reply: Completion, metrics: Metrics, usage_wanted: bool
+) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed answer (see the module docstring). Closing this iterator (the client went away)
+    closes ``chunks``, which stops the generation."""
+    try:
+        yield reply.chunk({"role": "assistant", "content": ""})
+        async for chunk in chunks:
+            if chunk.result is None:
+                yield reply.chunk({"content": chunk.delta})
+                continue
+            metrics.observe_chat(chunk.result)
+            yield reply.chunk({}, chunk.result.finish_reason, inferscale=_report(chunk.result))
+            if usage_wanted:
+                yield reply.usage_chunk(_usage(chunk.result))
+    except InferScaleError as exc:
+        yield sse(error_content(code_of(exc), str(exc), type(exc).__name__))
+    except Exception as exc:  # the reply has started: report it in the stream, and log it
+        log.error("a streamed chat failed", exc_info=exc)
+        yield sse(internal_error_content(exc))
+    finally:
+        await _close(chunks)
+    yield SSE_DONE
+
+
+async def _close(chunks: AsyncIterator[ChatChunk]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+@route(router, "GET", "/v1/models")
+async def models(caller: CurrentCaller, server: State) -> dict[str, Any]:
+    """The served model (OpenAI's model list, one entry)."""
+    model = {"id": server.model_name, "object": "model", "created": _STARTED, "owned_by": "inferscale"}
+    return {"object": "list", "data": [model]}

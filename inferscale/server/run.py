@@ -1,0 +1,82 @@
+"""``inferscale serve --engine transformers``: the memory client, its API keys and the FastAPI app under uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from inferscale.async_client import AsyncMemoryClient
+from inferscale.config import EngineConfig, MemoryConfig
+from inferscale.errors import ConfigError
+from inferscale.server.keys import KeyStore
+from inferscale.server.options import LOOPBACK_HOSTS, ServerOptions
+
+log = logging.getLogger(__name__)
+
+
+def memory_config(options: ServerOptions) -> MemoryConfig:
+    """The memory client's config for ``options``: the transformers engine on ``model`` (``dtype``, ``device``), data
+    in ``data_dir`` / ``db_url``.
+
+    Raises:
+        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
+    """
+    engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.device}
+    if options.dtype is not None:
+        engine["dtype"] = options.dtype
+    try:
+        return MemoryConfig(
+            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
+        )
+    except ValueError as exc:  # pydantic's ValidationError
+        raise ConfigError(f"invalid server options: {exc}") from exc
+
+
+def check_listen_address(host: str, keys: KeyStore) -> bool:
+    """Whether the server may listen on ``host``; returns ``True`` when it runs open (no API keys), which is logged.
+
+    Raises:
+        ConfigError: when the store holds no API key and ``host`` is not a loopback address: without keys, anyone
+            who can reach the port could read and delete every memory.
+    """
+    if keys.has_keys():
+        return False
+    if host not in LOOPBACK_HOSTS:
+        raise ConfigError(
+            f"refusing to listen on {host!r} without API keys: anyone reaching it could read and delete every "
+            f"memory. Create a key first (`inferscale keys create NAME --admin`), or listen on 127.0.0.1"
+        )
+    log.warning(
+        "no API keys in %s: the server is OPEN (no authentication) and listens on loopback (%s) only; "
+        "create a key with `inferscale keys create` to require one",
+        keys.url,
+        host,
+    )
+    return True
+
+
+def serve_transformers(options: ServerOptions) -> None:
+    """Run the server until interrupted (blocks): the async memory client on the transformers engine, the API keys
+    of its database, and the app of :func:`inferscale.server.app.create_app` under uvicorn on ``host:port``. The
+    model is loaded before the port opens.
+
+    Raises:
+        ConfigError: for bad options, or a non-loopback host with no API key in the store
+            (:func:`check_listen_address`).
+        ModelNotAvailableError: when the model cannot be found.
+    """
+    import uvicorn
+
+    from inferscale.server.app import create_app
+
+    config = memory_config(options)
+    keys = KeyStore.for_config(config)
+    try:
+        check_listen_address(options.host, keys)
+        client = AsyncMemoryClient(config)
+        log.info("loading %s", client.model_name)
+        client.engine.load()
+        app = create_app(client, keys=keys, options=options)
+        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+    finally:
+        keys.close()

@@ -1,0 +1,88 @@
+"""Fixtures of the server tests: a real server (uvicorn on 127.0.0.1, a free port) over an async memory client built
+with the API suite's fakes (HashEmbedder, ScriptedGenerator) and, for chats, a tiny float32 engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+from server_fixture import running_server
+from sqlalchemy import text
+from tiny_models import tiny_engine
+
+from inferscale import AsyncMemoryClient, MemoryConfig
+from inferscale.server.app import create_app
+from inferscale.server.keys import KeyStore
+from inferscale.server.options import ServerOptions
+from inferscale.storage import Base, make_engine
+
+
+@dataclass
+class Served:
+    """A running server and what a test needs around it."""
+
+    url: str
+    keys: KeyStore
+    config: MemoryConfig
+    client: AsyncMemoryClient
+
+    def http(self, key: str | None = None, scheme: str = "Token") -> httpx.Client:
+        """An HTTP client for the server, sending ``key`` in the Authorization header when given."""
+        headers = {"Authorization": f"{scheme} {key}"} if key is not None else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
+
+    def row_counts(self) -> tuple[int, int]:
+        """(memories, history rows) in the server's database, read outside the server (the tables are created when
+        no request has written yet)."""
+        engine = make_engine(self.config.database_url())
+        Base.metadata.create_all(engine)
+        try:
+            with engine.connect() as conn:
+                memories = conn.execute(text("select count(*) from memories")).scalar_one()
+                history = conn.execute(text("select count(*) from memory_history")).scalar_one()
+        finally:
+            engine.dispose()
+        return int(memories), int(history)
+
+
+MakeServer = Callable[..., Served]
+
+
+@pytest.fixture(scope="session")
+def chat_engine() -> Any:
+    """A tiny float32 Llama with a byte-level tokenizer (fast, real generation), shared by the session."""
+    return tiny_engine("llama")
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, chat_engine: Any) -> Iterator[MakeServer]:
+    """Starts servers for this test: ``make_server(options=None, generator=None)``; stopped after the test."""
+    stack: list[Any] = []
+
+    def start(options: ServerOptions | None = None, generator: ScriptedGenerator | None = None) -> Served:
+        config = fake_config(tmp_path / f"server{len(stack)}")
+        client = AsyncMemoryClient(
+            config, engine=chat_engine, embedder=HashEmbedder(), generator=generator or ScriptedGenerator()
+        )
+        keys = KeyStore.for_config(config)
+        app = create_app(client, keys=keys, options=options or ServerOptions())
+        context = running_server(app)
+        url = context.__enter__()
+        stack.append((context, keys))
+        return Served(url, keys, config, client)
+
+    yield start
+    for context, keys in reversed(stack):
+        context.__exit__(None, None, None)
+        keys.close()
+
+
+@pytest.fixture
+def served(make_server: MakeServer) -> Served:
+    """A server with the default options and no keys yet (open)."""
+    return make_server()

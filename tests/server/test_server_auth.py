@@ -1,0 +1,157 @@
+"""API keys: the store (hashed, scrypt once per key, revocation at once) and the server's authentication (open
+without keys, 401 for a missing, unknown or revoked key, 403 for a non-admin reset)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Served
+from sqlalchemy import text
+
+from inferscale.errors import InvalidInputError
+from inferscale.server import keys as keys_module
+from inferscale.server.keys import KeyStore
+from inferscale.storage import make_engine
+
+
+def _code(reply: Any) -> tuple[int, str]:
+    return reply.status_code, reply.json()["error"]["code"]
+
+
+# ---- the store -------------------------------------------------------------------------------------------------
+
+
+def test_a_key_is_stored_as_a_scrypt_hash_and_authenticates(tmp_path: Path) -> None:
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    key, secret = store.create("alice's agent", user_ids=["alice"])
+    prefix, key_id, rest = secret.split("_", 2)
+    assert (prefix, key_id) == ("isk", key.key_id) and len(key_id) == 12 and len(rest) == 43
+    assert (key.name, key.admin, key.user_ids, key.agent_ids, key.run_ids) == (
+        "alice's agent",
+        False,
+        ("alice",),
+        None,
+        None,
+    )
+    assert store.authenticate(secret) == key
+    engine = make_engine(store.url)
+    with engine.connect() as conn:
+        salt, stored = conn.execute(text("select salt, secret_hash from api_keys")).one()
+    engine.dispose()
+    assert stored == hashlib.scrypt(rest.encode(), salt=salt, n=2**14, r=8, p=1) and len(salt) == 16
+    for wrong in (secret[:-1] + ("A" if secret[-1] != "A" else "B"), f"isk_{'0' * 12}_{rest}", "", "Token x", 5):
+        assert store.authenticate(wrong) is None  # type: ignore[arg-type]
+    store.close()
+
+
+def test_scrypt_runs_once_per_key_and_revocation_is_seen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    calls: list[int] = []
+    real = keys_module._hash
+
+    def counting(secret: str, salt: bytes) -> bytes:
+        calls.append(1)
+        return real(secret, salt)
+
+    monkeypatch.setattr(keys_module, "_hash", counting)
+    key, secret = store.create("agent", agent_ids=["travel"])
+    assert len(calls) == 1
+    for _ in range(3):
+        assert store.authenticate(secret) == key
+    assert len(calls) == 2  # verified once, then remembered
+    other = KeyStore(store.url)  # another process's view of the same database
+    revoked = other.revoke(key.key_id)
+    assert revoked.revoked_at is not None and revoked.key_id == key.key_id
+    assert store.authenticate(secret) is None  # the cached verification does not outlive the revocation
+    assert other.revoke(key.key_id).revoked_at == revoked.revoked_at  # revoking again keeps the first time
+    assert [k.key_id for k in store.list()] == [key.key_id] and store.has_keys()
+    store.close()
+    other.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": ""}, "name must be a non-empty string"),
+        ({"name": "k"}, "must bind user_ids, agent_ids or run_ids"),
+        ({"name": "k", "user_ids": "alice"}, "user_ids must be a list"),
+        ({"name": "k", "user_ids": []}, "user_ids must hold 1 to"),
+        ({"name": "k", "run_ids": ["r", " "]}, "run_ids must hold non-empty strings"),
+        ({"name": "k", "admin": "yes"}, "admin must be True or False"),
+    ],
+)
+def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    with pytest.raises(InvalidInputError, match=match):
+        store.create(**kwargs)
+    assert store.list() == [] and not store.has_keys()
+    with pytest.raises(InvalidInputError, match="no API key has id 'nope'"):
+        store.revoke("nope")
+    store.close()
+
+
+def test_list_is_oldest_first_and_an_admin_key_may_bind_nothing(tmp_path: Path) -> None:
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    admin, _ = store.create("admin", admin=True)
+    scoped, _ = store.create("scoped", user_ids=["a", "b", "a"], run_ids=["r1"])
+    assert [k.key_id for k in store.list()] == [admin.key_id, scoped.key_id]
+    assert admin.admin and admin.scopes() == {"user_ids": None, "agent_ids": None, "run_ids": None}
+    assert scoped.scopes() == {"user_ids": ["a", "b"], "agent_ids": None, "run_ids": ["r1"]}
+    store.close()
+
+
+# ---- the server ------------------------------------------------------------------------------------------------
+
+
+def test_without_keys_the_server_is_open_and_the_first_key_closes_it_at_once(served: Served) -> None:
+    with served.http() as open_http:
+        assert open_http.get("/v1/ping/").json() == {
+            "status": "ok",
+            "admin": True,
+            "scopes": {"user_ids": None, "agent_ids": None, "run_ids": None},
+        }
+        elsewhere = KeyStore(served.keys.url)  # e.g. `inferscale keys create` in another process
+        elsewhere.create("alice", user_ids=["alice"])
+        elsewhere.close()
+        assert _code(open_http.get("/v1/ping/")) == (401, "unauthenticated")
+
+
+def test_a_missing_unknown_malformed_or_revoked_key_is_401(served: Served) -> None:
+    key, secret = served.keys.create("alice", user_ids=["alice"])
+    _, other = served.keys.create("bob", user_ids=["bob"])
+    forged = f"isk_{key.key_id}_{other.split('_', 2)[2]}"  # a real id with another key's secret
+    for credential in (None, "isk_nope", forged):
+        with served.http(credential) as http:
+            assert _code(http.get("/v1/memories/", params={"user_id": "alice"})) == (401, "unauthenticated")
+    with served.http(secret, scheme="Basic") as http:
+        assert _code(http.get("/v1/ping/")) == (401, "unauthenticated")
+    for scheme in ("Token", "Bearer"):
+        with served.http(secret, scheme=scheme) as http:
+            assert http.get("/v1/ping/").json() == {
+                "status": "ok",
+                "admin": False,
+                "scopes": {"user_ids": ["alice"], "agent_ids": None, "run_ids": None},
+            }
+    with served.http(secret) as http:
+        assert http.get("/v1/memories/", params={"user_id": "alice"}).status_code == 200
+        served.keys.revoke(key.key_id)
+        assert _code(http.get("/v1/memories/", params={"user_id": "alice"})) == (401, "unauthenticated")
+    with served.http() as http:  # health, metrics and the schema need no key
+        assert [http.get(p).status_code for p in ("/health", "/metrics", "/openapi.json")] == [200, 200, 200]
+
+
+def test_reset_needs_an_admin_key(served: Served) -> None:
+    _, admin = served.keys.create("admin", admin=True)
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http(alice) as http:
+        http.post("/v1/memories/", json={"messages": "I like tea.", "infer": False}).raise_for_status()
+        assert _code(http.post("/v1/reset/")) == (403, "permission_denied")
+    assert served.row_counts() == (1, 1)
+    with served.http(admin) as http:
+        assert http.post("/v1/reset/").json() == {"message": "Reset successful."}
+    assert served.row_counts() == (0, 0)

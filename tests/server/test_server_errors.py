@@ -1,0 +1,146 @@
+"""Every error reply of the server: ``{"error": {"code", "type", "message"}}`` with the status of its code in
+``ERROR_CODES``, from real requests where one can trigger the error, and for every code through a client method
+made to raise it. Rejected requests store nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import MakeServer, Served
+from mem0_fakes import ScriptedGenerator
+
+from inferscale.error_codes import ERROR_CODES, ErrorCode
+from inferscale.server.options import ServerOptions
+
+
+def _error(reply: httpx.Response, status: int, code: str, type_name: str) -> str:
+    """Assert ``reply`` is the structured error ``code`` with ``status``; returns its message."""
+    assert reply.status_code == status, reply.text
+    body = reply.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "type", "message"}
+    assert (body["error"]["code"], body["error"]["type"]) == (code, type_name)
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return str(body["error"]["message"])
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpx.Client]:
+    with served.http() as client:
+        yield client
+
+
+def test_a_call_without_a_scope_is_400_scope_required(http: httpx.Client) -> None:
+    message = _error(http.post("/v1/memories/search/", json={"query": "tea"}), 400, "scope_required", "ScopeError")
+    assert "user_id, agent_id or run_id" in message
+    _error(http.delete("/v1/memories/"), 400, "scope_required", "ScopeError")
+
+
+def test_an_unknown_memory_is_404_memory_not_found_on_every_id_route(http: httpx.Client) -> None:
+    missing = "00000000-0000-4000-8000-000000000000"
+    for reply in (
+        http.get(f"/v1/memories/{missing}/"),
+        http.put(f"/v1/memories/{missing}/", json={"text": "new"}),
+        http.delete(f"/v1/memories/{missing}/"),
+    ):
+        assert missing in _error(reply, 404, "memory_not_found", "MemoryNotFoundError")
+
+
+def test_a_value_the_client_refuses_is_400_invalid_input_with_its_message(http: httpx.Client) -> None:
+    reply = http.post("/v1/memories/search/", json={"query": "tea", "user_id": "alice", "limit": -1})
+    assert "limit/top_k must be a non-negative int" in _error(reply, 400, "invalid_input", "InvalidInputError")
+    reply = http.post("/v1/memories/", json={"messages": "x", "user_id": "alice", "metadata": {"user_id": "bob"}})
+    assert "metadata may not set scope ids" in _error(reply, 400, "invalid_input", "InvalidInputError")
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"query": "tea", "user_id": "alice", "limt": 3}, "body.limt: Extra inputs are not permitted"),
+        ({"query": "tea", "user_id": "alice", "limit": "3"}, "body.limit: Input should be a valid integer"),
+        ({"user_id": "alice"}, "body.query: Field required"),
+        ({"query": "tea", "user_id": 7}, "body.user_id: Input should be a valid string"),
+    ],
+)
+def test_fastapis_422_is_400_invalid_input(http: httpx.Client, body: dict[str, Any], where: str) -> None:
+    reply = http.post("/v1/memories/search/", json=body)
+    assert where in _error(reply, 400, "invalid_input", "InvalidInputError")
+
+
+def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: httpx.Client) -> None:
+    reply = http.post("/v1/memories/", content=b'{"messages": ', headers={"content-type": "application/json"})
+    assert "JSON decode error" in _error(reply, 400, "invalid_input", "InvalidInputError")
+    reply = http.get("/v1/memories/", params={"user_id": "alice", "limit": "ten"})
+    assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
+
+
+def test_an_unknown_path_or_method_keeps_its_status_with_code_invalid_input(http: httpx.Client) -> None:
+    assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "invalid_input", "InvalidInputError")
+    assert "Method Not Allowed" in _error(http.patch("/v1/memories/"), 405, "invalid_input", "InvalidInputError")
+
+
+def test_each_route_answers_with_and_without_its_trailing_slash(http: httpx.Client) -> None:
+    added = http.post("/v1/memories", json={"messages": "I like tea.", "user_id": "alice", "infer": False}).json()
+    memory_id = added["results"][0]["id"]
+    for path in (f"/v1/memories/{memory_id}", f"/v1/memories/{memory_id}/"):
+        assert http.get(path).json()["memory"] == "I like tea."
+    for path in ("/v1/ping", "/v1/ping/", "/health", "/health/", "/v1/models", "/v1/models/"):
+        assert http.get(path).status_code == 200, path
+
+
+def test_a_body_over_the_limit_is_413_before_parsing_and_stores_nothing(make_server: MakeServer) -> None:
+    served = make_server(ServerOptions(max_request_bytes=1000))
+    body = {"messages": "x" * 990, "user_id": "alice", "infer": False}
+    with served.http() as http:
+        message = _error(http.post("/v1/memories/", json=body), 413, "request_too_large", "RequestTooLargeError")
+        assert "at most 1,000" in message
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the streamed body is counted
+            yield b'{"messages": "'
+            yield b"y" * 2000
+            yield b'", "user_id": "alice", "infer": false}'
+
+        _error(http.post("/v1/memories/", content=chunks()), 413, "request_too_large", "RequestTooLargeError")
+        assert served.row_counts() == (0, 0)
+        small = {"messages": "x" * 900, "user_id": "alice", "infer": False}
+        assert http.post("/v1/memories/", json=small).status_code == 200  # 949 bytes: within the limit
+    assert served.row_counts() == (1, 1)
+
+
+def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(make_server: MakeServer) -> None:
+    served = make_server(generator=ScriptedGenerator(facts="this is not JSON"))
+    with served.http() as http:
+        reply = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice"})
+        assert "could be read from the LLM answer" in _error(reply, 502, "extraction_failed", "ExtractionError")
+    assert served.row_counts() == (0, 0)
+
+
+@pytest.mark.parametrize("row", ERROR_CODES, ids=lambda row: row.code)
+def test_every_error_code_has_its_status_and_body(
+    served: Served, monkeypatch: pytest.MonkeyPatch, row: ErrorCode
+) -> None:
+    async def fail(**kwargs: Any) -> None:
+        raise row.error(f"made to fail with {row.error.__name__}")
+
+    monkeypatch.setattr(served.client, "get_all", fail)
+    with served.http() as http:
+        reply = http.get("/v1/memories/", params={"user_id": "alice"})
+    _error(reply, row.status, row.code, row.error.__name__)
+    assert reply.json()["error"]["message"] == f"made to fail with {row.error.__name__}"
+
+
+def test_an_unexpected_exception_is_500_internal_error_and_logged(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def fail(**kwargs: Any) -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(served.client, "get_all", fail)
+    with caplog.at_level("ERROR", logger="inferscale.server.errors"), served.http() as http:
+        reply = http.get("/v1/memories/", params={"user_id": "alice"})
+    message = _error(reply, 500, "internal_error", "ServerError")
+    assert "RuntimeError" in message and "secret internals" not in message  # the text stays in the log
+    logged = [r for r in caplog.records if r.name == "inferscale.server.errors"]
+    assert len(logged) == 1 and logged[0].exc_info is not None and "secret internals" in str(logged[0].exc_info[1])
