@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Literal
 
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 
 if TYPE_CHECKING:  # annotations only: the adapter needs no more than the clients at run time
-    from live_server import LiveServer
-
     from inferscale import ChatChunk, ChatResult, MemoryConfig
     from inferscale.engines.base import Engine
     from inferscale.fact_kv import FactKVManager
@@ -49,11 +48,12 @@ class ClientAdapter:
     Args:
         client: the client.
         served: for a remote client, the client its server serves (its internals stand for the remote client's).
-        server: for a remote client, its server, stopped by :meth:`close`.
+        server: for a remote client, what keeps its server running; closed by :meth:`close` (which stops the
+            server, and the server closes the client it serves).
     """
 
     def __init__(
-        self, client: AnyClient, served: AsyncMemoryClient | None = None, server: LiveServer | None = None
+        self, client: AnyClient, served: AsyncMemoryClient | None = None, server: ExitStack | None = None
     ) -> None:
         self.client = client
         self.kind: ClientKind = kind_of(client)
@@ -131,7 +131,7 @@ class ClientAdapter:
             self._call(self.client.close)
         finally:
             if self._server is not None:
-                self._server.stop()
+                self._server.close()
             if self._runner is not None:
                 self._runner.close()
 
@@ -189,13 +189,15 @@ def open_client(
         return ClientAdapter(MemoryClient(config, engine=engine, embedder=embedder, generator=generator))
     if kind == "async":
         return ClientAdapter(AsyncMemoryClient(config, engine=engine, embedder=embedder, generator=generator))
-    from live_server import LiveServer
+    from server_fixture import running_server
 
-    from inferscale.server import ServerOptions, create_app
+    from inferscale.server.app import create_app
+    from inferscale.server.options import ServerOptions
 
     served = AsyncMemoryClient(config, engine=engine, embedder=embedder, generator=generator)
-    server = LiveServer(create_app(served, keys=None, options=ServerOptions()), on_stop=served.close).start()
-    client: AnyClient = MemoryClient(host=server.url) if kind == "remote" else AsyncMemoryClient(host=server.url)
+    server = ExitStack()
+    url = server.enter_context(running_server(create_app(served, keys=None, options=ServerOptions())))
+    client: AnyClient = MemoryClient(host=url) if kind == "remote" else AsyncMemoryClient(host=url)
     adapter = ClientAdapter(client, served, server)
     _SERVING.append(adapter)
     return adapter

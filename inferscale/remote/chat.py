@@ -51,13 +51,16 @@ def chat_call(
 
     Raises:
         InvalidInputError: when both or neither of ``query`` and ``messages`` are given (the request has one
-            conversation), or ``stream`` is not a bool (it decides what this call returns); every other value is
-            the server's to judge.
+            conversation), ``stream`` is not a bool (it decides what this call returns), or ``top_k`` is 0 or -1
+            (on the OpenAI wire they mean "every token", which the local client refuses: they cannot be sent with
+            the local meaning); every other value is the server's to judge.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
+        raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
     memory = {
         "user_id": user_id,
         "agent_id": agent_id,

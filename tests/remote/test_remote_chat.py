@@ -197,11 +197,11 @@ def test_a_json_reply_to_a_stream_is_a_server_error(wire: Wire) -> None:
         ({"query": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "either a query"),
         ({}, "either a query"),
         ({"query": "Hi", "stream": "yes"}, "stream"),
+        ({"query": "Hi", "top_k": 0}, "top_k"),  # the wire's "every token"
+        ({"query": "Hi", "top_k": -1}, "top_k"),
     ],
 )
-def test_a_chat_with_no_one_conversation_is_refused_before_sending(
-    wire: Wire, kwargs: dict[str, Any], match: str
-) -> None:
+def test_a_chat_that_cannot_be_sent_is_refused_before_sending(wire: Wire, kwargs: dict[str, Any], match: str) -> None:
     call = dict(kwargs)
     query = call.pop("query", None)
     with pytest.raises(InvalidInputError, match=match):
