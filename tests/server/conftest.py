@@ -3,54 +3,20 @@ with the API suite's fakes (HashEmbedder, ScriptedGenerator) and, for chats, a t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 from server_fixture import running_server
-from sqlalchemy import text
+from server_harness import MakeServer, Served
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, MemoryConfig
+from inferscale import AsyncMemoryClient
 from inferscale.server.app import create_app
 from inferscale.server.keys import KeyStore
 from inferscale.server.options import ServerOptions
-from inferscale.storage import Base, make_engine
-
-
-@dataclass
-class Served:
-    """A running server and what a test needs around it."""
-
-    url: str
-    keys: KeyStore
-    config: MemoryConfig
-    client: AsyncMemoryClient
-
-    def http(self, key: str | None = None, scheme: str = "Token") -> httpx.Client:
-        """An HTTP client for the server, sending ``key`` in the Authorization header when given."""
-        headers = {"Authorization": f"{scheme} {key}"} if key is not None else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
-
-    def row_counts(self) -> tuple[int, int]:
-        """(memories, history rows) in the server's database, read outside the server (the tables are created when
-        no request has written yet)."""
-        engine = make_engine(self.config.database_url())
-        Base.metadata.create_all(engine)
-        try:
-            with engine.connect() as conn:
-                memories = conn.execute(text("select count(*) from memories")).scalar_one()
-                history = conn.execute(text("select count(*) from memory_history")).scalar_one()
-        finally:
-            engine.dispose()
-        return int(memories), int(history)
-
-
-MakeServer = Callable[..., Served]
 
 
 @pytest.fixture(scope="session")

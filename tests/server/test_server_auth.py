@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Served
+from server_harness import Served
 from sqlalchemy import text
 
 from inferscale.errors import InvalidInputError

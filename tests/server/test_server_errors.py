@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import MakeServer, Served
 from mem0_fakes import ScriptedGenerator
+from server_harness import MakeServer, Served
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
 from inferscale.server.options import ServerOptions

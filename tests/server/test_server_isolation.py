@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Served
+from server_harness import Served
 
 BOB_FACTS = ["Bob's dog is a poodle named Rex.", "Bob lives in Lisbon."]
 ALICE_FACTS = ["Alice's dog is a beagle named Biscuit.", "Alice lives in Porto."]

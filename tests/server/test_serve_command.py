@@ -1,0 +1,72 @@
+"""``inferscale serve``: the transformers engine is the default, and a server without API keys refuses any host
+but loopback (before loading a model or binding a port) and says it is open when it runs on loopback."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from inferscale.errors import ConfigError
+from inferscale.serve_cli import add_serve_parser, run_serve
+from inferscale.server.keys import KeyStore
+from inferscale.server.options import ServerOptions
+from inferscale.server.run import check_listen_address, memory_config, serve_transformers
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="inferscale")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_serve_defaults_to_the_transformers_engine_on_loopback() -> None:
+    args = _parse()
+    assert (args.engine, args.host, args.port, args.dtype, args.max_request_bytes) == (
+        "transformers",
+        "127.0.0.1",
+        8000,
+        None,
+        1 << 20,
+    )
+    assert _parse("--engine", "vllm").engine == "vllm"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::"])
+def test_a_public_host_without_keys_is_refused_before_anything_loads(tmp_path: Path, host: str) -> None:
+    with pytest.raises(ConfigError, match=rf"refusing to listen on '{host}' without API keys.*inferscale keys create"):
+        serve_transformers(ServerOptions(host=host, data_dir=str(tmp_path), model=str(tmp_path / "no-model")))
+
+
+def test_the_command_reports_the_refusal_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse("--host", "0.0.0.0", "--data-dir", str(tmp_path))
+    assert run_serve(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferscale serve: refusing to listen on '0.0.0.0' without API keys")
+
+
+def test_loopback_without_keys_runs_open_and_says_so_and_a_key_allows_any_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = KeyStore.for_config(memory_config(ServerOptions(data_dir=str(tmp_path))))
+    assert keys.url == f"sqlite:///{tmp_path / 'memory.db'}"  # the memory database's own file
+    with caplog.at_level("WARNING", logger="inferscale.server.run"):
+        assert check_listen_address("127.0.0.1", keys) is True
+    assert "the server is OPEN (no authentication) and listens on loopback (127.0.0.1) only" in caplog.text
+    keys.create("ops", admin=True)
+    assert check_listen_address("0.0.0.0", keys) is False
+    keys.close()
+
+
+def test_server_options_become_the_memory_config(tmp_path: Path) -> None:
+    config = memory_config(ServerOptions(data_dir=str(tmp_path), model="/models/m", dtype="float32", device="cpu"))
+    assert (config.engine.provider, config.engine.model, config.engine.dtype, config.engine.device) == (
+        "transformers",
+        "/models/m",
+        "float32",
+        "cpu",
+    )
+    assert config.database_url() == f"sqlite:///{tmp_path / 'memory.db'}"
+    with pytest.raises(ConfigError, match="invalid server options"):
+        memory_config(ServerOptions(dtype="float8"))  # type: ignore[arg-type]

@@ -1,0 +1,126 @@
+"""``/v1/chat/completions`` on the tiny engine: the reply against the client's own ``chat`` on the same memories,
+streams joining to the answer, OpenAI fields (unsupported ones refused, content parts, ``top_k`` 0, usage chunk),
+and errors raised after a stream started sent as an SSE event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_harness import Served
+
+from inferscale import AsyncMemoryClient
+from inferscale.errors import EngineClosedError
+from inferscale.types import ChatChunk
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": [{"type": "text", "text": "Where do "}, {"type": "text", "text": "I live?"}]},
+]
+CHAT: dict[str, Any] = {"model": "tiny", "messages": CONVERSATION, "user": "alice", "max_tokens": 12}
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpx.Client]:
+    with served.http() as client:
+        for fact in ("I live in Porto.", "My dog is called Biscuit.", "I work as a nurse."):
+            client.post("/v1/memories/", json={"messages": fact, "user_id": "alice", "infer": False}).raise_for_status()
+        yield client
+
+
+def _events(reply: httpx.Response) -> list[Any]:
+    """The ``data:`` payloads of an SSE reply, JSON-decoded (``"[DONE]"`` as is)."""
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    data = [line.removeprefix("data: ") for line in reply.text.splitlines() if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def test_the_reply_is_the_clients_chat_in_openais_shape(http: httpx.Client, served: Served) -> None:
+    reply = http.post("/v1/chat/completions", json={**CHAT, "inferscale": {"limit": 2}}).json()
+    assert reply["object"] == "chat.completion" and reply["model"] == "SmolLM2-135M-Instruct"
+    (choice,) = reply["choices"]
+    report = reply["inferscale"]
+    assert set(report) == {
+        "memory_ids", "memories", "mode", "timings", "prompt_tokens", "memory_tokens", "generated_tokens", "extra",
+        "finish_reason",
+    }  # fmt: skip
+    assert report["memories"][0] == "I live in Porto." and len(report["memory_ids"]) == 2 and report["mode"] == "kv"
+    assert choice["finish_reason"] == report["finish_reason"]
+    assert reply["usage"] == {
+        "prompt_tokens": report["prompt_tokens"],
+        "completion_tokens": report["generated_tokens"],
+        "total_tokens": report["prompt_tokens"] + report["generated_tokens"],
+    }
+    # the same call in process, on the server's engine and database: the same answer and memories
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where do I live?"}]
+    local = asyncio.run(_local_chat(served, messages))
+    assert (choice["message"]["content"], report["memory_ids"]) == (local.answer, local.memory_ids)
+
+
+async def _local_chat(served: Served, messages: list[dict[str, str]]) -> Any:
+    client = AsyncMemoryClient(served.config, engine=served.client.engine, embedder=served.client.embedder)
+    try:
+        return await client.chat(messages=messages, user_id="alice", limit=2, max_new_tokens=12)
+    finally:
+        await client.close()
+
+
+def test_a_stream_joins_to_the_answer_and_ends_with_the_report_and_usage(http: httpx.Client) -> None:
+    whole = http.post("/v1/chat/completions", json=CHAT).json()
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    events = _events(http.post("/v1/chat/completions", json=body))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]} and chunks[0]["id"].startswith("chatcmpl-")
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    last, usage = chunks[-2], chunks[-1]
+    assert last["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    assert last["inferscale"]["memory_ids"] == whole["inferscale"]["memory_ids"]
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+
+
+def test_openai_fields_are_honoured_or_refused(http: httpx.Client) -> None:
+    greedy = http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+    neutral = {**CHAT, "top_k": 0, "logprobs": False, "tools": [], "n": 1, "presence_penalty": 0}
+    assert http.post("/v1/chat/completions", json=neutral).json()["choices"][0]["message"]["content"] == greedy
+    refused = http.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function"}], "n": 2})
+    assert refused.status_code == 400
+    assert "unsupported field(s) for a memory chat: tools, n (only 1 answer per request)" in refused.text
+    image = {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    assert "content part 0 is not a text part" in http.post("/v1/chat/completions", json=image).text
+    bad = http.post("/v1/chat/completions", json={**CHAT, "temperature": -1})
+    assert bad.json()["error"]["message"] == "temperature must be >= 0 (0 is greedy), got -1.0"
+
+
+async def _failing_stream(failure: BaseException) -> AsyncIterator[ChatChunk]:
+    yield ChatChunk("Hel")
+    raise failure
+
+
+@pytest.mark.parametrize(
+    ("failure", "code", "type_name"),
+    [
+        (EngineClosedError("the engine was closed"), "engine_closed", "EngineClosedError"),
+        (RuntimeError("boom"), "internal_error", "ServerError"),
+    ],
+)
+def test_an_error_after_the_stream_started_is_an_sse_event(
+    served: Served, monkeypatch: pytest.MonkeyPatch, failure: BaseException, code: str, type_name: str
+) -> None:
+    async def chat(**kwargs: Any) -> AsyncIterator[ChatChunk]:
+        return _failing_stream(failure)
+
+    monkeypatch.setattr(served.client, "chat", chat)
+    with served.http() as http:
+        reply = http.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert reply.status_code == 200
+    events = _events(reply)
+    assert [e["choices"][0]["delta"] for e in events[:2]] == [{"role": "assistant", "content": ""}, {"content": "Hel"}]
+    assert events[2]["error"]["code"] == code and events[2]["error"]["type"] == type_name
+    assert events[3:] == ["[DONE]"]

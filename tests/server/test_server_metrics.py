@@ -1,0 +1,66 @@
+"""``/metrics``: exact request counts by route, method and status, latency histogram counts, chat token counters
+equal to what the replies reported, and the K/V store's hits and misses per tier."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from server_harness import Served
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``{(sample name, sorted labels): value}`` of a Prometheus text page."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _requests(route: str, method: str, status: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return "inferscale_http_requests_total", (("method", method), ("route", route), ("status", status))
+
+
+def test_metrics_count_requests_tokens_and_kv_lookups(served: Served) -> None:
+    chat: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Where do I live?"}],
+        "user": "alice",
+        "max_tokens": 3,
+    }
+    with served.http() as http:
+        before = _samples(http.get("/metrics").text)
+        assert ("inferscale_kv_hits_total", (("tier", "host"),)) not in before  # no K/V used yet: nothing built
+        for fact in ("I live in Porto.", "I have a dog."):
+            http.post("/v1/memories", json={"messages": fact, "user_id": "alice", "infer": False}).raise_for_status()
+        assert http.post("/v1/memories/search/", json={"query": "tea"}).status_code == 400
+        assert http.get("/v1/memories/nope/").status_code == 404
+        first = http.post("/v1/chat/completions", json=chat).json()  # 2 memories: K/V misses, encoded, stored
+        second = http.post("/v1/chat/completions", json={**chat, "stream": True}).text  # the same 2: host hits
+        page = http.get("/metrics").text
+    final = [line for line in second.splitlines() if '"inferscale"' in line]
+    assert len(final) == 1
+    streamed = json.loads(final[0].removeprefix("data: "))["inferscale"]
+    reports = [first["inferscale"], streamed]
+    assert [len(r["memory_ids"]) for r in reports] == [2, 2]
+
+    samples = _samples(page)
+    assert samples[_requests("/v1/memories", "POST", "200")] == 2
+    assert samples[_requests("/v1/memories/search", "POST", "400")] == 1
+    assert samples[_requests("/v1/memories/{memory_id}", "GET", "404")] == 1
+    assert samples[_requests("/v1/chat/completions", "POST", "200")] == 2
+    assert samples[_requests("/metrics", "GET", "200")] == 1  # the first scrape; this one is counted after it
+    assert sum(v for (name, _), v in samples.items() if name == "inferscale_http_requests_total") == 7
+    latency = "inferscale_http_request_duration_seconds_count"
+    assert samples[(latency, (("route", "/v1/memories"),))] == 2
+    assert samples[(latency, (("route", "/v1/chat/completions"),))] == 2
+    assert samples[("inferscale_chat_prompt_tokens_total", ())] == sum(r["prompt_tokens"] for r in reports)
+    assert samples[("inferscale_chat_completion_tokens_total", ())] == sum(r["generated_tokens"] for r in reports)
+    assert samples[("inferscale_chat_memory_tokens_total", ())] == sum(r["memory_tokens"] for r in reports) > 0
+    # lookups go host ▸ disk: the first chat misses both tiers twice, the second hits the host tier twice
+    assert samples[("inferscale_kv_hits_total", (("tier", "host"),))] == 2
+    assert samples[("inferscale_kv_hits_total", (("tier", "disk"),))] == 0
+    assert samples[("inferscale_kv_misses_total", (("tier", "host"),))] == 2
+    assert samples[("inferscale_kv_misses_total", (("tier", "disk"),))] == 2

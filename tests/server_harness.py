@@ -1,0 +1,45 @@
+"""What a server test holds: :class:`Served` (a running server, its key store, config and client) and the
+``make_server`` factory type of tests/server/conftest.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from sqlalchemy import text
+
+from inferscale import AsyncMemoryClient, MemoryConfig
+from inferscale.server.keys import KeyStore
+from inferscale.storage import Base, make_engine
+
+
+@dataclass
+class Served:
+    """A running server and what a test needs around it."""
+
+    url: str
+    keys: KeyStore
+    config: MemoryConfig
+    client: AsyncMemoryClient
+
+    def http(self, key: str | None = None, scheme: str = "Token") -> httpx.Client:
+        """An HTTP client for the server, sending ``key`` in the Authorization header when given."""
+        headers = {"Authorization": f"{scheme} {key}"} if key is not None else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
+
+    def row_counts(self) -> tuple[int, int]:
+        """(memories, history rows) in the server's database, read outside the server (the tables are created when
+        no request has written yet)."""
+        engine = make_engine(self.config.database_url())
+        Base.metadata.create_all(engine)
+        try:
+            with engine.connect() as conn:
+                memories = conn.execute(text("select count(*) from memories")).scalar_one()
+                history = conn.execute(text("select count(*) from memory_history")).scalar_one()
+        finally:
+            engine.dispose()
+        return int(memories), int(history)
+
+
+MakeServer = Callable[..., Served]
