@@ -67,7 +67,8 @@ class ApiCall(Generic[T]):
             get_all POSTs): such a call is retried on 502, 503 and 504 replies. Every call is retried on connection
             errors, which happen before the request is sent.
         decode: the method's result from the reply's JSON.
-        missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``).
+        missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
+            ``history`` ``[]``: the local client's answers for a memory it cannot show).
     """
 
     method: str
@@ -299,10 +300,15 @@ def delete_all(*, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str,
     return ApiCall("DELETE", "/v1/memories/", reply_dict, params=scope_params(user_id, agent_id, run_id))
 
 
+def _history_rows(reply: Any) -> list[dict[str, Any]]:
+    return [] if reply is None else reply_list(reply)
+
+
 def history(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[list[dict[str, Any]]]:
-    """``GET /v1/memories/{memory_id}/history/``."""
+    """``GET /v1/memories/{memory_id}/history/``; a ``memory_not_found`` reply (a keyed server's answer for a memory
+    outside the key's scopes) is ``[]``, the local client's answer for a memory it cannot show."""
     params = scope_params(user_id, agent_id, run_id)
-    return ApiCall("GET", _memory_path(memory_id, "history/"), reply_list, params=params)
+    return ApiCall("GET", _memory_path(memory_id, "history/"), _history_rows, params=params, missing_ok=True)
 
 
 def reset() -> ApiCall[None]:

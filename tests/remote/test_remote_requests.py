@@ -10,7 +10,7 @@ import httpx
 import pytest
 from remote_wire import Wire
 
-from inferscale.errors import InvalidInputError, ScopeError
+from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
 
 DEFAULTS = {"rerank": False, "explain": False, "show_expired": False}  # search's flags, always sent
 
@@ -189,9 +189,16 @@ def test_reset_answers_none_as_the_local_client_does(wire: Wire) -> None:
     assert (wire.last.method, wire.last.url.path) == ("POST", "/v1/reset/")
 
 
-def test_a_missing_memory_is_none_for_get(wire: Wire) -> None:
+def test_a_missing_memory_is_none_for_get_and_no_rows_for_history(wire: Wire) -> None:
+    """As the local client answers; update and delete raise, as the local client does."""
     wire.answer(wire.error("memory_not_found", "no memory with id 'x'", 404))
-    assert wire.client().get("x") is None
+    m = wire.client()
+    assert m.get("x") is None
+    assert m.history("x") == []
+    with pytest.raises(MemoryNotFoundError, match="no memory with id 'x'"):
+        m.update("x", "text")
+    with pytest.raises(MemoryNotFoundError, match="no memory with id 'x'"):
+        m.delete("x")
 
 
 def test_the_api_key_is_sent_as_mem0s_token_header(wire: Wire, monkeypatch: pytest.MonkeyPatch) -> None:
