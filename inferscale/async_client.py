@@ -22,7 +22,7 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Generator, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
@@ -36,31 +36,94 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, ms_since
+from inferscale.client_core import ClientCore, ms_since, remote_arguments
+from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.derived import arun_steps
+from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
+from inferscale.memory import JSONGenerator
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
-from inferscale.retrieval import VectorIndex
+from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.changes import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 
+if TYPE_CHECKING:
+    from inferscale.remote import AsyncRemoteMemoryClient
+
 
 class AsyncMemoryClient(ClientCore):
     """Long-term memory for agents, with ``async`` methods. Construction does no I/O.
 
-    Args: see :class:`~inferscale.client.MemoryClient` (same config, engine, embedder and generator).
+    Args: see :class:`~inferscale.client.MemoryClient` (same config, engine, embedder and generator); with ``host``
+    (and ``api_key``, ``timeout``, ``retries``) the call returns an
+    :class:`~inferscale.remote.AsyncRemoteMemoryClient` on that server instead.
 
     Raises:
-        ConfigError: for a config that does not validate.
+        ConfigError: for a config that does not validate; for ``host`` together with a local argument, or a remote
+            argument without ``host``.
     """
 
     _adb: AsyncMemoryStore | None = None
+
+    @overload
+    def __new__(
+        cls,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+        host: None = None,
+        api_key: None = None,
+        timeout: None = None,
+        retries: None = None,
+    ) -> Self: ...
+
+    @overload
+    def __new__(  # type: ignore[misc]  # returns another class on purpose: see MemoryClient.__new__'s docstring
+        cls,
+        config: None = None,
+        *,
+        engine: None = None,
+        embedder: None = None,
+        generator: None = None,
+        host: str,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> AsyncRemoteMemoryClient: ...
+
+    def __new__(
+        cls,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+        host: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """A local client, or with ``host`` an :class:`~inferscale.remote.AsyncRemoteMemoryClient`; the typing is
+        :meth:`MemoryClient.__new__ <inferscale.client.MemoryClient.__new__>`'s, for the same reasons.
+
+        Raises:
+            ConfigError: see the class.
+        """
+        local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
+        remote = remote_arguments(host, api_key, timeout, retries, local)
+        if remote is None:
+            return super().__new__(cls)
+        from inferscale.remote import AsyncRemoteMemoryClient
+
+        return AsyncRemoteMemoryClient(**remote)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:

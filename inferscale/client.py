@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
@@ -30,18 +30,24 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, ms_since
+from inferscale.client_core import ClientCore, ms_since, remote_arguments
+from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.derived import run_steps
+from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
+from inferscale.memory import JSONGenerator
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
-from inferscale.retrieval import VectorIndex
+from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 from inferscale.storage.changes import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
+
+if TYPE_CHECKING:
+    from inferscale.remote import RemoteMemoryClient
 
 
 class MemoryClient(ClientCore):
@@ -57,10 +63,79 @@ class MemoryClient(ClientCore):
         engine: an engine to use instead of building one from ``config.engine`` (tests, shared models).
         embedder: an embedder to use instead of ``config.embedder``.
         generator: a JSON generator for fact extraction and reconcile instead of ``config.llm``.
+        host: an InferScale server's URL (``"http://127.0.0.1:8000"``): the call returns a
+            :class:`~inferscale.remote.RemoteMemoryClient` on it instead, with the same methods, arguments, results
+            and errors. Only ``api_key``, ``timeout`` and ``retries`` may come with it.
+        api_key, timeout, retries: the remote client's (see :class:`~inferscale.remote.RemoteMemoryClient`);
+            ``api_key`` defaults to ``INFERSCALE_API_KEY``.
 
     Raises:
-        ConfigError: for a config that does not validate.
+        ConfigError: for a config that does not validate; for ``host`` together with ``config``, ``engine``,
+            ``embedder`` or ``generator`` (a remote client uses the server's), or ``api_key``, ``timeout`` or
+            ``retries`` without ``host``.
     """
+
+    @overload
+    def __new__(
+        cls,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+        host: None = None,
+        api_key: None = None,
+        timeout: None = None,
+        retries: None = None,
+    ) -> Self: ...
+
+    @overload
+    def __new__(  # type: ignore[misc]  # returns another class on purpose: see __new__'s docstring
+        cls,
+        config: None = None,
+        *,
+        engine: None = None,
+        embedder: None = None,
+        generator: None = None,
+        host: str,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> RemoteMemoryClient: ...
+
+    def __new__(
+        cls,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+        host: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """A local client, or with ``host`` a :class:`~inferscale.remote.RemoteMemoryClient` (built here; Python
+        then skips ``__init__``, as the object is not a ``MemoryClient``), so that a Mem0 platform user changes only
+        the import and the host.
+
+        Typing: two overloads give each call its exact type, ``MemoryClient(...)`` a ``MemoryClient`` and
+        ``MemoryClient(host=...)`` a ``RemoteMemoryClient`` (and a ``host: str | None`` the union of the two). mypy
+        requires ``__new__`` to return an instance of its class; the remote overload breaks that rule on purpose,
+        so it alone carries an ignore for that one check (``misc``). The remote client is no subclass: it has none
+        of the local one's internals (``db``, ``engine``, ``config``), and a subclass would claim it has. The
+        implementation returns ``Any``, as it returns one of two unrelated types.
+
+        Raises:
+            ConfigError: see the class.
+        """
+        local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
+        remote = remote_arguments(host, api_key, timeout, retries, local)
+        if remote is None:
+            return super().__new__(cls)
+        from inferscale.remote import RemoteMemoryClient
+
+        return RemoteMemoryClient(**remote)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:

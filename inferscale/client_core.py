@@ -64,8 +64,53 @@ def rendered_turns(messages: Sequence[Message]) -> list[str]:
     return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
 
 
+def remote_arguments(
+    host: str | None,
+    api_key: str | None,
+    timeout: float | None,
+    retries: int | None,
+    local: Mapping[str, object],
+) -> dict[str, Any] | None:
+    """Which client a ``MemoryClient(...)`` or ``AsyncMemoryClient(...)`` call asks for: ``None`` for the local one,
+    or, when ``host`` is given, the keyword arguments of the remote one (``timeout`` and ``retries`` left out when
+    ``None``: the remote client's defaults).
+
+    Args:
+        host, api_key, timeout, retries: the remote client's arguments as given.
+        local: the local client's arguments by name (``config``, ``engine``, ``embedder``, ``generator``).
+
+    Raises:
+        ConfigError: when ``host`` comes with a local argument (a remote client uses the server's config and
+            models), or ``api_key``, ``timeout`` or ``retries`` come without ``host``.
+    """
+    if host is None:
+        stray = [
+            name
+            for name, value in (("api_key", api_key), ("timeout", timeout), ("retries", retries))
+            if value is not None
+        ]
+        if stray:
+            raise ConfigError(
+                f"{', '.join(stray)} is for a remote client: pass host='http://...' too (the server's URL), or leave "
+                f"{'it' if len(stray) == 1 else 'them'} out for the local client"
+            )
+        return None
+    clash = [name for name, value in local.items() if value is not None]
+    if clash:
+        raise ConfigError(
+            f"host={host!r} makes a remote client, which uses the server's config and models, so {', '.join(clash)} "
+            "would be ignored; pass host (remote) or the local arguments (local), not both"
+        )
+    options = {"timeout": timeout, "retries": retries}
+    return {"host": host, "api_key": api_key, **{k: v for k, v in options.items() if v is not None}}
+
+
 class ClientCore:
-    """Configuration, lazily built models and the pure steps shared by the sync and async clients."""
+    """Configuration, lazily built models and the pure steps shared by the sync and async clients.
+
+    ``host``, ``api_key``, ``timeout`` and ``retries`` are the remote client's arguments: the clients' ``__new__``
+    hands a call with a host to it (see :func:`remote_arguments`), so here they are always ``None``.
+    """
 
     def __init__(
         self,
@@ -74,6 +119,10 @@ class ClientCore:
         engine: Engine | None = None,
         embedder: Embedder | None = None,
         generator: JSONGenerator | None = None,
+        host: None = None,
+        api_key: None = None,
+        timeout: None = None,
+        retries: None = None,
     ) -> None:
         if isinstance(config, MemoryConfig):
             self.config = config

@@ -1,36 +1,65 @@
-"""One face for both clients, so that the API suite runs each test on :class:`MemoryClient` and on
-:class:`AsyncMemoryClient`: the client's public methods as plain calls, the async client's coroutines run to the
-end before the call returns."""
+"""One face for every client, so that the API suite runs each test on :class:`MemoryClient`,
+:class:`AsyncMemoryClient` and the remote clients: the client's public methods as plain calls, the async clients'
+coroutines run to the end before the call returns.
+
+The remote kinds ("remote": :class:`RemoteMemoryClient`, "remote-async": :class:`AsyncRemoteMemoryClient`) talk to a
+real InferScale server (uvicorn on 127.0.0.1, a free port) that serves an :class:`AsyncMemoryClient` built from the
+test's config, engine, embedder and generator. Tests that read a client's internals (``db``, ``fact_kv``,
+``engine``, ``config``) read that served client's.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Literal
 
 from inferscale import AsyncMemoryClient, MemoryClient
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 
-if TYPE_CHECKING:  # annotations only: the adapter needs no more than the two clients at run time
+if TYPE_CHECKING:  # annotations only: the adapter needs no more than the clients at run time
     from inferscale import ChatChunk, ChatResult, MemoryConfig
     from inferscale.engines.base import Engine
     from inferscale.fact_kv import FactKVManager
     from inferscale.retrieval import VectorIndex
     from inferscale.storage import MemoryStore
 
-ClientKind = Literal["sync", "async"]
+ClientKind = Literal["sync", "async", "remote", "remote-async"]
+REMOTE_KINDS: tuple[ClientKind, ...] = ("remote", "remote-async")
+AnyClient = MemoryClient | AsyncMemoryClient | RemoteMemoryClient | AsyncRemoteMemoryClient
+
+
+def kind_of(client: AnyClient) -> ClientKind:
+    """Which kind of client ``client`` is."""
+    if isinstance(client, RemoteMemoryClient):
+        return "remote"
+    if isinstance(client, AsyncRemoteMemoryClient):
+        return "remote-async"
+    return "async" if isinstance(client, AsyncMemoryClient) else "sync"
 
 
 class ClientAdapter:
     """``client``'s API as plain calls, with the client's own arguments, results and errors.
 
-    The async client's calls all run on one event loop that the adapter owns (the async SQL engine is bound to the
-    loop it first ran on). :meth:`close` closes the client and then the loop.
+    The async clients' calls all run on one event loop that the adapter owns (the async SQL engine is bound to the
+    loop it first ran on). :meth:`close` closes the client, then the server of a remote client, then the loop.
+
+    Args:
+        client: the client.
+        served: for a remote client, the client its server serves (its internals stand for the remote client's).
+        server: for a remote client, what keeps its server running; closed by :meth:`close` (which stops the
+            server, and the server closes the client it serves).
     """
 
-    def __init__(self, client: MemoryClient | AsyncMemoryClient) -> None:
+    def __init__(
+        self, client: AnyClient, served: AsyncMemoryClient | None = None, server: ExitStack | None = None
+    ) -> None:
         self.client = client
-        self.kind: ClientKind = "async" if isinstance(client, AsyncMemoryClient) else "sync"
-        self._runner = asyncio.Runner() if self.kind == "async" else None
+        self.kind: ClientKind = kind_of(client)
+        self._served = served
+        self._server = server
+        self._runner = asyncio.Runner() if self.kind in ("async", "remote-async") else None
         self._closed = False
 
     def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -68,6 +97,12 @@ class ClientAdapter:
     def chat(self, *args: Any, **kwargs: Any) -> ChatResult:
         return self._call(self.client.chat, *args, **kwargs)
 
+    def ping(self) -> dict[str, Any]:
+        """The remote clients' ``ping`` (the local ones have none)."""
+        if not isinstance(self.client, (RemoteMemoryClient, AsyncRemoteMemoryClient)):
+            raise TypeError(f"the {self.kind} client has no ping")
+        return self._call(self.client.ping)
+
     def chat_stream_open(self, *args: Any, **kwargs: Any) -> Any:
         """``chat(..., stream=True)`` without reading the stream (the async client's call awaited): what the call
         itself returns or raises."""
@@ -76,7 +111,7 @@ class ClientAdapter:
     def chat_stream(self, *args: Any, **kwargs: Any) -> list[ChatChunk]:
         """``chat(..., stream=True)``, every chunk collected (errors raised by the call itself, as the client
         raises them before the first chunk)."""
-        if isinstance(self.client, MemoryClient):
+        if isinstance(self.client, (MemoryClient, RemoteMemoryClient)):
             return list(self.client.chat(*args, stream=True, **kwargs))
         client = self.client
 
@@ -87,37 +122,52 @@ class ClientAdapter:
         return self._runner.run(collect())
 
     def close(self) -> None:
-        """Close the client (writing its index file), then the adapter's event loop. A second call does nothing."""
+        """Close the client (a local one writes its index file), then a remote client's server (which closes the
+        client it serves), then the adapter's event loop. A second call does nothing."""
         if self._closed:
             return
-        self._call(self.client.close)
-        if self._runner is not None:
-            self._runner.close()
         self._closed = True
+        try:
+            self._call(self.client.close)
+        finally:
+            if self._server is not None:
+                self._server.close()
+            if self._runner is not None:
+                self._runner.close()
 
-    # ---- attributes both clients have -----------------------------------------------------------------------------
+    # ---- attributes every client has here (a remote client's are its server's) --------------------------------
+    @property
+    def _local(self) -> MemoryClient | AsyncMemoryClient:
+        """The client whose internals the tests read: the client itself, or the one a remote client's server
+        serves."""
+        if isinstance(self.client, (MemoryClient, AsyncMemoryClient)):
+            return self.client
+        if self._served is None:
+            raise TypeError("this remote client has no server in the test process: it has no internals to read")
+        return self._served
+
     @property
     def config(self) -> MemoryConfig:
-        return self.client.config
+        return self._local.config
 
     @property
     def db(self) -> MemoryStore:
-        return self.client.db
+        return self._local.db
 
     @property
     def fact_kv(self) -> FactKVManager:
-        return self.client.fact_kv
+        return self._local.fact_kv
 
     @property
     def engine(self) -> Engine:
-        return self.client.engine
+        return self._local.engine
 
     @property
     def index(self) -> VectorIndex:
-        """The sync client's FAISS index. The async client has no public one: tests read it under
-        ``if m.kind == "sync"``."""
+        """The sync client's FAISS index. The async clients (and a server's, which is async) have no public one:
+        tests read it under ``if m.kind == "sync"``."""
         if not isinstance(self.client, MemoryClient):
-            raise TypeError("the async client has no public index")
+            raise TypeError(f"the {self.kind} client has no public index")
         return self.client.index
 
 
@@ -132,7 +182,32 @@ def open_client(
     embedder: Any = None,
     generator: Any = None,
 ) -> ClientAdapter:
-    """A ``kind`` client (:class:`MemoryClient` or :class:`AsyncMemoryClient`) built from the same arguments,
-    behind an adapter."""
-    cls = AsyncMemoryClient if kind == "async" else MemoryClient
-    return ClientAdapter(cls(config, engine=engine, embedder=embedder, generator=generator))
+    """A ``kind`` client built from the same arguments, behind an adapter: :class:`MemoryClient` or
+    :class:`AsyncMemoryClient`; or a remote client (``MemoryClient(host=...)`` / ``AsyncMemoryClient(host=...)``)
+    on a server started here, on 127.0.0.1 without keys, that serves an :class:`AsyncMemoryClient` built from them."""
+    if kind == "sync":
+        return ClientAdapter(MemoryClient(config, engine=engine, embedder=embedder, generator=generator))
+    if kind == "async":
+        return ClientAdapter(AsyncMemoryClient(config, engine=engine, embedder=embedder, generator=generator))
+    from server_fixture import running_server
+
+    from inferscale.server.app import create_app
+    from inferscale.server.options import ServerOptions
+
+    served = AsyncMemoryClient(config, engine=engine, embedder=embedder, generator=generator)
+    server = ExitStack()
+    url = server.enter_context(running_server(create_app(served, keys=None, options=ServerOptions())))
+    client: AnyClient = MemoryClient(host=url) if kind == "remote" else AsyncMemoryClient(host=url)
+    adapter = ClientAdapter(client, served, server)
+    _SERVING.append(adapter)
+    return adapter
+
+
+_SERVING: list[ClientAdapter] = []
+
+
+def close_remote_clients() -> None:
+    """Close every remote client :func:`open_client` opened and its server (a test that leaves a client open
+    leaves no server running behind it)."""
+    while _SERVING:
+        _SERVING.pop().close()

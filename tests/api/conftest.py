@@ -1,5 +1,7 @@
-"""The API suite runs each test on both clients: ``client_kind`` is "sync" (MemoryClient), then "async"
-(AsyncMemoryClient, its coroutines run to the end by :class:`client_adapter.ClientAdapter`)."""
+"""The API suite runs each test on every client: ``client_kind`` is "sync" (MemoryClient), "async"
+(AsyncMemoryClient, its coroutines run to the end by :class:`client_adapter.ClientAdapter`), then "remote" and
+"remote-async" (``MemoryClient(host=...)`` and ``AsyncMemoryClient(host=...)``, each on a real server of its own
+that serves an AsyncMemoryClient built from the test's arguments)."""
 
 from __future__ import annotations
 
@@ -7,20 +9,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from client_adapter import ClientAdapter, ClientKind, MakeClient, open_client
+from client_adapter import REMOTE_KINDS, ClientAdapter, ClientKind, MakeClient, close_remote_clients, open_client
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import MemoryConfig
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "remote", "remote-async"])
 def client_kind(request: pytest.FixtureRequest) -> ClientKind:
-    """Which client a test runs on; the async case is skipped when async SQLAlchemy's drivers are missing."""
-    if request.param == "async":
+    """Which client a test runs on. The async and remote cases (a server serves an async client) are skipped when
+    async SQLAlchemy's drivers are missing, the remote ones also without the server extra (FastAPI, uvicorn)."""
+    if request.param != "sync":
         pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
         pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
+    if request.param in REMOTE_KINDS:
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+        pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
     kind: ClientKind = request.param
     return kind
+
+
+@pytest.fixture(autouse=True)
+def _no_server_left_running() -> Iterator[None]:
+    """Stop the servers of remote clients a test opened and left open."""
+    yield
+    close_remote_clients()
 
 
 @pytest.fixture

@@ -1,0 +1,316 @@
+"""The memory API's calls as HTTP requests, built without I/O (the contract in docs/server.md's wire table).
+
+Each builder turns one public method's arguments into an :class:`ApiCall`: method, path, query, JSON body, whether
+the call may be retried, and how its 2xx reply becomes the method's result. The sync and async remote clients send
+the same :class:`ApiCall` values through their own transport, so the wire format lives here once.
+
+Arguments are passed through as given: the server validates them and answers with the same typed errors as the
+local client. What cannot be sent is refused here instead: a value with no JSON form (an object, NaN), a memory id
+that cannot be a path segment, a scope id that is not a string (a URL query holds only text).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from inferscale.errors import InvalidInputError, ScopeError, ServerError
+
+T = TypeVar("T")
+
+SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+
+
+# ------------------------------------------------------------------------------------------------------- the call
+
+
+def reply_dict(reply: Any) -> dict[str, Any]:
+    """A 2xx reply that must be a JSON object.
+
+    Raises:
+        ServerError: for any other JSON value.
+    """
+    if not isinstance(reply, dict):
+        raise ServerError(f"the server answered {type(reply).__name__} where a JSON object was expected")
+    return reply
+
+
+def reply_list(reply: Any) -> list[dict[str, Any]]:
+    """A 2xx reply that must be a JSON list (``history``).
+
+    Raises:
+        ServerError: for any other JSON value.
+    """
+    if not isinstance(reply, list):
+        raise ServerError(f"the server answered {type(reply).__name__} where a JSON list was expected")
+    return reply
+
+
+def reply_none(reply: Any) -> None:
+    """A 2xx reply whose content the method does not return (``reset``)."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall(Generic[T]):
+    """One request of the remote client and how its reply is read.
+
+    Attributes:
+        method: the HTTP method.
+        path: the path under the server's base URL, with path segments already escaped.
+        params: the URL query (values are text).
+        content: the JSON body as UTF-8 bytes, or ``None`` for a request without a body.
+        idempotent: whether sending it twice does what sending it once does (GET, PUT, DELETE, the search and
+            get_all POSTs): such a call is retried on 502, 503 and 504 replies. Every call is retried on connection
+            errors, which happen before the request is sent.
+        decode: the method's result from the reply's JSON.
+        missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
+            ``history`` ``[]``: the local client's answers for a memory it cannot show).
+    """
+
+    method: str
+    path: str
+    decode: Callable[[Any], T]
+    params: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None
+    idempotent: bool = True
+    missing_ok: bool = False
+
+
+# ------------------------------------------------------------------------------------------------ JSON and URLs
+
+
+def _jsonable(value: Any) -> Any:
+    """``json.dumps``'s fallback: the JSON form of values the standard encoder does not know.
+
+    Raises:
+        InvalidInputError: for a value that has none.
+    """
+    if is_dataclass(value) and not isinstance(value, type):  # ChatMessage(role, content) and the like
+        return asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return list(value)
+    raise InvalidInputError(
+        f"{type(value).__name__} value {value!r} cannot be sent to the server: it has no JSON form; pass str, "
+        "int, float, bool, None, lists and dicts of them"
+    )
+
+
+def encode_json(body: Mapping[str, Any]) -> bytes:
+    """``body`` without its ``None`` values (the server's defaults), as JSON bytes.
+
+    Non-ASCII text is escaped (``\\uXXXX``), so text that is not valid Unicode (a lone surrogate) still reaches the
+    server, which refuses it with the local client's error.
+
+    Raises:
+        InvalidInputError: for a value with no JSON form: an arbitrary object, NaN or an infinity.
+    """
+    given = {k: v for k, v in body.items() if v is not None}
+    try:
+        return json.dumps(given, default=_jsonable, allow_nan=False).encode("ascii")
+    except InvalidInputError:
+        raise
+    except ValueError as exc:  # NaN or an infinity
+        raise InvalidInputError(f"a value is not a finite number and cannot be sent as JSON ({exc})") from exc
+
+
+def segment(memory_id: Any) -> str:
+    """``memory_id`` as one escaped path segment (a ``/`` or ``..`` in it cannot change the route).
+
+    Raises:
+        InvalidInputError: when ``memory_id`` is not a non-empty str (it would name no memory, or another route).
+    """
+    if not isinstance(memory_id, str) or not memory_id:
+        raise InvalidInputError(f"memory_id must be a non-empty str, got {memory_id!r}")
+    escaped = quote(memory_id, safe="")
+    return escaped.replace(".", "%2E") if set(memory_id) == {"."} else escaped
+
+
+def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
+    """The given scope ids as a URL query.
+
+    Raises:
+        ScopeError: for an id that is not a str (a query cannot say ``5`` apart from ``"5"``).
+    """
+    params: dict[str, str] = {}
+    for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
+        params[key] = value
+    return params
+
+
+def _memory_path(memory_id: Any, suffix: str = "") -> str:
+    return f"/v1/memories/{segment(memory_id)}/{suffix}"
+
+
+# ------------------------------------------------------------------------------------------------ the builders
+
+
+def ping() -> ApiCall[dict[str, Any]]:
+    """``GET /v1/ping/``: whether the server answers, and what the API key may touch."""
+    return ApiCall("GET", "/v1/ping/", reply_dict)
+
+
+def add(
+    messages: Any,
+    *,
+    user_id: Any,
+    agent_id: Any,
+    run_id: Any,
+    metadata: Any,
+    infer: Any,
+    encode_kv: Any,
+    timestamp: Any,
+    expiration_date: Any,
+    output_format: Any,
+) -> ApiCall[dict[str, list[dict[str, Any]]]]:
+    """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice)."""
+    body = {
+        "messages": messages,
+        "user_id": user_id,
+        "agent_id": agent_id,
+        "run_id": run_id,
+        "metadata": metadata,
+        "infer": infer,
+        "encode_kv": encode_kv,
+        "timestamp": timestamp,
+        "expiration_date": expiration_date,
+        "output_format": output_format,
+    }
+    return ApiCall("POST", "/v1/memories/", reply_dict, content=encode_json(body), idempotent=False)
+
+
+def search(
+    query: Any,
+    *,
+    user_id: Any,
+    agent_id: Any,
+    run_id: Any,
+    filters: Any,
+    limit: Any,
+    top_k: Any,
+    threshold: Any,
+    version: Any,
+    output_format: Any,
+    rerank: Any,
+    explain: Any,
+    reference_date: Any,
+    show_expired: Any,
+) -> ApiCall[dict[str, list[dict[str, Any]]]]:
+    """``POST /v2/memories/search/`` for ``version="v2"``, else ``POST /v1/memories/search/`` (the same body)."""
+    body = {
+        "query": query,
+        "user_id": user_id,
+        "agent_id": agent_id,
+        "run_id": run_id,
+        "filters": filters,
+        "limit": limit,
+        "top_k": top_k,
+        "threshold": threshold,
+        "version": version,
+        "output_format": output_format,
+        "rerank": rerank,
+        "explain": explain,
+        "reference_date": reference_date,
+        "show_expired": show_expired,
+    }
+    path = "/v2/memories/search/" if version == "v2" else "/v1/memories/search/"
+    return ApiCall("POST", path, reply_dict, content=encode_json(body))
+
+
+def _is_count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def get_all(
+    *,
+    user_id: Any,
+    agent_id: Any,
+    run_id: Any,
+    filters: Any,
+    limit: Any,
+    top_k: Any,
+    version: Any,
+    output_format: Any,
+) -> ApiCall[dict[str, list[dict[str, Any]]]]:
+    """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (ids that are strings, int counts, no
+    filters, no v2 or output format asked for); else the v2 ``POST /v2/memories/``, which carries every argument
+    with its JSON type."""
+    ids = (user_id, agent_id, run_id)
+    fits_query = (
+        filters is None
+        and version in (None, "v1")
+        and output_format is None
+        and all(i is None or isinstance(i, str) for i in ids)
+        and _is_count(limit)
+        and _is_count(top_k)
+    )
+    if fits_query:
+        params = scope_params(*ids)
+        params.update({k: str(v) for k, v in (("limit", limit), ("top_k", top_k)) if v is not None})
+        return ApiCall("GET", "/v1/memories/", reply_dict, params=params)
+    body = {
+        "user_id": user_id,
+        "agent_id": agent_id,
+        "run_id": run_id,
+        "filters": filters,
+        "limit": limit,
+        "top_k": top_k,
+        "version": version,
+        "output_format": output_format,
+    }
+    return ApiCall("POST", "/v2/memories/", reply_dict, content=encode_json(body))
+
+
+def _optional_dict(reply: Any) -> dict[str, Any] | None:
+    return None if reply is None else reply_dict(reply)
+
+
+def get(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any] | None]:
+    """``GET /v1/memories/{memory_id}/``; a ``memory_not_found`` reply is the result ``None``."""
+    params = scope_params(user_id, agent_id, run_id)
+    return ApiCall("GET", _memory_path(memory_id), _optional_dict, params=params, missing_ok=True)
+
+
+def update(
+    memory_id: Any, *, text: Any, metadata: Any, data: Any, user_id: Any, agent_id: Any, run_id: Any
+) -> ApiCall[dict[str, Any]]:
+    """``PUT /v1/memories/{memory_id}/`` (setting the same values twice changes nothing the second time)."""
+    body = encode_json({"text": text, "data": data, "metadata": metadata})
+    params = scope_params(user_id, agent_id, run_id)
+    return ApiCall("PUT", _memory_path(memory_id), reply_dict, params=params, content=body)
+
+
+def delete(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
+    """``DELETE /v1/memories/{memory_id}/``."""
+    params = scope_params(user_id, agent_id, run_id)
+    return ApiCall("DELETE", _memory_path(memory_id), reply_dict, params=params)
+
+
+def delete_all(*, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
+    """``DELETE /v1/memories/`` with the scope in the query (the server refuses an empty scope)."""
+    return ApiCall("DELETE", "/v1/memories/", reply_dict, params=scope_params(user_id, agent_id, run_id))
+
+
+def _history_rows(reply: Any) -> list[dict[str, Any]]:
+    return [] if reply is None else reply_list(reply)
+
+
+def history(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[list[dict[str, Any]]]:
+    """``GET /v1/memories/{memory_id}/history/``; a ``memory_not_found`` reply (a keyed server's answer for a memory
+    outside the key's scopes) is ``[]``, the local client's answer for a memory it cannot show."""
+    params = scope_params(user_id, agent_id, run_id)
+    return ApiCall("GET", _memory_path(memory_id, "history/"), _history_rows, params=params, missing_ok=True)
+
+
+def reset() -> ApiCall[None]:
+    """``POST /v1/reset/`` (an admin key's call; not retried on a 5xx reply: it is no read)."""
+    return ApiCall("POST", "/v1/reset/", reply_none, idempotent=False)

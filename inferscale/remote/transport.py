@@ -1,0 +1,291 @@
+"""Sending :class:`~inferscale.remote.calls.ApiCall` values over httpx: the connection settings, the sync and async
+transports, retries (:mod:`inferscale.remote.retry`) and the chat stream read with httpx-sse.
+
+Both transports do the same four things: send a call's request (trying again as the policy allows), turn the reply
+into the call's result or error (:func:`inferscale.remote.errors.reply_value`), open a chat stream (its status is
+checked before the first chunk, so a refused request raises from the ``chat`` call itself), and turn a connection
+that failed for good into a :class:`~inferscale.errors.ServerError` that names the host.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from httpx_sse import EventSource, SSEError, aconnect_sse, connect_sse
+
+from inferscale.errors import ConfigError, ServerError
+from inferscale.remote.calls import ApiCall
+from inferscale.remote.chat import ChunkReader
+from inferscale.remote.errors import error_of, reply_value
+from inferscale.remote.retry import RetryableReply, aretrying, check_reply, retrying
+from inferscale.types import ChatChunk
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a request may take (connect, each read, write), unless the client is given another ``timeout``."""
+
+DEFAULT_RETRIES = 3
+"""Attempts after the first, unless the client is given another ``retries``."""
+
+API_KEY_ENV = "INFERSCALE_API_KEY"
+"""The environment variable the API key is read from when none is passed."""
+
+JSON_BODY = {"Content-Type": "application/json"}
+"""The header of a request with a body (every body is JSON)."""
+
+_OPENED = ChatChunk("")
+"""Yielded once by a stream's generator when the reply's status was checked (never a chunk of an answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where the server is and how to call it.
+
+    Attributes:
+        base_url: the server's URL without a trailing slash, e.g. ``"http://127.0.0.1:8000"``.
+        headers: sent with every request (``Authorization: Token <key>`` when there is a key).
+        timeout: seconds for each phase of a request (connect, write, each read).
+        retries: attempts after the first for a call that may be retried (see :mod:`inferscale.remote.retry`).
+    """
+
+    base_url: str
+    headers: dict[str, str]
+    timeout: float
+    retries: int
+
+    @classmethod
+    def of(cls, host: Any, api_key: Any, timeout: Any, retries: Any) -> Connection:
+        """Check a remote client's arguments; ``api_key=None`` reads :data:`API_KEY_ENV` (no key when it is unset
+        or empty).
+
+        Raises:
+            ConfigError: for a host that is not an http(s) URL, a key that is not a string, a timeout that is not a
+                positive number of seconds, or retries that are not an int >= 0.
+        """
+        url = httpx.URL(host) if isinstance(host, str) else None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(f"host must be the server's http(s) URL, e.g. 'http://127.0.0.1:8000', got {host!r}")
+        key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+        if key is not None and not isinstance(key, str):
+            raise ConfigError(f"api_key must be a string (isk_...), got {type(key).__name__}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries must be an int >= 0, got {retries!r}")
+        headers = {"Accept": "application/json"}
+        if key:
+            headers["Authorization"] = f"Token {key}"
+        return cls(str(host).rstrip("/"), headers, float(timeout), retries)
+
+    def client_options(self) -> dict[str, Any]:
+        """The keyword arguments of the ``httpx.Client`` or ``httpx.AsyncClient`` that sends to the server."""
+        return {"base_url": self.base_url, "headers": self.headers, "timeout": httpx.Timeout(self.timeout)}
+
+    def what(self, call: ApiCall[Any]) -> str:
+        """``"METHOD URL"`` of ``call``, for messages."""
+        return f"{call.method} {self.base_url}{call.path}"
+
+    def failed(self, call: ApiCall[Any], error: httpx.HTTPError) -> ServerError:
+        """The error of a request that got no reply: the connection could not be made (after every attempt), or
+        it broke or timed out while the request ran."""
+        if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return ServerError(
+                f"cannot connect to the InferScale server at {self.base_url} ({self.retries + 1} attempts; "
+                f"{type(error).__name__}: {error}); check the host and that `inferscale serve` runs there"
+            )
+        return ServerError(
+            f"{self.what(call)} got no complete reply from the InferScale server at {self.base_url} "
+            f"({type(error).__name__}: {error}); the timeout is {self.timeout:g} s"
+        )
+
+
+def _headers(call: ApiCall[Any]) -> dict[str, str]:
+    """The per-request headers: the JSON content type when ``call`` has a body."""
+    return dict(JSON_BODY) if call.content is not None else {}
+
+
+# ------------------------------------------------------------------------------------------------------ sync
+
+
+class Transport:
+    """Sends calls with an :class:`httpx.Client` (thread-safe: one transport may serve several threads).
+
+    Args:
+        connection: the server and its settings.
+        transport: the httpx transport to send with (default: httpx's own; tests pass ``httpx.MockTransport``).
+    """
+
+    def __init__(self, connection: Connection, transport: httpx.BaseTransport | None = None) -> None:
+        self.connection = connection
+        self._transport = transport
+        self._lock = threading.Lock()
+        self._client: httpx.Client | None = None
+
+    @property
+    def _http(self) -> httpx.Client:
+        """The httpx client, (re)opened on first use after construction or :meth:`close`."""
+        with self._lock:
+            if self._client is None or self._client.is_closed:
+                self._client = httpx.Client(**self.connection.client_options(), transport=self._transport)
+            return self._client
+
+    def call(self, call: ApiCall[T]) -> T:
+        """Send ``call`` and return its result.
+
+        Raises:
+            InferScaleError: the type of the server's error code (the local client's types).
+            ServerError: when the server cannot be reached after the retries, the reply breaks off or times out, or
+                the reply is not the InferScale shape.
+        """
+        request = self._http.build_request(
+            call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+        )
+        try:
+            status, content = retrying(self.connection.retries)(self._attempt, request, call.idempotent)
+        except RetryableReply as last:
+            status, content = last.status, last.content
+        except httpx.HTTPError as exc:
+            raise self.connection.failed(call, exc) from exc
+        return reply_value(call, status, content, self.connection.what(call))
+
+    def _attempt(self, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        response = self._http.send(request)
+        check_reply(response.status_code, response.content, idempotent)
+        return response.status_code, response.content
+
+    def stream(self, call: ApiCall[Any]) -> Iterator[ChatChunk]:
+        """Open ``call`` as a server-sent event stream and return its chunks (see
+        :class:`~inferscale.remote.chat.ChunkReader`). The reply's status is checked before this returns; closing
+        the iterator (or dropping it) closes the connection.
+
+        Raises:
+            InferScaleError: the type of an error reply's code, before any chunk.
+            ServerError: as :meth:`call`; while reading, also for a stream that breaks off or is malformed.
+        """
+        chunks = self._chunks(call)
+        opened = next(chunks)  # runs up to the status check: a refused request raises here
+        assert opened is _OPENED
+        return chunks
+
+    def _chunks(self, call: ApiCall[Any]) -> Iterator[ChatChunk]:
+        reader = ChunkReader()
+        with ExitStack() as stack:
+            try:
+                source = retrying(self.connection.retries)(self._open, stack, call)
+                if not source.response.is_success:
+                    content = source.response.read()
+                    raise error_of(source.response.status_code, content, self.connection.what(call))
+                yield _OPENED
+                for event in source.iter_sse():
+                    yield from reader.feed(event.data)
+                    if reader.done:
+                        break
+            except SSEError as exc:  # an httpx.TransportError: caught first
+                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise self.connection.failed(call, exc) from exc
+        reader.end()
+
+    def _open(self, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
+        return stack.enter_context(
+            connect_sse(
+                self._http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+            )
+        )
+
+    def close(self) -> None:
+        """Close the connection pool (an open stream is cut off); a later call opens a new one."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+
+
+# ------------------------------------------------------------------------------------------------------ async
+
+
+class AsyncTransport:
+    """Sends calls with an :class:`httpx.AsyncClient`, on the event loop that first uses it; see :class:`Transport`.
+
+    Args:
+        connection: the server and its settings.
+        transport: the httpx transport to send with (default: httpx's own; tests pass ``httpx.MockTransport``).
+    """
+
+    def __init__(self, connection: Connection, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.connection = connection
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The httpx client, (re)opened on first use after construction or :meth:`close` (no await in between, so
+        no lock is needed on the loop)."""
+        if self._client is None or self._client.is_closed:
+            self._client = httpx.AsyncClient(**self.connection.client_options(), transport=self._transport)
+        return self._client
+
+    async def call(self, call: ApiCall[T]) -> T:
+        """Send ``call`` and return its result; see :meth:`Transport.call` (same errors)."""
+        request = self._http.build_request(
+            call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+        )
+        try:
+            reply: tuple[int, bytes] = await aretrying(self.connection.retries)(self._attempt, request, call.idempotent)
+            status, content = reply
+        except RetryableReply as last:
+            status, content = last.status, last.content
+        except httpx.HTTPError as exc:
+            raise self.connection.failed(call, exc) from exc
+        return reply_value(call, status, content, self.connection.what(call))
+
+    async def _attempt(self, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        response = await self._http.send(request)
+        check_reply(response.status_code, response.content, idempotent)
+        return response.status_code, response.content
+
+    async def stream(self, call: ApiCall[Any]) -> AsyncIterator[ChatChunk]:
+        """Open ``call`` as an event stream; see :meth:`Transport.stream` (same errors). Closing the iterator
+        (``await it.aclose()``), or dropping it, closes the connection."""
+        chunks = self._chunks(call)
+        opened = await anext(chunks)  # runs up to the status check: a refused request raises here
+        assert opened is _OPENED
+        return chunks
+
+    async def _chunks(self, call: ApiCall[Any]) -> AsyncIterator[ChatChunk]:
+        reader = ChunkReader()
+        async with AsyncExitStack() as stack:
+            try:
+                source: EventSource = await aretrying(self.connection.retries)(self._open, stack, call)
+                if not source.response.is_success:
+                    content = await source.response.aread()
+                    raise error_of(source.response.status_code, content, self.connection.what(call))
+                yield _OPENED
+                async for event in source.aiter_sse():
+                    for chunk in reader.feed(event.data):
+                        yield chunk
+                    if reader.done:
+                        break
+            except SSEError as exc:  # an httpx.TransportError: caught first
+                raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise self.connection.failed(call, exc) from exc
+        reader.end()
+
+    async def _open(self, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
+        return await stack.enter_async_context(
+            aconnect_sse(
+                self._http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+            )
+        )
+
+    async def close(self) -> None:
+        """Close the connection pool (an open stream is cut off); a later call opens a new one."""
+        if self._client is not None:
+            await self._client.aclose()

@@ -1,0 +1,105 @@
+"""``MemoryClient(host=...)`` and ``AsyncMemoryClient(host=...)`` return the remote clients, which have the local
+clients' public methods with the same arguments; arguments that cannot go together are refused."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mem0_fakes import HashEmbedder, ScriptedGenerator
+
+from inferscale import AsyncMemoryClient, ConfigError, MemoryClient, MemoryConfig
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
+
+HOST = "http://127.0.0.1:8000"
+API = ("add", "search", "get", "get_all", "update", "delete", "delete_all", "history", "reset", "chat", "close")
+PAIRS = [(MemoryClient, RemoteMemoryClient), (AsyncMemoryClient, AsyncRemoteMemoryClient)]
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+def test_host_makes_a_remote_client(local: Any, remote: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INFERSCALE_API_KEY", raising=False)
+    client = local(host=HOST + "/", api_key="isk_0123456789ab_s")
+    assert type(client) is remote
+    assert client.host == HOST
+    assert client._transport.connection.headers["Authorization"] == "Token isk_0123456789ab_s"
+    tuned = local(host=HOST, timeout=5, retries=0)
+    assert (tuned._transport.connection.timeout, tuned._transport.connection.retries) == (5.0, 0)
+    defaults = local(host=HOST)._transport.connection
+    assert (defaults.timeout, defaults.retries, "Authorization" in defaults.headers) == (300.0, 3, False)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+def test_no_host_is_the_local_client(local: Any, remote: Any, tmp_path: Path) -> None:
+    config = MemoryConfig(data_dir=str(tmp_path))
+    assert type(local(config, host=None)) is local
+    assert type(local(config, embedder=HashEmbedder(), api_key=None)) is local
+    assert type(local.from_config({"data_dir": str(tmp_path)})) is local
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"config": {"data_dir": "/tmp/x"}},
+        {"engine": object()},
+        {"embedder": HashEmbedder()},
+        {"generator": ScriptedGenerator()},
+    ],
+    ids=["config", "engine", "embedder", "generator"],
+)
+def test_host_with_a_local_argument_is_refused_naming_it(local: Any, remote: Any, given: dict[str, Any]) -> None:
+    (name,) = given
+    with pytest.raises(ConfigError, match=rf"host='{HOST}' makes a remote client.*so {name} would be ignored"):
+        local(host=HOST, **given)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize("given", [{"api_key": "isk_x"}, {"timeout": 5.0}, {"retries": 1}], ids=str)
+def test_a_remote_argument_without_host_is_refused_naming_it(local: Any, remote: Any, given: dict[str, Any]) -> None:
+    (name,) = given
+    with pytest.raises(ConfigError, match=rf"^{name} is for a remote client: pass host="):
+        local(**given)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"host": "127.0.0.1:8000"}, "http"),
+        ({"host": "ftp://h"}, "http"),
+        ({"host": ""}, "http"),
+        ({"host": "http://"}, "http"),
+        ({"host": HOST, "api_key": 5}, "api_key"),
+        ({"host": HOST, "timeout": 0}, "timeout"),
+        ({"host": HOST, "timeout": "5"}, "timeout"),
+        ({"host": HOST, "timeout": True}, "timeout"),
+        ({"host": HOST, "retries": -1}, "retries"),
+        ({"host": HOST, "retries": 1.5}, "retries"),
+    ],
+)
+def test_bad_connection_settings_are_config_errors(local: Any, remote: Any, given: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        local(**given)
+    options = dict(given)
+    host = options.pop("host")
+    with pytest.raises(ConfigError, match=match):
+        remote(host, **options)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize("name", API)
+def test_the_remote_methods_have_the_local_signatures(local: Any, remote: Any, name: str) -> None:
+    """Same parameters (names, kinds, defaults, annotations), same result annotation, and a coroutine where the
+    local one is; ``chat`` also has the same typed overloads."""
+    ours, theirs = getattr(remote, name), getattr(local, name)
+    assert inspect.signature(ours) == inspect.signature(theirs)
+    assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(theirs)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+def test_the_remote_clients_are_context_managers_like_the_local_ones(local: Any, remote: Any) -> None:
+    for method in ("__enter__", "__exit__", "__aenter__", "__aexit__"):
+        assert hasattr(remote, method) == hasattr(local, method)

@@ -1,0 +1,171 @@
+"""How the remote clients fail: every error code back to its exception type, replies in other shapes, and the retry
+policy (idempotent calls try again on connection errors and proxies' 502/503/504; add, chat and reset never send
+twice; a server that cannot be reached is a ServerError naming it)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from client_adapter import ClientAdapter
+from remote_wire import Wire
+
+from inferscale.error_codes import ERROR_CODES, ErrorCode
+from inferscale.errors import ServerError
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
+
+PROXY_DOWN = httpx.Response(503, text="<html><body>503 Service Temporarily Unavailable</body></html>")
+OK = {"results": []}
+
+IDEMPOTENT: list[tuple[str, Any, Any]] = [
+    ("search", lambda m: m.search("tea", user_id="u"), OK),
+    ("get", lambda m: m.get("m1"), {"id": "m1"}),
+    ("get_all-GET", lambda m: m.get_all(user_id="u"), OK),
+    ("get_all-POST", lambda m: m.get_all(filters={"user_id": "u"}), OK),
+    ("update", lambda m: m.update("m1", "x"), {"message": "Memory updated successfully!", "result": {}}),
+    ("delete", lambda m: m.delete("m1"), {"message": "Memory deleted successfully!"}),
+    ("delete_all", lambda m: m.delete_all(user_id="u"), {"message": "Memories deleted successfully!", "deleted": 0}),
+    ("history", lambda m: m.history("m1"), []),
+    ("ping", lambda m: m.ping(), {"status": "ok"}),
+]
+
+SENT_ONCE: list[tuple[str, Any]] = [
+    ("add", lambda m: m.add("I like tea", user_id="u")),
+    ("chat", lambda m: m.chat("Hi", user_id="u")),
+    ("chat-stream", lambda m: m.chat_stream_open("Hi", user_id="u")),
+    ("reset", lambda m: m.reset()),
+]
+
+
+# ---- error replies ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", ERROR_CODES, ids=[row.code for row in ERROR_CODES])
+def test_every_error_code_raises_its_exception_type_with_the_servers_message(wire: Wire, row: ErrorCode) -> None:
+    """Also the 5xx codes (extraction_failed 502, model_not_available and engine_closed 503): the server's own typed
+    answer, raised at once, never retried."""
+    wire.answer(wire.error(row.code, f"the message of {row.code}", row.status))
+    with pytest.raises(row.error) as raised:
+        wire.client().search("tea", user_id="u")
+    assert type(raised.value) is row.error
+    assert str(raised.value) == f"the message of {row.code}"
+    assert len(wire.requests) == 1
+
+
+def test_an_unknown_code_is_a_server_error_naming_it(wire: Wire) -> None:
+    wire.answer(wire.error("quota_exceeded", "too many memories", 429))
+    with pytest.raises(ServerError, match=r"too many memories \(error code 'quota_exceeded'\)"):
+        wire.client().get_all(user_id="u")
+
+
+@pytest.mark.parametrize(
+    ("reply", "match"),
+    [
+        (httpx.Response(500, text="<html>Internal Server Error</html>"), r"HTTP 500.*<html>Internal Server Error"),
+        (httpx.Response(404, json={"detail": "Not Found"}), r"HTTP 404.*detail"),
+        (httpx.Response(400, json={"error": "bad"}), r"HTTP 400.*bad"),
+        (httpx.Response(401, content=b""), r"HTTP 401"),
+    ],
+)
+def test_a_reply_in_another_shape_is_a_server_error_quoting_status_and_body(
+    wire: Wire, reply: httpx.Response, match: str
+) -> None:
+    wire.answer(reply)
+    with pytest.raises(ServerError, match=match) as raised:
+        wire.client().add("I like tea", user_id="u")
+    assert f"POST {wire.host}/v1/memories/" in str(raised.value)
+
+
+def test_a_long_body_is_quoted_only_in_part(wire: Wire) -> None:
+    wire.answer(httpx.Response(500, text="x" * 10_000))
+    with pytest.raises(ServerError) as raised:
+        wire.client().ping()
+    assert 300 <= str(raised.value).count("x") < 400
+
+
+@pytest.mark.parametrize(
+    ("call", "reply", "match"),
+    [
+        (lambda m: m.search("tea", user_id="u"), httpx.Response(200, text="not json"), "not JSON"),
+        (lambda m: m.search("tea", user_id="u"), httpx.Response(200, json=["a", "list"]), "JSON object"),
+        (lambda m: m.history("m1"), httpx.Response(200, json={"an": "object"}), "JSON list"),
+        (lambda m: m.chat("Hi", user_id="u"), httpx.Response(200, json={"choices": []}), "choices"),
+    ],
+)
+def test_a_success_reply_of_the_wrong_shape_is_a_server_error(wire: Wire, call: Any, reply: Any, match: str) -> None:
+    wire.answer(reply)
+    with pytest.raises(ServerError, match=match):
+        call(wire.client())
+
+
+# ---- retries ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "reply"), [c[1:] for c in IDEMPOTENT], ids=[c[0] for c in IDEMPOTENT])
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_an_idempotent_call_retries_a_proxys_5xx_then_succeeds(wire: Wire, call: Any, reply: Any, status: int) -> None:
+    wire.answer(httpx.Response(status, text="Bad Gateway"), httpx.Response(200, json=reply))
+    assert call(wire.client()) == reply
+    assert len(wire.requests) == 2
+    first, second = wire.requests
+    assert (first.method, first.url, first.content) == (second.method, second.url, second.content)
+
+
+@pytest.mark.parametrize("call", [c[1] for c in SENT_ONCE], ids=[c[0] for c in SENT_ONCE])
+def test_add_chat_and_reset_are_never_sent_twice(wire: Wire, call: Any) -> None:
+    wire.answer(PROXY_DOWN, httpx.Response(200, json=OK))
+    with pytest.raises(ServerError, match=r"HTTP 503.*Service Temporarily Unavailable"):
+        call(wire.client())
+    assert len(wire.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "call", [c[1] for c in IDEMPOTENT] + [c[1] for c in SENT_ONCE], ids=[c[0] for c in IDEMPOTENT + SENT_ONCE]
+)
+def test_every_call_retries_a_connection_that_could_not_be_made(wire: Wire, call: Any) -> None:
+    """Nothing was sent, so even add and chat try again."""
+    wire.answer(httpx.ConnectError("connection refused"), wire.error("invalid_input", "reached", 400))
+    with pytest.raises(ValueError, match="reached"):  # the second attempt got the server's answer
+        call(wire.client())
+    assert len(wire.requests) == 2
+
+
+def test_retries_back_off_exponentially_then_raise_the_last_reply(wire: Wire) -> None:
+    wire.answer(PROXY_DOWN)
+    with pytest.raises(ServerError, match="HTTP 503"):
+        wire.client(retries=3).search("tea", user_id="u")
+    assert len(wire.requests) == 4
+    gaps = [b - a for a, b in zip(wire.times, wire.times[1:], strict=False)]
+    for gap, wait in zip(gaps, (0.01, 0.02, 0.04), strict=True):  # the conftest's 10 ms, doubling
+        assert wait <= gap < wait + 0.5
+
+
+def test_no_retries_means_one_attempt(wire: Wire) -> None:
+    wire.answer(PROXY_DOWN, httpx.Response(200, json=OK))
+    with pytest.raises(ServerError):
+        wire.client(retries=0).search("tea", user_id="u")
+    assert len(wire.requests) == 1
+
+
+def test_a_reply_that_breaks_off_is_a_server_error_and_not_retried(wire: Wire) -> None:
+    wire.answer(httpx.ReadTimeout("timed out"), httpx.Response(200, json=OK))
+    with pytest.raises(ServerError, match=r"no complete reply.*ReadTimeout.*timeout is 7 s"):
+        wire.client(timeout=7).search("tea", user_id="u")
+    assert len(wire.requests) == 1
+
+
+@pytest.mark.parametrize("kind", ["remote", "remote-async"])
+def test_a_server_that_refuses_connections_is_a_server_error_naming_the_host(kind: str) -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        host = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    cls = RemoteMemoryClient if kind == "remote" else AsyncRemoteMemoryClient
+    client = ClientAdapter(cls(host, retries=2))
+    try:
+        for call in (lambda: client.add("x", user_id="u"), lambda: client.search("x", user_id="u")):
+            with pytest.raises(ServerError, match=rf"cannot connect to the InferScale server at {host} \(3 attempts"):
+                call()
+    finally:
+        client.close()

@@ -1,0 +1,282 @@
+"""What the remote clients send: each call's method, path, query and JSON body as the wire contract
+(docs/server.md) gives them, the API key header, and what cannot be sent refused before anything is sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from remote_wire import Wire
+
+from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
+
+DEFAULTS = {"rerank": False, "explain": False, "show_expired": False}  # search's flags, always sent
+
+CASES: list[tuple[str, Any, str, str, dict[str, str], Any, Any]] = [
+    # id, call, method, path, query, body (None: no body), reply
+    (
+        "add",
+        lambda m: m.add("I like tea", user_id="u", metadata={"k": 1}, infer=False),
+        "POST",
+        "/v1/memories/",
+        {},
+        {"messages": "I like tea", "user_id": "u", "metadata": {"k": 1}, "infer": False},
+        {"results": [{"id": "m1", "memory": "I like tea", "event": "ADD"}]},
+    ),
+    (
+        "add-every-argument",
+        lambda m: m.add(
+            [{"role": "user", "content": "hi"}],
+            agent_id="a",
+            run_id="r",
+            encode_kv=True,
+            timestamp=5,
+            expiration_date="2030-01-01",
+            output_format="v1.1",
+        ),
+        "POST",
+        "/v1/memories/",
+        {},
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "agent_id": "a",
+            "run_id": "r",
+            "infer": True,
+            "encode_kv": True,
+            "timestamp": 5,
+            "expiration_date": "2030-01-01",
+            "output_format": "v1.1",
+        },
+        {"results": []},
+    ),
+    (
+        "search-v1",
+        lambda m: m.search("tea", user_id="u", limit=2, threshold=0.5),
+        "POST",
+        "/v1/memories/search/",
+        {},
+        {"query": "tea", "user_id": "u", "limit": 2, "threshold": 0.5, **DEFAULTS},
+        {"results": [{"id": "m1", "memory": "I like tea", "score": 0.9}]},
+    ),
+    (
+        "search-v2",
+        lambda m: m.search("tea", filters={"AND": [{"user_id": "u"}]}, top_k=3, version="v2", output_format="v1.1"),
+        "POST",
+        "/v2/memories/search/",
+        {},
+        {"query": "tea", "filters": {"AND": [{"user_id": "u"}]}, "top_k": 3, "version": "v2", "output_format": "v1.1"}
+        | DEFAULTS,
+        {"results": []},
+    ),
+    (
+        "search-mem0-2x",
+        lambda m: m.search(
+            "tea", run_id="r", rerank=True, explain=True, reference_date="2026-01-01", show_expired=True
+        ),
+        "POST",
+        "/v1/memories/search/",
+        {},
+        {"query": "tea", "run_id": "r", "rerank": True, "explain": True, "reference_date": "2026-01-01"}
+        | {"show_expired": True},
+        {"results": []},
+    ),
+    (
+        "get",
+        lambda m: m.get("m1", user_id="u"),
+        "GET",
+        "/v1/memories/m1/",
+        {"user_id": "u"},
+        None,
+        {"id": "m1", "memory": "I like tea"},
+    ),
+    (
+        "get_all-v1",
+        lambda m: m.get_all(user_id="u", agent_id="a", limit=5),
+        "GET",
+        "/v1/memories/",
+        {"user_id": "u", "agent_id": "a", "limit": "5"},
+        None,
+        {"results": [{"id": "m1", "memory": "I like tea"}]},
+    ),
+    (
+        "get_all-v2-filters",
+        lambda m: m.get_all(filters={"AND": [{"user_id": "u"}, {"kind": "x"}]}, top_k=2),
+        "POST",
+        "/v2/memories/",
+        {},
+        {"filters": {"AND": [{"user_id": "u"}, {"kind": "x"}]}, "top_k": 2},
+        {"results": []},
+    ),
+    (
+        "get_all-v2-a-bool-limit-keeps-its-type",
+        lambda m: m.get_all(user_id="u", limit=True, version="v1"),
+        "POST",
+        "/v2/memories/",
+        {},
+        {"user_id": "u", "limit": True, "version": "v1"},
+        {"results": []},
+    ),
+    (
+        "update",
+        lambda m: m.update("m1", "new text", {"a": 1}, user_id="u"),
+        "PUT",
+        "/v1/memories/m1/",
+        {"user_id": "u"},
+        {"text": "new text", "metadata": {"a": 1}},
+        {"message": "Memory updated successfully!", "result": {"id": "m1", "memory": "new text"}},
+    ),
+    (
+        "update-data",
+        lambda m: m.update("m1", data="new text"),
+        "PUT",
+        "/v1/memories/m1/",
+        {},
+        {"data": "new text"},
+        {"message": "Memory updated successfully!", "result": {"id": "m1", "memory": "new text"}},
+    ),
+    (
+        "delete",
+        lambda m: m.delete("m1", run_id="r"),
+        "DELETE",
+        "/v1/memories/m1/",
+        {"run_id": "r"},
+        None,
+        {"message": "Memory deleted successfully!"},
+    ),
+    (
+        "delete_all",
+        lambda m: m.delete_all(user_id="u", agent_id="a"),
+        "DELETE",
+        "/v1/memories/",
+        {"user_id": "u", "agent_id": "a"},
+        None,
+        {"message": "Memories deleted successfully!", "deleted": 3},
+    ),
+    (
+        "history",
+        lambda m: m.history("m1", user_id="u"),
+        "GET",
+        "/v1/memories/m1/history/",
+        {"user_id": "u"},
+        None,
+        [{"id": "h1", "memory_id": "m1", "event": "ADD"}],
+    ),
+    ("ping", lambda m: m.ping(), "GET", "/v1/ping/", {}, None, {"status": "ok", "admin": True, "scopes": {}}),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "method", "path", "query", "body", "reply"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_each_call_sends_the_contracts_request_and_returns_the_reply(
+    wire: Wire, call: Any, method: str, path: str, query: dict[str, str], body: Any, reply: Any
+) -> None:
+    wire.answer(httpx.Response(200, json=reply))
+    assert call(wire.client()) == reply
+    (sent,) = wire.requests
+    assert (sent.method, sent.url.path, dict(sent.url.params)) == (method, path, query)
+    if body is None:
+        assert sent.content == b"" and "content-type" not in sent.headers
+    else:
+        assert wire.body() == body and sent.headers["content-type"] == "application/json"
+
+
+def test_reset_answers_none_as_the_local_client_does(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"message": "Reset successful."}))
+    assert wire.client().reset() is None
+    assert (wire.last.method, wire.last.url.path) == ("POST", "/v1/reset/")
+
+
+def test_a_missing_memory_is_none_for_get_and_no_rows_for_history(wire: Wire) -> None:
+    """As the local client answers; update and delete raise, as the local client does."""
+    wire.answer(wire.error("memory_not_found", "no memory with id 'x'", 404))
+    m = wire.client()
+    assert m.get("x") is None
+    assert m.history("x") == []
+    with pytest.raises(MemoryNotFoundError, match="no memory with id 'x'"):
+        m.update("x", "text")
+    with pytest.raises(MemoryNotFoundError, match="no memory with id 'x'"):
+        m.delete("x")
+
+
+def test_the_api_key_is_sent_as_mem0s_token_header(wire: Wire, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INFERSCALE_API_KEY", raising=False)
+    wire.client(api_key="isk_0123456789ab_secret").ping()
+    assert wire.last.headers["authorization"] == "Token isk_0123456789ab_secret"
+    wire.client().ping()
+    assert "authorization" not in wire.last.headers
+    monkeypatch.setenv("INFERSCALE_API_KEY", "isk_from_env")
+    wire.client().ping()
+    assert wire.last.headers["authorization"] == "Token isk_from_env"
+    wire.client(api_key="isk_given").ping()  # a key passed in wins over the environment
+    assert wire.last.headers["authorization"] == "Token isk_given"
+
+
+@pytest.mark.parametrize(
+    ("memory_id", "raw_path"),
+    [
+        ("a/b", b"/v1/memories/a%2Fb/"),
+        ("..", b"/v1/memories/%2E%2E/"),
+        ("x?y#z", b"/v1/memories/x%3Fy%23z/"),
+        ("林晓雨", b"/v1/memories/%E6%9E%97%E6%99%93%E9%9B%A8/"),
+    ],
+)
+def test_a_memory_id_is_one_escaped_path_segment(wire: Wire, memory_id: str, raw_path: bytes) -> None:
+    wire.answer(httpx.Response(200, json={"message": "Memory deleted successfully!"}))
+    wire.client().delete(memory_id)
+    assert wire.last.url.raw_path == raw_path
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda m: m.get(""), InvalidInputError, "memory_id"),
+        (lambda m: m.history(None), InvalidInputError, "memory_id"),
+        (lambda m: m.get("m1", user_id=5), ScopeError, "user_id"),
+        (lambda m: m.delete_all(agent_id=["a"]), ScopeError, "agent_id"),
+        (lambda m: m.search("x", user_id="u", threshold=float("nan")), InvalidInputError, "finite"),
+        (lambda m: m.add("x", user_id="u", metadata={"when": object()}), InvalidInputError, "JSON"),
+        (lambda m: m.chat("x", user_id="u", stop={"a"}), InvalidInputError, "JSON"),
+    ],
+)
+def test_what_cannot_be_sent_is_refused_before_sending(wire: Wire, call: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        call(wire.client())
+    assert wire.requests == []
+
+
+def test_text_that_is_not_unicode_still_reaches_the_server(wire: Wire) -> None:
+    """A lone surrogate is no UTF-8, so it travels as a JSON escape; the server refuses it as the local client does."""
+    wire.answer(httpx.Response(200, json={"results": []}))
+    wire.client().search("\ud800", user_id="u")
+    assert b'"\\ud800"' in wire.last.content
+    assert wire.body()["query"] == "\ud800"
+
+
+def test_other_values_are_passed_through_for_the_server_to_judge(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"results": []}))
+    m = wire.client()
+    m.add("x", user_id="u", infer="no")
+    m.search("x", user_id=5, threshold="0.5", limit=-1)
+    m.get_all(user_id="u", limit=2**70)
+    assert wire.body(0)["infer"] == "no"
+    assert (wire.body(1)["user_id"], wire.body(1)["threshold"], wire.body(1)["limit"]) == (5, "0.5", -1)
+    assert dict(wire.last.url.params) == {"user_id": "u", "limit": str(2**70)}
+
+
+def test_a_closed_client_opens_a_new_connection_pool_when_used_again(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"status": "ok"}))
+    m = wire.client()
+    m.ping()
+    m._call(m.client.close)  # the client, not the adapter (whose event loop the async client goes on using)
+    assert m.ping() == {"status": "ok"}
+    assert len(wire.requests) == 2
+
+
+def test_bodies_are_ascii_json(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"results": []}))
+    wire.client().add("我叫林晓雨", user_id="cn")
+    assert wire.last.content.isascii()
+    assert json.loads(wire.last.content)["messages"] == "我叫林晓雨"
