@@ -83,6 +83,8 @@ class ServeOptions:
     Attributes:
         host, port: where the HTTP server listens.
         data_dir: the memory database, index and K/V folder (as ``MemoryConfig.data_dir``).
+        db_url: the memory database (as ``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``), where the API
+            keys live too.
         model: a model folder; ``None`` means the embedded SmolLM2-135M-Instruct.
         dtype: weights and KV dtype of both vLLM and the fact encoder.
         limit: memories retrieved per request.
@@ -94,6 +96,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str | None = None
+    db_url: str | None = None
     model: str | None = None
     dtype: str = "bfloat16"
     limit: int = 5
@@ -406,7 +409,7 @@ def _alias_vllm_version() -> None:
 
 def memory_config(options: ServeOptions) -> MemoryConfig:
     """The memory client's config for ``options``: the transformers fact encoder on ``model`` (``dtype``, CPU), data
-    in ``data_dir``. Its database holds the memories and the API keys (``KeyStore.for_config``).
+    in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys (``KeyStore.for_config``).
 
     Raises:
         ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
@@ -415,7 +418,9 @@ def memory_config(options: ServeOptions) -> MemoryConfig:
 
     engine = {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
     try:
-        return MemoryConfig(engine=EngineConfig.model_validate(engine), data_dir=options.data_dir)
+        return MemoryConfig(
+            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
+        )
     except ValueError as exc:  # pydantic's ValidationError
         raise ConfigError(f"invalid server options: {exc}") from exc
 
