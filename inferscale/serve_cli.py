@@ -24,7 +24,7 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
     serve.add_argument("--data-dir", help="memory database, index and K/V folder (default <home>/data)")
-    serve.add_argument("--db-url", help="memory database URL (transformers engine; default <data-dir>/memory.db)")
+    serve.add_argument("--db-url", help="memory database URL, API keys included (default <data-dir>/memory.db)")
     serve.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     serve.add_argument(
         "--dtype",
@@ -92,6 +92,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             host=args.host,
             port=args.port,
             data_dir=args.data_dir,
+            db_url=args.db_url,
             model=args.model,
             dtype=args.dtype or "bfloat16",
             limit=5 if args.limit is None else args.limit,

@@ -1,8 +1,10 @@
 """Who is calling, and which scopes the call may touch.
 
-:func:`current_caller` is the FastAPI dependency: with no key in the store (or no store) the server is open and
-every call is allowed; otherwise the ``Authorization: Token <key>`` (Mem0's client) or ``Bearer <key>`` (OpenAI's)
-header must name a valid key, else 401 ``unauthenticated``.
+:func:`caller_for` decides who is calling, as a plain function shared by both servers: with no key in the store (or
+no store) the server is open and every call is allowed; otherwise the ``Authorization: Token <key>`` (Mem0's client)
+or ``Bearer <key>`` (OpenAI's) header must name a valid key, else 401 ``unauthenticated``. :func:`current_caller` is
+its FastAPI dependency (the transformers server); :mod:`inferscale.server.vllm_auth` calls it from an ASGI middleware
+(the vLLM server).
 
 :class:`Caller` applies a key's scope rules:
 
@@ -13,7 +15,9 @@ header must name a valid key, else 401 ``unauthenticated``.
   under ``OR``/``NOT`` pin nothing, so they only narrow the checked scope further;
 - a memory addressed by id that lies outside the key's scopes is reported as not found (404, never 403, so its
   existence does not leak);
-- ``reset`` needs an admin key (403).
+- ``reset`` needs an admin key (403);
+- a chat that can name only OpenAI's ``user`` (the vLLM server) gets memories by :meth:`Caller.chat_user`: the same
+  user rules, and refused (403) for a key bound to agent or run ids, whose scopes such a chat cannot keep to.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from inferscale.arguments import resolve_scope
 from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError
 from inferscale.filters import parse_filters, required_ids
 from inferscale.scope import SCOPE_KEYS
-from inferscale.server.keys import ApiKey
+from inferscale.server.keys import ApiKey, KeyStore
 from inferscale.server.state import ServerState, server_state
 
 _AUTHORIZATION = APIKeyHeader(
@@ -132,6 +136,40 @@ class Caller:
         if memory is None or not self.can_see(memory):
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
 
+    def chat_user(self, user: str | None) -> str | None:
+        """The user whose memories answer a chat that can name only OpenAI's ``user`` (no agent or run id, no
+        filters: the vLLM server's chat), or ``None`` for a chat without memory.
+
+        On an open server: ``user`` as given. With a key: a ``user`` must lie in the key's ``user_ids``; a chat that
+        names none gets the key's one user when it binds exactly one, else no memory (the chat goes to the model as
+        sent). Memories are then selected by user alone, across agents and runs, so a key bound to ``agent_ids`` or
+        ``run_ids`` cannot have any.
+
+        Args:
+            user: OpenAI's ``user`` field, a non-blank string, or ``None`` when the request names none.
+
+        Raises:
+            PermissionDeniedError: when ``user`` lies outside the key's ``user_ids``, or the chat would get memories
+                and the key binds ``agent_ids`` or ``run_ids``.
+        """
+        if self.key is None:
+            return user
+        users = self.key.bound("user_id")
+        if user is None:
+            if users is None or len(users) != 1:
+                return None
+            user = users[0]
+        self._check("user_id", user)
+        narrowed = [f"{field}s" for field in ("agent_id", "run_id") if self.key.bound(field) is not None]
+        if narrowed:
+            raise PermissionDeniedError(
+                f"this API key is bound to {' and '.join(narrowed)}, but a chat on this server selects memories by "
+                f"OpenAI's `user` alone (across agents and runs), so it cannot keep to them: use a key bound to "
+                f"user_ids only, or the transformers server (`inferscale serve`), whose chats take "
+                f"`inferscale.agent_id` / `run_id`"
+            )
+        return user
+
     def _check(self, field: str, value: Any) -> None:
         assert self.key is not None
         bound = self.key.bound(field)
@@ -141,33 +179,44 @@ class Caller:
             )
 
 
-def _token(header: str | None) -> str | None:
-    """The key in an ``Authorization`` header (``Token <key>`` or ``Bearer <key>``), or ``None``."""
+def header_key(header: str | None) -> str | None:
+    """The key in an ``Authorization`` header value (``Token <key>`` or ``Bearer <key>``, scheme in any case), or
+    ``None`` for no header, another scheme or an empty key."""
     if header is None:
         return None
     scheme, _, token = header.strip().partition(" ")
     return (token.strip() or None) if scheme.lower() in ("token", "bearer") else None
 
 
+def caller_for(keys: KeyStore | None, authorization: str | None) -> Caller:
+    """The caller of a request with this ``Authorization`` header value: an open caller (``Caller(None)``) when
+    ``keys`` is ``None`` or holds no key, else the caller of the valid key the header names. Blocking (reads the key
+    store; scrypt on a key's first use in this process): call it in a worker thread from async code.
+
+    Raises:
+        AuthenticationError: when the store has keys and the header names none, an unknown one or a revoked one.
+    """
+    if keys is None or not keys.has_keys():
+        return Caller(None)
+    token = header_key(authorization)
+    if token is None:
+        raise AuthenticationError(
+            "this server needs an API key: send the header 'Authorization: Token <key>' (or 'Bearer <key>')"
+        )
+    key = keys.authenticate(token)
+    if key is None:
+        raise AuthenticationError("the API key is unknown or revoked; create one with `inferscale keys create`")
+    return Caller(key)
+
+
 async def current_caller(request: Request, authorization: Annotated[str | None, Depends(_AUTHORIZATION)]) -> Caller:
-    """FastAPI dependency: the request's :class:`Caller`.
+    """FastAPI dependency: the request's :class:`Caller` (:func:`caller_for` on the app's key store).
 
     Raises:
         AuthenticationError: when the server has keys and the header names none, an unknown one or a revoked one.
     """
     state: ServerState = server_state(request)
-    keys = state.keys
-    if keys is None or not await run_in_threadpool(keys.has_keys):
-        return Caller(None)
-    token = _token(authorization)
-    if token is None:
-        raise AuthenticationError(
-            "this server needs an API key: send the header 'Authorization: Token <key>' (or 'Bearer <key>')"
-        )
-    key = await run_in_threadpool(keys.authenticate, token)
-    if key is None:
-        raise AuthenticationError("the API key is unknown or revoked; create one with `inferscale keys create`")
-    return Caller(key)
+    return await run_in_threadpool(caller_for, state.keys, authorization)
 
 
 CurrentCaller = Annotated[Caller, Depends(current_caller)]

@@ -1,8 +1,13 @@
 """``inferscale serve --engine vllm``: vLLM's OpenAI-compatible server with the InferScale connector and memory.
 
 The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with our connector in
-``--kv-transfer-config`` and one HTTP middleware (``--middleware``). A ``POST /v1/chat/completions`` whose body
-names a user in OpenAI's ``user`` field is answered with that user's memory:
+``--kv-transfer-config`` and two middlewares (``--middleware``): :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`
+outside, which checks the API keys of the memory database on every request (the transformers server's keys and
+rules; vLLM's own ``--api-key`` is not used), and :func:`memory_middleware` inside it. A client's JSON body may not
+set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403). A ``POST /v1/chat/completions`` whose body names
+a user in OpenAI's ``user`` field, or whose key is bound to exactly one user, is answered with that user's memory
+(:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the key's, or a key bound to agent or run ids, is
+refused with 403):
 
 1. the messages are checked (:func:`inferscale.conversation.check_messages`; content given as a list of text parts
    is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); a field the
@@ -26,7 +31,7 @@ The reply carries an extra ``inferscale`` object, ``{"memories": [{"id", "memory
 the ``chat.completion``, and on the last chunk of a stream (vLLM reports ``kv_transfer_params``, the connector's
 injected and cached token counts, only for non-streamed completions; a stream's report has ``null`` there).
 
-Requests without ``user`` and every other route go to vLLM unchanged.
+Chats without a user (and no one-user key) and every other route go to vLLM unchanged, once the key is checked.
 """
 
 from __future__ import annotations
@@ -40,11 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
+from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
-from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.errors import ConfigError, InvalidInputError, PermissionDeniedError, ServerError
+from inferscale.server.auth import Caller
+from inferscale.server.errors import error_response
+from inferscale.server.keys import KeyStore
 from inferscale.server.openai_chat import (
     SSE_DONE,
     Completion,
@@ -55,10 +65,15 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
+from inferscale.server.vllm_auth import CALLER, INTERNAL, check_client_fields, install_gate, installed_gate
 
 log = logging.getLogger(__name__)
 
 MIDDLEWARE = f"{__name__}.memory_middleware"
+KEY_MIDDLEWARE = "inferscale.server.vllm_auth.ApiKeyMiddleware"
+RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
+"""The starts of InferScale's ``cache_salt`` values, which a client's request may not use."""
+_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,8 @@ class ServeOptions:
     Attributes:
         host, port: where the HTTP server listens.
         data_dir: the memory database, index and K/V folder (as ``MemoryConfig.data_dir``).
+        db_url: the memory database (as ``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``), where the API
+            keys live too.
         model: a model folder; ``None`` means the embedded SmolLM2-135M-Instruct.
         dtype: weights and KV dtype of both vLLM and the fact encoder.
         limit: memories retrieved per request.
@@ -79,6 +96,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str | None = None
+    db_url: str | None = None
     model: str | None = None
     dtype: str = "bfloat16"
     limit: int = 5
@@ -277,24 +295,45 @@ async def _chat_chunks(
 
 
 async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-    """Starlette HTTP middleware (``--middleware``): answers ``POST /v1/chat/completions`` with a ``user`` from
-    memory, streamed or not (see the module docstring); passes every other request to vLLM unchanged.
+    """Starlette HTTP middleware (``--middleware``, inside :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`):
+    answers ``POST /v1/chat/completions`` with a user's memory, streamed or not (see the module docstring); refuses a
+    client's JSON body that sets ``kv_transfer_params`` or an InferScale ``cache_salt``; passes every other request
+    to vLLM unchanged.
 
     Returns:
         the ``chat.completion`` JSON response, a ``text/event-stream`` of ``chat.completion.chunk`` events, vLLM's own
-        response (its error status and body when the internal completion fails), or a 400 for bad messages or
-        sampling fields.
+        response (its error status and body when the internal completion fails), a 400 for bad messages, sampling
+        fields or a ``user`` that is not a string, a 403 ``permission_denied`` for a user the key may not name or
+        fields only the server sets, or a 500 ``internal_error`` when no key middleware ran before it.
     """
     from starlette.responses import JSONResponse, StreamingResponse
 
-    if _SERVICE is None or request.method != "POST" or request.url.path != "/v1/chat/completions":
+    content_type = request.headers.get("content-type", "").lower()
+    if request.method != "POST" or request.scope.get(INTERNAL) or content_type.startswith(_FORM_TYPES):
         return await call_next(request)
     try:
         body = json.loads(await request.body())
     except ValueError:
         return await call_next(request)
-    user = body.get("user") if isinstance(body, dict) else None
-    if not isinstance(user, str) or not user.strip():
+    if not isinstance(body, dict):
+        return await call_next(request)
+    try:
+        check_client_fields(body, RESERVED_SALT_PREFIXES)
+    except PermissionDeniedError as exc:
+        return error_response(exc)
+    if _SERVICE is None or request.url.path != "/v1/chat/completions":
+        return await call_next(request)
+    caller = request.scope.get(CALLER)
+    if not isinstance(caller, Caller):  # fail closed: never serve memory to a caller nobody checked
+        return error_response(ServerError(f"no API key check ran before the memory middleware: add {KEY_MIDDLEWARE}"))
+    named = body.get("user")
+    if named is not None and not isinstance(named, str):
+        return _error(f"user must be a string, got {named!r:.80}")
+    try:
+        user = caller.chat_user(named if named and named.strip() else None)
+    except PermissionDeniedError as exc:
+        return error_response(exc)
+    if user is None:
         return await call_next(request)
     service = _SERVICE
     stream = body.get("stream") is True
@@ -321,7 +360,8 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
 
     model = str(body.get("model"))
     answer = _Answer(service, sampling.settings.stop)
-    headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+    gate = installed_gate()
+    headers = gate.internal_headers() if gate is not None else {}
     http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.port}", timeout=600.0)
     try:
         internal = http.build_request("POST", "/v1/completions", json=payload, headers=headers)
@@ -367,22 +407,34 @@ def _alias_vllm_version() -> None:
     md.version = version
 
 
+def memory_config(options: ServeOptions) -> MemoryConfig:
+    """The memory client's config for ``options``: the transformers fact encoder on ``model`` (``dtype``, CPU), data
+    in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys (``KeyStore.for_config``).
+
+    Raises:
+        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
+    """
+    from inferscale.config import EngineConfig
+
+    engine = {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
+    try:
+        return MemoryConfig(
+            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
+        )
+    except ValueError as exc:  # pydantic's ValidationError
+        raise ConfigError(f"invalid server options: {exc}") from exc
+
+
 def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder
     and the fingerprint. Sets the service the middleware uses."""
     global _SERVICE
     from inferscale.client import MemoryClient
-    from inferscale.config import EngineConfig, MemoryConfig
     from inferscale.engines.hf import PromptLayout, stop_token_ids
     from inferscale.kv.encode import EncodeRequest
     from inferscale.models import resolve_llm_path
 
-    config = MemoryConfig(
-        engine=EngineConfig.model_validate(
-            {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
-        ),
-        data_dir=options.data_dir,
-    )
+    config = memory_config(options)
     client = MemoryClient(config)
     engine: Any = client.engine
     engine.load()
@@ -396,11 +448,27 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
 
 
 def serve(options: ServeOptions) -> None:
-    """Run the server until interrupted (blocks).
+    """Run the server until interrupted (blocks). The API keys are those of the memory database
+    (:class:`~inferscale.server.keys.KeyStore`); with none, the server runs open on loopback only, as the
+    transformers server does (:func:`~inferscale.server.run.check_listen_address`). Checked before vLLM is imported
+    or anything is loaded.
 
     Raises:
-        ConfigError: when vLLM is not installed.
+        ConfigError: for bad options; a non-loopback host with no API key in the store; ``VLLM_API_KEY`` set in the
+            environment (vLLM's own single key would be asked for on top of InferScale's); vLLM not installed.
     """
+    import os
+
+    from inferscale.server.run import check_listen_address
+
+    if os.environ.get("VLLM_API_KEY"):
+        raise ConfigError(
+            "VLLM_API_KEY is set, but `inferscale serve --engine vllm` authenticates with InferScale API keys "
+            "(`inferscale keys create`); unset VLLM_API_KEY"
+        )
+    keys = KeyStore.for_config(memory_config(options))
+    check_listen_address(options.host, keys)
+    install_gate(keys)
     try:
         import uvloop
         from vllm.entrypoints.launchers.api_server.entry import run_server
@@ -429,11 +497,16 @@ def serve(options: ServeOptions) -> None:
         str(options.kv_cache_bytes),
         "--kv-transfer-config",
         json.dumps(kv_transfer_config(fingerprint)),
-        "--middleware",
+        "--middleware",  # vLLM installs later middlewares outside earlier ones: the key check runs first
         MIDDLEWARE,
+        "--middleware",
+        KEY_MIDDLEWARE,
         "--served-model-name",
         options.served_model_name or Path(path).name,
     ]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     validate_parsed_serve_args(args)
-    uvloop.run(run_server(args))
+    try:
+        uvloop.run(run_server(args))
+    finally:
+        keys.close()

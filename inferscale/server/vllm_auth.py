@@ -1,0 +1,160 @@
+"""API keys on ``inferscale serve --engine vllm``: the same keys, store and rules as the transformers server.
+
+:class:`ApiKeyMiddleware` is an ASGI middleware that vLLM's server installs outside the memory middleware
+(``--middleware``). With keys in the store (:class:`~inferscale.server.keys.KeyStore`, in the memory database) every
+request but ``/health``, ``/metrics``, the OpenAPI schema and docs, and CORS preflights (``OPTIONS``) must carry
+``Authorization: Token <key>`` or ``Bearer <key>`` naming a valid key, else 401 ``unauthenticated`` with the
+structured error body; with no key the server is open (and :func:`inferscale.server.run.check_listen_address` kept
+it on loopback). The decision is :func:`inferscale.server.auth.caller_for`, the one the transformers server uses;
+the request's :class:`~inferscale.server.auth.Caller` is left in the ASGI scope under :data:`CALLER` for the memory
+middleware, which picks a chat's user with :meth:`~inferscale.server.auth.Caller.chat_user`.
+
+The memory middleware calls the server's own ``/v1/completions`` with the memory K/V (``kv_transfer_params``) and
+its ``cache_salt``. Those internal requests carry a random per-process token (:meth:`KeyGate.internal_headers`) and
+need no key; a client's request may not set ``kv_transfer_params`` or a ``cache_salt`` in InferScale's own format
+(:func:`check_client_fields`), so no caller can point the connector at stored K/V or reuse a tenant's cache salt.
+
+This module does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferscale.errors import AuthenticationError, PermissionDeniedError, ServerError
+from inferscale.server.auth import caller_for
+from inferscale.server.errors import error_response
+from inferscale.server.keys import KeyStore
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Paths answered without a key (``/metrics/...`` too: vLLM mounts its Prometheus app there)."""
+
+INTERNAL_HEADER = "x-inferscale-internal"
+"""The header of the memory middleware's own requests to the server."""
+
+CALLER = "inferscale.caller"
+"""The ASGI scope key holding the request's :class:`~inferscale.server.auth.Caller` (absent on open paths and
+internal requests)."""
+
+INTERNAL = "inferscale.internal"
+"""The ASGI scope key set to ``True`` on the memory middleware's own requests."""
+
+
+def needs_key(method: str, path: str) -> bool:
+    """Whether a request needs an API key (when the store has keys): all but ``OPTIONS`` and :data:`OPEN_PATHS`.
+
+    Args:
+        method: the HTTP method (``"GET"``, ...); ``""`` for a websocket.
+        path: the path without the server's root path.
+    """
+    return method != "OPTIONS" and path not in OPEN_PATHS and not path.startswith("/metrics/")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGate:
+    """The key store one vLLM server process checks, and the token of its internal requests.
+
+    Attributes:
+        keys: the API keys; ``None`` runs the server open.
+        internal_token: a random secret of this process (``secrets.token_urlsafe(32)``), sent by the memory
+            middleware to the server itself and never to a client.
+    """
+
+    keys: KeyStore | None
+    internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+
+    def internal_headers(self) -> dict[str, str]:
+        """The headers that mark a request as the memory middleware's own."""
+        return {INTERNAL_HEADER: self.internal_token}
+
+    def is_internal(self, header: str | None) -> bool:
+        """Whether ``header`` (the :data:`INTERNAL_HEADER` value, or ``None``) is this process's token (compared in
+        constant time)."""
+        return header is not None and hmac.compare_digest(header.encode(), self.internal_token.encode())
+
+
+_GATE: KeyGate | None = None
+
+
+def install_gate(keys: KeyStore | None) -> KeyGate:
+    """Set the :class:`KeyGate` the middlewares of this process use (vLLM builds :class:`ApiKeyMiddleware` from its
+    import path, without arguments); returns it."""
+    global _GATE
+    _GATE = KeyGate(keys)
+    return _GATE
+
+
+def installed_gate() -> KeyGate | None:
+    """The gate :func:`install_gate` set, or ``None``."""
+    return _GATE
+
+
+def check_client_fields(body: Mapping[str, Any], reserved_salt_prefixes: Sequence[str]) -> None:
+    """Refuse a client's JSON request body that sets what only the memory middleware may set.
+
+    Args:
+        body: the request's JSON object.
+        reserved_salt_prefixes: the starts of InferScale's ``cache_salt`` values (e.g. ``("is1.", "isp.")``).
+
+    Raises:
+        PermissionDeniedError: for a ``kv_transfer_params`` that is not ``null``, or a string ``cache_salt`` that
+            starts with a reserved prefix.
+    """
+    if body.get("kv_transfer_params") is not None:
+        raise PermissionDeniedError(
+            "kv_transfer_params is set by the InferScale memory middleware only; send the chat with OpenAI's `user` "
+            "(or a key bound to one user) to get memories"
+        )
+    salt = body.get("cache_salt")
+    if isinstance(salt, str) and salt.startswith(tuple(reserved_salt_prefixes)):
+        raise PermissionDeniedError(
+            f"cache_salt {salt[:12]!r}... has the form of InferScale's memory salts, which only the server sets; "
+            f"use another salt, or none"
+        )
+
+
+class ApiKeyMiddleware:
+    """ASGI middleware: authenticates every HTTP and websocket request of the vLLM server with the installed
+    :class:`KeyGate` (see the module docstring). A refused HTTP request gets 401 ``unauthenticated``; a refused
+    websocket is closed before it is accepted (code 1008). Without an installed gate every request is answered
+    500 ``internal_error``: the server never runs open by mistake.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        gate = _GATE
+        if gate is None:
+            message = "the API key middleware has no key store: `inferscale serve --engine vllm` installs one"
+            await self._refuse(ServerError(message), scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if gate.is_internal(headers.get(INTERNAL_HEADER)):
+            scope[INTERNAL] = True
+        elif needs_key(scope.get("method", ""), scope["path"].removeprefix(scope.get("root_path", ""))):
+            try:
+                caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.get("authorization"))
+            except AuthenticationError as exc:
+                await self._refuse(exc, scope, receive, send)
+                return
+            scope[CALLER] = caller
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(exc: AuthenticationError | ServerError, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": str(exc)[:120]})
+            return
+        await error_response(exc)(scope, receive, send)

@@ -1,0 +1,224 @@
+"""API keys on the vLLM server, without vLLM: the shared decision (:func:`caller_for`, :meth:`Caller.chat_user`), the
+fields only the server sets, and :class:`ApiKeyMiddleware` on a small Starlette app standing in for vLLM's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from inferscale.errors import AuthenticationError, PermissionDeniedError
+from inferscale.server import vllm_auth
+from inferscale.server.auth import Caller, caller_for
+from inferscale.server.keys import KeyStore
+from inferscale.server.vllm_auth import (
+    CALLER,
+    INTERNAL,
+    INTERNAL_HEADER,
+    ApiKeyMiddleware,
+    KeyGate,
+    check_client_fields,
+    install_gate,
+    needs_key,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[KeyStore]:
+    keys = KeyStore(f"sqlite:///{tmp_path}/memory.db")
+    yield keys
+    keys.close()
+
+
+def _caller(store: KeyStore, **scopes: Any) -> Caller:
+    key, _ = store.create("k", **scopes)
+    return Caller(key)
+
+
+# ---- who a chat that names only `user` is answered for -------------------------------------------------------
+
+
+def test_an_open_server_answers_for_the_named_user_or_none() -> None:
+    assert Caller(None).chat_user("bob") == "bob"
+    assert Caller(None).chat_user(None) is None
+
+
+def test_a_key_for_one_user_supplies_it_and_refuses_any_other(store: KeyStore) -> None:
+    alice = _caller(store, user_ids=["alice"])
+    assert alice.chat_user(None) == "alice"
+    assert alice.chat_user("alice") == "alice"
+    with pytest.raises(PermissionDeniedError, match=r"may not touch user_id='bob'; it is bound to user_id \['alice'\]"):
+        alice.chat_user("bob")
+
+
+def test_a_key_for_several_users_names_one_or_gets_no_memory(store: KeyStore) -> None:
+    both = _caller(store, user_ids=["alice", "bob"])
+    assert [both.chat_user(u) for u in (None, "alice", "bob")] == [None, "alice", "bob"]
+    with pytest.raises(PermissionDeniedError, match="user_id='carol'"):
+        both.chat_user("carol")
+
+
+@pytest.mark.parametrize(
+    ("scopes", "bound"),
+    [
+        ({"agent_ids": ["planner"]}, "agent_ids"),
+        ({"run_ids": ["r1"]}, "run_ids"),
+        ({"user_ids": ["alice"], "agent_ids": ["planner"]}, "agent_ids"),
+        ({"user_ids": ["alice"], "agent_ids": ["a"], "run_ids": ["r"]}, "agent_ids and run_ids"),
+    ],
+)
+def test_a_key_bound_to_agents_or_runs_cannot_have_memories_by_user_alone(
+    store: KeyStore, scopes: dict[str, list[str]], bound: str
+) -> None:
+    caller = _caller(store, **scopes)
+    with pytest.raises(PermissionDeniedError, match=rf"bound to {bound}, but a chat on this server selects memories"):
+        caller.chat_user("alice")
+    if "user_ids" in scopes:  # its one user would be supplied: refused the same way
+        with pytest.raises(PermissionDeniedError, match=f"bound to {bound}"):
+            caller.chat_user(None)
+    else:  # a chat without a user goes to the model without memory
+        assert caller.chat_user(None) is None
+
+
+def test_an_admin_key_without_lists_may_name_any_user(store: KeyStore) -> None:
+    admin = _caller(store, admin=True)
+    assert [admin.chat_user(u) for u in (None, "alice", "bob")] == [None, "alice", "bob"]
+
+
+# ---- who is calling ----------------------------------------------------------------------------------------------
+
+
+def test_without_a_store_or_a_key_the_caller_is_open(store: KeyStore) -> None:
+    assert caller_for(None, None) == Caller(None)
+    assert caller_for(store, None) == Caller(None)
+    assert caller_for(store, "Bearer whatever") == Caller(None)
+
+
+def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
+    key, secret = store.create("alice", user_ids=["alice"])
+    assert caller_for(store, f"Token {secret}") == Caller(key)
+    assert caller_for(store, f"bearer  {secret} ") == Caller(key)
+    for header in (None, "", secret, f"Basic {secret}", "Bearer unused", f"Bearer {secret[:-1]}x"):
+        with pytest.raises(AuthenticationError):
+            caller_for(store, header)
+    store.revoke(key.key_id)
+    with pytest.raises(AuthenticationError, match="unknown or revoked"):
+        caller_for(store, f"Token {secret}")
+
+
+# ---- paths, fields ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "needed"),
+    [
+        ("GET", "/health", False),
+        ("GET", "/metrics", False),
+        ("GET", "/metrics/", False),
+        ("GET", "/openapi.json", False),
+        ("GET", "/docs", False),
+        ("OPTIONS", "/v1/chat/completions", False),
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/completions", True),
+        ("GET", "/v1/models", True),
+        ("POST", "/tokenize", True),
+        ("GET", "/version", True),
+        ("GET", "/health/../v1/models", True),
+        ("", "/v1/realtime", True),  # a websocket
+    ],
+)
+def test_every_path_but_health_metrics_and_docs_needs_a_key(method: str, path: str, needed: bool) -> None:
+    assert needs_key(method, path) is needed
+
+
+def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt() -> None:
+    prefixes = ("is1.", "isp.")
+    for body in ({}, {"kv_transfer_params": None}, {"cache_salt": "mine"}, {"cache_salt": "is1"}, {"cache_salt": 3}):
+        check_client_fields(body, prefixes)
+    with pytest.raises(PermissionDeniedError, match="kv_transfer_params is set by the InferScale memory middleware"):
+        check_client_fields({"kv_transfer_params": {"inferscale": {}}}, prefixes)
+    for salt in ("is1.0123456789abcdef.x", "isp.0123456789abcdef"):
+        with pytest.raises(PermissionDeniedError, match="has the form of InferScale's memory salts"):
+            check_client_fields({"cache_salt": salt}, prefixes)
+
+
+def test_the_internal_token_is_random_and_checked_exactly() -> None:
+    gate, other = KeyGate(None), KeyGate(None)
+    assert gate.internal_token != other.internal_token and len(gate.internal_token) == 43
+    assert gate.is_internal(gate.internal_headers()[INTERNAL_HEADER])
+    assert not gate.is_internal(other.internal_token) and not gate.is_internal(None) and not gate.is_internal("")
+    assert gate.internal_token not in repr(gate)
+
+
+# ---- the middleware on an app like vLLM's -----------------------------------------------------------------------
+
+
+async def _echo(request: Request) -> JSONResponse:
+    caller = request.scope.get(CALLER)
+    key = None if caller is None or caller.key is None else caller.key.key_id
+    return JSONResponse({"checked": caller is not None, "key": key, "internal": request.scope.get(INTERNAL, False)})
+
+
+async def _socket(websocket: WebSocket) -> None:
+    await websocket.accept()
+    await websocket.send_json({"key": websocket.scope[CALLER].key.key_id})
+    await websocket.close()
+
+
+@pytest.fixture
+def http(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.setattr(vllm_auth, "_GATE", None)
+    routes: list[BaseRoute] = [Route(p, _echo, methods=["GET", "POST"]) for p in ("/health", "/metrics", "/v1/models")]
+    routes += [Route("/v1/chat/completions", _echo, methods=["POST"]), WebSocketRoute("/v1/realtime", _socket)]
+    app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware)])
+    with TestClient(app) as client:
+        yield client
+
+
+def _error(reply: Any) -> tuple[int, str, str]:
+    error = reply.json()["error"]
+    return reply.status_code, error["code"], error["type"]
+
+
+def test_without_an_installed_gate_every_request_is_refused(http: TestClient) -> None:
+    assert _error(http.get("/health")) == (500, "internal_error", "ServerError")
+    assert "has no key store" in http.get("/v1/models").json()["error"]["message"]
+
+
+def test_an_open_gate_lets_every_request_through_as_an_open_caller(http: TestClient, store: KeyStore) -> None:
+    install_gate(store)
+    assert http.get("/v1/models").json() == {"checked": True, "key": None, "internal": False}
+    assert http.get("/health").json() == {"checked": False, "key": None, "internal": False}
+
+
+def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, store: KeyStore) -> None:
+    gate = install_gate(store)
+    key, secret = store.create("alice", user_ids=["alice"])
+    for headers in ({}, {"Authorization": "Bearer unused"}, {INTERNAL_HEADER: KeyGate(None).internal_token}):
+        assert _error(http.get("/v1/models", headers=headers)) == (401, "unauthenticated", "AuthenticationError")
+        assert _error(http.post("/v1/chat/completions", json={}, headers=headers))[:2] == (401, "unauthenticated")
+    for path in ("/health", "/metrics"):
+        assert http.get(path).json()["checked"] is False
+    assert http.get("/v1/models", headers={"Authorization": f"Bearer {secret}"}).json() == {
+        "checked": True,
+        "key": key.key_id,
+        "internal": False,
+    }
+    internal = http.post("/v1/chat/completions", json={}, headers=gate.internal_headers())
+    assert internal.json() == {"checked": False, "key": None, "internal": True}
+    with http.websocket_connect("/v1/realtime", headers={"Authorization": f"Token {secret}"}) as socket:
+        assert socket.receive_json() == {"key": key.key_id}
+    with pytest.raises(WebSocketDisconnect) as refused, http.websocket_connect("/v1/realtime"):
+        pass
+    assert refused.value.code == 1008
+    store.revoke(key.key_id)
+    assert _error(http.get("/v1/models", headers={"Authorization": f"Token {secret}"}))[:2] == (401, "unauthenticated")
