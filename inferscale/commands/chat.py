@@ -22,7 +22,7 @@ from inferscale.types import ChatMode
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from inferscale.client import MemoryClient
+    from inferscale.commands.client import CommandClient
     from inferscale.types import ChatResult
 
 __all__ = ["ChatArguments", "ChatOptions", "add_chat_parser"]
@@ -94,7 +94,7 @@ def _report(result: ChatResult, err: Console) -> None:
 
 
 def _whole(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -> int:
-    def call(client: MemoryClient, common: Common) -> ChatResult:
+    def call(client: CommandClient, common: Common) -> ChatResult:
         return client.chat(opts.query, **common.scope.ids(), **opts.arguments(select))
 
     def show(result: ChatResult, common: Common, out: Console) -> None:

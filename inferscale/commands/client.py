@@ -7,20 +7,25 @@ commands on fake models) while every option is still parsed and checked here.
 
 from __future__ import annotations
 
-import importlib.util
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from inferscale.client import MemoryClient
 from inferscale.commands.options import ModelOptions, RemoteOptions, StoreOptions
-from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.errors import InvalidInputError
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from inferscale.remote import RemoteMemoryClient
     from inferscale.server.keys import KeyStore
+
+    CommandClient: TypeAlias = MemoryClient | RemoteMemoryClient
+    """What a memory command calls: the local client, or the remote one on ``--host`` (the same methods)."""
 
 __all__ = ["open_client", "open_key_store"]
 
 
-def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> MemoryClient:
+def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> CommandClient:
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
     api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
     ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
@@ -28,7 +33,6 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
     Raises:
         InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
             without ``--host``.
-        ConfigError: for ``--host`` when this install has no remote client.
     """
     if remote.host is None:
         if remote.api_key is not None:
@@ -39,15 +43,8 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
             "--data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses its own: "
             "drop them"
         )
-    if importlib.util.find_spec("inferscale.remote") is None:
-        raise ConfigError(
-            f"--host {remote.host} needs the remote client (inferscale.remote), missing from this install"
-        )
-    # MemoryClient(host=...) returns the remote client (MemoryClient.__new__ dispatches on host; with no api_key it
-    # reads $INFERSCALE_API_KEY). Any until the remote client's signature is merged, so that this line type-checks
-    # both before and after.
-    client: MemoryClient = cast(Any, MemoryClient)(host=remote.host, api_key=remote.api_key)
-    return client
+    # MemoryClient.__new__ returns the remote client for a host; with no api_key it reads $INFERSCALE_API_KEY.
+    return MemoryClient(host=remote.host, api_key=remote.api_key)
 
 
 def open_key_store(store: StoreOptions) -> KeyStore:

@@ -19,7 +19,7 @@ from inferscale.errors import InvalidInputError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from inferscale.client import MemoryClient
+    from inferscale.commands.client import CommandClient
 
 __all__ = ["AddOptions", "DeleteOptions", "HistoryOptions", "SearchOptions", "add_memory_parsers"]
 
@@ -77,7 +77,7 @@ class HistoryOptions:
 def _add(args: argparse.Namespace) -> int:
     opts = from_args(AddOptions, args)
 
-    def call(client: MemoryClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
         return client.add(opts.text, **common.scope.ids(), metadata=opts.metadata, infer=opts.infer)
 
     def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
@@ -100,7 +100,7 @@ def _search(args: argparse.Namespace) -> int:
     opts = from_args(SearchOptions, args)
     select = from_args(SelectOptions, args)
 
-    def call(client: MemoryClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
         return client.search(
             opts.query, **common.scope.ids(), filters=select.filters, limit=select.limit, threshold=opts.threshold
         )
@@ -118,7 +118,7 @@ def _search(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     select = from_args(SelectOptions, args)
 
-    def call(client: MemoryClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
         return client.get_all(**common.scope.ids(), filters=select.filters, limit=select.limit)
 
     def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
@@ -139,7 +139,7 @@ def _delete(args: argparse.Namespace) -> int:
     if (opts.memory_id is None) == (not opts.every):
         raise InvalidInputError("give a memory ID to delete one memory, or --all (with a scope flag) for all of them")
 
-    def call(client: MemoryClient, common: Common) -> dict[str, Any]:
+    def call(client: CommandClient, common: Common) -> dict[str, Any]:
         if opts.memory_id is not None:
             return client.delete(opts.memory_id, **common.scope.ids())
         return client.delete_all(**common.scope.ids())  # raises ScopeError without a scope: never "everything"
@@ -158,7 +158,7 @@ def _delete(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     opts = from_args(HistoryOptions, args)
 
-    def call(client: MemoryClient, common: Common) -> list[dict[str, Any]]:
+    def call(client: CommandClient, common: Common) -> list[dict[str, Any]]:
         return client.history(opts.memory_id, **common.scope.ids())
 
     def show(value: list[dict[str, Any]], common: Common, out: Console) -> None:

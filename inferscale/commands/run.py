@@ -11,7 +11,7 @@ from inferscale.commands.options import Common
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from inferscale.client import MemoryClient
+    from inferscale.commands.client import CommandClient
 
 __all__ = ["run_call"]
 
@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 def run_call(
     args: argparse.Namespace,
-    call: Callable[[MemoryClient, Common], T],
+    call: Callable[[CommandClient, Common], T],
     show: Callable[[T, Common, Console], None],
     busy: str,
 ) -> int:

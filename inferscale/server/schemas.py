@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 Messages = str | dict[str, Any] | list[dict[str, Any]]
 
@@ -86,7 +86,9 @@ class ChatOptions(_Body):
     run_id: str | None = None
     filters: dict[str, Any] | None = None
     limit: int | None = None
-    memory_ids: list[str] | None = None
+    # Typed loosely so that the client's own check answers a wrong shape, with the message it gives in process; the
+    # schema still documents a list of ids.
+    memory_ids: Any = Field(default=None, json_schema_extra={"type": "array", "items": {"type": "string"}})
     search_query: str | None = None
     mode: str = "kv"
 

@@ -5,7 +5,6 @@ code 2 (bad input) or 1 (any other failure)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,7 +35,6 @@ MEMORY_COMMANDS = {
     "history": ["some-id"],
     "chat": ["a question?"],
 }
-REMOTE = importlib.util.find_spec("inferscale.remote") is not None
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
@@ -145,12 +143,6 @@ def test_api_key_without_host_and_host_with_local_options_exit_2(cli: Callable[.
     _one_error_line(cli("list", "--user", "u", "--host", "http://127.0.0.1:9"), 2, "--data-dir")
 
 
-@pytest.mark.skipif(REMOTE, reason="the remote client is installed")
-def test_host_without_the_remote_client_is_a_config_error(cli: Callable[..., Ran]) -> None:
-    _one_error_line(cli("list", "--user", "u", "--host", "http://127.0.0.1:9", local=False), 2, "remote client")
-
-
-@pytest.mark.skipif(not REMOTE, reason="the remote client (inferscale.remote) is not merged yet")
 def test_host_builds_the_remote_client_with_the_key(cli: Callable[..., Ran], fakes: Fakes) -> None:
     assert cli("list", "--user", "u", "--host", "http://h:1", "--json", local=False).json() == {"results": []}
     assert cli("list", "--user", "u", "--host", "http://h:2", "--api-key", "isk_flag", local=False).code == 0

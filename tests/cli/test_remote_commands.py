@@ -4,7 +4,6 @@ what the remote client returns; the server's refusals are one error line with ex
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,10 +15,6 @@ from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.cli import main
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("inferscale.remote") is None, reason="the remote client (inferscale.remote) is not merged"
-)
 
 FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto."]
 

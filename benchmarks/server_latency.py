@@ -1,0 +1,210 @@
+"""The server's cost, in one run: add and search latency through ``inferscale serve`` at 1 and N concurrent remote
+clients on loopback, and chat TTFT through the server against the same chat in process.
+
+It starts ``inferscale serve --engine transformers`` as a child process on a free loopback port, on a fresh data
+directory, with one admin key (so every request is authenticated as in production), and stores ``--memories``
+synthetic facts for one user through the server. Then:
+
+- **add / search**: for each concurrency c in ``--concurrency``, c async remote clients each send ``--calls`` calls
+  back to back (``add(text, infer=False)`` with a fresh fact each time, then ``search(query, limit=5)``); latency is
+  the client-side wall clock per call (ms), over every call of every client;
+- **chat TTFT**: ``--repeats`` times, interleaved, the same question with ``limit=k``: through the server with
+  ``stream=True`` (client-side wall clock from sending the request to the first answer text), and in process on a
+  local :class:`MemoryClient` over a copy of the same memories (``ChatResult.timings.ttft_ms``, the same definition
+  on the other side of the socket). The server process is idle while the in-process client runs, and vice versa.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/server_latency.py --out out/server_latency.json
+
+Prints p50/p95 per (call, concurrency) and the TTFT medians with their ratio; ``--out`` writes them as JSON with
+the machine's description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferscale import AsyncMemoryClient, MemoryClient
+from inferscale.bench.common import machine_info, percentile, synthetic_facts
+
+USER = "bench-user"
+QUESTION = "Where did my friend Clara take up jazz records?"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def create_admin_key(data_dir: str) -> str:
+    """An admin key in the data directory's key store, made with the CLI as an operator would."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferscale.cli",
+            "keys",
+            "create",
+            "bench",
+            "--admin",
+            "--data-dir",
+            data_dir,
+            "--json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return str(json.loads(out.stdout)["key"])
+
+
+@contextmanager
+def running_server(data_dir: str, dtype: str) -> Iterator[str]:
+    """``inferscale serve`` on a free loopback port, until the block ends; yields its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "inferscale.cli", "serve", "--engine", "transformers"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--data-dir", data_dir, "--dtype", dtype]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited with {server.returncode}: {server.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not answer /health within 300 s")
+            time.sleep(0.25)
+        yield base_url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+async def call_latencies(host: str, api_key: str, concurrency: int, calls: int, offset: int) -> dict[str, list[float]]:
+    """``calls`` adds then ``calls`` searches from each of ``concurrency`` remote clients at once; ms per call."""
+    clients = [AsyncMemoryClient(host=host, api_key=api_key) for _ in range(concurrency)]
+    facts = synthetic_facts(offset + concurrency * calls)[offset:]
+    latencies: dict[str, list[float]] = {"add": [], "search": []}
+
+    async def worker(index: int, client: Any) -> None:
+        for j in range(calls):
+            t0 = time.perf_counter()
+            await client.add(facts[index * calls + j], user_id=USER, infer=False)
+            latencies["add"].append((time.perf_counter() - t0) * 1000.0)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            await client.search(QUESTION, user_id=USER, limit=5)
+            latencies["search"].append((time.perf_counter() - t0) * 1000.0)
+
+    try:
+        await asyncio.gather(*(worker(i, c) for i, c in enumerate(clients)))
+    finally:
+        for client in clients:
+            await client.close()
+    return latencies
+
+
+def remote_ttft_ms(remote: Any, k: int) -> float:
+    """Client-side wall clock from sending a streamed chat to its first answer text (ms)."""
+    t0 = time.perf_counter()
+    for chunk in remote.chat(QUESTION, user_id=USER, limit=k, stream=True, max_new_tokens=8):
+        if chunk.delta:
+            return (time.perf_counter() - t0) * 1000.0
+    raise RuntimeError("the streamed answer had no text")
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """p50, p95 and mean of ``samples`` (ms)."""
+    return {"p50_ms": percentile(samples, 50), "p95_ms": percentile(samples, 95), "mean_ms": statistics.fmean(samples)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of the module docstring, in one run."""
+    facts = synthetic_facts(args.memories)
+    with (
+        tempfile.TemporaryDirectory(prefix="server-bench-") as served_dir,
+        tempfile.TemporaryDirectory(prefix="server-bench-local-") as local_dir,
+    ):
+        api_key = create_admin_key(served_dir)
+        local = MemoryClient({"data_dir": local_dir, "engine": {"dtype": args.dtype}})
+        with running_server(served_dir, args.dtype) as host:
+            remote = MemoryClient(host=host, api_key=api_key)
+            messages = [{"role": "user", "content": f} for f in facts]
+            remote.add(messages, user_id=USER, infer=False)
+            local.add(messages, user_id=USER, infer=False)
+            calls: dict[str, Any] = {}
+            offset = args.memories
+            for concurrency in args.concurrency:
+                samples = asyncio.run(call_latencies(host, api_key, concurrency, args.calls, offset))
+                offset += concurrency * args.calls
+                for name, values in samples.items():
+                    calls[f"{name}@{concurrency}"] = {"call": name, "concurrency": concurrency, **summary(values)}
+            for _ in range(2):  # warm-up: K/V encoded and loaded on both sides
+                remote_ttft_ms(remote, args.k)
+                local.chat(QUESTION, user_id=USER, limit=args.k, max_new_tokens=1)
+            served, in_process = [], []
+            for _ in range(args.repeats):
+                served.append(remote_ttft_ms(remote, args.k))
+                in_process.append(local.chat(QUESTION, user_id=USER, limit=args.k, max_new_tokens=1).timings.ttft_ms)
+            remote.close()
+        local.close()
+    ttft = {"k": args.k, "server": summary(served), "in_process": summary(in_process)}
+    ttft["server_over_in_process"] = ttft["server"]["p50_ms"] / ttft["in_process"]["p50_ms"]
+    return {"machine": machine_info(), "args": vars(args), "calls": list(calls.values()), "chat_ttft": ttft}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memories", type=int, default=100, help="facts stored before measuring (default 100)")
+    parser.add_argument("--concurrency", default="1,16", help="concurrent clients, comma-separated (default 1,16)")
+    parser.add_argument("--calls", type=int, default=10, help="adds and searches per client (default 10)")
+    parser.add_argument("--k", type=int, default=10, help="memories injected per chat (default 10)")
+    parser.add_argument("--repeats", type=int, default=10, help="chat TTFT samples per side (default 10)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = parse_args(argv)
+    result = run(args)
+    print(f"{'call':8s} {'clients':>7s} {'p50 ms':>8s} {'p95 ms':>8s}")
+    for row in result["calls"]:
+        print(f"{row['call']:8s} {row['concurrency']:7d} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}")
+    ttft = result["chat_ttft"]
+    print(
+        f"chat TTFT k={ttft['k']}: server p50 {ttft['server']['p50_ms']:.1f} ms, in process p50 "
+        f"{ttft['in_process']['p50_ms']:.1f} ms, ratio {ttft['server_over_in_process']:.2f}"
+    )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
