@@ -1,0 +1,92 @@
+"""docs/server.md's quick start, run as written: its shell block (``inferscale keys create``, then ``inferscale
+serve`` as a child process), then its Python block with the printed key, whose output must be the one the page
+shows (the answer's wording aside: it must name the dog). Only the data folder (a temporary one) and the port (a
+free one) change."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
+DOC_PORT = "8000"
+DOC_DATA_DIR = "./inferscale-data"
+
+
+def quick_start_blocks() -> list[tuple[str, str]]:
+    """The fenced code blocks of the quick start section, as ``(language, text)``."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [(lang, body) for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)]
+
+
+def free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def command(line: str, data_dir: Path, port: str) -> list[str]:
+    """A documented ``inferscale ...`` line as this interpreter's argv, on the test's folder and port."""
+    argv = shlex.split(line)
+    assert argv[0] == "inferscale", line
+    argv = [str(data_dir) if a == DOC_DATA_DIR else port if a == DOC_PORT else a for a in argv[1:]]
+    return [sys.executable, "-m", "inferscale.cli", *argv]
+
+
+def wait_healthy(server: subprocess.Popen[str], base_url: str, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"inferscale serve exited with {server.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"inferscale serve did not answer /health within {timeout_s} s")
+
+
+def test_the_page_has_the_three_blocks() -> None:
+    assert [lang for lang, _ in quick_start_blocks()] == ["bash", "python", ""]
+
+
+@pytest.mark.slow
+def test_quick_start_runs_as_written(tmp_path: Path) -> None:
+    (_, shell), (_, python), (_, expected) = quick_start_blocks()
+    keys_line, serve_line = [line for line in shell.splitlines() if line.strip()]
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    created = subprocess.run(
+        command(keys_line, tmp_path, port), capture_output=True, text=True, check=True, env=env, cwd=tmp_path
+    )
+    key = re.search(r"isk_\S+", created.stdout)
+    assert key is not None, created.stdout
+
+    server = subprocess.Popen(
+        command(serve_line, tmp_path, port), env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        wait_healthy(server, f"http://127.0.0.1:{port}")
+        source = python.replace('"isk_..."', repr(key.group(0))).replace(f":{DOC_PORT}", f":{port}")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, str(DOC), "exec"), {})  # the page's block, unchanged but for key and port
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    memory, answer, refused = printed.getvalue().splitlines()
+    doc_memory, _, doc_refused = expected.strip().splitlines()
+    assert (memory, refused) == (doc_memory, doc_refused)
+    assert "Biscuit" in answer  # the memory reached the model through the server
