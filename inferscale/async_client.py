@@ -36,7 +36,7 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, ms_since, remote_arguments
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.derived import arun_steps
@@ -71,6 +71,8 @@ class AsyncMemoryClient(ClientCore):
 
     _adb: AsyncMemoryStore | None = None
 
+    _remote_class = "AsyncRemoteMemoryClient"
+
     @overload
     def __new__(
         cls,
@@ -86,7 +88,7 @@ class AsyncMemoryClient(ClientCore):
     ) -> Self: ...
 
     @overload
-    def __new__(  # type: ignore[misc]  # returns another class on purpose: see MemoryClient.__new__'s docstring
+    def __new__(  # type: ignore[misc]  # returns another class on purpose: see ClientCore.__new__'s docstring
         cls,
         config: None = None,
         *,
@@ -99,31 +101,14 @@ class AsyncMemoryClient(ClientCore):
         retries: int | None = None,
     ) -> AsyncRemoteMemoryClient: ...
 
-    def __new__(
-        cls,
-        config: MemoryConfig | Mapping[str, Any] | None = None,
-        *,
-        engine: Engine | None = None,
-        embedder: Embedder | None = None,
-        generator: JSONGenerator | None = None,
-        host: str | None = None,
-        api_key: str | None = None,
-        timeout: float | None = None,
-        retries: int | None = None,
-    ) -> Any:
-        """A local client, or with ``host`` an :class:`~inferscale.remote.AsyncRemoteMemoryClient`; the typing is
-        :meth:`MemoryClient.__new__ <inferscale.client.MemoryClient.__new__>`'s, for the same reasons.
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """The overloads' implementation (mypy needs one here): :meth:`ClientCore.__new__
+        <inferscale.client_core.ClientCore.__new__>` builds the local or the remote client.
 
         Raises:
             ConfigError: see the class.
         """
-        local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
-        remote = remote_arguments(host, api_key, timeout, retries, local)
-        if remote is None:
-            return super().__new__(cls)
-        from inferscale.remote import AsyncRemoteMemoryClient
-
-        return AsyncRemoteMemoryClient(**remote)
+        return super().__new__(cls, *args, **kwargs)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:

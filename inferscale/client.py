@@ -30,7 +30,7 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, ms_since, remote_arguments
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.derived import run_steps
@@ -75,6 +75,8 @@ class MemoryClient(ClientCore):
             ``retries`` without ``host``.
     """
 
+    _remote_class = "RemoteMemoryClient"
+
     @overload
     def __new__(
         cls,
@@ -90,7 +92,7 @@ class MemoryClient(ClientCore):
     ) -> Self: ...
 
     @overload
-    def __new__(  # type: ignore[misc]  # returns another class on purpose: see __new__'s docstring
+    def __new__(  # type: ignore[misc]  # returns another class on purpose: see ClientCore.__new__'s docstring
         cls,
         config: None = None,
         *,
@@ -103,39 +105,14 @@ class MemoryClient(ClientCore):
         retries: int | None = None,
     ) -> RemoteMemoryClient: ...
 
-    def __new__(
-        cls,
-        config: MemoryConfig | Mapping[str, Any] | None = None,
-        *,
-        engine: Engine | None = None,
-        embedder: Embedder | None = None,
-        generator: JSONGenerator | None = None,
-        host: str | None = None,
-        api_key: str | None = None,
-        timeout: float | None = None,
-        retries: int | None = None,
-    ) -> Any:
-        """A local client, or with ``host`` a :class:`~inferscale.remote.RemoteMemoryClient` (built here; Python
-        then skips ``__init__``, as the object is not a ``MemoryClient``), so that a Mem0 platform user changes only
-        the import and the host.
-
-        Typing: two overloads give each call its exact type, ``MemoryClient(...)`` a ``MemoryClient`` and
-        ``MemoryClient(host=...)`` a ``RemoteMemoryClient`` (and a ``host: str | None`` the union of the two). mypy
-        requires ``__new__`` to return an instance of its class; the remote overload breaks that rule on purpose,
-        so it alone carries an ignore for that one check (``misc``). The remote client is no subclass: it has none
-        of the local one's internals (``db``, ``engine``, ``config``), and a subclass would claim it has. The
-        implementation returns ``Any``, as it returns one of two unrelated types.
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """The overloads' implementation (mypy needs one here): :meth:`ClientCore.__new__
+        <inferscale.client_core.ClientCore.__new__>` builds the local or the remote client.
 
         Raises:
             ConfigError: see the class.
         """
-        local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
-        remote = remote_arguments(host, api_key, timeout, retries, local)
-        if remote is None:
-            return super().__new__(cls)
-        from inferscale.remote import RemoteMemoryClient
-
-        return RemoteMemoryClient(**remote)
+        return super().__new__(cls, *args, **kwargs)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:

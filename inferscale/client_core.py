@@ -17,7 +17,7 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
 from inferscale.chat_request import ChatRequest
@@ -108,9 +108,48 @@ def remote_arguments(
 class ClientCore:
     """Configuration, lazily built models and the pure steps shared by the sync and async clients.
 
-    ``host``, ``api_key``, ``timeout`` and ``retries`` are the remote client's arguments: the clients' ``__new__``
-    hands a call with a host to it (see :func:`remote_arguments`), so here they are always ``None``.
+    ``host``, ``api_key``, ``timeout`` and ``retries`` are the remote client's arguments: :meth:`__new__` hands a
+    call with a host to the remote client (see :func:`remote_arguments`), so here they are always ``None``.
     """
+
+    _remote_class: ClassVar[str]
+    """The name, in :mod:`inferscale.remote`, of the client :meth:`__new__` returns for a ``host``
+    (``"RemoteMemoryClient"``, ``"AsyncRemoteMemoryClient"``); each client class sets it."""
+
+    def __new__(
+        cls,
+        config: MemoryConfig | Mapping[str, Any] | None = None,
+        *,
+        engine: Engine | None = None,
+        embedder: Embedder | None = None,
+        generator: JSONGenerator | None = None,
+        host: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        """A local client of class ``cls``, or with ``host`` the remote client :attr:`_remote_class` names, built
+        here (Python then skips ``__init__``, as the object is not a ``cls``), so that a Mem0 platform user changes
+        only the import and the host. :mod:`inferscale.remote` (httpx) is imported only then.
+
+        Typing: the client classes declare two overloads each, so that ``MemoryClient(...)`` is a ``MemoryClient``
+        and ``MemoryClient(host=...)`` a ``RemoteMemoryClient`` (a ``host: str | None`` the union of the two). mypy
+        requires ``__new__`` to return an instance of its class; the remote overload breaks that rule on purpose,
+        so it alone carries an ignore for that one check (``misc``). The remote client is no subclass: it has none
+        of the local one's internals (``db``, ``engine``, ``config``), and a subclass would claim it has. This
+        implementation returns ``Any``, as it returns one of two unrelated types.
+
+        Raises:
+            ConfigError: for ``host`` together with ``config``, ``engine``, ``embedder`` or ``generator``, or
+                ``api_key``, ``timeout`` or ``retries`` without ``host`` (see :func:`remote_arguments`).
+        """
+        local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
+        remote = remote_arguments(host, api_key, timeout, retries, local)
+        if remote is None:
+            return super().__new__(cls)
+        import inferscale.remote
+
+        return getattr(inferscale.remote, cls._remote_class)(**remote)
 
     def __init__(
         self,
