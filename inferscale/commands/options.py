@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from inferscale.cli_options import DTYPE_OPTION, MODEL_OPTION, add_options, cli, from_args
+from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DType, EngineConfig, MemoryConfig
 
 __all__ = [
@@ -91,18 +92,28 @@ class StoreOptions:
     )
 
     def config(self, model: ModelOptions | None = None) -> MemoryConfig:
-        """The :class:`MemoryConfig` of the store these options name, with ``model``'s chat model (every other
-        field at its default)."""
-        engine = EngineConfig() if model is None else EngineConfig(model=model.model, dtype=model.dtype)
+        """The :class:`MemoryConfig` of the store these options name, with ``model``'s chat model and dtype where
+        given (every other field at its default)."""
+        given = {} if model is None else {"model": model.model, "dtype": model.dtype}
+        engine = EngineConfig.model_validate({k: v for k, v in given.items() if v is not None})
         return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """The local store's chat model, also the model that extracts facts."""
+    """The local store's chat model, also the model that extracts facts. ``None``: not given (the
+    :class:`EngineConfig` default), so that a given value, even the default's, counts as given (``--host`` refuses
+    it)."""
 
     model: str | None = field(default=None, metadata=MODEL_OPTION)
-    dtype: DType = field(default=EngineConfig.model_fields["dtype"].default, metadata=DTYPE_OPTION)
+    dtype: DType | None = field(
+        default=None,
+        metadata=cli(
+            "--dtype",
+            choices=typing.get_args(DType),
+            help=f"model dtype (default {EngineConfig.model_fields['dtype'].default})",
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from inferscale.apps_extra import exit_code
 from inferscale.cli import build_parser
 from inferscale.cli_options import add_options, cli, from_args
 from inferscale.commands import client as clients
+from inferscale.commands.options import ModelOptions, StoreOptions
+from inferscale.config import EngineConfig
 from inferscale.errors import (
     AuthenticationError,
     ConfigError,
@@ -141,6 +143,31 @@ def test_bad_input_the_client_refuses_exits_2(cli: Callable[..., Ran]) -> None:
 def test_api_key_without_host_and_host_with_local_options_exit_2(cli: Callable[..., Ran]) -> None:
     _one_error_line(cli("list", "--user", "u", "--api-key", "isk_x"), 2, "--host")
     _one_error_line(cli("list", "--user", "u", "--host", "http://127.0.0.1:9"), 2, "--data-dir")
+
+
+@pytest.mark.parametrize(
+    "local_option",
+    [["--dtype", "bfloat16"], ["--dtype", "float32"], ["--model", "SmolLM2"], ["--data-dir", "/d"], ["--db-url", "x"]],
+)
+def test_host_refuses_every_local_option_given_even_at_its_default(
+    cli: Callable[..., Ran], fakes: Fakes, local_option: list[str]
+) -> None:
+    # bfloat16 is EngineConfig's default dtype: given with --host, it must be refused like any other value
+    ran = cli("list", "--user", "u", "--host", "http://127.0.0.1:9", *local_option, local=False)
+    _one_error_line(ran, 2, "--dtype")
+    assert fakes.remote == []
+
+
+def test_dtype_reaches_the_local_store_config_only_when_given() -> None:
+    def engine_dtype(*flags: str) -> str:
+        args = build_parser().parse_args(["list", "--user", "u", *flags])
+        return StoreOptions().config(from_args(ModelOptions, args)).engine.dtype
+
+    assert (engine_dtype(), engine_dtype("--dtype", "float32"), engine_dtype("--dtype", "float16")) == (
+        EngineConfig().dtype,
+        "float32",
+        "float16",
+    )
 
 
 def test_host_builds_the_remote_client_with_the_key(cli: Callable[..., Ran], fakes: Fakes) -> None:
