@@ -3,6 +3,10 @@
 JSON goes to stdout through :func:`print_json` and is the only thing there; tables go to stdout through a rich
 console; notes, warnings and spinners go to stderr. Rich comes with the ``apps`` extra (see
 :mod:`inferscale.apps_extra`); ``--json`` does not need it.
+
+What users and servers wrote (memory text, ids, scope ids, key names, queries, chat answers) is printed as it is,
+never read as rich markup: ``"[bold]x[/bold]"`` keeps its brackets and ``"[/x]"`` is no error. The consoles here
+have markup off, and the tables hold such strings as :class:`rich.text.Text`, so they are safe on any console.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from inferscale.apps_extra import console, table
+from inferscale.apps_extra import console, require, table
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from inferscale.server.keys import ApiKey
 
@@ -29,6 +34,7 @@ __all__ = [
     "history_table",
     "keys_table",
     "memories_table",
+    "plain",
     "print_json",
     "scope_of",
     "stderr",
@@ -59,21 +65,33 @@ def print_json(value: Any) -> None:
 
 
 def stdout() -> Console:
-    """The console of human output (stdout).
+    """The console of human output (stdout), markup off: strings print as they are (styles come from ``style=``).
 
     Raises:
         ConfigError: when rich is not installed.
     """
-    return console(soft_wrap=False)
+    return console(soft_wrap=False, markup=False)
 
 
 def stderr() -> Console:
-    """The console of notes, warnings and spinners (stderr).
+    """The console of notes, warnings and spinners (stderr), markup off as :func:`stdout`'s.
 
     Raises:
         ConfigError: when rich is not installed.
     """
-    return console(stderr=True)
+    return console(stderr=True, markup=False)
+
+
+def plain(value: object, style: str = "") -> Text:
+    """``value`` as rich text printed as it is, never read as markup (``str(value)``; ``""`` for ``None``).
+
+    Raises:
+        ConfigError: when rich is not installed.
+    """
+    require("rich.text")
+    from rich.text import Text
+
+    return Text("" if value is None else str(value), style=style)
 
 
 @contextlib.contextmanager
@@ -83,7 +101,7 @@ def working(message: str | None) -> Iterator[None]:
     if message is None:
         yield
         return
-    with stderr().status(message):
+    with stderr().status(plain(message)):
         yield
 
 
@@ -115,15 +133,13 @@ def memories_table(memories: Sequence[Mapping[str, Any]], title: str, width: int
 
     Args:
         memories: the client's memory dicts.
-        title: the table's title.
+        title: the table's title (plain text, never markup).
         width: the console's width in columns; under :data:`WIDE`, scope, score and created share a dim line
             under the text, so that the full id and the text keep their room.
     """
     scored = any("score" in m for m in memories)
     wide = width >= WIDE
-    out = table(title=title, title_justify="left")
-    from rich.text import Text  # rich is there: table() checked
-
+    out = table(title=plain(title), title_justify="left")
     out.add_column("id", no_wrap=True, style="cyan")
     out.add_column("memory", overflow="fold", ratio=1)
     if wide:
@@ -134,25 +150,23 @@ def memories_table(memories: Sequence[Mapping[str, Any]], title: str, width: int
     for m in memories:
         facts = [scope_of(m), *([f"{m['score']:.3f}"] if scored else []), when(m.get("created_at"))]
         if wide:
-            out.add_row(m["id"], m["memory"], *facts)
+            out.add_row(plain(m["id"]), plain(m["memory"]), *map(plain, facts))
         else:
-            details = Text(" · ".join(facts), style="dim")
-            out.add_row(m["id"], Text.assemble(m["memory"], "\n", details))
+            out.add_row(plain(m["id"]), plain(m["memory"]).append("\n").append(plain(" · ".join(facts), "dim")))
     return out
 
 
 def changes_table(changes: Sequence[Mapping[str, Any]], title: str) -> Table:
     """``add``'s results as rows: event, id, memory (an UPDATE's previous text on a dim line under it)."""
-    out = table(title=title, title_justify="left")
-    from rich.text import Text  # rich is there: table() checked
-
+    out = table(title=plain(title), title_justify="left")
     out.add_column("event", no_wrap=True, style="bold")
     out.add_column("id", no_wrap=True, style="cyan")
     out.add_column("memory", overflow="fold", ratio=1)
     for c in changes:
-        was = c.get("previous_memory")
-        text = Text.assemble(c["memory"], *(("\n", Text(f"was: {was}", style="dim")) if was else ()))
-        out.add_row(c["event"], c["id"], text)
+        text = plain(c["memory"])
+        if was := c.get("previous_memory"):
+            text.append(plain(f"\nwas: {was}", "dim"))
+        out.add_row(plain(c["event"]), plain(c["id"]), text)
     return out
 
 
@@ -160,9 +174,7 @@ def history_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
     """``history``'s rows, oldest first: created, event, memory (its previous text on a dim line under it), and the
     actor when a row has one."""
     actors = any(r["actor_id"] for r in rows)
-    out = table(title=title, title_justify="left")
-    from rich.text import Text  # rich is there: table() checked
-
+    out = table(title=plain(title), title_justify="left")
     out.add_column("created", no_wrap=True, style="dim")
     out.add_column("event", no_wrap=True, style="bold")
     out.add_column("memory", overflow="fold", ratio=1)
@@ -170,10 +182,10 @@ def history_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
         out.add_column("actor", no_wrap=True)
     for r in rows:
         old, new = r["old_memory"], r["new_memory"]
-        text = Text(old or "", style="strike") if new is None else Text(new)
+        text = plain(old, "strike") if new is None else plain(new)
         if old is not None and new is not None:
-            text.append(f"\nwas: {old}", style="dim")
-        out.add_row(when(r["created_at"]), r["event"], text, *([r["actor_id"] or ""] if actors else []))
+            text.append(plain(f"\nwas: {old}", "dim"))
+        out.add_row(plain(when(r["created_at"])), plain(r["event"]), text, *([plain(r["actor_id"])] if actors else []))
     return out
 
 
@@ -189,5 +201,6 @@ def keys_table(keys: Sequence[ApiKey]) -> Table:
     for k in keys:
         bound = [_bound("user", k.user_ids), _bound("agent", k.agent_ids), _bound("run", k.run_ids)]
         scopes = " ".join(b for b in bound if b) or "any"
-        out.add_row(k.key_id, k.name, scopes, "yes" if k.admin else "", when(k.created_at), when(k.revoked_at))
+        cells = [k.key_id, k.name, scopes, "yes" if k.admin else "", when(k.created_at), when(k.revoked_at)]
+        out.add_row(*map(plain, cells))
     return out
