@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from inferscale.cli_options import add_options, cli, from_args, positive_int
 from inferscale.commands.options import Common, Parents, SelectOptions
-from inferscale.commands.run import run_call
+from inferscale.commands.run import opened, run_call
 from inferscale.types import ChatMode
 
 if TYPE_CHECKING:
@@ -107,13 +107,13 @@ def _whole(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -
 
 
 def _streamed(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -> int:
-    from inferscale.commands import client as clients
+    """The answer piece by piece as it is generated: a spinner until the first piece, then each piece as it comes
+    (a JSON line per chunk with ``--json``), then the memories used and the timings."""
     from inferscale.commands.output import print_json, stderr, working
 
-    common = Common.from_args(args)
-    as_json = common.output.as_json
     result: ChatResult | None = None
-    with clients.open_client(common.store, common.model, common.remote) as client:
+    with opened(args) as (client, common):
+        as_json = common.output.as_json
         with working(None if as_json else _BUSY):  # until the first piece of the answer
             chunks = client.chat(opts.query, **common.scope.ids(), **opts.arguments(select), stream=True)
             first = next(chunks, None)

@@ -8,6 +8,7 @@ the client raises are printed by ``inferscale.cli.main`` as one line (exit 2 for
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,39 +97,42 @@ def _add(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------- search, list
 
 
+Found = dict[str, list[dict[str, Any]]]
+"""What ``search`` and ``get_all`` return: ``{"results": [memory dict, ...]}``."""
+
+
+def _show_found(about: str = "") -> Callable[[Found, Common, Console], None]:
+    """How ``search`` and ``list`` show their memories: a table titled ``"3 memories of user=alice<about>"``."""
+
+    def show(value: Found, common: Common, out: Console) -> None:
+        from inferscale.commands.output import count, memories_table
+
+        found = value["results"]
+        title = f"{count(len(found), 'memory', 'memories')} of {common.scope.describe()}{about}"
+        out.print(memories_table(found, title, out.width))
+
+    return show
+
+
 def _search(args: argparse.Namespace) -> int:
     opts = from_args(SearchOptions, args)
     select = from_args(SelectOptions, args)
 
-    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+    def call(client: CommandClient, common: Common) -> Found:
         return client.search(
             opts.query, **common.scope.ids(), filters=select.filters, limit=select.limit, threshold=opts.threshold
         )
 
-    def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
-        from inferscale.commands.output import count, memories_table
-
-        found = value["results"]
-        title = f"{count(len(found), 'memory', 'memories')} of {common.scope.describe()} for {opts.query!r}"
-        out.print(memories_table(found, title, out.width))
-
-    return run_call(args, call, show, "searching (the first call loads the embedder)")
+    return run_call(args, call, _show_found(f" for {opts.query!r}"), "searching (the first call loads the embedder)")
 
 
 def _list(args: argparse.Namespace) -> int:
     select = from_args(SelectOptions, args)
 
-    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+    def call(client: CommandClient, common: Common) -> Found:
         return client.get_all(**common.scope.ids(), filters=select.filters, limit=select.limit)
 
-    def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
-        from inferscale.commands.output import count, memories_table
-
-        found = value["results"]
-        title = f"{count(len(found), 'memory', 'memories')} of {common.scope.describe()}"
-        out.print(memories_table(found, title, out.width))
-
-    return run_call(args, call, show, "reading")
+    return run_call(args, call, _show_found(), "reading")
 
 
 # ---------------------------------------------------------------------------------------------------- delete, history

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from inferscale.commands.options import Common
@@ -13,9 +14,24 @@ if TYPE_CHECKING:
 
     from inferscale.commands.client import CommandClient
 
-__all__ = ["run_call"]
+__all__ = ["opened", "run_call"]
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def opened(args: argparse.Namespace) -> Iterator[tuple[CommandClient, Common]]:
+    """The client a memory command calls (:func:`inferscale.commands.client.open_client`) and its parsed shared
+    options; the client is closed when the block ends.
+
+    Raises:
+        InvalidInputError: for options that do not go together (see ``open_client``).
+    """
+    from inferscale.commands import client as clients
+
+    common = Common.from_args(args)
+    with clients.open_client(common.store, common.model, common.remote) as client:
+        yield client, common
 
 
 def run_call(
@@ -24,20 +40,15 @@ def run_call(
     show: Callable[[T, Common, Console], None],
     busy: str,
 ) -> int:
-    """Run one memory command: build its client (:func:`inferscale.commands.client.open_client`), make ``call``
-    under a spinner saying ``busy``, close the client, then print the value (``--json``) or ``show`` it.
+    """Run one memory command: make ``call`` on its client (:func:`opened`) under a spinner saying ``busy``, close
+    the client, then print the value (``--json``) or ``show`` it.
 
     Returns:
         0 (errors propagate, for ``inferscale.cli.main`` to print).
     """
-    from inferscale.commands import client as clients
     from inferscale.commands.output import print_json, stdout, working
 
-    common = Common.from_args(args)
-    with (
-        clients.open_client(common.store, common.model, common.remote) as client,
-        working(None if common.output.as_json else busy),
-    ):
+    with opened(args) as (client, common), working(None if common.output.as_json else busy):
         value = call(client, common)
     if common.output.as_json:
         print_json(value)
