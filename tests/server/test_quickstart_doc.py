@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 DOC_PORT = "8000"
@@ -45,16 +46,82 @@ def command(line: str, data_dir: Path, port: str) -> list[str]:
     return [sys.executable, "-m", "inferscale.cli", *argv]
 
 
+class NotHealthyYet(Exception):
+    """``/health`` answered, but not 200 yet."""
+
+
 def wait_healthy(server: subprocess.Popen[str], base_url: str, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    """Return once ``base_url/health`` answers 200, asking every 0.5 s (tenacity).
+
+    Raises:
+        AssertionError: as soon as ``server`` has exited, or when ``timeout_s`` seconds passed without a 200.
+    """
+
+    def healthy() -> None:
         if server.poll() is not None:
             raise AssertionError(f"inferscale serve exited with {server.returncode}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise AssertionError(f"inferscale serve did not answer /health within {timeout_s} s")
+        status = httpx.get(f"{base_url}/health", timeout=1.0).status_code
+        if status != 200:
+            raise NotHealthyYet(f"/health answered {status}")
+
+    retrying = Retrying(
+        retry=retry_if_exception_type((httpx.TransportError, NotHealthyYet)),
+        stop=stop_after_delay(timeout_s),
+        wait=wait_fixed(0.5),
+    )
+    try:
+        retrying(healthy)
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        raise AssertionError(f"inferscale serve did not answer /health within {timeout_s} s (last: {last!r})") from exc
+
+
+def _child(code: str, *argv: str) -> subprocess.Popen[str]:
+    """A Python child process running ``code`` with ``argv``."""
+    return subprocess.Popen([sys.executable, "-c", code, *argv], text=True)
+
+
+HEALTH_SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_wait_healthy_returns_once_health_answers_200() -> None:
+    port = free_port()
+    server = _child(HEALTH_SERVER, port)
+    try:
+        wait_healthy(server, f"http://127.0.0.1:{port}", timeout_s=30)
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_wait_healthy_fails_at_once_when_the_server_exited() -> None:
+    server = _child("raise SystemExit(3)")
+    server.wait(timeout=10)
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match="exited with 3"):
+        wait_healthy(server, f"http://127.0.0.1:{free_port()}", timeout_s=30)
+    assert time.monotonic() - started < 5
+
+
+def test_wait_healthy_fails_when_the_deadline_passes() -> None:
+    server = _child("import time; time.sleep(30)")  # alive, but nothing listens on the port
+    try:
+        with pytest.raises(AssertionError, match=r"did not answer /health within 1\.0 s \(last: ConnectError"):
+            wait_healthy(server, f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
 
 
 def test_the_page_has_the_three_blocks() -> None:
@@ -75,7 +142,12 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert key is not None, created.stdout
 
     server = subprocess.Popen(
-        command(serve_line, tmp_path, port), env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command(serve_line, tmp_path, port),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_healthy(server, f"http://127.0.0.1:{port}")
