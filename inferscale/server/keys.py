@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from inferscale.config import MemoryConfig
 from inferscale.errors import InvalidInputError
+from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
 
@@ -66,7 +67,7 @@ class ApiKey:
 
     def scopes(self) -> dict[str, list[str] | None]:
         """``{"user_ids", "agent_ids", "run_ids"}`` as JSON-ready lists (``None``: any)."""
-        return {f"{k}s": None if (v := self.bound(k)) is None else list(v) for k in ("user_id", "agent_id", "run_id")}
+        return {f"{k}s": None if (v := self.bound(k)) is None else list(v) for k in SCOPE_KEYS}
 
 
 class _Base(DeclarativeBase):
