@@ -59,6 +59,11 @@ class Caller:
         """Whether the caller may reset the store (an admin key, or an open server)."""
         return self.key is None or self.key.admin
 
+    @property
+    def unbound(self) -> bool:
+        """Whether the caller may touch every scope: an open server, or a key that binds no list (an admin key)."""
+        return self.key is None or all(self.key.bound(field) is None for field in SCOPE_KEYS)
+
     def require_admin(self, action: str) -> None:
         """Raises:
         PermissionDeniedError: unless the caller is an admin."""
