@@ -56,8 +56,9 @@ class Caller:
 
     @property
     def admin(self) -> bool:
-        """Whether the caller may reset the store (an admin key, or an open server)."""
-        return self.key is None or self.key.admin
+        """Whether the caller may reset the store: an open server, or an admin key that binds no list (the store
+        refuses to create an admin key with lists; a row holding one anyway is not trusted with every tenant)."""
+        return self.key is None or (self.key.admin and self.unbound)
 
     @property
     def unbound(self) -> bool:

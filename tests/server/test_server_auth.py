@@ -83,6 +83,8 @@ def test_scrypt_runs_once_per_key_and_revocation_is_seen_at_once(
         ({"name": "k", "user_ids": []}, "user_ids must hold 1 to"),
         ({"name": "k", "run_ids": ["r", " "]}, "run_ids must hold non-empty strings"),
         ({"name": "k", "admin": "yes"}, "admin must be True or False"),
+        ({"name": "k", "admin": True, "user_ids": ["alice"]}, "an admin key .* cannot bind user_ids"),
+        ({"name": "k", "admin": True, "agent_ids": ["a"], "run_ids": ["r"]}, "cannot bind agent_ids or run_ids"),
     ],
 )
 def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
@@ -93,6 +95,52 @@ def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: 
     with pytest.raises(InvalidInputError, match="no API key has id 'nope'"):
         store.revoke("nope")
     store.close()
+
+
+def test_every_failed_check_of_a_well_formed_key_runs_scrypt_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unknown id, revoked id and wrong secret all cost one scrypt (the time of a 401 tells no id apart); only a
+    malformed key fails without one."""
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    key, secret = store.create("agent", user_ids=["alice"])
+    revoked, revoked_secret = store.create("old", user_ids=["alice"])
+    store.revoke(revoked.key_id)
+    calls: list[bytes] = []
+    real = keys_module._hash
+
+    def counting(secret: str, salt: bytes) -> bytes:
+        calls.append(salt)
+        return real(secret, salt)
+
+    monkeypatch.setattr(keys_module, "_hash", counting)
+    rest = secret.split("_", 2)[2]
+    wrong_secret = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    for failing in (f"isk_{'0' * 12}_{rest}", revoked_secret, wrong_secret):
+        calls.clear()
+        assert store.authenticate(failing) is None
+        assert len(calls) == 1, failing
+    calls.clear()
+    assert store.authenticate("isk_short") is None and calls == []
+    assert store.authenticate(secret) == key
+    store.close()
+
+
+def test_an_admin_row_with_lists_is_not_trusted_with_reset() -> None:
+    """A row written around :meth:`KeyStore.create` (by hand, or by an older version) that is admin yet bound to a
+    user may not reset every tenant's memories."""
+    from datetime import UTC, datetime
+
+    from inferscale.errors import PermissionDeniedError
+    from inferscale.server.auth import Caller
+    from inferscale.server.keys import ApiKey
+
+    now = datetime.now(UTC)
+    bound = Caller(ApiKey("0" * 12, "tenant admin", True, ("alice",), None, None, now))
+    assert not bound.admin and not bound.unbound
+    with pytest.raises(PermissionDeniedError, match="reset needs an admin API key"):
+        bound.require_admin("reset")
+    assert Caller(ApiKey("1" * 12, "root", True, None, None, None, now)).admin
 
 
 def test_list_is_oldest_first_and_an_admin_key_may_bind_nothing(tmp_path: Path) -> None:
