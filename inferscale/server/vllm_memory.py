@@ -4,10 +4,10 @@ The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with
 ``--kv-transfer-config`` and two middlewares (``--middleware``): :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`
 outside, which checks the API keys of the memory database on every request (the transformers server's keys and
 rules; vLLM's own ``--api-key`` is not used), and :func:`memory_middleware` inside it. A client's JSON body may not
-set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403). A ``POST /v1/chat/completions`` whose body names
-a user in OpenAI's ``user`` field, or whose key is bound to exactly one user, is answered with that user's memory
-(:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the key's, or a key bound to agent or run ids, is
-refused with 403):
+set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403), whatever its method and ``Content-Type``. A
+``POST /v1/chat/completions`` whose body names a user in OpenAI's ``user`` field, or whose key is bound to exactly
+one user, is answered with that user's memory (:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the
+key's, or a key bound to agent or run ids, is refused with 403):
 
 1. the messages are checked (:func:`inferscale.conversation.check_messages`; content given as a list of text parts
    is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); a field the
@@ -65,7 +65,7 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
-from inferscale.server.vllm_auth import CALLER, INTERNAL, check_client_fields, install_gate, installed_gate
+from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,6 @@ MIDDLEWARE = f"{__name__}.memory_middleware"
 KEY_MIDDLEWARE = "inferscale.server.vllm_auth.ApiKeyMiddleware"
 RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
 """The starts of InferScale's ``cache_salt`` values, which a client's request may not use."""
-_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,8 +296,9 @@ async def _chat_chunks(
 async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """Starlette HTTP middleware (``--middleware``, inside :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`):
     answers ``POST /v1/chat/completions`` with a user's memory, streamed or not (see the module docstring); refuses a
-    client's JSON body that sets ``kv_transfer_params`` or an InferScale ``cache_salt``; passes every other request
-    to vLLM unchanged.
+    client's body that is a JSON object setting ``kv_transfer_params`` or an InferScale ``cache_salt``, whatever
+    its method and ``Content-Type`` (:func:`~inferscale.server.vllm_auth.checked_client_body`); passes every other
+    request to vLLM unchanged.
 
     Returns:
         the ``chat.completion`` JSON response, a ``text/event-stream`` of ``chat.completion.chunk`` events, vLLM's own
@@ -308,20 +308,13 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     """
     from starlette.responses import JSONResponse, StreamingResponse
 
-    content_type = request.headers.get("content-type", "").lower()
-    if request.method != "POST" or request.scope.get(INTERNAL) or content_type.startswith(_FORM_TYPES):
+    if request.scope.get(INTERNAL):
         return await call_next(request)
     try:
-        body = json.loads(await request.body())
-    except ValueError:
-        return await call_next(request)
-    if not isinstance(body, dict):
-        return await call_next(request)
-    try:
-        check_client_fields(body, RESERVED_SALT_PREFIXES)
+        body = await checked_client_body(request, RESERVED_SALT_PREFIXES)
     except PermissionDeniedError as exc:
         return error_response(exc)
-    if _SERVICE is None or request.url.path != "/v1/chat/completions":
+    if body is None or request.method != "POST" or _SERVICE is None or request.url.path != "/v1/chat/completions":
         return await call_next(request)
     caller = request.scope.get(CALLER)
     if not isinstance(caller, Caller):  # fail closed: never serve memory to a caller nobody checked
