@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -65,6 +64,7 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
+from inferscale.server.options import ServeSettings, memory_config
 from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
 
 log = logging.getLogger(__name__)
@@ -76,32 +76,19 @@ RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
 
 
 @dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """Settings of ``inferscale serve --engine vllm``.
+class ServeOptions(ServeSettings):
+    """Settings of ``inferscale serve --engine vllm``: :class:`~inferscale.server.options.ServeSettings` (``dtype``
+    is vLLM's and the fact encoder's, which runs on the CPU) and
 
     Attributes:
-        host, port: where the HTTP server listens.
-        data_dir: the memory database, index and K/V folder (as ``MemoryConfig.data_dir``).
-        db_url: the memory database (as ``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``), where the API
-            keys live too.
-        model: a model folder; ``None`` means the embedded SmolLM2-135M-Instruct.
-        dtype: weights and KV dtype of both vLLM and the fact encoder.
         limit: memories retrieved per request.
         max_model_len: vLLM's context limit (tokens).
         kv_cache_bytes: vLLM's paged KV cache size (bytes).
-        served_model_name: the model name clients send; ``None`` uses the folder name.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    data_dir: str | None = None
-    db_url: str | None = None
-    model: str | None = None
-    dtype: str = "bfloat16"
     limit: int = 5
     max_model_len: int = 4096
     kv_cache_bytes: int = 2 << 30
-    served_model_name: str | None = None
 
 
 class MemoryService:
@@ -400,24 +387,6 @@ def _alias_vllm_version() -> None:
     md.version = version
 
 
-def memory_config(options: ServeOptions) -> MemoryConfig:
-    """The memory client's config for ``options``: the transformers fact encoder on ``model`` (``dtype``, CPU), data
-    in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys (``KeyStore.for_config``).
-
-    Raises:
-        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
-    """
-    from inferscale.config import EngineConfig
-
-    engine = {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
-    try:
-        return MemoryConfig(
-            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
-        )
-    except ValueError as exc:  # pydantic's ValidationError
-        raise ConfigError(f"invalid server options: {exc}") from exc
-
-
 def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder
     and the fingerprint. Sets the service the middleware uses."""
@@ -459,7 +428,8 @@ def serve(options: ServeOptions) -> None:
             "VLLM_API_KEY is set, but `inferscale serve --engine vllm` authenticates with InferScale API keys "
             "(`inferscale keys create`); unset VLLM_API_KEY"
         )
-    keys = KeyStore.for_config(memory_config(options))
+    config = memory_config(options)
+    keys = KeyStore.for_config(config)
     check_listen_address(options.host, keys)
     install_gate(keys)
     try:
@@ -481,7 +451,7 @@ def serve(options: ServeOptions) -> None:
         "--port",
         str(options.port),
         "--dtype",
-        options.dtype,
+        config.engine.dtype,  # the fact encoder's: both must agree
         "--enforce-eager",
         "--enable-prefix-caching",
         "--max-model-len",
