@@ -203,3 +203,66 @@ def test_reset_needs_an_admin_key(served: Served) -> None:
     with served.http(admin) as http:
         assert http.post("/v1/reset/").json() == {"message": "Reset successful."}
     assert served.row_counts() == (0, 0)
+
+
+OPEN_PATHS = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+"""The only paths a keyed server answers without a key."""
+
+
+def _app_routes(app: Any) -> list[tuple[str, set[str]]]:
+    """``(path template, methods)`` of every HTTP route of a FastAPI app, included routers' routes too (FastAPI 0.16x
+    keeps them nested under ``app.routes``; older versions copy them there)."""
+    from starlette.routing import Route
+
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        routes: list[Any] = list(app.routes)
+    else:
+        routes = list(iter_route_contexts(app.routes))
+    found = [(route.path, set(route.methods or ())) for route in routes if isinstance(route.path, str)]
+    assert all(isinstance(getattr(r, "original_route", r), Route) for r in routes), routes  # no mount, no socket
+    return found
+
+
+def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path) -> None:
+    """Every route of the app, every method it answers (HEAD included), both trailing-slash spellings: 401 without a
+    key once the store has one. A route added later without the caller dependency fails here."""
+    from fastapi.testclient import TestClient
+    from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+
+    from inferscale import AsyncMemoryClient
+    from inferscale.server.app import create_app
+    from inferscale.server.options import ServerOptions
+
+    config = fake_config(tmp_path)
+    keys = KeyStore.for_config(config)
+    keys.create("alice", user_ids=["alice"])
+    client = AsyncMemoryClient(config, embedder=HashEmbedder(), generator=ScriptedGenerator())
+    app = create_app(client, keys=keys, options=ServerOptions())
+    answered: dict[tuple[str, str], int] = {}
+    heads: dict[str, int] = {}
+    with TestClient(app) as http:
+        for path_template, methods in _app_routes(app):
+            path = path_template.replace("{memory_id}", "m1")
+            for spelling in {path, path.rstrip("/") or "/", f"{path.rstrip('/')}/"}:
+                for method in sorted(methods):
+                    answered[(method, spelling)] = http.request(method, spelling).status_code
+                heads[spelling] = http.head(spelling).status_code
+    keys.close()
+    refused = {request for request, status in answered.items() if status == 401}
+    open_requests = {request for request in answered if request[1].rstrip("/") in OPEN_PATHS}
+    assert refused == set(answered) - open_requests, sorted(set(answered) - open_requests - refused)
+    assert {m for m, p in refused} == {"GET", "POST", "PUT", "DELETE"}
+    # HEAD, where a route does not declare it, is 405 before any handler runs; where it does, it needs the key too
+    assert {p: s for p, s in heads.items() if p.rstrip("/") not in OPEN_PATHS and s not in (401, 405)} == {}
+    for must in [
+        ("POST", "/v1/reset/"),
+        ("POST", "/v1/reset"),
+        ("GET", "/v1/memories/m1/history"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/ping"),
+    ]:
+        assert must in refused, must
+    assert all(answered[("GET", p)] == 200 for p in ("/health", "/metrics", "/openapi.json", "/docs", "/redoc"))
