@@ -6,10 +6,19 @@ Given ids are ANDed: a memory is visible to a scope when every id the scope name
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from inferscale.errors import ScopeError
 
 SCOPE_KEYS: tuple[str, ...] = ("user_id", "agent_id", "run_id")
+
+
+class ScopeIds(TypedDict):
+    """The scope keyword arguments of a client call (``user_id``, ``agent_id``, ``run_id``; ``None``: not named)."""
+
+    user_id: str | None
+    agent_id: str | None
+    run_id: str | None
 
 
 @dataclass(frozen=True, slots=True)

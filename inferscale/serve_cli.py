@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TypeVar
 
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES
+
+ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "transformers": ("device", "max_request_bytes"),
+    "vllm": ("max_model_len", "kv_cache_bytes"),
+}
+"""The flags (argparse destinations) only one engine reads; setting one for the other engine is refused."""
 
 
 def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -31,18 +38,15 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         choices=["float32", "bfloat16", "float16"],
         help="weights and K/V dtype (default bfloat16)",
     )
-    serve.add_argument("--device", default="auto", help="transformers engine: cpu, cuda, cuda:N or auto (default)")
+    serve.add_argument("--device", help="transformers engine only: cpu, cuda, cuda:N or auto (default)")
     serve.add_argument("--limit", type=int, help="memories retrieved per chat request (default 5)")
     serve.add_argument(
         "--max-request-bytes",
         type=int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
-        help=f"transformers engine: largest request body (default {DEFAULT_MAX_REQUEST_BYTES:,} bytes)",
+        help=f"transformers engine only: largest request body (default {DEFAULT_MAX_REQUEST_BYTES:,} bytes)",
     )
-    serve.add_argument("--max-model-len", type=int, default=4096, help="vLLM: context limit in tokens (default 4096)")
-    serve.add_argument(
-        "--kv-cache-bytes", type=int, default=2 << 30, help="vLLM: paged KV cache size in bytes (default 2 GiB)"
-    )
+    serve.add_argument("--max-model-len", type=int, help="vLLM only: context limit in tokens (default 4096)")
+    serve.add_argument("--kv-cache-bytes", type=int, help="vLLM only: paged KV cache size in bytes (default 2 GiB)")
     serve.add_argument("--served-model-name", help="model name clients send (default: the folder name)")
     serve.set_defaults(func=run_serve)
     return serve
@@ -50,10 +54,11 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted); returns the exit status: 2, with the reason on stderr, when the
-    options are refused (e.g. a public host with no API key)."""
+    options are refused (a flag of the other engine, a public host with no API key, ...)."""
     from inferscale.errors import ConfigError
 
     try:
+        check_engine_flags(args)
         if args.engine == "vllm":
             _serve_vllm(args)
         else:
@@ -64,10 +69,38 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen engine would ignore (:data:`ENGINE_FLAGS`).
+
+    Raises:
+        ConfigError: naming the flag, its engine and the chosen one.
+    """
+    from inferscale.errors import ConfigError
+
+    for engine, flags in ENGINE_FLAGS.items():
+        if engine == args.engine:
+            continue
+        given = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag, None) is not None]
+        if given:
+            raise ConfigError(
+                f"--engine {args.engine} does not use {', '.join(given)} (--engine {engine} only); "
+                f"leave {'it' if len(given) == 1 else 'them'} out"
+            )
+
+
+T = TypeVar("T")
+
+
+def _or(given: T | None, default: T) -> T:
+    """A flag's value when it was given, else the options' own default."""
+    return default if given is None else given
+
+
 def _serve_transformers(args: argparse.Namespace) -> None:
     from inferscale.server.options import ServerOptions
     from inferscale.server.run import serve_transformers
 
+    defaults = ServerOptions()
     serve_transformers(
         ServerOptions(
             host=args.host,
@@ -76,10 +109,10 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             db_url=args.db_url,
             model=args.model,
             dtype=args.dtype,
-            device=args.device,
-            max_request_bytes=args.max_request_bytes,
             chat_limit=args.limit,
             served_model_name=args.served_model_name,
+            device=_or(args.device, defaults.device),
+            max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
         )
     )
 
@@ -87,6 +120,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
 def _serve_vllm(args: argparse.Namespace) -> None:
     from inferscale.server.vllm_memory import ServeOptions, serve
 
+    defaults = ServeOptions()
     serve(
         ServeOptions(
             host=args.host,
@@ -94,11 +128,11 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             data_dir=args.data_dir,
             db_url=args.db_url,
             model=args.model,
-            dtype=args.dtype or "bfloat16",
-            limit=5 if args.limit is None else args.limit,
-            max_model_len=args.max_model_len,
-            kv_cache_bytes=args.kv_cache_bytes,
+            dtype=args.dtype,
             served_model_name=args.served_model_name,
+            limit=_or(args.limit, defaults.limit),
+            max_model_len=_or(args.max_model_len, defaults.max_model_len),
+            kv_cache_bytes=_or(args.kv_cache_bytes, defaults.kv_cache_bytes),
         )
     )
 

@@ -4,7 +4,9 @@ coroutines run to the end before the call returns.
 
 The remote kinds ("remote": :class:`RemoteMemoryClient`, "remote-async": :class:`AsyncRemoteMemoryClient`) talk to a
 real InferScale server (uvicorn on 127.0.0.1, a free port) that serves an :class:`AsyncMemoryClient` built from the
-test's config, engine, embedder and generator. Tests that read a client's internals (``db``, ``fact_kv``,
+test's config, engine, embedder and generator. The "remote" server is open (no API keys); the "remote-async" one has
+an admin key in its database, which the client sends, so the keyed path (authentication, :class:`Caller`'s scope
+rules) must give the same answers as the local clients too. Tests that read a client's internals (``db``, ``fact_kv``,
 ``engine``, ``config``) read that served client's.
 """
 
@@ -184,7 +186,8 @@ def open_client(
 ) -> ClientAdapter:
     """A ``kind`` client built from the same arguments, behind an adapter: :class:`MemoryClient` or
     :class:`AsyncMemoryClient`; or a remote client (``MemoryClient(host=...)`` / ``AsyncMemoryClient(host=...)``)
-    on a server started here, on 127.0.0.1 without keys, that serves an :class:`AsyncMemoryClient` built from them."""
+    on a server started here, on 127.0.0.1, that serves an :class:`AsyncMemoryClient` built from them: open for
+    "remote", with an admin key (sent by the client) for "remote-async"."""
     if kind == "sync":
         return ClientAdapter(MemoryClient(config, engine=engine, embedder=embedder, generator=generator))
     if kind == "async":
@@ -192,12 +195,21 @@ def open_client(
     from server_fixture import running_server
 
     from inferscale.server.app import create_app
+    from inferscale.server.keys import KeyStore
     from inferscale.server.options import ServerOptions
 
     served = AsyncMemoryClient(config, engine=engine, embedder=embedder, generator=generator)
     server = ExitStack()
-    url = server.enter_context(running_server(create_app(served, keys=None, options=ServerOptions())))
-    client: AnyClient = MemoryClient(host=url) if kind == "remote" else AsyncMemoryClient(host=url)
+    keys, api_key = None, None
+    if kind == "remote-async":
+        keys = KeyStore.for_config(config)
+        server.callback(keys.close)  # after the server stopped (an ExitStack unwinds last in, first out)
+        api_key = keys.create("api suite admin", admin=True)[1]
+    url = server.enter_context(running_server(create_app(served, keys=keys, options=ServerOptions())))
+    if kind == "remote":
+        client: AnyClient = MemoryClient(host=url)
+    else:
+        client = AsyncMemoryClient(host=url, api_key=api_key)
     adapter = ClientAdapter(client, served, server)
     _SERVING.append(adapter)
     return adapter

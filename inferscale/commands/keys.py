@@ -44,7 +44,7 @@ class KeyCreateOptions:
     )
     admin: bool = field(
         default=False,
-        metadata=cli("--admin", action="store_true", help="an admin key: every scope, reset and key management"),
+        metadata=cli("--admin", action="store_true", help="an admin key: every scope and reset, no scope lists"),
     )
 
 

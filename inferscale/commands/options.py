@@ -16,10 +16,11 @@ import argparse
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DType, EngineConfig, MemoryConfig
+from inferscale.scope import ScopeIds
 
 __all__ = [
     "Common",
@@ -49,14 +50,6 @@ def json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {text!r}")
     return value
-
-
-class ScopeIds(TypedDict):
-    """The scope keyword arguments of every client call."""
-
-    user_id: str | None
-    agent_id: str | None
-    run_id: str | None
 
 
 @dataclass(frozen=True)

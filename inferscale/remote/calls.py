@@ -18,11 +18,9 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from inferscale.errors import InvalidInputError, ScopeError, ServerError
+from inferscale.scope import SCOPE_KEYS
 
 T = TypeVar("T")
-
-SCOPE_KEYS = ("user_id", "agent_id", "run_id")
-
 
 # ------------------------------------------------------------------------------------------------------- the call
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader
@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from inferscale.arguments import resolve_scope
 from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError
 from inferscale.filters import parse_filters, required_ids
-from inferscale.scope import SCOPE_KEYS
+from inferscale.scope import SCOPE_KEYS, ScopeIds
 from inferscale.server.keys import ApiKey, KeyStore
 from inferscale.server.state import ServerState, server_state
 
@@ -42,14 +42,6 @@ _AUTHORIZATION = APIKeyHeader(
     auto_error=False,
     description="`Token <key>` or `Bearer <key>`; not needed while the server has no API keys",
 )
-
-
-class ScopeIds(TypedDict):
-    """The scope ids a route passes to the client."""
-
-    user_id: str | None
-    agent_id: str | None
-    run_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +56,14 @@ class Caller:
 
     @property
     def admin(self) -> bool:
-        """Whether the caller may reset the store (an admin key, or an open server)."""
-        return self.key is None or self.key.admin
+        """Whether the caller may reset the store: an open server, or an admin key that binds no list (the store
+        refuses to create an admin key with lists; a row holding one anyway is not trusted with every tenant)."""
+        return self.key is None or (self.key.admin and self.unbound)
+
+    @property
+    def unbound(self) -> bool:
+        """Whether the caller may touch every scope: an open server, or a key that binds no list (an admin key)."""
+        return self.key is None or all(self.key.bound(field) is None for field in SCOPE_KEYS)
 
     def require_admin(self, action: str) -> None:
         """Raises:
@@ -118,7 +116,7 @@ class Caller:
             PermissionDeniedError: when a named id lies outside the key's lists.
         """
         if self.key is not None:
-            for field, value in (("user_id", user_id), ("agent_id", agent_id), ("run_id", run_id)):
+            for field, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True):
                 if value is not None:
                     self._check(field, value)
         return ScopeIds(user_id=user_id, agent_id=agent_id, run_id=run_id)
@@ -160,7 +158,7 @@ class Caller:
                 return None
             user = users[0]
         self._check("user_id", user)
-        narrowed = [f"{field}s" for field in ("agent_id", "run_id") if self.key.bound(field) is not None]
+        narrowed = [f"{field}s" for field in SCOPE_KEYS if field != "user_id" and self.key.bound(field) is not None]
         if narrowed:
             raise PermissionDeniedError(
                 f"this API key is bound to {' and '.join(narrowed)}, but a chat on this server selects memories by "

@@ -7,7 +7,12 @@ verified once is remembered in this process (by the sha256 of the key string), s
 check still reads the key's row, so a revocation is seen at once, by every process sharing the database.
 
 A key binds the scopes it may touch: lists of ``user_ids``, ``agent_ids`` and ``run_ids`` (``None``: any value).
-A non-admin key binds at least one list; an admin key may also reset the store and manage keys.
+A non-admin key binds at least one list; an admin key binds none: it may touch every scope and reset the store.
+No route manages keys: they are created, listed and revoked by whoever can open the database (``inferscale keys``,
+or this class).
+
+Every failed check of a well-formed key costs one scrypt: an unknown or revoked ``key_id`` is hashed against a fixed
+dummy hash, so the time of a 401 does not tell which ids exist.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from inferscale.config import MemoryConfig
 from inferscale.errors import InvalidInputError
+from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
 
@@ -44,7 +50,7 @@ class ApiKey:
     Attributes:
         key_id: 12 hex characters, the public part of the key.
         name: a label for people.
-        admin: may reset the store and manage keys.
+        admin: binds no list: may touch every scope and reset the store.
         user_ids, agent_ids, run_ids: the scope ids the key may touch; ``None`` means any.
         created_at: when it was created (UTC).
         revoked_at: when it was revoked (UTC), or ``None`` while it is valid.
@@ -66,7 +72,7 @@ class ApiKey:
 
     def scopes(self) -> dict[str, list[str] | None]:
         """``{"user_ids", "agent_ids", "run_ids"}`` as JSON-ready lists (``None``: any)."""
-        return {f"{k}s": None if (v := self.bound(k)) is None else list(v) for k in ("user_id", "agent_id", "run_id")}
+        return {f"{k}s": None if (v := self.bound(k)) is None else list(v) for k in SCOPE_KEYS}
 
 
 class _Base(DeclarativeBase):
@@ -105,6 +111,11 @@ class ApiKeyRow(_Base):
 
 def _hash(secret: str, salt: bytes) -> bytes:
     return hashlib.scrypt(secret.encode(), salt=salt, **_SCRYPT)
+
+
+_DUMMY_SALT = bytes(16)
+_DUMMY_HASH = bytes(64)
+"""What an unknown or revoked key's secret is hashed with and compared to (no secret hashes to 64 zero bytes)."""
 
 
 def _ids(field: str, ids: Sequence[str] | None) -> list[str] | None:
@@ -166,8 +177,9 @@ class KeyStore:
         """Create a key; returns it and its key string ``isk_<key_id>_<secret>`` (shown once: only a hash is kept).
 
         Raises:
-            InvalidInputError: for a blank name (or over 255 characters), a bad id list, or a non-admin key that
-                binds no list (it could touch every memory).
+            InvalidInputError: for a blank name (or over 255 characters), a bad id list, a non-admin key that binds
+                no list (it could touch every memory), or an admin key that binds one (an admin key touches every
+                scope and may reset the store, so its lists would bind nothing).
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 255:
             raise InvalidInputError(f"a key's name must be a non-empty string of at most 255 characters, got {name!r}")
@@ -175,6 +187,11 @@ class KeyStore:
         lists["run_ids"] = _ids("run_ids", run_ids)
         if not isinstance(admin, bool):
             raise InvalidInputError(f"admin must be True or False, got {admin!r}")
+        if admin and (bound := [field for field, v in lists.items() if v is not None]):
+            raise InvalidInputError(
+                f"an admin key touches every scope and may reset the store, so it cannot bind {' or '.join(bound)}; "
+                f"create a non-admin key bound to them, or an admin key without them"
+            )
         if not admin and all(v is None for v in lists.values()):
             raise InvalidInputError(
                 "a non-admin key must bind user_ids, agent_ids or run_ids (the scopes it may touch); "
@@ -222,7 +239,11 @@ class KeyStore:
             return row.record()
 
     def authenticate(self, key: str) -> ApiKey | None:
-        """The valid key ``key`` is, or ``None`` when it is malformed, unknown, wrong or revoked."""
+        """The valid key ``key`` is, or ``None`` when it is malformed, unknown, wrong or revoked.
+
+        A well-formed key that fails costs one scrypt whatever the reason (an unknown or revoked id is hashed against
+        a dummy hash), so the reply time does not tell which key ids exist; a malformed one fails at once.
+        """
         match = _KEY.fullmatch(key) if isinstance(key, str) else None
         if match is None:
             return None
@@ -230,6 +251,7 @@ class KeyStore:
         with Session(self._db()) as s:
             row = s.get(ApiKeyRow, key_id)
             if row is None or row.revoked_at is not None:
+                hmac.compare_digest(_hash(secret, _DUMMY_SALT), _DUMMY_HASH)
                 return None
             found = row.record()
             salt, stored = row.salt, row.secret_hash

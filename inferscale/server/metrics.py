@@ -2,7 +2,9 @@
 
 - ``inferscale_http_requests_total{route, method, status}``: requests answered, by route template (``/v1/memories``,
   ``/v1/memories/{memory_id}``; without the trailing slash, so both spellings count as one route; ``unmatched`` for
-  an unknown path);
+  an unknown path, never the raw path), by method (:data:`METHODS`; any other method, which a client may make up,
+  counts as ``other``) and by status. Requests are counted before authentication, so no label takes a value the
+  client chooses freely: the series stay few;
 - ``inferscale_http_request_duration_seconds{route}``: a histogram of the time from the request's arrival to the
   last byte of its reply (a streamed chat's whole stream);
 - ``inferscale_chat_prompt_tokens_total``, ``inferscale_chat_completion_tokens_total``,
@@ -29,6 +31,22 @@ from inferscale.types import ChatResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The media type of the Prometheus text format."""
+
+METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
+"""The HTTP methods counted under their own name in ``inferscale_http_requests_total``; others count as
+``other``."""
+
+
+def method_label(method: str) -> str:
+    """The ``method`` label of a request: the method when it is one of :data:`METHODS`, else ``"other"``."""
+    return method if method in METHODS else "other"
+
+
+def route_label(route: object) -> str:
+    """The ``route`` label of a request: the template of the route that matched it (``scope["route"].path``,
+    without the trailing slash), or ``"unmatched"``."""
+    path = getattr(route, "path", None)
+    return (path.rstrip("/") or "/") if isinstance(path, str) else "unmatched"
 
 
 class KVCollector(Collector):
@@ -119,8 +137,6 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            route = scope.get("route")  # set by the router on the scope it was given (this dict)
-            path = getattr(route, "path", None)
-            label = (path.rstrip("/") or "/") if isinstance(path, str) else "unmatched"
-            self.metrics.requests.labels(label, scope["method"], str(status)).inc()
+            label = route_label(scope.get("route"))  # set by the router on the scope it was given (this dict)
+            self.metrics.requests.labels(label, method_label(scope["method"]), str(status)).inc()
             self.metrics.latency.labels(label).observe(time.perf_counter() - started)

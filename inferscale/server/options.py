@@ -1,9 +1,15 @@
-"""Settings of ``inferscale serve --engine transformers``: where it listens, what it loads, and request limits."""
+"""Settings of ``inferscale serve``: :class:`ServeSettings`, what both engines share (where the server listens, what
+it loads), with :class:`ServerOptions` (``--engine transformers``) adding request limits, and
+``inferscale.server.vllm_memory.ServeOptions`` (``--engine vllm``) vLLM's cache sizes; :func:`memory_config`, the
+memory client's config of either."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
+
+from inferscale.config import DType, EngineConfig, MemoryConfig
+from inferscale.errors import ConfigError
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body the server reads (1 MiB); a larger one is answered 413 ``request_too_large``."""
@@ -13,23 +19,18 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 @dataclass(frozen=True, slots=True)
-class ServerOptions:
-    """How the server runs.
+class ServeSettings:
+    """What both engines' servers share.
 
     Attributes:
-        host, port: where uvicorn listens. With no API keys in the store only a loopback host is allowed
+        host, port: where the server listens. With no API keys in the store only a loopback host is allowed
             (:data:`LOOPBACK_HOSTS`).
         data_dir: the memory database, index and K/V folder (``MemoryConfig.data_dir``; ``None``: ``<home>/data``).
         db_url: the memory database (``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``). The API keys
             live in it too.
         model: the chat model folder or hub id; ``None`` is the embedded SmolLM2-135M-Instruct.
-        dtype: the chat model's weights and K/V dtype; ``None`` keeps ``EngineConfig``'s default.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
-        max_request_bytes: the largest request body read (bytes); larger ones get 413 before parsing.
-        chat_limit: memories a chat retrieves when the request names no ``limit`` (``None``: the client's default).
-        served_model_name: the model name ``/v1/models`` and chat replies report; ``None`` is the client's
-            ``model_name``.
-        log_level: uvicorn's log level.
+        dtype: the chat model's weights and K/V dtype; ``None`` keeps ``EngineConfig``'s default (bfloat16).
+        served_model_name: the model name clients send and replies report; ``None``: the model's own name.
     """
 
     host: str = "127.0.0.1"
@@ -37,9 +38,51 @@ class ServerOptions:
     data_dir: str | None = None
     db_url: str | None = None
     model: str | None = None
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    dtype: DType | None = None
+    served_model_name: str | None = None
+
+    @property
+    def engine_device(self) -> str:
+        """The device of the memory client's transformers engine (``"cpu"`` unless a subclass says otherwise)."""
+        return "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions(ServeSettings):
+    """How the transformers server runs: :class:`ServeSettings` and
+
+    Attributes:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
+        max_request_bytes: the largest request body read (bytes); larger ones get 413 before parsing.
+        chat_limit: memories a chat retrieves when the request names no ``limit`` (``None``: the client's default).
+        log_level: uvicorn's log level.
+    """
+
     device: str = "auto"
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     chat_limit: int | None = None
-    served_model_name: str | None = None
     log_level: str = "info"
+
+    @property
+    def engine_device(self) -> str:
+        """:attr:`device`."""
+        return self.device
+
+
+def memory_config(options: ServeSettings) -> MemoryConfig:
+    """The memory client's config for either server: the transformers engine on ``model`` (``dtype``,
+    ``engine_device``), data in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys
+    (``KeyStore.for_config``).
+
+    Raises:
+        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
+    """
+    engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.engine_device}
+    if options.dtype is not None:
+        engine["dtype"] = options.dtype
+    try:
+        return MemoryConfig(
+            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
+        )
+    except ValueError as exc:  # pydantic's ValidationError
+        raise ConfigError(f"invalid server options: {exc}") from exc

@@ -3,33 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from inferscale.async_client import AsyncMemoryClient
-from inferscale.config import EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.server.keys import KeyStore
-from inferscale.server.options import LOOPBACK_HOSTS, ServerOptions
+from inferscale.server.options import LOOPBACK_HOSTS, ServerOptions, memory_config
+
+__all__ = ["check_listen_address", "memory_config", "serve_transformers"]
 
 log = logging.getLogger(__name__)
-
-
-def memory_config(options: ServerOptions) -> MemoryConfig:
-    """The memory client's config for ``options``: the transformers engine on ``model`` (``dtype``, ``device``), data
-    in ``data_dir`` / ``db_url``.
-
-    Raises:
-        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
-    """
-    engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.device}
-    if options.dtype is not None:
-        engine["dtype"] = options.dtype
-    try:
-        return MemoryConfig(
-            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
-        )
-    except ValueError as exc:  # pydantic's ValidationError
-        raise ConfigError(f"invalid server options: {exc}") from exc
 
 
 def check_listen_address(host: str, keys: KeyStore) -> bool:

@@ -12,7 +12,10 @@ middleware, which picks a chat's user with :meth:`~inferscale.server.auth.Caller
 The memory middleware calls the server's own ``/v1/completions`` with the memory K/V (``kv_transfer_params``) and
 its ``cache_salt``. Those internal requests carry a random per-process token (:meth:`KeyGate.internal_headers`) and
 need no key; a client's request may not set ``kv_transfer_params`` or a ``cache_salt`` in InferScale's own format
-(:func:`check_client_fields`), so no caller can point the connector at stored K/V or reuse a tenant's cache salt.
+(:func:`checked_client_body`), so no caller can point the connector at stored K/V or reuse a tenant's cache salt.
+Every client body that parses as a JSON object is checked, whatever its ``Content-Type`` says: FastAPI reads a body
+as JSON with no content type, ``application/json`` and any ``application/*+json`` (a made-up
+``application/x-www-form-urlencoded+json`` too), so a check that trusted the header would let such a body through.
 
 This module does not import vLLM.
 """
@@ -20,6 +23,7 @@ This module does not import vLLM.
 from __future__ import annotations
 
 import hmac
+import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from typing import Any
 
 import anyio.to_thread
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferscale.errors import AuthenticationError, PermissionDeniedError, ServerError
@@ -119,6 +124,29 @@ def check_client_fields(body: Mapping[str, Any], reserved_salt_prefixes: Sequenc
             f"cache_salt {salt[:12]!r}... has the form of InferScale's memory salts, which only the server sets; "
             f"use another salt, or none"
         )
+
+
+async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON object a client's request body holds, checked by :func:`check_client_fields`; ``None`` for an empty
+    body, or one that is not a JSON object (a form, a file, a JSON list).
+
+    The body is parsed whatever the request's method and ``Content-Type``: the route behind may read it as JSON
+    under any of them (FastAPI does for no content type and every ``application/json`` or ``application/*+json``).
+
+    Raises:
+        PermissionDeniedError: for a JSON object that sets what only the memory middleware may set.
+    """
+    raw = await request.body()
+    if not raw:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too): no route reads it as JSON either
+        return None
+    if not isinstance(body, dict):
+        return None
+    check_client_fields(body, reserved_salt_prefixes)
+    return body
 
 
 class ApiKeyMiddleware:

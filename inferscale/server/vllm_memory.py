@@ -4,10 +4,10 @@ The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with
 ``--kv-transfer-config`` and two middlewares (``--middleware``): :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`
 outside, which checks the API keys of the memory database on every request (the transformers server's keys and
 rules; vLLM's own ``--api-key`` is not used), and :func:`memory_middleware` inside it. A client's JSON body may not
-set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403). A ``POST /v1/chat/completions`` whose body names
-a user in OpenAI's ``user`` field, or whose key is bound to exactly one user, is answered with that user's memory
-(:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the key's, or a key bound to agent or run ids, is
-refused with 403):
+set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403), whatever its method and ``Content-Type``. A
+``POST /v1/chat/completions`` whose body names a user in OpenAI's ``user`` field, or whose key is bound to exactly
+one user, is answered with that user's memory (:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the
+key's, or a key bound to agent or run ids, is refused with 403):
 
 1. the messages are checked (:func:`inferscale.conversation.check_messages`; content given as a list of text parts
    is joined) and the sampling fields are checked (:class:`inferscale.conversation.SamplingSettings`); a field the
@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -65,7 +64,8 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
-from inferscale.server.vllm_auth import CALLER, INTERNAL, check_client_fields, install_gate, installed_gate
+from inferscale.server.options import ServeSettings, memory_config
+from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
 
 log = logging.getLogger(__name__)
 
@@ -73,36 +73,22 @@ MIDDLEWARE = f"{__name__}.memory_middleware"
 KEY_MIDDLEWARE = "inferscale.server.vllm_auth.ApiKeyMiddleware"
 RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
 """The starts of InferScale's ``cache_salt`` values, which a client's request may not use."""
-_FORM_TYPES = ("multipart/", "application/x-www-form-urlencoded")
 
 
 @dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """Settings of ``inferscale serve --engine vllm``.
+class ServeOptions(ServeSettings):
+    """Settings of ``inferscale serve --engine vllm``: :class:`~inferscale.server.options.ServeSettings` (``dtype``
+    is vLLM's and the fact encoder's, which runs on the CPU) and
 
     Attributes:
-        host, port: where the HTTP server listens.
-        data_dir: the memory database, index and K/V folder (as ``MemoryConfig.data_dir``).
-        db_url: the memory database (as ``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``), where the API
-            keys live too.
-        model: a model folder; ``None`` means the embedded SmolLM2-135M-Instruct.
-        dtype: weights and KV dtype of both vLLM and the fact encoder.
         limit: memories retrieved per request.
         max_model_len: vLLM's context limit (tokens).
         kv_cache_bytes: vLLM's paged KV cache size (bytes).
-        served_model_name: the model name clients send; ``None`` uses the folder name.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    data_dir: str | None = None
-    db_url: str | None = None
-    model: str | None = None
-    dtype: str = "bfloat16"
     limit: int = 5
     max_model_len: int = 4096
     kv_cache_bytes: int = 2 << 30
-    served_model_name: str | None = None
 
 
 class MemoryService:
@@ -297,8 +283,9 @@ async def _chat_chunks(
 async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     """Starlette HTTP middleware (``--middleware``, inside :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`):
     answers ``POST /v1/chat/completions`` with a user's memory, streamed or not (see the module docstring); refuses a
-    client's JSON body that sets ``kv_transfer_params`` or an InferScale ``cache_salt``; passes every other request
-    to vLLM unchanged.
+    client's body that is a JSON object setting ``kv_transfer_params`` or an InferScale ``cache_salt``, whatever
+    its method and ``Content-Type`` (:func:`~inferscale.server.vllm_auth.checked_client_body`); passes every other
+    request to vLLM unchanged.
 
     Returns:
         the ``chat.completion`` JSON response, a ``text/event-stream`` of ``chat.completion.chunk`` events, vLLM's own
@@ -308,20 +295,13 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     """
     from starlette.responses import JSONResponse, StreamingResponse
 
-    content_type = request.headers.get("content-type", "").lower()
-    if request.method != "POST" or request.scope.get(INTERNAL) or content_type.startswith(_FORM_TYPES):
+    if request.scope.get(INTERNAL):
         return await call_next(request)
     try:
-        body = json.loads(await request.body())
-    except ValueError:
-        return await call_next(request)
-    if not isinstance(body, dict):
-        return await call_next(request)
-    try:
-        check_client_fields(body, RESERVED_SALT_PREFIXES)
+        body = await checked_client_body(request, RESERVED_SALT_PREFIXES)
     except PermissionDeniedError as exc:
         return error_response(exc)
-    if _SERVICE is None or request.url.path != "/v1/chat/completions":
+    if body is None or request.method != "POST" or _SERVICE is None or request.url.path != "/v1/chat/completions":
         return await call_next(request)
     caller = request.scope.get(CALLER)
     if not isinstance(caller, Caller):  # fail closed: never serve memory to a caller nobody checked
@@ -407,24 +387,6 @@ def _alias_vllm_version() -> None:
     md.version = version
 
 
-def memory_config(options: ServeOptions) -> MemoryConfig:
-    """The memory client's config for ``options``: the transformers fact encoder on ``model`` (``dtype``, CPU), data
-    in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys (``KeyStore.for_config``).
-
-    Raises:
-        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
-    """
-    from inferscale.config import EngineConfig
-
-    engine = {"provider": "transformers", "model": options.model, "dtype": options.dtype, "device": "cpu"}
-    try:
-        return MemoryConfig(
-            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
-        )
-    except ValueError as exc:  # pydantic's ValidationError
-        raise ConfigError(f"invalid server options: {exc}") from exc
-
-
 def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder
     and the fingerprint. Sets the service the middleware uses."""
@@ -466,7 +428,8 @@ def serve(options: ServeOptions) -> None:
             "VLLM_API_KEY is set, but `inferscale serve --engine vllm` authenticates with InferScale API keys "
             "(`inferscale keys create`); unset VLLM_API_KEY"
         )
-    keys = KeyStore.for_config(memory_config(options))
+    config = memory_config(options)
+    keys = KeyStore.for_config(config)
     check_listen_address(options.host, keys)
     install_gate(keys)
     try:
@@ -488,7 +451,7 @@ def serve(options: ServeOptions) -> None:
         "--port",
         str(options.port),
         "--dtype",
-        options.dtype,
+        config.engine.dtype,  # the fact encoder's: both must agree
         "--enforce-eager",
         "--enable-prefix-caching",
         "--max-model-len",

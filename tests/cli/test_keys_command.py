@@ -92,3 +92,12 @@ def test_key_errors_are_one_line_and_exit_2(cli: Callable[..., Ran], store: KeyS
     unknown = cli("keys", "revoke", "0123456789ab")
     assert unknown.code == 2 and "0123456789ab" in unknown.err and unknown.err.count("\n") == 1
     assert store.list() == []
+
+
+def test_an_admin_key_bound_to_scopes_is_refused(cli: Callable[..., Ran], store: KeyStore) -> None:
+    """An admin key touches every scope (and may reset the store), so lists on it would bind nothing."""
+    for scope in (("--user", "alice"), ("--agent", "a", "--run", "r")):
+        ran = cli("keys", "create", "tenant admin", "--admin", *scope)
+        assert ran.code == 2 and ran.out == "" and ran.err.count("\n") == 1, ran.err
+        assert ran.err.startswith("error: an admin key touches every scope") and "cannot bind" in ran.err
+    assert store.list() == []

@@ -7,6 +7,7 @@ One server process serves every test (start is ~50 s on 2 cores); its keys are c
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -322,6 +323,12 @@ def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt(server: S
             "permission_denied",
         )
         assert http.post("/v1/completions", json={**completion, "cache_salt": "my-tenant"}).status_code == 200
+        # FastAPI reads any application/*+json body as JSON: the check must not trust the content type
+        smuggled = json.dumps({**completion, "kv_transfer_params": params}).encode()
+        for content_type in ("application/x-www-form-urlencoded+json", "application/vnd.x+json", "text/plain", None):
+            headers = {} if content_type is None else {"content-type": content_type}
+            refused = http.post("/v1/completions", content=smuggled, headers=headers)
+            assert _error(refused) == (403, "permission_denied"), (content_type, refused.text)
 
 
 def test_without_keys_a_public_host_is_refused_before_anything_loads(

@@ -23,12 +23,13 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_serve_defaults_to_the_transformers_engine_on_loopback() -> None:
     args = _parse()
-    assert (args.engine, args.host, args.port, args.dtype, args.max_request_bytes) == (
+    assert (args.engine, args.host, args.port, args.dtype, args.device, args.max_request_bytes) == (
         "transformers",
         "127.0.0.1",
         8000,
         None,
-        1 << 20,
+        None,  # unset: ServerOptions' default; set, refused for --engine vllm
+        None,
     )
     assert _parse("--engine", "vllm").engine == "vllm"
 
@@ -70,3 +71,36 @@ def test_server_options_become_the_memory_config(tmp_path: Path) -> None:
     assert config.database_url() == f"sqlite:///{tmp_path / 'memory.db'}"
     with pytest.raises(ConfigError, match="invalid server options"):
         memory_config(ServerOptions(dtype="float8"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-model-len", "2048"], "--engine transformers does not use --max-model-len (--engine vllm only); leave"),
+        (
+            ["--kv-cache-bytes", "1", "--max-model-len", "8"],
+            "--engine transformers does not use --max-model-len, --kv-cache-bytes (--engine vllm only); leave them out",
+        ),
+        (["--engine", "vllm", "--device", "cpu"], "--engine vllm does not use --device (--engine transformers only)"),
+        (["--engine", "vllm", "--max-request-bytes", str(1 << 20)], "--engine vllm does not use --max-request-bytes"),
+    ],
+)
+def test_a_flag_of_the_other_engine_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Even a value equal to the default: the flag was given, and the chosen engine would ignore it."""
+    assert run_serve(_parse("--data-dir", str(tmp_path), *argv)) == 2
+    assert capsys.readouterr().err.startswith(f"inferscale serve: {message}")
+
+
+def test_unset_engine_flags_keep_the_options_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--device", "cpu", "--max-request-bytes", "10")) == 0
+    assert [(o.device, o.max_request_bytes, o.data_dir) for o in seen] == [
+        ("auto", 1 << 20, str(tmp_path)),
+        ("cpu", 10, str(tmp_path)),
+    ]

@@ -83,6 +83,8 @@ def test_scrypt_runs_once_per_key_and_revocation_is_seen_at_once(
         ({"name": "k", "user_ids": []}, "user_ids must hold 1 to"),
         ({"name": "k", "run_ids": ["r", " "]}, "run_ids must hold non-empty strings"),
         ({"name": "k", "admin": "yes"}, "admin must be True or False"),
+        ({"name": "k", "admin": True, "user_ids": ["alice"]}, "an admin key .* cannot bind user_ids"),
+        ({"name": "k", "admin": True, "agent_ids": ["a"], "run_ids": ["r"]}, "cannot bind agent_ids or run_ids"),
     ],
 )
 def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
@@ -93,6 +95,52 @@ def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: 
     with pytest.raises(InvalidInputError, match="no API key has id 'nope'"):
         store.revoke("nope")
     store.close()
+
+
+def test_every_failed_check_of_a_well_formed_key_runs_scrypt_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unknown id, revoked id and wrong secret all cost one scrypt (the time of a 401 tells no id apart); only a
+    malformed key fails without one."""
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    key, secret = store.create("agent", user_ids=["alice"])
+    revoked, revoked_secret = store.create("old", user_ids=["alice"])
+    store.revoke(revoked.key_id)
+    calls: list[bytes] = []
+    real = keys_module._hash
+
+    def counting(secret: str, salt: bytes) -> bytes:
+        calls.append(salt)
+        return real(secret, salt)
+
+    monkeypatch.setattr(keys_module, "_hash", counting)
+    rest = secret.split("_", 2)[2]
+    wrong_secret = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    for failing in (f"isk_{'0' * 12}_{rest}", revoked_secret, wrong_secret):
+        calls.clear()
+        assert store.authenticate(failing) is None
+        assert len(calls) == 1, failing
+    calls.clear()
+    assert store.authenticate("isk_short") is None and calls == []
+    assert store.authenticate(secret) == key
+    store.close()
+
+
+def test_an_admin_row_with_lists_is_not_trusted_with_reset() -> None:
+    """A row written around :meth:`KeyStore.create` (by hand, or by an older version) that is admin yet bound to a
+    user may not reset every tenant's memories."""
+    from datetime import UTC, datetime
+
+    from inferscale.errors import PermissionDeniedError
+    from inferscale.server.auth import Caller
+    from inferscale.server.keys import ApiKey
+
+    now = datetime.now(UTC)
+    bound = Caller(ApiKey("0" * 12, "tenant admin", True, ("alice",), None, None, now))
+    assert not bound.admin and not bound.unbound
+    with pytest.raises(PermissionDeniedError, match="reset needs an admin API key"):
+        bound.require_admin("reset")
+    assert Caller(ApiKey("1" * 12, "root", True, None, None, None, now)).admin
 
 
 def test_list_is_oldest_first_and_an_admin_key_may_bind_nothing(tmp_path: Path) -> None:
@@ -155,3 +203,66 @@ def test_reset_needs_an_admin_key(served: Served) -> None:
     with served.http(admin) as http:
         assert http.post("/v1/reset/").json() == {"message": "Reset successful."}
     assert served.row_counts() == (0, 0)
+
+
+OPEN_PATHS = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+"""The only paths a keyed server answers without a key."""
+
+
+def _app_routes(app: Any) -> list[tuple[str, set[str]]]:
+    """``(path template, methods)`` of every HTTP route of a FastAPI app, included routers' routes too (FastAPI 0.16x
+    keeps them nested under ``app.routes``; older versions copy them there)."""
+    from starlette.routing import Route
+
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        routes: list[Any] = list(app.routes)
+    else:
+        routes = list(iter_route_contexts(app.routes))
+    found = [(route.path, set(route.methods or ())) for route in routes if isinstance(route.path, str)]
+    assert all(isinstance(getattr(r, "original_route", r), Route) for r in routes), routes  # no mount, no socket
+    return found
+
+
+def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path) -> None:
+    """Every route of the app, every method it answers (HEAD included), both trailing-slash spellings: 401 without a
+    key once the store has one. A route added later without the caller dependency fails here."""
+    from fastapi.testclient import TestClient
+    from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+
+    from inferscale import AsyncMemoryClient
+    from inferscale.server.app import create_app
+    from inferscale.server.options import ServerOptions
+
+    config = fake_config(tmp_path)
+    keys = KeyStore.for_config(config)
+    keys.create("alice", user_ids=["alice"])
+    client = AsyncMemoryClient(config, embedder=HashEmbedder(), generator=ScriptedGenerator())
+    app = create_app(client, keys=keys, options=ServerOptions())
+    answered: dict[tuple[str, str], int] = {}
+    heads: dict[str, int] = {}
+    with TestClient(app) as http:
+        for path_template, methods in _app_routes(app):
+            path = path_template.replace("{memory_id}", "m1")
+            for spelling in {path, path.rstrip("/") or "/", f"{path.rstrip('/')}/"}:
+                for method in sorted(methods):
+                    answered[(method, spelling)] = http.request(method, spelling).status_code
+                heads[spelling] = http.head(spelling).status_code
+    keys.close()
+    refused = {request for request, status in answered.items() if status == 401}
+    open_requests = {request for request in answered if request[1].rstrip("/") in OPEN_PATHS}
+    assert refused == set(answered) - open_requests, sorted(set(answered) - open_requests - refused)
+    assert {m for m, p in refused} == {"GET", "POST", "PUT", "DELETE"}
+    # HEAD, where a route does not declare it, is 405 before any handler runs; where it does, it needs the key too
+    assert {p: s for p, s in heads.items() if p.rstrip("/") not in OPEN_PATHS and s not in (401, 405)} == {}
+    for must in [
+        ("POST", "/v1/reset/"),
+        ("POST", "/v1/reset"),
+        ("GET", "/v1/memories/m1/history"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions/"),
+        ("GET", "/v1/ping"),
+    ]:
+        assert must in refused, must
+    assert all(answered[("GET", p)] == 200 for p in ("/health", "/metrics", "/openapi.json", "/docs", "/redoc"))

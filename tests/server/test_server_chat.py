@@ -98,6 +98,18 @@ def test_openai_fields_are_honoured_or_refused(http: httpx.Client) -> None:
     assert bad.json()["error"]["message"] == "temperature must be >= 0 (0 is greedy), got -1.0"
 
 
+def test_openais_user_and_inferscale_user_id_must_agree(http: httpx.Client) -> None:
+    clash = http.post("/v1/chat/completions", json={**CHAT, "user": "bob", "inferscale": {"user_id": "alice"}})
+    assert clash.status_code == 400 and clash.json()["error"]["code"] == "invalid_input"
+    assert clash.json()["error"]["message"] == (
+        "OpenAI's user 'bob' and inferscale.user_id 'alice' name different users; send one of them, or the same id "
+        "in both"
+    )
+    both = http.post("/v1/chat/completions", json={**CHAT, "inferscale": {"user_id": "alice", "limit": 1}}).json()
+    named = http.post("/v1/chat/completions", json={**CHAT, "user": None, "inferscale": {"user_id": "alice"}}).json()
+    assert len(both["inferscale"]["memory_ids"]) == 1 and len(named["inferscale"]["memory_ids"]) == 3
+
+
 async def _failing_stream(failure: BaseException) -> AsyncIterator[ChatChunk]:
     yield ChatChunk("Hel")
     raise failure

@@ -64,3 +64,21 @@ def test_metrics_count_requests_tokens_and_kv_lookups(served: Served) -> None:
     assert samples[("inferscale_kv_hits_total", (("tier", "disk"),))] == 0
     assert samples[("inferscale_kv_misses_total", (("tier", "host"),))] == 2
     assert samples[("inferscale_kv_misses_total", (("tier", "disk"),))] == 2
+
+
+def test_labels_take_no_value_the_client_makes_up(served: Served) -> None:
+    """Made-up methods count as ``other`` and paths by their route template (or ``unmatched``), so a client cannot
+    grow the number of series; counted before authentication too."""
+    served.keys.create("alice", user_ids=["alice"])
+    with served.http() as http:  # no key: every request below is refused or unknown, and still counted
+        for i in range(3):
+            assert http.request(f"BREW{i}", "/v1/memories/").status_code == 405
+            assert http.request("PURGE", f"/made/up/path{i}").status_code == 404
+            assert http.get(f"/v1/memories/secret-id-{i}/").status_code == 401
+        page = http.get("/metrics").text
+    samples = _samples(page)
+    assert samples[_requests("/v1/memories", "other", "405")] == 3
+    assert samples[_requests("unmatched", "other", "404")] == 3
+    assert samples[_requests("/v1/memories/{memory_id}", "GET", "401")] == 3
+    labels = {value for (name, items) in samples for _, value in items if name.startswith("inferscale_http")}
+    assert not any(made_up in label for label in labels for made_up in ("BREW", "PURGE", "made", "secret-id"))

@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -19,6 +22,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from inferscale.errors import AuthenticationError, PermissionDeniedError
 from inferscale.server import vllm_auth
 from inferscale.server.auth import Caller, caller_for
+from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
 from inferscale.server.vllm_auth import (
     CALLER,
@@ -27,6 +31,7 @@ from inferscale.server.vllm_auth import (
     ApiKeyMiddleware,
     KeyGate,
     check_client_fields,
+    checked_client_body,
     install_gate,
     needs_key,
 )
@@ -149,6 +154,73 @@ def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt() -> None
     for salt in ("is1.0123456789abcdef.x", "isp.0123456789abcdef"):
         with pytest.raises(PermissionDeniedError, match="has the form of InferScale's memory salts"):
             check_client_fields({"cache_salt": salt}, prefixes)
+
+
+# Content types under which FastAPI reads a body as JSON (application/json, any application/*+json; with none, it
+# depends on FastAPI's version), and some under which it does not: the check must not depend on the header.
+READ_AS_JSON = [
+    "application/json",
+    "Application/JSON; charset=utf-8",
+    "application/x-www-form-urlencoded+json",
+    "application/vnd.api+json",
+]
+NOT_READ_AS_JSON = ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/plain"]
+CONTENT_TYPES = [None, *READ_AS_JSON, *NOT_READ_AS_JSON]
+
+
+class _Completion(BaseModel):
+    prompt: str
+    kv_transfer_params: dict[str, Any] | None = None
+    cache_salt: str | None = None
+
+
+def _guarded_app() -> TestClient:
+    """A FastAPI app standing in for vLLM's completions route (a JSON body model with ``kv_transfer_params`` and
+    ``cache_salt``), behind a middleware that refuses what :func:`checked_client_body` refuses, as the memory
+    middleware does."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    @app.put("/v1/completions")
+    async def completions(body: _Completion) -> dict[str, Any]:
+        return {"params": body.kv_transfer_params, "salt": body.cache_salt}
+
+    async def guard(request: Request, call_next: RequestResponseEndpoint) -> Response:
+        try:
+            await checked_client_body(request, ("is1.", "isp."))
+        except PermissionDeniedError as exc:
+            return error_response(exc)
+        return await call_next(request)
+
+    app.add_middleware(BaseHTTPMiddleware, dispatch=guard)
+    return TestClient(app)
+
+
+@pytest.mark.parametrize("content_type", CONTENT_TYPES)
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+def test_reserved_fields_are_refused_whatever_the_content_type(content_type: str | None, method: str) -> None:
+    import json
+
+    headers = {} if content_type is None else {"content-type": content_type}
+    with _guarded_app() as http:
+        for field, value in (("kv_transfer_params", {"inferscale": {}}), ("cache_salt", "is1.0123456789abcdef.x")):
+            body = json.dumps({"prompt": "hi", field: value}).encode()
+            reply = http.request(method, "/v1/completions", content=body, headers=headers)
+            assert reply.status_code == 403 and reply.json()["error"]["code"] == "permission_denied", reply.text
+        allowed = http.request(
+            method, "/v1/completions", content=b'{"prompt": "hi", "cache_salt": "mine"}', headers=headers
+        )
+        if content_type in READ_AS_JSON:  # the route got the body: the guard let a harmless one through
+            assert allowed.json() == {"params": None, "salt": "mine"}
+        elif content_type in NOT_READ_AS_JSON:  # the route does not read it as JSON: its own refusal
+            assert allowed.status_code == 422, allowed.text
+
+
+def test_bodies_that_are_no_json_object_pass_unchecked() -> None:
+    with _guarded_app() as http:
+        for body in (b"", b"[1, 2]", b"prompt=hi&kv_transfer_params=x", b"\xff\xfe{"):
+            reply = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+            assert reply.status_code in (400, 422), (body, reply.text)  # the route's own answer: no 403, no crash
 
 
 def test_the_internal_token_is_random_and_checked_exactly() -> None:

@@ -1,16 +1,21 @@
 """Mem0-shaped memory routes: each calls one public method of the async memory client and answers with its result.
 
 Scoped calls pass their ids through :meth:`Caller.scope` (checked against, and completed by, the API key);
-id-addressed calls on a keyed server first read the memory and answer 404 when it lies outside the key's scopes.
+id-addressed calls check the ids they name with :meth:`Caller.named`. A key bound to scope lists first reads the
+memory and answers 404 when it lies outside its scopes (or no longer exists: the store keeps no scope for a deleted
+memory, so a bound key's ``history`` of one is 404, which the remote client reads as ``[]``, the local client's
+answer when scope ids are named). An open server and a key that binds no list (an admin key) leave every answer to
+the client, exactly as the local client gives it (e.g. a deleted memory's history: its ADD ... DELETE rows).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from inferscale.arguments import check_version
+from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
 from inferscale.server.routes import route
@@ -24,6 +29,26 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such mem
 UserId = Annotated[str | None, Query()]
 AgentId = Annotated[str | None, Query()]
 RunId = Annotated[str | None, Query()]
+
+
+async def _query_scope(
+    caller: CurrentCaller, user_id: UserId = None, agent_id: AgentId = None, run_id: RunId = None
+) -> ScopeIds:
+    return caller.scope(user_id, agent_id, run_id)
+
+
+async def _named_scope(
+    caller: CurrentCaller, user_id: UserId = None, agent_id: AgentId = None, run_id: RunId = None
+) -> ScopeIds:
+    return caller.named(user_id, agent_id, run_id)
+
+
+QueryScope = Annotated[ScopeIds, Depends(_query_scope)]
+"""The query's ``user_id``, ``agent_id``, ``run_id`` of a scoped call, checked and completed by
+:meth:`Caller.scope`."""
+
+NamedScope = Annotated[ScopeIds, Depends(_named_scope)]
+"""The query's ``user_id``, ``agent_id``, ``run_id`` of an id-addressed call, checked by :meth:`Caller.named`."""
 
 
 @route(router, "POST", "/v1/memories/")
@@ -75,16 +100,12 @@ async def search_v2(body: SearchBody, caller: CurrentCaller, server: State) -> d
 
 @route(router, "GET", "/v1/memories/")
 async def get_all(
-    caller: CurrentCaller,
+    ids: QueryScope,
     server: State,
-    user_id: UserId = None,
-    agent_id: AgentId = None,
-    run_id: RunId = None,
     limit: Annotated[int | None, Query()] = None,
     top_k: Annotated[int | None, Query()] = None,
 ) -> dict[str, Any]:
     """The scope's memories, oldest first (``MemoryClient.get_all``, Mem0 v1 call shape)."""
-    ids = caller.scope(user_id, agent_id, run_id)
     return await server.client.get_all(**ids, limit=limit, top_k=top_k)
 
 
@@ -103,31 +124,26 @@ async def get_all_v2(body: GetAllBody, caller: CurrentCaller, server: State) -> 
 
 
 @route(router, "DELETE", "/v1/memories/")
-async def delete_all(
-    caller: CurrentCaller, server: State, user_id: UserId = None, agent_id: AgentId = None, run_id: RunId = None
-) -> dict[str, Any]:
+async def delete_all(ids: QueryScope, server: State) -> dict[str, Any]:
     """Delete every memory of a scope (``MemoryClient.delete_all``)."""
-    return await server.client.delete_all(**caller.scope(user_id, agent_id, run_id))
+    return await server.client.delete_all(**ids)
 
 
 async def _visible(memory_id: str, caller: Caller, server: ServerState) -> None:
-    """On a keyed server, refuse (404) a memory outside the caller's scopes; an open server leaves it to the
-    client."""
-    if caller.key is not None:
+    """For a key bound to scope lists, refuse (404) a memory outside its scopes, or gone; a caller that may touch
+    every scope (open server, admin key) leaves the answer to the client."""
+    if not caller.unbound:
         caller.require_visible(memory_id, await server.client.get(memory_id))
 
 
 @route(router, "GET", "/v1/memories/{memory_id}/", responses=_NOT_FOUND)
 async def get(
     memory_id: str,
+    ids: NamedScope,
     caller: CurrentCaller,
     server: State,
-    user_id: UserId = None,
-    agent_id: AgentId = None,
-    run_id: RunId = None,
 ) -> dict[str, Any]:
     """One memory by id (``MemoryClient.get``); 404 ``memory_not_found`` where the client gives ``None``."""
-    ids = caller.named(user_id, agent_id, run_id)
     found = await server.client.get(memory_id, **ids)
     caller.require_visible(memory_id, found)
     assert found is not None
@@ -138,14 +154,11 @@ async def get(
 async def update(
     memory_id: str,
     body: UpdateBody,
+    ids: NamedScope,
     caller: CurrentCaller,
     server: State,
-    user_id: UserId = None,
-    agent_id: AgentId = None,
-    run_id: RunId = None,
 ) -> dict[str, Any]:
     """Change a memory's text and/or metadata (``MemoryClient.update``)."""
-    ids = caller.named(user_id, agent_id, run_id)
     await _visible(memory_id, caller, server)
     return await server.client.update(memory_id, body.text, body.metadata, data=body.data, **ids)
 
@@ -153,14 +166,11 @@ async def update(
 @route(router, "DELETE", "/v1/memories/{memory_id}/", responses=_NOT_FOUND)
 async def delete(
     memory_id: str,
+    ids: NamedScope,
     caller: CurrentCaller,
     server: State,
-    user_id: UserId = None,
-    agent_id: AgentId = None,
-    run_id: RunId = None,
 ) -> dict[str, Any]:
     """Delete one memory, its vector and its K/V (``MemoryClient.delete``)."""
-    ids = caller.named(user_id, agent_id, run_id)
     await _visible(memory_id, caller, server)
     return await server.client.delete(memory_id, **ids)
 
@@ -168,14 +178,11 @@ async def delete(
 @route(router, "GET", "/v1/memories/{memory_id}/history/", responses=_NOT_FOUND)
 async def history(
     memory_id: str,
+    ids: NamedScope,
     caller: CurrentCaller,
     server: State,
-    user_id: UserId = None,
-    agent_id: AgentId = None,
-    run_id: RunId = None,
 ) -> list[dict[str, Any]]:
     """Every change to a memory, oldest first (``MemoryClient.history``)."""
-    ids = caller.named(user_id, agent_id, run_id)
     await _visible(memory_id, caller, server)
     return await server.client.history(memory_id, **ids)
 

@@ -2,7 +2,8 @@
 
 A chat request is checked like the vLLM server's (:mod:`inferscale.server.openai_chat`: unsupported fields refused,
 content parts joined) and answered by ``client.chat(messages=..., stream=...)``: the memories of the scope named by
-the ``inferscale`` object (or OpenAI's ``user``, or the API key's one bound user) are retrieved and injected. The
+the ``inferscale`` object (or OpenAI's ``user``, which must then agree with ``inferscale.user_id``; or the API key's
+one bound user) are retrieved and injected. The
 reply is a ``chat.completion`` with ``usage`` and an ``inferscale`` object (``ChatResult.to_dict()`` without
 ``answer``: memory ids and texts, mode, timings in ms, token counts, finish reason); with ``stream: true`` it is a
 stream of ``chat.completion.chunk`` events: the assistant role, the content deltas, a last chunk with
@@ -21,7 +22,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferscale.error_codes import code_of
-from inferscale.errors import InferScaleError
+from inferscale.errors import InferScaleError, InvalidInputError
 from inferscale.server.auth import CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES, error_content, internal_error_content
 from inferscale.server.metrics import Metrics
@@ -62,6 +63,20 @@ def _usage(result: ChatResult) -> dict[str, int]:
     }
 
 
+def _user_id(user: str | None, inferscale_user_id: str | None) -> str | None:
+    """The chat's user id: ``inferscale.user_id``, else OpenAI's ``user``.
+
+    Raises:
+        InvalidInputError: when both are given and differ (neither is dropped silently).
+    """
+    if user is not None and inferscale_user_id is not None and user != inferscale_user_id:
+        raise InvalidInputError(
+            f"OpenAI's user {user!r} and inferscale.user_id {inferscale_user_id!r} name different users; "
+            f"send one of them, or the same id in both"
+        )
+    return inferscale_user_id if inferscale_user_id is not None else user
+
+
 @route(router, "POST", "/v1/chat/completions")
 async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State) -> Response:
     """Answer a conversation with the scope's memories (OpenAI's chat completions; SSE with ``stream: true``)."""
@@ -69,7 +84,7 @@ async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State)
     check_supported_fields(request)
     messages = chat_messages(request.get("messages"))
     options = body.inferscale or ChatOptions()
-    user_id = options.user_id if options.user_id is not None else body.user
+    user_id = _user_id(body.user, options.user_id)
     ids = caller.scope(user_id, options.agent_id, options.run_id, options.filters)
     limit = options.limit
     if limit is None and options.memory_ids is None:
