@@ -12,6 +12,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from inferscale.errors import ConfigError
 
@@ -36,12 +37,28 @@ def _journal_mode(cursor: Any) -> str:
     return str(cursor.fetchone()[0]).lower()
 
 
+def _locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite refusing a lock another connection holds."""
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
+def _switch_to_wal(path: Path) -> str:
+    """One attempt: the journal mode of ``path`` after asking for WAL where it is not WAL yet."""
+    with _WAL_SWITCH, closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as conn:
+        mode = _journal_mode(conn.cursor())
+        if mode != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+            mode = _journal_mode(conn.cursor())
+    return mode
+
+
 def enable_wal(path: Path) -> None:
     """Create the parent folder of the SQLite file ``path`` and switch the file to WAL mode (readers do not block
     the writer), once, before any pooled connection opens it. WAL is kept in the file, so later connections need
-    no switch. The switch takes an exclusive lock that SQLite refuses at once ("database is locked") to a second
-    connection switching the same new file, so this process's switches take turns under one lock (two processes
-    creating one file at the same instant can still race).
+    no switch. The switch takes an exclusive lock that SQLite refuses at once ("database is locked", without
+    waiting on its busy handler) to a second connection switching the same new file: this process's switches take
+    turns under one lock, and a switch that another process holds the lock against is tried again, with jittered
+    backoff, for up to the busy timeout (``SQLITE_BUSY_TIMEOUT_MS``).
 
     Raises:
         ConfigError: when the folder or the file cannot be created or opened, or the file cannot be switched to
@@ -49,11 +66,13 @@ def enable_wal(path: Path) -> None:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _WAL_SWITCH, closing(sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as conn:
-            mode = _journal_mode(conn.cursor())
-            if mode != "wal":
-                conn.execute("PRAGMA journal_mode=WAL")
-                mode = _journal_mode(conn.cursor())
+        retrying = Retrying(
+            retry=retry_if_exception(_locked),
+            stop=stop_after_delay(SQLITE_BUSY_TIMEOUT_MS / 1000),
+            wait=wait_random_exponential(multiplier=0.01, max=0.5),
+            reraise=True,
+        )
+        mode = retrying(_switch_to_wal, path)
     except (OSError, sqlite3.Error) as exc:
         raise ConfigError(f"cannot open the SQLite database {path} ({exc}); check the path and permissions") from exc
     if mode != "wal":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
@@ -42,3 +43,35 @@ def test_stores_opening_one_new_sqlite_file_at_once_never_see_a_locked_database(
         assert errors == [], f"round {round_}: {errors}"
         with MemoryStore(url) as check:
             assert len(check.list(ALICE)) == 12
+
+
+def _switch_after(barrier: Any, path: str, results: Any) -> None:
+    from inferscale.errors import ConfigError
+    from inferscale.storage.database import enable_wal
+
+    barrier.wait()
+    try:
+        enable_wal(Path(path))
+        results.put("ok")
+    except ConfigError as exc:
+        results.put(str(exc))
+
+
+def test_processes_switching_one_new_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Two processes opening one new file at once (tests/api/test_concurrency.py's two workers, in a loaded run):
+    SQLite refused one switch at once with "database is locked" (no busy wait while the other process held the
+    file's lock mid-switch). Four processes start the switch together, twenty times; every switch must succeed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    failures = []
+    for round_ in range(20):
+        path = tmp_path / f"memory-{round_}.db"
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_switch_after, args=(barrier, str(path), results)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=60)
+        failures += [r for r in (results.get(timeout=5) for _ in procs) if r != "ok"]
+    assert failures == []
