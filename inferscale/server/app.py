@@ -11,6 +11,7 @@ from inferscale.async_client import AsyncMemoryClient
 from inferscale.server.errors import UnexpectedErrors, install_error_handlers
 from inferscale.server.keys import KeyStore
 from inferscale.server.limits import BodySizeLimit
+from inferscale.server.local_only import LocalOnlyWhileOpen
 from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
 from inferscale.server.routes import memories, openai, ops
@@ -28,7 +29,8 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
     Args:
         client: the async memory client (its store, index, engine and K/V).
         keys: the API keys; ``None``, or a store holding no key, runs the server without authentication (keep it on
-            loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then).
+            loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then). While open, requests
+            whose ``Host`` or ``Origin`` is not a loopback one are refused (:mod:`inferscale.server.local_only`).
         options: the server's settings (request size limit, chat defaults, served model name).
 
     Returns:
@@ -61,8 +63,10 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
     install_error_handlers(app)
     for group in (memories, openai, ops):
         app.include_router(group.router)
-    # Middleware added last runs first: metrics see every reply, the 413s of the size limit and the 500s included.
+    # Middleware added last runs first: metrics see every reply, the 403s of an open server's cross-site check, the
+    # 413s of the size limit and the 500s included.
     app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
+    app.add_middleware(LocalOnlyWhileOpen, keys=keys)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
