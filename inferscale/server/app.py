@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.server.errors import UnexpectedErrors, install_error_handlers
@@ -14,6 +14,7 @@ from inferscale.server.limits import BodySizeLimit
 from inferscale.server.local_only import LocalOnlyWhileOpen
 from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
+from inferscale.server.query import refuse_unknown_query
 from inferscale.server.routes import memories, openai, ops
 from inferscale.server.state import ServerState
 
@@ -51,6 +52,7 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         "recall",
         redirect_slashes=False,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_unknown_query)],  # every route: a query parameter it does not declare is a 400
     )
     metrics = Metrics(client)
     app.state.inferscale = ServerState(

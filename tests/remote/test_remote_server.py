@@ -20,7 +20,7 @@ pytest.importorskip("aiosqlite", reason="the server's async client needs aiosqli
 from server_fixture import running_server
 
 from inferscale import AsyncMemoryClient, MemoryClient
-from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError
+from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError, ScopeError
 from inferscale.server.app import create_app
 from inferscale.server.keys import KeyStore
 from inferscale.server.options import ServerOptions
@@ -90,6 +90,16 @@ def test_a_key_bound_to_alice_touches_only_alices_memories(keyed: Keyed) -> None
         with pytest.raises(PermissionDeniedError):
             alice.reset()
         assert admin.get(bob)["memory"] == "Bob likes tennis"  # type: ignore[index]
+
+
+def test_delete_all_needs_a_named_scope_even_with_a_key_bound_to_one_user(keyed: Keyed) -> None:
+    """As in process (ScopeError, never "everything"): the key's one user is not filled in for delete_all."""
+    with MemoryClient(host=keyed.url, api_key=keyed.alice) as alice:
+        alice.add("Alice likes chess", infer=False)
+        with pytest.raises(ScopeError, match="user_id, agent_id or run_id"):
+            alice.delete_all()
+        assert [m["memory"] for m in alice.get_all()["results"]] == ["Alice likes chess"]
+        assert alice.delete_all(user_id="alice")["deleted"] == 1
 
 
 def test_the_async_remote_client_sends_the_key_too(keyed: Keyed) -> None:

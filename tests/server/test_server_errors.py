@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from mem0_fakes import ScriptedGenerator
-from server_harness import MakeServer, Served
+from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
 from inferscale.server.options import ServerOptions
@@ -144,3 +144,47 @@ def test_an_unexpected_exception_is_500_internal_error_and_logged(
     assert "RuntimeError" in message and "secret internals" not in message  # the text stays in the log
     logged = [r for r in caplog.records if r.name == "inferscale.server.errors"]
     assert len(logged) == 1 and logged[0].exc_info is not None and "secret internals" in str(logged[0].exc_info[1])
+
+
+DOC_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def test_an_unknown_query_parameter_is_400_invalid_input_on_every_route(served: Served) -> None:
+    """Every API route of the app: ``?agentid=`` (a misspelt ``agent_id``) is refused, naming it,
+    before anything runs; the routes' own parameters still pass."""
+    from inferscale.server.app import create_app
+
+    app = create_app(served.client, keys=None, options=ServerOptions())
+    with served.http() as http:
+        added = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "dev", "infer": False})
+        memory_id = added.json()["results"][0]["id"]
+        checked = 0
+        for template, methods in app_routes(app):
+            if template in DOC_PATHS:  # FastAPI's own pages, outside the API (the OAuth2 redirect reads a query)
+                continue
+            path = template.replace("{memory_id}", memory_id)
+            for method in methods - {"HEAD"}:
+                reply = http.request(method, path, params={"user_id": "dev", "agentid": "a1"})
+                message = _error(reply, 400, "invalid_input", "InvalidInputError")
+                assert "'agentid'" in message and template in message, (method, path)
+                checked += 1
+        assert checked >= 30
+        assert served.row_counts() == (1, 1)  # DELETE /v1/memories/?user_id=dev&agentid=a1 deleted nothing
+        assert "it accepts: agent_id, limit, run_id, top_k, user_id" in _error(
+            http.get("/v1/memories/", params={"user_id": "dev", "page": 2}), 400, "invalid_input", "InvalidInputError"
+        )
+        assert len(http.get("/v1/memories/", params={"user_id": "dev", "limit": 5}).json()["results"]) == 1
+
+
+def test_delete_all_needs_a_scope_named_in_the_request_even_with_a_key_bound_to_one_user(served: Served) -> None:
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http(alice) as http:
+        http.post("/v1/memories/", json={"messages": "I like tea.", "infer": False}).raise_for_status()
+        assert "user_id, agent_id or run_id" in _error(
+            http.delete("/v1/memories/"), 400, "scope_required", "ScopeError"
+        )
+        assert served.row_counts() == (1, 1)
+        assert http.delete("/v1/memories/", params={"user_id": "alice"}).json()["deleted"] == 1
+        assert _error(
+            http.delete("/v1/memories/", params={"user_id": "bob"}), 403, "permission_denied", "PermissionDeniedError"
+        )

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 
 from inferscale.arguments import check_version
+from inferscale.errors import ScopeError
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
@@ -124,9 +125,22 @@ async def get_all_v2(body: GetAllBody, caller: CurrentCaller, server: State) -> 
 
 
 @route(router, "DELETE", "/v1/memories/")
-async def delete_all(ids: QueryScope, server: State) -> dict[str, Any]:
-    """Delete every memory of a scope (``MemoryClient.delete_all``)."""
-    return await server.client.delete_all(**ids)
+async def delete_all(
+    caller: CurrentCaller, server: State, user_id: UserId = None, agent_id: AgentId = None, run_id: RunId = None
+) -> dict[str, Any]:
+    """Delete every memory of a scope (``MemoryClient.delete_all``). The request must name the scope: a key's bound
+    id is never filled in here, so a request naming none (or a misspelt one) never empties the key's whole scope.
+
+    Raises:
+        ScopeError: when the query names no ``user_id``, ``agent_id`` or ``run_id`` (400 ``scope_required``, as the
+            client raises).
+    """
+    if user_id is None and agent_id is None and run_id is None:
+        raise ScopeError(
+            "delete_all needs a user_id, agent_id or run_id in the query; it never means every memory of the API "
+            "key's scope (name it) or of the store (that is reset)"
+        )
+    return await server.client.delete_all(**caller.scope(user_id, agent_id, run_id))
 
 
 async def _visible(memory_id: str, caller: Caller, server: ServerState) -> None:
