@@ -76,9 +76,40 @@ def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: ht
     assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
-def test_an_unknown_path_or_method_keeps_its_status_with_code_invalid_input(http: httpx.Client) -> None:
-    assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "invalid_input", "InvalidInputError")
-    assert "Method Not Allowed" in _error(http.patch("/v1/memories/"), 405, "invalid_input", "InvalidInputError")
+def test_an_unknown_path_or_method_keeps_its_status_with_a_code_of_its_own(http: httpx.Client) -> None:
+    assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "route_not_found", "RouteNotFoundError")
+    assert "Method Not Allowed" in _error(
+        http.patch("/v1/memories/"), 405, "method_not_allowed", "MethodNotAllowedError"
+    )
+
+
+def test_search_is_no_memory_id_a_get_of_it_is_405(http: httpx.Client) -> None:
+    """``GET /v1/memories/search/`` once answered 404 "no memory with id 'search'"."""
+    for method in ("GET", "PUT", "DELETE"):
+        for path in ("/v1/memories/search/", "/v1/memories/search", "/v1/memories/search/history/"):
+            reply = http.request(method, path, params={"user_id": "u"})
+            if path.endswith("history/") and method != "GET":
+                continue  # no route answers PUT/DELETE there: 405 by the router
+            message = _error(reply, 405, "method_not_allowed", "MethodNotAllowedError")
+            assert "search" in message and "memory" not in message.replace("/v1/memories/", ""), (method, path)
+
+
+def test_head_health_answers_for_load_balancers(http: httpx.Client) -> None:
+    assert [(r.status_code, r.content) for r in (http.head("/health"), http.head("/health/"))] == [(200, b"")] * 2
+
+
+def test_the_schema_lists_the_error_replies_and_never_422(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    operations = [(path, op) for path, ops in schema["paths"].items() for op in ops.values()]
+    assert not any("422" in op["responses"] for _, op in operations)
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    reply = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorReply"}}}
+    for path, op in operations:
+        if path in ("/health", "/metrics"):
+            continue
+        assert {s: op["responses"][s]["content"] for s in ("400", "401", "403", "404", "413", "500")} == dict.fromkeys(
+            ("400", "401", "403", "404", "413", "500"), reply
+        ), path
 
 
 def test_each_route_answers_with_and_without_its_trailing_slash(http: httpx.Client) -> None:
