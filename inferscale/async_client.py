@@ -143,10 +143,12 @@ class AsyncMemoryClient(ClientCore):
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
         output_format: str | None = None,
+        version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation; see :meth:`MemoryClient.add` (same arguments, result and errors)."""
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
+        check_version(version)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 

@@ -70,8 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141
+"""The exit code after the reader of stdout went away (``inferscale chat ... | head``): 128 + SIGPIPE, as a shell
+reports a program that SIGPIPE ended."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``inferscale`` console script."""
+    """Entry point of the ``inferscale`` console script.
+
+    When the reader of stdout goes away (``| head``), the rest of the output is dropped and the exit code is
+    :data:`SIGPIPE_EXIT`, with no traceback: stdout is pointed at ``os.devnull`` so that Python's own flush at exit
+    cannot fail again (the recipe of the Python docs, "Note on SIGPIPE" in :mod:`signal`). (argparse's ``--help``
+    drops a failed write itself and exits 0.)
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:  # flush here, where a closed pipe is caught, not at interpreter exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return SIGPIPE_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)

@@ -142,6 +142,7 @@ class MemoryClient(ClientCore):
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
         output_format: str | None = None,
+        version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation.
 
@@ -158,16 +159,18 @@ class MemoryClient(ClientCore):
             ``"previous_memory"``) or ``"DELETE"``; ``[]`` when nothing changed.
 
         ``timestamp`` and ``expiration_date`` are Mem0 2.x arguments accepted only as ``None``: a memory is
-        timestamped when it is added, and memories do not expire.
+        timestamped when it is added, and memories do not expire. ``version`` is Mem0's (``"v1"`` or ``"v2"``):
+        checked, and changes nothing.
 
         Raises:
             ScopeError: when no user_id, agent_id or run_id is given.
             InvalidInputError: for malformed messages, metadata that is not a dict or sets a scope id, or a
-                ``timestamp``/``expiration_date`` (not supported).
+                ``timestamp``/``expiration_date`` (not supported), or a ``version`` other than ``"v1"``/``"v2"``.
             ExtractionError: when an LLM answer cannot be parsed (nothing is written).
         """
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
+        check_version(version)
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 

@@ -105,6 +105,26 @@ def remote_arguments(
     return {"host": host, "api_key": api_key, **{k: v for k, v in options.items() if v is not None}}
 
 
+def string_config_message(config: str) -> str:
+    """The :class:`ConfigError` message for a string passed as a client's ``config`` (first positional argument):
+    a server URL or an API key (Mem0's platform client takes ``api_key`` first) is told to pass ``host=`` /
+    ``api_key=``; a key's text is not repeated."""
+    if config.startswith(("http://", "https://")):
+        return (
+            f"a client's first argument is its config (a MemoryConfig or a dict), not a server URL: pass it as "
+            f"host={config[:200]!r} (and the key as api_key=...)"
+        )
+    if config.startswith("isk_") or config.startswith("m0-"):
+        return (
+            "a client's first argument is its config (a MemoryConfig or a dict), not an API key: pass the key as "
+            "api_key=... together with host='http://...' (the server's URL)"
+        )
+    return (
+        f"a client's config is a MemoryConfig or a dict, not a string ({config[:80]!r}); for a server pass "
+        f"host='http://...' and api_key=..."
+    )
+
+
 class ClientCore:
     """Configuration, lazily built models and the pure steps shared by the sync and async clients.
 
@@ -141,8 +161,12 @@ class ClientCore:
 
         Raises:
             ConfigError: for ``host`` together with ``config``, ``engine``, ``embedder`` or ``generator``, or
-                ``api_key``, ``timeout`` or ``retries`` without ``host`` (see :func:`remote_arguments`).
+                ``api_key``, ``timeout`` or ``retries`` without ``host`` (see :func:`remote_arguments`); for a string
+                as ``config`` (Mem0's platform client takes its API key first: ``host=`` and ``api_key=`` are
+                keyword-only here).
         """
+        if isinstance(config, str):
+            raise ConfigError(string_config_message(config))
         local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
         remote = remote_arguments(host, api_key, timeout, retries, local)
         if remote is None:

@@ -54,6 +54,15 @@ class RequestTooLargeError(InvalidInputError):
     """A request to the InferScale server was larger than its limit (``ServerOptions.max_request_bytes``)."""
 
 
+class RouteNotFoundError(InvalidInputError):
+    """A request to the InferScale server named a path it does not serve (HTTP 404, code ``route_not_found``)."""
+
+
+class MethodNotAllowedError(InvalidInputError):
+    """A request to the InferScale server used a method its path does not answer (HTTP 405, code
+    ``method_not_allowed``)."""
+
+
 class AuthenticationError(InferScaleError):
     """The InferScale server was called with no API key, an unknown one or a revoked one."""
 

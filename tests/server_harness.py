@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from sqlalchemy import text
@@ -43,3 +44,19 @@ class Served:
 
 
 MakeServer = Callable[..., Served]
+
+
+def app_routes(app: Any) -> list[tuple[str, set[str]]]:
+    """``(path template, methods)`` of every HTTP route of a FastAPI app, included routers' routes too (FastAPI 0.16x
+    keeps them nested under ``app.routes``; older versions copy them there)."""
+    from starlette.routing import Route
+
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        routes: list[Any] = list(app.routes)
+    else:
+        routes = list(iter_route_contexts(app.routes))
+    found = [(route.path, set(route.methods or ())) for route in routes if isinstance(route.path, str)]
+    assert all(isinstance(getattr(r, "original_route", r), Route) for r in routes), routes  # no mount, no socket
+    return found

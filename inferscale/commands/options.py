@@ -66,9 +66,11 @@ class ScopeOptions:
         return ScopeIds(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     def describe(self) -> str:
-        """The ids given, e.g. ``"user=alice run=r1"``; ``"no scope"`` when none is."""
+        """The ids given, e.g. ``"user=alice run=r1"``. When none is, a call that succeeded took its scope from the
+        ``--filters`` (their ``user_id``/``agent_id``/``run_id``) or from the API key (one bound id; with ``--host``),
+        since a call with no scope at all is refused: ``"the scope of the --filters or API key"``."""
         named = [(k, v) for k, v in (("user", self.user_id), ("agent", self.agent_id), ("run", self.run_id)) if v]
-        return " ".join(f"{k}={v}" for k, v in named) or "no scope"
+        return " ".join(f"{k}={v}" for k, v in named) or "the scope of the --filters or API key"
 
 
 @dataclass(frozen=True)

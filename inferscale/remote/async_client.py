@@ -93,6 +93,7 @@ class AsyncRemoteMemoryClient:
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
         output_format: str | None = None,
+        version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation; see :meth:`AsyncMemoryClient.add
         <inferscale.async_client.AsyncMemoryClient.add>` (same arguments, result and errors). Never sent twice."""
@@ -107,6 +108,7 @@ class AsyncRemoteMemoryClient:
             timestamp=timestamp,
             expiration_date=expiration_date,
             output_format=output_format,
+            version=version,
         )
         return await self._transport.call(call)
 

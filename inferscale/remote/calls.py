@@ -169,6 +169,7 @@ def add(
     timestamp: Any,
     expiration_date: Any,
     output_format: Any,
+    version: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice)."""
     body = {
@@ -182,6 +183,7 @@ def add(
         "timestamp": timestamp,
         "expiration_date": expiration_date,
         "output_format": output_format,
+        "version": version,
     }
     return ApiCall("POST", "/v1/memories/", reply_dict, content=encode_json(body), idempotent=False)
 

@@ -91,6 +91,7 @@ class RemoteMemoryClient:
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
         output_format: str | None = None,
+        version: str | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation; see :meth:`MemoryClient.add <inferscale.client.MemoryClient.add>` (same
         arguments, result and errors). Never sent twice."""
@@ -105,6 +106,7 @@ class RemoteMemoryClient:
             timestamp=timestamp,
             expiration_date=expiration_date,
             output_format=output_format,
+            version=version,
         )
         return self._transport.call(call)
 

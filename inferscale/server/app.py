@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from inferscale.async_client import AsyncMemoryClient
-from inferscale.server.errors import UnexpectedErrors, install_error_handlers
+from inferscale.server.errors import UnexpectedErrors, install_error_handlers, openapi_without_422
 from inferscale.server.keys import KeyStore
 from inferscale.server.limits import BodySizeLimit
+from inferscale.server.local_only import LocalOnlyWhileOpen
 from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
+from inferscale.server.query import refuse_unknown_query
 from inferscale.server.routes import memories, openai, ops
 from inferscale.server.state import ServerState
 
@@ -28,7 +30,8 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
     Args:
         client: the async memory client (its store, index, engine and K/V).
         keys: the API keys; ``None``, or a store holding no key, runs the server without authentication (keep it on
-            loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then).
+            loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then). While open, requests
+            whose ``Host`` or ``Origin`` is not a loopback one are refused (:mod:`inferscale.server.local_only`).
         options: the server's settings (request size limit, chat defaults, served model name).
 
     Returns:
@@ -49,6 +52,7 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         "recall",
         redirect_slashes=False,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_unknown_query)],  # every route: a query parameter it does not declare is a 400
     )
     metrics = Metrics(client)
     app.state.inferscale = ServerState(
@@ -59,10 +63,14 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         model_name=options.served_model_name or client.model_name,
     )
     install_error_handlers(app)
+    app.openapi = lambda: openapi_without_422(app)  # type: ignore[method-assign]
     for group in (memories, openai, ops):
         app.include_router(group.router)
-    # Middleware added last runs first: metrics see every reply, the 413s of the size limit and the 500s included.
+    # Middleware added last runs first: metrics see every reply, the 403s of an open server's cross-site check, the
+    # 413s of the size limit and the 500s included.
     app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(LocalOnlyWhileOpen, keys=keys)
+    docs = frozenset(p for p in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p)
+    app.add_middleware(RequestMetrics, metrics=metrics, fixed_paths=docs)
     return app

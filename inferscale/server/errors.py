@@ -2,8 +2,9 @@
 its code in :data:`inferscale.error_codes.ERROR_CODES`, so the remote client raises the same exception type.
 
 One set of handlers (:func:`install_error_handlers`): InferScale errors by their code; FastAPI's request validation
-failures (its 422) as 400 ``invalid_input``; Starlette's HTTP errors (unknown path 404, wrong method 405) by their
-status with the closest code; any other exception as 500 ``internal_error``, logged with its traceback.
+failures (its 422) as 400 ``invalid_input``; Starlette's HTTP errors by their status with their code (unknown
+path 404 ``route_not_found``, wrong method 405 ``method_not_allowed``); any other exception as 500
+``internal_error``, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,7 +26,13 @@ from inferscale.errors import InferScaleError, ServerError
 log = logging.getLogger(__name__)
 
 _BY_CODE = {row.code: row for row in ERROR_CODES}
-_BY_STATUS = {401: "unauthenticated", 403: "permission_denied", 413: "request_too_large"}
+_BY_STATUS = {
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "route_not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
 
 
 class ErrorDetail(BaseModel):
@@ -47,10 +55,35 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "invalid input (invalid_input, scope_required)"),
         (401, "no, unknown or revoked API key (unauthenticated)"),
         (403, "the API key may not make this call (permission_denied)"),
+        (404, "no such memory in the caller's scopes (memory_not_found), or no such route (route_not_found)"),
         (413, "request body over the limit (request_too_large)"),
+        (500, "the server failed (internal_error, config_error)"),
     )
 }
-"""The error replies every route may give, for the OpenAPI schema."""
+"""The error replies every API route may give, for the OpenAPI schema (FastAPI's 422 is never sent: see
+:func:`openapi_without_422`)."""
+
+
+def openapi_without_422(app: FastAPI) -> dict[str, Any]:
+    """``app``'s OpenAPI schema without FastAPI's default 422 reply and its schemas, which this server never sends
+    (its validation failures are 400 ``invalid_input``, listed as :data:`ERROR_RESPONSES`). Built once and kept, as
+    FastAPI's own ``app.openapi`` does; install it with ``app.openapi = lambda: openapi_without_422(app)``."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            summary=app.summary,
+            description=app.description,
+            routes=app.routes,
+        )
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        schemas = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def error_content(row: ErrorCode, message: str, type_name: str | None = None) -> dict[str, Any]:

@@ -42,11 +42,14 @@ def method_label(method: str) -> str:
     return method if method in METHODS else "other"
 
 
-def route_label(route: object) -> str:
-    """The ``route`` label of a request: the template of the route that matched it (``scope["route"].path``,
-    without the trailing slash), or ``"unmatched"``."""
-    path = getattr(route, "path", None)
-    return (path.rstrip("/") or "/") if isinstance(path, str) else "unmatched"
+def route_label(route: object, path: str = "", fixed_paths: frozenset[str] = frozenset()) -> str:
+    """The ``route`` label of a request: the template of the API route that matched it (``scope["route"].path``,
+    without the trailing slash); else the request's ``path`` when it is one of ``fixed_paths`` (FastAPI's
+    ``/openapi.json``, ``/docs``, ``/redoc``, which leave no route in the scope); else ``"unmatched"``."""
+    template = getattr(route, "path", None)
+    if isinstance(template, str):
+        return template.rstrip("/") or "/"
+    return path if path in fixed_paths else "unmatched"
 
 
 class KVCollector(Collector):
@@ -115,11 +118,12 @@ class Metrics:
 
 class RequestMetrics:
     """ASGI middleware: counts each HTTP request by route template, method and status in ``metrics``, and times
-    it."""
+    it. ``fixed_paths``: paths of routes without a template in the scope (the docs), labelled by their path."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, fixed_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.metrics = metrics
+        self.fixed_paths = fixed_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,6 +141,8 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            label = route_label(scope.get("route"))  # set by the router on the scope it was given (this dict)
+            label = route_label(
+                scope.get("route"), scope.get("path", ""), self.fixed_paths
+            )  # set by the router on the scope it was given (this dict)
             self.metrics.requests.labels(label, method_label(scope["method"]), str(status)).inc()
             self.metrics.latency.labels(label).observe(time.perf_counter() - started)

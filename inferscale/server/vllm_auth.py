@@ -5,7 +5,9 @@
 request but ``/health``, ``/metrics``, the OpenAPI schema and docs, and CORS preflights (``OPTIONS``) must carry
 ``Authorization: Token <key>`` or ``Bearer <key>`` naming a valid key, else 401 ``unauthenticated`` with the
 structured error body; with no key the server is open (and :func:`inferscale.server.run.check_listen_address` kept
-it on loopback). The decision is :func:`inferscale.server.auth.caller_for`, the one the transformers server uses;
+it on loopback), and a request whose ``Host`` or ``Origin`` is not a loopback one is refused with 403
+``permission_denied``, as on the transformers server (:mod:`inferscale.server.local_only`: web pages and DNS
+rebinding). The decision is :func:`inferscale.server.auth.caller_for`, the one the transformers server uses;
 the request's :class:`~inferscale.server.auth.Caller` is left in the ASGI scope under :data:`CALLER` for the memory
 middleware, which picks a chat's user with :meth:`~inferscale.server.auth.Caller.chat_user`.
 
@@ -34,10 +36,11 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferscale.errors import AuthenticationError, PermissionDeniedError, ServerError
+from inferscale.errors import AuthenticationError, InferScaleError, PermissionDeniedError, ServerError
 from inferscale.server.auth import caller_for
 from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
+from inferscale.server.local_only import cross_site_reason, is_open
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths answered without a key (``/metrics/...`` too: vLLM mounts its Prometheus app there)."""
@@ -171,7 +174,13 @@ class ApiKeyMiddleware:
         headers = Headers(scope=scope)
         if gate.is_internal(headers.get(INTERNAL_HEADER)):
             scope[INTERNAL] = True
-        elif needs_key(scope.get("method", ""), scope["path"].removeprefix(scope.get("root_path", ""))):
+            await self.app(scope, receive, send)
+            return
+        reason = cross_site_reason(headers)
+        if reason is not None and await anyio.to_thread.run_sync(is_open, gate.keys):
+            await self._refuse(PermissionDeniedError(reason), scope, receive, send)
+            return
+        if needs_key(scope.get("method", ""), scope["path"].removeprefix(scope.get("root_path", ""))):
             try:
                 caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.get("authorization"))
             except AuthenticationError as exc:
@@ -181,7 +190,7 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _refuse(exc: AuthenticationError | ServerError, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(exc: InferScaleError, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": str(exc)[:120]})
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from cli_runner import Fakes, Ran
@@ -196,3 +197,26 @@ def test_ctrl_c_exits_130_without_a_traceback(cli: Callable[..., Ran], monkeypat
     monkeypatch.setattr(clients, "MemoryClient", interrupted)
     ran = cli("list", "--user", "u")
     assert ran.code == 130 and ran.out == "" and "Traceback" not in ran.err
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly_with_141(tmp_path: Path) -> None:
+    """``inferscale chat ... --json | head -c 300``: once ``head`` exits, writes to stdout fail with EPIPE. The
+    command must end with 141 (128 + SIGPIPE) and no BrokenPipeError traceback. The pipe's reader is closed before
+    the command starts, so its first write (or the final flush) fails whatever the output's size."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "inferscale.cli", "keys", "list", "--json", "--data-dir", str(tmp_path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr.decode() == "" and done.returncode == 141, (done.returncode, done.stderr.decode())

@@ -90,3 +90,21 @@ def test_the_servers_refusals_are_one_line_exit_1(server: tuple[str, Path], run:
     for ran, word in ((other, "bob"), (wrong, "key")):
         assert ran.code == 1 and ran.out == ""
         assert ran.err.startswith("error: ") and ran.err.count("\n") == 1 and word in ran.err, ran.err
+
+
+def test_delete_all_without_a_scope_flag_is_refused_with_a_bound_key_too(
+    server: tuple[str, Path], run: Callable[..., Ran]
+) -> None:
+    """docs/cli.md: ``delete --all`` is refused without a scope flag (the key's user is not filled in); ``list``
+    without one says where its scope came from, never "no scope"."""
+    url, data_dir = server
+    key = run("keys", "create", "maya", "--user", "maya", "--data-dir", str(data_dir), "--json").json()["key"]
+    remote = ("--host", url, "--api-key", key)
+    assert run("add", FACTS[0], "--no-infer", *remote).code == 0
+    refused = run("delete", "--all", *remote)
+    assert refused.code != 0 and refused.out == "" and "user_id, agent_id or run_id" in refused.err, refused
+    listed = run("list", *remote)
+    assert listed.code == 0 and "1 memory of the scope of the --filters or API key" in listed.out, listed
+    assert "no scope" not in listed.out
+    deleted = run("delete", "--all", "--user", "maya", *remote)
+    assert deleted.code == 0 and "deleted 1 memory of user=maya" in deleted.out, deleted

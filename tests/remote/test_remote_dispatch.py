@@ -103,3 +103,25 @@ def test_the_remote_methods_have_the_local_signatures(local: Any, remote: Any, n
 def test_the_remote_clients_are_context_managers_like_the_local_ones(local: Any, remote: Any) -> None:
     for method in ("__enter__", "__exit__", "__aenter__", "__aexit__"):
         assert hasattr(remote, method) == hasattr(local, method)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        (HOST, rf"not a server URL: pass it as host='{HOST}'"),
+        ("isk_0123456789ab_secret", r"not an API key: pass the key as api_key=\.\.\. together with host="),
+        ("./memory.db", r"not a string \('./memory.db'\); for a server pass host="),
+    ],
+    ids=["url", "key", "other"],
+)
+def test_a_string_as_the_first_argument_says_to_pass_host_or_api_key(
+    local: Any, remote: Any, given: str, says: str
+) -> None:
+    """Mem0's platform client takes its API key first: ``MemoryClient("http://...")`` once failed with "dictionary
+    update sequence element #0 has length 1"."""
+    with pytest.raises(ConfigError, match=says) as refused:
+        local(given)
+    assert "secret" not in str(refused.value)  # a key is never repeated
+    with pytest.raises(ConfigError, match=says):
+        local(given, host=HOST)

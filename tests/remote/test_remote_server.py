@@ -20,7 +20,13 @@ pytest.importorskip("aiosqlite", reason="the server's async client needs aiosqli
 from server_fixture import running_server
 
 from inferscale import AsyncMemoryClient, MemoryClient
-from inferscale.errors import AuthenticationError, MemoryNotFoundError, PermissionDeniedError
+from inferscale.errors import (
+    AuthenticationError,
+    InvalidInputError,
+    MemoryNotFoundError,
+    PermissionDeniedError,
+    ScopeError,
+)
 from inferscale.server.app import create_app
 from inferscale.server.keys import KeyStore
 from inferscale.server.options import ServerOptions
@@ -90,6 +96,43 @@ def test_a_key_bound_to_alice_touches_only_alices_memories(keyed: Keyed) -> None
         with pytest.raises(PermissionDeniedError):
             alice.reset()
         assert admin.get(bob)["memory"] == "Bob likes tennis"  # type: ignore[index]
+
+
+def test_delete_all_needs_a_named_scope_even_with_a_key_bound_to_one_user(keyed: Keyed) -> None:
+    """As in process (ScopeError, never "everything"): the key's one user is not filled in for delete_all."""
+    with MemoryClient(host=keyed.url, api_key=keyed.alice) as alice:
+        alice.add("Alice likes chess", infer=False)
+        with pytest.raises(ScopeError, match="user_id, agent_id or run_id"):
+            alice.delete_all()
+        assert [m["memory"] for m in alice.get_all()["results"]] == ["Alice likes chess"]
+        assert alice.delete_all(user_id="alice")["deleted"] == 1
+
+
+@pytest.mark.parametrize("kind", ["local", "local-async", "remote", "remote-async"])
+def test_add_accepts_mem0s_version_and_refuses_another(keyed: Keyed, tmp_path: Path, kind: str) -> None:
+    """docs/migration.md: ``add(..., version="v2")`` (Mem0's platform scripts) is accepted and changes nothing; any
+    other value is InvalidInputError, with nothing stored, on every client."""
+    if kind.startswith("remote"):
+        made: Any = (MemoryClient if kind == "remote" else AsyncMemoryClient)(host=keyed.url, api_key=keyed.admin)
+    else:
+        local = MemoryClient if kind == "local" else AsyncMemoryClient
+        made = local(fake_config(tmp_path / "local"), embedder=HashEmbedder(), generator=ScriptedGenerator())
+
+    async def scenario() -> list[str]:
+        async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+            value = getattr(made, method)(*args, **kwargs)
+            return await value if asyncio.iscoroutine(value) else value
+
+        try:
+            for version in ("v1", "v2", None):
+                await call("add", f"fact {version}", user_id="vera", infer=False, version=version)
+            with pytest.raises(InvalidInputError, match="version must be 'v1' or 'v2'"):
+                await call("add", "fact v3", user_id="vera", infer=False, version="v3")
+            return [m["memory"] for m in (await call("get_all", user_id="vera"))["results"]]
+        finally:
+            await call("close")
+
+    assert asyncio.run(scenario()) == ["fact v1", "fact v2", "fact None"]
 
 
 def test_the_async_remote_client_sends_the_key_too(keyed: Keyed) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_harness import Served
+from server_harness import Served, app_routes
 from sqlalchemy import text
 
 from inferscale.errors import InvalidInputError
@@ -209,22 +209,6 @@ OPEN_PATHS = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-red
 """The only paths a keyed server answers without a key."""
 
 
-def _app_routes(app: Any) -> list[tuple[str, set[str]]]:
-    """``(path template, methods)`` of every HTTP route of a FastAPI app, included routers' routes too (FastAPI 0.16x
-    keeps them nested under ``app.routes``; older versions copy them there)."""
-    from starlette.routing import Route
-
-    try:
-        from fastapi.routing import iter_route_contexts
-    except ImportError:
-        routes: list[Any] = list(app.routes)
-    else:
-        routes = list(iter_route_contexts(app.routes))
-    found = [(route.path, set(route.methods or ())) for route in routes if isinstance(route.path, str)]
-    assert all(isinstance(getattr(r, "original_route", r), Route) for r in routes), routes  # no mount, no socket
-    return found
-
-
 def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path) -> None:
     """Every route of the app, every method it answers (HEAD included), both trailing-slash spellings: 401 without a
     key once the store has one. A route added later without the caller dependency fails here."""
@@ -243,7 +227,7 @@ def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path)
     answered: dict[tuple[str, str], int] = {}
     heads: dict[str, int] = {}
     with TestClient(app) as http:
-        for path_template, methods in _app_routes(app):
+        for path_template, methods in app_routes(app):
             path = path_template.replace("{memory_id}", "m1")
             for spelling in {path, path.rstrip("/") or "/", f"{path.rstrip('/')}/"}:
                 for method in sorted(methods):

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from mem0_fakes import ScriptedGenerator
-from server_harness import MakeServer, Served
+from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
 from inferscale.server.options import ServerOptions
@@ -76,9 +76,40 @@ def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: ht
     assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
-def test_an_unknown_path_or_method_keeps_its_status_with_code_invalid_input(http: httpx.Client) -> None:
-    assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "invalid_input", "InvalidInputError")
-    assert "Method Not Allowed" in _error(http.patch("/v1/memories/"), 405, "invalid_input", "InvalidInputError")
+def test_an_unknown_path_or_method_keeps_its_status_with_a_code_of_its_own(http: httpx.Client) -> None:
+    assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "route_not_found", "RouteNotFoundError")
+    assert "Method Not Allowed" in _error(
+        http.patch("/v1/memories/"), 405, "method_not_allowed", "MethodNotAllowedError"
+    )
+
+
+def test_search_is_no_memory_id_a_get_of_it_is_405(http: httpx.Client) -> None:
+    """``GET /v1/memories/search/`` once answered 404 "no memory with id 'search'"."""
+    for method in ("GET", "PUT", "DELETE"):
+        for path in ("/v1/memories/search/", "/v1/memories/search", "/v1/memories/search/history/"):
+            reply = http.request(method, path, params={"user_id": "u"})
+            if path.endswith("history/") and method != "GET":
+                continue  # no route answers PUT/DELETE there: 405 by the router
+            message = _error(reply, 405, "method_not_allowed", "MethodNotAllowedError")
+            assert "search" in message and "memory" not in message.replace("/v1/memories/", ""), (method, path)
+
+
+def test_head_health_answers_for_load_balancers(http: httpx.Client) -> None:
+    assert [(r.status_code, r.content) for r in (http.head("/health"), http.head("/health/"))] == [(200, b"")] * 2
+
+
+def test_the_schema_lists_the_error_replies_and_never_422(http: httpx.Client) -> None:
+    schema = http.get("/openapi.json").json()
+    operations = [(path, op) for path, ops in schema["paths"].items() for op in ops.values()]
+    assert not any("422" in op["responses"] for _, op in operations)
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    reply = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorReply"}}}
+    for path, op in operations:
+        if path in ("/health", "/metrics"):
+            continue
+        assert {s: op["responses"][s]["content"] for s in ("400", "401", "403", "404", "413", "500")} == dict.fromkeys(
+            ("400", "401", "403", "404", "413", "500"), reply
+        ), path
 
 
 def test_each_route_answers_with_and_without_its_trailing_slash(http: httpx.Client) -> None:
@@ -144,3 +175,47 @@ def test_an_unexpected_exception_is_500_internal_error_and_logged(
     assert "RuntimeError" in message and "secret internals" not in message  # the text stays in the log
     logged = [r for r in caplog.records if r.name == "inferscale.server.errors"]
     assert len(logged) == 1 and logged[0].exc_info is not None and "secret internals" in str(logged[0].exc_info[1])
+
+
+DOC_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def test_an_unknown_query_parameter_is_400_invalid_input_on_every_route(served: Served) -> None:
+    """Every API route of the app: ``?agentid=`` (a misspelt ``agent_id``) is refused, naming it,
+    before anything runs; the routes' own parameters still pass."""
+    from inferscale.server.app import create_app
+
+    app = create_app(served.client, keys=None, options=ServerOptions())
+    with served.http() as http:
+        added = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "dev", "infer": False})
+        memory_id = added.json()["results"][0]["id"]
+        checked = 0
+        for template, methods in app_routes(app):
+            if template in DOC_PATHS:  # FastAPI's own pages, outside the API (the OAuth2 redirect reads a query)
+                continue
+            path = template.replace("{memory_id}", memory_id)
+            for method in methods - {"HEAD"}:
+                reply = http.request(method, path, params={"user_id": "dev", "agentid": "a1"})
+                message = _error(reply, 400, "invalid_input", "InvalidInputError")
+                assert "'agentid'" in message and template in message, (method, path)
+                checked += 1
+        assert checked >= 30
+        assert served.row_counts() == (1, 1)  # DELETE /v1/memories/?user_id=dev&agentid=a1 deleted nothing
+        assert "it accepts: agent_id, limit, run_id, top_k, user_id" in _error(
+            http.get("/v1/memories/", params={"user_id": "dev", "page": 2}), 400, "invalid_input", "InvalidInputError"
+        )
+        assert len(http.get("/v1/memories/", params={"user_id": "dev", "limit": 5}).json()["results"]) == 1
+
+
+def test_delete_all_needs_a_scope_named_in_the_request_even_with_a_key_bound_to_one_user(served: Served) -> None:
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http(alice) as http:
+        http.post("/v1/memories/", json={"messages": "I like tea.", "infer": False}).raise_for_status()
+        assert "user_id, agent_id or run_id" in _error(
+            http.delete("/v1/memories/"), 400, "scope_required", "ScopeError"
+        )
+        assert served.row_counts() == (1, 1)
+        assert http.delete("/v1/memories/", params={"user_id": "alice"}).json()["deleted"] == 1
+        assert _error(
+            http.delete("/v1/memories/", params={"user_id": "bob"}), 403, "permission_denied", "PermissionDeniedError"
+        )

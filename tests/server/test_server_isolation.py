@@ -176,7 +176,8 @@ def test_alice_still_reaches_her_own_memories_on_every_route(tenants: Tenants) -
     assert alice.put(f"/v1/memories/{mine}/", json={"text": "Biscuit is a beagle."}).status_code == 200
     assert [h["event"] for h in alice.get(f"/v1/memories/{mine}/history/").json()] == ["ADD", "UPDATE"]
     assert alice.delete(f"/v1/memories/{mine}/").status_code == 200
-    assert alice.delete("/v1/memories/").json()["deleted"] == 1
+    assert alice.delete("/v1/memories/").json()["error"]["code"] == "scope_required"  # never the key's whole scope
+    assert alice.delete("/v1/memories/", params={"user_id": "alice"}).json()["deleted"] == 1
     assert tenants.served.row_counts()[0] == 2  # bob's two
 
 

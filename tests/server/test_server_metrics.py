@@ -82,3 +82,15 @@ def test_labels_take_no_value_the_client_makes_up(served: Served) -> None:
     assert samples[_requests("/v1/memories/{memory_id}", "GET", "401")] == 3
     labels = {value for (name, items) in samples for _, value in items if name.startswith("inferscale_http")}
     assert not any(made_up in label for label in labels for made_up in ("BREW", "PURGE", "made", "secret-id"))
+
+
+def test_the_docs_are_labelled_by_their_path(served: Served) -> None:
+    """``/docs``, ``/redoc`` and ``/openapi.json`` (FastAPI's own routes, with no template in the scope) were counted
+    as ``unmatched``; an unknown path still is."""
+    with served.http() as http:
+        for path in ("/docs", "/redoc", "/openapi.json", "/openapi.json", "/nowhere"):
+            http.get(path)
+        samples = _samples(http.get("/metrics").text)
+    assert [samples.get(_requests(p, "GET", s)) for p, s in [("/docs", "200"), ("/redoc", "200")]] == [1, 1]
+    assert samples[_requests("/openapi.json", "GET", "200")] == 2
+    assert samples[_requests("unmatched", "GET", "404")] == 1

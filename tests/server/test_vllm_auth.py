@@ -252,7 +252,7 @@ def http(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     routes: list[BaseRoute] = [Route(p, _echo, methods=["GET", "POST"]) for p in ("/health", "/metrics", "/v1/models")]
     routes += [Route("/v1/chat/completions", _echo, methods=["POST"]), WebSocketRoute("/v1/realtime", _socket)]
     app = Starlette(routes=routes, middleware=[Middleware(ApiKeyMiddleware)])
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1:8000") as client:  # an open server answers loopback names only
         yield client
 
 
@@ -270,6 +270,25 @@ def test_an_open_gate_lets_every_request_through_as_an_open_caller(http: TestCli
     install_gate(store)
     assert http.get("/v1/models").json() == {"checked": True, "key": None, "internal": False}
     assert http.get("/health").json() == {"checked": False, "key": None, "internal": False}
+
+
+def test_an_open_gate_refuses_other_sites_pages_and_rebound_names(http: TestClient, store: KeyStore) -> None:
+    install_gate(store)
+    evil = [{"Origin": "http://evil.example"}, {"Origin": "null"}, {"Host": "evil.example:8000"}]
+    for headers in evil:
+        for reply in (
+            http.post("/v1/chat/completions", json={}, headers=headers),
+            http.get("/health", headers=headers),
+        ):
+            assert _error(reply) == (403, "permission_denied", "PermissionDeniedError"), headers
+    with pytest.raises(WebSocketDisconnect) as refused, http.websocket_connect("/v1/realtime", headers=evil[0]):
+        pass
+    assert refused.value.code == 1008
+    local = {"Origin": "http://localhost:3000", "Host": "[::1]:8000"}
+    assert http.get("/v1/models", headers=local).json() == {"checked": True, "key": None, "internal": False}
+    _, secret = store.create("alice", user_ids=["alice"])  # with keys, the key decides, whatever the page
+    keyed = {"Origin": "http://evil.example", "Host": "memory.example", "Authorization": f"Bearer {secret}"}
+    assert http.get("/v1/models", headers=keyed).json()["checked"] is True
 
 
 def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, store: KeyStore) -> None:

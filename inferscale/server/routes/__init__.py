@@ -19,7 +19,7 @@ def route(router: APIRouter, method: str, path: str, **kwargs: Any) -> Callable[
     def register(endpoint: F) -> F:
         router.add_api_route(path, endpoint, methods=[method], **kwargs)
         other = path.rstrip("/") if path.endswith("/") else f"{path}/"
-        router.add_api_route(other, endpoint, methods=[method], include_in_schema=False, **kwargs)
+        router.add_api_route(other, endpoint, methods=[method], **{**kwargs, "include_in_schema": False})
         return endpoint
 
     return register

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferscale.arguments import check_version
+from inferscale.errors import ScopeError
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
@@ -24,7 +25,24 @@ from inferscale.server.state import ServerState, State
 
 router = APIRouter(tags=["memories"], responses=ERROR_RESPONSES)
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such memory in the caller's scopes"}}
+RESERVED_IDS = frozenset({"search"})
+"""Path words of other routes under ``/v1/memories/``, never memory ids (memory ids are UUIDs)."""
+
+
+async def _memory_id(memory_id: str) -> str:
+    """The ``{memory_id}`` path parameter. ``GET /v1/memories/search/`` would otherwise ask for the memory "search"
+    and be told there is none: a method ``/v1/memories/search/`` does not answer is 405, as on any other route.
+
+    Raises:
+        HTTPException: 405 (``method_not_allowed``) for a reserved word.
+    """
+    if memory_id in RESERVED_IDS:
+        raise HTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})
+    return memory_id
+
+
+MemoryId = Annotated[str, Depends(_memory_id)]
+"""The ``{memory_id}`` path parameter of the id-addressed routes (not a reserved word)."""
 
 UserId = Annotated[str | None, Query()]
 AgentId = Annotated[str | None, Query()]
@@ -124,9 +142,22 @@ async def get_all_v2(body: GetAllBody, caller: CurrentCaller, server: State) -> 
 
 
 @route(router, "DELETE", "/v1/memories/")
-async def delete_all(ids: QueryScope, server: State) -> dict[str, Any]:
-    """Delete every memory of a scope (``MemoryClient.delete_all``)."""
-    return await server.client.delete_all(**ids)
+async def delete_all(
+    caller: CurrentCaller, server: State, user_id: UserId = None, agent_id: AgentId = None, run_id: RunId = None
+) -> dict[str, Any]:
+    """Delete every memory of a scope (``MemoryClient.delete_all``). The request must name the scope: a key's bound
+    id is never filled in here, so a request naming none (or a misspelt one) never empties the key's whole scope.
+
+    Raises:
+        ScopeError: when the query names no ``user_id``, ``agent_id`` or ``run_id`` (400 ``scope_required``, as the
+            client raises).
+    """
+    if user_id is None and agent_id is None and run_id is None:
+        raise ScopeError(
+            "delete_all needs a user_id, agent_id or run_id in the query; it never means every memory of the API "
+            "key's scope (name it) or of the store (that is reset)"
+        )
+    return await server.client.delete_all(**caller.scope(user_id, agent_id, run_id))
 
 
 async def _visible(memory_id: str, caller: Caller, server: ServerState) -> None:
@@ -136,9 +167,9 @@ async def _visible(memory_id: str, caller: Caller, server: ServerState) -> None:
         caller.require_visible(memory_id, await server.client.get(memory_id))
 
 
-@route(router, "GET", "/v1/memories/{memory_id}/", responses=_NOT_FOUND)
+@route(router, "GET", "/v1/memories/{memory_id}/")
 async def get(
-    memory_id: str,
+    memory_id: MemoryId,
     ids: NamedScope,
     caller: CurrentCaller,
     server: State,
@@ -150,9 +181,9 @@ async def get(
     return found
 
 
-@route(router, "PUT", "/v1/memories/{memory_id}/", responses=_NOT_FOUND)
+@route(router, "PUT", "/v1/memories/{memory_id}/")
 async def update(
-    memory_id: str,
+    memory_id: MemoryId,
     body: UpdateBody,
     ids: NamedScope,
     caller: CurrentCaller,
@@ -163,9 +194,9 @@ async def update(
     return await server.client.update(memory_id, body.text, body.metadata, data=body.data, **ids)
 
 
-@route(router, "DELETE", "/v1/memories/{memory_id}/", responses=_NOT_FOUND)
+@route(router, "DELETE", "/v1/memories/{memory_id}/")
 async def delete(
-    memory_id: str,
+    memory_id: MemoryId,
     ids: NamedScope,
     caller: CurrentCaller,
     server: State,
@@ -175,9 +206,9 @@ async def delete(
     return await server.client.delete(memory_id, **ids)
 
 
-@route(router, "GET", "/v1/memories/{memory_id}/history/", responses=_NOT_FOUND)
+@route(router, "GET", "/v1/memories/{memory_id}/history/")
 async def history(
-    memory_id: str,
+    memory_id: MemoryId,
     ids: NamedScope,
     caller: CurrentCaller,
     server: State,

@@ -25,9 +25,10 @@ async def ping(caller: CurrentCaller) -> dict[str, Any]:
     return {"status": "ok", "admin": caller.admin, "scopes": scopes}
 
 
+@route(router, "HEAD", "/health", include_in_schema=False)  # load balancers' health checks: the status alone
 @route(router, "GET", "/health")
 async def health() -> dict[str, str]:
-    """Liveness: ``{"status": "ok"}`` while the server answers."""
+    """Liveness: ``{"status": "ok"}`` while the server answers (``HEAD /health`` too, for load balancers)."""
     return {"status": "ok"}
 
 
