@@ -18,6 +18,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope
+from inferscale.storage.validation import check_json
 
 DEFAULT_LIMIT = 100
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
@@ -70,12 +71,14 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """``metadata`` as a plain dict (``{}`` for ``None``).
 
     Raises:
-        InvalidInputError: when it is not a dict (any ``Mapping``) or names a scope id (metadata can never set or
-            override an id).
+        InvalidInputError: when it is not a dict (any ``Mapping``), names a scope id (metadata can never set or
+            override an id), or is not storable JSON at any depth (a non-str key, NaN, an object, a lone surrogate
+            or NUL in a key or value: :func:`inferscale.storage.validation.check_json`), before anything is done.
     """
     if metadata is None:
         return {}
     checked = _validated(_METADATA, metadata, "metadata must be a dict")
+    check_json(checked, "metadata")
     clash = sorted(set(checked) & set(SCOPE_KEYS))
     if clash:
         raise InvalidInputError(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
+from inferscale.storable import check_unicode
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this are greedy decoding (vLLM's threshold; dividing logits by less overflows)."""
@@ -44,8 +45,8 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
 
     A conversation is non-empty, uses only the system, user and assistant roles (a ``name`` key is accepted, as in
     OpenAI's API, and not used), has text content in every turn
-    (empty text is allowed for system and assistant turns only), contains a user message and does not end with an
-    assistant turn (continuing a partial answer is not supported).
+    (empty text is allowed for system and assistant turns only; a lone surrogate nowhere, as it has no UTF-8 form),
+    contains a user message and does not end with an assistant turn (continuing a partial answer is not supported).
 
     Returns:
         the messages as a tuple of :class:`ChatMessage`, contents unchanged.
@@ -82,6 +83,7 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
             raise InvalidInputError(f"messages[{i}] content must be a string, got {type(content).__name__}")
         if role == "user" and not content.strip():
             raise InvalidInputError(f"messages[{i}] is a user message with no text")
+        check_unicode(content, f"messages[{i}] content")
         checked.append(ChatMessage(cast(Role, role), content))
     if not any(m.role == "user" for m in checked):
         raise InvalidInputError("messages has no user message; the model answers the last user turn")
@@ -110,11 +112,12 @@ def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMess
     for text; a sequence is trusted to come from :func:`check_messages`.
 
     Raises:
-        InvalidInputError: for a query with no text.
+        InvalidInputError: for a query with no text or with a lone surrogate.
     """
     if isinstance(conversation, str):
         if not conversation.strip():
             raise InvalidInputError("the query is empty")
+        check_unicode(conversation, "the query")
         return (ChatMessage("user", conversation),)
     return tuple(conversation)
 

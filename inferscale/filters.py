@@ -15,6 +15,11 @@ Fields are the scope ids (``user_id``, ``agent_id``, ``run_id``), the timestamps
 ``updated_at``: ISO 8601 strings, dates, tz-aware datetimes or epoch seconds; naive values are read as UTC)
 and otherwise a top-level metadata key. ``ne`` and ``nin`` also match memories that lack the field, as
 MongoDB-style filters do.
+
+Limits, checked while parsing so an oversized filter is refused before any SQL is built: at most
+:data:`MAX_FILTER_CONDITIONS` conditions (field tests: an ``in`` list is one condition), at most
+:data:`MAX_FILTER_DEPTH` nested ``AND``/``OR``/``NOT``, and at most :data:`MAX_FILTER_VALUES` values in all
+``in``/``nin`` lists together. Keys and string values must be storable text (no lone surrogate, no NUL).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Literal, TypeAlias, TypeGuard
 
 from inferscale.errors import InvalidInputError, ScopeError
 from inferscale.scope import SCOPE_KEYS
+from inferscale.storable import check_storable
 
 Operator = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains", "exists"]
 Scalar: TypeAlias = str | int | float | bool | None
@@ -36,7 +42,16 @@ OPERATORS: tuple[str, ...] = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin",
 TIME_FIELDS: tuple[str, ...] = ("created_at", "updated_at")
 LOGICAL_KEYS: tuple[str, ...] = ("AND", "OR", "NOT")
 WILDCARD = "*"
-_MAX_DEPTH = 32
+
+MAX_FILTER_CONDITIONS = 100
+"""The most field conditions one filter may hold (an ``in``/``nin`` list counts once; ``AND``/``OR``/``NOT`` not)."""
+
+MAX_FILTER_DEPTH = 8
+"""The deepest nesting of ``AND``/``OR``/``NOT`` in one filter (the top-level dict is depth 0)."""
+
+MAX_FILTER_VALUES = 1000
+"""The most values in all ``in``/``nin`` lists of one filter together."""
+
 _LOGICAL_ALIASES = {"AND": "AND", "OR": "OR", "NOT": "NOT", "$and": "AND", "$or": "OR", "$not": "NOT"}
 _ID_OPERATORS = frozenset({"eq", "ne", "in", "nin", "contains", "icontains", "exists"})
 _TIME_OPERATORS = frozenset({"eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "exists"})
@@ -99,8 +114,10 @@ def parse_filters(filters: Mapping[str, object] | None) -> Filter | None:
 
     Raises:
         InvalidInputError: for a non-dict, an unknown operator, an empty ``AND``/``OR`` list, an operand of the
-            wrong type (e.g. ``in`` without a list, a timestamp that is not ISO 8601), a bare list as a value, or
-            a metadata key holding ``"`` or ``\\``. The message names the bad key and the fix.
+            wrong type (e.g. ``in`` without a list, a timestamp that is not ISO 8601), a bare list as a value, a
+            metadata key holding ``"`` or ``\\``, a key or string value holding a lone surrogate or NUL, or a
+            filter beyond the limits (:data:`MAX_FILTER_CONDITIONS`, :data:`MAX_FILTER_DEPTH`,
+            :data:`MAX_FILTER_VALUES`). The message names the bad key and the fix.
     """
     if filters is None:
         return None
@@ -108,33 +125,63 @@ def parse_filters(filters: Mapping[str, object] | None) -> Filter | None:
         raise InvalidInputError(f"filters must be a dict such as {{'user_id': 'alice'}}, got {type(filters).__name__}")
     if not filters:
         return None
-    return _parse_mapping(filters, "filters", 0)
+    return _parse_mapping(filters, "filters", 0, _Budget())
 
 
-def _parse_mapping(node: Mapping[str, object], where: str, depth: int) -> Filter:
-    if depth > _MAX_DEPTH:
-        raise InvalidInputError(f"{where} nests deeper than {_MAX_DEPTH} levels")
+@dataclass(slots=True)
+class _Budget:
+    """What a filter has used of the limits so far, while it is parsed."""
+
+    conditions: int = 0
+    values: int = 0
+
+    def spend(self, where: str, conditions: int, values: int) -> None:
+        """Count ``conditions`` more conditions and ``values`` more list values.
+
+        Raises:
+            InvalidInputError: when either total goes past its limit, naming ``where`` and the fix.
+        """
+        self.conditions += conditions
+        self.values += values
+        if self.conditions > MAX_FILTER_CONDITIONS:
+            raise InvalidInputError(
+                f"filters hold more than {MAX_FILTER_CONDITIONS} conditions (at {where}); combine them into "
+                "'in' lists or split the query"
+            )
+        if self.values > MAX_FILTER_VALUES:
+            raise InvalidInputError(
+                f"the in/nin lists of filters hold more than {MAX_FILTER_VALUES} values together (at {where}); "
+                "filter on a metadata field that groups them instead, or split the query"
+            )
+
+
+def _parse_mapping(node: Mapping[str, object], where: str, depth: int, budget: _Budget) -> Filter:
+    if depth > MAX_FILTER_DEPTH:
+        raise InvalidInputError(f"{where} nests AND/OR/NOT deeper than {MAX_FILTER_DEPTH} levels; flatten the filter")
     if not isinstance(node, Mapping) or not node:
         raise InvalidInputError(f"{where} must be a non-empty dict of conditions, got {node!r}")
     parts: list[Filter] = []
     for key, value in node.items():
         if not isinstance(key, str) or not key:
             raise InvalidInputError(f"{where} has the key {key!r}; filter keys are non-empty strings")
+        check_storable(key, f"a key of {where}")
         here = f"{where}[{key!r}]"
         logical = _LOGICAL_ALIASES.get(key)
         if logical is not None:
-            parts.append(_parse_logical(logical, value, here, depth))
+            parts.append(_parse_logical(logical, value, here, depth, budget))
         else:
-            parts.extend(_parse_field(key, value, here))
+            conditions = _parse_field(key, value, here)
+            budget.spend(here, len(conditions), sum(len(c.value) for c in conditions if isinstance(c.value, tuple)))
+            parts.extend(conditions)
     return parts[0] if len(parts) == 1 else And(tuple(parts))
 
 
-def _parse_logical(key: str, value: object, where: str, depth: int) -> Filter:
+def _parse_logical(key: str, value: object, where: str, depth: int, budget: _Budget) -> Filter:
     if key == "NOT" and isinstance(value, Mapping):
         value = [value]
     if not isinstance(value, list | tuple) or not value:
         raise InvalidInputError(f"{where} must be a non-empty list of filter dicts, e.g. [{{'category': 'work'}}]")
-    children = tuple(_parse_mapping(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+    children = tuple(_parse_mapping(item, f"{where}[{i}]", depth + 1, budget) for i, item in enumerate(value))
     if key == "AND":
         return children[0] if len(children) == 1 else And(children)
     either = children[0] if len(children) == 1 else Or(children)
@@ -172,6 +219,11 @@ def _condition(field: str, name: str, operand: object, where: str) -> Condition:
     if op in ("in", "nin"):
         if not isinstance(operand, list | tuple) or not operand:
             raise InvalidInputError(f"{where} needs a non-empty list, e.g. {{'{op}': ['a', 'b']}}")
+        if len(operand) > MAX_FILTER_VALUES:
+            raise InvalidInputError(
+                f"{where} lists {len(operand):,} values; an in/nin list holds at most {MAX_FILTER_VALUES}. Filter on "
+                "a metadata field that groups them instead, or split the query"
+            )
         values = tuple(_operand(kind, field, item, f"{where}[{i}]") for i, item in enumerate(operand))
         return Condition(field, op, values)
     value = _operand(kind, field, operand, where)
@@ -188,8 +240,10 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
     if kind == "id":
         if not isinstance(value, str) or not value:
             raise InvalidInputError(f"{where}: {field} values are non-empty strings, got {value!r}")
-        return value
-    if value is None or isinstance(value, str | bool | int):
+        return check_storable(value, where)
+    if isinstance(value, str):
+        return check_storable(value, where)
+    if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -258,6 +312,9 @@ def describe(node: Filter | None) -> str:
 
 
 __all__ = [
+    "MAX_FILTER_CONDITIONS",
+    "MAX_FILTER_DEPTH",
+    "MAX_FILTER_VALUES",
     "OPERATORS",
     "TIME_FIELDS",
     "And",

@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypedDict
 
-from inferscale.errors import ScopeError
+from inferscale.errors import InvalidInputError, ScopeError
+from inferscale.storable import check_storable
 
 SCOPE_KEYS: tuple[str, ...] = ("user_id", "agent_id", "run_id")
+
+MAX_ID_LENGTH = 255
+"""The longest scope id in characters (the width of the ``user_id``/``agent_id``/``run_id`` columns)."""
 
 
 class ScopeIds(TypedDict):
@@ -27,6 +31,8 @@ class Scope:
 
     Raises:
         ScopeError: when no id is given, or an id is not a non-empty string.
+        InvalidInputError: when an id is longer than :data:`MAX_ID_LENGTH` characters or holds a character no
+            backend can store (a lone surrogate or NUL; see :mod:`inferscale.storable`).
     """
 
     user_id: str | None = None
@@ -38,6 +44,13 @@ class Scope:
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
+            if value is not None:
+                check_storable(value, key)
+                if len(value) > MAX_ID_LENGTH:
+                    raise InvalidInputError(
+                        f"{key} is {len(value):,} characters; a scope id holds at most {MAX_ID_LENGTH}. Use a "
+                        "shorter id (e.g. a hash of the long one)"
+                    )
         if self.user_id is None and self.agent_id is None and self.run_id is None:
             raise ScopeError("at least one of user_id, agent_id or run_id is required; memories are always scoped")
 

@@ -79,8 +79,14 @@ def tolerant_json_values(raw: str, list_key: str) -> Iterator[Any]:
     """Every JSON value that can be read from an LLM answer, most likely first.
 
     Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON; a bare list is wrapped as
-    ``{list_key: list}``. Callers take the first value that validates against their schema.
+    ``{list_key: list}``. Callers take the first value that validates against their schema. An answer that is not
+    valid Unicode (it holds a lone surrogate, which no store or JSON encoder takes) yields nothing, so the caller
+    raises its :class:`~inferscale.errors.ExtractionError` and nothing of the call is stored.
     """
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        return
     for candidate in _candidates(raw):
         try:
             value = from_json(candidate, allow_partial=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferscale.errors import InvalidInputError
+from inferscale.storable import check_storable
 
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
 
@@ -41,14 +42,6 @@ class Message:
         return out
 
 
-def _check_unicode(text: str, where: str) -> None:
-    """Refuse text that cannot be stored or tokenized (lone surrogates cannot be encoded as UTF-8)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"{where} is not valid Unicode text ({exc.reason} at index {exc.start})") from exc
-
-
 def _from_dict(item: Mapping[Any, Any], where: str) -> Message:
     missing = [key for key in ("role", "content") if key not in item]
     if missing:
@@ -62,7 +55,7 @@ def _from_dict(item: Mapping[Any, Any], where: str) -> Message:
         )
     if not content.strip():
         raise InvalidInputError(f"{where} has empty content {content!r}; expected a non-empty string")
-    _check_unicode(content, where)
+    check_storable(content, where)
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise InvalidInputError(f"{where} has name {name!r}; expected a non-empty string or no 'name' key")
     return Message(role=role, content=content, name=name)
@@ -81,13 +74,14 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
 
     Raises:
         InvalidInputError: for an empty string or list, a non-dict item, a missing ``role``/``content``, a role
-            other than user/assistant/system, non-string or whitespace-only content. The message names the bad
+            other than user/assistant/system, non-string or whitespace-only content, or content no backend can
+            store (a lone surrogate or NUL: :func:`inferscale.storable.check_storable`). The message names the bad
             index and value and the expected shape.
     """
     if isinstance(messages, str):
         if not messages.strip():
             raise InvalidInputError(f"messages is an empty string {messages!r}; expected {_EXPECTED}")
-        _check_unicode(messages, "messages")
+        check_storable(messages, "messages")
         return [Message(role="user", content=messages)]
     if isinstance(messages, Message):
         messages = [messages]

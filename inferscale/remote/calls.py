@@ -6,7 +6,8 @@ the same :class:`ApiCall` values through their own transport, so the wire format
 
 Arguments are passed through as given: the server validates them and answers with the same typed errors as the
 local client. What cannot be sent is refused here instead: a value with no JSON form (an object, NaN), a memory id
-that cannot be a path segment, a scope id that is not a string (a URL query holds only text).
+that cannot be a path segment, a scope id that is not a string (a URL query holds only text), and text in the URL
+that is not valid Unicode (a lone surrogate has no UTF-8 form to escape), refused with the local client's error.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import quote
 
 from inferscale.errors import InvalidInputError, ScopeError, ServerError
 from inferscale.scope import SCOPE_KEYS
+from inferscale.storable import check_unicode
 
 T = TypeVar("T")
 
@@ -121,10 +123,12 @@ def segment(memory_id: Any) -> str:
     """``memory_id`` as one escaped path segment (a ``/`` or ``..`` in it cannot change the route).
 
     Raises:
-        InvalidInputError: when ``memory_id`` is not a non-empty str (it would name no memory, or another route).
+        InvalidInputError: when ``memory_id`` is not a non-empty str (it would name no memory, or another route),
+            or holds a lone surrogate.
     """
     if not isinstance(memory_id, str) or not memory_id:
         raise InvalidInputError(f"memory_id must be a non-empty str, got {memory_id!r}")
+    check_unicode(memory_id, "memory_id")
     escaped = quote(memory_id, safe="")
     return escaped.replace(".", "%2E") if set(memory_id) == {"."} else escaped
 
@@ -134,6 +138,7 @@ def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
 
     Raises:
         ScopeError: for an id that is not a str (a query cannot say ``5`` apart from ``"5"``).
+        InvalidInputError: for an id holding a lone surrogate, as the local client.
     """
     params: dict[str, str] = {}
     for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True):
@@ -141,7 +146,7 @@ def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
             continue
         if not isinstance(value, str):
             raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
-        params[key] = value
+        params[key] = check_unicode(value, key)
     return params
 
 

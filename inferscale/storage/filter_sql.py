@@ -148,6 +148,21 @@ def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
     return _as_text(key, dialect) == str(value)
 
 
+def _equals_any(key: str, values: tuple[FieldValue, ...], dialect: str) -> ColumnElement[bool]:
+    """``metadata[key]`` equals one of ``values`` (by JSON type, as :func:`_equals`): one SQL ``IN`` for the
+    strings and one for the numbers, so a long list stays one shallow expression (SQLite refuses an expression
+    tree deeper than 1000, which a chain of ``OR`` reaches)."""
+    texts = [v for v in values if isinstance(v, str)]
+    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    others = [v for v in values if v is None or isinstance(v, bool)]
+    parts = [_equals(key, v, dialect) for v in dict.fromkeys(others)]
+    if texts:
+        parts.append(_as_text(key, dialect).in_(texts))
+    if numbers:
+        parts.append(_as_number(key, dialect).in_(numbers))
+    return or_(*parts)
+
+
 def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
     key, op, value = cond.field, cond.op, cond.value
     if op == "exists":
@@ -158,7 +173,7 @@ def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
     if op == "ne":
         return not_(_definite(_equals(key, value, dialect)))
     if op in ("in", "nin"):
-        either = or_(*(_equals(key, v, dialect) for v in _operands(cond)))
+        either = _equals_any(key, _operands(cond), dialect)
         return either if op == "in" else not_(_definite(either))
     if op in ("contains", "icontains"):
         return _contains(_as_text(key, dialect), str(value), dialect, op == "icontains")

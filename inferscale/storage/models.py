@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from inferscale.scope import MAX_ID_LENGTH
+
 # SQLite only aliases the rowid (and autoincrements) for the exact type "INTEGER PRIMARY KEY"; elsewhere the
 # FAISS vector id needs the full int64 range.
 _Int64Key = BigInteger().with_variant(Integer(), "sqlite")
@@ -87,9 +89,9 @@ class MemoryRow(Base):
     id: Mapped[str] = mapped_column(String(ID_LENGTH), unique=True, index=True)
     text: Mapped[str] = mapped_column(Text)
     hash: Mapped[str] = mapped_column(String(HASH_LENGTH), index=True)
-    user_id: Mapped[str | None] = mapped_column(String(KEY_LENGTH), index=True)
-    agent_id: Mapped[str | None] = mapped_column(String(KEY_LENGTH), index=True)
-    run_id: Mapped[str | None] = mapped_column(String(KEY_LENGTH), index=True)
+    user_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
+    agent_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
     # ``metadata`` is reserved on declarative classes; the column keeps the plain name.
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     context: Mapped[list[str]] = mapped_column(JSON, default=list)

@@ -1,5 +1,10 @@
 """Checks that run before anything is written: each returns the value in the form it is stored, or raises
-:class:`~inferscale.errors.InvalidInputError` naming the bad value."""
+:class:`~inferscale.errors.InvalidInputError` naming the bad value.
+
+Every string that is stored or used in a query (texts, ids, metadata keys and values at any depth, context turns)
+passes :func:`inferscale.storable.check_storable`: no lone surrogate, no NUL, on both backends alike. The write path
+(:mod:`inferscale.storage.changes`) checks a whole change set before its transaction starts, so a refused value
+leaves nothing written, whether it came from a caller or from the extraction LLM."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import numpy as np
 
 from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
+from inferscale.storable import check_storable
 from inferscale.storage.models import KEY_LENGTH
 
 MAX_JSON_DEPTH = 64
@@ -18,16 +24,16 @@ MAX_JSON_DEPTH = 64
 
 
 def check_text(text: object, name: str = "text") -> str:
-    """``text`` when it is a str that is not empty or whitespace.
+    """``text`` when it is a str that is not empty or whitespace and every backend can store.
 
     Raises:
-        InvalidInputError: otherwise, naming ``name``.
+        InvalidInputError: otherwise (a lone surrogate or NUL included), naming ``name``.
     """
     if not isinstance(text, str):
         raise InvalidInputError(f"{name} must be a str, got {type(text).__name__}")
     if not text.strip():
         raise InvalidInputError(f"{name} must not be empty or whitespace, got {text!r}")
-    return text
+    return check_storable(text, name)
 
 
 def check_key(value: object, name: str) -> str:
@@ -43,14 +49,14 @@ def check_key(value: object, name: str) -> str:
 
 
 def check_id(memory_id: object) -> str:
-    """``memory_id`` when it is a non-empty str.
+    """``memory_id`` when it is a non-empty str that every backend can query with.
 
     Raises:
-        InvalidInputError: otherwise.
+        InvalidInputError: otherwise (a lone surrogate or NUL included).
     """
     if not isinstance(memory_id, str) or not memory_id:
         raise InvalidInputError(f"memory_id must be a non-empty str, got {memory_id!r}")
-    return memory_id
+    return check_storable(memory_id, "memory_id")
 
 
 def check_scope(scope: object) -> Scope:
@@ -100,15 +106,20 @@ def check_limit(limit: object) -> int | None:
 
 
 def check_json(value: object, where: str, depth: int = 0) -> None:
-    """Check that ``value`` is plain JSON: str keys; str, int, finite float, bool, None, list, tuple or dict values.
+    """Check that ``value`` is plain JSON: str keys; str, int, finite float, bool, None, list, tuple or dict values;
+    every key and str value storable (:func:`~inferscale.storable.check_storable`).
 
     Raises:
-        InvalidInputError: for anything else, NaN or infinity, or nesting deeper than :data:`MAX_JSON_DEPTH`;
-            the message names the path to the bad value (``where`` is its root).
+        InvalidInputError: for anything else, NaN or infinity, a lone surrogate or NUL in a key or value, or
+            nesting deeper than :data:`MAX_JSON_DEPTH`; the message names the path to the bad value (``where`` is
+            its root).
     """
     if depth > MAX_JSON_DEPTH:
         raise InvalidInputError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels (is it cyclic?)")
-    if value is None or isinstance(value, str | bool | int):
+    if isinstance(value, str):
+        check_storable(value, where)
+        return
+    if value is None or isinstance(value, bool | int):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -122,6 +133,7 @@ def check_json(value: object, where: str, depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidInputError(f"{where} has the key {key!r}; JSON object keys must be str")
+            check_storable(key, f"a key of {where}")
             check_json(item, f"{where}[{key!r}]", depth + 1)
         return
     raise InvalidInputError(
@@ -167,6 +179,7 @@ def check_context(context: object) -> list[str]:
     for i, turn in enumerate(turns):
         if not isinstance(turn, str):
             raise InvalidInputError(f"context[{i}] must be a str, got {type(turn).__name__}")
+        check_storable(turn, f"context[{i}]")
     return turns
 
 

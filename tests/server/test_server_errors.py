@@ -55,6 +55,26 @@ def test_a_value_the_client_refuses_is_400_invalid_input_with_its_message(http: 
     assert "metadata may not set scope ids" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
+def test_text_no_backend_can_hold_is_400_invalid_input_and_the_scope_stays_readable(http: httpx.Client) -> None:
+    """tester1 #2: a lone surrogate (and a NUL) in metadata was stored, and every read of the scope then answered
+    500; a PUT of one answered 500 but wrote. Both are now refused before anything is written."""
+    headers = {"Content-Type": "application/json"}
+    poisoned = b'{"messages": "x", "user_id": "u1", "metadata": {"k\\u0000": "\\ud800"}, "infer": false}'
+    message = _error(
+        http.post("/v1/memories/", content=poisoned, headers=headers), 400, "invalid_input", "InvalidInputError"
+    )
+    assert "metadata" in message
+    kept = http.post("/v1/memories/", json={"messages": "Lives in Lisbon", "user_id": "u1", "infer": False})
+    memory_id = kept.json()["results"][0]["id"]
+    update = b'{"metadata": {"note": "\\ud83d"}}'
+    reply = http.put(f"/v1/memories/{memory_id}/", content=update, headers=headers)
+    assert "lone surrogate" in _error(reply, 400, "invalid_input", "InvalidInputError")
+    listed = http.get("/v1/memories/", params={"user_id": "u1"})
+    assert listed.status_code == 200, listed.text
+    assert [(r["memory"], r["metadata"]) for r in listed.json()["results"]] == [("Lives in Lisbon", {"role": "user"})]
+    assert [h["event"] for h in http.get(f"/v1/memories/{memory_id}/history/").json()] == ["ADD"]
+
+
 @pytest.mark.parametrize(
     ("body", "where"),
     [
