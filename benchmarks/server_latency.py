@@ -5,13 +5,14 @@ It starts ``inferscale serve --engine transformers`` as a child process on a fre
 directory, with one admin key (so every request is authenticated as in production), and stores ``--memories``
 synthetic facts for one user through the server. Then:
 
-- **add / search**: for each concurrency c in ``--concurrency``, c async remote clients each send ``--calls`` calls
-  back to back (``add(text, infer=False)`` with a fresh fact each time, then ``search(query, limit=5)``); latency is
-  the client-side wall clock per call (ms), over every call of every client;
-- **chat TTFT**: ``--repeats`` times, interleaved, the same question with ``limit=k``: through the server with
-  ``stream=True`` (client-side wall clock from sending the request to the first answer text), and in process on a
-  local :class:`MemoryClient` over a copy of the same memories (``ChatResult.timings.ttft_ms``, the same definition
-  on the other side of the socket). The server process is idle while the in-process client runs, and vice versa.
+- **add / search**: for each concurrency c in ``--concurrency``, c async remote clients each send ``--calls``
+  ``add(text, infer=False)`` calls back to back, a fresh fact each time; once every add has returned, each sends
+  ``--calls`` ``search(query, limit=5)`` calls. Latency is the client-side wall clock per call (ms), over every call
+  of every client. The same calls from one in-process :class:`MemoryClient` give the baseline without HTTP;
+- **chat TTFT**: ``--repeats`` times, interleaved, the same streamed question with ``limit=k``, through the server
+  and in process on a local :class:`MemoryClient` over a copy of the same memories: the wall clock from calling
+  ``chat(stream=True)`` to the first answer text, measured the same way on both sides. Each stream is read to its
+  end before the other side starts, so neither process computes while the other is measured.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/server_latency.py --out out/server_latency.json
 
@@ -126,36 +127,61 @@ def running_server(data_dir: str, dtype: str) -> Iterator[str]:
 
 
 async def call_latencies(host: str, api_key: str, concurrency: int, calls: int, offset: int) -> dict[str, list[float]]:
-    """``calls`` adds then ``calls`` searches from each of ``concurrency`` remote clients at once; ms per call."""
+    """``calls`` adds from each of ``concurrency`` remote clients at once, then ``calls`` searches from each; ms per
+    call."""
     clients = [AsyncMemoryClient(host=host, api_key=api_key) for _ in range(concurrency)]
     facts = synthetic_facts(offset + concurrency * calls)[offset:]
     latencies: dict[str, list[float]] = {"add": [], "search": []}
 
-    async def worker(index: int, client: Any) -> None:
+    async def adds(index: int, client: Any) -> None:
         for j in range(calls):
             t0 = time.perf_counter()
             await client.add(facts[index * calls + j], user_id=USER, infer=False)
             latencies["add"].append((time.perf_counter() - t0) * 1000.0)
+
+    async def searches(client: Any) -> None:
         for _ in range(calls):
             t0 = time.perf_counter()
             await client.search(QUESTION, user_id=USER, limit=5)
             latencies["search"].append((time.perf_counter() - t0) * 1000.0)
 
-    try:
-        await asyncio.gather(*(worker(i, c) for i, c in enumerate(clients)))
+    try:  # two phases, so that no search waits behind another client's add
+        await asyncio.gather(*(adds(i, c) for i, c in enumerate(clients)))
+        await asyncio.gather(*(searches(c) for c in clients))
     finally:
         for client in clients:
             await client.close()
     return latencies
 
 
-def remote_ttft_ms(remote: Any, k: int) -> float:
-    """Client-side wall clock from sending a streamed chat to its first answer text (ms)."""
+def local_call_latencies(local: MemoryClient, calls: int, offset: int) -> dict[str, list[float]]:
+    """The same adds and searches as one remote client, on the in-process client; ms per call."""
+    facts = synthetic_facts(offset + calls)[offset:]
+    latencies: dict[str, list[float]] = {"add": [], "search": []}
+    for fact in facts:
+        t0 = time.perf_counter()
+        local.add(fact, user_id=USER, infer=False)
+        latencies["add"].append((time.perf_counter() - t0) * 1000.0)
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        local.search(QUESTION, user_id=USER, limit=5)
+        latencies["search"].append((time.perf_counter() - t0) * 1000.0)
+    return latencies
+
+
+def ttft_ms(client: Any, k: int) -> float:
+    """Wall clock from calling ``chat(stream=True)`` to its first answer text (ms), the same on either client.
+
+    The stream is read to its end before returning, so the side measured next finds the other one idle.
+    """
     t0 = time.perf_counter()
-    for chunk in remote.chat(QUESTION, user_id=USER, limit=k, stream=True, max_new_tokens=8):
-        if chunk.delta:
-            return (time.perf_counter() - t0) * 1000.0
-    raise RuntimeError("the streamed answer had no text")
+    first: float | None = None
+    for chunk in client.chat(QUESTION, user_id=USER, limit=k, stream=True, max_new_tokens=8):
+        if chunk.delta and first is None:
+            first = (time.perf_counter() - t0) * 1000.0
+    if first is None:
+        raise RuntimeError("the streamed answer had no text")
+    return first
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -184,18 +210,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 offset += concurrency * args.calls
                 for name, values in samples.items():
                     calls[f"{name}@{concurrency}"] = {"call": name, "concurrency": concurrency, **summary(values)}
+            for name, values in local_call_latencies(local, args.calls, args.memories).items():
+                calls[f"{name}@in-process"] = {"call": name, "concurrency": "in process", **summary(values)}
             for _ in range(2):  # warm-up: K/V encoded and loaded on both sides
-                remote_ttft_ms(remote, args.k)
-                local.chat(QUESTION, user_id=USER, limit=args.k, max_new_tokens=1)
+                ttft_ms(remote, args.k)
+                ttft_ms(local, args.k)
             served, in_process = [], []
             for _ in range(args.repeats):
-                served.append(remote_ttft_ms(remote, args.k))
-                in_process.append(local.chat(QUESTION, user_id=USER, limit=args.k, max_new_tokens=1).timings.ttft_ms)
+                served.append(ttft_ms(remote, args.k))
+                in_process.append(ttft_ms(local, args.k))
             remote.close()
         local.close()
     ttft = {"k": args.k, "server": summary(served), "in_process": summary(in_process)}
     ttft["server_over_in_process"] = ttft["server"]["p50_ms"] / ttft["in_process"]["p50_ms"]
-    return {"machine": machine_info(), "args": vars(args), "calls": list(calls.values()), "chat_ttft": ttft}
+    settings = {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()}
+    return {"machine": machine_info(), "args": settings, "calls": list(calls.values()), "chat_ttft": ttft}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -216,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = parse_args(argv)
     result = run(args)
-    print(f"{'call':8s} {'clients':>7s} {'p50 ms':>8s} {'p95 ms':>8s}")
+    print(f"{'call':8s} {'clients':>10s} {'p50 ms':>8s} {'p95 ms':>8s}")
     for row in result["calls"]:
-        print(f"{row['call']:8s} {row['concurrency']:7d} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}")
+        print(f"{row['call']:8s} {row['concurrency']!s:>10s} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}")
     ttft = result["chat_ttft"]
     print(
         f"chat TTFT k={ttft['k']}: server p50 {ttft['server']['p50_ms']:.1f} ms, in process p50 "
