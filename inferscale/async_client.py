@@ -112,10 +112,12 @@ class AsyncMemoryClient(ClientCore):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:
-        """Build a client from a config dict: :class:`MemoryConfig` fields or Mem0's shape.
+        """Build a client from a config dict: :class:`MemoryConfig` fields, Mem0's shape, or both side by side
+        (see :func:`~inferscale.config.config_from_dict`).
 
         Raises:
-            ConfigError: for a config that does not validate or names an unsupported provider.
+            ConfigError: for a config that does not validate, a section that fits neither shape, or an unsupported
+                provider.
         """
         return cls(config)
 

@@ -58,8 +58,10 @@ class MemoryClient(ClientCore):
     the async client mirrors.
 
     Args:
-        config: a :class:`MemoryConfig`, a dict of its fields, or a Mem0-shaped dict (``{"llm": ..., "embedder":
-            ..., "vector_store": ..., "history_db_path": ...}``); ``None`` runs on the embedded defaults.
+        config: a :class:`MemoryConfig`, a dict of its fields, or a Mem0-shaped dict (``{"llm": {"provider": ...,
+            "config": {...}}, "vector_store": ..., "history_db_path": ...}``); ``llm`` and ``embedder`` are each read
+            in the shape their keys show (:func:`~inferscale.config.config_from_dict`). ``None`` runs on the
+            embedded defaults.
         engine: an engine to use instead of building one from ``config.engine`` (tests, shared models).
         embedder: an embedder to use instead of ``config.embedder``.
         generator: a JSON generator for fact extraction and reconcile instead of ``config.llm``.
@@ -70,9 +72,10 @@ class MemoryClient(ClientCore):
             ``api_key`` defaults to ``INFERSCALE_API_KEY``.
 
     Raises:
-        ConfigError: for a config that does not validate; for ``host`` together with ``config``, ``engine``,
-            ``embedder`` or ``generator`` (a remote client uses the server's), or ``api_key``, ``timeout`` or
-            ``retries`` without ``host``.
+        ConfigError: for a config that does not validate or an ``llm``/``embedder`` section that fits neither
+            shape (the message names it and the keys that do not fit); for ``host`` together with ``config``,
+            ``engine``, ``embedder`` or ``generator`` (a remote client uses the server's), or ``api_key``,
+            ``timeout`` or ``retries`` without ``host``.
     """
 
     _remote_class = "RemoteMemoryClient"
@@ -116,10 +119,12 @@ class MemoryClient(ClientCore):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:
-        """Build a client from a config dict: :class:`MemoryConfig` fields or Mem0's shape.
+        """Build a client from a config dict: :class:`MemoryConfig` fields, Mem0's shape, or both side by side
+        (see :func:`~inferscale.config.config_from_dict`).
 
         Raises:
-            ConfigError: for a config that does not validate or names an unsupported provider.
+            ConfigError: for a config that does not validate, a section that fits neither shape, or an unsupported
+                provider.
         """
         return cls(config)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
 from inferscale.chat_request import ChatRequest
-from inferscale.config import MemoryConfig, is_mem0_config
+from inferscale.config import MemoryConfig, config_from_dict
 from inferscale.derived import DerivedStores, LatestMemories, Steps, StoredText
 from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, InvalidInputError
@@ -187,15 +187,7 @@ class ClientCore:
         timeout: None = None,
         retries: None = None,
     ) -> None:
-        if isinstance(config, MemoryConfig):
-            self.config = config
-        elif isinstance(config, Mapping) and is_mem0_config(config):
-            self.config = MemoryConfig.from_mem0(config)
-        else:
-            try:
-                self.config = MemoryConfig(**dict(config or {}))
-            except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError
-                raise ConfigError(f"invalid InferScale config: {exc}") from exc
+        self.config = config if isinstance(config, MemoryConfig) else config_from_dict(config or {})
         self._engine = engine
         self._owns_engine = engine is None
         self._embedder = embedder

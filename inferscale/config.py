@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -210,6 +210,11 @@ class MemoryConfig(_Strict):
         """Translate a Mem0-shaped config dict (see :func:`from_mem0_dict`)."""
         return from_mem0_dict(config)
 
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> MemoryConfig:
+        """Build from a dict of these fields, Mem0's shape, or both side by side (see :func:`config_from_dict`)."""
+        return config_from_dict(config)
+
     def home_dir(self) -> Path:
         """The resolved cache directory (``home`` or :func:`inferscale_home`)."""
         return Path(self.home).expanduser() if self.home else inferscale_home()
@@ -241,17 +246,104 @@ MEM0_KEYS: frozenset[str] = frozenset(
         "reranker",
     }
 )
-"""Top-level keys that mark a config dict as Mem0-shaped."""
+"""Top-level keys of Mem0's config. ``llm`` and ``embedder`` are :class:`MemoryConfig` fields too: their own
+fields tell the two shapes apart (:func:`section_shape`); the others mark a dict as Mem0's."""
+
+_MEM0_ONLY_KEYS = MEM0_KEYS - {"llm", "embedder"}
+_MEM0_SECTION_KEYS = frozenset({"provider", "config"})
+_SECTIONS: dict[str, type[_Strict]] = {"llm": LLMConfig, "embedder": EmbedderConfig}
+_LLM_PROVIDERS: tuple[str, ...] = get_args(LLMConfig.model_fields["provider"].annotation)
+_SECTION_NAMES: tuple[Literal["llm", "embedder"], ...] = ("llm", "embedder")
+ConfigShape = Literal["inferscale", "mem0"]
 
 _OPENAI_COMPATIBLE = frozenset({"openai", "vllm", "lmstudio", "ollama", "deepseek", "together", "groq", "xai"})
 _LOCAL_LLM = frozenset({"inferscale", "engine", "huggingface", "transformers"})
 _BASE_URL_KEYS = ("base_url", "openai_base_url", "vllm_base_url", "lmstudio_base_url", "ollama_base_url")
 
 
+def section_shape(name: Literal["llm", "embedder"], value: object) -> ConfigShape | None:
+    """The shape the ``llm`` or ``embedder`` section of a config dict is written in, read from its keys.
+
+    - ``"mem0"``: Mem0's ``{"provider": ..., "config": {...}}`` (``config`` may be left out when ``provider`` is
+      not a value of our field, e.g. ``{"provider": "huggingface"}``);
+    - ``"inferscale"``: an :class:`LLMConfig` / :class:`EmbedderConfig`, or a dict of its fields (``{}`` and
+      ``{"provider": "openai"}`` included);
+    - ``None``: the section is missing or ``None``.
+
+    Raises:
+        ConfigError: for a value that is not a dict, or a dict whose keys fit neither shape; the message names
+            the section, the keys that do not fit each shape and the fields each shape takes.
+    """
+    model = _SECTIONS[name]
+    if value is None:
+        return None
+    if isinstance(value, model):
+        return "inferscale"
+    fields = set(model.model_fields)
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"config[{name!r}] must be a dict: Mem0's {{'provider': ..., 'config': {{...}}}} or {model.__name__} "
+            f"fields {sorted(fields)}; got {value!r}"
+        )
+    keys = {str(k) for k in value}
+    if keys <= _MEM0_SECTION_KEYS and ("config" in keys or not _validates(model, value)):
+        return "mem0"
+    if keys <= fields:
+        provider = value.get("provider")
+        if name == "llm" and provider is not None and provider not in _LLM_PROVIDERS:
+            raise ConfigError(
+                f"config['llm'] names provider {provider!r} next to LLMConfig fields {sorted(keys - {'provider'})}: "
+                f"LLMConfig's providers are {list(_LLM_PROVIDERS)} ('openai' is any OpenAI-compatible endpoint, "
+                f"with base_url and model); Mem0's shape puts the settings under 'config', e.g. "
+                f"{{'provider': {provider!r}, 'config': {{'model': ...}}}}"
+            )
+        return "inferscale"
+    raise ConfigError(
+        f"config[{name!r}] has keys {sorted(keys)}, which fit neither shape: Mem0's takes only 'provider' and "
+        f"'config' (not {sorted(keys - _MEM0_SECTION_KEYS)}), {model.__name__} takes {sorted(fields)} (not "
+        f"{sorted(keys - fields)}). Write e.g. {{'provider': 'vllm', 'config': {{'model': ...}}}} or "
+        f"{{'provider': 'openai', 'model': ..., 'base_url': ...}}"
+    )
+
+
+def _validates(model: type[_Strict], value: Mapping[Any, Any]) -> bool:
+    try:
+        model.model_validate(value)
+    except ValidationError:
+        return False
+    return True
+
+
 def is_mem0_config(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` uses Mem0's shape (a key such as ``"llm"``, ``"vector_store"`` or
-    ``"history_db_path"``) rather than :class:`MemoryConfig`'s fields."""
-    return any(key in MEM0_KEYS for key in config)
+    """Whether ``config`` needs translating from Mem0's shape: it has a key only Mem0 uses (``"vector_store"``,
+    ``"history_db_path"``, ``"version"``, ...) or an ``llm``/``embedder`` section in Mem0's shape
+    (:func:`section_shape`). A dict of :class:`MemoryConfig` fields, ``llm`` and ``embedder`` included, is not.
+
+    Raises:
+        ConfigError: for an ``llm`` or ``embedder`` section that fits neither shape.
+    """
+    shapes = [section_shape(name, config.get(name)) for name in _SECTION_NAMES]
+    return any(key in _MEM0_ONLY_KEYS for key in config) or "mem0" in shapes
+
+
+def config_from_dict(config: Mapping[str, Any]) -> MemoryConfig:
+    """A :class:`MemoryConfig` from a dict of its fields, from Mem0's shape, or from both side by side: each of
+    ``llm`` and ``embedder`` is read in the shape its keys show (:func:`section_shape`), Mem0's other keys are
+    translated (:func:`from_mem0_dict`) and the other fields are taken as they are. A dict of fields alone gives
+    what ``MemoryConfig(**config)`` gives.
+
+    Raises:
+        ConfigError: for a non-dict, a section that fits neither shape (naming it and the keys that do not fit),
+            an unsupported Mem0 provider or key, or a value that does not validate.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a MemoryConfig or a dict, got {type(config).__name__}")
+    if is_mem0_config(config):
+        return from_mem0_dict(config)
+    try:
+        return MemoryConfig(**config)
+    except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError; TypeError: a non-str key
+        raise ConfigError(f"invalid InferScale config: {exc}") from exc
 
 
 def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str, Any]]:
@@ -307,14 +399,15 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
           ``pgvector`` with ``config.connection_string`` gives the database URL (vectors stay in FAISS).
         - ``history_db_path`` becomes a SQLite ``db_url``; ``db_url`` may also be given directly.
         - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
-        - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through.
+        - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through, and so does an
+          ``llm`` or ``embedder`` section written as our fields (:func:`section_shape`).
 
     Returns:
         The validated config.
 
     Raises:
-        ConfigError: for an unsupported provider or key (``graph_store``, custom prompts, rerankers), or a result
-            that does not validate.
+        ConfigError: for an unsupported provider or key (``graph_store``, custom prompts, rerankers), a section
+            that fits neither shape, or a result that does not validate.
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"config must be a dict, got {type(config).__name__}")
@@ -322,14 +415,18 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         if config.get(key):
             raise ConfigError(f"Mem0 config key {key!r} is not supported by InferScale; remove it")
     own = {k: v for k, v in config.items() if k not in MEM0_KEYS}
+    for section in _SECTION_NAMES:
+        if section_shape(section, config.get(section)) == "inferscale":
+            own[section] = config[section]
+    mem0 = {k: v for k, v in config.items() if k not in own}
     llm: dict[str, Any] = {}
     engine = dict(own.get("engine") or {})
-    llm_provider, llm_cfg = _section(config, "llm")
+    llm_provider, llm_cfg = _section(mem0, "llm")
     mapped = _llm_fields(llm_provider, llm_cfg)
     if "engine_model" in mapped:
         engine["model"] = mapped.pop("engine_model")
     llm.update(mapped)
-    emb_provider, emb_cfg = _section(config, "embedder")
+    emb_provider, emb_cfg = _section(mem0, "embedder")
     if emb_provider not in (None, "huggingface", "sentence_transformers", "sentence-transformers", "inferscale"):
         raise ConfigError(
             f"embedder provider {emb_provider!r} is not supported; use 'huggingface' (sentence-transformers)"

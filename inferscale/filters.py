@@ -115,7 +115,7 @@ def parse_filters(filters: Mapping[str, object] | None) -> Filter | None:
     Raises:
         InvalidInputError: for a non-dict, an unknown operator, an empty ``AND``/``OR`` list, an operand of the
             wrong type (e.g. ``in`` without a list, a timestamp that is not ISO 8601), a bare list as a value, a
-            metadata key holding ``"`` or ``\\``, a key or string value holding a lone surrogate or NUL, or a
+            key or string value holding a lone surrogate or NUL, or a
             filter beyond the limits (:data:`MAX_FILTER_CONDITIONS`, :data:`MAX_FILTER_DEPTH`,
             :data:`MAX_FILTER_VALUES`). The message names the bad key and the fix.
     """
@@ -189,8 +189,6 @@ def _parse_logical(key: str, value: object, where: str, depth: int, budget: _Bud
 
 
 def _parse_field(field: str, value: object, where: str) -> list[Condition]:
-    if field not in SCOPE_KEYS and field not in TIME_FIELDS and ('"' in field or "\\" in field):
-        raise InvalidInputError(f"{where}: metadata keys used in filters may not contain '\"' or '\\\\'")
     if isinstance(value, Mapping):
         if not value:
             raise InvalidInputError(f"{where} is an empty operator dict; use e.g. {{'eq': 'x'}} or '*'")

@@ -1,18 +1,21 @@
 """Compile a parsed filter tree (:mod:`inferscale.filters`) into a SQL ``WHERE`` clause on ``memories``.
 
-The same tree compiles for SQLite (``json_type``/``json_extract``) and PostgreSQL (``json_typeof``/``->>``).
-Metadata values are compared by JSON type: a string operand only matches JSON strings, a number only JSON
-numbers, a bool only JSON booleans, ``None`` only JSON null. Casts are guarded by ``CASE`` so that a row whose
-value has another type never reaches a cast (PostgreSQL would raise on ``CAST('abc' AS FLOAT)``). ``NOT``,
-``ne`` and ``nin`` are two-valued: a memory that lacks the field is "not equal".
+The same tree compiles for SQLite (``json_each``) and PostgreSQL (``json_typeof``/``->``/``->>``). A metadata key is
+always a bound parameter compared with the keys as the database decodes them, never text spliced into a JSON path:
+SQLite's path labels match a key's stored (escaped) spelling, so ``$."café"`` misses the key stored as
+``"caf\\u00e9"`` and no path can spell a key holding ``"``. Metadata values are compared by JSON type: a string
+operand only matches JSON strings, a number only JSON numbers, a bool only JSON booleans, ``None`` only JSON null.
+On PostgreSQL, casts are guarded by ``CASE`` so that a row whose value has another type never reaches a cast (it would
+raise on ``CAST('abc' AS FLOAT)``). ``NOT``, ``ne`` and ``nin`` are two-valued: a memory that lacks the field is
+"not equal".
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, and_, case, false, func, literal, not_, null, or_, true
+from sqlalchemy import ColumnElement, and_, case, false, func, not_, null, or_, select, true
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from inferscale.filters import And, Condition, FieldValue, Filter, Not, Or
@@ -111,10 +114,23 @@ def _contains(expr: ColumnElement[Any], needle: str, dialect: str, fold_case: bo
 
 
 def _kind(key: str, dialect: str) -> ColumnElement[str]:
-    """The JSON type name of ``metadata[key]`` (NULL when the key is missing)."""
+    """The JSON type name of ``metadata[key]`` (NULL when the key is missing). The names differ by dialect:
+    PostgreSQL's ``json_typeof`` says object array string number boolean null, SQLite's ``json_each`` object
+    array text integer real true false null."""
     if dialect == "postgresql":
         return func.json_typeof(MemoryRow.metadata_[key])
-    return func.json_type(MemoryRow.metadata_, literal(f'$."{key}"'))
+    return _sqlite_member(key, "type")
+
+
+def _sqlite_member(key: str, column: Literal["type", "value"], types: tuple[str, ...] = ()) -> ColumnElement[Any]:
+    """A correlated scalar subquery: the ``column`` of the top-level member ``key`` of the row's metadata, from
+    SQLite's ``json_each`` (whose ``key`` is the decoded member name and ``value`` the SQL value: text, integer or
+    real for scalars); NULL when there is no such member or its type is not one of ``types`` (any when empty)."""
+    member = func.json_each(MemoryRow.metadata_).table_valued("key", "value", "type")
+    found = select(member.c[column]).where(member.c.key == key)
+    if types:
+        found = found.where(member.c.type.in_(types))
+    return found.limit(1).scalar_subquery()
 
 
 def _is(key: str, json_type: str, dialect: str) -> ColumnElement[bool]:
@@ -129,11 +145,17 @@ def _is(key: str, json_type: str, dialect: str) -> ColumnElement[bool]:
 
 
 def _as_text(key: str, dialect: str) -> ColumnElement[str]:
-    return case((_is(key, "string", dialect), MemoryRow.metadata_[key].as_string()), else_=null())
+    """``metadata[key]`` when it is a JSON string, else NULL."""
+    if dialect == "postgresql":
+        return case((_is(key, "string", dialect), MemoryRow.metadata_[key].as_string()), else_=null())
+    return _sqlite_member(key, "value", ("text",))
 
 
 def _as_number(key: str, dialect: str) -> ColumnElement[float]:
-    return case((_is(key, "number", dialect), MemoryRow.metadata_[key].as_float()), else_=null())
+    """``metadata[key]`` when it is a JSON number (integer or real), else NULL."""
+    if dialect == "postgresql":
+        return case((_is(key, "number", dialect), MemoryRow.metadata_[key].as_float()), else_=null())
+    return _sqlite_member(key, "value", ("integer", "real"))
 
 
 def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:

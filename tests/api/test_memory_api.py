@@ -259,6 +259,22 @@ def test_filters_restrict_search_and_get_all(m: ClientAdapter) -> None:
         m.get_all(user_id="u", filters={"kind": ["book"]})
 
 
+@pytest.mark.parametrize("key", ["café", "名前", "ключ", "😀", 'we"ird\\', "a.b"])
+def test_filters_on_non_ascii_and_awkward_metadata_keys(m: ClientAdapter, key: str) -> None:
+    """Issue 15 item 5: SQLite found nothing for {"café": "Lumen"} (its JSON path missed the escaped key) and
+    answered ne/NOT with the memory; every client on both backends answers as PostgreSQL did."""
+    m.add("Favourite bakery is Lumen", user_id="u8", metadata={key: "Lumen"}, infer=False)
+    m.add("Favourite cafe is Aster", user_id="u8", metadata={"other": "Lumen"}, infer=False)
+    lumen, aster = ["Favourite bakery is Lumen"], ["Favourite cafe is Aster"]
+    assert texts(m.get_all(user_id="u8", filters={key: "Lumen"})) == lumen
+    assert texts(m.get_all(user_id="u8", filters={key: "*"})) == lumen
+    assert texts(m.get_all(user_id="u8", filters={key: {"in": ["Lumen", "x"]}})) == lumen
+    assert texts(m.get_all(user_id="u8", filters={key: {"icontains": "lum"}})) == lumen
+    assert texts(m.get_all(user_id="u8", filters={key: {"ne": "Lumen"}})) == aster
+    assert texts(m.get_all(user_id="u8", filters={"NOT": [{key: "Lumen"}]})) == aster
+    assert texts(m.search("favourite bakery", user_id="u8", filters={key: "Lumen"})) == lumen
+
+
 def test_a_message_added_alone_is_encoded_after_its_scopes_last_memories(
     make: MakeClient, tmp_path: Path, db_url: str
 ) -> None:

@@ -1,0 +1,92 @@
+"""A config dict is read in the shape its fields show (issue 15, item 7): ``MemoryConfig`` fields, Mem0's
+``{"provider": ..., "config": {...}}`` sections, or both side by side; a section that fits neither is a
+``ConfigError`` naming the section and the keys that do not fit. Building a client does no I/O, so no database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferscale import AsyncMemoryClient, Memory, MemoryClient, MemoryConfig
+from inferscale.config import EmbedderConfig, KVConfig, LLMConfig, config_from_dict, from_mem0_dict, is_mem0_config
+from inferscale.errors import ConfigError
+
+ENDPOINT = "http://127.0.0.1:9/v1"
+
+# dicts of MemoryConfig fields, llm and embedder included: each must equal MemoryConfig(**it)
+OURS: dict[str, dict[str, Any]] = {
+    "endpoint": {
+        "llm": {"provider": "openai", "base_url": ENDPOINT, "model": "qwen", "api_key": "k", "reconcile": False},
+        "embedder": {"model": "/models/minilm", "device": "cpu"},
+    },
+    "limits only": {"llm": {"max_new_tokens": 200, "check_grounding": False}, "embedder": {"device": "cuda"}},
+    "empty sections": {"llm": {}, "embedder": {}},
+    "engine provider": {"llm": {"provider": "engine"}, "engine": {"dtype": "float32"}},
+    "openai provider alone": {"llm": {"provider": "openai"}},
+    "models": {"llm": LLMConfig(reconcile_top_k=3), "embedder": EmbedderConfig(model="/m"), "kv": KVConfig()},
+    "with the rest": {
+        "llm": {"model": "m", "provider": "openai", "base_url": ENDPOINT},
+        "kv": {"context_window": 3},
+        "db_url": "sqlite:////tmp/never-opened.db",
+        "max_memory_chars": 100,
+    },
+}
+
+
+@pytest.mark.parametrize("config", list(OURS.values()), ids=list(OURS))
+def test_a_dict_of_memory_config_fields_is_that_config(config: dict[str, Any]) -> None:
+    expected = MemoryConfig(**config)
+    assert not is_mem0_config(config)
+    assert config_from_dict(config) == expected
+    assert MemoryConfig.from_dict(config) == expected
+    for build in (MemoryClient, Memory.from_config):
+        assert build(config).config == expected, build
+    for build_async in (AsyncMemoryClient, AsyncMemoryClient.from_config):
+        assert build_async(config).config == expected, build_async
+
+
+def test_mem0_sections_are_translated_and_our_sections_pass_through(tmp_path: Path) -> None:
+    mem0 = {
+        "llm": {"provider": "vllm", "config": {"model": "qwen", "vllm_base_url": ENDPOINT, "max_tokens": 300}},
+        "embedder": {"provider": "huggingface", "config": {"model": "/models/minilm"}},
+        "data_dir": str(tmp_path),
+    }
+    translated = MemoryConfig(
+        llm=LLMConfig(provider="openai", base_url=ENDPOINT, model="qwen", max_new_tokens=300),
+        embedder=EmbedderConfig(model="/models/minilm"),
+        data_dir=str(tmp_path),
+    )
+    assert is_mem0_config(mem0)
+    assert config_from_dict(mem0) == Memory.from_config(mem0).config == from_mem0_dict(mem0) == translated
+    # a provider Mem0 names without its config block is still Mem0's: the local engine
+    assert config_from_dict({"llm": {"provider": "huggingface"}}) == MemoryConfig()
+    assert config_from_dict({"embedder": {"provider": "huggingface"}}) == MemoryConfig()
+    # each section is read in its own shape, so the two can sit side by side
+    mixed = {"llm": mem0["llm"], "embedder": {"model": "/models/minilm"}, "data_dir": str(tmp_path)}
+    assert config_from_dict(mixed) == MemoryClient(mixed).config == translated
+    mixed = {"embedder": mem0["embedder"], "llm": {"reconcile": False}, "version": "v1.1"}
+    assert config_from_dict(mixed) == MemoryConfig(llm=LLMConfig(reconcile=False), embedder=translated.embedder)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        # Mem0's provider next to our field
+        ({"llm": {"provider": "vllm", "model": "x"}}, r"'llm'\] names provider 'vllm'.*\['model'\]"),
+        ({"embedder": {"provider": "huggingface", "model": "/m"}}, r"'embedder'.*\['provider'\]"),
+        ({"llm": {"provider": "openai", "config": {"model": "m"}, "reconcile": False}}, r"'llm'.*'config'"),
+        ({"llm": {"temperature": 0.1}}, r"'llm'.*\['temperature'\]"),
+        ({"llm": "openai"}, r"'llm'\] must be a dict"),
+        ({"embedder": ["huggingface"]}, r"'embedder'\] must be a dict"),
+        ({"llm": {"max_new_tokens": 1}}, "max_new_tokens"),  # our shape, a value out of range
+        ({"engine": {"dtype": "float64"}}, "dtype"),
+        ({"llm": {"provider": "openai", "config": {}}}, "config.model"),  # Mem0's shape, incomplete
+        ({"no_such_field": 1}, "no_such_field"),
+    ],
+)
+def test_a_config_that_fits_neither_shape_names_what_is_wrong(bad: dict[str, Any], message: str) -> None:
+    for build in (config_from_dict, MemoryClient, Memory.from_config, AsyncMemoryClient):
+        with pytest.raises(ConfigError, match=message):
+            build(bad)
