@@ -31,6 +31,7 @@ from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.grounding import ungrounded_reason
+from inferscale.memory.messages import user_turns
 from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
@@ -334,19 +335,25 @@ class ClientCore:
 
         With ``llm.check_grounding``, a fact that invents a name or number or leaves the conversation's CJK
         script is dropped with a warning; a chunk whose every fact is dropped contributes its user turns
-        verbatim instead.
+        verbatim instead, as does a chunk whose LLM answer is unusable even after a repair and
+        ``llm.answer_retries`` more calls (:meth:`~inferscale.memory.FactExtractor.extract`).
 
         Raises:
-            ExtractionError: when the LLM answer of a chunk cannot be parsed.
+            ExtractionError: when the generator fails to answer (connection, HTTP status, no text content).
         """
-        extractor = FactExtractor(self._json_generator(), max_new_tokens=self.config.llm.max_new_tokens)
+        extractor = FactExtractor(
+            self._json_generator(),
+            max_new_tokens=self.config.llm.max_new_tokens,
+            retries=self.config.llm.answer_retries,
+        )
         turns = [m for m in messages if m.role != "system"]
         facts: list[str] = []
         seen: set[str] = set()
         today = date.today()
         for chunk in chunk_messages(turns, self.config.llm.max_input_tokens) if turns else []:
-            found = extractor.extract(chunk, today=today)
-            if self.config.llm.check_grounding and found:
+            extraction = extractor.extract(chunk, today=today)
+            found = extraction.facts
+            if self.config.llm.check_grounding and found and not extraction.verbatim:
                 found = self._grounded(found, chunk)
             for fact in found:
                 if fact.casefold() not in seen:
@@ -366,12 +373,16 @@ class ClientCore:
                 log.warning("dropped the extracted fact %r: %s", fact, reason)
         if kept:
             return kept
-        verbatim = [m.content.strip() for m in chunk if m.role == "user" and m.content.strip()]
+        verbatim = user_turns(chunk)
         log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
         return verbatim
 
     def _reconciler(self) -> Reconciler:
-        return Reconciler(self._json_generator(), max_new_tokens=self.config.llm.reconcile_max_new_tokens)
+        return Reconciler(
+            self._json_generator(),
+            max_new_tokens=self.config.llm.reconcile_max_new_tokens,
+            retries=self.config.llm.answer_retries,
+        )
 
     @staticmethod
     def _search_args(
@@ -402,8 +413,11 @@ class ClientCore:
         verbatim in the scope are dropped; the rest are added, or, when similar memories are stored and reconcile
         is on, the LLM decides ADD/UPDATE/DELETE/NONE against them (:mod:`inferscale.memory.reconcile`).
 
+        A malformed LLM answer never fails the call: it is repaired, asked for again, or replaced by the user's
+        turns verbatim (extraction) or the facts as extracted (reconcile).
+
         Raises:
-            ExtractionError: when an LLM answer cannot be parsed.
+            ExtractionError: when the LLM backend fails to answer (connection, HTTP status, no text content).
         """
         actor = actor_of(msgs)
         window = self.config.kv.context_window

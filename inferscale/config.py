@@ -72,6 +72,9 @@ class LLMConfig(_Strict):
         check_grounding: drop extracted facts that invent a name or number, or leave the conversation's CJK
             script (see :mod:`inferscale.memory.grounding`); when every fact of a chunk is dropped, its user turns
             are stored verbatim instead, so nothing said is lost and its language and names are kept.
+        answer_retries: how many more times the LLM is asked, with the problem named, when an extraction or
+            reconcile answer holds nothing usable even after repair (not JSON, the wrong shape, no usable item);
+            then extraction stores the user's turns verbatim and reconcile adds the facts as extracted.
     """
 
     provider: Literal["engine", "openai"] = "engine"
@@ -84,6 +87,7 @@ class LLMConfig(_Strict):
     reconcile_top_k: int = Field(default=5, ge=1, le=50)
     reconcile_max_new_tokens: int = Field(default=256, ge=16, le=4096)
     check_grounding: bool = True
+    answer_retries: int = Field(default=1, ge=0, le=3)
 
 
 class EmbedderConfig(_Strict):

@@ -47,7 +47,9 @@ class KVFingerprintMismatchError(InferScaleError):
 
 
 class ExtractionError(InferScaleError):
-    """The LLM returned output that could not be turned into facts, even after tolerant parsing."""
+    """The LLM backend gave no answer (unreachable, an HTTP error status, no text content), or a low-level parser
+    (``parse_facts``, ``parse_decisions``) found nothing usable. ``add(infer=True)`` raises it only for the first:
+    a malformed answer is repaired or falls back (:mod:`inferscale.memory.answers`)."""
 
 
 class RequestTooLargeError(InvalidInputError):

@@ -1,10 +1,10 @@
 """Message normalisation, LLM fact extraction and reconcile (the write path's first steps)."""
 
 from inferscale.memory.chunking import chunk_messages, estimate_tokens, split_text
-from inferscale.memory.extraction import ExtractedFacts, FactExtractor, facts_json_schema, parse_facts
+from inferscale.memory.extraction import ExtractedFacts, Extraction, FactExtractor, facts_json_schema, parse_facts
 from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.llm import JSONGenerator, OpenAIJSONGenerator, TransformersJSONGenerator
-from inferscale.memory.messages import ROLES, Message, normalize_messages
+from inferscale.memory.messages import ROLES, Message, normalize_messages, user_turns
 from inferscale.memory.prompts import (
     FACT_EXTRACTION_SYSTEM_PROMPT,
     build_extraction_messages,
@@ -17,6 +17,7 @@ __all__ = [
     "ROLES",
     "Decision",
     "ExtractedFacts",
+    "Extraction",
     "FactExtractor",
     "JSONGenerator",
     "Message",
@@ -35,4 +36,5 @@ __all__ = [
     "parse_facts",
     "split_text",
     "ungrounded_reason",
+    "user_turns",
 ]

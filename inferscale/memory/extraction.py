@@ -2,30 +2,28 @@
 
 The extractor asks a :class:`~inferscale.memory.llm.JSONGenerator` for ``{"facts": [...]}`` under a JSON schema
 and parses the answer tolerantly, because unconstrained endpoints wrap JSON in code fences or prose and may be
-cut off by their token budget.
+cut off by their token budget. A malformed answer never loses the conversation: what can be repaired is, an
+unusable answer is asked for once more, and when that fails too the user's turns are kept verbatim
+(:mod:`inferscale.memory.answers` classifies the failures).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import re
-from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import date
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import from_json
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from inferscale.errors import ExtractionError, InvalidInputError
+from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_values
 from inferscale.memory.llm import JSONGenerator
-from inferscale.memory.messages import Message
+from inferscale.memory.messages import Message, user_turns
 from inferscale.memory.prompts import build_extraction_messages
 
 log = logging.getLogger(__name__)
-
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n?(.*?)(?:```|\Z)", re.DOTALL)
-_MAX_JSON_STARTS = 16  # '{' / '[' positions tried in prose before giving up
 
 
 class ExtractedFacts(BaseModel):
@@ -65,43 +63,72 @@ def facts_json_schema(max_facts: int, max_fact_chars: int) -> dict[str, Any]:
     return _facts_answer_model(max_facts, max_fact_chars).model_json_schema()
 
 
-def _candidates(raw: str) -> list[str]:
-    """Texts that may hold the JSON answer, most likely first: fenced blocks, then each ``{``/``[`` onward."""
-    texts = [m.group(1) for m in _FENCE.finditer(raw)] + [raw]
-    out: list[str] = []
-    for text in texts:
-        starts = [i for i, ch in enumerate(text) if ch in "{["][:_MAX_JSON_STARTS]
-        out.extend(text[i:] for i in starts)
-    return out
+_ITEM_REJECTS = "not a string, empty, or longer than max_fact_chars"
 
 
-def tolerant_json_values(raw: str, list_key: str) -> Iterator[Any]:
-    """Every JSON value that can be read from an LLM answer, most likely first.
+def _collapse(value: object) -> object:
+    return " ".join(value.split()) if isinstance(value, str) else value
 
-    Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON; a bare list is wrapped as
-    ``{list_key: list}``. Callers take the first value that validates against their schema. An answer that is not
-    valid Unicode (it holds a lone surrogate, which no store or JSON encoder takes) yields nothing, so the caller
-    raises its :class:`~inferscale.errors.ExtractionError` and nothing of the call is stored.
+
+@functools.cache
+def _fact_adapter(max_fact_chars: int | None) -> TypeAdapter[str]:
+    """Validates one fact as it is stored: a string (no coercion), inner whitespace collapsed, 1 to
+    ``max_fact_chars`` characters (no upper bound for ``None``)."""
+    return TypeAdapter(
+        Annotated[str, StringConstraints(min_length=1, max_length=max_fact_chars), BeforeValidator(_collapse)]
+    )
+
+
+class _AnyFacts(BaseModel):
+    """The answer's shape before its items are checked: ``{"facts": [<anything>, ...]}``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    facts: list[Any]
+
+
+def read_facts(raw: str, max_fact_chars: int | None = None) -> Reading[list[str]]:
+    """Read an extraction answer tolerantly, repairing what can be repaired (see :mod:`inferscale.memory.answers`).
+
+    Accepts plain JSON, JSON inside a Markdown code fence, JSON surrounded by prose, truncated JSON (a
+    half-written last fact is dropped) and a bare JSON list. Lone surrogates and NUL are dropped first. Facts get
+    their whitespace collapsed; a fact that is not a string, is empty or is longer than ``max_fact_chars`` is
+    dropped, and so is a repeat (compared case-insensitively), keeping first-seen order.
+
+    Args:
+        raw: the generator's answer text.
+        max_fact_chars: the longest fact kept, in characters; ``None`` keeps any length.
+
+    Returns:
+        A :class:`Reading` of the facts: ``[]`` for ``{"facts": []}`` (nothing to remember); ``value=None`` when
+        no ``{"facts": [...]}`` object could be read or the answer gave facts and none of them is usable.
     """
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:
-        return
-    for candidate in _candidates(raw):
+    text, repairs = repair_text(raw)
+    adapter = _fact_adapter(max_fact_chars)
+    for value in tolerant_json_values(text, "facts"):
         try:
-            value = from_json(candidate, allow_partial=True)
-        except ValueError:
+            items = _AnyFacts.model_validate(value).facts
+        except ValidationError:
             continue
-        yield {list_key: value} if isinstance(value, list) else value
+        seen: set[str] = set()
+        kept: list[str] = []
+        for item in items:
+            try:
+                fact = adapter.validate_python(item)
+            except ValidationError as exc:
+                repairs.append(f"dropped the fact {str(item)[:80]!r}: {exc.errors()[0]['msg']}")
+                continue
+            if fact.casefold() not in seen:
+                seen.add(fact.casefold())
+                kept.append(fact)
+        if items and not kept:
+            return Reading(None, f"none of its {len(items)} facts is usable ({_ITEM_REJECTS})", tuple(repairs))
+        return Reading(kept, repairs=tuple(repairs))
+    return Reading(None, 'no {"facts": [...]} JSON object could be read from it', tuple(repairs))
 
 
 def parse_facts(raw: str) -> list[str]:
-    """Parse an extraction answer tolerantly and clean the facts.
-
-    Accepts plain JSON, JSON inside a Markdown code fence, JSON surrounded by prose, truncated JSON (a
-    half-written last fact is dropped) and a bare JSON list of strings. Facts are stripped, inner whitespace
-    collapsed, empty ones dropped and duplicates (compared case-insensitively) removed, keeping first-seen
-    order.
+    """Parse an extraction answer tolerantly and clean the facts (:func:`read_facts`, any fact length).
 
     Args:
         raw: the generator's answer text.
@@ -110,27 +137,29 @@ def parse_facts(raw: str) -> list[str]:
         The facts, possibly empty when the answer was ``{"facts": []}``.
 
     Raises:
-        ExtractionError: when no ``{"facts": [<strings>]}`` object (or list of strings) can be read from ``raw``.
+        ExtractionError: when no ``{"facts": [...]}`` object (or list) with a usable fact can be read from ``raw``.
     """
-    for value in tolerant_json_values(raw, "facts"):
-        try:
-            parsed = ExtractedFacts.model_validate(value)
-        except ValidationError:
-            continue
-        return _clean(parsed.facts)
-    raise ExtractionError(f'no {{"facts": [...]}} JSON could be read from the LLM answer: {raw[:300]!r}')
+    reading = read_facts(raw)
+    if reading.value is None:
+        raise ExtractionError(f"{reading.problem}; the LLM answer: {repair_text(raw[:300])[0]!r}")
+    return reading.value
 
 
-def _clean(facts: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out: list[str] = []
-    for fact in facts:
-        text = " ".join(fact.split())
-        key = text.casefold()
-        if text and key not in seen:
-            seen.add(key)
-            out.append(text)
-    return out
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """The facts of one conversation chunk.
+
+    Attributes:
+        facts: the facts to store, in the order given.
+        verbatim: ``True`` when no LLM answer was usable and ``facts`` are the chunk's user turns as they were
+            written (:func:`~inferscale.memory.messages.user_turns`); they need no grounding check.
+    """
+
+    facts: list[str]
+    verbatim: bool = False
+
+
+FACTS_SHAPE = '{"facts": ["<fact>", ...]}'
 
 
 class FactExtractor:
@@ -143,6 +172,8 @@ class FactExtractor:
         max_fact_chars: the longest fact, in characters (the schema's ``maxLength``).
         include_assistant: show assistant turns to the LLM too (better context for large models; a 135M
             model extracts false facts from them, so it is off by default).
+        retries: how many more times the LLM is asked when an answer holds nothing usable (see
+            :func:`~inferscale.memory.answers.ask`); 0 falls back at once.
 
     Raises:
         InvalidInputError: for a non-positive budget or limit.
@@ -156,7 +187,10 @@ class FactExtractor:
         max_facts: int = 8,
         max_fact_chars: int = 200,
         include_assistant: bool = False,
+        retries: int = 1,
     ) -> None:
+        if retries < 0:
+            raise InvalidInputError(f"retries must be >= 0, got {retries}")
         for name, value in (
             ("max_new_tokens", max_new_tokens),
             ("max_facts", max_facts),
@@ -167,10 +201,16 @@ class FactExtractor:
         self.generator = generator
         self.max_new_tokens = max_new_tokens
         self.include_assistant = include_assistant
+        self.max_fact_chars = max_fact_chars
+        self.retries = retries
         self.schema = facts_json_schema(max_facts, max_fact_chars)
 
-    def extract(self, messages: list[Message], today: date | None = None) -> list[str]:
+    def extract(self, messages: list[Message], today: date | None = None) -> Extraction:
         """Extract the facts of one conversation.
+
+        A malformed answer is repaired where it can be (lone surrogates and NUL dropped; facts that are not
+        strings, empty or longer than ``max_fact_chars`` dropped). When nothing usable is left the LLM is asked
+        once more (``retries``), and then the user's turns are returned verbatim. Each step is logged as a warning.
 
         Args:
             messages: normalised turns (see :func:`~inferscale.memory.normalize_messages`); system turns (and
@@ -178,19 +218,34 @@ class FactExtractor:
             today: the date relative dates are resolved against; ``None`` means :meth:`date.today`.
 
         Returns:
-            Cleaned, de-duplicated facts in the order the LLM gave them; ``[]`` when there is nothing to
-            remember or no message is left to show (then the LLM is not called).
+            An :class:`Extraction`: cleaned, de-duplicated facts in the order the LLM gave them (``[]`` when
+            there is nothing to remember or no message is left to show; then the LLM is not called), or the
+            user's turns verbatim when no answer was usable.
 
         Raises:
             InvalidInputError: when ``messages`` is empty.
-            ExtractionError: when the generator fails or its answer holds no parseable facts object.
+            ExtractionError: when the generator fails to answer (connection, HTTP status, no text content).
         """
         if not messages:
             raise InvalidInputError("messages is empty; pass at least one user or assistant message")
         prompt = build_extraction_messages(messages, today or date.today(), include_assistant=self.include_assistant)
         if not prompt:
-            return []
-        raw = self.generator.generate_json(prompt, self.schema, self.max_new_tokens)
-        facts = parse_facts(raw)
-        log.debug("extracted %d facts from %d messages", len(facts), len(messages))
-        return facts
+            return Extraction([])
+        reading = ask(
+            self.generator,
+            prompt,
+            self.schema,
+            self.max_new_tokens,
+            lambda raw: read_facts(raw, self.max_fact_chars),
+            retries=self.retries,
+            shape=FACTS_SHAPE,
+            what="extraction",
+        )
+        if reading.value is None:
+            verbatim = user_turns(messages)
+            log.warning(
+                "extraction: no usable LLM answer (%s); storing %d user turns verbatim", reading.problem, len(verbatim)
+            )
+            return Extraction(verbatim, verbatim=True)
+        log.debug("extracted %d facts from %d messages", len(reading.value), len(messages))
+        return Extraction(reading.value)

@@ -100,3 +100,9 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
             out.append(_from_dict(item, where))
         return out
     raise InvalidInputError(f"messages is a {type(messages).__name__} ({messages!r}); expected {_EXPECTED}")
+
+
+def user_turns(messages: Sequence[Message]) -> list[str]:
+    """The user turns' texts, stripped, in order: what ``add(infer=True)`` stores verbatim when no usable fact can be
+    had from the LLM (its answer is unusable, or every fact it gave fails the grounding check)."""
+    return [m.content.strip() for m in messages if m.role == "user" and m.content.strip()]

@@ -4,7 +4,8 @@ The LLM never sees a memory's UUID. The memories it is shown are numbered ``"0"`
 its answer is mapped back through that numbering; a decision about a number it was not shown is skipped with a
 warning while the other decisions still apply. Decoding is constrained to :func:`decisions_json_schema` where
 the backend supports it, and the answer is parsed tolerantly (code fences, surrounding prose, truncation)
-where it does not.
+where it does not. A malformed answer is repaired where it can be; an unusable one is asked for once more, and
+then the new facts are added as extracted (:mod:`inferscale.memory.answers` classifies the failures).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.extraction import tolerant_json_values
+from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_values
 from inferscale.memory.llm import JSONGenerator
 
 log = logging.getLogger(__name__)
@@ -131,19 +132,18 @@ def decisions_json_schema(max_items: int, max_text_chars: int) -> dict[str, Any]
     return _decisions_answer_model(max_items, max_text_chars).model_json_schema()
 
 
-def parse_decisions(raw: str) -> list[Decision]:
-    """Parse the reconcile answer tolerantly (plain JSON, fenced, inside prose, truncated, or a bare list).
-
-    An entry that is not a decision object (for example the half-written last entry of a truncated answer) is
-    dropped with a warning; the others are kept.
+def read_decisions(raw: str) -> Reading[list[Decision]]:
+    """Read the reconcile answer tolerantly (plain JSON, fenced, inside prose, truncated, or a bare list), repairing
+    what can be repaired (see :mod:`inferscale.memory.answers`): lone surrogates and NUL are dropped, and an entry
+    that is not a decision object (for example the half-written last entry of a truncated answer) is dropped.
 
     Returns:
-        The decisions in the order given (events upper-cased; unknown events are kept and skipped by :func:`plan`).
-
-    Raises:
-        ExtractionError: when no ``{"memory": [...]}`` object can be read from ``raw``.
+        A :class:`Reading` of the decisions in the order given (events upper-cased; unknown events are kept and
+        skipped by :func:`plan`): ``[]`` for ``{"memory": []}``; ``value=None`` when no ``{"memory": [...]}``
+        object can be read or it has entries and none of them is a decision.
     """
-    for value in tolerant_json_values(raw, "memory"):
+    text, repairs = repair_text(raw)
+    for value in tolerant_json_values(text, "memory"):
         if not isinstance(value, dict) or not isinstance(value.get("memory"), list):
             continue
         decisions: list[Decision] = []
@@ -151,9 +151,32 @@ def parse_decisions(raw: str) -> list[Decision]:
             try:
                 decisions.append(Decision.model_validate(item))
             except ValidationError:
-                log.warning("reconcile: dropped an entry that is not a decision: %r", item)
-        return decisions
-    raise ExtractionError(f'no {{"memory": [...]}} JSON could be read from the LLM answer: {raw[:300]!r}')
+                repairs.append(f"dropped an entry that is not a decision: {str(item)[:120]!r}")
+        if value["memory"] and not decisions:
+            problem = f"none of its {len(value['memory'])} entries is a decision object"
+            return Reading(None, problem, tuple(repairs))
+        return Reading(decisions, repairs=tuple(repairs))
+    return Reading(None, 'no {"memory": [...]} JSON object could be read from it', tuple(repairs))
+
+
+def parse_decisions(raw: str) -> list[Decision]:
+    """Parse the reconcile answer tolerantly (:func:`read_decisions`).
+
+    Returns:
+        The decisions in the order given (events upper-cased; unknown events are kept and skipped by :func:`plan`).
+
+    Raises:
+        ExtractionError: when no ``{"memory": [...]}`` object with a decision (or an empty list) can be read.
+    """
+    reading = read_decisions(raw)
+    if reading.value is None:
+        raise ExtractionError(f"{reading.problem}; the LLM answer: {repair_text(raw[:300])[0]!r}")
+    for repair in reading.repairs:
+        log.warning("reconcile: %s", repair)
+    return reading.value
+
+
+DECISIONS_SHAPE = '{"memory": [{"id": "...", "text": "...", "event": "ADD|UPDATE|DELETE|NONE", "old_memory": null}]}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,18 +310,29 @@ class Reconciler:
         max_new_tokens: decode budget of one answer (tokens).
         max_items: the most decisions in one answer.
         max_text_chars: the longest memory text in an answer (characters).
+        retries: how many more times the LLM is asked when an answer holds nothing usable (see
+            :func:`~inferscale.memory.answers.ask`); 0 falls back at once.
 
     Raises:
-        InvalidInputError: for a non-positive budget or limit.
+        InvalidInputError: for a non-positive budget or limit, or negative ``retries``.
     """
 
     def __init__(
-        self, generator: JSONGenerator, max_new_tokens: int = 256, *, max_items: int = 16, max_text_chars: int = 200
+        self,
+        generator: JSONGenerator,
+        max_new_tokens: int = 256,
+        *,
+        max_items: int = 16,
+        max_text_chars: int = 200,
+        retries: int = 1,
     ) -> None:
         if min(max_new_tokens, max_items, max_text_chars) < 1:
             raise InvalidInputError("max_new_tokens, max_items and max_text_chars must be >= 1")
+        if retries < 0:
+            raise InvalidInputError(f"retries must be >= 0, got {retries}")
         self.generator = generator
         self.max_new_tokens = max_new_tokens
+        self.retries = retries
         self.schema = decisions_json_schema(max_items, max_text_chars)
 
     def decide(self, shown: Sequence[tuple[str, str]], facts: Sequence[str]) -> Plan:
@@ -309,19 +343,38 @@ class Reconciler:
             facts: the new facts (at least one).
 
         Only grounded changes are kept, and a fact the answer does not account for is added (see :func:`plan`).
+        A malformed answer is repaired where it can be (lone surrogates and NUL dropped, entries that are not
+        decisions dropped); when nothing usable is left the LLM is asked once more (``retries``), and then every
+        fact is added as extracted. Each step is logged as a warning.
 
         Returns:
             The :class:`Plan` in real memory ids.
 
         Raises:
             InvalidInputError: when ``shown`` or ``facts`` is empty.
-            ExtractionError: when the generator fails or its answer cannot be parsed.
+            ExtractionError: when the generator fails to answer (connection, HTTP status, no text content).
         """
         if not shown or not facts:
             raise InvalidInputError("reconcile needs at least one stored memory and one new fact")
         messages = build_reconcile_messages([text for _, text in shown], facts)
-        raw = self.generator.generate_json(messages, self.schema, self.max_new_tokens)
-        return plan(parse_decisions(raw), shown, facts)
+        reading = ask(
+            self.generator,
+            messages,
+            self.schema,
+            self.max_new_tokens,
+            read_decisions,
+            retries=self.retries,
+            shape=DECISIONS_SHAPE,
+            what="reconcile",
+        )
+        if reading.value is None:
+            log.warning(
+                "reconcile: no usable LLM answer (%s); adding the %d new facts as extracted",
+                reading.problem,
+                len(facts),
+            )
+            return Plan(adds=list(facts))
+        return plan(reading.value, shown, facts)
 
 
 __all__ = [
@@ -335,4 +388,5 @@ __all__ = [
     "holds",
     "parse_decisions",
     "plan",
+    "read_decisions",
 ]

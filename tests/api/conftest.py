@@ -6,14 +6,16 @@ keyed one with an admin key, so both of the server's paths answer as the local c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from client_adapter import REMOTE_KINDS, ClientAdapter, ClientKind, MakeClient, close_remote_clients, open_client
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+from sqlalchemy import create_engine, func, select
 
 from inferscale import MemoryConfig
+from inferscale.storage.models import HistoryRow, MemoryRow
 
 
 @pytest.fixture(params=["sync", "async", "remote", "remote-async"])
@@ -67,3 +69,18 @@ def make(tmp_path: Path, db_url: str, client_kind: ClientKind) -> Iterator[MakeC
 def m(make: MakeClient) -> ClientAdapter:
     """A client of this test's kind with the fakes' defaults."""
     return make()
+
+
+@pytest.fixture
+def row_counts(db_url: str) -> Iterator[Callable[[], tuple[int, int]]]:
+    """``() -> (memories, history rows)`` read straight from the test's database, whichever client wrote."""
+    engine = create_engine(db_url)
+
+    def count() -> tuple[int, int]:
+        with engine.connect() as conn:
+            memories = conn.execute(select(func.count()).select_from(MemoryRow)).scalar_one()
+            history = conn.execute(select(func.count()).select_from(HistoryRow)).scalar_one()
+        return memories, history
+
+    yield count
+    engine.dispose()

@@ -134,11 +134,26 @@ def test_prose_and_fenced_json_from_an_endpoint(make: MakeClient) -> None:
     assert texts(m.get_all(user_id="u")) == ["Owns a red bicycle"]
 
 
-def test_unparseable_reconcile_answer_writes_nothing(make: MakeClient) -> None:
+def test_unparseable_reconcile_answer_adds_the_fact(make: MakeClient) -> None:
+    """Issue 15 item 6 (more classes in test_malformed_llm_answers.py): asked once more, then the fact is added."""
     gen = ScriptedGenerator(facts=[facts("Likes tea"), facts("Likes green tea")], decisions="I cannot help with that.")
     m = make(gen)
     m.add("I like tea", user_id="u")
-    with pytest.raises(ExtractionError):
+    assert texts(m.add("I like green tea", user_id="u")) == ["Likes green tea"]
+    assert texts(m.get_all(user_id="u")) == ["Likes tea", "Likes green tea"]
+    assert gen.titles() == ["ExtractedFacts", "ExtractedFacts", "MemoryDecisions", "MemoryDecisions"]
+
+
+def test_a_failing_llm_backend_is_an_extraction_error_and_writes_nothing(make: MakeClient) -> None:
+    """An LLM that gives no answer at all (unreachable, an HTTP error) is not a malformed answer: add raises
+    ExtractionError, stores nothing, and the caller may try again later."""
+
+    def down(messages: list[dict[str, str]]) -> str:
+        raise ExtractionError("request to http://llm.local/v1/chat/completions failed: ConnectError")
+
+    m = make(ScriptedGenerator(facts=[facts("Likes tea"), down]))
+    m.add("I like tea", user_id="u")
+    with pytest.raises(ExtractionError, match="ConnectError"):
         m.add("I like green tea", user_id="u")
     assert texts(m.get_all(user_id="u")) == ["Likes tea"]
 

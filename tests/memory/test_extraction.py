@@ -13,6 +13,7 @@ import pytest
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
 from inferscale.memory import (
     ExtractedFacts,
+    Extraction,
     FactExtractor,
     JSONGenerator,
     Message,
@@ -23,6 +24,8 @@ from inferscale.memory import (
     normalize_messages,
     parse_facts,
 )
+from inferscale.memory.answers import Reading
+from inferscale.memory.extraction import read_facts
 from inferscale.memory.llm import _close_truncated
 
 TODAY = date(2025, 6, 2)
@@ -128,7 +131,7 @@ def test_extractor_prompt_schema_and_budget() -> None:
     fake = FakeGenerator('{"facts": ["Maya lives in Lisbon"]}')
     assert isinstance(fake, JSONGenerator)
     extractor = FactExtractor(fake, max_new_tokens=99, max_facts=5, max_fact_chars=120)
-    assert extractor.extract(CONVERSATION, today=TODAY) == ["Maya lives in Lisbon"]
+    assert extractor.extract(CONVERSATION, today=TODAY) == Extraction(["Maya lives in Lisbon"])
     (messages, schema, budget) = fake.calls[0]
     assert budget == 99
     assert schema == facts_json_schema(5, 120)
@@ -149,17 +152,31 @@ def test_extractor_can_show_assistant_turns() -> None:
 
 def test_extractor_returns_empty_without_calling_the_llm_when_nothing_to_show() -> None:
     fake = FakeGenerator("garbage")
-    assert FactExtractor(fake).extract([Message("system", "rules")], today=TODAY) == []
+    assert FactExtractor(fake).extract([Message("system", "rules")], today=TODAY) == Extraction([])
     assert fake.calls == []
 
 
-def test_extractor_raises_on_garbage_and_on_empty_input() -> None:
-    with pytest.raises(ExtractionError):
-        FactExtractor(FakeGenerator("no JSON here")).extract(normalize_messages("I like tea"), today=TODAY)
+def test_extractor_asks_once_more_then_keeps_the_user_turns_on_garbage() -> None:
+    fake = FakeGenerator("no JSON here")
+    got = FactExtractor(fake).extract(CONVERSATION, today=TODAY)
+    assert got == Extraction(["I'm Maya and I moved to Lisbon with my husband Carlos.", "I'm vegetarian."], True)
+    assert len(fake.calls) == 2  # the retry shows the unusable answer and names its problem
+    retry = fake.calls[1][0]
+    assert retry[:-2] == fake.calls[0][0]
+    assert retry[-2] == {"role": "assistant", "content": "no JSON here"}
+    assert retry[-1]["role"] == "user" and 'no {"facts": [...]} JSON object' in retry[-1]["content"]
+    fake = FakeGenerator("no JSON here")
+    assert FactExtractor(fake, retries=0).extract(CONVERSATION, today=TODAY).verbatim
+    assert len(fake.calls) == 1
+
+
+def test_extractor_refuses_empty_input_and_bad_limits() -> None:
     with pytest.raises(InvalidInputError, match="empty"):
         FactExtractor(FakeGenerator("{}")).extract([], today=TODAY)
     with pytest.raises(InvalidInputError, match="max_new_tokens"):
         FactExtractor(FakeGenerator("{}"), max_new_tokens=0)
+    with pytest.raises(InvalidInputError, match="retries"):
+        FactExtractor(FakeGenerator("{}"), retries=-1)
 
 
 def test_facts_schema_is_strict() -> None:
@@ -199,7 +216,7 @@ def test_openai_request_body_and_parsing() -> None:
         return httpx.Response(200, json=_completion('{"facts": ["Maya is vegetarian"]}'))
 
     extractor = FactExtractor(_generator(handler), max_new_tokens=77)
-    assert extractor.extract(CONVERSATION, today=TODAY) == ["Maya is vegetarian"]
+    assert extractor.extract(CONVERSATION, today=TODAY).facts == ["Maya is vegetarian"]
 
     request = seen[0]
     assert request.method == "POST"
@@ -224,7 +241,7 @@ def test_openai_base_url_with_v1_suffix_and_fenced_answer() -> None:
         return httpx.Response(200, json=_completion('```json\n{"facts": ["Carlos is Maya\'s husband"]}\n```'))
 
     generator = _generator(handler, base_url="https://api.example.com/v1/")
-    facts = FactExtractor(generator).extract(CONVERSATION, today=TODAY)
+    facts = FactExtractor(generator).extract(CONVERSATION, today=TODAY).facts
     assert facts == ["Carlos is Maya's husband"]
     assert urls == ["https://api.example.com/v1/chat/completions"]
 
@@ -303,6 +320,49 @@ def test_transformers_generator_always_returns_schema_valid_json(smollm2_fp32: t
         assert len(parsed.facts) <= 8
         assert all(1 <= len(fact) <= 200 for fact in parsed.facts)
     assert len(generator._grammars) == 1  # compiled once, reused
-    facts = extractor.extract(conversation, today=TODAY)
+    facts = extractor.extract(conversation, today=TODAY).facts
     assert isinstance(facts, list) and all(isinstance(fact, str) and fact for fact in facts)
     assert time.perf_counter() - started < 120  # ~10 s on an idle 2-core CPU
+
+
+# ------------------------------------------------------------------------------------------------ repair
+
+
+@pytest.mark.parametrize(
+    ("answer", "facts", "repair"),
+    [
+        ('{"facts": ["a \\ud83d b"]}', ["a b"], "lone surrogate"),  # the JSON escape of a lone surrogate
+        ('{"facts": ["a \ud83d b"]}', ["a b"], "lone surrogate"),  # the character itself
+        ('{"facts": ["a\\udc00b", "c"]}', ["ab", "c"], "lone surrogate"),  # a lone low surrogate
+        ('{"facts": ["x \\ud83d\\ude00 y"]}', ["x \U0001f600 y"], None),  # a pair is kept
+        ('{"facts": ["a \\\\ud83d b"]}', ["a \\ud83d b"], None),  # an escaped backslash, not an escape
+        ('{"facts": ["Door code 12\\u000034"]}', ["Door code 1234"], "NUL"),
+        ('{"facts": ["Door code 12\x0034"]}', ["Door code 1234"], "NUL"),
+        ('{"facts": ["Likes\x01tea"]}', ["Likes tea"], "control character"),
+        ('{"facts": ["Likes\ntea"]}', ["Likes tea"], None),  # a raw line break in a string is read as a space
+        ('{"facts": [1, "Likes tea", {"a": 1}]}', ["Likes tea"], "valid string"),
+        ('{"facts": ["Likes tea", "' + "x" * 201 + '"]}', ["Likes tea"], "at most 200"),
+    ],
+)
+def test_read_facts_repairs_what_it_can(answer: str, facts: list[str], repair: str | None) -> None:
+    reading = read_facts(answer, max_fact_chars=200)
+    assert reading.value == facts
+    assert any(repair in r for r in reading.repairs) if repair else reading.repairs == ()
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ("", "no {"),
+        ("I cannot help with that.", "no {"),
+        ('{"facts": "Likes tea"}', "no {"),
+        ('{"memories": 3}', "no {"),
+        ('{"facts": [1, null]}', "none of its 2 facts"),
+        ('{"facts": ["\\ud83d", "  "]}', "none of its 2 facts"),
+        ('{"facts": ["' + "x" * 201 + '"]}', "none of its 1 facts"),
+    ],
+)
+def test_read_facts_names_what_is_unusable(answer: str, problem: str) -> None:
+    reading = read_facts(answer, max_fact_chars=200)
+    assert reading.value is None and problem in reading.problem
+    assert read_facts('{"facts": []}') == Reading([])  # nothing to remember is a usable answer

@@ -126,3 +126,25 @@ def test_grounding_catches_invented_names_numbers_and_language(fact: str, conver
     from inferscale.memory import ungrounded_reason
 
     assert (ungrounded_reason(fact, conversation) is None) is grounded
+
+
+def test_reconcile_answers_are_repaired_or_fall_back_to_adding_the_facts() -> None:
+    from inferscale.memory.reconcile import Reconciler, read_decisions
+
+    reading = read_decisions('{"memory": [{"id": "0", "text": "Lives in \\ud83dPorto", "event": "UPDATE"}, 5]}')
+    assert [(d.id, d.text, d.event) for d in reading.value or []] == [("0", "Lives in Porto", "UPDATE")]
+    assert len(reading.repairs) == 2  # the surrogate and the entry that is not a decision
+    assert read_decisions('{"memory": [5, "x"]}').value is None
+    assert read_decisions('{"memory": []}').value == []
+
+    class Garbage:
+        calls = 0
+
+        def generate_json(self, messages: list[dict[str, str]], schema: dict[str, object], budget: int) -> str:
+            self.calls += 1
+            return '{"memory": "no"}'
+
+    generator = Garbage()
+    decided = Reconciler(generator).decide([("m1", "Lives in Lisbon")], ["Lives in Porto", "Has a cat"])
+    assert (decided.adds, decided.updates, decided.deletes) == (["Lives in Porto", "Has a cat"], [], [])
+    assert generator.calls == 2  # asked once more before falling back

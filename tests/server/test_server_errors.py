@@ -13,6 +13,7 @@ from mem0_fakes import ScriptedGenerator
 from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
+from inferscale.errors import ExtractionError
 from inferscale.server.options import ServerOptions
 
 
@@ -161,11 +162,25 @@ def test_a_body_over_the_limit_is_413_before_parsing_and_stores_nothing(make_ser
 
 
 def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(make_server: MakeServer) -> None:
+    """An LLM backend that gives no answer (a malformed answer is repaired or falls back instead: issue 15 item 6)."""
+
+    def down(messages: list[dict[str, str]]) -> str:
+        raise ExtractionError("http://llm.local:8000/v1/chat/completions answered HTTP 503: overloaded")
+
+    served = make_server(generator=ScriptedGenerator(facts=down))
+    with served.http() as http:
+        reply = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice"})
+        assert "answered HTTP 503" in _error(reply, 502, "extraction_failed", "ExtractionError")
+    assert served.row_counts() == (0, 0)
+
+
+def test_a_malformed_llm_answer_is_stored_verbatim_not_an_error(make_server: MakeServer) -> None:
     served = make_server(generator=ScriptedGenerator(facts="this is not JSON"))
     with served.http() as http:
         reply = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice"})
-        assert "could be read from the LLM answer" in _error(reply, 502, "extraction_failed", "ExtractionError")
-    assert served.row_counts() == (0, 0)
+        assert reply.status_code == 200
+        assert [(r["memory"], r["event"]) for r in reply.json()["results"]] == [("I like tea.", "ADD")]
+    assert served.row_counts() == (1, 1)
 
 
 @pytest.mark.parametrize("row", ERROR_CODES, ids=lambda row: row.code)
