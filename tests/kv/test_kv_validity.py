@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from mem0_fakes import HashEmbedder, ScriptedGenerator
-from tiny_models import byte_chat_tokenizer, tiny_model
 
 from inferscale import MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
@@ -28,7 +26,9 @@ from inferscale.kv import FactKV, KVKey, KVStore
 from inferscale.kv.fingerprint import weights_digest
 from inferscale.kv.tiers import DiskTier
 from inferscale.scope import Scope
-from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.storage import MemoryRecord, MemoryStore, hash_text
+from tests.mem0_fakes import HashEmbedder, ScriptedGenerator
+from tests.tiny_models import byte_chat_tokenizer, tiny_model
 
 SCOPE = Scope(user_id="alice")
 PROMPT_A = "Memories:\n"
@@ -48,7 +48,7 @@ class Setting:
     tokenizer: Any
     system_prompt: str = PROMPT_A
     kv: KVConfig = BASE_KV
-    context: Callable[[MemoryRecord], MemoryRecord] = lambda record: record
+    record: Callable[[MemoryRecord], MemoryRecord] = lambda record: record
 
     @functools.cached_property
     def engine(self) -> TransformersEngine:
@@ -64,7 +64,7 @@ class Setting:
         """The K/V a fresh manager on ``directory`` serves for ``rows`` under this setting, and how many lookups
         missed (each miss was encoded)."""
         kv = self.manager(directory, db)
-        facts = kv.ensure([self.context(r) for r in rows])
+        facts = kv.ensure([self.record(r) for r in rows])
         return facts, kv.store.stats().misses
 
 
@@ -118,10 +118,17 @@ def other_turns(record: MemoryRecord) -> MemoryRecord:
     return dataclasses.replace(record, context=["I got a cat last spring.", "He loves the beach."])
 
 
+def other_text(record: MemoryRecord) -> MemoryRecord:
+    """The same memory (id, context) with another text, as an update leaves it."""
+    text = record.text.replace(".", "!")
+    return dataclasses.replace(record, text=text, hash=hash_text(text))
+
+
 CHANGES: dict[str, Callable[[Setting], Setting]] = {
     "system prompt": lambda s: dataclasses.replace(s, system_prompt=PROMPT_B),
     "context window w": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=1)),
-    "context turns": lambda s: dataclasses.replace(s, context=other_turns),
+    "context turns": lambda s: dataclasses.replace(s, record=other_turns),
+    "fact text": lambda s: dataclasses.replace(s, record=other_text),
     "encoding mode": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=2, encode_after_system_prefix=False)),
     "position bucket": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=2, position_buckets=(200,))),
     "dtype": lambda s: dataclasses.replace(s, model=copy.deepcopy(s.model).to(torch.bfloat16)),
@@ -143,7 +150,7 @@ UNCHANGED: dict[str, Callable[[Setting], Setting]] = {
         s, kv=KVConfig(context_window=2, encode_batch_size=1, host_budget_bytes=0)
     ),
     "context turns beyond w": lambda s: dataclasses.replace(
-        s, context=lambda r: dataclasses.replace(r, context=["an older turn", *r.context])
+        s, record=lambda r: dataclasses.replace(r, context=["an older turn", *r.context])
     ),
 }
 
