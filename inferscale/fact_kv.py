@@ -1,7 +1,10 @@
 """Bridges memories (SQL rows) and their K/V (the KV store): look up, encode misses in batches, record entries.
 
-A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint and the encoding parameters,
-so an edited text, another model or another context window is a miss and the fact is encoded again.
+A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint (weights, dtype, whole config,
+whole tokenizer) and its encoding key (the system prefix's token ids, its context turns, w, the encoding mode, the
+position bucket): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited text, another model,
+system prompt, context or setting is a miss and the fact is encoded again; entries of an older key format are
+pruned when their memory is encoded again.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
+from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
 from inferscale.kv.serving import bucket_per_fact, gap_for_bucket
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -35,25 +39,37 @@ class FactKVManager:
         self._store = kv_store
         self._db = db
         self._config = config
+        self._prefix: str | None = None
 
     @property
     def store(self) -> KVStore:
         """The tiered K/V store the entries live in."""
         return self._store
 
-    def encoding_key(self, bucket: int = 0) -> str:
-        """The encoding parameters as a string, e.g. ``"w=0;prefix=system;v1"`` or ``"w=3;prefix=system;v2"``
-        (``";gap=N"`` is added for a position-aware encoding in bucket N > 0, tokens from the prefix)."""
-        prefix = "system" if self._config.encode_after_system_prefix else "none"
-        distance = f";gap={bucket}" if bucket else ""
-        # v2: context turns are laid out as memory lines ("- {turn}\n"); v1 entries (bare lines) are not reused.
-        version = "v2" if self._config.context_window else "v1"
-        return f"w={self._config.context_window};prefix={prefix}{distance};{version}"
+    def _prefix_digest(self) -> str | None:
+        """:func:`token_ids_digest` of the engine's system prefix when facts are encoded after it, else ``None``
+        (hashed once: the prefix is fixed for the engine's life)."""
+        if not self._config.encode_after_system_prefix:
+            return None
+        if self._prefix is None:
+            self._prefix = token_ids_digest(self._engine.system_prefix_ids())
+        return self._prefix
+
+    def _turns(self, record: MemoryRecord) -> list[str]:
+        """The context turns ``record`` is encoded after: its last w (none when w = 0)."""
+        window = self._config.context_window
+        return list(record.context[-window:]) if window and record.context else []
+
+    def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
+        """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings and a
+        digest over them, the system prefix's token ids and ``record``'s context turns
+        (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
+        return encoding_key(self._prefix_digest(), self._turns(record), self._config.context_window, bucket)
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
         """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
         current engine and settings."""
-        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(bucket))
+        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(record, bucket))
 
     def encode_request(self, record: MemoryRecord, bucket: int = 0) -> EncodeRequest:
         """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns), placed
@@ -62,8 +78,8 @@ class FactKVManager:
         context: list[int] = []
         if self._config.encode_after_system_prefix:
             context += self._engine.system_prefix_ids()
-        window = self._config.context_window
-        turns = self._engine.context_token_ids(record.context[-window:]) if window and record.context else []
+        window = self._turns(record)
+        turns = self._engine.context_token_ids(window) if window else []
         return EncodeRequest(
             fact_ids=self._engine.fact_token_ids(record.text),
             context_ids=context + turns,
@@ -115,6 +131,8 @@ class FactKVManager:
                 # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact
+            # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
+            self._store.prune({wanted[i][0].id for i in missing}, lambda key: is_current_encoding(key.encoding_key))
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
         complete = [fact for fact in found if fact is not None]
         if len(complete) != len(found):

@@ -1,14 +1,20 @@
-"""Model fingerprint: what a stored KV entry must have been encoded with to be injected.
+"""What a stored fact's K/V depend on, as hashes: the model fingerprint and the encoding key.
 
-The fingerprint covers the model id, a hash of the weights, the dtype, the rope parameters and a hash of the
-tokenizer's vocabulary. Changing any of them turns every stored entry into a miss, so a fact is encoded again
-rather than injected with K/V from another model.
+A fact's K/V are a function of the model (its weights, its whole config, its dtype), of the tokenizer that turned
+the text into ids, and of what the fact was encoded after (the system prefix's token ids, its context turns, its
+position gap). :func:`model_fingerprint` hashes the first group once per loaded model; :func:`encoding_key` hashes
+the second per fact, from text the caller already holds (no tokenising at request time). A change to any of them
+gives another key, so a stored entry becomes a miss and the fact is encoded again; nothing stale is injected.
+
+Left out on purpose (same computation, rounding only): the device and the encoding batch size. The serving
+remedies (attention scale, temperature, recompute) act on the cache at request time and never on stored K/V.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,18 +39,61 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+# Config fields that name where or by which library version a model was saved; they never change its K/V.
+_UNRELATED_CONFIG_FIELDS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+
+# Tokenizer settings read besides its pipeline: how special tokens are added and which ids pad, begin and end.
+_TOKENIZER_SETTINGS = (
+    "add_bos_token",
+    "add_eos_token",
+    "split_special_tokens",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+def _sha256(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def config_digest(config: Any) -> str:
+    """sha256 of a transformers model config: every field of ``config.to_dict()`` (rope settings, norms' epsilon,
+    head layout, activation, ...) and the attention implementation, less the save path and library version.
+
+    Args:
+        config: a ``transformers.PretrainedConfig`` (read duck-typed: ``to_dict()`` and ``_attn_implementation``).
+    """
+    fields = {k: v for k, v in config.to_dict().items() if k not in _UNRELATED_CONFIG_FIELDS}
+    fields["attn_implementation"] = getattr(config, "_attn_implementation", None)
+    return _sha256(fields)
+
+
 def tokenizer_digest(tokenizer: Any) -> str:
-    """sha256 of the tokenizer's vocabulary (token → id) and its special tokens."""
-    vocab = tokenizer.get_vocab()
-    payload = json.dumps(
-        {"vocab": sorted(vocab.items()), "special": sorted(map(str, tokenizer.all_special_tokens))},
-        ensure_ascii=False,
+    """sha256 of the whole tokenizer: its class, its pipeline (a fast tokenizer's ``tokenizer.json``: normaliser,
+    pre-tokeniser, model with vocabulary and merges, post-processor, added tokens; else its vocabulary), its special
+    tokens, its special-token settings and its chat template.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (read duck-typed; absent attributes count as ``None``).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    special = list(map(str, getattr(tokenizer, "all_special_tokens", ())))
+    return _sha256(
+        {
+            "class": type(tokenizer).__name__,
+            "pipeline": backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()),
+            "special": sorted(special),
+            "settings": {name: getattr(tokenizer, name, None) for name in _TOKENIZER_SETTINGS},
+            "chat_template": getattr(tokenizer, "chat_template", None),
+        }
     )
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def model_fingerprint(model: nn.Module, tokenizer: Any, model_id: str) -> str:
-    """A short hex id of (model id, weights, dtype, rope parameters, tokenizer).
+    """A short hex id of everything about the model that a fact's K/V depend on: the model id, the weights, the
+    dtype, the whole config (rope parameters included) and the whole tokenizer. Computed once per loaded model
+    (one pass over the weights).
 
     Args:
         model: the loaded transformers model.
@@ -55,15 +104,49 @@ def model_fingerprint(model: nn.Module, tokenizer: Any, model_id: str) -> str:
         32 hex characters.
     """
     dtype = str(next(model.parameters()).dtype)
-    payload = json.dumps(
-        {
-            "model_id": model_id,
-            "weights": weights_digest(model),
-            "dtype": dtype,
-            "rope": rope_parameters(model.config),
-            "tokenizer": tokenizer_digest(tokenizer),
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+    payload = {
+        "model_id": model_id,
+        "weights": weights_digest(model),
+        "dtype": dtype,
+        "config": config_digest(model.config),
+        "rope": rope_parameters(model.config),
+        "tokenizer": tokenizer_digest(tokenizer),
+    }
+    return _sha256(payload)[:32]
+
+
+ENCODING_FORMAT = "v3"
+"""Leads every :func:`encoding_key`. Raise it when the fact or context layout (the lines they are tokenised as)
+changes: keys of an older format never match again, and their entries can be pruned
+(:meth:`inferscale.kv.store.TieredKVStore.prune`)."""
+
+
+def token_ids_digest(token_ids: Sequence[int]) -> str:
+    """sha256 hex of a token id sequence (e.g. the system prefix, hashed once per engine)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+
+
+def encoding_key(prefix_digest: str | None, turns: Sequence[str], context_window: int, bucket: int) -> str:
+    """The encoding part of a fact's KV key: what the fact was encoded after and where, beside its text (the key's
+    text hash) and the model (its fingerprint).
+
+    Args:
+        prefix_digest: :func:`token_ids_digest` of the system prefix the fact was encoded after, or ``None`` when it
+            was encoded without it (``encode_after_system_prefix=False``).
+        turns: the context turns it was encoded after, oldest first (the record's last ``context_window``).
+        context_window: w, the configured number of context turns.
+        bucket: the position bucket (tokens after the prefix; 0 for none).
+
+    Returns:
+        e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"`` (at most 80 characters): the readable settings, then a
+        digest over all of them and the turns' texts.
+    """
+    prefix = "system" if prefix_digest is not None else "none"
+    readable = f"{ENCODING_FORMAT};w={context_window};prefix={prefix};gap={bucket}"
+    digest = _sha256({"settings": readable, "prefix": prefix_digest, "turns": list(turns)})[:32]
+    return f"{readable};{digest}"
+
+
+def is_current_encoding(key: str) -> bool:
+    """Whether an encoding key was written in this version's :data:`ENCODING_FORMAT` (older ones never match)."""
+    return key.startswith(f"{ENCODING_FORMAT};")

@@ -8,7 +8,7 @@ policies in one place:
 - the memory tiers are exclusive (an entry lives in one of them), the disk is inclusive: every ``put`` is
   written through to disk before it is cached, so an entry evicted from memory is only demoted
   (device ▸ host ▸ dropped from memory, still on disk), never lost while there is a disk tier;
-- a disk file recorded under another key (another model, dtype, rope, tokenizer or text) is refused with
+- a disk file recorded under another key (another model, tokenizer, text or encoding) is refused with
   :class:`~inferscale.errors.KVFingerprintMismatchError` and never injected. A changed fingerprint gives another
   key, so entries of another model are simply misses and the fact is encoded again.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,6 +235,28 @@ class TieredKVStore:
         check_memory_id(memory_id)
         with self._lock:
             return sum(tier.delete_memory(memory_id) for tier in self.tiers)
+
+    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool]) -> int:
+        """Remove the entries of ``memory_ids`` that ``keep`` refuses from every tier (e.g. those written under an
+        older key format, which no lookup can match again). One pass over each memory tier's keys; on disk, reads
+        the headers of those memories' files only.
+
+        Returns:
+            entry copies removed, summed over tiers.
+
+        Raises:
+            InvalidInputError: when a memory id is not a plain id (:func:`inferscale.kv.tiers.check_memory_id`).
+        """
+        wanted = {check_memory_id(memory_id) for memory_id in memory_ids}
+        with self._lock:
+            removed = 0
+            for tier in self._memory:
+                for key in tier.keys():  # noqa: SIM118  (a snapshot: popping while iterating)
+                    if key.memory_id in wanted and not keep(key) and tier.pop(key) is not None:
+                        removed += 1
+            if self._disk is not None:
+                removed += sum(self._disk.prune(memory_id, keep) for memory_id in sorted(wanted))
+            return removed
 
     def clear(self) -> None:
         """Drop every entry from every tier (only the files the disk tier wrote are removed)."""

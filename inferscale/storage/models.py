@@ -123,8 +123,9 @@ class KVEntryRow(Base):
 
     Attributes:
         text_hash: sha256 hex of the text the KV was encoded from (detects a stale entry after an update).
-        fingerprint: identifies the model, dtype, rope configuration and tokenizer that produced the KV.
-        encoding_key: identifies how the fact was encoded (context window, prefix), so variants coexist.
+        fingerprint: identifies the model (weights, dtype, whole config) and tokenizer that produced the KV.
+        encoding_key: identifies how and after what the fact was encoded (prefix tokens, context turns, w, mode,
+            bucket), so variants coexist.
         n_tokens: the fact's token count (tokens).
         nbytes: size of the stored tensors (bytes).
         location: where the tensors live (a file path or a store key).

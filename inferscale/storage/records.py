@@ -126,8 +126,8 @@ class KVEntryRecord:
         memory_id: the public id of the memory.
         text_hash: sha256 hex of the text the KV was encoded from (a change of the memory's text deletes the
             entry in the same transaction).
-        fingerprint: the model / dtype / rope / tokenizer fingerprint the KV was built with.
-        encoding_key: how the fact was encoded (context window, prefix).
+        fingerprint: the model (weights, dtype, whole config) and tokenizer fingerprint the KV was built with.
+        encoding_key: how and after what the fact was encoded (prefix tokens, context turns, w, mode, bucket).
         n_tokens: the fact's length (tokens).
         nbytes: size of the stored tensors (bytes).
         location: where the tensors live (a file path or a store key).

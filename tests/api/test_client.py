@@ -238,7 +238,7 @@ def test_verbatim_memories_keep_the_turns_before_them_as_memory_lines(
     request = client.fact_kv.encode_request(last)
     lines = [engine.fact_token_ids(m["content"]) for m in CONVERSATION[1:3]]
     assert list(request.context_ids) == engine.system_prefix_ids() + [t for line in lines for t in line]
-    assert client.fact_kv.key(last).encoding_key == "w=2;prefix=system;v2"
+    assert client.fact_kv.key(last).encoding_key.startswith("v3;w=2;prefix=system;gap=0;")
 
 
 @pytest.mark.slow

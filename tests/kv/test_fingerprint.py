@@ -116,7 +116,7 @@ def test_a_stored_entry_is_reused_and_survives_a_restart(base_model: Any, tmp_pa
     assert all(same(a, b) for a, b in zip(manager(engine, tmp_path / "kv", db).ensure(rows), first, strict=True))
     assert engine.encoded == 2  # a new store object on the same folder: read from disk, bit-exactly
     kv = manager(engine, tmp_path / "kv", db)
-    assert db.get_kv_entry(rows[0].id, engine.fingerprint, kv.encoding_key()) is not None
+    assert db.get_kv_entry(rows[0].id, engine.fingerprint, kv.encoding_key(rows[0])) is not None
 
 
 @pytest.mark.parametrize("change", ["one weight", "dtype", "rope_theta"])
@@ -160,7 +160,7 @@ def test_forget_removes_the_memory_from_every_tier(base_model: Any, tmp_path: Pa
     kv = manager(engine, tmp_path / "kv", db)
     kv.ensure(rows)
     kv.forget(rows[0].id)
-    assert db.get_kv_entry(rows[0].id, engine.fingerprint, kv.encoding_key()) is None
+    assert db.get_kv_entry(rows[0].id, engine.fingerprint, kv.encoding_key(rows[0])) is None
     on_disk = DiskTier(tmp_path / "kv").keys()
     assert [k.memory_id for k in on_disk] == [rows[1].id]
     kv.ensure(rows)

@@ -43,7 +43,8 @@ class KVKey:
             ``.``), since it names a folder of the disk tier.
         text_hash: sha256 hex of the memory's text (a changed text is a different entry).
         fingerprint: :func:`inferscale.kv.fingerprint.model_fingerprint` of the encoding model.
-        encoding_key: the encoding parameters (context window, prefix), as a short string.
+        encoding_key: :func:`inferscale.kv.fingerprint.encoding_key`: the encoding settings and a digest of what
+            the fact was encoded after (the system prefix's token ids, its context turns).
 
     Raises:
         InvalidInputError: when a field is not a non-empty str, or ``memory_id`` is not a plain path component.

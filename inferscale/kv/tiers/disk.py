@@ -11,14 +11,21 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from inferscale.kv.fact import FactKV
 from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id
-from inferscale.kv.tiers.serialization import check_key, fact_from_payload, fact_to_payload, key_from_metadata
+from inferscale.kv.tiers.serialization import (
+    KVFormatError,
+    check_key,
+    fact_from_payload,
+    fact_to_payload,
+    key_from_metadata,
+)
 
 SUFFIX = ".safetensors"
 _TMP_SUFFIX = ".tmp"
@@ -114,6 +121,27 @@ class DiskTier:
         with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another store on the same folder
             shutil.rmtree(folder)
         return count
+
+    def prune(self, memory_id: str, keep: Callable[[KVKey], bool]) -> int:
+        """Remove the files of ``memory_id`` whose recorded key ``keep`` refuses (reads each file's header only);
+        returns how many were removed. A file whose header cannot be read is kept: it may belong to a newer
+        version, and it is never injected (:meth:`get` refuses it).
+
+        Raises:
+            InvalidInputError: when ``memory_id`` is not a plain id (see :func:`check_memory_id`).
+        """
+        folder = self._root / check_memory_id(memory_id)
+        removed = 0
+        for path in sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []:
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as handle:
+                    key = key_from_metadata(handle.metadata() or {}, str(path))
+            except (OSError, KVFormatError, SafetensorError):  # removed meanwhile, or not ours to judge
+                continue
+            if not keep(key):
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
 
     def clear(self) -> None:
         """Remove every entry file (and temporary file) this tier wrote, and folders left empty; other files
