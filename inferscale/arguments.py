@@ -8,7 +8,6 @@ is not an int); this module only turns their ``ValidationError`` into an :class:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -18,7 +17,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope
-from inferscale.storage.validation import check_json
+from inferscale.storable import check_json
 
 DEFAULT_LIMIT = 100
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
@@ -32,12 +31,6 @@ MAX_LIMIT = 1_000_000
 T = TypeVar("T")
 
 
-def _not_nan(value: float) -> float:
-    if math.isnan(value):
-        raise ValueError("NaN is not a number")
-    return value
-
-
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("whitespace only")
@@ -47,10 +40,12 @@ def _not_blank(value: str) -> str:
 _METADATA = TypeAdapter(dict[Any, Any])  # any Mapping, copied into a dict
 _LIMIT = TypeAdapter(Annotated[int, Field(strict=True, ge=0, le=MAX_LIMIT)])
 _MAX_NEW_TOKENS = TypeAdapter(Annotated[int, Field(strict=True, ge=1)] | None)
-_THRESHOLD = TypeAdapter(Annotated[float, Field(strict=True), AfterValidator(_not_nan)] | None)  # int, float; no bool
+# int or finite float (no bool, NaN or infinity: JSON, and so the remote client, has neither)
+_THRESHOLD = TypeAdapter(Annotated[float, Field(strict=True, allow_inf_nan=False)] | None)
 # A length constraint makes pydantic-core decode the text, so a lone surrogate (not UTF-8) fails it too.
 _QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValidator(_not_blank)])
-_INFER = TypeAdapter(Annotated[bool, Field(strict=True)])
+_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)])
+_OPTIONAL_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)] | None)
 _VERSION = TypeAdapter(Literal["v1", "v2"] | None)
 
 
@@ -73,7 +68,7 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     Raises:
         InvalidInputError: when it is not a dict (any ``Mapping``), names a scope id (metadata can never set or
             override an id), or is not storable JSON at any depth (a non-str key, NaN, an object, a lone surrogate
-            or NUL in a key or value: :func:`inferscale.storage.validation.check_json`), before anything is done.
+            or NUL in a key or value: :func:`inferscale.storable.check_json`), before anything is done.
     """
     if metadata is None:
         return {}
@@ -114,7 +109,7 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
         InvalidInputError: for malformed messages, a non-bool ``infer``, or (with ``infer=False``) a message
             longer than ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document.
     """
-    infer = _validated(_INFER, infer, "infer must be True or False")
+    infer = check_flag(infer, "infer")
     msgs = normalize_messages(messages)
     if not infer:
         for i, m in enumerate(msgs):
@@ -125,6 +120,24 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
                     "extract facts from it"
                 )
     return msgs
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` when it is ``True`` or ``False`` (no ``1``, ``"yes"`` or ``None``).
+
+    Raises:
+        InvalidInputError: ``"<name> must be True or False, got <value!r> (...)"`` for anything else.
+    """
+    return _validated(_FLAG, value, f"{name} must be True or False")
+
+
+def check_optional_flag(value: Any, name: str) -> bool | None:
+    """``value`` when it is ``True``, ``False`` or ``None`` (the config's default).
+
+    Raises:
+        InvalidInputError: ``"<name> must be True, False or None, got <value!r> (...)"`` for anything else.
+    """
+    return _validated(_OPTIONAL_FLAG, value, f"{name} must be True, False or None")
 
 
 def check_query(query: Any) -> str:
@@ -146,12 +159,12 @@ def check_max_new_tokens(max_new_tokens: int | None) -> int | None:
 
 
 def check_threshold(threshold: float | None) -> float | None:
-    """``None`` or a real number (a cosine-similarity floor), as a float.
+    """``None`` or a finite real number (a cosine-similarity floor), as a float.
 
     Raises:
-        InvalidInputError: for anything else (a string, a bool, NaN).
+        InvalidInputError: for anything else (a string, a bool, NaN, an infinity).
     """
-    return _validated(_THRESHOLD, threshold, "threshold must be a number or None")
+    return _validated(_THRESHOLD, threshold, "threshold must be a finite number or None")
 
 
 def resolve_scope(

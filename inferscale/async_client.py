@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
+    check_flag,
     check_metadata,
+    check_optional_flag,
     check_output_format,
     check_query,
     check_version,
@@ -151,6 +153,7 @@ class AsyncMemoryClient(ClientCore):
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
         check_version(version)
+        encode_kv = check_optional_flag(encode_kv, "encode_kv")
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -266,6 +269,7 @@ class AsyncMemoryClient(ClientCore):
         """Memories most similar to ``query``; see :meth:`MemoryClient.search` (v1 and v2 shapes)."""
         check_version(version)
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
+        check_flag(show_expired, "show_expired")
         check_output_format(output_format)
         args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
         return await self._asearch(query, *args)

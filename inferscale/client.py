@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
+    check_flag,
     check_metadata,
+    check_optional_flag,
     check_output_format,
     check_query,
     check_version,
@@ -168,14 +170,17 @@ class MemoryClient(ClientCore):
         checked, and changes nothing.
 
         Raises:
-            ScopeError: when no user_id, agent_id or run_id is given.
-            InvalidInputError: for malformed messages, metadata that is not a dict or sets a scope id, or a
-                ``timestamp``/``expiration_date`` (not supported), or a ``version`` other than ``"v1"``/``"v2"``.
+            ScopeError: when no user_id, agent_id or run_id is given, or one is not a non-empty string.
+            InvalidInputError: for malformed messages, an ``infer`` or ``encode_kv`` that is not a bool (``None``
+                also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
+                or sets a scope id, a ``timestamp``/``expiration_date`` (not supported), or a ``version`` other
+                than ``"v1"``/``"v2"``.
             ExtractionError: when an LLM answer cannot be parsed (nothing is written).
         """
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
         check_version(version)
+        encode_kv = check_optional_flag(encode_kv, "encode_kv")
         encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
         return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
@@ -331,10 +336,13 @@ class MemoryClient(ClientCore):
             ``{"results": [<memory dict> + {"score"}, ...]}``.
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
+            ScopeError: when no id is given, or an id is not a non-empty string.
+            InvalidInputError: for an empty query, a bad limit or filter, a ``threshold`` that is not a finite
+                number, or a ``show_expired`` that is not a bool.
         """
         check_version(version)
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
+        check_flag(show_expired, "show_expired")
         check_output_format(output_format)
         return self._search(query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold))
 
@@ -363,7 +371,9 @@ class MemoryClient(ClientCore):
         context, vector id) and its cosine score. Pass the records to :meth:`memory_kv` for their K/V.
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for an empty query, a bad limit or filter.
+            ScopeError: when no id is given, or an id is not a non-empty string.
+            InvalidInputError: for an empty query, a bad limit or filter, a ``threshold`` that is not a finite
+                number, or a ``show_expired`` that is not a bool.
         """
         hits = self._search_records(
             query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)

@@ -17,6 +17,26 @@ MAX_ID_LENGTH = 255
 """The longest scope id in characters (the width of the ``user_id``/``agent_id``/``run_id`` columns)."""
 
 
+def check_scope_id(key: str, value: object) -> str:
+    """``value`` when it can be the scope id ``key`` (``"user_id"``, ``"agent_id"`` or ``"run_id"``): the one check of
+    a given id, shared by :class:`Scope` and the remote client (which refuses a bad id before sending it).
+
+    Raises:
+        ScopeError: when ``value`` is not a non-empty string (an int, a list, ``""``, whitespace).
+        InvalidInputError: when it is longer than :data:`MAX_ID_LENGTH` characters or holds a character no backend
+            can store (a lone surrogate or NUL; see :mod:`inferscale.storable`).
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
+    check_storable(value, key)
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"{key} is {len(value):,} characters; a scope id holds at most {MAX_ID_LENGTH}. Use a shorter id (e.g. "
+            "a hash of the long one)"
+        )
+    return value
+
+
 class ScopeIds(TypedDict):
     """The scope keyword arguments of a client call (``user_id``, ``agent_id``, ``run_id``; ``None``: not named)."""
 
@@ -42,15 +62,8 @@ class Scope:
     def __post_init__(self) -> None:
         for key in SCOPE_KEYS:
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
             if value is not None:
-                check_storable(value, key)
-                if len(value) > MAX_ID_LENGTH:
-                    raise InvalidInputError(
-                        f"{key} is {len(value):,} characters; a scope id holds at most {MAX_ID_LENGTH}. Use a "
-                        "shorter id (e.g. a hash of the long one)"
-                    )
+                check_scope_id(key, value)
         if self.user_id is None and self.agent_id is None and self.run_id is None:
             raise ScopeError("at least one of user_id, agent_id or run_id is required; memories are always scoped")
 

@@ -6,13 +6,22 @@ before anything is written:
 * a lone surrogate (U+D800 to U+DFFF outside a pair): not Unicode text, so it has no UTF-8 form; SQLite's driver,
   PostgreSQL and JSON encoders all fail on it;
 * NUL (U+0000): PostgreSQL's text and JSON types cannot store it.
+
+Structured values (metadata, and on the remote client's wire every argument) must be plain JSON as well
+(:func:`check_json`): JSON has no non-str object key (an encoder would quietly turn ``1`` into ``"1"``), no NaN or
+infinity, and no arbitrary objects.
 """
 
 from __future__ import annotations
 
+import math
+
 from inferscale.errors import InvalidInputError
 
 NUL = "\x00"
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of lists and dicts accepted in a JSON value (deeper is most likely a cycle)."""
 
 
 def check_unicode(text: str, where: str) -> str:
@@ -52,4 +61,50 @@ def check_storable(text: str, where: str) -> str:
     return text
 
 
-__all__ = ["NUL", "check_storable", "check_unicode"]
+def check_json(value: object, where: str, depth: int = 0, *, strings: bool = True) -> None:
+    """Check that ``value`` is plain JSON: str keys; str, int, finite float, bool, None, list, tuple or dict values;
+    with ``strings`` (the default), every key and str value storable (:func:`check_storable`).
+
+    Args:
+        value: the value to check.
+        where: what it is, for the message (``"metadata"``); the message names the path below it
+            (``"metadata['a'][0]"``).
+        depth: how deep ``value`` lies in the value first given (0 for a call from outside).
+        strings: check keys and str values with :func:`check_storable` too. The remote client passes ``False``: it
+            sends text as given (escaped) and the server refuses what no backend can store.
+
+    Raises:
+        InvalidInputError: for anything else (a non-str key, NaN or an infinity, another type), a lone surrogate or
+            NUL in a key or value (with ``strings``), or nesting deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels (is it cyclic?)")
+    if isinstance(value, str):
+        if strings:
+            check_storable(value, where)
+        return
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{where} is {value!r}; JSON has no NaN or infinity")
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{where}[{i}]", depth + 1, strings=strings)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInputError(f"{where} has the key {key!r}; JSON object keys must be str")
+            if strings:
+                check_storable(key, f"a key of {where}")
+            check_json(item, f"{where}[{key!r}]", depth + 1, strings=strings)
+        return
+    raise InvalidInputError(
+        f"{where} is a {type(value).__name__}, which is not JSON-serialisable; "
+        "use str, int, float, bool, None, list or dict"
+    )
+
+
+__all__ = ["MAX_JSON_DEPTH", "NUL", "check_json", "check_storable", "check_unicode"]

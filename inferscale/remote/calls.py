@@ -5,9 +5,12 @@ the call may be retried, and how its 2xx reply becomes the method's result. The 
 the same :class:`ApiCall` values through their own transport, so the wire format lives here once.
 
 Arguments are passed through as given: the server validates them and answers with the same typed errors as the
-local client. What cannot be sent is refused here instead: a value with no JSON form (an object, NaN), a memory id
-that cannot be a path segment, a scope id that is not a string (a URL query holds only text), and text in the URL
-that is not valid Unicode (a lone surrogate has no UTF-8 form to escape), refused with the local client's error.
+local client. What JSON or a URL cannot carry faithfully is refused here instead, with the local client's check and
+error: a scope id that is not a storable non-empty string (:func:`inferscale.scope.check_scope_id`: a URL query, or
+a JSON body the server reads into a str field, cannot give the local answer), a value that is not plain JSON at any
+depth (:func:`inferscale.storable.check_json`: a non-str object key, which JSON would quietly turn into a string, NaN
+or an infinity, an object), a memory id that cannot be a path segment, and text in the URL that is not valid Unicode
+(a lone surrogate has no UTF-8 form to escape).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from inferscale.errors import InvalidInputError, ScopeError, ServerError
-from inferscale.scope import SCOPE_KEYS
-from inferscale.storable import check_unicode
+from inferscale.errors import InvalidInputError, ServerError
+from inferscale.scope import SCOPE_KEYS, check_scope_id
+from inferscale.storable import check_json, check_unicode
 
 T = TypeVar("T")
 
@@ -83,22 +86,33 @@ class ApiCall(Generic[T]):
 # ------------------------------------------------------------------------------------------------ JSON and URLs
 
 
-def _jsonable(value: Any) -> Any:
-    """``json.dumps``'s fallback: the JSON form of values the standard encoder does not know.
+def _plain(value: Any) -> Any:
+    """``value`` with the containers the client accepts made plain (a dataclass such as ``ChatMessage`` a dict, any
+    ``Mapping`` a dict, any other non-text ``Sequence`` a list), at any depth; keys and scalars as they are."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def check_sendable(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` without their ``None`` values, each made plain and checked to have a faithful JSON form.
+
+    Args:
+        fields: argument name -> value (the name is the root of the path a message names, e.g.
+            ``"metadata['a']"``).
 
     Raises:
-        InvalidInputError: for a value that has none.
+        InvalidInputError: the local client's error (:func:`inferscale.storable.check_json`) for a non-str object key
+            at any depth (JSON would send ``1`` as ``"1"``), NaN or an infinity, or a value of another type.
     """
-    if is_dataclass(value) and not isinstance(value, type):  # ChatMessage(role, content) and the like
-        return asdict(value)
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
-        return list(value)
-    raise InvalidInputError(
-        f"{type(value).__name__} value {value!r} cannot be sent to the server: it has no JSON form; pass str, "
-        "int, float, bool, None, lists and dicts of them"
-    )
+    given = {name: _plain(value) for name, value in fields.items() if value is not None}
+    for name, value in given.items():
+        check_json(value, name, strings=False)
+    return given
 
 
 def encode_json(body: Mapping[str, Any]) -> bytes:
@@ -108,15 +122,9 @@ def encode_json(body: Mapping[str, Any]) -> bytes:
     server, which refuses it with the local client's error.
 
     Raises:
-        InvalidInputError: for a value with no JSON form: an arbitrary object, NaN or an infinity.
+        InvalidInputError: for a value with no faithful JSON form (see :func:`check_sendable`), naming the field.
     """
-    given = {k: v for k, v in body.items() if v is not None}
-    try:
-        return json.dumps(given, default=_jsonable, allow_nan=False).encode("ascii")
-    except InvalidInputError:
-        raise
-    except ValueError as exc:  # NaN or an infinity
-        raise InvalidInputError(f"a value is not a finite number and cannot be sent as JSON ({exc})") from exc
+    return json.dumps(check_sendable(body), allow_nan=False).encode("ascii")
 
 
 def segment(memory_id: Any) -> str:
@@ -134,20 +142,19 @@ def segment(memory_id: Any) -> str:
 
 
 def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
-    """The given scope ids as a URL query.
+    """The given scope ids, each checked as the local client checks it (:func:`inferscale.scope.check_scope_id`),
+    as a URL query; the body of a call that sends them in JSON uses the same check.
 
     Raises:
-        ScopeError: for an id that is not a str (a query cannot say ``5`` apart from ``"5"``).
-        InvalidInputError: for an id holding a lone surrogate, as the local client.
+        ScopeError: for an id that is not a non-empty str (a query cannot say ``5`` apart from ``"5"``, and the
+            server's JSON schema would refuse it as another error).
+        InvalidInputError: for an id that is too long or holds a lone surrogate or NUL, as the local client.
     """
-    params: dict[str, str] = {}
-    for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True):
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
-        params[key] = check_unicode(value, key)
-    return params
+    return {
+        key: check_scope_id(key, value)
+        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True)
+        if value is not None
+    }
 
 
 def _memory_path(memory_id: Any, suffix: str = "") -> str:
@@ -177,6 +184,7 @@ def add(
     version: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice)."""
+    scope_params(user_id, agent_id, run_id)
     body = {
         "messages": messages,
         "user_id": user_id,
@@ -211,6 +219,7 @@ def search(
     show_expired: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """``POST /v2/memories/search/`` for ``version="v2"``, else ``POST /v1/memories/search/`` (the same body)."""
+    scope_params(user_id, agent_id, run_id)
     body = {
         "query": query,
         "user_id": user_id,
@@ -246,20 +255,14 @@ def get_all(
     version: Any,
     output_format: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
-    """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (ids that are strings, int counts, no
-    filters, no v2 or output format asked for); else the v2 ``POST /v2/memories/``, which carries every argument
-    with its JSON type."""
-    ids = (user_id, agent_id, run_id)
+    """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (int counts, no filters, no v2 or output
+    format asked for); else the v2 ``POST /v2/memories/``, which carries every argument with its JSON type. The
+    scope ids are checked either way (:func:`scope_params`)."""
+    params = scope_params(user_id, agent_id, run_id)
     fits_query = (
-        filters is None
-        and version in (None, "v1")
-        and output_format is None
-        and all(i is None or isinstance(i, str) for i in ids)
-        and _is_count(limit)
-        and _is_count(top_k)
+        filters is None and version in (None, "v1") and output_format is None and _is_count(limit) and _is_count(top_k)
     )
     if fits_query:
-        params = scope_params(*ids)
         params.update({k: str(v) for k, v in (("limit", limit), ("top_k", top_k)) if v is not None})
         return ApiCall("GET", "/v1/memories/", reply_dict, params=params)
     body = {

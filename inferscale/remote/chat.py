@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from inferscale.errors import InvalidInputError, ServerError
-from inferscale.remote.calls import ApiCall, encode_json
+from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
 from inferscale.types import ChatChunk, ChatResult
 
@@ -53,7 +53,11 @@ def chat_call(
         InvalidInputError: when both or neither of ``query`` and ``messages`` are given (the request has one
             conversation), ``stream`` is not a bool (it decides what this call returns), or ``top_k`` is 0 or -1
             (on the OpenAI wire they mean "every token", which the local client refuses: they cannot be sent with
-            the local meaning); every other value is the server's to judge.
+            the local meaning), and what :func:`~inferscale.remote.calls.scope_params` and
+            :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
+            string; a value with no faithful JSON form), with the local client's error naming the argument; every
+            other value is the server's to judge.
+        ScopeError: for a scope id that is not a non-empty string.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
@@ -61,27 +65,44 @@ def chat_call(
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
-    memory = {
-        "user_id": user_id,
-        "agent_id": agent_id,
-        "run_id": run_id,
-        "filters": filters,
-        "limit": limit,
-        "memory_ids": memory_ids,
-        "search_query": search_query,
-        "mode": mode,
-    }
+    scope_params(user_id, agent_id, run_id)
+    # checked under the arguments' own names (the wire's are OpenAI's, e.g. max_tokens, or nested in "inferscale")
+    memory = check_sendable(
+        {
+            "user_id": user_id,
+            "agent_id": agent_id,
+            "run_id": run_id,
+            "filters": filters,
+            "limit": limit,
+            "memory_ids": memory_ids,
+            "search_query": search_query,
+            "mode": mode,
+        }
+    )
+    given = check_sendable(
+        {
+            "query": query,
+            "messages": messages,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "seed": seed,
+            "repetition_penalty": repetition_penalty,
+            "stop": stop,
+        }
+    )
     body = {
-        "messages": [{"role": "user", "content": query}] if messages is None else messages,
+        "messages": [{"role": "user", "content": given["query"]}] if messages is None else given["messages"],
         "stream": stream,
-        "max_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "repetition_penalty": repetition_penalty,
-        "stop": stop,
-        "inferscale": {k: v for k, v in memory.items() if v is not None},
+        "max_tokens": given.get("max_new_tokens"),
+        "temperature": given.get("temperature"),
+        "top_p": given.get("top_p"),
+        "top_k": given.get("top_k"),
+        "seed": given.get("seed"),
+        "repetition_penalty": given.get("repetition_penalty"),
+        "stop": given.get("stop"),
+        "inferscale": memory,
     }
     return ApiCall("POST", CHAT_PATH, chat_result, content=encode_json(body), idempotent=False)
 

@@ -8,7 +8,6 @@ leaves nothing written, whether it came from a caller or from the extraction LLM
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,11 +15,8 @@ import numpy as np
 
 from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
-from inferscale.storable import check_storable
+from inferscale.storable import MAX_JSON_DEPTH, check_json, check_storable
 from inferscale.storage.models import KEY_LENGTH
-
-MAX_JSON_DEPTH = 64
-"""The deepest nesting of lists and dicts accepted in metadata (deeper is most likely a cycle)."""
 
 
 def check_text(text: object, name: str = "text") -> str:
@@ -103,43 +99,6 @@ def check_limit(limit: object) -> int | None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
     return limit
-
-
-def check_json(value: object, where: str, depth: int = 0) -> None:
-    """Check that ``value`` is plain JSON: str keys; str, int, finite float, bool, None, list, tuple or dict values;
-    every key and str value storable (:func:`~inferscale.storable.check_storable`).
-
-    Raises:
-        InvalidInputError: for anything else, NaN or infinity, a lone surrogate or NUL in a key or value, or
-            nesting deeper than :data:`MAX_JSON_DEPTH`; the message names the path to the bad value (``where`` is
-            its root).
-    """
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidInputError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels (is it cyclic?)")
-    if isinstance(value, str):
-        check_storable(value, where)
-        return
-    if value is None or isinstance(value, bool | int):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidInputError(f"{where} is {value!r}; JSON has no NaN or infinity")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            check_json(item, f"{where}[{i}]", depth + 1)
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidInputError(f"{where} has the key {key!r}; JSON object keys must be str")
-            check_storable(key, f"a key of {where}")
-            check_json(item, f"{where}[{key!r}]", depth + 1)
-        return
-    raise InvalidInputError(
-        f"{where} is a {type(value).__name__}, which is not JSON-serialisable; "
-        "use str, int, float, bool, None, list or dict"
-    )
 
 
 def json_copy(value: Any) -> Any:

@@ -236,7 +236,15 @@ def test_a_memory_id_is_one_escaped_path_segment(wire: Wire, memory_id: str, raw
         (lambda m: m.history(None), InvalidInputError, "memory_id"),
         (lambda m: m.get("m1", user_id=5), ScopeError, "user_id"),
         (lambda m: m.delete_all(agent_id=["a"]), ScopeError, "agent_id"),
-        (lambda m: m.search("x", user_id="u", threshold=float("nan")), InvalidInputError, "finite"),
+        (lambda m: m.search("x", user_id="u", threshold=float("nan")), InvalidInputError, "threshold is nan"),
+        (lambda m: m.search("x", user_id=5), ScopeError, "user_id must be a non-empty string, got 5"),
+        (lambda m: m.add("x", agent_id=["a"]), ScopeError, "agent_id"),
+        (lambda m: m.get_all(run_id=1.5, filters={"k": "v"}), ScopeError, "run_id"),
+        (lambda m: m.chat("x", user_id=5), ScopeError, "user_id"),
+        (lambda m: m.add("x", user_id="u", metadata={1: "x"}), InvalidInputError, "metadata has the key 1"),
+        (lambda m: m.update("m1", metadata={"a": [{2: 1}]}), InvalidInputError, r"metadata\['a'\]\[0\] has the key 2"),
+        (lambda m: m.search("x", user_id="u", filters={1: "v"}), InvalidInputError, "filters has the key 1"),
+        (lambda m: m.chat("x", user_id="u", temperature=float("inf")), InvalidInputError, "temperature is inf"),
         (lambda m: m.add("x", user_id="u", metadata={"when": object()}), InvalidInputError, "JSON"),
         (lambda m: m.chat("x", user_id="u", stop={"a"}), InvalidInputError, "JSON"),
     ],
@@ -259,10 +267,10 @@ def test_other_values_are_passed_through_for_the_server_to_judge(wire: Wire) -> 
     wire.answer(httpx.Response(200, json={"results": []}))
     m = wire.client()
     m.add("x", user_id="u", infer="no")
-    m.search("x", user_id=5, threshold="0.5", limit=-1)
+    m.search("x", user_id="u", threshold="0.5", limit=-1)
     m.get_all(user_id="u", limit=2**70)
     assert wire.body(0)["infer"] == "no"
-    assert (wire.body(1)["user_id"], wire.body(1)["threshold"], wire.body(1)["limit"]) == (5, "0.5", -1)
+    assert (wire.body(1)["threshold"], wire.body(1)["limit"]) == ("0.5", -1)
     assert dict(wire.last.url.params) == {"user_id": "u", "limit": str(2**70)}
 
 

@@ -136,3 +136,58 @@ def test_an_error_after_the_stream_started_is_an_sse_event(
     assert [e["choices"][0]["delta"] for e in events[:2]] == [{"role": "assistant", "content": ""}, {"content": "Hel"}]
     assert events[2]["error"]["code"] == code and events[2]["error"]["type"] == type_name
     assert events[3:] == ["[DONE]"]
+
+
+async def _local_chat_without_memory(served: Served, messages: list[dict[str, str]]) -> Any:
+    client = AsyncMemoryClient(served.config, engine=served.client.engine, embedder=served.client.embedder)
+    try:
+        return await client.chat(messages=messages, user_id="alice", memory_ids=[], max_new_tokens=12)
+    finally:
+        await client.close()
+
+
+PLAIN = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Where do I live?"}]
+
+
+def test_a_chat_that_names_no_user_is_answered_without_memory(http: httpx.Client, served: Served) -> None:
+    """As OpenAI's API and the vLLM server answer it (an open server here, an admin key below): no memory injected,
+    the answer the client gives in process with no memories."""
+    anonymous = {"model": "tiny", "messages": PLAIN, "max_tokens": 12}
+    reply = http.post("/v1/chat/completions", json=anonymous)
+    assert reply.status_code == 200, reply.text
+    report = reply.json()["inferscale"]
+    assert (report["memory_ids"], report["memories"], report["memory_tokens"]) == ([], [], 0)
+    local = asyncio.run(_local_chat_without_memory(served, PLAIN))
+    assert reply.json()["choices"][0]["message"]["content"] == local.answer
+    streamed = _events(http.post("/v1/chat/completions", json={**anonymous, "stream": True}))
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in streamed[:-1] if c["choices"])
+    assert text == local.answer and streamed[-2]["inferscale"]["memory_ids"] == []
+    # asking for memory without saying whose is still refused, as in process
+    refused = http.post("/v1/chat/completions", json={**anonymous, "inferscale": {"limit": 2}})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "scope_required")
+    # naming the user still injects that user's memories
+    named = http.post("/v1/chat/completions", json={**anonymous, "user": "alice"}).json()
+    assert len(named["inferscale"]["memory_ids"]) == 3
+
+
+def test_a_key_decides_whether_a_chat_without_a_user_has_memory(http: httpx.Client, served: Served) -> None:
+    _, admin = served.keys.create("admin", admin=True)
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    _, both = served.keys.create("alice and bob", user_ids=["alice", "bob"])
+    anonymous = {"model": "tiny", "messages": PLAIN, "max_tokens": 12}
+    with served.http(admin) as as_admin, served.http(alice) as as_alice, served.http(both) as as_both:
+        assert as_admin.post("/v1/chat/completions", json=anonymous).json()["inferscale"]["memory_ids"] == []
+        assert len(as_alice.post("/v1/chat/completions", json=anonymous).json()["inferscale"]["memory_ids"]) == 3
+        several = as_both.post("/v1/chat/completions", json=anonymous)
+        assert (several.status_code, several.json()["error"]["code"]) == (403, "permission_denied")
+
+
+def test_openais_developer_role_is_a_system_message(http: httpx.Client) -> None:
+    as_system = http.post("/v1/chat/completions", json={**CHAT, "messages": PLAIN}).json()
+    developer = [{"role": "developer", "content": "Answer briefly."}, PLAIN[1]]
+    as_developer = http.post("/v1/chat/completions", json={**CHAT, "messages": developer})
+    assert as_developer.status_code == 200, as_developer.text
+    assert as_developer.json()["choices"][0]["message"]["content"] == as_system["choices"][0]["message"]["content"]
+    assert as_developer.json()["usage"] == as_system["usage"]
+    other = [{"role": "developer", "content": "Answer in French."}, PLAIN[1]]
+    assert http.post("/v1/chat/completions", json={**CHAT, "messages": other}).json()["usage"] != as_system["usage"]

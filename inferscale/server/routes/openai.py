@@ -3,7 +3,9 @@
 A chat request is checked like the vLLM server's (:mod:`inferscale.server.openai_chat`: unsupported fields refused,
 content parts joined) and answered by ``client.chat(messages=..., stream=...)``: the memories of the scope named by
 the ``inferscale`` object (or OpenAI's ``user``, which must then agree with ``inferscale.user_id``; or the API key's
-one bound user) are retrieved and injected. The
+one bound user) are retrieved and injected. A request that names no scope, from a caller whose key fills none in (an
+open server, an admin key), is answered without memory, as OpenAI's API and the vLLM server answer it. OpenAI's
+``developer`` role is a system message. The
 reply is a ``chat.completion`` with ``usage`` and an ``inferscale`` object (``ChatResult.to_dict()`` without
 ``answer``: memory ids and texts, mode, timings in ms, token counts, finish reason); with ``stream: true`` it is a
 stream of ``chat.completion.chunk`` events: the assistant role, the content deltas, a last chunk with
@@ -23,7 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferscale.error_codes import code_of
 from inferscale.errors import InferScaleError, InvalidInputError
-from inferscale.server.auth import CurrentCaller
+from inferscale.scope import ScopeIds
+from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES, error_content, internal_error_content
 from inferscale.server.metrics import Metrics
 from inferscale.server.openai_chat import (
@@ -77,6 +80,29 @@ def _user_id(user: str | None, inferscale_user_id: str | None) -> str | None:
     return inferscale_user_id if inferscale_user_id is not None else user
 
 
+NO_MEMORY_USER = "inferscale-chat-without-memory"
+"""The scope id a chat without memory runs under (``memory_ids=[]``: nothing is read from it, and the transformers
+engine shares no cache between requests), because ``chat`` always takes a scope."""
+
+
+def _without_memory(caller: Caller, user_id: str | None, options: ChatOptions) -> bool:
+    """Whether a chat is answered without memory, as OpenAI's API (and the vLLM server) answers it: the request asks
+    nothing of memory (no ``user``; in ``inferscale`` no id, ``filters``, ``memory_ids``, ``limit`` or
+    ``search_query``) and the caller's API key fills no scope in (an open server, or an admin key, which binds no
+    list). A key that binds scope lists fills in its ids (or asks for one) as for any scoped call, and a request that
+    asks for memory without naming whose is refused as in process (400 ``scope_required``)."""
+    named = (
+        user_id,
+        options.agent_id,
+        options.run_id,
+        options.filters,
+        options.memory_ids,
+        options.limit,
+        options.search_query,
+    )
+    return all(value is None for value in named) and caller.unbound
+
+
 @route(router, "POST", "/v1/chat/completions")
 async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State) -> Response:
     """Answer a conversation with the scope's memories (OpenAI's chat completions; SSE with ``stream: true``)."""
@@ -85,17 +111,22 @@ async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State)
     messages = chat_messages(request.get("messages"))
     options = body.inferscale or ChatOptions()
     user_id = _user_id(body.user, options.user_id)
-    ids = caller.scope(user_id, options.agent_id, options.run_id, options.filters)
+    memory_ids = options.memory_ids
     limit = options.limit
-    if limit is None and options.memory_ids is None:
-        limit = server.options.chat_limit
+    if _without_memory(caller, user_id, options):
+        ids = ScopeIds(user_id=NO_MEMORY_USER, agent_id=None, run_id=None)
+        memory_ids = []
+    else:
+        ids = caller.scope(user_id, options.agent_id, options.run_id, options.filters)
+        if limit is None and memory_ids is None:
+            limit = server.options.chat_limit
     stream = False if body.stream is None else body.stream
     arguments: dict[str, Any] = dict(
         messages=messages,
         **ids,
         filters=options.filters,
         limit=limit,
-        memory_ids=options.memory_ids,
+        memory_ids=memory_ids,
         search_query=options.search_query,
         mode=options.mode,
         max_new_tokens=requested_max_tokens(request),

@@ -1,0 +1,143 @@
+"""A bad argument gets the same typed error on every client, naming the argument, and writes nothing (tester
+report on remote/local differences): a scope id that is not a string, on every method that takes one; a non-str
+object key anywhere in ``metadata`` or ``filters`` (JSON would quietly send ``1`` as ``"1"``); a bool argument given
+something else; a count given a bool or a string; a number that is NaN or an infinity. The remote clients refuse
+what JSON cannot carry before sending, with the local client's own check, and the server's strict schemas refuse
+the rest, so all four client kinds give one answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from client_adapter import ClientAdapter, MakeClient
+from mem0_fakes import ScriptedGenerator, facts
+
+from inferscale.errors import InvalidInputError, ScopeError
+
+INF = float("inf")
+NAN = float("nan")
+
+Call = Callable[[ClientAdapter, str], Any]
+
+# Every method that takes scope ids, each given a non-str id ("kept" is the id of a stored memory).
+SCOPED_CALLS: dict[str, Callable[[ClientAdapter, str, dict[str, Any]], Any]] = {
+    "add": lambda m, i, ids: m.add("x", infer=False, **ids),
+    "search": lambda m, i, ids: m.search("x", **ids),
+    "get_all": lambda m, i, ids: m.get_all(**ids),
+    "get_all-v2": lambda m, i, ids: m.get_all(filters={"k": "v"}, **ids),
+    "delete_all": lambda m, i, ids: m.delete_all(**ids),
+    "get": lambda m, i, ids: m.get(i, **ids),
+    "update": lambda m, i, ids: m.update(i, "new text", **ids),
+    "delete": lambda m, i, ids: m.delete(i, **ids),
+    "history": lambda m, i, ids: m.history(i, **ids),
+    "chat": lambda m, i, ids: m.chat("hi", **ids),
+}
+BAD_IDS: list[tuple[str, Any]] = [("user_id", 5), ("agent_id", ["a"]), ("run_id", 1.5), ("user_id", True)]
+
+
+def _with_user(key: str, value: Any) -> dict[str, Any]:
+    return {"user_id": "a", key: value} if key != "user_id" else {key: value}
+
+
+SCOPE_CASES: list[Any] = [
+    pytest.param(call, _with_user(key, value), key, id=f"{name}-{key}={value!r}")
+    for name, call in SCOPED_CALLS.items()
+    for key, value in BAD_IDS
+]
+
+# (id, call on (client, id of the kept memory), the argument the message must name)
+INVALID_CASES: list[tuple[str, Call, str]] = [
+    # non-str object keys, at any depth: JSON has none
+    ("metadata-int-key", lambda m, i: m.add("x", user_id="a", metadata={1: "x"}, infer=False), "metadata"),
+    ("metadata-tuple-key", lambda m, i: m.add("x", user_id="a", metadata={(1, 2): "x"}, infer=False), "metadata"),
+    ("metadata-nested-key", lambda m, i: m.add("x", user_id="a", metadata={"a": {1: "x"}}, infer=False), r"\['a'\]"),
+    ("metadata-list-key", lambda m, i: m.add("x", user_id="a", metadata={"a": [{2: 1}]}, infer=False), r"\[0\]"),
+    ("metadata-nan", lambda m, i: m.add("x", user_id="a", metadata={"a": NAN}, infer=False), r"metadata\['a'\]"),
+    ("update-metadata-key", lambda m, i: m.update(i, metadata={1: "x"}), "metadata"),
+    ("update-metadata-deep", lambda m, i: m.update(i, metadata={"a": [{None: 1}]}), "metadata"),
+    ("filters-int-key", lambda m, i: m.search("x", user_id="a", filters={1: "v"}), "filters"),
+    ("filters-nested-key", lambda m, i: m.get_all(filters={"AND": [{"user_id": "a"}, {2: "v"}]}), "filters"),
+    ("chat-filters-key", lambda m, i: m.chat("hi", user_id="a", filters={1: "v"}), "filters"),
+    # bool arguments given something else
+    ("infer-str", lambda m, i: m.add("x", user_id="a", infer="yes"), "infer"),
+    ("infer-int", lambda m, i: m.add("x", user_id="a", infer=1), "infer"),
+    ("encode_kv-str", lambda m, i: m.add("x", user_id="a", infer=False, encode_kv="yes"), "encode_kv"),
+    ("encode_kv-int", lambda m, i: m.add("x", user_id="a", infer=False, encode_kv=1), "encode_kv"),
+    ("show_expired-str", lambda m, i: m.search("x", user_id="a", show_expired="yes"), "show_expired"),
+    ("rerank-str", lambda m, i: m.search("x", user_id="a", rerank="yes"), "rerank"),
+    ("explain-int", lambda m, i: m.search("x", user_id="a", explain=1), "explain"),
+    ("stream-int", lambda m, i: m.chat("hi", user_id="a", stream=1), "stream"),
+    ("stream-str", lambda m, i: m.chat("hi", user_id="a", stream="yes"), "stream"),
+    # counts given a bool, a string or a float
+    ("search-limit-bool", lambda m, i: m.search("x", user_id="a", limit=True), "limit"),
+    ("search-limit-str", lambda m, i: m.search("x", user_id="a", limit="5"), "limit"),
+    ("search-top_k-bool", lambda m, i: m.search("x", user_id="a", top_k=False), "top_k"),
+    ("get_all-limit-bool", lambda m, i: m.get_all(user_id="a", limit=True), "limit"),
+    ("get_all-limit-float", lambda m, i: m.get_all(user_id="a", limit=1.0), "limit"),
+    ("chat-limit-bool", lambda m, i: m.chat("hi", user_id="a", limit=True), "limit"),
+    (
+        "chat-max_new_tokens-bool",
+        lambda m, i: m.chat("hi", user_id="a", max_new_tokens=True),
+        "max_new_tokens|max_tokens",
+    ),
+    (
+        "chat-max_new_tokens-str",
+        lambda m, i: m.chat("hi", user_id="a", max_new_tokens="5"),
+        "max_new_tokens|max_tokens",
+    ),
+    # numbers that are not finite, and a threshold that is no number
+    ("threshold-inf", lambda m, i: m.search("x", user_id="a", threshold=INF), "threshold"),
+    ("threshold-minus-inf", lambda m, i: m.search("x", user_id="a", threshold=-INF), "threshold"),
+    ("threshold-nan", lambda m, i: m.search("x", user_id="a", threshold=NAN), "threshold"),
+    ("threshold-bool", lambda m, i: m.search("x", user_id="a", threshold=True), "threshold"),
+    ("threshold-str", lambda m, i: m.search("x", user_id="a", threshold="0.5"), "threshold"),
+    ("temperature-inf", lambda m, i: m.chat("hi", user_id="a", temperature=INF), "temperature"),
+    ("top_p-nan", lambda m, i: m.chat("hi", user_id="a", top_p=NAN), "top_p"),
+    ("repetition_penalty-inf", lambda m, i: m.chat("hi", user_id="a", repetition_penalty=INF), "repetition_penalty"),
+]
+
+
+def _refused(
+    m: ClientAdapter, row_counts: Callable[[], tuple[int, int]], call: Call, error: type[Exception], match: str
+) -> None:
+    """``call`` raises exactly ``error`` with a message matching ``match``, and the kept memory is all there is."""
+    kept = m.add("kept", user_id="a", metadata={"k": "v"}, infer=False)["results"][0]["id"]
+    before = row_counts()
+    with pytest.raises(error, match=match) as refused:
+        call(m, kept)
+    assert type(refused.value) is error
+    assert row_counts() == before == (1, 1)
+    assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["kept"]
+    assert m.get(kept)["metadata"] == {"k": "v", "role": "user"}  # type: ignore[index]
+    assert [h["event"] for h in m.history(kept)] == ["ADD"]
+
+
+@pytest.mark.parametrize(("call", "ids", "key"), SCOPE_CASES)
+def test_a_scope_id_that_is_not_a_string_is_a_scope_error_on_every_method(
+    make: MakeClient,
+    row_counts: Callable[[], tuple[int, int]],
+    call: Callable[[ClientAdapter, str, dict[str, Any]], Any],
+    ids: dict[str, Any],
+    key: str,
+) -> None:
+    # Extraction answers a fact, so a call that got past the checks would store something.
+    m = make(ScriptedGenerator(facts=facts("Likes tea")))
+    _refused(m, row_counts, lambda m, i: call(m, i, ids), ScopeError, f"{key} must be a non-empty string, got ")
+
+
+@pytest.mark.parametrize(("call", "match"), [c[1:] for c in INVALID_CASES], ids=[c[0] for c in INVALID_CASES])
+def test_a_bad_argument_is_the_same_invalid_input_error_on_every_client(
+    make: MakeClient, row_counts: Callable[[], tuple[int, int]], call: Call, match: str
+) -> None:
+    m = make(ScriptedGenerator(facts=facts("Likes tea")))
+    _refused(m, row_counts, call, InvalidInputError, match)
+
+
+def test_a_finite_threshold_still_filters(m: ClientAdapter) -> None:
+    """The finite extremes of a threshold keep their meaning: below every score keeps all, above none."""
+    m.add("Likes tea", user_id="a", infer=False)
+    assert [r["memory"] for r in m.search("tea", user_id="a", threshold=-1e308)["results"]] == ["Likes tea"]
+    assert m.search("tea", user_id="a", threshold=1e308)["results"] == []
+    assert [r["memory"] for r in m.search("tea", user_id="a", threshold=-1)["results"]] == ["Likes tea"]
