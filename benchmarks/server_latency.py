@@ -37,11 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.bench.common import machine_info, percentile, synthetic_facts
+from inferscale.remote.health import wait_until_healthy
 
 USER = "bench-user"
 QUESTION = "Where did my friend Clara take up jazz records?"
@@ -78,38 +76,6 @@ def create_admin_key(data_dir: str) -> str:
     return str(json.loads(out.stdout)["key"])
 
 
-class NotHealthyYet(Exception):
-    """``/health`` answered, but not 200 yet."""
-
-
-def wait_healthy(server: subprocess.Popen[str], base_url: str, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-    """Return once ``base_url/health`` answers 200, asking every 0.25 s (tenacity).
-
-    Raises:
-        RuntimeError: as soon as ``server`` has exited (with the end of its stderr), or when ``timeout_s`` seconds
-            passed without a 200.
-    """
-
-    def healthy() -> None:
-        if server.poll() is not None:
-            tail = server.stderr.read()[-2000:] if server.stderr is not None else ""
-            raise RuntimeError(f"the server exited with {server.returncode}: {tail}")
-        status = httpx.get(f"{base_url}/health", timeout=1.0).status_code
-        if status != 200:
-            raise NotHealthyYet(f"/health answered {status}")
-
-    retrying = Retrying(
-        retry=retry_if_exception_type((httpx.TransportError, NotHealthyYet)),
-        stop=stop_after_delay(timeout_s),
-        wait=wait_fixed(0.25),
-    )
-    try:
-        retrying(healthy)
-    except RetryError as exc:
-        last = exc.last_attempt.exception()
-        raise RuntimeError(f"the server did not answer /health within {timeout_s} s (last: {last!r})") from exc
-
-
 @contextmanager
 def running_server(data_dir: str, dtype: str) -> Iterator[str]:
     """``inferscale serve`` on a free loopback port, until the block ends; yields its base URL."""
@@ -119,7 +85,7 @@ def running_server(data_dir: str, dtype: str) -> Iterator[str]:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(server, base_url)
+        wait_until_healthy(base_url, process=server, timeout_s=STARTUP_TIMEOUT_S, interval_s=0.25)
         yield base_url
     finally:
         server.terminate()

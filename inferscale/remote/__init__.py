@@ -7,8 +7,8 @@ changes only the import and the host.
 Modules, one job each: :mod:`~inferscale.remote.calls` (the memory calls as HTTP requests, no I/O),
 :mod:`~inferscale.remote.chat` (the chat request, and results and chunks rebuilt from its reply or stream, no I/O),
 :mod:`~inferscale.remote.errors` (replies to results and exceptions, no I/O), :mod:`~inferscale.remote.retry` (what is
-retried, and the backoff), :mod:`~inferscale.remote.transport` (httpx and httpx-sse, sync and async), and the two
-clients, thin shells over them.
+retried, and the backoff), :mod:`~inferscale.remote.transport` (httpx and httpx-sse, sync and async),
+:mod:`~inferscale.remote.health` (waiting for a starting server), and the two clients, thin shells over them.
 """
 
 from inferscale.remote.async_client import AsyncRemoteMemoryClient

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from inferscale.remote.health import wait_until_healthy
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 DOC_PORT = "8000"
@@ -46,36 +47,6 @@ def command(line: str, data_dir: Path, port: str) -> list[str]:
     return [sys.executable, "-m", "inferscale.cli", *argv]
 
 
-class NotHealthyYet(Exception):
-    """``/health`` answered, but not 200 yet."""
-
-
-def wait_healthy(server: subprocess.Popen[str], base_url: str, timeout_s: float = 300.0) -> None:
-    """Return once ``base_url/health`` answers 200, asking every 0.5 s (tenacity).
-
-    Raises:
-        AssertionError: as soon as ``server`` has exited, or when ``timeout_s`` seconds passed without a 200.
-    """
-
-    def healthy() -> None:
-        if server.poll() is not None:
-            raise AssertionError(f"inferscale serve exited with {server.returncode}")
-        status = httpx.get(f"{base_url}/health", timeout=1.0).status_code
-        if status != 200:
-            raise NotHealthyYet(f"/health answered {status}")
-
-    retrying = Retrying(
-        retry=retry_if_exception_type((httpx.TransportError, NotHealthyYet)),
-        stop=stop_after_delay(timeout_s),
-        wait=wait_fixed(0.5),
-    )
-    try:
-        retrying(healthy)
-    except RetryError as exc:
-        last = exc.last_attempt.exception()
-        raise AssertionError(f"inferscale serve did not answer /health within {timeout_s} s (last: {last!r})") from exc
-
-
 def _child(code: str, *argv: str) -> subprocess.Popen[str]:
     """A Python child process running ``code`` with ``argv``."""
     return subprocess.Popen([sys.executable, "-c", code, *argv], text=True)
@@ -94,31 +65,31 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
 
 
-def test_wait_healthy_returns_once_health_answers_200() -> None:
+def test_wait_until_healthy_returns_once_health_answers_200() -> None:
     port = free_port()
     server = _child(HEALTH_SERVER, port)
     try:
-        wait_healthy(server, f"http://127.0.0.1:{port}", timeout_s=30)
+        wait_until_healthy(f"http://127.0.0.1:{port}", process=server, timeout_s=30)
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
     finally:
         server.terminate()
         server.wait(timeout=10)
 
 
-def test_wait_healthy_fails_at_once_when_the_server_exited() -> None:
+def test_wait_until_healthy_fails_at_once_when_the_server_exited() -> None:
     server = _child("raise SystemExit(3)")
     server.wait(timeout=10)
     started = time.monotonic()
-    with pytest.raises(AssertionError, match="exited with 3"):
-        wait_healthy(server, f"http://127.0.0.1:{free_port()}", timeout_s=30)
+    with pytest.raises(ChildProcessError, match="exited with 3"):
+        wait_until_healthy(f"http://127.0.0.1:{free_port()}", process=server, timeout_s=30)
     assert time.monotonic() - started < 5
 
 
-def test_wait_healthy_fails_when_the_deadline_passes() -> None:
+def test_wait_until_healthy_fails_when_the_deadline_passes() -> None:
     server = _child("import time; time.sleep(30)")  # alive, but nothing listens on the port
     try:
-        with pytest.raises(AssertionError, match=r"did not answer /health within 1\.0 s \(last: ConnectError"):
-            wait_healthy(server, f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+        with pytest.raises(TimeoutError, match=r"did not answer /health within 1\.0 s \(last: ConnectError"):
+            wait_until_healthy(f"http://127.0.0.1:{free_port()}", process=server, timeout_s=1.0)
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -150,7 +121,7 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        wait_healthy(server, f"http://127.0.0.1:{port}")
+        wait_until_healthy(f"http://127.0.0.1:{port}", process=server)
         source = python.replace('"isk_..."', repr(key.group(0))).replace(f":{DOC_PORT}", f":{port}")
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
