@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
+from inferscale.scope import Scope
 from inferscale.types import ChatChunk, ChatResult
 
 CHAT_PATH = "/v1/chat/completions"
@@ -57,7 +58,8 @@ def chat_call(
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
             string; a value with no faithful JSON form), with the local client's error naming the argument; every
             other value is the server's to judge.
-        ScopeError: for a scope id that is not a non-empty string.
+        ScopeError: for a scope id that is not a non-empty string, or no scope at all (no id and no ``filters``),
+            as the local client: the server answers an OpenAI request that names no user without memory.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
@@ -66,6 +68,8 @@ def chat_call(
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
     scope_params(user_id, agent_id, run_id)
+    if filters is None:  # a chat names whose memories it uses, as in process (the server would answer without any)
+        Scope(user_id=user_id, agent_id=agent_id, run_id=run_id)
     # checked under the arguments' own names (the wire's are OpenAI's, e.g. max_tokens, or nested in "inferscale")
     memory = check_sendable(
         {
