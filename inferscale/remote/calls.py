@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
@@ -88,7 +89,11 @@ class ApiCall(Generic[T]):
 
 def _plain(value: Any) -> Any:
     """``value`` with the containers the client accepts made plain (a dataclass such as ``ChatMessage`` a dict, any
-    ``Mapping`` a dict, any other non-text ``Sequence`` a list), at any depth; keys and scalars as they are."""
+    ``Mapping`` a dict, any other non-text ``Sequence`` a list) and dates and datetimes as ISO 8601 text (the filters'
+    timestamp operands, which the server reads back alike; naive still means UTC), at any depth; keys and other
+    scalars as they are."""
+    if isinstance(value, date):  # datetime included
+        return value.isoformat()
     if is_dataclass(value) and not isinstance(value, type):
         return _plain(asdict(value))
     if isinstance(value, Mapping):

@@ -4,7 +4,7 @@ AsyncMemoryClient (through ``client_adapter``), each on SQLite and on PostgreSQL
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,13 @@ def test_filters_restrict_search_and_get_all(m: ClientAdapter) -> None:
         "Rated the song",
     ]
     assert m.get_all(user_id="u", filters={"updated_at": {"lt": "2000-01-01"}})["results"] == []
+    # timestamp operands as Python values, on every client kind (the remote client sends them as ISO 8601)
+    since = {"gte": datetime(2000, 1, 1, tzinfo=UTC), "lt": date(2999, 1, 1)}
+    assert texts(m.get_all(user_id="u", filters={"created_at": since, "kind": {"ne": "book"}})) == [
+        "Rated the film",
+        "Rated the song",
+    ]
+    assert m.get_all(user_id="u", filters={"created_at": {"lt": datetime(2000, 1, 1)}})["results"] == []
     with pytest.raises(InvalidInputError, match="unknown operator"):
         m.get_all(user_id="u", filters={"score": {"between": [1, 2]}})
     with pytest.raises(InvalidInputError, match="'in'"):
