@@ -163,8 +163,9 @@ def test_a_chat_that_names_no_user_is_answered_without_memory(http: httpx.Client
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in streamed[:-1] if c["choices"])
     assert text == local.answer and streamed[-2]["inferscale"]["memory_ids"] == []
     # asking for memory without saying whose is still refused, as in process
-    refused = http.post("/v1/chat/completions", json={**anonymous, "inferscale": {"limit": 2}})
-    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "scope_required")
+    for asks in ({"limit": 2}, {"mode": "kv"}, {}):  # an inferscale object asks for memory, even an empty one
+        refused = http.post("/v1/chat/completions", json={**anonymous, "inferscale": asks})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "scope_required"), asks
     # naming the user still injects that user's memories
     named = http.post("/v1/chat/completions", json={**anonymous, "user": "alice"}).json()
     assert len(named["inferscale"]["memory_ids"]) == 3

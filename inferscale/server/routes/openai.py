@@ -85,22 +85,14 @@ NO_MEMORY_USER = "inferscale-chat-without-memory"
 engine shares no cache between requests), because ``chat`` always takes a scope."""
 
 
-def _without_memory(caller: Caller, user_id: str | None, options: ChatOptions) -> bool:
-    """Whether a chat is answered without memory, as OpenAI's API (and the vLLM server) answers it: the request asks
-    nothing of memory (no ``user``; in ``inferscale`` no id, ``filters``, ``memory_ids``, ``limit`` or
-    ``search_query``) and the caller's API key fills no scope in (an open server, or an admin key, which binds no
-    list). A key that binds scope lists fills in its ids (or asks for one) as for any scoped call, and a request that
-    asks for memory without naming whose is refused as in process (400 ``scope_required``)."""
-    named = (
-        user_id,
-        options.agent_id,
-        options.run_id,
-        options.filters,
-        options.memory_ids,
-        options.limit,
-        options.search_query,
-    )
-    return all(value is None for value in named) and caller.unbound
+def _without_memory(caller: Caller, user_id: str | None, inferscale: ChatOptions | None) -> bool:
+    """Whether a chat is answered without memory, as OpenAI's API (and the vLLM server) answers it: a plain OpenAI
+    request (no ``user`` and no ``inferscale`` object: it asks nothing of memory) from a caller whose API key fills
+    no scope in (an open server, or an admin key, which binds no list). A key that binds scope lists fills in its
+    ids (or asks for one) as for any scoped call, and a request whose ``inferscale`` object asks anything of memory
+    (an id, ``filters``, ``memory_ids``, ``limit``, ``search_query``, ``mode``) without naming whose is refused as in
+    process (400 ``scope_required``)."""
+    return user_id is None and inferscale is None and caller.unbound
 
 
 @route(router, "POST", "/v1/chat/completions")
@@ -113,7 +105,7 @@ async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State)
     user_id = _user_id(body.user, options.user_id)
     memory_ids = options.memory_ids
     limit = options.limit
-    if _without_memory(caller, user_id, options):
+    if _without_memory(caller, user_id, body.inferscale):
         ids = ScopeIds(user_id=NO_MEMORY_USER, agent_id=None, run_id=None)
         memory_ids = []
     else:
