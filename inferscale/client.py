@@ -175,7 +175,8 @@ class MemoryClient(ClientCore):
                 also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
                 or sets a scope id, a ``timestamp``/``expiration_date`` (not supported), or a ``version`` other
                 than ``"v1"``/``"v2"``.
-            ExtractionError: when an LLM answer cannot be parsed (nothing is written).
+            ExtractionError: when the LLM backend gives no answer (unreachable, an HTTP error, no text content;
+                nothing is written). A malformed answer is repaired, asked again once or stored verbatim instead.
         """
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)

@@ -345,6 +345,7 @@ class ClientCore:
             self._json_generator(),
             max_new_tokens=self.config.llm.max_new_tokens,
             retries=self.config.llm.answer_retries,
+            max_memory_chars=self.config.max_memory_chars,
         )
         turns = [m for m in messages if m.role != "system"]
         facts: list[str] = []
@@ -354,7 +355,7 @@ class ClientCore:
             extraction = extractor.extract(chunk, today=today)
             found = extraction.facts
             if self.config.llm.check_grounding and found and not extraction.verbatim:
-                found = self._grounded(found, chunk)
+                found = self._grounded(found, chunk, self.config.max_memory_chars)
             for fact in found:
                 if fact.casefold() not in seen:
                     seen.add(fact.casefold())
@@ -362,7 +363,7 @@ class ClientCore:
         return facts
 
     @staticmethod
-    def _grounded(found: list[str], chunk: Sequence[Message]) -> list[str]:
+    def _grounded(found: list[str], chunk: Sequence[Message], max_memory_chars: int) -> list[str]:
         source = "\n".join(m.content for m in chunk)
         kept: list[str] = []
         for fact in found:
@@ -373,7 +374,7 @@ class ClientCore:
                 log.warning("dropped the extracted fact %r: %s", fact, reason)
         if kept:
             return kept
-        verbatim = user_turns(chunk)
+        verbatim = user_turns(chunk, max_memory_chars)
         log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
         return verbatim
 

@@ -174,6 +174,8 @@ class FactExtractor:
             model extracts false facts from them, so it is off by default).
         retries: how many more times the LLM is asked when an answer holds nothing usable (see
             :func:`~inferscale.memory.answers.ask`); 0 falls back at once.
+        max_memory_chars: the longest user turn stored as one memory by that fallback, in characters; a longer
+            one is cut into pieces (:func:`~inferscale.memory.messages.user_turns`).
 
     Raises:
         InvalidInputError: for a non-positive budget or limit.
@@ -188,6 +190,7 @@ class FactExtractor:
         max_fact_chars: int = 200,
         include_assistant: bool = False,
         retries: int = 1,
+        max_memory_chars: int = 4000,
     ) -> None:
         if retries < 0:
             raise InvalidInputError(f"retries must be >= 0, got {retries}")
@@ -195,6 +198,7 @@ class FactExtractor:
             ("max_new_tokens", max_new_tokens),
             ("max_facts", max_facts),
             ("max_fact_chars", max_fact_chars),
+            ("max_memory_chars", max_memory_chars),
         ):
             if value < 1:
                 raise InvalidInputError(f"{name} must be >= 1, got {value}")
@@ -202,7 +206,9 @@ class FactExtractor:
         self.max_new_tokens = max_new_tokens
         self.include_assistant = include_assistant
         self.max_fact_chars = max_fact_chars
+        self.max_facts = max_facts
         self.retries = retries
+        self.max_memory_chars = max_memory_chars
         self.schema = facts_json_schema(max_facts, max_fact_chars)
 
     def extract(self, messages: list[Message], today: date | None = None) -> Extraction:
@@ -242,10 +248,14 @@ class FactExtractor:
             what="extraction",
         )
         if reading.value is None:
-            verbatim = user_turns(messages)
+            verbatim = user_turns(messages, self.max_memory_chars)
             log.warning(
                 "extraction: no usable LLM answer (%s); storing %d user turns verbatim", reading.problem, len(verbatim)
             )
             return Extraction(verbatim, verbatim=True)
-        log.debug("extracted %d facts from %d messages", len(reading.value), len(messages))
-        return Extraction(reading.value)
+        facts = reading.value
+        if len(facts) > self.max_facts:  # an endpoint that ignores the schema's maxItems
+            log.warning("extraction: the LLM answer gave %d facts; keeping the first %d", len(facts), self.max_facts)
+            facts = facts[: self.max_facts]
+        log.debug("extracted %d facts from %d messages", len(facts), len(messages))
+        return Extraction(facts)

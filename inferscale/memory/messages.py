@@ -6,6 +6,7 @@ non-empty text, so shape errors surface here, before anything is written.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,25 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
     raise InvalidInputError(f"messages is a {type(messages).__name__} ({messages!r}); expected {_EXPECTED}")
 
 
-def user_turns(messages: Sequence[Message]) -> list[str]:
+def user_turns(messages: Sequence[Message], max_chars: int) -> list[str]:
     """The user turns' texts, stripped, in order: what ``add(infer=True)`` stores verbatim when no usable fact can be
-    had from the LLM (its answer is unusable, or every fact it gave fails the grounding check)."""
-    return [m.content.strip() for m in messages if m.role == "user" and m.content.strip()]
+    had from the LLM (its answer is unusable, or every fact it gave fails the grounding check).
+
+    A turn longer than ``max_chars`` characters (``max_memory_chars``: a memory is a fact, not a document) is cut
+    into consecutive pieces of at most that many, at whitespace where it can be (``textwrap``), each its own memory.
+
+    Raises:
+        InvalidInputError: when ``max_chars < 1``.
+    """
+    if max_chars < 1:
+        raise InvalidInputError(f"max_chars must be >= 1, got {max_chars}")
+    turns: list[str] = []
+    for m in messages:
+        text = m.content.strip()
+        if m.role != "user" or not text:
+            continue
+        if len(text) <= max_chars:
+            turns.append(text)
+        else:
+            turns.extend(textwrap.wrap(text, width=max_chars, break_on_hyphens=False))
+    return turns

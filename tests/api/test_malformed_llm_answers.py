@@ -14,6 +14,8 @@ import pytest
 from client_adapter import ClientAdapter, MakeClient
 from mem0_fakes import ScriptedGenerator, facts
 
+from inferscale import MemoryConfig
+
 S = "\ud83d"  # a lone high surrogate: half of an emoji, as models emit on mixed CJK/emoji input
 CONVERSATION = [
     {"role": "user", "content": "I like green tea and dark coffee."},
@@ -213,3 +215,18 @@ def test_an_unusable_reconcile_answer_is_asked_for_once_more(
     assert texts(m) == [NEW]
     assert row_counts() == (1, 2)
     assert gen.titles() == ["ExtractedFacts", "MemoryDecisions", "MemoryDecisions"]
+
+
+def test_an_over_long_user_turn_kept_verbatim_is_cut_into_memories_of_at_most_max_memory_chars(
+    make: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fallback stores facts, not documents: the limit ``add(infer=False)`` holds to holds here too."""
+    words = [f"word{i}" for i in range(1500)]  # 10,390 characters with the spaces
+    m = make(ScriptedGenerator(facts="I cannot help with that."))
+    with caplog.at_level(logging.WARNING):
+        m.add(" ".join(words), user_id="u")
+    stored = texts(m)
+    limit = MemoryConfig().max_memory_chars
+    assert len(stored) > 1 and all(0 < len(text) <= limit for text in stored)
+    assert " ".join(stored).split() == words  # cut at spaces, nothing lost or reordered
+    assert "verbatim" in warnings(caplog)

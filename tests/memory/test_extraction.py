@@ -170,6 +170,23 @@ def test_extractor_asks_once_more_then_keeps_the_user_turns_on_garbage() -> None
     assert len(fake.calls) == 1
 
 
+def test_extractor_keeps_at_most_max_facts_of_an_answer_ignoring_the_schema(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeGenerator(json.dumps({"facts": [f"Likes colour {i}" for i in range(12)]}))
+    with caplog.at_level("WARNING"):
+        got = FactExtractor(fake, max_facts=5).extract(CONVERSATION, today=TODAY)
+    assert got == Extraction([f"Likes colour {i}" for i in range(5)])
+    assert "gave 12 facts; keeping the first 5" in caplog.text
+
+
+def test_extractor_cuts_an_over_long_user_turn_it_keeps_verbatim() -> None:
+    turn = " ".join(f"w{i}" for i in range(40))  # 149 characters
+    got = FactExtractor(FakeGenerator("no JSON"), max_memory_chars=50).extract([Message("user", turn)], today=TODAY)
+    assert got.verbatim and len(got.facts) == 4 and all(len(f) <= 50 for f in got.facts)
+    assert " ".join(got.facts) == turn
+    with pytest.raises(InvalidInputError, match="max_memory_chars"):
+        FactExtractor(FakeGenerator("{}"), max_memory_chars=0)
+
+
 def test_extractor_refuses_empty_input_and_bad_limits() -> None:
     with pytest.raises(InvalidInputError, match="empty"):
         FactExtractor(FakeGenerator("{}")).extract([], today=TODAY)
