@@ -6,8 +6,9 @@ position gap). :func:`model_fingerprint` hashes the first group once per loaded 
 the second per fact, from text the caller already holds (no tokenising at request time). A change to any of them
 gives another key, so a stored entry becomes a miss and the fact is encoded again; nothing stale is injected.
 
-Left out on purpose (same computation, rounding only): the device and the encoding batch size. The serving
-remedies (attention scale, temperature, recompute) act on the cache at request time and never on stored K/V.
+Left out on purpose (same computation, rounding only): the device, the attention kernel and the encoding batch
+size. The serving remedies (attention scale, temperature, recompute) act on the cache at request time and never on
+stored K/V.
 """
 
 from __future__ import annotations
@@ -39,8 +40,21 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-# Config fields that name where or by which library version a model was saved; they never change its K/V.
-_UNRELATED_CONFIG_FIELDS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+# Config fields that never change a fact's K/V: where or by which library version the model was saved, and what a
+# forward pass returns (its outputs, not the K/V it computes). The attention kernel (``_attn_implementation``,
+# not in ``to_dict()``) is left out too: eager, SDPA and ours compute the same attention, rounded differently, like
+# the device; a speed setting must not invalidate the store.
+_UNRELATED_CONFIG_FIELDS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "_commit_hash",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+    }
+)
 
 # Tokenizer settings read besides its pipeline: how special tokens are added and which ids pad, begin and end.
 _TOKENIZER_SETTINGS = (
@@ -59,14 +73,12 @@ def _sha256(payload: object) -> str:
 
 def config_digest(config: Any) -> str:
     """sha256 of a transformers model config: every field of ``config.to_dict()`` (rope settings, norms' epsilon,
-    head layout, activation, ...) and the attention implementation, less the save path and library version.
+    head layout, activation, ...) less those that never change K/V (save path, library version, output switches).
 
     Args:
-        config: a ``transformers.PretrainedConfig`` (read duck-typed: ``to_dict()`` and ``_attn_implementation``).
+        config: a ``transformers.PretrainedConfig`` (read duck-typed: ``to_dict()``).
     """
-    fields = {k: v for k, v in config.to_dict().items() if k not in _UNRELATED_CONFIG_FIELDS}
-    fields["attn_implementation"] = getattr(config, "_attn_implementation", None)
-    return _sha256(fields)
+    return _sha256({k: v for k, v in config.to_dict().items() if k not in _UNRELATED_CONFIG_FIELDS})
 
 
 def tokenizer_digest(tokenizer: Any) -> str:

@@ -20,7 +20,7 @@ from inferscale.config import KVConfig
 from inferscale.errors import KVFingerprintMismatchError
 from inferscale.fact_kv import FactKVManager
 from inferscale.kv import EncodeRequest, FactEncoder, FactKV, KVStore, model_fingerprint
-from inferscale.kv.fingerprint import weights_digest
+from inferscale.kv.fingerprint import config_digest, weights_digest
 from inferscale.kv.tiers import DiskTier
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -165,3 +165,28 @@ def test_forget_removes_the_memory_from_every_tier(base_model: Any, tmp_path: Pa
     assert [k.memory_id for k in on_disk] == [rows[1].id]
     kv.ensure(rows)
     assert engine.encoded == 3  # only the forgotten memory is encoded again
+
+
+def test_the_config_digest_follows_what_changes_kv_and_nothing_else() -> None:
+    """A config field the K/V depend on is another digest; the attention kernel (rounding only) and the output
+    switches of a forward pass are not, so neither invalidates the store."""
+    config = tiny_model("llama", seed=0).config
+    base = config_digest(config)
+    for switch, value in (
+        ("_attn_implementation", "sdpa"),
+        ("use_cache", False),
+        ("output_attentions", True),
+        ("output_hidden_states", True),
+        ("return_dict", False),
+    ):
+        same = copy.deepcopy(config)
+        setattr(same, switch, value)
+        assert config_digest(same) == base, switch
+    for field, value in (
+        ("rope_parameters", {"rope_type": "default", "rope_theta": 1234.0}),
+        ("rms_norm_eps", 1e-3),
+        ("hidden_act", "gelu"),
+    ):
+        other = copy.deepcopy(config)
+        setattr(other, field, value)
+        assert config_digest(other) != base, field
