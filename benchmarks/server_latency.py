@@ -10,7 +10,8 @@ synthetic facts for one user through the server. Then:
   ``--calls`` ``search(query, limit=5)`` calls. Latency is the client-side wall clock per call (ms), over every call
   of every client. The same calls from one in-process :class:`MemoryClient` give the baseline without HTTP;
 - **chat TTFT**: ``--repeats`` times, interleaved, the same streamed question with ``limit=k``, through the server
-  and in process on a local :class:`MemoryClient` over a copy of the same memories: the wall clock from calling
+  and in process on a local :class:`MemoryClient` holding the same ``--memories`` facts (plus the adds each side
+  measured, so the server holds more rows; both inject k memories): the wall clock from calling
   ``chat(stream=True)`` to the first answer text, measured the same way on both sides. Each stream is read to its
   end before the other side starts, so neither process computes while the other is measured.
 
@@ -175,9 +176,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 samples = asyncio.run(call_latencies(host, api_key, concurrency, args.calls, offset))
                 offset += concurrency * args.calls
                 for name, values in samples.items():
-                    calls[f"{name}@{concurrency}"] = {"call": name, "concurrency": concurrency, **summary(values)}
+                    row = {"call": name, "concurrency": concurrency, "in_process": False, **summary(values)}
+                    calls[f"{name}@{concurrency}"] = row
             for name, values in local_call_latencies(local, args.calls, args.memories).items():
-                calls[f"{name}@in-process"] = {"call": name, "concurrency": "in process", **summary(values)}
+                calls[f"{name}@in-process"] = {"call": name, "concurrency": 1, "in_process": True, **summary(values)}
             for _ in range(2):  # warm-up: K/V encoded and loaded on both sides
                 ttft_ms(remote, args.k)
                 ttft_ms(local, args.k)
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     print(f"{'call':8s} {'clients':>10s} {'p50 ms':>8s} {'p95 ms':>8s}")
     for row in result["calls"]:
-        print(f"{row['call']:8s} {row['concurrency']!s:>10s} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}")
+        clients = "in process" if row["in_process"] else str(row["concurrency"])
+        print(f"{row['call']:8s} {clients:>10s} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}")
     ttft = result["chat_ttft"]
     print(
         f"chat TTFT k={ttft['k']}: server p50 {ttft['server']['p50_ms']:.1f} ms, in process p50 "

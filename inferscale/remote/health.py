@@ -4,6 +4,7 @@ that start ``inferscale serve`` themselves."""
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import httpx
 from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
@@ -13,10 +14,19 @@ class _NotHealthyYet(Exception):
     """``/health`` answered, but not 200 yet."""
 
 
+def _stderr_tail(process: subprocess.Popen[Any]) -> str:
+    """``": "`` and the last 2,000 characters the exited ``process`` wrote to its stderr pipe, or ``""``."""
+    if process.stderr is None:
+        return ""
+    written = process.stderr.read()
+    text = written.decode(errors="replace") if isinstance(written, bytes) else written
+    return f": {text[-2000:]}" if text else ""
+
+
 def wait_until_healthy(
     base_url: str,
     *,
-    process: subprocess.Popen[str] | None = None,
+    process: subprocess.Popen[Any] | None = None,
     timeout_s: float = 300.0,
     interval_s: float = 0.5,
 ) -> None:
@@ -36,8 +46,7 @@ def wait_until_healthy(
 
     def healthy() -> None:
         if process is not None and process.poll() is not None:
-            tail = process.stderr.read()[-2000:] if process.stderr is not None else ""
-            raise ChildProcessError(f"the server exited with {process.returncode}: {tail}".rstrip(": "))
+            raise ChildProcessError(f"the server exited with {process.returncode}{_stderr_tail(process)}")
         status = httpx.get(f"{base_url}/health", timeout=min(1.0, timeout_s)).status_code
         if status != 200:
             raise _NotHealthyYet(f"/health answered {status}")

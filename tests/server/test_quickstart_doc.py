@@ -85,6 +85,16 @@ def test_wait_until_healthy_fails_at_once_when_the_server_exited() -> None:
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("text", [True, False])
+def test_wait_until_healthy_says_what_the_exited_server_wrote_to_stderr(text: bool) -> None:
+    code = "import sys; sys.stderr.write('no model found:'); raise SystemExit(4)"
+    server = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=text)
+    server.wait(timeout=10)
+    with pytest.raises(ChildProcessError) as exited:
+        wait_until_healthy(f"http://127.0.0.1:{free_port()}", process=server, timeout_s=30)
+    assert str(exited.value) == "the server exited with 4: no model found:"
+
+
 def test_wait_until_healthy_fails_when_the_deadline_passes() -> None:
     server = _child("import time; time.sleep(30)")  # alive, but nothing listens on the port
     try:
