@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from inferscale.errors import InvalidInputError, ServerError
+from inferscale.filters import parse_filters
 from inferscale.scope import SCOPE_KEYS, check_scope_id
 from inferscale.storable import check_json, check_unicode
 
@@ -87,19 +88,19 @@ class ApiCall(Generic[T]):
 # ------------------------------------------------------------------------------------------------ JSON and URLs
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, *, dates: bool = False) -> Any:
     """``value`` with the containers the client accepts made plain (a dataclass such as ``ChatMessage`` a dict, any
-    ``Mapping`` a dict, any other non-text ``Sequence`` a list) and dates and datetimes as ISO 8601 text (the filters'
-    timestamp operands, which the server reads back alike; naive still means UTC), at any depth; keys and other
-    scalars as they are."""
-    if isinstance(value, date):  # datetime included
+    ``Mapping`` a dict, any other non-text ``Sequence`` a list), at any depth; keys and scalars as they are, but with
+    ``dates`` a date or datetime becomes ISO 8601 text (a filter's timestamp operand, which the server reads back
+    alike; naive still means UTC)."""
+    if dates and isinstance(value, date):  # datetime included
         return value.isoformat()
     if is_dataclass(value) and not isinstance(value, type):
-        return _plain(asdict(value))
+        return _plain(asdict(value), dates=dates)
     if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: _plain(item, dates=dates) for key, item in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
-        return [_plain(item) for item in value]
+        return [_plain(item, dates=dates) for item in value]
     return value
 
 
@@ -112,9 +113,12 @@ def check_sendable(fields: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         InvalidInputError: the local client's error (:func:`inferscale.storable.check_json`) for a non-str object key
-            at any depth (JSON would send ``1`` as ``"1"``), NaN or an infinity, or a value of another type.
+            at any depth (JSON would send ``1`` as ``"1"``), NaN or an infinity, or a value of another type; for
+            ``filters``, what :func:`inferscale.filters.parse_filters` refuses.
     """
-    given = {name: _plain(value) for name, value in fields.items() if value is not None}
+    if isinstance(fields.get("filters"), Mapping):
+        parse_filters(fields["filters"])  # the local client's checks and errors, dates and datetimes only as timestamps
+    given = {name: _plain(value, dates=name == "filters") for name, value in fields.items() if value is not None}
     for name, value in given.items():
         check_json(value, name, strings=False)
     return given

@@ -8,6 +8,7 @@ the rest, so all four client kinds give one answer."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 import pytest
@@ -60,6 +61,9 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     ("filters-int-key", lambda m, i: m.search("x", user_id="a", filters={1: "v"}), "filters"),
     ("filters-nested-key", lambda m, i: m.get_all(filters={"AND": [{"user_id": "a"}, {2: "v"}]}), "filters"),
     ("chat-filters-key", lambda m, i: m.chat("hi", user_id="a", filters={1: "v"}), "filters"),
+    # a date is a filter's timestamp operand only, never metadata or a metadata operand
+    ("metadata-date", lambda m, i: m.add("x", user_id="a", metadata={"on": date(2026, 1, 1)}, infer=False), "on"),
+    ("filters-date-operand", lambda m, i: m.get_all(user_id="a", filters={"on": date(2026, 1, 1)}), "date"),
     # bool arguments given something else
     ("infer-str", lambda m, i: m.add("x", user_id="a", infer="yes"), "infer"),
     ("infer-int", lambda m, i: m.add("x", user_id="a", infer=1), "infer"),
