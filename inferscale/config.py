@@ -19,7 +19,7 @@ from inferscale.errors import ConfigError
 if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
 
-DType = Literal["float32", "bfloat16", "float16"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 def inferscale_home() -> Path:
@@ -38,7 +38,8 @@ class EngineConfig(_Strict):
     Attributes:
         provider: ``"transformers"`` (in process) or ``"vllm"`` (the vLLM engine with our KV connector).
         model: a local model folder or a hub model name; ``None`` means the embedded SmolLM2-135M-Instruct.
-        dtype: weights and KV dtype. Exactness tests use ``float32``; ``bfloat16`` is faster on CPUs with AMX.
+        dtype: weights and KV dtype. ``"auto"`` (the default) picks bfloat16 on CUDA and on CPUs where it is
+            natively faster, float32 otherwise (:mod:`inferscale.engines.hf.dtype`); exactness tests use ``float32``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when present).
         attn_implementation: transformers attention kernel: ``"sdpa_gqa"`` (SDPA reading grouped K/V heads
             directly, see :mod:`inferscale.engines.hf.attention`), ``"sdpa"`` or ``"eager"``.
@@ -48,7 +49,7 @@ class EngineConfig(_Strict):
 
     provider: Literal["transformers", "vllm"] = "transformers"
     model: str | None = None
-    dtype: DType = "bfloat16"
+    dtype: DType = "auto"
     device: str = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)

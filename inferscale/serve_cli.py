@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TypeVar
+from typing import TypeVar, get_args
 
+from inferscale.config import DType
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES
 
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -35,8 +36,8 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     serve.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
     serve.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "float16"],
-        help="weights and K/V dtype (default bfloat16)",
+        choices=list(get_args(DType)),
+        help="weights and K/V dtype (default auto: bfloat16 where the hardware runs it faster, else float32)",
     )
     serve.add_argument("--device", help="transformers engine only: cpu, cuda, cuda:N or auto (default)")
     serve.add_argument("--limit", type=int, help="memories retrieved per chat request (default 5)")

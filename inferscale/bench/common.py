@@ -67,12 +67,16 @@ def _cpu_model() -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """Where the benchmark ran: platform, CPU count, torch threads, load average, CUDA device (if any)."""
+    """Where the benchmark ran: platform, CPU, the vector ISA torch's CPU kernels use, CPU count, torch threads,
+    load average, CUDA device (if any)."""
     import torch
+
+    from inferscale.engines.hf.dtype import cpu_isa
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": _cpu_model() or platform.processor() or platform.machine(),
+        "cpu_isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

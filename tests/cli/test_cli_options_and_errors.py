@@ -148,12 +148,12 @@ def test_api_key_without_host_and_host_with_local_options_exit_2(cli: Callable[.
 
 @pytest.mark.parametrize(
     "local_option",
-    [["--dtype", "bfloat16"], ["--dtype", "float32"], ["--model", "SmolLM2"], ["--data-dir", "/d"], ["--db-url", "x"]],
+    [["--dtype", "auto"], ["--dtype", "float32"], ["--model", "SmolLM2"], ["--data-dir", "/d"], ["--db-url", "x"]],
 )
 def test_host_refuses_every_local_option_given_even_at_its_default(
     cli: Callable[..., Ran], fakes: Fakes, local_option: list[str]
 ) -> None:
-    # bfloat16 is EngineConfig's default dtype: given with --host, it must be refused like any other value
+    # auto is EngineConfig's default dtype: given with --host, it must be refused like any other value
     ran = cli("list", "--user", "u", "--host", "http://127.0.0.1:9", *local_option, local=False)
     _one_error_line(ran, 2, "--dtype")
     assert fakes.remote == []

@@ -9,6 +9,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.attention import resolve_attention
+from inferscale.engines.hf.dtype import choose_dtype
 from inferscale.models import resolve_llm_path
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -23,7 +24,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
-    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype``, with
+    """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype`` (``"auto"``
+    resolved by :func:`~inferscale.engines.hf.dtype.choose_dtype`), with
     ``config.attn_implementation``, on ``config.device``, in eval mode.
 
     Returns:
@@ -33,9 +35,12 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_llm_path(config.model, home)
+    device = resolve_device(config.device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model: Any = AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[config.dtype], attn_implementation=resolve_attention(config.attn_implementation)
+        path,
+        dtype=DTYPES[choose_dtype(config.dtype, device).dtype],
+        attn_implementation=resolve_attention(config.attn_implementation),
     )
-    model = model.to(resolve_device(config.device))
+    model = model.to(device)
     return path, model.eval(), tokenizer

@@ -39,6 +39,7 @@ from inferscale.conversation import GREEDY, SamplingSettings
 from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
+from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
@@ -155,7 +156,7 @@ class VLLMEngine(LayoutTokensMixin):
         self.load_encoder()
         kwargs: dict[str, Any] = {
             "model": self._path,
-            "dtype": self._config.dtype,
+            "dtype": loaded_dtype(self._model),  # what "auto" chose for the encoder: both must agree
             "enforce_eager": self._enforce_eager,
             "enable_prefix_caching": True,
             "kv_cache_memory_bytes": self._kv_cache_bytes,
