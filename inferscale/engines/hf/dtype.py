@@ -4,43 +4,45 @@ bfloat16 halves the bytes of weights and K/V, but it is fast only where the hard
 CUDA GPUs from Ampere on, and CPUs with AVX512-BF16 or AMX. Elsewhere torch emulates it and a prefill runs 4–6×
 slower than in float32. A CPU's flags are not enough either: a VM can report ``avx512_bf16`` while torch's
 matmul still runs bfloat16 5× slower than float32 (measured on a 2-core AMD EPYC VM: a 20×576 by 576×1536 linear
-took 2.51 ms in bfloat16 and 0.47 ms in float32). So on CPU, where the flags allow bfloat16 it is timed against
-float32 on a small linear layer once per process, and the faster one wins.
+took 2.51 ms in bfloat16 and 0.47 ms in float32). So on CPU, where the flags allow bfloat16, the loaded model's own
+first MLP is timed in both dtypes and the faster one wins (:func:`probe_cpu_dtype`).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
+import copy
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-log = logging.getLogger(__name__)
+from torch import nn
 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 """``/proc/cpuinfo`` flags of CPUs that compute in bfloat16 natively."""
 
-PROBE_SHAPE = (32, 576, 1536)
-"""The timed linear layer: ``[tokens, hidden] @ [hidden, intermediate]`` (SmolLM2-135M's MLP, a 32-token prefill)."""
+PROBE_TOKENS = 32
+"""Tokens in the probe's input (a short prefill)."""
 
-PROBE_REPEATS = 5
-"""Timed runs per dtype (after one warm-up run); the fastest counts."""
+PROBE_ROUNDS = 7
+"""Timed rounds (one run per dtype each, interleaved so load on a shared machine hits both alike) after a warm-up."""
 
 
 @dataclass(frozen=True, slots=True)
 class DtypeChoice:
-    """Which dtype ``"auto"`` chose, and why.
+    """Which dtype to run a model in, and why.
 
     Attributes:
         dtype: ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         reason: one line for the log and the benchmarks' reports.
+        probe: the dtype is provisional: load the weights in :attr:`dtype`, then settle it with
+            :func:`probe_cpu_dtype` on the loaded model.
     """
 
     dtype: str
     reason: str
+    probe: bool = False
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
@@ -56,58 +58,77 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
     return None
 
 
-def _fastest_run_ms(dtype: torch.dtype) -> float:
-    """The fastest of :data:`PROBE_REPEATS` runs of the probe linear in ``dtype`` on CPU (ms)."""
-    tokens, hidden, out = PROBE_SHAPE
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, hidden, generator=generator).to(dtype)
-    w = torch.randn(out, hidden, generator=generator).to(dtype)
-    best = float("inf")
-    with torch.inference_mode():
-        torch.nn.functional.linear(x, w)  # warm-up: kernel selection, first-touch allocation
-        for _ in range(PROBE_REPEATS):
-            start = time.perf_counter()
-            torch.nn.functional.linear(x, w)
-            best = min(best, (time.perf_counter() - start) * 1000)
-    return best
-
-
-@functools.cache
-def _cpu_choice() -> DtypeChoice:
-    flags = cpu_flags()
-    if flags is not None and not flags.intersection(CPU_BF16_FLAGS):
-        return DtypeChoice("float32", "CPU without native bfloat16 (no avx512_bf16 or amx_bf16 flag)")
-    bf16_ms, fp32_ms = _fastest_run_ms(torch.bfloat16), _fastest_run_ms(torch.float32)
-    timing = f"probe linear {PROBE_SHAPE}: bfloat16 {bf16_ms:.3f} ms, float32 {fp32_ms:.3f} ms"
-    if bf16_ms < fp32_ms:
-        return DtypeChoice("bfloat16", f"CPU with native bfloat16, faster than float32 ({timing})")
-    return DtypeChoice("float32", f"bfloat16 is not faster than float32 on this CPU ({timing})")
-
-
-def choose_dtype(dtype: str, device: torch.device) -> DtypeChoice:
+def choose_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None = None) -> DtypeChoice:
     """The dtype to load a model in: ``dtype`` itself unless it is ``"auto"``.
 
-    ``"auto"`` picks bfloat16 on a CUDA device that supports it (else float16), and on CPU bfloat16 only where the
-    CPU has native bfloat16 and a timed probe (:data:`PROBE_SHAPE`, once per process, a few ms) finds it faster
-    than float32; float32 otherwise. The choice is logged at INFO. The model fingerprint records the dtype the
-    weights were loaded in, so K/V encoded under one choice are never served under the other.
+    ``"auto"`` picks bfloat16 on a CUDA device that supports it (else float16), and float32 on a CPU without a
+    native bfloat16 flag. On a CPU that has one (or whose flags cannot be read) the choice is provisional
+    (:attr:`DtypeChoice.probe`): the weights load in float32 when the checkpoint is stored in float32 or float16,
+    else in bfloat16, so that :func:`probe_cpu_dtype` can then keep them or cast them without changing a weight
+    beyond what loading in the final dtype would.
 
     Args:
         dtype: ``"auto"``, ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         device: where the model runs.
+        checkpoint_dtype: the dtype the checkpoint stores its weights in (its config's ``dtype``), if known.
     """
     if dtype != "auto":
         return DtypeChoice(dtype, "configured")
     if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported():
-            choice = DtypeChoice("bfloat16", f"CUDA device {torch.cuda.get_device_name(device)} supports bfloat16")
-        else:
-            choice = DtypeChoice("float16", f"CUDA device {torch.cuda.get_device_name(device)} lacks bfloat16")
-    elif device.type == "cpu":
-        choice = _cpu_choice()
+            return DtypeChoice("bfloat16", f"CUDA device {name} supports bfloat16")
+        return DtypeChoice("float16", f"CUDA device {name} lacks bfloat16")
+    if device.type != "cpu":
+        return DtypeChoice("float32", f"no dtype probe for device type {device.type!r}")
+    flags = cpu_flags()
+    if flags is not None and not flags.intersection(CPU_BF16_FLAGS):
+        return DtypeChoice("float32", "CPU without native bfloat16 (no avx512_bf16 or amx_bf16 flag)")
+    load_as = "float32" if checkpoint_dtype in ("float32", "float16") else "bfloat16"
+    return DtypeChoice(load_as, "CPU with native bfloat16: to be timed against float32", probe=True)
+
+
+def _probe_module(model: nn.Module) -> nn.Module | None:
+    """The first decoder layer's MLP (most of a prefill's FLOPs), or ``None`` for a model without one."""
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    mlp = getattr(layers[0], "mlp", None) if layers is not None and len(layers) else None
+    return mlp if isinstance(mlp, nn.Module) else None
+
+
+def probe_cpu_dtype(model: nn.Module) -> DtypeChoice:
+    """Time the model's own first MLP in bfloat16 and float32 on a :data:`PROBE_TOKENS`-token input
+    (:data:`PROBE_ROUNDS` interleaved rounds, medians compared) and return the faster dtype; a tie keeps float32.
+    A CPU's flags alone are not enough: a VM can report ``avx512_bf16`` while torch runs bfloat16 slower. Copies of
+    the MLP are timed, the model is not changed. A model without a ``layers[0].mlp`` keeps bfloat16 (the flags
+    said native).
+
+    Returns:
+        The choice (never provisional).
+    """
+    mlp = _probe_module(model)
+    if mlp is None:
+        choice = DtypeChoice("bfloat16", "CPU with native bfloat16; no MLP to time in this model")
     else:
-        choice = DtypeChoice("float32", f"no dtype probe for device type {device.type!r}")
-    log.info("dtype auto: %s (%s)", choice.dtype, choice.reason)
+        hidden = next(p for p in mlp.parameters() if p.dim() == 2).shape[1]
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(1, PROBE_TOKENS, hidden, generator=generator)
+        copies = {dtype: copy.deepcopy(mlp).to(dtype) for dtype in (torch.bfloat16, torch.float32)}
+        inputs = {dtype: x.to(dtype) for dtype in copies}
+        times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in copies}
+        with torch.inference_mode():
+            for dtype, module in copies.items():  # warm-up: kernel selection, first-touch allocation
+                module(inputs[dtype])
+            for _ in range(PROBE_ROUNDS):
+                for dtype, module in copies.items():
+                    start = time.perf_counter()
+                    module(inputs[dtype])
+                    times[dtype].append((time.perf_counter() - start) * 1000)
+        bf16_ms, fp32_ms = statistics.median(times[torch.bfloat16]), statistics.median(times[torch.float32])
+        timing = f"first MLP on {PROBE_TOKENS} tokens: bfloat16 {bf16_ms:.2f} ms, float32 {fp32_ms:.2f} ms (median)"
+        if bf16_ms < fp32_ms:
+            choice = DtypeChoice("bfloat16", f"CPU with native bfloat16, faster than float32 ({timing})")
+        else:
+            choice = DtypeChoice("float32", f"bfloat16 is not faster than float32 on this CPU ({timing})")
     return choice
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -9,11 +10,13 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.attention import resolve_attention
-from inferscale.engines.hf.dtype import choose_dtype
+from inferscale.engines.hf.dtype import choose_dtype, probe_cpu_dtype
 from inferscale.models import resolve_llm_path
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """``EngineConfig.dtype`` names → torch dtypes."""
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -25,22 +28,34 @@ def resolve_device(device: str) -> torch.device:
 
 def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
     """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype`` (``"auto"``
-    resolved by :func:`~inferscale.engines.hf.dtype.choose_dtype`), with
+    resolved by :func:`~inferscale.engines.hf.dtype.choose_dtype`, timed on the loaded model by
+    :func:`~inferscale.engines.hf.dtype.probe_cpu_dtype` where the CPU may run bfloat16 natively), with
     ``config.attn_implementation``, on ``config.device``, in eval mode.
 
     Returns:
         ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer (typed
         ``Any``: any ``AutoModelForCausalLM`` / ``AutoTokenizer`` class).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_llm_path(config.model, home)
     device = resolve_device(config.device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=DTYPES[choose_dtype(config.dtype, device).dtype],
-        attn_implementation=resolve_attention(config.attn_implementation),
-    )
+    stored = str(AutoConfig.from_pretrained(path).dtype or "").removeprefix("torch.") or None
+    choice = choose_dtype(config.dtype, device, stored)
+
+    def load(dtype: str) -> Any:
+        attention = resolve_attention(config.attn_implementation)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+
+    model = load(choice.dtype)
+    if choice.probe:
+        provisional, choice = choice.dtype, probe_cpu_dtype(model)
+        if choice.dtype != provisional:
+            # Loaded again rather than cast: buffers a model computes at init (rotary frequencies) depend on the
+            # dtype it is loaded in, and must equal those of a model loaded in the final dtype directly.
+            model = load(choice.dtype)
+    if config.dtype == "auto":
+        log.info("dtype auto: %s (%s)", choice.dtype, choice.reason)
     model = model.to(device)
     return path, model.eval(), tokenizer
