@@ -30,6 +30,12 @@ class ConfigError(InferScaleError, ValueError):
     """The configuration names something that cannot be loaded (a missing model folder, a bad URL)."""
 
 
+class SchemaError(ConfigError):
+    """The database's schema is not one this InferScale can use: it is at a revision this version does not know
+    (a newer InferScale wrote it), or it holds InferScale's tables from before the schema was versioned that differ
+    from the first versioned schema. Raised on a store's first use, before anything is changed."""
+
+
 class ModelNotAvailableError(ConfigError):
     """A default model package is not installed, or a configured model path does not exist."""
 

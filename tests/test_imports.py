@@ -36,6 +36,7 @@ EXPECTED_ALL = [
     "RecalledMemory",
     "RequestTooLargeError",
     "RouteNotFoundError",
+    "SchemaError",
     "ScopeError",
     "ServerError",
     "Timings",

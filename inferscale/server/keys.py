@@ -26,9 +26,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Engine, LargeBinary, String, select
+from sqlalchemy import JSON, Engine, LargeBinary, MetaData, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from inferscale.config import MemoryConfig
@@ -36,11 +37,29 @@ from inferscale.errors import InvalidInputError
 from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
+from inferscale.storage.schema import SchemaChain, ensure_schema
 
 KEY_PREFIX = "isk_"
 _KEY = re.compile(r"isk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _MAX_SCOPE_IDS = 1000
+
+
+def _baseline() -> MetaData:
+    from inferscale.server.migrations.baseline import baseline_metadata
+
+    return baseline_metadata()
+
+
+KEYS_SCHEMA = SchemaChain(
+    name="API key",
+    script_location=Path(__file__).resolve().parent / "migrations",
+    version_table="inferscale_keys_schema_version",
+    baseline_revision="0001_api_keys",
+    baseline=_baseline,
+)
+"""The versioned schema of ``api_keys``: a chain of its own beside the memory store's, so the storage layer knows
+nothing of keys and each part upgrades on its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +157,8 @@ def _ids(field: str, ids: Sequence[str] | None) -> list[str] | None:
 class KeyStore:
     """The API keys in the table ``api_keys`` of a SQL database (any SQLAlchemy URL; the memory database's).
 
-    The constructor does no I/O; the table is created on first use. Thread-safe; every method runs in its own
-    transaction.
+    The constructor does no I/O; the table is created or upgraded (:data:`KEYS_SCHEMA`) on first use, safely when
+    several processes open one new database at once. Thread-safe; every method runs in its own transaction.
 
     Args:
         url: the database, e.g. ``MemoryConfig.database_url()``.
@@ -161,7 +180,11 @@ class KeyStore:
         with self._lock:
             if self._engine is None:
                 engine = make_engine(self.url)
-                _Base.metadata.create_all(engine)
+                try:
+                    ensure_schema(engine, KEYS_SCHEMA)
+                except BaseException:
+                    engine.dispose()
+                    raise
                 self._engine = engine
             return self._engine
 

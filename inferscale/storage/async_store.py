@@ -37,7 +37,6 @@ from inferscale.storage.changes import (
 )
 from inferscale.storage.database import WRITE_OPTION, configure_sqlite, enable_wal, sqlite_file
 from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
-from inferscale.storage.models import Base
 from inferscale.storage.queries import (
     all_memories,
     by_vector_ids,
@@ -50,6 +49,7 @@ from inferscale.storage.queries import (
     vector_ids_in_scope,
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, SchemaUpgrade, upgrade_schema
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -86,9 +86,31 @@ def async_url(url: str) -> str:
     raise ConfigError(f"no async driver for {parsed.drivername!r}; use sqlite or postgresql (psycopg or asyncpg)")
 
 
+MIGRATION_POLL_S = 0.005
+"""How often a coroutine asks for the process's migration lock while another chain runs (seconds)."""
+
+
+async def ensure_schema_async(engine: AsyncEngine, chain: SchemaChain) -> SchemaUpgrade:
+    """Upgrade ``chain`` on ``engine``'s database to its head in one write transaction, through ``run_sync``; see
+    :func:`~inferscale.storage.schema.upgrade_schema`. The process's :data:`~inferscale.storage.schema.MIGRATION_LOCK`
+    is polled for (every :data:`MIGRATION_POLL_S` seconds) rather than waited on: a coroutine that holds it awaits
+    the database on this event loop, which a blocking wait would stop.
+
+    Raises:
+        SchemaError: see :func:`~inferscale.storage.schema.upgrade_schema` (nothing is changed).
+    """
+    while not MIGRATION_LOCK.acquire(blocking=False):
+        await asyncio.sleep(MIGRATION_POLL_S)
+    try:
+        async with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+            return await conn.run_sync(upgrade_schema, chain)
+    finally:
+        MIGRATION_LOCK.release()
+
+
 class AsyncMemoryStore:
     """Memories, history and KV entries in one SQL database, with ``async`` methods. Construction does no I/O;
-    the engine and the tables are created on first use.
+    the engine is created and the schema created or upgraded on first use.
 
     Args:
         url: a SQLAlchemy URL in its sync or async form (see :func:`async_url`).
@@ -113,10 +135,13 @@ class AsyncMemoryStore:
         return self._url
 
     async def engine(self) -> AsyncEngine:
-        """The async engine, created (and the schema with it) on first call.
+        """The async engine, created on first call, with the schema created or upgraded to its head revision
+        (:func:`ensure_schema_async`).
 
         Raises:
             ConfigError: when the driver is not installed.
+            SchemaError: when the database is at a revision this InferScale does not know, or holds unversioned
+                tables that differ from its schema.
         """
         if self._engine is not None:
             return self._engine
@@ -126,8 +151,7 @@ class AsyncMemoryStore:
             if self._engine is None:
                 engine = await asyncio.to_thread(self._build)  # a SQLite file is switched to WAL: blocking I/O
                 try:
-                    async with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
-                        await conn.run_sync(Base.metadata.create_all)
+                    await ensure_schema_async(engine, MEMORY_SCHEMA)
                 except BaseException:
                     await engine.dispose()
                     raise
@@ -344,4 +368,4 @@ class AsyncMemoryStore:
         return await self._write(delete_kv_entries_in_session, check_id(memory_id))
 
 
-__all__ = ["AsyncMemoryStore", "async_url"]
+__all__ = ["AsyncMemoryStore", "async_url", "ensure_schema_async"]

@@ -24,8 +24,9 @@ from sqlalchemy.orm import Session
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
+from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, scope_clauses, select_memory
+from inferscale.storage.queries import chunks, scope_clauses
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
 from inferscale.storage.validation import (
     check_actor,
@@ -231,8 +232,42 @@ def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | N
     s.add_all(_history(r.id, "DELETE", r, None, actor, now) for r in records)
 
 
+def _lock_rows(s: Session, changes: ChangeSet) -> dict[str, MemoryRow]:
+    """The rows of ``changes.scope`` that its deletes and updates name, by id, locked ``FOR UPDATE`` in id order.
+
+    Taking every row lock up front, in one order, means two change sets that touch the same memories never wait
+    for each other in a cycle (PostgreSQL would abort one as a deadlock); SQLite ignores ``FOR UPDATE`` (its
+    writers hold the file's write lock from ``BEGIN IMMEDIATE``).
+    """
+    ids = sorted({*changes.deletes, *(u.memory_id for u in changes.updates)})
+    rows: dict[str, MemoryRow] = {}
+    for chunk in chunks(ids):
+        stmt = (
+            select(MemoryRow)
+            .where(MemoryRow.id.in_(chunk), *scope_clauses(changes.scope))
+            .order_by(MemoryRow.id)
+            .with_for_update()
+        )
+        rows.update((row.id, row) for row in s.scalars(stmt))
+    return rows
+
+
+def text_lock_key(scope: Scope, text_hash: str) -> int:
+    """The advisory-lock key of one text in one scope (:func:`~inferscale.storage.locks.advisory_key`): adds of the
+    same text to the same scope take turns, on PostgreSQL, between the duplicate check and the insert."""
+    return advisory_key("inferscale.memories", scope.key(), text_hash)
+
+
 def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     """Apply a validated change set inside the caller's transaction (deletes, then updates, then adds).
+
+    Locks come first: the rows the deletes and updates name (``FOR UPDATE``, in id order), then, when
+    ``skip_duplicates`` is set, the scope's texts being added (:func:`text_lock_key`, PostgreSQL advisory locks
+    held to the end of the transaction). So the duplicate check sees every add committed before it, under any
+    concurrency: the same text is stored once per scope on PostgreSQL as on SQLite, whose writers take turns
+    already. The changes' timestamp is taken after the locks (and after SQLite's write lock), so history rows,
+    ``created_at`` and ``updated_at`` follow the order the transactions commit in: before, two writers to one memory
+    could leave its history with times going backwards and ``updated_at`` older than its last change.
 
     Returns:
         :class:`AppliedChanges`.
@@ -241,11 +276,16 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         MemoryNotFoundError: with ``strict``, when an update or delete names an unknown id (the caller's
             transaction then rolls back: nothing is written).
     """
+    s.connection()  # the transaction begins now: on SQLite, ``BEGIN IMMEDIATE`` waits for the write lock here
+    rows = _lock_rows(s, changes)
+    if changes.skip_duplicates and changes.adds and changes.scope is not None:
+        scope = changes.scope
+        lock_keys(s, (text_lock_key(scope, hash_text(new.text)) for new in changes.adds))
     now = utc_now()
     skipped: list[str] = []
     deleted: list[MemoryRecord] = []
     for memory_id in dict.fromkeys(changes.deletes):
-        row = s.scalars(select_memory(memory_id, changes.scope).with_for_update()).first()
+        row = rows.get(memory_id)
         if row is None:
             _missing(changes, "DELETE", memory_id, skipped)
             continue
@@ -259,7 +299,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         if update.memory_id in gone:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: it is deleted in the same change set")
             continue
-        row = s.scalars(select_memory(update.memory_id, changes.scope).with_for_update()).first()
+        row = rows.get(update.memory_id)
         if row is None:
             _missing(changes, "UPDATE", update.memory_id, skipped)
             continue
@@ -348,6 +388,7 @@ __all__ = [
     "delete_change",
     "delete_scope_in_session",
     "reset_in_session",
+    "text_lock_key",
     "update_change",
     "validate_changes",
 ]

@@ -41,7 +41,6 @@ from inferscale.storage.changes import (
 )
 from inferscale.storage.database import WRITE_OPTION, make_engine
 from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
-from inferscale.storage.models import Base
 from inferscale.storage.queries import (
     all_memories,
     by_vector_ids,
@@ -54,6 +53,7 @@ from inferscale.storage.queries import (
     vector_ids_in_scope,
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.schema import MEMORY_SCHEMA, ensure_schema
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -71,8 +71,9 @@ _T = TypeVar("_T")
 class MemoryStore:
     """Memories, history and KV entries in one SQL database, addressed by a SQLAlchemy URL.
 
-    The constructor does no I/O: the engine is created and the tables are created (if missing) on first use,
-    once, under a lock, so a store may be shared by threads. Every method runs in its own transaction.
+    The constructor does no I/O: the engine is created and the schema created or upgraded (versioned with Alembic,
+    :mod:`~inferscale.storage.schema`) on first use, once, under a lock, so a store may be shared by threads and
+    several processes may open one new database at once. Every method runs in its own transaction.
 
     Args:
         url: any SQLAlchemy URL, e.g. ``sqlite:////home/me/.cache/inferscale/memory.db`` or
@@ -111,10 +112,13 @@ class MemoryStore:
 
     @property
     def engine(self) -> Engine:
-        """The engine, created (and the schema with it) on first access.
+        """The engine, created on first access, with the schema created or upgraded to its head revision
+        (:func:`~inferscale.storage.schema.ensure_schema`: safe when processes open one new database at once).
 
         Raises:
             ConfigError: when the URL is malformed or its driver is not installed.
+            SchemaError: when the database is at a revision this InferScale does not know, or holds unversioned
+                tables that differ from its schema.
         """
         engine = self._engine
         if engine is not None:
@@ -123,9 +127,7 @@ class MemoryStore:
             if self._engine is None:
                 engine = make_engine(self._url)
                 try:
-                    # Under the write lock, so two processes opening a new file do not both create the tables.
-                    with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
-                        Base.metadata.create_all(conn)
+                    ensure_schema(engine, MEMORY_SCHEMA)
                 except BaseException:
                     engine.dispose()
                     raise

@@ -1,0 +1,1 @@
+"""The memory store's revisions, oldest first: ``v0001_baseline``."""

@@ -1,0 +1,160 @@
+"""The versioned schema (inferscale.storage.schema, Alembic): a fresh database is created at the head revision and
+equals the models; tables made by the unversioned ``create_all`` of InferScale 0.1 are checked, stamped and keep
+their rows; tables that differ, and a revision this code does not know, are a SchemaError before anything changes;
+and clients whose first use starts at the same moment on one fresh database all succeed (threads and coroutines;
+processes: tests/storage/test_concurrent_writes.py), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
+from sqlalchemy import Engine, MetaData, inspect, text
+from sqlalchemy.orm import Session
+from store_workers import HEADS, chains, revisions
+
+from inferscale import AsyncMemoryClient, MemoryClient, SchemaError
+from inferscale.scope import Scope
+from inferscale.server.keys import ApiKeyRow, KeyStore, _Base
+from inferscale.storage import Base, HistoryRow, MemoryRow, MemoryStore, make_engine
+from inferscale.storage.async_store import AsyncMemoryStore
+from inferscale.storage.models import utc_now
+from inferscale.storage.schema import MEMORY_SCHEMA, SchemaChain, ensure_schema
+
+ALICE = Scope(user_id="alice")
+
+
+def diffs(engine: Engine, chain: SchemaChain, metadata: MetaData) -> list[object]:
+    """Alembic's differences between the database's tables of ``chain`` and ``metadata`` (``[]``: equal)."""
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"include_name": lambda name, kind, _: kind != "table" or name in metadata.tables}
+        )
+        return list(compare_metadata(context, metadata))
+
+
+def test_a_fresh_database_is_created_at_the_head_and_equals_the_models(db_url: str) -> None:
+    with MemoryStore(db_url) as store, closing(KeyStore(db_url)) as keys:
+        store.add("I like tea", ALICE)
+        assert keys.list() == []
+    engine = make_engine(db_url)
+    assert revisions(engine) == HEADS
+    for chain, metadata in chains():
+        assert diffs(engine, chain, metadata) == [], chain.name
+    again = ensure_schema(engine, MEMORY_SCHEMA)
+    assert (again.before, again.after, again.stamped) == ("0001_baseline", "0001_baseline", False)
+    engine.dispose()
+
+
+def test_tables_made_before_versioning_are_stamped_and_keep_their_rows(db_url: str) -> None:
+    """A database as InferScale 0.1 left it: every table from ``create_all``, rows in them, no version table."""
+    engine = make_engine(db_url)
+    Base.metadata.create_all(engine)
+    _Base.metadata.create_all(engine)
+    now = utc_now()
+    with Session(engine) as s, s.begin():
+        s.add(MemoryRow(id="m-1", text="I like tea", hash="h" * 64, user_id="alice", created_at=now, updated_at=now))
+        s.add(HistoryRow(memory_id="m-1", event="ADD", new_text="I like tea", created_at=now))
+        s.add(ApiKeyRow(key_id="a" * 12, name="old", salt=bytes(16), secret_hash=bytes(64), admin=True, created_at=now))
+    assert revisions(engine) == {}
+    with MemoryStore(db_url) as store, closing(KeyStore(db_url)) as keys:
+        assert [m.text for m in store.list(ALICE)] == ["I like tea"]
+        assert [h.event for h in store.history("m-1")] == ["ADD"]
+        store.add("I like coffee", ALICE)
+        assert [k.key_id for k in keys.list()] == ["a" * 12]
+    assert revisions(engine) == HEADS
+    engine.dispose()
+
+
+def test_tables_made_before_versioning_that_differ_are_refused(db_url: str) -> None:
+    """A ``memories`` table of another shape (three columns, no history table) cannot be stamped: SchemaError naming
+    the differences, and the database stays as it was (no version table, no new table)."""
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("create table memories (pk integer primary key, id varchar(36) not null, text text)"))
+    with MemoryStore(db_url) as store, pytest.raises(SchemaError, match="missing tables: kv_entries, memory_history"):
+        store.list(ALICE)
+    assert revisions(engine) == {}
+    assert sorted(inspect(engine).get_table_names()) == ["memories"]
+    engine.dispose()
+
+
+def test_a_revision_this_code_does_not_know_is_a_schema_error(db_url: str) -> None:
+    """A database that a newer InferScale upgraded: every store refuses it with SchemaError on first use."""
+    with MemoryStore(db_url) as store, closing(KeyStore(db_url)) as keys:
+        store.add("I like tea", ALICE)
+        keys.list()
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        for chain, _ in chains():
+            conn.execute(text(f"update {chain.version_table} set version_num = '9999_from_a_newer_inferscale'"))
+    with MemoryStore(db_url) as store, pytest.raises(SchemaError, match="9999_from_a_newer_inferscale"):
+        store.list(ALICE)
+    with closing(KeyStore(db_url)) as keys, pytest.raises(SchemaError, match="newer InferScale"):
+        keys.list()
+
+    async def first_async_read() -> None:
+        store = AsyncMemoryStore(db_url)
+        try:
+            await store.list(ALICE)
+        finally:
+            await store.close()
+
+    with pytest.raises(SchemaError, match="9999_from_a_newer_inferscale"):
+        asyncio.run(first_async_read())
+    engine.dispose()
+
+
+FIRST_USERS = 4
+
+
+def test_clients_whose_first_add_starts_at_once_all_succeed(db_url: str, tmp_path: Path) -> None:
+    """Four sync clients, each in its own thread, add at the same moment on a fresh database. Before the schema was
+    created under a lock on PostgreSQL too, 3 of the 4 raised IntegrityError from CREATE TABLE in 10 of 10 tries."""
+    clients = [
+        MemoryClient(fake_config(tmp_path / str(i), db_url), embedder=HashEmbedder(), generator=ScriptedGenerator())
+        for i in range(FIRST_USERS)
+    ]
+    barrier = threading.Barrier(FIRST_USERS)
+    errors: list[BaseException] = []
+
+    def first_add(i: int) -> None:
+        barrier.wait()
+        try:
+            clients[i].add(f"client {i} was here", user_id="alice", infer=False)
+        except BaseException as exc:  # reported below; a thread cannot raise into the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_add, args=(i,)) for i in range(FIRST_USERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    stored = clients[0].get_all(user_id="alice")["results"]
+    assert sorted(m["memory"] for m in stored) == [f"client {i} was here" for i in range(FIRST_USERS)]
+    for client in clients:
+        client.close()
+
+
+def test_async_clients_whose_first_add_starts_at_once_all_succeed(db_url: str, tmp_path: Path) -> None:
+    """Four async clients on one event loop, gathered: their schema upgrades take turns without blocking the loop."""
+
+    async def main() -> list[str]:
+        clients = [AsyncMemoryClient(fake_config(tmp_path / str(i), db_url), embedder=HashEmbedder()) for i in range(4)]
+        try:
+            await asyncio.gather(
+                *(c.add(f"client {i} was here", user_id="alice", infer=False) for i, c in enumerate(clients))
+            )
+            return sorted(m["memory"] for m in (await clients[0].get_all(user_id="alice"))["results"])
+        finally:
+            for client in clients:
+                await client.close()
+
+    assert asyncio.run(main()) == [f"client {i} was here" for i in range(4)]
