@@ -22,7 +22,7 @@ from inferscale.arguments import (
 )
 from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
 from inferscale.errors import InvalidInputError
-from inferscale.filters import Filter
+from inferscale.filters import WILDCARD, Filter
 from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.types import ChatMode
 
@@ -96,8 +96,8 @@ def resolve_chat(
         ScopeError: when no scope id is given.
         InvalidInputError: when neither or both of ``query`` and ``messages`` are given, for bad messages (empty,
             an unknown role, no user message, ending with an assistant turn), ``memory_ids`` together with
-            ``limit``, ``search_query`` or ``filters`` that do more than name the scope, a bad mode, budget,
-            ``stream`` flag or sampling value.
+            ``limit``, ``search_query`` or ``filters`` that do more than name the scope (an operator, a wildcard
+            ``"*"``, a metadata key), a bad mode, budget, ``stream`` flag or sampling value.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
@@ -109,9 +109,10 @@ def resolve_chat(
     scope, node = resolve_scope(user_id, agent_id, run_id, filters)
     ids: tuple[str, ...] | None = None
     if memory_ids is not None:
-        # filters that only name the scope (Mem0 v2's way to pass user_id) choose nothing, so they may stay
+        # filters that only name the scope (Mem0 v2's way to pass user_id) choose nothing, so they may stay; a
+        # wildcard ("agent_id": "*": the id is set) chooses memories, which memory_ids would silently ignore
         scope_only = isinstance(filters, Mapping) and all(
-            k in SCOPE_KEYS and isinstance(v, str) for k, v in filters.items()
+            k in SCOPE_KEYS and isinstance(v, str) and v != WILDCARD for k, v in filters.items()
         )
         given = (("limit", limit), ("filters", None if scope_only else filters), ("search_query", search_query))
         clash = [name for name, value in given if value is not None]

@@ -409,7 +409,8 @@ class ClientCore:
         """The change set of an ``add``, or ``None`` when nothing is new.
 
         Each new memory's context (context-window encoding) starts with the texts of the ``kv.context_window``
-        memories stored last in the scope, so a message added on its own is encoded after its neighbours.
+        memories stored last in exactly the scope (an id the scope leaves unset is unset in them too: an agent's
+        memory never follows one of its users'), so a message added on its own is encoded after its neighbours.
         ``infer=False``: every message becomes a memory. ``infer=True``: the LLM extracts facts; those stored
         verbatim in the scope are dropped; the rest are added, or, when similar memories are stored and reconcile
         is on, the LLM decides ADD/UPDATE/DELETE/NONE against them (:mod:`inferscale.memory.reconcile`).

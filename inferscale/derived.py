@@ -107,7 +107,7 @@ class StoredText:
 
 @dataclass(frozen=True, slots=True)
 class LatestMemories:
-    """The ``limit`` memories of ``scope`` stored last, oldest first."""
+    """The ``limit`` memories of exactly ``scope`` stored last, oldest first (:meth:`MemoryStore.latest`)."""
 
     scope: Scope
     limit: int

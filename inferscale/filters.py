@@ -42,6 +42,7 @@ OPERATORS: tuple[str, ...] = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin",
 TIME_FIELDS: tuple[str, ...] = ("created_at", "updated_at")
 LOGICAL_KEYS: tuple[str, ...] = ("AND", "OR", "NOT")
 WILDCARD = "*"
+"""The condition ``"*"``: the field is present and not null (it pins no scope id)."""
 
 MAX_FILTER_CONDITIONS = 100
 """The most field conditions one filter may hold (an ``in``/``nin`` list counts once; ``AND``/``OR``/``NOT`` not)."""
@@ -315,6 +316,7 @@ __all__ = [
     "MAX_FILTER_VALUES",
     "OPERATORS",
     "TIME_FIELDS",
+    "WILDCARD",
     "And",
     "Condition",
     "Filter",

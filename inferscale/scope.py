@@ -5,6 +5,7 @@ Given ids are ANDed: a memory is visible to a scope when every id the scope name
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -72,5 +73,7 @@ class Scope:
         return {k: v for k in SCOPE_KEYS if (v := getattr(self, k)) is not None}
 
     def key(self) -> str:
-        """A stable string naming this scope, used to salt caches so tenants never share entries."""
-        return "|".join(f"{k}={getattr(self, k) or ''}" for k in SCOPE_KEYS)
+        """A stable string naming this scope, used to salt caches so tenants never share entries: the JSON array of
+        the three ids, e.g. ``'["alice", null, null]'``. Distinct scopes have distinct keys whatever their ids hold
+        (``"auth0|42"``, ``"="``, quotes), since JSON escapes every character that could end an id."""
+        return json.dumps([self.user_id, self.agent_id, self.run_id])

@@ -4,14 +4,13 @@ and the MiniLM embedder; and the check that every test loading a model through t
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from databases import database_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -48,59 +47,14 @@ def embedder() -> Any:
 
 # ---- databases -------------------------------------------------------------------------------------------------
 
-PG_HOST = "127.0.0.1:5432"
-PG_DATABASE = "test"
-PG_ROLES = ("postgres", "root")
-
-
-@cache
-def _postgres_base_url() -> str | None:
-    """The first ``postgresql+psycopg://ROLE@127.0.0.1:5432/test`` URL that connects (trust auth), or None."""
-    try:
-        import psycopg  # noqa: F401  (SQLAlchemy's driver for the URLs below)
-    except ImportError:
-        return None
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.exc import OperationalError
-
-    for role in PG_ROLES:
-        url = f"postgresql+psycopg://{role}@{PG_HOST}/{PG_DATABASE}"
-        engine = create_engine(url, connect_args={"connect_timeout": 3})
-        try:
-            with engine.connect() as conn:
-                conn.execute(text("select 1"))
-            return url
-        except OperationalError:
-            continue
-        finally:
-            engine.dispose()
-    return None
-
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database URL per backend: a SQLite file under ``tmp_path``, then a fresh, empty schema on the PostgreSQL
-    server (its connections use it through libpq's ``search_path`` option; dropped with its tables after the test).
-    The PostgreSQL case is skipped when psycopg is missing or no server answers."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/db/memory.db"
-        return
-    base = _postgres_base_url()
-    if base is None:
-        roles = ", ".join(PG_ROLES)
-        pytest.skip(f"no PostgreSQL server answered at {PG_HOST}/{PG_DATABASE} (roles {roles}, trust auth)")
-    from sqlalchemy import create_engine, text
-
-    schema = f"inferscale_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(text(f'create schema "{schema}"'))
-    try:
-        yield f"{base}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'drop schema "{schema}" cascade'))
-        admin.dispose()
+    server, dropped after the test (:func:`databases.database_url`). The PostgreSQL case is skipped when psycopg is
+    missing or no server answers."""
+    with database_url(request.param, tmp_path) as url:
+        yield url
 
 
 # ---- the slow marker ---------------------------------------------------------------------------------------------

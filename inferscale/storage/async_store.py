@@ -231,7 +231,7 @@ class AsyncMemoryStore:
         return await self._read(list_memories, scope, filters, check_limit(limit))
 
     async def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
-        """The ``limit`` memories of ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
+        """The ``limit`` memories of exactly ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
         return await self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:

@@ -6,7 +6,8 @@ Each session function takes the caller's plain ``Session`` and returns detached 
 Arguments are expected to be validated already (:mod:`inferscale.storage.validation`).
 
 Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
-memory's column (the ids are ANDed; ids the scope leaves unset are not constrained).
+memory's column (the ids are ANDed; ids the scope leaves unset are not constrained). Only the neighbours a new
+memory is encoded after (:func:`latest_memories`) come from *exactly* its scope, where an unset id must be unset too.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def scope_clauses(scope: Scope | None) -> list[ColumnElement[bool]]:
     if scope.run_id is not None:
         clauses.append(MemoryRow.run_id == scope.run_id)
     return clauses
+
+
+def exact_scope_clauses(scope: Scope) -> list[ColumnElement[bool]]:
+    """The ``WHERE`` conditions that keep ``memories`` of exactly ``scope``: every id it sets equal, every id it
+    leaves unset ``NULL`` (``Scope(agent_id="a")`` holds the agent's own memories, not those of its users or runs)."""
+    columns = (MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
+    ids = (scope.user_id, scope.agent_id, scope.run_id)
+    return [column.is_(None) if value is None else column == value for column, value in zip(columns, ids, strict=True)]
 
 
 def where_clauses(scope: Scope, node: Filter | None, dialect: str) -> list[ColumnElement[bool]]:
@@ -126,10 +135,13 @@ def list_memories(s: Session, scope: Scope, node: Filter | None, limit: int | No
 
 
 def latest_memories(s: Session, scope: Scope, limit: int) -> list[MemoryRecord]:
-    """The ``limit`` memories of ``scope`` stored last, oldest first (the neighbours a new memory follows)."""
+    """The ``limit`` memories of exactly ``scope`` stored last, oldest first: the neighbours a new memory of that scope
+    is encoded after (context-window encoding). Exact, not ANDed: a memory of ``Scope(agent_id="a")`` is served to
+    whoever reads agent ``a``'s own memories, so its K/V must never be encoded after a text of one of the agent's users
+    (which would outlive that user's ``delete_all`` in them)."""
     stmt = (
         select(MemoryRow)
-        .where(*scope_clauses(scope))
+        .where(*exact_scope_clauses(scope))
         .order_by(MemoryRow.created_at.desc(), MemoryRow.pk.desc())
         .limit(limit)
     )

@@ -224,7 +224,8 @@ class MemoryStore:
         return self._read(list_memories, scope, filters, check_limit(limit))
 
     def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
-        """The ``limit`` memories of ``scope`` stored last, oldest first.
+        """The ``limit`` memories of exactly ``scope`` stored last (every id it leaves unset unset too), oldest first:
+        the neighbours a new memory of that scope is encoded after.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
