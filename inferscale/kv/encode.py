@@ -213,6 +213,11 @@ class FactEncoder:
     the same as in an unbatched pass (up to kernel rounding). Requests are sorted by length before batching to
     keep padding small; results come back in request order.
 
+    A shared prefix (the system prefix every fact is encoded after) is prefilled once (:meth:`cache_prefix`): a
+    request whose context starts with it is encoded on top of the prefix's cached K/V, so only the rest of its
+    context and its fact tokens are prefilled. The result equals the plain pass up to kernel rounding (the same
+    tokens at the same positions attend to the same K/V). :attr:`tokens_prefilled` counts what was prefilled.
+
     Args:
         model: a transformers causal LM (``model.model.layers[i].self_attn`` with ``k_proj``/``v_proj``).
         batch_size: facts per forward pass.
@@ -226,6 +231,36 @@ class FactEncoder:
         self._n_kv_heads, self._head_dim = kv_head_shape(model_config(model))
         self._batch_size = batch_size
         self._pad = pad_token_id
+        self._prefix_ids: tuple[int, ...] = ()
+        self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.tokens_prefilled = 0
+        """Real (not padding) tokens prefilled by every :meth:`encode` call so far, the cached prefix's once."""
+
+    @property
+    def prefix_ids(self) -> tuple[int, ...]:
+        """The cached shared prefix (empty when none is cached)."""
+        return self._prefix_ids
+
+    @torch.inference_mode()
+    def cache_prefix(self, prefix_ids: Sequence[int]) -> None:
+        """Prefill ``prefix_ids`` once (positions from 0) and keep its K/V (post-RoPE, as the model caches them,
+        ``[1, n_kv, P, hd]`` per layer) for the requests whose ``context_ids`` start with it; an empty prefix
+        drops the cache."""
+        self._prefix_ids = tuple(int(i) for i in prefix_ids)
+        self._prefix_kv = []
+        if not self._prefix_ids:
+            return
+        ids = torch.tensor([self._prefix_ids], dtype=torch.long, device=self.device)
+        out = self._backbone(
+            input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device)[None], use_cache=True
+        )
+        cache = out.past_key_values
+        self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self.tokens_prefilled += len(self._prefix_ids)
+
+    def _uses_prefix(self, req: EncodeRequest) -> bool:
+        n = len(self._prefix_ids)
+        return n > 0 and len(req.context_ids) >= n and tuple(req.context_ids[:n]) == self._prefix_ids
 
     @property
     def device(self) -> torch.device:
@@ -244,16 +279,28 @@ class FactEncoder:
                 raise ValueError(f"request {i} has no fact tokens")
             if req.position_gap < 0:
                 raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
         encoded: dict[int, FactKV] = {}
-        for start in range(0, len(order), self._batch_size):
-            chunk = order[start : start + self._batch_size]
-            encoded.update(zip(chunk, self._encode_batch([requests[i] for i in chunk]), strict=True))
+        for cached in (True, False):
+            group = [i for i, req in enumerate(requests) if self._uses_prefix(req) == cached]
+            skip = len(self._prefix_ids) if cached else 0
+            group.sort(key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
+            for start in range(0, len(group), self._batch_size):
+                chunk = group[start : start + self._batch_size]
+                encoded.update(zip(chunk, self._encode_batch([requests[i] for i in chunk], skip), strict=True))
         return [encoded[i] for i in range(len(requests))]
 
-    def _encode_batch(self, batch: list[EncodeRequest]) -> list[FactKV]:
+    def _prefix_cache(self, rows: int) -> Any:
+        """A fresh transformers cache holding the cached prefix for ``rows`` rows (every forward extends it)."""
+        from transformers import DynamicCache
+
+        data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self._prefix_kv]
+        return DynamicCache(ddp_cache_data=data, config=model_config(self._model))
+
+    def _encode_batch(self, batch: list[EncodeRequest], skip: int = 0) -> list[FactKV]:
+        """Encode ``batch`` in one forward pass; with ``skip`` > 0 every request's context starts with the cached
+        prefix, which is not prefilled again: row tokens start at position ``skip``."""
         device = self.device
-        seqs = [list(r.context_ids) + list(r.fact_ids) for r in batch]
+        seqs = [list(r.context_ids[skip:]) + list(r.fact_ids) for r in batch]
         width = max(len(s) for s in seqs)
         if width == self._n_kv_heads:  # one extra pad column keeps [B, T, n_kv, hd] and [B, n_kv, T, hd] distinct
             width += 1
@@ -262,27 +309,32 @@ class FactEncoder:
         for row, seq in enumerate(seqs):
             input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
             attention_mask[row, : len(seq)] = 1
-        position_ids = torch.arange(width, dtype=torch.long)[None].repeat(len(seqs), 1)
+        position_ids = skip + torch.arange(width, dtype=torch.long)[None].repeat(len(seqs), 1)
         for row, req in enumerate(batch):
             if req.position_gap:
-                position_ids[row, len(req.context_ids) :] += req.position_gap
+                position_ids[row, len(req.context_ids) - skip :] += req.position_gap
+        cache: dict[str, Any] = {"use_cache": False}
+        if skip:
+            cache = {"use_cache": True, "past_key_values": self._prefix_cache(len(seqs))}
+            attention_mask = torch.cat([torch.ones((len(seqs), skip), dtype=torch.long), attention_mask], dim=1)
         with PreRopeCapture(self._attn, self._n_kv_heads, self._head_dim, width) as capture:
             self._backbone(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
                 position_ids=position_ids.to(device),
-                use_cache=False,
+                **cache,
             )
             keys, values = capture.stacked()
+        self.tokens_prefilled += sum(len(seq) for seq in seqs)
         facts = []
         for row, req in enumerate(batch):
-            lo, hi = len(req.context_ids), len(req.context_ids) + len(req.fact_ids)
+            lo, hi = len(req.context_ids) - skip, len(req.context_ids) - skip + len(req.fact_ids)
             facts.append(
                 FactKV(
                     keys=keys[:, row, :, lo:hi].contiguous(),
                     values=values[:, row, :, lo:hi].contiguous(),
                     token_ids=torch.tensor(list(req.fact_ids), dtype=torch.long),
-                    encoded_at=lo + req.position_gap,
+                    encoded_at=len(req.context_ids) + req.position_gap,
                 )
             )
         return facts

@@ -140,6 +140,7 @@ class VLLMEngine(LayoutTokensMixin):
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
             self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
+            self._encoder.cache_prefix(self._layout.prefix_ids)  # facts encoded after it skip its prefill
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, Path(path).name or path)
             self._stop_ids = sorted(stop_token_ids(self._model, self._tokenizer))
             directory = self._staging_dir or Path(tempfile.mkdtemp(prefix="inferscale-vllm-"))
