@@ -254,7 +254,7 @@ class FactEncoder:
         out = self._backbone(
             input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device)[None], use_cache=True
         )
-        cache = out.past_key_values
+        cache = getattr(out, "cache", None) or out.past_key_values  # renamed in transformers 5.x
         self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
         self.tokens_prefilled += len(self._prefix_ids)
 
@@ -315,7 +315,7 @@ class FactEncoder:
                 position_ids[row, len(req.context_ids) - skip :] += req.position_gap
         cache: dict[str, Any] = {"use_cache": False}
         if skip:
-            cache = {"use_cache": True, "past_key_values": self._prefix_cache(len(seqs))}
+            cache = {"use_cache": True, "cache": self._prefix_cache(len(seqs))}
             attention_mask = torch.cat([torch.ones((len(seqs), skip), dtype=torch.long), attention_mask], dim=1)
         with PreRopeCapture(self._attn, self._n_kv_heads, self._head_dim, width) as capture:
             self._backbone(
