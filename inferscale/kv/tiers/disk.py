@@ -3,13 +3,21 @@
 Layout: ``<root>/<memory_id>/<key digest>.safetensors``. Each file's metadata records the full key
 (:mod:`inferscale.kv.tiers.serialization`); a file found under a key but recorded for another fingerprint, text
 hash or encoding is refused with :class:`KVFingerprintMismatchError`, never returned.
+
+A write goes through ``<memory_id>/.<digest>.<host>-<pid>.<random>.tmp``: the name says which process wrote it, so
+:meth:`DiskTier.sweep_temp_files` can remove the temporary files of writers that died (a crash between the write
+and the rename) without touching those of live ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +25,9 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
-from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id
+from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_id
 from inferscale.kv.tiers.serialization import (
     KVFormatError,
     check_key,
@@ -29,6 +38,43 @@ from inferscale.kv.tiers.serialization import (
 
 SUFFIX = ".safetensors"
 _TMP_SUFFIX = ".tmp"
+
+TEMP_MAX_AGE_S = 3600.0
+"""A temporary file older than this (seconds) is removed whoever wrote it; a writer renames within milliseconds."""
+
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+"""This machine, as temporary file names record it (a digest of the host name)."""
+
+_TEMP_NAME = re.compile(r"\.[0-9a-f]+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (a zombie counts as alive until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _writer_gone(path: Path, now: float, max_age_s: float) -> bool:
+    """Whether the temporary file ``path`` is left over: its writer (a process of this machine, named in the
+    file name) is gone, or it is older than ``max_age_s`` seconds (another machine's, or an older name)."""
+    try:
+        age = now - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > max_age_s:
+        return True
+    match = _TEMP_NAME.fullmatch(path.name)
+    return (
+        match is not None
+        and match["host"] == HOST_TAG
+        and int(match["pid"]) != os.getpid()
+        and not _alive(int(match["pid"]))
+    )
 
 
 class DiskTier:
@@ -88,7 +134,7 @@ class DiskTier:
         data = save(tensors, metadata)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+        tmp = path.with_name(f".{path.stem}.{HOST_TAG}-{os.getpid()}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
         try:
             with open(tmp, "wb") as out:
                 out.write(data)
@@ -156,6 +202,56 @@ class DiskTier:
                     file.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # not empty: it holds files this tier did not write
                 folder.rmdir()
+
+    # ---- reconciliation -----------------------------------------------------------------------------------
+    def entry_files(self) -> dict[str, list[Path]]:
+        """The entry files, by the memory id their folder is named after (folders with another name and other
+        files are left out): a snapshot of the folder, reading no file."""
+        found: dict[str, list[Path]] = {}
+        if not self._root.is_dir():
+            return found
+        with os.scandir(self._root) as folders:
+            for folder in folders:
+                if not folder.is_dir(follow_symlinks=False) or not is_memory_id(folder.name):
+                    continue
+                try:
+                    with os.scandir(folder.path) as files:
+                        names = sorted(f.name for f in files if f.name.endswith(SUFFIX) and not f.name.startswith("."))
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                found[folder.name] = [self._root / folder.name / name for name in names]
+        return found
+
+    def sweep_temp_files(self, max_age_s: float = TEMP_MAX_AGE_S) -> int:
+        """Remove the temporary files left by writers that died before renaming them: those this machine's
+        processes wrote whose process is gone, and any older than ``max_age_s`` seconds. Returns how many were
+        removed. A live writer's file is kept, so this is safe while other processes write."""
+        if not self._root.is_dir():
+            return 0
+        now = time.time()
+        removed = 0
+        for path in self._root.glob(f"*/.*{_TMP_SUFFIX}"):
+            if _writer_gone(path, now, max_age_s):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    def remove_file(self, path: Path) -> bool:
+        """Remove one entry file of this tier (e.g. one no SQL row accounts for); returns whether it was there.
+
+        Raises:
+            InvalidInputError: when ``path`` is not an entry file's path inside this tier's folder.
+        """
+        path = Path(os.path.abspath(path))
+        if path.parent.parent != self._root or not path.name.endswith(SUFFIX):
+            raise InvalidInputError(f"{path} is not an entry file of the K/V folder {self._root}")
+        check_memory_id(path.parent.name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True  # the folder stays: a writer may be about to write into it
 
     def keys(self) -> list[KVKey]:
         """The keys recorded in every entry file (reads each file's header only).
