@@ -133,7 +133,7 @@ class MemoryClient(ClientCore):
 
     @property
     def index(self) -> VectorIndex:
-        """The FAISS index, loaded from disk and rebuilt from SQL when it is out of step."""
+        """The FAISS index, loaded from disk and reconciled with SQL on first use (:meth:`reconcile`)."""
         return run_steps(self.derived.index_steps(), self.db)
 
     # ------------------------------------------------------------------ write path

@@ -1,5 +1,6 @@
-"""Crash test: a writer process is killed with SIGKILL at a random point of its writes, 20 times; after each kill
-the store is reopened and reconciled, and checked against every write the writer acknowledged.
+"""Crash test: a writer process is killed with SIGKILL at a random point of its writes, 20 times (6 on PostgreSQL,
+where each write is slower); after each kill the store is reopened and reconciled, and checked against every write
+the writer acknowledged.
 
 The writer (tests/crash_writer.py) makes up to 200 random adds (half with ``encode_kv``), updates, deletes and K/V
 encodings and logs each acknowledged one (fsynced after the call returns). After each kill, a fresh client
@@ -7,8 +8,8 @@ reconciles, and then:
 
 - every acknowledged write is there: adds with their text, updates' texts, deletes absent, and K/V encoded for a
   text the memory still holds; the one write in flight at the kill either happened or did not, wholly;
-- no deleted memory comes back in search, and every written memory is found first (or tied for first) by its own
-  text;
+- no deleted memory comes back in search, and the last written memories are found first (or tied for first) by
+  their own text;
 - the index holds exactly the stored memories, each vector embedded from its current text, and the K/V store
   matches the ``kv_entries`` rows: every row has its file and its memory's text, every file its row, no K/V of a
   deleted memory and no temporary file is left.
@@ -41,7 +42,9 @@ from inferscale.storage import hash_text
 
 pytestmark = pytest.mark.slow  # a zygote process that imports torch, and 20 writer processes forked from it
 
-KILLS = 20
+KILLS = {"sqlite": 20, "postgresql": 6}
+"""Kills per backend: on PostgreSQL every commit is fsynced by the server, so a writer is about twice as slow; its
+run is kept shorter (20 kills there took 117 s on 2 busy cores, against 70 s on SQLite)."""
 OPS_PER_WRITER = 200
 WRITER = Path(__file__).parents[1] / "crash_writer.py"
 REPO = Path(__file__).parents[2]
@@ -84,9 +87,10 @@ class Zygote:
         self._stderr.close()
 
 
-@pytest.fixture
-def zygote(tmp_path: Path) -> Iterator[Zygote]:
-    started = Zygote(tmp_path / "writers.err")
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    """One zygote for both backends: it spends seconds importing."""
+    started = Zygote(tmp_path_factory.mktemp("zygote") / "writers.err")
     yield started
     started.close()
 
@@ -206,32 +210,38 @@ def check_store(client: MemoryClient, model: Model, kv_dir: Path, round_entries:
         if memory is not None and memory.hash in hashes and not any(r.memory_id == memory_id for r in rows):
             problems.append(f"lost: acknowledged K/V of {memory_id}")
 
-    # Search: this round's deleted memories never come back; its written ones come first for their own text.
+    # Search: this round's deleted memories never come back; its last written ones (the likeliest to be missing
+    # from the index file) come first for their own text. The vector check above covers every other memory.
     for entry in round_entries:
         if entry["op"] == "delete":
             user, text = model.deleted[entry["id"]]
             hits = [h["id"] for h in client.search(text, user_id=user, limit=5)["results"]]
             if entry["id"] in hits:
                 problems.append(f"deleted memory {entry['id']} found by search")
-        elif entry["op"] in ("add", "update") and entry["id"] in model.live:
-            user, text = model.live[entry["id"]]
-            hits = client.search(text, user_id=user, limit=5)["results"]
-            # First, or tied for first: the hashed bag of words of another text can equal this one's.
-            if not any(h["id"] == entry["id"] and h["score"] >= hits[0]["score"] - 1e-6 for h in hits):
-                problems.append(f"search for {text!r} does not find {entry['id']} first: {hits}")
+    written = [e["id"] for e in round_entries if e["op"] in ("add", "update") and e["id"] in model.live]
+    for memory_id in list(dict.fromkeys(reversed(written)))[:10]:
+        user, text = model.live[memory_id]
+        hits = client.search(text, user_id=user, limit=5)["results"]
+        # First, or tied for first: the hashed bag of words of another text can equal this one's.
+        if not any(h["id"] == memory_id and h["score"] >= hits[0]["score"] - 1e-6 for h in hits):
+            problems.append(f"search for {text!r} does not find {memory_id} first: {hits}")
     return problems
 
 
 def test_writer_killed_at_random_points_loses_nothing(tmp_path: Path, db_url: str, zygote: Zygote) -> None:
     rng = random.Random(15)
+    backend = db_url.split(":")[0].split("+")[0]
     config = fake_config(tmp_path, db_url)
     model = Model()
     kills = 0
     problems: list[str] = []
     repaired = dict.fromkeys(ReconcileReport().as_dict(), 0)
-    for round_no in range(KILLS):
+    writing_s = checking_s = 0.0
+    for round_no in range(KILLS[backend]):
         log = tmp_path / f"writes-{round_no}.jsonl"
+        started = time.monotonic()
         ended = kill_at_random(zygote, log, rng, data_dir=str(tmp_path), db_url=db_url, seed=round_no)
+        writing_s += time.monotonic() - started
         assert ended == f"killed {signal.SIGKILL}", f"the writer ended on its own ({ended}): {zygote.errors()}"
         kills += 1
         entries = read_log(log)
@@ -251,12 +261,14 @@ def test_writer_killed_at_random_points_loses_nothing(tmp_path: Path, db_url: st
                 problems.append(f"kill {round_no}: a second reconciliation found more to repair")
         finally:
             client.close()
+        checking_s += time.monotonic() - started
+    checking_s -= writing_s
     losses = sum("lost" in p for p in problems)
     print(
-        f"\ncrash test ({db_url.split(':')[0]}): kills survived {kills}, acknowledged writes checked "
+        f"\ncrash test ({backend}): kills survived {kills}, acknowledged writes checked "
         f"{model.acknowledged}, losses {losses}; memories live {len(model.live)}, deleted {len(model.deleted)}; "
-        f"repaired {repaired}"
+        f"repaired {repaired}; {writing_s:.0f} s writing, {checking_s:.0f} s reopening and checking"
     )
-    assert kills == KILLS
+    assert kills == KILLS[backend]
     assert losses == 0, problems
     assert problems == []
