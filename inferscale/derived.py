@@ -279,7 +279,7 @@ class DerivedStores:
         """Repair the index and the K/V store against SQL, and report what was repaired (logged when anything was).
 
         The index (loaded from its file if it is not loaded yet) gets a vector for every memory, embedded from its
-        current text, and none for memories no longer stored. On disk, temporary K/V files of dead writers, the
+        current text, and none for memories no longer stored. On disk, temporary files of dead writers, the
         K/V folders of memories this database deleted and K/V files no current row accounts for are removed;
         rows whose file is gone or whose text is not the memory's any more are deleted. Snapshots are taken in
         the order :func:`inferscale.reconcile.plan_kv` needs (disk listing, rows, memories), so it is safe while
@@ -292,7 +292,7 @@ class DerivedStores:
         """
         disk = DiskTier(self._kv_dir)
         files = disk.entry_files()
-        temp_removed = disk.sweep_temp_files()
+        temp_removed = disk.sweep_temp_files() + VectorIndex.sweep_temp_files(self._index_path)
         rows: list[KVEntryRecord] = yield KVEntries()
         versions: MemoryVersions = yield Versions()
 
@@ -335,7 +335,7 @@ class DerivedStores:
             kv_memories_removed=len(deleted),
             kv_files_removed=files_removed,
             kv_rows_removed=rows_removed,
-            kv_temp_files_removed=temp_removed,
+            temp_files_removed=temp_removed,
             kv_folders_kept=sum(1 for memory_id in plan.gone_folders if memory_id not in states),
         )
         if report.repairs:

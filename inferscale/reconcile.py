@@ -8,7 +8,7 @@ behind SQL in a few known ways, each of which is repaired here and counted in a 
 - a deleted memory's K/V folder is still on disk;
 - a K/V file no valid row accounts for (the memory's text changed, or the row was never committed), a row whose
   text is not the memory's any more, or a row whose file is gone;
-- a temporary file of a writer that died before renaming it.
+- a temporary file (K/V or index) of a writer that died before renaming it.
 
 :func:`plan_kv` decides the K/V repairs from snapshots taken in a safe order (the disk listing, then the rows, then
 the memories; see its docstring); :meth:`inferscale.derived.DerivedStores.reconcile_steps` takes the snapshots,
@@ -39,7 +39,7 @@ class ReconcileReport:
         kv_memories_removed: K/V folders of memories this database deleted, removed.
         kv_files_removed: K/V files of stored memories that no current entry row accounts for, removed.
         kv_rows_removed: entry rows whose file is gone or whose text is not the memory's any more, deleted.
-        kv_temp_files_removed: temporary K/V files of writers that died before renaming them, removed.
+        temp_files_removed: temporary files (K/V, index) of writers that died before renaming them, removed.
         kv_folders_kept: K/V folders of memory ids this database never stored (another database sharing the K/V
             folder), left alone.
     """
@@ -50,7 +50,7 @@ class ReconcileReport:
     kv_memories_removed: int = 0
     kv_files_removed: int = 0
     kv_rows_removed: int = 0
-    kv_temp_files_removed: int = 0
+    temp_files_removed: int = 0
     kv_folders_kept: int = 0
 
     @property

@@ -8,11 +8,10 @@ between the two renames) is ignored, and every vector then counts as unlabelled.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from inferscale.atomic import TEMP_SUFFIX, atomic_write, sweep_temp_files
 from inferscale.errors import ConfigError, InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -47,20 +47,6 @@ def _check_labels(labels: Sequence[str], n: int) -> list[str]:
         if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_LENGTH or not label.isascii():
             raise InvalidInputError(f"a label must be 1 to {MAX_LABEL_LENGTH} ASCII characters, got {label!r:.80}")
     return list(labels)
-
-
-def _atomic_write(target: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``target``: a temporary file in the same folder, fsynced, then ``os.replace``."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def _check_ids(ids: object, name: str = "ids") -> np.ndarray:
@@ -328,6 +314,14 @@ class VectorIndex:
 
     # ---- persistence -------------------------------------------------------------------------------------
 
+    @staticmethod
+    def sweep_temp_files(path: Path | str) -> int:
+        """Remove the temporary files that saves of the index at ``path`` (index or labels) left when their process
+        died before the rename; those of live processes are kept (:func:`inferscale.atomic.sweep_temp_files`).
+        Returns how many were removed."""
+        file = Path(path)
+        return sweep_temp_files(file.parent, f".{glob.escape(file.name)}*{TEMP_SUFFIX}")
+
     def save(self, path: Path | str | None = None) -> Path:
         """Write the index atomically (a temporary file in the same folder, fsynced, then ``os.replace``), then its
         labels beside it the same way, bound to these index bytes (no labels file when no vector has a label).
@@ -348,13 +342,13 @@ class VectorIndex:
         with self._lock:
             data = faiss.serialize_index(self._index)
             labels = dict(self._labels)
-        _atomic_write(target, data.tobytes())
+        atomic_write(target, data.tobytes())
         sidecar = labels_path(target)
         if labels:
             buffer = io.BytesIO()
             ids = np.fromiter(labels.keys(), dtype=np.int64, count=len(labels))
             np.savez(buffer, ids=ids, labels=np.array(list(labels.values()), dtype="S"), index=np.array(_digest(data)))
-            _atomic_write(sidecar, buffer.getbuffer())
+            atomic_write(sidecar, buffer.getbuffer())
         else:
             sidecar.unlink(missing_ok=True)
         return target

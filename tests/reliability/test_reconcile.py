@@ -22,8 +22,9 @@ from tiny_models import tiny_engine
 
 import inferscale.derived
 from inferscale import MemoryClient
+from inferscale.atomic import HOST_TAG
 from inferscale.derived import run_steps
-from inferscale.kv.tiers.disk import HOST_TAG, DiskTier
+from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport
 from inferscale.storage import MemoryStore
 
@@ -119,10 +120,13 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
     store.update(ids[1], NEW_TEXT)  # its row went with the old text; the file and the old vector stay
     store.close()
     Path(rows[ids[2]][0].location).unlink()  # a row whose file is gone
-    dead = kv / ids[3] / f".{'a' * 32}.{HOST_TAG}-{_dead_pid()}.{'b' * 32}.tmp"  # its writer died before the rename
+    dead_pid = _dead_pid()
+    dead = kv / ids[3] / f".{'a' * 32}.safetensors.{HOST_TAG}-{dead_pid}.{'b' * 32}.tmp"  # died before the rename
+    index_file = next(tmp_path.rglob("*.faiss"))
+    dead_save = index_file.with_name(f".{index_file.name}.{HOST_TAG}-{dead_pid}.{'b' * 32}.tmp")
     old = kv / ids[3] / f".{'c' * 32}.{'d' * 32}.tmp"  # an older name, written two hours ago
-    live = kv / ids[3] / f".{'e' * 32}.{HOST_TAG}-{os.getpid()}.{'f' * 32}.tmp"  # a live writer's
-    for path in (dead, old, live):
+    live = kv / ids[3] / f".{'e' * 32}.safetensors.{HOST_TAG}-{os.getpid()}.{'f' * 32}.tmp"  # a live writer's
+    for path in (dead, old, live, dead_save):
         path.write_bytes(b"partial")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     foreign = kv / "0f0f0f0f-0000-4000-8000-000000000000"  # another database's memory, sharing the K/V folder
@@ -136,7 +140,7 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
         kv_memories_removed=1,
         kv_files_removed=1,
         kv_rows_removed=1,
-        kv_temp_files_removed=2,
+        temp_files_removed=3,
         kv_folders_kept=1,
     )
     with caplog.at_level(logging.INFO, logger="inferscale.derived"):
@@ -149,6 +153,7 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
     assert not (kv / ids[0]).exists()
     assert list((kv / ids[1]).glob("*.safetensors")) == []
     assert sorted((kv / ids[3]).glob(".*.tmp")) == [live]
+    assert not dead_save.exists()
     assert (foreign / Path(rows[ids[3]][0].location).name).exists()
     store = MemoryStore(db_url)
     assert [(r.memory_id, r.location) for r in store.all_kv_entries()] == [(ids[3], rows[ids[3]][0].location)]

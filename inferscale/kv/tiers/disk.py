@@ -4,27 +4,22 @@ Layout: ``<root>/<memory_id>/<key digest>.safetensors``. Each file's metadata re
 (:mod:`inferscale.kv.tiers.serialization`); a file found under a key but recorded for another fingerprint, text
 hash or encoding is refused with :class:`KVFingerprintMismatchError`, never returned.
 
-A write goes through ``<memory_id>/.<digest>.<host>-<pid>.<random>.tmp``: the name says which process wrote it, so
-:meth:`DiskTier.sweep_temp_files` can remove the temporary files of writers that died (a crash between the write
-and the rename) without touching those of live ones.
+Writes are atomic (:func:`inferscale.atomic.atomic_write`): a temporary file in the entry's folder that names its
+writer, then a rename; :meth:`DiskTier.sweep_temp_files` removes those of writers that died before the rename.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import re
 import shutil
-import socket
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from inferscale.atomic import TEMP_MAX_AGE_S, TEMP_SUFFIX, atomic_write, sweep_temp_files
 from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_id
@@ -37,44 +32,6 @@ from inferscale.kv.tiers.serialization import (
 )
 
 SUFFIX = ".safetensors"
-_TMP_SUFFIX = ".tmp"
-
-TEMP_MAX_AGE_S = 3600.0
-"""A temporary file older than this (seconds) is removed whoever wrote it; a writer renames within milliseconds."""
-
-HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-"""This machine, as temporary file names record it (a digest of the host name)."""
-
-_TEMP_NAME = re.compile(r"\.[0-9a-f]+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp")
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this machine (a zombie counts as alive until it is reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def _writer_gone(path: Path, now: float, max_age_s: float) -> bool:
-    """Whether the temporary file ``path`` is left over: its writer (a process of this machine, named in the
-    file name) is gone, or it is older than ``max_age_s`` seconds (another machine's, or an older name)."""
-    try:
-        age = now - path.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age > max_age_s:
-        return True
-    match = _TEMP_NAME.fullmatch(path.name)
-    return (
-        match is not None
-        and match["host"] == HOST_TAG
-        and int(match["pid"]) != os.getpid()
-        and not _alive(int(match["pid"]))
-    )
 
 
 class DiskTier:
@@ -134,16 +91,7 @@ class DiskTier:
         data = save(tensors, metadata)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{HOST_TAG}-{os.getpid()}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                if self._fsync:
-                    os.fsync(out.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, data, fsync=self._fsync)
         return []
 
     def pop(self, key: KVKey) -> FactKV | None:
@@ -198,7 +146,7 @@ class DiskTier:
             if not folder.is_dir():
                 continue
             for file in folder.iterdir():
-                if file.suffix in (SUFFIX, _TMP_SUFFIX):
+                if file.suffix in (SUFFIX, TEMP_SUFFIX):
                     file.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # not empty: it holds files this tier did not write
                 folder.rmdir()
@@ -223,19 +171,9 @@ class DiskTier:
         return found
 
     def sweep_temp_files(self, max_age_s: float = TEMP_MAX_AGE_S) -> int:
-        """Remove the temporary files left by writers that died before renaming them: those this machine's
-        processes wrote whose process is gone, and any older than ``max_age_s`` seconds. Returns how many were
-        removed. A live writer's file is kept, so this is safe while other processes write."""
-        if not self._root.is_dir():
-            return 0
-        now = time.time()
-        removed = 0
-        for path in self._root.glob(f"*/.*{_TMP_SUFFIX}"):
-            if _writer_gone(path, now, max_age_s):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
-        return removed
+        """Remove the temporary files of writers that died before renaming them (see
+        :func:`inferscale.atomic.sweep_temp_files`: those of live writers are kept); returns how many."""
+        return sweep_temp_files(self._root, f"*/.*{TEMP_SUFFIX}", max_age_s)
 
     def remove_file(self, path: Path) -> bool:
         """Remove one entry file of this tier (e.g. one no SQL row accounts for); returns whether it was there.
