@@ -47,6 +47,7 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.memory import JSONGenerator
+from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
@@ -170,12 +171,14 @@ class AsyncMemoryClient(ClientCore):
         changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer), self.adb)
         if changes is None:
             return {"results": []}
+        index = await self._aindex()
         applied = await self.adb.apply(changes)
-        await self._aafter_write(applied, encode_kv)
+        await self._aafter_write(index, applied, encode_kv)
         return {"results": changes_to_results(applied)}
 
-    async def _aafter_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
-        index = await self._aindex()
+    async def _aafter_write(self, index: VectorIndex, applied: AppliedChanges, encode_kv: bool) -> None:
+        """Bring the derived stores in step with committed changes. ``index`` is loaded (and reconciled) before the
+        SQL write, so that reconciliation never counts the write itself as a repair."""
         await asyncio.to_thread(self.derived.after_write, index, applied, encode_kv)
 
     async def update(
@@ -195,8 +198,9 @@ class AsyncMemoryClient(ClientCore):
         return await self._aupdate(memory_id, change)
 
     async def _aupdate(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        index = await self._aindex()
         applied = await self.adb.apply(change)
-        await self._aafter_write(applied, encode_kv=False)
+        await self._aafter_write(index, applied, encode_kv=False)
         record = applied.updated[0][1] if applied.updated else await self.adb.get(memory_id)
         if record is None:
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -214,8 +218,9 @@ class AsyncMemoryClient(ClientCore):
         return await self._adelete(memory_id)
 
     async def _adelete(self, memory_id: str) -> dict[str, str]:
+        index = await self._aindex()
         applied = await self.adb.apply(ChangeSet(None, deletes=(memory_id,), strict=True))
-        await self._aafter_write(applied, encode_kv=False)
+        await self._aafter_write(index, applied, encode_kv=False)
         return {"message": "Memory deleted successfully!"}
 
     async def delete_all(
@@ -229,8 +234,9 @@ class AsyncMemoryClient(ClientCore):
         return await self._adelete_all(Scope(user_id, agent_id, run_id))
 
     async def _adelete_all(self, scope: Scope) -> dict[str, Any]:
+        index = await self._aindex()
         deleted = await self.adb.delete_scope(scope)
-        await self._aafter_write(AppliedChanges([], [], deleted, []), encode_kv=False)
+        await self._aafter_write(index, AppliedChanges([], [], deleted, []), encode_kv=False)
         return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
 
     async def reset(self) -> None:
@@ -240,6 +246,15 @@ class AsyncMemoryClient(ClientCore):
     async def _areset(self) -> None:
         await self.adb.reset()
         await asyncio.to_thread(self.derived.reset)
+
+    async def reconcile(self) -> ReconcileReport:
+        """Repair the FAISS index and the K/V store against SQL and report what was repaired; see
+        :meth:`MemoryClient.reconcile` (SQL awaited on the event loop, files and embedding in a worker thread).
+
+        Raises:
+            ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+        """
+        return await arun_steps(self.derived.reconcile_steps(), self.adb)
 
     # ------------------------------------------------------------------ read path
     async def _asearch_records(

@@ -15,7 +15,7 @@ the shared core and the derived stores; the logic lives in :mod:`inferscale.clie
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
@@ -41,6 +41,7 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.memory import JSONGenerator
+from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
@@ -132,7 +133,7 @@ class MemoryClient(ClientCore):
 
     @property
     def index(self) -> VectorIndex:
-        """The FAISS index, loaded from disk and rebuilt from SQL when it is out of step."""
+        """The FAISS index, loaded from disk and reconciled with SQL on first use (:meth:`reconcile`)."""
         return run_steps(self.derived.index_steps(), self.db)
 
     # ------------------------------------------------------------------ write path
@@ -198,14 +199,17 @@ class MemoryClient(ClientCore):
         changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer), self.db)
         if changes is None:
             return {"results": []}
-        with self._lock:
-            applied = self.db.apply(changes)
-            self._after_write(applied, encode_kv)
+        applied = self._commit(lambda: self.db.apply(changes), encode_kv)
         return {"results": changes_to_results(applied)}
 
-    def _after_write(self, applied: AppliedChanges, encode_kv: bool) -> None:
-        """Bring the index and the K/V in step with committed changes (caller holds the lock)."""
-        self.derived.after_write(self.index, applied, encode_kv)
+    def _commit(self, write: Callable[[], AppliedChanges], encode_kv: bool) -> AppliedChanges:
+        """Run the SQL ``write``, then bring the index and the K/V in step with it, under the client's lock. The
+        index is loaded (and reconciled) before the write, so reconciliation never counts the write as a repair."""
+        with self._lock:
+            index = self.index
+            applied = write()
+            self.derived.after_write(index, applied, encode_kv)
+            return applied
 
     def update(
         self,
@@ -235,9 +239,7 @@ class MemoryClient(ClientCore):
         return self._update(memory_id, change)
 
     def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
-        with self._lock:
-            applied = self.db.apply(change)
-            self._after_write(applied, encode_kv=False)
+        applied = self._commit(lambda: self.db.apply(change), encode_kv=False)
         record = applied.updated[0][1] if applied.updated else self.db.get(memory_id)
         if record is None:  # deleted between the two statements
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -259,9 +261,7 @@ class MemoryClient(ClientCore):
         return self._delete(memory_id)
 
     def _delete(self, memory_id: str) -> dict[str, str]:
-        with self._lock:
-            applied = self.db.apply(ChangeSet(None, deletes=(memory_id,), strict=True))
-            self._after_write(applied, encode_kv=False)
+        self._commit(lambda: self.db.apply(ChangeSet(None, deletes=(memory_id,), strict=True)), encode_kv=False)
         return {"message": "Memory deleted successfully!"}
 
     def delete_all(
@@ -278,9 +278,7 @@ class MemoryClient(ClientCore):
         return self._delete_all(Scope(user_id, agent_id, run_id))
 
     def _delete_all(self, scope: Scope) -> dict[str, Any]:
-        with self._lock:
-            deleted = self.db.delete_scope(scope)
-            self._after_write(AppliedChanges([], [], deleted, []), encode_kv=False)
+        deleted = self._commit(lambda: AppliedChanges([], [], self.db.delete_scope(scope), []), encode_kv=False).deleted
         return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
 
     def reset(self) -> None:
@@ -291,6 +289,23 @@ class MemoryClient(ClientCore):
         with self._lock:
             self.db.reset()
             self.derived.reset()
+
+    def reconcile(self) -> ReconcileReport:
+        """Repair the FAISS index and the K/V store against SQL, the source of truth, and report what was repaired.
+
+        It runs on its own when the client first uses its index; call it to check or repair a store that other
+        processes write to, or after a crash of one of them. Vectors missing, stale (embedded from an older text)
+        or of deleted memories are fixed; K/V files of deleted or re-worded memories, rows whose file is gone and
+        temporary files of dead writers are removed (:meth:`inferscale.derived.DerivedStores.reconcile_steps`).
+
+        Returns:
+            A :class:`~inferscale.reconcile.ReconcileReport` of counts (all 0 when everything was in step).
+
+        Raises:
+            ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+        """
+        with self._lock:
+            return run_steps(self.derived.reconcile_steps(), self.db)
 
     # ------------------------------------------------------------------ read path
     def _search_records(

@@ -4,6 +4,9 @@ SQL is the source of truth; the vector index and the K/V store are rebuilt or re
 owns them for both clients:
 
 - :meth:`DerivedStores.after_write` brings them in step with committed changes;
+- :meth:`DerivedStores.reconcile_steps` repairs what a crash or another process left behind (run on first use, and
+  by the clients' ``reconcile``): each vector is labelled with the text hash it was embedded from, so a stale one
+  is found by comparing labels with SQL (:mod:`inferscale.reconcile`);
 - :meth:`DerivedStores.search_steps` is the scoped top-k search, and :meth:`DerivedStores.similar_steps` the
   similar-memory step of ``add`` (the stored memories the reconcile LLM is shown).
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -32,10 +36,13 @@ from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVStore, KVStoreStats
+from inferscale.kv.tiers import DiskTier
+from inferscale.reconcile import ReconcileReport, entry_file_name, plan_kv
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
-from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.storage import KVEntryRecord, MemoryRecord, MemoryStore
 from inferscale.storage.changes import AppliedChanges
+from inferscale.storage.records import MemoryVersions
 
 if TYPE_CHECKING:
     from inferscale.storage.async_store import AsyncMemoryStore
@@ -65,17 +72,18 @@ class StoreRead(Protocol[T_co]):
 
 
 @dataclass(frozen=True, slots=True)
-class VectorIdsInScope:
-    """The vector ids of the memories of ``scope`` matching ``node``: int64 ``[n]``, ascending."""
+class Versions:
+    """Vector ids, ids and text hashes of the memories of ``scope`` matching ``node`` (every memory for ``None``),
+    ascending by vector id."""
 
-    scope: Scope
+    scope: Scope | None = None
     node: Filter | None = None
 
-    def run(self, store: MemoryStore) -> np.ndarray:
-        return store.vector_ids_in_scope(self.scope, self.node)
+    def run(self, store: MemoryStore) -> MemoryVersions:
+        return store.versions(self.scope, self.node)
 
-    async def arun(self, store: AsyncMemoryStore) -> np.ndarray:
-        return await store.vector_ids_in_scope(self.scope, self.node)
+    async def arun(self, store: AsyncMemoryStore) -> MemoryVersions:
+        return await store.versions(self.scope, self.node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +128,40 @@ class LatestMemories:
 
 
 @dataclass(frozen=True, slots=True)
-class AllMemories:
-    """Every stored memory, in vector-id order (to rebuild the index)."""
+class KVEntries:
+    """Every ``kv_entries`` row."""
 
-    def run(self, store: MemoryStore) -> list[MemoryRecord]:
-        return store.all_memories()
+    def run(self, store: MemoryStore) -> list[KVEntryRecord]:
+        return store.all_kv_entries()
 
-    async def arun(self, store: AsyncMemoryStore) -> list[MemoryRecord]:
-        return await store.all_memories()
+    async def arun(self, store: AsyncMemoryStore) -> list[KVEntryRecord]:
+        return await store.all_kv_entries()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStates:
+    """For each of ``ids`` this database ever stored: ``True`` while stored, ``False`` once deleted."""
+
+    ids: tuple[str, ...]
+
+    def run(self, store: MemoryStore) -> dict[str, bool]:
+        return store.memory_states(self.ids)
+
+    async def arun(self, store: AsyncMemoryStore) -> dict[str, bool]:
+        return await store.memory_states(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKVRows:
+    """Delete the ``kv_entries`` rows with these row ids (a write, run like the reads); the count deleted."""
+
+    ids: tuple[int, ...]
+
+    def run(self, store: MemoryStore) -> int:
+        return store.delete_kv_entry_rows(self.ids)
+
+    async def arun(self, store: AsyncMemoryStore) -> int:
+        return await store.delete_kv_entry_rows(self.ids)
 
 
 Steps = Generator[StoreRead[Any], Any, R]
@@ -213,41 +247,111 @@ class DerivedStores:
 
     # ---- the index --------------------------------------------------------------------------------------------
     def index_steps(self) -> Steps[VectorIndex]:
-        """The index: loaded from its file on first use, and rebuilt from SQL when its ids disagree with it."""
-        if self._index is not None:
-            return self._index
-        records: list[MemoryRecord] = yield AllMemories()
-        with self._lock:
-            if self._index is None:
-                self._index = self._load_index(records)
-            return self._index
-
-    def _load_index(self, records: Sequence[MemoryRecord]) -> VectorIndex:
-        embedder = self._embedder()
-        index = VectorIndex.open(self._index_path, embedder.dim)
-        if sorted(int(i) for i in index.ids()) != sorted(r.vector_id for r in records):
-            log.info("rebuilding the vector index from %d stored memories", len(records))
-            index = VectorIndex(embedder.dim, self._index_path)
-            self._embed_into(index, records)
-            index.save()
-            self._index_dirty = False
+        """The index: on first use, loaded from its file and reconciled with SQL, the K/V store with it
+        (:meth:`reconcile_steps`)."""
+        if self._index is None:
+            yield from self.reconcile_steps()
+        index = self._index
+        if index is None:
+            raise AssertionError("reconcile_steps loads the index")
         return index
 
     def _embed_into(self, index: VectorIndex, records: Sequence[MemoryRecord]) -> None:
-        """Embed ``records`` and put them in ``index`` (replacing the vectors of ids already there)."""
+        """Embed ``records`` and put them in ``index``, each labelled with its text hash (replacing the vectors of
+        ids already there)."""
         if records:
             ids = np.array([r.vector_id for r in records], dtype=np.int64)
-            index.add(ids, self._embedder().embed([r.text for r in records]))
+            index.add(ids, self._embedder().embed([r.text for r in records]), labels=[r.hash for r in records])
             self._index_dirty = True
 
-    def _catch_up_steps(self, index: VectorIndex, allowed: np.ndarray) -> Steps[None]:
-        """Embed memories that another client (thread or process) stored after this index was loaded."""
+    def _catch_up_steps(self, index: VectorIndex, versions: MemoryVersions) -> Steps[None]:
+        """Embed the memories of ``versions`` whose vector is missing or was embedded from another text: stored or
+        re-worded by another client (thread or process) after this index was loaded, or racing this one."""
         with self._lock:
-            missing = np.setdiff1d(allowed, index.ids(), assume_unique=True)
-        if missing.size:
-            records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in missing))
+            differ = index.unlike(versions.vector_ids, versions.hashes)
+        if differ.size:
+            records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in differ))
             with self._lock:
                 self._embed_into(index, list(records.values()))
+
+    # ---- reconciliation ---------------------------------------------------------------------------------------
+    def reconcile_steps(self) -> Steps[ReconcileReport]:
+        """Repair the index and the K/V store against SQL, and report what was repaired (logged when anything was).
+
+        The index (loaded from its file if it is not loaded yet) gets a vector for every memory, embedded from its
+        current text, and none for memories no longer stored. On disk, temporary files of dead writers, the
+        K/V folders of memories this database deleted and K/V files no current row accounts for are removed;
+        rows whose file is gone or whose text is not the memory's any more are deleted. Snapshots are taken in
+        the order :func:`inferscale.reconcile.plan_kv` needs (disk listing, rows, memories), so it is safe while
+        other processes write: a race costs at most a re-encoding, never a served stale entry. Folders of memory
+        ids this database never stored are left alone (another database may share the K/V folder).
+
+        Raises:
+            ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+            OSError: when a K/V file cannot be removed.
+        """
+        disk = DiskTier(self._kv_dir)
+        files = disk.entry_files()
+        temp_removed = disk.sweep_temp_files() + VectorIndex.sweep_temp_files(self._index_path)
+        rows: list[KVEntryRecord] = yield KVEntries()
+        versions: MemoryVersions = yield Versions()
+
+        with self._lock:
+            if self._index is None:
+                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
+            index = self._index
+            held = index.ids()
+            differ = index.unlike(versions.vector_ids, versions.hashes)
+        extra = np.setdiff1d(held, versions.vector_ids)
+        if extra.size:  # stored since the snapshot (another thread of this client): not extra
+            stored: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in extra))
+            extra = np.setdiff1d(extra, np.fromiter(stored, dtype=np.int64, count=len(stored)))
+        records: dict[int, MemoryRecord] = {}
+        if differ.size:
+            records = yield RecordsByVectorId(tuple(int(i) for i in differ))
+        with self._lock:
+            vectors_removed = index.remove(extra)
+            self._index_dirty = self._index_dirty or vectors_removed > 0
+            self._embed_into(index, list(records.values()))
+        vectors_added = int(np.setdiff1d(differ, held).size)
+
+        plan = plan_kv(files, rows, dict(zip(versions.ids, versions.hashes, strict=True)))
+        states: dict[str, bool] = {}
+        if plan.gone_folders:
+            states = yield MemoryStates(tuple(plan.gone_folders))
+        deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
+        unfiled = [row for row in plan.current_rows if not self._has_file(row)]
+        bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
+        rows_removed = 0
+        if bad_rows:
+            rows_removed = yield DeleteKVRows(bad_rows)
+        with self._lock:
+            files_removed = sum(disk.remove_file(path) for path in plan.stray_files)
+            self._forget_kv(deleted)
+        report = ReconcileReport(
+            vectors_added=vectors_added,
+            vectors_refreshed=int(differ.size) - vectors_added,
+            vectors_removed=vectors_removed,
+            kv_memories_removed=len(deleted),
+            kv_files_removed=files_removed,
+            kv_rows_removed=rows_removed,
+            temp_files_removed=temp_removed,
+            kv_folders_kept=sum(1 for memory_id in plan.gone_folders if memory_id not in states),
+        )
+        if report.repairs:
+            self.save_index(force=True)
+            log.info("reconciled the derived stores with SQL: %s", {k: v for k, v in report.as_dict().items() if v})
+        else:
+            log.debug("the derived stores are in step with SQL (%d memories)", len(versions))
+        return report
+
+    def _has_file(self, row: KVEntryRecord) -> bool:
+        """Whether the entry of ``row`` is on disk: in this store's folder, or where the row says (a client with
+        another K/V folder wrote it)."""
+        name = entry_file_name(row)
+        if name is not None and (self._kv_dir / row.memory_id / name).exists():
+            return True
+        return os.path.isabs(row.location) and os.path.exists(row.location)
 
     def save_index(self, force: bool = False) -> None:
         """Write the index file when it changed, at most every :data:`INDEX_SAVE_INTERVAL_S` unless ``force``."""
@@ -268,11 +372,12 @@ class DerivedStores:
         itself, so the top-k is taken within the matching set."""
         if limit == 0:
             return []
-        allowed: np.ndarray = yield VectorIdsInScope(scope, node)
-        if allowed.size == 0:
+        versions: MemoryVersions = yield Versions(scope, node)
+        if not len(versions):
             return []
+        allowed = versions.vector_ids
         index = yield from self.index_steps()
-        yield from self._catch_up_steps(index, allowed)
+        yield from self._catch_up_steps(index, versions)
         with self._lock:
             hits = index.search(self._embedder().embed([query])[0], limit, allowed_ids=allowed)
         if threshold is not None:
@@ -283,11 +388,12 @@ class DerivedStores:
     def similar_steps(self, scope: Scope, facts: Sequence[str]) -> Steps[list[tuple[str, str]]]:
         """``(memory_id, text)`` of the memories of ``scope`` most similar to any of ``facts`` (the top
         ``llm.reconcile_top_k`` of each), oldest first: what the reconcile LLM is shown."""
-        allowed: np.ndarray = yield VectorIdsInScope(scope)
-        if allowed.size == 0:
+        versions: MemoryVersions = yield Versions(scope)
+        if not len(versions):
             return []
+        allowed = versions.vector_ids
         index = yield from self.index_steps()
-        yield from self._catch_up_steps(index, allowed)
+        yield from self._catch_up_steps(index, versions)
         found: set[int] = set()
         with self._lock:
             for vector in self._embedder().embed(list(facts)):

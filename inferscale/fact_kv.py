@@ -118,7 +118,10 @@ class FactKVManager:
             for i, fact in zip(missing, encoded, strict=True):
                 record, bucket = wanted[i]
                 key = self.key(record, bucket)
-                location = self._store.put(key, fact)
+                # The row is committed before the file is renamed into place, so a file on disk always has its
+                # row unless the memory was deleted or re-worded since: reconciliation may remove a file without
+                # a row (a crash between the two leaves a row without a file, which it removes instead).
+                location = self._store.location(key)
                 self._db.put_kv_entry(
                     memory_id=record.id,
                     text_hash=record.hash,
@@ -128,6 +131,7 @@ class FactKVManager:
                     nbytes=fact.nbytes,
                     location=location,
                 )
+                self._store.put(key, fact)
                 # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact

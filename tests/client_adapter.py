@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: the adapter needs no more than the client
     from inferscale import ChatChunk, ChatResult, MemoryConfig
     from inferscale.engines.base import Engine
     from inferscale.fact_kv import FactKVManager
+    from inferscale.reconcile import ReconcileReport
     from inferscale.retrieval import VectorIndex
     from inferscale.storage import MemoryStore
 
@@ -98,6 +99,12 @@ class ClientAdapter:
 
     def chat(self, *args: Any, **kwargs: Any) -> ChatResult:
         return self._call(self.client.chat, *args, **kwargs)
+
+    def reconcile(self) -> ReconcileReport:
+        """The local clients' ``reconcile`` (the remote ones have none)."""
+        if isinstance(self.client, (RemoteMemoryClient, AsyncRemoteMemoryClient)):
+            raise TypeError(f"the {self.kind} client has no reconcile")
+        return self._call(self.client.reconcile)
 
     def ping(self) -> dict[str, Any]:
         """The remote clients' ``ping`` (the local ones have none)."""

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "inferscale"
 # Module (or package) -> layer; the longest matching prefix wins. Keep in step with docs/architecture.md.
 LAYERS: dict[str, int] = {
     "inferscale.errors": 0,
+    "inferscale.atomic": 0,
     "inferscale.storable": 0,
     "inferscale.scope": 0,
     "inferscale.filters": 0,
@@ -28,6 +29,7 @@ LAYERS: dict[str, int] = {
     "inferscale.engines": 4,
     "inferscale.fact_kv": 5,
     "inferscale.derived": 5,
+    "inferscale.reconcile": 5,
     "inferscale.arguments": 6,
     "inferscale.chat_request": 6,
     "inferscale.results": 6,

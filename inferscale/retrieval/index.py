@@ -1,16 +1,52 @@
-"""A FAISS vector index keyed by the memories' integer ``vector_id``s, with search restricted to a scope."""
+"""A FAISS vector index keyed by the memories' integer ``vector_id``s, with search restricted to a scope.
+
+Each vector may carry a label: what it was computed from (the memories' text hash), so a caller can tell a stale
+vector from a current one. Labels are saved beside the index file (``<index>.labels.npz``), bound to the exact
+index bytes they describe by a digest: a labels file that does not belong to the index file next to it (a crash
+between the two renames) is ignored, and every vector then counts as unlabelled.
+"""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import glob
+import hashlib
+import io
+import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import faiss
 import numpy as np
 
+from inferscale.atomic import TEMP_SUFFIX, atomic_write, sweep_temp_files
 from inferscale.errors import ConfigError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+MAX_LABEL_LENGTH = 128
+"""The longest label (ASCII characters): a hex digest fits."""
+
+
+def labels_path(path: Path) -> Path:
+    """The labels file saved beside the index file ``path`` (``<name>.labels.npz``)."""
+    return path.with_name(f"{path.name}.labels.npz")
+
+
+def _digest(data: bytes | np.ndarray) -> str:
+    """32 hex characters naming the serialised index bytes ``data`` (blake2b)."""
+    buffer = data if isinstance(data, bytes) else np.ascontiguousarray(data).data
+    return hashlib.blake2b(buffer, digest_size=16).hexdigest()
+
+
+def _check_labels(labels: Sequence[str], n: int) -> list[str]:
+    """``labels`` as a list of ``n`` ASCII strings of 1 to :data:`MAX_LABEL_LENGTH` characters."""
+    if isinstance(labels, str) or len(labels) != n:
+        raise InvalidInputError(f"pass one label per id: {n} ids, got {labels!r:.80}")
+    for label in labels:
+        if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_LENGTH or not label.isascii():
+            raise InvalidInputError(f"a label must be 1 to {MAX_LABEL_LENGTH} ASCII characters, got {label!r:.80}")
+    return list(labels)
 
 
 def _check_ids(ids: object, name: str = "ids") -> np.ndarray:
@@ -55,10 +91,14 @@ class VectorIndex:
         self._path = Path(path) if path is not None else None
         self._lock = threading.Lock()
         self._index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(self._dim))
+        self._labels: dict[int, str] = {}
 
     @classmethod
     def open(cls, path: Path | str, dim: int) -> VectorIndex:
         """The index saved at ``path``, or an empty one (bound to ``path``) when the file does not exist.
+
+        The labels saved with it are loaded when their file belongs to these index bytes; otherwise (no labels
+        file, or one from another save) every vector is unlabelled.
 
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim``.
@@ -69,8 +109,9 @@ class VectorIndex:
         file = Path(path)
         if not file.exists():
             return index
+        data = np.fromfile(file, dtype=np.uint8)
         try:
-            loaded = faiss.read_index(str(file))
+            loaded = faiss.deserialize_index(data)
         except RuntimeError as exc:
             raise ConfigError(f"cannot read the FAISS index {file}: {exc}; delete it and rebuild") from exc
         if not isinstance(loaded, faiss.IndexIDMap2):
@@ -81,6 +122,7 @@ class VectorIndex:
                 "another embedder? Delete it and rebuild"
             )
         index._index = loaded
+        index._labels = _load_labels(labels_path(file), _digest(data), set(index.ids().tolist()))
         return index
 
     # ---- properties --------------------------------------------------------------------------------------
@@ -112,18 +154,68 @@ class VectorIndex:
         with self._lock:
             return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=True)
 
+    def labels(self, ids: np.ndarray) -> list[str | None]:
+        """The label of each of ``ids`` (int64 ``[n]``): what its vector was computed from, or ``None`` for an id
+        without a label or not in the index.
+
+        Raises:
+            InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers.
+        """
+        id_array = _check_ids(ids)
+        with self._lock:
+            return [self._labels.get(int(i)) for i in id_array]
+
+    def unlike(self, ids: np.ndarray, labels: Sequence[str]) -> np.ndarray:
+        """Which of ``ids`` do not hold a vector labelled as given: absent, unlabelled or labelled otherwise.
+
+        Args:
+            ids: int64 ``[n]``.
+            labels: ``n`` labels, the one each id should carry (e.g. its memory's current text hash).
+
+        Returns:
+            int64 ``[m]``, the ids that differ, in the order given.
+
+        Raises:
+            InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers or ``labels`` does not
+                hold one str per id.
+        """
+        id_array = _check_ids(ids)
+        if isinstance(labels, str) or len(labels) != id_array.size:
+            raise InvalidInputError(f"pass one label per id: {id_array.size} ids, {len(labels)} labels")
+        with self._lock:
+            differ = [int(i) for i, label in zip(id_array, labels, strict=True) if self._labels.get(int(i)) != label]
+        return np.asarray(differ, dtype=np.int64)
+
+    def vectors(self, ids: np.ndarray) -> np.ndarray:
+        """The stored vectors of ``ids``: float32 ``[n, dim]``.
+
+        Raises:
+            InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers or an id is not in the
+                index.
+        """
+        id_array = _check_ids(ids)
+        with self._lock:
+            missing = np.setdiff1d(id_array, faiss.vector_to_array(self._index.id_map))
+            if missing.size:
+                raise InvalidInputError(f"ids not in the index: {missing[:10].tolist()}")
+            if id_array.size == 0:
+                return np.zeros((0, self._dim), dtype=np.float32)
+            return np.asarray(self._index.reconstruct_batch(id_array), dtype=np.float32)
+
     # ---- mutations ---------------------------------------------------------------------------------------
 
-    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        """Add ``vectors`` under ``ids``; an id already in the index has its vector replaced.
+    def add(self, ids: np.ndarray, vectors: np.ndarray, labels: Sequence[str] | None = None) -> None:
+        """Add ``vectors`` under ``ids``; an id already in the index has its vector (and label) replaced.
 
         Args:
             ids: int64 ``[n]``, distinct, non-negative (the memories' ``vector_id``).
             vectors: float32 ``[n, dim]``, finite, L2-normalised (other float dtypes are converted).
+            labels: ``n`` labels (ASCII, 1 to :data:`MAX_LABEL_LENGTH` characters): what each vector was computed
+                from, e.g. the memory's text hash; ``None`` leaves the vectors unlabelled.
 
         Raises:
-            InvalidInputError: on a shape, dtype or dimension mismatch, repeated ids or non-finite values.
-                Nothing is added then.
+            InvalidInputError: on a shape, dtype or dimension mismatch, repeated ids, non-finite values or bad
+                labels. Nothing is added then.
         """
         id_array = _check_ids(ids)
         matrix = np.asarray(vectors)
@@ -137,12 +229,18 @@ class VectorIndex:
             raise InvalidInputError("vectors hold NaN or infinity")
         if np.unique(id_array).shape[0] != id_array.shape[0]:
             raise InvalidInputError("ids repeat within one add; each id names one vector")
+        checked = _check_labels(labels, id_array.size) if labels is not None else None
         if id_array.size == 0:
             return
         matrix = np.ascontiguousarray(matrix, dtype=np.float32)
         with self._lock:
             self._index.remove_ids(faiss.IDSelectorBatch(id_array))
             self._index.add_with_ids(matrix, id_array)
+            for i, vid in enumerate(id_array.tolist()):
+                if checked is None:
+                    self._labels.pop(vid, None)
+                else:
+                    self._labels[vid] = checked[i]
 
     def remove(self, ids: np.ndarray) -> int:
         """Remove the vectors of ``ids`` (int64 ``[n]``); ids not in the index are ignored.
@@ -157,12 +255,15 @@ class VectorIndex:
         if id_array.size == 0:
             return 0
         with self._lock:
+            for vid in id_array.tolist():
+                self._labels.pop(vid, None)
             return int(self._index.remove_ids(faiss.IDSelectorBatch(id_array)))
 
     def reset(self) -> None:
         """Remove every vector."""
         with self._lock:
             self._index.reset()
+            self._labels.clear()
 
     # ---- search ------------------------------------------------------------------------------------------
 
@@ -213,14 +314,23 @@ class VectorIndex:
 
     # ---- persistence -------------------------------------------------------------------------------------
 
+    @staticmethod
+    def sweep_temp_files(path: Path | str) -> int:
+        """Remove the temporary files that saves of the index at ``path`` (index or labels) left when their process
+        died before the rename; those of live processes are kept (:func:`inferscale.atomic.sweep_temp_files`).
+        Returns how many were removed."""
+        file = Path(path)
+        return sweep_temp_files(file.parent, f".{glob.escape(file.name)}*{TEMP_SUFFIX}")
+
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the index atomically: to a temporary file in the same folder, fsynced, then ``os.replace``.
+        """Write the index atomically (a temporary file in the same folder, fsynced, then ``os.replace``), then its
+        labels beside it the same way, bound to these index bytes (no labels file when no vector has a label).
 
         Args:
             path: where to write; defaults to the path the index was created or opened with.
 
         Returns:
-            The file written.
+            The index file written.
 
         Raises:
             InvalidInputError: when neither ``path`` nor the index's own path is set.
@@ -231,14 +341,32 @@ class VectorIndex:
         target.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             data = faiss.serialize_index(self._index)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data.tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
+            labels = dict(self._labels)
+        atomic_write(target, data.tobytes())
+        sidecar = labels_path(target)
+        if labels:
+            buffer = io.BytesIO()
+            ids = np.fromiter(labels.keys(), dtype=np.int64, count=len(labels))
+            np.savez(buffer, ids=ids, labels=np.array(list(labels.values()), dtype="S"), index=np.array(_digest(data)))
+            atomic_write(sidecar, buffer.getbuffer())
+        else:
+            sidecar.unlink(missing_ok=True)
         return target
+
+
+def _load_labels(file: Path, index_digest: str, ids: set[int]) -> dict[int, str]:
+    """The labels saved in ``file`` when it belongs to the index bytes of digest ``index_digest``, else ``{}``
+    (logged). Labels of ids not in the index are dropped."""
+    if not file.exists():
+        return {}
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            digest = str(saved["index"])
+            found = dict(zip(saved["ids"].tolist(), (b.decode("ascii") for b in saved["labels"].tolist()), strict=True))
+    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        log.warning("ignoring the unreadable index labels %s (%s); every vector counts as unlabelled", file, exc)
+        return {}
+    if digest != index_digest:
+        log.info("the index labels %s belong to another save of the index; every vector counts as unlabelled", file)
+        return {}
+    return {vid: label for vid, label in found.items() if vid in ids}

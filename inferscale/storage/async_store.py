@@ -36,8 +36,14 @@ from inferscale.storage.changes import (
     validate_changes,
 )
 from inferscale.storage.database import WRITE_OPTION, configure_sqlite, enable_wal, sqlite_file
-from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
+from inferscale.storage.kv_entries import (
+    NewKVEntry,
+    delete_kv_entries_in_session,
+    delete_kv_entry_rows_in_session,
+    put_kv_entry_in_session,
+)
 from inferscale.storage.queries import (
+    all_kv_entries,
     all_memories,
     by_vector_ids,
     find_by_hash,
@@ -46,9 +52,11 @@ from inferscale.storage.queries import (
     history,
     latest_memories,
     list_memories,
+    memory_states,
+    memory_versions,
     vector_ids_in_scope,
 )
-from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
 from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, SchemaUpgrade, upgrade_schema
 from inferscale.storage.validation import (
     check_actor,
@@ -366,6 +374,22 @@ class AsyncMemoryStore:
             InvalidInputError: when ``memory_id`` is not a non-empty str.
         """
         return await self._write(delete_kv_entries_in_session, check_id(memory_id))
+
+    async def versions(self, scope: Scope | None = None, filters: Filter | None = None) -> MemoryVersions:
+        """Vector ids, ids, text hashes of ``scope``'s memories matching ``filters`` (all for ``None``); reconcile."""
+        return await self._read(memory_versions, check_scope(scope) if scope is not None else None, filters)
+
+    async def memory_states(self, memory_ids: Sequence[str]) -> dict[str, bool]:
+        """Of ``memory_ids``, those this database ever stored: ``True`` while stored, ``False`` once deleted."""
+        return await self._read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
+
+    async def all_kv_entries(self) -> builtins.list[KVEntryRecord]:
+        """Every KV entry, by row id."""
+        return await self._read(all_kv_entries)
+
+    async def delete_kv_entry_rows(self, row_ids: Sequence[int]) -> int:
+        """Delete the KV entries with these row ids; returns how many were deleted (ids already gone count 0)."""
+        return await self._write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
 
 
 __all__ = ["AsyncMemoryStore", "async_url", "ensure_schema_async"]

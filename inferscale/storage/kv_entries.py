@@ -7,6 +7,7 @@ transaction, for the sync store directly and for the async store through ``Async
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from inferscale.errors import MemoryNotFoundError
 from inferscale.storage.models import KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import select_kv_entry
+from inferscale.storage.queries import chunks, select_kv_entry
 from inferscale.storage.records import KVEntryRecord
 from inferscale.storage.validation import check_count, check_id, check_key, check_text
 
@@ -90,4 +91,14 @@ def delete_kv_entries_in_session(s: Session, memory_id: str) -> list[KVEntryReco
     return records
 
 
-__all__ = ["NewKVEntry", "delete_kv_entries_in_session", "put_kv_entry_in_session"]
+def delete_kv_entry_rows_in_session(s: Session, row_ids: Sequence[int]) -> int:
+    """Delete the KV entries whose row id is in ``row_ids`` (ids already gone are ignored); returns how many
+    rows were deleted. Used by reconciliation for entries whose file is gone or whose text is stale."""
+    deleted = 0
+    for chunk in chunks(sorted(set(row_ids))):
+        stmt = delete(KVEntryRow).where(KVEntryRow.id.in_(list(chunk))).execution_options(synchronize_session=False)
+        deleted += int(getattr(s.execute(stmt), "rowcount", 0) or 0)
+    return deleted
+
+
+__all__ = ["NewKVEntry", "delete_kv_entries_in_session", "delete_kv_entry_rows_in_session", "put_kv_entry_in_session"]

@@ -23,7 +23,7 @@ from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage.filter_sql import compile_filter
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
-from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
 
 IN_CHUNK = 500
 """Ids per ``IN (...)`` clause; stays far below SQLite's bound-parameter limit."""
@@ -100,6 +100,15 @@ def select_kv_entry(memory_id: str, fingerprint: str, encoding_key: str) -> Sele
     )
 
 
+def select_versions(scope: Scope | None, node: Filter | None, dialect: str) -> Select[int, str, str]:
+    """``(vector_id, id, hash)`` of the memories of ``scope`` matching ``node`` (every memory for ``None``),
+    ascending by vector id."""
+    clauses = scope_clauses(scope)
+    if node is not None:
+        clauses.append(compile_filter(node, dialect))
+    return select(MemoryRow.pk, MemoryRow.id, MemoryRow.hash).where(*clauses).order_by(MemoryRow.pk)
+
+
 def _dialect(s: Session) -> str:
     return s.get_bind().dialect.name
 
@@ -172,6 +181,38 @@ def vector_ids_in_scope(s: Session, scope: Scope, node: Filter | None) -> np.nda
     return np.asarray(ids, dtype=np.int64).reshape(-1)
 
 
+def memory_versions(s: Session, scope: Scope | None = None, node: Filter | None = None) -> MemoryVersions:
+    """What each memory of ``scope`` matching ``node`` (every memory for ``None``) holds now, in the compact form
+    the derived stores compare against: vector ids, public ids and text hashes, ascending by vector id.
+
+    Raises:
+        ValueError: when ``node`` is set and the database is neither SQLite nor PostgreSQL.
+    """
+    rows = s.execute(select_versions(scope, node, _dialect(s))).all()
+    return MemoryVersions(
+        np.asarray([row[0] for row in rows], dtype=np.int64).reshape(-1),
+        tuple(row[1] for row in rows),
+        tuple(row[2] for row in rows),
+    )
+
+
+def memory_states(s: Session, memory_ids: Sequence[str]) -> dict[str, bool]:
+    """For each id among ``memory_ids`` that this database ever stored, whether it still holds it: ``True`` for a
+    stored memory, ``False`` for a deleted one (only its history rows remain). Ids it never stored (another
+    database's) are left out."""
+    states: dict[str, bool] = {}
+    for chunk in chunks(list(memory_ids)):
+        states.update((memory_id, True) for memory_id in s.scalars(select(MemoryRow.id).where(MemoryRow.id.in_(chunk))))
+        for memory_id in s.scalars(select(HistoryRow.memory_id).where(HistoryRow.memory_id.in_(chunk)).distinct()):
+            states.setdefault(memory_id, False)
+    return states
+
+
+def all_kv_entries(s: Session) -> list[KVEntryRecord]:
+    """Every KV entry, by row id."""
+    return [KVEntryRecord.from_row(row) for row in s.scalars(select(KVEntryRow).order_by(KVEntryRow.id))]
+
+
 def history(s: Session, memory_id: str) -> list[HistoryRecord]:
     """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id."""
     stmt = select(HistoryRow).where(HistoryRow.memory_id == memory_id).order_by(HistoryRow.id)
@@ -186,6 +227,7 @@ def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str
 
 __all__ = [
     "IN_CHUNK",
+    "all_kv_entries",
     "all_memories",
     "by_vector_ids",
     "chunks",
@@ -195,12 +237,15 @@ __all__ = [
     "history",
     "latest_memories",
     "list_memories",
+    "memory_states",
+    "memory_versions",
     "scope_clauses",
     "select_by_vector_ids",
     "select_kv_entry",
     "select_memories",
     "select_memory",
     "select_vector_ids",
+    "select_versions",
     "vector_ids_in_scope",
     "where_clauses",
 ]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+import numpy as np
+
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
 
 HistoryEvent = Literal["ADD", "UPDATE", "DELETE"]
@@ -160,4 +162,22 @@ class KVEntryRecord:
         )
 
 
-__all__ = ["HistoryEvent", "HistoryRecord", "KVEntryRecord", "MemoryRecord", "hash_text"]
+@dataclass(frozen=True, slots=True)
+class MemoryVersions:
+    """What a set of memories holds now, in the compact form the derived stores compare against (no texts).
+
+    Attributes:
+        vector_ids: int64 ``[n]``, ascending: the memories' vector ids.
+        ids: ``n`` public ids, aligned with ``vector_ids``.
+        hashes: ``n`` sha256 hex digests of the memories' texts, aligned with ``vector_ids``.
+    """
+
+    vector_ids: np.ndarray
+    ids: tuple[str, ...]
+    hashes: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+__all__ = ["HistoryEvent", "HistoryRecord", "KVEntryRecord", "MemoryRecord", "MemoryVersions", "hash_text"]

@@ -6,10 +6,8 @@ opens a session (a write transaction for writes) and calls one session function 
 the same functions :class:`~inferscale.storage.async_store.AsyncMemoryStore` runs.
 
 Everything returned is a frozen record detached from the session, so callers never hold ORM objects. Inputs
-are validated before anything is written; a rejected call leaves the database untouched.
-
-Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
-memory's column (the ids are ANDed; ids the scope leaves unset are not constrained).
+are validated before anything is written; a rejected call leaves the database untouched. Scope semantics are
+:mod:`~inferscale.storage.queries`'s.
 """
 
 from __future__ import annotations
@@ -40,8 +38,14 @@ from inferscale.storage.changes import (
     validate_changes,
 )
 from inferscale.storage.database import WRITE_OPTION, make_engine
-from inferscale.storage.kv_entries import NewKVEntry, delete_kv_entries_in_session, put_kv_entry_in_session
+from inferscale.storage.kv_entries import (
+    NewKVEntry,
+    delete_kv_entries_in_session,
+    delete_kv_entry_rows_in_session,
+    put_kv_entry_in_session,
+)
 from inferscale.storage.queries import (
+    all_kv_entries,
     all_memories,
     by_vector_ids,
     find_by_hash,
@@ -50,9 +54,11 @@ from inferscale.storage.queries import (
     history,
     latest_memories,
     list_memories,
+    memory_states,
+    memory_versions,
     vector_ids_in_scope,
 )
-from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
 from inferscale.storage.schema import MEMORY_SCHEMA, ensure_schema
 from inferscale.storage.validation import (
     check_actor,
@@ -374,6 +380,22 @@ class MemoryStore:
             InvalidInputError: when ``memory_id`` is not a non-empty str.
         """
         return self._write(delete_kv_entries_in_session, check_id(memory_id))
+
+    def versions(self, scope: Scope | None = None, filters: Filter | None = None) -> MemoryVersions:
+        """Vector ids, ids, text hashes of ``scope``'s memories matching ``filters`` (all for ``None``); reconcile."""
+        return self._read(memory_versions, check_scope(scope) if scope is not None else None, filters)
+
+    def memory_states(self, memory_ids: Sequence[str]) -> dict[str, bool]:
+        """Of ``memory_ids``, those this database ever stored: ``True`` while stored, ``False`` once deleted."""
+        return self._read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
+
+    def all_kv_entries(self) -> builtins.list[KVEntryRecord]:
+        """Every KV entry, by row id."""
+        return self._read(all_kv_entries)
+
+    def delete_kv_entry_rows(self, row_ids: Sequence[int]) -> int:
+        """Delete the KV entries with these row ids; returns how many were deleted (ids already gone count 0)."""
+        return self._write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
 
 
 __all__ = ["MemoryStore"]

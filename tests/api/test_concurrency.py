@@ -115,7 +115,7 @@ def test_add_with_inference_and_search_at_once_both_finish(tmp_path: Path) -> No
     generator = ScriptedGenerator(facts("alice likes green tea"), '{"memory": []}')
     client = MemoryClient(fake_config(tmp_path), embedder=HashEmbedder(), generator=generator)
     client.add("alice likes tea", user_id="a", infer=False)
-    read_scope = client.db.vector_ids_in_scope
+    read_scope = client.db.versions
 
     def timed_read(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name == "add":
@@ -126,7 +126,7 @@ def test_add_with_inference_and_search_at_once_both_finish(tmp_path: Path) -> No
             time.sleep(1.0)  # the add's step, now past its read, computes meanwhile
         return read_scope(*args, **kwargs)
 
-    client.db.vector_ids_in_scope = timed_read  # type: ignore[method-assign]  # a spy on the store's read
+    client.db.versions = timed_read  # type: ignore[method-assign]  # a spy on the store's read
     results: dict[str, Any] = {}
     adder = threading.Thread(
         target=lambda: results.update(add=client.add("I like green tea", user_id="a")), name="add", daemon=True

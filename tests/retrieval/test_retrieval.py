@@ -218,6 +218,44 @@ def test_save_and_open_round_trip(tmp_path: Path, filled: tuple[VectorIndex, np.
     assert len(VectorIndex.open(path, DIM)) == 90
 
 
+def test_labels_say_what_each_vector_was_computed_from_and_are_saved_with_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    index = VectorIndex(DIM, tmp_path / "index.faiss")
+    vectors = _unit_rows(rng, 3)
+    index.add(np.array([1, 2, 3]), vectors, labels=["a", "b", "c"])
+    index.add(np.array([2]), _unit_rows(rng, 1), labels=["b2"])  # a new vector, a new label
+    index.add(np.array([3]), vectors[2:])  # no label: unknown origin
+    assert index.labels(np.array([1, 2, 3, 4])) == ["a", "b2", None, None]
+    assert index.unlike(np.array([1, 2, 3, 4]), ["a", "b", "c", "d"]).tolist() == [2, 3, 4]
+    np.testing.assert_array_equal(index.vectors(np.array([3, 1])), vectors[[2, 0]])
+    index.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss", "index.faiss.labels.npz"]
+    assert VectorIndex.open(tmp_path / "index.faiss", DIM).labels(np.array([1, 2, 3])) == ["a", "b2", None]
+    index.remove(np.array([1]))
+    assert index.labels(np.array([1])) == [None]
+    with pytest.raises(InvalidInputError, match="label"):
+        index.add(np.array([5]), _unit_rows(rng, 1), labels=["é"])
+    with pytest.raises(InvalidInputError, match="not in the index"):
+        index.vectors(np.array([9]))
+
+
+def test_labels_of_another_save_are_ignored(tmp_path: Path) -> None:
+    """A crash between writing the index file and its labels leaves labels of another save beside it: every vector
+    then counts as unlabelled (so a caller embeds them again), never as labelled wrongly."""
+    rng = np.random.default_rng(8)
+    path = tmp_path / "index.faiss"
+    index = VectorIndex(DIM, path)
+    index.add(np.array([1, 2]), _unit_rows(rng, 2), labels=["old-1", "old-2"])
+    index.save()
+    old_labels = (tmp_path / "index.faiss.labels.npz").read_bytes()
+    index.add(np.array([1]), _unit_rows(rng, 1), labels=["new-1"])
+    index.save()
+    (tmp_path / "index.faiss.labels.npz").write_bytes(old_labels)
+    assert VectorIndex.open(path, DIM).labels(np.array([1, 2])) == [None, None]
+    (tmp_path / "index.faiss.labels.npz").write_bytes(b"not an npz file")
+    assert VectorIndex.open(path, DIM).labels(np.array([1, 2])) == [None, None]
+
+
 def test_open_missing_file_gives_empty_index(tmp_path: Path) -> None:
     path = tmp_path / "absent.faiss"
     index = VectorIndex.open(path, DIM)

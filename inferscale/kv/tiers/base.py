@@ -10,13 +10,18 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, TypeGuard, runtime_checkable
 
 from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 
 # A memory id names a folder of the disk tier, so it must be one plain path component.
 _MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def is_memory_id(name: object) -> TypeGuard[str]:
+    """Whether ``name`` is a plain id that can name a folder (see :func:`check_memory_id`)."""
+    return isinstance(name, str) and _MEMORY_ID.fullmatch(name) is not None
 
 
 def check_memory_id(memory_id: object) -> str:
@@ -26,7 +31,7 @@ def check_memory_id(memory_id: object) -> str:
         InvalidInputError: when it is not a str of letters, digits, ``.``, ``_``, ``-`` (1 to 128 characters, not
             starting with ``.``).
     """
-    if not isinstance(memory_id, str) or not _MEMORY_ID.fullmatch(memory_id):
+    if not is_memory_id(memory_id):
         raise InvalidInputError(
             f"memory id {memory_id!r} is not a plain id (letters, digits, '.', '_', '-'; 1 to 128 characters; "
             "not starting with '.')"

@@ -3,6 +3,9 @@
 Layout: ``<root>/<memory_id>/<key digest>.safetensors``. Each file's metadata records the full key
 (:mod:`inferscale.kv.tiers.serialization`); a file found under a key but recorded for another fingerprint, text
 hash or encoding is refused with :class:`KVFingerprintMismatchError`, never returned.
+
+Writes are atomic (:func:`inferscale.atomic.atomic_write`): a temporary file in the entry's folder that names its
+writer, then a rename; :meth:`DiskTier.sweep_temp_files` removes those of writers that died before the rename.
 """
 
 from __future__ import annotations
@@ -10,15 +13,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from inferscale.atomic import TEMP_MAX_AGE_S, TEMP_SUFFIX, atomic_write, sweep_temp_files
+from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
-from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id
+from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_id
 from inferscale.kv.tiers.serialization import (
     KVFormatError,
     check_key,
@@ -28,7 +32,6 @@ from inferscale.kv.tiers.serialization import (
 )
 
 SUFFIX = ".safetensors"
-_TMP_SUFFIX = ".tmp"
 
 
 class DiskTier:
@@ -88,16 +91,7 @@ class DiskTier:
         data = save(tensors, metadata)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
-        try:
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                if self._fsync:
-                    os.fsync(out.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, data, fsync=self._fsync)
         return []
 
     def pop(self, key: KVKey) -> FactKV | None:
@@ -152,10 +146,50 @@ class DiskTier:
             if not folder.is_dir():
                 continue
             for file in folder.iterdir():
-                if file.suffix in (SUFFIX, _TMP_SUFFIX):
+                if file.suffix in (SUFFIX, TEMP_SUFFIX):
                     file.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # not empty: it holds files this tier did not write
                 folder.rmdir()
+
+    # ---- reconciliation -----------------------------------------------------------------------------------
+    def entry_files(self) -> dict[str, list[Path]]:
+        """The entry files, by the memory id their folder is named after (folders with another name and other
+        files are left out): a snapshot of the folder, reading no file."""
+        found: dict[str, list[Path]] = {}
+        if not self._root.is_dir():
+            return found
+        with os.scandir(self._root) as folders:
+            for folder in folders:
+                if not folder.is_dir(follow_symlinks=False) or not is_memory_id(folder.name):
+                    continue
+                try:
+                    with os.scandir(folder.path) as files:
+                        names = sorted(f.name for f in files if f.name.endswith(SUFFIX) and not f.name.startswith("."))
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                found[folder.name] = [self._root / folder.name / name for name in names]
+        return found
+
+    def sweep_temp_files(self, max_age_s: float = TEMP_MAX_AGE_S) -> int:
+        """Remove the temporary files of writers that died before renaming them (see
+        :func:`inferscale.atomic.sweep_temp_files`: those of live writers are kept); returns how many."""
+        return sweep_temp_files(self._root, f"*/.*{TEMP_SUFFIX}", max_age_s)
+
+    def remove_file(self, path: Path) -> bool:
+        """Remove one entry file of this tier (e.g. one no SQL row accounts for); returns whether it was there.
+
+        Raises:
+            InvalidInputError: when ``path`` is not an entry file's path inside this tier's folder.
+        """
+        path = Path(os.path.abspath(path))
+        if path.parent.parent != self._root or not path.name.endswith(SUFFIX):
+            raise InvalidInputError(f"{path} is not an entry file of the K/V folder {self._root}")
+        check_memory_id(path.parent.name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True  # the folder stays: a writer may be about to write into it
 
     def keys(self) -> list[KVKey]:
         """The keys recorded in every entry file (reads each file's header only).

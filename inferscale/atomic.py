@@ -1,0 +1,100 @@
+"""Atomic file writes whose temporary files name their writer, and the sweep of those a dead writer left.
+
+A file is written to ``.<name>.<host>-<pid>.<random>.tmp`` in its own folder, flushed (and fsynced), then renamed
+over ``<name>``: a reader sees the old file, the new one or none, never a partial one. A crash between the write and
+the rename leaves the temporary file; its name says which process wrote it, so :func:`sweep_temp_files` removes it
+once that process is gone, and leaves alone those of live writers (another process of the same store may be
+writing right now).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import time
+import uuid
+from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+
+TEMP_MAX_AGE_S = 3600.0
+"""A temporary file older than this (seconds) is removed whoever wrote it; a writer renames within milliseconds."""
+
+HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+"""This machine, as temporary file names record it (8 hex characters of a digest of the host name)."""
+
+_TEMP_NAME = re.compile(r"\..+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)\.[0-9a-f]+\.tmp")
+
+
+def temp_path(target: Path) -> Path:
+    """A fresh temporary path beside ``target`` that names this process: ``.<name>.<host>-<pid>.<random>.tmp``."""
+    return target.with_name(f".{target.name}.{HOST_TAG}-{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
+
+
+def atomic_write(target: Path, data: bytes | memoryview, fsync: bool = True) -> None:
+    """Write ``data`` to ``target`` through :func:`temp_path` and ``os.replace`` (the folder must exist).
+
+    Args:
+        target: the final file.
+        data: its whole content.
+        fsync: fsync the temporary file before the rename (durable across power loss; a few ms).
+
+    Raises:
+        OSError: when the file cannot be written; nothing partial is left under ``target``, and the temporary file
+            is removed.
+    """
+    tmp = temp_path(target)
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            if fsync:
+                os.fsync(out.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (a zombie counts as alive until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S) -> bool:
+    """Whether the temporary file ``path`` is left over: written by a process of this machine that is gone (as its
+    name says), or older than ``max_age_s`` seconds (another machine's, or a name without its writer)."""
+    try:
+        age = now - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > max_age_s:
+        return True
+    match = _TEMP_NAME.fullmatch(path.name)
+    return match is not None and match["host"] == HOST_TAG and not _alive(int(match["pid"]))
+
+
+def sweep_temp_files(folder: Path, pattern: str, max_age_s: float = TEMP_MAX_AGE_S) -> int:
+    """Remove the temporary files under ``folder`` matching the glob ``pattern`` (e.g. ``"*/.*.tmp"``) that
+    :func:`left_over` says are left over; returns how many were removed. Safe while other processes write."""
+    if not folder.is_dir():
+        return 0
+    now = time.time()
+    removed = 0
+    for path in folder.glob(pattern):
+        if path.name.endswith(TEMP_SUFFIX) and left_over(path, now, max_age_s):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
+__all__ = ["HOST_TAG", "TEMP_MAX_AGE_S", "TEMP_SUFFIX", "atomic_write", "left_over", "sweep_temp_files", "temp_path"]

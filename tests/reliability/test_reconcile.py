@@ -1,0 +1,202 @@
+"""Reconciliation of the derived stores with SQL, one known gap at a time, on both local clients and both
+databases: a vector stale after a crash or another client's update, and what a crash between the SQL commit and
+the derived stores' update leaves on disk (K/V of deleted or re-worded memories, rows without files, temporary
+files, vectors of deleted memories). A crash is simulated by committing through the SQL store alone."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from client_adapter import ClientAdapter, open_client
+from mem0_fakes import HashEmbedder, fake_config
+from tiny_models import tiny_engine
+
+import inferscale.derived
+from inferscale import MemoryClient
+from inferscale.atomic import HOST_TAG
+from inferscale.derived import run_steps
+from inferscale.kv.tiers import DiskTier
+from inferscale.reconcile import ReconcileReport
+from inferscale.storage import MemoryStore
+
+FACTS = ["I have a beagle named Biscuit.", "My sister Ana lives in Lisbon.", "I play chess on Sundays.", "I love tea."]
+NEW_TEXT = "My beagle is called Cookie now."
+
+
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "async":
+        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite")
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return tiny_engine("llama")
+
+
+def _open(kind: str, tmp_path: Path, db_url: str, engine: Any = None) -> ClientAdapter:
+    return open_client(kind, fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())  # type: ignore[arg-type]
+
+
+def _vector(adapter: ClientAdapter, memory_id: str) -> np.ndarray:
+    """The vector the client's loaded index holds for ``memory_id``: float32 ``[dim]``."""
+    client: Any = adapter.client  # a local client, sync or async: both have the sync store and the derived stores
+    record = client.db.get(memory_id)
+    assert record is not None
+    index = run_steps(client.derived.index_steps(), client.db)
+    return index.vectors(np.array([record.vector_id]))[0]
+
+
+def _embedding(text: str) -> np.ndarray:
+    return HashEmbedder().embed([text])[0]
+
+
+def test_a_text_updated_after_the_last_index_save_is_embedded_again_on_reopen(
+    kind: str, tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inferscale.derived, "INDEX_SAVE_INTERVAL_S", math.inf)  # the file is written when asked
+    writer = _open(kind, tmp_path, db_url)
+    ids = [writer.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
+    writer.client.derived.save_index(force=True)
+    saved = {p: p.read_bytes() for p in tmp_path.rglob("*.faiss*")}  # the index file and its labels
+    assert len(saved) == 2
+    writer.update(ids[0], text=NEW_TEXT)
+    writer.close()
+    for path, data in saved.items():  # the index files as a crash right after the update leaves them
+        path.write_bytes(data)
+
+    reopened = _open(kind, tmp_path, db_url)
+    assert reopened.reconcile() == ReconcileReport(vectors_refreshed=1)
+    np.testing.assert_allclose(_vector(reopened, ids[0]), _embedding(NEW_TEXT), atol=1e-6)
+    top = reopened.search(NEW_TEXT, user_id="maya", limit=1)["results"][0]
+    assert (top["id"], top["score"]) == (ids[0], pytest.approx(1.0, abs=1e-5))
+    assert reopened.reconcile() == ReconcileReport()
+    reopened.close()
+
+
+def test_a_text_another_client_updated_is_searched_by_its_new_vector(kind: str, tmp_path: Path, db_url: str) -> None:
+    reader, writer = _open(kind, tmp_path, db_url), _open(kind, tmp_path, db_url)  # two processes, in effect
+    ids = [reader.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
+    assert reader.search(FACTS[0], user_id="maya", limit=1)["results"][0]["id"] == ids[0]  # the index is loaded
+    writer.update(ids[0], text=NEW_TEXT)
+    top = reader.search(NEW_TEXT, user_id="maya", limit=1)["results"][0]
+    assert (top["id"], top["memory"], top["score"]) == (ids[0], NEW_TEXT, pytest.approx(1.0, abs=1e-5))
+    np.testing.assert_allclose(_vector(reader, ids[0]), _embedding(NEW_TEXT), atol=1e-6)
+    reader.close()
+    writer.close()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("trigger", ["reconcile", "first search"])
+def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
+    kind: str, tmp_path: Path, db_url: str, engine: Any, trigger: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = _open(kind, tmp_path, db_url, engine)
+    ids = [writer.add(fact, user_id="maya", infer=False, encode_kv=True)["results"][0]["id"] for fact in FACTS]
+    writer.close()
+    kv = tmp_path / "kv"
+    store = MemoryStore(db_url)
+    rows = {memory_id: [r for r in store.all_kv_entries() if r.memory_id == memory_id] for memory_id in ids}
+    assert all(len(rows[i]) == 1 and Path(rows[i][0].location).parent == kv / i for i in ids)
+
+    # Committed in SQL, but the client "crashed" before its derived stores followed:
+    store.delete(ids[0])  # its K/V folder and its vector stay
+    store.update(ids[1], NEW_TEXT)  # its row went with the old text; the file and the old vector stay
+    store.close()
+    Path(rows[ids[2]][0].location).unlink()  # a row whose file is gone
+    dead_pid = _dead_pid()
+    dead = kv / ids[3] / f".{'a' * 32}.safetensors.{HOST_TAG}-{dead_pid}.{'b' * 32}.tmp"  # died before the rename
+    index_file = next(tmp_path.rglob("*.faiss"))
+    dead_save = index_file.with_name(f".{index_file.name}.{HOST_TAG}-{dead_pid}.{'b' * 32}.tmp")
+    old = kv / ids[3] / f".{'c' * 32}.{'d' * 32}.tmp"  # an older name, written two hours ago
+    live = kv / ids[3] / f".{'e' * 32}.safetensors.{HOST_TAG}-{os.getpid()}.{'f' * 32}.tmp"  # a live writer's
+    for path in (dead, old, live, dead_save):
+        path.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    foreign = kv / "0f0f0f0f-0000-4000-8000-000000000000"  # another database's memory, sharing the K/V folder
+    foreign.mkdir()
+    shutil.copy(rows[ids[3]][0].location, foreign / Path(rows[ids[3]][0].location).name)
+
+    reopened = _open(kind, tmp_path, db_url)  # no engine: repairing needs none
+    expected = ReconcileReport(
+        vectors_refreshed=1,
+        vectors_removed=1,
+        kv_memories_removed=1,
+        kv_files_removed=1,
+        kv_rows_removed=1,
+        temp_files_removed=3,
+        kv_folders_kept=1,
+    )
+    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+        if trigger == "reconcile":
+            assert reopened.reconcile() == expected
+        else:  # the first use of the index reconciles on its own, and logs what it repaired
+            reopened.search(NEW_TEXT, user_id="maya", limit=1)
+            counts = {name: count for name, count in expected.as_dict().items() if count}
+            assert f"reconciled the derived stores with SQL: {counts}" in caplog.messages
+    assert not (kv / ids[0]).exists()
+    assert list((kv / ids[1]).glob("*.safetensors")) == []
+    assert sorted((kv / ids[3]).glob(".*.tmp")) == [live]
+    assert not dead_save.exists()
+    assert (foreign / Path(rows[ids[3]][0].location).name).exists()
+    store = MemoryStore(db_url)
+    assert [(r.memory_id, r.location) for r in store.all_kv_entries()] == [(ids[3], rows[ids[3]][0].location)]
+    assert {memory_id for memory_id, files in DiskTier(kv).entry_files().items() if files} == {ids[3], foreign.name}
+    vector_ids = sorted(r.vector_id for r in store.all_memories())
+    store.close()
+    index = run_steps(reopened.client.derived.index_steps(), reopened.client.db)
+    assert sorted(index.ids().tolist()) == vector_ids
+    np.testing.assert_allclose(_vector(reopened, ids[1]), _embedding(NEW_TEXT), atol=1e-6)
+    assert reopened.reconcile() == ReconcileReport(kv_folders_kept=1)
+    reopened.close()
+
+
+def test_a_kv_row_is_committed_before_its_file_is_written(
+    tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So a K/V file on disk always has its row (unless its memory was deleted or re-worded since), which is what
+    lets reconciliation remove a file without a row safely while other processes write."""
+    client = MemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
+    row_first: list[bool] = []
+    write_file = DiskTier.put
+
+    def put(tier: DiskTier, key: Any, fact: Any) -> Any:
+        row_first.append(client.db.get_kv_entry(key.memory_id, key.fingerprint, key.encoding_key) is not None)
+        return write_file(tier, key, fact)
+
+    monkeypatch.setattr(DiskTier, "put", put)
+    client.add([{"role": "user", "content": fact} for fact in FACTS[:2]], user_id="maya", infer=False, encode_kv=True)
+    client.close()
+    assert row_first == [True, True]
+
+
+def test_a_clients_own_writes_are_never_counted_as_repairs(
+    kind: str, tmp_path: Path, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index is reconciled before a client's first write, not after it (which would find the write's memory
+    without a vector and report it as a repair)."""
+    client = _open(kind, tmp_path, db_url)
+    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+        ids = [client.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
+        client.update(ids[0], text=NEW_TEXT)
+        client.delete(ids[1])
+        client.delete_all(user_id="maya")
+        assert client.reconcile() == ReconcileReport()
+    assert not [m for m in caplog.messages if m.startswith("reconciled")]
+    client.close()
