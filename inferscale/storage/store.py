@@ -1,9 +1,8 @@
 """The memory store: memories, their history and KV-entry bookkeeping in any SQL database (the source of truth).
 
 :class:`MemoryStore` is a thin shell: each method validates its arguments (:mod:`~inferscale.storage.validation`),
-opens a session (a write transaction for writes) and calls one session function of
-:mod:`~inferscale.storage.queries`, :mod:`~inferscale.storage.changes` or :mod:`~inferscale.storage.kv_entries`,
-the same functions :class:`~inferscale.storage.async_store.AsyncMemoryStore` runs.
+opens a session (a write transaction for writes) and calls one session function of :mod:`.queries`, :mod:`.changes`
+or :mod:`.kv_entries`, the same functions :class:`~inferscale.storage.async_store.AsyncMemoryStore` runs.
 
 Everything returned is a frozen record detached from the session, so callers never hold ORM objects. Inputs
 are validated before anything is written; a rejected call leaves the database untouched. Scope semantics are
