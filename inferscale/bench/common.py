@@ -55,27 +55,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name from ``/proc/cpuinfo`` (Linux), else ``None``."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
 def machine_info() -> dict[str, Any]:
     """Where the benchmark ran: platform, CPU, the vector ISA torch's CPU kernels use, CPU count, torch threads,
     load average, CUDA device (if any)."""
     import torch
 
-    from inferscale.engines.hf.dtype import cpu_isa
+    from inferscale.engines.hf.dtype import cpu_isa, cpu_model
 
     info: dict[str, Any] = {
         "platform": platform.platform(),
-        "processor": _cpu_model() or platform.processor() or platform.machine(),
+        "processor": cpu_model() or platform.processor() or platform.machine(),
         "cpu_isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,

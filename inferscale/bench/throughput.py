@@ -282,6 +282,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
     check_engine("vllm")
     from inferscale.apps_extra import console as make_console
     from inferscale.config import EngineConfig, MemoryConfig
+    from inferscale.engines.hf.dtype import loaded_dtype
     from inferscale.engines.vllm import VLLMEngine
     from inferscale.kv.encode import EncodeRequest
 
@@ -298,6 +299,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
     )
     try:
         model_name = Path(str(engine.model.config.name_or_path)).name
+        model_dtype = loaded_dtype(engine.model)  # what "auto" chose
         with console.status("encoding the fact pool"):
             prefix_ids = engine.system_prefix_ids()
             texts = synthetic_facts(settings.facts)
@@ -314,6 +316,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
         engine.close()
     report = ThroughputReport(settings=_settings_dict(settings), machine=machine_info(), rounds=rounds)
     report.machine["model"] = model_name
+    report.machine["model_dtype"] = model_dtype
     write_outputs(report, settings.out_dir)
     return report
 

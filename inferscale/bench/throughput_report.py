@@ -167,7 +167,7 @@ def plot_report(report: ThroughputReport, path: Path) -> None:
         right.set_yscale("log")
         left.figure.suptitle(
             f"vLLM, k={s['k']} memories, {s['requests_per_user']} request(s) per user, {s['max_tokens']} tokens "
-            f"each ({report.machine.get('model')}, {s['dtype']})"
+            f"each ({report.machine.get('model')}, {report.machine.get('model_dtype') or s['dtype']})"
         )
 
 
@@ -190,7 +190,8 @@ def print_throughput(report: ThroughputReport, console: Console | None = None) -
     table = report_table(
         f"Throughput vs concurrent users · vLLM, k={report.settings['k']}, "
         f"{report.settings['requests_per_user']} req/user, {report.settings['max_tokens']} tokens · "
-        f"{machine.get('model')} {report.settings['dtype']} on {machine.get('cuda') or machine.get('processor')}",
+        f"{machine.get('model')} {machine.get('model_dtype') or report.settings['dtype']} on "
+        f"{machine.get('cuda') or machine.get('processor')} ({machine.get('cpu_isa')})",
         [],
         columns,
     )

@@ -146,7 +146,7 @@ class LocomoEvalSettings:
         default=None,
         metadata=MODEL_OPTION,
     )
-    dtype: DType = field(default="auto", metadata=DTYPE_OPTION)
+    dtype: DType = field(default="bfloat16", metadata=DTYPE_OPTION)  # explicit: a resumed run must not change dtype
     device: str = field(default="auto", metadata=DEVICE_OPTION)
     max_new_tokens: int = field(
         default=32, metadata=cli("--max-new-tokens", type=positive_int, help="answer budget in tokens (default 32)")

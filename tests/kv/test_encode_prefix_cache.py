@@ -64,3 +64,17 @@ def test_an_empty_prefix_drops_the_cache() -> None:
     assert encoder.prefix_ids == ()
     encoder.encode([EncodeRequest([60, 61], PREFIX)])
     assert encoder.tokens_prefilled == len(PREFIX) + len(PREFIX) + 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_in_bfloat16_the_cached_prefix_stays_within_rounding_of_a_plain_pass(arch: str) -> None:
+    """dtype "auto" picks bfloat16 on CUDA and on CPUs with native bfloat16: the cached path must hold there too.
+    A wrong position or mask moves K/V by O(1); bfloat16 rounding by about 1e-2."""
+    model = tiny_model(arch).to(torch.bfloat16)
+    plain = FactEncoder(model, batch_size=4).encode(requests())
+    encoder = FactEncoder(model, batch_size=4)
+    encoder.cache_prefix(PREFIX)
+    for i, (want, got) in enumerate(zip(plain, encoder.encode(requests()), strict=True)):
+        assert got.keys.dtype == torch.bfloat16
+        torch.testing.assert_close(got.keys.float(), want.keys.float(), atol=5e-2, rtol=5e-2, msg=f"keys {i}")
+        torch.testing.assert_close(got.values.float(), want.values.float(), atol=5e-2, rtol=5e-2, msg=f"values {i}")

@@ -11,15 +11,25 @@ loaded model's own first MLP is timed in both dtypes and the faster one wins (:f
 from __future__ import annotations
 
 import copy
+import json
+import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 """``/proc/cpuinfo`` flags of CPUs that compute in bfloat16 natively."""
+
+BF16_MARGIN = 1.15
+"""How much faster bfloat16 must run than float32 to be chosen (a ratio of fastest runs): timings on a shared VM are
+noisy, and a dtype that flips between runs strands the stored K/V."""
 
 PROBE_TOKENS = 32
 """Tokens in the probe's input (a short prefill)."""
@@ -44,6 +54,15 @@ class DtypeChoice:
     dtype: str
     reason: str
     probe: bool = False
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name from ``cpuinfo`` (Linux), or ``None``."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), None)
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str] | None:
@@ -72,12 +91,15 @@ def choose_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None 
         dtype: ``"auto"``, ``"bfloat16"``, ``"float16"`` or ``"float32"``.
         device: where the model runs.
         checkpoint_dtype: the dtype the checkpoint stores its weights in (its config's ``dtype``), if known.
+
+    Returns:
+        The choice; provisional (``probe``) only for ``"auto"`` on a CPU that may run bfloat16 natively.
     """
     if dtype != "auto":
         return DtypeChoice(dtype, "configured")
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.get_device_capability(device) >= (8, 0):  # Ampere on: bfloat16 tensor cores
             return DtypeChoice("bfloat16", f"CUDA device {name} supports bfloat16")
         return DtypeChoice("float16", f"CUDA device {name} lacks bfloat16")
     if device.type != "cpu":
@@ -96,42 +118,81 @@ def _probe_module(model: nn.Module) -> nn.Module | None:
     return mlp if isinstance(mlp, nn.Module) else None
 
 
-def probe_cpu_dtype(model: nn.Module) -> DtypeChoice:
+def _probe_key(mlp: nn.Module) -> str:
+    """What a probe's result depends on: the CPU, torch, and the MLP's weight shapes."""
+    shapes = ",".join("x".join(map(str, p.shape)) for p in mlp.parameters())
+    return f"{cpu_model() or 'unknown CPU'}|torch {torch.__version__}|{type(mlp).__name__}({shapes})"
+
+
+def probe_cpu_dtype(model: nn.Module, record: Path | None = None) -> DtypeChoice:
     """Time the model's own first MLP in bfloat16 and float32 on a :data:`PROBE_TOKENS`-token input
-    (:data:`PROBE_ROUNDS` interleaved rounds, fastest runs compared) and return the faster dtype; a tie keeps
-    float32.
-    A CPU's flags alone are not enough: a VM can report ``avx512_bf16`` while torch runs bfloat16 slower. Copies of
-    the MLP are timed, the model is not changed. A model without a ``layers[0].mlp`` keeps bfloat16 (the flags
-    said native).
+    (:data:`PROBE_ROUNDS` interleaved rounds, fastest runs compared) and return bfloat16 only when it wins by
+    :data:`BF16_MARGIN` or more, else float32. A CPU's flags alone are not enough: a VM can report ``avx512_bf16``
+    while torch runs bfloat16 slower. Copies of the MLP are timed, the model is not changed. A model without a
+    ``layers[0].mlp`` keeps bfloat16 (the flags said native).
+
+    The dtype is part of the model fingerprint, so a choice that flipped between runs would make every stored K/V
+    a miss. With ``record``, the first probe's choice is written there (JSON, keyed by CPU model, torch version
+    and the MLP's shapes) and later calls with the same key reuse it without timing.
 
     Returns:
         The choice (never provisional).
     """
     mlp = _probe_module(model)
     if mlp is None:
-        choice = DtypeChoice("bfloat16", "CPU with native bfloat16; no MLP to time in this model")
-    else:
-        hidden = next(p for p in mlp.parameters() if p.dim() == 2).shape[1]
-        generator = torch.Generator().manual_seed(0)
-        x = torch.randn(1, PROBE_TOKENS, hidden, generator=generator)
-        copies = {dtype: copy.deepcopy(mlp).to(dtype) for dtype in (torch.bfloat16, torch.float32)}
-        inputs = {dtype: x.to(dtype) for dtype in copies}
-        times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in copies}
-        with torch.inference_mode():
-            for dtype, module in copies.items():  # warm-up: kernel selection, first-touch allocation
-                module(inputs[dtype])
-            for _ in range(PROBE_ROUNDS):
-                for dtype, module in copies.items():
-                    start = time.perf_counter()
-                    module(inputs[dtype])
-                    times[dtype].append((time.perf_counter() - start) * 1000)
-        bf16_ms, fp32_ms = min(times[torch.bfloat16]), min(times[torch.float32])
-        timing = f"first MLP on {PROBE_TOKENS} tokens: bfloat16 {bf16_ms:.2f} ms, float32 {fp32_ms:.2f} ms (fastest)"
-        if bf16_ms < fp32_ms:
-            choice = DtypeChoice("bfloat16", f"CPU with native bfloat16, faster than float32 ({timing})")
-        else:
-            choice = DtypeChoice("float32", f"bfloat16 is not faster than float32 on this CPU ({timing})")
+        return DtypeChoice("bfloat16", "CPU with native bfloat16; no MLP to time in this model")
+    key = _probe_key(mlp)
+    recorded = _read_record(record).get(key) if record is not None else None
+    if isinstance(recorded, dict) and recorded.get("dtype") in ("bfloat16", "float32"):
+        return DtypeChoice(str(recorded["dtype"]), f"recorded in {record}: {recorded.get('reason', '')}")
+    choice = _timed_choice(mlp)
+    if record is not None:
+        _write_record(record, key, choice)
     return choice
+
+
+def _read_record(record: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_record(record: Path, key: str, choice: DtypeChoice) -> None:
+    """Add ``choice`` under ``key`` to ``record`` (atomically: a temporary file renamed over it); a record that
+    cannot be written is logged and skipped (the next load times again)."""
+    data = _read_record(record) | {key: {"dtype": choice.dtype, "reason": choice.reason}}
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, record)
+    except OSError as exc:
+        log.warning("cannot record the dtype choice in %s (%s)", record, exc)
+
+
+def _timed_choice(mlp: nn.Module) -> DtypeChoice:
+    """The faster dtype of ``mlp`` by timing (see :func:`probe_cpu_dtype`)."""
+    hidden = next(p for p in mlp.parameters() if p.dim() == 2).shape[1]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, PROBE_TOKENS, hidden, generator=generator)
+    copies = {dtype: copy.deepcopy(mlp).to(dtype) for dtype in (torch.bfloat16, torch.float32)}
+    inputs = {dtype: x.to(dtype) for dtype in copies}
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in copies}
+    with torch.inference_mode():
+        for dtype, module in copies.items():  # warm-up: kernel selection, first-touch allocation
+            module(inputs[dtype])
+        for _ in range(PROBE_ROUNDS):
+            for dtype, module in copies.items():
+                start = time.perf_counter()
+                module(inputs[dtype])
+                times[dtype].append((time.perf_counter() - start) * 1000)
+    bf16_ms, fp32_ms = min(times[torch.bfloat16]), min(times[torch.float32])
+    timing = f"first MLP on {PROBE_TOKENS} tokens: bfloat16 {bf16_ms:.2f} ms, float32 {fp32_ms:.2f} ms (fastest)"
+    if bf16_ms * BF16_MARGIN <= fp32_ms:
+        return DtypeChoice("bfloat16", f"CPU with native bfloat16, faster than float32 ({timing})")
+    return DtypeChoice("float32", f"bfloat16 is not {BF16_MARGIN}x faster than float32 on this CPU ({timing})")
 
 
 def cpu_isa() -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from inferscale.config import EngineConfig
+from inferscale.config import EngineConfig, inferscale_home
 from inferscale.engines.hf.attention import resolve_attention
 from inferscale.engines.hf.dtype import choose_dtype, probe_cpu_dtype
 from inferscale.models import resolve_llm_path
@@ -17,6 +17,9 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 """``EngineConfig.dtype`` names → torch dtypes."""
 
 log = logging.getLogger(__name__)
+
+DTYPE_RECORD = "dtype-choice.json"
+"""The file under the InferScale home where ``dtype="auto"`` records its timed CPU choice, so it never flips."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -29,7 +32,8 @@ def resolve_device(device: str) -> torch.device:
 def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
     """Load ``config.model`` (the embedded SmolLM2 when ``None``) with its tokenizer, in ``config.dtype`` (``"auto"``
     resolved by :func:`~inferscale.engines.hf.dtype.choose_dtype`, timed on the loaded model by
-    :func:`~inferscale.engines.hf.dtype.probe_cpu_dtype` where the CPU may run bfloat16 natively), with
+    :func:`~inferscale.engines.hf.dtype.probe_cpu_dtype` where the CPU may run bfloat16 natively, and recorded in
+    ``<home>/`` :data:`DTYPE_RECORD`), with
     ``config.attn_implementation``, on ``config.device``, in eval mode.
 
     Returns:
@@ -50,7 +54,7 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
 
     model = load(choice.dtype)
     if choice.probe:
-        provisional, choice = choice.dtype, probe_cpu_dtype(model)
+        provisional, choice = choice.dtype, probe_cpu_dtype(model, (home or inferscale_home()) / DTYPE_RECORD)
         if choice.dtype != provisional:
             # Loaded again rather than cast: buffers a model computes at init (rotary frequencies) depend on the
             # dtype it is loaded in, and must equal those of a model loaded in the final dtype directly.
