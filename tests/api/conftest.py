@@ -1,8 +1,9 @@
 """The API suite runs each test on every client: ``client_kind`` is "sync" (MemoryClient), "async"
 (AsyncMemoryClient, its coroutines run to the end by :class:`client_adapter.ClientAdapter`), then "remote" and
-"remote-async" (``MemoryClient(host=...)`` and ``AsyncMemoryClient(host=...)``, each on a real server of its own
-that serves an AsyncMemoryClient built from the test's arguments: "remote" on an open server, "remote-async" on a
-keyed one with an admin key, so both of the server's paths answer as the local clients do)."""
+"remote-async" (``MemoryClient(host=...)`` and ``AsyncMemoryClient(host=...)``, each over HTTP to a real server app of
+its own, on a port of its own of the session's uvicorn server (:mod:`server_fixture`), that serves an AsyncMemoryClient
+built from the test's arguments: "remote" on an open server, "remote-async" on a keyed one with an admin key, so both
+of the server's paths answer as the local clients do)."""
 
 from __future__ import annotations
 

@@ -190,3 +190,17 @@ def test_the_config_digest_follows_what_changes_kv_and_nothing_else() -> None:
         other = copy.deepcopy(config)
         setattr(other, field, value)
         assert config_digest(other) != base, field
+
+
+def test_the_weights_digest_sees_the_last_bit_of_the_smallest_weight(base_model: Any) -> None:
+    """The weights digest hashes the bytes, not a reduction of them: one weight set to 1e-30, then moved to the next
+    float32 (a change that a float64 sum of its layer rounds away), is another digest; an equal copy is the same."""
+    model = copy.deepcopy(base_model)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = 1e-30
+    moved = copy.deepcopy(model)
+    assert weights_digest(moved) == weights_digest(model)
+    with torch.no_grad():
+        moved.model.layers[0].mlp.down_proj.weight.view(torch.int32)[0, 0] += 1
+    assert moved.model.layers[0].mlp.down_proj.weight[0, 0].item() != 1e-30
+    assert weights_digest(moved) != weights_digest(model)
