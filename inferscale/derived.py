@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -37,7 +38,7 @@ from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.kv.tiers import DiskTier
-from inferscale.reconcile import ReconcileReport, entry_file_name, plan_kv
+from inferscale.reconcile import ReconcileReport, entry_file_name, plan_kv, settled
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.storage import KVEntryRecord, MemoryRecord, MemoryStore
@@ -281,7 +282,8 @@ class DerivedStores:
         The index (loaded from its file if it is not loaded yet) gets a vector for every memory, embedded from its
         current text, and none for memories no longer stored. On disk, temporary files of dead writers, the
         K/V folders of memories this database deleted and K/V files no current row accounts for are removed;
-        rows whose file is gone or whose text is not the memory's any more are deleted. Snapshots are taken in
+        rows whose file is gone (older than :data:`inferscale.reconcile.KV_ROW_GRACE_S`, so not being written) or whose
+        text is not the memory's any more are deleted. Snapshots are taken in
         the order :func:`inferscale.reconcile.plan_kv` needs (disk listing, rows, memories), so it is safe while
         other processes write: a race costs at most a re-encoding, never a served stale entry. Folders of memory
         ids this database never stored are left alone (another database may share the K/V folder).
@@ -320,7 +322,8 @@ class DerivedStores:
         if plan.gone_folders:
             states = yield MemoryStates(tuple(plan.gone_folders))
         deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
-        unfiled = [row for row in plan.current_rows if not self._has_file(row)]
+        now = datetime.now(UTC)  # a row younger than the grace period may have its file renamed into place soon
+        unfiled = [row for row in plan.current_rows if settled(row, now) and not self._has_file(row)]
         bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
         rows_removed = 0
         if bad_rows:

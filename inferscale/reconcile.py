@@ -19,12 +19,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from inferscale.errors import InvalidInputError
 from inferscale.kv.tiers.base import KVKey
 from inferscale.kv.tiers.disk import SUFFIX
 from inferscale.storage import KVEntryRecord
+
+KV_ROW_GRACE_S = 60.0
+"""A ``kv_entries`` row without its file is deleted only once it is older than this (seconds): its writer commits
+the row, then renames the file into place, and another process may reconcile in between."""
+
+
+def settled(row: KVEntryRecord, now: datetime) -> bool:
+    """Whether ``row`` is older than :data:`KV_ROW_GRACE_S` at ``now`` (tz-aware UTC), so a missing file means its
+    writer died rather than that it is still writing."""
+    return (now - row.created_at).total_seconds() > KV_ROW_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +49,8 @@ class ReconcileReport:
         vectors_removed: vectors of memories no longer stored, removed.
         kv_memories_removed: K/V folders of memories this database deleted, removed.
         kv_files_removed: K/V files of stored memories that no current entry row accounts for, removed.
-        kv_rows_removed: entry rows whose file is gone or whose text is not the memory's any more, deleted.
+        kv_rows_removed: entry rows whose file is gone (older than :data:`KV_ROW_GRACE_S`) or whose text is not
+            the memory's any more, deleted.
         temp_files_removed: temporary files (K/V, index) of writers that died before renaming them, removed.
         kv_folders_kept: K/V folders of memory ids this database never stored (another database sharing the K/V
             folder), left alone.
@@ -126,4 +138,4 @@ def plan_kv(files: Mapping[str, Sequence[Path]], rows: Sequence[KVEntryRecord], 
     return plan
 
 
-__all__ = ["KVPlan", "ReconcileReport", "entry_file_name", "plan_kv"]
+__all__ = ["KV_ROW_GRACE_S", "KVPlan", "ReconcileReport", "entry_file_name", "plan_kv", "settled"]
