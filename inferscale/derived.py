@@ -269,7 +269,7 @@ class DerivedStores:
         """Embed the memories of ``versions`` whose vector is missing or was embedded from another text: stored or
         re-worded by another client (thread or process) after this index was loaded, or racing this one."""
         with self._lock:
-            differ = index.unlike(versions.vector_ids, versions.hashes)
+            differ = index.stale_ids(versions.vector_ids, versions.hashes)
         if differ.size:
             records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in differ))
             with self._lock:
@@ -303,7 +303,7 @@ class DerivedStores:
                 self._index = VectorIndex.open(self._index_path, self._embedder().dim)
             index = self._index
             held = index.ids()
-            differ = index.unlike(versions.vector_ids, versions.hashes)
+            differ = index.stale_ids(versions.vector_ids, versions.hashes)
         extra = np.setdiff1d(held, versions.vector_ids)
         if extra.size:  # stored since the snapshot (another thread of this client): not extra
             stored: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in extra))

@@ -226,7 +226,7 @@ def test_labels_say_what_each_vector_was_computed_from_and_are_saved_with_it(tmp
     index.add(np.array([2]), _unit_rows(rng, 1), labels=["b2"])  # a new vector, a new label
     index.add(np.array([3]), vectors[2:])  # no label: unknown origin
     assert index.labels(np.array([1, 2, 3, 4])) == ["a", "b2", None, None]
-    assert index.unlike(np.array([1, 2, 3, 4]), ["a", "b", "c", "d"]).tolist() == [2, 3, 4]
+    assert index.stale_ids(np.array([1, 2, 3, 4]), ["a", "b", "c", "d"]).tolist() == [2, 3, 4]
     np.testing.assert_array_equal(index.vectors(np.array([3, 1])), vectors[[2, 0]])
     index.save()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss", "index.faiss.labels.npz"]
