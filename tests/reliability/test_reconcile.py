@@ -24,9 +24,9 @@ import inferscale.derived
 import inferscale.reconcile
 from inferscale import MemoryClient
 from inferscale.atomic import HOST_TAG, TEMP_MIN_AGE_S, left_over
-from inferscale.derived import run_steps
 from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport
+from inferscale.steps import run_steps
 from inferscale.storage import MemoryStore
 
 FACTS = ["I have a beagle named Biscuit.", "My sister Ana lives in Lisbon.", "I play chess on Sundays.", "I love tea."]
@@ -153,7 +153,7 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
         temp_files_removed=3,
         kv_folders_kept=1,
     )
-    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+    with caplog.at_level(logging.INFO, logger="inferscale.reconcile"):
         if trigger == "reconcile":
             assert reopened.reconcile() == expected
         else:  # the first use of the index reconciles on its own, and logs what it repaired
@@ -202,7 +202,7 @@ def test_a_clients_own_writes_are_never_counted_as_repairs(
     """The index is reconciled before a client's first write, not after it (which would find the write's memory
     without a vector and report it as a repair)."""
     client = _open(kind, tmp_path, db_url)
-    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+    with caplog.at_level(logging.INFO, logger="inferscale.reconcile"):
         ids = [client.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
         client.update(ids[0], text=NEW_TEXT)
         client.delete(ids[1])
