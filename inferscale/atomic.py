@@ -73,17 +73,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S, min_age_s: float = TEMP_MIN_AGE_S) -> bool:
-    """Whether the temporary file ``path`` is left over: older than ``min_age_s`` seconds and written by a process
-    of this machine that is gone (as its name says), or older than ``max_age_s`` seconds (another machine's, or a
-    name without its writer)."""
+def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S, min_age_s: float | None = None) -> bool:
+    """Whether the temporary file ``path`` is left over: older than ``min_age_s`` seconds (default
+    :data:`TEMP_MIN_AGE_S`, read at each call) and written by a process of this machine that is gone (as its name
+    says), or older than ``max_age_s`` seconds (another machine's, or a name without its writer)."""
     try:
         age = now - path.stat().st_mtime
     except FileNotFoundError:
         return False
     if age > max_age_s:
         return True
-    if age < min_age_s:
+    if age < (TEMP_MIN_AGE_S if min_age_s is None else min_age_s):
         return False
     match = _TEMP_NAME.fullmatch(path.name)
     return match is not None and match["host"] == HOST_TAG and not _alive(int(match["pid"]))
