@@ -1,9 +1,12 @@
 """A FAISS vector index keyed by the memories' integer ``vector_id``s, with search restricted to a scope.
 
 Each vector may carry a label: what it was computed from (the memories' text hash), so a caller can tell a stale
-vector from a current one. Labels are saved beside the index file (``<index>.labels.npz``), bound to the exact
-index bytes they describe by a digest: a labels file that does not belong to the index file next to it (a crash
-between the two renames) is ignored, and every vector then counts as unlabelled.
+vector from a current one. The index and its labels are saved together in one file (an uncompressed ``.npz``:
+the serialised FAISS index, the labelled ids and their labels) by one atomic rename, so saves of two processes
+that interleave leave one save's index with that save's labels, never a mismatch.
+
+Files of earlier versions (the bare FAISS index, its labels beside it in ``<index>.labels.npz`` bound to the
+index bytes by a digest) are still read; the next save replaces them.
 """
 
 from __future__ import annotations
@@ -137,6 +140,9 @@ class VectorIndex:
         if not file.exists():
             return index
         data = np.fromfile(file, dtype=np.uint8)
+        saved_labels: tuple[np.ndarray, np.ndarray] | None = None
+        if data[: len(_NPZ_MAGIC)].tobytes() == _NPZ_MAGIC:
+            data, saved_labels = _read_bundle(file)
         try:
             loaded = faiss.deserialize_index(data)
         except RuntimeError as exc:
@@ -149,8 +155,11 @@ class VectorIndex:
                 "another embedder? Delete it and rebuild"
             )
         index._index = loaded
-        label_ids, label_values = _load_labels(labels_path(file), _digest(data), index.ids())
-        index._set_labels(label_ids, label_values)
+        if saved_labels is None:  # a file of an earlier version: the labels beside it
+            saved_labels = _load_labels(labels_path(file), _digest(data), index.ids())
+        label_ids, label_values = saved_labels
+        keep = np.isin(label_ids, index.ids())
+        index._set_labels(label_ids[keep], label_values[keep])
         return index
 
     # ---- properties --------------------------------------------------------------------------------------
@@ -373,8 +382,8 @@ class VectorIndex:
         return sweep_temp_files(file.parent, f".{glob.escape(file.name)}*{TEMP_SUFFIX}")
 
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the index atomically (a temporary file in the same folder, fsynced, then ``os.replace``), then its
-        labels beside it the same way, bound to these index bytes (no labels file when no vector has a label).
+        """Write the index and its labels atomically, in one file (a temporary file in the same folder, fsynced,
+        then ``os.replace``); a labels file an earlier version left beside it is removed.
 
         Args:
             path: where to write; defaults to the path the index was created or opened with.
@@ -392,20 +401,39 @@ class VectorIndex:
         with self._lock:
             data = faiss.serialize_index(self._index)
             label_ids, label_values = self._label_ids, self._label_values  # replaced, never changed in place
-        atomic_write(target, data.tobytes())
-        sidecar = labels_path(target)
-        if label_ids.size:
-            buffer = io.BytesIO()
-            np.savez(buffer, ids=label_ids, labels=label_values, index=np.array(_digest(data)))
-            atomic_write(sidecar, buffer.getbuffer())
-        else:
-            sidecar.unlink(missing_ok=True)
+        buffer = io.BytesIO()
+        np.savez(buffer, index=data, ids=label_ids, labels=label_values)
+        atomic_write(target, buffer.getbuffer())
+        labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself
         return target
 
 
+_NPZ_MAGIC = b"PK\x03\x04"
+"""How an index file of this version starts (a zip archive: ``.npz``); one of an earlier version is bare FAISS."""
+
+
+def _read_bundle(file: Path) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The FAISS index bytes (uint8 ``[n]``) and labels (int64 ids ``[m]``, bytes ``[m]``) saved in ``file``.
+
+    Raises:
+        ConfigError: when the file is not an index file this version writes (delete it: it is rebuilt).
+    """
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            data = np.asarray(saved["index"], dtype=np.uint8).reshape(-1)
+            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
+            values = np.asarray(saved["labels"])
+        if values.dtype.kind != "S" or values.shape != label_ids.shape:
+            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
+    return data, (label_ids, values)
+
+
 def _load_labels(file: Path, index_digest: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The labelled ids (int64 ``[m]``) and their labels (bytes ``[m]``) saved in ``file`` when it belongs to the
-    index bytes of digest ``index_digest``, else none (logged). Labels of ids not in ``ids`` are dropped."""
+    """The labelled ids (int64 ``[m]``) and their labels (bytes ``[m]``) an earlier version saved in ``file`` beside
+    the index, when it belongs to the index bytes of digest ``index_digest``, else none (logged). Labels of ids not
+    in ``ids`` are dropped."""
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype="S1"))
     if not file.exists():
         return none
