@@ -23,6 +23,10 @@ TEMP_SUFFIX = ".tmp"
 TEMP_MAX_AGE_S = 3600.0
 """A temporary file older than this (seconds) is removed whoever wrote it; a writer renames within milliseconds."""
 
+TEMP_MIN_AGE_S = 60.0
+"""A temporary file younger than this (seconds) is kept even when its writer looks dead: containers sharing a host
+name but not a pid namespace see each other's writers as gone."""
+
 HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 """This machine, as temporary file names record it (8 hex characters of a digest of the host name)."""
 
@@ -69,15 +73,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S) -> bool:
-    """Whether the temporary file ``path`` is left over: written by a process of this machine that is gone (as its
-    name says), or older than ``max_age_s`` seconds (another machine's, or a name without its writer)."""
+def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S, min_age_s: float | None = None) -> bool:
+    """Whether the temporary file ``path`` is left over: older than ``min_age_s`` seconds (default
+    :data:`TEMP_MIN_AGE_S`, read at each call) and written by a process of this machine that is gone (as its name
+    says), or older than ``max_age_s`` seconds (another machine's, or a name without its writer)."""
     try:
         age = now - path.stat().st_mtime
     except FileNotFoundError:
         return False
     if age > max_age_s:
         return True
+    if age < (TEMP_MIN_AGE_S if min_age_s is None else min_age_s):
+        return False
     match = _TEMP_NAME.fullmatch(path.name)
     return match is not None and match["host"] == HOST_TAG and not _alive(int(match["pid"]))
 
@@ -97,4 +104,13 @@ def sweep_temp_files(folder: Path, pattern: str, max_age_s: float = TEMP_MAX_AGE
     return removed
 
 
-__all__ = ["HOST_TAG", "TEMP_MAX_AGE_S", "TEMP_SUFFIX", "atomic_write", "left_over", "sweep_temp_files", "temp_path"]
+__all__ = [
+    "HOST_TAG",
+    "TEMP_MAX_AGE_S",
+    "TEMP_MIN_AGE_S",
+    "TEMP_SUFFIX",
+    "atomic_write",
+    "left_over",
+    "sweep_temp_files",
+    "temp_path",
+]

@@ -35,7 +35,6 @@ from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import MemoryConfig
 from inferscale.conversation import ChatMessage
-from inferscale.derived import run_steps
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
@@ -45,6 +44,7 @@ from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
+from inferscale.steps import run_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.changes import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory

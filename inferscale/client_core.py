@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, config_from_dict
-from inferscale.derived import DerivedStores, LatestMemories, Steps, StoredText
+from inferscale.derived import DerivedStores
 from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
@@ -36,6 +36,7 @@ from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope
+from inferscale.steps import LatestMemories, Steps, StoredText
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.changes import ChangeSet, MemoryUpdate, NewMemory
 from inferscale.types import ChatChunk, ChatResult, Timings

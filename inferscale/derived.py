@@ -5,28 +5,21 @@ owns them for both clients:
 
 - :meth:`DerivedStores.after_write` brings them in step with committed changes;
 - :meth:`DerivedStores.reconcile_steps` repairs what a crash or another process left behind (run on first use, and
-  by the clients' ``reconcile``): each vector is labelled with the text hash it was embedded from, so a stale one
-  is found by comparing labels with SQL (:mod:`inferscale.reconcile`);
+  by the clients' ``reconcile``; :mod:`inferscale.reconcile`): each vector is labelled with the text hash it was
+  embedded from, so a stale one is found by comparing labels with SQL;
 - :meth:`DerivedStores.search_steps` is the scoped top-k search, and :meth:`DerivedStores.similar_steps` the
   similar-memory step of ``add`` (the stored memories the reconcile LLM is shown).
 
-The two read steps need SQL between their computations (the scope's vector ids, the records of the hits). They
-are written once, as generators that yield a :class:`StoreRead` and receive its result: :func:`run_steps` drives
-them over the sync :class:`~inferscale.storage.MemoryStore`, and :func:`arun_steps` over the async store, with
-SQL awaited on the event loop and every computation (embedding, FAISS) run in a worker thread.
+The steps need SQL between their computations; they are written once for both clients (:mod:`inferscale.steps`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,171 +29,18 @@ from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVStore, KVStoreStats
-from inferscale.kv.tiers import DiskTier
-from inferscale.reconcile import ReconcileReport, entry_file_name, plan_kv
+from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
-from inferscale.storage import KVEntryRecord, MemoryRecord, MemoryStore
+from inferscale.steps import RecordsByVectorId, Steps, Versions
+from inferscale.storage import MemoryRecord, MemoryStore
 from inferscale.storage.changes import AppliedChanges
 from inferscale.storage.records import MemoryVersions
 
-if TYPE_CHECKING:
-    from inferscale.storage.async_store import AsyncMemoryStore
-
 log = logging.getLogger(__name__)
-
-R = TypeVar("R")
-T_co = TypeVar("T_co", covariant=True)
 
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
-
-
-# ---------------------------------------------------------------------------------------------------- SQL reads
-
-
-class StoreRead(Protocol[T_co]):
-    """One SQL read a step needs, runnable on either store."""
-
-    def run(self, store: MemoryStore) -> T_co:
-        """The result, read through the sync store."""
-        ...
-
-    async def arun(self, store: AsyncMemoryStore) -> T_co:
-        """The same result, read through the async store."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Versions:
-    """Vector ids, ids and text hashes of the memories of ``scope`` matching ``node`` (every memory for ``None``),
-    ascending by vector id."""
-
-    scope: Scope | None = None
-    node: Filter | None = None
-
-    def run(self, store: MemoryStore) -> MemoryVersions:
-        return store.versions(self.scope, self.node)
-
-    async def arun(self, store: AsyncMemoryStore) -> MemoryVersions:
-        return await store.versions(self.scope, self.node)
-
-
-@dataclass(frozen=True, slots=True)
-class RecordsByVectorId:
-    """The memories whose vector id is in ``ids``, keyed by vector id (unknown ids left out)."""
-
-    ids: tuple[int, ...]
-
-    def run(self, store: MemoryStore) -> dict[int, MemoryRecord]:
-        return store.by_vector_ids(self.ids)
-
-    async def arun(self, store: AsyncMemoryStore) -> dict[int, MemoryRecord]:
-        return await store.by_vector_ids(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredText:
-    """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``."""
-
-    scope: Scope
-    text_hash: str
-
-    def run(self, store: MemoryStore) -> MemoryRecord | None:
-        return store.find_by_hash(self.text_hash, self.scope)
-
-    async def arun(self, store: AsyncMemoryStore) -> MemoryRecord | None:
-        return await store.find_by_hash(self.text_hash, self.scope)
-
-
-@dataclass(frozen=True, slots=True)
-class LatestMemories:
-    """The ``limit`` memories of exactly ``scope`` stored last, oldest first (:meth:`MemoryStore.latest`)."""
-
-    scope: Scope
-    limit: int
-
-    def run(self, store: MemoryStore) -> list[MemoryRecord]:
-        return store.latest(self.scope, self.limit)
-
-    async def arun(self, store: AsyncMemoryStore) -> list[MemoryRecord]:
-        return await store.latest(self.scope, self.limit)
-
-
-@dataclass(frozen=True, slots=True)
-class KVEntries:
-    """Every ``kv_entries`` row."""
-
-    def run(self, store: MemoryStore) -> list[KVEntryRecord]:
-        return store.all_kv_entries()
-
-    async def arun(self, store: AsyncMemoryStore) -> list[KVEntryRecord]:
-        return await store.all_kv_entries()
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryStates:
-    """For each of ``ids`` this database ever stored: ``True`` while stored, ``False`` once deleted."""
-
-    ids: tuple[str, ...]
-
-    def run(self, store: MemoryStore) -> dict[str, bool]:
-        return store.memory_states(self.ids)
-
-    async def arun(self, store: AsyncMemoryStore) -> dict[str, bool]:
-        return await store.memory_states(self.ids)
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteKVRows:
-    """Delete the ``kv_entries`` rows with these row ids (a write, run like the reads); the count deleted."""
-
-    ids: tuple[int, ...]
-
-    def run(self, store: MemoryStore) -> int:
-        return store.delete_kv_entry_rows(self.ids)
-
-    async def arun(self, store: AsyncMemoryStore) -> int:
-        return await store.delete_kv_entry_rows(self.ids)
-
-
-Steps = Generator[StoreRead[Any], Any, R]
-"""A step that yields the SQL reads it needs and returns ``R``."""
-
-
-def run_steps(steps: Steps[R], store: MemoryStore) -> R:
-    """Drive ``steps`` over the sync store (in the caller's thread)."""
-    try:
-        read = next(steps)
-        while True:
-            read = steps.send(read.run(store))
-    except StopIteration as done:
-        result: R = done.value
-        return result
-
-
-@dataclass(frozen=True, slots=True)
-class _Done(Generic[R]):
-    """A finished step's result."""
-
-    value: R
-
-
-def _advance(steps: Steps[R], value: Any) -> StoreRead[Any] | _Done[R]:
-    """One step forward: the next read, or the result when the step is done."""
-    try:
-        return steps.send(value)
-    except StopIteration as done:
-        return _Done(done.value)
-
-
-async def arun_steps(steps: Steps[R], store: AsyncMemoryStore) -> R:
-    """Drive ``steps`` over the async store: SQL awaited on the event loop, computations in a worker thread."""
-    state = await asyncio.to_thread(_advance, steps, None)
-    while not isinstance(state, _Done):
-        value = await state.arun(store)
-        state = await asyncio.to_thread(_advance, steps, value)
-    return state.value
 
 
 # ---------------------------------------------------------------------------------------------------- the stores
@@ -245,6 +85,21 @@ class DerivedStores:
         self._index_saved_at = 0.0
         self._fact_kv: FactKVManager | None = None
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The client's lock, which guards the index and the K/V manager."""
+        return self._lock
+
+    @property
+    def kv_dir(self) -> Path:
+        """The directory of the disk K/V tier."""
+        return self._kv_dir
+
+    @property
+    def index_path(self) -> Path:
+        """The index file."""
+        return self._index_path
+
     # ---- the index --------------------------------------------------------------------------------------------
     def index_steps(self) -> Steps[VectorIndex]:
         """The index: on first use, loaded from its file and reconciled with SQL, the K/V store with it
@@ -256,7 +111,25 @@ class DerivedStores:
             raise AssertionError("reconcile_steps loads the index")
         return index
 
-    def _embed_into(self, index: VectorIndex, records: Sequence[MemoryRecord]) -> None:
+    def open_index(self) -> VectorIndex:
+        """The index, loaded from its file (or empty) if it is not loaded yet; no reconciliation.
+
+        Raises:
+            ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+        """
+        with self._lock:
+            if self._index is None:
+                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
+            return self._index
+
+    def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
+        """Remove the vectors of ``ids`` (int64 ``[n]``) from ``index``; returns how many were there."""
+        with self._lock:
+            removed = index.remove(ids)
+            self._index_dirty = self._index_dirty or removed > 0
+            return removed
+
+    def embed_into(self, index: VectorIndex, records: Sequence[MemoryRecord]) -> None:
         """Embed ``records`` and put them in ``index``, each labelled with its text hash (replacing the vectors of
         ids already there)."""
         if records:
@@ -268,90 +141,17 @@ class DerivedStores:
         """Embed the memories of ``versions`` whose vector is missing or was embedded from another text: stored or
         re-worded by another client (thread or process) after this index was loaded, or racing this one."""
         with self._lock:
-            differ = index.unlike(versions.vector_ids, versions.hashes)
+            differ = index.stale_ids(versions.vector_ids, versions.hashes)
         if differ.size:
             records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in differ))
             with self._lock:
-                self._embed_into(index, list(records.values()))
+                self.embed_into(index, list(records.values()))
 
     # ---- reconciliation ---------------------------------------------------------------------------------------
     def reconcile_steps(self) -> Steps[ReconcileReport]:
-        """Repair the index and the K/V store against SQL, and report what was repaired (logged when anything was).
-
-        The index (loaded from its file if it is not loaded yet) gets a vector for every memory, embedded from its
-        current text, and none for memories no longer stored. On disk, temporary files of dead writers, the
-        K/V folders of memories this database deleted and K/V files no current row accounts for are removed;
-        rows whose file is gone or whose text is not the memory's any more are deleted. Snapshots are taken in
-        the order :func:`inferscale.reconcile.plan_kv` needs (disk listing, rows, memories), so it is safe while
-        other processes write: a race costs at most a re-encoding, never a served stale entry. Folders of memory
-        ids this database never stored are left alone (another database may share the K/V folder).
-
-        Raises:
-            ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
-            OSError: when a K/V file cannot be removed.
-        """
-        disk = DiskTier(self._kv_dir)
-        files = disk.entry_files()
-        temp_removed = disk.sweep_temp_files() + VectorIndex.sweep_temp_files(self._index_path)
-        rows: list[KVEntryRecord] = yield KVEntries()
-        versions: MemoryVersions = yield Versions()
-
-        with self._lock:
-            if self._index is None:
-                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
-            index = self._index
-            held = index.ids()
-            differ = index.unlike(versions.vector_ids, versions.hashes)
-        extra = np.setdiff1d(held, versions.vector_ids)
-        if extra.size:  # stored since the snapshot (another thread of this client): not extra
-            stored: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in extra))
-            extra = np.setdiff1d(extra, np.fromiter(stored, dtype=np.int64, count=len(stored)))
-        records: dict[int, MemoryRecord] = {}
-        if differ.size:
-            records = yield RecordsByVectorId(tuple(int(i) for i in differ))
-        with self._lock:
-            vectors_removed = index.remove(extra)
-            self._index_dirty = self._index_dirty or vectors_removed > 0
-            self._embed_into(index, list(records.values()))
-        vectors_added = int(np.setdiff1d(differ, held).size)
-
-        plan = plan_kv(files, rows, dict(zip(versions.ids, versions.hashes, strict=True)))
-        states: dict[str, bool] = {}
-        if plan.gone_folders:
-            states = yield MemoryStates(tuple(plan.gone_folders))
-        deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
-        unfiled = [row for row in plan.current_rows if not self._has_file(row)]
-        bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
-        rows_removed = 0
-        if bad_rows:
-            rows_removed = yield DeleteKVRows(bad_rows)
-        with self._lock:
-            files_removed = sum(disk.remove_file(path) for path in plan.stray_files)
-            self._forget_kv(deleted)
-        report = ReconcileReport(
-            vectors_added=vectors_added,
-            vectors_refreshed=int(differ.size) - vectors_added,
-            vectors_removed=vectors_removed,
-            kv_memories_removed=len(deleted),
-            kv_files_removed=files_removed,
-            kv_rows_removed=rows_removed,
-            temp_files_removed=temp_removed,
-            kv_folders_kept=sum(1 for memory_id in plan.gone_folders if memory_id not in states),
-        )
-        if report.repairs:
-            self.save_index(force=True)
-            log.info("reconciled the derived stores with SQL: %s", {k: v for k, v in report.as_dict().items() if v})
-        else:
-            log.debug("the derived stores are in step with SQL (%d memories)", len(versions))
+        """Repair the index and the K/V store against SQL (:func:`inferscale.reconcile.reconcile_steps`)."""
+        report: ReconcileReport = yield from reconcile_steps(self)
         return report
-
-    def _has_file(self, row: KVEntryRecord) -> bool:
-        """Whether the entry of ``row`` is on disk: in this store's folder, or where the row says (a client with
-        another K/V folder wrote it)."""
-        name = entry_file_name(row)
-        if name is not None and (self._kv_dir / row.memory_id / name).exists():
-            return True
-        return os.path.isabs(row.location) and os.path.exists(row.location)
 
     def save_index(self, force: bool = False) -> None:
         """Write the index file when it changed, at most every :data:`INDEX_SAVE_INTERVAL_S` unless ``force``."""
@@ -420,13 +220,13 @@ class DerivedStores:
             if gone:
                 index.remove(np.array(gone, dtype=np.int64))
                 self._index_dirty = True
-            self._embed_into(index, [*retexted, *applied.added])
-            self._forget_kv([r.id for r in [*applied.deleted, *retexted]])
+            self.embed_into(index, [*retexted, *applied.added])
+            self.forget_kv([r.id for r in [*applied.deleted, *retexted]])
         if encode_kv and (retexted or applied.added):
             self.fact_kv.prepare([*retexted, *applied.added])
         self.save_index()
 
-    def _forget_kv(self, memory_ids: Sequence[str]) -> None:
+    def forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted or re-worded memories from every tier. Their ``kv_entries`` rows were
         deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
         no SQL runs here."""

@@ -11,20 +11,45 @@ behind SQL in a few known ways, each of which is repaired here and counted in a 
 - a temporary file (K/V or index) of a writer that died before renaming it.
 
 :func:`plan_kv` decides the K/V repairs from snapshots taken in a safe order (the disk listing, then the rows, then
-the memories; see its docstring); :meth:`inferscale.derived.DerivedStores.reconcile_steps` takes the snapshots,
-applies the plan and repairs the index.
+the memories; see its docstring); :func:`reconcile_steps` takes the snapshots, applies the plan and repairs the
+index (run by :meth:`inferscale.derived.DerivedStores.reconcile_steps`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from inferscale.errors import InvalidInputError
+from inferscale.kv.tiers import DiskTier
 from inferscale.kv.tiers.base import KVKey
-from inferscale.kv.tiers.disk import SUFFIX
-from inferscale.storage import KVEntryRecord
+from inferscale.retrieval import VectorIndex
+from inferscale.steps import RecordsByVectorId, Steps, Versions
+from inferscale.storage import KVEntryRecord, MemoryRecord, MemoryStore
+from inferscale.storage.records import MemoryVersions
+
+if TYPE_CHECKING:
+    from inferscale.derived import DerivedStores
+    from inferscale.storage.async_store import AsyncMemoryStore
+
+log = logging.getLogger(__name__)
+
+KV_ROW_GRACE_S = 60.0
+"""A ``kv_entries`` row without its file is deleted only once it is older than this (seconds): its writer commits
+the row, then renames the file into place, and another process may reconcile in between."""
+
+
+def settled(row: KVEntryRecord, now: datetime) -> bool:
+    """Whether ``row`` is older than :data:`KV_ROW_GRACE_S` at ``now`` (tz-aware UTC), so a missing file means its
+    writer died rather than that it is still writing."""
+    return (now - row.created_at).total_seconds() > KV_ROW_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +63,8 @@ class ReconcileReport:
         vectors_removed: vectors of memories no longer stored, removed.
         kv_memories_removed: K/V folders of memories this database deleted, removed.
         kv_files_removed: K/V files of stored memories that no current entry row accounts for, removed.
-        kv_rows_removed: entry rows whose file is gone or whose text is not the memory's any more, deleted.
+        kv_rows_removed: entry rows whose file is gone (older than :data:`KV_ROW_GRACE_S`) or whose text is not
+            the memory's any more, deleted.
         temp_files_removed: temporary files (K/V, index) of writers that died before renaming them, removed.
         kv_folders_kept: K/V folders of memory ids this database never stored (another database sharing the K/V
             folder), left alone.
@@ -83,13 +109,27 @@ class KVPlan:
     gone_folders: list[str] = field(default_factory=list)
 
 
-def entry_file_name(row: KVEntryRecord) -> str | None:
-    """The file name the disk tier stores ``row``'s entry under, or ``None`` when the row's fields make no key."""
+def entry_key(row: KVEntryRecord) -> KVKey | None:
+    """The K/V key of ``row``, or ``None`` when the row's fields make no key."""
     try:
-        key = KVKey(row.memory_id, row.text_hash, row.fingerprint, row.encoding_key)
+        return KVKey(row.memory_id, row.text_hash, row.fingerprint, row.encoding_key)
     except InvalidInputError:
         return None
-    return f"{key.digest()}{SUFFIX}"
+
+
+def entry_file_name(row: KVEntryRecord) -> str | None:
+    """The file name the disk tier stores ``row``'s entry under, or ``None`` when the row's fields make no key."""
+    key = entry_key(row)
+    return DiskTier.file_name(key) if key is not None else None
+
+
+def has_file(disk: DiskTier, row: KVEntryRecord) -> bool:
+    """Whether the entry of ``row`` is on disk: in ``disk``'s folder, or where the row says (a client with another
+    K/V folder wrote it)."""
+    key = entry_key(row)
+    if key is not None and disk.path(key).exists():
+        return True
+    return os.path.isabs(row.location) and os.path.exists(row.location)
 
 
 def plan_kv(files: Mapping[str, Sequence[Path]], rows: Sequence[KVEntryRecord], live: Mapping[str, str]) -> KVPlan:
@@ -126,4 +166,133 @@ def plan_kv(files: Mapping[str, Sequence[Path]], rows: Sequence[KVEntryRecord], 
     return plan
 
 
-__all__ = ["KVPlan", "ReconcileReport", "entry_file_name", "plan_kv"]
+# ---------------------------------------------------------------------------------------------------- SQL reads
+
+
+@dataclass(frozen=True, slots=True)
+class KVEntries:
+    """Every ``kv_entries`` row."""
+
+    def run(self, store: MemoryStore) -> list[KVEntryRecord]:
+        return store.all_kv_entries()
+
+    async def arun(self, store: AsyncMemoryStore) -> list[KVEntryRecord]:
+        return await store.all_kv_entries()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStates:
+    """For each of ``ids`` this database ever stored: ``True`` while stored, ``False`` once deleted."""
+
+    ids: tuple[str, ...]
+
+    def run(self, store: MemoryStore) -> dict[str, bool]:
+        return store.memory_states(self.ids)
+
+    async def arun(self, store: AsyncMemoryStore) -> dict[str, bool]:
+        return await store.memory_states(self.ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKVRows:
+    """Delete the ``kv_entries`` rows with these row ids (a write, run like the reads); the count deleted."""
+
+    ids: tuple[int, ...]
+
+    def run(self, store: MemoryStore) -> int:
+        return store.delete_kv_entry_rows(self.ids)
+
+    async def arun(self, store: AsyncMemoryStore) -> int:
+        return await store.delete_kv_entry_rows(self.ids)
+
+
+# ---------------------------------------------------------------------------------------------------- the repair
+
+
+def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
+    """Repair the index and the K/V store against SQL, and report what was repaired (logged when anything was).
+
+    The index (loaded from its file if it is not loaded yet) gets a vector for every memory, embedded from its
+    current text, and none for memories no longer stored. On disk, temporary files of dead writers, the
+    K/V folders of memories this database deleted and K/V files no current row accounts for are removed;
+    rows whose file is gone (older than :data:`inferscale.reconcile.KV_ROW_GRACE_S`, so not being written) or whose
+    text is not the memory's any more are deleted. Snapshots are taken in
+    the order :func:`inferscale.reconcile.plan_kv` needs (disk listing, rows, memories), so it is safe while
+    other processes write: a race costs at most a re-encoding, never a served stale entry. Folders of memory
+    ids this database never stored are left alone (another database may share the K/V folder).
+
+    Args:
+        stores: the client's derived stores; their index is loaded here when it is not loaded yet.
+
+    Raises:
+        ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+        OSError: when a K/V file cannot be removed.
+    """
+    disk = DiskTier(stores.kv_dir)
+    files = disk.entry_files()
+    temp_removed = disk.sweep_temp_files() + VectorIndex.sweep_temp_files(stores.index_path)
+    rows: list[KVEntryRecord] = yield KVEntries()
+    versions: MemoryVersions = yield Versions()
+
+    index = stores.open_index()
+    with stores.lock:
+        held = index.ids()
+        differ = index.stale_ids(versions.vector_ids, versions.hashes)
+    extra = np.setdiff1d(held, versions.vector_ids)
+    if extra.size:  # stored since the snapshot (another thread of this client): not extra
+        stored: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in extra))
+        extra = np.setdiff1d(extra, np.fromiter(stored, dtype=np.int64, count=len(stored)))
+    records: dict[int, MemoryRecord] = {}
+    if differ.size:
+        records = yield RecordsByVectorId(tuple(int(i) for i in differ))
+    with stores.lock:
+        vectors_removed = stores.remove_vectors(index, extra)
+        stores.embed_into(index, list(records.values()))
+    vectors_added = int(np.setdiff1d(differ, held).size)
+
+    plan = plan_kv(files, rows, dict(zip(versions.ids, versions.hashes, strict=True)))
+    states: dict[str, bool] = {}
+    if plan.gone_folders:
+        states = yield MemoryStates(tuple(plan.gone_folders))
+    deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
+    now = datetime.now(UTC)  # a row younger than the grace period may have its file renamed into place soon
+    unfiled = [row for row in plan.current_rows if settled(row, now) and not has_file(disk, row)]
+    bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
+    rows_removed = 0
+    if bad_rows:
+        rows_removed = yield DeleteKVRows(bad_rows)
+    with stores.lock:
+        files_removed = sum(disk.remove_file(path) for path in plan.stray_files)
+        stores.forget_kv(deleted)
+    report = ReconcileReport(
+        vectors_added=vectors_added,
+        vectors_refreshed=int(differ.size) - vectors_added,
+        vectors_removed=vectors_removed,
+        kv_memories_removed=len(deleted),
+        kv_files_removed=files_removed,
+        kv_rows_removed=rows_removed,
+        temp_files_removed=temp_removed,
+        kv_folders_kept=sum(1 for memory_id in plan.gone_folders if memory_id not in states),
+    )
+    if report.repairs:
+        stores.save_index(force=True)
+        log.info("reconciled the derived stores with SQL: %s", {k: v for k, v in report.as_dict().items() if v})
+    else:
+        log.debug("the derived stores are in step with SQL (%d memories)", len(versions))
+    return report
+
+
+__all__ = [
+    "KV_ROW_GRACE_S",
+    "DeleteKVRows",
+    "KVEntries",
+    "KVPlan",
+    "MemoryStates",
+    "ReconcileReport",
+    "entry_file_name",
+    "entry_key",
+    "has_file",
+    "plan_kv",
+    "reconcile_steps",
+    "settled",
+]

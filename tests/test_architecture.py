@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "inferscale.memory": 3,
     "inferscale.engines": 4,
     "inferscale.fact_kv": 5,
+    "inferscale.steps": 5,
     "inferscale.derived": 5,
     "inferscale.reconcile": 5,
     "inferscale.arguments": 6,

@@ -1,9 +1,12 @@
 """A FAISS vector index keyed by the memories' integer ``vector_id``s, with search restricted to a scope.
 
 Each vector may carry a label: what it was computed from (the memories' text hash), so a caller can tell a stale
-vector from a current one. Labels are saved beside the index file (``<index>.labels.npz``), bound to the exact
-index bytes they describe by a digest: a labels file that does not belong to the index file next to it (a crash
-between the two renames) is ignored, and every vector then counts as unlabelled.
+vector from a current one. The index and its labels are saved together in one file (an uncompressed ``.npz``:
+the serialised FAISS index, the labelled ids and their labels) by one atomic rename, so saves of two processes
+that interleave leave one save's index with that save's labels, never a mismatch.
+
+Files of earlier versions (the bare FAISS index, its labels beside it in ``<index>.labels.npz`` bound to the
+index bytes by a digest) are still read; the next save replaces them.
 """
 
 from __future__ import annotations
@@ -39,14 +42,38 @@ def _digest(data: bytes | np.ndarray) -> str:
     return hashlib.blake2b(buffer, digest_size=16).hexdigest()
 
 
-def _check_labels(labels: Sequence[str], n: int) -> list[str]:
-    """``labels`` as a list of ``n`` ASCII strings of 1 to :data:`MAX_LABEL_LENGTH` characters."""
+def _check_labels(labels: Sequence[str], n: int) -> np.ndarray:
+    """``labels`` as a bytes array ``[n]`` of ASCII strings of 1 to :data:`MAX_LABEL_LENGTH` characters (no NUL,
+    which numpy's bytes arrays strip at the end)."""
     if isinstance(labels, str) or len(labels) != n:
         raise InvalidInputError(f"pass one label per id: {n} ids, got {labels!r:.80}")
     for label in labels:
         if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_LENGTH or not label.isascii():
             raise InvalidInputError(f"a label must be 1 to {MAX_LABEL_LENGTH} ASCII characters, got {label!r:.80}")
-    return list(labels)
+        if "\x00" in label:
+            raise InvalidInputError(f"a label must not hold NUL characters, got {label!r:.80}")
+    return _label_array(labels)
+
+
+def _label_array(labels: Sequence[str]) -> np.ndarray:
+    """``labels`` (ASCII str) as a bytes array ``[n]``; labels of one length (hex digests) are joined and viewed,
+    which is several times faster than converting each."""
+    lengths = set(map(len, labels))
+    if len(lengths) == 1:
+        (width,) = lengths
+        return np.frombuffer("".join(labels).encode("ascii"), dtype=f"S{width}")
+    return np.array(list(labels), dtype="S") if labels else np.zeros(0, dtype="S1")
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise ``a != b`` for bytes arrays ``[n]``: bool ``[n]``. Arrays of one width are compared as bytes
+    ``[n, width]``, several times faster than numpy's string comparison."""
+    if a.dtype.itemsize != b.dtype.itemsize or a.size == 0:
+        return np.asarray(a != b, dtype=bool).reshape(-1)
+    width = a.dtype.itemsize
+    bytes_a = np.ascontiguousarray(a).view(np.uint8).reshape(-1, width)
+    bytes_b = np.ascontiguousarray(b).view(np.uint8).reshape(-1, width)
+    return np.asarray((bytes_a != bytes_b).any(axis=1))
 
 
 def _check_ids(ids: object, name: str = "ids") -> np.ndarray:
@@ -91,7 +118,10 @@ class VectorIndex:
         self._path = Path(path) if path is not None else None
         self._lock = threading.Lock()
         self._index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(self._dim))
-        self._labels: dict[int, str] = {}
+        # The labelled ids, ascending, and their labels aligned with them (bytes): compared with numpy, not in a
+        # Python loop, since every search checks its whole scope (tens of thousands of ids).
+        self._label_ids = np.zeros(0, dtype=np.int64)
+        self._label_values = np.zeros(0, dtype="S1")
 
     @classmethod
     def open(cls, path: Path | str, dim: int) -> VectorIndex:
@@ -110,6 +140,9 @@ class VectorIndex:
         if not file.exists():
             return index
         data = np.fromfile(file, dtype=np.uint8)
+        saved_labels: tuple[np.ndarray, np.ndarray] | None = None
+        if data[: len(_NPZ_MAGIC)].tobytes() == _NPZ_MAGIC:
+            data, saved_labels = _read_bundle(file)
         try:
             loaded = faiss.deserialize_index(data)
         except RuntimeError as exc:
@@ -122,7 +155,11 @@ class VectorIndex:
                 "another embedder? Delete it and rebuild"
             )
         index._index = loaded
-        index._labels = _load_labels(labels_path(file), _digest(data), set(index.ids().tolist()))
+        if saved_labels is None:  # a file of an earlier version: the labels beside it
+            saved_labels = _load_labels(labels_path(file), _digest(data), index.ids())
+        label_ids, label_values = saved_labels
+        keep = np.isin(label_ids, index.ids())
+        index._set_labels(label_ids[keep], label_values[keep])
         return index
 
     # ---- properties --------------------------------------------------------------------------------------
@@ -163,9 +200,10 @@ class VectorIndex:
         """
         id_array = _check_ids(ids)
         with self._lock:
-            return [self._labels.get(int(i)) for i in id_array]
+            found, values = self._lookup(id_array)
+        return [v.decode("ascii") if f else None for f, v in zip(found.tolist(), values.tolist(), strict=True)]
 
-    def unlike(self, ids: np.ndarray, labels: Sequence[str]) -> np.ndarray:
+    def stale_ids(self, ids: np.ndarray, labels: Sequence[str]) -> np.ndarray:
         """Which of ``ids`` do not hold a vector labelled as given: absent, unlabelled or labelled otherwise.
 
         Args:
@@ -182,9 +220,31 @@ class VectorIndex:
         id_array = _check_ids(ids)
         if isinstance(labels, str) or len(labels) != id_array.size:
             raise InvalidInputError(f"pass one label per id: {id_array.size} ids, {len(labels)} labels")
+        try:
+            wanted = _label_array(labels)
+        except (TypeError, UnicodeEncodeError) as exc:
+            raise InvalidInputError(f"labels must be ASCII str: {exc}") from exc
         with self._lock:
-            differ = [int(i) for i, label in zip(id_array, labels, strict=True) if self._labels.get(int(i)) != label]
-        return np.asarray(differ, dtype=np.int64)
+            found, values = self._lookup(id_array)
+        return id_array[~found | _differ(values, wanted)]
+
+    def _lookup(self, id_array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For int64 ``[n]`` ids: whether each has a label (bool ``[n]``) and the label (bytes ``[n]``, meaningless
+        where it has none). Call with the lock held."""
+        if self._label_ids.size == 0:
+            return np.zeros(id_array.size, dtype=bool), np.zeros(id_array.size, dtype="S1")
+        pos = np.minimum(np.searchsorted(self._label_ids, id_array), self._label_ids.size - 1)
+        return self._label_ids[pos] == id_array, self._label_values[pos]
+
+    def _set_labels(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Hold the labels ``values`` (bytes ``[n]``) of distinct ``ids`` (int64 ``[n]``), sorted by id."""
+        order = np.argsort(ids, kind="stable")  # near-sorted after an append: timsort runs in about linear time
+        self._label_ids, self._label_values = ids[order], values[order]
+
+    def _drop_labels(self, id_array: np.ndarray) -> None:
+        """Forget the labels of ``id_array`` (int64 ``[n]``). Call with the lock held."""
+        keep = ~np.isin(self._label_ids, id_array)
+        self._label_ids, self._label_values = self._label_ids[keep], self._label_values[keep]
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of ``ids``: float32 ``[n, dim]``.
@@ -236,11 +296,11 @@ class VectorIndex:
         with self._lock:
             self._index.remove_ids(faiss.IDSelectorBatch(id_array))
             self._index.add_with_ids(matrix, id_array)
-            for i, vid in enumerate(id_array.tolist()):
-                if checked is None:
-                    self._labels.pop(vid, None)
-                else:
-                    self._labels[vid] = checked[i]
+            self._drop_labels(id_array)
+            if checked is not None:
+                self._set_labels(
+                    np.concatenate([self._label_ids, id_array]), np.concatenate([self._label_values, checked])
+                )
 
     def remove(self, ids: np.ndarray) -> int:
         """Remove the vectors of ``ids`` (int64 ``[n]``); ids not in the index are ignored.
@@ -255,15 +315,14 @@ class VectorIndex:
         if id_array.size == 0:
             return 0
         with self._lock:
-            for vid in id_array.tolist():
-                self._labels.pop(vid, None)
+            self._drop_labels(id_array)
             return int(self._index.remove_ids(faiss.IDSelectorBatch(id_array)))
 
     def reset(self) -> None:
         """Remove every vector."""
         with self._lock:
             self._index.reset()
-            self._labels.clear()
+            self._drop_labels(self._label_ids)
 
     # ---- search ------------------------------------------------------------------------------------------
 
@@ -323,8 +382,8 @@ class VectorIndex:
         return sweep_temp_files(file.parent, f".{glob.escape(file.name)}*{TEMP_SUFFIX}")
 
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the index atomically (a temporary file in the same folder, fsynced, then ``os.replace``), then its
-        labels beside it the same way, bound to these index bytes (no labels file when no vector has a label).
+        """Write the index and its labels atomically, in one file (a temporary file in the same folder, fsynced,
+        then ``os.replace``); a labels file an earlier version left beside it is removed.
 
         Args:
             path: where to write; defaults to the path the index was created or opened with.
@@ -341,32 +400,55 @@ class VectorIndex:
         target.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             data = faiss.serialize_index(self._index)
-            labels = dict(self._labels)
-        atomic_write(target, data.tobytes())
-        sidecar = labels_path(target)
-        if labels:
-            buffer = io.BytesIO()
-            ids = np.fromiter(labels.keys(), dtype=np.int64, count=len(labels))
-            np.savez(buffer, ids=ids, labels=np.array(list(labels.values()), dtype="S"), index=np.array(_digest(data)))
-            atomic_write(sidecar, buffer.getbuffer())
-        else:
-            sidecar.unlink(missing_ok=True)
+            label_ids, label_values = self._label_ids, self._label_values  # replaced, never changed in place
+        buffer = io.BytesIO()
+        np.savez(buffer, index=data, ids=label_ids, labels=label_values)
+        atomic_write(target, buffer.getbuffer())
+        labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself
         return target
 
 
-def _load_labels(file: Path, index_digest: str, ids: set[int]) -> dict[int, str]:
-    """The labels saved in ``file`` when it belongs to the index bytes of digest ``index_digest``, else ``{}``
-    (logged). Labels of ids not in the index are dropped."""
+_NPZ_MAGIC = b"PK\x03\x04"
+"""How an index file of this version starts (a zip archive: ``.npz``); one of an earlier version is bare FAISS."""
+
+
+def _read_bundle(file: Path) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The FAISS index bytes (uint8 ``[n]``) and labels (int64 ids ``[m]``, bytes ``[m]``) saved in ``file``.
+
+    Raises:
+        ConfigError: when the file is not an index file this version writes (delete it: it is rebuilt).
+    """
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            data = np.asarray(saved["index"], dtype=np.uint8).reshape(-1)
+            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
+            values = np.asarray(saved["labels"])
+        if values.dtype.kind != "S" or values.shape != label_ids.shape:
+            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
+    return data, (label_ids, values)
+
+
+def _load_labels(file: Path, index_digest: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled ids (int64 ``[m]``) and their labels (bytes ``[m]``) an earlier version saved in ``file`` beside
+    the index, when it belongs to the index bytes of digest ``index_digest``, else none (logged). Labels of ids not
+    in ``ids`` are dropped."""
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype="S1"))
     if not file.exists():
-        return {}
+        return none
     try:
         with np.load(file, allow_pickle=False) as saved:
             digest = str(saved["index"])
-            found = dict(zip(saved["ids"].tolist(), (b.decode("ascii") for b in saved["labels"].tolist()), strict=True))
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
+            values = np.asarray(saved["labels"])
+        if values.dtype.kind != "S" or values.shape != label_ids.shape:
+            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
+    except (OSError, ValueError, KeyError) as exc:
         log.warning("ignoring the unreadable index labels %s (%s); every vector counts as unlabelled", file, exc)
-        return {}
+        return none
     if digest != index_digest:
         log.info("the index labels %s belong to another save of the index; every vector counts as unlabelled", file)
-        return {}
-    return {vid: label for vid, label in found.items() if vid in ids}
+        return none
+    keep = np.isin(label_ids, ids)
+    return label_ids[keep], values[keep]

@@ -35,6 +35,8 @@ import numpy as np
 import pytest
 from mem0_fakes import HashEmbedder, fake_config
 
+import inferscale.atomic
+import inferscale.reconcile
 from inferscale import MemoryClient
 from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport, entry_file_name
@@ -228,7 +230,12 @@ def check_store(client: MemoryClient, model: Model, kv_dir: Path, round_entries:
     return problems
 
 
-def test_writer_killed_at_random_points_loses_nothing(tmp_path: Path, db_url: str, zygote: Zygote) -> None:
+def test_writer_killed_at_random_points_loses_nothing(
+    tmp_path: Path, db_url: str, zygote: Zygote, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The writer is known dead when the store is reconciled: its young rows without files and temp files go too.
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)
+    monkeypatch.setattr(inferscale.atomic, "TEMP_MIN_AGE_S", 0.0)
     rng = random.Random(15)
     backend = db_url.split(":")[0].split("+")[0]
     config = fake_config(tmp_path, db_url)
@@ -270,5 +277,6 @@ def test_writer_killed_at_random_points_loses_nothing(tmp_path: Path, db_url: st
         f"repaired {repaired}; {writing_s:.0f} s writing, {checking_s:.0f} s reopening and checking"
     )
     assert kills == KILLS[backend]
+    assert ReconcileReport(**repaired).repairs > 0, "no kill left anything to repair: the test exercised nothing"
     assert losses == 0, problems
     assert problems == []

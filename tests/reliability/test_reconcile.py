@@ -21,11 +21,12 @@ from mem0_fakes import HashEmbedder, fake_config
 from tiny_models import tiny_engine
 
 import inferscale.derived
+import inferscale.reconcile
 from inferscale import MemoryClient
-from inferscale.atomic import HOST_TAG
-from inferscale.derived import run_steps
+from inferscale.atomic import HOST_TAG, TEMP_MIN_AGE_S, left_over
 from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport
+from inferscale.steps import run_steps
 from inferscale.storage import MemoryStore
 
 FACTS = ["I have a beagle named Biscuit.", "My sister Ana lives in Lisbon.", "I play chess on Sundays.", "I love tea."]
@@ -69,7 +70,7 @@ def test_a_text_updated_after_the_last_index_save_is_embedded_again_on_reopen(
     ids = [writer.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
     writer.client.derived.save_index(force=True)
     saved = {p: p.read_bytes() for p in tmp_path.rglob("*.faiss*")}  # the index file and its labels
-    assert len(saved) == 2
+    assert len(saved) == 1  # the index and its labels, in one file
     writer.update(ids[0], text=NEW_TEXT)
     writer.close()
     for path, data in saved.items():  # the index files as a crash right after the update leaves them
@@ -105,8 +106,15 @@ def _dead_pid() -> int:
 
 @pytest.mark.parametrize("trigger", ["reconcile", "first search"])
 def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
-    kind: str, tmp_path: Path, db_url: str, engine: Any, trigger: str, caplog: pytest.LogCaptureFixture
+    kind: str,
+    tmp_path: Path,
+    db_url: str,
+    engine: Any,
+    trigger: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)  # the crash was long ago
     writer = _open(kind, tmp_path, db_url, engine)
     ids = [writer.add(fact, user_id="maya", infer=False, encode_kv=True)["results"][0]["id"] for fact in FACTS]
     writer.close()
@@ -129,6 +137,8 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
     for path in (dead, old, live, dead_save):
         path.write_bytes(b"partial")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
+    for path in (dead, dead_save):  # a dead writer's file is swept once it is older than the minimum age
+        os.utime(path, (time.time() - 2 * TEMP_MIN_AGE_S, time.time() - 2 * TEMP_MIN_AGE_S))
     foreign = kv / "0f0f0f0f-0000-4000-8000-000000000000"  # another database's memory, sharing the K/V folder
     foreign.mkdir()
     shutil.copy(rows[ids[3]][0].location, foreign / Path(rows[ids[3]][0].location).name)
@@ -143,7 +153,7 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
         temp_files_removed=3,
         kv_folders_kept=1,
     )
-    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+    with caplog.at_level(logging.INFO, logger="inferscale.reconcile"):
         if trigger == "reconcile":
             assert reopened.reconcile() == expected
         else:  # the first use of the index reconciles on its own, and logs what it repaired
@@ -192,7 +202,7 @@ def test_a_clients_own_writes_are_never_counted_as_repairs(
     """The index is reconciled before a client's first write, not after it (which would find the write's memory
     without a vector and report it as a repair)."""
     client = _open(kind, tmp_path, db_url)
-    with caplog.at_level(logging.INFO, logger="inferscale.derived"):
+    with caplog.at_level(logging.INFO, logger="inferscale.reconcile"):
         ids = [client.add(fact, user_id="maya", infer=False)["results"][0]["id"] for fact in FACTS]
         client.update(ids[0], text=NEW_TEXT)
         client.delete(ids[1])
@@ -200,3 +210,28 @@ def test_a_clients_own_writes_are_never_counted_as_repairs(
         assert client.reconcile() == ReconcileReport()
     assert not [m for m in caplog.messages if m.startswith("reconciled")]
     client.close()
+
+
+def test_a_row_whose_file_is_being_renamed_into_place_is_kept(tmp_path: Path, db_url: str, engine: Any) -> None:
+    """A writer commits a K/V row, then renames its file into place: a reconcile (another process) in between
+    finds the row without its file, and must leave it while it is younger than the grace period."""
+    writer = _open("sync", tmp_path, db_url, engine)
+    memory_id = writer.add(FACTS[0], user_id="maya", infer=False, encode_kv=True)["results"][0]["id"]
+    writer.close()
+    store = MemoryStore(db_url)
+    (row,) = store.all_kv_entries()
+    Path(row.location).unlink()  # as just before the writer's rename
+    reconciler = _open("sync", tmp_path, db_url)
+    assert reconciler.reconcile() == ReconcileReport()
+    assert [(r.memory_id, r.id) for r in store.all_kv_entries()] == [(memory_id, row.id)]
+    store.close()
+    reconciler.close()
+
+
+def test_a_dead_looking_writers_temp_file_is_kept_until_the_minimum_age(tmp_path: Path) -> None:
+    """Containers sharing a host name but not a pid namespace see each other's live writers as dead pids."""
+    path = tmp_path / f".{'a' * 32}.safetensors.{HOST_TAG}-{_dead_pid()}.{'b' * 32}.tmp"
+    path.write_bytes(b"partial")
+    now = path.stat().st_mtime
+    assert not left_over(path, now + 1.0)
+    assert left_over(path, now + 2 * TEMP_MIN_AGE_S)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
+import inferscale.retrieval.index
 from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
 from inferscale.scope import Scope
@@ -226,10 +229,10 @@ def test_labels_say_what_each_vector_was_computed_from_and_are_saved_with_it(tmp
     index.add(np.array([2]), _unit_rows(rng, 1), labels=["b2"])  # a new vector, a new label
     index.add(np.array([3]), vectors[2:])  # no label: unknown origin
     assert index.labels(np.array([1, 2, 3, 4])) == ["a", "b2", None, None]
-    assert index.unlike(np.array([1, 2, 3, 4]), ["a", "b", "c", "d"]).tolist() == [2, 3, 4]
+    assert index.stale_ids(np.array([1, 2, 3, 4]), ["a", "b", "c", "d"]).tolist() == [2, 3, 4]
     np.testing.assert_array_equal(index.vectors(np.array([3, 1])), vectors[[2, 0]])
     index.save()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss", "index.faiss.labels.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss"]  # the labels are in the index file
     assert VectorIndex.open(tmp_path / "index.faiss", DIM).labels(np.array([1, 2, 3])) == ["a", "b2", None]
     index.remove(np.array([1]))
     assert index.labels(np.array([1])) == [None]
@@ -239,21 +242,48 @@ def test_labels_say_what_each_vector_was_computed_from_and_are_saved_with_it(tmp
         index.vectors(np.array([9]))
 
 
-def test_labels_of_another_save_are_ignored(tmp_path: Path) -> None:
-    """A crash between writing the index file and its labels leaves labels of another save beside it: every vector
-    then counts as unlabelled (so a caller embeds them again), never as labelled wrongly."""
+def test_a_save_writes_the_index_and_its_labels_in_one_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two renames (index, then labels) let interleaved saves of two processes pair one's index with the other's
+    labels, which forced a full re-embed; one file renamed once cannot mismatch."""
     rng = np.random.default_rng(8)
     path = tmp_path / "index.faiss"
+    writes: list[Path] = []
+    write = inferscale.retrieval.index.atomic_write
+
+    def counted(target: Path, data: bytes | memoryview, fsync: bool = True) -> None:
+        writes.append(target)
+        write(target, data, fsync)
+
+    monkeypatch.setattr(inferscale.retrieval.index, "atomic_write", counted)
     index = VectorIndex(DIM, path)
     index.add(np.array([1, 2]), _unit_rows(rng, 2), labels=["old-1", "old-2"])
     index.save()
-    old_labels = (tmp_path / "index.faiss.labels.npz").read_bytes()
-    index.add(np.array([1]), _unit_rows(rng, 1), labels=["new-1"])
-    index.save()
-    (tmp_path / "index.faiss.labels.npz").write_bytes(old_labels)
+    assert writes == [path]
+    assert VectorIndex.open(path, DIM).labels(np.array([1, 2, 3])) == ["old-1", "old-2", None]
+
+
+def test_an_earlier_versions_files_are_read_and_mismatched_labels_ignored(tmp_path: Path) -> None:
+    """An earlier version saved the bare FAISS index and its labels beside it, bound by a digest: they are read,
+    and labels of another save count as none (a caller embeds again), never as labelled wrongly."""
+    rng = np.random.default_rng(9)
+    path = tmp_path / "index.faiss"
+    index = VectorIndex(DIM, path)
+    index.add(np.array([1, 2]), _unit_rows(rng, 2))
+    data = faiss.serialize_index(index._index)
+    path.write_bytes(data.tobytes())
+
+    def sidecar(digest: str) -> None:
+        with (tmp_path / "index.faiss.labels.npz").open("wb") as out:
+            np.savez(out, ids=np.array([1, 2]), labels=np.array(["a", "b"], dtype="S"), index=np.array(digest))
+
+    sidecar(hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest())
+    assert VectorIndex.open(path, DIM).labels(np.array([1, 2])) == ["a", "b"]
+    sidecar("0" * 32)
     assert VectorIndex.open(path, DIM).labels(np.array([1, 2])) == [None, None]
     (tmp_path / "index.faiss.labels.npz").write_bytes(b"not an npz file")
     assert VectorIndex.open(path, DIM).labels(np.array([1, 2])) == [None, None]
+    VectorIndex.open(path, DIM).save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.faiss"]
 
 
 def test_open_missing_file_gives_empty_index(tmp_path: Path) -> None:

@@ -57,9 +57,14 @@ class DiskTier:
         """The folder of this tier."""
         return self._root
 
+    @staticmethod
+    def file_name(key: KVKey) -> str:
+        """The name of the file ``key`` is stored in, inside its memory's folder."""
+        return f"{key.digest()}{SUFFIX}"
+
     def path(self, key: KVKey) -> Path:
         """The file ``key`` is stored in (whether or not it exists)."""
-        return self._root / key.memory_id / f"{key.digest()}{SUFFIX}"
+        return self._root / key.memory_id / self.file_name(key)
 
     def get(self, key: KVKey) -> FactKV | None:
         """The entry for ``key`` with CPU tensors and :attr:`FactKV.source` set to its file, or ``None`` when there is
