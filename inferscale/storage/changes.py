@@ -43,7 +43,7 @@ from inferscale.storage.contexts import (
 )
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, scope_clauses
+from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
 from inferscale.storage.validation import json_copy
 
@@ -176,6 +176,9 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     and ``updated_at`` follow the order the transactions commit in: before, two writers to one memory could leave its
     history with times going backwards and ``updated_at`` older than its last change.
 
+    A duplicate is a text stored in exactly the change set's scope (an id it leaves unset is unset too): a fact added
+    for user ``u1`` is stored though a run of ``u1`` holds it, whose ``delete_all`` would otherwise take it too.
+
     Returns:
         :class:`AppliedChanges`.
 
@@ -248,7 +251,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
 
 def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[str]) -> list[MemoryRecord]:
     """Insert the change set's adds (after its deletes and updates), each with an ``ADD`` history row; returns the new
-    memories. With ``skip_duplicates``, a text stored in the scope, or earlier in the set, is skipped. Each
+    memories. With ``skip_duplicates``, a text stored in exactly the scope, or earlier in the set, is skipped. Each
     add's neighbour texts that no memory of the scope holds any more are dropped from its context."""
     if not changes.adds:
         return []
@@ -262,7 +265,7 @@ def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[s
     for new in changes.adds:
         digest = hash_text(new.text)
         if changes.skip_duplicates:
-            in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *scope_clauses(scope)).limit(1)
+            in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *exact_scope_clauses(scope)).limit(1)
             if digest in seen or s.scalar(in_scope) is not None:
                 skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {scope}")
                 continue
