@@ -437,7 +437,7 @@ class ClientCore:
             return None
         shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []
         reconciler = self._reconciler() if shown else None
-        return self._plan_changes(scope, facts, shown, reconciler, meta, [*neighbours, *rendered_turns(msgs)], actor)
+        return self._plan_changes(scope, facts, shown, reconciler, meta, neighbours, rendered_turns(msgs), actor)
 
     @staticmethod
     def _verbatim_changes(
@@ -452,19 +452,17 @@ class ClientCore:
 
         The context turns are kept as the memories they become (their text), so that a fact encoded after them
         (context-window encoding) sees lines laid out exactly like the memories it is served among. A message
-        added on its own thus follows the memories stored before it in its scope, never another scope's."""
+        added on its own thus follows the memories stored before it in its scope, never another scope's. Every
+        context entry is a memory's text, so each is a neighbour (:attr:`NewMemory.neighbours`): one whose memory
+        is deleted before the add commits is dropped, as it is later from the stored context."""
         turns = [m for m in messages if m.role != "system"]
         texts = [*stored, *(m.content for m in turns)]
         first = len(stored)
-        adds = tuple(
-            NewMemory(
-                m.content,
-                {"role": m.role, **meta},
-                tuple(texts[max(0, first + i - MAX_CONTEXT_TURNS) : first + i]),
-            )
-            for i, m in enumerate(turns)
-        )
-        return ChangeSet(scope, adds=adds, actor=actor)
+        adds = []
+        for i, m in enumerate(turns):
+            context = tuple(texts[max(0, first + i - MAX_CONTEXT_TURNS) : first + i])
+            adds.append(NewMemory(m.content, {"role": m.role, **meta}, context, neighbours=len(context)))
+        return ChangeSet(scope, adds=tuple(adds), actor=actor)
 
     @staticmethod
     def _plan_changes(
@@ -473,18 +471,25 @@ class ClientCore:
         shown: Sequence[tuple[str, str]],
         reconciler: Reconciler | None,
         meta: dict[str, Any],
-        context: Sequence[str],
+        neighbours: Sequence[str],
+        turns: Sequence[str],
         actor: str | None,
     ) -> ChangeSet:
         """The change set for new ``facts``: all ADDs when nothing similar is stored (or reconcile is off),
-        otherwise the LLM's decisions on the ``shown`` memories."""
-        context = tuple(context[-MAX_CONTEXT_TURNS:])
+        otherwise the LLM's decisions on the ``shown`` memories. Each new memory's context is the scope's
+        ``neighbours`` (memory texts), then the call's own rendered ``turns``, the last :data:`MAX_CONTEXT_TURNS`."""
+        context = (*neighbours, *turns)[-MAX_CONTEXT_TURNS:]
+        kept = max(0, len(context) - len(turns))  # the neighbours the cut leaves
+
+        def new(text: str) -> NewMemory:
+            return NewMemory(text, meta, context, neighbours=kept)
+
         if not shown or reconciler is None:
-            return ChangeSet(scope, adds=tuple(NewMemory(f, meta, context) for f in facts), actor=actor)
+            return ChangeSet(scope, adds=tuple(new(f) for f in facts), actor=actor)
         decided = reconciler.decide(shown, facts)
         return ChangeSet(
             scope,
-            adds=tuple(NewMemory(text, meta, context) for text in decided.adds),
+            adds=tuple(new(text) for text in decided.adds),
             updates=tuple(MemoryUpdate(memory_id, text) for memory_id, text in decided.updates),
             deletes=tuple(decided.deletes),
             actor=actor,

@@ -207,12 +207,16 @@ class DerivedStores:
 
         Deleted memories lose their vector and K/V. A memory whose text changed is embedded again and loses its
         K/V (encoded again from the new text on next use, or now with ``encode_kv``); a metadata-only update
-        changes neither. New memories are embedded, and encoded now with ``encode_kv``.
+        changes neither. New memories are embedded, and encoded now with ``encode_kv``. A memory whose stored
+        context lost a deleted or re-worded text (``applied.recontexted``) keeps its vector and loses its K/V, files
+        of every key included (those of the old context's key could never be looked up again): they are encoded
+        again under the new context's key on next use, or now with ``encode_kv``.
 
         Args:
             index: the loaded index (from :meth:`index_steps`).
             applied: what the transaction did.
-            encode_kv: encode the new and re-worded memories' K/V now (eager) rather than on first ``chat``.
+            encode_kv: encode the new, re-worded and re-contexted memories' K/V now (eager) rather than on first
+                ``chat``.
         """
         retexted = [after for before, after in applied.updated if before.hash != after.hash]
         with self._lock:
@@ -221,13 +225,15 @@ class DerivedStores:
                 index.remove(np.array(gone, dtype=np.int64))
                 self._index_dirty = True
             self.embed_into(index, [*retexted, *applied.added])
-            self.forget_kv([r.id for r in [*applied.deleted, *retexted]])
-        if encode_kv and (retexted or applied.added):
-            self.fact_kv.prepare([*retexted, *applied.added])
+            self.forget_kv(list(dict.fromkeys(r.id for r in [*applied.deleted, *retexted, *applied.recontexted])))
+        fresh = {r.id: r for r in [*retexted, *applied.recontexted, *applied.added]}  # the latest record of each
+        if encode_kv and fresh:
+            self.fact_kv.prepare(list(fresh.values()))
         self.save_index()
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
-        """Drop the K/V tensors of deleted or re-worded memories from every tier. Their ``kv_entries`` rows were
+        """Drop the K/V tensors of deleted, re-worded or re-contexted memories from every tier (every key of each:
+        memory, host and disk; files other processes wrote included). Their ``kv_entries`` rows were
         deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
         no SQL runs here."""
         if not memory_ids:

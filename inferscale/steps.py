@@ -67,7 +67,8 @@ class RecordsByVectorId:
 
 @dataclass(frozen=True, slots=True)
 class StoredText:
-    """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``."""
+    """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``
+    (:meth:`MemoryStore.find_by_hash`)."""
 
     scope: Scope
     text_hash: str

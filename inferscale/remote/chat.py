@@ -18,7 +18,6 @@ from pydantic import TypeAdapter, ValidationError
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
-from inferscale.scope import Scope
 from inferscale.types import ChatChunk, ChatResult
 
 CHAT_PATH = "/v1/chat/completions"
@@ -58,8 +57,12 @@ def chat_call(
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
             string; a value with no faithful JSON form), with the local client's error naming the argument; every
             other value is the server's to judge.
-        ScopeError: for a scope id that is not a non-empty string, or no scope at all (no id and no ``filters``),
-            as the local client: the server answers an OpenAI request that names no user without memory.
+        ScopeError: for a scope id that is not a non-empty string.
+
+    A chat that names no scope is sent, as ``search`` is: the server fills in the user of a key bound to one, and
+    refuses it otherwise with the local client's :class:`~inferscale.errors.ScopeError`. The body always carries the
+    ``inferscale`` object (``mode`` at least, else ``{}``), which tells the server the chat asks for memory: only a
+    plain OpenAI request (no ``user``, no ``inferscale``) is answered without memory.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
@@ -68,8 +71,6 @@ def chat_call(
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
     scope_params(user_id, agent_id, run_id)
-    if filters is None:  # a chat names whose memories it uses, as in process (the server would answer without any)
-        Scope(user_id=user_id, agent_id=agent_id, run_id=run_id)
     # checked under the arguments' own names (the wire's are OpenAI's, e.g. max_tokens, or nested in "inferscale")
     memory = check_sendable(
         {

@@ -2,8 +2,9 @@
 
 Modules, each importing only those before it: ``database`` (engines), ``models`` (tables), ``records`` (frozen
 copies of rows), ``validation`` (input checks), ``filter_sql`` (filters → ``WHERE``), ``queries`` (every read),
-``changes`` and ``kv_entries`` (every write, as session functions), then the shells ``store`` (sync) and
-``async_store`` (async).
+``change_sets`` (what a change is), ``contexts`` (stored contexts keep only texts their scope holds), ``changes``
+and ``kv_entries`` (every write, as session functions), then the shells ``store`` (sync) and ``async_store``
+(async).
 
 The async store lives in :mod:`inferscale.storage.async_store` (imported on demand: it needs ``greenlet`` and
 ``aiosqlite``).

@@ -219,7 +219,8 @@ class AsyncMemoryStore:
         return await self._read(get_memory, memory_id, checked)
 
     async def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
-        """The oldest memory of ``scope`` whose text hashes to ``text_hash``, or ``None``.
+        """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``; see
+        :meth:`MemoryStore.find_by_hash <inferscale.storage.MemoryStore.find_by_hash>`.
 
         Raises:
             InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.

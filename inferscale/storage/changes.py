@@ -1,9 +1,11 @@
 """Every write to memories and their history: change sets, scope deletion and reset (KV entries:
 :mod:`inferscale.storage.kv_entries`).
 
-A :class:`ChangeSet` (adds, updates, deletes in one scope) is applied by :func:`apply_in_session` inside one
-transaction: either every row and history row is written, or none is. Single adds, updates and deletes of the
-stores are one-change sets built by :func:`add_change`, :func:`update_change` and :func:`delete_change`.
+A :class:`ChangeSet` (adds, updates, deletes in one scope; :mod:`inferscale.storage.change_sets`, whose names this
+module exports too) is applied by :func:`apply_in_session` inside one transaction: either every row and history row
+is written, or none is. Single adds, updates and deletes of the stores are one-change sets built by
+:func:`add_change`, :func:`update_change` and :func:`delete_change`. A deletion or re-wording also takes the old text
+out of the stored contexts of its scope's other memories (:mod:`inferscale.storage.contexts`).
 
 Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
 :class:`~inferscale.storage.MemoryStore` runs it directly and
@@ -14,181 +16,38 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
+from inferscale.storage.change_sets import (
+    AppliedChanges,
+    ChangeSet,
+    MemoryUpdate,
+    NewMemory,
+    add_change,
+    delete_change,
+    update_change,
+    validate_changes,
+)
+from inferscale.storage.contexts import (
+    context_holders,
+    context_lock_key,
+    live_hashes,
+    live_neighbours,
+    without_texts,
+)
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, scope_clauses
+from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
-from inferscale.storage.validation import (
-    check_actor,
-    check_context,
-    check_id,
-    check_metadata,
-    check_scope,
-    check_text,
-    json_copy,
-)
+from inferscale.storage.validation import json_copy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class NewMemory:
-    """A memory to add.
-
-    Attributes:
-        text: the fact, stored as given.
-        metadata: JSON-serialisable user metadata (never scope ids).
-        context: the conversation turns the fact's KV is encoded after (oldest first).
-    """
-
-    text: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    context: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryUpdate:
-    """A change to an existing memory: a new text, new metadata (replaces the dict), or both."""
-
-    memory_id: str
-    text: str | None = None
-    metadata: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChangeSet:
-    """Changes applied in one transaction.
-
-    Attributes:
-        scope: the scope adds are written in and updates/deletes must belong to; ``None`` only for a set
-            without adds (an update or delete by id).
-        adds, updates, deletes: the changes; deletes name memory ids.
-        actor: who made the changes, recorded in every history row.
-        strict: raise :class:`MemoryNotFoundError` for an update or delete of an unknown id (explicit calls);
-            otherwise such a change is skipped with a warning (LLM decisions).
-        skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history).
-        skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
-            ``updated_at``); otherwise it is written like any other update.
-    """
-
-    scope: Scope | None
-    adds: tuple[NewMemory, ...] = ()
-    updates: tuple[MemoryUpdate, ...] = ()
-    deletes: tuple[str, ...] = ()
-    actor: str | None = None
-    strict: bool = False
-    skip_duplicates: bool = True
-    skip_unchanged: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedChanges:
-    """What a :class:`ChangeSet` did.
-
-    Attributes:
-        added: the new memories, in the order of ``adds`` (skipped duplicates left out).
-        updated: ``(before, after)`` pairs, in the order of ``updates`` (skipped updates left out).
-        deleted: the memories as they were before deletion.
-        skipped: one human-readable reason per change that was not applied.
-    """
-
-    added: list[MemoryRecord]
-    updated: list[tuple[MemoryRecord, MemoryRecord]]
-    deleted: list[MemoryRecord]
-    skipped: list[str]
-
-
-# ---- building and checking change sets -------------------------------------------------------------------------
-
-
-def validate_changes(changes: ChangeSet) -> ChangeSet:
-    """Check every text, id and metadata dict before anything is written.
-
-    Returns:
-        The change set with metadata deep-copied into plain JSON values.
-
-    Raises:
-        InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, a
-            scope that is not a Scope, or adds without a scope.
-    """
-    if changes.adds and changes.scope is None:
-        raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
-    scope = check_scope(changes.scope) if changes.scope is not None else None
-    adds = tuple(
-        NewMemory(check_text(a.text), check_metadata(a.metadata), tuple(check_context(a.context))) for a in changes.adds
-    )
-    updates: list[MemoryUpdate] = []
-    for u in changes.updates:
-        if u.text is None and u.metadata is None:
-            raise InvalidInputError(f"nothing to update for memory {u.memory_id!r}: pass text, metadata or both")
-        updates.append(
-            MemoryUpdate(
-                check_id(u.memory_id),
-                check_text(u.text) if u.text is not None else None,
-                check_metadata(u.metadata) if u.metadata is not None else None,
-            )
-        )
-    deletes = tuple(check_id(d) for d in changes.deletes)
-    actor = check_actor(changes.actor)
-    return ChangeSet(
-        scope,
-        adds,
-        tuple(updates),
-        deletes,
-        actor,
-        changes.strict,
-        changes.skip_duplicates,
-        changes.skip_unchanged,
-    )
-
-
-def add_change(
-    text: object, scope: object, metadata: object = None, context: object = None, actor: object = None
-) -> ChangeSet:
-    """The validated one-add change set of ``MemoryStore.add``: duplicates are stored too.
-
-    Raises:
-        InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata, non-str context or a bad actor.
-    """
-    new = NewMemory(check_text(text), check_metadata(metadata), tuple(check_context(context)))
-    return ChangeSet(check_scope(scope), adds=(new,), actor=check_actor(actor), skip_duplicates=False)
-
-
-def update_change(memory_id: object, text: object, metadata: object = None, actor: object = None) -> ChangeSet:
-    """The validated one-update change set of ``MemoryStore.update``: strict, and written even when nothing
-    changes (an ``UPDATE`` history row and a new ``updated_at``).
-
-    Raises:
-        InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either (or the id, or the actor) is
-            invalid.
-    """
-    memory_id = check_id(memory_id)
-    new_text = check_text(text) if text is not None else None
-    new_meta = check_metadata(metadata) if metadata is not None else None
-    checked_actor = check_actor(actor)
-    if new_text is None and new_meta is None:
-        raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text, metadata or both")
-    update = MemoryUpdate(memory_id, new_text, new_meta)
-    return ChangeSet(None, updates=(update,), actor=checked_actor, strict=True, skip_unchanged=False)
-
-
-def delete_change(memory_id: object, actor: object = None) -> ChangeSet:
-    """The validated strict one-delete change set of ``MemoryStore.delete``.
-
-    Raises:
-        InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
-    """
-    return ChangeSet(None, deletes=(check_id(memory_id),), actor=check_actor(actor), strict=True)
 
 
 # ---- session functions -----------------------------------------------------------------------------------------
@@ -232,22 +91,42 @@ def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | N
     s.add_all(_history(r.id, "DELETE", r, None, actor, now) for r in records)
 
 
-def _lock_rows(s: Session, changes: ChangeSet) -> dict[str, MemoryRow]:
-    """The rows of ``changes.scope`` that its deletes and updates name, by id, locked ``FOR UPDATE`` in id order.
-
-    Taking every row lock up front, in one order, means two change sets that touch the same memories never wait
-    for each other in a cycle (PostgreSQL would abort one as a deadlock); SQLite ignores ``FOR UPDATE`` (its
-    writers hold the file's write lock from ``BEGIN IMMEDIATE``).
-    """
+def _named_scopes(s: Session, changes: ChangeSet) -> dict[str, Scope]:
+    """The exact scope of each memory of ``changes.scope`` that its deletes and updates name, by id (ids outside it,
+    or unknown, left out). Read without locks: a memory never changes scope."""
     ids = sorted({*changes.deletes, *(u.memory_id for u in changes.updates)})
-    rows: dict[str, MemoryRow] = {}
+    found: dict[str, Scope] = {}
     for chunk in chunks(ids):
-        stmt = (
-            select(MemoryRow)
-            .where(MemoryRow.id.in_(chunk), *scope_clauses(changes.scope))
-            .order_by(MemoryRow.id)
-            .with_for_update()
-        )
+        columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
+        stmt = select(*columns).where(MemoryRow.id.in_(chunk), *scope_clauses(changes.scope))
+        found.update((i, Scope(user_id=u, agent_id=a, run_id=r)) for i, u, a, r in s.execute(stmt))
+    return found
+
+
+def _leaving_texts(s: Session, changes: ChangeSet, scopes: dict[str, Scope]) -> dict[Scope, set[str]]:
+    """The texts the change set may take out of each exact scope: the deleted memories' texts and the old texts of
+    those it re-words (read once the scopes' locks are held, so no other change set re-words them meanwhile)."""
+    deletes = set(changes.deletes)
+    new_texts = {u.memory_id: u.text for u in changes.updates if u.text is not None}
+    wanted = sorted(i for i in scopes if i in deletes or i in new_texts)
+    leaving: dict[Scope, set[str]] = {}
+    for chunk in chunks(wanted):
+        for memory_id, text in s.execute(select(MemoryRow.id, MemoryRow.text).where(MemoryRow.id.in_(chunk))):
+            if memory_id in deletes or new_texts[memory_id] != text:
+                leaving.setdefault(scopes[memory_id], set()).add(text)
+    return leaving
+
+
+def _lock_rows(s: Session, ids: Iterable[str]) -> dict[str, MemoryRow]:
+    """The rows of ``ids`` (those that still exist), by id, locked ``FOR UPDATE`` in id order.
+
+    Taking every row lock up front, in one order, means two writers that touch the same memories never wait for
+    each other in a cycle (PostgreSQL would abort one as a deadlock); :func:`delete_scope_in_session` locks in the
+    same order. SQLite ignores ``FOR UPDATE`` (its writers hold the file's write lock from ``BEGIN IMMEDIATE``).
+    """
+    rows: dict[str, MemoryRow] = {}
+    for chunk in chunks(sorted(set(ids))):
+        stmt = select(MemoryRow).where(MemoryRow.id.in_(chunk)).order_by(MemoryRow.id).with_for_update()
         rows.update((row.id, row) for row in s.scalars(stmt))
     return rows
 
@@ -258,16 +137,47 @@ def text_lock_key(scope: Scope, text_hash: str) -> int:
     return advisory_key("inferscale.memories", scope.key(), text_hash)
 
 
-def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
-    """Apply a validated change set inside the caller's transaction (deletes, then updates, then adds).
+def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[Scope, MemoryRow]]) -> list[MemoryRow]:
+    """Remove from the holders' contexts every text that left its scope (no memory of exactly that scope holds it
+    after the change), and delete their ``kv_entries`` rows; returns the rows whose context changed."""
+    s.flush()
+    gone: dict[Scope, set[str]] = {}
+    for scope, texts in leaving.items():
+        live = live_hashes(s, scope, {hash_text(t) for t in texts})
+        gone[scope] = {t for t in texts if hash_text(t) not in live}
+    changed: list[MemoryRow] = []
+    for scope, row in holders.values():
+        kept = without_texts(row.context, gone[scope])
+        if kept is not None:
+            row.context = kept
+            changed.append(row)
+    for chunk in chunks([row.id for row in changed]):
+        s.execute(
+            delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
+        )
+    return changed
 
-    Locks come first: the rows the deletes and updates name (``FOR UPDATE``, in id order), then, when
-    ``skip_duplicates`` is set, the scope's texts being added (:func:`text_lock_key`, PostgreSQL advisory locks
-    held to the end of the transaction). So the duplicate check sees every add committed before it, under any
-    concurrency: the same text is stored once per scope on PostgreSQL as on SQLite, whose writers take turns
-    already. The changes' timestamp is taken after the locks (and after SQLite's write lock), so history rows,
-    ``created_at`` and ``updated_at`` follow the order the transactions commit in: before, two writers to one memory
-    could leave its history with times going backwards and ``updated_at`` older than its last change.
+
+def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
+    """Apply a validated change set inside the caller's transaction (deletes, then updates, then adds, then the
+    scrub of the contexts that held a deleted or re-worded text).
+
+    Locks come first, advisory locks (PostgreSQL, held to the end of the transaction) before row locks:
+
+    - the stored contexts of each exact scope the change set touches (:func:`~inferscale.storage.contexts.
+      context_lock_key`): those of the memories it deletes or updates, and its own scope when it adds;
+    - with ``skip_duplicates``, the scope's texts being added (:func:`text_lock_key`), so the duplicate check sees
+      every add committed before it, under any concurrency: the same text is stored once per exact scope on
+      PostgreSQL as on SQLite, whose writers take turns already;
+    - then the rows the deletes and updates name and the rows whose context holds a text they take out of their scope
+      (:mod:`inferscale.storage.contexts`), ``FOR UPDATE``, in id order.
+
+    The changes' timestamp is taken after the locks (and after SQLite's write lock), so history rows, ``created_at``
+    and ``updated_at`` follow the order the transactions commit in: before, two writers to one memory could leave its
+    history with times going backwards and ``updated_at`` older than its last change.
+
+    A duplicate is a text stored in exactly the change set's scope (an id it leaves unset is unset too): a fact added
+    for user ``u1`` is stored though a run of ``u1`` holds it, whose ``delete_all`` would otherwise take it too.
 
     Returns:
         :class:`AppliedChanges`.
@@ -277,10 +187,17 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             transaction then rolls back: nothing is written).
     """
     s.connection()  # the transaction begins now: on SQLite, ``BEGIN IMMEDIATE`` waits for the write lock here
-    rows = _lock_rows(s, changes)
-    if changes.skip_duplicates and changes.adds and changes.scope is not None:
-        scope = changes.scope
-        lock_keys(s, (text_lock_key(scope, hash_text(new.text)) for new in changes.adds))
+    scopes = _named_scopes(s, changes)
+    keys = [context_lock_key(scope) for scope in set(scopes.values())]
+    if changes.adds and changes.scope is not None:
+        keys.append(context_lock_key(changes.scope))
+        if changes.skip_duplicates:
+            keys += [text_lock_key(changes.scope, hash_text(new.text)) for new in changes.adds]
+    lock_keys(s, keys)
+    leaving = _leaving_texts(s, changes, scopes)
+    holder_scopes = {i: scope for scope, texts in leaving.items() for i in context_holders(s, scope, texts)}
+    locked = _lock_rows(s, [*scopes, *holder_scopes])
+    rows = {i: locked[i] for i in scopes if i in locked}
     now = utc_now()
     skipped: list[str] = []
     deleted: list[MemoryRecord] = []
@@ -294,7 +211,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         _delete_memories(s, [record], changes.actor, now)
         deleted.append(record)
     gone = {d.id for d in deleted}
-    updated: list[tuple[MemoryRecord, MemoryRecord]] = []
+    changed: list[tuple[MemoryRecord, MemoryRow]] = []
     for update in changes.updates:
         if update.memory_id in gone:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: it is deleted in the same change set")
@@ -323,47 +240,67 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         row.updated_at = now
         s.add(_history(update.memory_id, "UPDATE", before, row, changes.actor, now))
         s.flush()
-        updated.append((before, MemoryRecord.from_row(row)))
+        changed.append((before, row))
+    added = _add_memories(s, changes, now, skipped)
+    holders = {i: (scope, locked[i]) for i, scope in holder_scopes.items() if i in locked and i not in gone}
+    recontexted = _scrub(s, leaving, holders)
+    s.flush()
+    updated = [(before, MemoryRecord.from_row(row)) for before, row in changed]
+    return AppliedChanges(added, updated, deleted, skipped, [MemoryRecord.from_row(row) for row in recontexted])
+
+
+def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[str]) -> list[MemoryRecord]:
+    """Insert the change set's adds (after its deletes and updates), each with an ``ADD`` history row; returns the new
+    memories. With ``skip_duplicates``, a text stored in exactly the scope, or earlier in the set, is skipped. Each
+    add's neighbour texts that no memory of the scope holds any more are dropped from its context."""
+    if not changes.adds:
+        return []
+    scope = changes.scope
+    if scope is None:
+        raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
+    wanted = {hash_text(turn) for new in changes.adds for turn in new.context[: new.neighbours]}
+    live = live_hashes(s, scope, wanted) if wanted else set()
     added: list[MemoryRecord] = []
     seen: set[str] = set()
     for new in changes.adds:
-        if changes.scope is None:
-            raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
         digest = hash_text(new.text)
         if changes.skip_duplicates:
-            in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *scope_clauses(changes.scope)).limit(1)
+            in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *exact_scope_clauses(scope)).limit(1)
             if digest in seen or s.scalar(in_scope) is not None:
-                skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {changes.scope}")
+                skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {scope}")
                 continue
-        seen.add(digest)
         row = MemoryRow(
             id=str(uuid.uuid4()),
             text=new.text,
             hash=digest,
-            user_id=changes.scope.user_id,
-            agent_id=changes.scope.agent_id,
-            run_id=changes.scope.run_id,
+            user_id=scope.user_id,
+            agent_id=scope.agent_id,
+            run_id=scope.run_id,
             metadata_=new.metadata,
-            context=list(new.context),
+            context=live_neighbours(new.context, new.neighbours, live | seen),
             created_at=now,
             updated_at=now,
         )
+        seen.add(digest)
         s.add(row)
         s.add(_history(row.id, "ADD", None, row, changes.actor, now))
         s.flush()  # assigns the integer key (the vector id)
         added.append(MemoryRecord.from_row(row))
-    s.flush()
-    return AppliedChanges(added, updated, deleted, skipped)
+    return added
 
 
 def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list[MemoryRecord]:
     """Delete every memory of ``scope`` (and their KV entries) with one ``DELETE`` history row each.
 
+    No other memory's context is scrubbed: a deleted text can sit only in the contexts of memories of exactly its
+    memory's scope (:mod:`inferscale.storage.contexts`), and every one of them is in ``scope`` too, so deleted here.
+    The rows are locked in id order first, the order :func:`apply_in_session` locks in.
+
     Returns:
         The deleted memories, oldest first.
     """
-    stmt = select(MemoryRow).where(*scope_clauses(scope)).order_by(MemoryRow.created_at, MemoryRow.pk)
-    rows = s.scalars(stmt).all()
+    stmt = select(MemoryRow).where(*scope_clauses(scope)).order_by(MemoryRow.id).with_for_update()
+    rows = sorted(s.scalars(stmt).all(), key=lambda row: (row.created_at, row.pk))
     records = [MemoryRecord.from_row(row) for row in rows]
     for row in rows:
         s.expunge(row)

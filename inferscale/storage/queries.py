@@ -7,7 +7,8 @@ Arguments are expected to be validated already (:mod:`inferscale.storage.validat
 
 Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
 memory's column (the ids are ANDed; ids the scope leaves unset are not constrained). Only the neighbours a new
-memory is encoded after (:func:`latest_memories`) come from *exactly* its scope, where an unset id must be unset too.
+memory is encoded after (:func:`latest_memories`) and the duplicate check (:func:`find_by_hash`) use *exactly* a
+scope, where an unset id must be unset too.
 """
 
 from __future__ import annotations
@@ -123,10 +124,12 @@ def get_memory(s: Session, memory_id: str, scope: Scope | None = None) -> Memory
 
 
 def find_by_hash(s: Session, text_hash: str, scope: Scope) -> MemoryRecord | None:
-    """The oldest memory in ``scope`` whose text hashes to ``text_hash``, or ``None``."""
+    """The oldest memory of exactly ``scope`` (an id it leaves unset is unset too) whose text hashes to
+    ``text_hash``, or ``None``: the duplicate check of ``add``, which must not take a fact of a narrower scope (a run
+    of the user) for one of the scope, since that scope's ``delete_all`` would delete it."""
     stmt = (
         select(MemoryRow)
-        .where(MemoryRow.hash == text_hash, *scope_clauses(scope))
+        .where(MemoryRow.hash == text_hash, *exact_scope_clauses(scope))
         .order_by(MemoryRow.created_at, MemoryRow.pk)
         .limit(1)
     )
@@ -231,6 +234,7 @@ __all__ = [
     "all_memories",
     "by_vector_ids",
     "chunks",
+    "exact_scope_clauses",
     "find_by_hash",
     "get_kv_entry",
     "get_memory",

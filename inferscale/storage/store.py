@@ -204,7 +204,7 @@ class MemoryStore:
         return self._read(get_memory, memory_id, checked)
 
     def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
-        """The oldest memory in ``scope`` whose text hashes to ``text_hash`` (see :func:`hash_text`), or None.
+        """``add``'s duplicate check: the oldest memory of exactly ``scope`` whose text hashes to ``text_hash``.
 
         Raises:
             InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.

@@ -44,6 +44,20 @@ def test_same_fact_twice_is_one_memory(make: MakeClient) -> None:
     assert gen.titles() == ["ExtractedFacts", "ExtractedFacts"]
 
 
+def test_a_fact_only_a_narrower_scope_holds_is_stored_for_the_broader_one(make: MakeClient) -> None:
+    """The duplicate check used to match the scope's ids ANDed, so a fact stored for run r1 of agent a1 of u1 made
+    the same fact for u1 alone a duplicate, dropped; ``delete_all(user_id="u1", agent_id="a1")`` then took it, and
+    u1 was left without it. A duplicate is now a text stored in exactly the scope."""
+    add_it = json.dumps({"memory": [{"id": "new", "text": PIP, "event": "ADD"}]})
+    m = make(ScriptedGenerator(facts=facts(PIP), decisions=add_it))
+    m.add(PIP, user_id="u1", agent_id="a1", run_id="r1")
+    assert [(r["memory"], r["event"]) for r in m.add(PIP, user_id="u1")["results"]] == [(PIP, "ADD")]
+    assert m.add(PIP, user_id="u1")["results"] == []  # stored in exactly u1 now: a duplicate there
+    assert m.delete_all(user_id="u1", agent_id="a1")["deleted"] == 1
+    kept = m.get_all(user_id="u1")["results"]
+    assert [(r["memory"], r.get("agent_id"), r.get("run_id")) for r in kept] == [(PIP, None, None)]
+
+
 def test_thai_food_preference_is_updated(make: MakeClient) -> None:
     def update(messages: list[dict[str, str]]) -> str:
         (old,) = shown_memories(messages)

@@ -97,6 +97,17 @@ def test_a_chat_sends_openais_body_with_the_inferscale_object_and_returns_the_re
     }
 
 
+@pytest.mark.parametrize("mode", ["kv", None])
+def test_a_chat_naming_no_scope_is_sent_for_the_server_to_fill_in(wire: Wire, mode: Any) -> None:
+    """As ``search``: the server fills in the user of a key bound to one, or refuses the chat (ScopeError). It used to
+    be refused here before sending, so a key bound to one user could search without ids but not chat. The
+    ``inferscale`` object is always sent, so the server never takes it for a plain OpenAI request (answered
+    without memory)."""
+    wire.answer(httpx.Response(200, json=completion()))
+    assert wire.client().chat("What is my dog called?", mode=mode) == RESULT
+    assert wire.body()["inferscale"] == ({"mode": mode} if mode else {})
+
+
 def test_a_conversation_of_message_objects_and_dicts_is_sent_as_openai_messages(wire: Wire) -> None:
     wire.answer(httpx.Response(200, json=completion()))
     messages = [ChatMessage("system", "Be brief."), {"role": "user", "content": "Hi", "name": "maya"}]

@@ -53,6 +53,17 @@ def test_store_add_keeps_duplicates_while_change_sets_skip_them(store: MemorySto
     assert [m.id for m in store.list(ALICE)] == [first.id, second.id]
 
 
+def test_change_sets_skip_only_duplicates_of_exactly_their_scope(store: MemoryStore) -> None:
+    """A text a narrower scope (a run of the user) holds is no duplicate for the user, and the other way round."""
+    run = Scope(user_id="alice", agent_id="a1", run_id="r1")
+    store.add("likes tea", run)
+    (mine,) = store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"),))).added
+    assert store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"),))).added == []
+    assert store.find_by_hash(hash_text("likes tea"), ALICE) == mine
+    store.add("lives in Porto", ALICE)
+    assert len(store.apply(ChangeSet(run, adds=(NewMemory("lives in Porto"),))).added) == 1
+
+
 def test_change_sets_are_validated_like_store_calls() -> None:
     one_turn: Any = "one turn"  # a str where a tuple of turns belongs
     with pytest.raises(InvalidInputError, match="context must be a list of str"):

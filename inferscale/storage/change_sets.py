@@ -1,0 +1,205 @@
+"""What a change set is: the memories to add, update and delete in one transaction, what applying one did, and
+the checks every change passes before anything is written (applied by
+:func:`inferscale.storage.changes.apply_in_session`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferscale.errors import InvalidInputError
+from inferscale.scope import Scope
+from inferscale.storage.records import MemoryRecord
+from inferscale.storage.validation import (
+    check_actor,
+    check_context,
+    check_count,
+    check_id,
+    check_metadata,
+    check_scope,
+    check_text,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewMemory:
+    """A memory to add.
+
+    Attributes:
+        text: the fact, stored as given.
+        metadata: JSON-serialisable user metadata (never scope ids).
+        context: the conversation turns the fact's KV is encoded after (oldest first).
+        neighbours: how many of the first ``context`` entries are texts of memories of the change set's scope (read
+            before the transaction, or added earlier in the same set). Each must still be held by a memory of exactly
+            that scope when the add is written, or it is dropped (:mod:`inferscale.storage.contexts`); the entries
+            after them (an ``add(infer=True)`` call's own rendered turns) are kept as given.
+    """
+
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    context: tuple[str, ...] = ()
+    neighbours: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUpdate:
+    """A change to an existing memory: a new text, new metadata (replaces the dict), or both."""
+
+    memory_id: str
+    text: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeSet:
+    """Changes applied in one transaction.
+
+    Attributes:
+        scope: the scope adds are written in and updates/deletes must belong to; ``None`` only for a set
+            without adds (an update or delete by id).
+        adds, updates, deletes: the changes; deletes name memory ids.
+        actor: who made the changes, recorded in every history row.
+        strict: raise :class:`MemoryNotFoundError` for an update or delete of an unknown id (explicit calls);
+            otherwise such a change is skipped with a warning (LLM decisions).
+        skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history).
+        skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
+            ``updated_at``); otherwise it is written like any other update.
+    """
+
+    scope: Scope | None
+    adds: tuple[NewMemory, ...] = ()
+    updates: tuple[MemoryUpdate, ...] = ()
+    deletes: tuple[str, ...] = ()
+    actor: str | None = None
+    strict: bool = False
+    skip_duplicates: bool = True
+    skip_unchanged: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedChanges:
+    """What a :class:`ChangeSet` did.
+
+    Attributes:
+        added: the new memories, in the order of ``adds`` (skipped duplicates left out).
+        updated: ``(before, after)`` pairs, in the order of ``updates`` (skipped updates left out).
+        deleted: the memories as they were before deletion.
+        skipped: one human-readable reason per change that was not applied.
+        recontexted: memories whose stored context lost the text of a deleted or re-worded memory of their scope
+            (:mod:`inferscale.storage.contexts`), as after the change; their ``kv_entries`` rows are deleted, and
+            their K/V are to be dropped and encoded again (their encoding key covers the context).
+    """
+
+    added: list[MemoryRecord]
+    updated: list[tuple[MemoryRecord, MemoryRecord]]
+    deleted: list[MemoryRecord]
+    skipped: list[str]
+    recontexted: list[MemoryRecord] = field(default_factory=list)
+
+
+# ---- building and checking change sets -------------------------------------------------------------------------
+
+
+def validate_changes(changes: ChangeSet) -> ChangeSet:
+    """Check every text, id and metadata dict before anything is written.
+
+    Returns:
+        The change set with metadata deep-copied into plain JSON values.
+
+    Raises:
+        InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, a
+            scope that is not a Scope, or adds without a scope.
+    """
+    if changes.adds and changes.scope is None:
+        raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
+    scope = check_scope(changes.scope) if changes.scope is not None else None
+    adds = tuple(_checked_add(a) for a in changes.adds)
+    updates: list[MemoryUpdate] = []
+    for u in changes.updates:
+        if u.text is None and u.metadata is None:
+            raise InvalidInputError(f"nothing to update for memory {u.memory_id!r}: pass text, metadata or both")
+        updates.append(
+            MemoryUpdate(
+                check_id(u.memory_id),
+                check_text(u.text) if u.text is not None else None,
+                check_metadata(u.metadata) if u.metadata is not None else None,
+            )
+        )
+    deletes = tuple(check_id(d) for d in changes.deletes)
+    actor = check_actor(changes.actor)
+    return ChangeSet(
+        scope,
+        adds,
+        tuple(updates),
+        deletes,
+        actor,
+        changes.strict,
+        changes.skip_duplicates,
+        changes.skip_unchanged,
+    )
+
+
+def _checked_add(new: NewMemory) -> NewMemory:
+    """``new`` validated, its metadata deep-copied.
+
+    Raises:
+        InvalidInputError: for an empty text, non-JSON metadata, non-str context, or ``neighbours`` that is not an
+            int from 0 to the number of context turns.
+    """
+    context = tuple(check_context(new.context))
+    neighbours = check_count(new.neighbours, "neighbours")
+    if neighbours > len(context):
+        raise InvalidInputError(f"neighbours is {neighbours}, more than the {len(context)} context turns")
+    return NewMemory(check_text(new.text), check_metadata(new.metadata), context, neighbours)
+
+
+def add_change(
+    text: object, scope: object, metadata: object = None, context: object = None, actor: object = None
+) -> ChangeSet:
+    """The validated one-add change set of ``MemoryStore.add``: duplicates are stored too.
+
+    Raises:
+        InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata, non-str context or a bad actor.
+    """
+    new = NewMemory(check_text(text), check_metadata(metadata), tuple(check_context(context)))
+    return ChangeSet(check_scope(scope), adds=(new,), actor=check_actor(actor), skip_duplicates=False)
+
+
+def update_change(memory_id: object, text: object, metadata: object = None, actor: object = None) -> ChangeSet:
+    """The validated one-update change set of ``MemoryStore.update``: strict, and written even when nothing
+    changes (an ``UPDATE`` history row and a new ``updated_at``).
+
+    Raises:
+        InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either (or the id, or the actor) is
+            invalid.
+    """
+    memory_id = check_id(memory_id)
+    new_text = check_text(text) if text is not None else None
+    new_meta = check_metadata(metadata) if metadata is not None else None
+    checked_actor = check_actor(actor)
+    if new_text is None and new_meta is None:
+        raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text, metadata or both")
+    update = MemoryUpdate(memory_id, new_text, new_meta)
+    return ChangeSet(None, updates=(update,), actor=checked_actor, strict=True, skip_unchanged=False)
+
+
+def delete_change(memory_id: object, actor: object = None) -> ChangeSet:
+    """The validated strict one-delete change set of ``MemoryStore.delete``.
+
+    Raises:
+        InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
+    """
+    return ChangeSet(None, deletes=(check_id(memory_id),), actor=check_actor(actor), strict=True)
+
+
+__all__ = [
+    "AppliedChanges",
+    "ChangeSet",
+    "MemoryUpdate",
+    "NewMemory",
+    "add_change",
+    "delete_change",
+    "update_change",
+    "validate_changes",
+]
