@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -88,6 +89,9 @@ def write(data_dir: str, db_url: str, log_path: str, seed: int, n_ops: int) -> N
                     raise AssertionError(f"memory {memory_id} vanished under its only writer")
                 client.memory_kv([record])
                 _log(log, "ack", {"op": "kv", "id": memory_id, "hash": record.hash}, sync=True)
+    # Wait for the kill: a kill aimed after the last write (at most 10 ms late) must not find the writer exited.
+    while True:
+        signal.pause()
 
 
 def preload() -> None:
