@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
@@ -35,6 +36,7 @@ from inferscale.storage.validation import (
     check_scope,
     check_text,
     json_copy,
+    same_json,
 )
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ class ChangeSet:
             otherwise such a change is skipped with a warning (LLM decisions).
         skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history).
         skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
-            ``updated_at``); otherwise it is written like any other update.
+            ``updated_at``); otherwise it is written like any other update. Metadata is unchanged only when it is the
+            same JSON, types included (``True`` is not ``1``, ``1.0`` is not ``1``).
     """
 
     scope: Scope | None
@@ -265,7 +268,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
-        same_meta = update.metadata is None or update.metadata == row.metadata_
+        same_meta = update.metadata is None or same_json(update.metadata, row.metadata_)
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
@@ -280,6 +283,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             )
         if update.metadata is not None:
             row.metadata_ = update.metadata
+            # SQLAlchemy skips writing a JSON value equal (by ==) to the loaded one, and == calls True equal to 1.
+            flag_modified(row, "metadata_")
         row.updated_at = now
         s.add(_history(update.memory_id, "UPDATE", before, row, changes.actor, now))
         s.flush()
