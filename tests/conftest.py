@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -77,18 +78,10 @@ def _postgres_base_url() -> str | None:
     return None
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database URL per backend: a SQLite file under ``tmp_path``, then a fresh, empty schema on the PostgreSQL
-    server (its connections use it through libpq's ``search_path`` option; dropped with its tables after the test).
-    The PostgreSQL case is skipped when psycopg is missing or no server answers."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/db/memory.db"
-        return
-    base = _postgres_base_url()
-    if base is None:
-        roles = ", ".join(PG_ROLES)
-        pytest.skip(f"no PostgreSQL server answered at {PG_HOST}/{PG_DATABASE} (roles {roles}, trust auth)")
+@contextmanager
+def _fresh_postgres_schema(base: str) -> Iterator[str]:
+    """A URL on a fresh, empty schema of the PostgreSQL server at ``base`` (its connections use it through libpq's
+    ``search_path`` option), dropped with its tables on exit."""
     from sqlalchemy import create_engine, text
 
     schema = f"inferscale_test_{uuid.uuid4().hex[:12]}"
@@ -101,6 +94,34 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'drop schema "{schema}" cascade'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database URL per backend: a SQLite file under ``tmp_path``, then a fresh, empty schema on the PostgreSQL
+    server (its connections use it through libpq's ``search_path`` option; dropped with its tables after the test).
+    The PostgreSQL case is skipped when psycopg is missing or no server answers."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/db/memory.db"
+        return
+    base = _postgres_base_url()
+    if base is None:
+        roles = ", ".join(PG_ROLES)
+        pytest.skip(f"no PostgreSQL server answered at {PG_HOST}/{PG_DATABASE} (roles {roles}, trust auth)")
+    with _fresh_postgres_schema(base) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url_or_none() -> Iterator[str | None]:
+    """A fresh, empty PostgreSQL schema's URL as ``db_url`` gives it, or ``None`` when psycopg is missing or no server
+    answers: for a test that compares the backends side by side and still runs on SQLite alone without a server."""
+    base = _postgres_base_url()
+    if base is None:
+        yield None
+        return
+    with _fresh_postgres_schema(base) as url:
+        yield url
 
 
 # ---- the slow marker ---------------------------------------------------------------------------------------------
