@@ -42,7 +42,7 @@ from property_support import backend_of, count_case, suite_settings, timed
 from inferscale import MemoryClient
 from inferscale.errors import MemoryNotFoundError, ScopeError
 
-EXAMPLES = 40
+EXAMPLES = 60
 """Sequences per backend in CI (each up to :data:`STEPS` calls)."""
 
 STEPS = 25
