@@ -255,14 +255,21 @@ def parse_timestamp(value: object, where: str = "timestamp") -> datetime:
     """A tz-aware UTC datetime from a datetime, a date, an ISO 8601 string or epoch seconds (naive = UTC).
 
     Raises:
-        InvalidInputError: for any other value, or a string that is not ISO 8601.
+        InvalidInputError: for any other value, a string that is not ISO 8601, or a moment outside what a UTC
+            datetime holds (years 1 to 9999): epoch seconds beyond it, NaN or an infinity, or a time near either end
+            whose offset carries it past (``"9999-12-31T23:59:59-05:00"``).
     """
     if isinstance(value, datetime):
         parsed = value
     elif isinstance(value, date):
         parsed = datetime(value.year, value.month, value.day)
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(float(value), UTC)
+        try:
+            return datetime.fromtimestamp(float(value), UTC)
+        except (OverflowError, OSError, ValueError) as exc:  # what fromtimestamp raises varies with the platform
+            raise InvalidInputError(
+                f"{where} is {value!r} epoch seconds, outside the years 1 to 9999 a timestamp can hold ({exc})"
+            ) from exc
     elif isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
@@ -270,7 +277,14 @@ def parse_timestamp(value: object, where: str = "timestamp") -> datetime:
             raise InvalidInputError(f"{where} is {value!r}; write timestamps as ISO 8601, e.g. '2024-07-01'") from exc
     else:
         raise InvalidInputError(f"{where} is {value!r}; use an ISO 8601 string, a datetime or epoch seconds")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError as exc:
+        raise InvalidInputError(
+            f"{where} is {value!r}, which in UTC falls outside the years 1 to 9999 a timestamp can hold"
+        ) from exc
 
 
 def required_ids(node: Filter | None) -> dict[str, str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from databases import database_url
+from databases import database_url, postgres_base_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,6 +54,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     server, dropped after the test (:func:`databases.database_url`). The PostgreSQL case is skipped when psycopg is
     missing or no server answers."""
     with database_url(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url_or_none(tmp_path: Path) -> Iterator[str | None]:
+    """A fresh, empty PostgreSQL schema's URL as ``db_url`` gives it, or ``None`` when psycopg is missing or no server
+    answers: for a test that compares the backends side by side and still runs on SQLite alone without a server."""
+    if postgres_base_url() is None:
+        yield None
+        return
+    with database_url("postgres", tmp_path) as url:
         yield url
 
 

@@ -64,7 +64,8 @@ class ChangeSet:
             otherwise such a change is skipped with a warning (LLM decisions).
         skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history).
         skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
-            ``updated_at``); otherwise it is written like any other update.
+            ``updated_at``); otherwise it is written like any other update. Metadata is unchanged only when it is the
+            same JSON, types included (``True`` is not ``1``, ``1.0`` is not ``1``).
     """
 
     scope: Scope | None

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
@@ -45,7 +46,7 @@ from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
-from inferscale.storage.validation import json_copy
+from inferscale.storage.validation import json_copy, same_json
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
-        same_meta = update.metadata is None or update.metadata == row.metadata_
+        same_meta = update.metadata is None or same_json(update.metadata, row.metadata_)
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
@@ -237,6 +238,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             )
         if update.metadata is not None:
             row.metadata_ = update.metadata
+            # SQLAlchemy skips writing a JSON value equal (by ==) to the loaded one, and == calls True equal to 1.
+            flag_modified(row, "metadata_")
         row.updated_at = now
         s.add(_history(update.memory_id, "UPDATE", before, row, changes.actor, now))
         s.flush()

@@ -15,6 +15,7 @@ from sqlalchemy.pool import StaticPool
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from inferscale.errors import ConfigError
+from inferscale.storage.case_fold import SQLITE_FUNCTION, sqlite_fold
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 WRITE_OPTION = "inferscale_write"
@@ -93,6 +94,8 @@ def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
+    # The icontains filter's case folding, the same as PostgreSQL's (see inferscale.storage.case_fold).
+    dbapi_connection.create_function(SQLITE_FUNCTION, 1, sqlite_fold, deterministic=True)
 
 
 def _sqlite_begin(conn: Connection) -> None:
@@ -107,8 +110,8 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 def configure_sqlite(engine: Engine) -> None:
-    """Install the SQLite connection settings (pragmas, explicit BEGIN) on ``engine`` (also an async engine's
-    ``sync_engine``)."""
+    """Install the SQLite connection settings (pragmas, explicit BEGIN, the ``icontains`` case-folding function) on
+    ``engine`` (also an async engine's ``sync_engine``)."""
     event.listen(engine, "connect", _set_sqlite_pragmas)
     event.listen(engine, "begin", _sqlite_begin)
 

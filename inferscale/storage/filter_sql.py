@@ -7,7 +7,8 @@ SQLite's path labels match a key's stored (escaped) spelling, so ``$."café"`` m
 operand only matches JSON strings, a number only JSON numbers, a bool only JSON booleans, ``None`` only JSON null.
 On PostgreSQL, casts are guarded by ``CASE`` so that a row whose value has another type never reaches a cast (it would
 raise on ``CAST('abc' AS FLOAT)``). ``NOT``, ``ne`` and ``nin`` are two-valued: a memory that lacks the field is
-"not equal".
+"not equal". ``icontains`` folds case with one table on both backends (:mod:`inferscale.storage.case_fold`), never
+with SQL's ``lower()``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, false, func, not_, null, or_, 
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from inferscale.filters import And, Condition, FieldValue, Filter, Not, Or
+from inferscale.storage.case_fold import SQLITE_FUNCTION, fold, fold_pairs
 from inferscale.storage.models import MemoryRow
 
 _T = TypeVar("_T")
@@ -105,9 +107,20 @@ def _compare(expr: ColumnElement[_T], op: str, value: object) -> ColumnElement[b
 
 def _contains(expr: ColumnElement[Any], needle: str, dialect: str, fold_case: bool) -> ColumnElement[bool]:
     if fold_case:
-        expr, needle = func.lower(expr), needle.lower()
+        expr, needle = _folded(expr, dialect), fold(needle)
     position = func.strpos(expr, needle) if dialect == "postgresql" else func.instr(expr, needle)
     return position > 0
+
+
+def _folded(expr: ColumnElement[Any], dialect: str) -> ColumnElement[Any]:
+    """``expr`` case-folded as :func:`~inferscale.storage.case_fold.fold` folds the needle: ``translate`` on
+    PostgreSQL, the registered Python function on SQLite (never SQL's ``lower``, which differs by backend and
+    locale)."""
+    if dialect == "postgresql":
+        upper, lower = fold_pairs()
+        return func.translate(expr, upper, lower)
+    folded: ColumnElement[Any] = getattr(func, SQLITE_FUNCTION)(expr)  # func.<name> is built by attribute access
+    return folded
 
 
 # ---- metadata (JSON) -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ leaves nothing written, whether it came from a caller or from the extraction LLM
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,6 +111,13 @@ def json_copy(value: Any) -> Any:
     return value
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two checked JSON values are the same JSON: types included, object key order aside. Python's ``==``
+    is not enough: it calls ``True`` equal to ``1`` and ``1.0`` equal to ``1``, which JSON (and a filter on the
+    value) tells apart."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def check_metadata(metadata: object) -> dict[str, Any]:
     """A deep copy of ``metadata`` (``None`` → ``{}``), tuples turned into lists as JSON stores them.
 
@@ -188,4 +196,5 @@ __all__ = [
     "check_text",
     "check_vector_ids",
     "json_copy",
+    "same_json",
 ]

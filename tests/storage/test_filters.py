@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
+
 import pytest
 
 from inferscale.errors import InvalidInputError, ScopeError
@@ -53,3 +55,32 @@ def test_required_ids_are_the_anded_equalities() -> None:
     assert required_ids(parse_filters({"user_id": {"in": ["a"]}})) == {}
     with pytest.raises(ScopeError):
         required_ids(parse_filters({"AND": [{"user_id": "a"}, {"user_id": "b"}]}))
+
+
+# Found by the bad-input fuzzing (tests/properties): each of these raised an untyped OverflowError, OSError or
+# ValueError out of datetime instead of InvalidInputError, on both backends.
+@pytest.mark.parametrize(
+    "moment",
+    [
+        1e300,  # OverflowError: timestamp out of range for platform time_t
+        -(2**63),  # OSError: [Errno 75] Value too large for defined data type
+        10**12,  # ValueError: year 33658 is out of range
+        253402300800,  # ValueError: year 10000 is out of range (one second after 9999-12-31T23:59:59Z)
+        -62135596801,  # ValueError: year 0 is out of range
+        "9999-12-31T23:59:59-05:00",  # OverflowError: date value out of range (in UTC)
+        "0001-01-01T00:00:00+01:00",
+        datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("op", ["eq", "gt", "in"])
+def test_a_timestamp_beyond_the_years_a_datetime_holds_is_invalid_input(moment: object, op: str) -> None:
+    with pytest.raises(InvalidInputError, match="years 1 to 9999"):
+        parse_filters({"created_at": {op: [moment] if op == "in" else moment}})
+
+
+def test_the_first_and_last_moments_a_datetime_holds_are_timestamps() -> None:
+    assert parse_timestamp(253402300799) == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    assert parse_timestamp(-62135596800) == datetime(1, 1, 1, tzinfo=UTC)
+    assert parse_timestamp("9999-12-31T23:59:59+00:00") == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    assert parse_timestamp("0001-01-01T01:00:00+01:00") == datetime(1, 1, 1, tzinfo=UTC)
