@@ -116,7 +116,13 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
 ) -> None:
     monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)  # the crash was long ago
     writer = _open(kind, tmp_path, db_url, engine)
-    ids = [writer.add(fact, user_id="maya", infer=False, encode_kv=True)["results"][0]["id"] for fact in FACTS]
+    # One user per fact: no fact is in another's context, so a delete or re-wording changes only its own entries
+    # (a text leaving a scope also leaves the scope's other contexts: tests/api/test_deleted_text.py).
+    users = [f"maya{i}" for i in range(len(FACTS))]
+    ids = [
+        writer.add(fact, user_id=user, infer=False, encode_kv=True)["results"][0]["id"]
+        for fact, user in zip(FACTS, users, strict=True)
+    ]
     writer.close()
     kv = tmp_path / "kv"
     store = MemoryStore(db_url)
@@ -157,7 +163,7 @@ def test_a_crash_between_sql_and_the_derived_stores_is_repaired(
         if trigger == "reconcile":
             assert reopened.reconcile() == expected
         else:  # the first use of the index reconciles on its own, and logs what it repaired
-            reopened.search(NEW_TEXT, user_id="maya", limit=1)
+            reopened.search(NEW_TEXT, user_id=users[1], limit=1)
             counts = {name: count for name, count in expected.as_dict().items() if count}
             assert f"reconciled the derived stores with SQL: {counts}" in caplog.messages
     assert not (kv / ids[0]).exists()

@@ -80,6 +80,7 @@ def share_new_database(url: str, barrier: Any, results: Any, worker: int, texts:
             barrier.wait()
             target = store.find_by_hash(hash_text(texts[0]), SCOPE)
             assert target is not None, f"{texts[0]!r} was not stored"
+            barrier.wait()  # every worker has found the memory before any update re-words it
             acknowledged = []
             for i in range(n_updates):
                 update = f"worker {worker} update {i}"
