@@ -53,7 +53,7 @@ from inferscale.scope import Scope
 from inferscale.steps import arun_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
-from inferscale.storage.changes import AppliedChanges, ChangeSet
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 
 if TYPE_CHECKING:

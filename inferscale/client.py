@@ -46,7 +46,7 @@ from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.steps import run_steps
 from inferscale.storage import MemoryRecord
-from inferscale.storage.changes import AppliedChanges, ChangeSet
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope
 from inferscale.steps import LatestMemories, Steps, StoredText
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
-from inferscale.storage.changes import ChangeSet, MemoryUpdate, NewMemory
+from inferscale.storage.change_sets import ChangeSet, MemoryUpdate, NewMemory
 from inferscale.types import ChatChunk, ChatResult, Timings
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope
 from inferscale.steps import RecordsByVectorId, Steps, Versions
 from inferscale.storage import MemoryRecord, MemoryStore
-from inferscale.storage.changes import AppliedChanges
+from inferscale.storage.change_sets import AppliedChanges
 from inferscale.storage.records import MemoryVersions
 
 log = logging.getLogger(__name__)

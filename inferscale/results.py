@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferscale.storage import HistoryRecord, MemoryRecord
-from inferscale.storage.changes import AppliedChanges
+from inferscale.storage.change_sets import AppliedChanges
 
 
 def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ The async store lives in :mod:`inferscale.storage.async_store` (imported on dema
 ``aiosqlite``).
 """
 
-from inferscale.storage.changes import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
 from inferscale.storage.database import make_engine
 from inferscale.storage.models import Base, HistoryRow, KVEntryRow, MemoryRow
 from inferscale.storage.records import HistoryEvent, HistoryRecord, KVEntryRecord, MemoryRecord, hash_text

@@ -24,17 +24,15 @@ from sqlalchemy.pool import StaticPool
 from inferscale.errors import ConfigError
 from inferscale.filters import Filter
 from inferscale.scope import Scope
-from inferscale.storage.changes import (
+from inferscale.storage.change_sets import (
     AppliedChanges,
     ChangeSet,
     add_change,
-    apply_in_session,
     delete_change,
-    delete_scope_in_session,
-    reset_in_session,
     update_change,
     validate_changes,
 )
+from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
 from inferscale.storage.database import WRITE_OPTION, configure_sqlite, enable_wal, sqlite_file
 from inferscale.storage.kv_entries import (
     NewKVEntry,

@@ -1,11 +1,10 @@
 """Every write to memories and their history: change sets, scope deletion and reset (KV entries:
 :mod:`inferscale.storage.kv_entries`).
 
-A :class:`ChangeSet` (adds, updates, deletes in one scope; :mod:`inferscale.storage.change_sets`, whose names this
-module exports too) is applied by :func:`apply_in_session` inside one transaction: either every row and history row
-is written, or none is. Single adds, updates and deletes of the stores are one-change sets built by
-:func:`add_change`, :func:`update_change` and :func:`delete_change`. A deletion or re-wording also takes the old text
-out of the stored contexts of its scope's other memories (:mod:`inferscale.storage.contexts`).
+A :class:`ChangeSet` (adds, updates, deletes in one scope; built and checked in :mod:`inferscale.storage.change_sets`,
+single changes by its ``add_change``, ``update_change`` and ``delete_change``) is applied by :func:`apply_in_session`
+inside one transaction: either every row and history row is written, or none is. A deletion or re-wording also takes
+the old text out of the stored contexts of its scope's other memories (:mod:`inferscale.storage.contexts`).
 
 Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
 :class:`~inferscale.storage.MemoryStore` runs it directly and
@@ -25,16 +24,7 @@ from sqlalchemy.orm.attributes import flag_modified
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
-from inferscale.storage.change_sets import (
-    AppliedChanges,
-    ChangeSet,
-    MemoryUpdate,
-    NewMemory,
-    add_change,
-    delete_change,
-    update_change,
-    validate_changes,
-)
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.storage.contexts import (
     context_holders,
     context_lock_key,
@@ -318,17 +308,4 @@ def reset_in_session(s: Session) -> None:
     s.execute(delete(MemoryRow))
 
 
-__all__ = [
-    "AppliedChanges",
-    "ChangeSet",
-    "MemoryUpdate",
-    "NewMemory",
-    "add_change",
-    "apply_in_session",
-    "delete_change",
-    "delete_scope_in_session",
-    "reset_in_session",
-    "text_lock_key",
-    "update_change",
-    "validate_changes",
-]
+__all__ = ["apply_in_session", "delete_scope_in_session", "reset_in_session", "text_lock_key"]

@@ -25,17 +25,15 @@ from sqlalchemy.orm import Session
 from inferscale.errors import ConfigError
 from inferscale.filters import Filter
 from inferscale.scope import Scope
-from inferscale.storage.changes import (
+from inferscale.storage.change_sets import (
     AppliedChanges,
     ChangeSet,
     add_change,
-    apply_in_session,
     delete_change,
-    delete_scope_in_session,
-    reset_in_session,
     update_change,
     validate_changes,
 )
+from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
 from inferscale.storage.database import WRITE_OPTION, make_engine
 from inferscale.storage.kv_entries import (
     NewKVEntry,
@@ -273,7 +271,7 @@ class MemoryStore:
         """Apply adds, updates and deletes with their history rows in one transaction (all or nothing).
 
         Returns:
-            :class:`~inferscale.storage.changes.AppliedChanges`: what was added, updated, deleted and skipped.
+            :class:`~inferscale.storage.change_sets.AppliedChanges`: what was added, updated, deleted and skipped.
 
         Raises:
             InvalidInputError: for an invalid change (nothing is written).

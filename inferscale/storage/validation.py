@@ -3,7 +3,7 @@
 
 Every string that is stored or used in a query (texts, ids, metadata keys and values at any depth, context turns)
 passes :func:`inferscale.storable.check_storable`: no lone surrogate, no NUL, on both backends alike. The write path
-(:mod:`inferscale.storage.changes`) checks a whole change set before its transaction starts, so a refused value
+(:mod:`inferscale.storage.change_sets`) checks a whole change set before its transaction starts, so a refused value
 leaves nothing written, whether it came from a caller or from the extraction LLM."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
 from inferscale.storage import ChangeSet, MemoryStore, MemoryUpdate, NewMemory, hash_text
-from inferscale.storage.changes import validate_changes
+from inferscale.storage.change_sets import validate_changes
 
 ALICE = Scope(user_id="alice")
 BOB = Scope(user_id="bob")
