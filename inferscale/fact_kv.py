@@ -2,9 +2,12 @@
 
 A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint (weights, dtype, whole config,
 whole tokenizer) and its encoding key (the system prefix's token ids, its context turns, w, the encoding mode, the
-position bucket): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited text, another model,
-system prompt, context or setting is a miss and the fact is encoded again; entries of an older key format are
-pruned when their memory is encoded again.
+position bucket, the storage format): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited
+text, another model, system prompt, context or setting is a miss and the fact is encoded again; entries of an older
+key format or of another storage format are pruned when their memory is encoded again.
+
+With an 8-bit ``kv.storage_format`` a fact is quantised once, right after it is encoded (pre-RoPE keys), and is
+stored, cached and returned in 8 bits; the engine dequantises it when it assembles the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
+from inferscale.kv.quantization import storage_tag
 from inferscale.kv.serving import bucket_per_fact, gap_for_bucket
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -61,10 +65,12 @@ class FactKVManager:
         return list(record.context[-window:]) if window and record.context else []
 
     def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
-        """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings and a
-        digest over them, the system prefix's token ids and ``record``'s context turns
-        (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
-        return encoding_key(self._prefix_digest(), self._turns(record), self._config.context_window, bucket)
+        """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings (an
+        8-bit storage format among them) and a digest over them, the system prefix's token ids and ``record``'s
+        context turns (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
+        config = self._config
+        turns = self._turns(record)
+        return encoding_key(self._prefix_digest(), turns, config.context_window, bucket, config.storage_format)
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
         """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
@@ -89,7 +95,8 @@ class FactKVManager:
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
         offset in the memory segment (:func:`inferscale.kv.serving.bucket_per_fact`); store hits as they are,
-        misses encoded in batches and stored.
+        misses encoded in batches, quantised to ``kv.storage_format`` and stored (returned as stored: 8-bit ones
+        as codes and scales).
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key (never injected).
@@ -115,7 +122,8 @@ class FactKVManager:
         missing = [i for i, fact in enumerate(found) if fact is None]
         if missing:
             encoded = self._engine.encode_facts([self.encode_request(*wanted[i]) for i in missing])
-            for i, fact in zip(missing, encoded, strict=True):
+            for i, fresh in zip(missing, encoded, strict=True):
+                fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
                 record, bucket = wanted[i]
                 key = self.key(record, bucket)
                 # The row is committed before the file is renamed into place, so a file on disk always has its
@@ -135,13 +143,19 @@ class FactKVManager:
                 # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact
-            # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
-            self._store.prune({wanted[i][0].id for i in missing}, lambda key: is_current_encoding(key.encoding_key))
+            # Entries of an older key format or another storage format can never hit again: drop them as their
+            # memories are encoded anew.
+            self._store.prune({wanted[i][0].id for i in missing}, self._is_current)
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
         complete = [fact for fact in found if fact is not None]
         if len(complete) != len(found):
             raise AssertionError("every K/V lookup miss is encoded above")
         return complete
+
+    def _is_current(self, key: KVKey) -> bool:
+        """Whether ``key`` can still be looked up: this version's encoding format and the configured storage
+        format."""
+        return is_current_encoding(key.encoding_key) and key.storage_tag == storage_tag(self._config.storage_format)
 
     def forget(self, memory_id: str) -> None:
         """Remove a memory's K/V from every tier and its ``kv_entries`` rows (after a delete or a new text, the
