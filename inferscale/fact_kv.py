@@ -3,8 +3,8 @@
 A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint (weights, dtype, whole config,
 whole tokenizer) and its encoding key (the system prefix's token ids, its context turns, w, the encoding mode, the
 position bucket, the storage format): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited
-text, another model, system prompt, context or setting is a miss and the fact is encoded again; entries of an older
-key format or of another storage format are pruned when their memory is encoded again.
+text, another model, system prompt, context or setting (the storage format among them) is a miss and the fact is
+encoded again; entries of an older key format are pruned when their memory is encoded again.
 
 With an 8-bit ``kv.storage_format`` a fact is quantised once, right after it is encoded (pre-RoPE keys), and is
 stored, cached and returned in 8 bits; the engine dequantises it when it assembles the cache.
@@ -20,7 +20,6 @@ from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
-from inferscale.kv.quantization import storage_tag
 from inferscale.kv.serving import bucket_per_fact, gap_for_bucket
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -143,19 +142,13 @@ class FactKVManager:
                 # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
                 # process read that file); without one, ``location`` is a tier name, not a file.
                 found[i] = fact.with_source(location) if self._store.directory is not None else fact
-            # Entries of an older key format or another storage format can never hit again: drop them as their
-            # memories are encoded anew.
-            self._store.prune({wanted[i][0].id for i in missing}, self._is_current)
+            # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
+            self._store.prune({wanted[i][0].id for i in missing}, lambda key: is_current_encoding(key.encoding_key))
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
         complete = [fact for fact in found if fact is not None]
         if len(complete) != len(found):
             raise AssertionError("every K/V lookup miss is encoded above")
         return complete
-
-    def _is_current(self, key: KVKey) -> bool:
-        """Whether ``key`` can still be looked up: this version's encoding format and the configured storage
-        format."""
-        return is_current_encoding(key.encoding_key) and key.storage_tag == storage_tag(self._config.storage_format)
 
     def forget(self, memory_id: str) -> None:
         """Remove a memory's K/V from every tier and its ``kv_entries`` rows (after a delete or a new text, the

@@ -81,6 +81,10 @@ class FidelitySetting(BaseModel):
         context_window: w, the conversation turns before each memory it is encoded after (laid out as memory
             lines; the case's ``contexts``), as ``KVConfig.context_window``.
         storage_format: how the facts' K/V are stored, as ``KVConfig.storage_format``.
+        encode_alone: encode each fact in a forward pass of its own, not batched with the case's other facts: the
+            same K/V up to the kernels' rounding, which the batch shape changes (in bfloat16, by about 0.6% of
+            their norm). Against a batched reference it measures the noise the product already accepts: a control
+            for the rounding another setting adds (8-bit storage).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -92,6 +96,7 @@ class FidelitySetting(BaseModel):
     position_buckets: PositionBuckets = (0,)
     context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
     storage_format: StorageFormat = "model"
+    encode_alone: bool = False
 
     @classmethod
     def from_kv(cls, kv: KVConfig, name: str = "") -> FidelitySetting:
@@ -118,7 +123,8 @@ class FidelitySetting(BaseModel):
             return self.name
         buckets = "/".join(map(str, self.position_buckets))
         stored = "" if self.storage_format == "model" else f" kv={self.storage_format}"
-        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}"
+        alone = " encoded alone" if self.encode_alone else ""
+        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}{alone}"
 
 
 _REPEAT_N = 4
@@ -159,14 +165,22 @@ class SettingSummary:
     ttft_prompt_ms: float
 
 
+_FactKey = tuple[str, tuple[str, ...], int, bool]
+"""(text, context turns, position bucket, encoded alone): what a fact's K/V depend on in a fidelity run."""
+
+
 class FactCache:
-    """Encoded facts of one engine (system prompt), keyed by (text, context, bucket): each is encoded once, and
-    quantised once per storage format from that encoding."""
+    """Encoded facts of one engine (system prompt), keyed by (text, context, bucket, alone): each is encoded once,
+    and quantised once per storage format from that encoding."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
-        self._facts: dict[tuple[str, tuple[str, ...], int], FactKV] = {}
-        self._stored: dict[tuple[str, tuple[str, tuple[str, ...], int]], FactKV] = {}
+        self._facts: dict[_FactKey, FactKV] = {}
+        self._stored: dict[tuple[str, _FactKey], FactKV] = {}
+
+    def encoded(self) -> list[FactKV]:
+        """Every fact encoded so far in batches, in the model's dtype (one per (text, context, bucket))."""
+        return [fact for key, fact in self._facts.items() if not key[3]]
 
     def get(self, case: FidelityCase, setting: FidelitySetting) -> list[FactKV]:
         """The case's facts encoded and stored as ``setting`` asks, in layout order (8-bit ones as codes and
@@ -180,21 +194,21 @@ class FactCache:
                 self._stored[(fmt, key)] = fact.quantized(fmt)
         return [self._stored[(fmt, key)] for key, _ in encoded]
 
-    def _encoded(
-        self, case: FidelityCase, setting: FidelitySetting
-    ) -> list[tuple[tuple[str, tuple[str, ...], int], FactKV]]:
-        """``(cache key, K/V in the model's dtype)`` of the case's facts, in layout order; missing ones encoded."""
+    def _encoded(self, case: FidelityCase, setting: FidelitySetting) -> list[tuple[_FactKey, FactKV]]:
+        """``(cache key, K/V in the model's dtype)`` of the case's facts, in layout order; missing ones encoded (in
+        one call, or one call per fact with ``setting.encode_alone``)."""
         texts = case.memories
         w = setting.context_window
         contexts = [tuple(case.context_of(i)[-w:]) if w else () for i in range(len(texts))]
         lengths = [len(self._engine.fact_token_ids(t)) for t in texts]
         gaps = bucket_per_fact(lengths, setting.position_buckets)
-        wanted = list(zip(texts, contexts, gaps, strict=True))
+        alone = [setting.encode_alone] * len(texts)
+        wanted = list(zip(texts, contexts, gaps, alone, strict=True))
         missing = list(dict.fromkeys(key for key in wanted if key not in self._facts))
         if missing:
             prefix = self._engine.system_prefix_ids()
             requests = []
-            for text, context, bucket in missing:
+            for text, context, bucket, _ in missing:
                 turns = self._engine.context_token_ids(list(context))
                 requests.append(
                     EncodeRequest(
@@ -203,7 +217,9 @@ class FactCache:
                         position_gap=gap_for_bucket(bucket, len(turns)),
                     )
                 )
-            for key, fact in zip(missing, self._engine.encode_facts(requests), strict=True):
+            calls = [[r] for r in requests] if setting.encode_alone else [requests]
+            encoded = [fact for call in calls for fact in self._engine.encode_facts(call)]
+            for key, fact in zip(missing, encoded, strict=True):
                 self._facts[key] = fact
         return [(key, self._facts[key]) for key in wanted]
 
@@ -216,6 +232,7 @@ def run_fidelity(
     generate: bool = True,
     progress: Callable[[str], None] | None = None,
     reference: FidelitySetting | None = None,
+    caches: dict[str, FactCache] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every setting on every case of every slice, under every system prompt.
 
@@ -231,14 +248,17 @@ def run_fidelity(
         reference: answer the reference with the memories' K/V served under this setting instead of prompt mode
             (``kl`` is then KL(reference ‖ setting), and ``prompt_answer``, ``prompt_tokens``, ... are the
             reference's).
+        caches: the encoded facts per system prompt name, used and filled (pass the same dict to several runs to
+            encode each fact once); ``None`` encodes afresh.
 
     Returns:
         One row per (system prompt, slice, case, setting): ``kl``, ``top1_agree``, the answers, their token
         counts, ``added_tokens``, ``memory_tokens``, TTFTs (ms) and the case's gold answer.
     """
     rows: list[dict[str, Any]] = []
+    caches = {} if caches is None else caches
     for prompt_name, engine in engines.items():
-        facts = FactCache(engine)
+        facts = caches.setdefault(prompt_name, FactCache(engine))
         for part in slices:
             for index, case in enumerate(part.cases):
                 if reference is None:

@@ -159,18 +159,15 @@ def test_facts_are_quantised_once_when_stored_and_served_as_stored(tmp_path: Pat
     assert [row["nbytes"] for row in rows.rows.values()] == [f.nbytes for f in first]  # the 8-bit size
 
 
-def test_switching_the_format_re_encodes_and_prunes_the_other_format(tmp_path: Path) -> None:
+def test_switching_the_format_re_encodes_and_keeps_the_other_formats_entries(tmp_path: Path) -> None:
     engine, rows = _Engine(), _Rows()
     records = [_record("m1", "I live in Lisbon.")]
-    _manager(tmp_path, engine, rows, "model").ensure(records)
-    files = sorted((tmp_path / "kv" / "m1").glob("*.safetensors"))
-    assert len(files) == 1
+    first = _manager(tmp_path, engine, rows, "model").ensure(records)
     served = _manager(tmp_path, engine, rows, "float8_e4m3").ensure(records)
-    assert engine.encoded == 2 and served[0].storage_format == "float8_e4m3"
-    left = sorted((tmp_path / "kv" / "m1").glob("*.safetensors"))
-    assert len(left) == 1 and left != files  # the model-dtype file can never be looked up again: pruned
-    back = _manager(tmp_path, engine, rows, "model").ensure(records)
-    assert engine.encoded == 3 and back[0].scales is None
+    assert engine.encoded == 2 and served[0].storage_format == "float8_e4m3"  # a miss: encoded again, quantised
+    assert len(list((tmp_path / "kv" / "m1").glob("*.safetensors"))) == 2  # each format's entry under its own key
+    back = _manager(tmp_path, engine, rows, "model").ensure(records)  # another client may still use the first
+    assert engine.encoded == 2 and back[0].scales is None and torch.equal(back[0].keys, first[0].keys)
 
 
 # ---------------------------------------------------------------- vLLM's workers
