@@ -44,7 +44,9 @@ class EngineConfig(_Strict):
         attn_implementation: transformers attention kernel: ``"sdpa_gqa"`` (SDPA reading grouped K/V heads
             directly, see :mod:`inferscale.engines.hf.attention`), ``"sdpa"`` or ``"eager"``.
         max_new_tokens: decode budget of ``chat`` answers, in tokens.
-        num_threads: torch intra-op threads on CPU; ``None`` keeps torch's default.
+        num_threads: torch intra-op threads on CPU. ``"auto"`` (the default) takes the CPUs this process may use:
+            the smallest of torch's default (the host's physical cores), the affinity mask and the cgroup CPU quota
+            (:mod:`inferscale.engines.hf.threads`); ``None`` keeps torch's default.
     """
 
     provider: Literal["transformers", "vllm"] = "transformers"
@@ -53,7 +55,7 @@ class EngineConfig(_Strict):
     device: str = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)
-    num_threads: int | None = Field(default=None, ge=1)
+    num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
 
 
 class LLMConfig(_Strict):

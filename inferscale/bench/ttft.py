@@ -93,7 +93,7 @@ class TTFTSettings:
         tiers: KV store tiers to measure; ``None`` = every tier the store has (device, host, disk).
         query: the query text.
         warmup: untimed rounds (every path once per round) before measuring.
-        num_threads: torch CPU threads; ``None`` keeps torch's default (``OMP_NUM_THREADS``).
+        num_threads: torch CPU threads; ``None`` runs the engine's default (``"auto"``: the CPUs the process may use).
         out_dir: folder for ``ttft_vs_k.json`` and ``ttft_vs_k.png`` (created).
         data_dir: folder for the throwaway database and KV files; ``None`` = a new temporary folder.
         prefix_cache: vLLM only. ``"cold"`` empties vLLM's prefix cache before every timed call and then prefills
@@ -174,7 +174,7 @@ def _make_client(
             model=settings.model,
             dtype=settings.dtype,
             device=settings.device,
-            num_threads=settings.num_threads,
+            num_threads=settings.num_threads if settings.num_threads is not None else "auto",
         ),
     )
     return MemoryClient(config, engine=engine, embedder=embedder)  # without an engine, it builds the configured one
