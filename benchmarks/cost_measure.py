@@ -122,7 +122,7 @@ def measure_disk(scratch: Path) -> dict[str, Constant]:
             t0 = time.perf_counter()
             os.pread(fd, 4096, int(block) * 4096)
             lat.append(time.perf_counter() - t0)
-    how = f"posix_fadvise(DONTNEED) after fsync, in {scratch}"
+    how = "pages dropped by posix_fadvise(DONTNEED) after fsync"
     return {
         "disk_read_bytes_per_s": _here(size / statistics.median(seq), "B/s", f"cold 256 MiB read, median of 3; {how}"),
         "disk_read_latency_s": _here(statistics.median(lat), "s", f"cold 4 KiB random read, p50 of 200; {how}"),

@@ -2,7 +2,7 @@
 tier, and a simulation of 10M users × 200 memories (docs/scaling.md).
 
     .venv/bin/python benchmarks/cost_model.py                       # tables from benchmarks/cost_constants.json
-    .venv/bin/python benchmarks/cost_model.py --json out/cost.json  # ... and every figure as JSON
+    .venv/bin/python benchmarks/cost_model.py --json out/cost.json  # ... and every figure as JSON (- for stdout)
     .venv/bin/python benchmarks/cost_model.py --set users=1e8 --set prefill_mfu=0.3   # what-ifs
     .venv/bin/python benchmarks/cost_model.py --measure --locomo ../shared/data/locomo/locomo10.json \\
         --pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test       # re-measure this machine's constants
@@ -73,6 +73,8 @@ class Model:
         tied_embeddings: whether the LM head shares the embedding matrix.
         tp: tensor-parallel degree on H200s (GPUs one replica spans).
         source: where the shapes come from.
+        cpu_rate_measured: whether ``cpu_prefill_tokens_per_s`` was measured on this model (else this CPU's rate is
+            extrapolated from ``cpu_prefill_flops_per_s``).
     """
 
     name: str
@@ -86,6 +88,7 @@ class Model:
     tied_embeddings: bool
     tp: int
     source: str
+    cpu_rate_measured: bool = False
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -255,9 +258,9 @@ def gpu_recompute_s(inp: Inputs, model: Model, tokens: float) -> float:
 
 
 def cpu_recompute_rate(inp: Inputs, model: Model, tokens: float) -> tuple[float, str]:
-    """Tokens/s this CPU prefills: measured for SmolLM2-135M, else its measured FLOP rate over the model's FLOPs per
-    token (an extrapolation); with how it was obtained."""
-    if model.name == inp.models[0].name:
+    """Tokens/s this CPU prefills: measured for the model it was measured on, else the measured FLOP rate over the
+    model's FLOPs per token (an extrapolation); with how it was obtained."""
+    if model.cpu_rate_measured:
         return inp["cpu_prefill_tokens_per_s"], "measured"
     return inp["cpu_prefill_flops_per_s"] / model.flops_per_token(tokens), "extrapolated"
 
@@ -648,6 +651,10 @@ def render_markdown(res: dict[str, Any]) -> str:
                     f"{_si(index['bytes'], 'B')}: {_n(index['shards'], 'shard')} of "
                     f"{_count(index['vectors_per_shard'])} vectors, {_n(index['machines'], 'machine')}",
                 ],
+                [
+                    "one scoped search today, measured here at 10k / 100k vectors",
+                    f"{_time(consts['search_p50_s_10k'].value)} / {_time(consts['search_p50_s_100k'].value)}",
+                ],
                 ["one search, flat scan of a shard (reads every vector)", _time(index["flat_scan_s"])],
                 ["one search, exact over the user's own vectors", _time(index["scope_scan_s"])],
             ],
@@ -722,7 +729,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--constants", type=Path, default=CONSTANTS, help="the constants file (JSON)")
     p.add_argument("--set", type=_override, action="append", default=[], metavar="NAME=VALUE", help="override one")
-    p.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    p.add_argument("--json", type=Path, help="write every figure to this JSON file (- for stdout)")
     p.add_argument("--write-doc", type=Path, help="replace the generated block of this markdown file")
     p.add_argument("--measure", action="store_true", help="re-measure this machine's constants into --constants")
     p.add_argument("--locomo", type=Path, help="LoCoMo's locomo10.json, for text and fact lengths (--measure)")
@@ -738,7 +745,9 @@ def main(argv: list[str] | None = None) -> None:
     res = compute(load_inputs(args.constants, dict(args.set)))
     markdown = render_markdown(res)
     print(markdown)
-    if args.json:
+    if args.json == Path("-"):
+        print(json.dumps(res, indent=2))
+    elif args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2) + "\n")
         print(f"wrote {args.json}")
