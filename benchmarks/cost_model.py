@@ -136,9 +136,8 @@ class KVFormat:
 
     def _scales(self, kind: str, model: Model, tokens: float) -> float:
         per_head = model.layers * model.kv_heads
-        return {"none": 0.0, "per_head": per_head, "per_channel": per_head * model.head_dim}.get(
-            kind, per_head * tokens
-        )
+        counts = {"none": 0, "per_head": per_head, "per_channel": per_head * model.head_dim, "per_token": 0}
+        return counts[kind] + (per_head * tokens if kind == "per_token" else 0)
 
     def kv_bytes(self, model: Model, tokens: float) -> float:
         """Bytes of one fact's K and V and their scales (tensors only)."""
@@ -184,6 +183,7 @@ class Inputs:
     formats: list[KVFormat]
 
     def __getitem__(self, name: str) -> float:
+        """The value of constant ``name`` (KeyError when there is none)."""
         return self.constants[name].value
 
     @property
@@ -585,8 +585,9 @@ def render_markdown(res: dict[str, Any]) -> str:
     out.append(_table(["model", "format", "per memory", *tiers], rows))
 
     out.append(
-        f"\n#### Load versus recompute, throughput view (load time ÷ recompute time per {bpm['fact_tokens']:g}-token "
-        "fact = break-even bandwidth ÷ tier bandwidth; ✓: loading wins)\n"
+        f"\n#### Load versus recompute, throughput view\n\nEach tier's cell: load time ÷ recompute time of a "
+        f"{bpm['fact_tokens']:g}-token fact, which is the break-even bandwidth ÷ the tier's bandwidth "
+        "(✓: loading wins).\n"
     )
     for device in ("H200", "this CPU"):
         sel = [r for r in res["break_even"] if r["device"] == device]
