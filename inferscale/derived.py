@@ -119,7 +119,7 @@ class DerivedStores:
         """
         with self._lock:
             if self._index is None:
-                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
+                self._index = VectorIndex.open(self._index_path, self._embedder().dim, self._config.search)
             return self._index
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
@@ -252,7 +252,7 @@ class DerivedStores:
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""
         with self._lock:
-            index = VectorIndex(self._embedder().dim, self._index_path)
+            index = VectorIndex(self._embedder().dim, self._index_path, self._config.search)
             index.save()
             self._index = index
             self._index_dirty = False
