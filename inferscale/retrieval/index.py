@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import glob
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import faiss
@@ -354,10 +354,11 @@ class VectorIndex:
             ann = self._approximate(total)
             if ann is not None:
                 on_gpu = allowed is None and self._search.gpu and ann.use_gpu()
-                found, scores = ann.search(q, k, self._search.ivf_nprobe, allowed, gpu=on_gpu)
+                nprobe = self._search.ivf_nprobe
+                found, scores = _with_ties(lambda n: ann.search(q, n, nprobe, allowed, gpu=on_gpu), k, candidates)
                 if found.size >= min(k, candidates):  # else the visited lists held too few of the scope: scan
                     return as_pairs(*top_k(found, scores, k))
-            found, scores = self._scan(q, min(k, candidates), allowed)
+            found, scores = _with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
         return as_pairs(*top_k(found, scores, k))
 
     def _check_query(self, query: np.ndarray) -> np.ndarray:
@@ -440,6 +441,22 @@ class VectorIndex:
         atomic_write(target, index_file.encode(saved))
         labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself
         return target
+
+
+def _with_ties(
+    search: Callable[[int], tuple[np.ndarray, np.ndarray]], k: int, candidates: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What ``search(n)`` (a FAISS top-``n``: ids int64 ``[j]``, scores float32 ``[j]`` descending) returns for the
+    smallest ``n > k`` that holds every id scoring as high as the ``k``-th, so that :func:`top_k` can order equal
+    scores by id: FAISS keeps an arbitrary few of the ids tied at the ``k``-th score. One search of ``k + 1`` unless
+    the ``k``-th score repeats past it (duplicate vectors), then ``n`` doubles until it does not (or every one of
+    the ``candidates`` is returned)."""
+    n = min(k + 1, candidates)
+    while True:
+        found, scores = search(n)
+        if found.size < n or n >= candidates or scores[k - 1] > scores[n - 1]:
+            return found, scores
+        n = min(2 * n, candidates)
 
 
 __all__ = ["MAX_LABEL_LENGTH", "VectorIndex", "labels_path"]
