@@ -34,6 +34,7 @@ from inferscale.retrieval.ids import IdSet, check_ids
 from inferscale.retrieval.index_file import labels_path
 from inferscale.retrieval.labels import MAX_LABEL_LENGTH, LabelTable, check_labels, differ, label_array
 from inferscale.retrieval.ranking import as_pairs, inner_products, top_k
+from inferscale.retrieval.threads import one_thread
 
 
 class VectorIndex:
@@ -214,7 +215,8 @@ class VectorIndex:
                 raise InvalidInputError(f"ids not in the index: {missing[:10].tolist()}")
             if id_array.size == 0:
                 return np.zeros((0, self._dim), dtype=np.float32)
-            return np.asarray(self._index.reconstruct_batch(id_array), dtype=np.float32)
+            with one_thread():
+                return np.asarray(self._index.reconstruct_batch(id_array), dtype=np.float32)
 
     # ---- mutations ---------------------------------------------------------------------------------------
 
@@ -348,18 +350,28 @@ class VectorIndex:
                 if allowed.size == 0:
                     return []
                 if allowed.size <= self._search.exact_scope_max:
-                    scores = inner_products(np.asarray(self._index.reconstruct_batch(allowed)), q[0])
-                    return as_pairs(*top_k(allowed, scores, k))
-            candidates = total if allowed is None else int(allowed.size)
-            ann = self._approximate(total)
+                    with one_thread():
+                        vectors = np.asarray(self._index.reconstruct_batch(allowed))
+                    return as_pairs(*top_k(allowed, inner_products(vectors, q[0]), k))
+            ann = self._approximate(total)  # built here first when needed: on every thread
+            found, scores = self._search_large(q, k, allowed, total, ann)
+        return as_pairs(*top_k(found, scores, k))
+
+    def _search_large(
+        self, q: np.ndarray, k: int, allowed: np.ndarray | None, total: int, ann: ApproximateIndex | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The top-``k`` candidates (ids int64 ``[j]``, scores float32 ``[j]``) of a search without a scope or in one
+        larger than ``search.exact_scope_max`` (``allowed``, int64 ``[m]``, ids in the index): from ``ann`` when
+        given and it finds enough, else from the exact scan. Call with the lock held."""
+        candidates = total if allowed is None else int(allowed.size)
+        on_gpu = ann is not None and allowed is None and self._search.gpu and ann.use_gpu()
+        with one_thread():
             if ann is not None:
-                on_gpu = allowed is None and self._search.gpu and ann.use_gpu()
                 nprobe = self._search.ivf_nprobe
                 found, scores = _with_ties(lambda n: ann.search(q, n, nprobe, allowed, gpu=on_gpu), k, candidates)
                 if found.size >= min(k, candidates):  # else the visited lists held too few of the scope: scan
-                    return as_pairs(*top_k(found, scores, k))
-            found, scores = _with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
-        return as_pairs(*top_k(found, scores, k))
+                    return found, scores
+            return _with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
 
     def _check_query(self, query: np.ndarray) -> np.ndarray:
         """``query`` as float32 ``[1, dim]``.

@@ -284,3 +284,32 @@ def test_unscoped_searches_run_on_the_gpu(data: tuple[np.ndarray, np.ndarray, li
     assert ids[0] not in [i for i, _ in index.search(vectors[0], 10)]
     assert index.approximate_on_gpu
     assert faiss.get_num_gpus() > 0
+
+
+# ---- threads ----------------------------------------------------------------------------------------------------
+
+
+def test_searches_run_faiss_on_one_thread_and_leave_the_threads_setting_as_it_was(
+    data: tuple[np.ndarray, np.ndarray, list[np.ndarray]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-query FAISS search opened an OpenMP region on every thread, which cost ~12 ms beside torch's runtime
+    on 2 cores (benchmarks/scale.py); searches set one thread, and restore the caller's setting."""
+    ids, vectors, scopes = data
+    index = _index(ids, vectors, SearchConfig(exact_scope_max=64, approximate_min_total=None))
+    seen: list[int] = []
+    scan = index._scan
+
+    def spy(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        seen.append(faiss.omp_get_max_threads())
+        return scan(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index, "_scan", spy)
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        index.search(vectors[0], 5)
+        index.search(vectors[0], 5, allowed_ids=scopes[100])
+        assert seen == [1, 1]
+        assert faiss.omp_get_max_threads() == 2
+    finally:
+        faiss.omp_set_num_threads(before)
