@@ -19,6 +19,8 @@ import time
 import faiss
 import numpy as np
 
+from inferscale.retrieval.ids import id_selector
+
 log = logging.getLogger(__name__)
 
 TRAIN_POINTS_PER_LIST = 64
@@ -153,8 +155,8 @@ class ApproximateIndex:
             query: float32 ``[1, dim]``.
             k: how many results at most (>= 1).
             nprobe: how many lists to visit.
-            allowed: int64 ``[m]``, the only ids that may be returned (an ``IDSelectorBatch`` inside the CPU
-                search); ``None`` for any.
+            allowed: int64 ``[m]``, sorted and distinct, the only ids that may be returned (a selector inside the
+                CPU search, :func:`~inferscale.retrieval.ids.id_selector`); ``None`` for any.
             gpu: search the GPU copy when one is held, there is no ``allowed`` and ``k`` is at most
                 :data:`GPU_MAX_K`.
 
@@ -167,7 +169,7 @@ class ApproximateIndex:
         target: faiss.Index = self._ivf
         selector = None
         if allowed is not None:
-            selector = faiss.IDSelectorBatch(allowed)  # kept alive by this frame during the search
+            selector = id_selector(allowed)  # kept alive by this frame during the search
             params.sel = selector
         elif gpu and self._gpu is not None and k <= GPU_MAX_K:
             target = self._gpu

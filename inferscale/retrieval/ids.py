@@ -1,7 +1,9 @@
-"""Vector ids: checking what callers pass, and the set of ids an index holds, sorted for vectorised membership."""
+"""Vector ids: checking what callers pass, the set of ids an index holds (sorted for vectorised membership), and
+the FAISS selector that restricts a search to a scope."""
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 
 from inferscale.errors import InvalidInputError
@@ -26,6 +28,35 @@ def check_ids(ids: object, name: str = "ids") -> np.ndarray:
     if int(array.min()) < 0:
         raise InvalidInputError(f"{name} must be non-negative (FAISS uses -1 for 'no result'), got {array.min()}")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+BITMAP_BITS_PER_ID = 64
+"""A scope whose largest id is below this many times its size is selected by a bitmap (at most 8 bytes per id of
+the scope, built with numpy in about a millisecond per 100k ids) rather than by FAISS's hash set
+(``IDSelectorBatch``: ~30 ms to build for 100k ids here)."""
+
+
+def distinct_sorted(ids: np.ndarray) -> np.ndarray:
+    """``ids`` (int64 ``[n]``) sorted without repeats; returned as they are when they already are (ids read from SQL
+    by primary key), which costs one comparison pass instead of a sort."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids
+    return np.unique(ids)
+
+
+def id_selector(ids: np.ndarray) -> faiss.IDSelector:
+    """A FAISS selector that lets exactly ``ids`` (int64 ``[m]``, non-negative, sorted, distinct, ``m >= 1``) through:
+    an ``IDSelectorBitmap`` when the ids are dense enough (:data:`BITMAP_BITS_PER_ID`), else an ``IDSelectorBatch``.
+    The bitmap is referenced by the selector object, so it lives as long as the selector does."""
+    top = int(ids[-1]) + 1
+    if top > BITMAP_BITS_PER_ID * ids.size:
+        return faiss.IDSelectorBatch(ids)
+    mask = np.zeros(top, dtype=bool)
+    mask[ids] = True
+    bitmap = np.packbits(mask, bitorder="little")  # FAISS reads bit (id & 7) of byte (id >> 3)
+    selector = faiss.IDSelectorBitmap(bitmap.size, faiss.swig_ptr(bitmap))  # its size in bytes, not bits
+    selector.referenced_bitmap = bitmap  # type: ignore[attr-defined]  # the C++ object only points at it
+    return selector
 
 
 class IdSet:
@@ -73,4 +104,4 @@ class IdSet:
         self._sorted = np.zeros(0, dtype=np.int64)
 
 
-__all__ = ["IdSet", "check_ids"]
+__all__ = ["BITMAP_BITS_PER_ID", "IdSet", "check_ids", "distinct_sorted", "id_selector"]

@@ -30,7 +30,7 @@ from inferscale.config import SearchConfig
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.retrieval import index_file
 from inferscale.retrieval.approximate import ApproximateIndex, gpu_count
-from inferscale.retrieval.ids import IdSet, check_ids
+from inferscale.retrieval.ids import IdSet, check_ids, distinct_sorted, id_selector
 from inferscale.retrieval.index_file import labels_path
 from inferscale.retrieval.labels import MAX_LABEL_LENGTH, LabelTable, check_labels, differ, label_array
 from inferscale.retrieval.ranking import as_pairs, inner_products, top_k
@@ -345,7 +345,7 @@ class VectorIndex:
             if total == 0:
                 return []
             if allowed is not None:
-                allowed = np.unique(allowed)
+                allowed = distinct_sorted(allowed)
                 allowed = allowed[self._ids.contains(allowed)]
                 if allowed.size == 0:
                     return []
@@ -407,7 +407,7 @@ class VectorIndex:
         if allowed is None:
             scores, found = self._index.search(q, n)
         else:
-            selector = faiss.IDSelectorBatch(allowed)  # kept alive by this frame during the search
+            selector = id_selector(allowed)  # kept alive by this frame during the search
             params = faiss.SearchParameters()
             params.sel = selector
             scores, found = self._index.search(q, n, params=params)

@@ -17,6 +17,7 @@ from inferscale import MemoryClient
 from inferscale.config import SearchConfig
 from inferscale.retrieval import VectorIndex, index_file
 from inferscale.retrieval.approximate import gpu_count
+from inferscale.retrieval.ids import BITMAP_BITS_PER_ID, id_selector
 
 DIM = 32
 
@@ -107,6 +108,20 @@ def test_scope_ids_missing_from_the_index_or_repeated_are_ignored(
     query = vectors[np.flatnonzero(ids == scope[0])[0]]
     assert index.search(query, 50, allowed_ids=noisy) == index.search(query, 50, allowed_ids=scope)
     assert len(index.search(query, 50, allowed_ids=noisy)) == len(scope)
+
+
+@pytest.mark.parametrize("spread", [1, 3, 63, 65, 10_000], ids=lambda s: f"spread-{s}")
+def test_the_scope_selector_lets_exactly_the_scopes_ids_through(spread: int) -> None:
+    """Dense scopes get a bitmap (FAISS's IDSelectorBitmap counts its size in bytes: the one first written here
+    with a size in bits let garbage ids through), sparse ones a hash set; both select exactly the scope."""
+    rng = np.random.default_rng(spread)
+    ids = np.unique(rng.integers(0, 200 * spread, 200)).astype(np.int64)
+    selector = id_selector(ids)
+    assert isinstance(selector, faiss.IDSelectorBitmap) == (int(ids[-1]) + 1 <= BITMAP_BITS_PER_ID * ids.size)
+    del ids  # the selector keeps its own bitmap alive
+    rng = np.random.default_rng(spread)
+    want = np.unique(rng.integers(0, 200 * spread, 200)).tolist()
+    assert [i for i in range(200 * spread + 64) if selector.is_member(i)] == want
 
 
 # ---- equal scores ----------------------------------------------------------------------------------------------
