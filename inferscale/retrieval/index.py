@@ -6,7 +6,7 @@ Three search paths, chosen per search (:class:`~inferscale.config.SearchConfig`)
   the exact store (``reconstruct_batch``) and scored in one pass (:mod:`inferscale.retrieval.ranking`), so the
   cost tracks the scope (about a microsecond per memory), not the total;
 - a larger scope, or a search without a scope, scans the whole exact store (FAISS ``IndexFlatIP``, restricted by an
-  ``IDSelectorBatch``) while the index is smaller than ``approximate_min_total``;
+  id selector, :func:`~inferscale.retrieval.ids.id_selector`) while the index is smaller than ``approximate_min_total``;
 - from that size on it searches the approximate index (:mod:`inferscale.retrieval.approximate`), falling back to the
   scan when the visited lists hold fewer than ``k`` of the scope's vectors.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import glob
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import faiss
@@ -33,7 +33,7 @@ from inferscale.retrieval.approximate import ApproximateIndex, gpu_count
 from inferscale.retrieval.ids import IdSet, check_ids, distinct_sorted, id_selector
 from inferscale.retrieval.index_file import labels_path
 from inferscale.retrieval.labels import MAX_LABEL_LENGTH, LabelTable, check_labels, differ, label_array
-from inferscale.retrieval.ranking import as_pairs, inner_products, top_k
+from inferscale.retrieval.ranking import as_pairs, inner_products, top_k, with_ties
 from inferscale.retrieval.threads import one_thread
 
 
@@ -368,10 +368,10 @@ class VectorIndex:
         with one_thread():
             if ann is not None:
                 nprobe = self._search.ivf_nprobe
-                found, scores = _with_ties(lambda n: ann.search(q, n, nprobe, allowed, gpu=on_gpu), k, candidates)
+                found, scores = with_ties(lambda n: ann.search(q, n, nprobe, allowed, gpu=on_gpu), k, candidates)
                 if found.size >= min(k, candidates):  # else the visited lists held too few of the scope: scan
                     return found, scores
-            return _with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
+            return with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
 
     def _check_query(self, query: np.ndarray) -> np.ndarray:
         """``query`` as float32 ``[1, dim]``.
@@ -453,22 +453,6 @@ class VectorIndex:
         atomic_write(target, index_file.encode(saved))
         labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself
         return target
-
-
-def _with_ties(
-    search: Callable[[int], tuple[np.ndarray, np.ndarray]], k: int, candidates: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """What ``search(n)`` (a FAISS top-``n``: ids int64 ``[j]``, scores float32 ``[j]`` descending) returns for the
-    smallest ``n > k`` that holds every id scoring as high as the ``k``-th, so that :func:`top_k` can order equal
-    scores by id: FAISS keeps an arbitrary few of the ids tied at the ``k``-th score. One search of ``k + 1`` unless
-    the ``k``-th score repeats past it (duplicate vectors), then ``n`` doubles until it does not (or every one of
-    the ``candidates`` is returned)."""
-    n = min(k + 1, candidates)
-    while True:
-        found, scores = search(n)
-        if found.size < n or n >= candidates or scores[k - 1] > scores[n - 1]:
-            return found, scores
-        n = min(2 * n, candidates)
 
 
 __all__ = ["MAX_LABEL_LENGTH", "VectorIndex", "labels_path"]

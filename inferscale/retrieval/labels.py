@@ -84,11 +84,18 @@ class LabelTable:
         self.ids, self.values = ids[order], values[order]
 
     def put(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Label ``ids`` (int64 ``[n]``, distinct, none labelled now) with ``values`` (bytes ``[n]``)."""
-        self.replace(np.concatenate([self.ids, ids]), np.concatenate([self.values, values]))
+        """Label ``ids`` (int64 ``[n]``, distinct, none labelled now) with ``values`` (bytes ``[n]``). New ids above
+        every labelled one, in order (new memories), are appended without a sort."""
+        if ids.size and (self.ids.size == 0 or ids[0] > self.ids[-1]) and bool(np.all(ids[1:] > ids[:-1])):
+            self.ids, self.values = np.concatenate([self.ids, ids]), np.concatenate([self.values, values])
+        else:
+            self.replace(np.concatenate([self.ids, ids]), np.concatenate([self.values, values]))
 
     def drop(self, id_array: np.ndarray) -> None:
-        """Forget the labels of ``id_array`` (int64 ``[n]``); ids without one are ignored."""
+        """Forget the labels of ``id_array`` (int64 ``[n]``); ids without one are ignored (and, when none has one,
+        nothing is copied: the common case of new memories)."""
+        if not self.lookup(id_array)[0].any():
+            return
         keep = ~np.isin(self.ids, id_array)
         self.ids, self.values = self.ids[keep], self.values[keep]
 

@@ -8,6 +8,8 @@ which computes each row alike wherever it sits, so equal vectors get bit-equal s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -42,4 +44,20 @@ def as_pairs(ids: np.ndarray, scores: np.ndarray) -> list[tuple[int, float]]:
     return [(int(i), float(s)) for i, s in zip(ids.tolist(), scores.tolist(), strict=True)]
 
 
-__all__ = ["as_pairs", "inner_products", "top_k"]
+def with_ties(
+    search: Callable[[int], tuple[np.ndarray, np.ndarray]], k: int, candidates: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What ``search(n)`` (a FAISS top-``n``: ids int64 ``[j]``, scores float32 ``[j]`` descending) returns for the
+    smallest ``n > k`` that holds every id scoring as high as the ``k``-th, so that :func:`top_k` can order equal
+    scores by id: FAISS keeps an arbitrary few of the ids tied at the ``k``-th score. One search of ``k + 1`` unless
+    the ``k``-th score repeats past it (duplicate vectors), then ``n`` doubles until it does not (or every one of
+    the ``candidates`` is returned)."""
+    n = min(k + 1, candidates)
+    while True:
+        found, scores = search(n)
+        if found.size < n or n >= candidates or scores[k - 1] > scores[n - 1]:
+            return found, scores
+        n = min(2 * n, candidates)
+
+
+__all__ = ["as_pairs", "inner_products", "top_k", "with_ties"]
