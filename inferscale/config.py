@@ -105,6 +105,39 @@ class EmbedderConfig(_Strict):
     device: str = "cpu"
 
 
+class SearchConfig(_Strict):
+    """How the vector index searches (:class:`inferscale.retrieval.VectorIndex`).
+
+    A scope of at most ``exact_scope_max`` memories (a user's, typically a few hundred) is searched exactly over
+    its own vectors: they are looked up by id and scored in one pass, so the cost tracks the scope, not the total,
+    and recall is 1. A larger scope, or a search without a scope, scans every vector exactly while the index holds
+    fewer than ``approximate_min_total``; from there on it searches an approximate inverted-file index (FAISS
+    ``IndexIVFFlat``), built on the first such search and rebuilt (re-trained) when the index has grown
+    ``rebuild_growth`` times since; its recall against the exact search is measured by ``benchmarks/scale.py``.
+
+    Attributes:
+        exact_scope_max: the largest scope (memories) searched exactly over its own vectors. Up to a few thousand
+            this is cheaper than any index (about 1 µs per memory); 0 sends every scoped search to the scans.
+        approximate_min_total: the index size (vectors) from which large or unscoped searches use the approximate
+            index; ``None`` keeps them exact at any size. Building the approximate index costs seconds per hundred
+            thousand vectors (paid by the search that needs it first) and holds a second copy of the vectors.
+        ivf_nlist: the approximate index's number of lists; ``None`` picks the power of two nearest the square root
+            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors.
+        ivf_nprobe: how many lists a search visits: more is slower and closer to exact.
+        rebuild_growth: re-train the approximate index once the index has grown this many times since it was
+            trained (vectors added since are placed by the old centroids meanwhile).
+        gpu: move the approximate index to a GPU when FAISS sees one (``inferscale[gpu]``), for searches without a
+            scope; FAISS GPU indexes take no id selector, so scoped searches stay on the CPU.
+    """
+
+    exact_scope_max: int = Field(default=2048, ge=0)
+    approximate_min_total: int | None = Field(default=100_000, ge=1)
+    ivf_nlist: int | None = Field(default=None, ge=1, le=1 << 20)
+    ivf_nprobe: int = Field(default=16, ge=1)
+    rebuild_growth: float = Field(default=4.0, gt=1)
+    gpu: bool = True
+
+
 def _normalise_recompute(value: str) -> str:
     from inferscale.kv.recompute import RecomputePolicy  # the KV core imports torch: only when validating
 
@@ -190,6 +223,8 @@ class MemoryConfig(_Strict):
         db_url: any SQLAlchemy URL; ``None`` means a SQLite file ``<data_dir>/memory.db`` (WAL mode).
         index_path: the FAISS index file; ``None`` puts it next to a SQLite file, or in ``<data_dir>`` for
             other databases.
+        search: how the vector index searches: the exact per-scope path and the approximate index
+            (:class:`SearchConfig`).
         home: the cache directory for converted models; ``None`` means :func:`inferscale_home`.
         data_dir: where the default database, the index and KV tensors live; ``None`` means ``<home>/data``.
         max_memory_chars: the longest text one memory may have (characters). A memory is a fact recalled into a
@@ -202,6 +237,7 @@ class MemoryConfig(_Strict):
     llm: LLMConfig = LLMConfig()
     embedder: EmbedderConfig = EmbedderConfig()
     kv: KVConfig = KVConfig()
+    search: SearchConfig = SearchConfig()
     db_url: str | None = None
     index_path: str | None = None
     home: str | None = None

@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
 
+INDEX_SAVE_SHARE = 0.05
+"""While writing, saves take at most about this share of the time: the interval between two stretches to the last
+save's duration divided by it (a million 384-d vectors are a 1.5 GB file, ~10 s to write here: one save every few
+minutes, not one per add). Vectors added since the last save are embedded again from SQL after a crash."""
+
 
 # ---------------------------------------------------------------------------------------------------- the stores
 
@@ -83,6 +88,7 @@ class DerivedStores:
         self._index: VectorIndex | None = None
         self._index_dirty = False
         self._index_saved_at = 0.0
+        self._index_save_s = 0.0  # how long the last save took (seconds)
         self._fact_kv: FactKVManager | None = None
 
     @property
@@ -119,7 +125,7 @@ class DerivedStores:
         """
         with self._lock:
             if self._index is None:
-                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
+                self._index = VectorIndex.open(self._index_path, self._embedder().dim, self._config.search)
             return self._index
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
@@ -154,14 +160,17 @@ class DerivedStores:
         return report
 
     def save_index(self, force: bool = False) -> None:
-        """Write the index file when it changed, at most every :data:`INDEX_SAVE_INTERVAL_S` unless ``force``."""
+        """Write the index file when it changed, unless ``force`` at most every :data:`INDEX_SAVE_INTERVAL_S`, or
+        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index)."""
         with self._lock:
             now = time.monotonic()
-            due = force or now - self._index_saved_at >= INDEX_SAVE_INTERVAL_S
+            interval = max(INDEX_SAVE_INTERVAL_S, self._index_save_s / INDEX_SAVE_SHARE)
+            due = force or now - self._index_saved_at >= interval
             if self._index is not None and self._index_dirty and due:
                 self._index.save()
                 self._index_dirty = False
-                self._index_saved_at = now
+                self._index_saved_at = time.monotonic()
+                self._index_save_s = self._index_saved_at - now
 
     # ---- the read steps ---------------------------------------------------------------------------------------
     def search_steps(
@@ -252,7 +261,7 @@ class DerivedStores:
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""
         with self._lock:
-            index = VectorIndex(self._embedder().dim, self._index_path)
+            index = VectorIndex(self._embedder().dim, self._index_path, self._config.search)
             index.save()
             self._index = index
             self._index_dirty = False
