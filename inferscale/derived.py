@@ -275,7 +275,11 @@ class DerivedStores:
         pass leaves nothing stale behind.
 
         Raises:
-            whatever loading the engine, SQL, encoding or storing raises (the queue logs it).
+            InvalidInputError: when a fact with its context does not fit the model's context window.
+            MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
+                outside the client's lock); the queue retries the batch one memory at a time, which skips it.
+            OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
+                engine's first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
         """
         self._engine().load()  # outside the client's lock: a first load takes seconds
         with self._lock:
