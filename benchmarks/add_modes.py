@@ -1,10 +1,10 @@
 """``add(infer=False)`` latency under each ``kv.encode_on_add`` mode, on the default models (SmolLM2-135M-Instruct
 in the engine's default dtype, MiniLM), in one run.
 
-For each mode (``lazy``, ``eager``, ``background``, interleaved per repeat so drift on a shared machine hits each
-alike) a fresh user gets ``--facts`` synthetic facts, one ``add`` call each; the latency is the wall clock of the
-call. In background mode the time the queue then takes to drain (``wait_for_encoding``) is measured too. The models
-are loaded, and one fact encoded, before anything is timed.
+For each mode (``lazy``, ``eager``, ``background``; interleaved per repeat, each mode first in turn, so drift on a
+shared machine hits each alike) a fresh user gets ``--facts`` synthetic facts, one ``add`` call each; the latency is
+the wall clock of the call. In background mode the time the queue then takes to drain (``wait_for_encoding``) is
+measured too, before the next mode runs. The models are loaded, and one fact encoded, before anything is timed.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/add_modes.py --facts 20 --repeats 3 --out out/add_modes.json
 
@@ -58,7 +58,8 @@ def measure(facts: list[str], repeats: int, work: Path) -> dict[str, Any]:
     adds: dict[str, list[float]] = {mode: [] for mode in MODES}
     drains: list[float] = []
     for round_ in range(repeats):
-        for mode, client in clients.items():
+        for mode in MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]:  # each mode first in turn
+            client = clients[mode]
             user = f"{mode}-{round_}"
             for fact in facts:
                 t0 = time.perf_counter()
@@ -74,6 +75,7 @@ def measure(facts: list[str], repeats: int, work: Path) -> dict[str, Any]:
         "dtype": loaded_dtype(engine.model),
         "add": {mode: _summary(samples) for mode, samples in adds.items()},
         "background_drain": _summary(drains),
+        "samples_ms": {**adds, "background_drain": drains},
     }
 
 

@@ -10,6 +10,8 @@ On a tiny float32 model with a byte-level tokenizer (fast, real encoding), on bo
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,7 +25,7 @@ from tiny_models import tiny_engine
 
 from inferscale import ConfigError, InvalidInputError, MemoryConfig
 from inferscale.config import KVConfig, config_from_dict
-from inferscale.encode_queue import THREAD_NAME
+from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME
 from inferscale.kv import FactKV, KVStore
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
@@ -45,9 +47,12 @@ class Gate:
         self.opened = threading.Event()
         self.fail = False
         self.background_facts = 0
+        self.niceness: int | None = None  # the background thread's, on Linux
 
     def __call__(self, requests: Sequence[Any]) -> list[FactKV]:
         if threading.current_thread().name == THREAD_NAME:
+            if sys.platform.startswith("linux"):
+                self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             self.arrived.set()
             if not self.opened.wait(GATE_TIMEOUT_S):
                 raise TimeoutError("the test never opened the gate")
@@ -329,6 +334,18 @@ def test_wait_for_encoding_reports_a_timeout(tmp_path: Path, engine: Any, gate: 
         gate.opened.set()
         assert client.wait_for_encoding(GATE_TIMEOUT_S) is True
     finally:
+        client.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_encoder_thread_runs_at_a_lower_priority(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        _add_each(client, FACTS[:1])
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert gate.niceness == min(19, os.getpriority(os.PRIO_PROCESS, 0) + ENCODER_NICENESS)
+    finally:
+        gate.opened.set()
         client.close()
 
 
