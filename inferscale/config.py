@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from inferscale.errors import ConfigError
 
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+EncodeMode = Literal["background", "eager", "lazy"]
+"""When ``add`` has the K/V of new memories encoded (:attr:`KVConfig.encode_on_add`)."""
 
 
 def inferscale_home() -> Path:
@@ -150,6 +153,15 @@ def _normalise_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(value)))
 
 
+def _encode_mode(value: object) -> object:
+    """``kv.encode_on_add`` as written before the modes existed: ``True`` was eager, ``False`` lazy."""
+    if value is True:
+        return "eager"
+    if value is False:
+        return "lazy"
+    return value
+
+
 MAX_POSITION_BUCKETS = 16
 """The most position buckets a fact may be encoded at (each costs one encoding and one stored K/V)."""
 
@@ -159,6 +171,10 @@ RecomputeSpec = Annotated[str, AfterValidator(_normalise_recompute)]
 
 PositionBuckets = Annotated[tuple[int, ...], AfterValidator(_normalise_buckets)]
 """Position-aware encoding distances (tokens from the system prefix), sorted, each once."""
+
+EncodeModeSetting = Annotated[EncodeMode, BeforeValidator(_encode_mode)]
+"""A ``kv.encode_on_add`` setting: one of :data:`EncodeMode`, or the older bool (``True`` → ``"eager"``, ``False``
+→ ``"lazy"``), so configs written before the modes existed still load."""
 
 
 class KVConfig(_Strict):
@@ -173,9 +189,24 @@ class KVConfig(_Strict):
             remedy: the fact does not grow a sink of its own). Exact injection (block-diagonal equivalence)
             holds only with this off; see docs/architecture.md.
         store_dir: where KV tensors are written as safetensors; ``None`` means ``<home>/kv``.
-        encode_batch_size: facts per forward pass when encoding.
-        encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
-            the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
+        encode_batch_size: facts per forward pass when encoding; also the most memories the background encoder
+            takes from its queue at once.
+        encode_on_add: when the K/V of the memories an ``add`` creates or re-words are encoded.
+
+            - ``"background"`` (default): after the call, by one background thread, in batches. ``add`` returns as
+              soon as the memories are in SQL and the index (``search`` finds them at once) and costs no forward
+              pass; a ``chat`` that retrieves a memory not encoded yet encodes it itself (the answer is the
+              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain. The thread
+              competes with the caller for the CPU/GPU while it works.
+            - ``"eager"``: inside ``add``, before it returns (one forward pass per call, ~0.6 s for a short fact
+              with SmolLM2-135M on a CPU); every later ``chat`` finds the K/V ready.
+            - ``"lazy"``: never on ``add``; the first ``chat`` that retrieves a memory encodes it on its path.
+
+            ``True`` and ``False`` (the older setting) read as ``"eager"`` and ``"lazy"``. ``add(encode_kv=...)``
+            overrides it per call: ``True`` is eager, ``False`` lazy.
+        encode_queue_size: the most memories waiting for the background encoder (``"background"`` mode); an
+            ``add`` that finds the queue full blocks until the encoder has taken enough of them (back-pressure).
+            The encoder's current batch (up to ``encode_batch_size``) is not counted.
         recompute: which injected memory tokens are prefilled again at serve time, each attending to everything
             before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"tail:n"`` (the
             segment's last n tokens), ``"structure"``
@@ -198,7 +229,8 @@ class KVConfig(_Strict):
     encode_after_system_prefix: bool = True
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
-    encode_on_add: bool = True
+    encode_on_add: EncodeModeSetting = "background"
+    encode_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     recompute: RecomputeSpec = "none"
     memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
     memory_temperature: float = Field(default=1.0, gt=0, le=10)

@@ -224,6 +224,7 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     with console.status("loading the model"):
         client.engine.load()
     client.add([{"role": "user", "content": m} for m in memories], user_id=USER_ID, infer=False)
+    client.wait_for_encoding()  # no background encoding beside the timed chats
     console.print(f"stored and encoded {len(memories)} memories in {time.perf_counter() - t0:.1f} s", style="dim")
 
     store = client.kv_store

@@ -148,6 +148,12 @@ class TransformersEngine(LayoutTokensMixin):
         return self.load()._model
 
     @property
+    def model_lock(self) -> threading.RLock:
+        """The engine's lock, held around each forward pass of :attr:`model`; see
+        :attr:`inferscale.engines.base.Engine.model_lock`."""
+        return self._lock
+
+    @property
     def tokenizer(self) -> Any:
         """The loaded tokenizer."""
         return self.load()._tokenizer
