@@ -33,12 +33,12 @@ from inferscale.types import ChatChunk, ChatResult, RecalledMemory, Timings
 if TYPE_CHECKING:
     from inferscale.async_client import AsyncMemory, AsyncMemoryClient
     from inferscale.client import Memory, MemoryClient
-    from inferscale.config import EmbedderConfig, EngineConfig, KVConfig, LLMConfig, MemoryConfig
+    from inferscale.config import EmbedderConfig, EngineConfig, KVConfig, LLMConfig, MemoryConfig, SearchConfig
 
 __version__ = "0.1.0"
 
 
-_CONFIG_NAMES = ("EmbedderConfig", "EngineConfig", "KVConfig", "LLMConfig", "MemoryConfig")
+_CONFIG_NAMES = ("EmbedderConfig", "EngineConfig", "KVConfig", "LLMConfig", "MemoryConfig", "SearchConfig")
 
 
 def __getattr__(name: str) -> Any:
@@ -89,6 +89,7 @@ __all__ = [
     "RouteNotFoundError",
     "SchemaError",
     "ScopeError",
+    "SearchConfig",
     "ServerError",
     "Timings",
     "UnsupportedModelError",

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
+from inferscale.config import EncodeMode
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
@@ -47,6 +48,7 @@ _QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValid
 _FLAG = TypeAdapter(Annotated[bool, Field(strict=True)])
 _OPTIONAL_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)] | None)
 _VERSION = TypeAdapter(Literal["v1", "v2"] | None)
+_TIMEOUT = TypeAdapter(Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None)
 
 
 def _validated(adapter: TypeAdapter[T], value: object, expected: str) -> T:
@@ -138,6 +140,28 @@ def check_optional_flag(value: Any, name: str) -> bool | None:
         InvalidInputError: ``"<name> must be True, False or None, got <value!r> (...)"`` for anything else.
     """
     return _validated(_OPTIONAL_FLAG, value, f"{name} must be True, False or None")
+
+
+def encode_mode(encode_kv: Any, default: EncodeMode) -> EncodeMode:
+    """When an ``add`` encodes its memories' K/V: ``encode_kv=True`` is ``"eager"`` (now), ``False`` is
+    ``"lazy"`` (on first use), ``None`` is ``default`` (``config.kv.encode_on_add``).
+
+    Raises:
+        InvalidInputError: when ``encode_kv`` is not ``True``, ``False`` or ``None``.
+    """
+    flag = check_optional_flag(encode_kv, "encode_kv")
+    if flag is None:
+        return default
+    return "eager" if flag else "lazy"
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """``None`` (no limit) or a finite number of seconds >= 0, as a float.
+
+    Raises:
+        InvalidInputError: for anything else (a negative number, a bool, a string, NaN, an infinity).
+    """
+    return _validated(_TIMEOUT, timeout, "timeout must be None or a finite number of seconds >= 0")
 
 
 def check_query(query: Any) -> str:

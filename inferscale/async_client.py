@@ -28,10 +28,11 @@ from inferscale.arguments import (
     check_add_messages,
     check_flag,
     check_metadata,
-    check_optional_flag,
     check_output_format,
     check_query,
+    check_timeout,
     check_version,
+    encode_mode,
     optional_scope,
     refuse_unsupported_mem0,
     resolve_limit,
@@ -39,7 +40,7 @@ from inferscale.arguments import (
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
-from inferscale.config import MemoryConfig
+from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
@@ -154,8 +155,7 @@ class AsyncMemoryClient(ClientCore):
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
         check_version(version)
-        encode_kv = check_optional_flag(encode_kv, "encode_kv")
-        encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
+        encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
     async def _aadd(
@@ -164,7 +164,7 @@ class AsyncMemoryClient(ClientCore):
         scope: Scope,
         metadata: Mapping[str, Any] | None,
         infer: bool,
-        encode_kv: bool,
+        encode: EncodeMode,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
@@ -173,13 +173,16 @@ class AsyncMemoryClient(ClientCore):
             return {"results": []}
         index = await self._aindex()
         applied = await self.adb.apply(changes)
-        await self._aafter_write(index, applied, encode_kv)
+        await self._aafter_write(index, applied, encode)
         return {"results": changes_to_results(applied)}
 
-    async def _aafter_write(self, index: VectorIndex, applied: AppliedChanges, encode_kv: bool) -> None:
-        """Bring the derived stores in step with committed changes. ``index`` is loaded (and reconciled) before the
-        SQL write, so that reconciliation never counts the write itself as a repair."""
-        await asyncio.to_thread(self.derived.after_write, index, applied, encode_kv)
+    async def _aafter_write(self, index: VectorIndex, applied: AppliedChanges, encode: EncodeMode) -> None:
+        """Bring the derived stores in step with committed changes, in a worker thread; memories for the background
+        encoder are queued in one too (a full queue blocks that thread, never the event loop). ``index`` is loaded
+        (and reconciled) before the SQL write, so that reconciliation never counts the write itself as a repair."""
+        queued = await asyncio.to_thread(self.derived.after_write, index, applied, encode)
+        if queued:
+            await asyncio.to_thread(self.derived.queue_encoding, queued)
 
     async def update(
         self,
@@ -200,7 +203,7 @@ class AsyncMemoryClient(ClientCore):
     async def _aupdate(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
         index = await self._aindex()
         applied = await self.adb.apply(change)
-        await self._aafter_write(index, applied, encode_kv=False)
+        await self._aafter_write(index, applied, encode="lazy")
         record = applied.updated[0][1] if applied.updated else await self.adb.get(memory_id)
         if record is None:
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -220,7 +223,7 @@ class AsyncMemoryClient(ClientCore):
     async def _adelete(self, memory_id: str) -> dict[str, str]:
         index = await self._aindex()
         applied = await self.adb.apply(ChangeSet(None, deletes=(memory_id,), strict=True))
-        await self._aafter_write(index, applied, encode_kv=False)
+        await self._aafter_write(index, applied, encode="lazy")
         return {"message": "Memory deleted successfully!"}
 
     async def delete_all(
@@ -236,7 +239,7 @@ class AsyncMemoryClient(ClientCore):
     async def _adelete_all(self, scope: Scope) -> dict[str, Any]:
         index = await self._aindex()
         deleted = await self.adb.delete_scope(scope)
-        await self._aafter_write(index, AppliedChanges([], [], deleted, []), encode_kv=False)
+        await self._aafter_write(index, AppliedChanges([], [], deleted, []), encode="lazy")
         return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
 
     async def reset(self) -> None:
@@ -486,9 +489,15 @@ class AsyncMemoryClient(ClientCore):
             records.append(record)
         return records
 
+    async def wait_for_encoding(self, timeout: float | None = None) -> bool:
+        """Wait, in a worker thread, until the background K/V encoder has finished what ``add`` queued; see
+        :meth:`MemoryClient.wait_for_encoding` (same argument, result and errors)."""
+        return await asyncio.to_thread(self.derived.wait_for_encoding, check_timeout(timeout))
+
     async def close(self) -> None:
-        """Write the index file if it changed, and release what this client opened or built; see
-        :meth:`MemoryClient.close`."""
+        """Wait for the background K/V encoder to finish, write the index file if it changed, and release what this
+        client opened or built; see :meth:`MemoryClient.close`."""
+        await asyncio.to_thread(self.derived.wait_for_encoding)
         await asyncio.to_thread(self._release)
         if self._adb is not None:
             await self._adb.close()

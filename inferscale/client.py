@@ -22,10 +22,11 @@ from inferscale.arguments import (
     check_add_messages,
     check_flag,
     check_metadata,
-    check_optional_flag,
     check_output_format,
     check_query,
+    check_timeout,
     check_version,
+    encode_mode,
     optional_scope,
     refuse_unsupported_mem0,
     resolve_limit,
@@ -33,7 +34,7 @@ from inferscale.arguments import (
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
-from inferscale.config import MemoryConfig
+from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
@@ -159,8 +160,12 @@ class MemoryClient(ClientCore):
         scope are retrieved and the LLM decides ADD, UPDATE, DELETE or NONE (see
         :mod:`inferscale.memory.reconcile`). With ``infer=False`` every user/assistant message is stored as it
         is. All changes and their history rows are written in one transaction. New and updated memories are
-        embedded and, with ``encode_kv`` (default ``config.kv.encode_on_add``), their K/V encoded right away
-        (eager); otherwise on the first ``chat`` that retrieves them. Deleted ones lose their vector and K/V.
+        embedded before the call returns (``search`` finds them at once); deleted ones lose their vector and K/V.
+        The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
+        after the call returns (``"background"``, the default: ``chat`` never waits on timing, it encodes any
+        memory it retrieves that is not encoded yet; the call blocks only while ``kv.encode_queue_size`` memories
+        already wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them (``"lazy"``).
+        ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
 
         Returns:
             ``{"results": [{"id", "memory", "event"}, ...]}`` with event ``"ADD"``, ``"UPDATE"`` (plus
@@ -182,8 +187,7 @@ class MemoryClient(ClientCore):
         refuse_unsupported_mem0("add", timestamp=timestamp, expiration_date=expiration_date)
         check_output_format(output_format)
         check_version(version)
-        encode_kv = check_optional_flag(encode_kv, "encode_kv")
-        encode = self.config.kv.encode_on_add if encode_kv is None else encode_kv
+        encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
 
     def _add(
@@ -192,24 +196,27 @@ class MemoryClient(ClientCore):
         scope: Scope,
         metadata: Mapping[str, Any] | None,
         infer: bool,
-        encode_kv: bool,
+        encode: EncodeMode,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
         changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer), self.db)
         if changes is None:
             return {"results": []}
-        applied = self._commit(lambda: self.db.apply(changes), encode_kv)
+        applied = self._commit(lambda: self.db.apply(changes), encode)
         return {"results": changes_to_results(applied)}
 
-    def _commit(self, write: Callable[[], AppliedChanges], encode_kv: bool) -> AppliedChanges:
+    def _commit(self, write: Callable[[], AppliedChanges], encode: EncodeMode) -> AppliedChanges:
         """Run the SQL ``write``, then bring the index and the K/V in step with it, under the client's lock. The
-        index is loaded (and reconciled) before the write, so reconciliation never counts the write as a repair."""
+        index is loaded (and reconciled) before the write, so reconciliation never counts the write as a repair.
+        Memories for the background encoder are queued after the lock is released (a full queue blocks here, and
+        the encoder needs the lock to drain it)."""
         with self._lock:
             index = self.index
             applied = write()
-            self.derived.after_write(index, applied, encode_kv)
-            return applied
+            queued = self.derived.after_write(index, applied, encode)
+        self.derived.queue_encoding(queued)
+        return applied
 
     def update(
         self,
@@ -239,7 +246,7 @@ class MemoryClient(ClientCore):
         return self._update(memory_id, change)
 
     def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
-        applied = self._commit(lambda: self.db.apply(change), encode_kv=False)
+        applied = self._commit(lambda: self.db.apply(change), encode="lazy")
         record = applied.updated[0][1] if applied.updated else self.db.get(memory_id)
         if record is None:  # deleted between the two statements
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
@@ -261,7 +268,7 @@ class MemoryClient(ClientCore):
         return self._delete(memory_id)
 
     def _delete(self, memory_id: str) -> dict[str, str]:
-        self._commit(lambda: self.db.apply(ChangeSet(None, deletes=(memory_id,), strict=True)), encode_kv=False)
+        self._commit(lambda: self.db.apply(ChangeSet(None, deletes=(memory_id,), strict=True)), encode="lazy")
         return {"message": "Memory deleted successfully!"}
 
     def delete_all(
@@ -278,7 +285,7 @@ class MemoryClient(ClientCore):
         return self._delete_all(Scope(user_id, agent_id, run_id))
 
     def _delete_all(self, scope: Scope) -> dict[str, Any]:
-        deleted = self._commit(lambda: AppliedChanges([], [], self.db.delete_scope(scope), []), encode_kv=False).deleted
+        deleted = self._commit(lambda: AppliedChanges([], [], self.db.delete_scope(scope), []), encode="lazy").deleted
         return {"message": "Memories deleted successfully!", "deleted": len(deleted)}
 
     def reset(self) -> None:
@@ -649,10 +656,29 @@ class MemoryClient(ClientCore):
             records.append(record)
         return records
 
+    def wait_for_encoding(self, timeout: float | None = None) -> bool:
+        """Wait until the background encoder has encoded the K/V of every memory ``add`` queued
+        (``kv.encode_on_add="background"``), or found it encoded by a ``chat``, deleted, or failed on it (logged;
+        it is then encoded on first use). ``chat`` does not need this: it encodes what it retrieves that is not
+        encoded yet. Useful before timing ``chat``, or before another process reads the K/V store.
+
+        Args:
+            timeout: the most seconds to wait; ``None`` waits as long as it takes.
+
+        Returns:
+            ``True`` when nothing is left to encode, ``False`` when ``timeout`` ran out first.
+
+        Raises:
+            InvalidInputError: when ``timeout`` is not ``None`` or a finite number >= 0.
+        """
+        return self.derived.wait_for_encoding(check_timeout(timeout))
+
     def close(self) -> None:
-        """Write the index file if it changed, and release what this client opened or built: the database
-        connections, an HTTP LLM client, and the engine when the client built it (an engine passed in is left to
-        its owner). The client reopens what it needs if it is used again."""
+        """Wait for the background K/V encoder to finish what ``add`` queued (:meth:`wait_for_encoding`), write
+        the index file if it changed, and release what this client opened or built: the database connections, an
+        HTTP LLM client, and the engine when the client built it (an engine passed in is left to its owner). The
+        client reopens what it needs if it is used again."""
+        self.derived.wait_for_encoding()
         with self._lock:
             self._release()
             if self._db is not None:

@@ -326,7 +326,7 @@ class ClientCore:
                     from inferscale.memory import TransformersJSONGenerator
 
                     engine = self.engine
-                    self._generator = TransformersJSONGenerator(engine.model, engine.tokenizer)
+                    self._generator = TransformersJSONGenerator(engine.model, engine.tokenizer, lock=engine.model_lock)
                     self._generator_built_here = True
             return self._generator
 

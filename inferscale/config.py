@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from inferscale.errors import ConfigError
 
@@ -24,6 +24,9 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 StorageFormat = Literal["model", "float8_e4m3", "int8"]
 """``kv.storage_format``: fact K/V at rest in the model's dtype or in 8 bits (:mod:`inferscale.kv.quantization`,
 whose :data:`~inferscale.kv.quantization.STORAGE_FORMATS` a test keeps equal to these)."""
+
+EncodeMode = Literal["background", "eager", "lazy"]
+"""When ``add`` has the K/V of new memories encoded (:attr:`KVConfig.encode_on_add`)."""
 
 
 def inferscale_home() -> Path:
@@ -48,7 +51,9 @@ class EngineConfig(_Strict):
         attn_implementation: transformers attention kernel: ``"sdpa_gqa"`` (SDPA reading grouped K/V heads
             directly, see :mod:`inferscale.engines.hf.attention`), ``"sdpa"`` or ``"eager"``.
         max_new_tokens: decode budget of ``chat`` answers, in tokens.
-        num_threads: torch intra-op threads on CPU; ``None`` keeps torch's default.
+        num_threads: torch intra-op threads on CPU. ``"auto"`` (the default) takes the CPUs this process may use:
+            the smallest of torch's default (the host's physical cores), the affinity mask and the cgroup CPU quota
+            (:mod:`inferscale.engines.hf.threads`); ``None`` keeps torch's default.
     """
 
     provider: Literal["transformers", "vllm"] = "transformers"
@@ -57,7 +62,7 @@ class EngineConfig(_Strict):
     device: str = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)
-    num_threads: int | None = Field(default=None, ge=1)
+    num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
 
 
 class LLMConfig(_Strict):
@@ -107,6 +112,39 @@ class EmbedderConfig(_Strict):
     device: str = "cpu"
 
 
+class SearchConfig(_Strict):
+    """How the vector index searches (:class:`inferscale.retrieval.VectorIndex`).
+
+    A scope of at most ``exact_scope_max`` memories (a user's, typically a few hundred) is searched exactly over
+    its own vectors: they are looked up by id and scored in one pass, so the cost tracks the scope, not the total,
+    and recall is 1. A larger scope, or a search without a scope, scans every vector exactly while the index holds
+    fewer than ``approximate_min_total``; from there on it searches an approximate inverted-file index (FAISS
+    ``IndexIVFFlat``), built on the first such search and rebuilt (re-trained) when the index has grown
+    ``rebuild_growth`` times since; its recall against the exact search is measured by ``benchmarks/scale.py``.
+
+    Attributes:
+        exact_scope_max: the largest scope (memories) searched exactly over its own vectors. Up to a few thousand
+            this is cheaper than any index (about 1 µs per memory); 0 sends every scoped search to the scans.
+        approximate_min_total: the index size (vectors) from which large or unscoped searches use the approximate
+            index; ``None`` keeps them exact at any size. Building the approximate index costs seconds per hundred
+            thousand vectors (paid by the search that needs it first) and holds a second copy of the vectors.
+        ivf_nlist: the approximate index's number of lists; ``None`` picks the power of two nearest the square root
+            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors.
+        ivf_nprobe: how many lists a search visits: more is slower and closer to exact.
+        rebuild_growth: re-train the approximate index once the index has grown this many times since it was
+            trained (vectors added since are placed by the old centroids meanwhile).
+        gpu: move the approximate index to a GPU when FAISS sees one (``inferscale[gpu]``), for searches without a
+            scope; FAISS GPU indexes take no id selector, so scoped searches stay on the CPU.
+    """
+
+    exact_scope_max: int = Field(default=2048, ge=0)
+    approximate_min_total: int | None = Field(default=100_000, ge=1)
+    ivf_nlist: int | None = Field(default=None, ge=1, le=1 << 20)
+    ivf_nprobe: int = Field(default=16, ge=1)
+    rebuild_growth: float = Field(default=4.0, gt=1)
+    gpu: bool = True
+
+
 def _normalise_recompute(value: str) -> str:
     from inferscale.kv.recompute import RecomputePolicy  # the KV core imports torch: only when validating
 
@@ -119,6 +157,15 @@ def _normalise_buckets(value: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(value)))
 
 
+def _encode_mode(value: object) -> object:
+    """``kv.encode_on_add`` as written before the modes existed: ``True`` was eager, ``False`` lazy."""
+    if value is True:
+        return "eager"
+    if value is False:
+        return "lazy"
+    return value
+
+
 MAX_POSITION_BUCKETS = 16
 """The most position buckets a fact may be encoded at (each costs one encoding and one stored K/V)."""
 
@@ -128,6 +175,10 @@ RecomputeSpec = Annotated[str, AfterValidator(_normalise_recompute)]
 
 PositionBuckets = Annotated[tuple[int, ...], AfterValidator(_normalise_buckets)]
 """Position-aware encoding distances (tokens from the system prefix), sorted, each once."""
+
+EncodeModeSetting = Annotated[EncodeMode, BeforeValidator(_encode_mode)]
+"""A ``kv.encode_on_add`` setting: one of :data:`EncodeMode`, or the older bool (``True`` → ``"eager"``, ``False``
+→ ``"lazy"``), so configs written before the modes existed still load."""
 
 
 class KVConfig(_Strict):
@@ -142,9 +193,24 @@ class KVConfig(_Strict):
             remedy: the fact does not grow a sink of its own). Exact injection (block-diagonal equivalence)
             holds only with this off; see docs/architecture.md.
         store_dir: where KV tensors are written as safetensors; ``None`` means ``<home>/kv``.
-        encode_batch_size: facts per forward pass when encoding.
-        encode_on_add: encode the K/V of new and updated memories inside ``add`` (eager); ``False`` leaves it to
-            the first ``chat`` that retrieves them (lazy). ``add(encode_kv=...)`` overrides it per call.
+        encode_batch_size: facts per forward pass when encoding; also the most memories the background encoder
+            takes from its queue at once.
+        encode_on_add: when the K/V of the memories an ``add`` creates or re-words are encoded.
+
+            - ``"background"`` (default): after the call, by one background thread, in batches. ``add`` returns as
+              soon as the memories are in SQL and the index (``search`` finds them at once) and costs no forward
+              pass; a ``chat`` that retrieves a memory not encoded yet encodes it itself (the answer is the
+              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain. The thread
+              competes with the caller for the CPU/GPU while it works.
+            - ``"eager"``: inside ``add``, before it returns (one forward pass per call, ~0.6 s for a short fact
+              with SmolLM2-135M on a CPU); every later ``chat`` finds the K/V ready.
+            - ``"lazy"``: never on ``add``; the first ``chat`` that retrieves a memory encodes it on its path.
+
+            ``True`` and ``False`` (the older setting) read as ``"eager"`` and ``"lazy"``. ``add(encode_kv=...)``
+            overrides it per call: ``True`` is eager, ``False`` lazy.
+        encode_queue_size: the most memories waiting for the background encoder (``"background"`` mode); an
+            ``add`` that finds the queue full blocks until the encoder has taken enough of them (back-pressure).
+            The encoder's current batch (up to ``encode_batch_size``) is not counted.
         recompute: which injected memory tokens are prefilled again at serve time, each attending to everything
             before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"tail:n"`` (the
             segment's last n tokens), ``"structure"``
@@ -174,7 +240,8 @@ class KVConfig(_Strict):
     encode_after_system_prefix: bool = True
     store_dir: str | None = None
     encode_batch_size: int = Field(default=16, ge=1, le=512)
-    encode_on_add: bool = True
+    encode_on_add: EncodeModeSetting = "background"
+    encode_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     recompute: RecomputeSpec = "none"
     memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
     memory_temperature: float = Field(default=1.0, gt=0, le=10)
@@ -200,6 +267,8 @@ class MemoryConfig(_Strict):
         db_url: any SQLAlchemy URL; ``None`` means a SQLite file ``<data_dir>/memory.db`` (WAL mode).
         index_path: the FAISS index file; ``None`` puts it next to a SQLite file, or in ``<data_dir>`` for
             other databases.
+        search: how the vector index searches: the exact per-scope path and the approximate index
+            (:class:`SearchConfig`).
         home: the cache directory for converted models; ``None`` means :func:`inferscale_home`.
         data_dir: where the default database, the index and KV tensors live; ``None`` means ``<home>/data``.
         max_memory_chars: the longest text one memory may have (characters). A memory is a fact recalled into a
@@ -212,6 +281,7 @@ class MemoryConfig(_Strict):
     llm: LLMConfig = LLMConfig()
     embedder: EmbedderConfig = EmbedderConfig()
     kv: KVConfig = KVConfig()
+    search: SearchConfig = SearchConfig()
     db_url: str | None = None
     index_path: str | None = None
     home: str | None = None

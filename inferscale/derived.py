@@ -3,7 +3,9 @@
 SQL is the source of truth; the vector index and the K/V store are rebuilt or re-encoded from it. This module
 owns them for both clients:
 
-- :meth:`DerivedStores.after_write` brings them in step with committed changes;
+- :meth:`DerivedStores.after_write` brings them in step with committed changes, and
+  :meth:`DerivedStores.queue_encoding` hands new memories to the background K/V encoder
+  (:mod:`inferscale.encode_queue`; :meth:`DerivedStores.encode_queued` is its batch);
 - :meth:`DerivedStores.reconcile_steps` repairs what a crash or another process left behind (run on first use, and
   by the clients' ``reconcile``; :mod:`inferscale.reconcile`): each vector is labelled with the text hash it was
   embedded from, so a stale one is found by comparing labels with SQL;
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inferscale.config import MemoryConfig
+from inferscale.config import EncodeMode, MemoryConfig
+from inferscale.encode_queue import EncodeQueue
 from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
@@ -41,6 +44,11 @@ log = logging.getLogger(__name__)
 
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
+
+INDEX_SAVE_SHARE = 0.05
+"""While writing, saves take at most about this share of the time: the interval between two stretches to the last
+save's duration divided by it (a million 384-d vectors are a 1.5 GB file, ~10 s to write here: one save every few
+minutes, not one per add). Vectors added since the last save are embedded again from SQL after a crash."""
 
 
 # ---------------------------------------------------------------------------------------------------- the stores
@@ -83,7 +91,9 @@ class DerivedStores:
         self._index: VectorIndex | None = None
         self._index_dirty = False
         self._index_saved_at = 0.0
+        self._index_save_s = 0.0  # how long the last save took (seconds)
         self._fact_kv: FactKVManager | None = None
+        self._encoder = EncodeQueue(self.encode_queued, config.kv.encode_batch_size, config.kv.encode_queue_size)
 
     @property
     def lock(self) -> threading.RLock:
@@ -119,7 +129,7 @@ class DerivedStores:
         """
         with self._lock:
             if self._index is None:
-                self._index = VectorIndex.open(self._index_path, self._embedder().dim)
+                self._index = VectorIndex.open(self._index_path, self._embedder().dim, self._config.search)
             return self._index
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
@@ -154,14 +164,17 @@ class DerivedStores:
         return report
 
     def save_index(self, force: bool = False) -> None:
-        """Write the index file when it changed, at most every :data:`INDEX_SAVE_INTERVAL_S` unless ``force``."""
+        """Write the index file when it changed, unless ``force`` at most every :data:`INDEX_SAVE_INTERVAL_S`, or
+        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index)."""
         with self._lock:
             now = time.monotonic()
-            due = force or now - self._index_saved_at >= INDEX_SAVE_INTERVAL_S
+            interval = max(INDEX_SAVE_INTERVAL_S, self._index_save_s / INDEX_SAVE_SHARE)
+            due = force or now - self._index_saved_at >= interval
             if self._index is not None and self._index_dirty and due:
                 self._index.save()
                 self._index_dirty = False
-                self._index_saved_at = now
+                self._index_saved_at = time.monotonic()
+                self._index_save_s = self._index_saved_at - now
 
     # ---- the read steps ---------------------------------------------------------------------------------------
     def search_steps(
@@ -202,21 +215,28 @@ class DerivedStores:
         return [(r.id, r.text) for r in sorted(records.values(), key=lambda r: (r.created_at, r.vector_id))]
 
     # ---- after a write ----------------------------------------------------------------------------------------
-    def after_write(self, index: VectorIndex, applied: AppliedChanges, encode_kv: bool) -> None:
+    def after_write(self, index: VectorIndex, applied: AppliedChanges, encode: EncodeMode) -> list[str]:
         """Bring the index and the K/V in step with committed changes.
 
         Deleted memories lose their vector and K/V. A memory whose text changed is embedded again and loses its
-        K/V (encoded again from the new text on next use, or now with ``encode_kv``); a metadata-only update
-        changes neither. New memories are embedded, and encoded now with ``encode_kv``. A memory whose stored
-        context lost a deleted or re-worded text (``applied.recontexted``) keeps its vector and loses its K/V, files
-        of every key included (those of the old context's key could never be looked up again): they are encoded
-        again under the new context's key on next use, or now with ``encode_kv``.
+        K/V; a metadata-only update changes neither. New memories are embedded. A memory whose stored context lost
+        a deleted or re-worded text (``applied.recontexted``) keeps its vector and loses its K/V, files of every key
+        included (those of the old context's key could never be looked up again). The new, re-worded and
+        re-contexted memories' K/V are then encoded as ``encode`` says: now (``"eager"``), by the background encoder
+        (``"background"``: their ids are returned, for :meth:`queue_encoding`), or on first use (``"lazy"``).
 
         Args:
             index: the loaded index (from :meth:`index_steps`).
             applied: what the transaction did.
-            encode_kv: encode the new, re-worded and re-contexted memories' K/V now (eager) rather than on first
-                ``chat``.
+            encode: when the K/V of the memories it created or changed are encoded
+                (:attr:`inferscale.config.KVConfig.encode_on_add`).
+
+        Returns:
+            With ``"background"``, the ids to pass to :meth:`queue_encoding` once the caller has released the
+            client's lock; otherwise ``[]``.
+
+        Raises:
+            InvalidInputError: with ``"eager"``, when a fact with its context does not fit the model's context.
         """
         retexted = [after for before, after in applied.updated if before.hash != after.hash]
         with self._lock:
@@ -227,9 +247,72 @@ class DerivedStores:
             self.embed_into(index, [*retexted, *applied.added])
             self.forget_kv(list(dict.fromkeys(r.id for r in [*applied.deleted, *retexted, *applied.recontexted])))
         fresh = {r.id: r for r in [*retexted, *applied.recontexted, *applied.added]}  # the latest record of each
-        if encode_kv and fresh:
+        if encode == "eager" and fresh:
             self.fact_kv.prepare(list(fresh.values()))
         self.save_index()
+        return list(fresh) if encode == "background" else []
+
+    # ---- the background encoder ---------------------------------------------------------------------------------
+    def queue_encoding(self, memory_ids: Sequence[str]) -> None:
+        """Queue memories for the background K/V encoder; blocks while ``kv.encode_queue_size`` memories wait.
+
+        Call it without holding the client's lock: the encoder takes that lock to store what it encoded, so a full
+        queue would never drain.
+        """
+        if memory_ids:
+            self._encoder.submit(memory_ids)
+
+    def pending_encoding(self) -> list[str]:
+        """The ids of the memories the background encoder has not finished yet, oldest first (a snapshot)."""
+        return self._encoder.pending()
+
+    def wait_for_encoding(self, timeout: float | None = None) -> bool:
+        """Block until the background encoder has finished every queued memory (encoded, found encoded, gone, or
+        failed and logged); ``timeout`` in seconds, ``None`` for no limit. Returns ``False`` when it ran out first.
+        Call it without holding the client's lock."""
+        return self._encoder.wait(timeout)
+
+    def encode_queued(self, memory_ids: list[str]) -> None:
+        """Encode and store the K/V of queued memories at every position bucket, as eager ``add`` does: the
+        background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
+
+        Each memory is read from SQL when its turn comes (one deleted meanwhile is skipped; one re-worded or
+        re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a ``chat`` that needed
+        one first encoded it itself). The forward passes run under the engine's lock alone, so ``add``, ``search``
+        and ``chat`` go on meanwhile; the results are stored under the client's lock, and only for a memory whose
+        text and context are still those it was encoded from (SQL read again): a change that landed during the
+        pass leaves nothing stale behind.
+
+        Raises:
+            InvalidInputError: when a fact with its context does not fit the model's context window.
+            MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
+                outside the client's lock); the queue retries the batch one memory at a time, which skips it.
+            OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
+                engine's first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
+        """
+        self._engine().load()  # outside the client's lock: a first load takes seconds
+        with self._lock:
+            fact_kv = self.fact_kv
+            db = self._db()
+            records = [record for record in (db.get(memory_id) for memory_id in memory_ids) if record is not None]
+            wanted = fact_kv.missing(records)
+            requests = fact_kv.requests(wanted)
+        if not wanted:
+            return
+        encoded = fact_kv.encode(requests)
+        with self._lock:
+            now = {memory_id: db.get(memory_id) for memory_id in dict.fromkeys(r.id for r, _ in wanted)}
+            kept = []
+            for (record, bucket), fact in zip(wanted, encoded, strict=True):
+                current = now[record.id]
+                key = fact_kv.key(record, bucket)
+                if current is None or fact_kv.key(current, bucket) != key:
+                    continue  # deleted, re-worded or re-contexted during the pass: a stale encoding
+                if not fact_kv.store.contains(key):  # not stored meanwhile by a chat that needed it
+                    kept.append(((record, bucket), fact))
+            if kept:
+                fact_kv.put([pair for pair, _ in kept], [fact for _, fact in kept])
+        log.debug("background-encoded %d of %d facts of %d memories", len(kept), len(wanted), len(memory_ids))
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted, re-worded or re-contexted memories from every tier (every key of each:
@@ -252,7 +335,7 @@ class DerivedStores:
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""
         with self._lock:
-            index = VectorIndex(self._embedder().dim, self._index_path)
+            index = VectorIndex(self._embedder().dim, self._index_path, self._config.search)
             index.save()
             self._index = index
             self._index_dirty = False

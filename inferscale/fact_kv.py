@@ -116,34 +116,71 @@ class FactKVManager:
         """
         self._ensure([(r, bucket) for r in records for bucket in self._config.position_buckets])
 
+    def missing(self, records: Sequence[MemoryRecord]) -> list[tuple[MemoryRecord, int]]:
+        """``(record, bucket)`` for each position bucket of each record whose K/V no tier holds: what
+        :meth:`prepare` would encode. Counts no store hit or miss and loads nothing."""
+        buckets = self._config.position_buckets
+        return [(r, b) for r in records for b in buckets if not self._store.contains(self.key(r, b))]
+
+    def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
+        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model)."""
+        return [self.encode_request(record, bucket) for record, bucket in wanted]
+
+    def encode(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        """The engine's K/V of each request, in order (forward passes under the engine's own lock; stores
+        nothing): keys and values ``[n_layers, n_kv_heads, n_tokens, head_dim]`` before RoPE, in its dtype.
+
+        Raises:
+            InvalidInputError: when a fact with its context reaches past the model's context window.
+        """
+        return self._engine.encode_facts(requests)
+
+    def put(self, wanted: Sequence[tuple[MemoryRecord, int]], encoded: Sequence[FactKV]) -> list[FactKV]:
+        """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, bucket)``), quantised once to
+        ``kv.storage_format``: its ``kv_entries`` row, then its tensors in every tier; entries of an older key
+        format of those memories are pruned.
+
+        Returns:
+            The facts as stored (8-bit ones as codes and scales): with a disk tier, each names its file (engines in
+            another process read it).
+
+        Raises:
+            MemoryNotFoundError: when a record's memory was deleted meanwhile (the facts before it are stored).
+            OSError: when a file cannot be written.
+        """
+        stored = []
+        for (record, bucket), fresh in zip(wanted, encoded, strict=True):
+            fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
+            key = self.key(record, bucket)
+            # The row is committed before the file is renamed into place, so a file on disk always has its
+            # row unless the memory was deleted or re-worded since: reconciliation may remove a file without
+            # a row (a crash between the two leaves a row without a file, which it removes instead).
+            location = self._store.location(key)
+            self._db.put_kv_entry(
+                memory_id=record.id,
+                text_hash=record.hash,
+                fingerprint=key.fingerprint,
+                encoding_key=key.encoding_key,
+                n_tokens=fact.n_tokens,
+                nbytes=fact.nbytes,
+                location=location,
+            )
+            self._store.put(key, fact)
+            # With a disk tier, return the entry as the store now holds it, naming its file; without one,
+            # ``location`` is a tier name, not a file.
+            stored.append(fact.with_source(location) if self._store.directory is not None else fact)
+        # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
+        self._store.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
+        return stored
+
     def _ensure(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[FactKV]:
         found: list[FactKV | None] = [self._store.get(self.key(r, bucket)) for r, bucket in wanted]
         missing = [i for i, fact in enumerate(found) if fact is None]
         if missing:
-            encoded = self._engine.encode_facts([self.encode_request(*wanted[i]) for i in missing])
-            for i, fresh in zip(missing, encoded, strict=True):
-                fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
-                record, bucket = wanted[i]
-                key = self.key(record, bucket)
-                # The row is committed before the file is renamed into place, so a file on disk always has its
-                # row unless the memory was deleted or re-worded since: reconciliation may remove a file without
-                # a row (a crash between the two leaves a row without a file, which it removes instead).
-                location = self._store.location(key)
-                self._db.put_kv_entry(
-                    memory_id=record.id,
-                    text_hash=record.hash,
-                    fingerprint=key.fingerprint,
-                    encoding_key=key.encoding_key,
-                    n_tokens=fact.n_tokens,
-                    nbytes=fact.nbytes,
-                    location=location,
-                )
-                self._store.put(key, fact)
-                # With a disk tier, return the entry as the store now holds it, naming its file (engines in another
-                # process read that file); without one, ``location`` is a tier name, not a file.
-                found[i] = fact.with_source(location) if self._store.directory is not None else fact
-            # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
-            self._store.prune({wanted[i][0].id for i in missing}, lambda key: is_current_encoding(key.encoding_key))
+            misses = [wanted[i] for i in missing]
+            stored = self.put(misses, self.encode(self.requests(misses)))
+            for i, fact in zip(missing, stored, strict=True):
+                found[i] = fact
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
         complete = [fact for fact in found if fact is not None]
         if len(complete) != len(found):

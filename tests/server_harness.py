@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from inferscale import AsyncMemoryClient, MemoryConfig
 from inferscale.server.keys import KeyStore
-from inferscale.storage import Base, make_engine
+from inferscale.storage import make_engine
+from inferscale.storage.schema import MEMORY_SCHEMA, ensure_schema
 
 
 @dataclass
@@ -31,9 +32,10 @@ class Served:
 
     def row_counts(self) -> tuple[int, int]:
         """(memories, history rows) in the server's database, read outside the server (the tables are created when
-        no request has written yet)."""
+        no request has written yet, by the store's own migrations: tables made from today's models without a version
+        table would be refused as unversioned 0.1 tables once they differ from its baseline)."""
         engine = make_engine(self.config.database_url())
-        Base.metadata.create_all(engine)
+        ensure_schema(engine, MEMORY_SCHEMA)
         try:
             with engine.connect() as conn:
                 memories = conn.execute(text("select count(*) from memories")).scalar_one()

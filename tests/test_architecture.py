@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "inferscale.fact_kv": 5,
     "inferscale.steps": 5,
     "inferscale.derived": 5,
+    "inferscale.encode_queue": 5,
     "inferscale.reconcile": 5,
     "inferscale.arguments": 6,
     "inferscale.chat_request": 6,

@@ -38,6 +38,7 @@ EXPECTED_ALL = [
     "RouteNotFoundError",
     "SchemaError",
     "ScopeError",
+    "SearchConfig",
     "ServerError",
     "Timings",
     "UnsupportedModelError",

@@ -93,7 +93,7 @@ class TTFTSettings:
         tiers: KV store tiers to measure; ``None`` = every tier the store has (device, host, disk).
         query: the query text.
         warmup: untimed rounds (every path once per round) before measuring.
-        num_threads: torch CPU threads; ``None`` keeps torch's default (``OMP_NUM_THREADS``).
+        num_threads: torch CPU threads; ``None`` runs the engine's default (``"auto"``: the CPUs the process may use).
         out_dir: folder for ``ttft_vs_k.json`` and ``ttft_vs_k.png`` (created).
         data_dir: folder for the throwaway database and KV files; ``None`` = a new temporary folder.
         prefix_cache: vLLM only. ``"cold"`` empties vLLM's prefix cache before every timed call and then prefills
@@ -174,7 +174,7 @@ def _make_client(
             model=settings.model,
             dtype=settings.dtype,
             device=settings.device,
-            num_threads=settings.num_threads,
+            num_threads=settings.num_threads if settings.num_threads is not None else "auto",
         ),
     )
     return MemoryClient(config, engine=engine, embedder=embedder)  # without an engine, it builds the configured one
@@ -224,6 +224,7 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
     with console.status("loading the model"):
         client.engine.load()
     client.add([{"role": "user", "content": m} for m in memories], user_id=USER_ID, infer=False)
+    client.wait_for_encoding()  # no background encoding beside the timed chats
     console.print(f"stored and encoded {len(memories)} memories in {time.perf_counter() - t0:.1f} s", style="dim")
 
     store = client.kv_store

@@ -11,6 +11,7 @@ engine's module, where a ``_conforms_to_engine`` function returns the engine as 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, Self
@@ -146,6 +147,14 @@ class Engine(Protocol):
     def tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer (``transformers.PreTrainedTokenizerBase``; typed ``Any`` like
         :attr:`model`). Loads the model."""
+        ...
+
+    @property
+    def model_lock(self) -> threading.RLock:
+        """The reentrant lock the engine holds around each forward pass of :attr:`model` (encoding and generation).
+        Anything else that runs :attr:`model` (the local JSON generator of fact extraction) holds it too: the fact
+        encoder hooks the model's layers during its passes, and the background K/V encoder runs them on a thread of
+        its own. Loads nothing."""
         ...
 
     @property

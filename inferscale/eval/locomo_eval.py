@@ -163,6 +163,7 @@ def ingest_conversation(client: MemoryClient, conv: LocomoConversation, settings
             continue
         metadata = {**memory["metadata"], "dia_id": dia_ids[0], "dia_ids": dia_ids, "speaker": speakers[memory_id]}
         client.update(memory_id, metadata=metadata, user_id=user)  # metadata only: vector and K/V stay
+    client.wait_for_encoding()  # answering is timed: no background K/V encoding beside it
     return len(client.get_all(user_id=user, limit=1_000_000)["results"])
 
 

@@ -186,6 +186,12 @@ class TieredKVStore:
                 fact = self._cache(key, fact)
             return _on(fact, self._device)
 
+    def contains(self, key: KVKey) -> bool:
+        """Whether some tier holds ``key``; unlike :meth:`get` it counts no hit or miss, promotes nothing and reads
+        no file."""
+        with self._lock:
+            return any(tier.contains(key) for tier in self.tiers)
+
     def put(self, key: KVKey, fact: FactKV) -> str:
         """Write ``fact`` through to disk, then cache it in the top memory tier; returns :meth:`location`.
 

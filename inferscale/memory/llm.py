@@ -101,18 +101,29 @@ class TransformersJSONGenerator:
 
     Compiled grammars are cached per schema. One lock serialises compilation and decoding: the model's
     forward pass is not re-entrant-safe with a shared cache object and CPU threads are already saturated by
-    one decode.
+    one decode. A model shared with a chat engine must be decoded under the engine's lock (``lock``): the engine's
+    fact encoder hooks the model's layers during its passes, and chat and the background K/V encoder run in other
+    threads.
 
     Args:
         model: a loaded causal LM (any dtype and device); used in ``eval`` mode under ``torch.inference_mode``.
         tokenizer: its tokenizer; must have a chat template.
         compile_threads: threads xgrammar may use to compile a grammar.
+        lock: the lock every other user of ``model`` holds around its forward passes
+            (:attr:`inferscale.engines.base.Engine.model_lock`); ``None`` gives the generator a lock of its own.
 
     Raises:
         ConfigError: when the tokenizer has no chat template.
     """
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, compile_threads: int = 2) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        compile_threads: int = 2,
+        lock: threading.Lock | threading.RLock | None = None,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
                 f"the tokenizer of {getattr(model, 'name_or_path', 'the model')!r} has no chat template; "
@@ -127,7 +138,7 @@ class TransformersJSONGenerator:
         self._compile_threads = compile_threads
         self._compiler: xgrammar.GrammarCompiler | None = None
         self._grammars: dict[str, xgrammar.CompiledGrammar] = {}
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
 
     @classmethod
     def from_pretrained(

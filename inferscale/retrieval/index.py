@@ -1,20 +1,23 @@
 """A FAISS vector index keyed by the memories' integer ``vector_id``s, with search restricted to a scope.
 
-Each vector may carry a label: what it was computed from (the memories' text hash), so a caller can tell a stale
-vector from a current one. The index and its labels are saved together in one file (an uncompressed ``.npz``:
-the serialised FAISS index, the labelled ids and their labels) by one atomic rename, so saves of two processes
-that interleave leave one save's index with that save's labels, never a mismatch.
+Three search paths, chosen per search (:class:`~inferscale.config.SearchConfig`):
 
-Files of earlier versions (the bare FAISS index, its labels beside it in ``<index>.labels.npz`` bound to the
-index bytes by a digest) are still read; the next save replaces them.
+- a scope of at most ``exact_scope_max`` ids is searched exactly over its own vectors: they are looked up by id in
+  the exact store (``reconstruct_batch``) and scored in one pass (:mod:`inferscale.retrieval.ranking`), so the
+  cost tracks the scope (about a microsecond per memory), not the total;
+- a larger scope, or a search without a scope, scans the whole exact store (FAISS ``IndexFlatIP``, restricted by an
+  id selector, :func:`~inferscale.retrieval.ids.id_selector`) while the index is smaller than ``approximate_min_total``;
+- from that size on it searches the approximate index (:mod:`inferscale.retrieval.approximate`), falling back to the
+  scan when the visited lists hold fewer than ``k`` of the scope's vectors.
+
+Each vector may carry a label: what it was computed from (the memories' text hash), so a caller can tell a stale
+vector from a current one (:mod:`inferscale.retrieval.labels`). The exact store, its labels and the approximate
+index are saved together in one file (:mod:`inferscale.retrieval.index_file`) by one atomic rename.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
-import io
-import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,143 +26,96 @@ import faiss
 import numpy as np
 
 from inferscale.atomic import TEMP_SUFFIX, atomic_write, sweep_temp_files
+from inferscale.config import SearchConfig
 from inferscale.errors import ConfigError, InvalidInputError
-
-log = logging.getLogger(__name__)
-
-MAX_LABEL_LENGTH = 128
-"""The longest label (ASCII characters): a hex digest fits."""
-
-
-def labels_path(path: Path) -> Path:
-    """The labels file saved beside the index file ``path`` (``<name>.labels.npz``)."""
-    return path.with_name(f"{path.name}.labels.npz")
-
-
-def _digest(data: bytes | np.ndarray) -> str:
-    """32 hex characters naming the serialised index bytes ``data`` (blake2b)."""
-    buffer = data if isinstance(data, bytes) else np.ascontiguousarray(data).data
-    return hashlib.blake2b(buffer, digest_size=16).hexdigest()
-
-
-def _check_labels(labels: Sequence[str], n: int) -> np.ndarray:
-    """``labels`` as a bytes array ``[n]`` of ASCII strings of 1 to :data:`MAX_LABEL_LENGTH` characters (no NUL,
-    which numpy's bytes arrays strip at the end)."""
-    if isinstance(labels, str) or len(labels) != n:
-        raise InvalidInputError(f"pass one label per id: {n} ids, got {labels!r:.80}")
-    for label in labels:
-        if not isinstance(label, str) or not 0 < len(label) <= MAX_LABEL_LENGTH or not label.isascii():
-            raise InvalidInputError(f"a label must be 1 to {MAX_LABEL_LENGTH} ASCII characters, got {label!r:.80}")
-        if "\x00" in label:
-            raise InvalidInputError(f"a label must not hold NUL characters, got {label!r:.80}")
-    return _label_array(labels)
-
-
-def _label_array(labels: Sequence[str]) -> np.ndarray:
-    """``labels`` (ASCII str) as a bytes array ``[n]``; labels of one length (hex digests) are joined and viewed,
-    which is several times faster than converting each."""
-    lengths = set(map(len, labels))
-    if len(lengths) == 1:
-        (width,) = lengths
-        return np.frombuffer("".join(labels).encode("ascii"), dtype=f"S{width}")
-    return np.array(list(labels), dtype="S") if labels else np.zeros(0, dtype="S1")
-
-
-def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Element-wise ``a != b`` for bytes arrays ``[n]``: bool ``[n]``. Arrays of one width are compared as bytes
-    ``[n, width]``, several times faster than numpy's string comparison."""
-    if a.dtype.itemsize != b.dtype.itemsize or a.size == 0:
-        return np.asarray(a != b, dtype=bool).reshape(-1)
-    width = a.dtype.itemsize
-    bytes_a = np.ascontiguousarray(a).view(np.uint8).reshape(-1, width)
-    bytes_b = np.ascontiguousarray(b).view(np.uint8).reshape(-1, width)
-    return np.asarray((bytes_a != bytes_b).any(axis=1))
-
-
-def _check_ids(ids: object, name: str = "ids") -> np.ndarray:
-    """``ids`` as a contiguous int64 array ``[n]``."""
-    array = np.asarray(ids)
-    if array.ndim != 1:
-        raise InvalidInputError(f"{name} must be 1-D [n], got shape {array.shape}")
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if not np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_:
-        raise InvalidInputError(f"{name} must hold integers (int64 vector ids), got dtype {array.dtype}")
-    if np.issubdtype(array.dtype, np.unsignedinteger) and int(array.max()) > np.iinfo(np.int64).max:
-        raise InvalidInputError(f"{name} holds a value above the int64 range")
-    if int(array.min()) < 0:
-        raise InvalidInputError(f"{name} must be non-negative (FAISS uses -1 for 'no result'), got {array.min()}")
-    return np.ascontiguousarray(array, dtype=np.int64)
+from inferscale.retrieval import index_file
+from inferscale.retrieval.approximate import ApproximateIndex, gpu_count
+from inferscale.retrieval.ids import IdSet, check_ids, distinct_sorted, id_selector
+from inferscale.retrieval.index_file import labels_path
+from inferscale.retrieval.labels import MAX_LABEL_LENGTH, LabelTable, check_labels, differ, label_array
+from inferscale.retrieval.ranking import as_pairs, inner_products, top_k, with_ties
+from inferscale.retrieval.threads import one_thread
 
 
 class VectorIndex:
-    """Exact inner-product search over ``dim``-sized vectors with int64 ids (FAISS ``IndexIDMap2(IndexFlatIP)``).
+    """Inner-product search over ``dim``-sized vectors with int64 ids, exact within small scopes.
 
     Vectors are expected to be L2-normalised, so the inner-product score is the cosine similarity in [-1, 1].
-    Mutations and searches are serialised by a lock; the object may be shared by threads.
+    Results are ordered by score, highest first, and equal scores by ascending id. Mutations and searches are
+    serialised by a lock; the object may be shared by threads.
 
-    The index lives on the CPU. FAISS GPU indexes cannot run a search restricted by an ``IDSelector`` (which is
-    how every search is limited to a tenant's scope), and an exact flat search over even a million
-    384-dimensional vectors takes milliseconds on a CPU, so a GPU (``faiss.get_num_gpus() > 0``) is only
-    reported by :attr:`gpu_available`, not used.
+    The exact store is a FAISS ``IndexIDMap2(IndexFlatIP)`` on the CPU. The approximate index (an ``IndexIVFFlat``,
+    built once the index reaches ``search.approximate_min_total`` vectors and a search needs it) holds a second copy
+    of the vectors; with ``search.gpu`` and a GPU that FAISS sees (``inferscale[gpu]``: the ``faiss-gpu-cu12``
+    wheel), it is copied to the GPU (``faiss.index_cpu_to_gpu``) for searches without a scope. FAISS GPU indexes
+    take no ``IDSelector``, so scoped searches run on the CPU: the exact per-scope path, or the CPU copy of the
+    approximate index for large scopes.
 
     Args:
         dim: vector size (e.g. 384 for all-MiniLM-L6-v2).
         path: the file :meth:`save` writes; ``None`` for an in-memory index (then ``save`` needs a path).
+        search: which search path serves which scope size; ``None`` for :class:`~inferscale.config.SearchConfig`'s
+            defaults.
 
     Raises:
         InvalidInputError: when ``dim`` is not a positive int.
     """
 
-    def __init__(self, dim: int, path: Path | str | None = None) -> None:
+    def __init__(self, dim: int, path: Path | str | None = None, search: SearchConfig | None = None) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int | np.integer) or dim < 1:
             raise InvalidInputError(f"dim must be a positive int, got {dim!r}")
         self._dim = int(dim)
         self._path = Path(path) if path is not None else None
+        self._search = search if search is not None else SearchConfig()
         self._lock = threading.Lock()
         self._index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(self._dim))
-        # The labelled ids, ascending, and their labels aligned with them (bytes): compared with numpy, not in a
-        # Python loop, since every search checks its whole scope (tens of thousands of ids).
-        self._label_ids = np.zeros(0, dtype=np.int64)
-        self._label_values = np.zeros(0, dtype="S1")
+        self._ids = IdSet()  # the ids of self._index, sorted: membership without a Python loop
+        self._labels = LabelTable()
+        self._ann: ApproximateIndex | None = None
 
     @classmethod
-    def open(cls, path: Path | str, dim: int) -> VectorIndex:
+    def open(cls, path: Path | str, dim: int, search: SearchConfig | None = None) -> VectorIndex:
         """The index saved at ``path``, or an empty one (bound to ``path``) when the file does not exist.
 
-        The labels saved with it are loaded when their file belongs to these index bytes; otherwise (no labels
-        file, or one from another save) every vector is unlabelled.
+        The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
+        belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
+        loaded when it holds as many vectors as the exact store; otherwise it is built again when needed.
 
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim``.
-            ConfigError: when the file is not a readable FAISS ``IndexIDMap2`` (delete it and rebuild the index
-                from the database with :meth:`add`).
+            ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (delete it and rebuild the
+                index from the database with :meth:`add`).
         """
-        index = cls(dim, path)
+        index = cls(dim, path, search)
         file = Path(path)
         if not file.exists():
             return index
-        data = np.fromfile(file, dtype=np.uint8)
-        saved_labels: tuple[np.ndarray, np.ndarray] | None = None
-        if data[: len(_NPZ_MAGIC)].tobytes() == _NPZ_MAGIC:
-            data, saved_labels = _read_bundle(file)
+        saved = index_file.read(file)
         try:
-            loaded = faiss.deserialize_index(data)
+            loaded = faiss.deserialize_index(saved.index)
         except RuntimeError as exc:
             raise ConfigError(f"cannot read the FAISS index {file}: {exc}; delete it and rebuild") from exc
-        if not isinstance(loaded, faiss.IndexIDMap2):
-            raise ConfigError(f"{file} holds a {type(loaded).__name__}, not an IndexIDMap2; delete it and rebuild")
+        if not isinstance(loaded, faiss.IndexIDMap2) or not isinstance(
+            faiss.downcast_index(loaded.index), faiss.IndexFlat
+        ):
+            raise ConfigError(
+                f"{file} holds a {type(loaded).__name__}, not an IndexIDMap2 over an IndexFlat; delete it and rebuild"
+            )
         if loaded.d != index._dim:
             raise InvalidInputError(
                 f"the index at {file} has dim {loaded.d} but dim {index._dim} was asked for; was it built by "
                 "another embedder? Delete it and rebuild"
             )
         index._index = loaded
-        if saved_labels is None:  # a file of an earlier version: the labels beside it
-            saved_labels = _load_labels(labels_path(file), _digest(data), index.ids())
-        label_ids, label_values = saved_labels
-        keep = np.isin(label_ids, index.ids())
-        index._set_labels(label_ids[keep], label_values[keep])
+        index._ids = IdSet(index.ids())
+        if saved.label_ids is None or saved.label_values is None:  # the earliest versions: the labels beside it
+            label_ids, label_values = index_file.read_side_labels(labels_path(file), index_file.digest(saved.index))
+        else:
+            label_ids, label_values = saved.label_ids, saved.label_values
+        keep = index._ids.contains(label_ids)
+        index._labels.replace(label_ids[keep], label_values[keep])
+        if saved.ann is not None:
+            index._ann = ApproximateIndex.from_bytes(saved.ann, saved.ann_trained_for, index._dim, len(index._ids))
         return index
 
     # ---- properties --------------------------------------------------------------------------------------
@@ -174,11 +130,28 @@ class VectorIndex:
         """The file :meth:`save` writes by default."""
         return self._path
 
+    @property
+    def search_config(self) -> SearchConfig:
+        """Which search path serves which scope size."""
+        return self._search
+
+    @property
+    def approximate_lists(self) -> int:
+        """The approximate index's number of lists; 0 while it is not built."""
+        with self._lock:
+            return self._ann.nlist if self._ann is not None else 0
+
+    @property
+    def approximate_on_gpu(self) -> bool:
+        """Whether a GPU copy of the approximate index is held."""
+        with self._lock:
+            return self._ann is not None and self._ann.on_gpu
+
     @staticmethod
     def gpu_available() -> bool:
-        """Whether FAISS sees a GPU (always ``False`` with ``faiss-cpu``). The index itself stays on the CPU."""
-        get_num_gpus = getattr(faiss, "get_num_gpus", None)
-        return bool(get_num_gpus is not None and get_num_gpus() > 0)
+        """Whether FAISS sees a GPU (always ``False`` with ``faiss-cpu``); the approximate index uses it then, unless
+        ``search.gpu`` is off."""
+        return gpu_count() > 0
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
@@ -198,9 +171,9 @@ class VectorIndex:
         Raises:
             InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers.
         """
-        id_array = _check_ids(ids)
+        id_array = check_ids(ids)
         with self._lock:
-            found, values = self._lookup(id_array)
+            found, values = self._labels.lookup(id_array)
         return [v.decode("ascii") if f else None for f, v in zip(found.tolist(), values.tolist(), strict=True)]
 
     def stale_ids(self, ids: np.ndarray, labels: Sequence[str]) -> np.ndarray:
@@ -217,34 +190,16 @@ class VectorIndex:
             InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers or ``labels`` does not
                 hold one str per id.
         """
-        id_array = _check_ids(ids)
+        id_array = check_ids(ids)
         if isinstance(labels, str) or len(labels) != id_array.size:
             raise InvalidInputError(f"pass one label per id: {id_array.size} ids, {len(labels)} labels")
         try:
-            wanted = _label_array(labels)
+            wanted = label_array(labels)
         except (TypeError, UnicodeEncodeError) as exc:
             raise InvalidInputError(f"labels must be ASCII str: {exc}") from exc
         with self._lock:
-            found, values = self._lookup(id_array)
-        return id_array[~found | _differ(values, wanted)]
-
-    def _lookup(self, id_array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For int64 ``[n]`` ids: whether each has a label (bool ``[n]``) and the label (bytes ``[n]``, meaningless
-        where it has none). Call with the lock held."""
-        if self._label_ids.size == 0:
-            return np.zeros(id_array.size, dtype=bool), np.zeros(id_array.size, dtype="S1")
-        pos = np.minimum(np.searchsorted(self._label_ids, id_array), self._label_ids.size - 1)
-        return self._label_ids[pos] == id_array, self._label_values[pos]
-
-    def _set_labels(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Hold the labels ``values`` (bytes ``[n]``) of distinct ``ids`` (int64 ``[n]``), sorted by id."""
-        order = np.argsort(ids, kind="stable")  # near-sorted after an append: timsort runs in about linear time
-        self._label_ids, self._label_values = ids[order], values[order]
-
-    def _drop_labels(self, id_array: np.ndarray) -> None:
-        """Forget the labels of ``id_array`` (int64 ``[n]``). Call with the lock held."""
-        keep = ~np.isin(self._label_ids, id_array)
-        self._label_ids, self._label_values = self._label_ids[keep], self._label_values[keep]
+            found, values = self._labels.lookup(id_array)
+        return id_array[~found | differ(values, wanted)]
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """The stored vectors of ``ids``: float32 ``[n, dim]``.
@@ -253,14 +208,15 @@ class VectorIndex:
             InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers or an id is not in the
                 index.
         """
-        id_array = _check_ids(ids)
+        id_array = check_ids(ids)
         with self._lock:
-            missing = np.setdiff1d(id_array, faiss.vector_to_array(self._index.id_map))
+            missing = id_array[~self._ids.contains(id_array)]
             if missing.size:
                 raise InvalidInputError(f"ids not in the index: {missing[:10].tolist()}")
             if id_array.size == 0:
                 return np.zeros((0, self._dim), dtype=np.float32)
-            return np.asarray(self._index.reconstruct_batch(id_array), dtype=np.float32)
+            with one_thread():
+                return np.asarray(self._index.reconstruct_batch(id_array), dtype=np.float32)
 
     # ---- mutations ---------------------------------------------------------------------------------------
 
@@ -277,7 +233,7 @@ class VectorIndex:
             InvalidInputError: on a shape, dtype or dimension mismatch, repeated ids, non-finite values or bad
                 labels. Nothing is added then.
         """
-        id_array = _check_ids(ids)
+        id_array = check_ids(ids)
         matrix = np.asarray(vectors)
         if matrix.ndim != 2 or matrix.shape[1] != self._dim:
             raise InvalidInputError(f"vectors must be [n, {self._dim}], got shape {matrix.shape}")
@@ -289,18 +245,21 @@ class VectorIndex:
             raise InvalidInputError("vectors hold NaN or infinity")
         if np.unique(id_array).shape[0] != id_array.shape[0]:
             raise InvalidInputError("ids repeat within one add; each id names one vector")
-        checked = _check_labels(labels, id_array.size) if labels is not None else None
+        checked = check_labels(labels, id_array.size) if labels is not None else None
         if id_array.size == 0:
             return
         matrix = np.ascontiguousarray(matrix, dtype=np.float32)
         with self._lock:
-            self._index.remove_ids(faiss.IDSelectorBatch(id_array))
+            held = self._ids.contains(id_array)
+            if held.any():  # a replacement: FAISS's removal rewrites the whole store, so only when needed
+                self._remove_held(id_array[held])
             self._index.add_with_ids(matrix, id_array)
-            self._drop_labels(id_array)
+            self._ids.add(id_array)
+            if self._ann is not None:
+                self._ann.add(id_array, matrix)
+            self._labels.drop(id_array)
             if checked is not None:
-                self._set_labels(
-                    np.concatenate([self._label_ids, id_array]), np.concatenate([self._label_values, checked])
-                )
+                self._labels.put(id_array, checked)
 
     def remove(self, ids: np.ndarray) -> int:
         """Remove the vectors of ``ids`` (int64 ``[n]``); ids not in the index are ignored.
@@ -311,29 +270,61 @@ class VectorIndex:
         Raises:
             InvalidInputError: when ``ids`` is not a 1-D array of non-negative integers.
         """
-        id_array = _check_ids(ids)
+        id_array = check_ids(ids)
         if id_array.size == 0:
             return 0
         with self._lock:
-            self._drop_labels(id_array)
-            return int(self._index.remove_ids(faiss.IDSelectorBatch(id_array)))
+            self._labels.drop(id_array)
+            held = np.unique(id_array[self._ids.contains(id_array)])
+            return self._remove_held(held) if held.size else 0
+
+    def _remove_held(self, held: np.ndarray) -> int:
+        """Remove ``held`` (int64 ``[n]``, distinct, all in the index) from the stores; their labels stay. Call
+        with the lock held."""
+        removed = int(self._index.remove_ids(faiss.IDSelectorBatch(held)))
+        self._ids.remove(held)
+        if self._ann is not None:
+            self._ann.remove(held)
+        return removed
 
     def reset(self) -> None:
-        """Remove every vector."""
+        """Remove every vector (and the approximate index)."""
         with self._lock:
             self._index.reset()
-            self._drop_labels(self._label_ids)
+            self._ids.clear()
+            self._labels.clear()
+            self._ann = None
+
+    def build_approximate(self) -> None:
+        """Build (or re-train) the approximate index over every stored vector now, whatever the index's size;
+        searches otherwise build it when they first need it. Does nothing on an empty index."""
+        with self._lock:
+            if len(self._ids):
+                self._ann = self._build_approximate()
+
+    def _build_approximate(self) -> ApproximateIndex:
+        """A new approximate index over the exact store's vectors (read in place). Call with the lock held."""
+        n = int(self._index.ntotal)
+        flat = faiss.downcast_index(self._index.index)
+        if not isinstance(flat, faiss.IndexFlat):
+            raise AssertionError(f"the exact store wraps a {type(flat).__name__}, not an IndexFlat")
+        vectors = faiss.rev_swig_ptr(flat.get_xb(), n * self._dim).reshape(n, self._dim)
+        ids = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+        return ApproximateIndex.build(ids, vectors, self._search.ivf_nlist)
 
     # ---- search ------------------------------------------------------------------------------------------
 
     def search(self, query: np.ndarray, k: int, allowed_ids: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """The ``k`` nearest ids to ``query`` by inner product, best first.
+        """The ``k`` nearest ids to ``query`` by inner product, best first (equal scores by ascending id).
+
+        A scope of at most ``search.exact_scope_max`` ids present in the index is searched exactly over its own
+        vectors; see the module doc for the larger ones, which may build the approximate index first.
 
         Args:
             query: float32 ``[dim]`` (or ``[1, dim]``), L2-normalised.
             k: how many results at most (>= 1).
-            allowed_ids: when given, int64 ``[m]``: only these ids can be returned. The restriction runs inside
-                FAISS (``SearchParameters(sel=IDSelectorBatch)``), so the top-k is taken within the allowed set;
+            allowed_ids: when given, int64 ``[m]``: only these ids can be returned (ids not in the index are
+                ignored). The restriction runs inside the search, so the top-k is taken within the allowed set;
                 an empty set returns ``[]``.
 
         Returns:
@@ -341,6 +332,52 @@ class VectorIndex:
 
         Raises:
             InvalidInputError: on a shape or dimension mismatch, a non-finite query or a bad ``k``.
+        """
+        q = self._check_query(query)
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise InvalidInputError(f"k must be a positive int, got {k!r}")
+        k = int(k)
+        allowed = check_ids(allowed_ids, "allowed_ids") if allowed_ids is not None else None
+        if allowed is not None and allowed.size == 0:
+            return []
+        with self._lock:
+            total = len(self._ids)
+            if total == 0:
+                return []
+            if allowed is not None:
+                allowed = distinct_sorted(allowed)
+                allowed = allowed[self._ids.contains(allowed)]
+                if allowed.size == 0:
+                    return []
+                if allowed.size <= self._search.exact_scope_max:
+                    with one_thread():
+                        vectors = np.asarray(self._index.reconstruct_batch(allowed))
+                    return as_pairs(*top_k(allowed, inner_products(vectors, q[0]), k))
+            ann = self._approximate(total)  # built here first when needed: on every thread
+            found, scores = self._search_large(q, k, allowed, total, ann)
+        return as_pairs(*top_k(found, scores, k))
+
+    def _search_large(
+        self, q: np.ndarray, k: int, allowed: np.ndarray | None, total: int, ann: ApproximateIndex | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The top-``k`` candidates (ids int64 ``[j]``, scores float32 ``[j]``) of a search without a scope or in one
+        larger than ``search.exact_scope_max`` (``allowed``, int64 ``[m]``, ids in the index): from ``ann`` when
+        given and it finds enough, else from the exact scan. Call with the lock held."""
+        candidates = total if allowed is None else int(allowed.size)
+        on_gpu = ann is not None and allowed is None and self._search.gpu and ann.use_gpu()
+        with one_thread():
+            if ann is not None:
+                nprobe = self._search.ivf_nprobe
+                found, scores = with_ties(lambda n: ann.search(q, n, nprobe, allowed, gpu=on_gpu), k, candidates)
+                if found.size >= min(k, candidates):  # else the visited lists held too few of the scope: scan
+                    return found, scores
+            return with_ties(lambda n: self._scan(q, n, allowed), k, candidates)
+
+    def _check_query(self, query: np.ndarray) -> np.ndarray:
+        """``query`` as float32 ``[1, dim]``.
+
+        Raises:
+            InvalidInputError: on a shape or dimension mismatch, a non-float dtype or a non-finite value.
         """
         vector = np.asarray(query)
         if vector.ndim == 2 and vector.shape[0] == 1:
@@ -351,25 +388,31 @@ class VectorIndex:
             raise InvalidInputError(f"query must be floating point (float32), got dtype {vector.dtype}")
         if not np.isfinite(vector).all():
             raise InvalidInputError("query holds NaN or infinity")
-        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-            raise InvalidInputError(f"k must be a positive int, got {k!r}")
-        allowed = _check_ids(allowed_ids, "allowed_ids") if allowed_ids is not None else None
-        if allowed is not None and allowed.size == 0:
-            return []
-        q = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self._dim)
-        with self._lock:
-            total = int(self._index.ntotal)
-            if total == 0:
-                return []
-            n = min(int(k), total if allowed is None else min(total, int(allowed.size)))
-            if allowed is None:
-                scores, found = self._index.search(q, n)
-            else:
-                selector = faiss.IDSelectorBatch(allowed)  # kept alive by this frame during the search
-                params = faiss.SearchParameters()
-                params.sel = selector
-                scores, found = self._index.search(q, n, params=params)
-        return [(int(i), float(s)) for i, s in zip(found[0], scores[0], strict=True) if i >= 0]
+        return np.ascontiguousarray(vector, dtype=np.float32).reshape(1, self._dim)
+
+    def _approximate(self, total: int) -> ApproximateIndex | None:
+        """The approximate index when ``total`` vectors call for it, built or re-trained first when it is missing
+        or the index has grown ``search.rebuild_growth`` times since it was trained; ``None`` below
+        ``search.approximate_min_total``. Call with the lock held."""
+        threshold = self._search.approximate_min_total
+        if threshold is None or total < threshold:
+            return None
+        if self._ann is None or total >= self._search.rebuild_growth * self._ann.trained_for:
+            self._ann = self._build_approximate()
+        return self._ann
+
+    def _scan(self, q: np.ndarray, n: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top-``n`` of the whole store (FAISS ``IndexFlatIP``), among ``allowed`` (int64 ``[m]``) when
+        given: int64 ``[j]`` ids and float32 ``[j]`` scores. Call with the lock held."""
+        if allowed is None:
+            scores, found = self._index.search(q, n)
+        else:
+            selector = id_selector(allowed)  # kept alive by this frame during the search
+            params = faiss.SearchParameters()
+            params.sel = selector
+            scores, found = self._index.search(q, n, params=params)
+        keep = found[0] >= 0
+        return found[0][keep].astype(np.int64), scores[0][keep]
 
     # ---- persistence -------------------------------------------------------------------------------------
 
@@ -382,8 +425,9 @@ class VectorIndex:
         return sweep_temp_files(file.parent, f".{glob.escape(file.name)}*{TEMP_SUFFIX}")
 
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the index and its labels atomically, in one file (a temporary file in the same folder, fsynced,
-        then ``os.replace``); a labels file an earlier version left beside it is removed.
+        """Write the index, its labels and the approximate index (when built) atomically, in one file (a temporary
+        file in the same folder, fsynced, then ``os.replace``); a labels file an earlier version left beside it is
+        removed.
 
         Args:
             path: where to write; defaults to the path the index was created or opened with.
@@ -399,56 +443,16 @@ class VectorIndex:
             raise InvalidInputError("this index has no path; pass save(path) or create it with a path")
         target.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
-            data = faiss.serialize_index(self._index)
-            label_ids, label_values = self._label_ids, self._label_values  # replaced, never changed in place
-        buffer = io.BytesIO()
-        np.savez(buffer, index=data, ids=label_ids, labels=label_values)
-        atomic_write(target, buffer.getbuffer())
+            saved = index_file.SavedIndex(
+                faiss.serialize_index(self._index),
+                self._labels.ids,  # replaced, never changed in place
+                self._labels.values,
+                self._ann.to_bytes() if self._ann is not None else None,
+                self._ann.trained_for if self._ann is not None else 0,
+            )
+        atomic_write(target, index_file.encode(saved))
         labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself
         return target
 
 
-_NPZ_MAGIC = b"PK\x03\x04"
-"""How an index file of this version starts (a zip archive: ``.npz``); one of an earlier version is bare FAISS."""
-
-
-def _read_bundle(file: Path) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """The FAISS index bytes (uint8 ``[n]``) and labels (int64 ids ``[m]``, bytes ``[m]``) saved in ``file``.
-
-    Raises:
-        ConfigError: when the file is not an index file this version writes (delete it: it is rebuilt).
-    """
-    try:
-        with np.load(file, allow_pickle=False) as saved:
-            data = np.asarray(saved["index"], dtype=np.uint8).reshape(-1)
-            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
-            values = np.asarray(saved["labels"])
-        if values.dtype.kind != "S" or values.shape != label_ids.shape:
-            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
-    return data, (label_ids, values)
-
-
-def _load_labels(file: Path, index_digest: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The labelled ids (int64 ``[m]``) and their labels (bytes ``[m]``) an earlier version saved in ``file`` beside
-    the index, when it belongs to the index bytes of digest ``index_digest``, else none (logged). Labels of ids not
-    in ``ids`` are dropped."""
-    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype="S1"))
-    if not file.exists():
-        return none
-    try:
-        with np.load(file, allow_pickle=False) as saved:
-            digest = str(saved["index"])
-            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
-            values = np.asarray(saved["labels"])
-        if values.dtype.kind != "S" or values.shape != label_ids.shape:
-            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
-    except (OSError, ValueError, KeyError) as exc:
-        log.warning("ignoring the unreadable index labels %s (%s); every vector counts as unlabelled", file, exc)
-        return none
-    if digest != index_digest:
-        log.info("the index labels %s belong to another save of the index; every vector counts as unlabelled", file)
-        return none
-    keep = np.isin(label_ids, ids)
-    return label_ids[keep], values[keep]
+__all__ = ["MAX_LABEL_LENGTH", "VectorIndex", "labels_path"]

@@ -15,6 +15,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -83,13 +84,18 @@ class MemoryRow(Base):
     """
 
     __tablename__ = "memories"
-    __table_args__ = ({"sqlite_autoincrement": True},)
+    # A scoped search reads (pk, id, hash) of a user's memories by pk: this index holds them, so the read is one
+    # range of it (revision 0002_user_scope_index); its first column also serves every other user_id lookup.
+    __table_args__ = (
+        Index("ix_memories_user_scope", "user_id", "pk", "id", "hash"),
+        {"sqlite_autoincrement": True},
+    )
 
     pk: Mapped[int] = mapped_column(_Int64Key, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(ID_LENGTH), unique=True, index=True)
     text: Mapped[str] = mapped_column(Text)
     hash: Mapped[str] = mapped_column(String(HASH_LENGTH), index=True)
-    user_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
+    user_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH))
     agent_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
     run_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH), index=True)
     # ``metadata`` is reserved on declarative classes; the column keeps the plain name.

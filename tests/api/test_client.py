@@ -104,7 +104,7 @@ def test_kv_entries_are_recorded_and_deleted(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
     client = make_client(tmp_path, engine, embedder)
-    added = client.add(CONVERSATION[:1], user_id="maya", infer=False)["results"]
+    added = client.add(CONVERSATION[:1], user_id="maya", infer=False, encode_kv=True)["results"]  # eager
     memory_id = added[0]["id"]
     key = client.fact_kv.key(client.db.get(memory_id))  # type: ignore[arg-type]
     entry = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)

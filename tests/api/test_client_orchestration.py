@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -202,17 +203,19 @@ def test_close_drops_the_local_json_generator_built_on_the_engine(
     reused client would extract with the released model while a new engine loads a second copy."""
 
     class ModelEngine(FakeEngine):
-        model, tokenizer = object(), object()
+        model, tokenizer, model_lock = object(), object(), threading.RLock()
 
     class StubGenerator:
-        def __init__(self, model: object, tokenizer: object) -> None:
+        def __init__(self, model: object, tokenizer: object, lock: object = None) -> None:
             self.model = model
+            self.lock = lock
 
     monkeypatch.setattr(transformers_engines, "TransformersEngine", ModelEngine)
     monkeypatch.setattr(inferscale.memory, "TransformersJSONGenerator", StubGenerator)
     client = MemoryClient(_config(tmp_path))
     generator = client._json_generator()
     assert isinstance(generator, StubGenerator) and generator.model is ModelEngine.model
+    assert generator.lock is ModelEngine.model_lock  # its decoding holds the engine's lock
     client.close()
     assert client._generator is None and client._engine is None
     passed = StubGenerator(object(), object())

@@ -42,6 +42,7 @@ def test_contract_members() -> None:
             "load",
             "max_context_tokens",
             "model",
+            "model_lock",
             "query_token_ids",
             "reset_prefix_cache",
             "serving",

@@ -26,6 +26,7 @@ from inferscale.engines.base import Conversation, Engine, Generation, StreamEven
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
+from inferscale.engines.hf.threads import choose_threads
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
 from inferscale.engines.transformers.sampling import TokenChooser
@@ -92,8 +93,10 @@ class TransformersEngine(LayoutTokensMixin):
         with self._lock:
             if self._ready:
                 return self
-            if self._config.num_threads is not None:
-                torch.set_num_threads(self._config.num_threads)
+            threads = choose_threads(self._config.num_threads)
+            if threads is not None:
+                torch.set_num_threads(threads.threads)
+                log.info("torch CPU threads: %d (%s)", threads.threads, threads.reason)
             model_id = "custom"
             if self._model is None:
                 path, self._model, self._tokenizer = load_causal_lm(self._config, self._home)
@@ -143,6 +146,12 @@ class TransformersEngine(LayoutTokensMixin):
     def model(self) -> Any:
         """The loaded transformers model."""
         return self.load()._model
+
+    @property
+    def model_lock(self) -> threading.RLock:
+        """The engine's lock, held around each forward pass of :attr:`model`; see
+        :attr:`inferscale.engines.base.Engine.model_lock`."""
+        return self._lock
 
     @property
     def tokenizer(self) -> Any:

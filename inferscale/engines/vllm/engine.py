@@ -254,6 +254,12 @@ class VLLMEngine(LayoutTokensMixin):
         return self.load_encoder()._model
 
     @property
+    def model_lock(self) -> threading.RLock:
+        """The engine's lock, held around each forward pass of :attr:`model`; see
+        :attr:`inferscale.engines.base.Engine.model_lock`."""
+        return self._lock
+
+    @property
     def tokenizer(self) -> Any:
         """The tokenizer."""
         return self.load_encoder()._tokenizer

@@ -100,6 +100,10 @@ class KVTier(Protocol):
         """The entry for ``key`` (marked most recently used), or ``None`` when this tier does not hold it."""
         ...
 
+    def contains(self, key: KVKey) -> bool:
+        """Whether this tier holds ``key``, without loading or touching the entry."""
+        ...
+
     def put(self, key: KVKey, fact: FactKV) -> Evicted:
         """Store ``fact`` under ``key`` (replacing any entry there); returns the entries evicted to make room.
 

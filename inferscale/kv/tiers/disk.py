@@ -93,6 +93,10 @@ class DiskTier:
             )
         return fact.with_source(str(path))
 
+    def contains(self, key: KVKey) -> bool:
+        """Whether ``key``'s file exists (not opened: its metadata is checked by :meth:`get`)."""
+        return self.path(key).is_file()
+
     def put(self, key: KVKey, fact: FactKV) -> Evicted:
         """Write ``fact`` to :meth:`path` atomically (replacing any file there); evicts nothing.
 

@@ -58,6 +58,11 @@ class MemoryTier:
                 self._policy.touch(key)
             return fact
 
+    def contains(self, key: KVKey) -> bool:
+        """Whether the tier holds ``key`` (its recency is left as it is)."""
+        with self._lock:
+            return key in self._entries
+
     def put(self, key: KVKey, fact: FactKV) -> Evicted:
         """Store a copy of ``fact`` placed in this tier; returns the evicted entries (possibly ``fact`` itself,
         unplaced, when it is larger than the whole budget)."""

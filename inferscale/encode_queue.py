@@ -1,0 +1,171 @@
+"""The background K/V encoder of ``add``: a bounded queue of memory ids and the one thread that serves it.
+
+``add`` in ``kv.encode_on_add="background"`` mode puts the ids of the memories it created or re-worded here and
+returns; the thread takes up to ``batch_size`` of them at a time, oldest first, and hands them to an ``encode``
+callback (:meth:`inferscale.derived.DerivedStores.encode_queued`), which reads them from SQL, encodes the ones whose
+K/V are missing and stores them. The queue knows nothing of SQL, models or K/V: it is the scheduling alone.
+
+- Bounded: at most ``capacity`` ids wait; :meth:`EncodeQueue.submit` blocks while the queue is full
+  (back-pressure), so a writer faster than the encoder cannot grow it without limit.
+- De-duplicated: an id already waiting is not queued twice (the callback reads the memory's current text when its
+  turn comes, so one encode serves every change queued before it).
+- One thread, at a lower scheduling priority (:data:`ENCODER_NICENESS`), started on demand and ended when the
+  queue is empty (a client that never writes in background mode never starts one; many short-lived clients leave
+  no idle threads behind). It is a daemon thread: at interpreter exit it does not hold the process; what it had
+  not encoded then is encoded on first use.
+- A callback that raises is logged, never fatal: the memories are in SQL already, and a ``chat`` that retrieves one
+  encodes what is missing. A failed batch is retried one memory at a time, so one bad memory does not leave the
+  others of its batch to ``chat``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from inferscale.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+THREAD_NAME = "inferscale-kv-encoder"
+"""The name of the encoder thread (one per client while it has work)."""
+
+ENCODER_NICENESS = 10
+"""How much lower the encoder thread's scheduling priority is than its process's (Linux ``nice`` increment): where
+the CPU is short, ``add``, ``search`` and ``chat`` run first and the encoding takes the cores they leave idle. The
+threads torch starts for its forward passes inherit it. Measured with ``benchmarks/add_modes.py`` (20 facts,
+``OMP_NUM_THREADS=1``, 2 cores shared with other jobs, load average ~5): a background ``add``'s p50 was 60 ms
+without it against 29 ms for a lazy one (which encodes nothing), and 27 against 20 ms, then 36 against 38 ms,
+with it."""
+
+
+def _lower_priority() -> None:
+    """Lower the calling thread's priority by :data:`ENCODER_NICENESS`, on Linux (where ``nice`` is per thread; on
+    other systems ``setpriority`` would address a process, so nothing is done there). A refusal is ignored: the
+    priority is a preference, never a requirement."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), current + ENCODER_NICENESS)
+
+
+class EncodeQueue:
+    """A bounded, de-duplicating queue of memory ids served by one background thread, in batches.
+
+    Thread-safe: any thread may :meth:`submit` and :meth:`wait`. Never call them from inside ``encode`` (the
+    thread would wait for itself).
+
+    Args:
+        encode: called on the encoder thread with 1 to ``batch_size`` ids, oldest first; encodes and stores their
+            K/V. What it raises is logged (see the module docstring).
+        batch_size: the most ids handed to one ``encode`` call (>= 1).
+        capacity: the most ids waiting (>= 1); the batch being encoded is not counted.
+
+    Raises:
+        InvalidInputError: when ``batch_size`` or ``capacity`` is below 1.
+    """
+
+    def __init__(self, encode: Callable[[list[str]], None], batch_size: int, capacity: int) -> None:
+        if batch_size < 1 or capacity < 1:
+            raise InvalidInputError(f"batch_size ({batch_size}) and capacity ({capacity}) must each be >= 1")
+        self._encode = encode
+        self._batch_size = batch_size
+        self._capacity = capacity
+        self._waiting: dict[str, None] = {}  # ordered: oldest first
+        self._batch: list[str] = []  # being encoded now
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+
+    @property
+    def capacity(self) -> int:
+        """The most ids that wait (the back-pressure bound)."""
+        return self._capacity
+
+    def pending(self) -> list[str]:
+        """The ids not encoded yet: the batch being encoded, then those waiting, oldest first (a snapshot)."""
+        with self._cond:
+            return [*self._batch, *self._waiting]
+
+    def submit(self, memory_ids: Sequence[str]) -> None:
+        """Queue ``memory_ids`` for encoding, in order; one already waiting keeps its place. Blocks while the queue
+        holds :attr:`capacity` ids, until the encoder has taken enough of them. Starts the encoder thread if it is
+        not running."""
+        with self._cond:
+            for memory_id in memory_ids:
+                if memory_id in self._waiting:
+                    continue
+                while len(self._waiting) >= self._capacity:
+                    self._start()
+                    self._cond.wait()
+                self._waiting[memory_id] = None
+                self._start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every queued id was handed to ``encode`` and the call returned (or failed and was logged).
+
+        Args:
+            timeout: the most seconds to wait; ``None`` waits as long as it takes.
+
+        Returns:
+            ``True`` when nothing is pending, ``False`` when ``timeout`` ran out first.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._waiting and not self._batch, timeout)
+
+    # ---- the encoder thread ------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the encoder thread when ids wait and none runs (the caller holds the condition's lock)."""
+        if self._thread is None and self._waiting:
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        """The encoder thread: take a batch, encode it, repeat until the queue is empty, then end."""
+        _lower_priority()
+        try:
+            while True:
+                with self._cond:
+                    if not self._waiting:
+                        return
+                    self._batch = list(self._waiting)[: self._batch_size]
+                    for memory_id in self._batch:
+                        del self._waiting[memory_id]
+                    batch = list(self._batch)
+                    self._cond.notify_all()  # room for a blocked submit
+                try:
+                    self._encode_batch(batch)
+                finally:
+                    with self._cond:
+                        self._batch = []
+                        self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._thread = None
+                self._start()  # ids queued while this thread was ending (or a batch that raised BaseException)
+                self._cond.notify_all()
+
+    def _encode_batch(self, batch: list[str]) -> None:
+        """``encode(batch)``; when it raises, each id again on its own, and what still fails is logged.
+
+        ``encode`` may raise anything a model, a database or a file system raises (an engine that fails to load, a
+        fact longer than the context, a full disk, a lost connection); none of it may end the thread or reach a
+        caller that never waits for it, and the memories are safe in SQL. So every ``Exception`` is caught here,
+        and logged with its traceback.
+        """
+        try:
+            self._encode(batch)
+            return
+        except Exception:
+            if len(batch) == 1:
+                log.warning("background K/V encoding of memory %s failed; chat encodes it", batch[0], exc_info=True)
+                return
+            log.warning("background K/V encoding of %d memories failed; retrying one at a time", len(batch))
+        for memory_id in batch:
+            try:
+                self._encode([memory_id])
+            except Exception:
+                log.warning("background K/V encoding of memory %s failed; chat encodes it", memory_id, exc_info=True)

@@ -1,0 +1,117 @@
+"""The index file: the exact store, its labels and the approximate index in one uncompressed ``.npz``, written by
+one atomic rename (:meth:`inferscale.retrieval.VectorIndex.save`), so saves of two processes that interleave leave
+one save's index with that save's labels, never a mismatch.
+
+Entries: ``index`` (the serialised FAISS ``IndexIDMap2``, uint8), ``ids`` and ``labels`` (the labelled ids and their
+labels), and, when the approximate index is built, ``ann`` (the serialised ``IndexIVFFlat``) with ``ann_trained_for``
+(how many vectors it was trained on). Files without ``ann`` (no approximate index yet, or an earlier version) are
+read; files of the earliest versions (the bare FAISS index, its labels beside it in ``<index>.labels.npz`` bound to
+the index bytes by a digest) are read too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inferscale.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+NPZ_MAGIC = b"PK\x03\x04"
+"""How an index file of this version starts (a zip archive: ``.npz``); one of the earliest versions is bare FAISS."""
+
+
+@dataclass(frozen=True, slots=True)
+class SavedIndex:
+    """What an index file holds.
+
+    Attributes:
+        index: the serialised exact store, uint8 ``[b]``.
+        label_ids: the labelled ids, int64 ``[m]`` (``None``: a bare FAISS file, whose labels lie beside it).
+        label_values: their labels, bytes ``[m]`` (``None`` with ``label_ids``).
+        ann: the serialised approximate index, uint8 ``[c]``, or ``None``.
+        ann_trained_for: how many vectors the approximate index was trained on (0 without one).
+    """
+
+    index: np.ndarray
+    label_ids: np.ndarray | None = None
+    label_values: np.ndarray | None = None
+    ann: np.ndarray | None = None
+    ann_trained_for: int = 0
+
+
+def labels_path(path: Path) -> Path:
+    """The labels file the earliest versions saved beside the index file ``path`` (``<name>.labels.npz``)."""
+    return path.with_name(f"{path.name}.labels.npz")
+
+
+def digest(data: bytes | np.ndarray) -> str:
+    """32 hex characters naming the serialised index bytes ``data`` (blake2b)."""
+    buffer = data if isinstance(data, bytes) else np.ascontiguousarray(data).data
+    return hashlib.blake2b(buffer, digest_size=16).hexdigest()
+
+
+def encode(saved: SavedIndex) -> memoryview:
+    """``saved`` as the bytes of an index file (``.npz``)."""
+    buffer = io.BytesIO()
+    arrays: dict[str, np.ndarray] = {"index": saved.index}
+    if saved.label_ids is not None and saved.label_values is not None:
+        arrays.update(ids=saved.label_ids, labels=saved.label_values)
+    if saved.ann is not None:
+        arrays.update(ann=saved.ann, ann_trained_for=np.array(saved.ann_trained_for, dtype=np.int64))
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getbuffer()
+
+
+def read(file: Path) -> SavedIndex:
+    """What ``file`` holds (labels are ``None`` for a bare FAISS file of the earliest versions).
+
+    Raises:
+        ConfigError: when the file is an ``.npz`` this version cannot read (delete it: it is rebuilt).
+    """
+    data = np.fromfile(file, dtype=np.uint8)
+    if data[: len(NPZ_MAGIC)].tobytes() != NPZ_MAGIC:
+        return SavedIndex(data)
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            index = np.asarray(saved["index"], dtype=np.uint8).reshape(-1)
+            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
+            values = np.asarray(saved["labels"])
+            ann = np.asarray(saved["ann"], dtype=np.uint8).reshape(-1) if "ann" in saved.files else None
+            trained_for = int(saved["ann_trained_for"]) if ann is not None else 0
+        if values.dtype.kind != "S" or values.shape != label_ids.shape:
+            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
+    return SavedIndex(index, label_ids, values, ann, trained_for)
+
+
+def read_side_labels(file: Path, index_digest: str) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled ids (int64 ``[m]``) and their labels (bytes ``[m]``) an earlier version saved in ``file`` beside
+    the index, when it belongs to the index bytes of digest ``index_digest``, else none (logged)."""
+    none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype="S1"))
+    if not file.exists():
+        return none
+    try:
+        with np.load(file, allow_pickle=False) as saved:
+            found_digest = str(saved["index"])
+            label_ids = np.asarray(saved["ids"], dtype=np.int64).reshape(-1)
+            values = np.asarray(saved["labels"])
+        if values.dtype.kind != "S" or values.shape != label_ids.shape:
+            raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("ignoring the unreadable index labels %s (%s); every vector counts as unlabelled", file, exc)
+        return none
+    if found_digest != index_digest:
+        log.info("the index labels %s belong to another save of the index; every vector counts as unlabelled", file)
+        return none
+    return label_ids, values
+
+
+__all__ = ["NPZ_MAGIC", "SavedIndex", "digest", "encode", "labels_path", "read", "read_side_labels"]

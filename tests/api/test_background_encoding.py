@@ -1,0 +1,366 @@
+"""``kv.encode_on_add="background"``: ``add`` returns before its memories' K/V are encoded, and one background
+thread encodes them (issue 16, item 1). Every test holds the background thread at a gate inside its forward pass
+(:class:`Gate`), so what ``add``, ``chat``, ``update``, ``delete`` and ``close`` do while an encoding is pending is
+checked without timing: chat right after add injects the new memories with the K/V (and the answer) of an eager
+client; close waits for the queue; a full queue blocks add and loses or repeats nothing; a memory changed while it
+waits gets no stale K/V; a failing encoder loses nothing.
+
+On a tiny float32 model with a byte-level tokenizer (fast, real encoding), on both databases."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from client_adapter import ClientAdapter, ClientKind, open_client
+from mem0_fakes import HashEmbedder
+from tiny_models import tiny_engine
+
+from inferscale import ConfigError, InvalidInputError, MemoryConfig
+from inferscale.config import KVConfig, config_from_dict
+from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME
+from inferscale.kv import FactKV, KVStore
+from inferscale.scope import Scope
+from inferscale.storage import MemoryRecord
+
+FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara teaches in Madrid."]
+QUESTION = "What is my dog called?"
+GATE_TIMEOUT_S = 60.0
+"""How long the background thread waits at a closed gate before it gives up (a test that forgot to open it)."""
+
+
+class Gate:
+    """Stands in for the engine's ``encode_facts``: on the background encoder's thread, each call first says it
+    arrived and waits until the gate is opened (then raises if ``fail``); every other thread passes at once. Counts
+    the facts the background thread encoded."""
+
+    def __init__(self, engine: Any) -> None:
+        self._encode = engine.encode_facts
+        self.arrived = threading.Event()
+        self.opened = threading.Event()
+        self.fail = False
+        self.background_facts = 0
+        self.niceness: int | None = None  # the background thread's, on Linux
+
+    def __call__(self, requests: Sequence[Any]) -> list[FactKV]:
+        if threading.current_thread().name == THREAD_NAME:
+            if sys.platform.startswith("linux"):
+                self.niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            self.arrived.set()
+            if not self.opened.wait(GATE_TIMEOUT_S):
+                raise TimeoutError("the test never opened the gate")
+            if self.fail:
+                raise RuntimeError("the encoder failed (test)")
+            self.background_facts += len(requests)
+        return self._encode(requests)
+
+    def open_later(self, delay_s: float = 0.3) -> None:
+        """Open the gate from another thread after ``delay_s`` (while this one is blocked in ``close``)."""
+        threading.Timer(delay_s, self.opened.set).start()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return tiny_engine("llama")
+
+
+@pytest.fixture
+def gate(engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    closed = Gate(engine)
+    monkeypatch.setattr(engine, "encode_facts", closed)
+    yield closed
+    closed.opened.set()
+
+
+def _config(data_dir: Path, db_url: str | None, **kv: Any) -> MemoryConfig:
+    return MemoryConfig(data_dir=str(data_dir), db_url=db_url, kv=KVConfig(**kv))
+
+
+def _client(kind: ClientKind, config: MemoryConfig, engine: Any) -> ClientAdapter:
+    if kind != "sync":
+        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
+    if kind in ("remote", "remote-async"):
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+    return open_client(kind, config, engine=engine, embedder=HashEmbedder())
+
+
+def _add_each(client: ClientAdapter, facts: Sequence[str], **kwargs: Any) -> list[str]:
+    """Add each fact on its own call (so each is encoded after the ones before it); their ids."""
+    return [client.add(fact, user_id="maya", infer=False, **kwargs)["results"][0]["id"] for fact in facts]
+
+
+def _record(client: ClientAdapter, memory_id: str) -> MemoryRecord:
+    record = client.db.get(memory_id)
+    assert record is not None
+    return record
+
+
+def _stored(client: ClientAdapter, memory_id: str) -> FactKV | None:
+    """The K/V of ``memory_id``'s current text and context in the client's disk tier (read with a store of its
+    own), or ``None``; a stored entry must have its ``kv_entries`` row."""
+    record = _record(client, memory_id)
+    key = client.fact_kv.key(record)
+    fact = KVStore(Path(client.config.data_path()) / "kv").get(key)
+    if fact is not None:
+        row = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)
+        assert row is not None and row.text_hash == record.hash
+    return fact
+
+
+def _kv_files(client: ClientAdapter, memory_id: str) -> list[Path]:
+    return sorted((Path(client.config.data_path()) / "kv" / memory_id).glob("*.safetensors"))
+
+
+def _assert_fresh(client: ClientAdapter, engine: Any, memory_id: str) -> None:
+    """The stored K/V of ``memory_id`` are, bit for bit, what the engine encodes for it now."""
+    stored = _stored(client, memory_id)
+    assert stored is not None, f"no K/V stored for {memory_id}"
+    (fresh,) = engine.encode_facts([client.fact_kv.encode_request(_record(client, memory_id))])
+    assert torch.equal(stored.token_ids, fresh.token_ids) and stored.encoded_at == fresh.encoded_at
+    assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
+
+
+def _kv_rows(client: ClientAdapter) -> list[tuple[str, str]]:
+    return sorted((row.memory_id, row.text_hash) for row in client.db.all_kv_entries())
+
+
+# ---- chat right after add ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_chat_right_after_add_injects_the_new_memories_as_an_eager_client_does(
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate
+) -> None:
+    eager = _client("sync", _config(tmp_path / "eager", None), engine)
+    _add_each(eager, FACTS, encode_kv=True)
+    expected = eager.chat(QUESTION, user_id="maya", limit=3, max_new_tokens=12)
+
+    client = _client(kind, _config(tmp_path / "background", db_url), engine)
+    try:
+        ids = _add_each(client, FACTS)
+        assert gate.arrived.wait(GATE_TIMEOUT_S)  # the background thread holds the first add's memory
+        assert [_stored(client, memory_id) for memory_id in ids] == [None] * 3  # add returned before encoding
+        assert client.search(QUESTION, user_id="maya", limit=1)["results"][0]["id"] == ids[0]  # searchable at once
+
+        result = client.chat(QUESTION, user_id="maya", limit=3, max_new_tokens=12)
+        assert sorted(result.memory_ids) == sorted(ids)
+        assert result.memories == expected.memories
+        assert (result.answer, result.memory_tokens, result.prompt_tokens) == (
+            expected.answer,
+            expected.memory_tokens,
+            expected.prompt_tokens,
+        )
+        by_text = {_record(client, memory_id).text: memory_id for memory_id in ids}
+        for text, want in zip(FACTS, eager.client.memory_kv(_eager_ids(eager)), strict=True):  # type: ignore[arg-type]
+            got = _stored(client, by_text[text])  # chat stored what it encoded
+            assert got is not None and torch.equal(got.keys, want.keys) and torch.equal(got.values, want.values)
+        rows = {row.memory_id: row.created_at for row in client.db.all_kv_entries()}
+
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert {row.memory_id: row.created_at for row in client.db.all_kv_entries()} == rows  # the thread skipped them
+    finally:
+        gate.opened.set()
+        client.close()
+        eager.close()
+
+
+def _eager_ids(eager: ClientAdapter) -> list[str]:
+    """The eager client's memory ids in :data:`FACTS` order."""
+    by_text = {m["memory"]: m["id"] for m in eager.get_all(user_id="maya")["results"]}
+    return [by_text[text] for text in FACTS]
+
+
+# ---- close drains ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_close_waits_until_every_queued_memory_is_encoded(
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate
+) -> None:
+    config = _config(tmp_path, db_url)
+    client = _client(kind, config, engine)
+    ids = _add_each(client, FACTS)
+    assert gate.arrived.wait(GATE_TIMEOUT_S)
+    served = client._local  # a remote client's server's client: the server's shutdown drains it
+    assert served.derived.pending_encoding() == ids
+    gate.open_later()
+    client.close()
+    assert served.derived.pending_encoding() == []
+    assert gate.background_facts == 3  # the background thread encoded them all, nothing else did
+
+    reopened = _client("sync", config, engine)
+    try:
+        for memory_id in ids:
+            _assert_fresh(reopened, engine, memory_id)
+        reopened.client.memory_kv(ids)  # type: ignore[union-attr]
+        stats = reopened.client.derived.kv_stats()  # type: ignore[union-attr]
+        assert stats is not None and stats.misses == 0  # all found on disk, none encoded again
+    finally:
+        reopened.close()
+
+
+# ---- back-pressure -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_full_queue_blocks_add_until_there_is_room_and_loses_or_repeats_nothing(
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate
+) -> None:
+    client = _client(kind, _config(tmp_path, db_url, encode_queue_size=1, encode_batch_size=1), engine)
+    try:
+        first, second = _add_each(client, FACTS[:2])  # the thread holds the first; the second fills the queue
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert client.client.derived.pending_encoding() == [first, second]  # type: ignore[union-attr]
+
+        third: list[str] = []
+        adder = threading.Thread(target=lambda: third.extend(_add_each(client, FACTS[2:])))
+        adder.start()
+        adder.join(0.5)
+        assert adder.is_alive()  # blocked: no room in the queue
+        assert len(client.db.list(Scope(user_id="maya"), limit=10)) == 3  # its memory is committed all the same
+
+        gate.opened.set()
+        adder.join(GATE_TIMEOUT_S)
+        assert not adder.is_alive()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        ids = [first, second, *third]
+        assert gate.background_facts == 3  # each memory encoded once
+        assert _kv_rows(client) == sorted((memory_id, _record(client, memory_id).hash) for memory_id in ids)
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+# ---- changes while queued ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_memory_changed_while_its_encoding_waits_gets_no_stale_kv(
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate
+) -> None:
+    client = _client(kind, _config(tmp_path, db_url, encode_batch_size=1), engine)
+    try:
+        running, reworded, deleted = _add_each(client, FACTS)
+        assert gate.arrived.wait(GATE_TIMEOUT_S)  # the thread read `running` from SQL and is encoding it
+        client.update(running, text="My dog is a poodle named Rex.")  # during its forward pass
+        client.update(reworded, text="I live in Lisbon now.")  # while it waits
+        client.delete(deleted)
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+
+        assert _kv_files(client, running) == []  # the old text's K/V were dropped, not stored
+        assert _kv_files(client, deleted) == []
+        _assert_fresh(client, engine, reworded)  # encoded from its text as it is now
+        assert len(_kv_files(client, reworded)) == 1
+        assert _kv_rows(client) == [(reworded, _record(client, reworded).hash)]
+        result = client.chat(QUESTION, user_id="maya", memory_ids=[running, reworded], max_new_tokens=4)
+        assert result.memories == ["My dog is a poodle named Rex.", "I live in Lisbon now."]
+        _assert_fresh(client, engine, running)  # chat encoded the new text
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+# ---- failures ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_failing_background_encoder_loses_nothing_and_chat_still_answers(
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate, caplog: pytest.LogCaptureFixture
+) -> None:
+    eager = _client("sync", _config(tmp_path / "eager", None), engine)
+    client = _client(kind, _config(tmp_path / "background", db_url), engine)
+    try:
+        _add_each(eager, FACTS, encode_kv=True)
+        expected = eager.chat(QUESTION, user_id="maya", limit=3, max_new_tokens=12)
+        gate.fail = True
+        gate.opened.set()
+        with caplog.at_level(logging.WARNING, logger="inferscale.encode_queue"):
+            ids = _add_each(client, FACTS)
+            assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        failed = {r.args[0] for r in caplog.records if r.args and "chat encodes it" in r.getMessage()}
+        assert failed == set(ids)  # each memory's failure logged (a failed batch is retried one by one)
+        assert _kv_rows(client) == []  # nothing stored, nothing half-stored
+        assert [m["id"] for m in client.get_all(user_id="maya")["results"]] == ids
+
+        result = client.chat(QUESTION, user_id="maya", limit=3, max_new_tokens=12)
+        assert sorted(result.memory_ids) == sorted(ids)
+        assert (result.memories, result.answer) == (expected.memories, expected.answer)
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
+        client.close()
+        eager.close()
+
+
+# ---- the per-call choice and the config ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_encode_kv_true_encodes_in_the_call_and_false_never_on_add(
+    kind: ClientKind, tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    client = _client(kind, _config(tmp_path, None), engine)
+    try:
+        (eager,) = _add_each(client, FACTS[:1], encode_kv=True)
+        _assert_fresh(client, engine, eager)  # before add returned, on the caller's thread
+        (lazy,) = _add_each(client, FACTS[1:2], encode_kv=False)
+        assert client.client.derived.pending_encoding() == []  # type: ignore[union-attr]
+        assert client.wait_for_encoding(0)
+        assert _stored(client, lazy) is None
+        assert gate.background_facts == 0 and not gate.arrived.is_set()
+        with pytest.raises(InvalidInputError, match="timeout"):
+            client.wait_for_encoding(-1)
+    finally:
+        client.close()
+
+
+def test_wait_for_encoding_reports_a_timeout(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        _add_each(client, FACTS[:1])
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert client.wait_for_encoding(0.05) is False
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S) is True
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_encoder_thread_runs_at_a_lower_priority(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        _add_each(client, FACTS[:1])
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert gate.niceness == min(19, os.getpriority(os.PRIO_PROCESS, 0) + ENCODER_NICENESS)
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"), [(True, "eager"), (False, "lazy"), ("background", "background"), ("lazy", "lazy")]
+)
+def test_encode_on_add_reads_the_modes_and_the_older_bools(value: object, mode: str) -> None:
+    assert KVConfig(encode_on_add=value).encode_on_add == mode  # type: ignore[arg-type]
+    assert config_from_dict({"kv": {"encode_on_add": value}}).kv.encode_on_add == mode
+    assert KVConfig().encode_on_add == "background"
+
+
+@pytest.mark.parametrize("value", ["sometimes", 1, None, {"mode": "eager"}])
+def test_an_unknown_encode_on_add_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="encode_on_add"):
+        config_from_dict({"kv": {"encode_on_add": value}})
+    with pytest.raises(ConfigError, match="encode_queue_size"):
+        config_from_dict({"kv": {"encode_queue_size": 0}})
