@@ -2,9 +2,12 @@
 
 A memory's K/V are keyed by its id, its text hash, the engine's model fingerprint (weights, dtype, whole config,
 whole tokenizer) and its encoding key (the system prefix's token ids, its context turns, w, the encoding mode, the
-position bucket): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited text, another model,
-system prompt, context or setting is a miss and the fact is encoded again; entries of an older key format are
-pruned when their memory is encoded again.
+position bucket, the storage format): everything its K/V depend on (:mod:`inferscale.kv.fingerprint`). An edited
+text, another model, system prompt, context or setting (the storage format among them) is a miss and the fact is
+encoded again; entries of an older key format are pruned when their memory is encoded again.
+
+With an 8-bit ``kv.storage_format`` a fact is quantised once, right after it is encoded (pre-RoPE keys), and is
+stored, cached and returned in 8 bits; the engine dequantises it when it assembles the cache.
 """
 
 from __future__ import annotations
@@ -61,10 +64,12 @@ class FactKVManager:
         return list(record.context[-window:]) if window and record.context else []
 
     def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
-        """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings and a
-        digest over them, the system prefix's token ids and ``record``'s context turns
-        (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
-        return encoding_key(self._prefix_digest(), self._turns(record), self._config.context_window, bucket)
+        """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings (an
+        8-bit storage format among them) and a digest over them, the system prefix's token ids and ``record``'s
+        context turns (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
+        config = self._config
+        turns = self._turns(record)
+        return encoding_key(self._prefix_digest(), turns, config.context_window, bucket, config.storage_format)
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
         """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
@@ -89,7 +94,8 @@ class FactKVManager:
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
         offset in the memory segment (:func:`inferscale.kv.serving.bucket_per_fact`); store hits as they are,
-        misses encoded in batches and stored.
+        misses encoded in batches, quantised to ``kv.storage_format`` and stored (returned as stored: 8-bit ones
+        as codes and scales).
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key (never injected).
@@ -130,18 +136,21 @@ class FactKVManager:
         return self._engine.encode_facts(requests)
 
     def put(self, wanted: Sequence[tuple[MemoryRecord, int]], encoded: Sequence[FactKV]) -> list[FactKV]:
-        """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, bucket)``): its ``kv_entries`` row, then
-        its tensors in every tier; entries of an older key format of those memories are pruned.
+        """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, bucket)``), quantised once to
+        ``kv.storage_format``: its ``kv_entries`` row, then its tensors in every tier; entries of an older key
+        format of those memories are pruned.
 
         Returns:
-            The facts as stored: with a disk tier, each names its file (engines in another process read it).
+            The facts as stored (8-bit ones as codes and scales): with a disk tier, each names its file (engines in
+            another process read it).
 
         Raises:
             MemoryNotFoundError: when a record's memory was deleted meanwhile (the facts before it are stored).
             OSError: when a file cannot be written.
         """
         stored = []
-        for (record, bucket), fact in zip(wanted, encoded, strict=True):
+        for (record, bucket), fresh in zip(wanted, encoded, strict=True):
+            fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
             key = self.key(record, bucket)
             # The row is committed before the file is renamed into place, so a file on disk always has its
             # row unless the memory was deleted or re-worded since: reconciliation may remove a file without

@@ -13,7 +13,12 @@ mode, the reference) and once with their K/V injected under the setting (KV mode
 A setting (:class:`FidelitySetting`) combines the request-time remedies (:class:`inferscale.kv.serving.ServingSettings`)
 with position-aware encoding: ``position_buckets`` are the distances from the system prefix a fact is encoded at
 (:attr:`inferscale.kv.encode.EncodeRequest.position_gap`); at serve time each fact uses the bucket nearest to its
-real offset in the memory segment (:func:`inferscale.kv.serving.nearest_bucket`).
+real offset in the memory segment (:func:`inferscale.kv.serving.nearest_bucket`). Its ``storage_format`` stores the
+facts' K/V as ``kv.storage_format`` does (:mod:`inferscale.kv.quantization`): quantised once after encoding, then
+dequantised by the engine's assembly.
+
+With a ``reference`` setting instead of prompt mode, the same figures compare two K/V settings: e.g. 8-bit K/V
+against the model dtype's (``benchmarks/kv_quantization.py``); the ``prompt_*`` fields then hold the reference's.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec
+from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec, StorageFormat
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
 from inferscale.eval.metrics import first_token_kl, token_f1
 from inferscale.kv.encode import EncodeRequest
@@ -37,6 +42,7 @@ __all__ = [
     "SCALE_GRID",
     "SYSTEM_PROMPTS",
     "Calibration",
+    "FactCache",
     "FidelitySetting",
     "SettingSummary",
     "calibrate_scale",
@@ -74,6 +80,11 @@ class FidelitySetting(BaseModel):
             each fact right after the prefix.
         context_window: w, the conversation turns before each memory it is encoded after (laid out as memory
             lines; the case's ``contexts``), as ``KVConfig.context_window``.
+        storage_format: how the facts' K/V are stored, as ``KVConfig.storage_format``.
+        encode_alone: encode each fact in a forward pass of its own, not batched with the case's other facts: the
+            same K/V up to the kernels' rounding, which the batch shape changes (in bfloat16, by about 0.6% of
+            their norm). Against a batched reference it measures the noise the product already accepts: a control
+            for the rounding another setting adds (8-bit storage).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -84,6 +95,8 @@ class FidelitySetting(BaseModel):
     recompute: RecomputeSpec = "none"
     position_buckets: PositionBuckets = (0,)
     context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
+    storage_format: StorageFormat = "model"
+    encode_alone: bool = False
 
     @classmethod
     def from_kv(cls, kv: KVConfig, name: str = "") -> FidelitySetting:
@@ -95,6 +108,7 @@ class FidelitySetting(BaseModel):
             recompute=kv.recompute,
             position_buckets=kv.position_buckets,
             context_window=kv.context_window,
+            storage_format=kv.storage_format,
         )
 
     @property
@@ -108,7 +122,9 @@ class FidelitySetting(BaseModel):
         if self.name:
             return self.name
         buckets = "/".join(map(str, self.position_buckets))
-        return f"{self.serving.label()} buckets={buckets} w={self.context_window}"
+        stored = "" if self.storage_format == "model" else f" kv={self.storage_format}"
+        alone = " encoded alone" if self.encode_alone else ""
+        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}{alone}"
 
 
 _REPEAT_N = 4
@@ -149,26 +165,50 @@ class SettingSummary:
     ttft_prompt_ms: float
 
 
-class _FactCache:
-    """Encoded facts of one engine (system prompt), keyed by (text, context, bucket): each is encoded once."""
+_FactKey = tuple[str, tuple[str, ...], int, bool]
+"""(text, context turns, position bucket, encoded alone): what a fact's K/V depend on in a fidelity run."""
+
+
+class FactCache:
+    """Encoded facts of one engine (system prompt), keyed by (text, context, bucket, alone): each is encoded once,
+    and quantised once per storage format from that encoding."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
-        self._facts: dict[tuple[str, tuple[str, ...], int], FactKV] = {}
+        self._facts: dict[_FactKey, FactKV] = {}
+        self._stored: dict[tuple[str, _FactKey], FactKV] = {}
+
+    def encoded(self) -> list[FactKV]:
+        """Every fact encoded so far in batches, in the model's dtype (one per (text, context, bucket))."""
+        return [fact for key, fact in self._facts.items() if not key[3]]
 
     def get(self, case: FidelityCase, setting: FidelitySetting) -> list[FactKV]:
-        """The case's facts encoded as ``setting`` asks, in layout order."""
+        """The case's facts encoded and stored as ``setting`` asks, in layout order (8-bit ones as codes and
+        scales)."""
+        fmt = setting.storage_format
+        encoded = self._encoded(case, setting)
+        if fmt == "model":
+            return [fact for _, fact in encoded]
+        for key, fact in encoded:
+            if (fmt, key) not in self._stored:
+                self._stored[(fmt, key)] = fact.quantized(fmt)
+        return [self._stored[(fmt, key)] for key, _ in encoded]
+
+    def _encoded(self, case: FidelityCase, setting: FidelitySetting) -> list[tuple[_FactKey, FactKV]]:
+        """``(cache key, K/V in the model's dtype)`` of the case's facts, in layout order; missing ones encoded (in
+        one call, or one call per fact with ``setting.encode_alone``)."""
         texts = case.memories
         w = setting.context_window
         contexts = [tuple(case.context_of(i)[-w:]) if w else () for i in range(len(texts))]
         lengths = [len(self._engine.fact_token_ids(t)) for t in texts]
         gaps = bucket_per_fact(lengths, setting.position_buckets)
-        wanted = list(zip(texts, contexts, gaps, strict=True))
+        alone = [setting.encode_alone] * len(texts)
+        wanted = list(zip(texts, contexts, gaps, alone, strict=True))
         missing = list(dict.fromkeys(key for key in wanted if key not in self._facts))
         if missing:
             prefix = self._engine.system_prefix_ids()
             requests = []
-            for text, context, bucket in missing:
+            for text, context, bucket, _ in missing:
                 turns = self._engine.context_token_ids(list(context))
                 requests.append(
                     EncodeRequest(
@@ -177,9 +217,11 @@ class _FactCache:
                         position_gap=gap_for_bucket(bucket, len(turns)),
                     )
                 )
-            for key, fact in zip(missing, self._engine.encode_facts(requests), strict=True):
+            calls = [[r] for r in requests] if setting.encode_alone else [requests]
+            encoded = [fact for call in calls for fact in self._engine.encode_facts(call)]
+            for key, fact in zip(missing, encoded, strict=True):
                 self._facts[key] = fact
-        return [self._facts[key] for key in wanted]
+        return [(key, self._facts[key]) for key in wanted]
 
 
 def run_fidelity(
@@ -189,6 +231,8 @@ def run_fidelity(
     max_new_tokens: int = 32,
     generate: bool = True,
     progress: Callable[[str], None] | None = None,
+    reference: FidelitySetting | None = None,
+    caches: dict[str, FactCache] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every setting on every case of every slice, under every system prompt.
 
@@ -201,19 +245,30 @@ def run_fidelity(
         generate: also generate both answers (F1, budget and repeat rates, TTFT); ``False`` measures the first
             token only (KL, agreement), as calibration does.
         progress: called with a line of text after each case.
+        reference: answer the reference with the memories' K/V served under this setting instead of prompt mode
+            (``kl`` is then KL(reference ‖ setting), and ``prompt_answer``, ``prompt_tokens``, ... are the
+            reference's).
+        caches: the encoded facts per system prompt name, used and filled (pass the same dict to several runs to
+            encode each fact once); ``None`` encodes afresh.
 
     Returns:
         One row per (system prompt, slice, case, setting): ``kl``, ``top1_agree``, the answers, their token
         counts, ``added_tokens``, ``memory_tokens``, TTFTs (ms) and the case's gold answer.
     """
     rows: list[dict[str, Any]] = []
+    caches = {} if caches is None else caches
     for prompt_name, engine in engines.items():
-        facts = _FactCache(engine)
+        facts = caches.setdefault(prompt_name, FactCache(engine))
         for part in slices:
             for index, case in enumerate(part.cases):
-                reference = _prompt_reference(engine, case, max_new_tokens, generate)
+                if reference is None:
+                    baseline = _prompt_reference(engine, case, max_new_tokens, generate)
+                else:
+                    baseline = _kv_reference(
+                        engine, facts.get(case, reference), case, reference, max_new_tokens, generate
+                    )
                 for setting in settings:
-                    row = _measure(engine, facts, case, setting, reference, max_new_tokens, generate)
+                    row = _measure(engine, facts, case, setting, baseline, max_new_tokens, generate)
                     rows.append({"system_prompt": prompt_name, "slice": part.name, "case": index, **row})
                 if progress is not None:
                     progress(f"{prompt_name} {part.name} case {index + 1}/{len(part.cases)}")
@@ -228,9 +283,23 @@ def _prompt_reference(engine: Any, case: FidelityCase, max_new_tokens: int, gene
     return reference
 
 
+def _kv_reference(
+    engine: Any,
+    served: list[FactKV],
+    case: FidelityCase,
+    setting: FidelitySetting,
+    max_new_tokens: int,
+    generate: bool,
+) -> dict[str, Any]:
+    reference: dict[str, Any] = {"logits": engine.first_token_logits(case.question, served, serving=setting.serving)}
+    if generate:
+        reference["generation"] = engine.generate_kv(case.question, served, max_new_tokens, serving=setting.serving)
+    return reference
+
+
 def _measure(
     engine: Any,
-    facts: _FactCache,
+    facts: FactCache,
     case: FidelityCase,
     setting: FidelitySetting,
     reference: dict[str, Any],

@@ -4,12 +4,14 @@ from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assem
 from inferscale.kv.encode import EncodeRequest, FactEncoder
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.kv.quantization import STORAGE_FORMATS, KVScales
 from inferscale.kv.rope import RopeTable, apply_rope, rotate_half
 from inferscale.kv.rope_config import max_static_position
 from inferscale.kv.store import KVKey, KVStore, KVStoreStats, TieredKVStore
 from inferscale.kv.tiers import DeviceTier, DiskTier, HostTier, KVFormatError, KVTier
 
 __all__ = [
+    "STORAGE_FORMATS",
     "AssembledKV",
     "DeviceTier",
     "DiskTier",
@@ -19,6 +21,7 @@ __all__ = [
     "HostTier",
     "KVFormatError",
     "KVKey",
+    "KVScales",
     "KVStore",
     "KVStoreStats",
     "KVTier",

@@ -76,7 +76,9 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
 
     Args:
         prefix: the system prefix's K/V (post-RoPE).
-        facts: the k facts, in layout order, pre-RoPE; same layers/heads/head_dim/dtype/device as ``prefix``.
+        facts: the k facts, in layout order, pre-RoPE; same layers/heads/head_dim as ``prefix``, and its dtype and
+            device unless they are 8-bit (:attr:`FactKV.scales`): those are moved to the prefix's device as codes
+            and scales and dequantised there, to its dtype.
         table: cos/sin rows of the model (:class:`RopeTable`).
         extra_capacity: free slots to reserve after ``P + S`` (tokens).
 
@@ -89,6 +91,12 @@ def assemble(prefix: PrefixKV, facts: Sequence[FactKV], table: RopeTable, extra_
     """
     needed = prefix.n_tokens + sum(f.n_tokens for f in facts) + extra_capacity
     return SegmentWorkspace(prefix, capacity=needed).assemble(facts, table, extra_capacity)
+
+
+def _served(prefix: PrefixKV, facts: Sequence[FactKV]) -> list[FactKV]:
+    """The facts as the cache holds them: 8-bit ones moved to the prefix's device as codes and scales (about half
+    the bytes of bfloat16 K/V) and dequantised there to its dtype; the others as they are."""
+    return [f if f.scales is None else f.to(prefix.keys.device, prefix.keys.dtype) for f in facts]
 
 
 def _check_facts(prefix: PrefixKV, facts: Sequence[FactKV]) -> None:
@@ -170,6 +178,7 @@ class SegmentWorkspace:
         Raises:
             ValueError: when a fact's shape, dtype or device does not match the prefix.
         """
+        facts = _served(self._prefix, facts)
         _check_facts(self._prefix, facts)
         needed = self._prefix.n_tokens + sum(f.n_tokens for f in facts) + extra_capacity
         if needed > self.capacity:

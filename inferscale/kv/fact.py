@@ -2,24 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from inferscale.errors import InvalidInputError
+from inferscale.kv.quantization import KVScales, dequantize, quant_format, quantize, scale_shape, storage_tag
 
 
 @dataclass(frozen=True, slots=True)
 class FactKV:
     """K/V of one fact's own tokens, captured while encoding it (after its context, if any).
 
+    Held either in a float dtype (the model's), or in 8 bits with :attr:`scales` (``kv.storage_format``,
+    :mod:`inferscale.kv.quantization`): then ``keys`` and ``values`` are codes, and :meth:`dequantized` gives the
+    K/V back; the assembly does that on its own device (:func:`inferscale.kv.compose.assemble`).
+
     Attributes:
-        keys: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` pre-RoPE keys (after any key norm).
-        values: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` values; same dtype and device as ``keys``.
+        keys: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` pre-RoPE keys (after any key norm), or their 8-bit
+            codes.
+        values: ``[n_layers, n_kv_heads, n_tokens, head_dim]`` values, or their codes; same dtype and device as
+            ``keys``.
         token_ids: ``[n_tokens]`` int64, on the CPU: the fact's tokens, exactly as laid into the prompt.
         encoded_at: position of the fact's first token when it was encoded: its context length plus any position
             gap (:attr:`inferscale.kv.encode.EncodeRequest.position_gap`), in tokens.
         source: path of a safetensors file in the KV store's layout holding exactly these K/V (set by the KV
             store's disk tier), or ``None``. An engine in another process (vLLM's workers) reads that file instead
             of a staged copy.
+        scales: the scales of 8-bit ``keys``/``values`` (on their device), or ``None`` for K/V in a float dtype.
+
+    Raises:
+        ValueError: when keys and values differ in shape, token ids do not match, or the codes and scales do not
+            fit their format (dtype, scale shape).
     """
 
     keys: torch.Tensor
@@ -27,6 +42,7 @@ class FactKV:
     token_ids: torch.Tensor
     encoded_at: int
     source: str | None = field(default=None, compare=False)
+    scales: KVScales | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.keys.shape != self.values.shape or self.keys.dim() != 4:
@@ -36,6 +52,20 @@ class FactKV:
             )
         if self.token_ids.dim() != 1 or self.token_ids.shape[0] != self.keys.shape[2]:
             raise ValueError(f"token_ids must be [n_tokens={self.keys.shape[2]}], got {tuple(self.token_ids.shape)}")
+        if self.scales is not None:
+            fmt = self.scales.spec
+            shape = tuple(self.keys.shape)
+            if self.keys.dtype != fmt.code_dtype or self.values.dtype != fmt.code_dtype:
+                raise ValueError(f"{fmt.name} K/V must be {fmt.code_dtype} codes, got {self.keys.dtype}")
+            for name, scale, axis in (
+                ("key", self.scales.keys, fmt.key_scale),
+                ("value", self.scales.values, fmt.value_scale),
+            ):
+                if tuple(scale.shape) != scale_shape(axis, shape) or scale.dtype != torch.float32:
+                    raise ValueError(
+                        f"{fmt.name} {name} scales must be float32 {list(scale_shape(axis, shape))} (per {axis}), "
+                        f"got {scale.dtype} {list(scale.shape)}"
+                    )
 
     @property
     def n_tokens(self) -> int:
@@ -43,13 +73,81 @@ class FactKV:
         return int(self.keys.shape[2])
 
     @property
+    def storage_format(self) -> str:
+        """``"model"`` for K/V in a float dtype, else the 8-bit format's name (``"float8_e4m3"``, ``"int8"``)."""
+        return "model" if self.scales is None else self.scales.format
+
+    @property
+    def storage_tag(self) -> str:
+        """:func:`inferscale.kv.quantization.storage_tag` of :attr:`storage_format`: the format with its scale
+        layout, as the KV key records it (:attr:`inferscale.kv.store.KVKey.storage_tag`)."""
+        return storage_tag(self.storage_format)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held by keys and values (bytes)."""
-        return self.keys.numel() * self.keys.element_size() * 2
+        """Bytes held by keys and values, and by the scales of 8-bit K/V (bytes)."""
+        codes = self.keys.numel() * self.keys.element_size() * 2
+        return codes + (self.scales.nbytes if self.scales is not None else 0)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the K/V these tensors stand for: ``keys.dtype``, or for 8-bit K/V the dtype they were
+        quantised from."""
+        return self.keys.dtype if self.scales is None else self.scales.dtype
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> FactKV:
+        """A copy with ``fn`` applied to keys, values and scales (not to the token ids), e.g. to move them to
+        another device; :attr:`source` is kept, so ``fn`` must not change values."""
+        scales = self.scales
+        if scales is not None:
+            scales = KVScales(scales.format, fn(scales.keys), fn(scales.values), scales.dtype)
+        return FactKV(fn(self.keys), fn(self.values), self.token_ids, self.encoded_at, self.source, scales)
+
+    def quantized(self, storage_format: str) -> FactKV:
+        """These K/V stored as ``storage_format`` (:mod:`inferscale.kv.quantization`), on the same device: the
+        same object for ``"model"`` or for K/V already in that format.
+
+        Raises:
+            ConfigError: for an unknown format name.
+            InvalidInputError: for K/V already in another 8-bit format (quantising codes again would add a second
+                rounding: encode the fact again instead).
+        """
+        fmt = quant_format(storage_format)
+        if fmt is None or self.storage_format == storage_format:
+            return self
+        if self.scales is not None:
+            raise InvalidInputError(
+                f"these K/V are stored as {self.storage_format!r}; quantising them to {storage_format!r} would round "
+                "them twice: encode the fact again"
+            )
+        keys, key_scale = quantize(self.keys, fmt, fmt.key_scale)
+        values, value_scale = quantize(self.values, fmt, fmt.value_scale)
+        scales = KVScales(fmt.name, key_scale, value_scale, self.keys.dtype)
+        return FactKV(keys, values, self.token_ids, self.encoded_at, self.source, scales)
+
+    def dequantized(self, dtype: torch.dtype | None = None) -> FactKV:
+        """K/V in ``dtype`` (default :attr:`dtype`), computed on their device: 8-bit K/V dequantised
+        (:func:`inferscale.kv.quantization.dequantize`), others cast (the same object when already in ``dtype``).
+        :attr:`source` is kept when the result is in :attr:`dtype` (the file holds exactly those values)."""
+        target = dtype or self.dtype
+        if self.scales is None:
+            return self if self.keys.dtype == target else self.to(self.keys.device, target)
+        return FactKV(
+            dequantize(self.keys, self.scales.keys, target),
+            dequantize(self.values, self.scales.values, target),
+            self.token_ids,
+            self.encoded_at,
+            self.source if target == self.dtype else None,
+        )
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FactKV:
         """A copy on ``device`` (and ``dtype``, if given); token ids stay on the CPU. The copy keeps
-        :attr:`source` unless the dtype changes (the file then no longer holds these values)."""
+        :attr:`source` unless the dtype changes (the file then no longer holds these values).
+
+        8-bit K/V are moved as codes and scales, then, with ``dtype``, dequantised on ``device``."""
+        if self.scales is not None:
+            moved = self.map_tensors(lambda t: t.to(device))
+            return moved if dtype is None else moved.dequantized(dtype)
         same_dtype = dtype is None or dtype == self.keys.dtype
         return FactKV(
             self.keys.to(device=device, dtype=dtype or self.keys.dtype),
@@ -61,4 +159,4 @@ class FactKV:
 
     def with_source(self, source: str | None) -> FactKV:
         """The same tensors (not copied), recorded as held by the file ``source``."""
-        return FactKV(self.keys, self.values, self.token_ids, self.encoded_at, source)
+        return FactKV(self.keys, self.values, self.token_ids, self.encoded_at, source, self.scales)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inferscale.kv.quantization import encoding_setting
 from inferscale.kv.rope_config import rope_parameters
 
 
@@ -148,9 +149,15 @@ def token_ids_digest(token_ids: Sequence[int]) -> str:
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
 
 
-def encoding_key(prefix_digest: str | None, turns: Sequence[str], context_window: int, bucket: int) -> str:
-    """The encoding part of a fact's KV key: what the fact was encoded after and where, beside its text (the key's
-    text hash) and the model (its fingerprint).
+def encoding_key(
+    prefix_digest: str | None,
+    turns: Sequence[str],
+    context_window: int,
+    bucket: int,
+    storage_format: str = "model",
+) -> str:
+    """The encoding part of a fact's KV key: what the fact was encoded after and where, and how its K/V are stored,
+    beside its text (the key's text hash) and the model (its fingerprint).
 
     Args:
         prefix_digest: :func:`token_ids_digest` of the system prefix the fact was encoded after, or ``None`` when it
@@ -158,13 +165,20 @@ def encoding_key(prefix_digest: str | None, turns: Sequence[str], context_window
         turns: the context turns it was encoded after, oldest first (the record's last ``context_window``).
         context_window: w, the configured number of context turns.
         bucket: the position bucket (tokens after the prefix; 0 for none).
+        storage_format: ``kv.storage_format`` (:mod:`inferscale.kv.quantization`): an 8-bit format adds its name
+            and scale layout (:func:`inferscale.kv.quantization.encoding_setting`), so entries of two formats never
+            share a key; ``"model"`` adds nothing (keys written before 8-bit storage stay valid).
 
     Returns:
-        e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"`` (at most 80 characters): the readable settings, then a
-        digest over all of them and the turns' texts.
+        e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``, or ``"v3;w=5;prefix=system;gap=0;kv=int8:k=channel,v=token;
+        <32 hex>"`` (at most about 110 characters): the readable settings, then a digest over all of them and the
+        turns' texts.
+
+    Raises:
+        ConfigError: for an unknown ``storage_format``.
     """
     prefix = "system" if prefix_digest is not None else "none"
-    readable = f"{ENCODING_FORMAT};w={context_window};prefix={prefix};gap={bucket}"
+    readable = f"{ENCODING_FORMAT};w={context_window};prefix={prefix};gap={bucket}{encoding_setting(storage_format)}"
     digest = _sha256({"settings": readable, "prefix": prefix_digest, "turns": list(turns)})[:32]
     return f"{readable};{digest}"
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.tiers.base import KVKey, KVTier, check_memory_id
 from inferscale.kv.tiers.device import DeviceTier
@@ -69,22 +70,19 @@ class KVStoreStats:
 
 
 def _on(fact: FactKV, device: torch.device) -> FactKV:
-    """``fact`` with K/V on ``device`` (the same object when they are there already)."""
+    """``fact`` with its tensors on ``device``, 8-bit ones still as codes and scales (the same object when they are
+    there already)."""
     if fact.keys.device == device and fact.values.device == device:
         return fact
-    return FactKV(
-        fact.keys.to(device, non_blocking=True),
-        fact.values.to(device, non_blocking=True),
-        fact.token_ids,
-        fact.encoded_at,
-        fact.source,
-    )
+    return fact.map_tensors(lambda t: t.to(device, non_blocking=True))
 
 
 class TieredKVStore:
     """Device ▸ host ▸ disk store of fact K/V; thread-safe (one lock around each call).
 
     The constructor does no I/O. Entries are returned as stored (no defensive copy): do not modify them in place.
+    An entry stored in 8 bits (``kv.storage_format``) stays 8-bit in every tier, and the byte budgets count its
+    codes and scales (:attr:`FactKV.nbytes`); it is dequantised only when a cache is assembled.
 
     Args:
         directory: the disk tier's folder; ``None`` keeps entries in memory only (lost on eviction and restart).
@@ -198,8 +196,15 @@ class TieredKVStore:
         """Write ``fact`` through to disk, then cache it in the top memory tier; returns :meth:`location`.
 
         Raises:
+            InvalidInputError: when ``fact`` is held in another storage format than ``key`` records
+                (:attr:`KVKey.storage_tag`); nothing is written.
             OSError: when the disk file cannot be written (nothing is cached then).
         """
+        if fact.storage_tag != key.storage_tag:
+            raise InvalidInputError(
+                f"K/V stored as {fact.storage_tag!r} cannot be written under a key for {key.storage_tag!r} "
+                f"({key.encoding_key!r}); quantise them as the key says (FactKV.quantized)"
+            )
         with self._lock:
             if self._disk is not None:
                 self._disk.put(key, fact)

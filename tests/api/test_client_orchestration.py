@@ -14,7 +14,7 @@ import torch
 import inferscale.engines.transformers as transformers_engines
 import inferscale.memory
 from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig
-from inferscale.config import EngineConfig
+from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.base import Engine
 from inferscale.engines.transformers import TransformersEngine
 
@@ -125,6 +125,31 @@ def test_memory_kv_equals_a_fresh_encoding(tmp_path: Path, smollm2_fp32: tuple[A
         assert got.encoded_at == want.encoded_at
         torch.testing.assert_close(got.keys, want.keys, rtol=0, atol=1e-5)
         torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_8bit_storage_serves_chat_the_dequantised_fresh_encoding(
+    tmp_path: Path, smollm2_fp32: tuple[Any, Any], embedder: Any
+) -> None:
+    model, tokenizer = smollm2_fp32
+    config = _config(tmp_path).model_copy(update={"kv": KVConfig(storage_format="int8")})
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), config.system_prompt, model=model, tokenizer=tokenizer
+    )
+    with MemoryClient(config, engine=engine, embedder=embedder) as client:
+        client.add(FACTS, user_id="maya", infer=False, encode_kv=True)
+        result = client.chat("What do I play on Sundays?", user_id="maya", limit=3, max_new_tokens=4)
+        records = [client.db.get(memory_id) for memory_id in result.memory_ids]
+        served = client.memory_kv([r for r in records if r is not None])
+        fresh = engine.encode_facts([client.fact_kv.encode_request(r) for r in records if r is not None])
+        stats = client.kv_store.stats()
+        reference = engine.generate_kv("What do I play on Sundays?", [f.dequantized() for f in served], 4)
+    assert len(served) == 3 and all(f.storage_format == "int8" for f in served)
+    assert stats.nbytes["host"] == sum(f.nbytes for f in served)  # the budget counts the 8-bit bytes
+    for got, want in zip(served, fresh, strict=True):
+        quantised = want.quantized("int8")
+        assert torch.equal(got.keys, quantised.keys) and torch.equal(got.values, quantised.values)
+    assert result.answer == reference.text
 
 
 class FakeEngine:

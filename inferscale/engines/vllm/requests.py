@@ -59,13 +59,15 @@ class PreparedRequest:
 
 
 def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
-    """Write ``fact`` as a segment file (the KV store's layout) atomically.
+    """Write ``fact`` as a segment file (the KV store's layout, in a float dtype) atomically.
 
     Args:
         path: target file.
-        fact: pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` and token ids.
+        fact: pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` and token ids; 8-bit K/V are dequantised
+            to the dtype they were quantised from (a KV store entry's own file, linked instead, stays 8-bit).
         fingerprint: the model fingerprint it was encoded under (the connector injects it only under that model).
     """
+    fact = fact.dequantized()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(
         {

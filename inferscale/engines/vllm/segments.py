@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.errors import InferScaleError
+from inferscale.kv.tiers.serialization import KVFormatError, fact_from_payload
 
 
 class SegmentError(InferScaleError):
@@ -107,10 +108,12 @@ class SegmentCache:
         self._bytes = 0
 
     def get(self, ref: SegmentRef) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(keys, values)``, each ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the file's dtype.
+        """``(keys, values)``, each ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the file's dtype; a KV store
+        entry held in 8 bits is loaded onto this cache's device as codes and scales and dequantised there, to the
+        dtype it was quantised from.
 
         Raises:
-            SegmentError: when the file is missing or malformed.
+            SegmentError: when the file is missing or malformed (an unknown storage format included).
         """
         key = (ref.uid, *_stamp(ref.path))
         hit = self._entries.get(key)
@@ -119,9 +122,13 @@ class SegmentCache:
             return hit
         try:
             with safe_open(ref.path, framework="pt", device=str(self._device)) as handle:
-                entry = (handle.get_tensor("keys"), handle.get_tensor("values"))
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+                fact = fact_from_payload(tensors, handle.metadata() or {}, ref.path).dequantized()
+        except KVFormatError as exc:
+            raise SegmentError(f"segment file {ref.path!r} is not in a layout this version reads: {exc}") from exc
         except (OSError, RuntimeError, ValueError) as exc:
             raise SegmentError(f"segment file {ref.path!r} is unreadable: {exc}") from exc
+        entry = (fact.keys, fact.values)
         if entry[0].shape != entry[1].shape or entry[0].dim() != 4:
             raise SegmentError(f"{ref.path!r}: keys {tuple(entry[0].shape)} and values {tuple(entry[1].shape)} differ")
         size = 2 * entry[0].numel() * entry[0].element_size()

@@ -14,6 +14,7 @@ from typing import Protocol, TypeAlias, TypeGuard, runtime_checkable
 
 from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
+from inferscale.kv.quantization import tag_of_encoding_key
 
 # A memory id names a folder of the disk tier, so it must be one plain path component.
 _MEMORY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -48,8 +49,9 @@ class KVKey:
             ``.``), since it names a folder of the disk tier.
         text_hash: sha256 hex of the memory's text (a changed text is a different entry).
         fingerprint: :func:`inferscale.kv.fingerprint.model_fingerprint` of the encoding model.
-        encoding_key: :func:`inferscale.kv.fingerprint.encoding_key`: the encoding settings and a digest of what
-            the fact was encoded after (the system prefix's token ids, its context turns).
+        encoding_key: :func:`inferscale.kv.fingerprint.encoding_key`: the encoding settings (the storage format
+            among them, :attr:`storage_tag`) and a digest of what the fact was encoded after (the system prefix's
+            token ids, its context turns).
 
     Raises:
         InvalidInputError: when a field is not a non-empty str, or ``memory_id`` is not a plain path component.
@@ -66,6 +68,13 @@ class KVKey:
             if not isinstance(value, str) or not value:
                 raise InvalidInputError(f"KVKey.{name} must be a non-empty str, got {value!r}")
         check_memory_id(self.memory_id)
+
+    @property
+    def storage_tag(self) -> str:
+        """The storage format and scale layout the entry is held in, as the encoding key records it
+        (:func:`inferscale.kv.quantization.tag_of_encoding_key`): ``"model"``, or e.g. ``"int8:k=channel,v=token"``.
+        A key of one format never names an entry of another: the stores refuse such a write and such a file."""
+        return tag_of_encoding_key(self.encoding_key)
 
     def digest(self) -> str:
         """32 hex characters naming this entry on disk (sha256 over all four fields)."""

@@ -44,6 +44,4 @@ class DeviceTier(MemoryTier):
         return self._device
 
     def _place(self, fact: FactKV) -> FactKV:
-        keys = owned(fact.keys.to(self._device, non_blocking=True))
-        values = owned(fact.values.to(self._device, non_blocking=True))
-        return FactKV(keys, values, fact.token_ids, fact.encoded_at, fact.source)
+        return fact.map_tensors(lambda t: owned(t.to(self._device, non_blocking=True)))

@@ -73,7 +73,8 @@ class DiskTier:
         Raises:
             KVFingerprintMismatchError: when the file records another key (e.g. a file copied from another
                 model's store); its tensors are not loaded.
-            KVFormatError: when the file is not in this version's layout.
+            KVFormatError: when the file is not in this version's layout (an unknown storage format or scale layout
+                included), or holds another storage format than ``key`` records.
             safetensors.SafetensorError: when the file is not a readable safetensors file.
         """
         path = self.path(key)
@@ -84,7 +85,13 @@ class DiskTier:
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except FileNotFoundError:
             return None
-        return fact_from_payload(tensors, metadata, str(path)).with_source(str(path))
+        fact = fact_from_payload(tensors, metadata, str(path))
+        if fact.storage_tag != key.storage_tag:
+            raise KVFormatError(
+                f"{path} holds K/V stored as {fact.storage_tag!r} under a key for {key.storage_tag!r}; refusing to "
+                "read one format as another"
+            )
+        return fact.with_source(str(path))
 
     def contains(self, key: KVKey) -> bool:
         """Whether ``key``'s file exists (not opened: its metadata is checked by :meth:`get`)."""

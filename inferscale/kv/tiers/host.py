@@ -45,9 +45,7 @@ class HostTier(MemoryTier):
         return self._pin
 
     def _place(self, fact: FactKV) -> FactKV:
-        return FactKV(
-            self._to_host(fact.keys), self._to_host(fact.values), fact.token_ids, fact.encoded_at, fact.source
-        )
+        return fact.map_tensors(self._to_host)
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
         if not self._pin:

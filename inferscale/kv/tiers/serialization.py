@@ -1,12 +1,22 @@
 """Serialisation, apart from transport: :class:`FactKV` + :class:`KVKey` <-> named tensors + str metadata.
 
 The layout is safetensors-shaped (a flat ``str -> Tensor`` dict and a ``str -> str`` header) and holds the full
-key, so a reader can tell which model, text and encoding an entry belongs to before loading its tensors::
+key, so a reader can tell which model, text and encoding an entry belongs to before loading its tensors.
+K/V in the model's dtype (``format`` ``inferscale.kv/1``, as before 8-bit storage)::
 
     tensors:  keys [n_layers, n_kv_heads, n_tokens, head_dim]  (model dtype, e.g. bfloat16)
               values [n_layers, n_kv_heads, n_tokens, head_dim] (same dtype)
               token_ids [n_tokens] int64
-    metadata: format, memory_id, text_hash, fingerprint, encoding_key, encoded_at
+    metadata: format, storage_format ("model"), memory_id, text_hash, fingerprint, encoding_key, encoded_at
+
+K/V in 8 bits (``format`` ``inferscale.kv/2``, :mod:`inferscale.kv.quantization`; a reader of ``/1`` only refuses
+it rather than read codes as K/V)::
+
+    tensors:  keys, values [n_layers, n_kv_heads, n_tokens, head_dim]  (float8_e4m3fn or int8 codes)
+              key_scale, value_scale  float32, [L, H, 1, D] / [L, H, T, 1] / [L, H, 1, 1] as the layout says
+              token_ids [n_tokens] int64
+    metadata: as above, storage_format ("float8_e4m3" or "int8"), key_scale and value_scale (the scale layouts,
+              e.g. "channel" and "token") and kv_dtype (the dtype the K/V were quantised from, e.g. "bfloat16")
 """
 
 from __future__ import annotations
@@ -17,31 +27,53 @@ import torch
 
 from inferscale.errors import InferScaleError, KVFingerprintMismatchError
 from inferscale.kv.fact import FactKV
+from inferscale.kv.quantization import FORMATS, STORAGE_FORMATS, KVScales
 from inferscale.kv.tiers.base import KVKey
 
 FORMAT = "inferscale.kv/1"
-"""The metadata ``format`` value written; files without the field (older stores) use the same layout."""
+"""The metadata ``format`` of K/V in the model's dtype; files without the field (older stores) use this layout."""
+
+QUANTIZED_FORMAT = "inferscale.kv/2"
+"""The metadata ``format`` of 8-bit K/V with scales."""
 
 KEY_FIELDS = ("memory_id", "text_hash", "fingerprint", "encoding_key")
 
+_DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16)
+}
+"""The dtypes 8-bit K/V may be dequantised back to by default (``kv_dtype``), by name."""
+
 
 class KVFormatError(InferScaleError, ValueError):
-    """A stored entry is not in a layout this version reads (unknown ``format``, missing tensor or field)."""
+    """A stored entry is not in a layout this version reads (unknown ``format`` or ``storage_format``, a scale
+    layout this version does not know, missing tensor or field)."""
 
 
 def fact_to_payload(key: KVKey, fact: FactKV) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Named CPU tensors and metadata of ``fact`` stored under ``key``.
 
     Returns:
-        ``(tensors, metadata)``: contiguous CPU tensors (``keys``, ``values`` in the fact's dtype; ``token_ids``
-        int64) and the header strings, which include every :class:`KVKey` field.
+        ``(tensors, metadata)``: contiguous CPU tensors (``keys``, ``values`` in the fact's dtype or as 8-bit codes,
+        the two float32 scales of 8-bit K/V; ``token_ids`` int64) and the header strings, which include every
+        :class:`KVKey` field and the storage format.
     """
     tensors = {
         "keys": fact.keys.detach().to("cpu").contiguous(),
         "values": fact.values.detach().to("cpu").contiguous(),
         "token_ids": fact.token_ids.to(device="cpu", dtype=torch.int64).contiguous(),
     }
-    metadata = {"format": FORMAT, **{name: getattr(key, name) for name in KEY_FIELDS}}
+    metadata = {"format": FORMAT, "storage_format": fact.storage_format}
+    if fact.scales is not None:
+        fmt = fact.scales.spec
+        tensors["key_scale"] = fact.scales.keys.detach().to("cpu").contiguous()
+        tensors["value_scale"] = fact.scales.values.detach().to("cpu").contiguous()
+        metadata.update(
+            format=QUANTIZED_FORMAT,
+            key_scale=fmt.key_scale,
+            value_scale=fmt.value_scale,
+            kv_dtype=str(fact.scales.dtype).removeprefix("torch."),
+        )
+    metadata.update({name: getattr(key, name) for name in KEY_FIELDS})
     metadata["encoded_at"] = str(int(fact.encoded_at))
     return tensors, metadata
 
@@ -57,8 +89,8 @@ def key_from_metadata(metadata: Mapping[str, str], source: str) -> KVKey:
         KVFormatError: when ``format`` is unknown or a key field is missing.
     """
     fmt = metadata.get("format", FORMAT)
-    if fmt != FORMAT:
-        raise KVFormatError(f"{source} has format {fmt!r}; this version reads {FORMAT!r}")
+    if fmt not in (FORMAT, QUANTIZED_FORMAT):
+        raise KVFormatError(f"{source} has format {fmt!r}; this version reads {FORMAT!r} and {QUANTIZED_FORMAT!r}")
     missing = [name for name in (*KEY_FIELDS, "encoded_at") if name not in metadata]
     if missing:
         raise KVFormatError(f"{source} lacks metadata fields {missing}; it was not written by the KV store")
@@ -83,16 +115,55 @@ def check_key(metadata: Mapping[str, str], expected: KVKey, source: str) -> None
             )
 
 
-def fact_from_payload(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], source: str) -> FactKV:
-    """The :class:`FactKV` of a stored entry (tensors as given; ``token_ids`` on the CPU).
+def _scales(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], source: str) -> KVScales | None:
+    """The scales of an 8-bit entry (``None`` for K/V in a float dtype), its layout checked against this version's.
 
     Raises:
-        KVFormatError: when a tensor or ``encoded_at`` is missing or malformed.
+        KVFormatError: for an unknown storage format or dtype, a scale layout other than the format's, a missing
+            scale tensor, or a ``format`` that does not match the storage format.
+    """
+    name = metadata.get("storage_format", "model")
+    if name not in STORAGE_FORMATS:
+        raise KVFormatError(
+            f"{source} holds K/V stored as {name!r}; this version reads {list(STORAGE_FORMATS)}: delete the file "
+            "(or the memory's entries) to re-encode it"
+        )
+    quantized = name != "model"
+    if metadata.get("format", FORMAT) != (QUANTIZED_FORMAT if quantized else FORMAT):
+        raise KVFormatError(f"{source} has format {metadata.get('format')!r} for storage format {name!r}")
+    if not quantized:
+        return None
+    spec = FORMATS[name]
+    layout = (metadata.get("key_scale"), metadata.get("value_scale"))
+    if layout != (spec.key_scale, spec.value_scale):
+        raise KVFormatError(
+            f"{source} holds {name} K/V with key/value scales per {layout}; this version reads "
+            f"{(spec.key_scale, spec.value_scale)}"
+        )
+    dtype = _DTYPES.get(metadata.get("kv_dtype", ""))
+    missing = [t for t in ("key_scale", "value_scale") if t not in tensors]
+    if dtype is None or missing:
+        raise KVFormatError(
+            f"{source} lacks {missing or ['a known kv_dtype']} for its {name} K/V; it was not written by the KV store"
+        )
+    return KVScales(name, tensors["key_scale"], tensors["value_scale"], dtype)
+
+
+def fact_from_payload(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], source: str) -> FactKV:
+    """The :class:`FactKV` of a stored entry (tensors as given, 8-bit K/V with their scales; ``token_ids`` on the
+    CPU).
+
+    Raises:
+        KVFormatError: when a tensor or ``encoded_at`` is missing or malformed, or the storage format or its scale
+            layout is not one this version reads.
     """
     missing = [name for name in ("keys", "values", "token_ids") if name not in tensors]
     if missing or "encoded_at" not in metadata:
         raise KVFormatError(f"{source} lacks {missing or ['encoded_at']}; it was not written by the KV store")
+    scales = _scales(tensors, metadata, source)
     try:
-        return FactKV(tensors["keys"], tensors["values"], tensors["token_ids"].cpu(), int(metadata["encoded_at"]))
+        return FactKV(
+            tensors["keys"], tensors["values"], tensors["token_ids"].cpu(), int(metadata["encoded_at"]), None, scales
+        )
     except ValueError as exc:
         raise KVFormatError(f"{source} holds malformed K/V: {exc}") from exc
