@@ -8,6 +8,7 @@ is not an int); this module only turns their ``ValidationError`` into an :class:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -48,7 +49,10 @@ _QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValid
 _FLAG = TypeAdapter(Annotated[bool, Field(strict=True)])
 _OPTIONAL_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)] | None)
 _VERSION = TypeAdapter(Literal["v1", "v2"] | None)
-_TIMEOUT = TypeAdapter(Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None)
+_TIMEOUT = TypeAdapter(
+    Annotated[float, Field(strict=True, ge=0, le=threading.TIMEOUT_MAX, allow_inf_nan=False)] | None
+)
+"""Seconds a wait may last: up to :data:`threading.TIMEOUT_MAX` (a longer one makes the wait raise OverflowError)."""
 
 
 def _validated(adapter: TypeAdapter[T], value: object, expected: str) -> T:
@@ -156,12 +160,15 @@ def encode_mode(encode_kv: Any, default: EncodeMode) -> EncodeMode:
 
 
 def check_timeout(timeout: Any) -> float | None:
-    """``None`` (no limit) or a finite number of seconds >= 0, as a float.
+    """``None`` (no limit) or a finite number of seconds from 0 to :data:`threading.TIMEOUT_MAX`, as a float.
 
     Raises:
-        InvalidInputError: for anything else (a negative number, a bool, a string, NaN, an infinity).
+        InvalidInputError: for anything else (a negative number, a bool, a string, NaN, an infinity, more seconds
+            than a wait can take).
     """
-    return _validated(_TIMEOUT, timeout, "timeout must be None or a finite number of seconds >= 0")
+    return _validated(
+        _TIMEOUT, timeout, f"timeout must be None or a finite number of seconds from 0 to {threading.TIMEOUT_MAX:g}"
+    )
 
 
 def check_query(query: Any) -> str:

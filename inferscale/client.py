@@ -162,9 +162,11 @@ class MemoryClient(ClientCore):
         is. All changes and their history rows are written in one transaction. New and updated memories are
         embedded before the call returns (``search`` finds them at once); deleted ones lose their vector and K/V.
         The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
-        after the call returns (``"background"``, the default: ``chat`` never waits on timing, it encodes any
-        memory it retrieves that is not encoded yet; the call blocks only while ``kv.encode_queue_size`` memories
-        already wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them (``"lazy"``).
+        after the call returns (``"background"``, the default: what ``chat`` injects never depends on timing, it
+        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes a
+        batch waits for that batch, which shares the model; the call blocks only while ``kv.encode_queue_size``
+        memories already wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them
+        (``"lazy"``).
         ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
 
         Returns:

@@ -44,13 +44,15 @@ with it."""
 
 
 def _lower_priority() -> None:
-    """Lower the calling thread's priority by :data:`ENCODER_NICENESS`, on Linux (where ``nice`` is per thread; on
-    other systems ``setpriority`` would address a process, so nothing is done there). A refusal is ignored: the
+    """Set the calling thread's priority :data:`ENCODER_NICENESS` below its process's, on Linux (where ``nice`` is
+    per thread; on other systems ``setpriority`` would address a process, so nothing is done there). It is set from
+    the process's priority, not the thread's own: an encoder thread started by the one before it inherits that
+    thread's lowered priority, and lowering again would sink each restart further. A refusal is ignored: the
     priority is a preference, never a requirement."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
-            current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), current + ENCODER_NICENESS)
+            process = os.getpriority(os.PRIO_PROCESS, os.getpid())
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), process + ENCODER_NICENESS)
 
 
 class EncodeQueue:

@@ -25,7 +25,7 @@ from tiny_models import tiny_engine
 
 from inferscale import ConfigError, InvalidInputError, MemoryConfig
 from inferscale.config import KVConfig, config_from_dict
-from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME
+from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME, _lower_priority
 from inferscale.kv import FactKV, KVStore
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
@@ -346,6 +346,37 @@ def test_the_encoder_thread_runs_at_a_lower_priority(tmp_path: Path, engine: Any
         assert gate.niceness == min(19, os.getpriority(os.PRIO_PROCESS, 0) + ENCODER_NICENESS)
     finally:
         gate.opened.set()
+        client.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_a_restarted_encoder_thread_does_not_sink_further() -> None:
+    """A thread started by an encoder thread inherits its lowered priority; lowering again must not add another
+    ENCODER_NICENESS (the old code reached process + 20, capped at 19)."""
+    process = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    if process + ENCODER_NICENESS > 18:
+        pytest.skip(f"the process already runs at nice {process}: the cap of 19 would hide a second lowering")
+    seen: list[int] = []
+
+    def twice() -> None:
+        _lower_priority()
+        _lower_priority()  # what a thread started from the lowered thread's ``finally`` does
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=twice)
+    thread.start()
+    thread.join()
+    assert seen == [process + ENCODER_NICENESS]
+
+
+@pytest.mark.parametrize("timeout", [1e10, threading.TIMEOUT_MAX * 2])
+def test_a_wait_longer_than_a_wait_can_take_is_invalid_input(tmp_path: Path, engine: Any, timeout: float) -> None:
+    """threading's waits raise OverflowError past TIMEOUT_MAX: refused up front with the library's own error."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        with pytest.raises(InvalidInputError, match="seconds from 0 to"):
+            client.wait_for_encoding(timeout)
+    finally:
         client.close()
 
 
