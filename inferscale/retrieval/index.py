@@ -72,6 +72,7 @@ class VectorIndex:
         self._ids = IdSet()  # the ids of self._index, sorted: membership without a Python loop
         self._labels = LabelTable()
         self._ann: ApproximateIndex | None = None
+        self._ann_builds = 0
 
     @classmethod
     def open(cls, path: Path | str, dim: int, search: SearchConfig | None = None) -> VectorIndex:
@@ -140,6 +141,14 @@ class VectorIndex:
         """The approximate index's number of lists; 0 while it is not built."""
         with self._lock:
             return self._ann.nlist if self._ann is not None else 0
+
+    @property
+    def approximate_builds(self) -> int:
+        """How many times this object has built (or re-trained) the approximate index: by a search that needed it
+        or by :meth:`build_approximate`. One loaded by :meth:`open` is not counted. An owner that saves the index
+        compares it before and after a search to tell that the file no longer holds what is in memory."""
+        with self._lock:
+            return self._ann_builds
 
     @property
     def approximate_on_gpu(self) -> bool:
@@ -310,7 +319,9 @@ class VectorIndex:
             raise AssertionError(f"the exact store wraps a {type(flat).__name__}, not an IndexFlat")
         vectors = faiss.rev_swig_ptr(flat.get_xb(), n * self._dim).reshape(n, self._dim)
         ids = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
-        return ApproximateIndex.build(ids, vectors, self._search.ivf_nlist)
+        built = ApproximateIndex.build(ids, vectors, self._search.ivf_nlist)
+        self._ann_builds += 1
+        return built
 
     # ---- search ------------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from mem0_fakes import HashEmbedder, fake_config
 
+import inferscale.derived
 import inferscale.retrieval.approximate
 from inferscale import MemoryClient
 from inferscale.config import SearchConfig
@@ -207,6 +208,7 @@ def test_the_approximate_index_is_retrained_when_the_index_grows(
     index.search(vectors[0], 5)
     # The power of two nearest sqrt(n) lists, at most one per 64 vectors: 32 -> 18 for 1200, 64 -> 62 for 4000.
     assert (first, index.approximate_lists) == (18, 62)
+    assert index.approximate_builds == 2
 
 
 # ---- persistence and rebuilds -----------------------------------------------------------------------------------
@@ -271,6 +273,36 @@ def test_the_index_is_rebuilt_from_sql(tmp_path: Path) -> None:
         assert len(index) == 61
         hits = index.search(HashEmbedder().embed(["likes tea"])[0], 61)  # unscoped: the approximate path
         assert index.approximate_lists == 4 and len(hits) == 61
+
+
+def test_an_approximate_index_built_by_a_search_is_saved_for_the_next_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's search that builds the approximate index marks the index changed: the next save writes it (here
+    the one on close, the save interval not being over), and the next client loads it rather than building it
+    again. It was left unsaved, and every process built it again (96 s at a million vectors)."""
+    config = fake_config(tmp_path, search=SearchConfig(exact_scope_max=8, approximate_min_total=50, ivf_nlist=4))
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        for i in range(60):
+            client.add(f"the user likes hobby number {i}", user_id="u", infer=False)
+        path = client.derived.index_path
+    assert index_file.read(path).ann is None  # adds never need it
+    monkeypatch.setattr(inferscale.derived, "INDEX_SAVE_INTERVAL_S", 1e12)  # no save is due before close
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        before = client.search("likes hobby number 7", user_id="u", limit=5)  # 60 > exact_scope_max: built
+        assert len(before["results"]) == 5
+        assert client.derived.open_index().approximate_lists == 4
+        assert index_file.read(path).ann is None  # the save spacing holds
+    saved = index_file.read(path)
+    assert saved.ann is not None and saved.ann_trained_for == 60
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the saved approximate index is loaded, not built again")
+
+    monkeypatch.setattr(inferscale.retrieval.approximate.ApproximateIndex, "build", no_build)
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        assert client.search("likes hobby number 7", user_id="u", limit=5) == before
+        assert client.derived.open_index().approximate_lists == 4
 
 
 # ---- GPU --------------------------------------------------------------------------------------------------------
