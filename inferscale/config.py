@@ -129,7 +129,8 @@ class SearchConfig(_Strict):
             index; ``None`` keeps them exact at any size. Building the approximate index costs seconds per hundred
             thousand vectors (paid by the search that needs it first) and holds a second copy of the vectors.
         ivf_nlist: the approximate index's number of lists; ``None`` picks the power of two nearest the square root
-            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors.
+            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors. A saved
+            approximate index with another number of lists is built again (on the first search that needs it).
         ivf_nprobe: how many lists a search visits: more is slower and closer to exact.
         rebuild_growth: re-train the approximate index once the index has grown this many times since it was
             trained (vectors added since are placed by the old centroids meanwhile).

@@ -80,7 +80,8 @@ class VectorIndex:
 
         The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
         belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
-        loaded when it holds as many vectors as the exact store; otherwise it is built again when needed.
+        loaded when it holds as many vectors as the exact store and has the number of lists ``search.ivf_nlist`` gives
+        (:func:`~inferscale.retrieval.approximate.list_count`); otherwise it is built again when needed.
 
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim``.
@@ -116,7 +117,9 @@ class VectorIndex:
         keep = index._ids.contains(label_ids)
         index._labels.replace(label_ids[keep], label_values[keep])
         if saved.ann is not None:
-            index._ann = ApproximateIndex.from_bytes(saved.ann, saved.ann_trained_for, index._dim, len(index._ids))
+            index._ann = ApproximateIndex.from_bytes(
+                saved.ann, saved.ann_trained_for, index._dim, len(index._ids), index._search.ivf_nlist
+            )
         return index
 
     # ---- properties --------------------------------------------------------------------------------------

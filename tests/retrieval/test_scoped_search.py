@@ -5,6 +5,7 @@ saved in the one index file, rebuilt from SQL, and moved to a GPU when FAISS see
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import faiss
@@ -248,6 +249,38 @@ def test_the_approximate_index_is_saved_in_the_one_index_file(
     assert reopened.approximate_lists == 0 and len(reopened) == 3990
     assert ids[0] not in [i for i, _ in reopened.search(vectors[0], 10)]
     assert reopened.approximate_lists == 32
+
+
+@pytest.mark.parametrize(("nlist", "lists"), [(16, 16), (None, 18)], ids=["nlist-16", "auto-nlist"])
+def test_a_saved_approximate_index_with_another_nlist_is_rebuilt(
+    tmp_path: Path,
+    data: tuple[np.ndarray, np.ndarray, list[np.ndarray]],
+    caplog: pytest.LogCaptureFixture,
+    nlist: int | None,
+    lists: int,
+) -> None:
+    """An approximate index saved with 32 lists, opened with another ``search.ivf_nlist`` (16, or unset: the
+    automatic 18 for 1200 vectors), is dropped on open (logged at info level) and the next search builds one with
+    the lists asked for; it was used as saved. A setting the index does not hold (``ivf_nprobe``) keeps it."""
+    ids, vectors, _ = data
+    path = tmp_path / "index.faiss"
+    index = _index(ids[:1200], vectors[:1200], APPROXIMATE, path)
+    index.build_approximate()
+    index.save()
+    assert VectorIndex.open(path, DIM, APPROXIMATE.model_copy(update={"ivf_nprobe": 8})).approximate_lists == 32
+    changed = APPROXIMATE.model_copy(update={"ivf_nlist": nlist})
+    with caplog.at_level(logging.INFO, logger="inferscale.retrieval.approximate"):
+        reopened = VectorIndex.open(path, DIM, changed)
+    assert reopened.approximate_lists == 0
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.INFO,
+            f"the saved approximate index has 32 lists where search.ivf_nlist={nlist} gives {lists} for its 1200 "
+            "vectors: it is rebuilt when needed",
+        )
+    ]
+    assert reopened.search(vectors[0], 5)[0][0] == ids[0]
+    assert reopened.approximate_lists == lists
 
 
 def test_the_index_is_rebuilt_from_sql(tmp_path: Path) -> None:
