@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from inferscale.errors import ConfigError
+from inferscale.formats import StorageFormat
 
 if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-
-StorageFormat = Literal["model", "float8_e4m3", "int8"]
-"""``kv.storage_format``: fact K/V at rest in the model's dtype or in 8 bits (:mod:`inferscale.kv.quantization`,
-whose :data:`~inferscale.kv.quantization.STORAGE_FORMATS` a test keeps equal to these)."""
 
 EncodeMode = Literal["background", "eager", "lazy"]
 """When ``add`` has the K/V of new memories encoded (:attr:`KVConfig.encode_on_add`)."""
