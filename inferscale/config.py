@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from inferscale.errors import ConfigError
+from inferscale.formats import StorageFormat
 
 if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-
-StorageFormat = Literal["model", "float8_e4m3", "int8"]
-"""``kv.storage_format``: fact K/V at rest in the model's dtype or in 8 bits (:mod:`inferscale.kv.quantization`,
-whose :data:`~inferscale.kv.quantization.STORAGE_FORMATS` a test keeps equal to these)."""
 
 EncodeMode = Literal["background", "eager", "lazy"]
 """When ``add`` has the K/V of new memories encoded (:attr:`KVConfig.encode_on_add`)."""
@@ -129,7 +126,8 @@ class SearchConfig(_Strict):
             index; ``None`` keeps them exact at any size. Building the approximate index costs seconds per hundred
             thousand vectors (paid by the search that needs it first) and holds a second copy of the vectors.
         ivf_nlist: the approximate index's number of lists; ``None`` picks the power of two nearest the square root
-            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors.
+            of the size it is built for (1024 for a million vectors), at most one list per 64 vectors. A saved
+            approximate index with another number of lists is built again (on the first search that needs it).
         ivf_nprobe: how many lists a search visits: more is slower and closer to exact.
         rebuild_growth: re-train the approximate index once the index has grown this many times since it was
             trained (vectors added since are placed by the old centroids meanwhile).

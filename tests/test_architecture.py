@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "inferscale.filters": 0,
     "inferscale.conversation": 0,
     "inferscale.error_codes": 0,
+    "inferscale.formats": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
     "inferscale.models": 3,

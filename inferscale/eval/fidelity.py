@@ -30,9 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec, StorageFormat
+from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
 from inferscale.eval.metrics import first_token_kl, token_f1
+from inferscale.formats import StorageFormat
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.recompute import RecomputePolicy

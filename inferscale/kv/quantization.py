@@ -32,6 +32,7 @@ from typing import Literal, get_args
 import torch
 
 from inferscale.errors import ConfigError
+from inferscale.formats import StorageFormat
 
 __all__ = [
     "FORMATS",
@@ -48,9 +49,6 @@ __all__ = [
     "storage_tag",
     "tag_of_encoding_key",
 ]
-
-StorageFormat = Literal["model", "float8_e4m3", "int8"]
-"""How fact K/V are stored: in the model's dtype, or in 8 bits with scales."""
 
 STORAGE_FORMATS: tuple[str, ...] = get_args(StorageFormat)
 

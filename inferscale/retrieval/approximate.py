@@ -46,6 +46,12 @@ def auto_nlist(n: int) -> int:
     return max(1, min(nearest, n // TRAIN_POINTS_PER_LIST))
 
 
+def list_count(n: int, nlist: int | None) -> int:
+    """The number of lists an index built over ``n`` vectors gets: ``nlist`` (``search.ivf_nlist``), or
+    :func:`auto_nlist` when it is ``None``; capped at ``n``."""
+    return min(nlist if nlist is not None else auto_nlist(n), n)
+
+
 class ApproximateIndex:
     """An ``IndexIVFFlat`` (inner product) with the exact store's ids, and an optional GPU copy.
 
@@ -74,7 +80,7 @@ class ApproximateIndex:
             seed: seeds the training sample and k-means, so a rebuild of the same vectors gives the same index.
         """
         n, dim = vectors.shape
-        lists = min(nlist if nlist is not None else auto_nlist(n), n)
+        lists = list_count(n, nlist)
         started = time.perf_counter()
         ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
         ivf.cp.niter = TRAIN_ITERATIONS
@@ -87,9 +93,14 @@ class ApproximateIndex:
         return cls(ivf, n)
 
     @classmethod
-    def from_bytes(cls, data: np.ndarray, trained_for: int, dim: int, n: int) -> ApproximateIndex | None:
-        """The index serialised in ``data`` (uint8 ``[b]``), or ``None`` when it is not an inner-product
-        ``IndexIVFFlat`` of ``dim`` holding ``n`` vectors (the owner builds a new one when it needs it)."""
+    def from_bytes(
+        cls, data: np.ndarray, trained_for: int, dim: int, n: int, nlist: int | None
+    ) -> ApproximateIndex | None:
+        """The index serialised in ``data`` (uint8 ``[b]``), trained on ``trained_for`` vectors, or ``None`` (the
+        owner builds a new one when it needs it) when it is not an inner-product ``IndexIVFFlat`` of ``dim`` holding
+        ``n`` vectors, or when it has another number of lists than a build with ``nlist`` (``search.ivf_nlist``)
+        would give it (:func:`list_count` of ``trained_for``): the setting changed since it was saved (logged at
+        info level)."""
         try:
             loaded = faiss.deserialize_index(data)
         except RuntimeError as exc:
@@ -102,6 +113,17 @@ class ApproximateIndex:
             or loaded.ntotal != n
         ):
             log.warning("ignoring an approximate index that does not match the vectors; it is rebuilt when needed")
+            return None
+        wanted = list_count(trained_for, nlist)
+        if loaded.nlist != wanted:
+            log.info(
+                "the saved approximate index has %d lists where search.ivf_nlist=%s gives %d for its %d vectors: it "
+                "is rebuilt when needed",
+                loaded.nlist,
+                nlist,
+                wanted,
+                trained_for,
+            )
             return None
         return cls(loaded, trained_for)
 
@@ -178,4 +200,12 @@ class ApproximateIndex:
         return found[0][keep].astype(np.int64), scores[0][keep]
 
 
-__all__ = ["GPU_MAX_K", "TRAIN_ITERATIONS", "TRAIN_POINTS_PER_LIST", "ApproximateIndex", "auto_nlist", "gpu_count"]
+__all__ = [
+    "GPU_MAX_K",
+    "TRAIN_ITERATIONS",
+    "TRAIN_POINTS_PER_LIST",
+    "ApproximateIndex",
+    "auto_nlist",
+    "gpu_count",
+    "list_count",
+]

@@ -72,6 +72,7 @@ class VectorIndex:
         self._ids = IdSet()  # the ids of self._index, sorted: membership without a Python loop
         self._labels = LabelTable()
         self._ann: ApproximateIndex | None = None
+        self._ann_builds = 0
 
     @classmethod
     def open(cls, path: Path | str, dim: int, search: SearchConfig | None = None) -> VectorIndex:
@@ -79,7 +80,8 @@ class VectorIndex:
 
         The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
         belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
-        loaded when it holds as many vectors as the exact store; otherwise it is built again when needed.
+        loaded when it holds as many vectors as the exact store and has the number of lists ``search.ivf_nlist`` gives
+        (:func:`~inferscale.retrieval.approximate.list_count`); otherwise it is built again when needed.
 
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim``.
@@ -115,7 +117,9 @@ class VectorIndex:
         keep = index._ids.contains(label_ids)
         index._labels.replace(label_ids[keep], label_values[keep])
         if saved.ann is not None:
-            index._ann = ApproximateIndex.from_bytes(saved.ann, saved.ann_trained_for, index._dim, len(index._ids))
+            index._ann = ApproximateIndex.from_bytes(
+                saved.ann, saved.ann_trained_for, index._dim, len(index._ids), index._search.ivf_nlist
+            )
         return index
 
     # ---- properties --------------------------------------------------------------------------------------
@@ -140,6 +144,14 @@ class VectorIndex:
         """The approximate index's number of lists; 0 while it is not built."""
         with self._lock:
             return self._ann.nlist if self._ann is not None else 0
+
+    @property
+    def approximate_builds(self) -> int:
+        """How many times this object has built (or re-trained) the approximate index: by a search that needed it
+        or by :meth:`build_approximate`. One loaded by :meth:`open` is not counted. An owner that saves the index
+        compares it before and after a search to tell that the file no longer holds what is in memory."""
+        with self._lock:
+            return self._ann_builds
 
     @property
     def approximate_on_gpu(self) -> bool:
@@ -310,7 +322,9 @@ class VectorIndex:
             raise AssertionError(f"the exact store wraps a {type(flat).__name__}, not an IndexFlat")
         vectors = faiss.rev_swig_ptr(flat.get_xb(), n * self._dim).reshape(n, self._dim)
         ids = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
-        return ApproximateIndex.build(ids, vectors, self._search.ivf_nlist)
+        built = ApproximateIndex.build(ids, vectors, self._search.ivf_nlist)
+        self._ann_builds += 1
+        return built
 
     # ---- search ------------------------------------------------------------------------------------------
 

@@ -12,8 +12,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from inferscale.config import KVConfig, StorageFormat, config_from_dict
+import inferscale.config
+import inferscale.kv.quantization
+from inferscale.config import KVConfig, config_from_dict
 from inferscale.errors import ConfigError, InvalidInputError, KVFingerprintMismatchError
+from inferscale.formats import StorageFormat
 from inferscale.kv import FactKV, KVKey, TieredKVStore
 from inferscale.kv.fingerprint import encoding_key
 from inferscale.kv.quantization import FORMATS, STORAGE_FORMATS, quant_format, storage_tag
@@ -251,6 +254,11 @@ def test_an_unknown_format_name_is_a_config_error(bad: str) -> None:
 
 
 def test_the_config_offers_exactly_the_formats_the_kv_core_implements() -> None:
-    assert get_args(StorageFormat) == STORAGE_FORMATS
+    """One definition of the format names (inferscale.formats, layer 0), used by the settings and the KV core; it
+    was written out in both."""
+    assert inferscale.config.StorageFormat is StorageFormat
+    assert inferscale.kv.quantization.StorageFormat is StorageFormat  # re-exported: in its __all__
+    assert get_args(StorageFormat) == STORAGE_FORMATS == ("model", "float8_e4m3", "int8")
+    assert get_args(KVConfig.model_fields["storage_format"].annotation) == STORAGE_FORMATS
     assert KVConfig().storage_format == "model"
     assert set(STORAGE_FORMATS) == {"model", *FORMATS}

@@ -5,6 +5,7 @@ saved in the one index file, rebuilt from SQL, and moved to a GPU when FAISS see
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import faiss
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from mem0_fakes import HashEmbedder, fake_config
 
+import inferscale.derived
 import inferscale.retrieval.approximate
 from inferscale import MemoryClient
 from inferscale.config import SearchConfig
@@ -207,6 +209,7 @@ def test_the_approximate_index_is_retrained_when_the_index_grows(
     index.search(vectors[0], 5)
     # The power of two nearest sqrt(n) lists, at most one per 64 vectors: 32 -> 18 for 1200, 64 -> 62 for 4000.
     assert (first, index.approximate_lists) == (18, 62)
+    assert index.approximate_builds == 2
 
 
 # ---- persistence and rebuilds -----------------------------------------------------------------------------------
@@ -248,6 +251,38 @@ def test_the_approximate_index_is_saved_in_the_one_index_file(
     assert reopened.approximate_lists == 32
 
 
+@pytest.mark.parametrize(("nlist", "lists"), [(16, 16), (None, 18)], ids=["nlist-16", "auto-nlist"])
+def test_a_saved_approximate_index_with_another_nlist_is_rebuilt(
+    tmp_path: Path,
+    data: tuple[np.ndarray, np.ndarray, list[np.ndarray]],
+    caplog: pytest.LogCaptureFixture,
+    nlist: int | None,
+    lists: int,
+) -> None:
+    """An approximate index saved with 32 lists, opened with another ``search.ivf_nlist`` (16, or unset: the
+    automatic 18 for 1200 vectors), is dropped on open (logged at info level) and the next search builds one with
+    the lists asked for; it was used as saved. A setting the index does not hold (``ivf_nprobe``) keeps it."""
+    ids, vectors, _ = data
+    path = tmp_path / "index.faiss"
+    index = _index(ids[:1200], vectors[:1200], APPROXIMATE, path)
+    index.build_approximate()
+    index.save()
+    assert VectorIndex.open(path, DIM, APPROXIMATE.model_copy(update={"ivf_nprobe": 8})).approximate_lists == 32
+    changed = APPROXIMATE.model_copy(update={"ivf_nlist": nlist})
+    with caplog.at_level(logging.INFO, logger="inferscale.retrieval.approximate"):
+        reopened = VectorIndex.open(path, DIM, changed)
+    assert reopened.approximate_lists == 0
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.INFO,
+            f"the saved approximate index has 32 lists where search.ivf_nlist={nlist} gives {lists} for its 1200 "
+            "vectors: it is rebuilt when needed",
+        )
+    ]
+    assert reopened.search(vectors[0], 5)[0][0] == ids[0]
+    assert reopened.approximate_lists == lists
+
+
 def test_the_index_is_rebuilt_from_sql(tmp_path: Path) -> None:
     """Delete the index file: the next client re-embeds every memory from SQL (reconciliation), and scoped and
     large searches give what they gave before."""
@@ -271,6 +306,36 @@ def test_the_index_is_rebuilt_from_sql(tmp_path: Path) -> None:
         assert len(index) == 61
         hits = index.search(HashEmbedder().embed(["likes tea"])[0], 61)  # unscoped: the approximate path
         assert index.approximate_lists == 4 and len(hits) == 61
+
+
+def test_an_approximate_index_built_by_a_search_is_saved_for_the_next_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's search that builds the approximate index marks the index changed: the next save writes it (here
+    the one on close, the save interval not being over), and the next client loads it rather than building it
+    again. It was left unsaved, and every process built it again (96 s at a million vectors)."""
+    config = fake_config(tmp_path, search=SearchConfig(exact_scope_max=8, approximate_min_total=50, ivf_nlist=4))
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        for i in range(60):
+            client.add(f"the user likes hobby number {i}", user_id="u", infer=False)
+        path = client.derived.index_path
+    assert index_file.read(path).ann is None  # adds never need it
+    monkeypatch.setattr(inferscale.derived, "INDEX_SAVE_INTERVAL_S", 1e12)  # no save is due before close
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        before = client.search("likes hobby number 7", user_id="u", limit=5)  # 60 > exact_scope_max: built
+        assert len(before["results"]) == 5
+        assert client.derived.open_index().approximate_lists == 4
+        assert index_file.read(path).ann is None  # the save spacing holds
+    saved = index_file.read(path)
+    assert saved.ann is not None and saved.ann_trained_for == 60
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the saved approximate index is loaded, not built again")
+
+    monkeypatch.setattr(inferscale.retrieval.approximate.ApproximateIndex, "build", no_build)
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        assert client.search("likes hobby number 7", user_id="u", limit=5) == before
+        assert client.derived.open_index().approximate_lists == 4
 
 
 # ---- GPU --------------------------------------------------------------------------------------------------------

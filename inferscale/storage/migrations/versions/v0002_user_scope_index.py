@@ -22,6 +22,13 @@ depends_on: str | None = None
 
 def upgrade() -> None:
     """Create the covering index, then drop the one it supersedes."""
+    # A plain CREATE INDEX, not CONCURRENTLY: on PostgreSQL it holds a SHARE lock on memories while it builds
+    # (writes wait, reads go on). CONCURRENTLY cannot run inside a transaction block, and ensure_schema runs the
+    # whole chain in one write transaction that holds the schema lock (pg_advisory_xact_lock, released only when
+    # that transaction ends; BEGIN IMMEDIATE on SQLite). Alembic's autocommit_block() cannot leave a transaction
+    # its caller began (it asserts: tried with Alembic 1.20), and committing that transaction here would release
+    # the schema lock mid-upgrade (a second process would run this revision too) and lose the all-or-nothing
+    # rollback of a failed upgrade.
     op.create_index("ix_memories_user_scope", "memories", ["user_id", "pk", "id", "hash"])
     op.drop_index("ix_memories_user_id", table_name="memories")
 
