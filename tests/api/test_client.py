@@ -246,7 +246,9 @@ def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
     tmp_path: Path, engine: TransformersEngine, embedder: Any, make_client: MakeClient
 ) -> None:
     buckets = (0, 10, 1000)
-    client = make_client(tmp_path, engine, embedder, kv=KVConfig(position_buckets=buckets, context_window=0))
+    # Eager: the test reads the stored entries right after add (in background mode the encoder races the check).
+    kv = KVConfig(position_buckets=buckets, context_window=0, encode_on_add="eager")
+    client = make_client(tmp_path, engine, embedder, kv=kv)
     added = client.add(CONVERSATION, user_id="maya", infer=False)["results"]
     records = [client.db.get(r["id"]) for r in added]
     assert all(r is not None for r in records)
