@@ -163,10 +163,10 @@ class MemoryClient(ClientCore):
         embedded before the call returns (``search`` finds them at once); deleted ones lose their vector and K/V.
         The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
         after the call returns (``"background"``, the default: what ``chat`` injects never depends on timing, it
-        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes a
-        batch waits for that batch, which shares the model; the call blocks only while ``kv.encode_queue_size``
-        memories already wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them
-        (``"lazy"``).
+        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes
+        waits for one chunk of ``kv.encode_chunk_size`` facts at most; the call blocks only while
+        ``kv.encode_queue_size`` memories already wait), inside the call (``"eager"``), or on the first ``chat``
+        that retrieves them (``"lazy"``).
         ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
 
         Returns:
@@ -635,7 +635,7 @@ class MemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self._lock:
+        with self._lock, self.derived.foreground():  # the background K/V encoder yields the model to the chat
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             records = self._chat_records(request)

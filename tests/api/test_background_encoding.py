@@ -9,6 +9,7 @@ On a tiny float32 model with a byte-level tokenizer (fast, real encoding), on bo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -238,6 +239,92 @@ def test_a_full_queue_blocks_add_until_there_is_room_and_loses_or_repeats_nothin
             _assert_fresh(client, engine, memory_id)
     finally:
         gate.opened.set()
+        client.close()
+
+
+# ---- a chat waits for one chunk at most ----------------------------------------------------------------------------
+
+
+class ModelGate(Gate):
+    """A :class:`Gate` whose background calls wait at the gate holding the engine's model lock, as a forward pass
+    does. A call on any other thread (a chat's encoding) records how many facts the background thread had encoded
+    when it got the model. :meth:`watch` says when a chat has marked its use of the model (then it waits for the
+    model, in the engine's ``load``)."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self._model_lock = engine.model_lock
+        self.foreground_arrived = threading.Event()
+        self.background_done = 0
+        self.done_when_foreground_ran: list[int] = []
+
+    def watch(self, derived: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Set :attr:`foreground_arrived` when a foreground use of ``derived``'s model begins."""
+        mark = derived.foreground
+
+        @contextlib.contextmanager
+        def marked() -> Iterator[None]:
+            with mark():
+                self.foreground_arrived.set()
+                yield
+
+        monkeypatch.setattr(derived, "foreground", marked)
+
+    def __call__(self, requests: Sequence[Any]) -> list[FactKV]:
+        if threading.current_thread().name != THREAD_NAME:
+            with self._model_lock:
+                self.done_when_foreground_ran.append(self.background_done)
+                return self._encode(requests)
+        with self._model_lock:
+            encoded = super().__call__(requests)
+            self.background_done += len(requests)
+            return encoded
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_chat_arriving_during_a_background_batch_waits_for_one_chunk_only(
+    kind: ClientKind, tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = ModelGate(engine)
+    monkeypatch.setattr(engine, "encode_facts", gate)
+    client = _client(kind, _config(tmp_path, None, encode_chunk_size=1), engine)
+    gate.watch(client.client.derived, monkeypatch)  # type: ignore[union-attr]
+    try:
+        messages = [{"role": "user", "content": fact} for fact in FACTS]
+        ids = [m["id"] for m in client.add(messages, user_id="maya", infer=False)["results"]]  # one batch of 3
+        assert gate.arrived.wait(GATE_TIMEOUT_S)  # the thread holds the model, encoding its first chunk
+        answers: list[Any] = []
+        chat = threading.Thread(target=lambda: answers.append(client.chat(QUESTION, user_id="maya", limit=3)))
+        chat.start()
+        assert gate.foreground_arrived.wait(GATE_TIMEOUT_S)  # the chat marked its use and waits for the model
+        gate.opened.set()
+        chat.join(GATE_TIMEOUT_S)
+        assert not chat.is_alive()
+        assert gate.done_when_foreground_ran == [1]  # the old encoder held the model for all 3 facts
+        assert sorted(answers[0].memory_ids) == sorted(ids)
+
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_done == 1  # the thread dropped the two facts the chat had stored meanwhile
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+def test_the_background_encoder_waits_while_a_chat_uses_the_model(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    """A chat marks its use of the model; the encoder starts no chunk until it ends (a streamed chat: its steps)."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        derived = client.client.derived  # type: ignore[union-attr]
+        gate.opened.set()
+        with derived.foreground():
+            _add_each(client, FACTS[:1])
+            assert client.wait_for_encoding(0.2) is False  # the encoder waits for the foreground use to end
+            assert gate.background_facts == 0 and not gate.arrived.is_set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_facts == 1
+    finally:
         client.close()
 
 
