@@ -496,9 +496,9 @@ class AsyncMemoryClient(ClientCore):
         return await asyncio.to_thread(self.derived.wait_for_encoding, check_timeout(timeout))
 
     async def close(self) -> None:
-        """Wait for the background K/V encoder to finish, write the index file if it changed, and release what this
-        client opened or built; see :meth:`MemoryClient.close`."""
-        await asyncio.to_thread(self.derived.wait_for_encoding)
+        """Wait for the background K/V encoder to finish (it stays closed), write the index file if it changed, and
+        release what this client opened or built; see :meth:`MemoryClient.close`."""
+        await asyncio.to_thread(self.derived.close_encoding)
         await asyncio.to_thread(self._release)
         if self._adb is not None:
             await self._adb.close()

@@ -679,8 +679,11 @@ class MemoryClient(ClientCore):
         """Wait for the background K/V encoder to finish what ``add`` queued (:meth:`wait_for_encoding`), write
         the index file if it changed, and release what this client opened or built: the database connections, an
         HTTP LLM client, and the engine when the client built it (an engine passed in is left to its owner). The
-        client reopens what it needs if it is used again."""
-        self.derived.wait_for_encoding()
+        client reopens what it needs if it is used again, but the background encoder stays closed: the K/V of
+        memories written from then on (or by an ``add`` still running when ``close`` began) are encoded by the
+        first ``chat`` that retrieves them, as in ``"lazy"`` mode, so no background thread reopens what ``close``
+        released."""
+        self.derived.close_encoding()
         with self._lock:
             self._release()
             if self._db is not None:

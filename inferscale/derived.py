@@ -295,6 +295,13 @@ class DerivedStores:
         with self._foreground_idle:
             self._foreground_idle.wait_for(lambda: self._foreground == 0)
 
+    def close_encoding(self) -> None:
+        """Close the background encoder for good and wait for what it was given (the client's ``close``): memories
+        queued later, or waiting for room in the queue now, are left to the first ``chat`` that retrieves them, so
+        no encoder thread reopens the engine or the database after ``close`` released them. Call it without holding
+        the client's lock."""
+        self._encoder.close()
+
     def encode_queued(self, memory_ids: list[str]) -> None:
         """Encode and store the K/V of queued memories at every position bucket, as eager ``add`` does: the
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).

@@ -208,6 +208,59 @@ def test_close_waits_until_every_queued_memory_is_encoded(
         reopened.close()
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_add_after_close_is_left_to_chat_and_starts_no_encoder(
+    kind: ClientKind, tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    client = _client(kind, _config(tmp_path, None), engine)
+    try:
+        (first,) = _add_each(client, FACTS[:1])
+        gate.opened.set()
+        client._call(client.client.close)  # the client's close, keeping the adapter's event loop
+        (late,) = _add_each(client, FACTS[1:2])  # the client reopens its database for it, not the encoder
+        assert client.client.derived.pending_encoding() == []  # type: ignore[union-attr]
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_facts == 1  # only the memory added before close
+        _assert_fresh(client, engine, first)
+        assert _stored(client, late) is None  # left to chat, as in lazy mode
+        result = client.chat(QUESTION, user_id="maya", memory_ids=[late], max_new_tokens=4)
+        assert result.memories == [FACTS[1]]
+        _assert_fresh(client, engine, late)  # the chat encoded it
+    finally:
+        client.close()
+
+
+def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
+    tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    """An add blocked on a full queue while close() drains it does not queue its memory once close has begun (the
+    old queue took it when room came, and its thread then ran on a client close() had released)."""
+    client = _client("sync", _config(tmp_path, None, encode_queue_size=1, encode_batch_size=1), engine)
+    try:
+        first, second = _add_each(client, FACTS[:2])  # the thread holds the first; the second fills the queue
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        third: list[str] = []
+        adder = threading.Thread(target=lambda: third.extend(_add_each(client, FACTS[2:])))
+        adder.start()
+        adder.join(0.5)
+        assert adder.is_alive()  # blocked: no room in the queue
+        closer = threading.Thread(target=client.close)
+        closer.start()
+        adder.join(GATE_TIMEOUT_S)  # close() stops its wait while the thread still holds the first memory
+        assert not adder.is_alive() and not gate.opened.is_set()
+        gate.opened.set()
+        closer.join(GATE_TIMEOUT_S)
+        assert not closer.is_alive()
+        assert gate.background_facts == 2
+        for memory_id in (first, second):
+            _assert_fresh(client, engine, memory_id)
+        assert _stored(client, third[0]) is None  # its memory is in SQL; chat encodes it
+        assert [m["id"] for m in client.get_all(user_id="maya")["results"]] == [first, second, *third]
+    finally:
+        gate.opened.set()
+        client.close()
+
+
 # ---- back-pressure -----------------------------------------------------------------------------------------------
 
 
