@@ -306,14 +306,14 @@ class DerivedStores:
         """Encode and store the K/V of queued memories at every position bucket, as eager ``add`` does: the
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
 
-        Each memory is read from SQL when its turn comes (one deleted meanwhile is skipped; one re-worded or
-        re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a ``chat`` that needed
-        one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``, each under the
-        engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk the encoder
-        waits while a ``chat`` uses the model (:meth:`foreground`), so a chat waits for one chunk at most, and
-        drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and only for a
-        memory whose text and context are still those it was encoded from (SQL read again): a change that landed
-        during the pass leaves nothing stale behind.
+        The batch's memories are read from SQL in one query when its turn comes (one deleted meanwhile is skipped;
+        one re-worded or re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a
+        ``chat`` that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
+        each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
+        the encoder waits while a ``chat`` uses the model (:meth:`foreground`), so a chat waits for one chunk at
+        most, and drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
+        only for a memory whose text and context are still those it was encoded from (SQL read again, one query
+        per chunk): a change that landed during the pass leaves nothing stale behind.
 
         Raises:
             InvalidInputError: when a fact with its context does not fit the model's context window (the chunks
@@ -326,9 +326,8 @@ class DerivedStores:
         self._engine().load()  # outside the client's lock: a first load takes seconds
         with self._lock:
             fact_kv = self.fact_kv
-            db = self._db()
-            records = [record for record in (db.get(memory_id) for memory_id in memory_ids) if record is not None]
-            left = fact_kv.every_bucket(records)
+            found = self._db().get_many(memory_ids)
+            left = fact_kv.every_bucket([found[memory_id] for memory_id in memory_ids if memory_id in found])
         stored = 0
         chunk_size = self._config.kv.encode_chunk_size
         while left:
@@ -348,11 +347,10 @@ class DerivedStores:
         record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were
         stored. Takes the client's lock."""
         with self._lock:
-            db = self._db()
-            now = {memory_id: db.get(memory_id) for memory_id in dict.fromkeys(r.id for r, _ in encoded_for)}
+            now = self._db().get_many([record.id for record, _ in encoded_for])
             kept = []
             for (record, bucket), fact in zip(encoded_for, encoded, strict=True):
-                current = now[record.id]
+                current = now.get(record.id)
                 key = fact_kv.key(record, bucket)
                 if current is None or fact_kv.key(current, bucket) != key:
                     continue  # deleted, re-worded or re-contexted during the pass: a stale encoding

@@ -381,6 +381,33 @@ def test_the_background_encoder_waits_while_a_chat_uses_the_model(tmp_path: Path
         client.close()
 
 
+def test_the_background_encoder_reads_a_batch_in_one_query_and_each_chunk_again_in_one(
+    tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _client("sync", _config(tmp_path, None, encode_chunk_size=2), engine)
+    db = client.client.db  # type: ignore[union-attr]
+    reads: list[tuple[str, int]] = []  # (method, ids asked for) on the encoder thread
+    for name in ("get", "get_many"):
+        method = getattr(db, name)
+
+        def spy(ids: Any, *args: Any, _name: str = name, _method: Any = method) -> Any:
+            if threading.current_thread().name == THREAD_NAME:
+                reads.append((_name, 1 if isinstance(ids, str) else len(ids)))
+            return _method(ids, *args)
+
+        monkeypatch.setattr(db, name, spy)
+    try:
+        gate.opened.set()
+        messages = [{"role": "user", "content": fact} for fact in FACTS]
+        ids = [m["id"] for m in client.add(messages, user_id="maya", infer=False)["results"]]  # one batch of 3
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert reads == [("get_many", 3), ("get_many", 2), ("get_many", 1)]  # the batch, then each chunk's check
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
+        client.close()
+
+
 # ---- changes while queued ----------------------------------------------------------------------------------------
 
 
