@@ -266,7 +266,8 @@ class DerivedStores:
             self._encoder.submit(memory_ids)
 
     def pending_encoding(self) -> list[str]:
-        """The ids of the memories the background encoder has not finished yet, oldest first (a snapshot)."""
+        """The ids of the memories the background encoder has not finished yet, oldest first (a snapshot); the
+        server's ``inferscale_kv_encode_pending`` gauge counts them (:mod:`inferscale.server.metrics`)."""
         return self._encoder.pending()
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:

@@ -261,6 +261,33 @@ def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
         client.close()
 
 
+def test_the_server_metrics_count_the_memories_waiting_for_the_encoder(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    pytest.importorskip("prometheus_client", reason="the server's metrics need prometheus-client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from inferscale.server.metrics import Metrics
+
+    client = _client("async", _config(tmp_path, None), engine)
+    metrics = Metrics(client.client)  # type: ignore[arg-type]
+
+    def pending() -> float:
+        families = text_string_to_metric_families(metrics.render().decode())
+        (value,) = [s.value for f in families for s in f.samples if s.name == "inferscale_kv_encode_pending"]
+        return value
+
+    try:
+        assert pending() == 0
+        _add_each(client, FACTS)
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert pending() == 3  # the first being encoded, two waiting
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert pending() == 0
+    finally:
+        gate.opened.set()
+        client.close()
+
+
 # ---- back-pressure -----------------------------------------------------------------------------------------------
 
 
