@@ -519,8 +519,10 @@ def test_encode_kv_true_encodes_in_the_call_and_false_never_on_add(
         client.close()
 
 
-def test_wait_for_encoding_reports_a_timeout(tmp_path: Path, engine: Any, gate: Gate) -> None:
-    client = _client("sync", _config(tmp_path, None), engine)
+@pytest.mark.parametrize("kind", ["sync", "remote", "remote-async"])
+def test_wait_for_encoding_reports_a_timeout(kind: ClientKind, tmp_path: Path, engine: Any, gate: Gate) -> None:
+    """Also on the remote clients, which ask the server (``POST /v1/encoding/wait/``)."""
+    client = _client(kind, _config(tmp_path, None), engine)
     try:
         _add_each(client, FACTS[:1])
         assert gate.arrived.wait(GATE_TIMEOUT_S)
