@@ -467,14 +467,15 @@ class AsyncMemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
-        t0 = time.perf_counter()
-        records = await self._achat_records(request)
-        retrieval_ms = ms_since(t0)
-        if request.stream:
-            chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
-            return _iterate_on_thread(chunks)
-        return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
+        with self.derived.foreground():  # the background K/V encoder yields the model to the chat
+            await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
+            t0 = time.perf_counter()
+            records = await self._achat_records(request)
+            retrieval_ms = ms_since(t0)
+            if request.stream:
+                chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
+                return _iterate_on_thread(chunks)
+            return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
 
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
@@ -495,9 +496,9 @@ class AsyncMemoryClient(ClientCore):
         return await asyncio.to_thread(self.derived.wait_for_encoding, check_timeout(timeout))
 
     async def close(self) -> None:
-        """Wait for the background K/V encoder to finish, write the index file if it changed, and release what this
-        client opened or built; see :meth:`MemoryClient.close`."""
-        await asyncio.to_thread(self.derived.wait_for_encoding)
+        """Wait for the background K/V encoder to finish (it stays closed), write the index file if it changed, and
+        release what this client opened or built; see :meth:`MemoryClient.close`."""
+        await asyncio.to_thread(self.derived.close_encoding)
         await asyncio.to_thread(self._release)
         if self._adb is not None:
             await self._adb.close()

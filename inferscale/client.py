@@ -163,10 +163,10 @@ class MemoryClient(ClientCore):
         embedded before the call returns (``search`` finds them at once); deleted ones lose their vector and K/V.
         The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
         after the call returns (``"background"``, the default: what ``chat`` injects never depends on timing, it
-        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes a
-        batch waits for that batch, which shares the model; the call blocks only while ``kv.encode_queue_size``
-        memories already wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them
-        (``"lazy"``).
+        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes
+        waits for one chunk of ``kv.encode_chunk_size`` facts at most; the call blocks only while
+        ``kv.encode_queue_size`` memories already wait), inside the call (``"eager"``), or on the first ``chat``
+        that retrieves them (``"lazy"``).
         ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
 
         Returns:
@@ -635,7 +635,7 @@ class MemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self._lock:
+        with self._lock, self.derived.foreground():  # the background K/V encoder yields the model to the chat
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             records = self._chat_records(request)
@@ -679,8 +679,11 @@ class MemoryClient(ClientCore):
         """Wait for the background K/V encoder to finish what ``add`` queued (:meth:`wait_for_encoding`), write
         the index file if it changed, and release what this client opened or built: the database connections, an
         HTTP LLM client, and the engine when the client built it (an engine passed in is left to its owner). The
-        client reopens what it needs if it is used again."""
-        self.derived.wait_for_encoding()
+        client reopens what it needs if it is used again, but the background encoder stays closed: the K/V of
+        memories written from then on (or by an ``add`` still running when ``close`` began) are encoded by the
+        first ``chat`` that retrieves them, as in ``"lazy"`` mode, so no background thread reopens what ``close``
+        released."""
+        self.derived.close_encoding()
         with self._lock:
             self._release()
             if self._db is not None:

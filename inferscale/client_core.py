@@ -14,7 +14,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -583,13 +583,25 @@ class ClientCore:
         """Start answering ``request`` and return its chunks: one per piece of new text, then the final chunk with
         the :class:`ChatResult`. Errors before the first token are raised by this call, not by the iterator.
         ``ttft_ms`` is taken when the engine hands over the first token (for both call shapes); its text is
-        yielded at once unless it must wait (half a character, whitespace, a possible stop string)."""
+        yielded at once unless it must wait (half a character, whitespace, a possible stop string).
+
+        Each step of the stream is a foreground use of the model (:meth:`~inferscale.derived.DerivedStores.foreground`,
+        as the ``chat`` call that opens it is): the background K/V encoder starts no chunk during one. Between two
+        steps it may: a stream is read at its reader's pace, which must not hold the encoder up."""
         events, load_ms = self._open_stream(request, records)
+
+        def steps() -> Iterator[StreamEvent]:
+            while True:
+                with self.derived.foreground():
+                    event = next(events, None)
+                if event is None:
+                    return
+                yield event
 
         def chunks() -> Generator[ChatChunk, None, None]:
             ttft_ms: float | None = None
             with contextlib.closing(events):
-                for event in events:
+                for event in steps():
                     if isinstance(event, Generation):
                         first = ttft_ms if ttft_ms is not None else ms_since(t0)
                         result = self._result(request, records, event, retrieval_ms, load_ms, first, ms_since(t0))

@@ -198,7 +198,8 @@ class KVConfig(_Strict):
             - ``"background"`` (default): after the call, by one background thread, in batches. ``add`` returns as
               soon as the memories are in SQL and the index (``search`` finds them at once) and costs no forward
               pass; a ``chat`` that retrieves a memory not encoded yet encodes it itself (the answer is the
-              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain. The thread
+              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain (after
+              ``close()`` the encoder stays closed: later ``add`` calls leave the K/V to ``chat``). The thread
               competes with the caller for the CPU/GPU while it works.
             - ``"eager"``: inside ``add``, before it returns (one forward pass per call, ~0.6 s for a short fact
               with SmolLM2-135M on a CPU); every later ``chat`` finds the K/V ready.
@@ -209,6 +210,11 @@ class KVConfig(_Strict):
         encode_queue_size: the most memories waiting for the background encoder (``"background"`` mode); an
             ``add`` that finds the queue full blocks until the encoder has taken enough of them (back-pressure).
             The encoder's current batch (up to ``encode_batch_size``) is not counted.
+        encode_chunk_size: the most fact encodings (one per fact and position bucket) the background encoder runs
+            under one hold of the model: it encodes its batch in chunks of this many, and starts none while a
+            ``chat`` is using the model, so a chat that arrives while it works waits for one chunk at most.
+            Smaller chunks cost the encoder more forward passes; eager ``add`` and ``chat`` encode in batches of
+            ``encode_batch_size`` as before.
         recompute: which injected memory tokens are prefilled again at serve time, each attending to everything
             before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"tail:n"`` (the
             segment's last n tokens), ``"structure"``
@@ -240,6 +246,7 @@ class KVConfig(_Strict):
     encode_batch_size: int = Field(default=16, ge=1, le=512)
     encode_on_add: EncodeModeSetting = "background"
     encode_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    encode_chunk_size: int = Field(default=4, ge=1, le=512)
     recompute: RecomputeSpec = "none"
     memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
     memory_temperature: float = Field(default=1.0, gt=0, le=10)

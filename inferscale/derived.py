@@ -17,10 +17,11 @@ The steps need SQL between their computations; they are written once for both cl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,8 @@ class DerivedStores:
         self._index_save_s = 0.0  # how long the last save took (seconds)
         self._fact_kv: FactKVManager | None = None
         self._encoder = EncodeQueue(self.encode_queued, config.kv.encode_batch_size, config.kv.encode_queue_size)
+        self._foreground = 0  # foreground uses of the model running now (:meth:`foreground`)
+        self._foreground_idle = threading.Condition()
 
     @property
     def lock(self) -> threading.RLock:
@@ -276,7 +279,8 @@ class DerivedStores:
             self._encoder.submit(memory_ids)
 
     def pending_encoding(self) -> list[str]:
-        """The ids of the memories the background encoder has not finished yet, oldest first (a snapshot)."""
+        """The ids of the memories the background encoder has not finished yet, oldest first (a snapshot); the
+        server's ``inferscale_kv_encode_pending`` gauge counts them (:mod:`inferscale.server.metrics`)."""
         return self._encoder.pending()
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
@@ -285,19 +289,49 @@ class DerivedStores:
         Call it without holding the client's lock."""
         return self._encoder.wait(timeout)
 
+    @contextlib.contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Mark a foreground use of the model (a ``chat``'s K/V encoding and generation) for the duration of the
+        block: the background encoder starts no chunk while one runs (:meth:`encode_queued`), so the use waits for
+        at most the chunk running when it began. Reentrant (a counter); holds no lock while the block runs."""
+        with self._foreground_idle:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._foreground_idle:
+                self._foreground -= 1
+                if self._foreground == 0:
+                    self._foreground_idle.notify_all()
+
+    def _yield_to_foreground(self) -> None:
+        """Block until no foreground use of the model runs (:meth:`foreground`); the caller holds no lock."""
+        with self._foreground_idle:
+            self._foreground_idle.wait_for(lambda: self._foreground == 0)
+
+    def close_encoding(self) -> None:
+        """Close the background encoder for good and wait for what it was given (the client's ``close``): memories
+        queued later, or waiting for room in the queue now, are left to the first ``chat`` that retrieves them, so
+        no encoder thread reopens the engine or the database after ``close`` released them. Call it without holding
+        the client's lock."""
+        self._encoder.close()
+
     def encode_queued(self, memory_ids: list[str]) -> None:
         """Encode and store the K/V of queued memories at every position bucket, as eager ``add`` does: the
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
 
-        Each memory is read from SQL when its turn comes (one deleted meanwhile is skipped; one re-worded or
-        re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a ``chat`` that needed
-        one first encoded it itself). The forward passes run under the engine's lock alone, so ``add``, ``search``
-        and ``chat`` go on meanwhile; the results are stored under the client's lock, and only for a memory whose
-        text and context are still those it was encoded from (SQL read again): a change that landed during the
-        pass leaves nothing stale behind.
+        The batch's memories are read from SQL in one query when its turn comes (one deleted meanwhile is skipped;
+        one re-worded or re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a
+        ``chat`` that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
+        each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
+        the encoder waits while a ``chat`` uses the model (:meth:`foreground`), so a chat waits for one chunk at
+        most, and drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
+        only for a memory whose text and context are still those it was encoded from (SQL read again, one query
+        per chunk): a change that landed during the pass leaves nothing stale behind.
 
         Raises:
-            InvalidInputError: when a fact with its context does not fit the model's context window.
+            InvalidInputError: when a fact with its context does not fit the model's context window (the chunks
+                before it are stored).
             MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
                 outside the client's lock); the queue retries the batch one memory at a time, which skips it.
             OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
@@ -306,18 +340,31 @@ class DerivedStores:
         self._engine().load()  # outside the client's lock: a first load takes seconds
         with self._lock:
             fact_kv = self.fact_kv
-            db = self._db()
-            records = [record for record in (db.get(memory_id) for memory_id in memory_ids) if record is not None]
-            wanted = fact_kv.missing(records)
-            requests = fact_kv.requests(wanted)
-        if not wanted:
-            return
-        encoded = fact_kv.encode(requests)
+            found = self._db().get_many(memory_ids)
+            left = fact_kv.every_bucket([found[memory_id] for memory_id in memory_ids if memory_id in found])
+        stored = 0
+        chunk_size = self._config.kv.encode_chunk_size
+        while left:
+            self._yield_to_foreground()
+            with self._lock:
+                left = fact_kv.missing(left)  # those a chat stored meanwhile are done
+                chunk, left = left[:chunk_size], left[chunk_size:]
+                requests = fact_kv.requests(chunk)
+            if chunk:
+                stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
+        log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
+
+    def _store_unchanged(
+        self, fact_kv: FactKVManager, encoded_for: Sequence[tuple[MemoryRecord, int]], encoded: Sequence[FactKV]
+    ) -> int:
+        """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, bucket)``) where SQL still holds that
+        record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were
+        stored. Takes the client's lock."""
         with self._lock:
-            now = {memory_id: db.get(memory_id) for memory_id in dict.fromkeys(r.id for r, _ in wanted)}
+            now = self._db().get_many([record.id for record, _ in encoded_for])
             kept = []
-            for (record, bucket), fact in zip(wanted, encoded, strict=True):
-                current = now[record.id]
+            for (record, bucket), fact in zip(encoded_for, encoded, strict=True):
+                current = now.get(record.id)
                 key = fact_kv.key(record, bucket)
                 if current is None or fact_kv.key(current, bucket) != key:
                     continue  # deleted, re-worded or re-contexted during the pass: a stale encoding
@@ -325,7 +372,7 @@ class DerivedStores:
                     kept.append(((record, bucket), fact))
             if kept:
                 fact_kv.put([pair for pair, _ in kept], [fact for _, fact in kept])
-        log.debug("background-encoded %d of %d facts of %d memories", len(kept), len(wanted), len(memory_ids))
+        return len(kept)
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted, re-worded or re-contexted memories from every tier (every key of each:
@@ -382,5 +429,7 @@ class DerivedStores:
         return fact_kv.store.stats() if fact_kv is not None else None
 
     def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
-        """The K/V of ``records`` as served in this order (stored ones loaded, missing ones encoded and stored)."""
-        return self.fact_kv.ensure(list(records))
+        """The K/V of ``records`` as served in this order (stored ones loaded, missing ones encoded and stored): a
+        foreground use of the model (:meth:`foreground`)."""
+        with self.foreground():
+            return self.fact_kv.ensure(list(records))

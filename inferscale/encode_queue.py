@@ -16,6 +16,9 @@ K/V are missing and stores them. The queue knows nothing of SQL, models or K/V: 
 - A callback that raises is logged, never fatal: the memories are in SQL already, and a ``chat`` that retrieves one
   encodes what is missing. A failed batch is retried one memory at a time, so one bad memory does not leave the
   others of its batch to ``chat``.
+- Closed for good by :meth:`EncodeQueue.close` (the client's ``close``): ids submitted afterwards, or still waiting
+  for room then, are not queued but left to the first ``chat`` that retrieves them, so no encoder thread starts
+  after ``close`` and reopens what it released (the engine, the database).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ class EncodeQueue:
         self._waiting: dict[str, None] = {}  # ordered: oldest first
         self._batch: list[str] = []  # being encoded now
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._cond = threading.Condition()
 
     @property
@@ -95,16 +99,28 @@ class EncodeQueue:
     def submit(self, memory_ids: Sequence[str]) -> None:
         """Queue ``memory_ids`` for encoding, in order; one already waiting keeps its place. Blocks while the queue
         holds :attr:`capacity` ids, until the encoder has taken enough of them. Starts the encoder thread if it is
-        not running."""
+        not running. Once the queue is closed (:meth:`close`, also while this call waits for room) the ids not
+        queued yet are left to ``chat`` (logged at INFO)."""
         with self._cond:
-            for memory_id in memory_ids:
+            for i, memory_id in enumerate(memory_ids):
                 if memory_id in self._waiting:
                     continue
-                while len(self._waiting) >= self._capacity:
+                while not self._closed and len(self._waiting) >= self._capacity:
                     self._start()
                     self._cond.wait()
+                if self._closed:
+                    log.info("the client is closed: the K/V of %d memories are left to chat", len(memory_ids) - i)
+                    return
                 self._waiting[memory_id] = None
                 self._start()
+
+    def close(self) -> None:
+        """Queue nothing from now on (:meth:`submit` leaves later ids to ``chat``, and stops a call waiting for room)
+        and block until every id queued before was handed to ``encode`` and the call returned. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()  # a submit waiting for room stops waiting
+            self._cond.wait_for(lambda: not self._waiting and not self._batch)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued id was handed to ``encode`` and the call returned (or failed and was logged).

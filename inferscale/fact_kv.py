@@ -114,13 +114,17 @@ class FactKVManager:
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
         """
-        self._ensure([(r, bucket) for r in records for bucket in self._config.position_buckets])
+        self._ensure(self.every_bucket(records))
 
-    def missing(self, records: Sequence[MemoryRecord]) -> list[tuple[MemoryRecord, int]]:
-        """``(record, bucket)`` for each position bucket of each record whose K/V no tier holds: what
-        :meth:`prepare` would encode. Counts no store hit or miss and loads nothing."""
-        buckets = self._config.position_buckets
-        return [(r, b) for r in records for b in buckets if not self._store.contains(self.key(r, b))]
+    def every_bucket(self, records: Sequence[MemoryRecord]) -> list[tuple[MemoryRecord, int]]:
+        """``(record, bucket)`` for each record and each position bucket, in that order: what :meth:`prepare`
+        encodes."""
+        return [(r, bucket) for r in records for bucket in self._config.position_buckets]
+
+    def missing(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[tuple[MemoryRecord, int]]:
+        """Those ``(record, bucket)`` of ``wanted`` whose K/V no tier holds, in order. Counts no store hit or miss
+        and loads nothing."""
+        return [(r, b) for r, b in wanted if not self._store.contains(self.key(r, b))]
 
     def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
         """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model)."""

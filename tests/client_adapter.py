@@ -114,11 +114,8 @@ class ClientAdapter:
         return self._call(self.client.reconcile)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
-        """The local clients' ``wait_for_encoding``; for a remote client, its server's client's (the remote clients
-        have none: the server drains its queue when it shuts down)."""
-        if isinstance(self.client, (MemoryClient, AsyncMemoryClient)):
-            return bool(self._call(self.client.wait_for_encoding, timeout))
-        return self._local.derived.wait_for_encoding(timeout)
+        """Every client's ``wait_for_encoding`` (a remote client's asks its server, ``POST /v1/encoding/wait/``)."""
+        return bool(self._call(self.client.wait_for_encoding, timeout))
 
     def ping(self) -> dict[str, Any]:
         """The remote clients' ``ping`` (the local ones have none)."""

@@ -79,6 +79,15 @@ class AsyncRemoteMemoryClient:
         """
         return await self._transport.call(calls.ping())
 
+    async def wait_for_encoding(self, timeout: float | None = None) -> bool:
+        """Wait until the server's background K/V encoder has finished what ``add`` queued; see
+        :meth:`RemoteMemoryClient.wait_for_encoding <inferscale.remote.RemoteMemoryClient.wait_for_encoding>` (same
+        argument, result and errors)."""
+        for call in calls.wait_for_encoding(timeout, self._transport.connection.timeout):
+            if await self._transport.call(call):
+                return True
+        return False
+
     # ------------------------------------------------------------------ write path
     async def add(
         self,

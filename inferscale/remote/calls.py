@@ -16,12 +16,14 @@ or an infinity, an object), a memory id that cannot be a path segment, and text 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from inferscale.arguments import check_timeout
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.scope import SCOPE_KEYS, check_scope_id
@@ -326,6 +328,37 @@ def history(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiC
     outside the key's scopes) is ``[]``, the local client's answer for a memory it cannot show."""
     params = scope_params(user_id, agent_id, run_id)
     return ApiCall("GET", _memory_path(memory_id, "history/"), _history_rows, params=params, missing_ok=True)
+
+
+ENCODING_WAIT_SLICE_S = 30.0
+"""The longest wait one request of a remote ``wait_for_encoding`` asks for (seconds; at most half the client's
+``timeout``, so the reply comes before a read times out). The server may answer sooner (it waits 60 s at most)."""
+
+
+def _done(reply: Any) -> bool:
+    done = reply_dict(reply).get("done")
+    if not isinstance(done, bool):
+        raise ServerError(f"the server answered done={done!r} where true or false was expected")
+    return done
+
+
+def wait_for_encoding(timeout: Any, http_timeout: float) -> Iterator[ApiCall[bool]]:
+    """``POST /v1/encoding/wait/`` requests, one after another, that together wait ``timeout`` seconds (``None``:
+    without end): each asks for what is left, at most :data:`ENCODING_WAIT_SLICE_S` and half ``http_timeout``. At
+    least one is made (``timeout=0`` asks once whether the queue is empty); the caller stops at the first ``True``.
+
+    Raises:
+        InvalidInputError: the local client's error for a ``timeout`` that is not ``None`` or a finite number of
+            seconds from 0 to :data:`threading.TIMEOUT_MAX` (raised by the first ``next``).
+    """
+    limit = check_timeout(timeout)
+    longest = min(ENCODING_WAIT_SLICE_S, http_timeout / 2)
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        left = longest if deadline is None else max(0.0, deadline - time.monotonic())
+        yield ApiCall("POST", "/v1/encoding/wait/", _done, content=encode_json({"timeout": min(left, longest)}))
+        if deadline is not None and left <= longest:
+            return
 
 
 def reset() -> ApiCall[None]:

@@ -14,6 +14,9 @@
   answered, by each tier of the K/V store (device, host, disk), read from the store's own counters at scrape time
   (:meth:`inferscale.derived.DerivedStores.kv_stats`). A lookup tries the tiers in order, so a tier's misses are the
   lookups that reached it: the hits of the tiers below it plus the lookups no tier answered.
+- ``inferscale_kv_encode_pending``: a gauge of the memories the background K/V encoder has not finished (the batch it
+  is encoding and those waiting, :meth:`inferscale.derived.DerivedStores.pending_encoding`), read at scrape time: a
+  backlog that keeps growing means ``add`` outpaces the encoder, and chats encode on their own path.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,7 +56,8 @@ def route_label(route: object, path: str = "", fixed_paths: frozenset[str] = fro
 
 
 class KVCollector(Collector):
-    """Reads the K/V store's hit and miss counters of ``client`` at each scrape (nothing before the first K/V use)."""
+    """Reads the K/V store's hit and miss counters of ``client`` at each scrape (nothing before the first K/V use),
+    and the background encoder's backlog."""
 
     def __init__(self, client: AsyncMemoryClient) -> None:
         self._client = client
@@ -71,6 +75,11 @@ class KVCollector(Collector):
                 misses.add_metric([tier], sum(stats.hits[t] for t in tiers[i + 1 :]) + stats.misses)
         yield hits
         yield misses
+        yield GaugeMetricFamily(
+            "inferscale_kv_encode_pending",
+            "Memories the background K/V encoder has not finished (being encoded or waiting)",
+            value=len(self._client.derived.pending_encoding()),
+        )
 
 
 class Metrics:

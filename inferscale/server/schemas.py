@@ -77,6 +77,13 @@ class UpdateBody(_Body):
     metadata: dict[str, Any] | None = None
 
 
+class EncodingWaitBody(_Body):
+    """``POST /v1/encoding/wait/``: the argument of ``MemoryClient.wait_for_encoding`` (seconds; ``null``: the most
+    one request waits)."""
+
+    timeout: float | None = None
+
+
 class ChatOptions(_Body):
     """The ``inferscale`` object of a chat request: whose memories, and how they are chosen (the arguments of
     ``MemoryClient.chat``). ``user_id`` defaults to OpenAI's ``user``."""

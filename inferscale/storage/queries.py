@@ -92,6 +92,11 @@ def select_by_vector_ids(ids: Sequence[int]) -> Select[MemoryRow]:
     return select(MemoryRow).where(MemoryRow.pk.in_(list(ids)))
 
 
+def select_by_ids(memory_ids: Sequence[str]) -> Select[MemoryRow]:
+    """Memories whose public id is in ``memory_ids`` (pass at most :data:`IN_CHUNK` ids per statement)."""
+    return select(MemoryRow).where(MemoryRow.id.in_(list(memory_ids)))
+
+
 def select_kv_entry(memory_id: str, fingerprint: str, encoding_key: str) -> Select[KVEntryRow]:
     """The KV entry of ``(memory_id, fingerprint, encoding_key)`` (unique)."""
     return select(KVEntryRow).where(
@@ -121,6 +126,15 @@ def get_memory(s: Session, memory_id: str, scope: Scope | None = None) -> Memory
     """The memory with public id ``memory_id``; ``None`` when there is none or it is outside ``scope``."""
     row = s.scalars(select_memory(memory_id, scope)).one_or_none()
     return MemoryRecord.from_row(row) if row is not None else None
+
+
+def get_memories(s: Session, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
+    """The memories whose public id is in ``memory_ids`` (any scope), keyed by id; unknown ids are left out. One
+    statement per :data:`IN_CHUNK` ids."""
+    found: dict[str, MemoryRecord] = {}
+    for chunk in chunks(memory_ids):
+        found.update((row.id, MemoryRecord.from_row(row)) for row in s.scalars(select_by_ids(chunk)))
+    return found
 
 
 def find_by_hash(s: Session, text_hash: str, scope: Scope) -> MemoryRecord | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import builtins
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import numpy as np
@@ -47,6 +46,7 @@ from inferscale.storage.queries import (
     by_vector_ids,
     find_by_hash,
     get_kv_entry,
+    get_memories,
     get_memory,
     history,
     latest_memories,
@@ -106,9 +106,7 @@ class MemoryStore:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
@@ -201,6 +199,15 @@ class MemoryStore:
         checked = check_scope(scope) if scope is not None else None
         return self._read(get_memory, memory_id, checked)
 
+    def get_many(self, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
+        """The memories of ``memory_ids`` (any scope), keyed by id, in one query per 500 ids; unknown ids are left out.
+
+        Raises:
+            InvalidInputError: when an id is not a non-empty str.
+        """
+        wanted = sorted({check_id(memory_id) for memory_id in memory_ids})
+        return self._read(get_memories, wanted) if wanted else {}
+
     def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
         """``add``'s duplicate check: the oldest memory of exactly ``scope`` whose text hashes to ``text_hash``.
 
@@ -280,11 +287,7 @@ class MemoryStore:
         return self._write(apply_in_session, validate_changes(changes))
 
     def update(
-        self,
-        memory_id: str,
-        text: str | None,
-        metadata: dict[str, Any] | None = None,
-        actor: str | None = None,
+        self, memory_id: str, text: str | None, metadata: dict[str, Any] | None = None, actor: str | None = None
     ) -> MemoryRecord:
         """Replace a memory's text and/or metadata, and record an ``UPDATE`` history row with old and new.
 
@@ -312,10 +315,8 @@ class MemoryStore:
         return self._write(apply_in_session, delete_change(memory_id, actor)).deleted[0]
 
     def delete_scope(self, scope: Scope, actor: str | None = None) -> builtins.list[MemoryRecord]:
-        """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each.
-
-        Returns:
-            The deleted memories, oldest first.
+        """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each; returns the
+        deleted memories, oldest first.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``actor`` is not a non-empty str.

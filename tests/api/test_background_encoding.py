@@ -9,6 +9,7 @@ On a tiny float32 model with a byte-level tokenizer (fast, real encoding), on bo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -207,6 +208,86 @@ def test_close_waits_until_every_queued_memory_is_encoded(
         reopened.close()
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_add_after_close_is_left_to_chat_and_starts_no_encoder(
+    kind: ClientKind, tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    client = _client(kind, _config(tmp_path, None), engine)
+    try:
+        (first,) = _add_each(client, FACTS[:1])
+        gate.opened.set()
+        client._call(client.client.close)  # the client's close, keeping the adapter's event loop
+        (late,) = _add_each(client, FACTS[1:2])  # the client reopens its database for it, not the encoder
+        assert client.client.derived.pending_encoding() == []  # type: ignore[union-attr]
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_facts == 1  # only the memory added before close
+        _assert_fresh(client, engine, first)
+        assert _stored(client, late) is None  # left to chat, as in lazy mode
+        result = client.chat(QUESTION, user_id="maya", memory_ids=[late], max_new_tokens=4)
+        assert result.memories == [FACTS[1]]
+        _assert_fresh(client, engine, late)  # the chat encoded it
+    finally:
+        client.close()
+
+
+def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
+    tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    """An add blocked on a full queue while close() drains it does not queue its memory once close has begun (the
+    old queue took it when room came, and its thread then ran on a client close() had released)."""
+    client = _client("sync", _config(tmp_path, None, encode_queue_size=1, encode_batch_size=1), engine)
+    try:
+        first, second = _add_each(client, FACTS[:2])  # the thread holds the first; the second fills the queue
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        third: list[str] = []
+        adder = threading.Thread(target=lambda: third.extend(_add_each(client, FACTS[2:])))
+        adder.start()
+        adder.join(0.5)
+        assert adder.is_alive()  # blocked: no room in the queue
+        closer = threading.Thread(target=client.close)
+        closer.start()
+        adder.join(GATE_TIMEOUT_S)  # close() stops its wait while the thread still holds the first memory
+        assert not adder.is_alive() and not gate.opened.is_set()
+        gate.opened.set()
+        closer.join(GATE_TIMEOUT_S)
+        assert not closer.is_alive()
+        assert gate.background_facts == 2
+        for memory_id in (first, second):
+            _assert_fresh(client, engine, memory_id)
+        assert _stored(client, third[0]) is None  # its memory is in SQL; chat encodes it
+        assert [m["id"] for m in client.get_all(user_id="maya")["results"]] == [first, second, *third]
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+def test_the_server_metrics_count_the_memories_waiting_for_the_encoder(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    pytest.importorskip("prometheus_client", reason="the server's metrics need prometheus-client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from inferscale.server.metrics import Metrics
+
+    client = _client("async", _config(tmp_path, None), engine)
+    metrics = Metrics(client.client)  # type: ignore[arg-type]
+
+    def pending() -> float:
+        families = text_string_to_metric_families(metrics.render().decode())
+        (value,) = [s.value for f in families for s in f.samples if s.name == "inferscale_kv_encode_pending"]
+        return value
+
+    try:
+        assert pending() == 0
+        _add_each(client, FACTS)
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert pending() == 3  # the first being encoded, two waiting
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert pending() == 0
+    finally:
+        gate.opened.set()
+        client.close()
+
+
 # ---- back-pressure -----------------------------------------------------------------------------------------------
 
 
@@ -238,6 +319,119 @@ def test_a_full_queue_blocks_add_until_there_is_room_and_loses_or_repeats_nothin
             _assert_fresh(client, engine, memory_id)
     finally:
         gate.opened.set()
+        client.close()
+
+
+# ---- a chat waits for one chunk at most ----------------------------------------------------------------------------
+
+
+class ModelGate(Gate):
+    """A :class:`Gate` whose background calls wait at the gate holding the engine's model lock, as a forward pass
+    does. A call on any other thread (a chat's encoding) records how many facts the background thread had encoded
+    when it got the model. :meth:`watch` says when a chat has marked its use of the model (then it waits for the
+    model, in the engine's ``load``)."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self._model_lock = engine.model_lock
+        self.foreground_arrived = threading.Event()
+        self.background_done = 0
+        self.done_when_foreground_ran: list[int] = []
+
+    def watch(self, derived: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Set :attr:`foreground_arrived` when a foreground use of ``derived``'s model begins."""
+        mark = derived.foreground
+
+        @contextlib.contextmanager
+        def marked() -> Iterator[None]:
+            with mark():
+                self.foreground_arrived.set()
+                yield
+
+        monkeypatch.setattr(derived, "foreground", marked)
+
+    def __call__(self, requests: Sequence[Any]) -> list[FactKV]:
+        if threading.current_thread().name != THREAD_NAME:
+            with self._model_lock:
+                self.done_when_foreground_ran.append(self.background_done)
+                return self._encode(requests)
+        with self._model_lock:
+            encoded = super().__call__(requests)
+            self.background_done += len(requests)
+            return encoded
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_chat_arriving_during_a_background_batch_waits_for_one_chunk_only(
+    kind: ClientKind, tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = ModelGate(engine)
+    monkeypatch.setattr(engine, "encode_facts", gate)
+    client = _client(kind, _config(tmp_path, None, encode_chunk_size=1), engine)
+    gate.watch(client.client.derived, monkeypatch)  # type: ignore[union-attr]
+    try:
+        messages = [{"role": "user", "content": fact} for fact in FACTS]
+        ids = [m["id"] for m in client.add(messages, user_id="maya", infer=False)["results"]]  # one batch of 3
+        assert gate.arrived.wait(GATE_TIMEOUT_S)  # the thread holds the model, encoding its first chunk
+        answers: list[Any] = []
+        chat = threading.Thread(target=lambda: answers.append(client.chat(QUESTION, user_id="maya", limit=3)))
+        chat.start()
+        assert gate.foreground_arrived.wait(GATE_TIMEOUT_S)  # the chat marked its use and waits for the model
+        gate.opened.set()
+        chat.join(GATE_TIMEOUT_S)
+        assert not chat.is_alive()
+        assert gate.done_when_foreground_ran == [1]  # the old encoder held the model for all 3 facts
+        assert sorted(answers[0].memory_ids) == sorted(ids)
+
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_done == 1  # the thread dropped the two facts the chat had stored meanwhile
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+def test_the_background_encoder_waits_while_a_chat_uses_the_model(tmp_path: Path, engine: Any, gate: Gate) -> None:
+    """A chat marks its use of the model; the encoder starts no chunk until it ends (a streamed chat: its steps)."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        derived = client.client.derived  # type: ignore[union-attr]
+        gate.opened.set()
+        with derived.foreground():
+            _add_each(client, FACTS[:1])
+            assert client.wait_for_encoding(0.2) is False  # the encoder waits for the foreground use to end
+            assert gate.background_facts == 0 and not gate.arrived.is_set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert gate.background_facts == 1
+    finally:
+        client.close()
+
+
+def test_the_background_encoder_reads_a_batch_in_one_query_and_each_chunk_again_in_one(
+    tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = _client("sync", _config(tmp_path, None, encode_chunk_size=2), engine)
+    db = client.client.db  # type: ignore[union-attr]
+    reads: list[tuple[str, int]] = []  # (method, ids asked for) on the encoder thread
+    for name in ("get", "get_many"):
+        method = getattr(db, name)
+
+        def spy(ids: Any, *args: Any, _name: str = name, _method: Any = method) -> Any:
+            if threading.current_thread().name == THREAD_NAME:
+                reads.append((_name, 1 if isinstance(ids, str) else len(ids)))
+            return _method(ids, *args)
+
+        monkeypatch.setattr(db, name, spy)
+    try:
+        gate.opened.set()
+        messages = [{"role": "user", "content": fact} for fact in FACTS]
+        ids = [m["id"] for m in client.add(messages, user_id="maya", infer=False)["results"]]  # one batch of 3
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)
+        assert reads == [("get_many", 3), ("get_many", 2), ("get_many", 1)]  # the batch, then each chunk's check
+        for memory_id in ids:
+            _assert_fresh(client, engine, memory_id)
+    finally:
         client.close()
 
 
@@ -325,8 +519,10 @@ def test_encode_kv_true_encodes_in_the_call_and_false_never_on_add(
         client.close()
 
 
-def test_wait_for_encoding_reports_a_timeout(tmp_path: Path, engine: Any, gate: Gate) -> None:
-    client = _client("sync", _config(tmp_path, None), engine)
+@pytest.mark.parametrize("kind", ["sync", "remote", "remote-async"])
+def test_wait_for_encoding_reports_a_timeout(kind: ClientKind, tmp_path: Path, engine: Any, gate: Gate) -> None:
+    """Also on the remote clients, which ask the server (``POST /v1/encoding/wait/``)."""
+    client = _client(kind, _config(tmp_path, None), engine)
     try:
         _add_each(client, FACTS[:1])
         assert gate.arrived.wait(GATE_TIMEOUT_S)

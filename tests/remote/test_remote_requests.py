@@ -10,7 +10,7 @@ import httpx
 import pytest
 from remote_wire import Wire
 
-from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
+from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError, ServerError
 
 DEFAULTS = {"rerank": False, "explain": False, "show_expired": False}  # search's flags, always sent
 
@@ -288,3 +288,31 @@ def test_bodies_are_ascii_json(wire: Wire) -> None:
     wire.client().add("我叫林晓雨", user_id="cn")
     assert wire.last.content.isascii()
     assert json.loads(wire.last.content)["messages"] == "我叫林晓雨"
+
+
+def test_wait_for_encoding_asks_the_server_in_requests_of_at_most_30_s_until_it_is_done(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"done": False}), httpx.Response(200, json={"done": True}))
+    assert wire.client().wait_for_encoding() is True  # no timeout: as many requests as it takes
+    assert [(r.method, r.url.path) for r in wire.requests] == [("POST", "/v1/encoding/wait/")] * 2
+    assert [wire.body(i) for i in range(2)] == [{"timeout": 30.0}] * 2
+
+    wire.answer(httpx.Response(200, json={"done": True}))
+    assert wire.client(timeout=10).wait_for_encoding() is True
+    assert wire.body() == {"timeout": 5.0}  # half the client's own timeout: the reply comes before a read times out
+
+    wire.answer(httpx.Response(200, json={"done": False}))
+    assert wire.client().wait_for_encoding(0) is False  # one request that waits for nothing
+    assert wire.body() == {"timeout": 0.0} and len(wire.requests) == 4
+
+
+@pytest.mark.parametrize("timeout", [-1, "5", True, float("nan"), 1e10])
+def test_wait_for_encoding_refuses_the_local_clients_bad_timeouts_before_sending(wire: Wire, timeout: Any) -> None:
+    with pytest.raises(InvalidInputError, match="timeout must be None or a finite number of seconds"):
+        wire.client().wait_for_encoding(timeout)
+    assert wire.requests == []
+
+
+def test_wait_for_encoding_refuses_a_reply_without_done(wire: Wire) -> None:
+    wire.answer(httpx.Response(200, json={"done": "yes"}))
+    with pytest.raises(ServerError, match="done='yes'"):
+        wire.client().wait_for_encoding(0)

@@ -56,6 +56,19 @@ def test_a_value_the_client_refuses_is_400_invalid_input_with_its_message(http: 
     assert "metadata may not set scope ids" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
+def test_wait_for_encoding_answers_done_and_refuses_the_local_clients_bad_timeouts(http: httpx.Client) -> None:
+    for body in ({}, {"timeout": 0}, {"timeout": 0.5}):
+        assert http.post("/v1/encoding/wait/", json=body).json() == {"done": True}  # nothing queued
+    for body, match in (
+        ({"timeout": -1}, "timeout must be None or a finite number of seconds"),
+        ({"timeout": 1e10}, "timeout must be None or a finite number of seconds"),
+        ({"timeout": "5"}, "timeout"),
+        ({"timeout": True}, "timeout"),
+        ({"seconds": 1}, "seconds"),
+    ):
+        assert match in _error(http.post("/v1/encoding/wait/", json=body), 400, "invalid_input", "InvalidInputError")
+
+
 def test_text_no_backend_can_hold_is_400_invalid_input_and_the_scope_stays_readable(http: httpx.Client) -> None:
     """tester1 #2: a lone surrogate (and a NUL) in metadata was stored, and every read of the scope then answered
     500; a PUT of one answered 500 but wrote. Both are now refused before anything is written."""

@@ -136,6 +136,20 @@ def test_get_unknown_and_out_of_scope(store: MemoryStore) -> None:
     assert store.get(record.id, Scope(user_id="bob", agent_id="other")) is None
 
 
+def test_get_many_reads_the_memories_of_many_ids_in_any_scope(store: MemoryStore) -> None:
+    a = store.add("a", ALICE)
+    b = store.add("b", BOB)
+    deleted = store.add("gone", ALICE)
+    store.delete(deleted.id)
+    assert store.get_many([]) == {}
+    assert store.get_many([b.id, str(uuid.uuid4()), a.id, deleted.id, a.id]) == {a.id: a, b.id: b}
+    many = [store.add(f"fact {i}", ALICE) for i in range(5)]
+    assert store.get_many([r.id for r in many]) == {r.id: r for r in many}
+    for bad in ("", None, 7):
+        with pytest.raises(InvalidInputError):
+            store.get_many([a.id, bad])  # type: ignore[list-item]
+
+
 # ---- scope isolation ------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Operational routes: ``/v1/ping/`` (who am I), ``/health`` and ``/metrics`` (no key needed for these two)."""
+"""Operational routes: ``/v1/ping/`` (who am I), ``/v1/encoding/wait/`` (drain the background K/V encoder),
+``/health`` and ``/metrics`` (no key needed for these two)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from inferscale.arguments import check_timeout
 from inferscale.server.auth import CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
 from inferscale.server.metrics import CONTENT_TYPE
 from inferscale.server.routes import route
+from inferscale.server.schemas import EncodingWaitBody
 from inferscale.server.state import State
 
 router = APIRouter(tags=["ops"])
 
 _ANY = {"user_ids": None, "agent_ids": None, "run_ids": None}
+
+ENCODING_WAIT_MAX_S = 60.0
+"""The longest one ``/v1/encoding/wait/`` request waits (seconds), so that no request holds its connection without
+end; the remote clients' ``wait_for_encoding`` sends as many as its timeout needs."""
 
 
 @route(router, "GET", "/v1/ping/", responses=ERROR_RESPONSES)
@@ -23,6 +30,16 @@ async def ping(caller: CurrentCaller) -> dict[str, Any]:
     """Check the server and the API key: whether it is an admin key, and the scopes it may touch (``null``: any)."""
     scopes = _ANY if caller.key is None else caller.key.scopes()
     return {"status": "ok", "admin": caller.admin, "scopes": scopes}
+
+
+@route(router, "POST", "/v1/encoding/wait/", responses=ERROR_RESPONSES)
+async def wait_for_encoding(body: EncodingWaitBody, caller: CurrentCaller, server: State) -> dict[str, bool]:
+    """Wait until the background K/V encoder has finished what ``add`` queued (``MemoryClient.wait_for_encoding``),
+    for at most ``timeout`` seconds and :data:`ENCODING_WAIT_MAX_S` (``null``: that most): ``{"done": true}`` when
+    nothing is left to encode, ``false`` when the wait ran out first. Any valid key may call it."""
+    timeout = check_timeout(body.timeout)
+    limit = ENCODING_WAIT_MAX_S if timeout is None else min(timeout, ENCODING_WAIT_MAX_S)
+    return {"done": await server.client.wait_for_encoding(limit)}
 
 
 @route(router, "HEAD", "/health", include_in_schema=False)  # load balancers' health checks: the status alone
