@@ -60,8 +60,12 @@ demo: $(STAMP)
 # The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages.
 test: lint test-core test-vllm test-integrations
 
+# The core suite runs on pytest-xdist workers (one per core, at most 8), each with one torch thread: on a 2-core
+# machine two single-threaded workers took 15.6 min where one two-threaded run took 26 (same load, 1 Dec 2026).
+# Every test builds its own database (a SQLite file, or a PostgreSQL schema of its own), so workers share nothing.
+CORE_WORKERS ?= auto
 test-core: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(CORE_WORKERS) --maxprocesses 8 $(PYTEST_ARGS)
 
 # The vLLM connector tests run the real vLLM engine on CPU (eager mode), in their own environment.
 test-vllm: $(VSTAMP)
