@@ -35,6 +35,8 @@ __all__ = [
     "demo_cases",
     "load_cases",
     "locomo_cases",
+    "locomo_conversation",
+    "memories_with_contexts",
     "retrieve_cases",
 ]
 
@@ -143,13 +145,24 @@ def demo_cases(k: int, embedder: Embedder) -> FidelitySlice:
     from inferscale.demo import bundled_script
 
     script = bundled_script()
-    memories, contexts = _with_contexts([[m["content"] for m in messages] for _, messages in script.sessions])
+    memories, contexts = memories_with_contexts([[m["content"] for m in messages] for _, messages in script.sessions])
     questions = [(q.question, q.expected) for q in script.questions]
     return retrieve_cases("demo", memories, questions, k, embedder, contexts)
 
 
 def locomo_cases(path: str | Path, conversation: str, n_questions: int, k: int, embedder: Embedder) -> FidelitySlice:
-    """One LoCoMo conversation: its turns as memories, its first ``n_questions`` questions of categories 1-4.
+    """One LoCoMo conversation: its turns as memories, its first ``n_questions`` questions of categories 1-4
+    (:func:`locomo_conversation`), retrieved top-``k`` per question."""
+    sessions, questions = locomo_conversation(path, conversation, n_questions)
+    memories, contexts = memories_with_contexts(sessions)
+    return retrieve_cases(conversation, memories, questions, k, embedder, contexts)
+
+
+def locomo_conversation(
+    path: str | Path, conversation: str, n_questions: int
+) -> tuple[list[list[str]], list[tuple[str, str | None]]]:
+    """One LoCoMo conversation's sessions, each turn as ``"[<session date>] <Speaker>: <text>"``, and its first
+    ``n_questions`` questions of categories 1-4 with their gold answers.
 
     Temporal questions (category 2) get LoCoMo's hint to answer with a date, as ``inferscale eval locomo`` asks
     them.
@@ -160,13 +173,14 @@ def locomo_cases(path: str | Path, conversation: str, n_questions: int, k: int, 
 
     conv = get_conversation(load_locomo(path), conversation)
     sessions = [[memory_text(t, date_label(s.date_time)) for t in s.turns] for s in conv.sessions]
-    memories, contexts = _with_contexts(sessions)
     qa = [q for q in conv.qa if q.category in ANSWERED_CATEGORIES][:n_questions]
-    questions = [(q.question + (TEMPORAL_HINT if q.category == 2 else ""), q.answer) for q in qa]
-    return retrieve_cases(conversation, memories, questions, k, embedder, contexts)
+    questions: list[tuple[str, str | None]] = [
+        (q.question + (TEMPORAL_HINT if q.category == 2 else ""), q.answer) for q in qa
+    ]
+    return sessions, questions
 
 
-def _with_contexts(sessions: Sequence[Sequence[str]]) -> tuple[list[str], list[list[str]]]:
+def memories_with_contexts(sessions: Sequence[Sequence[str]]) -> tuple[list[str], list[list[str]]]:
     """Each distinct text once (a memory store keeps one memory per text), with the turns before its first
     occurrence in its session as its context (as ``add`` records them when a session is added in one call)."""
     memories: list[str] = []

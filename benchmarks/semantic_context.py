@@ -1,0 +1,87 @@
+"""Context-window encoding after the turns before a memory against after its most similar earlier memories.
+
+Issue #10 asks whether any encoding done at ``add`` time can bring KV-injected answers closer to pasted ones. The
+default encodes each memory after the w turns right before it (temporal context). A memory served at request time
+sits among the other top-k memories of the question, which are similar to each other; this benchmark tests whether
+encoding each memory after the w earlier memories most similar to it (by the sentence embedder, as ``search``
+ranks them; only memories stored before it, as ``add`` would see) brings its K/V closer to what prompt mode computes.
+
+Three slices of the same LoCoMo conversation, the same retrieved memories in the same order, w=5, first token only,
+the default system prompt, SmolLM2-135M-Instruct in float32:
+
+- ``temporal``: the product's context (the turns before the memory in its session);
+- ``similar, in time order``: the w most similar earlier memories, oldest first;
+- ``similar, best last``: the same, the most similar right before the memory.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/semantic_context.py --locomo ../shared/data/locomo/locomo10.json
+
+Prints mean first-token KL(prompt || kv) and top-1 agreement per slice (``inferscale eval fidelity``'s runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import numpy as np
+
+from inferscale.config import EngineConfig
+from inferscale.engines.hf import load_causal_lm
+from inferscale.engines.transformers import TransformersEngine
+from inferscale.eval.fidelity import SYSTEM_PROMPTS, FidelitySetting, run_fidelity, summarize_rows
+from inferscale.eval.fidelity_cases import (
+    FidelitySlice,
+    locomo_conversation,
+    memories_with_contexts,
+    retrieve_cases,
+)
+from inferscale.retrieval.embedder import SentenceTransformerEmbedder
+
+
+def similar_earlier(vectors: np.ndarray, w: int, best_last: bool) -> list[list[int]]:
+    """For each memory i (rows of ``vectors``: float32 ``[n, dim]``, unit norm), the indices of the ``w`` memories
+    before it with the highest cosine similarity, oldest first or (``best_last``) most similar last."""
+    out: list[list[int]] = []
+    for i in range(len(vectors)):
+        scores = vectors[:i] @ vectors[i]
+        top = [int(j) for j in np.argsort(-scores, kind="stable")[:w]]
+        out.append(list(reversed(top)) if best_last else sorted(top))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
+    parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
+    parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
+    parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
+    parser.add_argument("-w", type=int, default=5, help="context memories before each memory (default 5)")
+    args = parser.parse_args()
+
+    embedder = SentenceTransformerEmbedder(None, "cpu")
+    sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
+    memories, temporal = memories_with_contexts(sessions)
+    vectors = np.asarray(embedder.embed(memories), dtype=np.float32)
+
+    def contexts(order: Sequence[Sequence[int]]) -> list[list[str]]:
+        return [[memories[j] for j in row] for row in order]
+
+    variants = {
+        "temporal": temporal,
+        "similar, in time order": contexts(similar_earlier(vectors, args.w, best_last=False)),
+        "similar, best last": contexts(similar_earlier(vectors, args.w, best_last=True)),
+    }
+    slices: list[FidelitySlice] = [
+        retrieve_cases(name, memories, questions, args.k, embedder, ctx) for name, ctx in variants.items()
+    ]
+    config = EngineConfig(dtype="float32", device="cpu")
+    _, model, tokenizer = load_causal_lm(config, None)
+    engines = {"default": TransformersEngine(config, SYSTEM_PROMPTS["default"], model=model, tokenizer=tokenizer)}
+    setting = FidelitySetting(name=f"w={args.w}", context_window=args.w)
+    rows = run_fidelity(engines, slices, [setting], generate=False)
+    for summary in summarize_rows(rows, by=("slice",)):
+        print(f"{summary.slice:<24} KL {summary.kl_mean:.3f}  agree {summary.top1_agreement:.2f}  (n={summary.n})")
+
+
+if __name__ == "__main__":
+    main()
