@@ -60,12 +60,12 @@ demo: $(STAMP)
 # The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages.
 test: lint test-core test-vllm test-integrations
 
-# The core suite runs on pytest-xdist workers (one per core, at most 8), each with one torch thread: on a 2-core
-# machine two single-threaded workers took 15.6 min where one two-threaded run took 26 (same load, 1 Dec 2026).
-# Every test builds its own database (a SQLite file, or a PostgreSQL schema of its own), so workers share nothing.
-CORE_WORKERS ?= auto
+# The core suite runs on pytest-xdist workers, one per CPU this process may use (at most 8), each with one torch
+# thread; CORE_WORKERS=0 runs it in one process with torch's threads. Every test builds its own database (a SQLite
+# file, or a PostgreSQL schema of its own), so workers share nothing.
+CORE_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(8, len(os.sched_getaffinity(0))))' 2>/dev/null || echo 2)
 test-core: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(CORE_WORKERS) --maxprocesses 8 $(PYTEST_ARGS)
+	$(if $(filter-out 0,$(CORE_WORKERS)),OMP_NUM_THREADS=1) $(BIN)/python -m pytest -q -n $(CORE_WORKERS) $(PYTEST_ARGS)
 
 # The vLLM connector tests run the real vLLM engine on CPU (eager mode), in their own environment.
 test-vllm: $(VSTAMP)

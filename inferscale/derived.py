@@ -44,8 +44,7 @@ from inferscale.storage.records import MemoryVersions
 log = logging.getLogger(__name__)
 
 INDEX_SAVE_INTERVAL_S = 5.0
-"""The index file is rewritten at most this often while writing or after a search built the approximate index (and
-always on ``close``); SQL stays the truth."""
+"""The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
 
 INDEX_SAVE_SHARE = 0.05
 """While writing, saves take at most about this share of the time: the interval between two stretches to the last
@@ -183,14 +182,14 @@ class DerivedStores:
     # ---- the read steps ---------------------------------------------------------------------------------------
     def _search(self, index: VectorIndex, query: np.ndarray, k: int, allowed: np.ndarray) -> list[tuple[int, float]]:
         """``index.search(query, k, allowed)`` (``query``: float32 ``[dim]``; ``allowed``: int64 ``[m]``). A search
-        that built or re-trained the approximate index marks the index changed and saves it as :meth:`save_index`
-        allows, so the next process loads it rather than building it again (96 s at a million vectors). Call with
-        the lock held."""
+        that built or re-trained the approximate index marks the index changed, so the next write's save or
+        ``close`` writes it and the next process loads it rather than building it again (96 s at a million
+        vectors). The search itself never writes the file: it would hold the client's lock for the whole file
+        (gigabytes at that size) and turn a read into a disk write that can fail. Call with the lock held."""
         builds = index.approximate_builds
         hits = index.search(query, k, allowed_ids=allowed)
         if index.approximate_builds != builds:
             self._index_dirty = True
-            self.save_index()
         return hits
 
     def search_steps(

@@ -14,7 +14,15 @@ from databases import database_url, postgres_base_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _torch_threads() -> int:
+    """``OMP_NUM_THREADS`` when set (``make test-core`` sets 1 for each pytest-xdist worker), else up to 2."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    return int(configured) if configured.isdigit() and int(configured) > 0 else max(1, min(2, os.cpu_count() or 1))
+
+
+torch.set_num_threads(_torch_threads())
 
 
 @pytest.fixture(scope="session")
