@@ -467,15 +467,17 @@ class AsyncMemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self.derived.foreground():  # the background K/V encoder yields the model to the chat
-            await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
-            t0 = time.perf_counter()
-            records = await self._achat_records(request)
-            retrieval_ms = ms_since(t0)
-            if request.stream:
-                chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
-                return _iterate_on_thread(chunks)
-            return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
+        # No foreground mark across an await: it would cover the wait for a free worker thread (or the model's load),
+        # while the worker threads may be blocked in a full encode queue that only the encoder drains. The model's
+        # uses mark themselves on their worker thread (_generate, _chunks and its steps).
+        await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
+        t0 = time.perf_counter()
+        records = await self._achat_records(request)
+        retrieval_ms = ms_since(t0)
+        if request.stream:
+            chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
+            return _iterate_on_thread(chunks)
+        return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
 
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""

@@ -635,7 +635,7 @@ class MemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self._lock, self.derived.foreground():  # the background K/V encoder yields the model to the chat
+        with self._lock:  # the model's uses mark themselves (_generate, _chunks), so the encoder yields to them
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             records = self._chat_records(request)
