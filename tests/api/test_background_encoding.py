@@ -616,6 +616,31 @@ def test_wait_for_encoding_reports_a_timeout(kind: ClientKind, tmp_path: Path, e
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_async_wait_for_encoding_holds_no_worker_thread(
+    tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: the async wait (the server's ``/v1/encoding/wait/``) blocked a worker thread for as long as it
+    waited, so a few waits filled the pool every other request needs. It now waits on the event loop."""
+    client = _client("async", _config(tmp_path, None), engine)
+    derived = client.client.derived  # type: ignore[union-attr]
+
+    def blocking_wait(timeout: float | None = None) -> bool:
+        raise AssertionError("the async wait blocked a thread in the encoder's wait")
+
+    monkeypatch.setattr(derived, "wait_for_encoding", blocking_wait)
+    try:
+        (memory_id,) = _add_each(client, FACTS[:1])
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert client.wait_for_encoding(0) is False  # the encoder holds it at the gate
+        assert derived.pending_encoding() == [memory_id]
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S) is True
+        assert derived.pending_encoding() == [] and gate.background_facts == 1
+    finally:
+        gate.opened.set()
+        client.close()
+
+
 def test_the_encoder_thread_runs_at_a_lower_priority(tmp_path: Path, engine: Any, gate: Gate) -> None:
     client = _client("sync", _config(tmp_path, None), engine)
     try:
