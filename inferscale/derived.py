@@ -311,8 +311,8 @@ class DerivedStores:
     def _yield_to_foreground(self) -> None:
         """Block until the foreground uses of the model running now (:meth:`foreground`) have ended; the caller
         holds no lock. Uses that begin meanwhile do not extend the wait: however densely chats overlap, the
-        encoder runs its next chunk once those it found have ended (a chat waits for one chunk at most, the
-        encoder for the chats that were running when it looked)."""
+        encoder runs its next chunk once those it found have ended (a use waits for one chunk at most, the
+        encoder for the uses that were running when it looked)."""
         with self._foreground_idle:
             running = set(self._foreground)
             self._foreground_idle.wait_for(lambda: running.isdisjoint(self._foreground))
@@ -332,8 +332,9 @@ class DerivedStores:
         one re-worded or re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a
         ``chat`` that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
         each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
-        the encoder waits while a ``chat`` uses the model (:meth:`foreground`), so a chat waits for one chunk at
-        most, and drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
+        the encoder waits for the ``chat`` uses of the model running then (:meth:`foreground`), so a chat waits
+        for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
+        drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
         only for a memory whose text and context are still those it was encoded from (SQL read again, one query
         per chunk): a change that landed during the pass leaves nothing stale behind.
 
