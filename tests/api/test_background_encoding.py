@@ -247,6 +247,23 @@ class WatchedCondition(threading.Condition):
         return super().wait(timeout)
 
 
+def test_adds_after_close_warn_once_that_their_kv_are_left_to_chat(
+    tmp_path: Path, engine: Any, gate: Gate, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: every add after close() logged at INFO that its K/V were left to chat; the first now warns, the
+    later ones log at DEBUG."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        client.client.close()  # type: ignore[union-attr]
+        with caplog.at_level(logging.DEBUG, logger="inferscale.encode_queue"):
+            _add_each(client, FACTS)
+        records = [r for r in caplog.records if r.name == "inferscale.encode_queue"]
+        assert [r.levelno for r in records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert "left to the first chat" in records[0].getMessage()
+    finally:
+        client.close()
+
+
 def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
     tmp_path: Path, engine: Any, gate: Gate
 ) -> None:
