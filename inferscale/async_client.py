@@ -60,6 +60,10 @@ from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
 if TYPE_CHECKING:
     from inferscale.remote import AsyncRemoteMemoryClient
 
+ENCODING_POLL_S = 0.05
+"""How often :meth:`AsyncMemoryClient.wait_for_encoding` looks at the background encoder's queue (seconds): it
+waits on the event loop, not in a worker thread, so it may return up to this much after the queue drained."""
+
 
 class AsyncMemoryClient(ClientCore):
     """Long-term memory for agents, with ``async`` methods. Construction does no I/O.
@@ -467,15 +471,17 @@ class AsyncMemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self.derived.foreground():  # the background K/V encoder yields the model to the chat
-            await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
-            t0 = time.perf_counter()
-            records = await self._achat_records(request)
-            retrieval_ms = ms_since(t0)
-            if request.stream:
-                chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
-                return _iterate_on_thread(chunks)
-            return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
+        # No foreground mark across an await: it would cover the wait for a free worker thread (or the model's load),
+        # while the worker threads may be blocked in a full encode queue that only the encoder drains. The model's
+        # uses mark themselves on their worker thread (_generate, _chunks and its steps).
+        await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
+        t0 = time.perf_counter()
+        records = await self._achat_records(request)
+        retrieval_ms = ms_since(t0)
+        if request.stream:
+            chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
+            return _iterate_on_thread(chunks)
+        return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
 
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
@@ -491,9 +497,18 @@ class AsyncMemoryClient(ClientCore):
         return records
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
-        """Wait, in a worker thread, until the background K/V encoder has finished what ``add`` queued; see
-        :meth:`MemoryClient.wait_for_encoding` (same argument, result and errors)."""
-        return await asyncio.to_thread(self.derived.wait_for_encoding, check_timeout(timeout))
+        """Wait until the background K/V encoder has finished what ``add`` queued; see
+        :meth:`MemoryClient.wait_for_encoding` (same argument, result and errors). It waits on the event loop,
+        looking at the queue every :data:`ENCODING_POLL_S` seconds, and holds no worker thread (a server's many
+        waits would otherwise fill the pool every other request needs)."""
+        limit = check_timeout(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
+        while self.derived.pending_encoding():
+            left = ENCODING_POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(left, ENCODING_POLL_S))
+        return True
 
     async def close(self) -> None:
         """Wait for the background K/V encoder to finish (it stays closed), write the index file if it changed, and

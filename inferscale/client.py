@@ -164,7 +164,8 @@ class MemoryClient(ClientCore):
         The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
         after the call returns (``"background"``, the default: what ``chat`` injects never depends on timing, it
         encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes
-        waits for one chunk of ``kv.encode_chunk_size`` facts at most; the call blocks only while
+        waits for one chunk of ``kv.encode_chunk_size`` facts at most, but a streamed one may wait for a chunk
+        at each token, since the thread may run one between two steps of a stream; the call blocks only while
         ``kv.encode_queue_size`` memories already wait), inside the call (``"eager"``), or on the first ``chat``
         that retrieves them (``"lazy"``).
         ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
@@ -635,7 +636,7 @@ class MemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self._lock, self.derived.foreground():  # the background K/V encoder yields the model to the chat
+        with self._lock:  # the model's uses mark themselves (_generate, _chunks), so the encoder yields to them
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             records = self._chat_records(request)

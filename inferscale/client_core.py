@@ -572,7 +572,8 @@ class ClientCore:
         ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
         load, assembly, prefill and the first token's choice, with everything between them).
         """
-        *_, last = self._chunks(request, records, t0, retrieval_ms)
+        with self.derived.foreground():  # the whole answer, as one use: no background chunk between two tokens
+            *_, last = self._chunks(request, records, t0, retrieval_ms)
         if last.result is None:
             raise RuntimeError("a chat stream ended without its result")
         return last.result
@@ -585,10 +586,12 @@ class ClientCore:
         ``ttft_ms`` is taken when the engine hands over the first token (for both call shapes); its text is
         yielded at once unless it must wait (half a character, whitespace, a possible stop string).
 
-        Each step of the stream is a foreground use of the model (:meth:`~inferscale.derived.DerivedStores.foreground`,
-        as the ``chat`` call that opens it is): the background K/V encoder starts no chunk during one. Between two
-        steps it may: a stream is read at its reader's pace, which must not hold the encoder up."""
-        events, load_ms = self._open_stream(request, records)
+        Opening the stream (K/V load or encode, cache assembly) and each of its steps are foreground uses of the
+        model (:meth:`~inferscale.derived.DerivedStores.foreground`): the background K/V encoder starts no chunk
+        during one. Between two steps it may: a stream is read at its reader's pace, which must not hold the
+        encoder up (:meth:`_generate` marks the whole answer instead)."""
+        with self.derived.foreground():
+            events, load_ms = self._open_stream(request, records)
 
         def steps() -> Iterator[StreamEvent]:
             while True:

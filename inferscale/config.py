@@ -212,7 +212,9 @@ class KVConfig(_Strict):
             The encoder's current batch (up to ``encode_batch_size``) is not counted.
         encode_chunk_size: the most fact encodings (one per fact and position bucket) the background encoder runs
             under one hold of the model: it encodes its batch in chunks of this many, and starts none while a
-            ``chat`` is using the model, so a chat that arrives while it works waits for one chunk at most.
+            ``chat`` is using the model, so a chat that arrives while it works waits for one chunk at most. A
+            streamed chat uses the model only while it takes a step (a stream is read at its reader's pace), so
+            the encoder may run a chunk between two tokens: each step waits for one chunk at most.
             Smaller chunks cost the encoder more forward passes; eager ``add`` and ``chat`` encode in batches of
             ``encode_batch_size`` as before.
         recompute: which injected memory tokens are prefilled again at serve time, each attending to everything

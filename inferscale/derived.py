@@ -18,6 +18,7 @@ The steps need SQL between their computations; they are written once for both cl
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -95,7 +96,8 @@ class DerivedStores:
         self._index_save_s = 0.0  # how long the last save took (seconds)
         self._fact_kv: FactKVManager | None = None
         self._encoder = EncodeQueue(self.encode_queued, config.kv.encode_batch_size, config.kv.encode_queue_size)
-        self._foreground = 0  # foreground uses of the model running now (:meth:`foreground`)
+        self._foreground: set[int] = set()  # the tickets of the foreground uses running now (:meth:`foreground`)
+        self._foreground_tickets = itertools.count()
         self._foreground_idle = threading.Condition()
 
     @property
@@ -290,23 +292,29 @@ class DerivedStores:
 
     @contextlib.contextmanager
     def foreground(self) -> Iterator[None]:
-        """Mark a foreground use of the model (a ``chat``'s K/V encoding and generation) for the duration of the
-        block: the background encoder starts no chunk while one runs (:meth:`encode_queued`), so the use waits for
-        at most the chunk running when it began. Reentrant (a counter); holds no lock while the block runs."""
+        """Mark a foreground use of the model (a ``chat``'s K/V encoding, prefill or decoding step) for the duration
+        of the block: the background encoder starts no chunk while a use that began before it looked runs
+        (:meth:`_yield_to_foreground`), so the use waits for at most the chunk running when it began. Mark only
+        code that runs the model on this thread, never a wait (for a worker thread, a lock, a load): a mark held
+        while waiting keeps the encoder from the model it waits for. Nestable; holds no lock while the block runs."""
         with self._foreground_idle:
-            self._foreground += 1
+            ticket = next(self._foreground_tickets)
+            self._foreground.add(ticket)
         try:
             yield
         finally:
             with self._foreground_idle:
-                self._foreground -= 1
-                if self._foreground == 0:
-                    self._foreground_idle.notify_all()
+                self._foreground.discard(ticket)
+                self._foreground_idle.notify_all()
 
     def _yield_to_foreground(self) -> None:
-        """Block until no foreground use of the model runs (:meth:`foreground`); the caller holds no lock."""
+        """Block until the foreground uses of the model running now (:meth:`foreground`) have ended; the caller
+        holds no lock. Uses that begin meanwhile do not extend the wait: however densely chats overlap, the
+        encoder runs its next chunk once those it found have ended (a use waits for one chunk at most, the
+        encoder for the uses that were running when it looked)."""
         with self._foreground_idle:
-            self._foreground_idle.wait_for(lambda: self._foreground == 0)
+            running = set(self._foreground)
+            self._foreground_idle.wait_for(lambda: running.isdisjoint(self._foreground))
 
     def close_encoding(self) -> None:
         """Close the background encoder for good and wait for what it was given (the client's ``close``): memories
@@ -323,8 +331,9 @@ class DerivedStores:
         one re-worded or re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a
         ``chat`` that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
         each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
-        the encoder waits while a ``chat`` uses the model (:meth:`foreground`), so a chat waits for one chunk at
-        most, and drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
+        the encoder waits for the ``chat`` uses of the model running then (:meth:`foreground`), so a chat waits
+        for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
+        drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
         only for a memory whose text and context are still those it was encoded from (SQL read again, one query
         per chunk): a change that landed during the pass leaves nothing stale behind.
 

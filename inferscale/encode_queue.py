@@ -84,6 +84,7 @@ class EncodeQueue:
         self._batch: list[str] = []  # being encoded now
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._warned_closed = False  # whether a submit after close was logged as a warning yet
         self._cond = threading.Condition()
 
     @property
@@ -100,7 +101,8 @@ class EncodeQueue:
         """Queue ``memory_ids`` for encoding, in order; one already waiting keeps its place. Blocks while the queue
         holds :attr:`capacity` ids, until the encoder has taken enough of them. Starts the encoder thread if it is
         not running. Once the queue is closed (:meth:`close`, also while this call waits for room) the ids not
-        queued yet are left to ``chat`` (logged at INFO)."""
+        queued yet are left to ``chat`` (logged as a WARNING the first time, then at DEBUG: a closed client stays
+        in lazy mode for good, and every later ``add`` would repeat it)."""
         with self._cond:
             for i, memory_id in enumerate(memory_ids):
                 if memory_id in self._waiting:
@@ -109,10 +111,22 @@ class EncodeQueue:
                     self._start()
                     self._cond.wait()
                 if self._closed:
-                    log.info("the client is closed: the K/V of %d memories are left to chat", len(memory_ids) - i)
+                    self._log_closed(len(memory_ids) - i)
                     return
                 self._waiting[memory_id] = None
                 self._start()
+
+    def _log_closed(self, n_left: int) -> None:
+        """Log that ``n_left`` ids of a submit are left to ``chat`` because the queue is closed (the caller holds
+        the condition's lock): a WARNING the first time, DEBUG afterwards."""
+        level = logging.DEBUG if self._warned_closed else logging.WARNING
+        self._warned_closed = True
+        log.log(
+            level,
+            "the client is closed, so its background K/V encoder is too: the K/V of %d memories are left to the "
+            "first chat that retrieves them (lazy encoding from now on; open a new client to encode in background)",
+            n_left,
+        )
 
     def close(self) -> None:
         """Queue nothing from now on (:meth:`submit` leaves later ids to ``chat``, and stops a call waiting for room)

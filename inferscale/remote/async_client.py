@@ -82,7 +82,7 @@ class AsyncRemoteMemoryClient:
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the server's background K/V encoder has finished what ``add`` queued; see
         :meth:`RemoteMemoryClient.wait_for_encoding <inferscale.remote.RemoteMemoryClient.wait_for_encoding>` (same
-        argument, result and errors)."""
+        argument, result and errors: an admin key only)."""
         for call in calls.wait_for_encoding(timeout, self._transport.connection.timeout):
             if await self._transport.call(call):
                 return True

@@ -80,13 +80,16 @@ class RemoteMemoryClient:
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the server's background K/V encoder has finished what ``add`` queued; see
         :meth:`MemoryClient.wait_for_encoding <inferscale.client.MemoryClient.wait_for_encoding>` (same argument,
-        result and errors). Sent as ``POST /v1/encoding/wait/`` requests that each wait 30 s at most.
+        result and errors). Sent as ``POST /v1/encoding/wait/`` requests that each wait at most 30 s and half this
+        client's HTTP ``timeout`` (``min(30, timeout / 2)`` seconds, so each reply comes before a read times out).
 
         Returns:
             ``True`` when nothing is left to encode, ``False`` when ``timeout`` ran out first.
 
         Raises:
             InvalidInputError: when ``timeout`` is not ``None`` or a finite number of seconds >= 0.
+            PermissionDeniedError: when the client's API key is not an admin key (the queue holds every tenant's
+                memories).
         """
         http_timeout = self._transport.connection.timeout
         return any(self._transport.call(call) for call in calls.wait_for_encoding(timeout, http_timeout))

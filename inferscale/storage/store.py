@@ -60,6 +60,7 @@ from inferscale.storage.schema import MEMORY_SCHEMA, ensure_schema
 from inferscale.storage.validation import (
     check_actor,
     check_id,
+    check_ids,
     check_limit,
     check_positive,
     check_scope,
@@ -195,17 +196,17 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` is not a Scope.
         """
-        memory_id = check_id(memory_id)
-        checked = check_scope(scope) if scope is not None else None
-        return self._read(get_memory, memory_id, checked)
+        return self._read(get_memory, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     def get_many(self, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
-        """The memories of ``memory_ids`` (any scope), keyed by id, in one query per 500 ids; unknown ids are left out.
+        """The memories of ``memory_ids`` keyed by id, read in **any scope** (no scope check: pass only ids the
+        caller may read, as the client's derived stores do). One query per :data:`~inferscale.storage.queries.IN_CHUNK`
+        ids; unknown ids are left out.
 
         Raises:
-            InvalidInputError: when an id is not a non-empty str.
+            InvalidInputError: when ``memory_ids`` is a str (a list of ids is needed) or an id is not a non-empty str.
         """
-        wanted = sorted({check_id(memory_id) for memory_id in memory_ids})
+        wanted = check_ids(memory_ids)
         return self._read(get_memories, wanted) if wanted else {}
 
     def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
@@ -230,8 +231,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
-        scope = check_scope(scope)
-        return self._read(list_memories, scope, filters, check_limit(limit))
+        return self._read(list_memories, check_scope(scope), filters, check_limit(limit))
 
     def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
         """The ``limit`` memories of exactly ``scope`` stored last (every id it leaves unset unset too), oldest first:
@@ -315,14 +315,15 @@ class MemoryStore:
         return self._write(apply_in_session, delete_change(memory_id, actor)).deleted[0]
 
     def delete_scope(self, scope: Scope, actor: str | None = None) -> builtins.list[MemoryRecord]:
-        """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each; returns the
-        deleted memories, oldest first.
+        """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each.
+
+        Returns:
+            The deleted memories, oldest first.
 
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``actor`` is not a non-empty str.
         """
-        scope = check_scope(scope)
-        return self._write(delete_scope_in_session, scope, check_actor(actor))
+        return self._write(delete_scope_in_session, check_scope(scope), check_actor(actor))
 
     # ---- KV entries --------------------------------------------------------------------------------------
 

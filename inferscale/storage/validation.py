@@ -56,6 +56,18 @@ def check_id(memory_id: object) -> str:
     return check_storable(memory_id, "memory_id")
 
 
+def check_ids(memory_ids: object) -> list[str]:
+    """The distinct ids of ``memory_ids`` (a sequence of ids, not one id), each checked by :func:`check_id`, sorted.
+
+    Raises:
+        InvalidInputError: when ``memory_ids`` is a str (it would be read one character per id) or not a
+            sequence, or when an id is not a non-empty str.
+    """
+    if isinstance(memory_ids, str) or not isinstance(memory_ids, Sequence):
+        raise InvalidInputError(f"memory_ids must be a list of ids, not {type(memory_ids).__name__} {memory_ids!r}")
+    return sorted({check_id(memory_id) for memory_id in memory_ids})
+
+
 def check_scope(scope: object) -> Scope:
     """``scope`` when it is a :class:`~inferscale.scope.Scope`.
 

@@ -9,6 +9,7 @@ On a tiny float32 model with a byte-level tokenizer (fast, real encoding), on bo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -230,6 +231,39 @@ def test_an_add_after_close_is_left_to_chat_and_starts_no_encoder(
         client.close()
 
 
+class WatchedCondition(threading.Condition):
+    """A condition that sets :attr:`waiting` when ``watched`` (a thread) is about to wait on it: says, without
+    timing, that a thread has reached a blocking wait (the queue's full-queue wait, the encoder's yield)."""
+
+    def __init__(self, watched: threading.Thread | str) -> None:
+        super().__init__()
+        self._watched = watched
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        current = threading.current_thread()
+        if current is self._watched or current.name == self._watched:
+            self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_adds_after_close_warn_once_that_their_kv_are_left_to_chat(
+    tmp_path: Path, engine: Any, gate: Gate, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review: every add after close() logged at INFO that its K/V were left to chat; the first now warns, the
+    later ones log at DEBUG."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        client.client.close()  # type: ignore[union-attr]
+        with caplog.at_level(logging.DEBUG, logger="inferscale.encode_queue"):
+            _add_each(client, FACTS)
+        records = [r for r in caplog.records if r.name == "inferscale.encode_queue"]
+        assert [r.levelno for r in records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+        assert "left to the first chat" in records[0].getMessage()
+    finally:
+        client.close()
+
+
 def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
     tmp_path: Path, engine: Any, gate: Gate
 ) -> None:
@@ -241,9 +275,10 @@ def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
         assert gate.arrived.wait(GATE_TIMEOUT_S)
         third: list[str] = []
         adder = threading.Thread(target=lambda: third.extend(_add_each(client, FACTS[2:])))
+        queue = client.client.derived._encoder  # type: ignore[union-attr]
+        queue._cond = WatchedCondition(adder)
         adder.start()
-        adder.join(0.5)
-        assert adder.is_alive()  # blocked: no room in the queue
+        assert queue._cond.waiting.wait(GATE_TIMEOUT_S)  # blocked in submit: no room in the queue
         closer = threading.Thread(target=client.close)
         closer.start()
         adder.join(GATE_TIMEOUT_S)  # close() stops its wait while the thread still holds the first memory
@@ -408,6 +443,70 @@ def test_the_background_encoder_waits_while_a_chat_uses_the_model(tmp_path: Path
         client.close()
 
 
+def test_chats_that_keep_overlapping_do_not_starve_the_background_encoder(
+    tmp_path: Path, engine: Any, gate: Gate
+) -> None:
+    """Review: the encoder waited until no chat used the model at all, so chats that kept overlapping (each one
+    beginning before the one before it ended) held it off for good. It waits only for the uses it found running."""
+    client = _client("sync", _config(tmp_path, None), engine)
+    derived = client.client.derived  # type: ignore[union-attr]
+    derived._foreground_idle = yielding = WatchedCondition(THREAD_NAME)
+    running: list[contextlib.AbstractContextManager[None]] = []
+
+    def begin_chat() -> None:
+        running.append(derived.foreground())
+        running[-1].__enter__()
+
+    try:
+        gate.opened.set()
+        begin_chat()
+        _add_each(client, FACTS[:1])
+        assert yielding.waiting.wait(GATE_TIMEOUT_S)  # the encoder found the first chat and waits for it
+        for _ in range(3):
+            begin_chat()  # each chat begins before the one before it ends: the model is never idle
+            running.pop(0).__exit__(None, None, None)
+        assert len(running) == 1
+        assert client.wait_for_encoding(GATE_TIMEOUT_S)  # the old encoder waited here while the last chat ran
+        assert gate.background_facts == 1
+    finally:
+        while running:
+            running.pop().__exit__(None, None, None)
+        client.close()
+
+
+def test_an_async_chat_marks_its_use_of_the_model_on_its_worker_thread_only(
+    tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: the async chat held its foreground mark across its awaits, so the mark covered the wait for a free
+    worker thread; with the pool's threads blocked in a full encode queue and the encoder waiting for the mark to
+    end, nothing progressed. Every mark now begins on the worker thread that runs the model, never on the loop."""
+    client = _client("async", _config(tmp_path, None), engine)
+    derived = client.client.derived  # type: ignore[union-attr]
+    mark = derived.foreground
+    on_the_loop: list[bool] = []
+
+    @contextlib.contextmanager
+    def recorded() -> Iterator[None]:
+        try:
+            asyncio.get_running_loop()
+            on_the_loop.append(True)
+        except RuntimeError:  # no loop runs on this thread: a worker thread
+            on_the_loop.append(False)
+        with mark():
+            yield
+
+    monkeypatch.setattr(derived, "foreground", recorded)
+    try:
+        gate.opened.set()
+        _add_each(client, FACTS[:1])
+        assert client.chat(QUESTION, user_id="maya", max_new_tokens=2).memories == FACTS[:1]
+        chunks = client.chat_stream(QUESTION, user_id="maya", max_new_tokens=2)
+        assert chunks[-1].result is not None
+        assert on_the_loop and not any(on_the_loop)
+    finally:
+        client.close()
+
+
 def test_the_background_encoder_reads_a_batch_in_one_query_and_each_chunk_again_in_one(
     tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -534,6 +633,31 @@ def test_wait_for_encoding_reports_a_timeout(kind: ClientKind, tmp_path: Path, e
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_async_wait_for_encoding_holds_no_worker_thread(
+    tmp_path: Path, engine: Any, gate: Gate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: the async wait (the server's ``/v1/encoding/wait/``) blocked a worker thread for as long as it
+    waited, so a few waits filled the pool every other request needs. It now waits on the event loop."""
+    client = _client("async", _config(tmp_path, None), engine)
+    derived = client.client.derived  # type: ignore[union-attr]
+
+    def blocking_wait(timeout: float | None = None) -> bool:
+        raise AssertionError("the async wait blocked a thread in the encoder's wait")
+
+    monkeypatch.setattr(derived, "wait_for_encoding", blocking_wait)
+    try:
+        (memory_id,) = _add_each(client, FACTS[:1])
+        assert gate.arrived.wait(GATE_TIMEOUT_S)
+        assert client.wait_for_encoding(0) is False  # the encoder holds it at the gate
+        assert derived.pending_encoding() == [memory_id]
+        gate.opened.set()
+        assert client.wait_for_encoding(GATE_TIMEOUT_S) is True
+        assert derived.pending_encoding() == [] and gate.background_facts == 1
+    finally:
+        gate.opened.set()
+        client.close()
+
+
 def test_the_encoder_thread_runs_at_a_lower_priority(tmp_path: Path, engine: Any, gate: Gate) -> None:
     client = _client("sync", _config(tmp_path, None), engine)
     try:

@@ -205,6 +205,16 @@ def test_reset_needs_an_admin_key(served: Served) -> None:
     assert served.row_counts() == (0, 0)
 
 
+def test_waiting_for_the_encoder_needs_an_admin_key(served: Served) -> None:
+    """Review: any valid key could ask about the encoder's queue, which holds every tenant's memories."""
+    _, admin = served.keys.create("admin", admin=True)
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http(alice) as http:
+        assert _code(http.post("/v1/encoding/wait/", json={"timeout": 0})) == (403, "permission_denied")
+    with served.http(admin) as http:
+        assert http.post("/v1/encoding/wait/", json={"timeout": 0}).json() == {"done": True}
+
+
 OPEN_PATHS = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 """The only paths a keyed server answers without a key."""
 

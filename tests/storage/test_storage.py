@@ -148,6 +148,8 @@ def test_get_many_reads_the_memories_of_many_ids_in_any_scope(store: MemoryStore
     for bad in ("", None, 7):
         with pytest.raises(InvalidInputError):
             store.get_many([a.id, bad])  # type: ignore[list-item]
+    with pytest.raises(InvalidInputError, match="a list of ids"):  # review: it read one id per character
+        store.get_many(a.id)
 
 
 # ---- scope isolation ------------------------------------------------------------------------------------------

@@ -90,6 +90,8 @@ class TransformersEngine(LayoutTokensMixin):
     # ---------------------------------------------------------------- loading
     def load(self) -> TransformersEngine:
         """Load the model, tokenizer, rope table, system prefix K/V and fingerprint (once). Returns ``self``."""
+        if self._ready:  # loaded: return without queueing for the model's lock behind a forward pass
+            return self
         with self._lock:
             if self._ready:
                 return self

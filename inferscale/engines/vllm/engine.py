@@ -172,6 +172,8 @@ class VLLMEngine(LayoutTokensMixin):
     def load(self) -> VLLMEngine:
         """Load the encoder model, fingerprint it, encode the system prefix and start vLLM's offline ``LLM``
         (once). Returns self."""
+        if self._ready:  # loaded: return without queueing for the model's lock behind a forward pass
+            return self
         with self._lock:
             if self._ready:
                 return self

@@ -36,7 +36,10 @@ async def ping(caller: CurrentCaller) -> dict[str, Any]:
 async def wait_for_encoding(body: EncodingWaitBody, caller: CurrentCaller, server: State) -> dict[str, bool]:
     """Wait until the background K/V encoder has finished what ``add`` queued (``MemoryClient.wait_for_encoding``),
     for at most ``timeout`` seconds and :data:`ENCODING_WAIT_MAX_S` (``null``: that most): ``{"done": true}`` when
-    nothing is left to encode, ``false`` when the wait ran out first. Any valid key may call it."""
+    nothing is left to encode, ``false`` when the wait ran out first. The wait runs on the event loop (no worker
+    thread is held). It needs an admin key (403 ``permission_denied`` otherwise): the queue holds every tenant's
+    memories, so its state is not a bound key's to see."""
+    caller.require_admin("waiting for the background K/V encoder")
     timeout = check_timeout(body.timeout)
     limit = ENCODING_WAIT_MAX_S if timeout is None else min(timeout, ENCODING_WAIT_MAX_S)
     return {"done": await server.client.wait_for_encoding(limit)}
