@@ -17,6 +17,11 @@ real offset in the memory segment (:func:`inferscale.kv.serving.nearest_bucket`)
 facts' K/V as ``kv.storage_format`` does (:mod:`inferscale.kv.quantization`): quantised once after encoding, then
 dequantised by the engine's assembly.
 
+A setting may also serve the memories as text (``serve_as="prompt"``) in another order (``memory_order``): a
+control, not a remedy. Prompt mode against itself with the memories reversed measures how much the model's answer
+moves when nothing but an arbitrary choice changes (retrieval order against date order), a floor under the figures
+any KV setting can be asked for.
+
 With a ``reference`` setting instead of prompt mode, the same figures compare two K/V settings: e.g. 8-bit K/V
 against the model dtype's (``benchmarks/kv_quantization.py``); the ``prompt_*`` fields then hold the reference's.
 """
@@ -26,9 +31,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
@@ -86,6 +91,10 @@ class FidelitySetting(BaseModel):
             same K/V up to the kernels' rounding, which the batch shape changes (in bfloat16, by about 0.6% of
             their norm). Against a batched reference it measures the noise the product already accepts: a control
             for the rounding another setting adds (8-bit storage).
+        serve_as: ``"kv"`` injects the memories' K/V; ``"prompt"`` pastes them as text (a control: every other
+            K/V field must keep its default, and every memory token counts as prefilled).
+        memory_order: ``"as_given"`` lays the memories out in the case's order; ``"reversed"`` in the opposite
+            one (the reference keeps the case's order).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -98,6 +107,18 @@ class FidelitySetting(BaseModel):
     context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
     storage_format: StorageFormat = "model"
     encode_alone: bool = False
+    serve_as: Literal["kv", "prompt"] = "kv"
+    memory_order: Literal["as_given", "reversed"] = "as_given"
+
+    @model_validator(mode="after")
+    def _prompt_control_has_no_kv_fields(self) -> FidelitySetting:
+        if self.serve_as == "prompt":
+            kv_fields = {"attention_scale", "temperature", "recompute", "position_buckets", "context_window"}
+            kv_fields |= {"storage_format", "encode_alone"}
+            changed = sorted(f for f in kv_fields if getattr(self, f) != _KV_DEFAULTS[f])
+            if changed:
+                raise ValueError(f"serve_as='prompt' pastes the memories as text; {changed} apply to K/V only")
+        return self
 
     @classmethod
     def from_kv(cls, kv: KVConfig, name: str = "") -> FidelitySetting:
@@ -125,7 +146,18 @@ class FidelitySetting(BaseModel):
         buckets = "/".join(map(str, self.position_buckets))
         stored = "" if self.storage_format == "model" else f" kv={self.storage_format}"
         alone = " encoded alone" if self.encode_alone else ""
-        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}{alone}"
+        order = " reversed" if self.memory_order == "reversed" else ""
+        if self.serve_as == "prompt":
+            return f"prompt{order}"
+        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}{alone}{order}"
+
+
+_KV_DEFAULTS: dict[str, Any] = {
+    name: info.default
+    for name, info in FidelitySetting.model_fields.items()
+    if name not in ("name", "serve_as", "memory_order")
+}
+"""Each K/V field's default, which a ``serve_as="prompt"`` setting must keep."""
 
 
 _REPEAT_N = 4
@@ -307,33 +339,74 @@ def _measure(
     max_new_tokens: int,
     generate: bool,
 ) -> dict[str, Any]:
+    if setting.serve_as == "prompt":
+        return _measure_prompt(engine, case, setting, reference, max_new_tokens, generate)
     served = facts.get(case, setting)
+    if setting.memory_order == "reversed":
+        served = served[::-1]
     kv_logits = engine.first_token_logits(case.question, served, serving=setting.serving)
-    prompt_logits = reference["logits"]
-    row: dict[str, Any] = {
-        "setting": setting.label,
-        "kl": first_token_kl(prompt_logits, kv_logits),
-        "top1_agree": int(kv_logits.argmax()) == int(prompt_logits.argmax()),
-        "memory_tokens": sum(f.n_tokens for f in served),
-        "gold": case.answer,
-    }
+    row = _first_token_row(setting, reference["logits"], kv_logits, sum(f.n_tokens for f in served), case)
     if generate:
         kv = engine.generate_kv(case.question, served, max_new_tokens, serving=setting.serving)
-        prompt = reference["generation"]
         row.update(
-            kv_answer=kv.text,
-            prompt_answer=prompt.text,
-            kv_tokens=len(kv.token_ids),
-            prompt_tokens=len(prompt.token_ids),
-            kv_budget_hit=len(kv.token_ids) >= max_new_tokens,
-            prompt_budget_hit=len(prompt.token_ids) >= max_new_tokens,
-            kv_repeat=repeats(kv.token_ids),
-            prompt_repeat=repeats(prompt.token_ids),
+            _answer_fields(kv, reference["generation"], max_new_tokens),
             added_tokens=kv.recomputed_tokens,
             ttft_kv_ms=kv.kv_assembly_ms + kv.prefill_ms,
-            ttft_prompt_ms=prompt.prefill_ms,
         )
     return row
+
+
+def _measure_prompt(
+    engine: Any,
+    case: FidelityCase,
+    setting: FidelitySetting,
+    reference: dict[str, Any],
+    max_new_tokens: int,
+    generate: bool,
+) -> dict[str, Any]:
+    """A ``serve_as="prompt"`` control: the memories pasted as text in ``setting.memory_order``; its answer fills
+    the ``kv_*`` fields, and every memory token counts as added."""
+    ids = [engine.fact_token_ids(t) for t in case.memories]
+    if setting.memory_order == "reversed":
+        ids = ids[::-1]
+    logits = engine.first_token_logits(case.question, None, ids)
+    memory_tokens = sum(len(i) for i in ids)
+    row = _first_token_row(setting, reference["logits"], logits, memory_tokens, case)
+    if generate:
+        answer = engine.generate_prompt(case.question, ids, max_new_tokens)
+        row.update(
+            _answer_fields(answer, reference["generation"], max_new_tokens),
+            added_tokens=memory_tokens,
+            ttft_kv_ms=answer.prefill_ms,
+        )
+    return row
+
+
+def _first_token_row(
+    setting: FidelitySetting, reference: Any, logits: Any, memory_tokens: int, case: FidelityCase
+) -> dict[str, Any]:
+    return {
+        "setting": setting.label,
+        "kl": first_token_kl(reference, logits),
+        "top1_agree": int(logits.argmax()) == int(reference.argmax()),
+        "memory_tokens": memory_tokens,
+        "gold": case.answer,
+    }
+
+
+def _answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
+    """The answer fields of a row: ``answer`` (the setting's) against ``reference`` (prompt mode's)."""
+    return {
+        "kv_answer": answer.text,
+        "prompt_answer": reference.text,
+        "kv_tokens": len(answer.token_ids),
+        "prompt_tokens": len(reference.token_ids),
+        "kv_budget_hit": len(answer.token_ids) >= max_new_tokens,
+        "prompt_budget_hit": len(reference.token_ids) >= max_new_tokens,
+        "kv_repeat": repeats(answer.token_ids),
+        "prompt_repeat": repeats(reference.token_ids),
+        "ttft_prompt_ms": reference.prefill_ms,
+    }
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -25,7 +25,7 @@ from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
 
-__all__ = ["STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
+__all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
 
 STANDARD_SETTINGS: tuple[dict[str, Any], ...] = (
     {"name": "pure injection", "context_window": 0},
@@ -33,8 +33,24 @@ STANDARD_SETTINGS: tuple[dict[str, Any], ...] = (
     {"name": "buckets 0/128/256/384", "position_buckets": [0, 128, 256, 384], "context_window": 0},
     {"name": "w=5 + selective:10", "recompute": "selective:10", "context_window": 5},
     {"name": "w=5 + structure", "recompute": "structure", "context_window": 5},
+    {"name": "control: prompt, memories reversed", "serve_as": "prompt", "memory_order": "reversed"},
 )
 """What ``eval fidelity`` measures when no ``--setting`` is given, besides the configured default."""
+
+SETTING_FIELDS: tuple[str, ...] = (
+    "name",
+    "attention_scale",
+    "temperature",
+    "recompute",
+    "position_buckets",
+    "context_window",
+    "storage_format",
+    "encode_alone",
+    "serve_as",
+    "memory_order",
+)
+"""The fields of a ``--setting`` object (:class:`inferscale.eval.fidelity.FidelitySetting`'s), named in the help
+without importing it (and torch) when the CLI starts."""
 
 
 _TABLE_WIDTH = 220
@@ -246,7 +262,9 @@ def add_fidelity_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Answer fixed (memories, question) cases with the memories pasted (prompt mode) and injected as K/V under "
             "each setting, at several system prompts, and report first-token KL(prompt || kv), top-1 agreement, F1 "
             "between the answers and against gold, budget-hit and repeat rates, added prefill tokens and TTFT. "
-            'A setting is a JSON object: {"name", "attention_scale", "temperature", "recompute", "position_buckets"}.'
+            f"A setting is a JSON object with any of the fields {{{', '.join(map(json.dumps, SETTING_FIELDS))}}}; "
+            '{"serve_as": "prompt", "memory_order": "reversed"} is the control: prompt mode against itself with '
+            "the memories in the opposite order."
         ),
     )
     add_options(parser, FidelityOptions).set_defaults(func=_run)

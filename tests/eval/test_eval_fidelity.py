@@ -71,6 +71,27 @@ def test_setting_validates_and_labels_itself() -> None:
             FidelitySetting(**bad)
 
 
+def test_prompt_control_setting_refuses_kv_fields_and_names_its_order() -> None:
+    assert FidelitySetting(serve_as="prompt", memory_order="reversed").label == "prompt reversed"
+    assert FidelitySetting(memory_order="reversed").label == "s=1 T=1 recompute=none buckets=0 w=0 reversed"
+    assert (
+        FidelitySetting.model_validate({"serve_as": "prompt", "context_window": 0, "position_buckets": [0]}).label
+        == "prompt"
+    )
+    for kv_only in ({"context_window": 5}, {"recompute": "head:2"}, {"storage_format": "int8"}, {"encode_alone": 1}):
+        with pytest.raises(ValidationError, match="K/V only"):
+            FidelitySetting(serve_as="prompt", **kv_only)
+    with pytest.raises(ValidationError):
+        FidelitySetting.model_validate({"memory_order": "shuffled"})
+
+
+def test_cli_names_every_setting_field() -> None:
+    from inferscale.eval.fidelity_cli import SETTING_FIELDS, STANDARD_SETTINGS
+
+    assert tuple(FidelitySetting.model_fields) == SETTING_FIELDS
+    assert [FidelitySetting(**s).serve_as for s in STANDARD_SETTINGS].count("prompt") == 1
+
+
 def test_repeats_finds_a_repeated_four_token_run() -> None:
     assert repeats([1, 2, 3, 4, 5, 1, 2, 3, 4])
     assert not repeats([1, 2, 3, 4, 5, 1, 2, 3, 6])
@@ -181,3 +202,45 @@ def test_calibration_picks_the_scale_that_lowers_held_out_kl(smollm2_fp32: tuple
     assert result.scale == 0.35 and result.held_out_kl < result.held_out_kl_unscaled
     with pytest.raises(ValueError, match="two cases"):
         calibrate_scale({"default": engine}, [FidelitySlice("one", part.cases[:1])], FidelitySetting())
+
+
+@pytest.mark.slow
+def test_order_controls_match_the_reordered_case(smollm2_fp32: tuple[Any, Any]) -> None:
+    """Prompt mode in the case's order is the reference itself (KL 0); reversed, it is prompt mode on the case
+    with its memories reversed, and a reversed K/V setting is that setting on the reversed case."""
+    from inferscale.config import EngineConfig, MemoryConfig
+    from inferscale.engines.transformers import TransformersEngine
+    from inferscale.eval.fidelity import FactCache, run_fidelity
+    from inferscale.eval.fidelity_cases import FidelityCase
+    from inferscale.eval.metrics import first_token_kl
+
+    model, tokenizer = smollm2_fp32
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt, model=model, tokenizer=tokenizer
+    )
+    case = load_cases(CASES).cases[0]
+    assert len(case.memories) >= 2
+    flipped = FidelityCase(memories=case.memories[::-1], question=case.question, answer=case.answer)
+    settings = [
+        FidelitySetting(name="same", serve_as="prompt"),
+        FidelitySetting(name="prompt reversed", serve_as="prompt", memory_order="reversed"),
+        FidelitySetting(name="kv reversed", memory_order="reversed"),
+    ]
+    rows = run_fidelity({"default": engine}, [FidelitySlice("one", [case])], settings, max_new_tokens=3)
+    by_name = {r["setting"]: r for r in rows}
+    assert by_name["same"]["kl"] == 0 and by_name["same"]["top1_agree"]
+    assert by_name["same"]["kv_answer"] == by_name["same"]["prompt_answer"]
+    assert by_name["same"]["added_tokens"] == by_name["same"]["memory_tokens"]
+
+    ids = [engine.fact_token_ids(t) for t in case.memories]
+    reference = engine.first_token_logits(case.question, None, ids)
+    reversed_prompt = engine.first_token_logits(case.question, None, ids[::-1])
+    assert by_name["prompt reversed"]["kl"] == pytest.approx(first_token_kl(reference, reversed_prompt), abs=1e-6)
+    assert by_name["prompt reversed"]["kl"] > 1e-4
+
+    plain = FidelitySetting(name="kv")
+    served_flipped = FactCache(engine).get(flipped, plain)
+    kv_flipped = engine.first_token_logits(case.question, served_flipped, serving=plain.serving)
+    assert by_name["kv reversed"]["kl"] == pytest.approx(first_token_kl(reference, kv_flipped), abs=1e-6)
+    flipped_rows = run_fidelity({"default": engine}, [FidelitySlice("flipped", [flipped])], [plain], max_new_tokens=3)
+    assert flipped_rows[0]["kv_answer"] == by_name["kv reversed"]["kv_answer"]
