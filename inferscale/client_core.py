@@ -558,6 +558,7 @@ class ClientCore:
             memory_tokens=gen.memory_tokens,
             generated_tokens=len(gen.token_ids),
             finish_reason=gen.finish_reason,
+            recomputed_tokens=gen.recomputed_tokens,
         )
 
     def _generate(

@@ -47,6 +47,9 @@ class ChatResult:
         prompt_tokens: tokens in the whole prompt, memory segment included (tokens).
         memory_tokens: tokens in the memory segment (tokens).
         generated_tokens: tokens decoded (tokens).
+        recomputed_tokens: memory tokens prefilled again at serve time by ``kv.recompute`` (and a selective
+            policy's probe of the query), on top of the query (tokens); 0 in ``prompt`` mode and for pure
+            injection.
         finish_reason: ``"stop"`` (the model ended its turn or a stop string was reached) or ``"length"`` (the
             ``max_new_tokens`` budget ran out), as OpenAI's API names them.
         extra: room for engine-specific reports (empty today).
@@ -62,6 +65,7 @@ class ChatResult:
     generated_tokens: int
     extra: dict[str, Any] = field(default_factory=dict)
     finish_reason: Literal["stop", "length"] = "stop"
+    recomputed_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field."""

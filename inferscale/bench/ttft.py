@@ -101,10 +101,12 @@ class TTFTSettings:
             computed (prompt) or injected (KV) again; ``"warm"`` keeps the cache, so repeats of a request are
             served from it. The transformers engine keeps nothing between requests (each builds its cache on the
             shared system prefix), so this changes nothing there.
+        recompute: the ``kv.recompute`` policy the KV cells are served with; ``None`` keeps ``KVConfig``'s
+            default. Its recomputed tokens are counted in the FLOP ratio.
 
     Raises:
-        ConfigError: for an empty or negative ``ks``, ``repeats < 1``, ``warmup < 0``, an unknown ``prefix_cache``
-            or an unknown tier.
+        ConfigError: for an empty or negative ``ks``, ``repeats < 1``, ``warmup < 0``, an unknown ``prefix_cache``,
+            an unknown tier or an unknown ``recompute`` policy.
     """
 
     ks: tuple[int, ...] = field(
@@ -144,6 +146,14 @@ class TTFTSettings:
             help="vLLM only: empty its prefix cache before every timed call (cold, default) or keep it (warm)",
         ),
     )
+    recompute: str | None = field(
+        default=None,
+        metadata=cli(
+            "--recompute",
+            metavar="POLICY",
+            help="kv.recompute for the KV cells, e.g. tail:24 or none (default: the configured default)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.ks or any(k < 0 for k in self.ks):
@@ -156,6 +166,10 @@ class TTFTSettings:
             raise ConfigError(f"prefix_cache must be 'cold' or 'warm', got {self.prefix_cache!r}")
         if self.tiers is not None and (unknown := set(self.tiers) - set(TIER_ORDER)):
             raise ConfigError(f"unknown KV tiers {sorted(unknown)}; choose from {list(TIER_ORDER)}")
+        if self.recompute is not None:
+            from inferscale.kv.recompute import RecomputePolicy
+
+            RecomputePolicy.parse(self.recompute)  # ConfigError for an unknown policy
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -165,10 +179,12 @@ def _make_client(
     settings: TTFTSettings, data_dir: Path, engine: Engine | None, embedder: Embedder | None
 ) -> MemoryClient:
     from inferscale.client import MemoryClient
-    from inferscale.config import EngineConfig, MemoryConfig
+    from inferscale.config import EngineConfig, KVConfig, MemoryConfig
 
+    kv = KVConfig() if settings.recompute is None else KVConfig(recompute=settings.recompute)
     config = MemoryConfig(
         data_dir=str(data_dir),
+        kv=kv,
         engine=EngineConfig(
             provider=settings.engine,
             model=settings.model,
@@ -192,7 +208,8 @@ def run_ttft_bench(
 
     Args:
         settings: see :class:`TTFTSettings`.
-        engine, embedder: already loaded models to use instead of building them from the settings (tests).
+        engine, embedder: already loaded models to use instead of building them from the settings (tests); a
+            given engine serves with its own serving settings (``settings.recompute`` applies to a built one).
         facts: the memories to store (at least ``max(ks)``); default :func:`synthetic_facts`.
         console: where progress goes (default: stderr).
 
@@ -308,8 +325,11 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
 def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[str, float | None]:
     """``prefill_flops_kv_k{k_max}_over_k{k_small}``: the KV-mode prefill's FLOPs at k_max over those at k_small
     (:mod:`inferscale.bench.flops`): what the query prefill's share of TTFT grows by where prefill is
-    compute-bound (retrieval and assembly, which also grow with k, are not in it). Empty when the FLOP model does
-    not cover the architecture."""
+    compute-bound (retrieval and assembly, which also grow with k, are not in it). The memory tokens a
+    ``kv.recompute`` policy prefills again count as prefilled: ``r`` of them make the prefill ``q + r`` tokens after
+    ``P + S - r`` cached ones (exact for ``tail:n``; the other policies' tokens sit earlier in the segment and
+    attend to fewer keys, so their FLOPs are slightly over-counted). Empty when the FLOP model does not cover the
+    architecture."""
     from inferscale.bench.flops import prefill_cost
 
     engine = client.engine
@@ -322,11 +342,19 @@ def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[s
         return {}
     k_max, k_small = max(positive), 5 if 5 in positive else min(positive)
     prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids(query))
-    big, small = report.cell(k_max, "prompt"), report.cell(k_small, "prompt")
+
+    def kv_flops(k: int) -> float | None:
+        prompt = report.cell(k, "prompt")
+        kv = next((c for c in report.cells if c.mode == "kv" and c.k == k), None)
+        if prompt is None or kv is None:
+            return None
+        recomputed = min(kv.recomputed_tokens, prompt.memory_tokens)
+        return cost.flops(q + recomputed, prefix + prompt.memory_tokens - recomputed)
+
+    big, small = kv_flops(k_max), kv_flops(k_small)
     if big is None or small is None:
         return {}
-    ratio = cost.flops(q, prefix + big.memory_tokens) / cost.flops(q, prefix + small.memory_tokens)
-    return {f"prefill_flops_kv_k{k_max}_over_k{k_small}": round(ratio, 4)}
+    return {f"prefill_flops_kv_k{k_max}_over_k{k_small}": round(big / small, 4)}
 
 
 def _model_name(client: MemoryClient) -> str:
@@ -341,6 +369,7 @@ def _record(cell: TTFTCell, result: Any, reference_ids: list[str] | None) -> Non
     cell.prefill_ms.append(t.prefill_ms)
     cell.retrieval_ms.append(t.retrieval_ms)
     cell.memory_tokens = result.memory_tokens
+    cell.recomputed_tokens = result.recomputed_tokens
     if reference_ids is not None and list(result.memory_ids) != list(reference_ids):
         cell.same_memories = False
 

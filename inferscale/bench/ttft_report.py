@@ -37,6 +37,7 @@ class TTFTCell:
         tier: the KV store tier staged for ``"kv"`` cells, else ``None``.
         ttft_ms, assembly_ms, prefill_ms, retrieval_ms: one sample per repeat (ms).
         memory_tokens: tokens of the memory segment (tokens).
+        recomputed_tokens: memory tokens prefilled again at serve time (``kv.recompute``), last call (tokens).
         served: lookups answered per tier over all repeats, from the store's hit counters (``"miss"``: encoded).
         same_memories: whether every call of this cell used the memory ids of the k-cell's prompt call.
     """
@@ -49,6 +50,7 @@ class TTFTCell:
     prefill_ms: list[float] = field(default_factory=list)
     retrieval_ms: list[float] = field(default_factory=list)
     memory_tokens: int = 0
+    recomputed_tokens: int = 0
     served: dict[str, int] = field(default_factory=dict)
     same_memories: bool = True
 
@@ -80,6 +82,7 @@ class TTFTCell:
             "prefill_p50_ms": round(_median(self.prefill_ms), 3),
             "retrieval_p50_ms": round(_median(self.retrieval_ms), 3),
             "memory_tokens": self.memory_tokens,
+            "recomputed_tokens": self.recomputed_tokens,
             "served": dict(self.served),
             "same_memories": self.same_memories,
             "ttft_ms": [round(v, 3) for v in self.ttft_ms],

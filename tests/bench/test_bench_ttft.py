@@ -50,6 +50,65 @@ def test_ttft_bench_writes_every_cell(tmp_path: Path, engine: TransformersEngine
     assert doc["settings"]["ks"] == [0, 2]
 
 
+@pytest.mark.slow
+def test_ttft_bench_counts_recomputed_tokens_in_the_flop_ratio(
+    tmp_path: Path, smollm2_fp32: tuple[Any, Any], embedder: Any
+) -> None:
+    from inferscale.bench.flops import prefill_cost
+    from inferscale.kv.recompute import RecomputePolicy
+    from inferscale.kv.serving import ServingSettings
+
+    model, tokenizer = smollm2_fp32
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        MemoryConfig().system_prompt,
+        model=model,
+        tokenizer=tokenizer,
+        serving=ServingSettings(recompute=RecomputePolicy.parse("tail:4")),
+    )
+    settings = TTFTSettings(
+        ks=(1, 3), repeats=1, warmup=0, tiers=("host",), recompute="tail:4", dtype="float32", out_dir=tmp_path
+    )
+    run_ttft_bench(settings, engine=engine, embedder=embedder, facts=FACTS)
+    doc = json.loads((tmp_path / "ttft_vs_k.json").read_text(encoding="utf-8"))
+    cells = {(c["k"], c["name"]): c for c in doc["cells"]}
+    assert cells[(1, "kv:host")]["recomputed_tokens"] == 4 == cells[(3, "kv:host")]["recomputed_tokens"]
+    assert cells[(3, "prompt")]["recomputed_tokens"] == 0
+    cost = prefill_cost(engine.model)
+    prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids(settings.query))
+    s1, s3 = cells[(1, "prompt")]["memory_tokens"], cells[(3, "prompt")]["memory_tokens"]
+    expected = cost.flops(q + 4, prefix + s3 - 4) / cost.flops(q + 4, prefix + s1 - 4)
+    assert doc["ratios"]["prefill_flops_kv_k3_over_k1"] == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ConfigError, match="recompute"):
+        TTFTSettings(recompute="tail")
+
+
+@pytest.mark.slow
+def test_flop_ratio_counts_recomputed_tokens_as_prefilled(engine: TransformersEngine) -> None:
+    """At k=5 and k=50 (250 and 2,500 memory tokens), 100 recomputed tokens make the prefill 100 tokens longer at
+    both k: the ratio is that of (q + 100) tokens after (P + S - 100), not of the query alone."""
+    from types import SimpleNamespace
+
+    from inferscale.bench.flops import prefill_cost
+    from inferscale.bench.ttft import _flop_ratios
+    from inferscale.bench.ttft_report import TTFTCell, TTFTReport
+
+    cells = [
+        TTFTCell(5, "prompt", memory_tokens=250),
+        TTFTCell(5, "kv", "host", memory_tokens=250, recomputed_tokens=100),
+        TTFTCell(50, "prompt", memory_tokens=2500),
+        TTFTCell(50, "kv", "host", memory_tokens=2500, recomputed_tokens=100),
+    ]
+    report = TTFTReport({}, {}, cells, {})
+    ratio = _flop_ratios(SimpleNamespace(engine=engine), report, "What is my dog called?")  # type: ignore[arg-type]
+    cost = prefill_cost(engine.model)
+    prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids("What is my dog called?"))
+    counted = cost.flops(q + 100, prefix + 2400) / cost.flops(q + 100, prefix + 150)
+    query_only = cost.flops(q, prefix + 2500) / cost.flops(q, prefix + 250)
+    assert ratio == {"prefill_flops_kv_k50_over_k5": round(counted, 4)}
+    assert round(counted, 4) != round(query_only, 4)
+
+
 def test_vllm_engine_is_refused_when_not_installed(tmp_path: Path) -> None:
     if importlib.util.find_spec("inferscale.engines.vllm") and importlib.util.find_spec("vllm"):
         pytest.skip("the vLLM engine and vllm are installed")

@@ -46,7 +46,7 @@ def test_the_reply_is_the_clients_chat_in_openais_shape(http: httpx.Client, serv
     report = reply["inferscale"]
     assert set(report) == {
         "memory_ids", "memories", "mode", "timings", "prompt_tokens", "memory_tokens", "generated_tokens", "extra",
-        "finish_reason",
+        "finish_reason", "recomputed_tokens",
     }  # fmt: skip
     assert report["memories"][0] == "I live in Porto." and len(report["memory_ids"]) == 2 and report["mode"] == "kv"
     assert choice["finish_reason"] == report["finish_reason"]
