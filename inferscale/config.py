@@ -221,7 +221,8 @@ class KVConfig(_Strict):
             before it: ``"none"`` (pure injection), ``"head:m"`` (each fact's first m tokens), ``"tail:n"`` (the
             segment's last n tokens), ``"structure"``
             (each fact line's bullet and line break) or ``"selective:r"`` (the r% of memory tokens the query
-            attends to most); see :mod:`inferscale.kv.recompute`.
+            attends to most); see :mod:`inferscale.kv.recompute`. The vLLM engine serves ``"none"`` and
+            ``"tail:n"`` only (docs/vllm.md).
         memory_attention_scale: s in (0, 1], the memory block's attention mass is scaled by s for the query and
             every decoded token (``log s`` added to the memory columns' logits; APE); 1 turns it off.
         memory_temperature: T, the memory columns' attention logits are divided by T (injected keys scaled by

