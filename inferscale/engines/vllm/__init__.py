@@ -7,7 +7,7 @@ CPU); the rest of InferScale does not.
 from inferscale.engines.vllm.connector import InferScaleConnector, kv_transfer_config
 from inferscale.engines.vllm.engine import VLLMEngine
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
-from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, write_segment
+from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail, write_segment
 
 __all__ = [
     "InferScaleConnector",
@@ -19,5 +19,6 @@ __all__ = [
     "cache_salt",
     "kv_transfer_config",
     "prompt_cache_salt",
+    "vllm_recompute_tail",
     "write_segment",
 ]

@@ -43,47 +43,14 @@ from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
-from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
-from inferscale.errors import ConfigError, EngineClosedError, InvalidInputError, UnsupportedModelError
+from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
+from inferscale.errors import EngineClosedError, InvalidInputError, UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.serving import ServingSettings
 
 log = logging.getLogger(__name__)
-
-
-def _served_by_vllm(serving: ServingSettings) -> ServingSettings:
-    """``serving`` when vLLM can apply it: pure injection, or the ``tail:n`` recompute (the connector injects up
-    to ``P + S - n`` and vLLM prefills the rest), with no memory attention scale and no temperature.
-
-    Raises:
-        ConfigError: naming the setting and why vLLM cannot apply it.
-    """
-    reasons = []
-    if serving.attention_scale != 1.0:
-        reasons.append("vLLM's attention kernels take no per-column logit bias (kv.memory_attention_scale)")
-    if serving.temperature != 1.0:
-        reasons.append("the memory temperature is not wired to the connector (kv.memory_temperature)")
-    if serving.recompute.kind not in ("none", "tail"):
-        reasons.append(
-            f"a KV connector may only claim one contiguous span of prompt tokens from position 0, so memory tokens "
-            f"inside the segment cannot be left to vLLM's prefill (kv.recompute='{serving.recompute}'; only "
-            "'none' and 'tail:N', the segment's last N tokens, can be)"
-        )
-    if reasons:
-        raise ConfigError(
-            f"the vLLM engine cannot apply {serving.label()}: {'; '.join(reasons)}. Set "
-            "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' or 'tail:N' for provider "
-            "'vllm'; the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
-            "See docs/vllm.md."
-        )
-    return serving
-
-
-def _recompute_tail(serving: ServingSettings) -> int:
-    """n of a ``tail:n`` recompute policy (tokens), 0 for pure injection."""
-    return int(serving.recompute.amount) if serving.recompute.kind == "tail" else 0
 
 
 class VLLMEngine(LayoutTokensMixin):
@@ -108,7 +75,8 @@ class VLLMEngine(LayoutTokensMixin):
 
     Raises:
         ConfigError: when ``serving`` asks for a memory attention scale, a temperature or a recompute policy
-            other than ``tail:n``, which vLLM cannot apply without a fork (the message says why).
+            other than ``tail:n``, which vLLM cannot apply without a fork
+            (:func:`~inferscale.engines.vllm.vllm_recompute_tail` says why).
     """
 
     def __init__(
@@ -124,7 +92,8 @@ class VLLMEngine(LayoutTokensMixin):
         llm_kwargs: Mapping[str, Any] | None = None,
         serving: ServingSettings | None = None,
     ) -> None:
-        self.serving = _served_by_vllm(serving if serving is not None else ServingSettings())
+        self.serving = serving if serving is not None else ServingSettings()
+        vllm_recompute_tail(self.serving)  # refuse what vLLM cannot apply before anything loads
         self._config = config
         self._system_prompt = system_prompt
         self._home = home
@@ -344,7 +313,7 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
         """
-        tail = _recompute_tail(_served_by_vllm(serving if serving is not None else self.serving))
+        tail = vllm_recompute_tail(serving if serving is not None else self.serving)
         return self.builder.prepare_kv(conversation, facts, cache_scope, recompute_tail=tail)
 
     def prepare_files(
@@ -355,7 +324,7 @@ class VLLMEngine(LayoutTokensMixin):
         serving: ServingSettings | None = None,
     ) -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_files`; ``serving`` as in :meth:`prepare_kv`."""
-        tail = _recompute_tail(_served_by_vllm(serving if serving is not None else self.serving))
+        tail = vllm_recompute_tail(serving if serving is not None else self.serving)
         return self.builder.prepare_files(conversation, refs, cache_scope, recompute_tail=tail)
 
     def prepare_prompt(

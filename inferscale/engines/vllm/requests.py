@@ -27,8 +27,41 @@ from inferscale.conversation import ChatMessage
 from inferscale.engines.hf import PromptLayout
 from inferscale.engines.vllm.metadata import MemoryPayload, SegmentRef, cache_salt, prompt_cache_salt
 from inferscale.engines.vllm.segments import read_header
-from inferscale.errors import InvalidInputError
+from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.kv.fact import FactKV
+from inferscale.kv.serving import ServingSettings
+
+
+def vllm_recompute_tail(serving: ServingSettings) -> int:
+    """The ``recompute_tail`` vLLM serves ``serving`` with: n of a ``tail:n`` recompute policy, 0 for pure injection
+    (tokens). vLLM applies only these two (the connector injects up to ``P + S - n`` and vLLM prefills the rest), with
+    no memory attention scale and no temperature. :class:`~inferscale.engines.vllm.VLLMEngine` and
+    ``inferscale serve --engine vllm`` both check their settings here and pass the result to
+    :meth:`RequestBuilder.prepare_kv`.
+
+    Raises:
+        ConfigError: when ``serving`` asks for a memory attention scale, a temperature or a recompute policy other
+            than ``none`` / ``tail:n``, naming each such setting and why vLLM cannot apply it.
+    """
+    reasons = []
+    if serving.attention_scale != 1.0:
+        reasons.append("vLLM's attention kernels take no per-column logit bias (kv.memory_attention_scale)")
+    if serving.temperature != 1.0:
+        reasons.append("the memory temperature is not wired to the connector (kv.memory_temperature)")
+    if serving.recompute.kind not in ("none", "tail"):
+        reasons.append(
+            f"a KV connector may only claim one contiguous span of prompt tokens from position 0, so memory tokens "
+            f"inside the segment cannot be left to vLLM's prefill (kv.recompute='{serving.recompute}'; only "
+            "'none' and 'tail:N', the segment's last N tokens, can be)"
+        )
+    if reasons:
+        raise ConfigError(
+            f"the vLLM engine cannot apply {serving.label()}: {'; '.join(reasons)}. Set "
+            "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' or 'tail:N' for provider "
+            "'vllm'; the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
+            "See docs/vllm.md."
+        )
+    return int(serving.recompute.amount) if serving.recompute.kind == "tail" else 0
 
 
 @dataclass(frozen=True, slots=True)
