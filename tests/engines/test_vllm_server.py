@@ -2,7 +2,9 @@
 SmolLM2): memory per user, whole conversations after the memory, streaming, sampling fields and refusals, and the
 API keys of the memory database (401 without a valid key, a key's users only, fields only the server sets).
 
-One server process serves every test (start is ~50 s on 2 cores); its keys are created before it starts.
+One server process serves every test (start is ~50 s on 2 cores); its keys are created before it starts. The
+memory config's serving settings (``kv.recompute`` and the remedies vLLM cannot apply) are checked on the service
+builder in process, with no vLLM server.
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio
         allow_module_level=True,
     )
 
-from inferscale.config import EngineConfig, MemoryConfig  # noqa: E402
+from inferscale.config import EngineConfig, KVConfig, MemoryConfig  # noqa: E402
 from inferscale.conversation import check_messages  # noqa: E402
 from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.engines.transformers import TransformersEngine  # noqa: E402
+from inferscale.engines.vllm import vllm_recompute_tail  # noqa: E402
 from inferscale.server.keys import KeyStore  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -172,6 +175,10 @@ def test_memory_is_the_users_own(server: Server) -> None:
     assert {m["id"] for m in report["memories"]} == server.alice_ids
     stats = report["kv_transfer_params"]["inferscale"]
     assert stats["refused"] is None and stats["injected_tokens"] > 0
+    # the report counts what the connector left to vLLM under the config's kv.recompute, whatever its default
+    tail = vllm_recompute_tail(MemoryConfig().kv.serving())
+    assert report["memory_tokens"] == stats["memory_tokens"] > 0
+    assert report["recomputed_tokens"] == stats["recomputed_tokens"] == min(tail, stats["memory_tokens"])
     assert alice.choices[0].message.content and alice.choices[0].finish_reason in ("stop", "length")
     assert {m["id"] for m in _report(_chat(client, question, user="bob"))["memories"]} == server.bob_ids
 
@@ -215,6 +222,8 @@ def test_stream_joined_equals_the_answer(server: Server) -> None:
     last = chunks[-1]
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
     assert {m["id"] for m in _report(last)["memories"]} == server.alice_ids
+    for count in ("memory_tokens", "recomputed_tokens"):
+        assert _report(last)[count] == _report(whole)[count]
     assert all("inferscale" not in (c.model_extra or {}) for c in chunks[:-1])
 
 
@@ -235,6 +244,101 @@ def test_bad_requests_are_400(
 ) -> None:
     with pytest.raises(openai.BadRequestError, match=message):
         _chat(server.openai(), messages, **fields)
+
+
+# ---- serving settings (kv.recompute): the service builder in process -------------------------------------------
+
+
+def _config_with(monkeypatch: pytest.MonkeyPatch, kv: KVConfig) -> None:
+    """Make the server's memory config carry ``kv`` (as a config whose defaults said so would), and leave the
+    middleware's service as it was after the test."""
+    from inferscale.server import vllm_memory
+
+    real = vllm_memory.memory_config
+    monkeypatch.setattr(vllm_memory, "memory_config", lambda options: real(options).model_copy(update={"kv": kv}))
+    monkeypatch.setattr(vllm_memory, "_SERVICE", None)
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [
+        KVConfig(memory_attention_scale=0.5),
+        KVConfig(memory_temperature=1.1),
+        KVConfig(recompute="head:4"),
+        KVConfig(recompute="structure"),
+        KVConfig(recompute="selective:10", memory_attention_scale=0.5),
+        KVConfig(recompute="tail:4", memory_attention_scale=0.5),
+    ],
+)
+def test_a_setting_vllm_cannot_apply_is_refused_before_the_service_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kv: KVConfig
+) -> None:
+    """The VLLMEngine's ConfigError, word for word, before the memory client or any model is loaded."""
+    import inferscale.client
+    from inferscale.engines.vllm import VLLMEngine
+    from inferscale.errors import ConfigError
+    from inferscale.server.vllm_memory import ServeOptions, build_service
+
+    _config_with(monkeypatch, kv)
+
+    def no_client(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the memory client was built before the serving settings were checked")
+
+    monkeypatch.setattr(inferscale.client, "MemoryClient", no_client)
+    with pytest.raises(ConfigError) as engine:
+        VLLMEngine(EngineConfig(), "Memories:\n", serving=kv.serving())  # construction does no I/O
+    with pytest.raises(ConfigError) as server:
+        build_service(ServeOptions(data_dir=str(tmp_path), dtype="float32"))
+    assert str(server.value) == str(engine.value) and "cannot apply" in str(server.value)
+
+
+def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kv.recompute="tail:4"``: the service's requests carry the tail in their payload (what the middleware sends
+    as ``kv_transfer_params``), the connector claims ``P + S - 4`` tokens of them and reports 4 recomputed, and the
+    reply's ``inferscale`` object reports the same 4 of S."""
+    from types import SimpleNamespace
+
+    from inferscale.client import MemoryClient
+    from inferscale.engines.vllm.connector import SchedulerSide
+    from inferscale.server.vllm_memory import ServeOptions, build_service, memory_report
+
+    data = tmp_path / "data"
+    engine = TransformersEngine(EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt)
+    with MemoryClient({"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}, engine=engine) as c:
+        for text in ALICE:
+            c.add(text, user_id="alice", infer=False, encode_kv=False)
+    _config_with(monkeypatch, KVConfig(recompute="tail:4"))
+    service, _path, fingerprint, _dtype = build_service(ServeOptions(data_dir=str(data), dtype="float32"))
+    try:
+        assert service.recompute_tail == 4
+        conversation = check_messages([{"role": "user", "content": "What is my dog called?"}])
+        prepared, memories = service.prepare("alice", conversation)
+        assert len(memories) == 3 and prepared.payload is not None
+        s, p = prepared.memory_tokens, prepared.payload.memory_start
+        assert s > 4 and prepared.recomputed_tokens == 4
+        request = SimpleNamespace(
+            request_id="r",
+            prompt_token_ids=prepared.prompt_ids,
+            kv_transfer_params=prepared.payload.to_params(),
+            cache_salt=prepared.salt,
+        )
+        side = SchedulerSide(fingerprint, 16)  # the connector's scheduler side, with no vLLM engine
+        claimed = p + s - 4
+        assert side.get_num_new_matched_tokens(request, 0) == (claimed, False)
+        blocks = list(range(len(prepared.prompt_ids) // 16 + 1))
+        side.update_state_after_alloc(request, SimpleNamespace(get_block_ids=lambda: (blocks,)), claimed)
+        (load,) = side.build_connector_meta(None).loads
+        assert (load.start, load.end) == (0, claimed)
+        _, params = side.request_finished(request)
+        assert params is not None
+        stats = params["inferscale"]
+        assert (stats["refused"], stats["injected_tokens"], stats["recomputed_tokens"]) == (None, claimed, 4)
+        report = memory_report(prepared, memories, params)
+        assert (report["memory_tokens"], report["recomputed_tokens"]) == (s, 4)
+    finally:
+        service.close()
 
 
 # ---- API keys --------------------------------------------------------------------------------------------------
