@@ -249,6 +249,7 @@ class MemoryClient(ClientCore):
         return self._update(memory_id, change)
 
     def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        run_steps(self._span_steps(change), self.db)
         applied = self._commit(lambda: self.db.apply(change), encode="lazy")
         record = applied.updated[0][1] if applied.updated else self.db.get(memory_id)
         if record is None:  # deleted between the two statements
