@@ -10,6 +10,7 @@ the engine's own tokenizer answers (read from the same files, so it gives the sa
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,8 +45,15 @@ class LayoutOnly:
     max_positions: int
 
 
+FILE_CACHE_SIZE = 8
+"""How many ``(model folder or hub name, system prompt)`` pairs :func:`load_layout_only` keeps for the process."""
+
+
 def load_layout_only(config: EngineConfig, system_prompt: str, home: Path | None) -> LayoutOnly:
-    """Load ``config.model``'s tokenizer and config (the embedded SmolLM2 when ``None``), not its weights.
+    """``config.model``'s tokenizer and config (the embedded SmolLM2 when ``None``), not its weights, laid out after
+    ``system_prompt``. Read once per process for each model and system prompt (the last :data:`FILE_CACHE_SIZE`
+    pairs are kept), so clients built one after another on the same model do not read its tokenizer again (about
+    0.2 s each); the tokenizer is only ever read (encoding a text changes no state of it).
 
     The embedded model's folder is converted on its first use on a machine, as a model load would (once, tens of
     seconds: :func:`~inferscale.models.defaults.default_llm_path`); a later model load reads the same folder.
@@ -54,9 +62,15 @@ def load_layout_only(config: EngineConfig, system_prompt: str, home: Path | None
         ModelNotAvailableError: when the configured model cannot be found.
         ConfigError: when its tokenizer has no usable chat template.
     """
+    return _layout_from_files(resolve_llm_path(config.model, home), system_prompt)
+
+
+@functools.lru_cache(maxsize=FILE_CACHE_SIZE)
+def _layout_from_files(path: str, system_prompt: str) -> LayoutOnly:
+    """:func:`load_layout_only` for a resolved model folder or hub name (an error is not kept: the next call reads
+    again)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    path = resolve_llm_path(config.model, home)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return LayoutOnly(PromptLayout(tokenizer, system_prompt), max_positions(AutoConfig.from_pretrained(path)))
 
