@@ -409,29 +409,34 @@ class ClientCore:
         self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
     ) -> Steps[ChangeSet | None]:
         """The change set of an ``add`` (:meth:`_changes_steps`), or ``None`` when nothing is new, once every memory
-        it adds or re-words is known to fit the model's context when encoded (:meth:`_span_steps`).
+        it adds or re-words is known to fit the model's context when encoded (:meth:`_span_steps`: a new memory
+        may keep fewer context turns).
 
         Raises:
             ExtractionError: when the LLM backend fails to answer (connection, HTTP status, no text content).
-            InvalidInputError: when a memory it would add or re-word is too long for the model's context with its
-                context turns (nothing is written).
+            InvalidInputError: when a fact it would add is too long for the model's context after the system prefix
+                alone, or a text it would give a stored memory is too long after that memory's context turns
+                (nothing is written).
         """
         changes = yield from self._changes_steps(msgs, scope, meta, infer)
-        if changes is not None:
-            yield from self._span_steps(changes)
-        return changes
+        if changes is None:
+            return None
+        fitted: ChangeSet = yield from self._span_steps(changes)
+        return fitted
 
-    def _span_steps(self, changes: ChangeSet) -> Steps[None]:
-        """Refuse ``changes`` before they are written when a memory they add, or a new text they give, would not
-        fit the model's context once encoded with its context turns (:func:`inferscale.encoding_layout.span_steps`):
-        the same check and message as the encoder's, in every ``kv.encode_on_add`` mode. Needs the engine's
-        tokenizer and config alone: loads them (once) when the model is not loaded, and no weights.
+    def _span_steps(self, changes: ChangeSet) -> Steps[ChangeSet]:
+        """``changes`` with every memory they add or re-word known to fit the model's context once encoded
+        (:func:`inferscale.encoding_layout.span_steps`), in every ``kv.encode_on_add`` mode: a new memory keeps the
+        last of its context turns that fit; a fact that fits after none, or a new text that does not fit after its
+        memory's turns, is refused with the encoder's own message. Needs the engine's tokenizer and config alone:
+        loads them (once) when the model is not loaded, and no weights.
 
         Raises:
             InvalidInputError: naming the first memory that does not fit.
             ModelNotAvailableError: when the configured model's files cannot be found.
         """
-        yield from span_steps(lambda: EncodingLayout(self.engine, self.config.kv), changes)
+        fitted: ChangeSet = yield from span_steps(lambda: EncodingLayout(self.engine, self.config.kv), changes)
+        return fitted
 
     def _changes_steps(
         self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool

@@ -5,12 +5,17 @@ A memory is encoded after (system prefix) + (its last w context turns), at each 
 text and context into the engine's :class:`~inferscale.kv.encode.EncodeRequest`: the K/V manager encodes what it
 builds (:class:`~inferscale.fact_kv.FactKVManager`), and ``add``, ``update`` and ``chat`` measure it. Measuring needs
 the engine's tokenizer alone (the token-layout methods of :class:`~inferscale.engines.base.Engine` load no weights),
-so :func:`span_steps` refuses a memory too long for the model's context before anything is stored, in every
-``kv.encode_on_add`` mode, without a model load.
+so :func:`span_steps` settles every new memory's span before anything is stored, in every ``kv.encode_on_add`` mode,
+without a model load: a new memory whose context turns would carry it past the model's context keeps only its last
+turns that fit (its context is what it is encoded after; the turns are the conversation's, not the caller's fact),
+and a fact that does not fit even after the system prefix alone, or a new text that does not fit after its memory's
+stored turns, is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 
 from inferscale.config import KVConfig
@@ -19,7 +24,9 @@ from inferscale.kv.encode import EncodeRequest, check_spans
 from inferscale.kv.serving import gap_for_bucket
 from inferscale.steps import MemoryById, Steps
 from inferscale.storage import MemoryRecord
-from inferscale.storage.change_sets import ChangeSet
+from inferscale.storage.change_sets import ChangeSet, NewMemory
+
+log = logging.getLogger(__name__)
 
 PREVIEW_CHARS = 40
 """How much of a memory's text an error message quotes."""
@@ -83,34 +90,87 @@ class EncodingLayout:
 
     def fits(self, record: MemoryRecord) -> bool:
         """Whether ``record``'s encoding fits the model's context window at every position bucket."""
+        return self._fits(record.text, record.context)
+
+    def _fits(self, text: str, context: Sequence[str]) -> bool:
         limit = self._engine.max_context_tokens
-        return all(r.span <= limit for r in self.requests(record.text, record.context, self._config.position_buckets))
+        return all(r.span <= limit for r in self.requests(text, context, self._config.position_buckets))
+
+    def fitting_context(self, name: str, text: str, context: Sequence[str]) -> tuple[str, ...]:
+        """The context a new memory of ``text`` is stored with so that its encoding fits the model's context window
+        at every position bucket: ``context`` as it is when its last w turns fit; else its last turns that fit (the
+        most that do; every turn before them is dropped, so none slides into the window).
+
+        Args:
+            name: what the memory is, for the message (``"the memory 'My dog…'"``).
+
+        Raises:
+            InvalidInputError: when the fact does not fit even after no turn (the system prefix alone, at the
+                farthest position bucket), naming it and the positions it needs
+                (:func:`inferscale.kv.encode.check_spans`, the message the engine's own check gives).
+        """
+        window = context_turns(context, self._config.context_window)
+        if self._fits(text, context):
+            return tuple(context)
+        for keep in range(len(window) - 1, 0, -1):
+            if self._fits(text, context[-keep:]):
+                return tuple(context[-keep:])
+        alone = self.requests(text, (), self._config.position_buckets)
+        check_spans(alone, self._engine.max_context_tokens, names=[name] * len(alone))
+        return ()
 
 
-def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Steps[None]:
-    """Refuse ``changes`` before they are written when a memory it adds, or a new text it gives a stored memory (in
-    that memory's stored context), would not fit the model's context window once encoded: what the encoder would
-    refuse later. Reads each re-worded memory's context (one read per update with a text); an id that names no
-    memory is left to the write to report.
+def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Steps[ChangeSet]:
+    """``changes`` as they are to be written, once every memory they add or re-word is known to fit the model's
+    context window when encoded: a new memory keeps the last of its context turns that fit
+    (:meth:`EncodingLayout.fitting_context`; logged at INFO when turns are dropped), and a new text given to a stored
+    memory must fit after that memory's stored turns. Reads each re-worded memory's context (one read per update
+    with a text); an id that names no memory is left to the write to report.
 
     Args:
         layout: builds the :class:`EncodingLayout`; called only when ``changes`` adds or re-words a memory.
 
+    Returns:
+        ``changes``, with the context of each new memory that needed it cut (and its count of neighbour turns with
+        it); the same object when nothing was cut.
+
     Raises:
-        InvalidInputError: naming the first memory that does not fit (see :meth:`EncodingLayout.check`); nothing
-            has been written.
+        InvalidInputError: naming the first memory that does not fit: a fact too long even after the system prefix
+            alone, or a new text too long after its memory's turns. Nothing has been written.
     """
-    memories: list[tuple[str, str, Sequence[str]]] = [
-        (f"the memory {preview(new.text)}", new.text, new.context) for new in changes.adds
-    ]
+    memories: list[tuple[str, str, Sequence[str]]] = []
     for update in changes.updates:
         if update.text is not None:
             record: MemoryRecord | None = yield MemoryById(update.memory_id)
             if record is not None:
                 name = f"the new text {preview(update.text)} of memory {update.memory_id!r}"
                 memories.append((name, update.text, record.context))
-    if memories:
-        layout().check(memories)
+    if not memories and not changes.adds:
+        return changes
+    built = layout()
+    built.check(memories)
+    adds = tuple(_fitted(built, new) for new in changes.adds)
+    if all(after is before for after, before in zip(adds, changes.adds, strict=True)):
+        return changes
+    return dataclasses.replace(changes, adds=adds)
+
+
+def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
+    """``new`` with its context cut to the turns that fit (:meth:`EncodingLayout.fitting_context`); ``new`` itself
+    when all fit. The turns dropped are the first ones, so its count of neighbour turns (which lead the context)
+    drops with them."""
+    context = layout.fitting_context(f"the memory {preview(new.text)}", new.text, new.context)
+    dropped = len(new.context) - len(context)
+    if not dropped:
+        return new
+    log.info(
+        "the memory %s keeps its last %d context turns (it had %d): more would not fit the model's context once "
+        "encoded",
+        preview(new.text),
+        len(context),
+        len(new.context),
+    )
+    return dataclasses.replace(new, context=context, neighbours=max(0, new.neighbours - dropped))
 
 
 __all__ = ["PREVIEW_CHARS", "EncodingLayout", "context_turns", "preview", "span_steps"]
