@@ -25,6 +25,7 @@ from tiny_models import byte_chat_tokenizer, tiny_model
 
 from inferscale import InvalidInputError, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
+from inferscale.conversation import ChatMessage
 from inferscale.engines.hf import PromptLayout
 from inferscale.engines.vllm import VLLMEngine
 
@@ -64,3 +65,32 @@ def test_add_refuses_a_fact_past_max_model_len_without_loading(model_folder: Pat
             client.add("x" * 90, user_id="maya", infer=False)  # fits the model's 128 positions, not max_model_len
         assert [m["memory"] for m in client.get_all(user_id="maya")["results"]] == ["I like tea."]
     assert not engine._encoder_ready
+
+
+def test_the_vllm_servers_memory_leaves_out_a_stored_memory_that_cannot_be_encoded(tmp_path: Path) -> None:
+    """``inferscale serve --engine vllm`` retrieves through the client and asks it for the K/V: a memory stored under
+    w = 0 that does not fit with its turns under w = 5 used to fail every request that retrieved it."""
+    from inferscale.engines.transformers import TransformersEngine
+    from inferscale.server.vllm_memory import MemoryService
+
+    class Builder:
+        def prepare_kv(self, conversation: object, facts: list[object], cache_scope: str) -> list[object]:
+            return facts
+
+    model = tiny_model("llama", max_position_embeddings=128)
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), SYSTEM_PROMPT, model=model, tokenizer=byte_chat_tokenizer()
+    )
+    room = 128 - len(engine.system_prefix_ids()) - len(engine.fact_token_ids("")) - 5
+    texts = ["I like tea.", "Long: " + "x" * (room - 6)]
+
+    def config(w: int) -> MemoryConfig:
+        kv = KVConfig(encode_on_add="lazy", context_window=w)
+        return MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=kv)
+
+    with MemoryClient(config(0), engine=engine, embedder=HashEmbedder()) as before:
+        before.add([{"role": "user", "content": t} for t in texts], user_id="maya", infer=False)
+    with MemoryClient(config(5), engine=engine, embedder=HashEmbedder()) as client:
+        service = MemoryService(client, Builder(), 0, [], 5, engine.tokenizer)
+        facts, memories = service.prepare("maya", [ChatMessage("user", "Long tea?")])
+    assert [m["memory"] for m in memories] == ["I like tea."] and len(facts) == 1
