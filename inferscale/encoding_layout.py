@@ -24,7 +24,7 @@ from inferscale.kv.encode import EncodeRequest, check_spans
 from inferscale.kv.serving import gap_for_bucket
 from inferscale.steps import MemoryById, Steps
 from inferscale.storage import MemoryRecord
-from inferscale.storage.change_sets import ChangeSet, NewMemory
+from inferscale.storage.change_sets import ChangeSet, NewMemory, validate_changes
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,9 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
     context window when encoded: a new memory keeps the last of its context turns that fit
     (:meth:`EncodingLayout.fitting_context`; logged at INFO when turns are dropped), and a new text given to a stored
     memory must fit after that memory's stored turns. Reads each re-worded memory's context (one read per update
-    with a text); an id that names no memory is left to the write to report.
+    with a text); an id that names no memory is left to the write to report. ``changes`` are validated first as
+    the write validates them (:func:`~inferscale.storage.change_sets.validate_changes`), so a text no backend can
+    store is refused with the store's own message before any tokenizer sees it.
 
     Args:
         layout: builds the :class:`EncodingLayout`; called only when ``changes`` adds or re-words a memory.
@@ -135,9 +137,11 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
         it); the same object when nothing was cut.
 
     Raises:
-        InvalidInputError: naming the first memory that does not fit: a fact too long even after the system prefix
-            alone, or a new text too long after its memory's turns. Nothing has been written.
+        InvalidInputError: for changes the write would refuse (an empty or unstorable text, a bad id or metadata),
+            or naming the first memory that does not fit: a fact too long even after the system prefix alone, or a
+            new text too long after its memory's turns. Nothing has been written.
     """
+    validate_changes(changes)
     memories: list[tuple[str, str, Sequence[str]]] = []
     for update in changes.updates:
         if update.text is not None:
