@@ -205,6 +205,7 @@ class AsyncMemoryClient(ClientCore):
         return await self._aupdate(memory_id, change)
 
     async def _aupdate(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        await arun_steps(self._span_steps(change), self.adb)
         index = await self._aindex()
         applied = await self.adb.apply(change)
         await self._aafter_write(index, applied, encode="lazy")

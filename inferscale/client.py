@@ -183,7 +183,15 @@ class MemoryClient(ClientCore):
             InvalidInputError: for malformed messages, an ``infer`` or ``encode_kv`` that is not a bool (``None``
                 also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
                 or sets a scope id, a ``timestamp``/``expiration_date`` (not supported), or a ``version`` other
-                than ``"v1"``/``"v2"``.
+                than ``"v1"``/``"v2"``; for a fact too long for the model's context once encoded after the system
+                prefix alone (at the farthest position bucket), or a text it would give a stored memory that is too
+                long after that memory's context turns, in every ``encode_on_add`` mode and before anything is
+                written (the message names it and the positions it needs, as the encoder's does). A new memory
+                whose context turns would not fit with it keeps its last turns that fit. Measured with the model's
+                tokenizer and config alone: an ``add`` never loads the model's weights for it.
+            ModelNotAvailableError, ConfigError: when the chat model's tokenizer or config cannot be found, or its
+                tokenizer has no usable chat template, or the engine cannot be built (needed to measure the memories'
+                spans; nothing is written).
             ExtractionError: when the LLM backend gives no answer (unreachable, an HTTP error, no text content;
                 nothing is written). A malformed answer is repaired, asked again once or stored verbatim instead.
         """
@@ -241,7 +249,9 @@ class MemoryClient(ClientCore):
             unchanged when the new values equal the old ones, and then no history row is written).
 
         Raises:
-            InvalidInputError: when nothing is given, text and data disagree, or metadata sets a scope id.
+            InvalidInputError: when nothing is given, text and data disagree, metadata sets a scope id, or the new
+                text is too long for the model's context once encoded after the memory's context turns (nothing is
+                written; see :meth:`add`).
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
         """
         change = self._update_change(memory_id, text, metadata, data)
@@ -249,6 +259,7 @@ class MemoryClient(ClientCore):
         return self._update(memory_id, change)
 
     def _update(self, memory_id: str, change: ChangeSet) -> dict[str, Any]:
+        run_steps(self._span_steps(change), self.db)
         applied = self._commit(lambda: self.db.apply(change), encode="lazy")
         record = applied.updated[0][1] if applied.updated else self.db.get(memory_id)
         if record is None:  # deleted between the two statements
@@ -612,8 +623,10 @@ class MemoryClient(ClientCore):
             InvalidInputError: for bad messages (empty, an unknown role, no user message), both or neither of
                 ``query`` and ``messages``, ``memory_ids`` with ``limit``/``filters``/``search_query``, a bad mode,
                 budget or sampling value (``temperature < 0``, ``top_p`` outside (0, 1]), a conversation the chat
-                template refuses, or a prompt longer than the model's context. Raised before anything is generated,
-                also when streaming.
+                template refuses, a prompt longer than the model's context, or a ``memory_ids`` entry too long for
+                it once encoded with its context turns. Raised before anything is generated, also when streaming.
+                A *retrieved* memory too long to encode (stored before ``add`` refused such texts, or under other
+                settings) is left out with a warning instead, in both modes.
             MemoryNotFoundError: for a ``memory_ids`` entry that is not a memory of the scope.
         """
         request = resolve_chat(

@@ -23,6 +23,7 @@ from inferscale.arguments import check_metadata, check_threshold, resolve_limit,
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, config_from_dict
 from inferscale.derived import DerivedStores
+from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
@@ -256,7 +257,7 @@ class ClientCore:
     @property
     def context_window(self) -> int:
         """The chat model's context window (tokens): system prefix, memories, conversation and answer together must
-        fit in it. Loads the model."""
+        fit in it. Loads the model's config (and tokenizer) alone when the model is not loaded."""
         return self.engine.max_context_tokens
 
     @property
@@ -405,6 +406,39 @@ class ClientCore:
         return scope, node, resolve_limit(limit, top_k), check_threshold(threshold)
 
     def _plan_add_steps(
+        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
+    ) -> Steps[ChangeSet | None]:
+        """The change set of an ``add`` (:meth:`_changes_steps`), or ``None`` when nothing is new, once every memory
+        it adds or re-words is known to fit the model's context when encoded (:meth:`_span_steps`: a new memory
+        may keep fewer context turns).
+
+        Raises:
+            ExtractionError: when the LLM backend fails to answer (connection, HTTP status, no text content).
+            InvalidInputError: when a fact it would add is too long for the model's context after the system prefix
+                alone, or a text it would give a stored memory is too long after that memory's context turns
+                (nothing is written).
+        """
+        changes = yield from self._changes_steps(msgs, scope, meta, infer)
+        if changes is None:
+            return None
+        fitted: ChangeSet = yield from self._span_steps(changes)
+        return fitted
+
+    def _span_steps(self, changes: ChangeSet) -> Steps[ChangeSet]:
+        """``changes`` with every memory they add or re-word known to fit the model's context once encoded
+        (:func:`inferscale.encoding_layout.span_steps`), in every ``kv.encode_on_add`` mode: a new memory keeps the
+        last of its context turns that fit; a fact that fits after none, or a new text that does not fit after its
+        memory's turns, is refused with the encoder's own message. Needs the engine's tokenizer and config alone:
+        loads them (once) when the model is not loaded, and no weights.
+
+        Raises:
+            InvalidInputError: naming the first memory that does not fit.
+            ModelNotAvailableError: when the configured model's files cannot be found.
+        """
+        fitted: ChangeSet = yield from span_steps(lambda: EncodingLayout(self.engine, self.config.kv), changes)
+        return fitted
+
+    def _changes_steps(
         self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
     ) -> Steps[ChangeSet | None]:
         """The change set of an ``add``, or ``None`` when nothing is new.
@@ -590,7 +624,12 @@ class ClientCore:
         Opening the stream (K/V load or encode, cache assembly) and each of its steps are foreground uses of the
         model (:meth:`~inferscale.derived.DerivedStores.foreground`): the background K/V encoder starts no chunk
         during one. Between two steps it may: a stream is read at its reader's pace, which must not hold the
-        encoder up (:meth:`_generate` marks the whole answer instead)."""
+        encoder up (:meth:`_generate` marks the whole answer instead).
+
+        A retrieved memory too long for the model's context with its context turns (stored before ``add`` refused
+        such texts, or under other settings) is left out with a warning (both modes); one named in ``memory_ids``
+        is refused (:class:`~inferscale.errors.InvalidInputError`)."""
+        records = self._servable(request, records)
         with self.derived.foreground():
             events, load_ms = self._open_stream(request, records)
 
@@ -616,6 +655,20 @@ class ClientCore:
                         yield ChatChunk(event.text)
 
         return chunks()
+
+    def _servable(self, request: ChatRequest, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
+        """The memories ``request`` is answered with: ``records``, less those whose encoding cannot fit the model's
+        context (retrieved ones are left out with a warning, so no chat fails on them; see
+        :meth:`~inferscale.fact_kv.FactKVManager.servable`).
+
+        Raises:
+            InvalidInputError: when a memory named in ``memory_ids`` does not fit (the caller chose it).
+        """
+        fact_kv = self.derived.fact_kv
+        if request.memory_ids is not None:
+            fact_kv.check(records)
+            return list(records)
+        return fact_kv.servable(records)
 
     def _release(self) -> None:
         """Write the index file if it changed, and release what this client built: the JSON generator (an HTTP

@@ -184,7 +184,8 @@ class KVConfig(_Strict):
 
     Attributes:
         context_window: w, the number of preceding conversation turns a fact is encoded after, each laid out as
-            a memory line; only the fact's own K/V are kept. 0 encodes every fact with no turns before it. The
+            a memory line; only the fact's own K/V are kept. 0 encodes every fact with no turns before it. A new
+            memory that would not fit the model's context after w turns is stored with the last turns that fit. The
             default, 5, was chosen by ``inferscale eval fidelity`` (docs/architecture.md): it brings KV answers
             closest to pasted ones at no serve-time cost, in both engines.
         encode_after_system_prefix: encode each fact after the chat template's system prefix (an attention-sink

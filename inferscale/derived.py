@@ -328,8 +328,10 @@ class DerivedStores:
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
 
         The batch's memories are read from SQL in one query when its turn comes (one deleted meanwhile is skipped;
-        one re-worded or re-contexted is encoded as it is now), and only the K/V no tier holds are encoded (a
-        ``chat`` that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
+        one re-worded or re-contexted is encoded as it is now; one too long for the model's context with its
+        context turns is skipped with a warning, as ``chat`` leaves it out:
+        :meth:`~inferscale.fact_kv.FactKVManager.servable`), and only the K/V no tier holds are encoded (a ``chat``
+        that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
         each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
         the encoder waits for the ``chat`` uses of the model running then (:meth:`foreground`), so a chat waits
         for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
@@ -338,8 +340,6 @@ class DerivedStores:
         per chunk): a change that landed during the pass leaves nothing stale behind.
 
         Raises:
-            InvalidInputError: when a fact with its context does not fit the model's context window (the chunks
-                before it are stored).
             MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
                 outside the client's lock); the queue retries the batch one memory at a time, which skips it.
             OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
@@ -349,7 +349,8 @@ class DerivedStores:
         with self._lock:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)
-            left = fact_kv.every_bucket([found[memory_id] for memory_id in memory_ids if memory_id in found])
+            records = fact_kv.servable([found[memory_id] for memory_id in memory_ids if memory_id in found])
+            left = fact_kv.every_bucket(records)
         stored = 0
         chunk_size = self._config.kv.encode_chunk_size
         while left:

@@ -16,11 +16,12 @@ import logging
 from collections.abc import Sequence
 
 from inferscale.config import KVConfig
+from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
-from inferscale.kv.serving import bucket_per_fact, gap_for_bucket
+from inferscale.kv.serving import bucket_per_fact
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.storage import MemoryRecord, MemoryStore
 
@@ -42,6 +43,7 @@ class FactKVManager:
         self._store = kv_store
         self._db = db
         self._config = config
+        self._layout = EncodingLayout(engine, config)
         self._prefix: str | None = None
 
     @property
@@ -58,17 +60,12 @@ class FactKVManager:
             self._prefix = token_ids_digest(self._engine.system_prefix_ids())
         return self._prefix
 
-    def _turns(self, record: MemoryRecord) -> list[str]:
-        """The context turns ``record`` is encoded after: its last w (none when w = 0)."""
-        window = self._config.context_window
-        return list(record.context[-window:]) if window and record.context else []
-
     def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
         """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings (an
         8-bit storage format among them) and a digest over them, the system prefix's token ids and ``record``'s
         context turns (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
         config = self._config
-        turns = self._turns(record)
+        turns = context_turns(record.context, config.context_window)
         return encoding_key(self._prefix_digest(), turns, config.context_window, bucket, config.storage_format)
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
@@ -77,19 +74,37 @@ class FactKVManager:
         return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(record, bucket))
 
     def encode_request(self, record: MemoryRecord, bucket: int = 0) -> EncodeRequest:
-        """What to encode for ``record``: its fact tokens after (system prefix) + (its last w context turns), placed
-        ``bucket`` tokens after the prefix when the turns are shorter than that (position-aware encoding,
-        :func:`inferscale.kv.serving.gap_for_bucket`)."""
-        context: list[int] = []
-        if self._config.encode_after_system_prefix:
-            context += self._engine.system_prefix_ids()
-        window = self._turns(record)
-        turns = self._engine.context_token_ids(window) if window else []
-        return EncodeRequest(
-            fact_ids=self._engine.fact_token_ids(record.text),
-            context_ids=context + turns,
-            position_gap=gap_for_bucket(bucket, len(turns)),
-        )
+        """What to encode for ``record`` at position bucket ``bucket`` (tokens from the prefix): its fact tokens after
+        (system prefix) + (its last w context turns) (:meth:`inferscale.encoding_layout.EncodingLayout.requests`)."""
+        return self._layout.requests(record.text, record.context, (bucket,))[0]
+
+    def servable(self, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
+        """Those of ``records`` whose encoding fits the model's context window at every position bucket, in order.
+        Each other one is left out with a warning naming it: ``add`` and ``update`` refuse such a text, but one
+        stored before (by an older version, or under a model with a longer context, a larger w or a farther
+        position bucket) can never be encoded, and must not fail every chat that retrieves it. Tokenises; runs no
+        model."""
+        kept = []
+        for record in records:
+            if self._layout.fits(record):
+                kept.append(record)
+            else:
+                log.warning(
+                    "memory %s (%s) does not fit the model's context with its context turns once encoded; it is left "
+                    "out of chats: shorten it (update) or delete it",
+                    record.id,
+                    preview(record.text),
+                )
+        return kept
+
+    def check(self, records: Sequence[MemoryRecord]) -> None:
+        """Refuse ``records`` when one's encoding does not fit the model's context window (``chat`` with explicit
+        ``memory_ids``).
+
+        Raises:
+            InvalidInputError: naming the first memory that does not fit by its id.
+        """
+        self._layout.check([(f"memory {r.id!r}", r.text, r.context) for r in records])
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its

@@ -66,6 +66,19 @@ class RecordsByVectorId:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryById:
+    """The memory with id ``memory_id``, in any scope, or ``None`` (:meth:`MemoryStore.get`)."""
+
+    memory_id: str
+
+    def run(self, store: MemoryStore) -> MemoryRecord | None:
+        return store.get(self.memory_id)
+
+    async def arun(self, store: AsyncMemoryStore) -> MemoryRecord | None:
+        return await store.get(self.memory_id)
+
+
+@dataclass(frozen=True, slots=True)
 class StoredText:
     """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``
     (:meth:`MemoryStore.find_by_hash`)."""
@@ -135,6 +148,7 @@ async def arun_steps(steps: Steps[R], store: AsyncMemoryStore) -> R:
 
 __all__ = [
     "LatestMemories",
+    "MemoryById",
     "RecordsByVectorId",
     "Steps",
     "StoreRead",

@@ -160,7 +160,8 @@ class Engine(Protocol):
     @property
     def max_context_tokens(self) -> int:
         """The longest prompt plus answer the engine serves (tokens): the model's ``max_position_embeddings``, or
-        vLLM's ``max_model_len`` when it is lower. Loads the model."""
+        vLLM's ``max_model_len`` when it is lower. Loads no weights: before the model is loaded, the model's config
+        is read alone (kept, with the tokenizer, for the token-layout methods below)."""
         ...
 
     @property
@@ -170,6 +171,8 @@ class Engine(Protocol):
         ...
 
     # ---------------------------------------------------------------- token layout
+    # These need the tokenizer alone: before the model is loaded they load the tokenizer (once) and no weights, so
+    # ``add`` can measure a memory's encoding span without a model load (:mod:`inferscale.encoding_layout`).
     def system_prefix_ids(self) -> list[int]:
         """Token ids of the chat template up to the memory segment (the system prefix), P tokens."""
         ...

@@ -50,20 +50,23 @@ class EncodeRequest:
         return len(self.context_ids) + self.position_gap + len(self.fact_ids)
 
 
-def check_spans(requests: Sequence[EncodeRequest], max_positions: int) -> None:
+def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Sequence[str] | None = None) -> None:
     """Refuse requests that reach past a model's context window before anything is encoded.
 
     Args:
+        requests: the facts to encode.
         max_positions: the model's context window (tokens).
+        names: what each request is, for the message (``"the memory 'My dog…'"``); default ``"fact <i>"``.
 
     Raises:
         InvalidInputError: naming the first request whose :attr:`EncodeRequest.span` exceeds ``max_positions``.
     """
     for i, req in enumerate(requests):
         if req.span > max_positions:
+            name = names[i] if names is not None else f"fact {i}"
             raise InvalidInputError(
-                f"fact {i} needs positions up to {req.span} with its context and position gap; the model's context "
-                f"is {max_positions} tokens"
+                f"{name} needs positions up to {req.span} with its context and position gap; the model's context "
+                f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns"
             )
 
 

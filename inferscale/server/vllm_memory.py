@@ -140,6 +140,9 @@ class MemoryService:
         its last user message, its memory segment's last :attr:`recompute_tail` tokens left to vLLM's prefill, and
         those memories (Mem0 dicts).
 
+        A retrieved memory too long for the model's context once encoded with its context turns is left out with a
+        warning, as the client's ``chat`` leaves it out (:meth:`~inferscale.fact_kv.FactKVManager.servable`).
+
         Raises:
             ScopeError: for an empty user id.
             InvalidInputError: when the chat template refuses the conversation.
@@ -149,7 +152,8 @@ class MemoryService:
         scope = Scope(user_id=user)
         query = last_user_text(conversation)
         with self._lock:
-            records = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
+            recalled = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
+            records = self._client.fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), self.recompute_tail)
         return prepared, [{"id": r.id, "memory": r.text} for r in records]

@@ -163,7 +163,8 @@ class PromptLayout:
 class LayoutTokensMixin:
     """The token-id accessors of the :class:`inferscale.engines.base.Engine` interface, for engines that build
     their prompts with a :class:`PromptLayout` (the transformers and vLLM engines). Subclasses implement
-    :meth:`_prompt_layout`, loading the model first if needed."""
+    :meth:`_prompt_layout`: the loaded model's layout, or before it is loaded one over the tokenizer alone
+    (:mod:`inferscale.engines.hf.layout_only`), so these accessors load no weights."""
 
     def _prompt_layout(self) -> PromptLayout:
         raise NotImplementedError

@@ -26,6 +26,7 @@ from inferscale.engines.base import Conversation, Engine, Generation, StreamEven
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
+from inferscale.engines.hf.layout_only import LayoutOnly, LayoutOnlyCache, load_layout_only, max_positions
 from inferscale.engines.hf.threads import choose_threads
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
@@ -52,7 +53,10 @@ def _now_ms(device: torch.device) -> float:
 class TransformersEngine(LayoutTokensMixin):
     """Chat engine over a transformers causal LM, with KV-injected memory.
 
-    Construction does no I/O; the model loads on first use (or :meth:`load`).
+    Construction does no I/O; the model loads on first use (or :meth:`load`). The token layout
+    (:meth:`system_prefix_ids`, :meth:`fact_token_ids`, :meth:`context_token_ids`, ...) and
+    :attr:`max_context_tokens` need only the tokenizer and the config: asked before the model is loaded, they load
+    those alone (once, kept until the model loads; :mod:`inferscale.engines.hf.layout_only`).
 
     Args:
         config: model, dtype, device, attention kernel.
@@ -85,6 +89,7 @@ class TransformersEngine(LayoutTokensMixin):
         self._owns_model = model is None  # close() drops only a model this engine loaded itself
         self._lock = threading.RLock()
         self._ready = False
+        self._layout_only = LayoutOnlyCache(self._load_layout_only)
         self.serving = serving if serving is not None else ServingSettings()
 
     # ---------------------------------------------------------------- loading
@@ -115,7 +120,15 @@ class TransformersEngine(LayoutTokensMixin):
             self._workspaces = WorkspacePool(self._prefix)
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, model_id)
             self._ready = True
+            self._layout_only.drop()  # the loaded tokenizer answers from now on
             return self
+
+    def _load_layout_only(self) -> LayoutOnly:
+        """The layout and context window before the model is loaded: from the tokenizer and model the caller passed
+        in, else from the configured model's tokenizer and config files (no weights)."""
+        if self._model is not None and self._tokenizer is not None:
+            return LayoutOnly(PromptLayout(self._tokenizer, self._system_prompt), max_positions(self._model.config))
+        return load_layout_only(self._config, self._system_prompt, self._home)
 
     def close(self) -> None:
         """Drop the loaded model (unless the caller passed it in), the system prefix K/V and the rope table, so
@@ -182,8 +195,11 @@ class TransformersEngine(LayoutTokensMixin):
 
     @property
     def max_context_tokens(self) -> int:
-        """The model's context window (tokens): ``max_position_embeddings``."""
-        return int(self.load()._model.config.max_position_embeddings)
+        """The model's context window (tokens): ``max_position_embeddings``. Before the model is loaded, read from
+        its config alone (loads no weights)."""
+        if self._ready:
+            return max_positions(self._model.config)
+        return self._layout_only.get().max_positions
 
     def _check_context(self, memory_tokens: int, rest: int) -> None:
         """Refuse a request whose prefix + memory + query + answer budget passes the context window: it could
@@ -197,7 +213,10 @@ class TransformersEngine(LayoutTokensMixin):
             )
 
     def _prompt_layout(self) -> PromptLayout:
-        return self.load()._layout
+        """The loaded engine's layout; before the model is loaded, one over its tokenizer alone (same ids)."""
+        if self._ready:
+            return self._layout
+        return self._layout_only.get().layout
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:

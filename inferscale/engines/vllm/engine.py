@@ -41,6 +41,7 @@ from inferscale.engines.base import Conversation, Engine, Generation, StreamEven
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
+from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only, max_positions
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
@@ -57,7 +58,9 @@ class VLLMEngine(LayoutTokensMixin):
     """Chat engine on vLLM with KV-injected memory (the same interface as the transformers engine).
 
     Construction does no I/O; :meth:`load` (or first use) loads the transformers encoder, computes the
-    fingerprint, encodes the system prefix and starts vLLM (about 40 s on 2 CPU cores in eager mode).
+    fingerprint, encodes the system prefix and starts vLLM (about 40 s on 2 CPU cores in eager mode). The token
+    layout and :attr:`max_context_tokens`, asked before the encoder is loaded, load the tokenizer and config alone
+    (once, kept until the encoder loads; :mod:`inferscale.engines.hf.layout_only`).
 
     Args:
         config: model, dtype, device. ``device`` places the fact encoder; vLLM runs on its own platform.
@@ -106,6 +109,7 @@ class VLLMEngine(LayoutTokensMixin):
         self._llm_kwargs = dict(llm_kwargs or {})
         self._lock = threading.RLock()
         self._encoder_ready = False
+        self._layout_only = LayoutOnlyCache(lambda: load_layout_only(config, system_prompt, home))
         self._ready = False
         self._async_started = False
         self._async_llm: weakref.ref[Any] | None = None
@@ -133,6 +137,7 @@ class VLLMEngine(LayoutTokensMixin):
             prefix = self._encoder.encode([EncodeRequest(self._layout.prefix_ids)])[0]
             self._builder = RequestBuilder(self._layout, self._fingerprint, prefix, directory)
             self._encoder_ready = True
+            self._layout_only.drop()  # the loaded tokenizer answers from now on
             return self
 
     def engine_args(self) -> dict[str, Any]:
@@ -264,8 +269,11 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def max_context_tokens(self) -> int:
         """vLLM's context limit (tokens): ``max_model_len``, or the model's ``max_position_embeddings`` when none
-        is set. Loads the encoder."""
-        model_limit = int(self.load_encoder()._model.config.max_position_embeddings)
+        is set (or it is lower). Before the encoder is loaded, the model's config is read alone (loads no weights)."""
+        if self._encoder_ready:
+            model_limit = max_positions(self._model.config)
+        else:
+            model_limit = self._layout_only.get().max_positions
         return min(self._max_model_len, model_limit) if self._max_model_len is not None else model_limit
 
     @property
@@ -279,7 +287,10 @@ class VLLMEngine(LayoutTokensMixin):
         return self.load_encoder()._builder.prefix_ref
 
     def _prompt_layout(self) -> PromptLayout:
-        return self.load_encoder()._layout
+        """The loaded encoder's layout; before it is loaded, one over the tokenizer alone (same ids)."""
+        if self._encoder_ready:
+            return self._layout
+        return self._layout_only.get().layout
 
     # ---------------------------------------------------------------- encoding
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:

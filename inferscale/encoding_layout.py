@@ -1,0 +1,180 @@
+"""What a memory's K/V encoding lays out, and whether it fits the model's context window.
+
+A memory is encoded after (system prefix) + (its last w context turns), at each position bucket
+(:attr:`~inferscale.config.KVConfig.position_buckets`). :class:`EncodingLayout` is the one place that turns a memory's
+text and context into the engine's :class:`~inferscale.kv.encode.EncodeRequest`: the K/V manager encodes what it
+builds (:class:`~inferscale.fact_kv.FactKVManager`), and ``add``, ``update`` and ``chat`` measure it. Measuring needs
+the engine's tokenizer alone (the token-layout methods of :class:`~inferscale.engines.base.Engine` load no weights),
+so :func:`span_steps` settles every new memory's span before anything is stored, in every ``kv.encode_on_add`` mode,
+without a model load: a new memory whose context turns would carry it past the model's context keeps only its last
+turns that fit (its context is what it is encoded after; the turns are the conversation's, not the caller's fact),
+and a fact that does not fit even after the system prefix alone, or a new text that does not fit after its memory's
+stored turns, is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+
+from inferscale.config import KVConfig
+from inferscale.engines.base import Engine
+from inferscale.kv.encode import EncodeRequest, check_spans
+from inferscale.kv.serving import gap_for_bucket
+from inferscale.steps import MemoryById, Steps
+from inferscale.storage import MemoryRecord
+from inferscale.storage.change_sets import ChangeSet, NewMemory, validate_changes
+
+log = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 40
+"""How much of a memory's text an error message quotes."""
+
+
+def context_turns(context: Sequence[str], window: int) -> list[str]:
+    """The context turns a memory is encoded after: the last ``window`` (w) of its stored ``context``; none when
+    w = 0."""
+    return list(context[-window:]) if window and context else []
+
+
+def preview(text: str) -> str:
+    """``text`` quoted for a message, cut to :data:`PREVIEW_CHARS` characters."""
+    return repr(text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…")
+
+
+class EncodingLayout:
+    """The encode requests of memories under an engine's token layout and the K/V settings.
+
+    Args:
+        engine: the chat engine (its token-layout methods and :attr:`~inferscale.engines.base.Engine.max_context_tokens`
+            load the tokenizer and config alone when the model is not loaded).
+        config: the K/V settings: w, whether facts follow the system prefix, the position buckets.
+    """
+
+    def __init__(self, engine: Engine, config: KVConfig) -> None:
+        self._engine = engine
+        self._config = config
+
+    def requests(self, text: str, context: Sequence[str], buckets: Sequence[int]) -> list[EncodeRequest]:
+        """What to encode for a memory of ``text`` and stored ``context``, once per position bucket of ``buckets``
+        (tokens from the prefix), in order: its fact tokens after (system prefix) + (its last w context turns),
+        placed ``bucket`` tokens after the prefix when the turns are shorter than that
+        (:func:`inferscale.kv.serving.gap_for_bucket`). Tokenises once; runs no model."""
+        prefix = self._engine.system_prefix_ids() if self._config.encode_after_system_prefix else []
+        window = context_turns(context, self._config.context_window)
+        turns = self._engine.context_token_ids(window) if window else []
+        fact_ids = self._engine.fact_token_ids(text)
+        return [
+            EncodeRequest(fact_ids=fact_ids, context_ids=prefix + turns, position_gap=gap_for_bucket(b, len(turns)))
+            for b in buckets
+        ]
+
+    def check(self, memories: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+        """Refuse memories whose encoding reaches past the model's context window at some position bucket.
+
+        Args:
+            memories: ``(name, text, context)`` of each, ``name`` saying what it is in the message
+                (``"the memory 'My dog…'"``).
+
+        Raises:
+            InvalidInputError: naming the first memory that does not fit, the positions it needs and the context
+                (:func:`inferscale.kv.encode.check_spans`, the message the engine's own check gives).
+        """
+        if not memories:
+            return
+        limit = self._engine.max_context_tokens
+        buckets = self._config.position_buckets
+        for name, text, context in memories:
+            check_spans(self.requests(text, context, buckets), limit, names=[name] * len(buckets))
+
+    def fits(self, record: MemoryRecord) -> bool:
+        """Whether ``record``'s encoding fits the model's context window at every position bucket."""
+        return self._fits(record.text, record.context)
+
+    def _fits(self, text: str, context: Sequence[str]) -> bool:
+        limit = self._engine.max_context_tokens
+        return all(r.span <= limit for r in self.requests(text, context, self._config.position_buckets))
+
+    def fitting_context(self, name: str, text: str, context: Sequence[str]) -> tuple[str, ...]:
+        """The context a new memory of ``text`` is stored with so that its encoding fits the model's context window
+        at every position bucket: ``context`` as it is when its last w turns fit; else its last turns that fit (the
+        most that do; every turn before them is dropped, so none slides into the window).
+
+        Args:
+            name: what the memory is, for the message (``"the memory 'My dog…'"``).
+
+        Raises:
+            InvalidInputError: when the fact does not fit even after no turn (the system prefix alone, at the
+                farthest position bucket), naming it and the positions it needs
+                (:func:`inferscale.kv.encode.check_spans`, the message the engine's own check gives).
+        """
+        window = context_turns(context, self._config.context_window)
+        if self._fits(text, context):
+            return tuple(context)
+        for keep in range(len(window) - 1, 0, -1):
+            if self._fits(text, context[-keep:]):
+                return tuple(context[-keep:])
+        alone = self.requests(text, (), self._config.position_buckets)
+        check_spans(alone, self._engine.max_context_tokens, names=[name] * len(alone))
+        return ()
+
+
+def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Steps[ChangeSet]:
+    """``changes`` as they are to be written, once every memory they add or re-word is known to fit the model's
+    context window when encoded: a new memory keeps the last of its context turns that fit
+    (:meth:`EncodingLayout.fitting_context`; logged at INFO when turns are dropped), and a new text given to a stored
+    memory must fit after that memory's stored turns. Reads each re-worded memory's context (one read per update
+    with a text); an id that names no memory is left to the write to report. ``changes`` are validated first as
+    the write validates them (:func:`~inferscale.storage.change_sets.validate_changes`), so a text no backend can
+    store is refused with the store's own message before any tokenizer sees it.
+
+    Args:
+        layout: builds the :class:`EncodingLayout`; called only when ``changes`` adds or re-words a memory.
+
+    Returns:
+        ``changes``, with the context of each new memory that needed it cut (and its count of neighbour turns with
+        it); the same object when nothing was cut.
+
+    Raises:
+        InvalidInputError: for changes the write would refuse (an empty or unstorable text, a bad id or metadata),
+            or naming the first memory that does not fit: a fact too long even after the system prefix alone, or a
+            new text too long after its memory's turns. Nothing has been written.
+    """
+    validate_changes(changes)
+    memories: list[tuple[str, str, Sequence[str]]] = []
+    for update in changes.updates:
+        if update.text is not None:
+            record: MemoryRecord | None = yield MemoryById(update.memory_id)
+            if record is not None:
+                name = f"the new text {preview(update.text)} of memory {update.memory_id!r}"
+                memories.append((name, update.text, record.context))
+    if not memories and not changes.adds:
+        return changes
+    built = layout()
+    built.check(memories)
+    adds = tuple(_fitted(built, new) for new in changes.adds)
+    if all(after is before for after, before in zip(adds, changes.adds, strict=True)):
+        return changes
+    return dataclasses.replace(changes, adds=adds)
+
+
+def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
+    """``new`` with its context cut to the turns that fit (:meth:`EncodingLayout.fitting_context`); ``new`` itself
+    when all fit. The turns dropped are the first ones, so its count of neighbour turns (which lead the context)
+    drops with them."""
+    context = layout.fitting_context(f"the memory {preview(new.text)}", new.text, new.context)
+    dropped = len(new.context) - len(context)
+    if not dropped:
+        return new
+    log.info(
+        "the memory %s keeps its last %d context turns (it had %d): more would not fit the model's context once "
+        "encoded",
+        preview(new.text),
+        len(context),
+        len(new.context),
+    )
+    return dataclasses.replace(new, context=context, neighbours=max(0, new.neighbours - dropped))
+
+
+__all__ = ["PREVIEW_CHARS", "EncodingLayout", "context_turns", "preview", "span_steps"]

@@ -1,0 +1,245 @@
+"""Every memory ``add`` writes fits the model's context once encoded (system prefix + its last w turns + the fact, at
+every position bucket), settled before anything is written, in every ``kv.encode_on_add`` mode, on every client: a fact
+too long after the system prefix alone is refused with the ``InvalidInputError`` the encoder gives (a batch with one
+stores none of it), and a fact that fits only after fewer context turns keeps the last turns that fit. ``update``
+refuses a new text too long after its memory's turns. Measuring loads the tokenizer and config alone, never the
+weights. A memory stored before that cannot be encoded (here: under w = 0, then served with w = 5) is left out of a
+retrieving ``chat`` rather than failing it, refused when named in ``memory_ids``, and skipped by the background
+encoder.
+
+On a tiny float32 model with a byte-level tokenizer (every UTF-8 byte one token) and a 128-token context, so spans
+are counted exactly and the texts stay short."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from client_adapter import ClientAdapter, ClientKind, open_client
+from mem0_fakes import HashEmbedder
+from tiny_models import byte_chat_tokenizer, tiny_model
+
+from inferscale import InvalidInputError, MemoryClient, MemoryConfig
+from inferscale.config import EngineConfig, KVConfig
+from inferscale.encode_queue import THREAD_NAME
+from inferscale.engines.transformers import TransformersEngine
+
+CONTEXT = 128
+"""The tiny model's context window (tokens)."""
+
+SYSTEM_PROMPT = "Memories:\n"
+FIRST = "I like tea."
+TOO_LONG = "Refused: a fact that fits the context alone but not after its context turns."
+
+
+def _tiny_engine() -> TransformersEngine:
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", max_position_embeddings=CONTEXT),
+        tokenizer=byte_chat_tokenizer(),
+    )
+
+
+@pytest.fixture(scope="module")
+def engine() -> TransformersEngine:
+    return _tiny_engine().load()
+
+
+def _fact(engine: Any, spare: int) -> str:
+    """A fact whose line leaves ``spare`` tokens of the context after the system prefix (negative: too long)."""
+    room = CONTEXT - len(engine.system_prefix_ids()) - len(engine.fact_token_ids("")) - spare
+    return (TOO_LONG + " " + "x" * room)[:room]
+
+
+def _long_fact(engine: Any) -> str:
+    """A fact whose line fits the context after the system prefix (5 tokens to spare), but not after ``FIRST``."""
+    assert len(engine.context_token_ids([FIRST])) > 5
+    return _fact(engine, spare=5)
+
+
+def _config(tmp_path: Path, db_url: str | None, **kv: Any) -> MemoryConfig:
+    return MemoryConfig(data_dir=str(tmp_path), db_url=db_url, system_prompt=SYSTEM_PROMPT, kv=KVConfig(**kv))
+
+
+def _client(kind: ClientKind, config: MemoryConfig, engine: Any = None) -> ClientAdapter:
+    if kind != "sync":
+        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
+    if kind in ("remote", "remote-async"):
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+    return open_client(kind, config, engine=engine, embedder=HashEmbedder())
+
+
+@pytest.fixture
+def clients() -> Iterator[list[ClientAdapter]]:
+    opened: list[ClientAdapter] = []
+    yield opened
+    for client in opened:
+        client.close()
+
+
+@pytest.mark.parametrize("mode", ["background", "lazy", "eager"])
+@pytest.mark.parametrize("kind", ["sync", "async", "remote", "remote-async"])
+def test_add_refuses_a_fact_too_long_after_the_system_prefix_alone_and_stores_nothing(
+    kind: ClientKind,
+    mode: str,
+    engine: TransformersEngine,
+    tmp_path: Path,
+    db_url: str,
+    row_counts: Callable[[], tuple[int, int]],
+    clients: list[ClientAdapter],
+) -> None:
+    client = _client(kind, _config(tmp_path, db_url, encode_on_add=mode), engine)
+    clients.append(client)
+    client.add("My dog is Rex.", user_id="maya", infer=False)
+    client.wait_for_encoding()
+    before = row_counts()
+    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": _fact(engine, spare=-3)}]
+    with pytest.raises(
+        InvalidInputError, match=rf"needs positions up to \d+ .* the model's context is {CONTEXT} tokens"
+    ):
+        client.add(batch, user_id="maya", infer=False)
+    assert row_counts() == before  # not even the batch's first, fitting message
+    assert [m["memory"] for m in client.get_all(user_id="maya")["results"]] == ["My dog is Rex."]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_update_refuses_a_text_too_long_with_the_memorys_context_turns(
+    kind: ClientKind, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    client = _client(kind, _config(tmp_path, None, encode_on_add="lazy"), engine)
+    clients.append(client)
+    client.add(FIRST, user_id="maya", infer=False)
+    memory_id = client.add("My dog is Rex.", user_id="maya", infer=False)["results"][0]["id"]
+    with pytest.raises(InvalidInputError, match=rf"of memory '{memory_id}' needs positions up to"):
+        client.update(memory_id, text=_long_fact(engine))
+    stored = client.get(memory_id)
+    assert stored is not None and stored["memory"] == "My dog is Rex."
+    assert len(client.history(memory_id)) == 1
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_a_fact_that_fits_only_after_fewer_context_turns_keeps_the_last_turns_that_fit(
+    kind: ClientKind, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    """Its span counts its context turns: after ``FIRST`` and ``"Hi."`` it does not fit, after ``"Hi."`` alone it
+    does. It is stored with that turn only, and eager encoding (which checks the span again) encodes it."""
+    client = _client(kind, _config(tmp_path, None, encode_on_add="eager"), engine)
+    clients.append(client)
+    short = len(engine.context_token_ids(["Hi."]))
+    assert short < 10 < short + len(engine.context_token_ids([FIRST]))
+    batch = [FIRST, "Hi.", _fact(engine, spare=10)]
+    added = client.add([{"role": "user", "content": text} for text in batch], user_id="maya", infer=False)
+    records = [client.db.get(r["id"]) for r in added["results"]]
+    assert [list(r.context) if r else None for r in records] == [[], [FIRST], ["Hi."]]
+    assert all(client.fact_kv.store.contains(client.fact_kv.key(r)) for r in records if r)  # encoded eagerly
+
+
+# ---- no model load in add ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model and its tokenizer saved as a model folder, for an engine that loads from files."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", max_position_embeddings=CONTEXT).save_pretrained(folder)
+    byte_chat_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that ran ``TransformersEngine.load`` on an engine that was not loaded yet."""
+    seen: list[str] = []
+    load = TransformersEngine.load
+
+    def recording(self: TransformersEngine) -> TransformersEngine:
+        if not self._ready:
+            seen.append(threading.current_thread().name)
+        return load(self)
+
+    monkeypatch.setattr(TransformersEngine, "load", recording)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_background_add_measures_with_the_tokenizer_alone_and_loads_no_weights(
+    kind: ClientKind,
+    engine: TransformersEngine,
+    model_folder: Path,
+    loads: list[str],
+    tmp_path: Path,
+    clients: list[ClientAdapter],
+) -> None:
+    config = _config(tmp_path, None, encode_on_add="background").model_copy(
+        update={"engine": EngineConfig(model=str(model_folder), dtype="float32", device="cpu")}
+    )
+    client = _client(kind, config)  # the client builds its engine from the folder
+    clients.append(client)
+    client.add(FIRST, user_id="maya", infer=False)
+    with pytest.raises(InvalidInputError, match=f"the model's context is {CONTEXT} tokens"):
+        client.add(_fact(engine, spare=-3), user_id="maya", infer=False)
+    assert [name for name in loads if name != THREAD_NAME] == []  # only the background encoder loads the model
+    assert client.wait_for_encoding(timeout=60)
+    assert loads == [THREAD_NAME]
+    assert [m["memory"] for m in client.get_all(user_id="maya")["results"]] == [FIRST]
+
+
+def test_a_lazy_add_loads_no_model_at_all(
+    model_folder: Path, loads: list[str], tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    config = _config(tmp_path, None, encode_on_add="lazy").model_copy(
+        update={"engine": EngineConfig(model=str(model_folder), dtype="float32", device="cpu")}
+    )
+    client = _client("sync", config)
+    clients.append(client)
+    client.add(FIRST, user_id="maya", infer=False)
+    assert loads == []
+    assert client.chat("tea?", user_id="maya", max_new_tokens=1).memory_ids  # the layout the chat uses agrees
+
+
+# ---- a too-long memory stored before: chat and the encoder go on ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_chat_leaves_out_a_stored_memory_that_cannot_be_encoded(
+    kind: ClientKind,
+    engine: TransformersEngine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    clients: list[ClientAdapter],
+) -> None:
+    """Stored under w = 0, where it fits; served with w = 5 its encoding needs more than the context. Every chat
+    that retrieved it used to fail; now it answers with the other memories, and names it in a warning."""
+    before = _client(kind, _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    clients.append(before)
+    long_fact = _long_fact(engine)
+    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": long_fact}]
+    first_id, long_id = [r["id"] for r in before.add(batch, user_id="maya", infer=False)["results"]]
+    before.close()
+    client = _client(kind, _config(tmp_path, None, encode_on_add="background", context_window=5), engine)
+    clients.append(client)
+    with caplog.at_level(logging.WARNING, logger="inferscale.fact_kv"):
+        for mode in ("kv", "prompt"):
+            result = client.chat("Refused fact or tea?", user_id="maya", max_new_tokens=1, mode=mode)
+            assert result.memory_ids == [first_id]
+    assert long_id in caplog.text
+    with pytest.raises(InvalidInputError, match=rf"memory '{long_id}' needs positions up to"):
+        client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=1)
+
+
+def test_the_background_encoder_skips_a_stored_memory_that_cannot_be_encoded(
+    engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    before = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    clients.append(before)
+    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": _long_fact(engine)}]
+    first_id, long_id = [r["id"] for r in before.add(batch, user_id="maya", infer=False)["results"]]
+    before.close()
+    with MemoryClient(_config(tmp_path, None, context_window=5), engine=engine, embedder=HashEmbedder()) as client:
+        client.derived.encode_queued([first_id, long_id])  # raised InvalidInputError for the whole batch before
+        assert {row.memory_id for row in client.db.all_kv_entries()} == {first_id}

