@@ -28,6 +28,10 @@ from inferscale.storage import MemoryRecord, MemoryStore
 log = logging.getLogger(__name__)
 
 
+FITTING_CACHE_SIZE = 65_536
+"""How many memory keys :meth:`FactKVManager.servable` remembers as fitting (then it starts again)."""
+
+
 class FactKVManager:
     """K/V for memories, encoded on demand and stored in a :class:`KVStore` with a row per entry in SQL.
 
@@ -45,6 +49,7 @@ class FactKVManager:
         self._config = config
         self._layout = EncodingLayout(engine, config)
         self._prefix: str | None = None
+        self._fitting: set[KVKey] = set()
 
     @property
     def store(self) -> KVStore:
@@ -82,11 +87,19 @@ class FactKVManager:
         """Those of ``records`` whose encoding fits the model's context window at every position bucket, in order.
         Each other one is left out with a warning naming it: ``add`` and ``update`` refuse such a text, but one
         stored before (by an older version, or under a model with a longer context, a larger w or a farther
-        position bucket) can never be encoded, and must not fail every chat that retrieves it. Tokenises; runs no
-        model."""
+        position bucket) can never be encoded, and must not fail every chat that retrieves it. Tokenises a memory
+        the first time it is asked about (its key: id, text hash, model, settings and context turns), then
+        remembers that it fits (the last :data:`FITTING_CACHE_SIZE`), so a chat's hot path tokenises only memories new
+        to it; runs no model."""
         kept = []
         for record in records:
-            if self._layout.fits(record):
+            key = self.key(record)
+            if key in self._fitting:
+                kept.append(record)
+            elif self._layout.fits(record):
+                if len(self._fitting) >= FITTING_CACHE_SIZE:
+                    self._fitting.clear()
+                self._fitting.add(key)
                 kept.append(record)
             else:
                 log.warning(

@@ -243,3 +243,31 @@ def test_the_background_encoder_skips_a_stored_memory_that_cannot_be_encoded(
     with MemoryClient(_config(tmp_path, None, context_window=5), engine=engine, embedder=HashEmbedder()) as client:
         client.derived.encode_queued([first_id, long_id])  # raised InvalidInputError for the whole batch before
         assert {row.memory_id for row in client.db.all_kv_entries()} == {first_id}
+
+
+def test_chat_measures_a_retrieved_memory_once_then_remembers_that_it_fits(
+    engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fit check sits on every chat's hot path: a memory known to fit (same id, text, model, settings and
+    context turns) is not tokenised again; a re-worded one is."""
+    from inferscale.encoding_layout import EncodingLayout
+
+    client = _client("sync", _config(tmp_path, None, encode_on_add="eager", context_window=5), engine)
+    clients.append(client)
+    (memory_id,) = [
+        r["id"] for r in client.add([{"role": "user", "content": FIRST}], user_id="maya", infer=False)["results"]
+    ]
+    measured: list[str] = []
+    fits = EncodingLayout.fits
+
+    def counting_fits(self: EncodingLayout, record: Any) -> bool:
+        measured.append(record.id)
+        return fits(self, record)
+
+    monkeypatch.setattr(EncodingLayout, "fits", counting_fits)
+    for _ in range(3):
+        assert client.chat("tea?", user_id="maya", max_new_tokens=1).memory_ids == [memory_id]
+    assert measured == [memory_id]
+    client.update(memory_id, text="I like green tea.")
+    assert client.chat("tea?", user_id="maya", max_new_tokens=1).memory_ids == [memory_id]
+    assert measured == [memory_id, memory_id]
