@@ -33,6 +33,7 @@ STANDARD_SETTINGS: tuple[dict[str, Any], ...] = (
     {"name": "buckets 0/128/256/384", "position_buckets": [0, 128, 256, 384], "context_window": 0},
     {"name": "w=5 + selective:10", "recompute": "selective:10", "context_window": 5},
     {"name": "w=5 + structure", "recompute": "structure", "context_window": 5},
+    {"name": "w=5 + tail:16", "recompute": "tail:16", "context_window": 5},
     {"name": "control: prompt, memories reversed", "serve_as": "prompt", "memory_order": "reversed"},
 )
 """What ``eval fidelity`` measures when no ``--setting`` is given, besides the configured default."""
