@@ -49,6 +49,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     serve.add_argument("--max-model-len", type=int, help="vLLM only: context limit in tokens (default 4096)")
     serve.add_argument("--kv-cache-bytes", type=int, help="vLLM only: paged KV cache size in bytes (default 2 GiB)")
     serve.add_argument("--served-model-name", help="model name clients send (default: the folder name)")
+    serve.add_argument(
+        "--recompute",
+        metavar="POLICY",
+        help="kv.recompute: memory tokens prefilled again per request, e.g. tail:16 (default none; vLLM serves "
+        "none and tail:N)",
+    )
     serve.set_defaults(func=run_serve)
     return serve
 
@@ -112,6 +118,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             dtype=args.dtype,
             chat_limit=args.limit,
             served_model_name=args.served_model_name,
+            recompute=args.recompute,
             device=_or(args.device, defaults.device),
             max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
         )
@@ -131,6 +138,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             model=args.model,
             dtype=args.dtype,
             served_model_name=args.served_model_name,
+            recompute=args.recompute,
             limit=_or(args.limit, defaults.limit),
             max_model_len=_or(args.max_model_len, defaults.max_model_len),
             kv_cache_bytes=_or(args.kv_cache_bytes, defaults.kv_cache_bytes),

@@ -328,7 +328,8 @@ def _flop_ratios(client: MemoryClient, report: TTFTReport, query: str) -> dict[s
     compute-bound (retrieval and assembly, which also grow with k, are not in it). The memory tokens a
     ``kv.recompute`` policy prefills again count as prefilled: ``r`` of them make the prefill ``q + r`` tokens after
     ``P + S - r`` cached ones (exact for ``tail:n``; the other policies' tokens sit earlier in the segment and
-    attend to fewer keys, so their FLOPs are slightly over-counted). Empty when the FLOP model does not cover the
+    attend to fewer keys, and ``selective:r`` counts its probe of the query among them, so their FLOPs are
+    over-counted). Empty when the FLOP model does not cover the
     architecture."""
     from inferscale.bench.flops import prefill_cost
 

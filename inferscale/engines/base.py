@@ -92,7 +92,9 @@ class Engine(Protocol):
     """What the clients, the benchmarks and the evaluation need from an engine.
 
     Lifecycle: construction does no I/O. :meth:`load` loads the model (once); every other method loads it on first
-    use if :meth:`load` was not called. :meth:`close` releases what the engine loaded; a later call loads again.
+    use if :meth:`load` was not called, except the token-layout methods and :attr:`max_context_tokens`, which read
+    the tokenizer and config alone until the model is loaded (:mod:`inferscale.engines.hf.layout_only`).
+    :meth:`close` releases what the engine loaded; a later call loads again.
     An engine serialises its own requests (it is safe to call from several threads, one request at a time runs).
     """
 

@@ -341,9 +341,10 @@ def _measure(
 ) -> dict[str, Any]:
     if setting.serve_as == "prompt":
         return _measure_prompt(engine, case, setting, reference, max_new_tokens, generate)
+    if setting.memory_order == "reversed":  # each memory keeps its context; buckets follow the new offsets
+        contexts = case.contexts[::-1]
+        case = case.model_copy(update={"memories": case.memories[::-1], "contexts": contexts})
     served = facts.get(case, setting)
-    if setting.memory_order == "reversed":
-        served = served[::-1]
     kv_logits = engine.first_token_logits(case.question, served, serving=setting.serving)
     row = _first_token_row(setting, reference["logits"], kv_logits, sum(f.n_tokens for f in served), case)
     if generate:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inferscale.config import DType, EngineConfig, MemoryConfig
+from inferscale.config import DType, EngineConfig, KVConfig, MemoryConfig
 from inferscale.errors import ConfigError
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
@@ -31,6 +31,9 @@ class ServeSettings:
         model: the chat model folder or hub id; ``None`` is the embedded SmolLM2-135M-Instruct.
         dtype: the chat model's weights and K/V dtype; ``None`` keeps ``EngineConfig``'s default (``"auto"``).
         served_model_name: the model name clients send and replies report; ``None``: the model's own name.
+        recompute: ``kv.recompute``, the memory tokens prefilled again at serve time (``"tail:n"``, ...;
+            :mod:`inferscale.kv.recompute`); ``None`` keeps ``KVConfig``'s default. The vLLM server serves
+            ``"none"`` and ``"tail:n"`` and refuses the others at startup.
     """
 
     host: str = "127.0.0.1"
@@ -40,6 +43,7 @@ class ServeSettings:
     model: str | None = None
     dtype: DType | None = None
     served_model_name: str | None = None
+    recompute: str | None = None
 
     @property
     def engine_device(self) -> str:
@@ -71,18 +75,20 @@ class ServerOptions(ServeSettings):
 
 def memory_config(options: ServeSettings) -> MemoryConfig:
     """The memory client's config for either server: the transformers engine on ``model`` (``dtype``,
-    ``engine_device``), data in ``data_dir`` / ``db_url``. Its database holds the memories and the API keys
-    (``KeyStore.for_config``).
+    ``engine_device``), data in ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` when given. Its
+    database holds the memories and the API keys (``KeyStore.for_config``).
 
     Raises:
-        ConfigError: for a value ``EngineConfig`` or ``MemoryConfig`` refuses.
+        ConfigError: for a value ``EngineConfig``, ``KVConfig`` or ``MemoryConfig`` refuses (an unknown recompute
+            policy among them).
     """
     engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.engine_device}
     if options.dtype is not None:
         engine["dtype"] = options.dtype
     try:
+        kv = KVConfig() if options.recompute is None else KVConfig(recompute=options.recompute)
         return MemoryConfig(
-            engine=EngineConfig.model_validate(engine), data_dir=options.data_dir, db_url=options.db_url
+            engine=EngineConfig.model_validate(engine), kv=kv, data_dir=options.data_dir, db_url=options.db_url
         )
     except ValueError as exc:  # pydantic's ValidationError
         raise ConfigError(f"invalid server options: {exc}") from exc

@@ -155,7 +155,7 @@ class MemoryService:
             recalled = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
             records = self._client.fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
             facts = self._client.memory_kv(records)
-            prepared = self._builder.prepare_kv(conversation, facts, scope.key(), self.recompute_tail)
+            prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)
         return prepared, [{"id": r.id, "memory": r.text} for r in records]
 
     def close(self) -> None:

@@ -74,7 +74,10 @@ def test_the_vllm_servers_memory_leaves_out_a_stored_memory_that_cannot_be_encod
     from inferscale.server.vllm_memory import MemoryService
 
     class Builder:
-        def prepare_kv(self, conversation: object, facts: list[object], cache_scope: str) -> list[object]:
+        def prepare_kv(
+            self, conversation: object, facts: list[object], cache_scope: str, *, recompute_tail: int = 0
+        ) -> list[object]:
+            assert recompute_tail == 0  # the service's default: pure injection
             return facts
 
     model = tiny_model("llama", max_position_embeddings=128)

@@ -292,6 +292,24 @@ def test_a_setting_vllm_cannot_apply_is_refused_before_the_service_loads(
     assert str(server.value) == str(engine.value) and "cannot apply" in str(server.value)
 
 
+def test_a_recompute_flag_vllm_cannot_apply_is_refused_before_the_service_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import inferscale.client
+    from inferscale.errors import ConfigError
+    from inferscale.server import vllm_memory
+    from inferscale.server.vllm_memory import ServeOptions, build_service
+
+    monkeypatch.setattr(vllm_memory, "_SERVICE", None)
+
+    def no_client(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the memory client was built before the serving settings were checked")
+
+    monkeypatch.setattr(inferscale.client, "MemoryClient", no_client)
+    with pytest.raises(ConfigError, match="cannot apply"):
+        build_service(ServeOptions(data_dir=str(tmp_path), dtype="float32", recompute="selective:10"))
+
+
 def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,6 +320,7 @@ def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
 
     from inferscale.client import MemoryClient
     from inferscale.engines.vllm.connector import SchedulerSide
+    from inferscale.server import vllm_memory
     from inferscale.server.vllm_memory import ServeOptions, build_service, memory_report
 
     data = tmp_path / "data"
@@ -309,8 +328,9 @@ def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
     with MemoryClient({"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}, engine=engine) as c:
         for text in ALICE:
             c.add(text, user_id="alice", infer=False, encode_kv=False)
-    _config_with(monkeypatch, KVConfig(recompute="tail:4"))
-    service, _path, fingerprint, _dtype = build_service(ServeOptions(data_dir=str(data), dtype="float32"))
+    monkeypatch.setattr(vllm_memory, "_SERVICE", None)
+    options = ServeOptions(data_dir=str(data), dtype="float32", recompute="tail:4")  # --recompute tail:4
+    service, _path, fingerprint, _dtype = build_service(options)
     try:
         assert service.recompute_tail == 4
         conversation = check_messages([{"role": "user", "content": "What is my dog called?"}])

@@ -244,3 +244,15 @@ def test_order_controls_match_the_reordered_case(smollm2_fp32: tuple[Any, Any]) 
     assert by_name["kv reversed"]["kl"] == pytest.approx(first_token_kl(reference, kv_flipped), abs=1e-6)
     flipped_rows = run_fidelity({"default": engine}, [FidelitySlice("flipped", [flipped])], [plain], max_new_tokens=3)
     assert flipped_rows[0]["kv_answer"] == by_name["kv reversed"]["kv_answer"]
+
+    # with position buckets, each reversed fact is encoded at the bucket of its new offset, as on the flipped case
+    buckets = {"position_buckets": (0, 16)}
+    reversed_rows = run_fidelity(
+        {"default": engine},
+        [FidelitySlice("one", [case])],
+        [FidelitySetting(name="b", memory_order="reversed", **buckets)],
+        generate=False,
+    )
+    served = FactCache(engine).get(flipped, FidelitySetting(**buckets))
+    kv_bucketed = engine.first_token_logits(case.question, served)
+    assert reversed_rows[0]["kl"] == pytest.approx(first_token_kl(reference, kv_bucketed), abs=1e-6)

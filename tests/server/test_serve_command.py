@@ -104,3 +104,20 @@ def test_unset_engine_flags_keep_the_options_defaults(tmp_path: Path, monkeypatc
         ("auto", 1 << 20, str(tmp_path)),
         ("cpu", 10, str(tmp_path)),
     ]
+
+
+def test_the_recompute_flag_reaches_the_memory_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--recompute tail:16`` becomes ``kv.recompute`` of the server's memory client; unset, KVConfig's default
+    holds; an unknown policy is refused before anything loads."""
+    from inferscale.config import KVConfig
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--recompute", "tail:16")) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
+    assert [o.recompute for o in seen] == ["tail:16", None]
+    assert memory_config(seen[0]).kv.recompute == "tail:16"
+    assert memory_config(seen[1]).kv.recompute == KVConfig().recompute
+    with pytest.raises(ConfigError, match="recompute"):
+        memory_config(ServerOptions(recompute="tail"))

@@ -252,6 +252,7 @@ class RequestBuilder:
         conversation: str | Sequence[ChatMessage],
         facts: Sequence[FactKV],
         cache_scope: str = "",
+        *,
         recompute_tail: int = 0,
     ) -> PreparedRequest:
         """A KV-mode request: the facts' K/V (staged to files once per object) injected after the prefix, the
@@ -280,6 +281,7 @@ class RequestBuilder:
         conversation: str | Sequence[ChatMessage],
         refs: Sequence[SegmentRef],
         cache_scope: str = "",
+        *,
         recompute_tail: int = 0,
     ) -> PreparedRequest:
         """A KV-mode request whose fact K/V are already in files (the KV store's disk tier); ``conversation``,
