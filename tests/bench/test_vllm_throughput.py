@@ -9,18 +9,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from vllm_guard import skip_module_unless_importable
 
 for _name, _value in {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}.items():
     os.environ.setdefault(_name, _value)
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="inferscale-vllm-cache-"))
 
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
-    pytest.skip(
-        f"vLLM is not importable ({type(exc).__name__}: {exc}); install it with `make test-vllm`",
-        allow_module_level=True,
-    )
+skip_module_unless_importable("vllm")
 
 from transformers import AutoTokenizer  # noqa: E402
 

