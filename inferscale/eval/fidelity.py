@@ -113,9 +113,7 @@ class FidelitySetting(BaseModel):
     @model_validator(mode="after")
     def _prompt_control_has_no_kv_fields(self) -> FidelitySetting:
         if self.serve_as == "prompt":
-            kv_fields = {"attention_scale", "temperature", "recompute", "position_buckets", "context_window"}
-            kv_fields |= {"storage_format", "encode_alone"}
-            changed = sorted(f for f in kv_fields if getattr(self, f) != _KV_DEFAULTS[f])
+            changed = sorted(f for f, default in _KV_DEFAULTS.items() if getattr(self, f) != default)
             if changed:
                 raise ValueError(f"serve_as='prompt' pastes the memories as text; {changed} apply to K/V only")
         return self
