@@ -311,6 +311,14 @@ class VLLMEngine(LayoutTokensMixin):
         """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
         return self.load_encoder()._builder
 
+    def _recompute_tail(self, serving: ServingSettings | None) -> int:
+        """n of ``serving``'s ``tail:n`` (default :attr:`serving`), 0 for pure injection (tokens).
+
+        Raises:
+            ConfigError: when ``serving`` is a setting vLLM cannot apply (:func:`vllm_recompute_tail`).
+        """
+        return vllm_recompute_tail(serving if serving is not None else self.serving)
+
     def prepare_kv(
         self,
         conversation: Conversation,
@@ -324,8 +332,7 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
         """
-        tail = vllm_recompute_tail(serving if serving is not None else self.serving)
-        return self.builder.prepare_kv(conversation, facts, cache_scope, recompute_tail=tail)
+        return self.builder.prepare_kv(conversation, facts, cache_scope, recompute_tail=self._recompute_tail(serving))
 
     def prepare_files(
         self,
@@ -335,8 +342,7 @@ class VLLMEngine(LayoutTokensMixin):
         serving: ServingSettings | None = None,
     ) -> PreparedRequest:
         """See :meth:`RequestBuilder.prepare_files`; ``serving`` as in :meth:`prepare_kv`."""
-        tail = vllm_recompute_tail(serving if serving is not None else self.serving)
-        return self.builder.prepare_files(conversation, refs, cache_scope, recompute_tail=tail)
+        return self.builder.prepare_files(conversation, refs, cache_scope, recompute_tail=self._recompute_tail(serving))
 
     def prepare_prompt(
         self, conversation: Conversation, fact_ids: Sequence[Sequence[int]], cache_scope: str = ""
