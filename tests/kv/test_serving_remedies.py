@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
+from inferscale.engines.transformers.remedies import recompute_slots
 from inferscale.errors import ConfigError
 from inferscale.kv import EncodeRequest, SegmentWorkspace
 from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules
@@ -181,16 +182,57 @@ def test_structure_finds_the_bullet_and_the_line_break(smollm2_fp32: tuple[Any, 
 def test_recompute_reports_its_tokens_and_keeps_the_cache_length(smollm2_fp32: tuple[Any, Any]) -> None:
     engine = _engine(smollm2_fp32, recompute="head:3")
     facts = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t)) for t in FACTS])
-    assembled, cache, added = engine._kv_cache(SegmentWorkspace(engine.prefix_kv), facts, extra_capacity=4)
-    assert cache.get_seq_length(0) == assembled.n_tokens
-    assert added == 3 * len(FACTS)
+    served = engine._kv_cache(SegmentWorkspace(engine.prefix_kv), facts, extra_capacity=4)
+    assert served.cache.get_seq_length(0) == served.start == served.assembled.n_tokens
+    assert served.added_tokens == 3 * len(FACTS) and served.pending_ids == []
     selective = _engine(smollm2_fp32, recompute="selective:10")
     query_ids = selective.query_token_ids(QUERY)
-    assembled, cache, added = selective._kv_cache(
-        SegmentWorkspace(selective.prefix_kv), facts, len(query_ids), query_ids
-    )
-    assert cache.get_seq_length(0) == assembled.n_tokens
-    assert added == math.ceil(0.1 * assembled.memory_tokens) + len(query_ids)  # chosen slots + the query's probe
+    served = selective._kv_cache(SegmentWorkspace(selective.prefix_kv), facts, len(query_ids), query_ids)
+    assert served.cache.get_seq_length(0) == served.assembled.n_tokens
+    # chosen slots + the query's probe
+    assert served.added_tokens == math.ceil(0.1 * served.assembled.memory_tokens) + len(query_ids)
+    tail = _engine(smollm2_fp32, recompute="tail:5")
+    served = tail._kv_cache(SegmentWorkspace(tail.prefix_kv), facts, extra_capacity=4)
+    # the tail is left to the query's prefill: the cache stops before it and its tokens are pending
+    assert served.start == served.assembled.n_tokens - 5 == served.cache.get_seq_length(0)
+    assert served.pending_ids == served.assembled.token_ids[-5:].tolist() and served.added_tokens == 5
+
+
+def _count_forward_passes(model: Any) -> tuple[list[int], Any]:
+    calls: list[int] = []
+    handle = model.model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    return calls, handle
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail", [1, 6, 10000])
+def test_tail_recompute_folded_into_the_query_prefill_equals_a_separate_recompute_pass(
+    smollm2_fp32: tuple[Any, Any], tail: int
+) -> None:
+    """``tail:n`` (no s, no T) is prefilled with the query in one forward pass; the reference recomputes the tail
+    in place first (:func:`recompute_slots`, each tail token masked to the slots before it), then prefills the
+    query on that cache: the same logits, one forward pass instead of two."""
+    plain = _engine(smollm2_fp32)
+    facts = plain.encode_facts([EncodeRequest(plain.fact_token_ids(t)) for t in FACTS])
+    query_ids = plain.query_token_ids(QUERY)
+    served = plain._kv_cache(SegmentWorkspace(plain.prefix_kv), facts, extra_capacity=len(query_ids) + 16)
+    n = served.assembled.n_tokens
+    p = plain.prefix_kv.n_tokens
+    slots = tail_slots(served.assembled.memory_tokens, p, tail)
+    with torch.inference_mode():
+        recompute_slots(plain.model, served.cache, served.assembled.token_ids, slots, n)
+        reference = plain._forward(served.cache, query_ids, n)[0, -1].float()
+
+    folded = _engine(smollm2_fp32, recompute=f"tail:{tail}")
+    calls, handle = _count_forward_passes(folded.model)
+    try:
+        logits = folded.first_token_logits(QUERY, facts)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+    assert (logits - reference).abs().max().item() <= 1e-4  # fp32 rounding: masked vs causal attention kernels
+    injected = plain.first_token_logits(QUERY, facts)
+    assert (logits - injected).abs().max().item() > 1e-3  # the tail's recompute changed the answer's logits
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +49,29 @@ def _now_ms(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() * 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServedCache:
+    """A request's cache after assembly and the serving remedies (:meth:`TransformersEngine._kv_cache`).
+
+    Attributes:
+        assembled: the prefix + facts segment; ``assembled.n_tokens`` is P + S.
+        cache: holds the first :attr:`start` slots of ``assembled``.
+        added_tokens: extra tokens the remedies prefill (recomputed memory tokens, and ``selective:r``'s probe).
+        pending_ids: the memory tokens still to prefill, before the query and in the same forward pass (a folded
+            ``tail:n``); empty otherwise.
+    """
+
+    assembled: AssembledKV
+    cache: PreallocatedCache
+    added_tokens: int
+    pending_ids: list[int]
+
+    @property
+    def start(self) -> int:
+        """The position of the first token to prefill: P + S less the pending tail."""
+        return self.assembled.n_tokens - len(self.pending_ids)
 
 
 class TransformersEngine(LayoutTokensMixin):
@@ -255,7 +279,8 @@ class TransformersEngine(LayoutTokensMixin):
         ``cache_scope`` is unused here: each request builds its own cache, so nothing is shared between tenants.
         ``serving`` overrides :attr:`serving` for this request. ``kv_assembly_ms`` covers the rotation, the cache
         build and the serving remedies (the recompute of chosen memory tokens, the probe prefill of
-        ``selective:r``, the key scaling of ``T``); ``recomputed_tokens`` counts the tokens they prefilled.
+        ``selective:r``, the key scaling of ``T``); a ``tail:n`` recompute without s or T is prefilled with the
+        query instead, in ``prefill_ms``. ``recomputed_tokens`` counts the tokens the remedies prefilled.
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
@@ -309,18 +334,16 @@ class TransformersEngine(LayoutTokensMixin):
                 t0 = _now_ms(self._device)
                 query_ids = self._layout.conversation_ids(conversation)
                 self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
-                assembled, cache, added = self._kv_cache(
-                    workspace, facts, len(query_ids) + max_new_tokens, query_ids, settings
-                )
+                served = self._kv_cache(workspace, facts, len(query_ids) + max_new_tokens, query_ids, settings)
                 t1 = _now_ms(self._device)
-                bias = self._memory_bias(assembled, settings)
+                bias = self._memory_bias(served.assembled, settings)
         except BaseException:
             self._workspaces.give_back(workspace)
             raise
-        prompt = assembled.token_ids.tolist() + query_ids
+        prompt = served.assembled.token_ids.tolist() + query_ids
         return self._stream(
-            workspace, cache, query_ids, assembled.n_tokens, max_new_tokens, prompt, sampling, t0, t1 - t0, bias,
-            memory_tokens=assembled.memory_tokens, recomputed_tokens=added,
+            workspace, served.cache, served.pending_ids + query_ids, served.start, max_new_tokens, prompt, sampling,
+            t0, t1 - t0, bias, memory_tokens=served.assembled.memory_tokens, recomputed_tokens=served.added_tokens,
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -375,14 +398,14 @@ class TransformersEngine(LayoutTokensMixin):
                 query_ids = self._layout.conversation_ids(conversation)
                 bias = None
                 if facts is not None:
-                    assembled, cache, _ = self._kv_cache(workspace, facts, len(query_ids), query_ids, settings)
-                    ids: list[int] = []
-                    bias = self._memory_bias(assembled, settings)
+                    served = self._kv_cache(workspace, facts, len(query_ids), query_ids, settings)
+                    cache, ids, start = served.cache, served.pending_ids, served.start
+                    bias = self._memory_bias(served.assembled, settings)
                 else:
                     ids = [t for f in fact_ids or [] for t in f]
                     assembled = workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
-                    cache = self._cache_from(assembled)
-                return self._forward(cache, ids + query_ids, assembled.n_tokens, bias)[0, -1].float()
+                    cache, start = self._cache_from(assembled), assembled.n_tokens
+                return self._forward(cache, ids + query_ids, start, bias)[0, -1].float()
         finally:
             self._workspaces.give_back(workspace)
 
@@ -399,16 +422,19 @@ class TransformersEngine(LayoutTokensMixin):
         extra_capacity: int,
         query_ids: Sequence[int] = (),
         serving: ServingSettings | None = None,
-    ) -> tuple[AssembledKV, PreallocatedCache, int]:
+    ) -> ServedCache:
         """Assemble prefix + facts into a preallocated cache in ``workspace``, then apply the request-time
         remedies of ``serving`` (default :attr:`serving`): recompute the slots its policy chooses
         (:func:`.remedies.recompute_slots`), and scale the memory keys by ``1/T`` (the temperature).
 
-        ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
+        A ``tail:n`` recompute with no attention scale or temperature is not run here: the cache is cut back
+        before the tail and the tail's tokens are returned as :attr:`ServedCache.pending_ids`, for the caller to
+        prefill together with the query in one forward pass. Causal attention gives each tail token exactly what
+        :func:`.remedies.recompute_slots` would (everything before it), so the logits are the same; the request
+        saves a forward pass and the tail's masked attention (as vLLM serves the tail: the connector claims the
+        slots before it and the engine prefills the rest).
 
-        Returns:
-            ``(assembled, cache, added_tokens)``: ``added_tokens`` counts the extra tokens prefilled (recomputed
-            memory tokens, plus the query's probe prefill for ``selective:r``).
+        ``query_ids`` are needed only by ``selective:r``, which probes the query's attention to choose slots.
 
         Raises:
             InvalidInputError: for ``selective:r`` without ``query_ids``.
@@ -435,11 +461,15 @@ class TransformersEngine(LayoutTokensMixin):
             slots = top_scored_slots(scores, p, policy.amount)
             added += len(query_ids)
         added += len(slots)
+        if slots and policy.kind == "tail" and settings.attention_scale == 1.0 and settings.temperature == 1.0:
+            start = slots[0]
+            cache.crop(start)
+            return ServedCache(assembled, cache, added, assembled.token_ids[start:].tolist())
         if slots:
             recompute_slots(self._model, cache, assembled.token_ids, slots, assembled.n_tokens)
         if settings.temperature != 1.0 and memory:
             cache.divide_keys(p, p + memory, settings.temperature)
-        return assembled, cache, added
+        return ServedCache(assembled, cache, added, [])
 
     def _query_attention_on_memory(
         self, cache: PreallocatedCache, query_ids: list[int], length: int, start: int
