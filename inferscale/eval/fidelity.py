@@ -74,8 +74,16 @@ SYSTEM_PROMPTS: dict[str, str] = {
 """The three system prompts every setting is judged on (a remedy tuned on one prompt is not a default)."""
 
 
+def _product_default(field: str) -> Any:
+    """The default of a :class:`~inferscale.config.KVConfig` field (not read from the environment)."""
+    return KVConfig.model_fields[field].default
+
+
 class FidelitySetting(BaseModel):
-    """One serving setting to measure.
+    """One serving setting to measure. A field left out takes :class:`~inferscale.config.KVConfig`'s default, so
+    ``FidelitySetting()`` serves as the product does out of the box and a setting names only what it changes
+    (``{"recompute": "tail:16"}`` is the default plus a recomputed tail; pure injection is
+    ``{"context_window": 0}``).
 
     Attributes:
         name: its label in the report (defaults to a description of the fields).
@@ -100,12 +108,12 @@ class FidelitySetting(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = ""
-    attention_scale: float = Field(default=1.0, gt=0)
-    temperature: float = Field(default=1.0, gt=0)
-    recompute: RecomputeSpec = "none"
-    position_buckets: PositionBuckets = (0,)
-    context_window: int = Field(default=0, ge=0, le=MAX_CONTEXT_TURNS)
-    storage_format: StorageFormat = "model"
+    attention_scale: float = Field(default=_product_default("memory_attention_scale"), gt=0)
+    temperature: float = Field(default=_product_default("memory_temperature"), gt=0)
+    recompute: RecomputeSpec = _product_default("recompute")
+    position_buckets: PositionBuckets = _product_default("position_buckets")
+    context_window: int = Field(default=_product_default("context_window"), ge=0, le=MAX_CONTEXT_TURNS)
+    storage_format: StorageFormat = _product_default("storage_format")
     encode_alone: bool = False
     serve_as: Literal["kv", "prompt"] = "kv"
     memory_order: Literal["as_given", "reversed"] = "as_given"

@@ -264,6 +264,8 @@ def add_fidelity_parser(subparsers: Any) -> argparse.ArgumentParser:
             "each setting, at several system prompts, and report first-token KL(prompt || kv), top-1 agreement, F1 "
             "between the answers and against gold, budget-hit and repeat rates, added prefill tokens and TTFT. "
             f"A setting is a JSON object with any of the fields {{{', '.join(map(json.dumps, SETTING_FIELDS))}}}; "
+            "a field left out takes the product's default (KVConfig's: {} is the default, "
+            '{"context_window": 0} pure injection); '
             '{"serve_as": "prompt", "memory_order": "reversed"} is the control: prompt mode against itself with '
             "the memories in the opposite order."
         ),

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from inferscale.cli import main
+from inferscale.config import KVConfig
 from inferscale.errors import InvalidInputError
 from inferscale.eval.fidelity import FidelitySetting, repeats, summarize_rows
 from inferscale.eval.fidelity_cases import FidelitySlice, load_cases, retrieve_cases
@@ -64,7 +65,7 @@ def test_retrieved_cases_are_ranked_by_similarity() -> None:
 def test_setting_validates_and_labels_itself() -> None:
     setting = FidelitySetting(attention_scale=0.35, recompute=" head:4", position_buckets=(128, 0, 128))
     assert setting.position_buckets == (0, 128) and setting.recompute == "head:4"
-    assert setting.label == "s=0.35 T=1 recompute=head:4 buckets=0/128 w=0"
+    assert setting.label == "s=0.35 T=1 recompute=head:4 buckets=0/128 w=5"  # w: KVConfig's default
     assert FidelitySetting(name="mine").label == "mine"
     for bad in ({"attention_scale": 0}, {"recompute": "heads:4"}, {"position_buckets": ()}, {"typo": 1}):
         with pytest.raises(ValidationError):
@@ -73,16 +74,27 @@ def test_setting_validates_and_labels_itself() -> None:
 
 def test_prompt_control_setting_refuses_kv_fields_and_names_its_order() -> None:
     assert FidelitySetting(serve_as="prompt", memory_order="reversed").label == "prompt reversed"
-    assert FidelitySetting(memory_order="reversed").label == "s=1 T=1 recompute=none buckets=0 w=0 reversed"
+    assert FidelitySetting(memory_order="reversed").label == "s=1 T=1 recompute=none buckets=0 w=5 reversed"
     assert (
-        FidelitySetting.model_validate({"serve_as": "prompt", "context_window": 0, "position_buckets": [0]}).label
+        FidelitySetting.model_validate({"serve_as": "prompt", "context_window": 5, "position_buckets": [0]}).label
         == "prompt"
     )
-    for kv_only in ({"context_window": 5}, {"recompute": "head:2"}, {"storage_format": "int8"}, {"encode_alone": 1}):
+    for kv_only in ({"context_window": 0}, {"recompute": "head:2"}, {"storage_format": "int8"}, {"encode_alone": 1}):
         with pytest.raises(ValidationError, match="K/V only"):
             FidelitySetting(serve_as="prompt", **kv_only)
     with pytest.raises(ValidationError):
         FidelitySetting.model_validate({"memory_order": "shuffled"})
+
+
+def test_a_setting_leaves_out_only_what_it_changes_from_the_product_default() -> None:
+    """A field left out serves as KVConfig() does: ``{"recompute": "tail:16"}`` is the default (w=5) plus the tail,
+    not pure injection plus the tail."""
+    from inferscale.eval.fidelity_cli import _settings, default_setting
+
+    assert FidelitySetting().model_dump() == {**default_setting(), "name": ""}
+    tail = _settings(('{"recompute": "tail:16"}',))[0]
+    assert tail.context_window == KVConfig().context_window == 5 and tail.recompute == "tail:16"
+    assert FidelitySetting(context_window=0).serving.is_pure_injection
 
 
 def test_cli_names_every_setting_field() -> None:
@@ -157,7 +169,7 @@ def test_eval_fidelity_command_writes_its_report(tmp_path: Path, capsys: pytest.
             "--system-prompts",
             "short,default",
             "--setting",
-            '{"name": "pure"}',
+            '{"name": "pure", "context_window": 0}',
             "--setting",
             '{"name": "head:2+s", "recompute": "head:2", "attention_scale": 0.5}',
             "--max-new-tokens",
@@ -195,13 +207,14 @@ def test_calibration_picks_the_scale_that_lowers_held_out_kl(smollm2_fp32: tuple
         EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt, model=model, tokenizer=tokenizer
     )
     part = load_cases(CASES)
-    result = calibrate_scale({"default": engine}, [part], FidelitySetting(), grid=(1.0, 0.35))
+    pure = FidelitySetting(context_window=0)  # calibrated on pure injection, where s=0.35 is known to help
+    result = calibrate_scale({"default": engine}, [part], pure, grid=(1.0, 0.35))
     assert (result.n_calibration, result.n_held_out) == (5, 5)
     assert set(result.calibration_kl) == {1.0, 0.35}
     assert result.scale == min(result.calibration_kl, key=result.calibration_kl.__getitem__)
     assert result.scale == 0.35 and result.held_out_kl < result.held_out_kl_unscaled
     with pytest.raises(ValueError, match="two cases"):
-        calibrate_scale({"default": engine}, [FidelitySlice("one", part.cases[:1])], FidelitySetting())
+        calibrate_scale({"default": engine}, [FidelitySlice("one", part.cases[:1])], pure)
 
 
 @pytest.mark.slow
@@ -211,7 +224,6 @@ def test_order_controls_match_the_reordered_case(smollm2_fp32: tuple[Any, Any]) 
     from inferscale.config import EngineConfig, MemoryConfig
     from inferscale.engines.transformers import TransformersEngine
     from inferscale.eval.fidelity import FactCache, run_fidelity
-    from inferscale.eval.fidelity_cases import FidelityCase
     from inferscale.eval.metrics import first_token_kl
 
     model, tokenizer = smollm2_fp32
@@ -220,7 +232,8 @@ def test_order_controls_match_the_reordered_case(smollm2_fp32: tuple[Any, Any]) 
     )
     case = load_cases(CASES).cases[0]
     assert len(case.memories) >= 2
-    flipped = FidelityCase(memories=case.memories[::-1], question=case.question, answer=case.answer)
+    assert case.contexts  # a reversed K/V setting (w=5 by default) keeps each memory's own context turns
+    flipped = case.model_copy(update={"memories": case.memories[::-1], "contexts": case.contexts[::-1]})
     settings = [
         FidelitySetting(name="same", serve_as="prompt"),
         FidelitySetting(name="prompt reversed", serve_as="prompt", memory_order="reversed"),

@@ -35,7 +35,7 @@ def engine(smollm2_fp32: tuple[Any, Any]) -> TransformersEngine:
 
 def test_default_settings_halve_the_divergence_of_pure_injection(engine: TransformersEngine) -> None:
     default = FidelitySetting.from_kv(KVConfig(), name="default")
-    pure = FidelitySetting(name="pure")  # no context turns, no request-time remedy
+    pure = FidelitySetting(name="pure", context_window=0)  # no context turns, no request-time remedy
     rows = run_fidelity({"default": engine}, [load_cases(CASES)], [default, pure], generate=False)
     kl = {name: statistics.fmean(r["kl"] for r in rows if r["setting"] == name) for name in ("default", "pure")}
     assert len(rows) == 20
