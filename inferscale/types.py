@@ -18,9 +18,11 @@ class Timings:
     Attributes:
         retrieval_ms: embedding the query and the scoped FAISS top-k search.
         kv_assembly_ms: loading (or encoding, on a miss) the k facts' KV, rotating keys to their positions and
-            building the cache, plus the serve-time recompute of fact heads when enabled (0 in ``prompt`` mode).
-        prefill_ms: the engine's prefill (query only in ``kv`` mode; facts + query in ``prompt`` mode) up to the
-            first token's logits.
+            building the cache, plus the serve-time remedies that run before the query (the recompute of chosen
+            memory tokens, ``selective:r``'s probe; 0 in ``prompt`` mode).
+        prefill_ms: the engine's prefill up to the first token's logits: the query in ``kv`` mode (with the
+            memory's last n tokens under ``kv.recompute="tail:n"``, prefilled in the same pass); facts + query in
+            ``prompt`` mode.
         ttft_ms: time to first token: wall-clock time from the start of the call until the engine produced the
             first token (retrieval, K/V load, assembly, prefill, choosing the token, and everything in between).
             A streamed call yields that token's text at once.

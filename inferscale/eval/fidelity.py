@@ -75,7 +75,7 @@ SYSTEM_PROMPTS: dict[str, str] = {
 
 
 def _product_default(field: str) -> Any:
-    """The default of a :class:`~inferscale.config.KVConfig` field (not read from the environment)."""
+    """The default of a :class:`~inferscale.config.KVConfig` field."""
     return KVConfig.model_fields[field].default
 
 
@@ -89,7 +89,8 @@ class FidelitySetting(BaseModel):
         name: its label in the report (defaults to a description of the fields).
         attention_scale: s, the memory block's attention scale (1 = off).
         temperature: T, the memory logits' temperature (1 = off).
-        recompute: ``"none"``, ``"head:m"``, ``"structure"`` or ``"selective:r"`` (:mod:`inferscale.kv.recompute`).
+        recompute: ``"none"``, ``"head:m"``, ``"tail:n"``, ``"structure"`` or ``"selective:r"``
+            (:mod:`inferscale.kv.recompute`).
         position_buckets: distances from the system prefix (tokens) the facts are encoded at; ``[0]`` encodes
             each fact right after the prefix.
         context_window: w, the conversation turns before each memory it is encoded after (laid out as memory

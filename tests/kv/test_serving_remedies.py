@@ -236,6 +236,39 @@ def test_tail_recompute_folded_into_the_query_prefill_equals_a_separate_recomput
 
 
 @pytest.mark.slow
+def test_answer_decoded_after_a_folded_tail_equals_the_separate_pass_answer(smollm2_fp32: tuple[Any, Any]) -> None:
+    """``generate_kv`` under ``tail:6``: the tail and the query prefilled together, then greedy decode, gives the
+    tokens a separate recompute pass followed by the query's prefill and the same greedy decode gives; the prompt
+    still counts every memory token once."""
+    plain = _engine(smollm2_fp32)
+    facts = plain.encode_facts([EncodeRequest(plain.fact_token_ids(t)) for t in FACTS])
+    query_ids = plain.query_token_ids(QUERY)
+    budget = 8
+    served = plain._kv_cache(SegmentWorkspace(plain.prefix_kv), facts, extra_capacity=len(query_ids) + budget + 8)
+    n = served.assembled.n_tokens
+    expected: list[int] = []
+    with torch.inference_mode():
+        recompute_slots(
+            plain.model,
+            served.cache,
+            served.assembled.token_ids,
+            tail_slots(n - plain.prefix_kv.n_tokens, plain.prefix_kv.n_tokens, 6),
+            n,
+        )
+        token = int(plain._forward(served.cache, query_ids, n)[0, -1].argmax())
+        position = n + len(query_ids)
+        while token not in plain._stop_ids and len(expected) < budget:
+            expected.append(token)
+            token = int(plain._forward(served.cache, [token], position)[0, -1].argmax())
+            position += 1
+
+    answer = _engine(smollm2_fp32, recompute="tail:6").generate_kv(QUERY, facts, budget)
+    assert len(expected) >= 2 and answer.token_ids == expected
+    assert answer.prompt_tokens == n + len(query_ids) and answer.recomputed_tokens == 6
+    assert answer.memory_tokens == n - plain.prefix_kv.n_tokens
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [0.35, 2.0])
 def test_memory_attention_scale_matches_a_masked_single_pass(smollm2_fp32: tuple[Any, Any], scale: float) -> None:
     """Reference: one forward pass over prefix + facts + query with the block-diagonal mask and log s added to the
