@@ -387,4 +387,13 @@ def _settings_dict(settings: TTFTSettings) -> dict[str, Any]:
         "query": settings.query,
         "warmup": settings.warmup,
         "prefix_cache": settings.prefix_cache,
+        "recompute": served_recompute(settings),
     }
+
+
+def served_recompute(settings: TTFTSettings) -> str:
+    """The ``kv.recompute`` policy the KV cells are served with: ``settings.recompute``, else KVConfig's
+    default (canonical text, e.g. ``"tail:16"``)."""
+    from inferscale.config import KVConfig
+
+    return KVConfig().recompute if settings.recompute is None else KVConfig(recompute=settings.recompute).recompute

@@ -85,8 +85,8 @@ def load_cases(path: str | Path) -> FidelitySlice:
     """Read a JSON list of cases.
 
     Raises:
-        InvalidInputError: when the file is missing, is not JSON, or an item is not a valid case (the message names
-            the item and the field).
+        InvalidInputError: when the file is missing or unreadable (a folder), is not JSON, or an item is not a valid
+            case (the message names the item and the field).
     """
     file = Path(path)
     try:
@@ -94,11 +94,18 @@ def load_cases(path: str | Path) -> FidelitySlice:
         cases = _CASES.validate_python(raw)
     except FileNotFoundError as exc:
         raise InvalidInputError(f"no cases file at {file}") from exc
+    except OSError as exc:  # a folder, no permission, ...
+        raise InvalidInputError(f"cannot read the cases file {file}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{file} is not JSON: {exc}") from exc
     except ValidationError as exc:
+        problems = "; ".join(
+            f"item {'.'.join(map(str, e['loc'])) or '(the list)'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_context=False)[:5]
+        )
         raise InvalidInputError(
-            f"{file} must hold a list of {{'memories': [str, ...], 'question': str, 'answer'?: str}}: {exc}"
+            f"{file} must hold a list of {{'memories': [str, ...], 'question': str, 'answer'?: str, "
+            f"'contexts'?: [[str, ...], ...]}}: {problems}"
         ) from exc
     if not cases:
         raise InvalidInputError(f"{file} holds no cases")

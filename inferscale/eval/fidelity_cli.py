@@ -20,6 +20,7 @@ from inferscale.cli_options import (
     cli,
     from_args,
     name_list,
+    positive_int,
 )
 from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
@@ -133,7 +134,7 @@ class FidelityOptions:
     dtype: DType = field(default="float32", metadata=DTYPE_OPTION)
     device: str = field(default="cpu", metadata=DEVICE_OPTION)
     max_new_tokens: int = field(
-        default=32, metadata=cli("--max-new-tokens", help="answer budget in tokens (default 32)")
+        default=32, metadata=cli("--max-new-tokens", type=positive_int, help="answer budget in tokens (default 32)")
     )
     num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
     out_dir: Path = field(
@@ -150,13 +151,40 @@ def default_setting() -> dict[str, Any]:
 
 
 def _settings(raw: tuple[str, ...] | None) -> list[Any]:
+    """The ``--setting`` objects as settings (default: the configured default and :data:`STANDARD_SETTINGS`).
+
+    Raises:
+        ConfigError: for text that is not a JSON object, an invalid field (each named, with its value), or two
+            settings with the same label (their rows would be pooled as one).
+    """
     from inferscale.eval.fidelity import FidelitySetting
 
-    objects = [json.loads(text) for text in raw] if raw else [default_setting(), *STANDARD_SETTINGS]
+    objects = [_setting_object(text) for text in raw] if raw else [default_setting(), *STANDARD_SETTINGS]
+    settings = []
+    for obj in objects:
+        try:
+            settings.append(FidelitySetting(**obj))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'setting'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_context=False)
+            )
+            raise ConfigError(f"invalid --setting {json.dumps(obj)}: {problems}") from exc
+    labels = [s.label for s in settings]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ConfigError(f'two --setting objects share the label {repeated[0]!r}: give each its own "name"')
+    return settings
+
+
+def _setting_object(text: str) -> dict[str, Any]:
     try:
-        return [FidelitySetting(**obj) for obj in objects]
-    except (ValidationError, TypeError) as exc:
-        raise ConfigError(f"invalid --setting: {exc}") from exc
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--setting {text!r} is not JSON ({exc.msg} at character {exc.pos})") from exc
+    if not isinstance(obj, dict):
+        raise ConfigError(f'--setting {text!r} must be a JSON object, e.g. \'{{"recompute": "tail:16"}}\'')
+    return obj
 
 
 def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:

@@ -63,7 +63,8 @@ class RecomputePolicy:
             kind: RecomputeKind = "head" if match.group(2) == "head" else "tail"
             m = int(match.group(3))
             if m < 1:
-                raise ConfigError(f"kv.recompute '{kind}:{m}' needs m >= 1; use 'none' for pure injection")
+                letter = "m" if kind == "head" else "n"
+                raise ConfigError(f"kv.recompute '{kind}:{m}' needs {letter} >= 1; use 'none' for pure injection")
             return cls(kind, float(m))
         if match.group(4) is not None:
             r = float(match.group(4))

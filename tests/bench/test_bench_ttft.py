@@ -74,6 +74,7 @@ def test_ttft_bench_counts_recomputed_tokens_in_the_flop_ratio(
     cells = {(c["k"], c["name"]): c for c in doc["cells"]}
     assert cells[(1, "kv:host")]["recomputed_tokens"] == 4 == cells[(3, "kv:host")]["recomputed_tokens"]
     assert cells[(3, "prompt")]["recomputed_tokens"] == 0
+    assert doc["settings"]["recompute"] == "tail:4"  # the policy is recorded with the figures it produced
     cost = prefill_cost(engine.model)
     prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids(settings.query))
     s1, s3 = cells[(1, "prompt")]["memory_tokens"], cells[(3, "prompt")]["memory_tokens"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -194,6 +195,29 @@ def test_eval_fidelity_command_writes_its_report(tmp_path: Path, capsys: pytest.
 def test_eval_fidelity_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "fidelity", "--cases", str(CASES), "--setting", '{"recompute": "all"}']) == 2
     assert "recompute" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cases", "."], "cannot read the cases file"),  # a folder: was an IsADirectoryError traceback
+        (["--setting", "{recompute: 1}"], "is not JSON"),
+        (["--setting", "[1, 2]"], "must be a JSON object"),
+        (["--setting", "null"], "must be a JSON object"),
+        (["--setting", '{"name": "a"}', "--setting", '{"name": "a", "recompute": "tail:4"}'], "share the label 'a'"),
+        (["--setting", "{}", "--setting", "{}"], "share the label"),  # would be pooled into one row
+        (["--setting", '{"recompute": "tail:0"}'], "needs n >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+    ],
+)
+def test_eval_fidelity_refuses_bad_input_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    argv = ["eval", "fidelity", *([] if "--cases" in args else ["--cases", str(CASES)]), *args]
+    with pytest.raises(SystemExit) if args[0] == "--max-new-tokens" else contextlib.nullcontext():
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and "errors.pydantic.dev" not in err
 
 
 @pytest.mark.slow
