@@ -312,6 +312,8 @@ def _measure(client: MemoryClient, settings: TTFTSettings, memories: list[str], 
         cells=cells,
         skipped=skipped,
     )
+    # the policy the KV cells were served with, as the engine holds it (a given engine keeps its own)
+    report.settings["recompute"] = str(client.engine.serving.recompute)
     report.machine["model"] = _model_name(client)
     from inferscale.engines.hf.dtype import loaded_dtype
 
@@ -387,13 +389,4 @@ def _settings_dict(settings: TTFTSettings) -> dict[str, Any]:
         "query": settings.query,
         "warmup": settings.warmup,
         "prefix_cache": settings.prefix_cache,
-        "recompute": served_recompute(settings),
     }
-
-
-def served_recompute(settings: TTFTSettings) -> str:
-    """The ``kv.recompute`` policy the KV cells are served with: ``settings.recompute``, else KVConfig's
-    default (canonical text, e.g. ``"tail:16"``)."""
-    from inferscale.config import KVConfig
-
-    return KVConfig().recompute if settings.recompute is None else KVConfig(recompute=settings.recompute).recompute

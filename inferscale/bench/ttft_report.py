@@ -234,7 +234,7 @@ def print_report(report: TTFTReport, console: Console | None = None) -> None:
         f"median) · {machine.get('model')} "
         f"{_dtype_label(report)} on {machine.get('cuda') or machine.get('processor')} "
         f"({machine.get('cpu_isa')}), {machine.get('torch_threads')} threads"
-        f" · kv.recompute={report.settings.get('recompute', 'none')}"
+        f" · kv.recompute={report.settings['recompute']}"
     )
     columns = ["k", "mem tok", "prompt"]
     for name in kv_names:

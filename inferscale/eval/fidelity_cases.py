@@ -99,10 +99,10 @@ def load_cases(path: str | Path) -> FidelitySlice:
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{file} is not JSON: {exc}") from exc
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False)
         problems = "; ".join(
-            f"item {'.'.join(map(str, e['loc'])) or '(the list)'}: {e['msg']}"
-            for e in exc.errors(include_url=False, include_context=False)[:5]
-        )
+            f"item {'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"] for e in errors[:5]
+        ) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
         raise InvalidInputError(
             f"{file} must hold a list of {{'memories': [str, ...], 'question': str, 'answer'?: str, "
             f"'contexts'?: [[str, ...], ...]}}: {problems}"

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from inferscale.bench.cli import add_bench_parser
-from inferscale.bench.ttft import TTFTSettings, run_ttft_bench, synthetic_facts
+from inferscale.bench.ttft import TTFTSettings, print_report, run_ttft_bench, synthetic_facts
 from inferscale.config import EngineConfig, MemoryConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import ConfigError
@@ -66,15 +67,17 @@ def test_ttft_bench_counts_recomputed_tokens_in_the_flop_ratio(
         tokenizer=tokenizer,
         serving=ServingSettings(recompute=RecomputePolicy.parse("tail:4")),
     )
-    settings = TTFTSettings(
-        ks=(1, 3), repeats=1, warmup=0, tiers=("host",), recompute="tail:4", dtype="float32", out_dir=tmp_path
-    )
-    run_ttft_bench(settings, engine=engine, embedder=embedder, facts=FACTS)
+    # a given engine serves with its own settings: recompute=None here, and the report must still say tail:4
+    settings = TTFTSettings(ks=(1, 3), repeats=1, warmup=0, tiers=("host",), dtype="float32", out_dir=tmp_path)
+    report = run_ttft_bench(settings, engine=engine, embedder=embedder, facts=FACTS)
     doc = json.loads((tmp_path / "ttft_vs_k.json").read_text(encoding="utf-8"))
     cells = {(c["k"], c["name"]): c for c in doc["cells"]}
     assert cells[(1, "kv:host")]["recomputed_tokens"] == 4 == cells[(3, "kv:host")]["recomputed_tokens"]
     assert cells[(3, "prompt")]["recomputed_tokens"] == 0
     assert doc["settings"]["recompute"] == "tail:4"  # the policy is recorded with the figures it produced
+    console = Console(record=True, width=200)
+    print_report(report, console)
+    assert "kv.recompute=tail:4" in console.export_text()  # and printed with them
     cost = prefill_cost(engine.model)
     prefix, q = len(engine.system_prefix_ids()), len(engine.query_token_ids(settings.query))
     s1, s3 = cells[(1, "prompt")]["memory_tokens"], cells[(3, "prompt")]["memory_tokens"]
