@@ -25,6 +25,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.eval.fidelity_cases import validation_problems
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
 
@@ -165,10 +166,7 @@ def _settings(raw: tuple[str, ...] | None) -> list[Any]:
         try:
             settings.append(FidelitySetting(**obj))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'setting'}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_context=False)
-            )
+            problems = validation_problems(exc, lambda loc: loc or "setting")
             raise ConfigError(f"invalid --setting {json.dumps(obj)}: {problems}") from exc
     labels = [s.label for s in settings]
     repeated = sorted({label for label in labels if labels.count(label) > 1})

@@ -38,6 +38,27 @@ def test_cases_file_loads_and_bad_files_are_typed_errors(tmp_path: Path) -> None
         load_cases(tmp_path / "missing.json")
 
 
+def test_validation_errors_read_as_one_line_per_field_with_the_rest_counted(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"question": "q"}] * 7), encoding="utf-8")  # 7 cases without memories
+    with pytest.raises(InvalidInputError) as seven:
+        load_cases(bad)
+    listed = "; ".join(f"item {i}.memories: Field required" for i in range(5))
+    assert str(seven.value).endswith(f": {listed} (and 2 more)")
+    bad.write_text('{"memories": ["a"], "question": "q"}', encoding="utf-8")  # an object, not a list of them
+    with pytest.raises(InvalidInputError) as top:
+        load_cases(bad)
+    assert str(top.value).endswith("}: Input should be a valid list")
+    assert "item" not in str(top.value).rsplit("}:", 1)[1]
+
+
+def test_a_setting_with_two_bad_fields_names_both(capsys: pytest.CaptureFixture[str]) -> None:
+    setting = '{"attention_scale": 0, "serve_as": "text"}'
+    assert main(["eval", "fidelity", "--cases", str(CASES), "--setting", setting]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the console may wrap the line
+    assert "attention_scale: Input should be greater than 0; serve_as: Input should be 'kv' or 'prompt'" in err
+
+
 class _Embedder:
     """Unit vectors by keyword: memory i and question i share dimension i."""
 
