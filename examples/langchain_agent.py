@@ -5,10 +5,10 @@ injects their K/V: the memory text never enters the agent's prompt. After the ru
 question in a second conversation, it recalls the fact again, not the question it stored the first time (a memory
 whose text is a message being sent is left out).
 
-Run with the integrations environment (``make`` builds it; ``langchain-inferscale`` installed from
-``integrations/langchain``)::
+Run after ``make install-integrations`` (it installs ``langchain-inferscale`` from ``integrations/langchain`` into
+``.venv``)::
 
-    .venv-integrations/bin/python examples/langchain_agent.py
+    .venv/bin/python examples/langchain_agent.py
 """
 
 from __future__ import annotations

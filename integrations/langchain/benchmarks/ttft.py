@@ -11,7 +11,7 @@ Three ways to give the model the same k memories, timed side by side in one proc
 First-token latency is wall-clock from ``model.stream(...)`` to the first chunk with text, as a LangChain user sees
 it (the ids are fixed beforehand, so retrieval is not timed). Run::
 
-    HF_HUB_OFFLINE=1 .venv-integrations/bin/python integrations/langchain/benchmarks/ttft.py --k 10 --repeats 5
+    HF_HUB_OFFLINE=1 .venv/bin/python integrations/langchain/benchmarks/ttft.py --k 10 --repeats 5
 """
 
 from __future__ import annotations
