@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 
 # Every install runs pip with --no-compile: pip would byte-compile every installed file (torch, vLLM), most of which
 # is never imported. Python compiles what a process imports instead and caches it in __pycache__, so it must be
-# allowed to write bytecode: where PYTHONDONTWRITEBYTECODE is set (as on this project's CI machines), every Python
+# allowed to write bytecode: where PYTHONDONTWRITEBYTECODE is set (this machine sets it for every session), every Python
 # process of the test suite (each pytest-xdist worker, each CLI, server and writer subprocess, vLLM's engine core)
 # would otherwise compile torch, transformers and vLLM from source again, ~20 s each.
 export PYTHONDONTWRITEBYTECODE :=
