@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "inferscale.conversation": 0,
     "inferscale.error_codes": 0,
     "inferscale.formats": 0,
+    "inferscale.validation_text": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
     "inferscale.models": 3,

@@ -16,7 +16,7 @@ each memory, best first, as :class:`inferscale.MemoryClient.search` ranks them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from inferscale.errors import InvalidInputError
+from inferscale.validation_text import describe_errors
 
 if TYPE_CHECKING:
     from inferscale.retrieval import Embedder
@@ -38,7 +39,6 @@ __all__ = [
     "locomo_conversation",
     "memories_with_contexts",
     "retrieve_cases",
-    "validation_problems",
 ]
 
 
@@ -82,25 +82,6 @@ class FidelitySlice:
     cases: list[FidelityCase]
 
 
-def validation_problems(exc: ValidationError, where: Callable[[str], str | None], limit: int | None = None) -> str:
-    """Pydantic's errors as one line, ``"<where>: <msg>; ..."``, without its links or internal type names.
-
-    Args:
-        exc: the validation error.
-        where: the label of an error's location, given the location joined with dots (``""`` for the top level);
-            ``None`` prints the message alone.
-        limit: the most errors named; the rest are counted, ``" (and N more)"``.
-    """
-    errors = exc.errors(include_url=False, include_context=False)
-    shown = errors if limit is None else errors[:limit]
-    parts = []
-    for error in shown:
-        label = where(".".join(map(str, error["loc"])))
-        parts.append(f"{label}: {error['msg']}" if label else error["msg"])
-    more = len(errors) - len(shown)
-    return "; ".join(parts) + (f" (and {more} more)" if more else "")
-
-
 def load_cases(path: str | Path) -> FidelitySlice:
     """Read a JSON list of cases.
 
@@ -119,7 +100,7 @@ def load_cases(path: str | Path) -> FidelitySlice:
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{file} is not JSON: {exc}") from exc
     except ValidationError as exc:
-        problems = validation_problems(exc, lambda loc: f"item {loc}" if loc else None, limit=5)
+        problems = describe_errors(exc.errors(), lambda loc: f"item {loc}" if loc else None, limit=5)
         raise InvalidInputError(
             f"{file} must hold a list of {{'memories': [str, ...], 'question': str, 'answer'?: str, "
             f"'contexts'?: [[str, ...], ...]}}: {problems}"

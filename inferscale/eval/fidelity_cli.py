@@ -25,7 +25,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
-from inferscale.eval.fidelity_cases import validation_problems
+from inferscale.validation_text import describe_errors
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
 
@@ -166,7 +166,7 @@ def _settings(raw: tuple[str, ...] | None) -> list[Any]:
         try:
             settings.append(FidelitySetting(**obj))
         except ValidationError as exc:
-            problems = validation_problems(exc, lambda loc: loc or "setting")
+            problems = describe_errors(exc.errors(), lambda loc: loc or "setting")
             raise ConfigError(f"invalid --setting {json.dumps(obj)}: {problems}") from exc
     labels = [s.label for s in settings]
     repeated = sorted({label for label in labels if labels.count(label) > 1})

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
 from inferscale.errors import InferScaleError, ServerError
+from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,7 @@ def internal_error_content(exc: BaseException) -> dict[str, Any]:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(part) for part in error.get("loc", ()))
-        parts.append(f"{where}: {error.get('msg')}" + (f" (got {error['input']!r:.80})" if "input" in error else ""))
-    more = len(exc.errors()) - len(parts)
-    return "invalid request: " + "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    return "invalid request: " + describe_errors(exc.errors(), limit=5, show_input=True)
 
 
 async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:

@@ -48,8 +48,7 @@ def test_validation_errors_read_as_one_line_per_field_with_the_rest_counted(tmp_
     bad.write_text('{"memories": ["a"], "question": "q"}', encoding="utf-8")  # an object, not a list of them
     with pytest.raises(InvalidInputError) as top:
         load_cases(bad)
-    assert str(top.value).endswith("}: Input should be a valid list")
-    assert "item" not in str(top.value).rsplit("}:", 1)[1]
+    assert str(top.value).endswith("}: Input should be a valid list")  # a top-level error names no item
 
 
 def test_a_setting_with_two_bad_fields_names_both(capsys: pytest.CaptureFixture[str]) -> None:

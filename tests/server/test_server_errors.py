@@ -103,6 +103,13 @@ def test_fastapis_422_is_400_invalid_input(http: httpx.Client, body: dict[str, A
     assert where in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
+def test_a_request_with_many_bad_fields_names_five_with_their_input_and_counts_the_rest(http: httpx.Client) -> None:
+    body = {"query": "tea", "user_id": "alice", **{f"extra{i}": i for i in range(7)}}
+    message = _error(http.post("/v1/memories/search/", json=body), 400, "invalid_input", "InvalidInputError")
+    named = "; ".join(f"body.extra{i}: Extra inputs are not permitted (got {i})" for i in range(5))
+    assert message == f"invalid request: {named} (and 2 more)"
+
+
 def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: httpx.Client) -> None:
     reply = http.post("/v1/memories/", content=b'{"messages": ', headers={"content-type": "application/json"})
     assert "JSON decode error" in _error(reply, 400, "invalid_input", "InvalidInputError")

@@ -1,0 +1,42 @@
+"""Pydantic's validation errors as one line of text for a person: ``"<where>: <msg>; ..."``.
+
+pydantic's own ``str(exc)`` spreads over several lines, names internal types and links to its documentation; the
+command line, the cases file of ``eval fidelity`` and the server's 400 replies print this instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+def _location(loc: str) -> str | None:
+    return loc or None
+
+
+def describe_errors(
+    errors: Sequence[Mapping[str, Any]],
+    where: Callable[[str], str | None] = _location,
+    limit: int | None = None,
+    show_input: bool = False,
+) -> str:
+    """``"<where>: <msg>; <where>: <msg> (and N more)"``.
+
+    Args:
+        errors: pydantic's error dicts (``ValidationError.errors()``, FastAPI's ``RequestValidationError.errors()``):
+            ``loc``, ``msg`` and, for ``show_input``, ``input`` are read.
+        where: the label of an error's location, given its parts joined with dots (``""`` for the top level);
+            ``None`` prints the message alone. Default: the joined location, or nothing at the top level.
+        limit: the most errors named; the others are counted, ``" (and N more)"``.
+        show_input: add each error's input, ``" (got <repr>)"``, cut to 80 characters.
+    """
+    shown = errors if limit is None else errors[:limit]
+    parts = []
+    for error in shown:
+        label = where(".".join(str(part) for part in error.get("loc", ())))
+        text = f"{label}: {error.get('msg')}" if label else str(error.get("msg"))
+        if show_input and "input" in error:
+            text += f" (got {error['input']!r:.80})"
+        parts.append(text)
+    more = len(errors) - len(shown)
+    return "; ".join(parts) + (f" (and {more} more)" if more else "")
