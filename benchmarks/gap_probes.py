@@ -14,15 +14,20 @@ the same order), first token only, against prompt mode:
 - ``chain:w``: each memory encoded on top of the *stored K/V* of its last w context turns, injected after the
   system prefix as a chat injects them (the turns' own chained K/V, in conversation order), instead of after the
   turns' text: only the memory's own tokens are prefilled (1/(1 + context/fact) of the windowed encoding's tokens).
-- ``layout``: each fact served at least as far from the system prefix as it was encoded (its context's length),
-  leaving gaps in the position ids of the memory segment (``gaps``), or exactly at its encoded position, facts
-  overlapping (``overlap``), instead of laid out contiguously.
+- ``layout``: the facts served away from their contiguous slots' positions (cache slots stay contiguous, position
+  ids do not): ``overlap`` puts each fact exactly at the position it was encoded at (after the prefix and its
+  context), so facts with contexts of similar length overlap; ``gaps`` puts each at that position or right after the
+  fact before it, whichever is later (with w=5 contexts longer than the facts before them, mostly one gap before the
+  first fact: the segment shifted away from the prefix).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gap_probes.py --locomo ../shared/data/locomo/locomo10.json
 
-Prints one row per probe setting: mean KL (nats), first-token agreement and the probe's cost. SmolLM2-135M-Instruct
-(embedded) in float32; ~25 minutes for the default band on 40 questions, ~10 for the chains, ~2 for the layouts, on
-2 CPU cores.
+Prints one row per probe setting: mean KL (nats), first-token agreement and the probe's cost (the layers a band
+recomputes; the tokens an encoding prefills for the conversation's memories, the cached system prefix not counted).
+Before it prints, it checks its own plumbing and stops if a check is off by more than 1e-4 in any logit: a band of
+no layer is KV mode, a band of every layer is prompt mode, the contiguous layout is KV mode. SmolLM2-135M-Instruct
+(embedded) in float32; ~25 minutes for the default bands on 40 questions, ~10 for the chains, ~2 for the layouts,
+on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
 
 class Probe:
-    """The model, one engine (system prompt) and the prompt-mode reference of each case."""
+    """The probes' forward passes, on one engine (its system prompt) and its model."""
 
     def __init__(self, engine: TransformersEngine, model: Any) -> None:
         self.engine, self.model = engine, model
@@ -64,7 +69,7 @@ class Probe:
         out = self.model(
             input_ids=torch.tensor([ids]),
             position_ids=torch.arange(start, start + len(ids))[None],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
         return out.logits[0, -1].float()
@@ -80,9 +85,13 @@ class Probe:
         mask[:, self.p :] = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)
         for i in layers:
             out = self.layers[i](
-                hidden, attention_mask=mask[None, None], position_ids=positions, past_key_values=cache,
-                use_cache=True, position_embeddings=rotary,
-            )  # fmt: skip
+                hidden,
+                attention_mask=mask[None, None],
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                position_embeddings=rotary,
+            )
             hidden = out[0] if isinstance(out, tuple) else out
 
     def band_logits(
@@ -92,9 +101,9 @@ class Probe:
 
         ``hidden[i][l]``: fact i's tokens' hidden states at layer l's input in its encoding pass, ``[n_i, hidden]``.
         """
-        side, n = band.split(":")
+        side, n = parse_band(band, len(self.layers))
         total = len(self.layers)
-        recomputed = range(total - int(n), total) if side == "top" else range(int(n))
+        recomputed = range(total - n, total) if side == "top" else range(n)
         segment = assemble(self.prefix, facts, self.engine.rope_table)
         data = []
         for i in range(total):
@@ -110,21 +119,21 @@ class Probe:
         return self.query_logits(cache, case, segment.n_tokens)
 
     def encoding_hidden_states(self, case: FidelityCase, w: int) -> list[list[torch.Tensor]]:
-        """Each fact's tokens' hidden states at every layer's input (and the last layer's output), from a plain
-        pass over ``[system prefix][its last w context turns][fact]``."""
+        """Each fact's tokens' hidden states at every layer's input (index l: layer l's input; the last entry is the
+        final norm's output), from a plain pass over ``[system prefix][its last w context turns][fact]``."""
         out = []
         for i, text in enumerate(case.memories):
             ids = self.engine.fact_token_ids(text)
             context = self.engine.context_token_ids(case.context_of(i)[-w:] if w else [])
-            run = self.model(input_ids=torch.tensor([self.engine.system_prefix_ids() + context + ids]),
-                             output_hidden_states=True)  # fmt: skip
+            prompt = self.engine.system_prefix_ids() + context + ids
+            run = self.model.model(input_ids=torch.tensor([prompt]), output_hidden_states=True)
             out.append([h[0, -len(ids) :] for h in run.hidden_states])
         return out
 
     def gapped_logits(self, case: FidelityCase, facts: Sequence[FactKV], starts: Sequence[int]) -> torch.Tensor:
         """KV mode with fact i's first token at position ``starts[i]`` (cache slots stay contiguous)."""
         table = self.engine.rope_table
-        keys = [self.prefix.keys, *[table.rotate(f.keys.clone(), start=s) for f, s in zip(facts, starts, strict=True)]]
+        keys = [self.prefix.keys, *[table.rotate(f.keys, start=s) for f, s in zip(facts, starts, strict=True)]]
         values = [self.prefix.values, *[f.values for f in facts]]
         k, v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
         cache = DynamicCache(
@@ -163,6 +172,18 @@ class Probe:
         return chained
 
 
+def parse_band(band: str, n_layers: int) -> tuple[str, int]:
+    """``"top:n"`` or ``"bottom:n"`` → ``(side, n)``.
+
+    Raises:
+        ValueError: for another side, or n outside ``0 .. n_layers``.
+    """
+    side, _, count = band.partition(":")
+    if side not in ("top", "bottom") or not count.isdigit() or int(count) > n_layers:
+        raise ValueError(f"band {band!r}: expected 'top:N' or 'bottom:N' with 0 <= N <= {n_layers}")
+    return side, int(count)
+
+
 def contiguous_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     """Where each fact starts when laid out one after the other from position ``p`` (as the product serves)."""
     starts, position = [], p
@@ -181,6 +202,11 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     return starts
 
 
+PROBES = ("band", "chain", "layout")
+CHECK_TOLERANCE = 1e-4
+"""The largest |Δlogit| a plumbing check allows (float32 kernels' rounding is ~1e-5)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
@@ -188,16 +214,16 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
     parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
     parser.add_argument("--system-prompt", default="default", choices=sorted(SYSTEM_PROMPTS))
-    parser.add_argument("--probes", default="band,chain,layout", help="which probes (default all three)")
+    parser.add_argument("--probes", nargs="+", default=list(PROBES), choices=PROBES, help="which probes (default all)")
     parser.add_argument("--bands", default="top:4,top:8,top:15,bottom:4", help="layer bands (default %(default)s)")
     parser.add_argument("--chain-windows", default="1,3,5", help="w of the chained encodings (default %(default)s)")
     args = parser.parse_args()
-    probes = set(args.probes.split(","))
+    probes = set(args.probes)
 
     sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
     memories, contexts = memories_with_contexts(sessions)
-    cases = retrieve_cases(args.conversation, memories, questions, args.k, SentenceTransformerEmbedder(None, "cpu"),
-                           contexts).cases  # fmt: skip
+    embedder = SentenceTransformerEmbedder(None, "cpu")
+    cases = retrieve_cases(args.conversation, memories, questions, args.k, embedder, contexts).cases
     config = EngineConfig(dtype="float32", device="cpu")
     _, model, tokenizer = load_causal_lm(config, None)
     engine = TransformersEngine(config, SYSTEM_PROMPTS[args.system_prompt], model=model, tokenizer=tokenizer)
@@ -205,47 +231,62 @@ def main() -> None:
     default = FidelitySetting()
     stored = FactCache(engine)
     n_layers = len(probe.layers)
+    bands = args.bands.split(",") if "band" in probes else []
+    for band in bands:
+        parse_band(band, n_layers)  # refuse a bad band before anything runs
+    windows = [int(w) for w in args.chain_windows.split(",")] if "chain" in probes else []
 
-    chains: dict[int, dict[str, FactKV]] = {}
-    if "chain" in probes:
-        context_of = dict(zip(memories, contexts, strict=True))
-        for w in map(int, args.chain_windows.split(",")):
-            chains[w] = probe.chain_encode(memories, context_of, w)
+    fact_tokens = sum(len(engine.fact_token_ids(m)) for m in memories)
+
+    def windowed_tokens(w: int) -> int:
+        """Tokens the product's encoding prefills for the conversation's memories at context window w."""
+        return fact_tokens + sum(len(engine.context_token_ids(c[-w:] if w else [])) for c in contexts)
+
+    w = default.context_window
+    costs = {"default (w=5, pure injection)": f"encoding prefills {windowed_tokens(w) / fact_tokens:.2f}x fact tokens"}
+    for band in bands:
+        n = parse_band(band, n_layers)[1]
+        costs[f"band {band}"] = f"{n}/{n_layers} layers = {n / n_layers:.0%} of the memory prefill"
+    chains = {}
+    context_of = dict(zip(memories, contexts, strict=True))
+    for window in windows:
+        chains[window] = probe.chain_encode(memories, context_of, window)
+        costs[f"chain:{window}"] = f"encoding prefills 1.00x fact tokens (text, w={window}: " + (
+            f"{windowed_tokens(window) / fact_tokens:.2f}x)"
+        )
+    if "layout" in probes:
+        costs |= {"layout: gaps": "0", "layout: overlap": "0"}
 
     results: dict[str, list[tuple[float, bool]]] = {}
-    checks: list[float] = []
+    checks: dict[str, float] = {}
 
     def record(name: str, reference: torch.Tensor, logits: torch.Tensor) -> None:
-        results.setdefault(name, []).append(
-            (first_token_kl(reference, logits), bool(logits.argmax() == reference.argmax()))
-        )
+        kl = first_token_kl(reference, logits)
+        results.setdefault(name, []).append((kl, bool(logits.argmax() == reference.argmax())))
+
+    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        checks[name] = max(checks.get(name, 0.0), float((got - want).abs().max()))
 
     with torch.inference_mode():
         for case in cases:
-            reference = engine.first_token_logits(
-                case.question, None, [engine.fact_token_ids(t) for t in case.memories]
-            )
+            memory_ids = [engine.fact_token_ids(t) for t in case.memories]
+            reference = engine.first_token_logits(case.question, None, memory_ids)
             facts = stored.get(case, default)
             kv = engine.first_token_logits(case.question, facts)
             record("default (w=5, pure injection)", reference, kv)
-            if "band" in probes:
+            if bands:
                 hidden = probe.encoding_hidden_states(case, default.context_window)
-                checks.append(float((probe.band_logits(case, facts, hidden, "top:0") - kv).abs().max()))
-                checks.append(
-                    float((probe.band_logits(case, facts, hidden, f"top:{n_layers}") - reference).abs().max())
-                )
-                for band in args.bands.split(","):
+                check("band top:0 = KV mode", probe.band_logits(case, facts, hidden, "top:0"), kv)
+                every = probe.band_logits(case, facts, hidden, f"top:{n_layers}")
+                check(f"band top:{n_layers} = prompt mode", every, reference)
+                for band in bands:
                     record(f"band {band}", reference, probe.band_logits(case, facts, hidden, band))
-            for w, chained in chains.items():
-                record(
-                    f"chain:{w}",
-                    reference,
-                    engine.first_token_logits(case.question, [chained[t] for t in case.memories]),
-                )
+            for window, chained in chains.items():
+                served = [chained[t] for t in case.memories]
+                record(f"chain:{window}", reference, engine.first_token_logits(case.question, served))
             if "layout" in probes:
-                checks.append(
-                    float((probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts)) - kv).abs().max())
-                )
+                laid = probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts))
+                check("contiguous layout = KV mode", laid, kv)
                 layouts = {
                     "layout: gaps": gapped_starts(probe.p, facts),
                     "layout: overlap": [f.encoded_at for f in facts],
@@ -253,14 +294,16 @@ def main() -> None:
                 for name, starts in layouts.items():
                     record(name, reference, probe.gapped_logits(case, facts, starts))
 
+    off = {name: delta for name, delta in checks.items() if delta > CHECK_TOLERANCE}
+    if off:
+        raise SystemExit(f"plumbing checks off by more than {CHECK_TOLERANCE:g} in a logit: {off}")
     print(f"{args.conversation}, {len(cases)} questions, k={args.k}, {args.system_prompt} system prompt, float32")
     for name, values in results.items():
         kl = statistics.fmean(v[0] for v in values)
         agree = statistics.fmean(float(v[1]) for v in values)
-        print(f"{name:<34} KL {kl:.4f}  agree {agree:.3f}")
-    if checks:
-        print(f"checks (band top:0 = KV mode, top:{n_layers} = prompt mode, contiguous layout = KV mode): "
-              f"max |Δlogit| {max(checks):.2e}")  # fmt: skip
+        print(f"{name:<32} KL {kl:.4f}  agree {agree:.3f}  cost: {costs[name]}")
+    for name, delta in checks.items():
+        print(f"check {name}: max |Δlogit| {delta:.1e}")
 
 
 if __name__ == "__main__":
