@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 
 # Every install runs pip with --no-compile: pip would byte-compile every installed file (torch, vLLM), most of which
 # is never imported. Python compiles what a process imports instead and caches it in __pycache__, so it must be
-# allowed to write bytecode. Where PYTHONDONTWRITEBYTECODE is set (this machine sets it for every session), every
+# allowed to write bytecode. Where the environment sets PYTHONDONTWRITEBYTECODE (this project's CPU machines do), every
 # Python process of the suites (each pytest-xdist worker, each CLI, server and writer subprocess, vLLM's engine core)
 # would otherwise compile torch and transformers again: importing the client, the transformers engine and the server
 # took 16-19 s that way on the 2-core EPYC, against 7 s with the bytecode cached.
@@ -61,8 +61,12 @@ install-integrations: $(ISTAMP)
 demo: $(STAMP)
 	$(BIN)/inferscale demo
 
-# The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages.
-test: lint test-core test-vllm test-integrations
+# The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages. The
+# framework packages are installed first, so the core suite always runs in the environment it runs in from then on.
+test: install-integrations lint test-core test-vllm test-integrations
+
+# One step at a time, even under make -j: installs write into .venv while the suites read it.
+.NOTPARALLEL:
 
 # The core suite runs on pytest-xdist workers, one per CPU this process may use (at most 8), each with one torch
 # thread; CORE_WORKERS=0 runs it in one process with torch's threads. Every test builds its own database (a SQLite
@@ -84,5 +88,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
 	$(BIN)/mypy
 
+# .venv-integrations: the framework packages' own environment in earlier versions.
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .venv-integrations build *.egg-info
