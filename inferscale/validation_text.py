@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+INPUT_CHARS = 80
+"""How much of an input's repr :func:`describe_errors` quotes."""
+
 
 def _location(loc: str) -> str | None:
     return loc or None
@@ -27,16 +30,24 @@ def describe_errors(
             ``loc``, ``msg`` and, for ``show_input``, ``input`` are read.
         where: the label of an error's location, given its parts joined with dots (``""`` for the top level);
             ``None`` prints the message alone. Default: the joined location, or nothing at the top level.
-        limit: the most errors named; the others are counted, ``" (and N more)"``.
-        show_input: add each error's input, ``" (got <repr>)"``, cut to 80 characters.
+        limit: the most errors named (``None``: all); the others are counted, ``" (and N more)"``.
+        show_input: add each error's input, ``" (got <repr>)"``, its repr cut to :data:`INPUT_CHARS` characters.
+
+    Returns:
+        One line; empty for no errors.
+
+    Raises:
+        ValueError: for ``limit`` < 1.
     """
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 or None, got {limit}")
     shown = errors if limit is None else errors[:limit]
     parts = []
     for error in shown:
         label = where(".".join(str(part) for part in error.get("loc", ())))
         text = f"{label}: {error.get('msg')}" if label else str(error.get("msg"))
         if show_input and "input" in error:
-            text += f" (got {error['input']!r:.80})"
+            text += f" (got {repr(error['input'])[:INPUT_CHARS]})"
         parts.append(text)
     more = len(errors) - len(shown)
     return "; ".join(parts) + (f" (and {more} more)" if more else "")
