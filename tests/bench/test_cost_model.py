@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from benchmark_scripts import BENCHMARKS, load_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script(name: str) -> ModuleType:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-cm = _script("cost_model")
+cm = load_benchmark("cost_model")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +111,7 @@ def test_overrides_and_bad_inputs(tmp_path: Path) -> None:
 
 def test_docs_scaling_tables_are_the_scripts_output(tmp_path: Path) -> None:
     markdown = cm.render_markdown(cm.compute(cm.load_inputs()))
-    doc = (ROOT / "docs" / "scaling.md").read_text()
+    doc = (BENCHMARKS.parent / "docs" / "scaling.md").read_text()
     assert cm.doc_block(doc) == markdown, "docs/scaling.md drifted: run benchmarks/cost_model.py --write-doc"
     # --write-doc and --json round-trip
     copy = tmp_path / "scaling.md"

@@ -1,0 +1,47 @@
+"""benchmarks/gap_probes.py's layouts and argument checks against hand-written values (its forward passes check
+themselves when it runs: a band of no layer is KV mode, of every layer prompt mode)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from benchmark_scripts import load_benchmark
+
+from inferscale.kv.fact import FactKV
+
+gp = load_benchmark("gap_probes")
+
+
+def _fact(n_tokens: int, encoded_at: int) -> FactKV:
+    zeros = torch.zeros(1, 1, n_tokens, 2)
+    return FactKV(keys=zeros, values=zeros.clone(), token_ids=torch.arange(n_tokens), encoded_at=encoded_at)
+
+
+def test_the_layouts_place_each_fact_as_documented() -> None:
+    facts = [_fact(4, 30), _fact(3, 31), _fact(5, 60)]  # encoded after a 10-token prefix and 20 / 21 / 50 of context
+    assert gp.contiguous_starts(10, facts) == [10, 14, 17]  # as the product serves them
+    # at its encoded position, or right after the fact before it when that ends later
+    assert gp.gapped_starts(10, facts) == [30, 34, 60]
+    assert gp.gapped_starts(40, [_fact(2, 30)]) == [40]  # never before the prefix ends
+
+
+def test_bands_parse_and_bad_ones_are_refused() -> None:
+    assert gp.parse_band("top:4", 30) == ("top", 4)
+    assert gp.parse_band("bottom:0", 30) == ("bottom", 0)
+    assert gp.parse_band("top:30", 30) == ("top", 30)
+    assert gp.parse_band("top:99") == ("top", 99)  # the layer count is checked once the model is loaded
+    for bad in ("top:31", "middle:3", "top:-1", "top:", "top"):
+        with pytest.raises(ValueError, match="expected 'top:N' or 'bottom:N'"):
+            gp.parse_band(bad, 30)
+    with pytest.raises(argparse.ArgumentTypeError, match="'mid:2'"):
+        gp.band_argument("mid:2")
+    assert gp.band_argument("bottom:4") == "bottom:4"
+
+
+def test_chain_windows_are_positive_integers() -> None:
+    assert gp.window_argument("3") == 3
+    for bad in ("0", "-1", "x", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a window w >= 1"):
+            gp.window_argument(bad)
