@@ -1,5 +1,5 @@
-"""Crash test: a writer process is killed with SIGKILL at a random point of its writes, 20 times (6 on PostgreSQL,
-where each write is slower); after each kill the store is reopened and reconciled, and checked against every write
+"""Crash test: a writer process is killed with SIGKILL at a random point of its writes, 20 times on each backend
+(``KILLS``); after each kill the store is reopened and reconciled, and checked against every write
 the writer acknowledged.
 
 The writer (tests/crash_writer.py) makes up to 200 random adds (half with ``encode_kv``), updates, deletes and K/V
@@ -96,15 +96,16 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
     started.close()
 
 
+def complete_entries(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The entries of a writer's log text ``data`` (one JSON object per line) and what follows its last line break:
+    a line still being written, or one cut by the kill, which is not an entry."""
+    *lines, rest = data.split(b"\n")
+    return [json.loads(line) for line in lines], rest
+
+
 def read_log(path: Path) -> list[dict[str, Any]]:
     """The complete lines of a writer's log (a line cut by the kill is not acknowledged, and dropped)."""
-    if not path.exists():
-        return []
-    entries = []
-    for line in path.read_text().splitlines(keepends=True):
-        if line.endswith("\n"):
-            entries.append(json.loads(line))
-    return entries
+    return complete_entries(path.read_bytes())[0] if path.exists() else []
 
 
 class AckCounter:
@@ -123,12 +124,28 @@ class AckCounter:
             with self._path.open("rb") as log:
                 log.seek(self._offset)
                 appended = log.read()
-        except FileNotFoundError:
-            return 0
+        except FileNotFoundError:  # the writer has not opened its log yet
+            return self.acks
         self._offset += len(appended)
-        *lines, self._partial = (self._partial + appended).split(b"\n")
-        self.acks += sum(json.loads(line)["phase"] == "ack" for line in lines)
+        entries, self._partial = complete_entries(self._partial + appended)
+        self.acks += sum(entry["phase"] == "ack" for entry in entries)
         return self.acks
+
+
+def test_the_ack_counter_counts_each_acknowledged_line_once_it_is_complete(tmp_path: Path) -> None:
+    log = tmp_path / "writer.log"
+    acks = AckCounter(log)
+    assert acks.count() == 0  # no log yet
+    ack, start = json.dumps({"phase": "ack", "op": "add"}) + "\n", json.dumps({"phase": "start", "op": "add"}) + "\n"
+    log.write_text(ack + start + ack[:7])
+    assert acks.count() == 1  # the cut line is not an ack yet
+    with log.open("a") as tail:
+        tail.write(ack[7:] + ack)
+    assert acks.count() == 3  # the appended rest completes the cut line: counted once, with the new one
+    assert acks.count() == 3  # nothing appended: nothing counted again
+    assert [e["phase"] for e in read_log(log)] == ["ack", "start", "ack", "ack"]
+    log.unlink()
+    assert acks.count() == 3  # a log gone between looks loses no count
 
 
 def kill_at_random(zygote: Zygote, log: Path, rng: random.Random, **arguments: Any) -> str:
