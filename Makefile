@@ -13,8 +13,9 @@ VLLM_VENV := .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed-stamp
 # The framework packages (integrations/) are installed into .venv too, on top of the core (make install-integrations):
-# they add packages and change none of the core's. The pytest plugins langchain-tests brings are switched off for
-# the core suite (pyproject.toml, addopts).
+# they add packages, and where they need a newer release of one the core also uses (langchain-tests: pytest>=9.0.3,
+# httpx>=0.28.1), pip upgrades it within the core's own ranges. The pytest plugins langchain-tests brings are
+# switched off for the core suite (pyproject.toml, addopts).
 ISTAMP := $(VENV)/.integrations-stamp
 PYTEST_ARGS ?=
 
@@ -22,8 +23,8 @@ PYTEST_ARGS ?=
 # is never imported. Python compiles what a process imports instead and caches it in __pycache__, so it must be
 # allowed to write bytecode. Where the environment sets PYTHONDONTWRITEBYTECODE (this project's CPU machines do), every
 # Python process of the suites (each pytest-xdist worker, each CLI, server and writer subprocess, vLLM's engine core)
-# would otherwise compile torch and transformers again: importing the client, the transformers engine and the server
-# took 16-19 s that way on the 2-core EPYC, against 7 s with the bytecode cached.
+# would otherwise compile torch and transformers again: one process importing the client, the transformers engine
+# and the server took 16-19 s that way on the 2-core EPYC, against 7 s with the bytecode cached (2 Dec 2026).
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: install install-vllm install-integrations demo test test-core test-vllm test-integrations lint clean
@@ -62,7 +63,7 @@ demo: $(STAMP)
 	$(BIN)/inferscale demo
 
 # The test command CI runs: lint (ruff + mypy), the core suite, the vLLM stage, then the framework packages. The
-# framework packages are installed first, so the core suite always runs in the environment it runs in from then on.
+# framework packages are installed first, so the core suite always runs beside them, on a fresh machine as later.
 test: install-integrations lint test-core test-vllm test-integrations
 
 # One step at a time, even under make -j: installs write into .venv while the suites read it.
