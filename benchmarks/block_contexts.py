@@ -10,8 +10,9 @@ The price is a longer context for the later turns of a block (w to w + B - 1 tur
 price, with the prefill cost each B would have:
 
 - ``B=1`` is the product's context (the w turns before the memory), the reference row;
-- ``B=5 / 10 / 20``: block contexts, every turn of the block encoded after at most w + B - 1 turns (16 at most:
-  the longest context a setting may ask for; B=20's last turns keep their 16 nearest).
+- ``B=5 / 10 / 12``: block contexts, every turn of the block encoded after at most w + B - 1 turns. B is at most
+  17 - w (12 for w=5): a setting takes at most 16 context turns (``MAX_CONTEXT_TURNS``), and a longer block would
+  have to cut its last turns' contexts, which one pass over the block cannot give.
 
 The same retrieved memories in the same order for every B, first token only, the default system prompt,
 SmolLM2-135M-Instruct in float32:
@@ -35,10 +36,21 @@ from inferscale.eval.fidelity import SYSTEM_PROMPTS, FidelitySetting, run_fideli
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelitySlice, locomo_conversation, retrieve_cases
 
 
+def largest_block(w: int) -> int:
+    """The largest block whose every context (at most w + B - 1 turns) a setting can take whole."""
+    return MAX_CONTEXT_TURNS - w + 1
+
+
 def block_contexts(sessions: Sequence[Sequence[str]], w: int, block: int) -> tuple[list[str], list[list[str]]]:
     """Each distinct text once, with its block context: the ``w`` turns before its block of ``block`` turns in its
-    session and the block's turns before it, cut to the last :data:`MAX_CONTEXT_TURNS`. ``block=1`` gives the
-    product's context (the ``w`` turns right before it)."""
+    session and the block's turns before it. ``block=1`` gives the product's context (the ``w`` turns right before
+    it).
+
+    Raises:
+        ValueError: for ``w`` < 0, ``block`` < 1, or a block longer than :func:`largest_block`.
+    """
+    if w < 0 or not 1 <= block <= largest_block(w):
+        raise ValueError(f"w={w}, B={block}: need w >= 0 and 1 <= B <= {largest_block(max(w, 0))}")
     memories: list[str] = []
     contexts: list[list[str]] = []
     seen: set[str] = set()
@@ -49,7 +61,7 @@ def block_contexts(sessions: Sequence[Sequence[str]], w: int, block: int) -> tup
             seen.add(text)
             start = i - i % block
             memories.append(text)
-            contexts.append(list(turns[max(0, start - w) : i])[-MAX_CONTEXT_TURNS:])
+            contexts.append(list(turns[max(0, start - w) : i]))
     return memories, contexts
 
 
@@ -73,11 +85,13 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
     parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
     parser.add_argument("-w", type=int, default=5, help="turns before each block (default 5)")
-    parser.add_argument("--blocks", default="1,5,10,20", help="block sizes B, comma-separated (default 1,5,10,20)")
+    parser.add_argument(
+        "--blocks", nargs="+", type=int, default=[1, 5, 10, 12], help="block sizes B (default 1 5 10 12)"
+    )
     args = parser.parse_args()
-    blocks = [int(b) for b in args.blocks.split(",")]
-    if any(b < 1 for b in blocks):
-        parser.error("--blocks: every block size must be >= 1")
+    blocks: list[int] = args.blocks
+    if args.w < 0 or any(not 1 <= b <= largest_block(args.w) for b in blocks):
+        parser.error(f"need -w >= 0 and every block size 1 <= B <= {largest_block(max(args.w, 0))} (16 turns at most)")
 
     from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 

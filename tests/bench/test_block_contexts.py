@@ -3,29 +3,15 @@ block of one turn against the product's own context (the w turns before each mem
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
+
+import pytest
+from benchmark_scripts import load_benchmark
 
 from inferscale.encoding_layout import context_turns
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, memories_with_contexts
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script() -> ModuleType:
-    if "block_contexts" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("block_contexts", ROOT / "benchmarks" / "block_contexts.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["block_contexts"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["block_contexts"]
-
-
-bc = _script()
+bc = load_benchmark("block_contexts")
 
 SESSIONS = [["a", "b", "c", "d", "e", "f", "g"], ["h", "b", "i"]]
 
@@ -54,11 +40,14 @@ def test_a_block_of_one_is_the_products_context() -> None:
     assert contexts == [context_turns(c, 5) for c in reference]
 
 
-def test_long_blocks_keep_the_nearest_turns_a_setting_can_take() -> None:
+def test_a_block_longer_than_a_setting_takes_whole_is_refused() -> None:
     turns = [f"t{i}" for i in range(30)]
-    _, contexts = bc.block_contexts([turns], w=5, block=30)
-    assert contexts[29] == turns[29 - MAX_CONTEXT_TURNS : 29]
-    assert contexts[10] == turns[:10]
+    _, contexts = bc.block_contexts([turns], w=5, block=12)  # 12 = 16 - 5 + 1: the longest context is 16 turns
+    assert max(len(c) for c in contexts) == MAX_CONTEXT_TURNS
+    assert contexts[23] == turns[7:23]  # turn 23 closes block 12-23: the 5 turns before it and 11 of its own
+    for w, block in ((5, 13), (0, 0), (-1, 1)):
+        with pytest.raises(ValueError, match="need w >= 0"):
+            bc.block_contexts([turns], w=w, block=block)
 
 
 class _CharTokens:
