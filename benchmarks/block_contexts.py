@@ -29,10 +29,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from inferscale.config import EngineConfig
-from inferscale.engines.hf import load_causal_lm
+from locomo_probe import add_slice_arguments, float32_engine
+
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.eval.fidelity import SYSTEM_PROMPTS, FidelitySetting, run_fidelity, summarize_rows
+from inferscale.eval.fidelity import FidelitySetting, run_fidelity, summarize_rows
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelitySlice, locomo_conversation, retrieve_cases
 
 
@@ -80,10 +80,7 @@ def prefill_per_fact_token(engine: TransformersEngine, sessions: Sequence[Sequen
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
-    parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
-    parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
-    parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
+    add_slice_arguments(parser)
     parser.add_argument("-w", type=int, default=5, help="turns before each block (default 5)")
     parser.add_argument(
         "--blocks", nargs="+", type=int, default=[1, 5, 10, 12], help="block sizes B (default 1 5 10 12)"
@@ -97,9 +94,7 @@ def main() -> None:
 
     embedder = SentenceTransformerEmbedder(None, "cpu")
     sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
-    config = EngineConfig(dtype="float32", device="cpu")
-    _, model, tokenizer = load_causal_lm(config, None)
-    engine = TransformersEngine(config, SYSTEM_PROMPTS["default"], model=model, tokenizer=tokenizer)
+    engine, _ = float32_engine()
     slices: list[FidelitySlice] = []
     cost: dict[str, tuple[float, float]] = {}
     for block in blocks:

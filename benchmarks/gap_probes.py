@@ -39,10 +39,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from locomo_probe import add_slice_arguments, float32_engine
 from transformers import DynamicCache
 
-from inferscale.config import EngineConfig
-from inferscale.engines.hf import load_causal_lm
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting
@@ -249,10 +248,7 @@ CHECK_TOLERANCE = 1e-4
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
-    parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
-    parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
-    parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
+    add_slice_arguments(parser)
     parser.add_argument("--system-prompt", default="default", choices=sorted(SYSTEM_PROMPTS))
     parser.add_argument("--probes", nargs="+", default=list(PROBES), choices=PROBES, help="which probes (default all)")
     parser.add_argument(
@@ -268,8 +264,7 @@ def main() -> None:
     args = parser.parse_args()
     probes = set(args.probes)
 
-    config = EngineConfig(dtype="float32", device="cpu")
-    _, model, tokenizer = load_causal_lm(config, None)
+    engine, model = float32_engine(args.system_prompt)
     n_layers = len(model.model.layers)
     bands: list[str] = args.bands if "band" in probes else []
     for band in bands:
@@ -278,7 +273,6 @@ def main() -> None:
         except ValueError as error:  # the layer count is known now, before any case is built
             parser.error(f"--bands: {error}")
     windows: list[int] = args.chain_windows if "chain" in probes else []
-    engine = TransformersEngine(config, SYSTEM_PROMPTS[args.system_prompt], model=model, tokenizer=tokenizer)
     probe = Probe(engine.load(), model)
     default = FidelitySetting()
     stored = FactCache(engine)

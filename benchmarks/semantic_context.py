@@ -24,11 +24,9 @@ import argparse
 from collections.abc import Sequence
 
 import numpy as np
+from locomo_probe import add_slice_arguments, float32_engine
 
-from inferscale.config import EngineConfig
-from inferscale.engines.hf import load_causal_lm
-from inferscale.engines.transformers import TransformersEngine
-from inferscale.eval.fidelity import SYSTEM_PROMPTS, FidelitySetting, run_fidelity, summarize_rows
+from inferscale.eval.fidelity import FidelitySetting, run_fidelity, summarize_rows
 from inferscale.eval.fidelity_cases import (
     FidelitySlice,
     locomo_conversation,
@@ -51,10 +49,7 @@ def similar_earlier(vectors: np.ndarray, w: int, best_last: bool) -> list[list[i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
-    parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
-    parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
-    parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
+    add_slice_arguments(parser)
     parser.add_argument("-w", type=int, default=5, help="context memories before each memory (default 5)")
     args = parser.parse_args()
 
@@ -74,9 +69,7 @@ def main() -> None:
     slices: list[FidelitySlice] = [
         retrieve_cases(name, memories, questions, args.k, embedder, ctx) for name, ctx in variants.items()
     ]
-    config = EngineConfig(dtype="float32", device="cpu")
-    _, model, tokenizer = load_causal_lm(config, None)
-    engines = {"default": TransformersEngine(config, SYSTEM_PROMPTS["default"], model=model, tokenizer=tokenizer)}
+    engines = {"default": float32_engine()[0]}
     setting = FidelitySetting(name=f"w={args.w}", context_window=args.w)
     rows = run_fidelity(engines, slices, [setting], generate=False)
     for summary in summarize_rows(rows, by=("slice",)):

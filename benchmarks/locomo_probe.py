@@ -1,0 +1,38 @@
+"""What the LoCoMo fidelity probes share (``gap_probes.py``, ``block_contexts.py``, ``semantic_context.py``): the
+options that choose the slice, and the float32 engine they measure on.
+
+The probes run as scripts (``python benchmarks/<probe>.py``), so this folder is on ``sys.path`` and they import
+this module by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from inferscale.config import EngineConfig
+from inferscale.engines.hf import load_causal_lm
+from inferscale.engines.transformers import TransformersEngine
+from inferscale.eval.fidelity import SYSTEM_PROMPTS
+
+
+def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--locomo``, ``--conversation``, ``--questions`` and ``-k``: which LoCoMo questions, with how many retrieved
+    memories each (the slice ``inferscale eval fidelity`` measures: conv-26, 40 questions, k=10)."""
+    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
+    parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
+    parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
+    parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
+
+
+def float32_engine(system_prompt: str = "default") -> tuple[TransformersEngine, Any]:
+    """The embedded SmolLM2-135M-Instruct in float32 on the CPU, as a transformers engine with one of
+    :data:`~inferscale.eval.fidelity.SYSTEM_PROMPTS`, and its model (a transformers causal LM, typed ``Any``: the
+    probes reach into its layers).
+
+    Raises:
+        KeyError: for a ``system_prompt`` that is not one of :data:`~inferscale.eval.fidelity.SYSTEM_PROMPTS`.
+    """
+    config = EngineConfig(dtype="float32", device="cpu")
+    _, model, tokenizer = load_causal_lm(config, None)
+    return TransformersEngine(config, SYSTEM_PROMPTS[system_prompt], model=model, tokenizer=tokenizer), model
