@@ -243,7 +243,7 @@ PROBES = ("band", "chain", "layout")
 PAD_TOKEN_ID = 0
 """The id of the one pad token a chained encoding may add after a fact (never attended to by the fact's tokens)."""
 CHECK_TOLERANCE = 1e-4
-"""The largest |Δlogit| a plumbing check allows (float32 kernels' rounding is ~1e-5)."""
+"""The largest |Δ| a plumbing check allows, in a logit or a pre-RoPE key (float32 kernels' rounding is ~1e-5)."""
 
 
 def main() -> None:
