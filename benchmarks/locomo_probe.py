@@ -1,5 +1,5 @@
-"""What the LoCoMo fidelity probes share (``gap_probes.py``, ``block_contexts.py``, ``semantic_context.py``): the
-options that choose the slice, and the float32 engine they measure on.
+"""What the LoCoMo fidelity probes share (``gap_probes.py``, ``block_contexts.py``, ``semantic_context.py``,
+``link_tokens.py``): the options that choose the slice, and the float32 engine they measure on.
 
 The probes run as scripts (``python benchmarks/<probe>.py``), so this folder is on ``sys.path`` and they import
 this module by name.
