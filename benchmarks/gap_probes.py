@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from locomo_probe import add_slice_arguments, float32_engine
+from locomo_probe import add_slice_arguments, dynamic_cache, float32_engine
 from transformers import DynamicCache
 
 from inferscale.engines.transformers import TransformersEngine
@@ -136,9 +136,7 @@ class Probe:
         keys = [self.prefix.keys, *[table.rotate(f.keys, start=s) for f, s in zip(facts, starts, strict=True)]]
         values = [self.prefix.values, *[f.values for f in facts]]
         k, v = torch.cat(keys, dim=2), torch.cat(values, dim=2)
-        cache = DynamicCache(
-            ddp_cache_data=[(k[i][None], v[i][None]) for i in range(k.shape[0])], config=self.model.config
-        )
+        cache = dynamic_cache(k, v, self.model.config)
         end = max(s + f.n_tokens for f, s in zip(facts, starts, strict=True))
         return self.query_logits(cache, case, end)
 

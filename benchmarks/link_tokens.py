@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from locomo_probe import float32_engine
-from transformers import DynamicCache
+from locomo_probe import dynamic_cache, float32_engine
 
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting
@@ -127,8 +126,7 @@ def served_logits(model: Any, case: PreparedCase, links: torch.Tensor | None) ->
     """``[vocab]`` float32: the first answer token's logits with ``links`` (``[L, hidden_size]`` float32, or none)
     and then the query prefilled after the memory segment, in one forward pass (differentiable in ``links``): the
     links at positions ``P+S .. P+S+L-1``, the query from ``P+S+L``, each attending causally to the whole cache."""
-    data = [(case.keys[i][None].clone(), case.values[i][None].clone()) for i in range(case.keys.shape[0])]
-    cache = DynamicCache(ddp_cache_data=data, config=model.config)
+    cache = dynamic_cache(case.keys, case.values, model.config)
     embeds = model.model.embed_tokens(torch.tensor([case.query_ids]))
     if links is not None:
         embeds = torch.cat([links[None], embeds], dim=1)

@@ -1,5 +1,6 @@
 """What the LoCoMo fidelity probes share (``gap_probes.py``, ``block_contexts.py``, ``semantic_context.py``,
-``link_tokens.py``): the options that choose the slice, and the float32 engine they measure on.
+``link_tokens.py``): the options that choose the slice, the float32 engine they measure on, and the transformers
+cache they prefill a query on.
 
 The probes run as scripts (``python benchmarks/<probe>.py``), so this folder is on ``sys.path`` and they import
 this module by name.
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 from typing import Any
+
+import torch
+from transformers import DynamicCache
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf import load_causal_lm
@@ -36,3 +40,10 @@ def float32_engine(system_prompt: str = "default") -> tuple[TransformersEngine, 
     config = EngineConfig(dtype="float32", device="cpu")
     _, model, tokenizer = load_causal_lm(config, None)
     return TransformersEngine(config, SYSTEM_PROMPTS[system_prompt], model=model, tokenizer=tokenizer), model
+
+
+def dynamic_cache(keys: torch.Tensor, values: torch.Tensor, config: Any) -> DynamicCache:
+    """A transformers cache holding ``keys`` / ``values`` (``[layers, n_kv_heads, T, head_dim]``, keys post-RoPE),
+    each layer copied: a forward pass on it appends to the copies and leaves the tensors given unchanged."""
+    data = [(keys[i][None].clone(), values[i][None].clone()) for i in range(keys.shape[0])]
+    return DynamicCache(ddp_cache_data=data, config=config)
