@@ -6,23 +6,28 @@ each segment that are prefilled at serve time, attending to every segment before
 with them. This probe keeps the model frozen, as the product must (it serves any model as downloaded), and trains
 only L input embeddings: prefilled after the memory segment and before the query, each attends to every injected
 memory, as a recomputed tail does. They are trained by distillation, no gold answers: the loss is the first-token
-KL(prompt || kv) with the links in KV mode, over cases of some LoCoMo conversations; the epoch kept is the one with
-the lowest KL on held-out validation conversations (or none, the untrained links, when no epoch beats them); the
-figures are on other, test conversations.
+KL(prompt || kv) with the links in KV mode, over cases of some LoCoMo conversations, or with ``--distill-tokens A``
+the mean KL over the first A positions of prompt mode's greedy answer, teacher-forced (the student sees prompt mode's
+answer so far, as in sequence-level distillation); the epoch kept is the one with the lowest first-token KL on
+held-out validation conversations (or none, the untrained links, when no epoch beats them); the figures are on
+other, test conversations.
 
 Every case is the one ``inferscale eval fidelity`` builds (the default setting: w=5 context-window encoding, pure
-injection; the same memories in the same order), first token only, SmolLM2-135M-Instruct in float32:
+injection; the same memories in the same order), SmolLM2-135M-Instruct in float32:
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/link_tokens.py --locomo ../shared/data/locomo/locomo10.json
 
-Prints, per test conversation, mean KL (nats) and first-token agreement for the default (no links), for L untrained
-links (each the embedding of ``--init``: what prefilling L more tokens does by itself) and for the trained links,
-with the links' cost in added prefill tokens. It checks its plumbing on every conversation as soon as it is
-prepared, the test ones first: with no links, its forward pass gives the engine's KV-mode logits (within 1e-4 in any
-logit), and it stops otherwise. On 2 CPU cores, preparing a conversation's 40 cases (their facts encoded at w=5,
-prompt mode's logits) takes ~1.7 min and an epoch over 240 cases ~70 s: ~30 min for the defaults (~17 to prepare,
-~12 to train). Every prepared conversation stays in memory (~1 GB each, ~10 GB for the defaults); ``--cache-dir``
-keeps them on disk between runs, under the model's fingerprint.
+Prints, per test conversation, mean first-token KL (nats) and agreement, and the greedy answers' F1 against prompt
+mode's (``--max-new-tokens`` budget), budget-hit and repeat rates, for the default (no links), for L untrained links
+(each the embedding of ``--init``: what prefilling L more tokens does by itself) and for the trained links, with the
+links' cost in added prefill tokens. It checks its plumbing on every conversation as soon as it is prepared, the
+test ones first, and stops if a check fails: with no links, its forward pass gives the engine's KV-mode logits
+(within 1e-4 in any logit); its prompt-mode pass over the answer gives the engine's prompt-mode first-token logits
+(the same bound); and on the test conversations it counts the greedy answers without links that equal the
+engine's KV-mode answers token for token. On 2 CPU cores, preparing a conversation's 40 cases (their facts encoded
+at w=5, prompt mode's logits and answers, KV mode's answers) takes ~3 min and an epoch over 240 cases ~70 s with
+A=1. Every prepared conversation stays in memory (~1.1 GB each, ~11 GB for the defaults); ``--cache-dir`` keeps
+them on disk between runs, under the model's fingerprint.
 """
 
 from __future__ import annotations
@@ -39,12 +44,16 @@ import torch
 import torch.nn.functional as F
 from locomo_probe import dynamic_cache, float32_engine
 
+from inferscale.engines.hf import stop_token_ids
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting
+from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting, repeats
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_cases
-from inferscale.eval.metrics import first_token_kl
+from inferscale.eval.metrics import first_token_kl, token_f1
 from inferscale.kv.compose import assemble
 from inferscale.retrieval.embedder import Embedder, SentenceTransformerEmbedder
+
+PLUMBING_TOLERANCE = 1e-4
+"""The largest |Δ| in a logit the plumbing check allows (float32 kernels' rounding is ~1e-5)."""
 
 
 @dataclass
@@ -55,8 +64,11 @@ class PreparedCase:
     memories with their keys rotated to their serving positions; ``query_ids``: the tokens after the memory segment;
     ``reference``: ``[vocab]`` float32, prompt mode's first-token log-probabilities; ``kv_logits``: ``[vocab]``
     float32, the engine's own KV-mode logits (for the plumbing check); ``memory_tokens``: S, the segment's memory
-    tokens (the links' cost is counted against it). Tensors made under inference mode: :func:`served_logits` clones
-    what it extends.
+    tokens (the links' cost is counted against it); ``answer_ids``: prompt mode's greedy answer (at most the
+    budget, without its end-of-turn token); ``answer_reference``: ``[n, vocab]`` float32, prompt mode's
+    log-probabilities at the answer's first n positions, teacher-forced (row 0 is ``reference``; n = the answer's
+    tokens + 1 for its end, at most :data:`DISTILL_POSITIONS`); ``kv_answer_ids``: the engine's greedy KV-mode
+    answer (for the decode check). Tensors made under inference mode: :func:`answer_logits` clones what it extends.
     """
 
     keys: torch.Tensor
@@ -65,6 +77,9 @@ class PreparedCase:
     reference: torch.Tensor
     kv_logits: torch.Tensor
     memory_tokens: int
+    answer_ids: list[int]
+    answer_reference: torch.Tensor
+    kv_answer_ids: list[int]
 
     @property
     def n_tokens(self) -> int:
@@ -73,32 +88,73 @@ class PreparedCase:
 
     def to_dict(self) -> dict[str, Any]:
         """Tensors and ints only (what ``torch.load(..., weights_only=True)`` reads back)."""
-        return {**vars(self), "query_ids": torch.tensor(self.query_ids)}
+        return {**vars(self), **{name: torch.tensor(getattr(self, name)) for name in _ID_LISTS}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreparedCase:
-        return cls(**{**data, "query_ids": data["query_ids"].tolist()})
+        return cls(**{**data, **{name: data[name].tolist() for name in _ID_LISTS}})
 
 
-def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase]) -> list[PreparedCase]:
+_ID_LISTS = ("query_ids", "answer_ids", "kv_answer_ids")
+"""The token-id fields, stored as int64 tensors."""
+
+DISTILL_POSITIONS = 16
+"""How many of prompt mode's answer positions :func:`prepare` keeps log-probabilities for (``--distill-tokens``'
+bound): 16 x 49,152 float32 are ~3 MB per case for SmolLM2."""
+
+
+def prompt_answer_log_probs(
+    engine: TransformersEngine, fact_ids: Sequence[Sequence[int]], query_ids: list[int], answer_ids: list[int], n: int
+) -> torch.Tensor:
+    """``[n, vocab]`` float32: prompt mode's log-probabilities for the answer's first ``n`` positions, teacher-forced
+    (position i after ``answer_ids[:i]``): the memory tokens, the query and ``answer_ids[:n-1]`` prefilled after the
+    system prefix's cache in one pass, as the engine's prompt mode prefills them (``n`` <= ``len(answer_ids) + 1``)."""
+    prefix = assemble(engine.prefix_kv, [], engine.rope_table)
+    cache = dynamic_cache(prefix.keys, prefix.values, engine.model.config)
+    ids = [t for f in fact_ids for t in f] + query_ids + answer_ids[: n - 1]
+    positions = torch.arange(prefix.n_tokens, prefix.n_tokens + len(ids))[None]
+    out = engine.model(
+        input_ids=torch.tensor([ids]), position_ids=positions, cache=cache, use_cache=True, logits_to_keep=n
+    )
+    return torch.log_softmax(out.logits[0].float(), -1)
+
+
+def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_tokens: int) -> list[PreparedCase]:
     """``cases`` ready to serve with any links: each case's facts encoded with the default setting (w=5), prompt
-    mode's first-token log-probabilities and the engine's KV-mode logits."""
+    mode's first-token log-probabilities, greedy answer (``max_new_tokens`` at most) and teacher-forced answer
+    log-probabilities, and the engine's KV-mode logits and greedy answer.
+
+    Raises:
+        SystemExit: when the teacher-forced pass's first position is off the engine's prompt-mode logits by more
+            than :data:`PLUMBING_TOLERANCE` (in a log-probability).
+    """
     stored, setting = FactCache(engine), FidelitySetting()
     out = []
     with torch.inference_mode():
         for case in cases:
             fact_ids = [engine.fact_token_ids(t) for t in case.memories]
-            reference = engine.first_token_logits(case.question, None, fact_ids)
+            query_ids = engine.conversation_token_ids(case.question)
+            reference = torch.log_softmax(engine.first_token_logits(case.question, None, fact_ids), -1)
+            answer_ids = engine.generate_prompt(case.question, fact_ids, max_new_tokens).token_ids
+            n = min(len(answer_ids) + 1, DISTILL_POSITIONS)
+            answer_reference = prompt_answer_log_probs(engine, fact_ids, query_ids, answer_ids, n)
+            error = float((answer_reference[0] - reference).abs().max())
+            if error > PLUMBING_TOLERANCE:
+                raise SystemExit(f"prompt-mode check: the teacher-forced pass is off the engine's by {error:.2e}")
+            answer_reference[0] = reference  # the engine's own figures where both exist
             facts = stored.get(case, setting)
             segment = assemble(engine.prefix_kv, facts, engine.rope_table)
             out.append(
                 PreparedCase(
                     keys=segment.keys.clone(),  # [layers, n_kv, P + S, head_dim]: a copy, not the workspace
                     values=segment.values.clone(),
-                    query_ids=engine.conversation_token_ids(case.question),
-                    reference=torch.log_softmax(reference, -1),
+                    query_ids=query_ids,
+                    reference=reference,
                     kv_logits=engine.first_token_logits(case.question, facts),
                     memory_tokens=segment.memory_tokens,
+                    answer_ids=answer_ids,
+                    answer_reference=answer_reference,
+                    kv_answer_ids=engine.generate_kv(case.question, facts, max_new_tokens).token_ids,
                 )
             )
     return out
@@ -111,34 +167,116 @@ def load_or_prepare(
     in ``args.cache_dir`` (when given) under the model's fingerprint and the slice's name."""
     path = None
     if args.cache_dir is not None:
-        name = f"{engine.fingerprint[:12]}-{conversation}-{args.system_prompt}-q{args.questions}-k{args.k}.pt"
+        name = (
+            f"{engine.fingerprint[:12]}-{conversation}-{args.system_prompt}-q{args.questions}-k{args.k}"
+            f"-a{args.max_new_tokens}.pt"
+        )
         path = Path(args.cache_dir) / name
         if path.exists():
             return [PreparedCase.from_dict(d) for d in torch.load(path, weights_only=True)]
-    cases = prepare(engine, locomo_cases(args.locomo, conversation, args.questions, args.k, embedder).cases)
+    slice_ = locomo_cases(args.locomo, conversation, args.questions, args.k, embedder)
+    cases = prepare(engine, slice_.cases, args.max_new_tokens)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save([c.to_dict() for c in cases], path)
     return cases
 
 
-def served_logits(model: Any, case: PreparedCase, links: torch.Tensor | None) -> torch.Tensor:
-    """``[vocab]`` float32: the first answer token's logits with ``links`` (``[L, hidden_size]`` float32, or none)
-    and then the query prefilled after the memory segment, in one forward pass (differentiable in ``links``): the
-    links at positions ``P+S .. P+S+L-1``, the query from ``P+S+L``, each attending causally to the whole cache."""
+def answer_logits(model: Any, case: PreparedCase, links: torch.Tensor | None, n: int = 1) -> torch.Tensor:
+    """``[n, vocab]`` float32: the logits of the answer's first ``n`` positions, teacher-forced on prompt mode's
+    answer, with ``links`` (``[L, hidden_size]`` float32, or none), the query and ``case.answer_ids[:n-1]``
+    prefilled after the memory segment in one forward pass (differentiable in ``links``): the links at positions
+    ``P+S .. P+S+L-1``, the query from ``P+S+L``, each attending causally to the whole cache."""
     cache = dynamic_cache(case.keys, case.values, model.config)
-    embeds = model.model.embed_tokens(torch.tensor([case.query_ids]))
+    embeds = model.model.embed_tokens(torch.tensor([case.query_ids + case.answer_ids[: n - 1]]))
     if links is not None:
         embeds = torch.cat([links[None], embeds], dim=1)
     positions = torch.arange(case.n_tokens, case.n_tokens + embeds.shape[1])[None]
-    out = model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1].float()
+    out = model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=n)
+    return out.logits[0].float()
+
+
+def served_logits(model: Any, case: PreparedCase, links: torch.Tensor | None) -> torch.Tensor:
+    """``[vocab]`` float32: the first answer token's logits (:func:`answer_logits` with n=1)."""
+    return answer_logits(model, case, links)[-1]
 
 
 def distillation_loss(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """KL(reference || softmax(logits)) in nats, differentiable in ``logits`` (``[vocab]``); ``reference``:
-    log-probabilities ``[vocab]``. The training loss: what :func:`~inferscale.eval.metrics.first_token_kl` measures."""
-    return F.kl_div(torch.log_softmax(logits, -1), reference, reduction="sum", log_target=True)
+    """Mean over positions of KL(reference || softmax(logits)) in nats, differentiable in ``logits``; both
+    ``[n, vocab]`` (or ``[vocab]``, one position), ``reference`` as log-probabilities. For one position it is what
+    :func:`~inferscale.eval.metrics.first_token_kl` measures."""
+    positions = reference.shape[0] if reference.dim() == 2 else 1
+    return F.kl_div(torch.log_softmax(logits, -1), reference, reduction="sum", log_target=True) / positions
+
+
+def greedy_answer(
+    model: Any, case: PreparedCase, links: torch.Tensor | None, max_new_tokens: int, stop_ids: set[int]
+) -> list[int]:
+    """The greedy answer with ``links`` (or none): the links and the query prefilled after the memory segment,
+    then one token per pass until an end-of-turn token in ``stop_ids`` or ``max_new_tokens`` tokens, as the
+    engine's greedy decode does (the end-of-turn token is not part of the answer)."""
+    with torch.inference_mode():
+        cache = dynamic_cache(case.keys, case.values, model.config)
+        embeds = model.model.embed_tokens(torch.tensor([case.query_ids]))
+        if links is not None:
+            embeds = torch.cat([links[None], embeds], dim=1)
+        position = case.n_tokens + embeds.shape[1]
+        positions = torch.arange(case.n_tokens, position)[None]
+        out = model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        answer: list[int] = []
+        token = int(out.logits[0, -1].argmax())
+        while token not in stop_ids and len(answer) < max_new_tokens:
+            answer.append(token)
+            if len(answer) == max_new_tokens:
+                break
+            out = model(
+                input_ids=torch.tensor([[token]]),
+                position_ids=torch.tensor([[position]]),
+                cache=cache,
+                use_cache=True,
+            )
+            position += 1
+            token = int(out.logits[0, -1].argmax())
+    return answer
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The greedy answers of some cases against prompt mode's: mean token F1 (kv answer against prompt answer,
+    as ``inferscale eval fidelity`` computes it), the fractions that fill the budget and that repeat themselves,
+    kv and prompt; ``as_engine``: how many answers equal the engine's KV-mode answer token for token."""
+
+    f1_vs_prompt: float
+    kv_budget_hit: float
+    prompt_budget_hit: float
+    kv_repeat: float
+    prompt_repeat: float
+    as_engine: int
+
+
+def measure_answers(
+    model: Any,
+    tokenizer: Any,
+    cases: Sequence[PreparedCase],
+    links: torch.Tensor | None,
+    max_new_tokens: int,
+    stop_ids: set[int],
+) -> Answers:
+    """:class:`Answers` of ``cases`` with ``links`` (or none), answers decoded as the engine decodes them."""
+
+    def text(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+    answers = [greedy_answer(model, case, links, max_new_tokens, stop_ids) for case in cases]
+    pairs = list(zip(answers, cases, strict=True))
+    return Answers(
+        f1_vs_prompt=statistics.fmean(token_f1(text(a), text(c.answer_ids)) for a, c in pairs),
+        kv_budget_hit=statistics.fmean(len(a) >= max_new_tokens for a in answers),
+        prompt_budget_hit=statistics.fmean(len(c.answer_ids) >= max_new_tokens for c in cases),
+        kv_repeat=statistics.fmean(repeats(a) for a in answers),
+        prompt_repeat=statistics.fmean(repeats(c.answer_ids) for c in cases),
+        as_engine=sum(a == c.kv_answer_ids for a, c in pairs),
+    )
 
 
 def measure(model: Any, cases: Sequence[PreparedCase], links: torch.Tensor | None) -> tuple[float, float]:
@@ -171,10 +309,13 @@ def train_links(
     epochs: int,
     lr: float,
     rng: random.Random,
+    distill_tokens: int = 1,
 ) -> tuple[torch.Tensor, int, list[Epoch]]:
     """Adam on the links alone (``start``: ``[L, hidden_size]``), one case per step, in an order shuffled by
-    ``rng`` each epoch. Returns the links of the epoch with the lowest validation KL, that epoch (0-based; -1 and
-    ``start`` when no epoch beats ``start``'s validation KL) and every epoch's figures."""
+    ``rng`` each epoch; each step's loss is the :func:`distillation_loss` over the first ``distill_tokens``
+    positions of prompt mode's answer (fewer where the answer is shorter). Returns the links of the epoch with the
+    lowest validation first-token KL, that epoch (0-based; -1 and ``start`` when no epoch beats ``start``'s
+    validation KL) and every epoch's figures."""
     links = start.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([links], lr=lr)
     best, best_epoch, best_kl, log = start.clone(), -1, measure(model, validation, start)[0], []
@@ -184,7 +325,8 @@ def train_links(
         losses = []
         for case in order:
             optimizer.zero_grad()
-            loss = distillation_loss(case.reference, served_logits(model, case, links))
+            n = min(distill_tokens, case.answer_reference.shape[0])
+            loss = distillation_loss(case.answer_reference[:n], answer_logits(model, case, links, n))
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
@@ -193,10 +335,6 @@ def train_links(
         if kl < best_kl:
             best, best_epoch, best_kl = links.detach().clone(), epoch, kl
     return best, best_epoch, log
-
-
-PLUMBING_TOLERANCE = 1e-4
-"""The largest |Δ| in a logit the plumbing check allows (float32 kernels' rounding is ~1e-5)."""
 
 
 def plumbing_error(model: Any, cases: Sequence[PreparedCase]) -> float:
@@ -214,7 +352,7 @@ def conversation_list(text: str) -> list[str]:
 
 
 def positive_int(text: str) -> int:
-    """``--links`` and ``--questions``: an integer >= 1."""
+    """``--links``, ``--questions``, ``-k``, ``--max-new-tokens``: an integer >= 1."""
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
     return int(text)
@@ -242,6 +380,15 @@ def main() -> None:
     parser.add_argument("--questions", type=positive_int, default=40, help="questions of categories 1-4 (default 40)")
     parser.add_argument("-k", type=positive_int, default=10, help="memories per question (default 10)")
     parser.add_argument("--links", type=positive_int, default=8, help="link tokens L (default 8)")
+    parser.add_argument(
+        "--distill-tokens",
+        type=positive_int,
+        default=1,
+        help=f"answer positions the loss covers, at most {DISTILL_POSITIONS} (default 1: the first token)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=32, help="the answers' budget in tokens (default 32)"
+    )
     parser.add_argument("--epochs", type=int, default=10, help="training epochs (default 10)")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
     parser.add_argument("--init", default="\n", help="the text whose mean token embedding starts every link")
@@ -253,6 +400,8 @@ def main() -> None:
     for a, b in (("train", "validation"), ("train", "test"), ("validation", "test")):
         if set(lists[a]) & set(lists[b]):
             parser.error(f"--{a} and --{b} share {sorted(set(lists[a]) & set(lists[b]))}")
+    if args.distill_tokens > DISTILL_POSITIONS:
+        parser.error(f"--distill-tokens {args.distill_tokens}: at most {DISTILL_POSITIONS}")
 
     engine, model = float32_engine(args.system_prompt)
     engine.load()
@@ -277,7 +426,9 @@ def main() -> None:
         start = model.model.embed_tokens(torch.tensor(init_ids)).mean(0).repeat(args.links, 1)
     train = [case for cases in slices["train"].values() for case in cases]
     validation = [case for cases in slices["validation"].values() for case in cases]
-    links, kept, epochs = train_links(model, train, validation, start, args.epochs, args.lr, random.Random(args.seed))
+    links, kept, epochs = train_links(
+        model, train, validation, start, args.epochs, args.lr, random.Random(args.seed), args.distill_tokens
+    )
     kl, agree = measure(model, validation, None)
     print(f"validation without links: KL {kl:.4f} agree {agree:.3f}")
     kl, agree = measure(model, validation, start)
@@ -288,10 +439,12 @@ def main() -> None:
             f"agree {e.validation_agree:.3f}"
         )
     print(
-        f"{len(train)} training, {len(validation)} validation cases; L={args.links}, kept epoch {kept} "
+        f"{len(train)} training, {len(validation)} validation cases; L={args.links}, A={args.distill_tokens}, "
+        f"kept epoch {kept} "
         f"(-1: none beat the untrained links); {args.system_prompt} system prompt, k={args.k}, float32; "
         f"check: no links = KV mode within {worst:.1e}"
     )
+    stop_ids = stop_token_ids(model, engine.tokenizer)
     for conversation, cases in slices["test"].items():
         added = args.links / statistics.fmean(c.memory_tokens for c in cases)
         rows = {
@@ -301,8 +454,17 @@ def main() -> None:
         }
         for name, value in rows.items():
             kl, agree = measure(model, cases, value)
+            answers = measure_answers(model, engine.tokenizer, cases, value, args.max_new_tokens, stop_ids)
             cost = "0" if value is None else f"{args.links} tokens ({added:.1%} of the memory tokens)"
-            print(f"{conversation} {name:<24} KL {kl:.4f}  agree {agree:.3f}  added: {cost}")
+            print(
+                f"{conversation} {name:<24} KL {kl:.4f}  agree {agree:.3f}  F1 kv~prompt {answers.f1_vs_prompt:.3f}  "
+                f"budget hit kv/prompt {answers.kv_budget_hit:.2f}/{answers.prompt_budget_hit:.2f}  "
+                f"repeat kv/prompt {answers.kv_repeat:.2f}/{answers.prompt_repeat:.2f}  added: {cost}"
+            )
+            if value is None:
+                print(
+                    f"{conversation} decode check: {answers.as_engine}/{len(cases)} answers equal the engine's KV mode"
+                )
 
 
 if __name__ == "__main__":

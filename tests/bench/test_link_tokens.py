@@ -1,5 +1,6 @@
-"""benchmarks/link_tokens.py on a tiny random Llama: its serving pass against the engine's KV mode, links against
-the same tokens prefilled as text, its loss against the product's KL, and the epoch its training keeps."""
+"""benchmarks/link_tokens.py on a tiny random Llama: its serving pass and greedy decode against the engine's KV
+mode, its teacher-forced pass against the engine's prompt mode, links against the same tokens prefilled as text,
+its loss against the product's KL, and the epoch its training keeps."""
 
 from __future__ import annotations
 
@@ -28,18 +29,25 @@ CASES = [
     ),
     FidelityCase(memories=["Tom has a dog."], question="What pet does Tom have?"),
 ]
+BUDGET = 6
+"""The answers' budget in tokens."""
 
 
 @pytest.fixture(scope="module")
-def served() -> tuple[Any, list[Any]]:
-    """(the tiny model, :data:`CASES` prepared on an engine over it)."""
+def engine() -> TransformersEngine:
     torch.manual_seed(0)
     model = tiny_model("llama")
     engine = TransformersEngine(
         EngineConfig(dtype="float32", device="cpu"), "Memories:\n", model=model, tokenizer=byte_chat_tokenizer()
     ).load()
     model.requires_grad_(False)
-    return model, lt.prepare(engine, CASES)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def served(engine: TransformersEngine) -> tuple[Any, list[Any]]:
+    """(the tiny model, :data:`CASES` prepared on an engine over it, answers of up to :data:`BUDGET` tokens)."""
+    return engine.model, lt.prepare(engine, CASES, BUDGET)
 
 
 def test_the_pass_without_links_is_the_engines_kv_mode(served: tuple[Any, list[Any]]) -> None:
@@ -47,6 +55,44 @@ def test_the_pass_without_links_is_the_engines_kv_mode(served: tuple[Any, list[A
     for case in cases:
         assert case.memory_tokens > 0
         torch.testing.assert_close(lt.served_logits(model, case, None), case.kv_logits, atol=1e-5, rtol=0)
+
+
+def test_the_teacher_forced_answer_pass_is_the_engines_prompt_mode(engine: TransformersEngine) -> None:
+    """Each position of the prompt-mode pass over the answer equals the engine's first-token logits for the
+    prompt with the answer so far appended to the memories' text (the same tokens, laid out the same way)."""
+    model, case = engine.model, CASES[0]
+    cases = lt.prepare(engine, [case], BUDGET)
+    answer = cases[0].answer_ids
+    fact_ids = [engine.fact_token_ids(t) for t in case.memories]
+    assert answer == engine.generate_prompt(case.question, fact_ids, BUDGET).token_ids
+    query_ids = engine.conversation_token_ids(case.question)
+    n = len(answer) + 1
+    got = lt.prompt_answer_log_probs(engine, fact_ids, query_ids, answer, n)
+    assert got.shape == (n, model.config.vocab_size)
+    with torch.inference_mode():
+        for i in range(n):  # position i: the query and the answer's first i tokens prefilled after the memories
+            want = lt.prompt_answer_log_probs(engine, fact_ids, query_ids + answer[:i], [], 1)[0]
+            torch.testing.assert_close(got[i], want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cases[0].answer_reference[0], cases[0].reference, atol=0, rtol=0)
+    assert cases[0].answer_reference.shape[0] == min(n, lt.DISTILL_POSITIONS)
+
+
+def test_the_greedy_decode_without_links_is_the_engines_kv_answer(
+    engine: TransformersEngine, served: tuple[Any, list[Any]]
+) -> None:
+    model, cases = served
+    stop_ids = lt.stop_token_ids(model, engine.tokenizer)
+    for case in cases:
+        assert case.kv_answer_ids  # a non-empty answer to compare
+        assert lt.greedy_answer(model, case, None, BUDGET, stop_ids) == case.kv_answer_ids
+    # links equal to token embeddings decode as those tokens prefilled before the query
+    links = model.model.embed_tokens(torch.tensor([10, 20, 30]))
+    as_text = lt.PreparedCase(**{**vars(cases[0]), "query_ids": [10, 20, 30, *cases[0].query_ids]})
+    with_links = lt.greedy_answer(model, cases[0], links, BUDGET, stop_ids)
+    assert with_links == lt.greedy_answer(model, as_text, None, BUDGET, stop_ids)
+    answers = lt.measure_answers(model, engine.tokenizer, cases, None, BUDGET, stop_ids)
+    assert answers.as_engine == len(cases)
+    assert answers.kv_budget_hit == sum(len(c.kv_answer_ids) >= BUDGET for c in cases) / len(cases)
 
 
 def test_links_equal_to_token_embeddings_are_those_tokens_prefilled_before_the_query(
@@ -69,6 +115,29 @@ def test_the_loss_is_the_first_token_kl() -> None:
     loss = lt.distillation_loss(torch.log_softmax(reference, -1), logits)
     assert float(loss) == pytest.approx(first_token_kl(reference, logits), rel=1e-5)
     assert float(lt.distillation_loss(torch.log_softmax(reference, -1), reference)) == pytest.approx(0, abs=1e-6)
+
+
+def test_the_loss_over_answer_positions_is_their_mean_first_token_kl() -> None:
+    torch.manual_seed(2)
+    reference, logits = torch.randn(3, 257), torch.randn(3, 257)
+    loss = lt.distillation_loss(torch.log_softmax(reference, -1), logits)
+    want = sum(first_token_kl(r, g) for r, g in zip(reference, logits, strict=True)) / 3
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+
+
+def test_teacher_forced_training_lowers_the_loss_over_the_answer(served: tuple[Any, list[Any]]) -> None:
+    model, cases = served
+    start = model.model.embed_tokens(torch.tensor([10, 10])).detach()
+
+    def answer_loss(links: torch.Tensor) -> float:
+        with torch.no_grad():
+            return sum(
+                float(lt.distillation_loss(c.answer_reference[:3], lt.answer_logits(model, c, links, 3))) for c in cases
+            )
+
+    assert all(c.answer_reference.shape[0] >= 3 for c in cases)  # the slice has answers to distil on
+    kept, _, _ = lt.train_links(model, cases, cases, start, 4, 5e-2, random.Random(0), distill_tokens=3)
+    assert answer_loss(kept) < answer_loss(start)
 
 
 def test_training_lowers_the_kl_of_the_cases_it_trains_on(served: tuple[Any, list[Any]]) -> None:
@@ -113,7 +182,8 @@ def test_prepared_cases_survive_a_weights_only_round_trip(served: tuple[Any, lis
     back = [lt.PreparedCase.from_dict(d) for d in torch.load(tmp_path / "cases.pt", weights_only=True)]
     for got, want in zip(back, cases, strict=True):
         assert got.query_ids == want.query_ids and got.memory_tokens == want.memory_tokens
-        for field in ("keys", "values", "reference", "kv_logits"):
+        assert got.answer_ids == want.answer_ids and got.kv_answer_ids == want.kv_answer_ids
+        for field in ("keys", "values", "reference", "kv_logits", "answer_reference"):
             assert torch.equal(getattr(got, field), getattr(want, field))
 
 
