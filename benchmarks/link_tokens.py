@@ -20,14 +20,15 @@ injection; the same memories in the same order), SmolLM2-135M-Instruct in float3
 Prints, per test conversation, mean first-token KL (nats) and agreement, and the greedy answers' F1 against prompt
 mode's (``--max-new-tokens`` budget), budget-hit and repeat rates, for the default (no links), for L untrained links
 (each the embedding of ``--init``: what prefilling L more tokens does by itself) and for the trained links, with the
-links' cost in added prefill tokens. It checks its plumbing on every conversation as soon as it is prepared, the
-test ones first, and stops if a check fails: with no links, its forward pass gives the engine's KV-mode logits
-(within 1e-4 in any logit); its prompt-mode pass over the answer gives the engine's prompt-mode first-token logits
-(the same bound); and on the test conversations it counts the greedy answers without links that equal the
-engine's KV-mode answers token for token. On 2 CPU cores, preparing a conversation's 40 cases (their facts encoded
-at w=5, prompt mode's logits and answers, KV mode's answers) takes ~3 min and an epoch over 240 cases ~70 s with
-A=1. Every prepared conversation stays in memory (~1.1 GB each, ~11 GB for the defaults); ``--cache-dir`` keeps
-them on disk between runs, under the model's fingerprint.
+links' cost in added prefill tokens. It checks its plumbing on every conversation as soon as it is prepared (or
+loaded from ``--cache-dir``), the test ones first, and stops if a check fails: with no links, its forward pass gives
+the engine's KV-mode logits (within 1e-4 in any logit); its teacher-forced prompt-mode pass gives the engine's
+prompt-mode first-token log-probabilities (the same bound) and picks prompt mode's greedy answer at every row; and
+on the test conversations its greedy answers without links are the engine's KV-mode answers, token for token. On 2
+CPU cores (Intel Xeon with AMX), preparing a conversation's 40 cases (their facts encoded at w=5, prompt mode's
+logits and answers, KV mode's answers) takes ~6.5 min, ~65 min for the defaults' ten; TIMING_TRAIN. Every prepared
+conversation stays in memory (~1.1 GB each, ~11 GB for the defaults); ``--cache-dir`` keeps them on disk between
+runs, under the model's fingerprint.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from locomo_probe import dynamic_cache, float32_engine
 
-from inferscale.engines.hf import stop_token_ids
+from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting, repeats
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_cases
@@ -53,7 +54,11 @@ from inferscale.kv.compose import assemble
 from inferscale.retrieval.embedder import Embedder, SentenceTransformerEmbedder
 
 PLUMBING_TOLERANCE = 1e-4
-"""The largest |Δ| in a logit the plumbing check allows (float32 kernels' rounding is ~1e-5)."""
+"""The largest |Δ| in a logit (or log-probability) the plumbing checks allow (float32 kernels' rounding is ~1e-5)."""
+
+
+class PlumbingError(RuntimeError):
+    """The probe's own passes disagree with the engine's: its figures would not be the product's."""
 
 
 @dataclass
@@ -66,9 +71,12 @@ class PreparedCase:
     float32, the engine's own KV-mode logits (for the plumbing check); ``memory_tokens``: S, the segment's memory
     tokens (the links' cost is counted against it); ``answer_ids``: prompt mode's greedy answer (at most the
     budget, without its end-of-turn token); ``answer_reference``: ``[n, vocab]`` float32, prompt mode's
-    log-probabilities at the answer's first n positions, teacher-forced (row 0 is ``reference``; n = the answer's
-    tokens + 1 for its end, at most :data:`DISTILL_POSITIONS`); ``kv_answer_ids``: the engine's greedy KV-mode
-    answer (for the decode check). Tensors made under inference mode: :func:`answer_logits` clones what it extends.
+    log-probabilities at the answer's first n positions, teacher-forced: row i follows ``answer_ids[:i]``, so row
+    ``len(answer_ids)`` is where prompt mode ended the answer (or, for an answer that filled the budget, what it
+    would have said next); n = ``len(answer_ids) + 1``, at most :data:`DISTILL_POSITIONS`; row 0 holds
+    ``reference`` itself (checked against it, then replaced, so that A=1 trains on exactly the engine's figures);
+    ``kv_answer_ids``: the engine's greedy KV-mode answer (for the decode check). Tensors made under inference
+    mode: :func:`answer_logits` clones what it extends.
     """
 
     keys: torch.Tensor
@@ -103,12 +111,22 @@ DISTILL_POSITIONS = 16
 bound): 16 x 49,152 float32 are ~3 MB per case for SmolLM2."""
 
 
+def _check_positions(n: int, answer_ids: Sequence[int]) -> None:
+    if not 1 <= n <= len(answer_ids) + 1:
+        raise ValueError(f"n={n}: an answer of {len(answer_ids)} tokens has positions 1..{len(answer_ids) + 1}")
+
+
 def prompt_answer_log_probs(
     engine: TransformersEngine, fact_ids: Sequence[Sequence[int]], query_ids: list[int], answer_ids: list[int], n: int
 ) -> torch.Tensor:
     """``[n, vocab]`` float32: prompt mode's log-probabilities for the answer's first ``n`` positions, teacher-forced
     (position i after ``answer_ids[:i]``): the memory tokens, the query and ``answer_ids[:n-1]`` prefilled after the
-    system prefix's cache in one pass, as the engine's prompt mode prefills them (``n`` <= ``len(answer_ids) + 1``)."""
+    system prefix's cache in one pass, as the engine's prompt mode prefills them.
+
+    Raises:
+        ValueError: unless 1 <= ``n`` <= ``len(answer_ids) + 1``.
+    """
+    _check_positions(n, answer_ids)
     prefix = assemble(engine.prefix_kv, [], engine.rope_table)
     cache = dynamic_cache(prefix.keys, prefix.values, engine.model.config)
     ids = [t for f in fact_ids for t in f] + query_ids + answer_ids[: n - 1]
@@ -125,8 +143,9 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
     log-probabilities, and the engine's KV-mode logits and greedy answer.
 
     Raises:
-        SystemExit: when the teacher-forced pass's first position is off the engine's prompt-mode logits by more
-            than :data:`PLUMBING_TOLERANCE` (in a log-probability).
+        PlumbingError: when the teacher-forced pass's first position is off the engine's prompt-mode logits by more
+            than :data:`PLUMBING_TOLERANCE` (in a log-probability), or disagrees with prompt mode's greedy answer
+            (:func:`check_answer_reference`).
     """
     stored, setting = FactCache(engine), FidelitySetting()
     out = []
@@ -140,8 +159,12 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
             answer_reference = prompt_answer_log_probs(engine, fact_ids, query_ids, answer_ids, n)
             error = float((answer_reference[0] - reference).abs().max())
             if error > PLUMBING_TOLERANCE:
-                raise SystemExit(f"prompt-mode check: the teacher-forced pass is off the engine's by {error:.2e}")
+                raise PlumbingError(
+                    f"{case.question!r}: the teacher-forced prompt-mode pass is off the engine's first-token "
+                    f"log-probabilities by {error:.2e} (> {PLUMBING_TOLERANCE:g})"
+                )
             answer_reference[0] = reference  # the engine's own figures where both exist
+            check_answer_reference(answer_ids, answer_reference, max_new_tokens, set(engine.stop_token_ids))
             facts = stored.get(case, setting)
             segment = assemble(engine.prefix_kv, facts, engine.rope_table)
             out.append(
@@ -160,6 +183,27 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
     return out
 
 
+def check_answer_reference(
+    answer_ids: Sequence[int], answer_reference: torch.Tensor, max_new_tokens: int, stop_ids: Set[int]
+) -> None:
+    """That the teacher-forced rows are prompt mode's greedy answer: row i's top token is ``answer_ids[i]``, and
+    where the answer ended before the budget and row ``len(answer_ids)`` is kept, its top token ends the turn; the
+    rows kept are ``min(len(answer_ids) + 1, DISTILL_POSITIONS)``.
+
+    Raises:
+        PlumbingError: on the first row that disagrees, or a row count that is not that.
+    """
+    rows = min(len(answer_ids) + 1, DISTILL_POSITIONS)
+    if answer_reference.shape[0] != rows:
+        raise PlumbingError(f"{answer_reference.shape[0]} teacher-forced rows for an answer that needs {rows}")
+    top = answer_reference.argmax(-1).tolist()
+    for i, token in enumerate(top):
+        if i < len(answer_ids) and token != answer_ids[i]:
+            raise PlumbingError(f"teacher-forced row {i} picks token {token}, prompt mode's answer has {answer_ids[i]}")
+        if i == len(answer_ids) < max_new_tokens and token not in stop_ids:
+            raise PlumbingError(f"teacher-forced row {i} picks token {token}, where prompt mode ended the answer")
+
+
 def load_or_prepare(
     engine: TransformersEngine, conversation: str, args: argparse.Namespace, embedder: Embedder
 ) -> list[PreparedCase]:
@@ -173,7 +217,12 @@ def load_or_prepare(
         )
         path = Path(args.cache_dir) / name
         if path.exists():
-            return [PreparedCase.from_dict(d) for d in torch.load(path, weights_only=True)]
+            cases = [PreparedCase.from_dict(d) for d in torch.load(path, weights_only=True)]
+            for case in cases:
+                check_answer_reference(
+                    case.answer_ids, case.answer_reference, args.max_new_tokens, set(engine.stop_token_ids)
+                )
+            return cases
     slice_ = locomo_cases(args.locomo, conversation, args.questions, args.k, embedder)
     cases = prepare(engine, slice_.cases, args.max_new_tokens)
     if path is not None:
@@ -186,7 +235,12 @@ def answer_logits(model: Any, case: PreparedCase, links: torch.Tensor | None, n:
     """``[n, vocab]`` float32: the logits of the answer's first ``n`` positions, teacher-forced on prompt mode's
     answer, with ``links`` (``[L, hidden_size]`` float32, or none), the query and ``case.answer_ids[:n-1]``
     prefilled after the memory segment in one forward pass (differentiable in ``links``): the links at positions
-    ``P+S .. P+S+L-1``, the query from ``P+S+L``, each attending causally to the whole cache."""
+    ``P+S .. P+S+L-1``, the query from ``P+S+L``, each attending causally to the whole cache.
+
+    Raises:
+        ValueError: unless 1 <= ``n`` <= ``len(case.answer_ids) + 1``.
+    """
+    _check_positions(n, case.answer_ids)
     cache = dynamic_cache(case.keys, case.values, model.config)
     embeds = model.model.embed_tokens(torch.tensor([case.query_ids + case.answer_ids[: n - 1]]))
     if links is not None:
@@ -204,17 +258,24 @@ def served_logits(model: Any, case: PreparedCase, links: torch.Tensor | None) ->
 def distillation_loss(reference: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(reference || softmax(logits)) in nats, differentiable in ``logits``; both
     ``[n, vocab]`` (or ``[vocab]``, one position), ``reference`` as log-probabilities. For one position it is what
-    :func:`~inferscale.eval.metrics.first_token_kl` measures."""
+    :func:`~inferscale.eval.metrics.first_token_kl` measures.
+
+    Raises:
+        ValueError: when the two shapes differ.
+    """
+    if reference.shape != logits.shape:
+        raise ValueError(f"reference {tuple(reference.shape)} against logits {tuple(logits.shape)}")
     positions = reference.shape[0] if reference.dim() == 2 else 1
     return F.kl_div(torch.log_softmax(logits, -1), reference, reduction="sum", log_target=True) / positions
 
 
 def greedy_answer(
-    model: Any, case: PreparedCase, links: torch.Tensor | None, max_new_tokens: int, stop_ids: set[int]
+    model: Any, case: PreparedCase, links: torch.Tensor | None, max_new_tokens: int, stop_ids: Set[int]
 ) -> list[int]:
-    """The greedy answer with ``links`` (or none): the links and the query prefilled after the memory segment,
-    then one token per pass until an end-of-turn token in ``stop_ids`` or ``max_new_tokens`` tokens, as the
-    engine's greedy decode does (the end-of-turn token is not part of the answer)."""
+    """The greedy answer's token ids with ``links`` (``[L, hidden_size]`` float32, or none): the links and the query
+    prefilled after the memory segment, then one token per pass until an end-of-turn token in ``stop_ids`` or
+    ``max_new_tokens`` tokens, as the engine's greedy decode does (the end-of-turn token is not part of the answer;
+    no pass is run for a token the budget would not keep)."""
     with torch.inference_mode():
         cache = dynamic_cache(case.keys, case.values, model.config)
         embeds = model.model.embed_tokens(torch.tensor([case.query_ids]))
@@ -242,9 +303,10 @@ def greedy_answer(
 
 @dataclass(frozen=True)
 class Answers:
-    """The greedy answers of some cases against prompt mode's: mean token F1 (kv answer against prompt answer,
-    as ``inferscale eval fidelity`` computes it), the fractions that fill the budget and that repeat themselves,
-    kv and prompt; ``as_engine``: how many answers equal the engine's KV-mode answer token for token."""
+    """The greedy answers of some cases served in KV mode with some links (``kv``) against prompt mode's, as
+    ``inferscale eval fidelity`` reports them: ``f1_vs_prompt``, the mean token F1 (0..1) of each answer against
+    prompt mode's; the fractions (0..1) of answers that fill the budget and that repeat themselves, kv and prompt;
+    ``as_engine``: how many kv answers equal the engine's KV-mode answer token for token."""
 
     f1_vs_prompt: float
     kv_budget_hit: float
@@ -254,23 +316,32 @@ class Answers:
     as_engine: int
 
 
+def answer_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """An answer's text, detokenized as the engine streams it (:class:`~inferscale.engines.hf.answer_text.AnswerText`,
+    no stop strings)."""
+    answer = AnswerText(tokenizer)
+    for token in token_ids:
+        answer.push(token)
+    answer.finish()
+    return answer.text
+
+
 def measure_answers(
     model: Any,
     tokenizer: Any,
     cases: Sequence[PreparedCase],
     links: torch.Tensor | None,
     max_new_tokens: int,
-    stop_ids: set[int],
+    stop_ids: Set[int],
 ) -> Answers:
-    """:class:`Answers` of ``cases`` with ``links`` (or none), answers decoded as the engine decodes them."""
-
-    def text(ids: list[int]) -> str:
-        return str(tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
-
+    """:class:`Answers` of ``cases`` with ``links`` (``[L, hidden_size]`` float32, or none): greedy answers of at
+    most ``max_new_tokens`` tokens, their text detokenized as the engine's answers are (:func:`answer_text`)."""
     answers = [greedy_answer(model, case, links, max_new_tokens, stop_ids) for case in cases]
     pairs = list(zip(answers, cases, strict=True))
     return Answers(
-        f1_vs_prompt=statistics.fmean(token_f1(text(a), text(c.answer_ids)) for a, c in pairs),
+        f1_vs_prompt=statistics.fmean(
+            token_f1(answer_text(tokenizer, a), answer_text(tokenizer, c.answer_ids)) for a, c in pairs
+        ),
         kv_budget_hit=statistics.fmean(len(a) >= max_new_tokens for a in answers),
         prompt_budget_hit=statistics.fmean(len(c.answer_ids) >= max_new_tokens for c in cases),
         kv_repeat=statistics.fmean(repeats(a) for a in answers),
@@ -293,10 +364,11 @@ def measure(model: Any, cases: Sequence[PreparedCase], links: torch.Tensor | Non
 
 @dataclass(frozen=True)
 class Epoch:
-    """One epoch of :func:`train_links`: the mean of its steps' losses (nats, taken while the links moved), and
-    the validation KL (nats) and agreement of the links it ended with."""
+    """One epoch of :func:`train_links`: the mean of its steps' :func:`distillation_loss` (nats, over the positions
+    trained on, taken while the links moved), and the validation first-token KL (nats) and agreement of the links
+    it ended with."""
 
-    train_kl: float
+    train_loss: float
     validation_kl: float
     validation_agree: float
 
@@ -314,8 +386,8 @@ def train_links(
     """Adam on the links alone (``start``: ``[L, hidden_size]``), one case per step, in an order shuffled by
     ``rng`` each epoch; each step's loss is the :func:`distillation_loss` over the first ``distill_tokens``
     positions of prompt mode's answer (fewer where the answer is shorter). Returns the links of the epoch with the
-    lowest validation first-token KL, that epoch (0-based; -1 and ``start`` when no epoch beats ``start``'s
-    validation KL) and every epoch's figures."""
+    lowest validation first-token KL (the figure issue #10 sets a bound on, whatever ``distill_tokens`` trains on),
+    that epoch (0-based; -1 and ``start`` when no epoch beats ``start``'s validation KL) and every epoch's figures."""
     links = start.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([links], lr=lr)
     best, best_epoch, best_kl, log = start.clone(), -1, measure(model, validation, start)[0], []
@@ -412,15 +484,29 @@ def main() -> None:
     embedder = SentenceTransformerEmbedder(None, "cpu")
     slices: dict[str, dict[str, list[PreparedCase]]] = {name: {} for name in ("test", "validation", "train")}
     worst = 0.0
+    stop_ids = set(engine.stop_token_ids)
+    without_links: dict[str, Answers] = {}  # the test conversations' answers with no links, checked on the way
     for name, cases_of in slices.items():  # the test slice first: a broken pass stops the run before training
         for conversation in lists[name]:
-            cases_of[conversation] = load_or_prepare(engine, conversation, args, embedder)
+            try:
+                cases_of[conversation] = load_or_prepare(engine, conversation, args, embedder)
+            except PlumbingError as error:
+                raise SystemExit(f"plumbing check on {conversation}: {error}") from error
             worst = max(worst, plumbing_error(model, cases_of[conversation]))
             if worst > PLUMBING_TOLERANCE:
                 raise SystemExit(
                     f"plumbing check on {conversation}: no links gives KV mode's logits off by {worst:.2e} "
                     f"(> {PLUMBING_TOLERANCE:g})"
                 )
+            if name == "test":
+                cases = cases_of[conversation]
+                answers = measure_answers(model, engine.tokenizer, cases, None, args.max_new_tokens, stop_ids)
+                if answers.as_engine != len(cases):
+                    raise SystemExit(
+                        f"decode check on {conversation}: without links only {answers.as_engine} of {len(cases)} "
+                        "greedy answers equal the engine's KV-mode answers"
+                    )
+                without_links[conversation] = answers
 
     with torch.no_grad():
         start = model.model.embed_tokens(torch.tensor(init_ids)).mean(0).repeat(args.links, 1)
@@ -435,16 +521,16 @@ def main() -> None:
     print(f"validation, untrained links: KL {kl:.4f} agree {agree:.3f}")
     for i, e in enumerate(epochs):
         print(
-            f"epoch {i}: mean step loss {e.train_kl:.4f}, validation KL {e.validation_kl:.4f} "
+            f"epoch {i}: mean step loss {e.train_loss:.4f}, validation KL {e.validation_kl:.4f} "
             f"agree {e.validation_agree:.3f}"
         )
     print(
         f"{len(train)} training, {len(validation)} validation cases; L={args.links}, A={args.distill_tokens}, "
         f"kept epoch {kept} "
         f"(-1: none beat the untrained links); {args.system_prompt} system prompt, k={args.k}, float32; "
-        f"check: no links = KV mode within {worst:.1e}"
+        f"checks: no links = KV mode within {worst:.1e}, and gives the engine's KV-mode answers on the test "
+        "conversations; the teacher-forced rows pick prompt mode's answers"
     )
-    stop_ids = stop_token_ids(model, engine.tokenizer)
     for conversation, cases in slices["test"].items():
         added = args.links / statistics.fmean(c.memory_tokens for c in cases)
         rows = {
@@ -454,17 +540,16 @@ def main() -> None:
         }
         for name, value in rows.items():
             kl, agree = measure(model, cases, value)
-            answers = measure_answers(model, engine.tokenizer, cases, value, args.max_new_tokens, stop_ids)
+            if value is None:
+                answers = without_links[conversation]
+            else:
+                answers = measure_answers(model, engine.tokenizer, cases, value, args.max_new_tokens, stop_ids)
             cost = "0" if value is None else f"{args.links} tokens ({added:.1%} of the memory tokens)"
             print(
                 f"{conversation} {name:<24} KL {kl:.4f}  agree {agree:.3f}  F1 kv~prompt {answers.f1_vs_prompt:.3f}  "
                 f"budget hit kv/prompt {answers.kv_budget_hit:.2f}/{answers.prompt_budget_hit:.2f}  "
                 f"repeat kv/prompt {answers.kv_repeat:.2f}/{answers.prompt_repeat:.2f}  added: {cost}"
             )
-            if value is None:
-                print(
-                    f"{conversation} decode check: {answers.as_engine}/{len(cases)} answers equal the engine's KV mode"
-                )
 
 
 if __name__ == "__main__":

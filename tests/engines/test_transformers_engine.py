@@ -1,5 +1,6 @@
 """The Transformers engine's guards on the embedded SmolLM2: a prompt past the context window is refused before it
-runs, and an answer cut inside a multi-byte character carries no replacement character."""
+runs, an answer cut inside a multi-byte character carries no replacement character, and answers end on the stop
+token ids."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def test_answer_cut_inside_a_character_has_no_replacement_char(smol: Transformer
     for budget in range(1, 9):
         answer = smol.generate_prompt("林晓雨在哪家公司工作？", [fact], max_new_tokens=budget).text
         assert "\ufffd" not in answer
+
+
+def test_the_stop_token_ids_are_those_the_answer_ends_on(smol: TransformersEngine) -> None:
+    """SmolLM2's chat template ends a turn with ``<|im_end|>``: it is among the stop ids, and an answer that ends
+    before its budget ends because the next greedy token is one of them."""
+    stop = smol.stop_token_ids
+    assert stop == sorted(stop) and smol.tokenizer.convert_tokens_to_ids("<|im_end|>") in stop
+    fact = smol.fact_token_ids("Maya lives in Porto.")
+    answer = smol.generate_prompt("Where does Maya live?", [fact], max_new_tokens=32)
+    assert answer.finish_reason == "stop" and len(answer.token_ids) < 32
+    assert not set(answer.token_ids) & set(stop)

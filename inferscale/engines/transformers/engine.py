@@ -198,6 +198,11 @@ class TransformersEngine(LayoutTokensMixin):
         return self.load()._tokenizer
 
     @property
+    def stop_token_ids(self) -> list[int]:
+        """Token ids that end an answer (end-of-turn and end-of-sequence), sorted: the decode loop stops on them."""
+        return sorted(self.load()._stop_ids)
+
+    @property
     def device(self) -> torch.device:
         """Where the model and its KV cache live."""
         return self.load()._device
