@@ -147,7 +147,7 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
             than :data:`PLUMBING_TOLERANCE` (in a log-probability), or disagrees with prompt mode's greedy answer
             (:func:`check_answer_reference`).
     """
-    stored, setting = FactCache(engine), FidelitySetting()
+    stored, setting, stop_ids = FactCache(engine), FidelitySetting(), set(engine.stop_token_ids)
     out = []
     with torch.inference_mode():
         for case in cases:
@@ -164,7 +164,7 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
                     f"log-probabilities by {error:.2e} (> {PLUMBING_TOLERANCE:g})"
                 )
             answer_reference[0] = reference  # the engine's own figures where both exist
-            check_answer_reference(answer_ids, answer_reference, max_new_tokens, set(engine.stop_token_ids))
+            check_answer_reference(answer_ids, answer_reference, max_new_tokens, stop_ids)
             facts = stored.get(case, setting)
             segment = assemble(engine.prefix_kv, facts, engine.rope_table)
             out.append(
@@ -218,10 +218,9 @@ def load_or_prepare(
         path = Path(args.cache_dir) / name
         if path.exists():
             cases = [PreparedCase.from_dict(d) for d in torch.load(path, weights_only=True)]
+            stop_ids = set(engine.stop_token_ids)
             for case in cases:
-                check_answer_reference(
-                    case.answer_ids, case.answer_reference, args.max_new_tokens, set(engine.stop_token_ids)
-                )
+                check_answer_reference(case.answer_ids, case.answer_reference, args.max_new_tokens, stop_ids)
             return cases
     slice_ = locomo_cases(args.locomo, conversation, args.questions, args.k, embedder)
     cases = prepare(engine, slice_.cases, args.max_new_tokens)
@@ -241,13 +240,22 @@ def answer_logits(model: Any, case: PreparedCase, links: torch.Tensor | None, n:
         ValueError: unless 1 <= ``n`` <= ``len(case.answer_ids) + 1``.
     """
     _check_positions(n, case.answer_ids)
+    return _prefill(model, case, links, case.query_ids + case.answer_ids[: n - 1], n)[0]
+
+
+def _prefill(
+    model: Any, case: PreparedCase, links: torch.Tensor | None, ids: list[int], n: int
+) -> tuple[torch.Tensor, Any, int]:
+    """``links`` then ``ids`` prefilled after the memory segment in one pass: (``[n, vocab]`` float32 logits of the
+    last ``n`` positions, the cache it extended, the next position)."""
     cache = dynamic_cache(case.keys, case.values, model.config)
-    embeds = model.model.embed_tokens(torch.tensor([case.query_ids + case.answer_ids[: n - 1]]))
+    embeds = model.model.embed_tokens(torch.tensor([ids]))
     if links is not None:
         embeds = torch.cat([links[None], embeds], dim=1)
-    positions = torch.arange(case.n_tokens, case.n_tokens + embeds.shape[1])[None]
+    end = case.n_tokens + embeds.shape[1]
+    positions = torch.arange(case.n_tokens, end)[None]
     out = model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=n)
-    return out.logits[0].float()
+    return out.logits[0].float(), cache, end
 
 
 def served_logits(model: Any, case: PreparedCase, links: torch.Tensor | None) -> torch.Tensor:
@@ -277,15 +285,9 @@ def greedy_answer(
     ``max_new_tokens`` tokens, as the engine's greedy decode does (the end-of-turn token is not part of the answer;
     no pass is run for a token the budget would not keep)."""
     with torch.inference_mode():
-        cache = dynamic_cache(case.keys, case.values, model.config)
-        embeds = model.model.embed_tokens(torch.tensor([case.query_ids]))
-        if links is not None:
-            embeds = torch.cat([links[None], embeds], dim=1)
-        position = case.n_tokens + embeds.shape[1]
-        positions = torch.arange(case.n_tokens, position)[None]
-        out = model(inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        logits, cache, position = _prefill(model, case, links, case.query_ids, 1)
         answer: list[int] = []
-        token = int(out.logits[0, -1].argmax())
+        token = int(logits[-1].argmax())
         while token not in stop_ids and len(answer) < max_new_tokens:
             answer.append(token)
             if len(answer) == max_new_tokens:
