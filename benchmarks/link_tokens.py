@@ -26,9 +26,9 @@ the engine's KV-mode logits (within 1e-4 in any logit); its teacher-forced promp
 prompt-mode first-token log-probabilities (the same bound) and picks prompt mode's greedy answer at every row; and
 on the test conversations its greedy answers without links are the engine's KV-mode answers, token for token. On 2
 CPU cores (Intel Xeon with AMX), preparing a conversation's 40 cases (their facts encoded at w=5, prompt mode's
-logits and answers, KV mode's answers) takes ~6.5 min, ~65 min for the defaults' ten; an epoch over 240 cases
-takes ~70 s with A=1 (longer with A=16, not timed). Every prepared conversation stays in memory (~1.1 GB each, ~11 GB
-for the defaults); ``--cache-dir`` keeps them on disk between runs, under the model's fingerprint.
+logits and answers, KV mode's answers) takes 6.5-9 min, 65-80 min for the defaults' ten (two runs); an epoch over
+240 cases takes ~70 s with A=1 (longer with A=16, not timed). Every prepared conversation stays in memory (~1.1 GB
+each, ~11 GB for the defaults); ``--cache-dir`` keeps them on disk between runs, under the model's fingerprint.
 """
 
 from __future__ import annotations
