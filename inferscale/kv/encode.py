@@ -1,8 +1,9 @@
-"""Fact encoding: one forward pass over ``[context][fact]`` per fact, keeping the fact's pre-RoPE K/V only.
+"""Fact encoding: a causal pass over ``[context][fact]`` per fact, keeping the fact's pre-RoPE K/V only.
 
 This is the paper's offline encoding step, with its context-window variant: a fact encoded after its w preceding
 conversation turns attends to them (so pronouns resolve), but only the K/V of the fact's own tokens are kept, so
-the context costs nothing at serve time.
+the context costs nothing at serve time. What several facts' passes share is prefilled once (:class:`FactEncoder`):
+the system prefix, and a context that facts of one call have in common.
 
 Keys are captured *before* RoPE with forward hooks on each attention module's key source: the key norm where the
 model normalises keys before rotating them (``k_norm``: Qwen3, Gemma 3, OLMo 2; ``k_layernorm``: StableLM and Phi
@@ -15,9 +16,9 @@ is checked end to end by :func:`inferscale.kv.rope_probe.verify_rerotation`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -209,33 +210,78 @@ class PreRopeCapture:
         return torch.stack(keys), torch.stack(values)
 
 
+KVPerLayer = list[tuple[torch.Tensor, torch.Tensor]]
+"""Post-RoPE K/V of a run of tokens, as the model caches them: ``(keys, values)`` per layer, each
+``[1, n_kv_heads, n_tokens, head_dim]`` (a sliding-window layer's: the last window of them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One row of a :class:`FactEncoder` pass: tokens to prefill after cached K/V.
+
+    Attributes:
+        cached: the K/V of the tokens before ``ids`` (``None`` for none: ``ids`` start the sequence).
+        n_cached: how many tokens come before ``ids`` in ``cached`` (a sliding layer holds only its window).
+        ids: the token ids prefilled in this pass.
+        start: the position of ``ids[0]``: the tokens before it, plus a fact's position gap when ``ids`` is a fact.
+        gap_at: from this index of ``ids`` on, positions are shifted by ``gap`` (a fact's position gap).
+        gap: the shift (tokens).
+    """
+
+    cached: KVPerLayer | None
+    n_cached: int
+    ids: Sequence[int]
+    start: int
+    gap_at: int = 0
+    gap: int = 0
+
+
+_Item = TypeVar("_Item")
+
+
 class FactEncoder:
     """Encodes facts in padded batches and returns each fact's pre-RoPE K/V.
 
-    Sequences are right-padded: under the causal mask no real token attends to padding, so each fact's K/V are
-    the same as in an unbatched pass (up to kernel rounding). Requests are sorted by length before batching to
-    keep padding small; results come back in request order.
+    A batch's rows are right-padded, and the cached K/V they follow left-padded, so each row's tokens sit right
+    after its own cache; padding is masked, and under the causal mask no real token attends to it, so each fact's
+    K/V are the same as in an unbatched pass (up to kernel rounding). Rows are sorted by length before batching to
+    keep padding small (a model with sliding-window layers batches only rows with as many cached tokens); results
+    come back in request order.
 
-    A shared prefix (the system prefix every fact is encoded after) is prefilled once (:meth:`cache_prefix`): a
-    request whose context starts with it is encoded on top of the prefix's cached K/V, so only the rest of its
-    context and its fact tokens are prefilled. The result equals the plain pass up to kernel rounding (the same
-    tokens at the same positions attend to the same K/V). :attr:`tokens_prefilled` counts what was prefilled.
+    Nothing is prefilled twice that two requests share:
+
+    - a shared prefix (the system prefix every fact is encoded after) is prefilled once (:meth:`cache_prefix`): a
+      request whose context starts with it is encoded on top of the prefix's cached K/V, so only the rest of its
+      context and its fact tokens are prefilled;
+    - requests of one :meth:`encode` call whose whole ``context_ids`` are equal and reach past the cached prefix
+      (the facts one ``add(infer=True)`` call extracts share the call's context turns; one memory at several
+      position buckets shares its own) prefill that context once, on top of the cached prefix where it starts
+      with it, and then only their fact tokens, each at its own position gap.
+
+    Either way the result equals the plain pass over ``[context][fact]`` up to kernel rounding: the same tokens at
+    the same positions attend to the same K/V. :attr:`tokens_prefilled` counts what was prefilled.
 
     Args:
         model: a transformers causal LM (``model.model.layers[i].self_attn`` with ``k_proj``/``v_proj``).
         batch_size: facts per forward pass.
         pad_token_id: id used for padding (never attended to).
+        share_contexts: prefill a context that several requests of a call share once (default); ``False``
+            prefills it again for each of them (the path before it, kept for ``benchmarks/encode_throughput.py``).
     """
 
-    def __init__(self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0) -> None:
+    def __init__(
+        self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0, share_contexts: bool = True
+    ) -> None:
         self._model = model
         self._backbone = getattr(model, "model", model)
         self._attn = decoder_attention_modules(model)
         self._n_kv_heads, self._head_dim = kv_head_shape(model_config(model))
         self._batch_size = batch_size
         self._pad = pad_token_id
+        self._share_contexts = share_contexts
+        self._sliding = bool(getattr(model_config(model), "sliding_window", None))
         self._prefix_ids: tuple[int, ...] = ()
-        self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._prefix_kv: KVPerLayer = []
         self.tokens_prefilled = 0
         """Real (not padding) tokens prefilled by every :meth:`encode` call so far, the cached prefix's once."""
 
@@ -251,15 +297,8 @@ class FactEncoder:
         drops the cache."""
         self._prefix_ids = tuple(int(i) for i in prefix_ids)
         self._prefix_kv = []
-        if not self._prefix_ids:
-            return
-        ids = torch.tensor([self._prefix_ids], dtype=torch.long, device=self.device)
-        out = self._backbone(
-            input_ids=ids, position_ids=torch.arange(ids.shape[1], device=self.device)[None], use_cache=True
-        )
-        cache = getattr(out, "cache", None) or out.past_key_values  # renamed in transformers 5.x
-        self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self.tokens_prefilled += len(self._prefix_ids)
+        if self._prefix_ids:
+            (self._prefix_kv,) = self._prefill([_Row(None, 0, self._prefix_ids, 0)])
 
     def _uses_prefix(self, req: EncodeRequest) -> bool:
         n = len(self._prefix_ids)
@@ -275,67 +314,164 @@ class FactEncoder:
         """Encode every request; ``FactKV`` tensors are on the model's device in its dtype.
 
         Raises:
-            ValueError: when a request has no fact tokens.
+            ValueError: when a request has no fact tokens, or a negative position gap.
         """
         for i, req in enumerate(requests):
             if len(req.fact_ids) == 0:
                 raise ValueError(f"request {i} has no fact tokens")
             if req.position_gap < 0:
                 raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
+        # Each shared context once, on the cached prefix where it starts with it.
+        context_rows = {c: self._context_row(c) for c in self._shared_contexts(requests)}
+        context_kv: dict[tuple[int, ...], KVPerLayer] = {}
+        for some in self._batches(list(context_rows), context_rows.__getitem__, uniform=True):
+            context_kv.update(zip(some, self._prefill([context_rows[c] for c in some]), strict=True))
+        rows: dict[int, _Row] = {}
+        for i, req in enumerate(requests):
+            context = tuple(int(t) for t in req.context_ids)
+            if context in context_kv:  # only the fact tokens remain
+                rows[i] = _Row(context_kv[context], len(context), req.fact_ids, len(context) + req.position_gap)
+            else:  # the context past the cached prefix, then the fact
+                skip = len(self._prefix_ids) if self._uses_prefix(req) else 0
+                rows[i] = _Row(
+                    self._prefix_kv if skip else None,
+                    skip,
+                    [*req.context_ids[skip:], *req.fact_ids],
+                    skip,
+                    gap_at=len(req.context_ids) - skip,
+                    gap=req.position_gap,
+                )
         encoded: dict[int, FactKV] = {}
-        for cached in (True, False):
-            group = [i for i, req in enumerate(requests) if self._uses_prefix(req) == cached]
-            skip = len(self._prefix_ids) if cached else 0
-            group.sort(key=lambda i: len(requests[i].context_ids) + len(requests[i].fact_ids))
-            for start in range(0, len(group), self._batch_size):
-                chunk = group[start : start + self._batch_size]
-                encoded.update(zip(chunk, self._encode_batch([requests[i] for i in chunk], skip), strict=True))
+        for batch in self._batches(list(rows), rows.__getitem__, uniform=False):
+            facts = self._encode_batch([rows[i] for i in batch], [requests[i] for i in batch])
+            encoded.update(zip(batch, facts, strict=True))
         return [encoded[i] for i in range(len(requests))]
 
-    def _prefix_cache(self, rows: int) -> Any:
-        """A fresh transformers cache holding the cached prefix for ``rows`` rows (every forward extends it)."""
+    def _batches(self, items: list[_Item], row_of: Callable[[_Item], _Row], uniform: bool) -> Iterator[list[_Item]]:
+        """``items`` in batches of at most ``batch_size``, sorted by the tokens each row prefills (the batch's width,
+        so padding stays small), then by its cached ones. A model with sliding-window layers keeps only the last
+        window of a row's K/V in its cache, counted in slots: there a batch never mixes rows of different cached
+        lengths (whose caches would be padded), nor, when ``uniform`` (a prefill whose cache is kept), rows of
+        different widths (whose kept cache would hold padding)."""
+
+        def key(item: _Item) -> tuple[int, int]:
+            row = row_of(item)
+            return (row.n_cached, len(row.ids)) if self._sliding else (len(row.ids), row.n_cached)
+
+        batch: list[_Item] = []
+        for item in sorted(items, key=key):
+            full = len(batch) == self._batch_size
+            if batch and (full or (self._sliding and not self._fits(row_of(batch[0]), row_of(item), uniform))):
+                yield batch
+                batch = []
+            batch.append(item)
+        if batch:
+            yield batch
+
+    @staticmethod
+    def _fits(first: _Row, row: _Row, uniform: bool) -> bool:
+        """Whether ``row`` may share a sliding-window model's batch with ``first`` (see :meth:`_batches`)."""
+        return row.n_cached == first.n_cached and (not uniform or len(row.ids) == len(first.ids))
+
+    def _shared_contexts(self, requests: Sequence[EncodeRequest]) -> list[tuple[int, ...]]:
+        """The contexts that two or more requests have whole and that reach past the cached prefix (a context equal
+        to the prefix is the prefix's cache already), in first-seen order; none when contexts are not shared."""
+        if not self._share_contexts:
+            return []
+        count: dict[tuple[int, ...], int] = {}
+        for req in requests:
+            context = tuple(int(t) for t in req.context_ids)
+            count[context] = count.get(context, 0) + 1
+        return [c for c, n in count.items() if n > 1 and len(c) > self._context_row(c).n_cached]
+
+    def _context_row(self, context: tuple[int, ...]) -> _Row:
+        """The row that prefills ``context``: on the cached prefix when it starts with it, else from position 0."""
+        n = len(self._prefix_ids)
+        skip = n if n and context[:n] == self._prefix_ids else 0
+        return _Row(self._prefix_kv if skip else None, skip, context[skip:], skip)
+
+    def _forward(self, rows: Sequence[_Row], width: int, keep_cache: bool = False) -> Any:
+        """One forward pass over ``rows``: each row's ``ids`` right-padded to ``width`` columns, after its cached K/V
+        left-padded to the longest row's, so every row's tokens sit right after its own cache and the distance
+        between two of its tokens, in positions and in cache slots, is the true one. Padding is masked out and never
+        attended to by a real token. Returns the model's output; with ``keep_cache``, or when a row had a cache, its
+        cache holds the pass's K/V (``[B, n_kv, C_max + width, hd]`` per layer, a sliding layer's last window)."""
+        device = self.device
+        n_cached = max(r.n_cached for r in rows)
+        input_ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), n_cached + width), dtype=torch.long)
+        position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            input_ids[b, : len(row.ids)] = torch.tensor(list(row.ids), dtype=torch.long)
+            mask[b, n_cached - row.n_cached : n_cached + len(row.ids)] = 1
+            position_ids[b] = row.start + torch.arange(width, dtype=torch.long)
+            position_ids[b, row.gap_at :] += row.gap
+        extra: dict[str, Any] = {"use_cache": keep_cache}
+        if n_cached:
+            extra = {"use_cache": True, "cache": self._left_padded_cache(rows)}
+        return self._backbone(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=position_ids.to(device),
+            **extra,
+        )
+
+    def _left_padded_cache(self, rows: Sequence[_Row]) -> Any:
+        """A fresh transformers cache holding each row's cached K/V in the last slots of each layer, zeros (masked)
+        before them: ``[B, n_kv, C, hd]`` per layer, C the longest row's slots in that layer."""
         from transformers import DynamicCache
 
-        data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self._prefix_kv]
+        layers = next(r.cached for r in rows if r.cached)
+        data = []
+        for layer, (k0, v0) in enumerate(layers):
+            slots = max(r.cached[layer][0].shape[2] if r.cached else 0 for r in rows)
+            keys = k0.new_zeros((len(rows), k0.shape[1], slots, k0.shape[3]))
+            values = v0.new_zeros((len(rows), v0.shape[1], slots, v0.shape[3]))
+            for b, row in enumerate(rows):
+                if row.cached:
+                    k, v = row.cached[layer]
+                    keys[b, :, slots - k.shape[2] :] = k[0]
+                    values[b, :, slots - v.shape[2] :] = v[0]
+            data.append((keys, values))
         return DynamicCache(ddp_cache_data=data, config=model_config(self._model))
 
-    def _encode_batch(self, batch: list[EncodeRequest], skip: int = 0) -> list[FactKV]:
-        """Encode ``batch`` in one forward pass; with ``skip`` > 0 every request's context starts with the cached
-        prefix, which is not prefilled again: row tokens start at position ``skip``."""
-        device = self.device
-        seqs = [list(r.context_ids[skip:]) + list(r.fact_ids) for r in batch]
-        width = max(len(s) for s in seqs)
+    def _prefill(self, rows: Sequence[_Row]) -> list[KVPerLayer]:
+        """Prefill ``rows`` in one pass; returns each row's K/V as the model caches them (post-RoPE, per layer
+        ``[1, n_kv, n, hd]``: n = its cached and new tokens, a sliding layer's last window of them)."""
+        width = max(len(r.ids) for r in rows)
+        out = self._forward(rows, width, keep_cache=True)
+        cache = getattr(out, "cache", None) or out.past_key_values  # renamed in transformers 5.x
+        self.tokens_prefilled += sum(len(r.ids) for r in rows)
+        kept = []
+        for b, row in enumerate(rows):
+            real = row.n_cached + len(row.ids)
+            per_layer = []
+            for layer in cache.layers:
+                # the row's real slots end len(ids) into the pass; a sliding layer (whose batches carry no
+                # padding, see _batches) holds fewer slots than the row's tokens
+                end = layer.keys.shape[2] - (width - len(row.ids))
+                lo = max(0, end - real)
+                per_layer.append((layer.keys[b : b + 1, :, lo:end], layer.values[b : b + 1, :, lo:end]))
+            kept.append(per_layer)
+        return kept
+
+    def _encode_batch(self, rows: list[_Row], requests: list[EncodeRequest]) -> list[FactKV]:
+        """Encode one batch in one forward pass: row b prefills ``rows[b].ids``, whose last tokens are
+        ``requests[b]``'s fact; returns each fact's pre-RoPE K/V."""
+        width = max(len(r.ids) for r in rows)
         if width == self._n_kv_heads:  # one extra pad column keeps [B, T, n_kv, hd] and [B, n_kv, T, hd] distinct
             width += 1
-        input_ids = torch.full((len(seqs), width), self._pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            attention_mask[row, : len(seq)] = 1
-        position_ids = skip + torch.arange(width, dtype=torch.long)[None].repeat(len(seqs), 1)
-        for row, req in enumerate(batch):
-            if req.position_gap:
-                position_ids[row, len(req.context_ids) - skip :] += req.position_gap
-        cache: dict[str, Any] = {"use_cache": False}
-        if skip:
-            cache = {"use_cache": True, "cache": self._prefix_cache(len(seqs))}
-            attention_mask = torch.cat([torch.ones((len(seqs), skip), dtype=torch.long), attention_mask], dim=1)
         with PreRopeCapture(self._attn, self._n_kv_heads, self._head_dim, width) as capture:
-            self._backbone(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                position_ids=position_ids.to(device),
-                **cache,
-            )
+            self._forward(rows, width)
             keys, values = capture.stacked()
-        self.tokens_prefilled += sum(len(seq) for seq in seqs)
+        self.tokens_prefilled += sum(len(r.ids) for r in rows)
         facts = []
-        for row, req in enumerate(batch):
-            lo, hi = len(req.context_ids) - skip, len(req.context_ids) - skip + len(req.fact_ids)
+        for b, (row, req) in enumerate(zip(rows, requests, strict=True)):
+            lo, hi = len(row.ids) - len(req.fact_ids), len(row.ids)
             facts.append(
                 FactKV(
-                    keys=keys[:, row, :, lo:hi].contiguous(),
-                    values=values[:, row, :, lo:hi].contiguous(),
+                    keys=keys[:, b, :, lo:hi].contiguous(),
+                    values=values[:, b, :, lo:hi].contiguous(),
                     token_ids=torch.tensor(list(req.fact_ids), dtype=torch.long),
                     encoded_at=len(req.context_ids) + req.position_gap,
                 )

@@ -28,7 +28,7 @@ def requests() -> list[EncodeRequest]:
 @pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
 def test_facts_on_the_cached_prefix_equal_a_plain_pass(arch: str) -> None:
     model = tiny_model(arch)
-    plain = FactEncoder(model, batch_size=4).encode(requests())
+    plain = FactEncoder(model, batch_size=4, share_contexts=False).encode(requests())
     cached_encoder = FactEncoder(model, batch_size=4)
     cached_encoder.cache_prefix(PREFIX)
     cached = cached_encoder.encode(requests())
@@ -41,7 +41,7 @@ def test_facts_on_the_cached_prefix_equal_a_plain_pass(arch: str) -> None:
 
 def test_the_prefix_is_prefilled_once_not_per_fact() -> None:
     reqs = requests()
-    plain_encoder = FactEncoder(tiny_model("llama"), batch_size=2)
+    plain_encoder = FactEncoder(tiny_model("llama"), batch_size=2, share_contexts=False)
     plain_encoder.encode(reqs)
     assert plain_encoder.tokens_prefilled == sum(len(r.context_ids) + len(r.fact_ids) for r in reqs)
 
@@ -71,7 +71,7 @@ def test_in_bfloat16_the_cached_prefix_stays_within_rounding_of_a_plain_pass(arc
     """dtype "auto" picks bfloat16 on CUDA and on CPUs with native bfloat16: the cached path must hold there too.
     A wrong position or mask moves K/V by O(1); bfloat16 rounding by about 1e-2."""
     model = tiny_model(arch).to(torch.bfloat16)
-    plain = FactEncoder(model, batch_size=4).encode(requests())
+    plain = FactEncoder(model, batch_size=4, share_contexts=False).encode(requests())
     encoder = FactEncoder(model, batch_size=4)
     encoder.cache_prefix(PREFIX)
     for i, (want, got) in enumerate(zip(plain, encoder.encode(requests()), strict=True)):
