@@ -1,17 +1,21 @@
 """Fact encoding throughput against the model's plain prefill rate, measured side by side in one run.
 
-Three timed jobs over the same ``--facts`` synthetic facts, in the engine's default dtype (``auto``), interleaved per
+Timed jobs over the same ``--facts`` synthetic facts, in the engine's default dtype (``auto``), interleaved per
 repeat so drift on a shared machine hits each alike:
 
 - ``prefill``: one plain forward pass over the system prefix and every fact pasted as one prompt (what prompt
   injection prefills): its tokens/s is the model's plain prefill rate;
 - ``encode (prefix cached)``: the engine's fact encoder, which prefills the system prefix once and encodes each fact
-  on top of its cached K/V (the product's path);
-- ``encode (prefix per fact)``: the same encoder without the cached prefix, which prefills the prefix again for
-  every fact (the path before issue #16).
+  on top of its cached K/V, and prefills a context that several facts share once (the product's path);
+- ``encode (context per fact)``, with ``--context-turns`` and ``--facts-per-context`` > 1 only: the same encoder,
+  the prefix cached, but each fact's context turns prefilled again for it (the path before contexts were shared);
+- ``encode (prefix per fact)``: the encoder without the cached prefix or shared contexts, which prefills the prefix
+  (and the turns) again for every fact (the path before issue #16).
 
-Facts are encoded with the prefix only (``kv.context_window`` 0): context turns are prefilled for their own fact and
-are counted apart by ``--context-turns``, which puts that many synthetic turns before each fact.
+Facts are encoded with the prefix only by default (``kv.context_window`` 0). ``--context-turns T`` puts T synthetic
+turns before each fact, the same T for each group of ``--facts-per-context F`` facts (distinct turns per group): F=1
+is a memory encoded after the turns before it (``add(infer=False)``, one message at a time), F>1 the facts one
+``add(infer=True)`` call extracts, which share the call's turns.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/encode_throughput.py --facts 64 --repeats 5 --out out/encode.json
 
@@ -22,7 +26,9 @@ the plain prefill rate; writes the same as JSON with the machine's description.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -50,39 +56,49 @@ def main() -> None:
     parser.add_argument("--facts", type=int, default=64, help="facts encoded per repeat (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (default 5)")
     parser.add_argument("--context-turns", type=int, default=0, help="synthetic turns before each fact (default 0)")
+    parser.add_argument(
+        "--facts-per-context", type=int, default=1, help="facts that share one context's turns (default 1)"
+    )
     parser.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
 
     engine = TransformersEngine(EngineConfig(dtype=args.dtype, device="cpu"), SYSTEM_PROMPT).load()
     model, prefix = engine.model, engine.system_prefix_ids()
-    facts = [engine.fact_token_ids(text) for text in synthetic_facts(args.facts)]
-    turns = engine.context_token_ids(synthetic_facts(args.context_turns)) if args.context_turns else []
-    requests = [EncodeRequest(fact, [*prefix, *turns]) for fact in facts]
+    if args.facts < 1 or args.facts_per_context < 1 or args.context_turns < 0:
+        parser.error("--facts and --facts-per-context must be >= 1, --context-turns >= 0")
+    turns, per_context = args.context_turns, args.facts_per_context
+    texts = synthetic_facts(args.facts + turns * args.facts)
+    facts = [engine.fact_token_ids(text) for text in texts[: args.facts]]
+    group_turns = [  # the turns of each group of facts that share them, distinct per group
+        engine.context_token_ids(texts[args.facts + g * turns : args.facts + (g + 1) * turns]) if turns else []
+        for g in range(math.ceil(args.facts / per_context))
+    ]
+    requests = [EncodeRequest(fact, [*prefix, *group_turns[i // per_context]]) for i, fact in enumerate(facts)]
     fact_tokens = sum(len(f) for f in facts)
     pasted = torch.tensor([[*prefix, *(t for f in facts for t in f)]], dtype=torch.long)
     pad = engine.tokenizer.pad_token_id or 0
     cached = FactEncoder(model, pad_token_id=pad)
     cached.cache_prefix(prefix)
-    uncached = FactEncoder(model, pad_token_id=pad)
+    unshared = FactEncoder(model, pad_token_id=pad, share_contexts=False)
+    unshared.cache_prefix(prefix)
+    uncached = FactEncoder(model, pad_token_id=pad, share_contexts=False)
 
     def prefill() -> None:
         with torch.inference_mode():
             model(input_ids=pasted, use_cache=False)
 
-    jobs = {
-        "prefill": (prefill, pasted.shape[1]),
-        "encode (prefix cached)": (lambda: cached.encode(requests), None),
-        "encode (prefix per fact)": (lambda: uncached.encode(requests), None),
-    }
-    seconds: dict[str, list[float]] = {name: [] for name in jobs}
+    encoders: dict[str, FactEncoder | None] = {"prefill": None, "encode (prefix cached)": cached}
+    if args.context_turns and args.facts_per_context > 1:
+        encoders["encode (context per fact)"] = unshared
+    encoders["encode (prefix per fact)"] = uncached
+    seconds: dict[str, list[float]] = {name: [] for name in encoders}
     prefilled: dict[str, int] = {}
     for repeat in range(args.repeats + 1):
-        for name, (job, tokens) in jobs.items():
-            encoder = cached if "cached" in name else uncached if "per fact" in name else None
+        for name, encoder in encoders.items():
             before = encoder.tokens_prefilled if encoder is not None else 0
-            elapsed = _timed(job)
-            prefilled[name] = tokens if encoder is None else encoder.tokens_prefilled - before
+            elapsed = _timed(prefill if encoder is None else functools.partial(encoder.encode, requests))
+            prefilled[name] = int(pasted.shape[1]) if encoder is None else encoder.tokens_prefilled - before
             if repeat:  # the first round warms up kernels and allocations
                 seconds[name].append(elapsed)
 
@@ -106,13 +122,15 @@ def main() -> None:
         "facts": len(facts),
         "fact_tokens": fact_tokens,
         "prefix_tokens": len(prefix),
-        "context_tokens_per_fact": len(turns),
+        "context_tokens_per_fact": statistics.fmean(len(r.context_ids) - len(prefix) for r in requests),
+        "facts_per_context": args.facts_per_context,
         "machine": machine_info(),
         "jobs": rows,
     }
     print(
-        f"{len(facts)} facts, {fact_tokens} fact tokens, prefix {len(prefix)} tokens, context {len(turns)} tokens "
-        f"per fact; {report['model_dtype']} on {report['machine']['processor']} ({report['machine']['cpu_isa']})"
+        f"{len(facts)} facts, {fact_tokens} fact tokens, prefix {len(prefix)} tokens, context "
+        f"{report['context_tokens_per_fact']:.0f} tokens per fact, {args.facts_per_context} facts per context; "
+        f"{report['model_dtype']} on {report['machine']['processor']} ({report['machine']['cpu_isa']})"
     )
     for name, row in rows.items():
         extra = ""
