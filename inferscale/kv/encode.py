@@ -16,7 +16,8 @@ is checked end to end by :func:`inferscale.kv.rope_probe.verify_rerotation`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -69,6 +70,35 @@ def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Se
                 f"{name} needs positions up to {req.span} with its context and position gap; the model's context "
                 f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns"
             )
+
+
+def chunk_length(contexts: Sequence[Hashable | None], size: int) -> int:
+    """How many of the first items of a queue to encode in one :meth:`FactEncoder.encode` call of at most ``size``,
+    so that a call does not end inside a run of items that share a context (a call shares a context only among its
+    own requests): ``size`` (all, when fewer are left), cut back to the start of the run the last item belongs to
+    when the next item continues it and the run then fits the next call; a run longer than ``size`` is split.
+
+    Args:
+        contexts: each item's context, as far as sharing goes (any hashable; ``None`` for one that shares nothing),
+            in queue order; items sharing a context are consecutive (the facts of one ``add`` call, the position
+            buckets of one memory). Only the first ``2 * size + 1`` are read.
+        size: the most items per call (``kv.encode_chunk_size``).
+
+    Raises:
+        ValueError: when ``size`` is under 1.
+    """
+    if size < 1:
+        raise ValueError(f"size must be at least 1, got {size}")
+    n = min(size, len(contexts))
+    if n == len(contexts) or contexts[n - 1] is None or contexts[n] != contexts[n - 1]:
+        return n
+    run = contexts[n - 1]
+    start, end = n - 1, n + 1
+    while start > 0 and contexts[start - 1] == run:
+        start -= 1
+    while end < len(contexts) and end - start <= size and contexts[end] == run:
+        end += 1
+    return start if start > 0 and end - start <= size else n
 
 
 def decoder_attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -212,7 +242,7 @@ class PreRopeCapture:
 
 KVPerLayer = list[tuple[torch.Tensor, torch.Tensor]]
 """Post-RoPE K/V of a run of tokens, as the model caches them: ``(keys, values)`` per layer, each
-``[1, n_kv_heads, n_tokens, head_dim]`` (a sliding-window layer's: the last window of them)."""
+``[1, n_kv_heads, n_tokens, head_dim]`` (a sliding-window layer's: its last ``sliding_window - 1`` of them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +253,8 @@ class _Row:
         cached: the K/V of the tokens before ``ids`` (``None`` for none: ``ids`` start the sequence).
         n_cached: how many tokens come before ``ids`` in ``cached`` (a sliding layer holds only its window).
         ids: the token ids prefilled in this pass.
-        start: the position of ``ids[0]``: the tokens before it, plus a fact's position gap when ``ids`` is a fact.
+        start: the position of ``ids[0]`` (before the ``gap_at`` shift): the tokens before it, plus the fact's
+            position gap in a row that prefills the fact alone.
         gap_at: from this index of ``ids`` on, positions are shifted by ``gap`` (a fact's position gap).
         gap: the shift (tokens).
     """
@@ -263,15 +294,20 @@ class FactEncoder:
 
     Args:
         model: a transformers causal LM (``model.model.layers[i].self_attn`` with ``k_proj``/``v_proj``).
-        batch_size: facts per forward pass.
+        batch_size: rows per forward pass (facts, or shared contexts being prefilled).
         pad_token_id: id used for padding (never attended to).
         share_contexts: prefill a context that several requests of a call share once (default); ``False``
             prefills it again for each of them (the path before it, kept for ``benchmarks/encode_throughput.py``).
+
+    Raises:
+        ValueError: when ``batch_size`` is under 1.
     """
 
     def __init__(
         self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0, share_contexts: bool = True
     ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self._model = model
         self._backbone = getattr(model, "model", model)
         self._attn = decoder_attention_modules(model)
@@ -279,7 +315,8 @@ class FactEncoder:
         self._batch_size = batch_size
         self._pad = pad_token_id
         self._share_contexts = share_contexts
-        self._sliding = bool(getattr(model_config(model), "sliding_window", None))
+        window = getattr(model_config(model), "sliding_window", None)
+        self._window: int | None = int(window) if window else None
         self._prefix_ids: tuple[int, ...] = ()
         self._prefix_kv: KVPerLayer = []
         self.tokens_prefilled = 0
@@ -299,10 +336,6 @@ class FactEncoder:
         self._prefix_kv = []
         if self._prefix_ids:
             (self._prefix_kv,) = self._prefill([_Row(None, 0, self._prefix_ids, 0)])
-
-    def _uses_prefix(self, req: EncodeRequest) -> bool:
-        n = len(self._prefix_ids)
-        return n > 0 and len(req.context_ids) >= n and tuple(req.context_ids[:n]) == self._prefix_ids
 
     @property
     def device(self) -> torch.device:
@@ -331,16 +364,10 @@ class FactEncoder:
             context = tuple(int(t) for t in req.context_ids)
             if context in context_kv:  # only the fact tokens remain
                 rows[i] = _Row(context_kv[context], len(context), req.fact_ids, len(context) + req.position_gap)
-            else:  # the context past the cached prefix, then the fact
-                skip = len(self._prefix_ids) if self._uses_prefix(req) else 0
-                rows[i] = _Row(
-                    self._prefix_kv if skip else None,
-                    skip,
-                    [*req.context_ids[skip:], *req.fact_ids],
-                    skip,
-                    gap_at=len(req.context_ids) - skip,
-                    gap=req.position_gap,
-                )
+            else:  # the context past the cached prefix, then the fact at its position gap
+                row = self._context_row(context)
+                ids = [*row.ids, *req.fact_ids]
+                rows[i] = dataclasses.replace(row, ids=ids, gap_at=len(row.ids), gap=req.position_gap)
         encoded: dict[int, FactKV] = {}
         for batch in self._batches(list(rows), rows.__getitem__, uniform=False):
             facts = self._encode_batch([rows[i] for i in batch], [requests[i] for i in batch])
@@ -349,19 +376,21 @@ class FactEncoder:
 
     def _batches(self, items: list[_Item], row_of: Callable[[_Item], _Row], uniform: bool) -> Iterator[list[_Item]]:
         """``items`` in batches of at most ``batch_size``, sorted by the tokens each row prefills (the batch's width,
-        so padding stays small), then by its cached ones. A model with sliding-window layers keeps only the last
-        window of a row's K/V in its cache, counted in slots: there a batch never mixes rows of different cached
-        lengths (whose caches would be padded), nor, when ``uniform`` (a prefill whose cache is kept), rows of
-        different widths (whose kept cache would hold padding)."""
+        so padding stays small), then by its cached ones. A sliding-window layer keeps only the last
+        ``sliding_window - 1`` slots of the cache and masks by slot: when some row's span reaches that, a batch never
+        mixes rows of different cached lengths (whose caches would be padded), nor, when ``uniform`` (a prefill whose
+        cache is kept), rows of different widths (whose kept cache would hold padding)."""
+        window = self._window
+        sliding = window is not None and any(r.n_cached + len(r.ids) >= window - 1 for r in map(row_of, items))
 
         def key(item: _Item) -> tuple[int, int]:
             row = row_of(item)
-            return (row.n_cached, len(row.ids)) if self._sliding else (len(row.ids), row.n_cached)
+            return (row.n_cached, len(row.ids)) if sliding else (len(row.ids), row.n_cached)
 
         batch: list[_Item] = []
         for item in sorted(items, key=key):
             full = len(batch) == self._batch_size
-            if batch and (full or (self._sliding and not self._fits(row_of(batch[0]), row_of(item), uniform))):
+            if batch and (full or (sliding and not self._fits(row_of(batch[0]), row_of(item), uniform))):
                 yield batch
                 batch = []
             batch.append(item)
@@ -382,10 +411,11 @@ class FactEncoder:
         for req in requests:
             context = tuple(int(t) for t in req.context_ids)
             count[context] = count.get(context, 0) + 1
-        return [c for c, n in count.items() if n > 1 and len(c) > self._context_row(c).n_cached]
+        return [c for c, n in count.items() if n > 1 and self._context_row(c).ids]
 
     def _context_row(self, context: tuple[int, ...]) -> _Row:
-        """The row that prefills ``context``: on the cached prefix when it starts with it, else from position 0."""
+        """The row that prefills ``context``: what follows the cached prefix, on its K/V, when ``context`` starts
+        with it; else all of it, from position 0."""
         n = len(self._prefix_ids)
         skip = n if n and context[:n] == self._prefix_ids else 0
         return _Row(self._prefix_kv if skip else None, skip, context[skip:], skip)
@@ -395,7 +425,8 @@ class FactEncoder:
         left-padded to the longest row's, so every row's tokens sit right after its own cache and the distance
         between two of its tokens, in positions and in cache slots, is the true one. Padding is masked out and never
         attended to by a real token. Returns the model's output; with ``keep_cache``, or when a row had a cache, its
-        cache holds the pass's K/V (``[B, n_kv, C_max + width, hd]`` per layer, a sliding layer's last window)."""
+        cache holds the pass's K/V (``[B, n_kv, C_max + width, hd]`` per layer; a sliding layer's last
+        ``sliding_window - 1`` slots)."""
         device = self.device
         n_cached = max(r.n_cached for r in rows)
         input_ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
@@ -406,6 +437,9 @@ class FactEncoder:
             mask[b, n_cached - row.n_cached : n_cached + len(row.ids)] = 1
             position_ids[b] = row.start + torch.arange(width, dtype=torch.long)
             position_ids[b, row.gap_at :] += row.gap
+            # padding repeats the row's last position: no column passes the batch's longest real span, which
+            # longrope reads (max position) to choose its factor for the whole pass
+            position_ids[b, len(row.ids) :] = position_ids[b, len(row.ids) - 1]
         extra: dict[str, Any] = {"use_cache": keep_cache}
         if n_cached:
             extra = {"use_cache": True, "cache": self._left_padded_cache(rows)}
@@ -451,7 +485,8 @@ class FactEncoder:
                 # padding, see _batches) holds fewer slots than the row's tokens
                 end = layer.keys.shape[2] - (width - len(row.ids))
                 lo = max(0, end - real)
-                per_layer.append((layer.keys[b : b + 1, :, lo:end], layer.values[b : b + 1, :, lo:end]))
+                # copies: a view would keep the whole batch's cache alive as long as one row's K/V
+                per_layer.append((layer.keys[b : b + 1, :, lo:end].clone(), layer.values[b : b + 1, :, lo:end].clone()))
             kept.append(per_layer)
         return kept
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import SUPPORTED_ARCHS, tiny_model
+from tiny_models import LONGROPE_ORIGINAL_MAX, SUPPORTED_ARCHS, tiny_model
 
 from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.fact import FactKV
 
 PREFIX = [5, 17, 33, 41, 2, 99, 7]
 TURNS = [80, 81, 82, 83, 84, 85]
@@ -35,7 +36,7 @@ def requests() -> list[EncodeRequest]:
     ]
 
 
-def assert_same_facts(plain: list, shared: list, atol: float, rtol: float, what: str) -> None:
+def assert_same_facts(plain: list[FactKV], shared: list[FactKV], atol: float, rtol: float, what: str) -> None:
     for i, (want, got) in enumerate(zip(plain, shared, strict=True)):
         assert got.encoded_at == want.encoded_at, i
         assert torch.equal(got.token_ids, want.token_ids), i
@@ -66,6 +67,22 @@ def test_under_a_sliding_window_shorter_than_the_contexts_a_shared_context_equal
     encoder = FactEncoder(model, batch_size=4)
     encoder.cache_prefix(PREFIX)
     assert_same_facts(plain, encoder.encode(requests()), 2e-5, 1e-4, arch)
+
+
+def test_padding_never_passes_the_longest_real_position_longrope_reads() -> None:
+    """longrope picks its factor for the whole pass from the largest position id: a standalone fact batched with
+    facts on a long shared context must not get padding positions past the batch's real ones (it did: its pad
+    columns counted on from the fact's start, past 256, and every row of the batch took the long factor)."""
+    model = tiny_model("llama_longrope")
+    context = [(7 * i) % 250 + 3 for i in range(LONGROPE_ORIGINAL_MAX - 16)]  # 240 tokens, all spans under 256
+    reqs = [
+        EncodeRequest([60, 61, 62], context),
+        EncodeRequest([63, 64], context),
+        EncodeRequest(list(range(100, 120))),  # 20 tokens: padded to the batch's width of 20
+    ]
+    assert max(r.span for r in reqs) < LONGROPE_ORIGINAL_MAX
+    plain = FactEncoder(model, batch_size=1, share_contexts=False).encode(reqs)
+    assert_same_facts(plain, FactEncoder(model, batch_size=4).encode(reqs), 2e-5, 1e-4, "longrope")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
