@@ -212,8 +212,10 @@ class KVConfig(_Strict):
             ``add`` that finds the queue full blocks until the encoder has taken enough of them (back-pressure).
             The encoder's current batch (up to ``encode_batch_size``) is not counted.
         encode_chunk_size: the most fact encodings (one per fact and position bucket) the background encoder runs
-            under one hold of the model: it encodes its batch in chunks of this many, and starts none while a
-            ``chat`` is using the model, so a chat that arrives while it works waits for one chunk at most. A
+            under one hold of the model: it encodes its batch in chunks of at most this many (a chunk ends before
+            memories that share their context turns, the facts of one ``add(infer=True)`` call, rather than among
+            them, unless they fill it), and starts none while a ``chat`` is using the model, so a chat that
+            arrives while it works waits for one chunk at most. A
             streamed chat uses the model only while it takes a step (a stream is read at its reader's pace), so
             the encoder may run a chunk between two tokens: each step waits for one chunk at most.
             Smaller chunks cost the encoder more forward passes; eager ``add`` and ``chat`` encode in batches of

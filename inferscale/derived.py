@@ -331,8 +331,10 @@ class DerivedStores:
         one re-worded or re-contexted is encoded as it is now; one too long for the model's context with its
         context turns is skipped with a warning, as ``chat`` leaves it out:
         :meth:`~inferscale.fact_kv.FactKVManager.servable`), and only the K/V no tier holds are encoded (a ``chat``
-        that needed one first encoded it itself). They are encoded in chunks of ``kv.encode_chunk_size``,
-        each under the engine's lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
+        that needed one first encoded it itself). They are encoded in chunks of at most ``kv.encode_chunk_size``
+        (a chunk ends before memories that share context turns with the next one rather than among them, so their
+        turns are prefilled once: :meth:`~inferscale.fact_kv.FactKVManager.next_chunk`), each under the engine's
+        lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
         the encoder waits for the ``chat`` uses of the model running then (:meth:`foreground`), so a chat waits
         for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
         drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
@@ -357,7 +359,8 @@ class DerivedStores:
             self._yield_to_foreground()
             with self._lock:
                 left = fact_kv.missing(left)  # those a chat stored meanwhile are done
-                chunk, left = left[:chunk_size], left[chunk_size:]
+                n = fact_kv.next_chunk(left, chunk_size)  # memories sharing context turns kept together
+                chunk, left = left[:n], left[n:]
                 requests = fact_kv.requests(chunk)
             if chunk:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))

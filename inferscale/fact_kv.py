@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from inferscale.config import KVConfig
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine
-from inferscale.kv.encode import EncodeRequest
+from inferscale.kv.encode import EncodeRequest, chunk_length
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
 from inferscale.kv.serving import bucket_per_fact
@@ -153,6 +153,18 @@ class FactKVManager:
         """Those ``(record, bucket)`` of ``wanted`` whose K/V no tier holds, in order. Counts no store hit or miss
         and loads nothing."""
         return [(r, b) for r, b in wanted if not self._store.contains(self.key(r, b))]
+
+    def next_chunk(self, wanted: Sequence[tuple[MemoryRecord, int]], size: int) -> int:
+        """How many of the first ``(record, bucket)`` of ``wanted`` to encode in one call of at most ``size``: the
+        call does not end among memories that share their context turns, which it would then prefill once more
+        (:func:`inferscale.kv.encode.chunk_length`; the facts of one ``add(infer=True)`` call share them).
+
+        Raises:
+            ValueError: when ``size`` is under 1.
+        """
+        window = self._config.context_window
+        contexts = [tuple(context_turns(r.context, window)) or None for r, _ in wanted[: 2 * size + 1]]
+        return chunk_length(contexts, size)
 
     def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
         """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model)."""

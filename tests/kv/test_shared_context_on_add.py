@@ -7,17 +7,19 @@ eager encoding; extraction is scripted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+import pytest
 import torch
+from mem0_fakes import HashEmbedder, ScriptedGenerator, facts
+from tiny_models import byte_chat_tokenizer, tiny_model
 
 from inferscale import MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.kv.encode import EncodeRequest
-from tests.mem0_fakes import HashEmbedder, ScriptedGenerator, facts
-from tests.tiny_models import byte_chat_tokenizer, tiny_model
+from inferscale.kv.fact import FactKV
 
 EXTRACTED = ("Has a beagle named Biscuit", "Sister Ana lives in Lisbon", "Plays chess on Sundays")
 CONVERSATION = [
@@ -27,7 +29,9 @@ CONVERSATION = [
 ]
 
 
-def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encodings(tmp_path: Path) -> None:
+def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encodings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = TransformersEngine(
         EngineConfig(dtype="float32", device="cpu"),
         "Memories:\n",
@@ -37,11 +41,11 @@ def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encod
     calls: list[list[EncodeRequest]] = []
     encode = engine.encode_facts
 
-    def recorded(requests: list[EncodeRequest]) -> Any:
+    def recorded(requests: Sequence[EncodeRequest]) -> list[FactKV]:
         calls.append(list(requests))
         return encode(requests)
 
-    engine.encode_facts = recorded  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "encode_facts", recorded)
     config = MemoryConfig(
         data_dir=str(tmp_path), system_prompt="Memories:\n", kv=KVConfig(context_window=5, encode_on_add="eager")
     )
@@ -67,3 +71,47 @@ def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encod
         assert fact.encoded_at == alone.encoded_at == len(context)
         torch.testing.assert_close(fact.keys, alone.keys, rtol=0, atol=1e-5)
         torch.testing.assert_close(fact.values, alone.values, rtol=0, atol=1e-5)
+
+
+OTHER_EXTRACTED = ("Works as a nurse", "Lives in Porto", "Has two cats")
+OTHER_CONVERSATION = [
+    {"role": "user", "content": "I'm a nurse in Porto."},
+    {"role": "assistant", "content": "Any pets?"},
+    {"role": "user", "content": "Two cats."},
+]
+
+
+def test_the_background_encoder_keeps_each_add_s_facts_in_one_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of at most 4 over two adds of 3 facts each: [3, 3] (each call's turns prefilled once), not [4, 2]
+    (the second add's turns prefilled in both chunks)."""
+    engine = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        "Memories:\n",
+        model=tiny_model("llama", seed=0),
+        tokenizer=byte_chat_tokenizer(),
+    ).load()
+    calls: list[list[EncodeRequest]] = []
+    encode = engine.encode_facts
+
+    def recorded(requests: Sequence[EncodeRequest]) -> list[FactKV]:
+        calls.append(list(requests))
+        return encode(requests)
+
+    monkeypatch.setattr(engine, "encode_facts", recorded)
+    kv = KVConfig(context_window=5, encode_on_add="lazy", encode_chunk_size=4)
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt="Memories:\n", kv=kv)
+    generator = ScriptedGenerator(facts=[facts(*EXTRACTED), facts(*OTHER_EXTRACTED)])
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder(), generator=generator) as client:
+        ids = [r["id"] for r in client.add(CONVERSATION, user_id="maya")["results"]]
+        ids += [r["id"] for r in client.add(OTHER_CONVERSATION, user_id="ana")["results"]]
+        before = engine._encoder.tokens_prefilled
+        client.derived.encode_queued(ids)  # the background encoder's batch, run here
+        prefilled = engine._encoder.tokens_prefilled - before
+
+    assert [len(call) for call in calls] == [3, 3]
+    prefix = len(engine.system_prefix_ids())
+    turns = [len(call[0].context_ids) - prefix for call in calls]
+    assert all({tuple(r.context_ids) for r in call} == {tuple(call[0].context_ids)} for call in calls)
+    assert prefilled == sum(turns) + sum(len(r.fact_ids) for call in calls for r in call)
