@@ -15,7 +15,9 @@ repeat so drift on a shared machine hits each alike:
 Facts are encoded with the prefix only by default (``kv.context_window`` 0). ``--context-turns T`` puts T synthetic
 turns before each fact, the same T for each group of ``--facts-per-context F`` facts (distinct turns per group): F=1
 is a memory encoded after the turns before it (``add(infer=False)``, one message at a time), F>1 the facts one
-``add(infer=True)`` call extracts, which share the call's turns.
+``add(infer=True)`` call extracts, which share the call's turns. ``--chunk-size N`` encodes them in calls of at most
+N, cut where the background encoder cuts its chunks (``kv.encode_chunk_size``, default 4: never inside a group that
+fits one call); by default all go in one call, as an eager ``add`` of them does.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/encode_throughput.py --facts 64 --repeats 5 --out out/encode.json
 
@@ -40,7 +42,7 @@ from inferscale.bench.common import machine_info, synthetic_facts
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.kv.encode import EncodeRequest, FactEncoder
+from inferscale.kv.encode import EncodeRequest, FactEncoder, chunk_length
 
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the user's question using the memories below.\nMemories:\n"
 
@@ -59,20 +61,30 @@ def main() -> None:
     parser.add_argument(
         "--facts-per-context", type=int, default=1, help="facts that share one context's turns (default 1)"
     )
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        help="encode in consecutive calls of this many facts, as the background encoder does (kv.encode_chunk_size, "
+        "default 4); default: one call for all, as an eager add of them does",
+    )
     parser.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
+    chunk = args.facts if args.chunk_size is None else args.chunk_size
+    if min(args.facts, args.repeats, args.facts_per_context, chunk) < 1 or args.context_turns < 0:
+        parser.error(
+            "--facts, --repeats, --facts-per-context and --chunk-size must be at least 1, --context-turns at least 0"
+        )
 
     engine = TransformersEngine(EngineConfig(dtype=args.dtype, device="cpu"), SYSTEM_PROMPT).load()
     model, prefix = engine.model, engine.system_prefix_ids()
-    if args.facts < 1 or args.facts_per_context < 1 or args.context_turns < 0:
-        parser.error("--facts and --facts-per-context must be >= 1, --context-turns >= 0")
     turns, per_context = args.context_turns, args.facts_per_context
-    texts = synthetic_facts(args.facts + turns * args.facts)
+    groups = math.ceil(args.facts / per_context)
+    texts = synthetic_facts(args.facts + turns * groups)  # the facts, then each group's distinct turns
     facts = [engine.fact_token_ids(text) for text in texts[: args.facts]]
-    group_turns = [  # the turns of each group of facts that share them, distinct per group
+    group_turns = [
         engine.context_token_ids(texts[args.facts + g * turns : args.facts + (g + 1) * turns]) if turns else []
-        for g in range(math.ceil(args.facts / per_context))
+        for g in range(groups)
     ]
     requests = [EncodeRequest(fact, [*prefix, *group_turns[i // per_context]]) for i, fact in enumerate(facts)]
     fact_tokens = sum(len(f) for f in facts)
@@ -83,6 +95,16 @@ def main() -> None:
     unshared = FactEncoder(model, pad_token_id=pad, share_contexts=False)
     unshared.cache_prefix(prefix)
     uncached = FactEncoder(model, pad_token_id=pad, share_contexts=False)
+
+    contexts = [tuple(r.context_ids) if len(r.context_ids) > len(prefix) else None for r in requests]
+
+    def encode_in_chunks(encoder: FactEncoder) -> None:
+        """``requests`` in calls of at most ``chunk``, cut as the background encoder cuts them."""
+        start = 0
+        while start < len(requests):
+            n = chunk_length(contexts[start:], chunk)
+            encoder.encode(requests[start : start + n])
+            start += n
 
     def prefill() -> None:
         with torch.inference_mode():
@@ -97,7 +119,7 @@ def main() -> None:
     for repeat in range(args.repeats + 1):
         for name, encoder in encoders.items():
             before = encoder.tokens_prefilled if encoder is not None else 0
-            elapsed = _timed(prefill if encoder is None else functools.partial(encoder.encode, requests))
+            elapsed = _timed(prefill if encoder is None else functools.partial(encode_in_chunks, encoder))
             prefilled[name] = int(pasted.shape[1]) if encoder is None else encoder.tokens_prefilled - before
             if repeat:  # the first round warms up kernels and allocations
                 seconds[name].append(elapsed)
@@ -124,12 +146,14 @@ def main() -> None:
         "prefix_tokens": len(prefix),
         "context_tokens_per_fact": statistics.fmean(len(r.context_ids) - len(prefix) for r in requests),
         "facts_per_context": args.facts_per_context,
+        "facts_per_encode_call": chunk,
         "machine": machine_info(),
         "jobs": rows,
     }
     print(
         f"{len(facts)} facts, {fact_tokens} fact tokens, prefix {len(prefix)} tokens, context "
-        f"{report['context_tokens_per_fact']:.0f} tokens per fact, {args.facts_per_context} facts per context; "
+        f"{report['context_tokens_per_fact']:.0f} tokens per fact, {args.facts_per_context} facts per context, "
+        f"{chunk} per encode call; "
         f"{report['model_dtype']} on {report['machine']['processor']} ({report['machine']['cpu_isa']})"
     )
     for name, row in rows.items():
