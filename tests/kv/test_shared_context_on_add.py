@@ -7,7 +7,7 @@ eager encoding; extraction is scripted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,12 +29,17 @@ CONVERSATION = [
 ]
 
 
-def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encodings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+SYSTEM_PROMPT = "Memories:\n"
+
+
+def recording_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[TransformersEngine, list[list[EncodeRequest]], Callable[[Sequence[EncodeRequest]], list[FactKV]]]:
+    """A loaded engine on a tiny Llama whose ``encode_facts`` records each call's requests; with the list it fills
+    and the original ``encode_facts`` (which records nothing)."""
     engine = TransformersEngine(
         EngineConfig(dtype="float32", device="cpu"),
-        "Memories:\n",
+        SYSTEM_PROMPT,
         model=tiny_model("llama", seed=0),
         tokenizer=byte_chat_tokenizer(),
     ).load()
@@ -46,8 +51,15 @@ def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encod
         return encode(requests)
 
     monkeypatch.setattr(engine, "encode_facts", recorded)
+    return engine, calls, encode
+
+
+def test_the_facts_of_one_add_prefill_its_context_once_and_equal_their_own_encodings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, calls, encode = recording_engine(monkeypatch)
     config = MemoryConfig(
-        data_dir=str(tmp_path), system_prompt="Memories:\n", kv=KVConfig(context_window=5, encode_on_add="eager")
+        data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(context_window=5, encode_on_add="eager")
     )
     generator = ScriptedGenerator(facts=facts(*EXTRACTED))
     with MemoryClient(config, engine=engine, embedder=HashEmbedder(), generator=generator) as client:
@@ -86,22 +98,9 @@ def test_the_background_encoder_keeps_each_add_s_facts_in_one_chunk(
 ) -> None:
     """Chunks of at most 4 over two adds of 3 facts each: [3, 3] (each call's turns prefilled once), not [4, 2]
     (the second add's turns prefilled in both chunks)."""
-    engine = TransformersEngine(
-        EngineConfig(dtype="float32", device="cpu"),
-        "Memories:\n",
-        model=tiny_model("llama", seed=0),
-        tokenizer=byte_chat_tokenizer(),
-    ).load()
-    calls: list[list[EncodeRequest]] = []
-    encode = engine.encode_facts
-
-    def recorded(requests: Sequence[EncodeRequest]) -> list[FactKV]:
-        calls.append(list(requests))
-        return encode(requests)
-
-    monkeypatch.setattr(engine, "encode_facts", recorded)
+    engine, calls, _ = recording_engine(monkeypatch)
     kv = KVConfig(context_window=5, encode_on_add="lazy", encode_chunk_size=4)
-    config = MemoryConfig(data_dir=str(tmp_path), system_prompt="Memories:\n", kv=kv)
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=kv)
     generator = ScriptedGenerator(facts=[facts(*EXTRACTED), facts(*OTHER_EXTRACTED)])
     with MemoryClient(config, engine=engine, embedder=HashEmbedder(), generator=generator) as client:
         ids = [r["id"] for r in client.add(CONVERSATION, user_id="maya")["results"]]
