@@ -377,11 +377,15 @@ class FactEncoder:
     def _batches(self, items: list[_Item], row_of: Callable[[_Item], _Row], uniform: bool) -> Iterator[list[_Item]]:
         """``items`` in batches of at most ``batch_size``, sorted by the tokens each row prefills (the batch's width,
         so padding stays small), then by its cached ones. A sliding-window layer keeps only the last
-        ``sliding_window - 1`` slots of the cache and masks by slot: when some row's span reaches that, a batch never
-        mixes rows of different cached lengths (whose caches would be padded), nor, when ``uniform`` (a prefill whose
-        cache is kept), rows of different widths (whose kept cache would hold padding)."""
+        ``sliding_window - 1`` slots of the cache and masks by slot: when a padded pass over these rows could reach
+        that many slots (the most cached tokens plus the widest row, and the one extra column of
+        :meth:`_encode_batch`), a batch never mixes rows of different cached lengths (whose caches would be padded),
+        nor, when ``uniform`` (a prefill whose cache is kept), rows of different widths (whose kept cache would hold
+        padding)."""
         window = self._window
-        sliding = window is not None and any(r.n_cached + len(r.ids) >= window - 1 for r in map(row_of, items))
+        rows = [row_of(item) for item in items]
+        slots = max((r.n_cached for r in rows), default=0) + max((len(r.ids) for r in rows), default=0) + 1
+        sliding = window is not None and slots >= window - 1
 
         def key(item: _Item) -> tuple[int, int]:
             row = row_of(item)

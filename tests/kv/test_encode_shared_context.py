@@ -85,6 +85,25 @@ def test_padding_never_passes_the_longest_real_position_longrope_reads() -> None
     assert_same_facts(plain, FactEncoder(model, batch_size=4).encode(reqs), 2e-5, 1e-4, "longrope")
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_a_padded_pass_is_kept_under_a_window_no_single_span_reaches(arch: str) -> None:
+    """Each span (at most 12 tokens) is under the 16-token window, but a context prefill that pads a context on the
+    7-token prefix (3 more tokens) and one without it (9 tokens) to one batch needs 7 + 9 slots: a sliding layer kept
+    only the last 15, and dropped real K/V of the first row (|Δ| up to 0.76)."""
+    model = tiny_model(arch, sliding_window=16)
+    reqs = [
+        EncodeRequest([60, 61], [*PREFIX, 80, 81, 82]),
+        EncodeRequest([62], [*PREFIX, 80, 81, 82]),
+        EncodeRequest([63, 64], [90, 91, 92, 93, 94, 95, 96, 97, 98]),
+        EncodeRequest([65], [90, 91, 92, 93, 94, 95, 96, 97, 98]),
+    ]
+    assert max(r.span for r in reqs) < 16 - 1
+    plain = FactEncoder(model, batch_size=1, share_contexts=False).encode(reqs)
+    encoder = FactEncoder(model, batch_size=4)
+    encoder.cache_prefix(PREFIX)
+    assert_same_facts(plain, encoder.encode(reqs), 2e-5, 1e-4, arch)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_in_bfloat16_a_shared_context_stays_within_rounding_of_a_plain_pass(arch: str) -> None:
     """A wrong position or mask moves K/V by O(1); bfloat16 rounding by about 1e-2."""
