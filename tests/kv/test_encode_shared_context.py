@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_models import LONGROPE_ORIGINAL_MAX, SUPPORTED_ARCHS, tiny_model
 
 from inferscale.kv.encode import EncodeRequest, FactEncoder
@@ -151,3 +153,50 @@ def test_a_context_is_shared_within_one_call_only() -> None:
     encoder.encode(shared)
     encoder.encode(shared)
     assert encoder.tokens_prefilled == len(PREFIX) + 2 * (len(TURNS) + 3)
+
+
+_MODELS = {
+    "llama": lambda: tiny_model("llama"),
+    "gemma3, window 10": lambda: tiny_model("gemma3", sliding_window=10),
+    "mistral, window 7": lambda: tiny_model("mistral", sliding_window=7),
+}
+_BUILT: dict[str, torch.nn.Module] = {}
+
+
+def _model(name: str) -> torch.nn.Module:
+    if name not in _BUILT:
+        _BUILT[name] = _MODELS[name]()
+    return _BUILT[name]
+
+
+_tokens = st.lists(st.integers(3, 250), max_size=12)
+_contexts = st.one_of(
+    _tokens.map(lambda body: (*PREFIX, *body)),  # after the prefix
+    _tokens.map(tuple),  # without it (or empty)
+    _tokens.map(lambda body: (*PREFIX[:3], *body)),  # starting with part of it
+)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(
+    name=st.sampled_from(sorted(_MODELS)),
+    pool=st.lists(_contexts, min_size=1, max_size=4),
+    picks=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(st.integers(3, 250), min_size=1, max_size=6), st.sampled_from([0, 3])),
+        min_size=1,
+        max_size=9,
+    ),
+    batch_size=st.sampled_from([1, 3, 16]),
+)
+def test_any_mix_of_requests_equals_a_plain_pass(
+    name: str, pool: list[tuple[int, ...]], picks: list[tuple[int, list[int], int]], batch_size: int
+) -> None:
+    """Contexts drawn from a small pool (so some are shared), after the prefix, without it or after part of it, with
+    and without a position gap, on a full-attention model and two with windows shorter than many spans: every fact's
+    K/V equal its own unbatched plain pass."""
+    reqs = [EncodeRequest(fact, pool[i % len(pool)], gap) for i, fact, gap in picks]
+    model = _model(name)
+    plain = FactEncoder(model, batch_size=1, share_contexts=False).encode(reqs)
+    encoder = FactEncoder(model, batch_size=batch_size)
+    encoder.cache_prefix(PREFIX)
+    assert_same_facts(plain, encoder.encode(reqs), 2e-5, 1e-4, name)
