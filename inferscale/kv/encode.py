@@ -475,7 +475,7 @@ class FactEncoder:
 
     def _prefill(self, rows: Sequence[_Row]) -> list[KVPerLayer]:
         """Prefill ``rows`` in one pass; returns each row's K/V as the model caches them (post-RoPE, per layer
-        ``[1, n_kv, n, hd]``: n = its cached and new tokens, a sliding layer's last window of them)."""
+        ``[1, n_kv, n, hd]``: n = its cached and new tokens; a sliding layer's last ``sliding_window - 1`` of them)."""
         width = max(len(r.ids) for r in rows)
         out = self._forward(rows, width, keep_cache=True)
         cache = getattr(out, "cache", None) or out.past_key_values  # renamed in transformers 5.x
