@@ -17,6 +17,7 @@ is checked end to end by :func:`inferscale.kv.rope_probe.verify_rerotation`.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -354,14 +355,14 @@ class FactEncoder:
                 raise ValueError(f"request {i} has no fact tokens")
             if req.position_gap < 0:
                 raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
+        contexts = [tuple(int(t) for t in req.context_ids) for req in requests]
         # Each shared context once, on the cached prefix where it starts with it.
-        context_rows = {c: self._context_row(c) for c in self._shared_contexts(requests)}
+        context_rows = self._shared_contexts(contexts)
         context_kv: dict[tuple[int, ...], KVPerLayer] = {}
         for some in self._batches(list(context_rows), context_rows.__getitem__, uniform=True):
             context_kv.update(zip(some, self._prefill([context_rows[c] for c in some]), strict=True))
         rows: dict[int, _Row] = {}
-        for i, req in enumerate(requests):
-            context = tuple(int(t) for t in req.context_ids)
+        for i, (req, context) in enumerate(zip(requests, contexts, strict=True)):
             if context in context_kv:  # only the fact tokens remain
                 rows[i] = _Row(context_kv[context], len(context), req.fact_ids, len(context) + req.position_gap)
             else:  # the context past the cached prefix, then the fact at its position gap
@@ -406,16 +407,14 @@ class FactEncoder:
         """Whether ``row`` may share a sliding-window model's batch with ``first`` (see :meth:`_batches`)."""
         return row.n_cached == first.n_cached and (not uniform or len(row.ids) == len(first.ids))
 
-    def _shared_contexts(self, requests: Sequence[EncodeRequest]) -> list[tuple[int, ...]]:
-        """The contexts that two or more requests have whole and that reach past the cached prefix (a context equal
-        to the prefix is the prefix's cache already), in first-seen order; none when contexts are not shared."""
+    def _shared_contexts(self, contexts: Sequence[tuple[int, ...]]) -> dict[tuple[int, ...], _Row]:
+        """The row that prefills each context two or more requests have whole (``contexts``, one per request) and
+        that reaches past the cached prefix (a context equal to the prefix is the prefix's cache already), in
+        first-seen order; none when contexts are not shared."""
         if not self._share_contexts:
-            return []
-        count: dict[tuple[int, ...], int] = {}
-        for req in requests:
-            context = tuple(int(t) for t in req.context_ids)
-            count[context] = count.get(context, 0) + 1
-        return [c for c, n in count.items() if n > 1 and self._context_row(c).ids]
+            return {}
+        rows = {c: self._context_row(c) for c, n in Counter(contexts).items() if n > 1}
+        return {c: row for c, row in rows.items() if row.ids}
 
     def _context_row(self, context: tuple[int, ...]) -> _Row:
         """The row that prefills ``context``: what follows the cached prefix, on its K/V, when ``context`` starts
