@@ -27,6 +27,9 @@ recomputes; the tokens an encoding prefills for the conversation's memories, the
 It checks its own plumbing as it goes and stops at the first check off by more than 1e-4: a band of no layer is KV
 mode and a band of every layer prompt mode (in any logit); the hidden states a top band starts from give, through
 that layer's key projection, the stored facts' pre-RoPE keys; the contiguous layout is KV mode (in any logit).
+With ``--max-new-tokens N`` it also decodes greedy answers of up to N tokens in prompt mode, the default and each
+chain, and prints ``inferscale eval fidelity``'s table for them: F1 between the kv and prompt answers and against
+gold, budget hits and repeats (the bands and layouts stay first-token probes).
 SmolLM2-135M-Instruct (embedded) in float32; ~25 minutes for the default bands on 40 questions, ~10 for the chains,
 ~2 for the layouts, on 2 CPU cores.
 """
@@ -34,7 +37,6 @@ SmolLM2-135M-Instruct (embedded) in float32; ~25 minutes for the default bands o
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,8 +46,9 @@ from transformers import DynamicCache
 
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting
+from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting, answer_fields, summarize_rows
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
+from inferscale.eval.fidelity_report import print_fidelity_table
 from inferscale.eval.metrics import first_token_kl
 from inferscale.kv.compose import assemble
 from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules, kv_head_shape
@@ -259,7 +262,16 @@ def main() -> None:
     parser.add_argument(
         "--chain-windows", nargs="+", type=window_argument, default=[1, 3, 5], help="w of the chains (default 1 3 5)"
     )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=0,
+        help="also decode greedy answers of up to N tokens for prompt mode, the default and the chains, and report "
+        "their F1 and budget hits as `inferscale eval fidelity` does (default 0: first token only)",
+    )
     args = parser.parse_args()
+    if args.max_new_tokens < 0:
+        parser.error("--max-new-tokens must be >= 0")
     probes = set(args.probes)
 
     engine, model = float32_engine(args.system_prompt)
@@ -302,12 +314,25 @@ def main() -> None:
     if "layout" in probes:
         costs |= {"layout: gaps": "0", "layout: overlap": "0"}
 
-    results: dict[str, list[tuple[float, bool]]] = {}
+    rows: list[dict[str, Any]] = []
     checks: dict[str, float] = {}
+    budget = args.max_new_tokens
 
-    def record(name: str, reference: torch.Tensor, logits: torch.Tensor) -> None:
-        kl = first_token_kl(reference, logits)
-        results.setdefault(name, []).append((kl, bool(logits.argmax() == reference.argmax())))
+    def record(name: str, reference: torch.Tensor, logits: torch.Tensor, served: Sequence[FactKV] = ()) -> None:
+        """One row, in ``inferscale eval fidelity``'s fields; with ``served`` and a budget, also the greedy answer
+        decoded on those facts' K/V against prompt mode's (``answer`` below)."""
+        row: dict[str, Any] = {
+            "setting": name,
+            "kl": first_token_kl(reference, logits),
+            "top1_agree": bool(logits.argmax() == reference.argmax()),
+            "memory_tokens": sum(f.n_tokens for f in served),
+            "gold": case.answer,
+        }
+        if served and budget:
+            kv = engine.generate_kv(case.question, list(served), budget)
+            row |= answer_fields(kv, answer, budget)
+            row |= {"added_tokens": kv.recomputed_tokens, "ttft_kv_ms": kv.kv_assembly_ms + kv.prefill_ms}
+        rows.append(row)
 
     def check(name: str, delta: float) -> None:
         """Keep the largest ``delta`` of a check; stop at once when it is over :data:`CHECK_TOLERANCE`."""
@@ -322,9 +347,10 @@ def main() -> None:
         for case in cases:
             memory_ids = [engine.fact_token_ids(t) for t in case.memories]
             reference = engine.first_token_logits(case.question, None, memory_ids)
+            answer = engine.generate_prompt(case.question, memory_ids, budget) if budget else None
             facts = stored.get(case, default)
             kv = engine.first_token_logits(case.question, facts)
-            record(label, reference, kv)
+            record(label, reference, kv, facts)
             if bands:
                 hidden = probe.encoding_hidden_states(case, default.context_window)
                 check("band top:0 = KV mode", logit_delta(probe.band_logits(case, facts, hidden, "top:0"), kv))
@@ -336,7 +362,7 @@ def main() -> None:
                     record(f"band {band}", reference, probe.band_logits(case, facts, hidden, band))
             for window, chained in chains.items():
                 served = [chained[t] for t in case.memories]
-                record(f"chain:{window}", reference, engine.first_token_logits(case.question, served))
+                record(f"chain:{window}", reference, engine.first_token_logits(case.question, served), served)
             if "layout" in probes:
                 laid = probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts))
                 check("contiguous layout = KV mode", logit_delta(laid, kv))
@@ -347,11 +373,15 @@ def main() -> None:
                 for name, starts in layouts.items():
                     record(name, reference, probe.gapped_logits(case, facts, starts))
 
-    print(f"{args.conversation}, {len(cases)} questions, k={args.k}, {args.system_prompt} system prompt, float32")
-    for name, values in results.items():
-        kl = statistics.fmean(v[0] for v in values)
-        agree = statistics.fmean(float(v[1]) for v in values)
-        print(f"{name:<32} KL {kl:.4f}  agree {agree:.3f}  cost: {costs[name]}")
+    title = f"{args.conversation}, {len(cases)} questions, k={args.k}, {args.system_prompt} system prompt, float32"
+    print(title)
+    summaries = summarize_rows(rows, by=("setting",))
+    for summary in summaries:
+        name = summary.setting
+        print(f"{name:<32} KL {summary.kl_mean:.4f}  agree {summary.top1_agreement:.3f}  cost: {costs[name]}")
+    if budget:
+        answered = {row["setting"] for row in rows if "kv_answer" in row}
+        print_fidelity_table([s for s in summaries if s.setting in answered], f"{title}, answers")
     for name, delta in checks.items():
         print(f"check {name}: max |Δ| {delta:.1e}")
 

@@ -51,6 +51,7 @@ __all__ = [
     "FactCache",
     "FidelitySetting",
     "SettingSummary",
+    "answer_fields",
     "calibrate_scale",
     "repeats",
     "run_fidelity",
@@ -357,7 +358,7 @@ def _measure(
     if generate:
         kv = engine.generate_kv(case.question, served, max_new_tokens, serving=setting.serving)
         row.update(
-            _answer_fields(kv, reference["generation"], max_new_tokens),
+            answer_fields(kv, reference["generation"], max_new_tokens),
             added_tokens=kv.recomputed_tokens,
             ttft_kv_ms=kv.kv_assembly_ms + kv.prefill_ms,
         )
@@ -383,7 +384,7 @@ def _measure_prompt(
     if generate:
         answer = engine.generate_prompt(case.question, ids, max_new_tokens)
         row.update(
-            _answer_fields(answer, reference["generation"], max_new_tokens),
+            answer_fields(answer, reference["generation"], max_new_tokens),
             added_tokens=memory_tokens,
             ttft_kv_ms=answer.prefill_ms,
         )
@@ -402,7 +403,7 @@ def _first_token_row(
     }
 
 
-def _answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
+def answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
     """The answer fields of a row: ``answer`` (the setting's) against ``reference`` (prompt mode's)."""
     return {
         "kv_answer": answer.text,

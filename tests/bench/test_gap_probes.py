@@ -45,3 +45,13 @@ def test_chain_windows_are_positive_integers() -> None:
     for bad in ("0", "-1", "x", "2.5"):
         with pytest.raises(argparse.ArgumentTypeError, match="is not a window w >= 1"):
             gp.window_argument(bad)
+
+
+def test_a_negative_answer_budget_is_refused_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["gap_probes.py", "--locomo", "unused.json", "--max-new-tokens", "-1"])
+    with pytest.raises(SystemExit) as exited:
+        gp.main()
+    assert exited.value.code == 2
+    assert "--max-new-tokens must be >= 0" in capsys.readouterr().err
