@@ -28,8 +28,8 @@ It checks its own plumbing as it goes and stops at the first check off by more t
 mode and a band of every layer prompt mode (in any logit); the hidden states a top band starts from give, through
 that layer's key projection, the stored facts' pre-RoPE keys; the contiguous layout is KV mode (in any logit).
 With ``--max-new-tokens N`` it also decodes greedy answers of up to N tokens in prompt mode, the default and each
-chain, and prints ``inferscale eval fidelity``'s table for them: F1 between the kv and prompt answers and against
-gold, budget hits and repeats (the bands and layouts stay first-token probes).
+chain, and prints a line more for each with ``inferscale eval fidelity``'s answer figures: F1 between the kv and
+prompt answers and against gold, budget hits and repeats (the bands and layouts stay first-token probes).
 SmolLM2-135M-Instruct (embedded) in float32; ~25 minutes for the default bands on 40 questions, ~10 for the chains,
 ~2 for the layouts, on 2 CPU cores.
 """
@@ -48,7 +48,6 @@ from inferscale.engines.transformers import TransformersEngine
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting, answer_fields, summarize_rows
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
-from inferscale.eval.fidelity_report import print_fidelity_table
 from inferscale.eval.metrics import first_token_kl
 from inferscale.kv.compose import assemble
 from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules, kv_head_shape
@@ -240,6 +239,11 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     return starts
 
 
+def figure(value: float | None) -> str:
+    """A summary figure to three decimals, or "-" where none was measured (no gold answer)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 PROBES = ("band", "chain", "layout")
 PAD_TOKEN_ID = 0
 """The id of the one pad token a chained encoding may add after a fact (never attended to by the fact's tokens)."""
@@ -379,9 +383,14 @@ def main() -> None:
     for summary in summaries:
         name = summary.setting
         print(f"{name:<32} KL {summary.kl_mean:.4f}  agree {summary.top1_agreement:.3f}  cost: {costs[name]}")
-    if budget:
-        answered = {row["setting"] for row in rows if "kv_answer" in row}
-        print_fidelity_table([s for s in summaries if s.setting in answered], f"{title}, answers")
+    answered = {row["setting"] for row in rows if "kv_answer" in row}
+    for s in summaries:
+        if s.setting in answered:
+            print(
+                f"{s.setting:<32} F1 kv~prompt {s.f1_kv_vs_prompt:.3f}  F1 gold kv {figure(s.f1_kv_gold)} / prompt "
+                f"{figure(s.f1_prompt_gold)}  budget hit kv {s.kv_budget_hit:.2f} / prompt {s.prompt_budget_hit:.2f}  "
+                f"repeat kv {s.kv_repeat:.2f} / prompt {s.prompt_repeat:.2f}  ({budget}-token budget)"
+            )
     for name, delta in checks.items():
         print(f"check {name}: max |Δ| {delta:.1e}")
 

@@ -55,3 +55,8 @@ def test_a_negative_answer_budget_is_refused_before_the_model_loads(
         gp.main()
     assert exited.value.code == 2
     assert "--max-new-tokens must be >= 0" in capsys.readouterr().err
+
+
+def test_figures_print_three_decimals_or_a_dash() -> None:
+    assert gp.figure(0.46251) == "0.463"
+    assert gp.figure(None) == "-"
