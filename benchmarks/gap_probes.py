@@ -44,11 +44,18 @@ import torch
 from locomo_probe import add_slice_arguments, dynamic_cache, float32_engine
 from transformers import DynamicCache
 
+from inferscale.cli_options import non_negative_int
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.engines.transformers.cache import PreallocatedCache
-from inferscale.eval.fidelity import SYSTEM_PROMPTS, FactCache, FidelitySetting, answer_fields, summarize_rows
+from inferscale.eval.fidelity import (
+    SYSTEM_PROMPTS,
+    FactCache,
+    FidelitySetting,
+    first_token_row,
+    kv_answer_fields,
+    summarize_rows,
+)
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
-from inferscale.eval.metrics import first_token_kl
 from inferscale.kv.compose import assemble
 from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules, kv_head_shape
 from inferscale.kv.fact import FactKV
@@ -268,14 +275,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="also decode greedy answers of up to N tokens for prompt mode, the default and the chains, and report "
         "their F1 and budget hits as `inferscale eval fidelity` does (default 0: first token only)",
     )
     args = parser.parse_args()
-    if args.max_new_tokens < 0:
-        parser.error("--max-new-tokens must be >= 0")
     probes = set(args.probes)
 
     engine, model = float32_engine(args.system_prompt)
@@ -325,17 +330,9 @@ def main() -> None:
     def record(name: str, reference: torch.Tensor, logits: torch.Tensor, served: Sequence[FactKV] = ()) -> None:
         """One row, in ``inferscale eval fidelity``'s fields; with ``served`` and a budget, also the greedy answer
         decoded on those facts' K/V against prompt mode's (``answer`` below)."""
-        row: dict[str, Any] = {
-            "setting": name,
-            "kl": first_token_kl(reference, logits),
-            "top1_agree": bool(logits.argmax() == reference.argmax()),
-            "memory_tokens": sum(f.n_tokens for f in served),
-            "gold": case.answer,
-        }
+        row = first_token_row(name, reference, logits, sum(f.n_tokens for f in served), case)
         if served and budget:
-            kv = engine.generate_kv(case.question, list(served), budget)
-            row |= answer_fields(kv, answer, budget)
-            row |= {"added_tokens": kv.recomputed_tokens, "ttft_kv_ms": kv.kv_assembly_ms + kv.prefill_ms}
+            row |= kv_answer_fields(engine.generate_kv(case.question, list(served), budget), answer, budget)
         rows.append(row)
 
     def check(name: str, delta: float) -> None:

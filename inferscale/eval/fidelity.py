@@ -51,8 +51,9 @@ __all__ = [
     "FactCache",
     "FidelitySetting",
     "SettingSummary",
-    "answer_fields",
     "calibrate_scale",
+    "first_token_row",
+    "kv_answer_fields",
     "repeats",
     "run_fidelity",
     "summarize_rows",
@@ -354,14 +355,10 @@ def _measure(
         case = case.model_copy(update={"memories": case.memories[::-1], "contexts": contexts})
     served = facts.get(case, setting)
     kv_logits = engine.first_token_logits(case.question, served, serving=setting.serving)
-    row = _first_token_row(setting, reference["logits"], kv_logits, sum(f.n_tokens for f in served), case)
+    row = first_token_row(setting.label, reference["logits"], kv_logits, sum(f.n_tokens for f in served), case)
     if generate:
         kv = engine.generate_kv(case.question, served, max_new_tokens, serving=setting.serving)
-        row.update(
-            answer_fields(kv, reference["generation"], max_new_tokens),
-            added_tokens=kv.recomputed_tokens,
-            ttft_kv_ms=kv.kv_assembly_ms + kv.prefill_ms,
-        )
+        row.update(kv_answer_fields(kv, reference["generation"], max_new_tokens))
     return row
 
 
@@ -380,22 +377,22 @@ def _measure_prompt(
         ids = ids[::-1]
     logits = engine.first_token_logits(case.question, None, ids)
     memory_tokens = sum(len(i) for i in ids)
-    row = _first_token_row(setting, reference["logits"], logits, memory_tokens, case)
+    row = first_token_row(setting.label, reference["logits"], logits, memory_tokens, case)
     if generate:
         answer = engine.generate_prompt(case.question, ids, max_new_tokens)
         row.update(
-            answer_fields(answer, reference["generation"], max_new_tokens),
+            _answer_fields(answer, reference["generation"], max_new_tokens),
             added_tokens=memory_tokens,
             ttft_kv_ms=answer.prefill_ms,
         )
     return row
 
 
-def _first_token_row(
-    setting: FidelitySetting, reference: Any, logits: Any, memory_tokens: int, case: FidelityCase
-) -> dict[str, Any]:
+def first_token_row(label: str, reference: Any, logits: Any, memory_tokens: int, case: FidelityCase) -> dict[str, Any]:
+    """A row's first-token fields (:func:`summarize_rows` reads them): ``logits`` (``[vocab]``, the setting's first
+    token) against ``reference`` (prompt mode's), the ``memory_tokens`` served and the case's gold answer."""
     return {
-        "setting": setting.label,
+        "setting": label,
         "kl": first_token_kl(reference, logits),
         "top1_agree": int(logits.argmax()) == int(reference.argmax()),
         "memory_tokens": memory_tokens,
@@ -403,7 +400,7 @@ def _first_token_row(
     }
 
 
-def answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
+def _answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
     """The answer fields of a row: ``answer`` (the setting's) against ``reference`` (prompt mode's)."""
     return {
         "kv_answer": answer.text,
@@ -415,6 +412,17 @@ def answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str,
         "kv_repeat": repeats(answer.token_ids),
         "prompt_repeat": repeats(reference.token_ids),
         "ttft_prompt_ms": reference.prefill_ms,
+    }
+
+
+def kv_answer_fields(answer: Any, reference: Any, max_new_tokens: int) -> dict[str, Any]:
+    """A row's answer fields for a KV-served ``answer`` (a :class:`~inferscale.engines.base.Generation` of
+    ``generate_kv``) against ``reference`` (prompt mode's): the answer figures, the memory tokens recomputed, and
+    TTFT as K/V assembly plus prefill (ms)."""
+    return {
+        **_answer_fields(answer, reference, max_new_tokens),
+        "added_tokens": answer.recomputed_tokens,
+        "ttft_kv_ms": answer.kv_assembly_ms + answer.prefill_ms,
     }
 
 

@@ -54,7 +54,7 @@ def test_a_negative_answer_budget_is_refused_before_the_model_loads(
     with pytest.raises(SystemExit) as exited:
         gp.main()
     assert exited.value.code == 2
-    assert "--max-new-tokens must be >= 0" in capsys.readouterr().err
+    assert "argument --max-new-tokens: expected an integer >= 0, got '-1'" in capsys.readouterr().err
 
 
 def test_figures_print_three_decimals_or_a_dash() -> None:
