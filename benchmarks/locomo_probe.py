@@ -9,8 +9,11 @@ this module by name.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -18,6 +21,8 @@ from inferscale.config import EngineConfig
 from inferscale.engines.hf import load_causal_lm
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.eval.fidelity_cases import locomo_conversation, memories_with_contexts
+from inferscale.retrieval.embedder import Embedder
 
 
 def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,3 +52,32 @@ def dynamic_cache(keys: torch.Tensor, values: torch.Tensor, config: Any) -> Dyna
     each layer copied: a forward pass on it appends to the copies and leaves the tensors given unchanged."""
     data = [(keys[i][None].clone(), values[i][None].clone()) for i in range(keys.shape[0])]
     return DynamicCache(ddp_cache_data=data, config=config)
+
+
+@dataclass(frozen=True)
+class EmbeddedConversation:
+    """One LoCoMo conversation as the context probes see it (``semantic_context.py``, ``context_ensemble.py``).
+
+    Attributes:
+        memories: each distinct turn once, in conversation order (:func:`memories_with_contexts`).
+        temporal: each memory's context turns, as the product records them.
+        questions: ``(question, gold answer)`` pairs.
+        vectors: float32 ``[n_memories, dim]``, unit norm: the memories embedded as ``search`` embeds them.
+    """
+
+    memories: list[str]
+    temporal: list[list[str]]
+    questions: list[tuple[str, str | None]]
+    vectors: np.ndarray
+
+    def texts(self, order: Sequence[Sequence[int]]) -> list[list[str]]:
+        """Contexts given as memory indices (one row per memory), as memory texts."""
+        return [[self.memories[j] for j in row] for row in order]
+
+
+def embedded_conversation(args: argparse.Namespace, embedder: Embedder) -> EmbeddedConversation:
+    """The conversation and questions :func:`add_slice_arguments` chose, its memories embedded by ``embedder``."""
+    sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
+    memories, temporal = memories_with_contexts(sessions)
+    vectors = np.asarray(embedder.embed(memories), dtype=np.float32)
+    return EmbeddedConversation(memories, temporal, questions, vectors)

@@ -21,18 +21,12 @@ Prints mean first-token KL(prompt || kv) and top-1 agreement per slice (``infers
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 
 import numpy as np
-from locomo_probe import add_slice_arguments, float32_engine
+from locomo_probe import add_slice_arguments, embedded_conversation, float32_engine
 
 from inferscale.eval.fidelity import FidelitySetting, run_fidelity, summarize_rows
-from inferscale.eval.fidelity_cases import (
-    FidelitySlice,
-    locomo_conversation,
-    memories_with_contexts,
-    retrieve_cases,
-)
+from inferscale.eval.fidelity_cases import FidelitySlice, retrieve_cases
 from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
 
@@ -54,20 +48,16 @@ def main() -> None:
     args = parser.parse_args()
 
     embedder = SentenceTransformerEmbedder(None, "cpu")
-    sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
-    memories, temporal = memories_with_contexts(sessions)
-    vectors = np.asarray(embedder.embed(memories), dtype=np.float32)
-
-    def contexts(order: Sequence[Sequence[int]]) -> list[list[str]]:
-        return [[memories[j] for j in row] for row in order]
-
+    conversation = embedded_conversation(args, embedder)
+    vectors = conversation.vectors
     variants = {
-        "temporal": temporal,
-        "similar, in time order": contexts(similar_earlier(vectors, args.w, best_last=False)),
-        "similar, best last": contexts(similar_earlier(vectors, args.w, best_last=True)),
+        "temporal": conversation.temporal,
+        "similar, in time order": conversation.texts(similar_earlier(vectors, args.w, best_last=False)),
+        "similar, best last": conversation.texts(similar_earlier(vectors, args.w, best_last=True)),
     }
     slices: list[FidelitySlice] = [
-        retrieve_cases(name, memories, questions, args.k, embedder, ctx) for name, ctx in variants.items()
+        retrieve_cases(name, conversation.memories, conversation.questions, args.k, embedder, ctx)
+        for name, ctx in variants.items()
     ]
     engines = {"default": float32_engine()[0]}
     setting = FidelitySetting(name=f"w={args.w}", context_window=args.w)
