@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from locomo_probe import add_slice_arguments, dynamic_cache, float32_engine
+from locomo_probe import add_slice_arguments, answer_line, dynamic_cache, float32_engine
 from transformers import DynamicCache
 
 from inferscale.cli_options import non_negative_int
@@ -246,11 +246,6 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     return starts
 
 
-def figure(value: float | None) -> str:
-    """A summary figure to three decimals, or "-" where none was measured (no gold answer)."""
-    return "-" if value is None else f"{value:.3f}"
-
-
 PROBES = ("band", "chain", "layout")
 PAD_TOKEN_ID = 0
 """The id of the one pad token a chained encoding may add after a fact (never attended to by the fact's tokens)."""
@@ -383,11 +378,7 @@ def main() -> None:
     answered = {row["setting"] for row in rows if "kv_answer" in row}
     for s in summaries:
         if s.setting in answered:
-            print(
-                f"{s.setting:<32} F1 kv~prompt {s.f1_kv_vs_prompt:.3f}  F1 gold kv {figure(s.f1_kv_gold)} / prompt "
-                f"{figure(s.f1_prompt_gold)}  budget hit kv {s.kv_budget_hit:.2f} / prompt {s.prompt_budget_hit:.2f}  "
-                f"repeat kv {s.kv_repeat:.2f} / prompt {s.prompt_repeat:.2f}  ({budget}-token budget)"
-            )
+            print(answer_line(s, budget))
     for name, delta in checks.items():
         print(f"check {name}: max |Δ| {delta:.1e}")
 

@@ -20,7 +20,7 @@ from transformers import DynamicCache
 from inferscale.config import EngineConfig
 from inferscale.engines.hf import load_causal_lm
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.eval.fidelity import SYSTEM_PROMPTS, SettingSummary
 from inferscale.eval.fidelity_cases import locomo_conversation, memories_with_contexts
 from inferscale.retrieval.embedder import Embedder
 
@@ -81,3 +81,19 @@ def embedded_conversation(args: argparse.Namespace, embedder: Embedder) -> Embed
     memories, temporal = memories_with_contexts(sessions)
     vectors = np.asarray(embedder.embed(memories), dtype=np.float32)
     return EmbeddedConversation(memories, temporal, questions, vectors)
+
+
+def figure(value: float | None) -> str:
+    """A summary figure to three decimals, or "-" where none was measured (no gold answer)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def answer_line(summary: SettingSummary, budget: int) -> str:
+    """One setting's answer figures as one plain line (a log keeps it readable): F1 between the kv and prompt answers
+    and against gold, budget hits and repeats, for answers of at most ``budget`` tokens."""
+    s = summary
+    return (
+        f"{s.setting:<32} F1 kv~prompt {s.f1_kv_vs_prompt:.3f}  F1 gold kv {figure(s.f1_kv_gold)} / prompt "
+        f"{figure(s.f1_prompt_gold)}  budget hit kv {s.kv_budget_hit:.2f} / prompt {s.prompt_budget_hit:.2f}  "
+        f"repeat kv {s.kv_repeat:.2f} / prompt {s.prompt_repeat:.2f}  ({budget}-token budget)"
+    )

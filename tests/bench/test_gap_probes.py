@@ -55,8 +55,3 @@ def test_a_negative_answer_budget_is_refused_before_the_model_loads(
         gp.main()
     assert exited.value.code == 2
     assert "argument --max-new-tokens: expected an integer >= 0, got '-1'" in capsys.readouterr().err
-
-
-def test_figures_print_three_decimals_or_a_dash() -> None:
-    assert gp.figure(0.46251) == "0.463"
-    assert gp.figure(None) == "-"
