@@ -23,6 +23,7 @@ SmolLM2-135M-Instruct in float32. An ensemble of n contexts costs n encodings pe
 background) and nothing at serve time; storage is one K/V per memory, as today.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/context_ensemble.py --locomo ../shared/data/locomo/locomo10.json
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/context_ensemble.py --demo -k 5 --max-new-tokens 32
 
 Prints mean KL (nats), median KL and first-token agreement per ensemble. With ``--max-new-tokens N`` it also decodes
 greedy answers of up to N tokens in prompt mode and on each ensemble's K/V, and prints a line more per ensemble with
@@ -38,7 +39,14 @@ import random
 from collections.abc import Sequence
 
 import torch
-from locomo_probe import add_slice_arguments, answer_line, embedded_conversation, float32_engine
+from locomo_probe import (
+    add_slice_arguments,
+    answer_line,
+    contains_answer,
+    embedded_conversation,
+    embedded_demo,
+    float32_engine,
+)
 from semantic_context import similar_earlier
 
 from inferscale.cli_options import non_negative_int
@@ -99,8 +107,11 @@ def averaged(encodings: Sequence[FactKV]) -> FactKV:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_slice_arguments(parser)
+    add_slice_arguments(parser, locomo_required=False)
     parser.add_argument("-w", type=int, default=5, help="memories in each context (default 5)")
+    parser.add_argument(
+        "--demo", action="store_true", help="the bundled demo conversation instead (with -k 5 as the demo asks)"
+    )
     parser.add_argument("--system-prompt", choices=sorted(SYSTEM_PROMPTS), default="default")
     parser.add_argument("--ensembles", default=",".join(DEFAULT_ENSEMBLES), help="'+'-joined contexts, comma-separated")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random contexts (default 0; random2: +1)")
@@ -112,11 +123,13 @@ def main() -> None:
         "and budget hits as `inferscale eval fidelity` does (default 0: first token only)",
     )
     args = parser.parse_args()
+    if not args.demo and args.locomo is None:
+        parser.error("give --locomo PATH (or --demo)")
     budget = args.max_new_tokens
     ensembles = [tuple(e.split("+")) for e in args.ensembles.split(",")]
 
     embedder = SentenceTransformerEmbedder(None, "cpu")
-    conversation = embedded_conversation(args, embedder)
+    conversation = embedded_demo(embedder) if args.demo else embedded_conversation(args, embedder)
     n = len(conversation.memories)
     variants = {
         "temporal": conversation.temporal,
@@ -161,7 +174,8 @@ def main() -> None:
         if worst_check > 1e-4:
             raise SystemExit("plumbing check failed: the temporal ensemble of one is not the default")
     measured = f"greedy answers of up to {budget} tokens" if budget else "first token only"
-    print(f"{args.conversation}, {args.system_prompt} prompt, k={args.k}, w={args.w}, float32, {measured}")
+    slice_name = "demo" if args.demo else args.conversation
+    print(f"{slice_name}, {args.system_prompt} prompt, k={args.k}, w={args.w}, float32, {measured}")
     summaries = summarize_rows(rows, by=("setting",))
     for summary in summaries:
         print(
@@ -171,6 +185,11 @@ def main() -> None:
     if budget:
         for summary in summaries:
             print(answer_line(summary, budget))
+        for summary in summaries:
+            answered = [r for r in rows if r["setting"] == summary.setting]
+            kv = sum(contains_answer(r["kv_answer"], r["gold"]) for r in answered)
+            prompt = sum(contains_answer(r["prompt_answer"], r["gold"]) for r in answered)
+            print(f"{summary.setting:<34} holds the gold answer: kv {kv} / prompt {prompt} of {len(answered)}")
 
 
 if __name__ == "__main__":

@@ -22,13 +22,15 @@ from inferscale.engines.hf import load_causal_lm
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, SettingSummary
 from inferscale.eval.fidelity_cases import locomo_conversation, memories_with_contexts
+from inferscale.eval.metrics import normalize_answer
 from inferscale.retrieval.embedder import Embedder
 
 
-def add_slice_arguments(parser: argparse.ArgumentParser) -> None:
+def add_slice_arguments(parser: argparse.ArgumentParser, locomo_required: bool = True) -> None:
     """``--locomo``, ``--conversation``, ``--questions`` and ``-k``: which LoCoMo questions, with how many retrieved
-    memories each (the slice ``inferscale eval fidelity`` measures: conv-26, 40 questions, k=10)."""
-    parser.add_argument("--locomo", required=True, help="the LoCoMo file (never copied into the repo)")
+    memories each (the slice ``inferscale eval fidelity`` measures: conv-26, 40 questions, k=10). ``--locomo`` may be
+    left out only where ``locomo_required`` is false (a probe that also runs on another slice checks it itself)."""
+    parser.add_argument("--locomo", required=locomo_required, help="the LoCoMo file (never copied into the repo)")
     parser.add_argument("--conversation", default="conv-26", help="LoCoMo sample id (default conv-26)")
     parser.add_argument("--questions", type=int, default=40, help="questions of categories 1-4 (default 40)")
     parser.add_argument("-k", type=int, default=10, help="memories per question (default 10)")
@@ -78,6 +80,22 @@ class EmbeddedConversation:
 def embedded_conversation(args: argparse.Namespace, embedder: Embedder) -> EmbeddedConversation:
     """The conversation and questions :func:`add_slice_arguments` chose, its memories embedded by ``embedder``."""
     sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
+    return _embedded(sessions, questions, embedder)
+
+
+def embedded_demo(embedder: Embedder) -> EmbeddedConversation:
+    """The bundled demo conversation (every message a memory, as ``inferscale demo`` stores them) and its questions
+    with their expected answers, its memories embedded by ``embedder``."""
+    from inferscale.demo import bundled_script
+
+    script = bundled_script()
+    sessions = [[m["content"] for m in messages] for _, messages in script.sessions]
+    return _embedded(sessions, [(q.question, q.expected) for q in script.questions], embedder)
+
+
+def _embedded(
+    sessions: Sequence[Sequence[str]], questions: list[tuple[str, str | None]], embedder: Embedder
+) -> EmbeddedConversation:
     memories, temporal = memories_with_contexts(sessions)
     vectors = np.asarray(embedder.embed(memories), dtype=np.float32)
     return EmbeddedConversation(memories, temporal, questions, vectors)
@@ -97,3 +115,9 @@ def answer_line(summary: SettingSummary, budget: int) -> str:
         f"{figure(s.f1_prompt_gold)}  budget hit kv {s.kv_budget_hit:.2f} / prompt {s.prompt_budget_hit:.2f}  "
         f"repeat kv {s.kv_repeat:.2f} / prompt {s.prompt_repeat:.2f}  ({budget}-token budget)"
     )
+
+
+def contains_answer(answer: str, expected: str | None) -> bool:
+    """Whether ``answer`` holds ``expected`` (both normalised as LoCoMo normalises answers): how the demo's answers
+    are counted right."""
+    return expected is not None and normalize_answer(expected) in normalize_answer(answer)

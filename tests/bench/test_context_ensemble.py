@@ -58,3 +58,11 @@ def test_encodings_of_different_facts_or_none_are_refused() -> None:
         ce.averaged([_fact(k, k, [1, 2]), _fact(k, k, [1, 3])])
     with pytest.raises(ValueError, match="no encodings"):
         ce.averaged([])
+
+
+def test_a_run_names_its_slice(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["context_ensemble.py"])
+    with pytest.raises(SystemExit) as exited:
+        ce.main()
+    assert exited.value.code == 2
+    assert "give --locomo PATH (or --demo)" in capsys.readouterr().err

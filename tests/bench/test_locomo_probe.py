@@ -43,3 +43,10 @@ def test_an_answer_line_gives_every_answer_figure_and_the_budget() -> None:
         "budget hit kv 0.55 / prompt 0.53  repeat kv 0.35 / prompt 0.17  (32-token budget)"
     )
     assert "F1 gold kv - / prompt 0.119" in lp.answer_line(_summary(None), 16)
+
+
+def test_an_answer_holds_the_gold_one_after_locomos_normalisation() -> None:
+    assert lp.contains_answer("Maya's teacher was Raj, at school.", "raj")
+    assert lp.contains_answer("She lives in Porto now", "Porto.")
+    assert not lp.contains_answer("She lives in Lisbon", "Porto")
+    assert not lp.contains_answer("Raj", None)
