@@ -1,6 +1,7 @@
 """What the LoCoMo fidelity probes share (``gap_probes.py``, ``block_contexts.py``, ``semantic_context.py``,
-``link_tokens.py``): the options that choose the slice, the float32 engine they measure on, and the transformers
-cache they prefill a query on.
+``context_ensemble.py``, ``link_tokens.py``): the options that choose the slice, the float32 engine they measure on,
+the transformers cache they prefill a query on, a conversation's memories embedded (LoCoMo's or the demo's), and
+the answer figures they print.
 
 The probes run as scripts (``python benchmarks/<probe>.py``), so this folder is on ``sys.path`` and they import
 this module by name.
@@ -21,7 +22,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.hf import load_causal_lm
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, SettingSummary
-from inferscale.eval.fidelity_cases import locomo_conversation, memories_with_contexts
+from inferscale.eval.fidelity_cases import demo_conversation, locomo_conversation, memories_with_contexts
 from inferscale.eval.metrics import normalize_answer
 from inferscale.retrieval.embedder import Embedder
 
@@ -77,20 +78,18 @@ class EmbeddedConversation:
         return [[self.memories[j] for j in row] for row in order]
 
 
-def embedded_conversation(args: argparse.Namespace, embedder: Embedder) -> EmbeddedConversation:
-    """The conversation and questions :func:`add_slice_arguments` chose, its memories embedded by ``embedder``."""
-    sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
+def embedded_conversation(path: str, conversation: str, n_questions: int, embedder: Embedder) -> EmbeddedConversation:
+    """LoCoMo's ``conversation`` (read from ``path``) and its first ``n_questions`` questions of categories 1-4, its
+    memories embedded by ``embedder``."""
+    sessions, questions = locomo_conversation(path, conversation, n_questions)
     return _embedded(sessions, questions, embedder)
 
 
 def embedded_demo(embedder: Embedder) -> EmbeddedConversation:
     """The bundled demo conversation (every message a memory, as ``inferscale demo`` stores them) and its questions
     with their expected answers, its memories embedded by ``embedder``."""
-    from inferscale.demo import bundled_script
-
-    script = bundled_script()
-    sessions = [[m["content"] for m in messages] for _, messages in script.sessions]
-    return _embedded(sessions, [(q.question, q.expected) for q in script.questions], embedder)
+    sessions, questions = demo_conversation()
+    return _embedded(sessions, questions, embedder)
 
 
 def _embedded(
@@ -118,6 +117,8 @@ def answer_line(summary: SettingSummary, budget: int) -> str:
 
 
 def contains_answer(answer: str, expected: str | None) -> bool:
-    """Whether ``answer`` holds ``expected`` (both normalised as LoCoMo normalises answers): how the demo's answers
-    are counted right."""
-    return expected is not None and normalize_answer(expected) in normalize_answer(answer)
+    """Whether ``answer`` holds ``expected`` as whole words, both normalised as LoCoMo normalises answers (the demo
+    table's "right" counts, by eye until now). An ``expected`` with no words left after normalising (``"The"``), or
+    none, is never held."""
+    want = normalize_answer(expected) if expected is not None else ""
+    return bool(want) and f" {want} " in f" {normalize_answer(answer)} "

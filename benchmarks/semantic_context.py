@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
 
     embedder = SentenceTransformerEmbedder(None, "cpu")
-    conversation = embedded_conversation(args, embedder)
+    conversation = embedded_conversation(args.locomo, args.conversation, args.questions, embedder)
     vectors = conversation.vectors
     variants = {
         "temporal": conversation.temporal,

@@ -34,6 +34,7 @@ __all__ = [
     "FidelityCase",
     "FidelitySlice",
     "demo_cases",
+    "demo_conversation",
     "load_cases",
     "locomo_cases",
     "locomo_conversation",
@@ -147,12 +148,19 @@ def retrieve_cases(
 
 def demo_cases(k: int, embedder: Embedder) -> FidelitySlice:
     """The bundled demo: every message of its sessions as a memory, its questions with their expected answers."""
+    sessions, questions = demo_conversation()
+    memories, contexts = memories_with_contexts(sessions)
+    return retrieve_cases("demo", memories, questions, k, embedder, contexts)
+
+
+def demo_conversation() -> tuple[list[list[str]], list[tuple[str, str | None]]]:
+    """The bundled demo's sessions (each message's text) and its questions with their expected answers."""
     from inferscale.demo import bundled_script
 
     script = bundled_script()
-    memories, contexts = memories_with_contexts([[m["content"] for m in messages] for _, messages in script.sessions])
-    questions = [(q.question, q.expected) for q in script.questions]
-    return retrieve_cases("demo", memories, questions, k, embedder, contexts)
+    sessions = [[m["content"] for m in messages] for _, messages in script.sessions]
+    questions: list[tuple[str, str | None]] = [(q.question, q.expected) for q in script.questions]
+    return sessions, questions
 
 
 def locomo_cases(path: str | Path, conversation: str, n_questions: int, k: int, embedder: Embedder) -> FidelitySlice:
