@@ -59,7 +59,8 @@ def dynamic_cache(keys: torch.Tensor, values: torch.Tensor, config: Any) -> Dyna
 
 @dataclass(frozen=True)
 class EmbeddedConversation:
-    """One LoCoMo conversation as the context probes see it (``semantic_context.py``, ``context_ensemble.py``).
+    """One conversation (LoCoMo's or the demo's) as the context probes see it (``semantic_context.py``,
+    ``context_ensemble.py``).
 
     Attributes:
         memories: each distinct turn once, in conversation order (:func:`memories_with_contexts`).
@@ -117,8 +118,8 @@ def answer_line(summary: SettingSummary, budget: int) -> str:
 
 
 def contains_answer(answer: str, expected: str | None) -> bool:
-    """Whether ``answer`` holds ``expected`` as whole words, both normalised as LoCoMo normalises answers (the demo
-    table's "right" counts, by eye until now). An ``expected`` with no words left after normalising (``"The"``), or
-    none, is never held."""
+    """Whether ``answer`` holds ``expected`` as whole words, both normalised as LoCoMo normalises answers: how the
+    probes count an answer right (the demo tables of docs/architecture.md were counted by eye before). An
+    ``expected`` with no words left after normalising (``"The"``), or none, is never held."""
     want = normalize_answer(expected) if expected is not None else ""
     return bool(want) and f" {want} " in f" {normalize_answer(answer)} "
