@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -110,11 +110,10 @@ def context_variants(conversation: EmbeddedConversation, w: int, seed: int) -> d
     }
 
 
-def with_contexts(case: FidelityCase, memories: Sequence[str], contexts: Sequence[Sequence[str]]) -> FidelityCase:
-    """``case`` with each of its memories' context replaced by that memory's entry of ``contexts`` (one per memory of
-    ``memories``, the conversation's memories in order)."""
-    index = {text: i for i, text in enumerate(memories)}
-    return case.model_copy(update={"contexts": [list(contexts[index[t]]) for t in case.memories]})
+def with_contexts(case: FidelityCase, contexts: Mapping[str, Sequence[str]]) -> FidelityCase:
+    """``case`` with each of its memories' context replaced by that memory's entry of ``contexts`` (memory text ->
+    its context turns, oldest first)."""
+    return case.model_copy(update={"contexts": [list(contexts[t]) for t in case.memories]})
 
 
 def averaged(encodings: Sequence[FactKV]) -> FactKV:
@@ -203,6 +202,7 @@ def main() -> None:
     served = retrieve_cases(
         "temporal", conversation.memories, conversation.questions, args.k, embedder, variants["temporal"]
     )
+    by_text = {name: dict(zip(conversation.memories, variants[name], strict=True)) for name in used}
     engine, _ = float32_engine(args.system_prompt)
     cache = FactCache(engine)
     setting = FidelitySetting(name=f"w={args.w}", context_window=args.w, storage_format="model")
@@ -212,7 +212,7 @@ def main() -> None:
         ids = [engine.fact_token_ids(t) for t in case.memories]
         reference = engine.first_token_logits(case.question, None, ids)
         answer = engine.generate_prompt(case.question, ids, budget) if budget else None
-        cases = {name: with_contexts(case, conversation.memories, variants[name]) for name in used}
+        cases = {name: with_contexts(case, by_text[name]) for name in used}
         per_context = {name: cache.get(c, setting) for name, c in cases.items()}
         wrong = context_mismatches(cases, per_context, args.w)
         if wrong:

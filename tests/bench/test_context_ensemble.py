@@ -50,7 +50,7 @@ def test_variants_name_the_memories_each_rule_picks() -> None:
 
 def test_a_case_takes_each_memorys_context_from_the_variant() -> None:
     case = FidelityCase(memories=["m3", "m1"], question="q?", contexts=[["x"], ["y"]])
-    moved = ce.with_contexts(case, ["m0", "m1", "m2", "m3"], [["a"], ["b"], ["c"], ["d", "e"]])
+    moved = ce.with_contexts(case, {"m0": ["a"], "m1": ["b"], "m2": ["c"], "m3": ["d", "e"]})
     assert moved.contexts == [["d", "e"], ["b"]] and moved.memories == case.memories
 
 
