@@ -61,6 +61,7 @@ from inferscale.eval.fidelity import (
     FidelitySetting,
     first_token_row,
     kv_answer_fields,
+    prompt_reference,
     summarize_rows,
 )
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, retrieve_cases
@@ -209,9 +210,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     checked = 0
     for index, case in enumerate(served.cases):
-        ids = [engine.fact_token_ids(t) for t in case.memories]
-        reference = engine.first_token_logits(case.question, None, ids)
-        answer = engine.generate_prompt(case.question, ids, budget) if budget else None
+        prompt = prompt_reference(engine, case, budget, generate=budget > 0)
+        reference, answer = prompt["logits"], prompt.get("generation")
         cases = {name: with_contexts(case, by_text[name]) for name in used}
         per_context = {name: cache.get(c, setting) for name, c in cases.items()}
         wrong = context_mismatches(cases, per_context, args.w)

@@ -53,6 +53,7 @@ from inferscale.eval.fidelity import (
     FidelitySetting,
     first_token_row,
     kv_answer_fields,
+    prompt_reference,
     summarize_rows,
 )
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
@@ -341,9 +342,8 @@ def main() -> None:
 
     with torch.inference_mode():
         for case in cases:
-            memory_ids = [engine.fact_token_ids(t) for t in case.memories]
-            reference = engine.first_token_logits(case.question, None, memory_ids)
-            answer = engine.generate_prompt(case.question, memory_ids, budget) if budget else None
+            prompt = prompt_reference(engine, case, budget, generate=budget > 0)
+            reference, answer = prompt["logits"], prompt.get("generation")
             facts = stored.get(case, default)
             kv = engine.first_token_logits(case.question, facts)
             record(label, reference, kv, facts)

@@ -54,6 +54,7 @@ __all__ = [
     "calibrate_scale",
     "first_token_row",
     "kv_answer_fields",
+    "prompt_reference",
     "repeats",
     "run_fidelity",
     "summarize_rows",
@@ -304,7 +305,7 @@ def run_fidelity(
         for part in slices:
             for index, case in enumerate(part.cases):
                 if reference is None:
-                    baseline = _prompt_reference(engine, case, max_new_tokens, generate)
+                    baseline = prompt_reference(engine, case, max_new_tokens, generate)
                 else:
                     baseline = _kv_reference(
                         engine, facts.get(case, reference), case, reference, max_new_tokens, generate
@@ -317,7 +318,11 @@ def run_fidelity(
     return rows
 
 
-def _prompt_reference(engine: Any, case: FidelityCase, max_new_tokens: int, generate: bool) -> dict[str, Any]:
+def prompt_reference(engine: Any, case: FidelityCase, max_new_tokens: int, generate: bool) -> dict[str, Any]:
+    """Prompt mode on ``case`` (its memories pasted as text, in layout order), the reference every setting is measured
+    against: ``"logits"``, the first answer token's logits (``[vocab]`` float32), and with ``generate`` also
+    ``"generation"``, its greedy answer of up to ``max_new_tokens`` tokens (a
+    :class:`~inferscale.engines.base.Generation`)."""
     ids = [engine.fact_token_ids(t) for t in case.memories]
     reference: dict[str, Any] = {"logits": engine.first_token_logits(case.question, None, ids)}
     if generate:

@@ -4,6 +4,8 @@ model or file loads)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -29,7 +31,7 @@ def test_random_contexts_hold_only_earlier_memories_in_order_and_repeat_with_the
     assert drawn != ce.random_earlier(30, 5, seed=4)
 
 
-def _conversation() -> object:
+def _conversation() -> Any:
     memories = ["m0", "m1", "m2", "m3", "m4"]
     vectors = np.eye(5, dtype=np.float32)
     vectors[4] = vectors[1]  # m4 is most like m1
