@@ -13,7 +13,10 @@ itself with the memories reversed, and recompute within 15% of the memory tokens
   n / L of prompt mode's memory prefill. Checks, printed: ``top:0`` equals KV mode and ``top:L`` prompt mode.
 - ``chain:w``: each memory encoded on top of the *stored K/V* of its last w context turns, injected after the
   system prefix as a chat injects them (the turns' own chained K/V, in conversation order), instead of after the
-  turns' text: only the memory's own tokens are prefilled (counted, as the windowed encoding's tokens are).
+  turns' text: only the memory's own tokens are prefilled (counted, as the windowed encoding's tokens are). With
+  ``--chain-blocks B`` every B-th memory is an anchor, encoded as the product encodes it (after its turns' text), and
+  the others chain only on memories of their own block: re-wording or deleting one memory then changes the K/V of
+  at most B - 1 others, where a chain through the whole conversation changes every later memory's.
 - ``layout``: the facts served away from their contiguous slots' positions (cache slots stay contiguous, position
   ids do not): ``overlap`` puts each fact exactly at the position it was encoded at (after the prefix and its
   context), so facts with contexts of similar length overlap; ``gaps`` puts each at that position or right after the
@@ -26,7 +29,8 @@ Prints one row per probe setting: mean KL (nats), first-token agreement and the 
 recomputes; the tokens an encoding prefills for the conversation's memories, the cached system prefix not counted).
 It checks its own plumbing as it goes and stops at the first check off by more than 1e-4: a band of no layer is KV
 mode and a band of every layer prompt mode (in any logit); the hidden states a top band starts from give, through
-that layer's key projection, the stored facts' pre-RoPE keys; the contiguous layout is KV mode (in any logit).
+that layer's key projection, the stored facts' pre-RoPE keys; the contiguous layout is KV mode (in any logit); an
+anchor's K/V are the default's.
 With ``--max-new-tokens N`` it also decodes greedy answers of up to N tokens in prompt mode, the default and each
 chain, and prints a line more for each with ``inferscale eval fidelity``'s answer figures: F1 between the kv and
 prompt answers and against gold, budget hits and repeats (the bands and layouts stay first-token probes).
@@ -58,7 +62,7 @@ from inferscale.eval.fidelity import (
 )
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
 from inferscale.kv.compose import assemble
-from inferscale.kv.encode import PreRopeCapture, decoder_attention_modules, kv_head_shape
+from inferscale.kv.encode import EncodeRequest, PreRopeCapture, decoder_attention_modules, kv_head_shape
 from inferscale.kv.fact import FactKV
 from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
@@ -152,17 +156,28 @@ class Probe:
 
     @torch.inference_mode()
     def chain_encode(
-        self, memories: Sequence[str], context_of: dict[str, list[str]], w: int
+        self, memories: Sequence[str], context_of: dict[str, list[str]], w: int, block: int = 0, anchor_window: int = 5
     ) -> tuple[dict[str, FactKV], int]:
-        """Every memory, in conversation order, encoded on top of its last w context turns' chained K/V (injected
-        after the system prefix). Returns each memory's pre-RoPE K/V and the tokens prefilled (padding included)."""
+        """Every memory, in conversation order, encoded on top of the chained K/V of the context turns
+        :func:`chain_context` gives it (injected after the system prefix, oldest first). With ``block`` = B > 0
+        every B-th memory is an *anchor*: encoded as the product encodes it, after the text of its last
+        ``anchor_window`` context turns, so no chain runs across an anchor. Returns each memory's pre-RoPE K/V and
+        the tokens prefilled (padding and the anchors' context turns included, the cached system prefix not)."""
         attention = decoder_attention_modules(self.model)
         n_kv, head_dim = kv_head_shape(self.model.config)
         chained: dict[str, FactKV] = {}
+        index = {text: i for i, text in enumerate(memories)}
         prefilled = 0
-        for text in memories:
-            context = [chained[t] for t in (context_of[text][-w:] if w else [])]
+        for i, text in enumerate(memories):
             ids = self.engine.fact_token_ids(text)
+            anchor, before = chain_context(i, [index[t] for t in context_of[text]], w, block)
+            if anchor:
+                turns = self.engine.context_token_ids(context_of[text][-anchor_window:])
+                request = EncodeRequest(ids, context_ids=self.engine.system_prefix_ids() + turns)
+                chained[text] = self.engine.encode_facts([request])[0]
+                prefilled += len(turns) + len(ids)
+                continue
+            context = [chained[memories[j]] for j in before]
             # One pad token when T == n_kv keeps [B, T, n_kv, hd] and [B, n_kv, T, hd] apart for the capture; it comes
             # after the fact's tokens, so under the causal mask no fact token attends to it.
             padded = ids + [PAD_TOKEN_ID] * (len(ids) == n_kv)
@@ -229,6 +244,25 @@ def window_argument(text: str) -> int:
     return int(text)
 
 
+def chain_context(i: int, context: Sequence[int], w: int, block: int = 0) -> tuple[bool, list[int]]:
+    """Memory ``i``'s (0-based, in storage order) place in a chain of window ``w``: whether it is an anchor (encoded
+    after the text of its context turns, never on stored K/V), and the indices of the memories whose chained K/V it
+    is encoded on: of its last ``w`` context turns (``context``: their memories' indices, oldest first), those its
+    chain reaches. ``block`` = B > 0 makes memories 0, B, 2B, ... anchors, and a chain never reaches back past its
+    block's anchor, so re-wording or deleting a memory changes the K/V of at most the B - 1 memories after it; with
+    ``block`` = 0 the chain runs through the whole scope (its first memory is encoded alone).
+
+    Raises:
+        ValueError: when a context turn is not a memory stored before ``i``.
+    """
+    if any(j < 0 or j >= i for j in context):
+        raise ValueError(f"memory {i}'s context turns must be memories stored before it, got {list(context)}")
+    if block and i % block == 0:
+        return True, []
+    start = i - i % block if block else 0
+    return False, [j for j in context[-w:] if j >= start]
+
+
 def contiguous_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     """Where each fact starts when laid out one after the other from position ``p`` (as the product serves)."""
     starts, position = [], p
@@ -270,6 +304,14 @@ def main() -> None:
         "--chain-windows", nargs="+", type=window_argument, default=[1, 3, 5], help="w of the chains (default 1 3 5)"
     )
     parser.add_argument(
+        "--chain-blocks",
+        nargs="+",
+        type=non_negative_int,
+        default=[0],
+        help="B of the chains: every B-th memory an anchor encoded after its turns' text, no chain reaching past "
+        "one (default 0: one chain through the conversation)",
+    )
+    parser.add_argument(
         "--max-new-tokens",
         type=non_negative_int,
         default=0,
@@ -308,14 +350,18 @@ def main() -> None:
     for band in bands:
         n = parse_band(band, n_layers)[1]
         costs[f"band {band}"] = f"{n}/{n_layers} layers = {n / n_layers:.0%} of the memory prefill"
-    chains: dict[int, dict[str, FactKV]] = {}
+    chains: dict[str, tuple[int, dict[str, FactKV]]] = {}
     context_of = dict(zip(memories, contexts, strict=True))
+    stored_at = {text: i for i, text in enumerate(memories)}
     for window in windows:
-        chains[window], prefilled = probe.chain_encode(memories, context_of, window)
-        costs[f"chain:{window}"] = (
-            f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens "
-            f"(text, w={window}: {windowed_tokens(window) / fact_tokens:.2f}x)"
-        )
+        for block in args.chain_blocks:
+            name = f"chain:{window}" + (f", anchors every {block}" if block else "")
+            encoded, prefilled = probe.chain_encode(memories, context_of, window, block, w)
+            chains[name] = (block, encoded)
+            costs[name] = (
+                f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens "
+                f"(text, w={window}: {windowed_tokens(window) / fact_tokens:.2f}x)"
+            )
     if "layout" in probes:
         costs |= {"layout: gaps": "0", "layout: overlap": "0"}
 
@@ -337,7 +383,7 @@ def main() -> None:
         if delta > CHECK_TOLERANCE:
             raise SystemExit(f"plumbing check {name!r} off by {delta:.2e} (> {CHECK_TOLERANCE:g}) on {case.question!r}")
 
-    def logit_delta(got: torch.Tensor, want: torch.Tensor) -> float:
+    def max_delta(got: torch.Tensor, want: torch.Tensor) -> float:
         return float((got - want).abs().max())
 
     with torch.inference_mode():
@@ -349,19 +395,23 @@ def main() -> None:
             record(label, reference, kv, facts)
             if bands:
                 hidden = probe.encoding_hidden_states(case, default.context_window)
-                check("band top:0 = KV mode", logit_delta(probe.band_logits(case, facts, hidden, "top:0"), kv))
+                check("band top:0 = KV mode", max_delta(probe.band_logits(case, facts, hidden, "top:0"), kv))
                 every = probe.band_logits(case, facts, hidden, f"top:{n_layers}")
-                check(f"band top:{n_layers} = prompt mode", logit_delta(every, reference))
+                check(f"band top:{n_layers} = prompt mode", max_delta(every, reference))
                 for layer in sorted({n_layers - parse_band(b)[1] for b in bands if b.startswith("top:")} - {n_layers}):
                     check(f"hidden states at layer {layer} = stored keys", probe.stored_key_error(facts, hidden, layer))
                 for band in bands:
                     record(f"band {band}", reference, probe.band_logits(case, facts, hidden, band))
-            for window, chained in chains.items():
+            for name, (block, chained) in chains.items():
                 served = [chained[t] for t in case.memories]
-                record(f"chain:{window}", reference, engine.first_token_logits(case.question, served), served)
+                for text, fact, got in zip(case.memories, facts, served, strict=True):
+                    if block and stored_at[text] % block == 0:
+                        delta = max(max_delta(got.keys, fact.keys), max_delta(got.values, fact.values))
+                        check("anchor K/V = the default's", delta)
+                record(name, reference, engine.first_token_logits(case.question, served), served)
             if "layout" in probes:
                 laid = probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts))
-                check("contiguous layout = KV mode", logit_delta(laid, kv))
+                check("contiguous layout = KV mode", max_delta(laid, kv))
                 layouts = {
                     "layout: gaps": gapped_starts(probe.p, facts),
                     "layout: overlap": [f.encoded_at for f in facts],

@@ -47,6 +47,23 @@ def test_chain_windows_are_positive_integers() -> None:
             gp.window_argument(bad)
 
 
+def test_a_chain_reaches_its_last_w_context_turns_and_never_past_its_blocks_anchor() -> None:
+    # one chain through the scope: the last w context turns, whatever their index
+    assert gp.chain_context(0, [], 3) == (False, [])  # the first memory is encoded alone
+    assert gp.chain_context(7, [2, 3, 4, 5, 6], 3) == (False, [4, 5, 6])
+    assert gp.chain_context(7, [5, 6], 3) == (False, [5, 6])  # a session's second turn: one turn before it
+    # blocks of 4: memories 0, 4, 8 are anchors (encoded after text), the rest chain inside their block only
+    assert gp.chain_context(4, [1, 2, 3], 3, block=4) == (True, [])
+    assert gp.chain_context(8, [], 3, block=4) == (True, [])
+    assert gp.chain_context(5, [2, 3, 4], 3, block=4) == (False, [4])
+    assert gp.chain_context(6, [3, 4, 5], 3, block=4) == (False, [4, 5])
+    assert gp.chain_context(7, [1, 2, 3, 4, 5, 6], 3, block=4) == (False, [4, 5, 6])
+    assert gp.chain_context(7, [1, 2, 3, 4, 5, 6], 2, block=4) == (False, [5, 6])
+    assert gp.chain_context(3, [0, 1, 2], 3, block=4) == (False, [0, 1, 2])  # the first block's anchor is memory 0
+    with pytest.raises(ValueError, match=r"memory 3's context turns must be memories stored before it, got \[1, 3\]"):
+        gp.chain_context(3, [1, 3], 3)
+
+
 def test_a_negative_answer_budget_is_refused_before_the_model_loads(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
