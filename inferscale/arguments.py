@@ -20,6 +20,7 @@ from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.storable import check_json
+from inferscale.types import ChatMode
 
 DEFAULT_LIMIT = 100
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
@@ -135,6 +136,18 @@ def check_flag(value: Any, name: str) -> bool:
         InvalidInputError: ``"<name> must be True or False, got <value!r> (...)"`` for anything else.
     """
     return _validated(_FLAG, value, f"{name} must be True or False")
+
+
+def check_chat_mode(mode: Any) -> ChatMode:
+    """``mode`` when it is ``"kv"`` or ``"prompt"`` (no ``None``: a chat always says how it serves its memories).
+
+    Raises:
+        InvalidInputError: ``"mode must be 'kv' or 'prompt', got <mode!r>"`` for anything else.
+    """
+    if mode not in ("kv", "prompt"):
+        raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
+    checked: ChatMode = mode
+    return checked
 
 
 def check_optional_flag(value: Any, name: str) -> bool | None:

@@ -15,6 +15,7 @@ from typing import Any
 from inferscale.arguments import (
     DEFAULT_CHAT_LIMIT,
     MAX_LIMIT,
+    check_chat_mode,
     check_max_new_tokens,
     check_query,
     resolve_limit,
@@ -101,8 +102,7 @@ def resolve_chat(
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
-    if mode not in ("kv", "prompt"):
-        raise InvalidInputError(f"mode must be 'kv' or 'prompt', got {mode!r}")
+    check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
     conversation = (ChatMessage("user", check_query(query)),) if messages is None else check_messages(messages)

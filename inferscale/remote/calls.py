@@ -11,6 +11,13 @@ a JSON body the server reads into a str field, cannot give the local answer), a 
 depth (:func:`inferscale.storable.check_json`: a non-str object key, which JSON would quietly turn into a string, NaN
 or an infinity, an object), a memory id that cannot be a path segment, and text in the URL that is not valid Unicode
 (a lone surrogate has no UTF-8 form to escape).
+
+A ``None`` is left out of a body, so the server takes its default: that is the local client's answer only where the
+local default is ``None`` too. The arguments whose local default is not (``add``'s ``infer``, ``search``'s
+``show_expired``, ``chat``'s ``mode`` and ``stream``) are therefore checked here with the local client's own checks,
+which refuse ``None``. Mem0's unsupported arguments are neutral at ``None`` and at ``False``
+(:func:`inferscale.arguments.refuse_unsupported_mem0`); those the server's schema types as text or a number
+(``timestamp``, ``expiration_date``, ``reference_date``) are left out at ``False``, which the schema would refuse.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from inferscale.arguments import check_timeout
+from inferscale.arguments import check_flag, check_timeout
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.scope import SCOPE_KEYS, check_scope_id
@@ -138,6 +145,11 @@ def encode_json(body: Mapping[str, Any]) -> bytes:
     return json.dumps(check_sendable(body), allow_nan=False).encode("ascii")
 
 
+def _unless_false(value: Any) -> Any:
+    """``value``, or ``None`` (not sent) for ``False``: a Mem0 argument's neutral value the schema does not type."""
+    return None if value is False else value
+
+
 def segment(memory_id: Any) -> str:
     """``memory_id`` as one escaped path segment (a ``/`` or ``..`` in it cannot change the route).
 
@@ -194,8 +206,13 @@ def add(
     output_format: Any,
     version: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
-    """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice)."""
+    """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice).
+
+    ``infer`` is checked here with the local client's check, and Mem0's unsupported ``timestamp`` and
+    ``expiration_date`` are not sent when ``False`` (see the module's docstring).
+    """
     scope_params(user_id, agent_id, run_id)
+    check_flag(infer, "infer")
     body = {
         "messages": messages,
         "user_id": user_id,
@@ -204,8 +221,8 @@ def add(
         "metadata": metadata,
         "infer": infer,
         "encode_kv": encode_kv,
-        "timestamp": timestamp,
-        "expiration_date": expiration_date,
+        "timestamp": _unless_false(timestamp),
+        "expiration_date": _unless_false(expiration_date),
         "output_format": output_format,
         "version": version,
     }
@@ -229,8 +246,12 @@ def search(
     reference_date: Any,
     show_expired: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
-    """``POST /v2/memories/search/`` for ``version="v2"``, else ``POST /v1/memories/search/`` (the same body)."""
+    """``POST /v2/memories/search/`` for ``version="v2"``, else ``POST /v1/memories/search/`` (the same body).
+
+    ``show_expired`` is checked here with the local client's check, and Mem0's unsupported ``reference_date`` is not
+    sent when ``False`` (see the module's docstring)."""
     scope_params(user_id, agent_id, run_id)
+    check_flag(show_expired, "show_expired")
     body = {
         "query": query,
         "user_id": user_id,
@@ -244,7 +265,7 @@ def search(
         "output_format": output_format,
         "rerank": rerank,
         "explain": explain,
-        "reference_date": reference_date,
+        "reference_date": _unless_false(reference_date),
         "show_expired": show_expired,
     }
     path = "/v2/memories/search/" if version == "v2" else "/v1/memories/search/"

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from inferscale.arguments import check_chat_mode
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
@@ -51,7 +52,8 @@ def chat_call(
 
     Raises:
         InvalidInputError: when both or neither of ``query`` and ``messages`` are given (the request has one
-            conversation), ``stream`` is not a bool (it decides what this call returns), or ``top_k`` is 0 or -1
+            conversation), ``mode`` is not ``"kv"`` or ``"prompt"`` (a ``None`` would be left out, and the server
+            would serve ``"kv"``), ``stream`` is not a bool (it decides what this call returns), or ``top_k`` is 0 or -1
             (on the OpenAI wire they mean "every token", which the local client refuses: they cannot be sent with
             the local meaning), and what :func:`~inferscale.remote.calls.scope_params` and
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
@@ -61,11 +63,12 @@ def chat_call(
 
     A chat that names no scope is sent, as ``search`` is: the server fills in the user of a key bound to one, and
     refuses it otherwise with the local client's :class:`~inferscale.errors.ScopeError`. The body always carries the
-    ``inferscale`` object (``mode`` at least, else ``{}``), which tells the server the chat asks for memory: only a
+    ``inferscale`` object (``mode`` at least), which tells the server the chat asks for memory: only a
     plain OpenAI request (no ``user``, no ``inferscale``) is answered without memory.
     """
     if (query is None) == (messages is None):
         raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
+    check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):

@@ -67,6 +67,11 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     # bool arguments given something else
     ("infer-str", lambda m, i: m.add("x", user_id="a", infer="yes"), "infer"),
     ("infer-int", lambda m, i: m.add("x", user_id="a", infer=1), "infer"),
+    # None where the local default is not None: a remote client would leave it out and get the server's default
+    ("infer-none", lambda m, i: m.add("x", user_id="a", infer=None), "infer must be True or False"),
+    ("show_expired-none", lambda m, i: m.search("x", user_id="a", show_expired=None), "show_expired must be True"),
+    ("chat-mode-none", lambda m, i: m.chat("hi", user_id="a", mode=None), "mode must be 'kv' or 'prompt', got None"),
+    ("stream-none", lambda m, i: m.chat("hi", user_id="a", stream=None), "stream must be True or False"),
     ("encode_kv-str", lambda m, i: m.add("x", user_id="a", infer=False, encode_kv="yes"), "encode_kv"),
     ("encode_kv-int", lambda m, i: m.add("x", user_id="a", infer=False, encode_kv=1), "encode_kv"),
     ("show_expired-str", lambda m, i: m.search("x", user_id="a", show_expired="yes"), "show_expired"),

@@ -124,14 +124,18 @@ def test_mem0_2x_arguments_are_refused_when_set_and_accepted_at_their_defaults(
     m: ClientAdapter, call: str, kwargs: dict[str, Any], match: str
 ) -> None:
     m.add("I like tea", user_id="u", infer=False, timestamp=None, expiration_date=None)
+    m.add("I like rooibos tea", user_id="u", infer=False, timestamp=False, expiration_date=False)  # neutral too
+    stored = ["I like rooibos tea", "I like tea"]
     defaults = {"rerank": False, "explain": False, "reference_date": None, "show_expired": True}
-    assert [r["memory"] for r in m.search("tea", user_id="u", **defaults)["results"]] == ["I like tea"]
+    assert sorted(r["memory"] for r in m.search("tea", user_id="u", **defaults)["results"]) == stored
+    neutral = {"rerank": None, "explain": None, "reference_date": False}
+    assert sorted(r["memory"] for r in m.search("tea", user_id="u", **neutral)["results"]) == stored
     with pytest.raises(InvalidInputError, match=match):
         if call == "add":
             m.add("I like coffee", user_id="u", infer=False, **kwargs)
         else:
             m.search("tea", user_id="u", **kwargs)
-    assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
+    assert sorted(r["memory"] for r in m.get_all(user_id="u")["results"]) == stored
 
 
 def test_output_format_v1_1_is_the_shape_returned_and_other_formats_are_refused(m: ClientAdapter) -> None:

@@ -97,7 +97,7 @@ def test_a_chat_sends_openais_body_with_the_inferscale_object_and_returns_the_re
     }
 
 
-@pytest.mark.parametrize("mode", ["kv", None])
+@pytest.mark.parametrize("mode", ["kv", "prompt"])
 def test_a_chat_naming_no_scope_is_sent_for_the_server_to_fill_in(wire: Wire, mode: Any) -> None:
     """As ``search``: the server fills in the user of a key bound to one, or refuses the chat (ScopeError). It used to
     be refused here before sending, so a key bound to one user could search without ids but not chat. The
@@ -105,7 +105,7 @@ def test_a_chat_naming_no_scope_is_sent_for_the_server_to_fill_in(wire: Wire, mo
     without memory)."""
     wire.answer(httpx.Response(200, json=completion()))
     assert wire.client().chat("What is my dog called?", mode=mode) == RESULT
-    assert wire.body()["inferscale"] == ({"mode": mode} if mode else {})
+    assert wire.body()["inferscale"] == {"mode": mode}
 
 
 def test_a_conversation_of_message_objects_and_dicts_is_sent_as_openai_messages(wire: Wire) -> None:

@@ -266,12 +266,36 @@ def test_text_that_is_not_unicode_still_reaches_the_server(wire: Wire) -> None:
 def test_other_values_are_passed_through_for_the_server_to_judge(wire: Wire) -> None:
     wire.answer(httpx.Response(200, json={"results": []}))
     m = wire.client()
-    m.add("x", user_id="u", infer="no")
+    m.add("x", user_id="u", encode_kv="no")
     m.search("x", user_id="u", threshold="0.5", limit=-1)
     m.get_all(user_id="u", limit=2**70)
-    assert wire.body(0)["infer"] == "no"
+    assert wire.body(0)["encode_kv"] == "no"
     assert (wire.body(1)["threshold"], wire.body(1)["limit"]) == ("0.5", -1)
     assert dict(wire.last.url.params) == {"user_id": "u", "limit": str(2**70)}
+
+
+def test_arguments_whose_none_the_server_would_read_as_its_default_are_refused_before_sending(wire: Wire) -> None:
+    """Left out of the body, a None would be the server's default (infer=True, show_expired=False, mode="kv"),
+    where the local client refuses it."""
+    m = wire.client()
+    for call, match in [
+        (lambda: m.add("x", user_id="u", infer=None), "infer must be True or False"),
+        (lambda: m.search("x", user_id="u", show_expired=None), "show_expired must be True or False"),
+        (lambda: m.chat("hi", user_id="u", mode=None), "mode must be 'kv' or 'prompt', got None"),
+    ]:
+        with pytest.raises(InvalidInputError, match=match):
+            call()
+    assert wire.requests == []
+
+
+def test_mem0_arguments_the_schema_types_as_text_are_not_sent_at_their_neutral_false(wire: Wire) -> None:
+    """The server's schema types them as text or a number, which a neutral False is not: it is left out."""
+    wire.answer(httpx.Response(200, json={"results": []}))
+    m = wire.client()
+    m.add("x", user_id="u", timestamp=False, expiration_date=False)
+    m.search("x", user_id="u", rerank=False, explain=None, reference_date=False)
+    assert wire.body(0) == {"messages": "x", "user_id": "u", "infer": True}
+    assert wire.body(1) == {"query": "x", "user_id": "u", "rerank": False, "show_expired": False}
 
 
 def test_a_closed_client_opens_a_new_connection_pool_when_used_again(wire: Wire) -> None:
