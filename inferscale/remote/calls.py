@@ -83,6 +83,9 @@ class ApiCall(Generic[T]):
         decode: the method's result from the reply's JSON.
         missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
             ``history`` ``[]``: the local client's answers for a memory it cannot show).
+        unroutable_id: a memory id that no path can carry to its route (:func:`routable`), or ``None``: the call is
+            not sent, and answers as the server does for a memory it does not hold (``decode(None)`` when
+            ``missing_ok``, else :class:`~inferscale.errors.MemoryNotFoundError`).
     """
 
     method: str
@@ -92,6 +95,7 @@ class ApiCall(Generic[T]):
     content: bytes | None = None
     idempotent: bool = True
     missing_ok: bool = False
+    unroutable_id: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------ JSON and URLs
@@ -150,8 +154,21 @@ def _unless_false(value: Any) -> Any:
     return None if value is False else value
 
 
+RESERVED_MEMORY_IDS = frozenset({"search"})
+"""Path words of other routes under ``/v1/memories/``, never memory ids (memory ids are UUIDs)."""
+
+
+def routable(memory_id: str) -> bool:
+    """Whether ``/v1/memories/{memory_id}/`` reaches the id-addressed routes with ``memory_id`` as the id: not for
+    an id holding a ``/`` (the server routes on the decoded path, where an escaped ``/`` is a separator again:
+    ``"<id>/history"`` would reach the history route) or for a path word of another route
+    (:data:`RESERVED_MEMORY_IDS`). Neither can be a memory's id."""
+    return "/" not in memory_id and memory_id not in RESERVED_MEMORY_IDS
+
+
 def segment(memory_id: Any) -> str:
-    """``memory_id`` as one escaped path segment (a ``/`` or ``..`` in it cannot change the route).
+    """``memory_id`` as one escaped path segment (``..`` cannot change the route; a ``/`` can: see
+    :func:`routable`).
 
     Raises:
         InvalidInputError: when ``memory_id`` is not a non-empty str (it would name no memory, or another route),
@@ -180,8 +197,22 @@ def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
     }
 
 
-def _memory_path(memory_id: Any, suffix: str = "") -> str:
-    return f"/v1/memories/{segment(memory_id)}/{suffix}"
+def _memory_call(
+    method: str,
+    memory_id: Any,
+    decode: Callable[[Any], T],
+    params: dict[str, str],
+    *,
+    suffix: str = "",
+    content: bytes | None = None,
+    missing_ok: bool = False,
+) -> ApiCall[T]:
+    """A call on ``/v1/memories/{memory_id}/{suffix}``, not to be sent when the id is not :func:`routable`."""
+    path = f"/v1/memories/{segment(memory_id)}/{suffix}"
+    unroutable = None if routable(memory_id) else memory_id
+    return ApiCall(
+        method, path, decode, params=params, content=content, missing_ok=missing_ok, unroutable_id=unroutable
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the builders
@@ -317,7 +348,7 @@ def _optional_dict(reply: Any) -> dict[str, Any] | None:
 def get(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any] | None]:
     """``GET /v1/memories/{memory_id}/``; a ``memory_not_found`` reply is the result ``None``."""
     params = scope_params(user_id, agent_id, run_id)
-    return ApiCall("GET", _memory_path(memory_id), _optional_dict, params=params, missing_ok=True)
+    return _memory_call("GET", memory_id, _optional_dict, params, missing_ok=True)
 
 
 def update(
@@ -326,13 +357,13 @@ def update(
     """``PUT /v1/memories/{memory_id}/`` (setting the same values twice changes nothing the second time)."""
     body = encode_json({"text": text, "data": data, "metadata": metadata})
     params = scope_params(user_id, agent_id, run_id)
-    return ApiCall("PUT", _memory_path(memory_id), reply_dict, params=params, content=body)
+    return _memory_call("PUT", memory_id, reply_dict, params, content=body)
 
 
 def delete(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
     """``DELETE /v1/memories/{memory_id}/``."""
     params = scope_params(user_id, agent_id, run_id)
-    return ApiCall("DELETE", _memory_path(memory_id), reply_dict, params=params)
+    return _memory_call("DELETE", memory_id, reply_dict, params)
 
 
 def delete_all(*, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
@@ -348,7 +379,7 @@ def history(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiC
     """``GET /v1/memories/{memory_id}/history/``; a ``memory_not_found`` reply (a keyed server's answer for a memory
     outside the key's scopes) is ``[]``, the local client's answer for a memory it cannot show."""
     params = scope_params(user_id, agent_id, run_id)
-    return ApiCall("GET", _memory_path(memory_id, "history/"), _history_rows, params=params, missing_ok=True)
+    return _memory_call("GET", memory_id, _history_rows, params, suffix="history/", missing_ok=True)
 
 
 ENCODING_WAIT_SLICE_S = 30.0

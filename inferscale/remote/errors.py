@@ -53,6 +53,18 @@ def error_of(status: int, content: bytes, what: str) -> InferScaleError:
     return error
 
 
+def unsent_value(call: ApiCall[T], unroutable_id: str) -> T:
+    """The result of ``call``, not sent because no path carries ``unroutable_id`` to its route: the server's answer
+    for a memory it does not hold (``call.decode(None)`` for a ``missing_ok`` call).
+
+    Raises:
+        MemoryNotFoundError: for any other call.
+    """
+    if call.missing_ok:
+        return call.decode(None)
+    raise MemoryNotFoundError(f"no memory with id {unroutable_id!r}")
+
+
 def reply_value(call: ApiCall[T], status: int, content: bytes, what: str) -> T:
     """The result of ``call`` from its reply's status and body.
 

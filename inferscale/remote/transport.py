@@ -22,7 +22,7 @@ from httpx_sse import EventSource, SSEError, aconnect_sse, connect_sse
 from inferscale.errors import ConfigError, ServerError
 from inferscale.remote.calls import ApiCall
 from inferscale.remote.chat import ChunkReader
-from inferscale.remote.errors import error_of, reply_value
+from inferscale.remote.errors import error_of, reply_value, unsent_value
 from inferscale.remote.retry import RetryableReply, aretrying, check_reply, retrying
 from inferscale.types import ChatChunk
 
@@ -144,6 +144,8 @@ class Transport:
             ServerError: when the server cannot be reached after the retries, the reply breaks off or times out, or
                 the reply is not the InferScale shape.
         """
+        if call.unroutable_id is not None:
+            return unsent_value(call, call.unroutable_id)
         request = self._http.build_request(
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
@@ -233,6 +235,8 @@ class AsyncTransport:
 
     async def call(self, call: ApiCall[T]) -> T:
         """Send ``call`` and return its result; see :meth:`Transport.call` (same errors)."""
+        if call.unroutable_id is not None:
+            return unsent_value(call, call.unroutable_id)
         request = self._http.build_request(
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )

@@ -104,6 +104,22 @@ def test_id_addressed_calls_can_be_scoped(m: ClientAdapter) -> None:
     assert m.get(bob) is None
 
 
+def test_an_id_with_a_slash_or_a_route_word_names_no_memory_on_every_client(m: ClientAdapter) -> None:
+    """Over HTTP an escaped "/" is a path separator again once the server decodes the path ("<id>/history" reached
+    that memory's history, "a/b" no route at all) and "search" is another route: every client answers as for any
+    unknown id, and the memory whose id prefixes one is untouched."""
+    kept = m.add("kept", user_id="a", infer=False)["results"][0]["id"]
+    for bad in ("a/b", "search", kept + "/history", kept + "/"):
+        assert m.get(bad) is None
+        assert m.history(bad) == []
+        with pytest.raises(MemoryNotFoundError):
+            m.update(bad, "overwritten")
+        with pytest.raises(MemoryNotFoundError):
+            m.delete(bad)
+    assert m.get(kept)["memory"] == "kept"  # type: ignore[index]
+    assert [h["event"] for h in m.history(kept)] == ["ADD"]
+
+
 # ---- bad input -----------------------------------------------------------------------------------------------
 
 

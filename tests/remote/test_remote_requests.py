@@ -217,7 +217,6 @@ def test_the_api_key_is_sent_as_mem0s_token_header(wire: Wire, monkeypatch: pyte
 @pytest.mark.parametrize(
     ("memory_id", "raw_path"),
     [
-        ("a/b", b"/v1/memories/a%2Fb/"),
         ("..", b"/v1/memories/%2E%2E/"),
         ("x?y#z", b"/v1/memories/x%3Fy%23z/"),
         ("林晓雨", b"/v1/memories/%E6%9E%97%E6%99%93%E9%9B%A8/"),
@@ -227,6 +226,23 @@ def test_a_memory_id_is_one_escaped_path_segment(wire: Wire, memory_id: str, raw
     wire.answer(httpx.Response(200, json={"message": "Memory deleted successfully!"}))
     wire.client().delete(memory_id)
     assert wire.last.url.raw_path == raw_path
+
+
+@pytest.mark.parametrize("memory_id", ["a/b", "m1/history", "/", "search"])
+def test_a_memory_id_no_path_carries_to_its_route_is_answered_as_unknown_without_sending(
+    wire: Wire, memory_id: str
+) -> None:
+    """The server routes on the decoded path, where an escaped "/" separates again ("m1/history" would reach m1's
+    history), and "search" is another route's word: no memory has such an id, so the answer is the local client's
+    for an unknown one."""
+    m = wire.client()
+    assert m.get(memory_id) is None
+    assert m.history(memory_id, user_id="u") == []
+    with pytest.raises(MemoryNotFoundError, match="no memory with id"):
+        m.delete(memory_id)
+    with pytest.raises(MemoryNotFoundError, match="no memory with id"):
+        m.update(memory_id, "new text")
+    assert wire.requests == []
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferscale.arguments import check_version
 from inferscale.errors import ScopeError
+from inferscale.remote.calls import RESERVED_MEMORY_IDS
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
@@ -25,9 +26,6 @@ from inferscale.server.state import ServerState, State
 
 router = APIRouter(tags=["memories"], responses=ERROR_RESPONSES)
 
-RESERVED_IDS = frozenset({"search"})
-"""Path words of other routes under ``/v1/memories/``, never memory ids (memory ids are UUIDs)."""
-
 
 async def _memory_id(memory_id: str) -> str:
     """The ``{memory_id}`` path parameter. ``GET /v1/memories/search/`` would otherwise ask for the memory "search"
@@ -36,7 +34,7 @@ async def _memory_id(memory_id: str) -> str:
     Raises:
         HTTPException: 405 (``method_not_allowed``) for a reserved word.
     """
-    if memory_id in RESERVED_IDS:
+    if memory_id in RESERVED_MEMORY_IDS:
         raise HTTPException(405, "Method Not Allowed", headers={"Allow": "POST"})
     return memory_id
 
