@@ -77,8 +77,9 @@ class ApiCall(Generic[T]):
         path: the path under the server's base URL, with path segments already escaped.
         params: the URL query (values are text).
         content: the JSON body as UTF-8 bytes, or ``None`` for a request without a body.
-        idempotent: whether sending it twice does what sending it once does (GET, PUT, DELETE, the search and
-            get_all POSTs): such a call is retried on 502, 503 and 504 replies. Every call is retried on connection
+        idempotent: whether sending it twice answers what sending it once does (GET, PUT, the search and get_all
+            POSTs; not the DELETEs, whose second request answers for what the first deleted): such a call is
+            retried on 502, 503 and 504 replies. Every call is retried on connection
             errors, which happen before the request is sent.
         decode: the method's result from the reply's JSON.
         missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
@@ -205,13 +206,21 @@ def _memory_call(
     *,
     suffix: str = "",
     content: bytes | None = None,
+    idempotent: bool = True,
     missing_ok: bool = False,
 ) -> ApiCall[T]:
     """A call on ``/v1/memories/{memory_id}/{suffix}``, not to be sent when the id is not :func:`routable`."""
     path = f"/v1/memories/{segment(memory_id)}/{suffix}"
     unroutable = None if routable(memory_id) else memory_id
     return ApiCall(
-        method, path, decode, params=params, content=content, missing_ok=missing_ok, unroutable_id=unroutable
+        method,
+        path,
+        decode,
+        params=params,
+        content=content,
+        idempotent=idempotent,
+        missing_ok=missing_ok,
+        unroutable_id=unroutable,
     )
 
 
@@ -361,14 +370,17 @@ def update(
 
 
 def delete(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
-    """``DELETE /v1/memories/{memory_id}/``."""
+    """``DELETE /v1/memories/{memory_id}/``, not retried on a proxy's 5xx: the first request may have deleted the
+    memory, and a second would then answer ``memory_not_found`` for a delete that happened."""
     params = scope_params(user_id, agent_id, run_id)
-    return _memory_call("DELETE", memory_id, reply_dict, params)
+    return _memory_call("DELETE", memory_id, reply_dict, params, idempotent=False)
 
 
 def delete_all(*, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:
-    """``DELETE /v1/memories/`` with the scope in the query (the server refuses an empty scope)."""
-    return ApiCall("DELETE", "/v1/memories/", reply_dict, params=scope_params(user_id, agent_id, run_id))
+    """``DELETE /v1/memories/`` with the scope in the query (the server refuses an empty scope), not retried on a
+    proxy's 5xx: a second request would count 0 memories deleted after the first deleted them."""
+    params = scope_params(user_id, agent_id, run_id)
+    return ApiCall("DELETE", "/v1/memories/", reply_dict, params=params, idempotent=False)
 
 
 def _history_rows(reply: Any) -> list[dict[str, Any]]:

@@ -1,12 +1,14 @@
 """When a remote call is tried again, and how long it waits: tenacity policies shared by both remote clients.
 
 - Every call is retried when the connection cannot be made (the request was never sent).
-- An idempotent call (:attr:`ApiCall.idempotent <inferscale.remote.calls.ApiCall.idempotent>`: the GETs, PUT,
-  DELETEs and the search/get_all POSTs) is also retried on a 502, 503 or 504 reply from something other than the
+- An idempotent call (:attr:`ApiCall.idempotent <inferscale.remote.calls.ApiCall.idempotent>`: the GETs, PUT and
+  the search/get_all POSTs) is also retried on a 502, 503 or 504 reply from something other than the
   InferScale server (a proxy or load balancer with no server behind it yet). A 5xx that carries an InferScale error
   code (``model_not_available``, ``engine_closed``, ``extraction_failed``) is the server's own answer, the same on
   every attempt, and is raised at once.
-- ``add``, ``chat`` and ``reset`` are never sent twice: a 5xx reply to them is the caller's answer.
+- ``add``, ``chat``, ``reset`` and the two DELETEs are never sent twice: a 5xx reply to them is the caller's answer.
+  A proxy's 502 or 504 may come after the server got the request, and a DELETE sent again would then answer for
+  what the first one deleted (``memory_not_found``, or 0 memories deleted).
 
 Waits grow exponentially from :data:`FIRST_WAIT_S` to at most :data:`MAX_WAIT_S`, with a little jitter so that
 clients that failed together do not come back together. After the last attempt the last error is raised as it is.
