@@ -233,6 +233,10 @@ def _condition(field: str, name: str, operand: object, where: str) -> Condition:
     return Condition(field, op, value)
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The integers a filter compares (exactly, on both backends; SQLite binds no wider integer)."""
+
+
 def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datetime:
     if kind == "time":
         return parse_timestamp(value, where)
@@ -242,7 +246,14 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
         return check_storable(value, where)
     if isinstance(value, str):
         return check_storable(value, where)
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise InvalidInputError(
+                f"{where} is an integer of {len(str(abs(value)))} digits; filter integers are 64-bit ({INT64_MIN} to "
+                f"{INT64_MAX})"
+            )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, and_, case, false, func, not_, null, or_, select, true
+from sqlalchemy import ColumnElement, Numeric, and_, case, cast, false, func, not_, null, or_, select, true
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from inferscale.filters import And, Condition, FieldValue, Filter, Not, Or
@@ -164,10 +164,15 @@ def _as_text(key: str, dialect: str) -> ColumnElement[str]:
     return _sqlite_member(key, "value", ("text",))
 
 
-def _as_number(key: str, dialect: str) -> ColumnElement[float]:
-    """``metadata[key]`` when it is a JSON number (integer or real), else NULL."""
+def _as_number(key: str, dialect: str, operand: float) -> ColumnElement[Any]:
+    """``metadata[key]`` when it is a JSON number (integer or real), else NULL, to be compared with ``operand``: with
+    an integer operand the comparison is exact (PostgreSQL reads the number as ``numeric``, not as a double that
+    holds integers exactly only to 2**53; SQLite's integers are 64-bit and compare exactly), with a float as a
+    double."""
     if dialect == "postgresql":
-        return case((_is(key, "number", dialect), MemoryRow.metadata_[key].as_float()), else_=null())
+        member = MemoryRow.metadata_[key]
+        number = member.as_float() if isinstance(operand, float) else cast(member.as_string(), Numeric)
+        return case((_is(key, "number", dialect), number), else_=null())
     return _sqlite_member(key, "value", ("integer", "real"))
 
 
@@ -179,7 +184,7 @@ def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
             return and_(_kind(key, dialect) == "boolean", MemoryRow.metadata_[key].as_string() == str(value).lower())
         return _kind(key, dialect) == ("true" if value else "false")
     if isinstance(value, int | float):
-        return _as_number(key, dialect) == float(value)
+        return _as_number(key, dialect, value) == value
     return _as_text(key, dialect) == str(value)
 
 
@@ -188,13 +193,15 @@ def _equals_any(key: str, values: tuple[FieldValue, ...], dialect: str) -> Colum
     strings and one for the numbers, so a long list stays one shallow expression (SQLite refuses an expression
     tree deeper than 1000, which a chain of ``OR`` reaches)."""
     texts = [v for v in values if isinstance(v, str)]
-    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    integers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    floats = [v for v in values if isinstance(v, float)]
     others = [v for v in values if v is None or isinstance(v, bool)]
     parts = [_equals(key, v, dialect) for v in dict.fromkeys(others)]
     if texts:
         parts.append(_as_text(key, dialect).in_(texts))
-    if numbers:
-        parts.append(_as_number(key, dialect).in_(numbers))
+    for numbers in (integers, floats):
+        if numbers:
+            parts.append(_as_number(key, dialect, numbers[0]).in_(numbers))
     return or_(*parts)
 
 
@@ -215,7 +222,7 @@ def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
     if isinstance(value, datetime):
         value = value.isoformat()
     if isinstance(value, int | float):
-        return _compare(_as_number(key, dialect), op, float(value))
+        return _compare(_as_number(key, dialect, value), op, value)
     return _compare(_as_text(key, dialect), op, str(value))
 
 

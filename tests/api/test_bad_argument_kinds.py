@@ -60,6 +60,8 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     ("update-metadata-deep", lambda m, i: m.update(i, metadata={"a": [{None: 1}]}), "metadata"),
     ("filters-int-key", lambda m, i: m.search("x", user_id="a", filters={1: "v"}), "filters"),
     ("filters-nested-key", lambda m, i: m.get_all(filters={"AND": [{"user_id": "a"}, {2: "v"}]}), "filters"),
+    # an integer a filter cannot compare exactly (float() of it overflowed: a bare OverflowError, a 500 remotely)
+    ("filters-int-beyond-64-bit", lambda m, i: m.search("x", user_id="a", filters={"k": {"gt": 10**400}}), "64-bit"),
     ("chat-filters-key", lambda m, i: m.chat("hi", user_id="a", filters={1: "v"}), "filters"),
     # a date is a filter's timestamp operand only, never metadata or a metadata operand
     ("metadata-date", lambda m, i: m.add("x", user_id="a", metadata={"on": date(2026, 1, 1)}, infer=False), "on"),

@@ -36,6 +36,10 @@ def test_filters_parse_into_a_tree() -> None:
         ({"user_id": {"gt": "a"}}, "does not support"),
         ({"created_at": {"gte": "yesterday"}}, "ISO 8601"),
         ({"a": float("nan")}, "finite"),
+        # beyond 64 bits: SQLite binds no wider integer, and float() of 10**400 overflowed into a 500
+        ({"a": 10**400}, r"filters\['a'\] is an integer of 401 digits; filter integers are 64-bit"),
+        ({"a": {"gt": 2**63}}, r"\['gt'\] is an integer of 19 digits; filter integers are 64-bit \(-9223"),
+        ({"a": {"in": [1, -(2**63) - 1]}}, r"\['in'\]\[1\] is an integer of 19 digits"),
     ],
 )
 def test_bad_filters_name_the_fix(bad: dict[str, object], message: str) -> None:
