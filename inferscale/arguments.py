@@ -138,6 +138,25 @@ def check_flag(value: Any, name: str) -> bool:
     return _validated(_FLAG, value, f"{name} must be True or False")
 
 
+def check_update(
+    memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
+) -> tuple[str | None, dict[str, Any] | None]:
+    """The new text and metadata of an ``update`` (either may be ``None``: unchanged), checked before the memory is
+    looked up.
+
+    Raises:
+        InvalidInputError: when ``text`` and ``data`` (Mem0's name for it) disagree, nothing is given, or the
+            metadata is not storable (:func:`check_metadata`).
+    """
+    if text is not None and data is not None and text != data:
+        raise InvalidInputError("text and data are two names for the new text; pass one of them")
+    new_text = text if text is not None else data
+    meta = check_metadata(metadata) if metadata is not None else None
+    if new_text is None and meta is None:
+        raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both")
+    return new_text, meta
+
+
 def check_chat_mode(mode: Any) -> ChatMode:
     """``mode`` when it is ``"kv"`` or ``"prompt"`` (no ``None``: a chat always says how it serves its memories).
 

@@ -19,13 +19,13 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from inferscale.arguments import check_metadata, check_threshold, resolve_limit, resolve_scope
+from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, config_from_dict
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
-from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.errors import ConfigError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
@@ -533,14 +533,7 @@ class ClientCore:
     def _update_change(
         memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
     ) -> ChangeSet:
-        if text is not None and data is not None and text != data:
-            raise InvalidInputError("text and data are two names for the new text; pass one of them")
-        new_text = text if text is not None else data
-        meta = check_metadata(metadata) if metadata is not None else None
-        if new_text is None and meta is None:
-            raise InvalidInputError(
-                f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both"
-            )
+        new_text, meta = check_update(memory_id, text, metadata, data)
         return ChangeSet(None, updates=(MemoryUpdate(memory_id, new_text, meta),), strict=True)
 
     def _open_stream(

@@ -250,10 +250,9 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
         return value
     if isinstance(value, int):
         if not INT64_MIN <= value <= INT64_MAX:
-            raise InvalidInputError(
-                f"{where} is an integer of {len(str(abs(value)))} digits; filter integers are 64-bit ({INT64_MIN} to "
-                f"{INT64_MAX})"
-            )
+            digits = len(str(abs(value)))
+            shown = repr(value) if digits <= 40 else f"an integer of {digits} digits"
+            raise InvalidInputError(f"{where} is {shown}; filter integers are 64-bit ({INT64_MIN} to {INT64_MAX})")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "inferscale.filters": 0,
     "inferscale.conversation": 0,
     "inferscale.error_codes": 0,
+    "inferscale.memory_ids": 0,
     "inferscale.formats": 0,
     "inferscale.validation_text": 0,
     "inferscale.kv": 1,

@@ -14,10 +14,11 @@ or an infinity, an object), a memory id that cannot be a path segment, and text 
 
 A ``None`` is left out of a body, so the server takes its default: that is the local client's answer only where the
 local default is ``None`` too. The arguments whose local default is not (``add``'s ``infer``, ``search``'s
-``show_expired``, ``chat``'s ``mode`` and ``stream``) are therefore checked here with the local client's own checks,
-which refuse ``None``. Mem0's unsupported arguments are neutral at ``None`` and at ``False``
-(:func:`inferscale.arguments.refuse_unsupported_mem0`); those the server's schema types as text or a number
-(``timestamp``, ``expiration_date``, ``reference_date``) are left out at ``False``, which the schema would refuse.
+``show_expired`` here; ``chat``'s ``mode`` and ``stream`` in :func:`inferscale.remote.chat.chat_call`) are therefore
+checked before sending with the local client's own checks, which refuse ``None``. Mem0's unsupported arguments are
+neutral at ``None`` and at ``False`` (:func:`inferscale.arguments.refuse_unsupported_mem0`); those the server's schema
+types as text or a number (``timestamp``, ``expiration_date``, ``reference_date``) are left out at ``False``, which
+the schema would refuse.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from inferscale.arguments import check_flag, check_timeout
+from inferscale.arguments import check_flag, check_timeout, check_update
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
+from inferscale.memory_ids import routable
 from inferscale.scope import SCOPE_KEYS, check_scope_id
 from inferscale.storable import check_json, check_unicode
 
@@ -84,7 +86,8 @@ class ApiCall(Generic[T]):
         decode: the method's result from the reply's JSON.
         missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
             ``history`` ``[]``: the local client's answers for a memory it cannot show).
-        unroutable_id: a memory id that no path can carry to its route (:func:`routable`), or ``None``: the call is
+        unroutable_id: a memory id that no path can carry to its route (:func:`~inferscale.memory_ids.routable`),
+            or ``None``: the call is
             not sent, and answers as the server does for a memory it does not hold (``decode(None)`` when
             ``missing_ok``, else :class:`~inferscale.errors.MemoryNotFoundError`).
     """
@@ -155,21 +158,9 @@ def _unless_false(value: Any) -> Any:
     return None if value is False else value
 
 
-RESERVED_MEMORY_IDS = frozenset({"search"})
-"""Path words of other routes under ``/v1/memories/``, never memory ids (memory ids are UUIDs)."""
-
-
-def routable(memory_id: str) -> bool:
-    """Whether ``/v1/memories/{memory_id}/`` reaches the id-addressed routes with ``memory_id`` as the id: not for
-    an id holding a ``/`` (the server routes on the decoded path, where an escaped ``/`` is a separator again:
-    ``"<id>/history"`` would reach the history route) or for a path word of another route
-    (:data:`RESERVED_MEMORY_IDS`). Neither can be a memory's id."""
-    return "/" not in memory_id and memory_id not in RESERVED_MEMORY_IDS
-
-
 def segment(memory_id: Any) -> str:
     """``memory_id`` as one escaped path segment (``..`` cannot change the route; a ``/`` can: see
-    :func:`routable`).
+    :func:`inferscale.memory_ids.routable`).
 
     Raises:
         InvalidInputError: when ``memory_id`` is not a non-empty str (it would name no memory, or another route),
@@ -209,7 +200,8 @@ def _memory_call(
     idempotent: bool = True,
     missing_ok: bool = False,
 ) -> ApiCall[T]:
-    """A call on ``/v1/memories/{memory_id}/{suffix}``, not to be sent when the id is not :func:`routable`."""
+    """A call on ``/v1/memories/{memory_id}/{suffix}``, not to be sent when the id is not
+    :func:`~inferscale.memory_ids.routable`."""
     path = f"/v1/memories/{segment(memory_id)}/{suffix}"
     unroutable = None if routable(memory_id) else memory_id
     return ApiCall(
@@ -363,10 +355,15 @@ def get(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[
 def update(
     memory_id: Any, *, text: Any, metadata: Any, data: Any, user_id: Any, agent_id: Any, run_id: Any
 ) -> ApiCall[dict[str, Any]]:
-    """``PUT /v1/memories/{memory_id}/`` (setting the same values twice changes nothing the second time)."""
+    """``PUT /v1/memories/{memory_id}/`` (setting the same values twice changes nothing the second time). For an id
+    that is not sent (:attr:`ApiCall.unroutable_id`), the local client's checks of the new values come first, as
+    they come before its lookup."""
     body = encode_json({"text": text, "data": data, "metadata": metadata})
     params = scope_params(user_id, agent_id, run_id)
-    return _memory_call("PUT", memory_id, reply_dict, params, content=body)
+    call = _memory_call("PUT", memory_id, reply_dict, params, content=body)
+    if call.unroutable_id is not None:
+        check_update(call.unroutable_id, text, metadata, data)
+    return call
 
 
 def delete(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[dict[str, Any]]:

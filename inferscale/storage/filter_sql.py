@@ -14,9 +14,10 @@ with SQL's ``lower()``.
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, Numeric, and_, case, cast, false, func, not_, null, or_, select, true
+from sqlalchemy import ColumnElement, Float, Numeric, and_, case, cast, false, func, not_, null, or_, select, true
 from sqlalchemy.sql.elements import KeyedColumnElement
 
 from inferscale.filters import And, Condition, FieldValue, Filter, Not, Or
@@ -164,16 +165,64 @@ def _as_text(key: str, dialect: str) -> ColumnElement[str]:
     return _sqlite_member(key, "value", ("text",))
 
 
-def _as_number(key: str, dialect: str, operand: float) -> ColumnElement[Any]:
-    """``metadata[key]`` when it is a JSON number (integer or real), else NULL, to be compared with ``operand``: with
-    an integer operand the comparison is exact (PostgreSQL reads the number as ``numeric``, not as a double that
-    holds integers exactly only to 2**53; SQLite's integers are 64-bit and compare exactly), with a float as a
-    double."""
-    if dialect == "postgresql":
-        member = MemoryRow.metadata_[key]
-        number = member.as_float() if isinstance(operand, float) else cast(member.as_string(), Numeric)
-        return case((_is(key, "number", dialect), number), else_=null())
-    return _sqlite_member(key, "value", ("integer", "real"))
+INTEGER_TEXT = "^-?[0-9]+$"
+"""The JSON text of an integer (what :func:`json.loads` reads as an ``int``); any other number is a real."""
+
+
+def _by(expr: ColumnElement[Any], op: str, value: object) -> ColumnElement[bool]:
+    """``expr`` against ``value`` by ``op``: ``eq`` or a comparison."""
+    return expr == value if op == "eq" else _compare(expr, op, value)
+
+
+def _as_double(op: str, operand: int | float) -> tuple[str, float] | None:
+    """``op`` and ``operand`` rewritten so that comparing a double with the returned float answers what comparing it
+    with ``operand`` exactly does, or ``None`` when no double equals ``operand`` (``eq`` is then never true). Only an
+    integer beyond 2**53 needs it: ``float(operand)`` is the nearest double, and no double lies between the two, so
+    ``d < operand`` is ``d <= float(operand)`` when the float is below the integer, and ``d < float(operand)``
+    otherwise (likewise for the other comparisons)."""
+    nearest = float(operand)
+    if nearest == operand:
+        return op, nearest
+    if op == "eq":
+        return None
+    below = nearest < operand
+    rewritten = {"lt": "lte" if below else "lt", "lte": "lte" if below else "lt"}
+    rewritten |= {"gt": "gt" if below else "gte", "gte": "gt" if below else "gte"}
+    return rewritten[op], nearest
+
+
+def _number_is(key: str, dialect: str, op: str, operand: int | float) -> ColumnElement[bool]:
+    """``metadata[key]`` is a JSON number and compares with ``operand`` by ``op`` (``eq``, ``gt``, ``gte``, ``lt``,
+    ``lte``) as Python compares an int or float read from its JSON with ``operand``: exactly, also beyond 2**53
+    where a double rounds integers. SQLite's ``json_each`` gives integers as 64-bit integers and reals as doubles,
+    and compares the two exactly. PostgreSQL reads an integer's JSON text as ``numeric`` (against the exact value of
+    ``operand``) and a real's as a double (against :func:`_as_double`)."""
+    if dialect != "postgresql":
+        return _by(_sqlite_member(key, "value", ("integer", "real")), op, operand)
+    text = MemoryRow.metadata_[key].as_string()
+    number = _is(key, "number", dialect)
+    integral = text.op("~", is_comparison=True)(INTEGER_TEXT)
+    exact = _by(case((and_(number, integral), cast(text, Numeric)), else_=null()), op, Decimal(operand))
+    as_double = _as_double(op, operand)
+    if as_double is None:
+        return exact
+    real = case((and_(number, not_(integral)), cast(text, Float)), else_=null())
+    return or_(exact, _by(real, *as_double))
+
+
+def _number_in(key: str, dialect: str, numbers: list[int | float]) -> ColumnElement[bool]:
+    """``metadata[key]`` is a JSON number equal to one of ``numbers`` (exactly, as :func:`_number_is`): one SQL
+    ``IN`` per kind of stored number."""
+    if dialect != "postgresql":
+        return _sqlite_member(key, "value", ("integer", "real")).in_(numbers)
+    text = MemoryRow.metadata_[key].as_string()
+    number = _is(key, "number", dialect)
+    integral = text.op("~", is_comparison=True)(INTEGER_TEXT)
+    exact = case((and_(number, integral), cast(text, Numeric)), else_=null()).in_([Decimal(v) for v in numbers])
+    doubles = [float(v) for v in numbers if float(v) == v]  # an integer no double holds equals no real
+    if not doubles:
+        return exact
+    return or_(exact, case((and_(number, not_(integral)), cast(text, Float)), else_=null()).in_(doubles))
 
 
 def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
@@ -184,7 +233,7 @@ def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
             return and_(_kind(key, dialect) == "boolean", MemoryRow.metadata_[key].as_string() == str(value).lower())
         return _kind(key, dialect) == ("true" if value else "false")
     if isinstance(value, int | float):
-        return _as_number(key, dialect, value) == value
+        return _number_is(key, dialect, "eq", value)
     return _as_text(key, dialect) == str(value)
 
 
@@ -193,15 +242,13 @@ def _equals_any(key: str, values: tuple[FieldValue, ...], dialect: str) -> Colum
     strings and one for the numbers, so a long list stays one shallow expression (SQLite refuses an expression
     tree deeper than 1000, which a chain of ``OR`` reaches)."""
     texts = [v for v in values if isinstance(v, str)]
-    integers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    floats = [v for v in values if isinstance(v, float)]
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
     others = [v for v in values if v is None or isinstance(v, bool)]
     parts = [_equals(key, v, dialect) for v in dict.fromkeys(others)]
     if texts:
         parts.append(_as_text(key, dialect).in_(texts))
-    for numbers in (integers, floats):
-        if numbers:
-            parts.append(_as_number(key, dialect, numbers[0]).in_(numbers))
+    if numbers:
+        parts.append(_number_in(key, dialect, numbers))
     return or_(*parts)
 
 
@@ -222,7 +269,7 @@ def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
     if isinstance(value, datetime):
         value = value.isoformat()
     if isinstance(value, int | float):
-        return _compare(_as_number(key, dialect, value), op, value)
+        return _number_is(key, dialect, op, value)
     return _compare(_as_text(key, dialect), op, str(value))
 
 

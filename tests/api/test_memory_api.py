@@ -114,6 +114,8 @@ def test_an_id_with_a_slash_or_a_route_word_names_no_memory_on_every_client(m: C
         assert m.history(bad) == []
         with pytest.raises(MemoryNotFoundError):
             m.update(bad, "overwritten")
+        with pytest.raises(InvalidInputError, match="text and data are two names"):
+            m.update(bad, "overwritten", data="other")
         with pytest.raises(MemoryNotFoundError):
             m.delete(bad)
     assert m.get(kept)["memory"] == "kept"  # type: ignore[index]

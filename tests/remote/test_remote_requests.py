@@ -242,6 +242,8 @@ def test_a_memory_id_no_path_carries_to_its_route_is_answered_as_unknown_without
         m.delete(memory_id)
     with pytest.raises(MemoryNotFoundError, match="no memory with id"):
         m.update(memory_id, "new text")
+    with pytest.raises(InvalidInputError, match="nothing to update"):  # checked before the lookup, as locally
+        m.update(memory_id)
     assert wire.requests == []
 
 

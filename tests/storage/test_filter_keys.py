@@ -185,6 +185,7 @@ BIG = {
     "2**63 - 1": 2**63 - 1,
     "-(2**63)": -(2**63),
     "2.5": 2.5,
+    "2.0**60": 2.0**60,  # a real whose JSON text (1.152921504606847e+18) is not its exact value
     "string": "9007199254740993",
 }
 BIG_FILTERS: list[dict[str, Any]] = [
@@ -198,6 +199,13 @@ BIG_FILTERS: list[dict[str, Any]] = [
     {"n": {"in": [2**53 + 1, 2**63 - 1]}},
     {"n": {"nin": [2**53, 2.5]}},
     {"n": {"gt": 2, "lt": 3}},
+    {"n": 2**60},  # equals the real 2.0**60 exactly
+    {"n": {"in": [2**60 + 1, 2.5]}},  # no real equals 2**60 + 1
+    {"n": {"lt": 2**60 + 1, "gt": 2**53 + 1}},  # the real 2.0**60 lies between
+    {"n": {"gte": 2**60 + 1}},
+    {"n": {"in": [2**60, 2**53 + 1]}},
+    {"n": 9007199254740992.0},  # a float operand: 2**53 exactly, not 2**53 + 1
+    {"n": {"gt": 9007199254740992.0}},
 ]
 
 

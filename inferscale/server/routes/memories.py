@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferscale.arguments import check_version
 from inferscale.errors import ScopeError
-from inferscale.remote.calls import RESERVED_MEMORY_IDS
+from inferscale.memory_ids import RESERVED_MEMORY_IDS
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
