@@ -28,10 +28,10 @@ class AsyncRemoteMemoryClient:
     methods, arguments, results and exception types. ``AsyncMemoryClient(host=..., api_key=...)`` returns one.
     Construction does no I/O: :meth:`ping` checks the server and the key. Use it on one event loop.
 
-    Calls that may be sent twice (every read, update, delete) are retried on connection errors and on 502/503/504
+    Calls that may be sent twice (every read and update) are retried on connection errors and on 502/503/504
     replies that do not come from the InferScale server itself (a proxy's), with exponential backoff (awaited, so
-    other tasks run meanwhile); ``add``, ``chat`` and ``reset`` are retried only when the connection could not be
-    made (see :mod:`inferscale.remote.retry`).
+    other tasks run meanwhile); ``add``, ``chat``, ``reset`` and the deletes are retried only when the connection
+    could not be made (see :mod:`inferscale.remote.retry`).
 
     Args:
         host: the server's URL, e.g. ``"http://127.0.0.1:8000"`` (no default: there is no hosted service).

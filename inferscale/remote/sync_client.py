@@ -26,9 +26,9 @@ class RemoteMemoryClient:
     results and exception types. ``MemoryClient(host=..., api_key=...)`` returns one. Construction does no I/O:
     :meth:`ping` checks the server and the key.
 
-    Calls that may be sent twice (every read, update, delete) are retried on connection errors and on 502/503/504
+    Calls that may be sent twice (every read and update) are retried on connection errors and on 502/503/504
     replies that do not come from the InferScale server itself (a proxy's), with exponential backoff; ``add``,
-    ``chat`` and ``reset`` are retried only when the connection could not be made (see
+    ``chat``, ``reset`` and the deletes are retried only when the connection could not be made (see
     :mod:`inferscale.remote.retry`). Thread-safe.
 
     Args:
