@@ -156,7 +156,7 @@ class Probe:
 
     @torch.inference_mode()
     def chain_encode(
-        self, memories: Sequence[str], context_of: dict[str, list[str]], w: int, block: int = 0, anchor_window: int = 5
+        self, memories: Sequence[str], context_of: dict[str, list[str]], w: int, block: int, anchor_window: int
     ) -> tuple[dict[str, FactKV], int]:
         """Every memory, in conversation order, encoded on top of the chained K/V of the context turns
         :func:`chain_context` gives it (injected after the system prefix, oldest first). With ``block`` = B > 0
@@ -244,6 +244,12 @@ def window_argument(text: str) -> int:
     return int(text)
 
 
+def is_anchor(i: int, block: int) -> bool:
+    """Whether memory ``i`` (0-based, in storage order) anchors a bounded chain of blocks of ``block`` memories (none
+    does when ``block`` is 0)."""
+    return block > 0 and i % block == 0
+
+
 def chain_context(i: int, context: Sequence[int], w: int, block: int = 0) -> tuple[bool, list[int]]:
     """Memory ``i``'s (0-based, in storage order) place in a chain of window ``w``: whether it is an anchor (encoded
     after the text of its context turns, never on stored K/V), and the indices of the memories whose chained K/V it
@@ -253,11 +259,13 @@ def chain_context(i: int, context: Sequence[int], w: int, block: int = 0) -> tup
     ``block`` = 0 the chain runs through the whole scope (its first memory is encoded alone).
 
     Raises:
-        ValueError: when a context turn is not a memory stored before ``i``.
+        ValueError: when ``w`` is under 1, or a context turn is not a memory stored before ``i``.
     """
+    if w < 1:
+        raise ValueError(f"a chain's window must be at least 1, got {w}")
     if any(j < 0 or j >= i for j in context):
         raise ValueError(f"memory {i}'s context turns must be memories stored before it, got {list(context)}")
-    if block and i % block == 0:
+    if is_anchor(i, block):
         return True, []
     start = i - i % block if block else 0
     return False, [j for j in context[-w:] if j >= start]
@@ -405,7 +413,7 @@ def main() -> None:
             for name, (block, chained) in chains.items():
                 served = [chained[t] for t in case.memories]
                 for text, fact, got in zip(case.memories, facts, served, strict=True):
-                    if block and stored_at[text] % block == 0:
+                    if is_anchor(stored_at[text], block):
                         delta = max(max_delta(got.keys, fact.keys), max_delta(got.values, fact.values))
                         check("anchor K/V = the default's", delta)
                 record(name, reference, engine.first_token_logits(case.question, served), served)

@@ -62,6 +62,10 @@ def test_a_chain_reaches_its_last_w_context_turns_and_never_past_its_blocks_anch
     assert gp.chain_context(3, [0, 1, 2], 3, block=4) == (False, [0, 1, 2])  # the first block's anchor is memory 0
     with pytest.raises(ValueError, match=r"memory 3's context turns must be memories stored before it, got \[1, 3\]"):
         gp.chain_context(3, [1, 3], 3)
+    with pytest.raises(ValueError, match="a chain's window must be at least 1, got 0"):
+        gp.chain_context(3, [0, 1, 2], 0)  # context[-0:] would be every turn
+    assert [i for i in range(10) if gp.is_anchor(i, 4)] == [0, 4, 8]
+    assert not any(gp.is_anchor(i, 0) for i in range(10))
 
 
 def test_a_negative_answer_budget_is_refused_before_the_model_loads(
