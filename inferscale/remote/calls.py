@@ -81,15 +81,14 @@ class ApiCall(Generic[T]):
         content: the JSON body as UTF-8 bytes, or ``None`` for a request without a body.
         idempotent: whether sending it twice answers what sending it once does (GET, PUT, the search and get_all
             POSTs; not the DELETEs, whose second request answers for what the first deleted): such a call is
-            retried on 502, 503 and 504 replies. Every call is retried on connection
-            errors, which happen before the request is sent.
+            retried on 502, 503 and 504 replies. Every call is retried on connection errors, which happen before
+            the request is sent.
         decode: the method's result from the reply's JSON.
         missing_ok: a ``memory_not_found`` error reply means the result ``decode(None)`` (``get`` answers ``None``,
             ``history`` ``[]``: the local client's answers for a memory it cannot show).
         unroutable_id: a memory id that no path can carry to its route (:func:`~inferscale.memory_ids.routable`),
-            or ``None``: the call is
-            not sent, and answers as the server does for a memory it does not hold (``decode(None)`` when
-            ``missing_ok``, else :class:`~inferscale.errors.MemoryNotFoundError`).
+            or ``None``. Such a call is not sent, and answers as the server does for a memory it does not hold
+            (``decode(None)`` when ``missing_ok``, else :class:`~inferscale.errors.MemoryNotFoundError`).
     """
 
     method: str

@@ -191,6 +191,18 @@ def _as_double(op: str, operand: int | float) -> tuple[str, float] | None:
     return rewritten[op], nearest
 
 
+def _pg_numbers(key: str) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """PostgreSQL: ``metadata[key]`` as ``(integer, real)``: the first its JSON text read as ``numeric`` when that
+    text is an integer's (:data:`INTEGER_TEXT`), the second read as a double when it is any other number; each NULL
+    otherwise."""
+    text = MemoryRow.metadata_[key].as_string()
+    number = _is(key, "number", "postgresql")
+    integral = text.op("~", is_comparison=True)(INTEGER_TEXT)
+    integer = case((and_(number, integral), cast(text, Numeric)), else_=null())
+    real = case((and_(number, not_(integral)), cast(text, Float)), else_=null())
+    return integer, real
+
+
 def _number_is(key: str, dialect: str, op: str, operand: int | float) -> ColumnElement[bool]:
     """``metadata[key]`` is a JSON number and compares with ``operand`` by ``op`` (``eq``, ``gt``, ``gte``, ``lt``,
     ``lte``) as Python compares an int or float read from its JSON with ``operand``: exactly, also beyond 2**53
@@ -199,15 +211,10 @@ def _number_is(key: str, dialect: str, op: str, operand: int | float) -> ColumnE
     ``operand``) and a real's as a double (against :func:`_as_double`)."""
     if dialect != "postgresql":
         return _by(_sqlite_member(key, "value", ("integer", "real")), op, operand)
-    text = MemoryRow.metadata_[key].as_string()
-    number = _is(key, "number", dialect)
-    integral = text.op("~", is_comparison=True)(INTEGER_TEXT)
-    exact = _by(case((and_(number, integral), cast(text, Numeric)), else_=null()), op, Decimal(operand))
+    integer, real = _pg_numbers(key)
+    exact = _by(integer, op, Decimal(operand))
     as_double = _as_double(op, operand)
-    if as_double is None:
-        return exact
-    real = case((and_(number, not_(integral)), cast(text, Float)), else_=null())
-    return or_(exact, _by(real, *as_double))
+    return exact if as_double is None else or_(exact, _by(real, *as_double))
 
 
 def _number_in(key: str, dialect: str, numbers: list[int | float]) -> ColumnElement[bool]:
@@ -215,14 +222,10 @@ def _number_in(key: str, dialect: str, numbers: list[int | float]) -> ColumnElem
     ``IN`` per kind of stored number."""
     if dialect != "postgresql":
         return _sqlite_member(key, "value", ("integer", "real")).in_(numbers)
-    text = MemoryRow.metadata_[key].as_string()
-    number = _is(key, "number", dialect)
-    integral = text.op("~", is_comparison=True)(INTEGER_TEXT)
-    exact = case((and_(number, integral), cast(text, Numeric)), else_=null()).in_([Decimal(v) for v in numbers])
+    integer, real = _pg_numbers(key)
+    exact = integer.in_([Decimal(v) for v in numbers])
     doubles = [float(v) for v in numbers if float(v) == v]  # an integer no double holds equals no real
-    if not doubles:
-        return exact
-    return or_(exact, case((and_(number, not_(integral)), cast(text, Float)), else_=null()).in_(doubles))
+    return or_(exact, real.in_(doubles)) if doubles else exact
 
 
 def _equals(key: str, value: object, dialect: str) -> ColumnElement[bool]:
