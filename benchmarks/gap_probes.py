@@ -50,7 +50,6 @@ from transformers import DynamicCache
 
 from inferscale.cli_options import non_negative_int
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.eval.fidelity import (
     SYSTEM_PROMPTS,
     FactCache,
@@ -62,7 +61,7 @@ from inferscale.eval.fidelity import (
 )
 from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, memories_with_contexts, retrieve_cases
 from inferscale.kv.compose import assemble
-from inferscale.kv.encode import EncodeRequest, PreRopeCapture, decoder_attention_modules, kv_head_shape
+from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
@@ -162,42 +161,23 @@ class Probe:
         :func:`chain_context` gives it (injected after the system prefix, oldest first). With ``block`` = B > 0
         every B-th memory is an *anchor*: encoded as the product encodes it, after the text of its last
         ``anchor_window`` context turns, so no chain runs across an anchor. Returns each memory's pre-RoPE K/V and
-        the tokens prefilled (padding and the anchors' context turns included, the cached system prefix not)."""
-        attention = decoder_attention_modules(self.model)
-        n_kv, head_dim = kv_head_shape(self.model.config)
+        the tokens prefilled (the anchors' context turns included, the cached system prefix not). A chained memory is
+        encoded by the product's chained encoding (:attr:`inferscale.kv.encode.EncodeRequest.chained_on`)."""
         chained: dict[str, FactKV] = {}
         index = {text: i for i, text in enumerate(memories)}
+        prefix_ids = self.engine.system_prefix_ids()
         prefilled = 0
         for i, text in enumerate(memories):
             ids = self.engine.fact_token_ids(text)
             anchor, before = chain_context(i, [index[t] for t in context_of[text]], w, block)
             if anchor:
                 turns = self.engine.context_token_ids(context_of[text][-anchor_window:])
-                request = EncodeRequest(ids, context_ids=self.engine.system_prefix_ids() + turns)
-                chained[text] = self.engine.encode_facts([request])[0]
+                request = EncodeRequest(ids, context_ids=prefix_ids + turns)
                 prefilled += len(turns) + len(ids)
-                continue
-            context = [chained[memories[j]] for j in before]
-            # One pad token when T == n_kv keeps [B, T, n_kv, hd] and [B, n_kv, T, hd] apart for the capture; it comes
-            # after the fact's tokens, so under the causal mask no fact token attends to it.
-            padded = ids + [PAD_TOKEN_ID] * (len(ids) == n_kv)
-            segment = assemble(self.prefix, context, self.engine.rope_table, extra_capacity=len(padded))
-            cache = PreallocatedCache(segment.key_buffer, segment.value_buffer, segment.n_tokens)
-            with PreRopeCapture(attention, n_kv, head_dim, len(padded)) as capture:
-                self.model.model(
-                    input_ids=torch.tensor([padded]),
-                    position_ids=torch.arange(segment.n_tokens, segment.n_tokens + len(padded))[None],
-                    cache=cache,
-                    use_cache=True,
-                )
-                keys, values = capture.stacked()
-            prefilled += len(padded)
-            chained[text] = FactKV(
-                keys=keys[:, 0, :, : len(ids)].contiguous(),
-                values=values[:, 0, :, : len(ids)].contiguous(),
-                token_ids=torch.tensor(ids),
-                encoded_at=segment.n_tokens,
-            )
+            else:  # the product's chained encoding: the fact's tokens on the prefix and the chained facts' K/V
+                request = EncodeRequest(ids, context_ids=prefix_ids, chained_on=[chained[memories[j]] for j in before])
+                prefilled += len(ids)
+            chained[text] = self.engine.encode_facts([request])[0]
         return chained, prefilled
 
     def stored_key_error(self, facts: Sequence[FactKV], hidden: list[list[torch.Tensor]], layer: int) -> float:
@@ -290,8 +270,6 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
 
 
 PROBES = ("band", "chain", "layout")
-PAD_TOKEN_ID = 0
-"""The id of the one pad token a chained encoding may add after a fact (never attended to by the fact's tokens)."""
 CHECK_TOLERANCE = 1e-4
 """The largest |Δ| a plumbing check allows, in a logit or a pre-RoPE key (float32 kernels' rounding is ~1e-5)."""
 

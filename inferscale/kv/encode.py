@@ -41,16 +41,28 @@ class EncodeRequest:
             encoded at position ``len(context_ids) + position_gap``, so its K/V carry that distance to the context,
             as if ``position_gap`` other tokens (unseen) stood between them. Position-aware encoding uses it to
             encode a fact at the distance from the system prefix it will be served at.
+        chained_on: earlier facts whose stored pre-RoPE K/V stand between the context and this fact, oldest first,
+            at consecutive positions right after the context (a *chained* encoding, docs/architecture.md runs 14
+            and 17): the fact attends to them as to context tokens, and they are laid in as stored (rotated to
+            their new positions, chunked RoPE), not prefilled again. Their K/V may be 8-bit (dequantised first).
+            A chained request's ``context_ids`` must be the encoder's cached prefix, and its position gap 0.
     """
 
     fact_ids: Sequence[int]
     context_ids: Sequence[int] = field(default=())
     position_gap: int = 0
+    chained_on: Sequence[FactKV] = field(default=())
+
+    @property
+    def chained_tokens(self) -> int:
+        """The tokens of :attr:`chained_on`, all facts together."""
+        return sum(fact.n_tokens for fact in self.chained_on)
 
     @property
     def span(self) -> int:
-        """The positions the fact needs with its context and position gap (tokens)."""
-        return len(self.context_ids) + self.position_gap + len(self.fact_ids)
+        """The positions the fact needs with its context, the facts it is chained on and its position gap
+        (tokens)."""
+        return len(self.context_ids) + self.chained_tokens + self.position_gap + len(self.fact_ids)
 
 
 def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Sequence[str] | None = None) -> None:
@@ -68,7 +80,8 @@ def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Se
         if req.span > max_positions:
             name = names[i] if names is not None else f"fact {i}"
             raise InvalidInputError(
-                f"{name} needs positions up to {req.span} with its context and position gap; the model's context "
+                f"{name} needs positions up to {req.span} with its context, any facts it is chained on and its "
+                f"position gap; the model's context "
                 f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns"
             )
 
@@ -293,19 +306,34 @@ class FactEncoder:
     Either way the result equals the plain pass over ``[context][fact]`` up to kernel rounding: the same tokens at
     the same positions attend to the same K/V. :attr:`tokens_prefilled` counts what was prefilled.
 
+    A request chained on earlier facts (:attr:`EncodeRequest.chained_on`) prefills its fact tokens alone, on the
+    cached prefix followed by those facts' stored keys, rotated to the positions right after the prefix
+    (``rotate_keys``), and their values. When the facts it is chained on were themselves encoded after the prefix
+    and one another in that order, the result equals the plain pass over ``[prefix][those facts][fact]`` up to
+    kernel rounding; otherwise it is what the chained encoding defines. Models with sliding-window layers are not
+    chained (their caches hold a window of slots, which this path does not build).
+
     Args:
         model: a transformers causal LM (``model.model.layers[i].self_attn`` with ``k_proj``/``v_proj``).
         batch_size: rows per forward pass (facts, or shared contexts being prefilled).
         pad_token_id: id used for padding (never attended to).
         share_contexts: prefill a context that several requests of a call share once (default); ``False``
             prefills it again for each of them (the path before it, kept for ``benchmarks/encode_throughput.py``).
+        rotate_keys: rotates pre-RoPE keys ``[n_layers, n_kv_heads, T, head_dim]`` to positions ``start ..
+            start + T - 1`` (:meth:`inferscale.kv.rope.RopeTable.rotate` of the model's table); needed only for
+            chained requests.
 
     Raises:
         ValueError: when ``batch_size`` is under 1.
     """
 
     def __init__(
-        self, model: nn.Module, batch_size: int = 16, pad_token_id: int = 0, share_contexts: bool = True
+        self,
+        model: nn.Module,
+        batch_size: int = 16,
+        pad_token_id: int = 0,
+        share_contexts: bool = True,
+        rotate_keys: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -316,6 +344,7 @@ class FactEncoder:
         self._batch_size = batch_size
         self._pad = pad_token_id
         self._share_contexts = share_contexts
+        self._rotate_keys = rotate_keys
         window = getattr(model_config(model), "sliding_window", None)
         self._window: int | None = int(window) if window else None
         self._prefix_ids: tuple[int, ...] = ()
@@ -348,22 +377,29 @@ class FactEncoder:
         """Encode every request; ``FactKV`` tensors are on the model's device in its dtype.
 
         Raises:
-            ValueError: when a request has no fact tokens, or a negative position gap.
+            ValueError: when a request has no fact tokens, or a negative position gap; when a chained request's
+                context is not the cached prefix, or it has a position gap, or the encoder has no ``rotate_keys``.
+            UnsupportedModelError: for a chained request on a model with sliding-window layers.
         """
         for i, req in enumerate(requests):
             if len(req.fact_ids) == 0:
                 raise ValueError(f"request {i} has no fact tokens")
             if req.position_gap < 0:
                 raise ValueError(f"request {i} has a negative position gap ({req.position_gap})")
-        contexts = [tuple(int(t) for t in req.context_ids) for req in requests]
+            if req.chained_on:
+                self._check_chained(i, req)
+        # A chained request shares nothing: its context (the prefix) is followed by its own chained facts.
+        contexts = [tuple(int(t) for t in req.context_ids) if not req.chained_on else None for req in requests]
         # Each shared context once, on the cached prefix where it starts with it.
-        context_rows = self._shared_contexts(contexts)
+        context_rows = self._shared_contexts([c for c in contexts if c is not None])
         context_kv: dict[tuple[int, ...], KVPerLayer] = {}
         for some in self._batches(list(context_rows), context_rows.__getitem__, uniform=True):
             context_kv.update(zip(some, self._prefill([context_rows[c] for c in some]), strict=True))
         rows: dict[int, _Row] = {}
         for i, (req, context) in enumerate(zip(requests, contexts, strict=True)):
-            if context in context_kv:  # only the fact tokens remain
+            if context is None:  # chained: only the fact tokens, after the prefix and the chained facts
+                rows[i] = self._chained_row(req.chained_on, req.fact_ids)
+            elif context in context_kv:  # only the fact tokens remain
                 rows[i] = _Row(context_kv[context], len(context), req.fact_ids, len(context) + req.position_gap)
             else:  # the context past the cached prefix, then the fact at its position gap
                 row = self._context_row(context)
@@ -374,6 +410,44 @@ class FactEncoder:
             facts = self._encode_batch([rows[i] for i in batch], [requests[i] for i in batch])
             encoded.update(zip(batch, facts, strict=True))
         return [encoded[i] for i in range(len(requests))]
+
+    def _check_chained(self, i: int, req: EncodeRequest) -> None:
+        """Refuse chained request ``i`` when this encoder cannot encode it (see :meth:`encode`)."""
+        if self._rotate_keys is None:
+            raise ValueError(f"request {i} is chained on stored facts, but this encoder was built without rotate_keys")
+        if tuple(int(t) for t in req.context_ids) != self._prefix_ids:
+            raise ValueError(f"request {i} is chained on stored facts: its context must be the cached prefix")
+        if req.position_gap:
+            raise ValueError(f"request {i} is chained on stored facts: it takes no position gap")
+        if self._window is not None:
+            raise UnsupportedModelError(
+                "this model has sliding-window layers: facts are not encoded on stored K/V (chained) on it"
+            )
+
+    def _chained_row(self, chained_on: Sequence[FactKV], fact_ids: Sequence[int]) -> _Row:
+        """The row that prefills ``fact_ids`` on the cached prefix followed by ``chained_on``'s stored K/V: each
+        fact's keys rotated to the positions right after the prefix and the facts before it, in the model's dtype
+        on its device (8-bit ones dequantised)."""
+        if self._rotate_keys is None:
+            raise AssertionError("checked by _check_chained")
+        dtype, device = next(self._model.parameters()).dtype, self.device
+        start = len(self._prefix_ids)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for fact in chained_on:
+            stored = fact.dequantized(dtype).to(device)
+            keys.append(self._rotate_keys(stored.keys, start))
+            values.append(stored.values)
+            start += fact.n_tokens
+        cached: KVPerLayer = []
+        for layer in range(len(self._attn)):
+            layer_keys = [k[layer][None] for k in keys]
+            layer_values = [v[layer][None] for v in values]
+            if self._prefix_kv:
+                layer_keys.insert(0, self._prefix_kv[layer][0])
+                layer_values.insert(0, self._prefix_kv[layer][1])
+            cached.append((torch.cat(layer_keys, dim=2), torch.cat(layer_values, dim=2)))
+        return _Row(cached, start, fact_ids, start)
 
     def _batches(self, items: list[_Item], row_of: Callable[[_Item], _Row], uniform: bool) -> Iterator[list[_Item]]:
         """``items`` in batches of at most ``batch_size``, sorted by the tokens each row prefills (the batch's width,
@@ -511,7 +585,7 @@ class FactEncoder:
                     keys=keys[:, b, :, lo:hi].contiguous(),
                     values=values[:, b, :, lo:hi].contiguous(),
                     token_ids=torch.tensor(list(req.fact_ids), dtype=torch.long),
-                    encoded_at=len(req.context_ids) + req.position_gap,
+                    encoded_at=len(req.context_ids) + req.chained_tokens + req.position_gap,
                 )
             )
         return facts

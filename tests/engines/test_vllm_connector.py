@@ -152,6 +152,19 @@ def test_context_window_encoding_is_served_as_the_transformers_engine_serves_it(
     assert max(abs(lp - ref[t].item()) for t, lp in got.items()) <= 1e-3
 
 
+def test_a_chained_encode_equals_the_pass_over_the_earlier_facts_text(engine: VLLMEngine) -> None:
+    """vLLM's engine encodes with its transformers copy; a fact chained on a stored fact's K/V (the rotation built
+    on first use) equals the fact encoded after that fact's tokens."""
+    prefix = engine.system_prefix_ids()
+    first_ids, second_ids = engine.fact_token_ids(FACTS[0]), engine.fact_token_ids(FACTS[1])
+    (first,) = engine.encode_facts([EncodeRequest(first_ids, prefix)])
+    (chained,) = engine.encode_facts([EncodeRequest(second_ids, prefix, chained_on=[first])])
+    (text,) = engine.encode_facts([EncodeRequest(second_ids, prefix + first_ids)])
+    assert chained.encoded_at == text.encoded_at == len(prefix) + len(first_ids)
+    torch.testing.assert_close(chained.keys, text.keys, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(chained.values, text.values, atol=1e-4, rtol=1e-4)
+
+
 def test_request_time_remedies_are_refused_with_the_reason() -> None:
     from inferscale.errors import ConfigError
 

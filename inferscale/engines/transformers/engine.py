@@ -137,7 +137,9 @@ class TransformersEngine(LayoutTokensMixin):
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
             self._table = RopeTable.from_model(self._model, self._device)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
-            self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
+            self._encoder = FactEncoder(
+                self._model, batch_size=self._batch_size, pad_token_id=pad, rotate_keys=self._table.rotate
+            )
             self._encoder.cache_prefix(self._layout.prefix_ids)  # facts encoded after it skip its prefill
             self._stop_ids = stop_token_ids(self._model, self._tokenizer)
             self._prefix = self._prefill_prefix()

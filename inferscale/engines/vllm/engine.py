@@ -49,6 +49,7 @@ from inferscale.errors import EngineClosedError, InvalidInputError, UnsupportedM
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
+from inferscale.kv.rope import RopeTable
 from inferscale.kv.serving import ServingSettings
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class VLLMEngine(LayoutTokensMixin):
         self._llm_kwargs = dict(llm_kwargs or {})
         self._lock = threading.RLock()
         self._encoder_ready = False
+        self._rope_table: RopeTable | None = None
         self._layout_only = LayoutOnlyCache(lambda: load_layout_only(config, system_prompt, home))
         self._ready = False
         self._async_started = False
@@ -128,7 +130,9 @@ class VLLMEngine(LayoutTokensMixin):
             self._path = path
             self._layout = PromptLayout(self._tokenizer, self._system_prompt)
             pad = self._tokenizer.pad_token_id if self._tokenizer.pad_token_id is not None else 0
-            self._encoder = FactEncoder(self._model, batch_size=self._batch_size, pad_token_id=pad)
+            self._encoder = FactEncoder(
+                self._model, batch_size=self._batch_size, pad_token_id=pad, rotate_keys=self._rotate_keys
+            )
             self._encoder.cache_prefix(self._layout.prefix_ids)  # facts encoded after it skip its prefill
             self._fingerprint = model_fingerprint(self._model, self._tokenizer, Path(path).name or path)
             self._stop_ids = sorted(stop_token_ids(self._model, self._tokenizer))
@@ -229,6 +233,7 @@ class VLLMEngine(LayoutTokensMixin):
             self._async_started = False
             if self._encoder_ready:
                 del self._model, self._tokenizer, self._encoder, self._builder, self._layout
+                self._rope_table = None
                 self._encoder_ready = False
             if self._own_staging and self._staging_dir is not None:
                 shutil.rmtree(self._staging_dir, ignore_errors=True)
@@ -293,6 +298,18 @@ class VLLMEngine(LayoutTokensMixin):
         return self._layout_only.get().layout
 
     # ---------------------------------------------------------------- encoding
+    def _rotate_keys(self, keys: torch.Tensor, start: int) -> torch.Tensor:
+        """Pre-RoPE ``keys`` ``[n_layers, n_kv_heads, T, head_dim]`` rotated to positions ``start ..`` by the
+        transformers copy's own table, built (and checked, :meth:`RopeTable.from_model`) on the first chained
+        encode only: vLLM serves models whose rotation this check would refuse, and only a chained encode needs it.
+
+        Raises:
+            UnsupportedModelError: when the model's rotation cannot be reproduced (see :class:`RopeTable`).
+        """
+        if self._rope_table is None:
+            self._rope_table = RopeTable.from_model(self._model)
+        return self._rope_table.rotate(keys, start)
+
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         """Pre-RoPE K/V ``[n_layers, n_kv_heads, n_tokens, head_dim]`` per fact, by the transformers encoder.
 
