@@ -50,9 +50,7 @@ _QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValid
 _FLAG = TypeAdapter(Annotated[bool, Field(strict=True)])
 _OPTIONAL_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)] | None)
 _VERSION = TypeAdapter(Literal["v1", "v2"] | None)
-_TIMEOUT = TypeAdapter(
-    Annotated[float, Field(strict=True, ge=0, le=threading.TIMEOUT_MAX, allow_inf_nan=False)] | None
-)
+_TIMEOUT = TypeAdapter(Annotated[float, Field(strict=True, ge=0, le=threading.TIMEOUT_MAX, allow_inf_nan=False)] | None)
 """Seconds a wait may last: up to :data:`threading.TIMEOUT_MAX` (a longer one makes the wait raise OverflowError)."""
 
 

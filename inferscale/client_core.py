@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
+from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, config_from_dict
 from inferscale.derived import DerivedStores
@@ -457,10 +458,16 @@ class ClientCore:
             ExtractionError: when the LLM backend fails to answer (connection, HTTP status, no text content).
         """
         actor = actor_of(msgs)
-        window = self.config.kv.context_window
-        earlier: list[MemoryRecord] = (yield LatestMemories(scope, window)) if window else []
-        neighbours = [r.text for r in earlier]  # frozen now: the K/V stay valid whatever later happens to them
+        kv = self.config.kv
+        window = kv.context_window
+        wanted = max(window, 1) if kv.chains else window  # a chain continues from the scope's last memory
+        earlier: list[MemoryRecord] = (yield LatestMemories(scope, wanted)) if wanted else []
+        # frozen now: the K/V stay valid whatever later happens to them
+        neighbours = [r.text for r in earlier[max(0, len(earlier) - window) :]] if window else []
         if not infer:
+            if kv.chains:
+                last = ChainLink.of(earlier[-1]) if earlier else None
+                return self._chained_changes(msgs, scope, meta, actor, neighbours, last, kv.chain_block, window)
             return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
         for fact in self._extract_facts(msgs):
@@ -496,6 +503,37 @@ class ClientCore:
         for i, m in enumerate(turns):
             context = tuple(texts[max(0, first + i - MAX_CONTEXT_TURNS) : first + i])
             adds.append(NewMemory(m.content, {"role": m.role, **meta}, context, neighbours=len(context)))
+        return ChangeSet(scope, adds=tuple(adds), actor=actor)
+
+    @staticmethod
+    def _chained_changes(
+        messages: Sequence[Message],
+        scope: Scope,
+        meta: dict[str, Any],
+        actor: str | None,
+        stored: Sequence[str],
+        last: ChainLink | None,
+        block: int,
+        window: int,
+    ) -> ChangeSet:
+        """``infer=False`` with chains on (``kv.chain_block`` = ``block``): every user/assistant message becomes a
+        memory, in a bounded chain (:mod:`inferscale.chains`). The first continues the block of the scope's ``last``
+        memory, each later one the block of the message before it; one that starts a new block (an anchor) is stored
+        with the last ``window`` turns its context would have without chains (the scope's ``stored`` texts, then the
+        call's earlier messages). Every context entry is a memory's text, so each is a neighbour."""
+        turns = [m.content for m in messages if m.role != "system"]
+        roles = [m.role for m in messages if m.role != "system"]
+        texts = [*stored, *turns]
+        adds = []
+        previous = last
+        for i, (text, role) in enumerate(zip(turns, roles, strict=True)):
+            continued = next_in_chain(previous, block)
+            if continued is None:
+                context = anchor_context(texts[: len(stored) + i], window)
+                continued = (context, len(context))
+            context, chain_from = continued
+            adds.append(NewMemory(text, {"role": role, **meta}, context, len(context), chain_from))
+            previous = ChainLink(text, context, chain_from)
         return ChangeSet(scope, adds=tuple(adds), actor=actor)
 
     @staticmethod

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
+from inferscale.chains import ChainLink, anchor_context, chained_on
 from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest, check_spans
@@ -70,11 +71,30 @@ class EncodingLayout:
             for b in buckets
         ]
 
-    def check(self, memories: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+    def chained(self, text: str, context: Sequence[str], chain_from: int | None) -> bool:
+        """Whether a memory of ``text``, ``context`` and ``chain_from`` is encoded on the stored K/V of earlier
+        memories under these settings (chains on, and the memory in a chain but not its anchor)."""
+        return self._config.chains and ChainLink(text, tuple(context), chain_from).chained
+
+    def span_requests(self, text: str, context: Sequence[str], chain_from: int | None = None) -> list[EncodeRequest]:
+        """Requests with the positions a memory's encoding needs, one per position bucket: :meth:`requests`; for a
+        chained memory (:meth:`chained`), the one request over ``[prefix][the tokens of the memories it is chained
+        on][fact]``, whose span is the chained encoding's (their stored K/V stand where their tokens would)."""
+        if not self.chained(text, context, chain_from):
+            return self.requests(text, context, self._config.position_buckets)
+        link = ChainLink(text, tuple(context), chain_from)
+        before = [
+            t
+            for member in chained_on(link, self._config.chain_window)
+            for t in self._engine.fact_token_ids(member.text)
+        ]
+        return [EncodeRequest(self._engine.fact_token_ids(text), context_ids=self._engine.system_prefix_ids() + before)]
+
+    def check(self, memories: Sequence[tuple[str, str, Sequence[str], int | None]]) -> None:
         """Refuse memories whose encoding reaches past the model's context window at some position bucket.
 
         Args:
-            memories: ``(name, text, context)`` of each, ``name`` saying what it is in the message
+            memories: ``(name, text, context, chain_from)`` of each, ``name`` saying what it is in the message
                 (``"the memory 'My dog…'"``).
 
         Raises:
@@ -84,17 +104,26 @@ class EncodingLayout:
         if not memories:
             return
         limit = self._engine.max_context_tokens
-        buckets = self._config.position_buckets
-        for name, text, context in memories:
-            check_spans(self.requests(text, context, buckets), limit, names=[name] * len(buckets))
+        for name, text, context, chain_from in memories:
+            requests = self.span_requests(text, context, chain_from)
+            check_spans(requests, limit, names=[name] * len(requests))
+
+    @property
+    def context_window(self) -> int:
+        """w, the context turns a memory that is not chained is encoded after."""
+        return self._config.context_window
 
     def fits(self, record: MemoryRecord) -> bool:
         """Whether ``record``'s encoding fits the model's context window at every position bucket."""
-        return self._fits(record.text, record.context)
+        return self._fits(record.text, record.context, record.chain_from)
 
-    def _fits(self, text: str, context: Sequence[str]) -> bool:
+    def fits_new(self, new: NewMemory) -> bool:
+        """Whether a new memory's encoding, as it is to be stored, fits the model's context window."""
+        return self._fits(new.text, new.context, new.chain_from)
+
+    def _fits(self, text: str, context: Sequence[str], chain_from: int | None = None) -> bool:
         limit = self._engine.max_context_tokens
-        return all(r.span <= limit for r in self.requests(text, context, self._config.position_buckets))
+        return all(r.span <= limit for r in self.span_requests(text, context, chain_from))
 
     def fitting_context(self, name: str, text: str, context: Sequence[str]) -> tuple[str, ...]:
         """The context a new memory of ``text`` is stored with so that its encoding fits the model's context window
@@ -142,13 +171,13 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
             new text too long after its memory's turns. Nothing has been written.
     """
     validate_changes(changes)
-    memories: list[tuple[str, str, Sequence[str]]] = []
+    memories: list[tuple[str, str, Sequence[str], int | None]] = []
     for update in changes.updates:
         if update.text is not None:
             record: MemoryRecord | None = yield MemoryById(update.memory_id)
             if record is not None:
                 name = f"the new text {preview(update.text)} of memory {update.memory_id!r}"
-                memories.append((name, update.text, record.context))
+                memories.append((name, update.text, record.context, record.chain_from))
     if not memories and not changes.adds:
         return changes
     built = layout()
@@ -162,11 +191,22 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
 def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
     """``new`` with its context cut to the turns that fit (:meth:`EncodingLayout.fitting_context`); ``new`` itself
     when all fit. The turns dropped are the first ones, so its count of neighbour turns (which lead the context)
-    drops with them."""
+    drops with them. A chained memory whose chain does not fit anchors a new block instead (stored with its last w
+    turns, as an anchor is), and an anchor keeps its chain start at the end of its cut context."""
+    if layout.chained(new.text, new.context, new.chain_from):
+        if layout.fits_new(new):
+            return new
+        log.info(
+            "the memory %s starts a new chain block: its chain would not fit the model's context", preview(new.text)
+        )
+        turns = anchor_context(new.context, layout.context_window)
+        new = dataclasses.replace(new, context=turns, neighbours=len(turns), chain_from=len(turns))
     context = layout.fitting_context(f"the memory {preview(new.text)}", new.text, new.context)
     dropped = len(new.context) - len(context)
     if not dropped:
         return new
+    if new.chain_from is not None:  # an anchor (a chained memory fits whole, above)
+        new = dataclasses.replace(new, chain_from=len(context))
     log.info(
         "the memory %s keeps its last %d context turns (it had %d): more would not fit the model's context once "
         "encoded",

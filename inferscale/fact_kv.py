@@ -8,6 +8,12 @@ encoded again; entries of an older key format are pruned when their memory is en
 
 With an 8-bit ``kv.storage_format`` a fact is quantised once, right after it is encoded (pre-RoPE keys), and is
 stored, cached and returned in 8 bits; the engine dequantises it when it assembles the cache.
+
+With chains on (``kv.chain_block``), a chained memory is encoded on the stored K/V of the memories before it in its
+block (:mod:`inferscale.chains`): those are looked up by text in its exact scope, and encoded (and stored) first where
+no tier holds them; one with no stored memory of that text and context any more is encoded without being stored.
+Either way a chained memory is encoded on its chain's K/V as stored (8-bit ones as their codes give them back), so its
+K/V do not depend on which of them were stored before.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine
@@ -23,7 +30,8 @@ from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
 from inferscale.kv.serving import bucket_per_fact
 from inferscale.kv.store import KVKey, KVStore
-from inferscale.storage import MemoryRecord, MemoryStore
+from inferscale.scope import Scope
+from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +76,24 @@ class FactKVManager:
     def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
         """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings (an
         8-bit storage format among them) and a digest over them, the system prefix's token ids and ``record``'s
-        context turns (:func:`inferscale.kv.fingerprint.encoding_key`). No tokenising: cheap at request time."""
+        context turns (:func:`inferscale.kv.fingerprint.encoding_key`); for a chained memory, its whole context and
+        its chain (``...;chain=3@5;<32 hex>``), which its K/V are a function of (:mod:`inferscale.chains`). No
+        tokenising: cheap at request time."""
+        return self._link_encoding_key(ChainLink.of(record), bucket)
+
+    def _link_encoding_key(self, link: ChainLink, bucket: int = 0) -> str:
         config = self._config
-        turns = context_turns(record.context, config.context_window)
+        if self._layout.chained(link.text, link.context, link.chain_from) and link.chain_from is not None:
+            chain = (config.chain_window, link.chain_from)
+            return encoding_key(
+                self._prefix_digest(), link.context, config.context_window, 0, config.storage_format, chain
+            )
+        turns = context_turns(link.context, config.context_window)
         return encoding_key(self._prefix_digest(), turns, config.context_window, bucket, config.storage_format)
+
+    def chained(self, record: MemoryRecord) -> bool:
+        """Whether ``record`` is encoded on the stored K/V of earlier memories of its block under these settings."""
+        return self._layout.chained(record.text, record.context, record.chain_from)
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
         """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
@@ -117,7 +139,7 @@ class FactKVManager:
         Raises:
             InvalidInputError: naming the first memory that does not fit by its id.
         """
-        self._layout.check([(f"memory {r.id!r}", r.text, r.context) for r in records])
+        self._layout.check([(f"memory {r.id!r}", r.text, r.context, r.chain_from) for r in records])
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
@@ -162,13 +184,69 @@ class FactKVManager:
         Raises:
             ValueError: when ``size`` is under 1.
         """
+        if wanted and self.chained(wanted[0][0]):
+            return 1  # alone: it is encoded on the K/V of memories the calls before it store
         window = self._config.context_window
         contexts = [tuple(context_turns(r.context, window)) or None for r, _ in wanted[: 2 * size + 1]]
-        return chunk_length(contexts, size)
+        n = chunk_length(contexts, size)
+        return next((i for i in range(1, n) if self.chained(wanted[i][0])), n)
 
     def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
-        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model)."""
-        return [self.encode_request(record, bucket) for record, bucket in wanted]
+        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model); a
+        chained memory's holds the stored K/V of the memories it is encoded on, those no tier holds encoded (and
+        stored) first (:meth:`chain_kv`).
+
+        Raises:
+            KVFingerprintMismatchError: when a stored file was written under another key.
+        """
+        memo: dict[ChainLink, FactKV] = {}
+        return [
+            self._chained_request(record, memo) if self.chained(record) else self.encode_request(record, bucket)
+            for record, bucket in wanted
+        ]
+
+    def _chained_request(self, record: MemoryRecord, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
+        """``record``'s chained encode request: its fact tokens on the prefix and its chain's stored K/V."""
+        members = self.chain_kv(ChainLink.of(record), record.scope(), memo)
+        return EncodeRequest(
+            self._engine.fact_token_ids(record.text), self._engine.system_prefix_ids(), chained_on=members
+        )
+
+    def chain_kv(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV] | None = None) -> list[FactKV]:
+        """The K/V a chained memory is encoded on, oldest first (:func:`inferscale.chains.chained_on`), each as
+        stored: read from the store when a memory of exactly ``scope`` with that text, context and chain start is
+        stored with it; else encoded first (on its own chain, recursively), then stored under that memory, or, when
+        no memory of the scope is that link any more, kept in ``memo`` for this call alone.
+
+        Raises:
+            KVFingerprintMismatchError: when a stored file was written under another key.
+        """
+        memo = {} if memo is None else memo
+        return [self._link_kv(member, scope, memo) for member in chained_on(link, self._config.chain_window)]
+
+    def _link_kv(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV]) -> FactKV:
+        known = memo.get(link)
+        if known is not None:
+            return known
+        holders = [r for r in self._db.with_hash(hash_text(link.text), scope) if ChainLink.of(r) == link]
+        record = holders[0] if holders else None
+        fact = self._store.get(self.key(record)) if record is not None else None
+        if fact is None:
+            if self._layout.chained(link.text, link.context, link.chain_from):
+                request = EncodeRequest(
+                    self._engine.fact_token_ids(link.text),
+                    self._engine.system_prefix_ids(),
+                    chained_on=self.chain_kv(link, scope, memo),
+                )
+            else:
+                request = self._layout.requests(link.text, link.context, (0,))[0]
+            (fresh,) = self.encode([request])
+            if record is not None:
+                (fact,) = self.put([(record, 0)], [fresh])
+            else:
+                fact = fresh.quantized(self._config.storage_format)  # as it would be stored
+        memo[link] = fact
+        return fact
 
     def encode(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         """The engine's K/V of each request, in order (forward passes under the engine's own lock; stores
@@ -220,11 +298,18 @@ class FactKVManager:
     def _ensure(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[FactKV]:
         found: list[FactKV | None] = [self._store.get(self.key(r, bucket)) for r, bucket in wanted]
         missing = [i for i, fact in enumerate(found) if fact is None]
-        if missing:
-            misses = [wanted[i] for i in missing]
+        plain = [i for i in missing if not self.chained(wanted[i][0])]
+        if plain:  # in batches
+            misses = [wanted[i] for i in plain]
             stored = self.put(misses, self.encode(self.requests(misses)))
-            for i, fact in zip(missing, stored, strict=True):
+            for i, fact in zip(plain, stored, strict=True):
                 found[i] = fact
+        memo: dict[ChainLink, FactKV] = {}
+        for i in missing:  # one at a time, in order, each after the memories of its chain
+            if found[i] is None:
+                record = wanted[i][0]
+                found[i] = self._link_kv(ChainLink.of(record), record.scope(), memo)
+        if missing:
             log.debug("encoded %d of %d facts", len(missing), len(wanted))
         complete = [fact for fact in found if fact is not None]
         if len(complete) != len(found):

@@ -81,16 +81,16 @@ class MemoryById:
 @dataclass(frozen=True, slots=True)
 class StoredText:
     """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``
-    (:meth:`MemoryStore.find_by_hash`)."""
+    (the first of :meth:`MemoryStore.with_hash`)."""
 
     scope: Scope
     text_hash: str
 
     def run(self, store: MemoryStore) -> MemoryRecord | None:
-        return store.find_by_hash(self.text_hash, self.scope)
+        return next(iter(store.with_hash(self.text_hash, self.scope)), None)
 
     async def arun(self, store: AsyncMemoryStore) -> MemoryRecord | None:
-        return await store.find_by_hash(self.text_hash, self.scope)
+        return next(iter(await store.with_hash(self.text_hash, self.scope)), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "inferscale.engines": 4,
     "inferscale.fact_kv": 5,
     "inferscale.encoding_layout": 5,
+    "inferscale.chains": 5,
     "inferscale.steps": 5,
     "inferscale.derived": 5,
     "inferscale.encode_queue": 5,

@@ -155,6 +155,7 @@ def encoding_key(
     context_window: int,
     bucket: int,
     storage_format: str = "model",
+    chain: tuple[int, int] | None = None,
 ) -> str:
     """The encoding part of a fact's KV key: what the fact was encoded after and where, and how its K/V are stored,
     beside its text (the key's text hash) and the model (its fingerprint).
@@ -162,12 +163,15 @@ def encoding_key(
     Args:
         prefix_digest: :func:`token_ids_digest` of the system prefix the fact was encoded after, or ``None`` when it
             was encoded without it (``encode_after_system_prefix=False``).
-        turns: the context turns it was encoded after, oldest first (the record's last ``context_window``).
+        turns: the context turns it was encoded after, oldest first (the record's last ``context_window``; a chained
+            fact's whole context: its anchor's turns and its block's earlier texts).
         context_window: w, the configured number of context turns.
         bucket: the position bucket (tokens after the prefix; 0 for none).
         storage_format: ``kv.storage_format`` (:mod:`inferscale.kv.quantization`): an 8-bit format adds its name
             and scale layout (:func:`inferscale.kv.quantization.encoding_setting`), so entries of two formats never
             share a key; ``"model"`` adds nothing (keys written before 8-bit storage stay valid).
+        chain: ``(chain_window, chain_from)`` of a fact encoded on the stored K/V of the memories before it in its
+            block (:mod:`inferscale.chains`), or ``None``; adds ``;chain=<window>@<from>``.
 
     Returns:
         e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``, or ``"v3;w=5;prefix=system;gap=0;kv=int8:k=channel,v=token;
@@ -179,6 +183,8 @@ def encoding_key(
     """
     prefix = "system" if prefix_digest is not None else "none"
     readable = f"{ENCODING_FORMAT};w={context_window};prefix={prefix};gap={bucket}{encoding_setting(storage_format)}"
+    if chain is not None:
+        readable += f";chain={chain[0]}@{chain[1]}"
     digest = _sha256({"settings": readable, "prefix": prefix_digest, "turns": list(turns)})[:32]
     return f"{readable};{digest}"
 

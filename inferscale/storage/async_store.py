@@ -44,12 +44,12 @@ from inferscale.storage.queries import (
     all_kv_entries,
     all_memories,
     by_vector_ids,
-    find_by_hash,
     get_kv_entry,
     get_memory,
     history,
     latest_memories,
     list_memories,
+    memories_with_hash,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -216,15 +216,14 @@ class AsyncMemoryStore:
         checked = check_scope(scope) if scope is not None else None
         return await self._read(get_memory, memory_id, checked)
 
-    async def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
-        """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``; see
-        :meth:`MemoryStore.find_by_hash <inferscale.storage.MemoryStore.find_by_hash>`.
+    async def with_hash(self, text_hash: str, scope: Scope) -> list[MemoryRecord]:
+        """Every memory of exactly ``scope`` whose text hashes to ``text_hash``, oldest first; see
+        :meth:`MemoryStore.with_hash <inferscale.storage.MemoryStore.with_hash>`.
 
         Raises:
             InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
         """
-        text_hash = check_text(text_hash, "text_hash")
-        return await self._read(find_by_hash, text_hash, check_scope(scope))
+        return await self._read(memories_with_hash, check_text(text_hash, "text_hash"), check_scope(scope))
 
     async def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None

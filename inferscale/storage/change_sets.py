@@ -34,12 +34,17 @@ class NewMemory:
             before the transaction, or added earlier in the same set). Each must still be held by a memory of exactly
             that scope when the add is written, or it is dropped (:mod:`inferscale.storage.contexts`); the entries
             after them (an ``add(infer=True)`` call's own rendered turns) are kept as given.
+        chain_from: where the texts of the memory's bounded chain start in ``context`` (``kv.chain_block``): the
+            entries before it are its block anchor's context turns, those from it on the texts of the block's
+            earlier memories, oldest first; equal to ``len(context)`` for the anchor itself. ``None`` (the default)
+            puts the memory in no chain. Every entry of a chained memory's context is a neighbour.
     """
 
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
     context: tuple[str, ...] = ()
     neighbours: int = 0
+    chain_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,14 +150,21 @@ def _checked_add(new: NewMemory) -> NewMemory:
     """``new`` validated, its metadata deep-copied.
 
     Raises:
-        InvalidInputError: for an empty text, non-JSON metadata, non-str context, or ``neighbours`` that is not an
-            int from 0 to the number of context turns.
+        InvalidInputError: for an empty text, non-JSON metadata, non-str context, ``neighbours`` that is not an
+            int from 0 to the number of context turns, or a ``chain_from`` that is not ``None`` or such an int, or
+            that is set while some context entry is not a neighbour.
     """
     context = tuple(check_context(new.context))
     neighbours = check_count(new.neighbours, "neighbours")
     if neighbours > len(context):
         raise InvalidInputError(f"neighbours is {neighbours}, more than the {len(context)} context turns")
-    return NewMemory(check_text(new.text), check_metadata(new.metadata), context, neighbours)
+    chain_from = None if new.chain_from is None else check_count(new.chain_from, "chain_from")
+    if chain_from is not None and (chain_from > len(context) or neighbours != len(context)):
+        raise InvalidInputError(
+            f"chain_from is {chain_from} with {len(context)} context turns of which {neighbours} are neighbours: a "
+            "chain starts within the context, and every turn of a chained memory is a neighbour"
+        )
+    return NewMemory(check_text(new.text), check_metadata(new.metadata), context, neighbours, chain_from)
 
 
 def add_change(

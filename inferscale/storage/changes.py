@@ -26,6 +26,7 @@ from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.storage.contexts import (
+    chain_start,
     context_holders,
     context_lock_key,
     live_hashes,
@@ -130,7 +131,8 @@ def text_lock_key(scope: Scope, text_hash: str) -> int:
 
 def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[Scope, MemoryRow]]) -> list[MemoryRow]:
     """Remove from the holders' contexts every text that left its scope (no memory of exactly that scope holds it
-    after the change), and delete their ``kv_entries`` rows; returns the rows whose context changed."""
+    after the change), moving each one's chain start back by the entries removed before it, and delete their
+    ``kv_entries`` rows; returns the rows whose context changed."""
     s.flush()
     gone: dict[Scope, set[str]] = {}
     for scope, texts in leaving.items():
@@ -138,8 +140,10 @@ def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[
         gone[scope] = {t for t in texts if hash_text(t) not in live}
     changed: list[MemoryRow] = []
     for scope, row in holders.values():
-        kept = without_texts(row.context, gone[scope])
+        left = gone[scope]
+        kept = without_texts(row.context, left)
         if kept is not None:
+            row.chain_from = chain_start(row.chain_from, [turn not in left for turn in row.context])
             row.context = kept
             changed.append(row)
     for chunk in chunks([row.id for row in changed]):
@@ -245,7 +249,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
 def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[str]) -> list[MemoryRecord]:
     """Insert the change set's adds (after its deletes and updates), each with an ``ADD`` history row; returns the new
     memories. With ``skip_duplicates``, a text stored in exactly the scope, or earlier in the set, is skipped. Each
-    add's neighbour texts that no memory of the scope holds any more are dropped from its context."""
+    add's neighbour texts that no memory of the scope holds any more are dropped from its context (and its chain
+    start moves back by those dropped before it)."""
     if not changes.adds:
         return []
     scope = changes.scope
@@ -262,6 +267,7 @@ def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[s
             if digest in seen or s.scalar(in_scope) is not None:
                 skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {scope}")
                 continue
+        present = live | seen
         row = MemoryRow(
             id=str(uuid.uuid4()),
             text=new.text,
@@ -270,7 +276,10 @@ def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[s
             agent_id=scope.agent_id,
             run_id=scope.run_id,
             metadata_=new.metadata,
-            context=live_neighbours(new.context, new.neighbours, live | seen),
+            context=live_neighbours(new.context, new.neighbours, present),
+            chain_from=chain_start(
+                new.chain_from, [i >= new.neighbours or hash_text(t) in present for i, t in enumerate(new.context)]
+            ),
             created_at=now,
             updated_at=now,
         )

@@ -81,6 +81,15 @@ def without_texts(context: Sequence[str], gone: Collection[str]) -> list[str] | 
     return kept if len(kept) != len(context) else None
 
 
+def chain_start(chain_from: int | None, kept: Sequence[bool]) -> int | None:
+    """Where a memory's chain starts once only the context entries whose flag in ``kept`` (one per entry, in order)
+    is true stay: ``chain_from`` less the entries before it that go (``None`` stays ``None``). The chain's own texts
+    shift with the turns before them, so the memory stays chained on the same memories, less those that went."""
+    if chain_from is None:
+        return None
+    return sum(kept[:chain_from])
+
+
 def live_neighbours(context: Sequence[str], neighbours: int, live: Collection[str]) -> list[str]:
     """``context`` with those of its first ``neighbours`` entries dropped whose :func:`hash_text` is not in
     ``live`` (the text left the scope after the add read it)."""
@@ -89,6 +98,7 @@ def live_neighbours(context: Sequence[str], neighbours: int, live: Collection[st
 
 
 __all__ = [
+    "chain_start",
     "context_holders",
     "context_lock_key",
     "live_hashes",

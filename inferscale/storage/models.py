@@ -101,6 +101,9 @@ class MemoryRow(Base):
     # ``metadata`` is reserved on declarative classes; the column keeps the plain name.
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     context: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # Where the texts of the memory's bounded chain start in ``context`` (revision 0003_chain_from); NULL when the
+    # memory is in no chain (inferscale.storage.contexts).
+    chain_from: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 

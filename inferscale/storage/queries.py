@@ -7,7 +7,7 @@ Arguments are expected to be validated already (:mod:`inferscale.storage.validat
 
 Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the
 memory's column (the ids are ANDed; ids the scope leaves unset are not constrained). Only the neighbours a new
-memory is encoded after (:func:`latest_memories`) and the duplicate check (:func:`find_by_hash`) use *exactly* a
+memory is encoded after (:func:`latest_memories`) and the duplicate check (:func:`memories_with_hash`) use *exactly* a
 scope, where an unset id must be unset too.
 """
 
@@ -137,18 +137,20 @@ def get_memories(s: Session, memory_ids: Sequence[str]) -> dict[str, MemoryRecor
     return found
 
 
-def find_by_hash(s: Session, text_hash: str, scope: Scope) -> MemoryRecord | None:
-    """The oldest memory of exactly ``scope`` (an id it leaves unset is unset too) whose text hashes to
-    ``text_hash``, or ``None``: the duplicate check of ``add``, which must not take a fact of a narrower scope (a run
-    of the user) for one of the scope, since that scope's ``delete_all`` would delete it."""
-    stmt = (
+def memories_with_hash(s: Session, text_hash: str, scope: Scope) -> list[MemoryRecord]:
+    """Every memory of exactly ``scope`` (an id it leaves unset is unset too) whose text hashes to ``text_hash``,
+    oldest first. ``add``'s duplicate check reads the first, and must not take a fact of a narrower scope (a run of
+    the user) for one of the scope, since that scope's ``delete_all`` would delete it; a chained memory finds the
+    memories it is encoded on among them (:mod:`inferscale.chains`)."""
+    return [MemoryRecord.from_row(row) for row in s.scalars(_with_hash(text_hash, scope))]
+
+
+def _with_hash(text_hash: str, scope: Scope) -> Select[MemoryRow]:
+    return (
         select(MemoryRow)
         .where(MemoryRow.hash == text_hash, *exact_scope_clauses(scope))
         .order_by(MemoryRow.created_at, MemoryRow.pk)
-        .limit(1)
     )
-    row = s.scalars(stmt).first()
-    return MemoryRecord.from_row(row) if row is not None else None
 
 
 def list_memories(s: Session, scope: Scope, node: Filter | None, limit: int | None) -> list[MemoryRecord]:
@@ -249,12 +251,12 @@ __all__ = [
     "by_vector_ids",
     "chunks",
     "exact_scope_clauses",
-    "find_by_hash",
     "get_kv_entry",
     "get_memory",
     "history",
     "latest_memories",
     "list_memories",
+    "memories_with_hash",
     "memory_states",
     "memory_versions",
     "scope_clauses",

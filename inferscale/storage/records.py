@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from inferscale.scope import Scope
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
 
 HistoryEvent = Literal["ADD", "UPDATE", "DELETE"]
@@ -33,6 +34,8 @@ class MemoryRecord:
         metadata: JSON-serialisable user metadata.
         context: the preceding conversation turns the fact's KV is encoded after (oldest first).
         created_at, updated_at: tz-aware UTC timestamps.
+        chain_from: where the texts of the memory's bounded chain start in ``context`` (the turns before are its
+            block anchor's), or ``None`` when it is in no chain (:mod:`inferscale.storage.contexts`).
     """
 
     id: str
@@ -46,6 +49,11 @@ class MemoryRecord:
     context: list[str]
     created_at: datetime
     updated_at: datetime
+    chain_from: int | None = None
+
+    def scope(self) -> Scope:
+        """The exact scope the memory was written in."""
+        return Scope(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
     def scope_dict(self) -> dict[str, str]:
         """The scope ids that are set, e.g. ``{"user_id": "alice", "run_id": "r1"}``."""
@@ -67,6 +75,7 @@ class MemoryRecord:
             context=list(row.context) if row.context is not None else [],
             created_at=row.created_at,
             updated_at=row.updated_at,
+            chain_from=row.chain_from,
         )
 
 

@@ -44,13 +44,13 @@ from inferscale.storage.queries import (
     all_kv_entries,
     all_memories,
     by_vector_ids,
-    find_by_hash,
     get_kv_entry,
     get_memories,
     get_memory,
     history,
     latest_memories,
     list_memories,
+    memories_with_hash,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -209,14 +209,14 @@ class MemoryStore:
         wanted = check_ids(memory_ids)
         return self._read(get_memories, wanted) if wanted else {}
 
-    def find_by_hash(self, text_hash: str, scope: Scope) -> MemoryRecord | None:
-        """``add``'s duplicate check: the oldest memory of exactly ``scope`` whose text hashes to ``text_hash``.
+    def with_hash(self, text_hash: str, scope: Scope) -> builtins.list[MemoryRecord]:
+        """Every memory of exactly ``scope`` whose text hashes to ``text_hash``, oldest first (``add``'s duplicate
+        check; a chain's memories, :mod:`inferscale.chains`).
 
         Raises:
             InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
         """
-        text_hash = check_text(text_hash, "text_hash")
-        return self._read(find_by_hash, text_hash, check_scope(scope))
+        return self._read(memories_with_hash, check_text(text_hash, "text_hash"), check_scope(scope))
 
     def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None

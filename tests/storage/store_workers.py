@@ -20,7 +20,7 @@ from inferscale.storage.schema import MEMORY_SCHEMA, SchemaChain
 FIRST_SCOPE = Scope(user_id="u0")
 SCOPE = Scope(user_id="u1")
 
-HEADS = {"inferscale_schema_version": ["0002_user_scope_index"], "inferscale_keys_schema_version": ["0001_api_keys"]}
+HEADS = {"inferscale_schema_version": ["0003_chain_from"], "inferscale_keys_schema_version": ["0001_api_keys"]}
 """The version tables of a database at both chains' heads, and their rows."""
 
 
@@ -78,8 +78,9 @@ def share_new_database(url: str, barrier: Any, results: Any, worker: int, texts:
                 barrier.wait()
                 stored += len(store.apply(ChangeSet(SCOPE, adds=(NewMemory(text),))).added)
             barrier.wait()
-            target = store.find_by_hash(hash_text(texts[0]), SCOPE)
-            assert target is not None, f"{texts[0]!r} was not stored"
+            found = store.with_hash(hash_text(texts[0]), SCOPE)
+            assert found, f"{texts[0]!r} was not stored"
+            target = found[0]
             barrier.wait()  # every worker has found the memory before any update re-words it
             acknowledged = []
             for i in range(n_updates):

@@ -91,3 +91,63 @@ def test_neighbours_are_checked_with_the_change_set() -> None:
     for bad in (-1, 3, True, 1.0):
         with pytest.raises(InvalidInputError, match="neighbours"):
             validate_changes(ChangeSet(U1, adds=(NewMemory("x", context=("a", "b"), neighbours=bad),)))  # type: ignore[arg-type]
+
+
+def chained(store: MemoryStore, scope: Scope, text: str, context: tuple[str, ...], chain_from: int) -> str:
+    """Add ``text`` in a bounded chain (every context entry a neighbour); its id."""
+    new = NewMemory(text, context=context, neighbours=len(context), chain_from=chain_from)
+    (added,) = store.apply(ChangeSet(scope, adds=(new,))).added
+    return added.id
+
+
+def chains(store: MemoryStore, *ids: str) -> list[tuple[list[str], int | None]]:
+    return [(r.context, r.chain_from) for r in (store.get(i) for i in ids) if r is not None]
+
+
+def test_a_scrub_moves_each_chain_start_back_by_the_turns_it_removes_before_it(store: MemoryStore) -> None:
+    """An anchor "C" after the turns "A" and "B", then "D" and "E" chained on it: deleting a turn of the anchor's
+    moves every chain start back; deleting a chained memory leaves them (its text is past the start)."""
+    a, b = add(store, U1, "A"), add(store, U1, "B", "A")
+    c = chained(store, U1, "C", ("A", "B"), 2)
+    d = chained(store, U1, "D", ("A", "B", "C"), 2)
+    e = chained(store, U1, "E", ("A", "B", "C", "D"), 2)
+    plain = add(store, U1, "F", "A", "B")  # in no chain: its start stays None
+    store.apply(ChangeSet(None, deletes=(a,), strict=True))
+    assert chains(store, b, c, d, e, plain) == [
+        ([], None),
+        (["B"], 1),
+        (["B", "C"], 1),
+        (["B", "C", "D"], 1),
+        (["B"], None),
+    ]
+    store.apply(ChangeSet(None, deletes=(d,), strict=True))
+    assert chains(store, c, e) == [(["B"], 1), (["B", "C"], 1)]
+    store.apply(ChangeSet(None, updates=(MemoryUpdate(c, "C2"),), strict=True))  # re-worded: its old text goes
+    assert chains(store, c, e) == [(["B"], 1), (["B"], 1)]
+
+
+def test_an_adds_chain_start_moves_back_by_the_neighbours_dropped_before_it(store: MemoryStore) -> None:
+    a = add(store, U1, "A")
+    add(store, U1, "B", "A")
+    c = chained(store, U1, "C", ("A", "B"), 2)
+    store.delete(a)
+    late = chained(store, U1, "D", ("A", "B", "C"), 2)  # read before "A" was deleted
+    assert chains(store, late) == [(["B", "C"], 1)]
+    assert chains(store, c) == [(["B"], 1)]
+
+
+@pytest.mark.parametrize(
+    ("new", "message"),
+    [
+        (NewMemory("x", context=("a", "b"), neighbours=2, chain_from=3), "chain_from is 3 with 2 context turns"),
+        (NewMemory("x", context=("a", "b"), neighbours=1, chain_from=1), "of which 1 are neighbours"),
+        (NewMemory("x", context=("a",), neighbours=1, chain_from=-1), "chain_from must be a non-negative int"),
+        (NewMemory("x", context=("a",), neighbours=1, chain_from=True), "chain_from must be a non-negative int"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_chain_start_outside_the_context_or_over_turns_that_are_not_neighbours_is_refused(
+    store: MemoryStore, new: NewMemory, message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        store.apply(ChangeSet(U1, adds=(new,)))
+    assert store.list(U1) == []

@@ -22,7 +22,7 @@ from store_workers import HEADS, chains, revisions
 from inferscale import AsyncMemoryClient, MemoryClient, SchemaError
 from inferscale.scope import Scope
 from inferscale.server.keys import ApiKeyRow, KeyStore, _Base
-from inferscale.storage import HistoryRow, MemoryRow, MemoryStore, make_engine
+from inferscale.storage import HistoryRow, MemoryStore, make_engine
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.migrations.baseline import baseline_metadata
 from inferscale.storage.models import utc_now
@@ -49,18 +49,21 @@ def test_a_fresh_database_is_created_at_the_head_and_equals_the_models(db_url: s
     for chain, metadata in chains():
         assert diffs(engine, chain, metadata) == [], chain.name
     again = ensure_schema(engine, MEMORY_SCHEMA)
-    assert (again.before, again.after, again.stamped) == ("0002_user_scope_index", "0002_user_scope_index", False)
+    assert (again.before, again.after, again.stamped) == ("0003_chain_from", "0003_chain_from", False)
     engine.dispose()
 
 
 def test_tables_made_before_versioning_are_stamped_and_keep_their_rows(db_url: str) -> None:
     """A database as InferScale 0.1 left it: every table from ``create_all``, rows in them, no version table."""
     engine = make_engine(db_url)
-    baseline_metadata().create_all(engine)  # the memory tables as 0.1 made them (the models have moved on)
+    baseline = baseline_metadata()
+    baseline.create_all(engine)  # the memory tables as 0.1 made them (the models have moved on)
     _Base.metadata.create_all(engine)
     now = utc_now()
     with Session(engine) as s, s.begin():
-        s.add(MemoryRow(id="m-1", text="I like tea", hash="h" * 64, user_id="alice", created_at=now, updated_at=now))
+        # written as 0.1 wrote them: into its columns (the model has columns of later revisions)
+        row = dict(id="m-1", text="I like tea", hash="h" * 64, user_id="alice", metadata={}, context=[])
+        s.execute(baseline.tables["memories"].insert().values(**row, created_at=now, updated_at=now))
         s.add(HistoryRow(memory_id="m-1", event="ADD", new_text="I like tea", created_at=now))
         s.add(ApiKeyRow(key_id="a" * 12, name="old", salt=bytes(16), secret_hash=bytes(64), admin=True, created_at=now))
     assert revisions(engine) == {}

@@ -171,12 +171,10 @@ def test_scope_isolation(store: MemoryStore) -> None:
     assert store.get(a1.id, BOB) is None
 
     tea = hash_text("likes tea")
-    found_a = store.find_by_hash(tea, ALICE)
-    found_b = store.find_by_hash(tea, BOB)
-    assert found_a is not None and found_a.id == a1.id
-    assert found_b is not None and found_b.id == b1.id
-    assert store.find_by_hash(hash_text("has a dog"), ALICE) is None
-    assert store.find_by_hash(tea, Scope(user_id="alice", run_id="r9")) is None
+    assert [r.id for r in store.with_hash(tea, ALICE)] == [a1.id]
+    assert [r.id for r in store.with_hash(tea, BOB)] == [b1.id]
+    assert store.with_hash(hash_text("has a dog"), ALICE) == []
+    assert store.with_hash(tea, Scope(user_id="alice", run_id="r9")) == []
 
     ids_a = store.vector_ids_in_scope(ALICE)
     ids_b = store.vector_ids_in_scope(BOB)
@@ -231,8 +229,8 @@ def test_update_text_and_metadata(store: MemoryStore) -> None:
         "reconciler",
     )
     assert (events[2].old_metadata, events[2].new_metadata) == ({"v": 1}, {"v": 2})
-    assert store.find_by_hash(hash_text("likes coffee"), ALICE) is None
-    assert store.find_by_hash(hash_text("likes green tea"), ALICE) == again
+    assert store.with_hash(hash_text("likes coffee"), ALICE) == []
+    assert store.with_hash(hash_text("likes green tea"), ALICE) == [again]
 
 
 def test_update_errors(store: MemoryStore) -> None:

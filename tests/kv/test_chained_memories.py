@@ -1,0 +1,192 @@
+"""Bounded chained contexts (``kv.chain_block``, inferscale.chains) through the real client: which memories anchor a
+block and which are chained, what is stored, that a chained memory's K/V equal an independent encoding built from the
+engine's lower-level calls, that a deletion re-encodes the later memories of its block as an empty store would, that
+the background encoder gives the eager K/V, and that only the fact's own tokens are prefilled (issue #16).
+
+The real :class:`TransformersEngine` on a tiny random Llama and the byte-level chat tokenizer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from mem0_fakes import HashEmbedder
+from tiny_models import byte_chat_tokenizer, tiny_model
+
+from inferscale import MemoryClient, MemoryConfig
+from inferscale.config import EngineConfig, KVConfig
+from inferscale.engines.transformers import TransformersEngine
+from inferscale.kv.encode import EncodeRequest
+from inferscale.kv.fact import FactKV
+from inferscale.storage import MemoryRecord
+
+SYSTEM_PROMPT = "Memories:\n"
+MESSAGES = [
+    "I have a beagle named Biscuit.",
+    "My sister Ana lives in Lisbon.",
+    "I play chess on Sundays.",
+    "Biscuit is afraid of thunder.",
+    "Ana works as a nurse.",
+    "I started learning the cello.",
+    "My chess club meets at the library.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> TransformersEngine:
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", seed=0),
+        tokenizer=byte_chat_tokenizer(),
+    ).load()
+
+
+def client(tmp_path: Path, engine: TransformersEngine, encode_on_add: str = "eager", **kv: object) -> MemoryClient:
+    settings = {"context_window": 2, "chain_block": 3, "chain_window": 2, "encode_on_add": encode_on_add, **kv}
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(**settings))
+    return MemoryClient(config, engine=engine, embedder=HashEmbedder())
+
+
+def add_each(memory: MemoryClient, texts: list[str]) -> list[MemoryRecord]:
+    """Each text added on its own (one ``add(infer=False)`` call each), as the stored records."""
+    records = []
+    for text in texts:
+        (added,) = memory.add([{"role": "user", "content": text}], user_id="maya", infer=False)["results"]
+        record = memory.db.get(added["id"])
+        assert record is not None
+        records.append(record)
+    return records
+
+
+def reference(
+    engine: TransformersEngine, texts: list[str], block: int, window: int, context_window: int
+) -> list[FactKV]:
+    """Each text's K/V built by hand from the engine's encode calls: every ``block``-th text (from the first) encoded
+    after the text of the ``context_window`` texts before it; each other one on the K/V of the last ``window`` texts
+    of its block before it (the anchor among them), placed right after the system prefix."""
+    prefix = engine.system_prefix_ids()
+    encoded: list[FactKV] = []
+    for i, text in enumerate(texts):
+        ids = engine.fact_token_ids(text)
+        if i % block == 0:
+            turns = engine.context_token_ids(texts[max(0, i - context_window) : i]) if i else []
+            request = EncodeRequest(ids, prefix + turns)
+        else:
+            start = max(i - i % block, i - window)
+            request = EncodeRequest(ids, prefix, chained_on=encoded[start:i])
+        (fact,) = engine.encode_facts([request])
+        encoded.append(fact)
+    return encoded
+
+
+def assert_same(got: FactKV, want: FactKV, what: str) -> None:
+    assert got.encoded_at == want.encoded_at, what
+    torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=1e-5, msg=f"{what} keys")
+    torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=1e-5, msg=f"{what} values")
+
+
+def test_every_block_starts_with_an_anchor_and_the_rest_are_stored_chained(
+    tmp_path: Path, engine: TransformersEngine
+) -> None:
+    with client(tmp_path, engine, encode_on_add="lazy") as memory:
+        records = add_each(memory, MESSAGES)
+    m = MESSAGES
+    # block 3: anchors 0, 3, 6; an anchor keeps its last w=2 turns; a chained memory its anchor's turns and the block
+    assert [(r.context, r.chain_from) for r in records] == [
+        ([], 0),
+        ([m[0]], 0),
+        ([m[0], m[1]], 0),
+        ([m[1], m[2]], 2),
+        ([m[1], m[2], m[3]], 2),
+        ([m[1], m[2], m[3], m[4]], 2),
+        ([m[4], m[5]], 2),
+    ]
+
+
+def test_chained_memories_equal_their_independent_encoding(tmp_path: Path, engine: TransformersEngine) -> None:
+    with client(tmp_path, engine, chain_block=4) as memory:
+        records = add_each(memory, MESSAGES)
+        got = memory.memory_kv(records)
+    want = reference(engine, MESSAGES, block=4, window=2, context_window=2)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same(g, w, f"memory {i}")
+    # memory 3 is chained on memories 1 and 2 only (window 2), not on its anchor: the window is honoured
+    assert not torch.allclose(got[3].keys, reference(engine, MESSAGES, block=4, window=3, context_window=2)[3].keys)
+
+
+def test_a_chained_memory_prefills_only_its_own_tokens(tmp_path: Path, engine: TransformersEngine) -> None:
+    with client(tmp_path, engine, chain_block=4) as memory:
+        add_each(memory, MESSAGES[:2])
+        before = engine._encoder.tokens_prefilled
+        add_each(memory, MESSAGES[2:3])  # chained on the two before it, both stored
+        prefilled = engine._encoder.tokens_prefilled - before
+    assert prefilled == len(engine.fact_token_ids(MESSAGES[2]))
+
+
+def test_a_deleted_memory_re_encodes_the_rest_of_its_block_as_an_empty_store_would(
+    tmp_path: Path, engine: TransformersEngine
+) -> None:
+    with client(tmp_path / "a", engine, chain_block=4) as memory:
+        records = add_each(memory, MESSAGES[:4])
+        keys_before = [memory.fact_kv.key(r) for r in records]
+        memory.delete(records[1].id)
+        after = [memory.db.get(r.id) for r in records]
+        assert after[1] is None
+        kept = [r for r in after if r is not None]
+        assert [(r.context, r.chain_from) for r in kept] == [
+            ([], 0),
+            ([MESSAGES[0]], 0),
+            ([MESSAGES[0], MESSAGES[2]], 0),
+        ]
+        assert memory.fact_kv.key(kept[0]) == keys_before[0]  # the anchor is untouched
+        assert memory.fact_kv.key(kept[1]) != keys_before[2] and memory.fact_kv.key(kept[2]) != keys_before[3]
+        got = memory.memory_kv(kept)
+    # the same memories, chained as they are stored now, in a fresh data directory (nothing stored before)
+    fresh_texts = [MESSAGES[0], MESSAGES[2], MESSAGES[3]]
+    want = reference(engine, fresh_texts, block=4, window=2, context_window=2)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same(g, w, f"memory {i} after the deletion")
+
+
+def test_the_background_encoder_stores_the_eager_k_v(tmp_path: Path, engine: TransformersEngine) -> None:
+    with client(tmp_path / "eager", engine) as memory:
+        eager = memory.memory_kv(add_each(memory, MESSAGES))
+    with client(tmp_path / "background", engine, encode_on_add="background") as memory:
+        records = add_each(memory, MESSAGES)
+        assert memory.wait_for_encoding(timeout=120)
+        assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in records)
+        before = engine._encoder.tokens_prefilled
+        background = memory.memory_kv(records)
+        assert engine._encoder.tokens_prefilled == before  # every one was stored by the background encoder
+    for i, (b, e) in enumerate(zip(background, eager, strict=True)):
+        assert_same(b, e, f"memory {i}")
+
+
+def test_a_chat_encodes_a_chain_whose_memories_were_never_encoded(tmp_path: Path, engine: TransformersEngine) -> None:
+    """Lazy encoding: the first use of the last memory encodes its chain first (in order), and stores all of it."""
+    with client(tmp_path, engine, encode_on_add="lazy", chain_block=4) as memory:
+        records = add_each(memory, MESSAGES[:4])
+        (last,) = memory.memory_kv(records[3:])
+        assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in records[1:])
+    want = reference(engine, MESSAGES[:4], block=4, window=2, context_window=2)
+    assert_same(last, want[3], "the last memory")
+
+
+def test_a_client_without_chains_encodes_stored_chains_as_text(tmp_path: Path, engine: TransformersEngine) -> None:
+    with client(tmp_path, engine, encode_on_add="lazy") as memory:
+        records = add_each(memory, MESSAGES[:3])
+    config = MemoryConfig(
+        data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(context_window=2, encode_on_add="lazy")
+    )
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as memory:
+        got = memory.memory_kv(records)
+    prefix = engine.system_prefix_ids()
+    for i, (record, fact) in enumerate(zip(records, got, strict=True)):
+        turns = engine.context_token_ids(record.context[-2:]) if record.context else []
+        (want,) = engine.encode_facts([EncodeRequest(engine.fact_token_ids(record.text), prefix + turns)])
+        assert_same(fact, want, f"memory {i}")
+    shutil.rmtree(tmp_path, ignore_errors=True)
