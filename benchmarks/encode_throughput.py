@@ -10,7 +10,10 @@ repeat so drift on a shared machine hits each alike:
 - ``encode (context per fact)``, with ``--context-turns`` and ``--facts-per-context`` > 1 only: the same encoder,
   the prefix cached, but each fact's context turns prefilled again for it (the path before contexts were shared);
 - ``encode (prefix per fact)``: the encoder without the cached prefix or shared contexts, which prefills the prefix
-  (and the turns) again for every fact (the path before issue #16).
+  (and the turns) again for every fact (the path before issue #16);
+- ``encode (chained, B=...)``, with ``--chain-block B`` only: bounded chained contexts (``kv.chain_block``), one call
+  per fact as the background encoder runs them: every B-th fact an anchor encoded after its context turns' text, each
+  other one on the stored K/V of the last ``--chain-window`` facts of its block, prefilling only its own tokens.
 
 Facts are encoded with the prefix only by default (``kv.context_window`` 0). ``--context-turns T`` puts T synthetic
 turns before each fact, the same T for each group of ``--facts-per-context F`` facts (distinct turns per group): F=1
@@ -67,14 +70,21 @@ def main() -> None:
         help="encode in consecutive calls of this many facts, as the background encoder does (kv.encode_chunk_size, "
         "default 4); default: one call for all, as an eager add of them does",
     )
+    parser.add_argument(
+        "--chain-block", type=int, default=0, help="also time bounded chains of this B (kv.chain_block; default 0: no)"
+    )
+    parser.add_argument("--chain-window", type=int, default=3, help="w of the chains (kv.chain_window, default 3)")
     parser.add_argument("--dtype", default="auto", help="model dtype (default auto)")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     chunk = args.facts if args.chunk_size is None else args.chunk_size
-    if min(args.facts, args.repeats, args.facts_per_context, chunk) < 1 or args.context_turns < 0:
+    if min(args.facts, args.repeats, args.facts_per_context, chunk, args.chain_window) < 1 or args.context_turns < 0:
         parser.error(
-            "--facts, --repeats, --facts-per-context and --chunk-size must be at least 1, --context-turns at least 0"
+            "--facts, --repeats, --facts-per-context, --chunk-size and --chain-window must be at least 1, "
+            "--context-turns at least 0"
         )
+    if args.chain_block == 1 or args.chain_block < 0 or (args.chain_block and args.facts_per_context != 1):
+        parser.error("--chain-block must be 0 or at least 2, and chains take --facts-per-context 1 (one message each)")
 
     engine = TransformersEngine(EngineConfig(dtype=args.dtype, device="cpu"), SYSTEM_PROMPT).load()
     model, prefix = engine.model, engine.system_prefix_ids()
@@ -95,6 +105,8 @@ def main() -> None:
     unshared = FactEncoder(model, pad_token_id=pad, share_contexts=False)
     unshared.cache_prefix(prefix)
     uncached = FactEncoder(model, pad_token_id=pad, share_contexts=False)
+    chaining = FactEncoder(model, pad_token_id=pad, rotate_keys=engine.rope_table.rotate)
+    chaining.cache_prefix(prefix)
 
     contexts = [tuple(r.context_ids) if len(r.context_ids) > len(prefix) else None for r in requests]
 
@@ -106,6 +118,16 @@ def main() -> None:
             encoder.encode(requests[start : start + n])
             start += n
 
+    def encode_chained(encoder: FactEncoder) -> None:
+        """Each fact in one call, in order: the anchors after their turns, the others on their chain's K/V."""
+        block, window, stored = args.chain_block, args.chain_window, []
+        for i, fact in enumerate(facts):
+            if i % block == 0:
+                request = requests[i]
+            else:
+                request = EncodeRequest(fact, prefix, chained_on=stored[max(i - i % block, i - window) : i])
+            stored.extend(encoder.encode([request]))
+
     def prefill() -> None:
         with torch.inference_mode():
             model(input_ids=pasted, use_cache=False)
@@ -114,12 +136,16 @@ def main() -> None:
     if args.context_turns and args.facts_per_context > 1:
         encoders["encode (context per fact)"] = unshared
     encoders["encode (prefix per fact)"] = uncached
+    chained_job = f"encode (chained, B={args.chain_block})"
+    if args.chain_block:
+        encoders[chained_job] = chaining
     seconds: dict[str, list[float]] = {name: [] for name in encoders}
     prefilled: dict[str, int] = {}
     for repeat in range(args.repeats + 1):
         for name, encoder in encoders.items():
             before = encoder.tokens_prefilled if encoder is not None else 0
-            elapsed = _timed(prefill if encoder is None else functools.partial(encode_in_chunks, encoder))
+            run = encode_chained if name == chained_job else encode_in_chunks
+            elapsed = _timed(prefill if encoder is None else functools.partial(run, encoder))
             prefilled[name] = int(pasted.shape[1]) if encoder is None else encoder.tokens_prefilled - before
             if repeat:  # the first round warms up kernels and allocations
                 seconds[name].append(elapsed)

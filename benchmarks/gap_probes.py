@@ -1,4 +1,4 @@
-"""Where the gap between KV-injected and pasted answers lives: three probes beyond the product's settings.
+"""Where the gap between KV-injected and pasted answers lives: probes beyond the product's settings, and the product.
 
 Issue #10 asks KV-injected answers to be as good as pasted ones. With the default (w=5, pure injection) the
 first-token KL(prompt || kv) is 0.046-0.062 nats on the LoCoMo slices, against 0.014-0.019 for prompt mode against
@@ -17,6 +17,11 @@ itself with the memories reversed, and recompute within 15% of the memory tokens
   ``--chain-blocks B`` every B-th memory is an anchor, encoded as the product encodes it (after its turns' text), and
   the others chain only on memories of their own block: re-wording or deleting one memory then changes the K/V of
   at most B - 1 others, where a chain through the whole conversation changes every later memory's.
+- ``product``: the product itself, for each ``--product-blocks B`` (``kv.chain_block``; 0: no chains): a
+  :class:`~inferscale.MemoryClient` on the probe's engine adds every memory on its own, in conversation order
+  (``add(infer=False)``, eager encoding), so each memory's context is its scope's last memories across sessions (the
+  other probes use the turns before it in its session), and each case is served the K/V the client stores
+  (``memory_kv``). Its cost counts what the stored contexts make the encoder prefill.
 - ``layout``: the facts served away from their contiguous slots' positions (cache slots stay contiguous, position
   ids do not): ``overlap`` puts each fact exactly at the position it was encoded at (after the prefix and its
   context), so facts with contexts of similar length overlap; ``gaps`` puts each at that position or right after the
@@ -41,6 +46,7 @@ SmolLM2-135M-Instruct (embedded) in float32; ~25 minutes for the default bands o
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +54,10 @@ import torch
 from locomo_probe import add_slice_arguments, answer_line, dynamic_cache, float32_engine
 from transformers import DynamicCache
 
+from inferscale import MemoryClient, MemoryConfig
+from inferscale.chains import ChainLink
 from inferscale.cli_options import non_negative_int
+from inferscale.config import KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.eval.fidelity import (
     SYSTEM_PROMPTS,
@@ -63,6 +72,7 @@ from inferscale.eval.fidelity_cases import FidelityCase, locomo_conversation, me
 from inferscale.kv.compose import assemble
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
+from inferscale.retrieval import Embedder
 from inferscale.retrieval.embedder import SentenceTransformerEmbedder
 
 
@@ -269,7 +279,34 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
     return starts
 
 
-PROBES = ("band", "chain", "layout")
+def product_encode(
+    engine: TransformersEngine, embedder: Embedder, memories: Sequence[str], system_prompt: str, block: int
+) -> tuple[dict[str, FactKV], int]:
+    """Every memory added on its own, in order, by a client with ``kv.chain_block`` = ``block`` (and every other
+    setting at its default) on ``engine``, in a temporary data directory: each memory's K/V as the client stores them,
+    and the tokens its encoder prefills for them (each memory's tokens, and the text of the context turns of those
+    not chained; the cached system prefix not)."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        config = MemoryConfig(
+            data_dir=data_dir, system_prompt=system_prompt, kv=KVConfig(chain_block=block, encode_on_add="eager")
+        )
+        with MemoryClient(config, engine=engine, embedder=embedder) as client:
+            records = []
+            for text in memories:
+                (added,) = client.add([{"role": "user", "content": text}], user_id="probe", infer=False)["results"]
+                records.append(client.db.get(added["id"]))
+            stored = [r for r in records if r is not None]
+            encoded = dict(zip(memories, client.memory_kv(stored), strict=True))
+    window = config.kv.context_window
+    prefilled = 0
+    for record in stored:
+        prefilled += len(engine.fact_token_ids(record.text))
+        if not (block and ChainLink.of(record).chained):
+            prefilled += len(engine.context_token_ids(record.context[-window:])) if window and record.context else 0
+    return encoded, prefilled
+
+
+PROBES = ("band", "chain", "product", "layout")
 CHECK_TOLERANCE = 1e-4
 """The largest |Δ| a plumbing check allows, in a logit or a pre-RoPE key (float32 kernels' rounding is ~1e-5)."""
 
@@ -296,6 +333,13 @@ def main() -> None:
         default=[0],
         help="B of the chains: every B-th memory an anchor encoded after its turns' text, no chain reaching past "
         "one (default 0: one chain through the conversation)",
+    )
+    parser.add_argument(
+        "--product-blocks",
+        nargs="+",
+        type=non_negative_int,
+        default=[0, 24],
+        help="kv.chain_block of the product probe's clients (default 0 24: without chains, and B=24)",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -348,6 +392,12 @@ def main() -> None:
                 f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens "
                 f"(text, w={window}: {windowed_tokens(window) / fact_tokens:.2f}x)"
             )
+    products: dict[str, dict[str, FactKV]] = {}
+    for block in args.product_blocks if "product" in probes else []:
+        name = f"product, chain_block={block}"
+        prompt_text = SYSTEM_PROMPTS[args.system_prompt]
+        products[name], prefilled = product_encode(engine, embedder, memories, prompt_text, block)
+        costs[name] = f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens"
     if "layout" in probes:
         costs |= {"layout: gaps": "0", "layout: overlap": "0"}
 
@@ -394,6 +444,9 @@ def main() -> None:
                     if is_anchor(stored_at[text], block):
                         delta = max(max_delta(got.keys, fact.keys), max_delta(got.values, fact.values))
                         check("anchor K/V = the default's", delta)
+                record(name, reference, engine.first_token_logits(case.question, served), served)
+            for name, encoded in products.items():
+                served = [encoded[t] for t in case.memories]
                 record(name, reference, engine.first_token_logits(case.question, served), served)
             if "layout" in probes:
                 laid = probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts))

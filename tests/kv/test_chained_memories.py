@@ -152,12 +152,20 @@ def test_a_deleted_memory_re_encodes_the_rest_of_its_block_as_an_empty_store_wou
         assert_same(g, w, f"memory {i} after the deletion")
 
 
-def test_the_background_encoder_stores_the_eager_k_v(tmp_path: Path, engine: TransformersEngine) -> None:
+def test_the_background_encoder_stores_the_eager_k_v_prefilling_as_much(
+    tmp_path: Path, engine: TransformersEngine
+) -> None:
+    """The background encoder takes a chained memory alone, after the calls that store its chain: nothing is
+    encoded twice."""
+    before = engine._encoder.tokens_prefilled
     with client(tmp_path / "eager", engine) as memory:
         eager = memory.memory_kv(add_each(memory, MESSAGES))
+    eager_prefilled = engine._encoder.tokens_prefilled - before
     with client(tmp_path / "background", engine, encode_on_add="background") as memory:
+        before = engine._encoder.tokens_prefilled
         records = add_each(memory, MESSAGES)
         assert memory.wait_for_encoding(timeout=120)
+        assert engine._encoder.tokens_prefilled - before == eager_prefilled
         assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in records)
         before = engine._encoder.tokens_prefilled
         background = memory.memory_kv(records)
@@ -190,3 +198,22 @@ def test_a_client_without_chains_encodes_stored_chains_as_text(tmp_path: Path, e
         (want,) = engine.encode_facts([EncodeRequest(engine.fact_token_ids(record.text), prefix + turns)])
         assert_same(fact, want, f"memory {i}")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_chain_is_found_in_its_own_scope_only(tmp_path: Path, engine: TransformersEngine) -> None:
+    """Two users store the same texts in the same order: a chain's memories are looked up in exactly the chained
+    memory's scope, so the K/V it encodes first are stored under its own user's memories, never the other's."""
+    with client(tmp_path, engine, encode_on_add="lazy", chain_block=4) as memory:
+        maya = add_each(memory, MESSAGES[:3])
+        memory.memory_kv(maya)  # maya's chain, encoded and stored first
+        noor = []
+        for text in MESSAGES[:3]:
+            (added,) = memory.add([{"role": "user", "content": text}], user_id="noor", infer=False)["results"]
+            noor.append(memory.db.get(added["id"]))
+        assert [(r.context, r.chain_from) for r in noor] == [(r.context, r.chain_from) for r in maya]
+        memory.memory_kv([noor[2]])
+        assert memory.fact_kv.store.contains(memory.fact_kv.key(noor[1]))  # its chain, under noor's memory
+        assert memory.fact_kv.store.contains(memory.fact_kv.key(noor[0]))
+        memory.delete_all(user_id="maya")
+        assert all(not memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in maya)
+        assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in noor)
