@@ -35,7 +35,10 @@ def _demo(args: argparse.Namespace) -> int:
         return fail(exc)
     t0 = time.perf_counter()
     data_dir = Path(opts.data_dir) if opts.data_dir else inferscale_home() / "demo"
-    client = demo_client(data_dir, opts.context_window)
+    try:
+        client = demo_client(data_dir, opts.context_window, opts.chain_block)
+    except InferScaleError as exc:
+        return fail(exc)
     with console.status("loading models (the first run converts SmolLM2 from GGUF, about a minute)"):
         client.engine.load()
     console.print(f"models ready in {time.perf_counter() - t0:.1f} s", style="dim")

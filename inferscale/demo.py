@@ -14,9 +14,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from inferscale.cli_options import cli
 from inferscale.client import MemoryClient
 from inferscale.config import KVConfig, MemoryConfig
+from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,6 +34,7 @@ class DemoOptions:
         k: memories retrieved per question.
         infer: extract facts with the LLM instead of storing each message verbatim.
         context_window: w, preceding turns each fact is encoded after.
+        chain_block: B, bounded chained contexts for the verbatim messages (``kv.chain_block``; 0: none).
         locomo: a LoCoMo file to run on instead of the bundled conversation; ``conversation``: its sample id;
             ``questions``: how many of its questions to ask.
         data_dir: where the demo's database, index and K/V go (``None``: ``<home>/demo``).
@@ -55,6 +59,14 @@ class DemoOptions:
         default=KVConfig.model_fields["context_window"].default,
         metadata=cli(
             "--context-window", help="w: preceding turns each fact is encoded after (default: KVConfig's, %(default)s)"
+        ),
+    )
+    chain_block: int = field(
+        default=KVConfig.model_fields["chain_block"].default,
+        metadata=cli(
+            "--chain-block",
+            help="B: every B-th message anchors a block, the others are encoded on the stored K/V of the block's "
+            "memories before them (default: KVConfig's, %(default)s: no chains)",
         ),
     )
     locomo: str | None = field(
@@ -183,8 +195,17 @@ def _timing(t: Any) -> dict[str, float]:
     }
 
 
-def demo_client(data_dir: Path, context_window: int) -> MemoryClient:
-    """A client whose database, index and K/V live in ``data_dir``, reset so the demo starts clean."""
-    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=KVConfig(context_window=context_window)))
+def demo_client(data_dir: Path, context_window: int, chain_block: int = 0) -> MemoryClient:
+    """A client whose database, index and K/V live in ``data_dir``, reset so the demo starts clean.
+
+    Raises:
+        ConfigError: for a ``context_window`` or ``chain_block`` that ``KVConfig`` refuses.
+    """
+    try:
+        kv = KVConfig(context_window=context_window, chain_block=chain_block)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'kv'}: {e['msg']}" for e in error.errors())
+        raise ConfigError(f"the demo's K/V settings: {problems}") from error
+    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=kv))
     client.reset()
     return client

@@ -14,7 +14,7 @@ from cli_runner import Fakes, Ran
 
 from inferscale import MemoryClient
 from inferscale.apps_extra import exit_code
-from inferscale.cli import build_parser
+from inferscale.cli import build_parser, main
 from inferscale.cli_options import add_options, cli, from_args
 from inferscale.commands import client as clients
 from inferscale.commands.options import ModelOptions, StoreOptions
@@ -220,3 +220,13 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(tmp_path: Pat
     finally:
         os.close(write_end)
     assert done.stderr.decode() == "" and done.returncode == 141, (done.returncode, done.stderr.decode())
+
+
+@pytest.mark.parametrize(("option", "value"), [("--chain-block", "1"), ("--context-window", "-1")])
+def test_k_v_settings_the_config_refuses_fail_with_a_config_error_before_any_model_loads(
+    option: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", option, value, "--data-dir", str(tmp_path)]) == exit_code(ConfigError("x"))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the demo's K/V settings:") and option.lstrip("-").replace("-", "_") in err
+    assert not (tmp_path / "memory.db").exists()  # no client was built
