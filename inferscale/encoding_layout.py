@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from inferscale.chains import ChainLink, anchor_context, chained_on
+from inferscale.chains import ChainLink, anchor_context, chained_on, next_in_chain
 from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
 from inferscale.kv.encode import EncodeRequest, check_spans
@@ -113,6 +113,11 @@ class EncodingLayout:
         """w, the context turns a memory that is not chained is encoded after."""
         return self._config.context_window
 
+    @property
+    def chain_block(self) -> int:
+        """B, the memories of a chain's block (``kv.chain_block``; 0: no chains)."""
+        return self._config.chain_block
+
     def fits(self, record: MemoryRecord) -> bool:
         """Whether ``record``'s encoding fits the model's context window at every position bucket."""
         return self._fits(record.text, record.context, record.chain_from)
@@ -161,6 +166,10 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
     Args:
         layout: builds the :class:`EncodingLayout`; called only when ``changes`` adds or re-words a memory.
 
+    A chained new memory (``kv.chain_block``) whose chain does not fit anchors a new block instead; the adds after
+    it in ``changes`` that continued its block are chained anew from it as it is stored (:func:`_rechained`), so
+    every chain they store is one a stored memory holds.
+
     Returns:
         ``changes``, with the context of each new memory that needed it cut (and its count of neighbour turns with
         it); the same object when nothing was cut.
@@ -182,10 +191,38 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
         return changes
     built = layout()
     built.check(memories)
-    adds = tuple(_fitted(built, new) for new in changes.adds)
-    if all(after is before for after, before in zip(adds, changes.adds, strict=True)):
+    replanned: dict[ChainLink, ChainLink] = {}
+    fitted: list[NewMemory] = []
+    for planned in changes.adds:
+        new = _fitted(built, _rechained(built, planned, replanned))
+        if new is not planned:
+            replanned[_link(planned)] = _link(new)
+        fitted.append(new)
+    if not replanned:
         return changes
-    return dataclasses.replace(changes, adds=adds)
+    return dataclasses.replace(changes, adds=tuple(fitted))
+
+
+def _link(new: NewMemory) -> ChainLink:
+    return ChainLink(new.text, new.context, new.chain_from)
+
+
+def _rechained(layout: EncodingLayout, new: NewMemory, replanned: Mapping[ChainLink, ChainLink]) -> NewMemory:
+    """``new`` as it continues its block after the memory before it was stored otherwise than planned (its chain
+    cut short, or its context): from that memory as stored (:func:`inferscale.chains.next_in_chain`), or as an
+    anchor with the last w texts before it when that block is full. ``new`` itself when it is in no chain, is an
+    anchor, or its block's last memory is stored as planned."""
+    if new.chain_from is None or new.chain_from >= len(new.context):
+        return new
+    before = replanned.get(ChainLink(new.context[-1], new.context[:-1], new.chain_from))
+    if before is None:
+        return new
+    continued = next_in_chain(before, layout.chain_block)
+    if continued is None:
+        turns = anchor_context(new.context, layout.context_window)
+        continued = (turns, len(turns))
+    context, chain_from = continued
+    return dataclasses.replace(new, context=context, neighbours=len(context), chain_from=chain_from)
 
 
 def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:

@@ -8,7 +8,6 @@ The real :class:`TransformersEngine` on a tiny random Llama and the byte-level c
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,12 @@ from mem0_fakes import HashEmbedder
 from tiny_models import byte_chat_tokenizer, tiny_model
 
 from inferscale import MemoryClient, MemoryConfig
+from inferscale.chains import ChainLink, chained_on
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
+from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 
 SYSTEM_PROMPT = "Memories:\n"
@@ -197,7 +198,6 @@ def test_a_client_without_chains_encodes_stored_chains_as_text(tmp_path: Path, e
         turns = engine.context_token_ids(record.context[-2:]) if record.context else []
         (want,) = engine.encode_facts([EncodeRequest(engine.fact_token_ids(record.text), prefix + turns)])
         assert_same(fact, want, f"memory {i}")
-    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_a_chain_is_found_in_its_own_scope_only(tmp_path: Path, engine: TransformersEngine) -> None:
@@ -217,3 +217,32 @@ def test_a_chain_is_found_in_its_own_scope_only(tmp_path: Path, engine: Transfor
         memory.delete_all(user_id="maya")
         assert all(not memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in maya)
         assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in noor)
+
+
+def test_one_add_of_many_messages_chains_as_single_adds_do_when_chains_do_not_fit(tmp_path: Path) -> None:
+    """With a 200-token model, a chain of two 75-character memories does not fit: such a memory anchors a new block
+    instead, and the messages after it in the same call are chained anew from it as stored, so no memory is
+    chained on a chain no stored memory holds (found by a review: they kept the plan made before the fitting)."""
+    small = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", seed=0, max_position_embeddings=200),
+        tokenizer=byte_chat_tokenizer(),
+    ).load()
+    long = [f"L{i:02d} " + "x" * 70 for i in range(7)]
+    stored = {}
+    for how in ("one call", "single adds"):
+        with client(tmp_path / how, small, encode_on_add="lazy", chain_block=4) as memory:
+            if how == "one call":
+                memory.add([{"role": "user", "content": t} for t in long], user_id="maya", infer=False)
+                records = sorted(memory.db.list(Scope(user_id="maya")), key=lambda r: r.vector_id)
+            else:
+                records = add_each(memory, long)
+            links = {ChainLink.of(r) for r in records}
+            for record in records:
+                assert all(link in links for link in chained_on(ChainLink.of(record), 2)), record.text
+            facts = memory.memory_kv(records)
+            assert max(f.encoded_at + f.n_tokens for f in facts) <= 200
+            stored[how] = [(r.context, r.chain_from) for r in records]
+    assert stored["one call"] == stored["single adds"]
+    assert any(chain_from is not None and chain_from < len(context) for context, chain_from in stored["one call"])
