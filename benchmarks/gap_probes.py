@@ -291,11 +291,13 @@ def product_encode(
             data_dir=data_dir, system_prompt=system_prompt, kv=KVConfig(chain_block=block, encode_on_add="eager")
         )
         with MemoryClient(config, engine=engine, embedder=embedder) as client:
-            records = []
+            stored = []
             for text in memories:
                 (added,) = client.add([{"role": "user", "content": text}], user_id="probe", infer=False)["results"]
-                records.append(client.db.get(added["id"]))
-            stored = [r for r in records if r is not None]
+                record = client.db.get(added["id"])
+                if record is None:  # nothing else writes to the probe's own data directory
+                    raise SystemExit(f"the memory {text!r} was added but is not stored")
+                stored.append(record)
             encoded = dict(zip(memories, client.memory_kv(stored), strict=True))
     window = config.kv.context_window
     prefilled = 0

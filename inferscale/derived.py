@@ -333,7 +333,9 @@ class DerivedStores:
         :meth:`~inferscale.fact_kv.FactKVManager.servable`), and only the K/V no tier holds are encoded (a ``chat``
         that needed one first encoded it itself). They are encoded in chunks of at most ``kv.encode_chunk_size``
         (a chunk ends before memories that share context turns with the next one rather than among them, so their
-        turns are prefilled once: :meth:`~inferscale.fact_kv.FactKVManager.next_chunk`), each under the engine's
+        turns are prefilled once: :meth:`~inferscale.fact_kv.FactKVManager.next_chunk`; a chained memory goes alone,
+        after the stored memories of its chain that no tier holds: :meth:`~inferscale.fact_kv.FactKVManager.
+        chain_first`), each under the engine's
         lock alone, so ``add``, ``search`` and ``chat`` go on meanwhile; before each chunk
         the encoder waits for the ``chat`` uses of the model running then (:meth:`foreground`), so a chat waits
         for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
@@ -358,7 +360,7 @@ class DerivedStores:
         while left:
             self._yield_to_foreground()
             with self._lock:
-                left = fact_kv.missing(left)  # those a chat stored meanwhile are done
+                left = fact_kv.chain_first(fact_kv.missing(left))  # those a chat stored meanwhile are done
                 n = fact_kv.next_chunk(left, chunk_size)  # memories sharing context turns kept together
                 chunk, left = left[:n], left[n:]
                 requests = fact_kv.requests(chunk)

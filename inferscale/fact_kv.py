@@ -176,25 +176,59 @@ class FactKVManager:
         and loads nothing."""
         return [(r, b) for r, b in wanted if not self._store.contains(self.key(r, b))]
 
+    def chain_first(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[tuple[MemoryRecord, int]]:
+        """``wanted`` with, ahead of its first item when that is a chained memory, the stored memories of its chain
+        whose K/V no tier holds (each after those of its own chain), so that they are encoded and stored first and
+        its request (:meth:`requests`) finds its whole chain stored. Reads SQL and the store's index; encodes
+        nothing.
+        """
+        if not wanted or not self.chained(wanted[0][0]):
+            return list(wanted)
+        ahead: list[tuple[MemoryRecord, int]] = []
+        self._missing_chain(ChainLink.of(wanted[0][0]), wanted[0][0].scope(), ahead, set())
+        return [*ahead, *wanted]
+
+    def _missing_chain(
+        self, link: ChainLink, scope: Scope, ahead: list[tuple[MemoryRecord, int]], seen: set[str]
+    ) -> None:
+        for member in chained_on(link, self._config.chain_window):
+            holder = self._holder(member, scope)
+            if holder is None or holder.id in seen or self._store.contains(self.key(holder)):
+                continue
+            seen.add(holder.id)
+            if self.chained(holder):
+                self._missing_chain(member, scope, ahead, seen)
+            ahead.append((holder, 0))
+
+    def _holder(self, link: ChainLink, scope: Scope) -> MemoryRecord | None:
+        """The oldest memory of exactly ``scope`` whose text, context and chain start are ``link``'s, or ``None``."""
+        return next(
+            (r for r in self._db.memories_with_hash(hash_text(link.text), scope) if ChainLink.of(r) == link), None
+        )
+
     def next_chunk(self, wanted: Sequence[tuple[MemoryRecord, int]], size: int) -> int:
         """How many of the first ``(record, bucket)`` of ``wanted`` to encode in one call of at most ``size``: the
         call does not end among memories that share their context turns, which it would then prefill once more
-        (:func:`inferscale.kv.encode.chunk_length`; the facts of one ``add(infer=True)`` call share them).
+        (:func:`inferscale.kv.encode.chunk_length`; the facts of one ``add(infer=True)`` call share them). A chained
+        memory goes alone, after the calls that store its chain (:meth:`chain_first`).
 
         Raises:
             ValueError: when ``size`` is under 1.
         """
+        if size < 1:
+            raise ValueError(f"size must be at least 1, got {size}")
         if wanted and self.chained(wanted[0][0]):
-            return 1  # alone: it is encoded on the K/V of memories the calls before it store
+            return 1
         window = self._config.context_window
         contexts = [tuple(context_turns(r.context, window)) or None for r, _ in wanted[: 2 * size + 1]]
         n = chunk_length(contexts, size)
         return next((i for i in range(1, n) if self.chained(wanted[i][0])), n)
 
     def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
-        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises, runs no model); a
-        chained memory's holds the stored K/V of the memories it is encoded on, those no tier holds encoded (and
-        stored) first (:meth:`chain_kv`).
+        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises). A chained memory's
+        holds the stored K/V of the memories it is encoded on; it runs the model only when one of them is not
+        stored (:meth:`chain_kv` encodes it first: one that no stored memory holds any more, or one :meth:`chain_first`
+        did not put ahead).
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
@@ -207,9 +241,13 @@ class FactKVManager:
 
     def _chained_request(self, record: MemoryRecord, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
         """``record``'s chained encode request: its fact tokens on the prefix and its chain's stored K/V."""
-        members = self.chain_kv(ChainLink.of(record), record.scope(), memo)
+        return self._chained_encode_request(ChainLink.of(record), record.scope(), memo)
+
+    def _chained_encode_request(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
+        """A chained memory's encode request: its fact tokens on the prefix and its chain's K/V (:meth:`chain_kv`)."""
+        members = self.chain_kv(link, scope, memo)
         return EncodeRequest(
-            self._engine.fact_token_ids(record.text), self._engine.system_prefix_ids(), chained_on=members
+            self._engine.fact_token_ids(link.text), self._engine.system_prefix_ids(), chained_on=members
         )
 
     def chain_kv(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV] | None = None) -> list[FactKV]:
@@ -228,16 +266,11 @@ class FactKVManager:
         known = memo.get(link)
         if known is not None:
             return known
-        holders = [r for r in self._db.with_hash(hash_text(link.text), scope) if ChainLink.of(r) == link]
-        record = holders[0] if holders else None
+        record = self._holder(link, scope)
         fact = self._store.get(self.key(record)) if record is not None else None
         if fact is None:
             if self._layout.chained(link.text, link.context, link.chain_from):
-                request = EncodeRequest(
-                    self._engine.fact_token_ids(link.text),
-                    self._engine.system_prefix_ids(),
-                    chained_on=self.chain_kv(link, scope, memo),
-                )
+                request = self._chained_encode_request(link, scope, memo)
             else:
                 request = self._layout.requests(link.text, link.context, (0,))[0]
             (fresh,) = self.encode([request])

@@ -81,16 +81,16 @@ class MemoryById:
 @dataclass(frozen=True, slots=True)
 class StoredText:
     """The oldest memory of exactly ``scope`` whose text hashes to ``text_hash``, or ``None``
-    (the first of :meth:`MemoryStore.with_hash`)."""
+    (:meth:`MemoryStore.memories_with_hash`, ``limit=1``)."""
 
     scope: Scope
     text_hash: str
 
     def run(self, store: MemoryStore) -> MemoryRecord | None:
-        return next(iter(store.with_hash(self.text_hash, self.scope)), None)
+        return next(iter(store.memories_with_hash(self.text_hash, self.scope, limit=1)), None)
 
     async def arun(self, store: AsyncMemoryStore) -> MemoryRecord | None:
-        return next(iter(await store.with_hash(self.text_hash, self.scope)), None)
+        return next(iter(await store.memories_with_hash(self.text_hash, self.scope, limit=1)), None)
 
 
 @dataclass(frozen=True, slots=True)

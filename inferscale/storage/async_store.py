@@ -216,14 +216,15 @@ class AsyncMemoryStore:
         checked = check_scope(scope) if scope is not None else None
         return await self._read(get_memory, memory_id, checked)
 
-    async def with_hash(self, text_hash: str, scope: Scope) -> list[MemoryRecord]:
-        """Every memory of exactly ``scope`` whose text hashes to ``text_hash``, oldest first; see
-        :meth:`MemoryStore.with_hash <inferscale.storage.MemoryStore.with_hash>`.
+    async def memories_with_hash(self, text_hash: str, scope: Scope, limit: int | None = None) -> list[MemoryRecord]:
+        """The memories of exactly ``scope`` whose text hashes to ``text_hash``, oldest first, at most ``limit``;
+        see :meth:`MemoryStore.memories_with_hash <inferscale.storage.MemoryStore.memories_with_hash>`.
 
         Raises:
-            InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
+            InvalidInputError: as the sync store's.
         """
-        return await self._read(memories_with_hash, check_text(text_hash, "text_hash"), check_scope(scope))
+        checked = (check_text(text_hash, "text_hash"), check_scope(scope), check_limit(limit))
+        return await self._read(memories_with_hash, *checked)
 
     async def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None

@@ -137,20 +137,18 @@ def get_memories(s: Session, memory_ids: Sequence[str]) -> dict[str, MemoryRecor
     return found
 
 
-def memories_with_hash(s: Session, text_hash: str, scope: Scope) -> list[MemoryRecord]:
-    """Every memory of exactly ``scope`` (an id it leaves unset is unset too) whose text hashes to ``text_hash``,
-    oldest first. ``add``'s duplicate check reads the first, and must not take a fact of a narrower scope (a run of
-    the user) for one of the scope, since that scope's ``delete_all`` would delete it; a chained memory finds the
-    memories it is encoded on among them (:mod:`inferscale.chains`)."""
-    return [MemoryRecord.from_row(row) for row in s.scalars(_with_hash(text_hash, scope))]
-
-
-def _with_hash(text_hash: str, scope: Scope) -> Select[MemoryRow]:
-    return (
+def memories_with_hash(s: Session, text_hash: str, scope: Scope, limit: int | None = None) -> list[MemoryRecord]:
+    """The memories of exactly ``scope`` (an id it leaves unset is unset too) whose text hashes to ``text_hash``,
+    oldest first, at most ``limit``. ``add``'s duplicate check reads the first, and must not take a fact of a
+    narrower scope (a run of the user) for one of the scope, since that scope's ``delete_all`` would delete it; a
+    chained memory finds the memories it is encoded on among them (:mod:`inferscale.chains`)."""
+    stmt = (
         select(MemoryRow)
         .where(MemoryRow.hash == text_hash, *exact_scope_clauses(scope))
         .order_by(MemoryRow.created_at, MemoryRow.pk)
+        .limit(limit)
     )
+    return [MemoryRecord.from_row(row) for row in s.scalars(stmt)]
 
 
 def list_memories(s: Session, scope: Scope, node: Filter | None, limit: int | None) -> list[MemoryRecord]:

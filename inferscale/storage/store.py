@@ -209,14 +209,14 @@ class MemoryStore:
         wanted = check_ids(memory_ids)
         return self._read(get_memories, wanted) if wanted else {}
 
-    def with_hash(self, text_hash: str, scope: Scope) -> builtins.list[MemoryRecord]:
-        """Every memory of exactly ``scope`` whose text hashes to ``text_hash``, oldest first (``add``'s duplicate
-        check; a chain's memories, :mod:`inferscale.chains`).
+    def memories_with_hash(self, text_hash: str, scope: Scope, limit: int | None = None) -> builtins.list[MemoryRecord]:
+        """The memories of exactly ``scope`` whose text hashes to ``text_hash``, oldest first, at most ``limit``.
 
         Raises:
-            InvalidInputError: when ``text_hash`` is not a non-empty str or ``scope`` is not a Scope.
+            InvalidInputError: for a bad ``text_hash`` (not a non-empty str), ``scope`` or ``limit`` (positive).
         """
-        return self._read(memories_with_hash, check_text(text_hash, "text_hash"), check_scope(scope))
+        checked = (check_text(text_hash, "text_hash"), check_scope(scope), check_limit(limit))
+        return self._read(memories_with_hash, *checked)
 
     def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None

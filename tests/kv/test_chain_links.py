@@ -65,4 +65,7 @@ def test_an_anchor_keeps_the_last_w_turns() -> None:
 def test_settings_chains_cannot_serve_are_refused(settings: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         KVConfig(**settings)  # type: ignore[arg-type]
-    assert KVConfig(chain_block=2).chains and not KVConfig().chains
+
+
+def test_chains_are_off_by_default_and_on_from_a_block_of_two() -> None:
+    assert not KVConfig().chains and KVConfig(chain_block=2).chains

@@ -246,3 +246,23 @@ def test_one_add_of_many_messages_chains_as_single_adds_do_when_chains_do_not_fi
             stored[how] = [(r.context, r.chain_from) for r in records]
     assert stored["one call"] == stored["single adds"]
     assert any(chain_from is not None and chain_from < len(context) for context, chain_from in stored["one call"])
+
+
+def test_the_background_encoder_puts_a_chain_never_encoded_ahead_of_its_memory(
+    tmp_path: Path, engine: TransformersEngine
+) -> None:
+    """Queued alone (its chain added lazily, never encoded), the last memory of a block gets its chain's stored
+    memories encoded first, each once and in order, each as its own pass outside the request of the memory."""
+    with client(tmp_path, engine, encode_on_add="lazy", chain_block=4) as memory:
+        records = add_each(memory, MESSAGES[:4])
+        ahead = memory.fact_kv.chain_first([(records[3], 0)])
+        assert [r.id for r, _ in ahead] == [r.id for r in records]  # anchor, then each after its own chain
+        before = engine._encoder.tokens_prefilled
+        memory.derived.encode_queued([records[3].id])
+        assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in records)
+        assert engine._encoder.tokens_prefilled - before == sum(len(engine.fact_token_ids(t)) for t in MESSAGES[:4])
+        got = memory.memory_kv(records)
+    for i, (g, w) in enumerate(
+        zip(got, reference(engine, MESSAGES[:4], block=4, window=2, context_window=2), strict=True)
+    ):
+        assert_same(g, w, f"memory {i}")

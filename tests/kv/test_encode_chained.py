@@ -52,7 +52,7 @@ def test_chained_and_plain_requests_share_a_batch() -> None:
     """Rows with different caches (the prefix alone, the prefix and one or two facts) and a shared context are
     left-padded into one pass; each fact still equals its own reference."""
     model = tiny_model("llama")
-    encoder = chained_encoder(model)
+    encoder = chained_encoder(model, batch_size=8)
     first, second = encoder.encode([EncodeRequest(FIRST, PREFIX), EncodeRequest(SECOND, [*PREFIX, *FIRST])])
     shared = [*PREFIX, 80, 81]
     mixed = [

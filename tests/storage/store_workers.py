@@ -78,7 +78,7 @@ def share_new_database(url: str, barrier: Any, results: Any, worker: int, texts:
                 barrier.wait()
                 stored += len(store.apply(ChangeSet(SCOPE, adds=(NewMemory(text),))).added)
             barrier.wait()
-            found = store.with_hash(hash_text(texts[0]), SCOPE)
+            found = store.memories_with_hash(hash_text(texts[0]), SCOPE)
             assert found, f"{texts[0]!r} was not stored"
             target = found[0]
             barrier.wait()  # every worker has found the memory before any update re-words it

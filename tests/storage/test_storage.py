@@ -171,10 +171,10 @@ def test_scope_isolation(store: MemoryStore) -> None:
     assert store.get(a1.id, BOB) is None
 
     tea = hash_text("likes tea")
-    assert [r.id for r in store.with_hash(tea, ALICE)] == [a1.id]
-    assert [r.id for r in store.with_hash(tea, BOB)] == [b1.id]
-    assert store.with_hash(hash_text("has a dog"), ALICE) == []
-    assert store.with_hash(tea, Scope(user_id="alice", run_id="r9")) == []
+    assert [r.id for r in store.memories_with_hash(tea, ALICE)] == [a1.id]
+    assert [r.id for r in store.memories_with_hash(tea, BOB)] == [b1.id]
+    assert store.memories_with_hash(hash_text("has a dog"), ALICE) == []
+    assert store.memories_with_hash(tea, Scope(user_id="alice", run_id="r9")) == []
 
     ids_a = store.vector_ids_in_scope(ALICE)
     ids_b = store.vector_ids_in_scope(BOB)
@@ -229,8 +229,8 @@ def test_update_text_and_metadata(store: MemoryStore) -> None:
         "reconciler",
     )
     assert (events[2].old_metadata, events[2].new_metadata) == ({"v": 1}, {"v": 2})
-    assert store.with_hash(hash_text("likes coffee"), ALICE) == []
-    assert store.with_hash(hash_text("likes green tea"), ALICE) == [again]
+    assert store.memories_with_hash(hash_text("likes coffee"), ALICE) == []
+    assert store.memories_with_hash(hash_text("likes green tea"), ALICE) == [again]
 
 
 def test_update_errors(store: MemoryStore) -> None:

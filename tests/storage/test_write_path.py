@@ -77,7 +77,7 @@ def test_change_sets_skip_only_duplicates_of_exactly_their_scope(store: MemorySt
     store.add("likes tea", run)
     (mine,) = store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"),))).added
     assert store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"),))).added == []
-    assert store.with_hash(hash_text("likes tea"), ALICE) == [mine]
+    assert store.memories_with_hash(hash_text("likes tea"), ALICE) == [mine]
     store.add("lives in Porto", ALICE)
     assert len(store.apply(ChangeSet(run, adds=(NewMemory("lives in Porto"),))).added) == 1
 
