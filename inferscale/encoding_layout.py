@@ -79,16 +79,39 @@ class EncodingLayout:
     def span_requests(self, text: str, context: Sequence[str], chain_from: int | None = None) -> list[EncodeRequest]:
         """Requests with the positions a memory's encoding needs, one per position bucket: :meth:`requests`; for a
         chained memory (:meth:`chained`), the one request over ``[prefix][the tokens of the memories it is chained
-        on][fact]``, whose span is the chained encoding's (their stored K/V stand where their tokens would)."""
+        on][fact]``, whose span is the chained encoding's (their stored K/V stand where their tokens would), or,
+        when that does not fit, the request it is encoded by instead (:meth:`chain_fallback`)."""
         if not self.chained(text, context, chain_from):
             return self.requests(text, context, self._config.position_buckets)
         link = ChainLink(text, tuple(context), chain_from)
+        fallback = self.chain_fallback(link)
+        return [fallback] if fallback is not None else [self._chain_span_request(link)]
+
+    def _chain_span_request(self, link: ChainLink) -> EncodeRequest:
         before = [
             t
             for member in chained_on(link, self._config.chain_window)
             for t in self._engine.fact_token_ids(member.text)
         ]
-        return [EncodeRequest(self._engine.fact_token_ids(text), context_ids=self._engine.system_prefix_ids() + before)]
+        return EncodeRequest(self._engine.fact_token_ids(link.text), self._engine.system_prefix_ids() + before)
+
+    def chain_fallback(self, link: ChainLink) -> EncodeRequest | None:
+        """``None`` when a chained memory's chain fits the model's context window with it; else what it is encoded
+        by instead: as an anchor, after the last of its last w context turns that fit (none when no turn fits).
+
+        A chain can stop fitting after it is stored: a deletion or re-wording in its block slides a longer text of
+        the block into its window. The fallback depends only on the stored memory, the model and the tokenizer, all
+        in its key (text, context and chain start; the model fingerprint), so its K/V are what a fresh encoding
+        gives. Tokenises; runs no model."""
+        limit = self._engine.max_context_tokens
+        if self._chain_span_request(link).span <= limit:
+            return None
+        window = context_turns(link.context, self._config.context_window)
+        for keep in range(len(window), 0, -1):
+            (request,) = self.requests(link.text, window[-keep:], (0,))
+            if request.span <= limit:
+                return request
+        return self.requests(link.text, (), (0,))[0]
 
     def check(self, memories: Sequence[tuple[str, str, Sequence[str], int | None]]) -> None:
         """Refuse memories whose encoding reaches past the model's context window at some position bucket.

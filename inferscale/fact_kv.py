@@ -25,6 +25,7 @@ from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine
+from inferscale.errors import MemoryNotFoundError
 from inferscale.kv.encode import EncodeRequest, chunk_length
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
@@ -182,7 +183,11 @@ class FactKVManager:
         its request (:meth:`requests`) finds its whole chain stored. Reads SQL and the store's index; encodes
         nothing.
         """
-        if not wanted or not self.chained(wanted[0][0]):
+        if (
+            not wanted
+            or not self.chained(wanted[0][0])
+            or self._layout.chain_fallback(ChainLink.of(wanted[0][0])) is not None
+        ):
             return list(wanted)
         ahead: list[tuple[MemoryRecord, int]] = []
         self._missing_chain(ChainLink.of(wanted[0][0]), wanted[0][0].scope(), ahead, set())
@@ -196,7 +201,7 @@ class FactKVManager:
             if holder is None or holder.id in seen or self._store.contains(self.key(holder)):
                 continue
             seen.add(holder.id)
-            if self.chained(holder):
+            if self.chained(holder) and self._layout.chain_fallback(member) is None:
                 self._missing_chain(member, scope, ahead, seen)
             ahead.append((holder, 0))
 
@@ -244,7 +249,12 @@ class FactKVManager:
         return self._chained_encode_request(ChainLink.of(record), record.scope(), memo)
 
     def _chained_encode_request(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
-        """A chained memory's encode request: its fact tokens on the prefix and its chain's K/V (:meth:`chain_kv`)."""
+        """A chained memory's encode request: its fact tokens on the prefix and its chain's K/V (:meth:`chain_kv`);
+        when its chain does not fit the model's context, the anchor-like request it is encoded by instead
+        (:meth:`inferscale.encoding_layout.EncodingLayout.chain_fallback`)."""
+        fallback = self._layout.chain_fallback(link)
+        if fallback is not None:
+            return fallback
         members = self.chain_kv(link, scope, memo)
         return EncodeRequest(
             self._engine.fact_token_ids(link.text), self._engine.system_prefix_ids(), chained_on=members
@@ -274,10 +284,12 @@ class FactKVManager:
             else:
                 request = self._layout.requests(link.text, link.context, (0,))[0]
             (fresh,) = self.encode([request])
+            fact = fresh.quantized(self._config.storage_format)  # as it is stored
             if record is not None:
-                (fact,) = self.put([(record, 0)], [fresh])
-            else:
-                fact = fresh.quantized(self._config.storage_format)  # as it would be stored
+                try:
+                    (fact,) = self.put([(record, 0)], [fresh])
+                except MemoryNotFoundError:  # deleted meanwhile (another client): its K/V still serve this call
+                    log.debug("memory %s was deleted while its K/V were encoded for a chain", record.id)
         memo[link] = fact
         return fact
 

@@ -266,3 +266,63 @@ def test_the_background_encoder_puts_a_chain_never_encoded_ahead_of_its_memory(
         zip(got, reference(engine, MESSAGES[:4], block=4, window=2, context_window=2), strict=True)
     ):
         assert_same(g, w, f"memory {i}")
+
+
+def small_engine() -> TransformersEngine:
+    """The tiny Llama with a 200-token context: a chain of two 75-character memories does not fit it."""
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", seed=0, max_position_embeddings=200),
+        tokenizer=byte_chat_tokenizer(),
+    ).load()
+
+
+def test_a_chain_a_deletion_makes_too_long_is_encoded_as_an_anchor_as_a_fresh_store_would(tmp_path: Path) -> None:
+    """Deleting a short memory slides a long one into a chained memory's window, and the chain no longer fits the
+    model: that memory is encoded after the last of its turns that fit instead (found by a bug hunt: every chat
+    retrieving the memories after it failed with InvalidInputError)."""
+    small = small_engine()
+    long_one, long_two = "L" + "l" * 110, "M" + "m" * 80
+    texts = ["anchor", long_one, "short one", long_two, "short two"]
+    settings = {"context_window": 1, "chain_window": 1, "chain_block": 8, "encode_on_add": "lazy"}
+    with client(tmp_path / "a", small, **settings) as memory:
+        records = add_each(memory, texts)
+        memory.delete(records[2].id)
+        kept = [memory.db.get(r.id) for r in (records[0], records[1], records[3], records[4])]
+        assert all(r is not None for r in kept)
+        (_, _, second, last) = [r for r in kept if r is not None]
+        assert ChainLink.of(second) == ChainLink(long_two, ("anchor", long_one), 0)
+        assert memory.fact_kv.encode_request(second).span > 200  # as text; its chain does not fit either
+        got = memory.memory_kv([second, last])
+    with client(tmp_path / "fresh", small, **settings) as memory:  # the same memories, never deleted from
+        fresh = add_each(memory, [t for t in texts if t != "short one"])
+        assert [(r.context, r.chain_from) for r in fresh[2:]] == [(second.context, 0), (last.context, 0)]
+        want = memory.memory_kv(fresh[2:])
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_same(g, w, f"memory {i}")
+    assert got[0].encoded_at == len(small.system_prefix_ids())  # alone: not on its chain, and no turn fits
+
+
+def test_a_chain_member_deleted_while_a_chat_encodes_it_still_serves_that_chat(
+    tmp_path: Path, engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client deletes a memory of the chain between its encoding and its storing: the chat that needed it
+    gets its answer, not the other memory's MemoryNotFoundError (found by a bug hunt)."""
+    with client(tmp_path, engine, encode_on_add="lazy", chain_block=4) as memory, client(tmp_path, engine) as other:
+        records = add_each(memory, MESSAGES[:4])
+        fact_kv = memory.fact_kv
+        encode = fact_kv.encode
+        deleted: list[str] = []
+
+        def encode_then_delete(requests: list[EncodeRequest]) -> list[FactKV]:
+            out = encode(requests)
+            if not deleted:
+                deleted.append(records[1].id)
+                other.delete(records[1].id)
+            return out
+
+        monkeypatch.setattr(fact_kv, "encode", encode_then_delete)
+        (last,) = memory.memory_kv(records[3:])
+    assert deleted == [records[1].id]
+    assert_same(last, reference(engine, MESSAGES[:4], block=4, window=2, context_window=2)[3], "the last memory")
