@@ -37,6 +37,9 @@ from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 log = logging.getLogger(__name__)
 
 
+ChainMemo = dict[tuple[Scope, ChainLink], FactKV]
+"""The K/V of the chain links one call has encoded or read, per exact scope (a scope's chain never uses another's)."""
+
 FITTING_CACHE_SIZE = 65_536
 """How many memory keys :meth:`FactKVManager.servable` remembers as fitting (then it starts again)."""
 
@@ -238,17 +241,17 @@ class FactKVManager:
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
         """
-        memo: dict[ChainLink, FactKV] = {}
+        memo: ChainMemo = {}
         return [
             self._chained_request(record, memo) if self.chained(record) else self.encode_request(record, bucket)
             for record, bucket in wanted
         ]
 
-    def _chained_request(self, record: MemoryRecord, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
+    def _chained_request(self, record: MemoryRecord, memo: ChainMemo) -> EncodeRequest:
         """``record``'s chained encode request: its fact tokens on the prefix and its chain's stored K/V."""
         return self._chained_encode_request(ChainLink.of(record), record.scope(), memo)
 
-    def _chained_encode_request(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV]) -> EncodeRequest:
+    def _chained_encode_request(self, link: ChainLink, scope: Scope, memo: ChainMemo) -> EncodeRequest:
         """A chained memory's encode request: its fact tokens on the prefix and its chain's K/V (:meth:`chain_kv`);
         when its chain does not fit the model's context, the anchor-like request it is encoded by instead
         (:meth:`inferscale.encoding_layout.EncodingLayout.chain_fallback`)."""
@@ -260,7 +263,7 @@ class FactKVManager:
             self._engine.fact_token_ids(link.text), self._engine.system_prefix_ids(), chained_on=members
         )
 
-    def chain_kv(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV] | None = None) -> list[FactKV]:
+    def chain_kv(self, link: ChainLink, scope: Scope, memo: ChainMemo | None = None) -> list[FactKV]:
         """The K/V a chained memory is encoded on, oldest first (:func:`inferscale.chains.chained_on`), each as
         stored: read from the store when a memory of exactly ``scope`` with that text, context and chain start is
         stored with it; else encoded first (on its own chain, recursively), then stored under that memory, or, when
@@ -272,8 +275,8 @@ class FactKVManager:
         memo = {} if memo is None else memo
         return [self._link_kv(member, scope, memo) for member in chained_on(link, self._config.chain_window)]
 
-    def _link_kv(self, link: ChainLink, scope: Scope, memo: dict[ChainLink, FactKV]) -> FactKV:
-        known = memo.get(link)
+    def _link_kv(self, link: ChainLink, scope: Scope, memo: ChainMemo) -> FactKV:
+        known = memo.get((scope, link))
         if known is not None:
             return known
         record = self._holder(link, scope)
@@ -290,7 +293,7 @@ class FactKVManager:
                     (fact,) = self.put([(record, 0)], [fresh])
                 except MemoryNotFoundError:  # deleted meanwhile (another client): its K/V still serve this call
                     log.debug("memory %s was deleted while its K/V were encoded for a chain", record.id)
-        memo[link] = fact
+        memo[(scope, link)] = fact
         return fact
 
     def encode(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
@@ -349,7 +352,7 @@ class FactKVManager:
             stored = self.put(misses, self.encode(self.requests(misses)))
             for i, fact in zip(plain, stored, strict=True):
                 found[i] = fact
-        memo: dict[ChainLink, FactKV] = {}
+        memo: ChainMemo = {}
         for i in missing:  # one at a time, in order, each after the memories of its chain
             if found[i] is None:
                 record = wanted[i][0]
