@@ -189,8 +189,8 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
     Args:
         layout: builds the :class:`EncodingLayout`; called only when ``changes`` adds or re-words a memory.
 
-    A chained new memory (``kv.chain_block``) whose chain does not fit anchors a new block instead; the adds after
-    it in ``changes`` that continued its block are chained anew from it as it is stored (:func:`_rechained`), so
+    With chains (``kv.chain_block``), an anchor whose turns are cut changes the chain of the adds after it in
+    ``changes`` that continue its block: they are chained anew from it as it is stored (:func:`_rechained`), so
     every chain they store is one a stored memory holds.
 
     Returns:
@@ -231,10 +231,10 @@ def _link(new: NewMemory) -> ChainLink:
 
 
 def _rechained(layout: EncodingLayout, new: NewMemory, replanned: Mapping[ChainLink, ChainLink]) -> NewMemory:
-    """``new`` as it continues its block after the memory before it was stored otherwise than planned (its chain
-    cut short, or its context): from that memory as stored (:func:`inferscale.chains.next_in_chain`), or as an
-    anchor with the last w texts before it when that block is full. ``new`` itself when it is in no chain, is an
-    anchor, or its block's last memory is stored as planned."""
+    """``new`` as it continues its block after the memory before it was stored otherwise than planned (an anchor
+    whose turns were cut, or a memory chained anew): from that memory as stored
+    (:func:`inferscale.chains.next_in_chain`), or as an anchor with the last w texts before it when that block is
+    full. ``new`` itself when it is in no chain, is an anchor, or the memory before it is stored as planned."""
     if new.chain_from is None or new.chain_from >= len(new.context):
         return new
     before = replanned.get(ChainLink(new.context[-1], new.context[:-1], new.chain_from))
@@ -251,21 +251,19 @@ def _rechained(layout: EncodingLayout, new: NewMemory, replanned: Mapping[ChainL
 def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
     """``new`` with its context cut to the turns that fit (:meth:`EncodingLayout.fitting_context`); ``new`` itself
     when all fit. The turns dropped are the first ones, so its count of neighbour turns (which lead the context)
-    drops with them. A chained memory whose chain does not fit anchors a new block instead (stored with its last w
-    turns, as an anchor is), and an anchor keeps its chain start at the end of its cut context."""
+    drops with them; an anchor keeps its chain start at the end of its cut context. A chained memory is stored as
+    planned: when its chain does not fit, it is encoded after the last of its turns that fit instead
+    (:meth:`EncodingLayout.chain_fallback`), so only a fact too long after the system prefix alone is refused."""
+    name = f"the memory {preview(new.text)}"
     if layout.chained(new.text, new.context, new.chain_from):
-        if layout.fits_new(new):
-            return new
-        log.info(
-            "the memory %s starts a new chain block: its chain would not fit the model's context", preview(new.text)
-        )
-        turns = anchor_context(new.context, layout.context_window)
-        new = dataclasses.replace(new, context=turns, neighbours=len(turns), chain_from=len(turns))
-    context = layout.fitting_context(f"the memory {preview(new.text)}", new.text, new.context)
+        if not layout.fits_new(new):
+            layout.fitting_context(name, new.text, ())  # raises: the fact does not fit after no turn
+        return new
+    context = layout.fitting_context(name, new.text, new.context)
     dropped = len(new.context) - len(context)
     if not dropped:
         return new
-    if new.chain_from is not None:  # an anchor (a chained memory fits whole, above)
+    if new.chain_from is not None:  # an anchor
         new = dataclasses.replace(new, chain_from=len(context))
     log.info(
         "the memory %s keeps its last %d context turns (it had %d): more would not fit the model's context once "

@@ -219,10 +219,10 @@ def test_a_chain_is_found_in_its_own_scope_only(tmp_path: Path, engine: Transfor
         assert all(memory.fact_kv.store.contains(memory.fact_kv.key(r)) for r in noor)
 
 
-def test_one_add_of_many_messages_chains_as_single_adds_do_when_chains_do_not_fit(tmp_path: Path) -> None:
-    """With a 200-token model, a chain of two 75-character memories does not fit: such a memory anchors a new block
-    instead, and the messages after it in the same call are chained anew from it as stored, so no memory is
-    chained on a chain no stored memory holds (found by a review: they kept the plan made before the fitting)."""
+def test_one_add_of_many_messages_chains_as_single_adds_do_when_turns_are_cut(tmp_path: Path) -> None:
+    """With a 200-token model, an anchor's two 75-character turns do not fit: it keeps one, and the messages after
+    it in the same call are chained anew from it as stored, so no memory is chained on a chain no stored memory
+    holds (found by a review: they kept the plan made before the fitting, and every chat retrieving them failed)."""
     small = TransformersEngine(
         EngineConfig(dtype="float32", device="cpu"),
         SYSTEM_PROMPT,
