@@ -249,9 +249,10 @@ class KVConfig(_Strict):
             chains (after the text of its last w context turns); each memory after it in its block is encoded on
             the stored K/V of the memories before it in the block (the last ``chain_window`` of them), prefilling
             only its own tokens: encoding prefills ~1.2x the fact tokens at B=24 instead of ~6x at w=5 (1.8x the
-            facts/s on a CPU), and on the product's own path its first-token KL against pasted memories was lower
-            than without chains in every cell measured (docs/architecture.md, runs 17-19). A deleted or re-worded
-            memory re-encodes the later memories of its block (at most B - 1).
+            facts/s on a CPU). On the product's own path its first-token KL against pasted memories was lower than
+            without chains in every cell measured, but its answers ran on more often on one conversation of two,
+            which is why it is off by default (docs/architecture.md, runs 17-19). A deleted or re-worded memory
+            re-encodes the later memories of its block (at most B - 1).
             Memories extracted by ``add(infer=True)`` are never chained. Needs ``encode_after_system_prefix`` and
             ``position_buckets=(0,)``.
         chain_window: how many of the block's earlier memories a chained memory is encoded on (the last ones).
