@@ -4,7 +4,7 @@ Context-window encoding prefills a memory's last w context turns as text before 
 fact's tokens at w=5. A chained memory is encoded on the *stored K/V* of the memories before it instead
 (:attr:`inferscale.kv.encode.EncodeRequest.chained_on`), so it prefills only its own tokens; those K/V were encoded
 on the memories before them in turn, so a chain carries its context forward without prefilling it again
-(docs/architecture.md, runs 14, 17 and 18). Bounding the chain keeps a change local: every B-th memory of a scope is
+(docs/architecture.md, runs 14 and 17-19). Bounding the chain keeps a change local: every B-th memory of a scope is
 an *anchor*, encoded after its context turns' text, and a chain never reaches past its block's anchor, so deleting
 or re-wording a memory changes the K/V of at most the B - 1 memories after it.
 
