@@ -71,19 +71,19 @@ class EncodingLayout:
             for b in buckets
         ]
 
-    def chained(self, text: str, context: Sequence[str], chain_from: int | None) -> bool:
-        """Whether a memory of ``text``, ``context`` and ``chain_from`` is encoded on the stored K/V of earlier
-        memories under these settings (chains on, and the memory in a chain but not its anchor)."""
-        return self._config.chains and ChainLink(text, tuple(context), chain_from).chained
+    def chained(self, link: ChainLink) -> bool:
+        """Whether the memory of ``link`` is encoded on the stored K/V of earlier memories under these settings
+        (chains on, and the memory in a chain but not its anchor)."""
+        return self._config.chains and link.chained
 
     def span_requests(self, text: str, context: Sequence[str], chain_from: int | None = None) -> list[EncodeRequest]:
         """Requests with the positions a memory's encoding needs, one per position bucket: :meth:`requests`; for a
         chained memory (:meth:`chained`), the one request over ``[prefix][the tokens of the memories it is chained
         on][fact]``, whose span is the chained encoding's (their stored K/V stand where their tokens would), or,
         when that does not fit, the request it is encoded by instead (:meth:`chain_fallback`)."""
-        if not self.chained(text, context, chain_from):
-            return self.requests(text, context, self._config.position_buckets)
         link = ChainLink(text, tuple(context), chain_from)
+        if not self.chained(link):
+            return self.requests(text, context, self._config.position_buckets)
         fallback = self.chain_fallback(link)
         return [fallback] if fallback is not None else [self._chain_span_request(link)]
 
@@ -103,15 +103,19 @@ class EncodingLayout:
         the block into its window. The fallback depends only on the stored memory, the model and the tokenizer, all
         in its key (text, context and chain start; the model fingerprint), so its K/V are what a fresh encoding
         gives. Tokenises; runs no model."""
-        limit = self._engine.max_context_tokens
-        if self._chain_span_request(link).span <= limit:
+        if self._chain_span_request(link).span <= self._engine.max_context_tokens:
             return None
-        window = context_turns(link.context, self._config.context_window)
-        for keep in range(len(window), 0, -1):
-            (request,) = self.requests(link.text, window[-keep:], (0,))
-            if request.span <= limit:
-                return request
-        return self.requests(link.text, (), (0,))[0]
+        turns = self._last_fitting_turns(link.text, context_turns(link.context, self._config.context_window))
+        return self.requests(link.text, turns or (), (0,))[0]
+
+    def _last_fitting_turns(self, text: str, turns: Sequence[str]) -> tuple[str, ...] | None:
+        """The most of the last of ``turns`` after which ``text``'s encoding fits the model's context window at
+        every position bucket (``()``: it fits after none of them), or ``None`` when it does not fit even alone."""
+        for keep in range(len(turns), -1, -1):
+            kept = tuple(turns[len(turns) - keep :])
+            if self._fits(text, kept):
+                return kept
+        return None
 
     def check(self, memories: Sequence[tuple[str, str, Sequence[str], int | None]]) -> None:
         """Refuse memories whose encoding reaches past the model's context window at some position bucket.
@@ -167,11 +171,9 @@ class EncodingLayout:
                 (:func:`inferscale.kv.encode.check_spans`, the message the engine's own check gives).
         """
         window = context_turns(context, self._config.context_window)
-        if self._fits(text, context):
-            return tuple(context)
-        for keep in range(len(window) - 1, 0, -1):
-            if self._fits(text, context[-keep:]):
-                return tuple(context[-keep:])
+        kept = self._last_fitting_turns(text, window)
+        if kept is not None:
+            return tuple(context) if len(kept) == len(window) else kept
         alone = self.requests(text, (), self._config.position_buckets)
         check_spans(alone, self._engine.max_context_tokens, names=[name] * len(alone))
         return ()
@@ -255,7 +257,7 @@ def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
     planned: when its chain does not fit, it is encoded after the last of its turns that fit instead
     (:meth:`EncodingLayout.chain_fallback`), so only a fact too long after the system prefix alone is refused."""
     name = f"the memory {preview(new.text)}"
-    if layout.chained(new.text, new.context, new.chain_from):
+    if layout.chained(_link(new)):
         if not layout.fits_new(new):
             layout.fitting_context(name, new.text, ())  # raises: the fact does not fit after no turn
         return new

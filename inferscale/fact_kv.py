@@ -87,7 +87,7 @@ class FactKVManager:
 
     def _link_encoding_key(self, link: ChainLink, bucket: int = 0) -> str:
         config = self._config
-        if self._layout.chained(link.text, link.context, link.chain_from) and link.chain_from is not None:
+        if self._layout.chained(link) and link.chain_from is not None:
             chain = (config.chain_window, link.chain_from)
             return encoding_key(
                 self._prefix_digest(), link.context, config.context_window, 0, config.storage_format, chain
@@ -97,7 +97,7 @@ class FactKVManager:
 
     def chained(self, record: MemoryRecord) -> bool:
         """Whether ``record`` is encoded on the stored K/V of earlier memories of its block under these settings."""
-        return self._layout.chained(record.text, record.context, record.chain_from)
+        return self._layout.chained(ChainLink.of(record))
 
     def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
         """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
@@ -282,7 +282,7 @@ class FactKVManager:
         record = self._holder(link, scope)
         fact = self._store.get(self.key(record)) if record is not None else None
         if fact is None:
-            if self._layout.chained(link.text, link.context, link.chain_from):
+            if self._layout.chained(link):
                 request = self._chained_encode_request(link, scope, memo)
             else:
                 request = self._layout.requests(link.text, link.context, (0,))[0]
