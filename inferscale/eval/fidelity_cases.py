@@ -10,7 +10,9 @@ run sees the same memories in the same order. Cases come from:
   ``"[<session date>] <Speaker>: <text>"``, the first n questions of categories 1-4, retrieved top-k per question.
 
 Retrieval (for the last two) runs once, here, with the sentence embedder: cosine similarity of the question to
-each memory, best first, as :class:`inferscale.MemoryClient.search` ranks them.
+each memory, best first, as :class:`inferscale.MemoryClient.search` ranks them. The retrieved memories are laid out
+in that order (``"score"``, the product's), or in the order the conversation stored them (``"conversation"``, oldest
+first; a layout by date): both modes of every setting then see that order.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_CONTEXT_TURNS",
     "FidelityCase",
     "FidelitySlice",
+    "MemoryLayout",
     "demo_cases",
     "demo_conversation",
     "load_cases",
@@ -73,6 +76,10 @@ class FidelityCase(BaseModel):
 
 
 _CASES = TypeAdapter(list[FidelityCase])
+
+MemoryLayout = Literal["score", "conversation"]
+"""The order retrieved memories are laid out in: by retrieval score, best first, or as the conversation stored them,
+oldest first."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +125,16 @@ def retrieve_cases(
     k: int,
     embedder: Embedder,
     contexts: Sequence[Sequence[str]] | None = None,
+    layout: MemoryLayout = "score",
 ) -> FidelitySlice:
-    """Cases whose memories are the top-``k`` of ``memories`` by cosine similarity to each question, best first.
+    """Cases whose memories are the top-``k`` of ``memories`` by cosine similarity to each question.
 
     Args:
+        memories: the texts, in the order the conversation stored them.
         questions: ``(question, gold answer or None)`` pairs.
         contexts: the turns before each memory (one list per memory), carried into the cases.
+        layout: ``"score"`` lays each case's memories out best first; ``"conversation"`` in the order of
+            ``memories`` (the same top-``k``).
 
     Raises:
         InvalidInputError: for ``k`` < 1 or no memories.
@@ -140,17 +151,20 @@ def retrieve_cases(
     for (question, answer), vector in zip(questions, queries, strict=True):
         scores = vectors @ vector
         top = np.argsort(-scores, kind="stable")[:k]
+        if layout == "conversation":
+            top = np.sort(top)
         chosen = [memories[i] for i in top]
         context = [list(contexts[i]) for i in top] if contexts is not None else []
         cases.append(FidelityCase(memories=chosen, question=question, answer=answer, contexts=context))
     return FidelitySlice(name, cases)
 
 
-def demo_cases(k: int, embedder: Embedder) -> FidelitySlice:
-    """The bundled demo: every message of its sessions as a memory, its questions with their expected answers."""
+def demo_cases(k: int, embedder: Embedder, layout: MemoryLayout = "score") -> FidelitySlice:
+    """The bundled demo: every message of its sessions as a memory, its questions with their expected answers
+    (``layout``: :func:`retrieve_cases`)."""
     sessions, questions = demo_conversation()
     memories, contexts = memories_with_contexts(sessions)
-    return retrieve_cases("demo", memories, questions, k, embedder, contexts)
+    return retrieve_cases("demo", memories, questions, k, embedder, contexts, layout)
 
 
 def demo_conversation() -> tuple[list[list[str]], list[tuple[str, str | None]]]:
@@ -163,12 +177,19 @@ def demo_conversation() -> tuple[list[list[str]], list[tuple[str, str | None]]]:
     return sessions, questions
 
 
-def locomo_cases(path: str | Path, conversation: str, n_questions: int, k: int, embedder: Embedder) -> FidelitySlice:
+def locomo_cases(
+    path: str | Path,
+    conversation: str,
+    n_questions: int,
+    k: int,
+    embedder: Embedder,
+    layout: MemoryLayout = "score",
+) -> FidelitySlice:
     """One LoCoMo conversation: its turns as memories, its first ``n_questions`` questions of categories 1-4
-    (:func:`locomo_conversation`), retrieved top-``k`` per question."""
+    (:func:`locomo_conversation`), retrieved top-``k`` per question (``layout``: :func:`retrieve_cases`)."""
     sessions, questions = locomo_conversation(path, conversation, n_questions)
     memories, contexts = memories_with_contexts(sessions)
-    return retrieve_cases(conversation, memories, questions, k, embedder, contexts)
+    return retrieve_cases(conversation, memories, questions, k, embedder, contexts, layout)
 
 
 def locomo_conversation(

@@ -25,6 +25,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.eval.fidelity_cases import MemoryLayout
 from inferscale.validation_text import describe_errors
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
@@ -69,6 +70,8 @@ class FidelityOptions:
         cases: JSON case files (``[{"memories": [...], "question": ...}, ...]``).
         locomo: a LoCoMo file; ``conversations``: its sample ids; ``questions``: questions per conversation.
         k: memories per question for retrieved slices.
+        memory_layout: the order a retrieved slice's memories are laid out in, in both modes
+            (:func:`inferscale.eval.fidelity_cases.retrieve_cases`); a cases file keeps its own.
         system_prompts: names from :data:`inferscale.eval.fidelity.SYSTEM_PROMPTS`.
         setting: settings to measure, as JSON objects (``None``: the default and :data:`STANDARD_SETTINGS`).
         calibrate: pick the attention scale on half the cases, report it on the other half.
@@ -102,6 +105,14 @@ class FidelityOptions:
     )
     k: int = field(
         default=10, metadata=cli("-k", "--k", help="memories per question for retrieved slices (default 10)")
+    )
+    memory_layout: MemoryLayout = field(
+        default="score",
+        metadata=cli(
+            "--memory-layout",
+            help="order of a retrieved slice's memories in both modes: by retrieval score, best first, or as the "
+            "conversation stored them, oldest first (default %(default)s; a --cases file keeps its order)",
+        ),
     )
     system_prompts: tuple[str, ...] = field(
         default=tuple(SYSTEM_PROMPTS),
@@ -190,12 +201,12 @@ def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:
 
     slices = []
     if opts.demo:
-        slices.append(demo_cases(opts.k, embedder))
+        slices.append(demo_cases(opts.k, embedder, opts.memory_layout))
     for path in opts.cases or ():
         slices.append(load_cases(path))
     if opts.locomo:
         for conversation in opts.conversations:
-            slices.append(locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder))
+            slices.append(locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder, opts.memory_layout))
     if not slices:
         raise ConfigError("nothing to run: give --demo, --cases FILE and/or --locomo PATH")
     return slices
@@ -265,6 +276,7 @@ def _run(args: argparse.Namespace) -> int:
     run = {
         "slices": [s.name for s in slices],
         "k": opts.k,
+        "memory_layout": opts.memory_layout,
         "system_prompts": list(opts.system_prompts),
         "settings": [s.model_dump() for s in settings],
         "model": opts.model or "SmolLM2-135M-Instruct (embedded)",
