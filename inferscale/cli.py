@@ -36,7 +36,7 @@ def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     data_dir = Path(opts.data_dir) if opts.data_dir else inferscale_home() / "demo"
     try:
-        client = demo_client(data_dir, opts.context_window, opts.chain_block)
+        client = demo_client(data_dir, opts.context_window, opts.chain_block, opts.memory_layout)
     except InferScaleError as exc:
         return fail(exc)
     with console.status("loading models (the first run converts SmolLM2 from GGUF, about a minute)"):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
-from inferscale.config import MemoryConfig, config_from_dict
+from inferscale.config import MemoryConfig, MemoryLayout, config_from_dict
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
@@ -61,6 +61,15 @@ def actor_of(messages: Sequence[Message]) -> str | None:
     """The ``name`` of the user turns when they all share one, recorded as the changes' actor; else ``None``."""
     names = {m.name for m in messages if m.role == "user" and m.name}
     return names.pop() if len(names) == 1 else None
+
+
+def laid_out(records: Sequence[MemoryRecord], layout: MemoryLayout) -> list[MemoryRecord]:
+    """Retrieved memories in the order a chat lays them out (:attr:`~inferscale.config.MemoryConfig.memory_layout`):
+    as given (best first) for ``"score"``, in the order they were stored (their increasing ``vector_id``, the SQL
+    key each memory gets when it is added) for ``"stored"``."""
+    if layout == "stored":
+        return sorted(records, key=lambda r: r.vector_id)
+    return list(records)
 
 
 def rendered_turns(messages: Sequence[Message]) -> list[str]:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from inferscale.cli_options import cli
 from inferscale.client import MemoryClient
-from inferscale.config import KVConfig, MemoryConfig
+from inferscale.config import KVConfig, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class DemoOptions:
         infer: extract facts with the LLM instead of storing each message verbatim.
         context_window: w, preceding turns each fact is encoded after.
         chain_block: B, bounded chained contexts for the verbatim messages (``kv.chain_block``; 0: none).
+        memory_layout: the order each chat lays its memories out in (``MemoryConfig.memory_layout``).
         locomo: a LoCoMo file to run on instead of the bundled conversation; ``conversation``: its sample id;
             ``questions``: how many of its questions to ask.
         data_dir: where the demo's database, index and K/V go (``None``: ``<home>/demo``).
@@ -67,6 +68,14 @@ class DemoOptions:
             "--chain-block",
             help="B: every B-th message anchors a block, the others are encoded on the stored K/V of the block's "
             "memories before them (default: KVConfig's, %(default)s: no chains)",
+        ),
+    )
+    memory_layout: MemoryLayout = field(
+        default=MemoryConfig.model_fields["memory_layout"].default,
+        metadata=cli(
+            "--memory-layout",
+            help="order of each chat's memories, in both modes: by retrieval score, best first, or as they were "
+            "stored, oldest first (default: MemoryConfig's, %(default)s)",
         ),
     )
     locomo: str | None = field(
@@ -195,7 +204,9 @@ def _timing(t: Any) -> dict[str, float]:
     }
 
 
-def demo_client(data_dir: Path, context_window: int, chain_block: int = 0) -> MemoryClient:
+def demo_client(
+    data_dir: Path, context_window: int, chain_block: int = 0, memory_layout: MemoryLayout = "score"
+) -> MemoryClient:
     """A client whose database, index and K/V live in ``data_dir``, reset so the demo starts clean.
 
     Raises:
@@ -206,6 +217,6 @@ def demo_client(data_dir: Path, context_window: int, chain_block: int = 0) -> Me
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'kv'}: {e['msg']}" for e in error.errors())
         raise ConfigError(f"the demo's K/V settings: {problems}") from error
-    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=kv))
+    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=kv, memory_layout=memory_layout))
     client.reset()
     return client

@@ -11,8 +11,9 @@ run sees the same memories in the same order. Cases come from:
 
 Retrieval (for the last two) runs once, here, with the sentence embedder: cosine similarity of the question to
 each memory, best first, as :class:`inferscale.MemoryClient.search` ranks them. The retrieved memories are laid out
-in that order (``"score"``, the product's), or in the order the conversation stored them (``"conversation"``, oldest
-first; a layout by date): both modes of every setting then see that order.
+in that order (``"score"``, the product's default), or in the order the conversation stored them (``"stored"``,
+oldest first), as :attr:`inferscale.config.MemoryConfig.memory_layout` lays them out: both modes of every setting
+then see that order.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from inferscale.config import MemoryLayout
 from inferscale.errors import InvalidInputError
 from inferscale.validation_text import describe_errors
 
@@ -35,7 +37,6 @@ __all__ = [
     "MAX_CONTEXT_TURNS",
     "FidelityCase",
     "FidelitySlice",
-    "MemoryLayout",
     "demo_cases",
     "demo_conversation",
     "load_cases",
@@ -76,10 +77,6 @@ class FidelityCase(BaseModel):
 
 
 _CASES = TypeAdapter(list[FidelityCase])
-
-MemoryLayout = Literal["score", "conversation"]
-"""The order retrieved memories are laid out in: by retrieval score, best first, or as the conversation stored them,
-oldest first."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +130,8 @@ def retrieve_cases(
         memories: the texts, in the order the conversation stored them.
         questions: ``(question, gold answer or None)`` pairs.
         contexts: the turns before each memory (one list per memory), carried into the cases.
-        layout: ``"score"`` lays each case's memories out best first; ``"conversation"`` in the order of
-            ``memories`` (the same top-``k``).
+        layout: ``"score"`` lays each case's memories out best first; ``"stored"`` in the order of ``memories``
+            (the same top-``k``).
 
     Raises:
         InvalidInputError: for ``k`` < 1 or no memories.
@@ -151,7 +148,7 @@ def retrieve_cases(
     for (question, answer), vector in zip(questions, queries, strict=True):
         scores = vectors @ vector
         top = np.argsort(-scores, kind="stable")[:k]
-        if layout == "conversation":
+        if layout == "stored":
             top = np.sort(top)
         chosen = [memories[i] for i in top]
         context = [list(contexts[i]) for i in top] if contexts is not None else []

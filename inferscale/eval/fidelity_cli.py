@@ -22,10 +22,9 @@ from inferscale.cli_options import (
     name_list,
     positive_int,
 )
-from inferscale.config import DType
+from inferscale.config import DType, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
-from inferscale.eval.fidelity_cases import MemoryLayout
 from inferscale.validation_text import describe_errors
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
@@ -110,8 +109,9 @@ class FidelityOptions:
         default="score",
         metadata=cli(
             "--memory-layout",
-            help="order of a retrieved slice's memories in both modes: by retrieval score, best first, or as the "
-            "conversation stored them, oldest first (default %(default)s; a --cases file keeps its order)",
+            help="order of a retrieved slice's memories in both modes, as MemoryConfig.memory_layout: by retrieval "
+            "score, best first, or as the conversation stored them, oldest first (default %(default)s; a --cases "
+            "file keeps its order)",
         ),
     )
     system_prompts: tuple[str, ...] = field(

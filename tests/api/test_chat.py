@@ -91,6 +91,38 @@ def test_streamed_chunks_join_to_the_answer_and_end_with_the_report(c: ClientAda
     assert 0 < timings.retrieval_ms <= timings.ttft_ms <= timings.total_ms
 
 
+def test_a_stored_layout_lays_the_retrieved_memories_out_oldest_first(
+    tmp_path: Path, db_url: str, client_kind: ClientKind, engine: Any
+) -> None:
+    config = fake_config(tmp_path, db_url, memory_layout="stored")
+    client = open_client(client_kind, config, engine=engine, embedder=HashEmbedder())
+    try:
+        for fact in FACTS:
+            client.add(fact, user_id="alice", infer=False)
+        id_of = {r["memory"]: r["id"] for r in client.get_all(user_id="alice")["results"]}
+        query = FACTS[-1]
+        by_score = _ids(client, query, 2)
+        assert by_score[0] == id_of[query]  # search still ranks best first: the last fact added before an older one
+        oldest_first = [id_of[fact] for fact in FACTS if id_of[fact] in by_score]
+        assert oldest_first != by_score
+        for mode in ("kv", "prompt"):
+            laid = client.chat(query, user_id="alice", limit=2, mode=mode, max_new_tokens=6)
+            assert laid.memory_ids == oldest_first
+            # the same prompt as the caller laying those memories out in that order: the same greedy answer
+            chosen = client.chat(query, user_id="alice", memory_ids=oldest_first, mode=mode, max_new_tokens=6)
+            assert (laid.answer, laid.prompt_tokens, laid.memory_tokens) == (
+                chosen.answer,
+                chosen.prompt_tokens,
+                chosen.memory_tokens,
+            )
+            # memory_ids keep the caller's order under this layout too
+            assert client.chat(query, user_id="alice", memory_ids=by_score, mode=mode, max_new_tokens=2).memory_ids == (
+                by_score
+            )
+    finally:
+        client.close()
+
+
 def test_a_streamed_answer_with_memory_ids_reports_them(c: ClientAdapter) -> None:
     chosen = [r["id"] for r in c.get_all(user_id="alice")["results"]][:2]
     chunks = c.chat_stream(messages=CONVERSATION, user_id="alice", memory_ids=chosen, max_new_tokens=6)

@@ -83,12 +83,12 @@ def test_retrieved_cases_are_ranked_by_similarity() -> None:
         retrieve_cases("toy", memories, [("q", None)], 0, _Embedder())
 
 
-def test_conversation_layout_keeps_the_top_k_in_stored_order_with_their_contexts() -> None:
+def test_stored_layout_keeps_the_top_k_in_stored_order_with_their_contexts() -> None:
     memories = ["the city is big", "my job is nice", "the dog barks", "the dog sleeps"]
     contexts = [[], ["c0"], ["c0", "c1"], ["c1", "c2"]]
     question = [("which dog?", None)]
     by_score = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts)
-    by_date = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts, layout="conversation")
+    by_date = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts, layout="stored")
     # the dog lines score highest; the city and job lines tie, and the first stored of them is retrieved
     assert by_score.cases[0].memories == ["the dog barks", "the dog sleeps", "the city is big"]
     assert by_date.cases[0].memories == ["the city is big", "the dog barks", "the dog sleeps"]
