@@ -65,9 +65,10 @@ def actor_of(messages: Sequence[Message]) -> str | None:
 
 def laid_out(records: Sequence[MemoryRecord], layout: MemoryLayout) -> list[MemoryRecord]:
     """Retrieved memories in the order a chat lays them out (:attr:`~inferscale.config.MemoryConfig.memory_layout`):
-    as given (best first) for ``"score"``, in the order they were stored (their increasing ``vector_id``, the SQL
-    key each memory gets when it is added) for ``"stored"``."""
-    if layout == "stored":
+    as given (best first) for ``"score"``; for ``"added"``, in the order they were first added: by increasing
+    ``vector_id``, the SQL key a memory gets when it is inserted (increasing on SQLite and PostgreSQL alike) and
+    keeps through updates."""
+    if layout == "added":
         return sorted(records, key=lambda r: r.vector_id)
     return list(records)
 

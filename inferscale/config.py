@@ -25,9 +25,9 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 EncodeMode = Literal["background", "eager", "lazy"]
 """When ``add`` has the K/V of new memories encoded (:attr:`KVConfig.encode_on_add`)."""
 
-MemoryLayout = Literal["score", "stored"]
+MemoryLayout = Literal["score", "added"]
 """The order a chat lays its retrieved memories out in (:attr:`MemoryConfig.memory_layout`): by retrieval score,
-best first, or in the order they were stored, oldest first."""
+best first, or in the order they were added, oldest first."""
 
 
 def inferscale_home() -> Path:
@@ -320,14 +320,16 @@ class MemoryConfig(_Strict):
             prompt, not a document: ``add(infer=False)`` refuses a longer message with ``InvalidInputError``
             (``infer=True`` extracts short facts from long conversations chunk by chunk).
         system_prompt: the instruction placed before the memory segment of every chat prompt.
-        memory_layout: the order a chat lays the memories it retrieves out in, in both modes: ``"score"`` (best
-            first, as ``search`` returns them; Mem0's order) or ``"stored"`` (the same memories in the order they
-            were added, oldest first, so a newer value comes after the one it replaced). ``memory_ids`` given to
-            ``chat`` keep the caller's order. Measured with ``inferscale eval fidelity --memory-layout`` on two
-            LoCoMo conversations and three system prompts (docs/architecture.md, run 20), ``"stored"`` brings KV
-            answers closer to pasted ones (first-token KL 0.052 -> 0.049, agreement 0.82 -> 0.87, answer F1
-            kv~prompt 0.53 -> 0.56) with the same F1 against gold in KV mode (0.118 -> 0.120), while prompt mode's
-            falls (0.134 -> 0.129); so ``"score"`` stays the default.
+        memory_layout: the order a chat lays the memories it retrieves out in, in both modes and on every server:
+            ``"score"`` (best first, as ``search`` returns them; Mem0's order) or ``"added"`` (the same memories in
+            the order they were first added, oldest first; an update keeps a memory's place). ``memory_ids`` given
+            to ``chat`` keep the caller's order, so the LangChain and LlamaIndex packages, which pass the ids they
+            searched for, lay memories out best first. Measured with ``inferscale eval fidelity --memory-layout``
+            on two LoCoMo conversations and three system prompts (docs/architecture.md, run 20), ``"added"``
+            brings KV answers closer to pasted ones (first-token KL 0.052 -> 0.049, agreement 0.82 -> 0.87,
+            answer F1 kv~prompt 0.53 -> 0.56) at the same F1 against gold in KV mode (0.118 -> 0.120), while
+            prompt mode's falls on one conversation of two (pooled 0.134 -> 0.129); so ``"score"`` stays the
+            default.
     """
 
     engine: EngineConfig = EngineConfig()

@@ -210,13 +210,15 @@ def demo_client(
     """A client whose database, index and K/V live in ``data_dir``, reset so the demo starts clean.
 
     Raises:
-        ConfigError: for a ``context_window`` or ``chain_block`` that ``KVConfig`` refuses.
+        ConfigError: for a ``context_window`` or ``chain_block`` that ``KVConfig`` refuses, or a
+            ``memory_layout`` that ``MemoryConfig`` refuses.
     """
     try:
         kv = KVConfig(context_window=context_window, chain_block=chain_block)
+        config = MemoryConfig.model_validate({"data_dir": str(data_dir), "kv": kv, "memory_layout": memory_layout})
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'kv'}: {e['msg']}" for e in error.errors())
-        raise ConfigError(f"the demo's K/V settings: {problems}") from error
-    client = MemoryClient(MemoryConfig(data_dir=str(data_dir), kv=kv, memory_layout=memory_layout))
+        raise ConfigError(f"the demo's settings: {problems}") from error
+    client = MemoryClient(config)
     client.reset()
     return client

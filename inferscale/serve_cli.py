@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TypeVar, get_args
 
-from inferscale.config import DType
+from inferscale.config import DType, MemoryLayout
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES
 
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -54,6 +54,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="POLICY",
         help="kv.recompute: memory tokens prefilled again per request, e.g. tail:16 (default none; vLLM serves "
         "none and tail:N)",
+    )
+    serve.add_argument(
+        "--memory-layout",
+        choices=list(get_args(MemoryLayout)),
+        help="memory_layout: the order of each chat's retrieved memories: score (best first, the default) or added "
+        "(oldest first)",
     )
     serve.set_defaults(func=run_serve)
     return serve
@@ -119,6 +125,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             chat_limit=args.limit,
             served_model_name=args.served_model_name,
             recompute=args.recompute,
+            memory_layout=args.memory_layout,
             device=_or(args.device, defaults.device),
             max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
         )
@@ -139,6 +146,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             dtype=args.dtype,
             served_model_name=args.served_model_name,
             recompute=args.recompute,
+            memory_layout=args.memory_layout,
             limit=_or(args.limit, defaults.limit),
             max_model_len=_or(args.max_model_len, defaults.max_model_len),
             kv_cache_bytes=_or(args.kv_cache_bytes, defaults.kv_cache_bytes),

@@ -11,7 +11,7 @@ run sees the same memories in the same order. Cases come from:
 
 Retrieval (for the last two) runs once, here, with the sentence embedder: cosine similarity of the question to
 each memory, best first, as :class:`inferscale.MemoryClient.search` ranks them. The retrieved memories are laid out
-in that order (``"score"``, the product's default), or in the order the conversation stored them (``"stored"``,
+in that order (``"score"``, the product's default), or in the order the conversation stored them (``"added"``,
 oldest first), as :attr:`inferscale.config.MemoryConfig.memory_layout` lays them out: both modes of every setting
 then see that order.
 """
@@ -130,7 +130,7 @@ def retrieve_cases(
         memories: the texts, in the order the conversation stored them.
         questions: ``(question, gold answer or None)`` pairs.
         contexts: the turns before each memory (one list per memory), carried into the cases.
-        layout: ``"score"`` lays each case's memories out best first; ``"stored"`` in the order of ``memories``
+        layout: ``"score"`` lays each case's memories out best first; ``"added"`` in the order of ``memories``
             (the same top-``k``).
 
     Raises:
@@ -148,7 +148,7 @@ def retrieve_cases(
     for (question, answer), vector in zip(questions, queries, strict=True):
         scores = vectors @ vector
         top = np.argsort(-scores, kind="stable")[:k]
-        if layout == "stored":
+        if layout == "added":
             top = np.sort(top)
         chosen = [memories[i] for i in top]
         context = [list(contexts[i]) for i in top] if contexts is not None else []

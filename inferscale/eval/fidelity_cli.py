@@ -22,7 +22,7 @@ from inferscale.cli_options import (
     name_list,
     positive_int,
 )
-from inferscale.config import DType, MemoryLayout
+from inferscale.config import DType, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
 from inferscale.validation_text import describe_errors
@@ -106,7 +106,7 @@ class FidelityOptions:
         default=10, metadata=cli("-k", "--k", help="memories per question for retrieved slices (default 10)")
     )
     memory_layout: MemoryLayout = field(
-        default="score",
+        default=MemoryConfig.model_fields["memory_layout"].default,
         metadata=cli(
             "--memory-layout",
             help="order of a retrieved slice's memories in both modes, as MemoryConfig.memory_layout: by retrieval "
@@ -199,6 +199,8 @@ def _setting_object(text: str) -> dict[str, Any]:
 def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:
     from inferscale.eval.fidelity_cases import demo_cases, load_cases, locomo_cases
 
+    if opts.memory_layout != FidelityOptions.memory_layout and not (opts.demo or opts.locomo):
+        raise ConfigError("--memory-layout orders retrieved slices (--demo, --locomo); a --cases file keeps its order")
     slices = []
     if opts.demo:
         slices.append(demo_cases(opts.k, embedder, opts.memory_layout))

@@ -34,6 +34,8 @@ class ServeSettings:
         recompute: ``kv.recompute``, the memory tokens prefilled again at serve time (``"tail:n"``, ...;
             :mod:`inferscale.kv.recompute`); ``None`` keeps ``KVConfig``'s default. The vLLM server serves
             ``"none"`` and ``"tail:n"`` and refuses the others at startup.
+        memory_layout: ``MemoryConfig.memory_layout``, the order a chat lays its retrieved memories out in
+            (``"score"``, best first, or ``"added"``, oldest first); ``None`` keeps ``MemoryConfig``'s default.
     """
 
     host: str = "127.0.0.1"
@@ -44,6 +46,7 @@ class ServeSettings:
     dtype: DType | None = None
     served_model_name: str | None = None
     recompute: str | None = None
+    memory_layout: str | None = None
 
     @property
     def engine_device(self) -> str:
@@ -75,20 +78,27 @@ class ServerOptions(ServeSettings):
 
 def memory_config(options: ServeSettings) -> MemoryConfig:
     """The memory client's config for either server: the transformers engine on ``model`` (``dtype``,
-    ``engine_device``), data in ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` when given. Its
-    database holds the memories and the API keys (``KeyStore.for_config``).
+    ``engine_device``), data in ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` and
+    ``memory_layout`` when given. Its database holds the memories and the API keys (``KeyStore.for_config``).
 
     Raises:
         ConfigError: for a value ``EngineConfig``, ``KVConfig`` or ``MemoryConfig`` refuses (an unknown recompute
-            policy among them).
+            policy or memory layout among them).
     """
     engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.engine_device}
     if options.dtype is not None:
         engine["dtype"] = options.dtype
     try:
         kv = KVConfig() if options.recompute is None else KVConfig(recompute=options.recompute)
-        return MemoryConfig(
-            engine=EngineConfig.model_validate(engine), kv=kv, data_dir=options.data_dir, db_url=options.db_url
+        layout = {} if options.memory_layout is None else {"memory_layout": options.memory_layout}
+        return MemoryConfig.model_validate(
+            {
+                "engine": EngineConfig.model_validate(engine),
+                "kv": kv,
+                "data_dir": options.data_dir,
+                "db_url": options.db_url,
+                **layout,
+            }
         )
     except ValueError as exc:  # pydantic's ValidationError
         raise ConfigError(f"invalid server options: {exc}") from exc

@@ -137,8 +137,9 @@ class MemoryService:
 
     def prepare(self, user: str, conversation: Sequence[ChatMessage]) -> tuple[PreparedRequest, list[dict[str, Any]]]:
         """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
-        its last user message, its memory segment's last :attr:`recompute_tail` tokens left to vLLM's prefill, and
-        those memories (Mem0 dicts).
+        its last user message, laid out as ``MemoryConfig.memory_layout`` says; its memory segment's last
+        :attr:`recompute_tail` tokens are left to vLLM's prefill. Returns the request and those memories (Mem0
+        dicts), in layout order.
 
         A retrieved memory too long for the model's context once encoded with its context turns is left out with a
         warning, as the client's ``chat`` leaves it out (:meth:`~inferscale.fact_kv.FactKVManager.servable`).
@@ -147,12 +148,14 @@ class MemoryService:
             ScopeError: for an empty user id.
             InvalidInputError: when the chat template refuses the conversation.
         """
+        from inferscale.client_core import laid_out
         from inferscale.scope import Scope
 
         scope = Scope(user_id=user)
         query = last_user_text(conversation)
         with self._lock:
-            recalled = [hit.record for hit in self._client.recall(query, user_id=user, limit=self._limit)]
+            hits = self._client.recall(query, user_id=user, limit=self._limit)
+            recalled = laid_out([hit.record for hit in hits], self._client.config.memory_layout)
             records = self._client.fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)

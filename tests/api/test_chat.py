@@ -94,7 +94,7 @@ def test_streamed_chunks_join_to_the_answer_and_end_with_the_report(c: ClientAda
 def test_a_stored_layout_lays_the_retrieved_memories_out_oldest_first(
     tmp_path: Path, db_url: str, client_kind: ClientKind, engine: Any
 ) -> None:
-    config = fake_config(tmp_path, db_url, memory_layout="stored")
+    config = fake_config(tmp_path, db_url, memory_layout="added")
     client = open_client(client_kind, config, engine=engine, embedder=HashEmbedder())
     try:
         for fact in FACTS:

@@ -228,5 +228,13 @@ def test_k_v_settings_the_config_refuses_fail_with_a_config_error_before_any_mod
 ) -> None:
     assert main(["demo", option, value, "--data-dir", str(tmp_path)]) == exit_code(ConfigError("x"))
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: the demo's K/V settings:") and option.lstrip("-").replace("-", "_") in err
+    assert err.startswith("error: the demo's settings:") and option.lstrip("-").replace("-", "_") in err
     assert not (tmp_path / "memory.db").exists()  # no client was built
+
+
+def test_a_memory_layout_the_config_refuses_is_a_config_error_before_any_client_is_built(tmp_path: Path) -> None:
+    from inferscale.demo import demo_client
+
+    with pytest.raises(ConfigError, match="the demo's settings: memory_layout: Input should be 'score' or 'added'"):
+        demo_client(tmp_path, 5, 0, "newest")  # type: ignore[arg-type]  # a caller outside the CLI's choices
+    assert not (tmp_path / "memory.db").exists()

@@ -357,6 +357,35 @@ def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
         service.close()
 
 
+def test_the_configured_memory_layout_orders_every_requests_memories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory_layout="added"`` (``--memory-layout added``): the service lays the memories it retrieves out in the
+    order they were added, as the client's ``chat`` does; ``"score"`` keeps search's order."""
+    from inferscale.client import MemoryClient
+    from inferscale.server import vllm_memory
+    from inferscale.server.vllm_memory import ServeOptions, build_service
+
+    data = tmp_path / "data"
+    question = "Where does my sister Clara teach?"
+    engine = TransformersEngine(EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt)
+    with MemoryClient({"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}, engine=engine) as c:
+        for text in ALICE:
+            c.add(text, user_id="alice", infer=False, encode_kv=False)
+        by_score = [r["memory"] for r in c.search(question, user_id="alice", limit=5)["results"]]
+    assert by_score[0] == ALICE[2] and sorted(by_score) == sorted(ALICE)  # the newest memory ranks first
+    laid: dict[str, list[str]] = {}
+    for layout in ("score", "added"):
+        monkeypatch.setattr(vllm_memory, "_SERVICE", None)
+        service, *_ = build_service(ServeOptions(data_dir=str(data), dtype="float32", memory_layout=layout))
+        try:
+            _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]))
+            laid[layout] = [m["memory"] for m in memories]
+        finally:
+            service.close()
+    assert laid == {"score": by_score, "added": ALICE}
+
+
 # ---- API keys --------------------------------------------------------------------------------------------------
 
 QUESTION = [{"role": "user", "content": "What is my pet called?"}]

@@ -58,6 +58,12 @@ def test_a_setting_with_two_bad_fields_names_both(capsys: pytest.CaptureFixture[
     assert "attention_scale: Input should be greater than 0; serve_as: Input should be 'kv' or 'prompt'" in err
 
 
+def test_a_memory_layout_for_a_cases_file_alone_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "fidelity", "--cases", str(CASES), "--memory-layout", "added"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--memory-layout orders retrieved slices (--demo, --locomo); a --cases file keeps its order" in err
+
+
 class _Embedder:
     """Unit vectors by keyword: memory i and question i share dimension i."""
 
@@ -88,7 +94,7 @@ def test_stored_layout_keeps_the_top_k_in_stored_order_with_their_contexts() -> 
     contexts = [[], ["c0"], ["c0", "c1"], ["c1", "c2"]]
     question = [("which dog?", None)]
     by_score = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts)
-    by_date = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts, layout="stored")
+    by_date = retrieve_cases("toy", memories, question, 3, _Embedder(), contexts, layout="added")
     # the dog lines score highest; the city and job lines tie, and the first stored of them is retrieved
     assert by_score.cases[0].memories == ["the dog barks", "the dog sleeps", "the city is big"]
     assert by_date.cases[0].memories == ["the city is big", "the dog barks", "the dog sleeps"]

@@ -121,3 +121,22 @@ def test_the_recompute_flag_reaches_the_memory_config(tmp_path: Path, monkeypatc
     assert memory_config(seen[1]).kv.recompute == KVConfig().recompute
     with pytest.raises(ConfigError, match="recompute"):
         memory_config(ServerOptions(recompute="tail"))
+
+
+def test_the_memory_layout_flag_reaches_the_memory_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--memory-layout added`` becomes the server's ``MemoryConfig.memory_layout``; unset, the config's default
+    holds; a value the config refuses is a ``ConfigError`` before anything loads."""
+    from inferscale.config import MemoryConfig
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--memory-layout", "added")) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
+    assert [o.memory_layout for o in seen] == ["added", None]
+    assert memory_config(seen[0]).memory_layout == "added"
+    assert memory_config(seen[1]).memory_layout == MemoryConfig().memory_layout == "score"
+    with pytest.raises(ConfigError, match="memory_layout"):
+        memory_config(ServerOptions(memory_layout="newest"))
+    with pytest.raises(SystemExit):  # argparse refuses a choice it does not list
+        _parse("--memory-layout", "newest")
