@@ -253,10 +253,13 @@ class TransformersEngine(LayoutTokensMixin):
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         """Pre-RoPE K/V of each fact, ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the model's dtype.
 
+        Loads the model first when nothing has yet (:meth:`load`), as every other model call does.
+
         Raises:
             InvalidInputError: when a fact with its context and position gap reaches past the model's context
                 window.
         """
+        self.load()
         check_spans(requests, self.max_context_tokens)
         with self._lock:
             return self._encoder.encode(requests)
