@@ -74,8 +74,8 @@ class DemoOptions:
         default=MemoryConfig.model_fields["memory_layout"].default,
         metadata=cli(
             "--memory-layout",
-            help="order of each chat's memories, in both modes: by retrieval score, best first, or as they were "
-            "stored, oldest first (default: MemoryConfig's, %(default)s)",
+            help="order of each chat's memories, in both modes: by retrieval score, best first, or in the order they "
+            "were added, oldest first (default: MemoryConfig's, %(default)s)",
         ),
     )
     locomo: str | None = field(
