@@ -67,9 +67,8 @@ def served(case: FidelityCase, encodings: dict[int, list[FactKV]], scheme: Schem
 def check_plumbing(engine: Any, case: FidelityCase, encodings: dict[int, list[FactKV]], cache: FactCache) -> None:
     """Stop when the first memory alone, served from its w=0 encoding, is not prompt mode's first line (max logit
     difference over ``PLUMBING_TOLERANCE``), or the ``w=5`` scheme is not the fidelity runner's default K/V."""
-    first = case.model_copy(update={"memories": case.memories[:1], "contexts": case.contexts[:1]})
-    prompt = engine.first_token_logits(first.question, None, [engine.fact_token_ids(first.memories[0])])
-    kv = engine.first_token_logits(first.question, encodings[0][:1])
+    prompt = engine.first_token_logits(case.question, None, [engine.fact_token_ids(case.memories[0])])
+    kv = engine.first_token_logits(case.question, encodings[0][:1])
     gap = float((prompt - kv).abs().max())
     if gap > PLUMBING_TOLERANCE:
         raise SystemExit(f"plumbing: the first memory's w=0 K/V differ from prompt mode's by {gap:.2e} in a logit")
