@@ -78,9 +78,14 @@ def check_plumbing(engine: Any, case: FidelityCase, encodings: dict[int, list[Fa
 
 
 def measure(
-    engine: Any, cases: Sequence[FidelityCase], max_new_tokens: int, progress: Callable[[str], None]
+    engine: Any,
+    cases: Sequence[FidelityCase],
+    max_new_tokens: int,
+    progress: Callable[[str], None],
+    schemes: Sequence[str] = tuple(SCHEMES),
 ) -> list[dict[str, Any]]:
-    """One row per (case, scheme), as :func:`inferscale.eval.fidelity.run_fidelity` writes them."""
+    """One row per (case, scheme named in ``schemes``), as :func:`inferscale.eval.fidelity.run_fidelity` writes
+    them."""
     cache = FactCache(engine)
     rows: list[dict[str, Any]] = []
     generate = max_new_tokens > 0
@@ -88,8 +93,8 @@ def measure(
         encodings = {w: cache.get(case, FidelitySetting(context_window=w)) for w in range(DEFAULT_WINDOW + 1)}
         check_plumbing(engine, case, encodings, cache)
         reference = prompt_reference(engine, case, max_new_tokens, generate)
-        for name, scheme in SCHEMES.items():
-            facts = served(case, encodings, scheme)
+        for name in schemes:
+            facts = served(case, encodings, SCHEMES[name])
             logits = engine.first_token_logits(case.question, facts)
             row = first_token_row(name, reference["logits"], logits, sum(f.n_tokens for f in facts), case)
             if generate:
@@ -106,6 +111,9 @@ def main() -> None:
     parser.add_argument("--demo", action="store_true", help="the bundled demo (k=5 unless -k says otherwise)")
     parser.add_argument("--system-prompt", default="default", help="short, default or long (default: default)")
     parser.add_argument("--max-new-tokens", type=int, default=0, help="answer budget; 0 measures the first token")
+    parser.add_argument(
+        "--schemes", nargs="+", choices=list(SCHEMES), default=list(SCHEMES), help="the schemes to serve (default: all)"
+    )
     args = parser.parse_args()
     if not args.demo and not args.locomo:
         parser.error("give --locomo PATH or --demo")
@@ -117,7 +125,7 @@ def main() -> None:
         else locomo_cases(args.locomo, args.conversation, args.questions, args.k, embedder)
     )
     engine, _ = float32_engine(args.system_prompt)
-    rows = measure(engine, part.cases, args.max_new_tokens, lambda line: print(line, flush=True))
+    rows = measure(engine, part.cases, args.max_new_tokens, lambda line: print(line, flush=True), args.schemes)
     for summary in summarize_rows(rows, by=("setting",)):
         line = f"{summary.setting:<16} KL {summary.kl_mean:.3f}  agree {summary.top1_agreement:.2f}"
         if args.max_new_tokens:

@@ -54,3 +54,11 @@ def test_the_w5_rows_are_the_fidelity_runners_default_and_the_first_slot_moves_k
     by_scheme = {r["setting"]: r for r in rows}
     assert by_scheme["w=5"]["kl"] == pytest.approx(reference["kl"], abs=1e-6)
     assert by_scheme["first slot w=0"]["kl"] != pytest.approx(reference["kl"], abs=1e-6)
+
+
+def test_measure_serves_only_the_schemes_named_and_gives_the_same_rows_as_serving_all() -> None:
+    engine = tiny_engine("llama")
+    every = {r["setting"]: r for r in fs.measure(engine, [CASE], 0, lambda _line: None)}
+    (only,) = fs.measure(engine, [CASE], 0, lambda _line: None, ["first slot w=0"])
+    assert only["setting"] == "first slot w=0"
+    assert only["kl"] == pytest.approx(every["first slot w=0"]["kl"], abs=1e-6)
