@@ -260,6 +260,13 @@ class KVConfig(_Strict):
             Memories extracted by ``add(infer=True)`` are never chained. Needs ``encode_after_system_prefix`` and
             ``position_buckets=(0,)``.
         chain_window: how many of the block's earlier memories a chained memory is encoded on (the last ones).
+        first_memory_context_free: serve the memory segment's first memory from its *context-free* encoding (right
+            after the system prefix, with no context turns) and every other from its context-window encoding. In
+            prompt mode the first pasted memory line sees the system prefix and nothing else, so with
+            ``encode_after_system_prefix`` its context-free K/V are exactly prompt mode's for that line. Each
+            memory with context turns (or a chain) then keeps a second encoding: encoding prefills its fact tokens
+            once more and its K/V take twice the room at rest; a memory without turns has one encoding, which
+            serves both. Serving costs nothing more, in both engines.
     """
 
     context_window: int = Field(default=5, ge=0, le=64)
@@ -278,6 +285,7 @@ class KVConfig(_Strict):
     storage_format: StorageFormat = "model"
     chain_block: int = Field(default=0, ge=0, le=32)
     chain_window: int = Field(default=3, ge=1, le=32)
+    first_memory_context_free: bool = False
 
     @model_validator(mode="after")
     def _chains_need_one_bucket_after_the_prefix(self) -> KVConfig:

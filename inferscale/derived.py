@@ -30,7 +30,7 @@ import numpy as np
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.encode_queue import EncodeQueue
 from inferscale.engines.base import Engine
-from inferscale.fact_kv import FactKVManager
+from inferscale.fact_kv import FactKVManager, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVStore, KVStoreStats
@@ -324,7 +324,8 @@ class DerivedStores:
         self._encoder.close()
 
     def encode_queued(self, memory_ids: list[str]) -> None:
-        """Encode and store the K/V of queued memories at every position bucket, as eager ``add`` does: the
+        """Encode and store every encoding of queued memories (each position bucket; the context-free one with
+        ``kv.first_memory_context_free``), as eager ``add`` does: the
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
 
         The batch's memories are read from SQL in one query when its turn comes (one deleted meanwhile is skipped;
@@ -354,7 +355,7 @@ class DerivedStores:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)
             records = fact_kv.servable([found[memory_id] for memory_id in memory_ids if memory_id in found])
-            left = fact_kv.every_bucket(records)
+            left = fact_kv.every_encoding(records)
         stored = 0
         chunk_size = self._config.kv.encode_chunk_size
         while left:
@@ -369,21 +370,21 @@ class DerivedStores:
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
 
     def _store_unchanged(
-        self, fact_kv: FactKVManager, encoded_for: Sequence[tuple[MemoryRecord, int]], encoded: Sequence[FactKV]
+        self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]
     ) -> int:
-        """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, bucket)``) where SQL still holds that
+        """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that
         record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were
         stored. Takes the client's lock."""
         with self._lock:
             now = self._db().get_many([record.id for record, _ in encoded_for])
             kept = []
-            for (record, bucket), fact in zip(encoded_for, encoded, strict=True):
+            for (record, encoding), fact in zip(encoded_for, encoded, strict=True):
                 current = now.get(record.id)
-                key = fact_kv.key(record, bucket)
-                if current is None or fact_kv.key(current, bucket) != key:
+                key = fact_kv.key(record, encoding)
+                if current is None or fact_kv.key(current, encoding) != key:
                     continue  # deleted, re-worded or re-contexted during the pass: a stale encoding
                 if not fact_kv.store.contains(key):  # not stored meanwhile by a chat that needed it
-                    kept.append(((record, bucket), fact))
+                    kept.append(((record, encoding), fact))
             if kept:
                 fact_kv.put([pair for pair, _ in kept], [fact for _, fact in kept])
         return len(kept)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
@@ -36,6 +37,25 @@ from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 
 log = logging.getLogger(__name__)
 
+
+class Encoding(NamedTuple):
+    """Which of a memory's encodings: at position bucket ``bucket`` (tokens after the system prefix) after its
+    context turns (or on its chain), or, with ``context_free``, right after the system prefix with no turns
+    (``kv.first_memory_context_free``; bucket 0)."""
+
+    bucket: int = 0
+    context_free: bool = False
+
+
+IN_CONTEXT = Encoding()
+"""A memory's encoding after its context turns (or on its chain), right after the system prefix: the one every
+setting stores."""
+
+CONTEXT_FREE = Encoding(0, context_free=True)
+"""A memory's context-free encoding: its fact tokens right after the system prefix alone."""
+
+Wanted = tuple[MemoryRecord, Encoding]
+"""A memory and which of its encodings a call wants."""
 
 ChainMemo = dict[tuple[Scope, ChainLink], FactKV]
 """The K/V of the chain links one call has encoded or read, per exact scope (a scope's chain never uses another's)."""
@@ -77,13 +97,25 @@ class FactKVManager:
             self._prefix = token_ids_digest(self._engine.system_prefix_ids())
         return self._prefix
 
-    def encoding_key(self, record: MemoryRecord, bucket: int = 0) -> str:
+    def encoding_key(self, record: MemoryRecord, encoding: Encoding = IN_CONTEXT) -> str:
         """The encoding part of ``record``'s key, e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``: the settings (an
         8-bit storage format among them) and a digest over them, the system prefix's token ids and ``record``'s
         context turns (:func:`inferscale.kv.fingerprint.encoding_key`); for a chained memory, its whole context and
-        its chain (``...;chain=3@5;<32 hex>``), which its K/V are a function of (:mod:`inferscale.chains`). No
-        tokenising: cheap at request time."""
-        return self._link_encoding_key(ChainLink.of(record), bucket)
+        its chain (``...;chain=3@5;<32 hex>``), which its K/V are a function of (:mod:`inferscale.chains`); for its
+        context-free encoding, ``"v3;w=0;prefix=system;gap=0;<32 hex>"`` (see :meth:`canonical`). No tokenising:
+        cheap at request time."""
+        encoding = self.canonical(record, encoding)
+        if encoding.context_free:
+            config = self._config
+            return encoding_key(self._prefix_digest(), (), 0, 0, config.storage_format)
+        return self._link_encoding_key(ChainLink.of(record), encoding.bucket)
+
+    def canonical(self, record: MemoryRecord, encoding: Encoding) -> Encoding:
+        """``encoding``, or the one that gives the same K/V and is stored in its place: a memory that is not chained
+        and has no context turns is encoded right after the system prefix either way, so its context-free encoding
+        is its bucket-0 one (one encoding, one entry)."""
+        no_turns = not self.chained(record) and not context_turns(record.context, self._config.context_window)
+        return IN_CONTEXT if encoding.context_free and no_turns else encoding
 
     def _link_encoding_key(self, link: ChainLink, bucket: int = 0) -> str:
         config = self._config
@@ -99,15 +131,23 @@ class FactKVManager:
         """Whether ``record`` is encoded on the stored K/V of earlier memories of its block under these settings."""
         return self._layout.chained(ChainLink.of(record))
 
-    def key(self, record: MemoryRecord, bucket: int = 0) -> KVKey:
-        """The store key of ``record`` encoded for position bucket ``bucket`` (tokens from the prefix), under the
-        current engine and settings."""
-        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(record, bucket))
+    def key(self, record: MemoryRecord, encoding: Encoding = IN_CONTEXT) -> KVKey:
+        """The store key of ``record``'s ``encoding`` (by default: after its context turns, right after the
+        prefix), under the current engine and settings."""
+        return KVKey(record.id, record.hash, self._engine.fingerprint, self.encoding_key(record, encoding))
 
-    def encode_request(self, record: MemoryRecord, bucket: int = 0) -> EncodeRequest:
-        """What to encode for ``record`` at position bucket ``bucket`` (tokens from the prefix): its fact tokens after
-        (system prefix) + (its last w context turns) (:meth:`inferscale.encoding_layout.EncodingLayout.requests`)."""
-        return self._layout.requests(record.text, record.context, (bucket,))[0]
+    def encode_request(self, record: MemoryRecord, encoding: Encoding = IN_CONTEXT) -> EncodeRequest:
+        """What to encode for ``record``'s ``encoding`` when it is not chained: its fact tokens after (system prefix)
+        + (its last w context turns), ``encoding.bucket`` tokens from the prefix; after the prefix alone for the
+        context-free encoding (:meth:`inferscale.encoding_layout.EncodingLayout.requests`)."""
+        context = () if encoding.context_free else record.context
+        return self._layout.requests(record.text, context, (encoding.bucket,))[0]
+
+    def is_chained_encoding(self, wanted: Wanted) -> bool:
+        """Whether ``wanted`` is encoded on the stored K/V of earlier memories: a chained memory's encoding other
+        than its context-free one."""
+        record, encoding = wanted
+        return self.chained(record) and not self.canonical(record, encoding).context_free
 
     def servable(self, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
         """Those of ``records`` whose encoding fits the model's context window at every position bucket, in order.
@@ -147,58 +187,66 @@ class FactKVManager:
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
-        offset in the memory segment (:func:`inferscale.kv.serving.bucket_per_fact`); store hits as they are,
-        misses encoded in batches, quantised to ``kv.storage_format`` and stored (returned as stored: 8-bit ones
-        as codes and scales).
+        offset in the memory segment (:func:`inferscale.kv.serving.bucket_per_fact`), the first one from its
+        context-free encoding with ``kv.first_memory_context_free``; store hits as they are, misses encoded in
+        batches, quantised to ``kv.storage_format`` and stored (returned as stored: 8-bit ones as codes and scales).
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key (never injected).
         """
         buckets = self._config.position_buckets
         if len(buckets) == 1:
-            chosen = [buckets[0]] * len(records)
+            chosen = [Encoding(buckets[0])] * len(records)
         else:
-            chosen = bucket_per_fact([len(self._engine.fact_token_ids(r.text)) for r in records], buckets)
+            lengths = [len(self._engine.fact_token_ids(r.text)) for r in records]
+            chosen = [Encoding(b) for b in bucket_per_fact(lengths, buckets)]
+        if self._config.first_memory_context_free and records:
+            chosen[0] = CONTEXT_FREE
         return self._ensure(list(zip(records, chosen, strict=True)))
 
     def prepare(self, records: Sequence[MemoryRecord]) -> None:
-        """Encode and store every record at every position bucket (the eager encoding of ``add``), so no later
-        request encodes on its path.
+        """Encode and store every encoding of every record (the eager encoding of ``add``), so no later request
+        encodes on its path.
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
         """
-        self._ensure(self.every_bucket(records))
+        self._ensure(self.every_encoding(records))
 
-    def every_bucket(self, records: Sequence[MemoryRecord]) -> list[tuple[MemoryRecord, int]]:
-        """``(record, bucket)`` for each record and each position bucket, in that order: what :meth:`prepare`
-        encodes."""
-        return [(r, bucket) for r in records for bucket in self._config.position_buckets]
+    def every_encoding(self, records: Sequence[MemoryRecord]) -> list[Wanted]:
+        """``(record, encoding)`` for each record and each of its encodings, in that order: one per position bucket,
+        then its context-free one with ``kv.first_memory_context_free`` unless it is its bucket-0 one
+        (:meth:`canonical`). What :meth:`prepare` encodes."""
+        wanted = []
+        for record in records:
+            encodings = [Encoding(bucket) for bucket in self._config.position_buckets]
+            if self._config.first_memory_context_free and self.canonical(record, CONTEXT_FREE) not in encodings:
+                encodings.append(CONTEXT_FREE)
+            wanted += [(record, encoding) for encoding in encodings]
+        return wanted
 
-    def missing(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[tuple[MemoryRecord, int]]:
-        """Those ``(record, bucket)`` of ``wanted`` whose K/V no tier holds, in order. Counts no store hit or miss
+    def missing(self, wanted: Sequence[Wanted]) -> list[Wanted]:
+        """Those ``(record, encoding)`` of ``wanted`` whose K/V no tier holds, in order. Counts no store hit or miss
         and loads nothing."""
-        return [(r, b) for r, b in wanted if not self._store.contains(self.key(r, b))]
+        return [(r, e) for r, e in wanted if not self._store.contains(self.key(r, e))]
 
-    def chain_first(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[tuple[MemoryRecord, int]]:
-        """``wanted`` with, ahead of its first item when that is a chained memory, the stored memories of its chain
-        whose K/V no tier holds (each after those of its own chain), so that they are encoded and stored first and
-        its request (:meth:`requests`) finds its whole chain stored. Reads SQL and the store's index; encodes
-        nothing.
+    def chain_first(self, wanted: Sequence[Wanted]) -> list[Wanted]:
+        """``wanted`` with, ahead of its first item when that is a chained encoding (:meth:`is_chained_encoding`),
+        the stored memories of its chain whose K/V no tier holds (each after those of its own chain), so that they
+        are encoded and stored first and its request (:meth:`requests`) finds its whole chain stored. Reads SQL and
+        the store's index; encodes nothing.
         """
         if (
             not wanted
-            or not self.chained(wanted[0][0])
+            or not self.is_chained_encoding(wanted[0])
             or self._layout.chain_fallback(ChainLink.of(wanted[0][0])) is not None
         ):
             return list(wanted)
-        ahead: list[tuple[MemoryRecord, int]] = []
+        ahead: list[Wanted] = []
         self._missing_chain(ChainLink.of(wanted[0][0]), wanted[0][0].scope(), ahead, set())
         return [*ahead, *wanted]
 
-    def _missing_chain(
-        self, link: ChainLink, scope: Scope, ahead: list[tuple[MemoryRecord, int]], seen: set[str]
-    ) -> None:
+    def _missing_chain(self, link: ChainLink, scope: Scope, ahead: list[Wanted], seen: set[str]) -> None:
         for member in chained_on(link, self._config.chain_window):
             holder = self._holder(member, scope)
             if holder is None or holder.id in seen or self._store.contains(self.key(holder)):
@@ -206,7 +254,7 @@ class FactKVManager:
             seen.add(holder.id)
             if self.chained(holder) and self._layout.chain_fallback(member) is None:
                 self._missing_chain(member, scope, ahead, seen)
-            ahead.append((holder, 0))
+            ahead.append((holder, IN_CONTEXT))
 
     def _holder(self, link: ChainLink, scope: Scope) -> MemoryRecord | None:
         """The oldest memory of exactly ``scope`` whose text, context and chain start are ``link``'s, or ``None``."""
@@ -214,37 +262,43 @@ class FactKVManager:
             (r for r in self._db.memories_with_hash(hash_text(link.text), scope) if ChainLink.of(r) == link), None
         )
 
-    def next_chunk(self, wanted: Sequence[tuple[MemoryRecord, int]], size: int) -> int:
-        """How many of the first ``(record, bucket)`` of ``wanted`` to encode in one call of at most ``size``: the
+    def next_chunk(self, wanted: Sequence[Wanted], size: int) -> int:
+        """How many of the first ``(record, encoding)`` of ``wanted`` to encode in one call of at most ``size``: the
         call does not end among memories that share their context turns, which it would then prefill once more
-        (:func:`inferscale.kv.encode.chunk_length`; the facts of one ``add(infer=True)`` call share them). A chained
-        memory goes alone, after the calls that store its chain (:meth:`chain_first`).
+        (:func:`inferscale.kv.encode.chunk_length`; the facts of one ``add(infer=True)`` call share them; a
+        context-free encoding shares none). A chained encoding goes alone, after the calls that store its chain
+        (:meth:`chain_first`).
 
         Raises:
             ValueError: when ``size`` is under 1.
         """
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
-        if wanted and self.chained(wanted[0][0]):
+        if wanted and self.is_chained_encoding(wanted[0]):
             return 1
         window = self._config.context_window
-        contexts = [tuple(context_turns(r.context, window)) or None for r, _ in wanted[: 2 * size + 1]]
+        contexts = [
+            None if e.context_free else tuple(context_turns(r.context, window)) or None
+            for r, e in wanted[: 2 * size + 1]
+        ]
         n = chunk_length(contexts, size)
-        return next((i for i in range(1, n) if self.chained(wanted[i][0])), n)
+        return next((i for i in range(1, n) if self.is_chained_encoding(wanted[i])), n)
 
-    def requests(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[EncodeRequest]:
-        """The encode request of each ``(record, bucket)`` (:meth:`encode_request`; tokenises). A chained memory's
-        holds the stored K/V of the memories it is encoded on; it runs the model only when one of them is not
-        stored (:meth:`chain_kv` encodes it first: one that no stored memory holds any more, or one :meth:`chain_first`
-        did not put ahead).
+    def requests(self, wanted: Sequence[Wanted]) -> list[EncodeRequest]:
+        """The encode request of each ``(record, encoding)`` (:meth:`encode_request`; tokenises). A chained
+        encoding's holds the stored K/V of the memories it is encoded on; it runs the model only when one of them is
+        not stored (:meth:`chain_kv` encodes it first: one that no stored memory holds any more, or one
+        :meth:`chain_first` did not put ahead).
 
         Raises:
             KVFingerprintMismatchError: when a stored file was written under another key.
         """
         memo: ChainMemo = {}
         return [
-            self._chained_request(record, memo) if self.chained(record) else self.encode_request(record, bucket)
-            for record, bucket in wanted
+            self._chained_request(record, memo)
+            if self.is_chained_encoding((record, encoding))
+            else self.encode_request(record, encoding)
+            for record, encoding in wanted
         ]
 
     def _chained_request(self, record: MemoryRecord, memo: ChainMemo) -> EncodeRequest:
@@ -290,7 +344,7 @@ class FactKVManager:
             fact = fresh.quantized(self._config.storage_format)  # as it is stored
             if record is not None:
                 try:
-                    (fact,) = self.put([(record, 0)], [fresh])
+                    (fact,) = self.put([(record, IN_CONTEXT)], [fresh])
                 except MemoryNotFoundError:  # deleted meanwhile (another client): its K/V still serve this call
                     log.debug("memory %s was deleted while its K/V were encoded for a chain", record.id)
         memo[(scope, link)] = fact
@@ -305,8 +359,8 @@ class FactKVManager:
         """
         return self._engine.encode_facts(requests)
 
-    def put(self, wanted: Sequence[tuple[MemoryRecord, int]], encoded: Sequence[FactKV]) -> list[FactKV]:
-        """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, bucket)``), quantised once to
+    def put(self, wanted: Sequence[Wanted], encoded: Sequence[FactKV]) -> list[FactKV]:
+        """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, encoding)``), quantised once to
         ``kv.storage_format``: its ``kv_entries`` row, then its tensors in every tier; entries of an older key
         format of those memories are pruned.
 
@@ -319,9 +373,9 @@ class FactKVManager:
             OSError: when a file cannot be written.
         """
         stored = []
-        for (record, bucket), fresh in zip(wanted, encoded, strict=True):
+        for (record, encoding), fresh in zip(wanted, encoded, strict=True):
             fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
-            key = self.key(record, bucket)
+            key = self.key(record, encoding)
             # The row is committed before the file is renamed into place, so a file on disk always has its
             # row unless the memory was deleted or re-worded since: reconciliation may remove a file without
             # a row (a crash between the two leaves a row without a file, which it removes instead).
@@ -343,10 +397,10 @@ class FactKVManager:
         self._store.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
         return stored
 
-    def _ensure(self, wanted: Sequence[tuple[MemoryRecord, int]]) -> list[FactKV]:
-        found: list[FactKV | None] = [self._store.get(self.key(r, bucket)) for r, bucket in wanted]
+    def _ensure(self, wanted: Sequence[Wanted]) -> list[FactKV]:
+        found: list[FactKV | None] = [self._store.get(self.key(r, e)) for r, e in wanted]
         missing = [i for i, fact in enumerate(found) if fact is None]
-        plain = [i for i in missing if not self.chained(wanted[i][0])]
+        plain = [i for i in missing if not self.is_chained_encoding(wanted[i])]
         if plain:  # in batches
             misses = [wanted[i] for i in plain]
             stored = self.put(misses, self.encode(self.requests(misses)))

@@ -15,6 +15,7 @@ from inferscale import MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
+from inferscale.fact_kv import Encoding
 
 CONVERSATION = [
     {"role": "user", "content": "My name is Maya and I live in Porto."},
@@ -254,7 +255,7 @@ def test_position_buckets_encode_each_fact_at_the_bucket_of_its_offset(
     assert all(r is not None for r in records)
     for record in records:  # add() encoded every bucket of every memory
         for gap in buckets:
-            key = client.fact_kv.key(record, gap)  # type: ignore[arg-type]
+            key = client.fact_kv.key(record, Encoding(gap))  # type: ignore[arg-type]
             assert client.db.get_kv_entry(record.id, key.fingerprint, key.encoding_key) is not None  # type: ignore[union-attr]
     served = client.fact_kv.ensure(records)  # type: ignore[arg-type]
     prefix = len(engine.system_prefix_ids())

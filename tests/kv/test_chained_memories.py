@@ -19,6 +19,7 @@ from inferscale import MemoryClient, MemoryConfig
 from inferscale.chains import ChainLink, chained_on
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.transformers import TransformersEngine
+from inferscale.fact_kv import IN_CONTEXT
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.scope import Scope
@@ -255,7 +256,7 @@ def test_the_background_encoder_puts_a_chain_never_encoded_ahead_of_its_memory(
     memories encoded first, each once and in order, each as its own pass outside the request of the memory."""
     with client(tmp_path, engine, encode_on_add="lazy", chain_block=4) as memory:
         records = add_each(memory, MESSAGES[:4])
-        ahead = memory.fact_kv.chain_first([(records[3], 0)])
+        ahead = memory.fact_kv.chain_first([(records[3], IN_CONTEXT)])
         assert [r.id for r, _ in ahead] == [r.id for r in records]  # anchor, then each after its own chain
         before = engine._encoder.tokens_prefilled
         memory.derived.encode_queued([records[3].id])
