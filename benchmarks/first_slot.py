@@ -66,15 +66,16 @@ def served(case: FidelityCase, encodings: dict[int, list[FactKV]], scheme: Schem
 
 def check_plumbing(engine: Any, case: FidelityCase, encodings: dict[int, list[FactKV]], cache: FactCache) -> None:
     """Stop when the first memory alone, served from its w=0 encoding, is not prompt mode's first line (max logit
-    difference over ``PLUMBING_TOLERANCE``), or the ``w=5`` scheme is not the fidelity runner's default K/V."""
+    difference over ``PLUMBING_TOLERANCE``), or the ``w=5`` scheme is not the fidelity runner's w=5 K/V (its
+    default setting with every slot in context)."""
     prompt = engine.first_token_logits(case.question, None, [engine.fact_token_ids(case.memories[0])])
     kv = engine.first_token_logits(case.question, encodings[0][:1])
     gap = float((prompt - kv).abs().max())
     if gap > PLUMBING_TOLERANCE:
         raise SystemExit(f"plumbing: the first memory's w=0 K/V differ from prompt mode's by {gap:.2e} in a logit")
-    default = cache.get(case, FidelitySetting())
+    default = cache.get(case, FidelitySetting(first_memory_context_free=False))
     if any(a is not b for a, b in zip(default, served(case, encodings, SCHEMES["w=5"]), strict=True)):
-        raise SystemExit("plumbing: the w=5 scheme does not serve the fidelity runner's default K/V")
+        raise SystemExit("plumbing: the w=5 scheme does not serve the fidelity runner's w=5 K/V")
 
 
 def measure(

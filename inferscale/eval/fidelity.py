@@ -99,6 +99,8 @@ class FidelitySetting(BaseModel):
         context_window: w, the conversation turns before each memory it is encoded after (laid out as memory
             lines; the case's ``contexts``), as ``KVConfig.context_window``.
         storage_format: how the facts' K/V are stored, as ``KVConfig.storage_format``.
+        first_memory_context_free: serve the first memory of the layout from its context-free encoding (right after
+            the system prefix, no turns), as ``KVConfig.first_memory_context_free``.
         encode_alone: encode each fact in a forward pass of its own, not batched with the case's other facts: the
             same K/V up to the kernels' rounding, which the batch shape changes (in bfloat16, by about 0.6% of
             their norm). Against a batched reference it measures the noise the product already accepts: a control
@@ -118,6 +120,7 @@ class FidelitySetting(BaseModel):
     position_buckets: PositionBuckets = _product_default("position_buckets")
     context_window: int = Field(default=_product_default("context_window"), ge=0, le=MAX_CONTEXT_TURNS)
     storage_format: StorageFormat = _product_default("storage_format")
+    first_memory_context_free: bool = _product_default("first_memory_context_free")
     encode_alone: bool = False
     serve_as: Literal["kv", "prompt"] = "kv"
     memory_order: Literal["as_given", "reversed"] = "as_given"
@@ -141,6 +144,7 @@ class FidelitySetting(BaseModel):
             position_buckets=kv.position_buckets,
             context_window=kv.context_window,
             storage_format=kv.storage_format,
+            first_memory_context_free=kv.first_memory_context_free,
         )
 
     @property
@@ -156,10 +160,11 @@ class FidelitySetting(BaseModel):
         buckets = "/".join(map(str, self.position_buckets))
         stored = "" if self.storage_format == "model" else f" kv={self.storage_format}"
         alone = " encoded alone" if self.encode_alone else ""
+        first = " first context-free" if self.first_memory_context_free else ""
         order = " reversed" if self.memory_order == "reversed" else ""
         if self.serve_as == "prompt":
             return f"prompt{order}"
-        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{stored}{alone}{order}"
+        return f"{self.serving.label()} buckets={buckets} w={self.context_window}{first}{stored}{alone}{order}"
 
 
 _KV_DEFAULTS: dict[str, Any] = {
@@ -245,6 +250,8 @@ class FactCache:
         contexts = [tuple(case.context_of(i)[-w:]) if w else () for i in range(len(texts))]
         lengths = [len(self._engine.fact_token_ids(t)) for t in texts]
         gaps = bucket_per_fact(lengths, setting.position_buckets)
+        if setting.first_memory_context_free and texts:  # right after the prefix, as prompt mode's first line
+            contexts[0], gaps[0] = (), 0
         alone = [setting.encode_alone] * len(texts)
         wanted = list(zip(texts, contexts, gaps, alone, strict=True))
         missing = list(dict.fromkeys(key for key in wanted if key not in self._facts))

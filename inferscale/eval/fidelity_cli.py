@@ -48,6 +48,7 @@ SETTING_FIELDS: tuple[str, ...] = (
     "position_buckets",
     "context_window",
     "storage_format",
+    "first_memory_context_free",
     "encode_alone",
     "serve_as",
     "memory_order",

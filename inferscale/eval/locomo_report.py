@@ -107,7 +107,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         "",
         f"Conversations: {', '.join(summary['conversations']) or 'none'}; k={s['k']}, w={s['context_window']}, "
         f"recompute={s['recompute']}, s={s['memory_attention_scale']}, buckets={s['position_buckets']}, "
-        f"encode after system prefix: {s['encode_after_system_prefix']}; "
+        f"encode after system prefix: {s['encode_after_system_prefix']}, "
+        f"first memory context-free: {s.get('first_memory_context_free', False)}; "
         f"model {s['model'] or 'SmolLM2-135M-Instruct (embedded)'} ({s['dtype']}); stemmer: {summary['stemmer']}.",
         "Category codes: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop (LoCoMo's mapping). "
         "KL(prompt ‖ kv) of the first token in nats; TTFT in ms.",
@@ -184,7 +185,8 @@ def print_summary(summary: Mapping[str, Any], console: Console | None = None) ->
     table = report_table(
         f"LoCoMo {', '.join(summary['conversations'])}: k={s['k']}, w={s['context_window']}, "
         f"recompute={s['recompute']}, s={s['memory_attention_scale']}, buckets={s['position_buckets']}, "
-        f"prefix={s['encode_after_system_prefix']} (TTFT ms, KL nats)",
+        f"prefix={s['encode_after_system_prefix']}, first context-free={s.get('first_memory_context_free', False)} "
+        "(TTFT ms, KL nats)",
         ["category"],
         [name for name, _ in _COLUMNS],
     )

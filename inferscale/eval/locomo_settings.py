@@ -38,6 +38,7 @@ RUN_KEYS = (
     "memory_attention_scale",
     "position_buckets",
     "encode_after_system_prefix",
+    "first_memory_context_free",
     "model",
     "dtype",
     "max_new_tokens",
@@ -65,6 +66,8 @@ class LocomoEvalSettings:
         memory_attention_scale: ``KVConfig.memory_attention_scale`` s (1 = off).
         position_buckets: ``KVConfig.position_buckets`` (position-aware encoding distances, tokens).
         encode_after_system_prefix: encode facts after the system prefix (``KVConfig``; sink remedy).
+        first_memory_context_free: serve the first memory from its context-free encoding
+            (``KVConfig.first_memory_context_free``).
         out_dir: results folder (``results.jsonl``, ``summary.*``, the memory store).
         judge_base_url, judge_model, judge_api_key: OpenAI-compatible LLM judge; J is skipped unless both URL and
             model are set.
@@ -129,6 +132,14 @@ class LocomoEvalSettings:
             "--encode-after-system-prefix",
             action=argparse.BooleanOptionalAction,
             help="encode facts after the system prefix (default on)",
+        ),
+    )
+    first_memory_context_free: bool = field(
+        default=_KV["first_memory_context_free"].default,
+        metadata=cli(
+            "--first-memory-context-free",
+            action=argparse.BooleanOptionalAction,
+            help="serve the first memory from its context-free encoding (default: KVConfig's, %(default)s)",
         ),
     )
     out_dir: Path = field(
@@ -198,6 +209,7 @@ class LocomoEvalSettings:
             return KVConfig(
                 context_window=self.context_window,
                 encode_after_system_prefix=self.encode_after_system_prefix,
+                first_memory_context_free=self.first_memory_context_free,
                 recompute=self.recompute,
                 memory_attention_scale=self.memory_attention_scale,
                 position_buckets=self.position_buckets,

@@ -50,7 +50,12 @@ def test_the_w5_rows_are_the_fidelity_runners_default_and_the_first_slot_moves_k
     engine = tiny_engine("llama")
     rows = fs.measure(engine, [CASE], 0, lambda _line: None)
     assert [r["setting"] for r in rows] == list(fs.SCHEMES)
-    (reference,) = run_fidelity({"short": engine}, [FidelitySlice("toy", [CASE])], [FidelitySetting()], generate=False)
+    (reference,) = run_fidelity(
+        {"short": engine},
+        [FidelitySlice("toy", [CASE])],
+        [FidelitySetting(first_memory_context_free=False)],
+        generate=False,
+    )
     by_scheme = {r["setting"]: r for r in rows}
     assert by_scheme["w=5"]["kl"] == pytest.approx(reference["kl"], abs=1e-6)
     assert by_scheme["first slot w=0"]["kl"] != pytest.approx(reference["kl"], abs=1e-6)
@@ -62,3 +67,14 @@ def test_measure_serves_only_the_schemes_named_and_gives_the_same_rows_as_servin
     (only,) = fs.measure(engine, [CASE], 0, lambda _line: None, ["first slot w=0"])
     assert only["setting"] == "first slot w=0"
     assert only["kl"] == pytest.approx(every["first slot w=0"]["kl"], abs=1e-6)
+
+
+def test_the_products_setting_serves_what_the_first_slot_scheme_serves() -> None:
+    engine = tiny_engine("llama")
+    (scheme,) = fs.measure(engine, [CASE], 0, lambda _line: None, ["first slot w=0"])
+    setting = FidelitySetting(first_memory_context_free=True)
+    (row,) = run_fidelity({"short": engine}, [FidelitySlice("toy", [CASE])], [setting], generate=False)
+    assert row["kl"] == pytest.approx(scheme["kl"], abs=1e-6)
+    off = FidelitySetting(first_memory_context_free=False)
+    (in_context,) = run_fidelity({"short": engine}, [FidelitySlice("toy", [CASE])], [off], generate=False)
+    assert in_context["kl"] != pytest.approx(row["kl"], abs=1e-6)  # the setting moves what is served

@@ -160,3 +160,13 @@ def test_run_file_matches_a_resumed_run_with_tuple_settings(tmp_path: Path, data
     locomo_files.check_run_file(tmp_path, settings)  # the same settings, read back from JSON
     with pytest.raises(ConfigError, match="position_buckets"):
         locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, position_buckets=(0, 256)))
+
+
+def test_the_first_memory_context_free_setting_reaches_the_runs_kv_config_and_its_run_file(
+    tmp_path: Path, data_file: Path
+) -> None:
+    on = _settings(data_file, tmp_path, first_memory_context_free=True)
+    assert on.kv_config().first_memory_context_free
+    locomo_files.check_run_file(tmp_path, on)
+    with pytest.raises(ConfigError, match="first_memory_context_free"):
+        locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, first_memory_context_free=False))
