@@ -21,7 +21,10 @@ itself with the memories reversed, and recompute within 15% of the memory tokens
   :class:`~inferscale.MemoryClient` on the probe's engine adds every memory on its own, in conversation order
   (``add(infer=False)``, eager encoding), so each memory's context is its scope's last memories across sessions (the
   other probes use the turns before it in its session), and each case is served the K/V the client stores
-  (``memory_kv``). Its cost counts what the stored contexts make the encoder prefill.
+  (``memory_kv``). Its cost counts what the stored contexts make the encoder prefill. Its clients run with
+  ``kv.first_memory_context_free``, so each memory is stored twice: its row serves every memory from its
+  context-window encoding, and a row more (``first context-free``) serves each case's first memory from its
+  context-free one, as the product then does (the cost of the second encoding counted in that row).
 - ``layout``: the facts served away from their contiguous slots' positions (cache slots stay contiguous, position
   ids do not): ``overlap`` puts each fact exactly at the position it was encoded at (after the prefix and its
   context), so facts with contexts of similar length overlap; ``gaps`` puts each at that position or right after the
@@ -281,15 +284,20 @@ def gapped_starts(p: int, facts: Sequence[FactKV]) -> list[int]:
 
 def product_encode(
     engine: TransformersEngine, embedder: Embedder, memories: Sequence[str], system_prompt: str, block: int
-) -> tuple[dict[str, FactKV], int]:
-    """Every memory added on its own, in order, by a client with ``kv.chain_block`` = ``block`` (and every other
-    setting at its default) on ``engine``, in a temporary data directory: each memory's K/V as the client stores them,
-    and the tokens its encoder prefills for them (each memory's tokens, and the text of the context turns of those
-    not chained; the cached system prefix not)."""
+) -> tuple[dict[str, FactKV], dict[str, FactKV], int, int]:
+    """Every memory added on its own, in order, by a client with ``kv.chain_block`` = ``block`` and
+    ``kv.first_memory_context_free`` (every other setting at its default) on ``engine``, in a temporary data
+    directory.
+
+    Returns:
+        Each memory's K/V as the client serves it in any slot but the first (its context-window encoding) and in the
+        first (its context-free one), both as stored, by text; the tokens the encoder prefills for the first
+        (each memory's tokens, and the text of the context turns of those not chained; the cached system prefix not)
+        and for the second (each memory's tokens again, where it has turns or a chain).
+    """
+    kv = KVConfig(chain_block=block, first_memory_context_free=True, encode_on_add="eager")
     with tempfile.TemporaryDirectory() as data_dir:
-        config = MemoryConfig(
-            data_dir=data_dir, system_prompt=system_prompt, kv=KVConfig(chain_block=block, encode_on_add="eager")
-        )
+        config = MemoryConfig(data_dir=data_dir, system_prompt=system_prompt, kv=kv)
         with MemoryClient(config, engine=engine, embedder=embedder) as client:
             stored = []
             for text in memories:
@@ -298,14 +306,20 @@ def product_encode(
                 if record is None:  # nothing else writes to the probe's own data directory
                     raise SystemExit(f"the memory {text!r} was added but is not stored")
                 stored.append(record)
-            encoded = dict(zip(memories, client.memory_kv(stored), strict=True))
+            # Served after a first memory, each is served from its context-window encoding (the first memory
+            # added has no turns: its one encoding serves both); served first, from its context-free one.
+            in_context = dict(zip(memories, client.memory_kv([stored[0], *stored])[1:], strict=True))
+            context_free = {text: client.memory_kv([record])[0] for text, record in zip(memories, stored, strict=True)}
     window = config.kv.context_window
-    prefilled = 0
+    prefilled = second = 0
     for record in stored:
-        prefilled += len(engine.fact_token_ids(record.text))
-        if not (block and ChainLink.of(record).chained):
-            prefilled += len(engine.context_token_ids(record.context[-window:])) if window and record.context else 0
-    return encoded, prefilled
+        fact = len(engine.fact_token_ids(record.text))
+        prefilled += fact
+        chained = bool(block and ChainLink.of(record).chained)
+        turns = len(engine.context_token_ids(record.context[-window:])) if window and record.context else 0
+        prefilled += 0 if chained else turns
+        second += fact if chained or turns else 0
+    return in_context, context_free, prefilled, second
 
 
 PROBES = ("band", "chain", "product", "layout")
@@ -363,7 +377,7 @@ def main() -> None:
             parser.error(f"--bands: {error}")
     windows: list[int] = args.chain_windows if "chain" in probes else []
     probe = Probe(engine.load(), model)
-    default = FidelitySetting()
+    default = FidelitySetting(first_memory_context_free=False)  # w=5 in every slot: what the bands start from
     stored = FactCache(engine)
     sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
     memories, contexts = memories_with_contexts(sessions)
@@ -394,12 +408,17 @@ def main() -> None:
                 f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens "
                 f"(text, w={window}: {windowed_tokens(window) / fact_tokens:.2f}x)"
             )
-    products: dict[str, dict[str, FactKV]] = {}
+    products: dict[str, tuple[dict[str, FactKV], dict[str, FactKV] | None]] = {}
     for block in args.product_blocks if "product" in probes else []:
         name = f"product, chain_block={block}"
         prompt_text = SYSTEM_PROMPTS[args.system_prompt]
-        products[name], prefilled = product_encode(engine, embedder, memories, prompt_text, block)
+        in_context, context_free, prefilled, second = product_encode(engine, embedder, memories, prompt_text, block)
+        products[name] = (in_context, None)
+        products[f"{name}, first context-free"] = (in_context, context_free)
         costs[name] = f"encoding prefills {prefilled / fact_tokens:.2f}x fact tokens"
+        costs[f"{name}, first context-free"] = (
+            f"encoding prefills {(prefilled + second) / fact_tokens:.2f}x fact tokens"
+        )
     if "layout" in probes:
         costs |= {"layout: gaps": "0", "layout: overlap": "0"}
 
@@ -447,8 +466,10 @@ def main() -> None:
                         delta = max(max_delta(got.keys, fact.keys), max_delta(got.values, fact.values))
                         check("anchor K/V = the default's", delta)
                 record(name, reference, engine.first_token_logits(case.question, served), served)
-            for name, encoded in products.items():
-                served = [encoded[t] for t in case.memories]
+            for name, (in_context, context_free) in products.items():
+                served = [in_context[t] for t in case.memories]
+                if context_free is not None and served:
+                    served[0] = context_free[case.memories[0]]
                 record(name, reference, engine.first_token_logits(case.question, served), served)
             if "layout" in probes:
                 laid = probe.gapped_logits(case, facts, contiguous_starts(probe.p, facts))

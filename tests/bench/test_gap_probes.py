@@ -76,3 +76,23 @@ def test_a_negative_answer_budget_is_refused_before_the_model_loads(
         gp.main()
     assert exited.value.code == 2
     assert "argument --max-new-tokens: expected an integer >= 0, got '-1'" in capsys.readouterr().err
+
+
+def test_the_product_probe_serves_each_memory_in_context_and_first_from_its_prefix_alone() -> None:
+    from mem0_fakes import HashEmbedder
+    from tiny_models import tiny_engine
+
+    from inferscale.kv.encode import EncodeRequest
+
+    engine = tiny_engine("llama")
+    memories = ["Maya lives in Porto.", "Raj taught Maya chess.", "Biscuit is a beagle."]
+    in_context, context_free, prefilled, second = gp.product_encode(engine, HashEmbedder(), memories, "Be brief.", 0)
+    prefix = engine.system_prefix_ids()
+    fresh = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t), prefix) for t in memories])
+    for text, alone in zip(memories, fresh, strict=True):
+        assert float((context_free[text].keys - alone.keys).abs().max()) < 1e-5
+    assert in_context[memories[0]].encoded_at == len(prefix)  # the first memory added has no turn before it
+    turns = [len(engine.context_token_ids(memories[:i])) for i in (1, 2)]
+    assert [in_context[t].encoded_at - len(prefix) for t in memories[1:]] == turns
+    facts = [len(engine.fact_token_ids(t)) for t in memories]
+    assert (prefilled, second) == (sum(facts) + sum(turns), facts[1] + facts[2])
