@@ -103,7 +103,7 @@ def main() -> None:
         slices.append(retrieve_cases(name, memories, questions, args.k, embedder, contexts))
         mean_turns = sum(len(c) for c in contexts) / len(contexts)
         cost[name] = (mean_turns, prefill_per_fact_token(engine, sessions, args.w, block))
-    setting = FidelitySetting(name="block context", context_window=MAX_CONTEXT_TURNS)
+    setting = FidelitySetting(name="block context", context_window=MAX_CONTEXT_TURNS, first_memory_context_free=False)
     rows = run_fidelity({"default": engine}, slices, [setting], generate=False)
     for summary in summarize_rows(rows, by=("slice",)):
         turns, per_fact = cost[summary.slice]

@@ -206,7 +206,9 @@ def main() -> None:
     by_text = {name: dict(zip(conversation.memories, variants[name], strict=True)) for name in used}
     engine, _ = float32_engine(args.system_prompt)
     cache = FactCache(engine)
-    setting = FidelitySetting(name=f"w={args.w}", context_window=args.w, storage_format="model")
+    setting = FidelitySetting(
+        name=f"w={args.w}", context_window=args.w, storage_format="model", first_memory_context_free=False
+    )
     rows: list[dict[str, Any]] = []
     checked = 0
     for index, case in enumerate(served.cases):

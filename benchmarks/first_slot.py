@@ -91,7 +91,10 @@ def measure(
     rows: list[dict[str, Any]] = []
     generate = max_new_tokens > 0
     for index, case in enumerate(cases):
-        encodings = {w: cache.get(case, FidelitySetting(context_window=w)) for w in range(DEFAULT_WINDOW + 1)}
+        encodings = {
+            w: cache.get(case, FidelitySetting(context_window=w, first_memory_context_free=False))
+            for w in range(DEFAULT_WINDOW + 1)
+        }
         check_plumbing(engine, case, encodings, cache)
         reference = prompt_reference(engine, case, max_new_tokens, generate)
         for name in schemes:

@@ -147,7 +147,8 @@ def prepare(engine: TransformersEngine, cases: Sequence[FidelityCase], max_new_t
             than :data:`PLUMBING_TOLERANCE` (in a log-probability), or disagrees with prompt mode's greedy answer
             (:func:`check_answer_reference`).
     """
-    stored, setting, stop_ids = FactCache(engine), FidelitySetting(), set(engine.stop_token_ids)
+    setting = FidelitySetting(first_memory_context_free=False)  # every slot in context, as the tokens were trained
+    stored, stop_ids = FactCache(engine), set(engine.stop_token_ids)
     out = []
     with torch.inference_mode():
         for case in cases:

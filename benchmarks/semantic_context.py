@@ -60,7 +60,7 @@ def main() -> None:
         for name, ctx in variants.items()
     ]
     engines = {"default": float32_engine()[0]}
-    setting = FidelitySetting(name=f"w={args.w}", context_window=args.w)
+    setting = FidelitySetting(name=f"w={args.w}", context_window=args.w, first_memory_context_free=False)
     rows = run_fidelity(engines, slices, [setting], generate=False)
     for summary in summarize_rows(rows, by=("slice",)):
         print(f"{summary.slice:<24} KL {summary.kl_mean:.3f}  agree {summary.top1_agreement:.2f}  (n={summary.n})")

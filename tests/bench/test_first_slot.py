@@ -39,7 +39,9 @@ def test_slot_i_is_served_from_its_schemes_encoding() -> None:
 def test_the_plumbing_check_holds_on_a_real_engine_and_catches_a_first_memory_with_context() -> None:
     engine = tiny_engine("llama")
     cache = FactCache(engine)
-    encodings = {w: cache.get(CASE, FidelitySetting(context_window=w)) for w in range(6)}
+    encodings = {
+        w: cache.get(CASE, FidelitySetting(context_window=w, first_memory_context_free=False)) for w in range(6)
+    }
     fs.check_plumbing(engine, CASE, encodings, cache)  # the w=0 first line is prompt mode's within 1e-4
     wrong = {**encodings, 0: encodings[5]}  # the first memory encoded after its two context turns
     with pytest.raises(SystemExit, match="differ from prompt mode's"):
