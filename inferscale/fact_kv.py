@@ -214,15 +214,15 @@ class FactKVManager:
         self._ensure(self.every_encoding(records))
 
     def every_encoding(self, records: Sequence[MemoryRecord]) -> list[Wanted]:
-        """``(record, encoding)`` for each record and each of its encodings, in that order: one per position bucket,
-        then its context-free one with ``kv.first_memory_context_free`` unless it is its bucket-0 one
-        (:meth:`canonical`). What :meth:`prepare` encodes."""
-        wanted = []
-        for record in records:
-            encodings = [Encoding(bucket) for bucket in self._config.position_buckets]
-            if self._config.first_memory_context_free and self.canonical(record, CONTEXT_FREE) not in encodings:
-                encodings.append(CONTEXT_FREE)
-            wanted += [(record, encoding) for encoding in encodings]
+        """``(record, encoding)`` for each record and each of its encodings: one per position bucket, record by
+        record, then with ``kv.first_memory_context_free`` each record's context-free one unless it is its bucket-0
+        one (:meth:`canonical`). The context-free ones come last, so memories that share their context turns stay
+        next to each other and a chunk prefills those turns once (:meth:`next_chunk`). What :meth:`prepare`
+        encodes."""
+        buckets = [Encoding(bucket) for bucket in self._config.position_buckets]
+        wanted = [(record, encoding) for record in records for encoding in buckets]
+        if self._config.first_memory_context_free:
+            wanted += [(r, CONTEXT_FREE) for r in records if self.canonical(r, CONTEXT_FREE) not in buckets]
         return wanted
 
     def missing(self, wanted: Sequence[Wanted]) -> list[Wanted]:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import pytest
 import torch
+from served_kv import fresh_as_served
 
 import inferscale.engines.transformers as transformers_engines
 import inferscale.memory
@@ -118,7 +119,7 @@ def test_memory_kv_equals_a_fresh_encoding(tmp_path: Path, smollm2_fp32: tuple[A
         client.add(FACTS, user_id="maya", infer=False, encode_kv=True)
         records = [r.record for r in client.recall("chess", user_id="maya", limit=3)]
         served = client.memory_kv(records)
-        fresh = engine.encode_facts([client.fact_kv.encode_request(r) for r in records])
+        fresh = fresh_as_served(engine, client.fact_kv, records)
     assert len(served) == 3
     for got, want in zip(served, fresh, strict=True):
         assert torch.equal(got.token_ids, want.token_ids)
@@ -139,13 +140,16 @@ def test_8bit_storage_serves_chat_the_dequantised_fresh_encoding(
     with MemoryClient(config, engine=engine, embedder=embedder) as client:
         client.add(FACTS, user_id="maya", infer=False, encode_kv=True)
         result = client.chat("What do I play on Sundays?", user_id="maya", limit=3, max_new_tokens=4)
-        records = [client.db.get(memory_id) for memory_id in result.memory_ids]
-        served = client.memory_kv([r for r in records if r is not None])
-        fresh = engine.encode_facts([client.fact_kv.encode_request(r) for r in records if r is not None])
+        records = [r for r in (client.db.get(memory_id) for memory_id in result.memory_ids) if r is not None]
+        served = client.memory_kv(records)
+        fresh = fresh_as_served(engine, client.fact_kv, records)
         stats = client.kv_store.stats()
+        # add stored every encoding of each memory: two for each with turns (the first message has none)
+        every = [client.kv_store.get(client.fact_kv.key(r, e)) for r, e in client.fact_kv.every_encoding(records)]
         reference = engine.generate_kv("What do I play on Sundays?", [f.dequantized() for f in served], 4)
     assert len(served) == 3 and all(f.storage_format == "int8" for f in served)
-    assert stats.nbytes["host"] == sum(f.nbytes for f in served)  # the budget counts the 8-bit bytes
+    assert len(every) == 5 and all(f is not None and f.storage_format == "int8" for f in every)
+    assert stats.nbytes["host"] == sum(f.nbytes for f in every if f is not None)  # the budget counts the 8-bit bytes
     for got, want in zip(served, fresh, strict=True):
         quantised = want.quantized("int8")
         assert torch.equal(got.keys, quantised.keys) and torch.equal(got.values, quantised.values)

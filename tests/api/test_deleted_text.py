@@ -18,6 +18,7 @@ import pytest
 import torch
 from client_adapter import ClientAdapter, ClientKind, open_client
 from mem0_fakes import HashEmbedder, fake_config
+from served_kv import fresh_as_served
 from sqlalchemy import create_engine, select
 from tiny_models import tiny_engine
 
@@ -88,7 +89,7 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
 
         served = injected(c, [x, b, later], "u1", monkeypatch)
         want = [dataclasses.replace(before[i], context=expected[i]) for i in (x, b, later)]  # type: ignore[type-var]
-        fresh = c.engine.encode_facts([c.fact_kv.encode_request(r) for r in want])
+        fresh = fresh_as_served(c.engine, c.fact_kv, want)
         assert len(served) == 3
         for got, ref in zip(served, fresh, strict=True):
             assert torch.allclose(got.keys.cpu(), ref.keys, atol=1e-5, rtol=1e-4)

@@ -58,6 +58,8 @@ from tiny_models import tiny_engine
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.engines.base import Engine, Generation
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, PermissionDeniedError, ScopeError
+from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
+from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.scope import SCOPE_KEYS, Scope
@@ -321,24 +323,33 @@ def spy_on(engine: Engine, store: KVStore, monkeypatch: pytest.MonkeyPatch) -> S
 
 @dataclass
 class Reference:
-    """Each memory's fact tokens, and its K/V encoded afresh (one batch, outside the K/V store)."""
+    """Each memory's fact tokens, and its K/V encoded afresh (one batch, outside the K/V store): after its context
+    turns, and after the system prefix alone (how a chat serves the memory it lays out first:
+    ``kv.first_memory_context_free``)."""
 
     tokens: dict[str, list[int]]
     fresh: dict[str, FactKV]
+    fresh_first: dict[str, FactKV]
 
     @classmethod
     def of(cls, c: ClientAdapter, seeded: Sequence[Seeded]) -> Reference:
         records = [c.db.get(m.id) for m in seeded]
         assert all(r is not None for r in records)
+        prefix = c.engine.system_prefix_ids()
         requests = [c.fact_kv.encode_request(r) for r in records if r is not None]
+        requests += [EncodeRequest(c.engine.fact_token_ids(m.text), prefix) for m in seeded]
         fresh = c.engine.encode_facts(requests)
         tokens = {m.id: list(c.engine.fact_token_ids(m.text)) for m in seeded}
-        return cls(tokens, {m.id: f for m, f in zip(seeded, fresh, strict=True)})
+        ids = [m.id for m in seeded]
+        return cls(
+            tokens, dict(zip(ids, fresh[: len(ids)], strict=True)), dict(zip(ids, fresh[len(ids) :], strict=True))
+        )
 
-    def matches(self, memory_id: str, fact: FactKV) -> bool:
+    def matches(self, memory_id: str, fact: FactKV, first: bool = False) -> bool:
         """Whether ``fact`` holds the K/V of ``memory_id``'s own text, as a fresh encoding gives them (float32: to
-        rounding, since a batch's padding may change the last bits)."""
-        want = self.fresh[memory_id]
+        rounding, since a batch's padding may change the last bits): after its context turns, or with ``first``,
+        after the system prefix alone."""
+        want = (self.fresh_first if first else self.fresh)[memory_id]
         return (
             fact.token_ids.tolist() == self.tokens[memory_id]
             and fact.encoded_at == want.encoded_at
@@ -367,8 +378,9 @@ def check_handed(
     report.equal(f"{what}: cache salt", scope.key(), call.cache_scope)
     if mode == "kv":
         report.equal(f"{what}: injected facts", len(memory_ids), len(call.facts))
-        for memory_id, fact in zip(memory_ids, call.facts, strict=False):
-            report.true(f"{what}: the K/V injected for {memory_id} are not its own", ref.matches(memory_id, fact))
+        for slot, (memory_id, fact) in enumerate(zip(memory_ids, call.facts, strict=False)):
+            own = ref.matches(memory_id, fact, first=slot == 0)
+            report.true(f"{what}: the K/V injected for {memory_id} in slot {slot} are not its own", own)
         report.equal(f"{what}: K/V store reads", memory_ids, [k.memory_id for k in reads])
     else:
         report.equal(
@@ -535,7 +547,8 @@ def test_chat_uses_and_hands_the_engine_exactly_the_reference_set(
 
 def check_kv_store(report: Report, tenants: Tenants, ref: Reference) -> None:
     """After the kv chats: every ``kv_entries`` row names a stored memory and that memory's text hash, every memory
-    has its entry, and the entry under each memory's key holds that memory's own K/V."""
+    has an entry, and each entry under a memory's keys (its context-window and its context-free encoding) holds that
+    memory's own K/V."""
     c, by_id = tenants.client, tenants.by_id
     engine = create_engine(tenants.url)
     try:
@@ -545,14 +558,20 @@ def check_kv_store(report: Report, tenants: Tenants, ref: Reference) -> None:
         engine.dispose()
     records = {i: c.db.get(i) for i in by_id}
     hashes = {i: r.hash for i, r in records.items() if r is not None}
-    report.equal("kv_entries: one row per memory", sorted(by_id), sorted(row.memory_id for row in rows))
+    report.equal("kv_entries: the memories with rows", sorted(by_id), sorted({row.memory_id for row in rows}))
     for row in rows:
         report.equal(f"kv_entries row of {row.memory_id}: text hash", hashes.get(row.memory_id), row.text_hash)
     for memory_id, record in records.items():
-        stored = c.fact_kv.store.get(c.fact_kv.key(record)) if record is not None else None
-        report.true(
-            f"K/V store entry of {memory_id} is not its own", stored is not None and ref.matches(memory_id, stored)
-        )
+        report.true(f"memory {memory_id} is gone", record is not None)
+        if record is None:
+            continue
+        for encoding in (IN_CONTEXT, CONTEXT_FREE):
+            stored = c.fact_kv.store.get(c.fact_kv.key(record, encoding))
+            first = encoding.context_free and c.fact_kv.canonical(record, encoding).context_free
+            report.true(
+                f"K/V store entry {encoding} of {memory_id} is not its own",
+                stored is None or ref.matches(memory_id, stored, first=first),
+            )
 
 
 def test_chat_with_memory_ids_injects_only_memories_of_the_scope(

@@ -104,7 +104,10 @@ def test_stored_layout_keeps_the_top_k_in_stored_order_with_their_contexts() -> 
 def test_setting_validates_and_labels_itself() -> None:
     setting = FidelitySetting(attention_scale=0.35, recompute=" head:4", position_buckets=(128, 0, 128))
     assert setting.position_buckets == (0, 128) and setting.recompute == "head:4"
-    assert setting.label == "s=0.35 T=1 recompute=head:4 buckets=0/128 w=5"  # w: KVConfig's default
+    # w and the context-free first memory: KVConfig's defaults
+    assert setting.label == "s=0.35 T=1 recompute=head:4 buckets=0/128 w=5 first context-free"
+    off = FidelitySetting(first_memory_context_free=False)
+    assert off.label == "s=1 T=1 recompute=none buckets=0 w=5"
     assert FidelitySetting(name="mine").label == "mine"
     for bad in ({"attention_scale": 0}, {"recompute": "heads:4"}, {"position_buckets": ()}, {"typo": 1}):
         with pytest.raises(ValidationError):
@@ -113,7 +116,8 @@ def test_setting_validates_and_labels_itself() -> None:
 
 def test_prompt_control_setting_refuses_kv_fields_and_names_its_order() -> None:
     assert FidelitySetting(serve_as="prompt", memory_order="reversed").label == "prompt reversed"
-    assert FidelitySetting(memory_order="reversed").label == "s=1 T=1 recompute=none buckets=0 w=5 reversed"
+    reversed_kv = FidelitySetting(memory_order="reversed")
+    assert reversed_kv.label == "s=1 T=1 recompute=none buckets=0 w=5 first context-free reversed"
     assert (
         FidelitySetting.model_validate({"serve_as": "prompt", "context_window": 5, "position_buckets": [0]}).label
         == "prompt"

@@ -48,7 +48,16 @@ def engine() -> TransformersEngine:
 
 
 def client(tmp_path: Path, engine: TransformersEngine, encode_on_add: str = "eager", **kv: object) -> MemoryClient:
-    settings = {"context_window": 2, "chain_block": 3, "chain_window": 2, "encode_on_add": encode_on_add, **kv}
+    # One encoding per memory (kv.first_memory_context_free off): the counts below are the chain's; a chained memory
+    # served first from its context-free encoding: tests/api/test_first_memory_context_free.py.
+    settings = {
+        "context_window": 2,
+        "chain_block": 3,
+        "chain_window": 2,
+        "encode_on_add": encode_on_add,
+        "first_memory_context_free": False,
+        **kv,
+    }
     config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(**settings))
     return MemoryClient(config, engine=engine, embedder=HashEmbedder())
 

@@ -33,7 +33,14 @@ from tests.tiny_models import byte_chat_tokenizer, tiny_model
 SCOPE = Scope(user_id="alice")
 PROMPT_A = "Memories:\n"
 PROMPT_B = "You remember the user. Memories:\n"
-BASE_KV = KVConfig(context_window=2)
+def _kv(**fields: Any) -> KVConfig:
+    """K/V settings whose every slot is served from its context-window encoding (``kv.first_memory_context_free``
+    off), so a change of w or of the turns is a miss in every slot; the context-free encoding's key:
+    tests/api/test_first_memory_context_free.py."""
+    return KVConfig(**{"first_memory_context_free": False, **fields})
+
+
+BASE_KV = _kv(context_window=2)
 FACTS = (
     ("My beagle is called Biscuit.", ("I got a dog last spring.", "He loves the beach.")),
     ("Maya lives in Porto.", ("My sister moved abroad.", "She writes every week.")),
@@ -126,11 +133,11 @@ def other_text(record: MemoryRecord) -> MemoryRecord:
 
 CHANGES: dict[str, Callable[[Setting], Setting]] = {
     "system prompt": lambda s: dataclasses.replace(s, system_prompt=PROMPT_B),
-    "context window w": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=1)),
+    "context window w": lambda s: dataclasses.replace(s, kv=_kv(context_window=1)),
     "context turns": lambda s: dataclasses.replace(s, record=other_turns),
     "fact text": lambda s: dataclasses.replace(s, record=other_text),
-    "encoding mode": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=2, encode_after_system_prefix=False)),
-    "position bucket": lambda s: dataclasses.replace(s, kv=KVConfig(context_window=2, position_buckets=(200,))),
+    "encoding mode": lambda s: dataclasses.replace(s, kv=_kv(context_window=2, encode_after_system_prefix=False)),
+    "position bucket": lambda s: dataclasses.replace(s, kv=_kv(context_window=2, position_buckets=(200,))),
     "dtype": lambda s: dataclasses.replace(s, model=copy.deepcopy(s.model).to(torch.bfloat16)),
     "one weight": lambda s: dataclasses.replace(s, model=new_weight(s.model)),
     "config rope_theta": lambda s: dataclasses.replace(
@@ -144,10 +151,10 @@ UNCHANGED: dict[str, Callable[[Setting], Setting]] = {
     "nothing (a new engine and store)": lambda s: s,
     "serving remedies": lambda s: dataclasses.replace(
         s,
-        kv=KVConfig(context_window=2, memory_attention_scale=0.5, memory_temperature=1.5, recompute="structure"),
+        kv=_kv(context_window=2, memory_attention_scale=0.5, memory_temperature=1.5, recompute="structure"),
     ),
     "encode batch size and tier budgets": lambda s: dataclasses.replace(
-        s, kv=KVConfig(context_window=2, encode_batch_size=1, host_budget_bytes=0)
+        s, kv=_kv(context_window=2, encode_batch_size=1, host_budget_bytes=0)
     ),
     "context turns beyond w": lambda s: dataclasses.replace(
         s, record=lambda r: dataclasses.replace(r, context=["an older turn", *r.context])

@@ -58,7 +58,8 @@ def vllm_recompute_tail(serving: ServingSettings) -> int:
         raise ConfigError(
             f"the vLLM engine cannot apply {serving.label()}: {'; '.join(reasons)}. Set "
             "kv.memory_attention_scale=1, kv.memory_temperature=1 and kv.recompute='none' or 'tail:N' for provider "
-            "'vllm'; the encoding-time remedies (kv.context_window, kv.position_buckets) apply unchanged. "
+            "'vllm'; the encoding-time remedies (kv.context_window, kv.first_memory_context_free, kv.position_buckets) "
+            "apply unchanged. "
             "See docs/vllm.md."
         )
     return int(serving.recompute.amount) if serving.recompute.kind == "tail" else 0
