@@ -84,7 +84,9 @@ def gate(engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
 def _config(data_dir: Path, db_url: str | None, **kv: Any) -> MemoryConfig:
     """One encoding per memory (``kv.first_memory_context_free`` off), so the queue's counts below are memories;
     the second encoding on this path: tests/api/test_first_memory_context_free.py."""
-    return MemoryConfig(data_dir=str(data_dir), db_url=db_url, kv=KVConfig(**{"first_memory_context_free": False, **kv}))
+    return MemoryConfig(
+        data_dir=str(data_dir), db_url=db_url, kv=KVConfig(**{"first_memory_context_free": False, **kv})
+    )
 
 
 def _client(kind: ClientKind, config: MemoryConfig, engine: Any) -> ClientAdapter:

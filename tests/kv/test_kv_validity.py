@@ -33,6 +33,8 @@ from tests.tiny_models import byte_chat_tokenizer, tiny_model
 SCOPE = Scope(user_id="alice")
 PROMPT_A = "Memories:\n"
 PROMPT_B = "You remember the user. Memories:\n"
+
+
 def _kv(**fields: Any) -> KVConfig:
     """K/V settings whose every slot is served from its context-window encoding (``kv.first_memory_context_free``
     off), so a change of w or of the turns is a miss in every slot; the context-free encoding's key:
