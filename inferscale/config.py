@@ -253,10 +253,11 @@ class KVConfig(_Strict):
             chains (after the text of its last w context turns); each memory after it in its block is encoded on
             the stored K/V of the memories before it in the block (the last ``chain_window`` of them), prefilling
             only its own tokens: encoding prefills ~1.2x the fact tokens at B=24 instead of ~6x at w=5 (1.8x the
-            facts/s on a CPU). On the product's own path its first-token KL against pasted memories was lower than
+            facts/s on a CPU), each plus 1x for the context-free encodings of ``first_memory_context_free``. On
+            the product's own path its first-token KL against pasted memories was lower than
             without chains in every cell measured, but its answers ran on more often on one conversation of two,
             which is why it is off by default (docs/architecture.md, runs 17-19). A deleted or re-worded memory
-            re-encodes the later memories of its block (at most B - 1).
+            re-encodes the later memories of its block (at most B - 1, each with its context-free encoding).
             Memories extracted by ``add(infer=True)`` are never chained. Needs ``encode_after_system_prefix`` and
             ``position_buckets=(0,)``.
         chain_window: how many of the block's earlier memories a chained memory is encoded on (the last ones).
@@ -265,10 +266,14 @@ class KVConfig(_Strict):
             prompt mode the first pasted memory line sees the system prefix and nothing else, so with
             ``encode_after_system_prefix`` its context-free K/V are exactly prompt mode's for that line. Each
             memory with context turns (or a chain) then keeps a second encoding: encoding prefills its fact tokens
-            once more and its K/V take twice the room at rest; a memory without turns has one encoding, which
-            serves both. Serving costs nothing more, in both engines. On by default: chosen by ``inferscale eval
-            fidelity`` (docs/architecture.md, runs 21-22), it lowered first-token KL against pasted memories in
-            every cell measured and brought the answers closer to the pasted ones.
+            once more and its K/V take twice the room at rest; a memory without turns (or chain) has one encoding,
+            which serves both (with ``position_buckets=(0,)``). Serving costs nothing more, in both engines, once
+            both are stored; a memory stored before this setting, or with ``encode_on_add="lazy"``, is encoded on
+            the chat's path the first time it is laid out first. A re-contexted memory (a text deleted from its
+            context) re-encodes both, so with chains a deletion re-encodes up to 2(B - 1) encodings. On by default:
+            chosen with ``benchmarks/first_slot.py`` (the runner of ``inferscale eval fidelity``;
+            docs/architecture.md, runs 21-22), it lowered first-token KL against pasted memories in every cell
+            measured and brought the answers closer to the pasted ones.
     """
 
     context_window: int = Field(default=5, ge=0, le=64)

@@ -369,9 +369,7 @@ class DerivedStores:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
 
-    def _store_unchanged(
-        self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]
-    ) -> int:
+    def _store_unchanged(self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
         """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that
         record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were
         stored. Takes the client's lock."""

@@ -1,15 +1,16 @@
 """What a memory's K/V encoding lays out, and whether it fits the model's context window.
 
 A memory is encoded after (system prefix) + (its last w context turns), at each position bucket
-(:attr:`~inferscale.config.KVConfig.position_buckets`). :class:`EncodingLayout` is the one place that turns a memory's
-text and context into the engine's :class:`~inferscale.kv.encode.EncodeRequest`: the K/V manager encodes what it
-builds (:class:`~inferscale.fact_kv.FactKVManager`), and ``add``, ``update`` and ``chat`` measure it. Measuring needs
-the engine's tokenizer alone (the token-layout methods of :class:`~inferscale.engines.base.Engine` load no weights),
-so :func:`span_steps` settles every new memory's span before anything is stored, in every ``kv.encode_on_add`` mode,
-without a model load: a new memory whose context turns would carry it past the model's context keeps only its last
-turns that fit (its context is what it is encoded after; the turns are the conversation's, not the caller's fact),
-and a fact that does not fit even after the system prefix alone, or a new text that does not fit after its memory's
-stored turns, is refused.
+(:attr:`~inferscale.config.KVConfig.position_buckets`), and, with ``kv.first_memory_context_free``, once more after
+the system prefix alone (:data:`inferscale.fact_kv.CONTEXT_FREE`). :class:`EncodingLayout` is the one place that turns
+a memory's text and context into the engine's :class:`~inferscale.kv.encode.EncodeRequest`: the K/V manager encodes
+what it builds (:class:`~inferscale.fact_kv.FactKVManager`), and ``add``, ``update`` and ``chat`` measure it.
+Measuring needs the engine's tokenizer alone (the token-layout methods of :class:`~inferscale.engines.base.Engine`
+load no weights), so :func:`span_steps` settles every new memory's span before anything is stored, in every
+``kv.encode_on_add`` mode, without a model load: a new memory whose context turns would carry it past the model's
+context keeps only its last turns that fit (its context is what it is encoded after; the turns are the conversation's,
+not the caller's fact), and a fact that does not fit even after the system prefix alone, or a new text that does not
+fit after its memory's stored turns, is refused.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ position bucket, the storage format): everything its K/V depend on (:mod:`infers
 text, another model, system prompt, context or setting (the storage format among them) is a miss and the fact is
 encoded again; entries of an older key format are pruned when their memory is encoded again.
 
+A memory has one encoding per position bucket, and with ``kv.first_memory_context_free`` (the default) one more, its
+context-free encoding (:data:`CONTEXT_FREE`: after the system prefix alone, keyed as w=0), which serves it when a chat
+lays it out first; a memory without turns or chain has one encoding, which serves both
+(:meth:`FactKVManager.canonical`). A re-worded, deleted or re-contexted memory loses every entry, its context-free one
+included, and is encoded again.
+
 With an 8-bit ``kv.storage_format`` a fact is quantised once, right after it is encoded (pre-RoPE keys), and is
 stored, cached and returned in 8 bits; the engine dequantises it when it assembles the cache.
 
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
@@ -38,18 +44,29 @@ from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 log = logging.getLogger(__name__)
 
 
-class Encoding(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Encoding:
     """Which of a memory's encodings: at position bucket ``bucket`` (tokens after the system prefix) after its
     context turns (or on its chain), or, with ``context_free``, right after the system prefix with no turns
-    (``kv.first_memory_context_free``; bucket 0)."""
+    (``kv.first_memory_context_free``), always at bucket 0.
+
+    Raises:
+        ValueError: for a context-free encoding at a bucket other than 0 (its key and its K/V would disagree).
+    """
 
     bucket: int = 0
     context_free: bool = False
 
+    def __post_init__(self) -> None:
+        if self.context_free and self.bucket != 0:
+            raise ValueError(
+                f"a context-free encoding sits right after the system prefix (bucket 0), not {self.bucket}"
+            )
+
 
 IN_CONTEXT = Encoding()
-"""A memory's encoding after its context turns (or on its chain), right after the system prefix: the one every
-setting stores."""
+"""A memory's encoding after its context turns (or on its chain), right after the system prefix: the one the
+default position buckets store."""
 
 CONTEXT_FREE = Encoding(0, context_free=True)
 """A memory's context-free encoding: its fact tokens right after the system prefix alone."""

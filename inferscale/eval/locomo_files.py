@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.errors import ConfigError
-from inferscale.eval.locomo_settings import LocomoEvalSettings
+from inferscale.eval.locomo_settings import LATER_RUN_KEYS, LocomoEvalSettings
 
 __all__ = ["INGESTED_FILE", "RESULTS_FILE", "RUN_FILE", "check_run_file", "ingested", "load_results", "mark_ingested"]
 
@@ -57,7 +57,7 @@ def check_run_file(out_dir: Path, settings: LocomoEvalSettings) -> None:
     # Compared as they read back from JSON (a tuple setting comes back as a list), so a resumed run matches itself.
     current = json.loads(json.dumps(settings.run_dict()))
     if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = {**LATER_RUN_KEYS, **json.loads(path.read_text(encoding="utf-8"))}
         changed = {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
         if changed:
             detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())

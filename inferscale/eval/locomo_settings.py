@@ -23,7 +23,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType, KVConfig
 from inferscale.errors import ConfigError
 
-__all__ = ["ANSWERED_CATEGORIES", "RUN_KEYS", "TEMPORAL_HINT", "LocomoEvalSettings"]
+__all__ = ["ANSWERED_CATEGORIES", "LATER_RUN_KEYS", "RUN_KEYS", "TEMPORAL_HINT", "LocomoEvalSettings"]
 
 ANSWERED_CATEGORIES: tuple[int, ...] = (1, 2, 3, 4)
 """Numeric category codes that are answered and scored (5, adversarial, is excluded as in Mem0's protocol)."""
@@ -48,6 +48,9 @@ RUN_KEYS = (
     "judge_model",
 )
 """Settings that change the answers: a resumed run must use the same values."""
+
+LATER_RUN_KEYS: dict[str, Any] = {"first_memory_context_free": False}
+"""Run keys added after runs were recorded, with the value a ``run.json`` without them was made with."""
 
 _KV = KVConfig.model_fields
 

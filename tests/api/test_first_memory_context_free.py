@@ -144,3 +144,78 @@ def test_a_chained_memory_is_served_first_from_its_prefix_alone(
         assert stored is not None and stored.encoded_at > served[0].encoded_at
     finally:
         client.close()
+
+
+def test_the_context_free_key_follows_what_its_kv_depend_on_and_nothing_else(engine: Any) -> None:
+    """The context-free encoding's K/V depend on the model, the system prefix, the text and the storage format, not on
+    the memory's turns, w or position buckets: its key changes with the first and not with the second."""
+    from dataclasses import replace
+    from datetime import UTC, datetime
+    from typing import cast
+
+    from inferscale.config import EngineConfig
+    from inferscale.engines.transformers import TransformersEngine
+    from inferscale.fact_kv import FactKVManager
+
+    def key(kv: KVConfig, record: MemoryRecord, on: Any = engine) -> str:
+        manager = FactKVManager(on, cast(Any, None), cast(Any, None), kv)
+        return str(manager.key(record, CONTEXT_FREE))
+
+    now = datetime.now(UTC)
+    record = MemoryRecord(
+        id="m1",
+        vector_id=1,
+        text="My dog is a beagle.",
+        hash="a" * 64,
+        user_id="alice",
+        agent_id=None,
+        run_id=None,
+        metadata={},
+        context=["I live in Porto.", "Porto is lovely."],
+        created_at=now,
+        updated_at=now,
+    )
+    base = KVConfig(context_window=2)
+    same = key(base, record)
+    assert "w=0;prefix=system;gap=0;" in same
+    assert key(base, replace(record, context=["Another turn.", "And one more."])) == same
+    assert key(KVConfig(context_window=1), record) == same
+    assert key(KVConfig(context_window=2, position_buckets=(0, 64)), record) == same
+    other_prompt = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), "Other notes:\n", model=engine.model, tokenizer=engine.tokenizer
+    )
+    changed = [
+        key(KVConfig(context_window=2, storage_format="int8"), record),
+        key(KVConfig(context_window=2, encode_after_system_prefix=False), record),
+        key(base, replace(record, hash="b" * 64)),
+        key(base, record, other_prompt),
+    ]
+    assert all(k != same for k in changed) and len(set(changed)) == len(changed)
+    # with no turns it is the in-context encoding's key (one encoding serves both)
+    bare = replace(record, context=[])
+    assert str(FactKVManager(engine, cast(Any, None), cast(Any, None), base).key(bare, IN_CONTEXT)) == key(base, bare)
+
+
+def test_with_position_buckets_the_first_slot_is_context_free_and_the_others_at_their_buckets(
+    tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    buckets = (0, 10, 1000)
+    config = _config(tmp_path, db_url, position_buckets=buckets)
+    client = open_client("sync", config, engine=engine, embedder=HashEmbedder())
+    try:
+        client.add(MESSAGES, user_id="alice", infer=False)
+        records = _records(client)
+        wanted = client.fact_kv.every_encoding(records)
+        # one encoding per bucket, then a context-free one for each memory with turns (the first has none)
+        assert len(wanted) == 3 * len(records) + len(records) - 1
+        assert client.fact_kv.missing(wanted) == []  # add stored them all (eager)
+        order = records[::-1]
+        served = client.fact_kv.ensure(order)
+        prefix = len(client.engine.system_prefix_ids())
+        assert served[0].encoded_at == prefix  # context-free, no turns, no gap
+        assert _max_gap(served[0], _fresh(client.engine, order[0], [])) < 1e-5
+        for fact, record in zip(served[1:], order[1:], strict=True):
+            turns = len(client.engine.context_token_ids(record.context[-2:])) if record.context else 0
+            assert fact.encoded_at - prefix in {max(turns, b) for b in buckets}  # at one of its buckets
+    finally:
+        client.close()

@@ -553,7 +553,7 @@ def check_kv_store(report: Report, tenants: Tenants, ref: Reference) -> None:
     engine = create_engine(tenants.url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(select(KVEntryRow.memory_id, KVEntryRow.text_hash)).all()
+            rows = conn.execute(select(KVEntryRow.memory_id, KVEntryRow.text_hash, KVEntryRow.encoding_key)).all()
     finally:
         engine.dispose()
     records = {i: c.db.get(i) for i in by_id}
@@ -565,12 +565,21 @@ def check_kv_store(report: Report, tenants: Tenants, ref: Reference) -> None:
         report.true(f"memory {memory_id} is gone", record is not None)
         if record is None:
             continue
-        for encoding in (IN_CONTEXT, CONTEXT_FREE):
+        # its rows are under its two keys only (one when its context-free encoding is its in-context one), and
+        # each row's entry is in the store and holds that encoding of the memory's own text
+        keys = {
+            c.fact_kv.key(record, e).encoding_key: c.fact_kv.canonical(record, e) for e in (IN_CONTEXT, CONTEXT_FREE)
+        }
+        row_keys = [row.encoding_key for row in rows if row.memory_id == memory_id]
+        report.true(f"kv_entries rows of {memory_id} under other keys: {row_keys}", set(row_keys) <= set(keys))
+        for encoding_key in row_keys:
+            encoding = keys.get(encoding_key)
+            if encoding is None:
+                continue
             stored = c.fact_kv.store.get(c.fact_kv.key(record, encoding))
-            first = encoding.context_free and c.fact_kv.canonical(record, encoding).context_free
             report.true(
-                f"K/V store entry {encoding} of {memory_id} is not its own",
-                stored is None or ref.matches(memory_id, stored, first=first),
+                f"K/V store entry {encoding} of {memory_id} is missing or not its own",
+                stored is not None and ref.matches(memory_id, stored, first=encoding.context_free),
             )
 
 
@@ -731,14 +740,16 @@ def test_a_users_delete_all_leaves_no_trace_in_an_agents_own_kv(
     try:
         c.add("u1/a1/- secret: my door code is 1234", user_id="u1", agent_id="a1", infer=False)
         shared = c.add("-/a1/- the desk opens at 8", agent_id="a1", infer=False)["results"][0]["id"]
+        later = c.add("-/a1/- the lift is slow", agent_id="a1", infer=False)["results"][0]["id"]
         c.delete_all(user_id="u1")
         record = c.db.get(shared)
         assert record is not None and record.context == []
         spy = spy_on(c.engine, c.fact_kv.store, monkeypatch)
-        c.chat(QUESTION, agent_id="a1", memory_ids=[shared], max_new_tokens=1)
+        # served second, so from its context-window encoding (the first slot's context-free one holds no context)
+        c.chat(QUESTION, agent_id="a1", memory_ids=[later, shared], max_new_tokens=1)
         (handed,) = spy.take()[0]
         alone = c.engine.encode_facts([c.fact_kv.encode_request(dataclasses.replace(record, context=[]))])[0]
-        assert torch.allclose(handed.facts[0].keys.cpu(), alone.keys, atol=1e-5, rtol=1e-4)
-        assert torch.allclose(handed.facts[0].values.cpu(), alone.values, atol=1e-5, rtol=1e-4)
+        assert torch.allclose(handed.facts[1].keys.cpu(), alone.keys, atol=1e-5, rtol=1e-4)
+        assert torch.allclose(handed.facts[1].values.cpu(), alone.values, atol=1e-5, rtol=1e-4)
     finally:
         c.close()

@@ -170,3 +170,16 @@ def test_the_first_memory_context_free_setting_reaches_the_runs_kv_config_and_it
     locomo_files.check_run_file(tmp_path, on)
     with pytest.raises(ConfigError, match="first_memory_context_free"):
         locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, first_memory_context_free=False))
+
+
+def test_a_run_file_written_before_the_first_memory_setting_resumes_with_it_off_only(
+    tmp_path: Path, data_file: Path
+) -> None:
+    """Runs recorded before ``first_memory_context_free`` existed served every memory in context: their run.json
+    lacks the key, and reads as the setting off."""
+    old = _settings(data_file, tmp_path, first_memory_context_free=False).run_dict()
+    del old["first_memory_context_free"]
+    (tmp_path / "run.json").write_text(json.dumps(old), encoding="utf-8")
+    locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, first_memory_context_free=False))
+    with pytest.raises(ConfigError, match="first_memory_context_free: False -> True"):
+        locomo_files.check_run_file(tmp_path, _settings(data_file, tmp_path, first_memory_context_free=True))
