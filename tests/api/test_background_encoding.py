@@ -28,7 +28,8 @@ from tiny_models import tiny_engine
 from inferscale import ConfigError, InvalidInputError, MemoryConfig
 from inferscale.config import KVConfig, config_from_dict
 from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME, _lower_priority
-from inferscale.kv import FactKV, KVStore
+from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT, Encoding
+from inferscale.kv import EncodeRequest, FactKV, KVStore
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 
@@ -108,11 +109,11 @@ def _record(client: ClientAdapter, memory_id: str) -> MemoryRecord:
     return record
 
 
-def _stored(client: ClientAdapter, memory_id: str) -> FactKV | None:
-    """The K/V of ``memory_id``'s current text and context in the client's disk tier (read with a store of its
-    own), or ``None``; a stored entry must have its ``kv_entries`` row."""
+def _stored(client: ClientAdapter, memory_id: str, encoding: Encoding = IN_CONTEXT) -> FactKV | None:
+    """The K/V of ``memory_id``'s current text and context (its ``encoding``) in the client's disk tier (read with a
+    store of its own), or ``None``; a stored entry must have its ``kv_entries`` row."""
     record = _record(client, memory_id)
-    key = client.fact_kv.key(record)
+    key = client.fact_kv.key(record, encoding)
     fact = KVStore(Path(client.config.data_path()) / "kv").get(key)
     if fact is not None:
         row = client.db.get_kv_entry(memory_id, key.fingerprint, key.encoding_key)
@@ -124,11 +125,18 @@ def _kv_files(client: ClientAdapter, memory_id: str) -> list[Path]:
     return sorted((Path(client.config.data_path()) / "kv" / memory_id).glob("*.safetensors"))
 
 
-def _assert_fresh(client: ClientAdapter, engine: Any, memory_id: str) -> None:
-    """The stored K/V of ``memory_id`` are, bit for bit, what the engine encodes for it now."""
-    stored = _stored(client, memory_id)
+def _assert_fresh(client: ClientAdapter, engine: Any, memory_id: str, encoding: Encoding = IN_CONTEXT) -> None:
+    """The stored K/V of ``memory_id`` (its ``encoding``) are, bit for bit, what the engine encodes for it now: after
+    its context turns, or for :data:`CONTEXT_FREE` after the system prefix alone."""
+    stored = _stored(client, memory_id, encoding)
     assert stored is not None, f"no K/V stored for {memory_id}"
-    (fresh,) = engine.encode_facts([client.fact_kv.encode_request(_record(client, memory_id))])
+    record = _record(client, memory_id)
+    request = (
+        EncodeRequest(engine.fact_token_ids(record.text), engine.system_prefix_ids())
+        if encoding.context_free
+        else client.fact_kv.encode_request(record)
+    )
+    (fresh,) = engine.encode_facts([request])
     assert torch.equal(stored.token_ids, fresh.token_ids) and stored.encoded_at == fresh.encoded_at
     assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
 
@@ -541,11 +549,13 @@ def test_the_background_encoder_reads_a_batch_in_one_query_and_each_chunk_again_
 # ---- changes while queued ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("first_free", [False, True], ids=["one encoding", "first memory context-free"])
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_memory_changed_while_its_encoding_waits_gets_no_stale_kv(
-    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate
+    kind: ClientKind, tmp_path: Path, db_url: str, engine: Any, gate: Gate, first_free: bool
 ) -> None:
-    client = _client(kind, _config(tmp_path, db_url, encode_batch_size=1), engine)
+    config = _config(tmp_path, db_url, encode_batch_size=1, first_memory_context_free=first_free)
+    client = _client(kind, config, engine)
     try:
         running, reworded, deleted = _add_each(client, FACTS)
         assert gate.arrived.wait(GATE_TIMEOUT_S)  # the thread read `running` from SQL and is encoding it
@@ -558,11 +568,15 @@ def test_a_memory_changed_while_its_encoding_waits_gets_no_stale_kv(
         assert _kv_files(client, running) == []  # the old text's K/V were dropped, not stored
         assert _kv_files(client, deleted) == []
         _assert_fresh(client, engine, reworded)  # encoded from its text as it is now
+        # The first memory's old text left the scope and its context with it: no turn is left before it, so with the
+        # setting on too one encoding, its context-free one, serves both ways.
+        assert _record(client, reworded).context == []
+        _assert_fresh(client, engine, reworded, CONTEXT_FREE)
         assert len(_kv_files(client, reworded)) == 1
         assert _kv_rows(client) == [(reworded, _record(client, reworded).hash)]
         result = client.chat(QUESTION, user_id="maya", memory_ids=[running, reworded], max_new_tokens=4)
         assert result.memories == ["My dog is a poodle named Rex.", "I live in Lisbon now."]
-        _assert_fresh(client, engine, running)  # chat encoded the new text
+        _assert_fresh(client, engine, running)  # chat encoded the new text (it has no turns: one encoding)
     finally:
         gate.opened.set()
         client.close()
