@@ -386,6 +386,45 @@ def test_the_configured_memory_layout_orders_every_requests_memories(
     assert laid == {"score": by_score, "added": ALICE}
 
 
+def test_the_service_hands_vllm_the_first_memory_context_free_and_the_others_after_their_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kv.first_memory_context_free`` (the default) on the vLLM server's path: the K/V the service hands vLLM for the
+    first memory it lays out were encoded after the system prefix alone, every other memory's after its context
+    turns."""
+    from inferscale.client import MemoryClient
+    from inferscale.server import vllm_memory
+    from inferscale.server.vllm_memory import ServeOptions, build_service
+
+    data = tmp_path / "data"
+    question = "Where does my sister Clara teach?"
+    engine = TransformersEngine(EngineConfig(dtype="float32", device="cpu"), MemoryConfig().system_prompt)
+    with MemoryClient({"engine": {"dtype": "float32", "device": "cpu"}, "data_dir": str(data)}, engine=engine) as c:
+        c.add([{"role": "user", "content": text} for text in ALICE], user_id="alice", infer=False, encode_kv=False)
+    monkeypatch.setattr(vllm_memory, "_SERVICE", None)
+    service, *_ = build_service(ServeOptions(data_dir=str(data), dtype="float32"))
+    try:
+        handed: list[Any] = []
+        builder = service._builder
+        real = builder.prepare_kv
+
+        def spy(conversation: Any, facts: Any, *args: Any, **kwargs: Any) -> Any:
+            handed.append(list(facts))
+            return real(conversation, facts, *args, **kwargs)
+
+        monkeypatch.setattr(builder, "prepare_kv", spy)
+        _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]))
+        (facts,) = handed
+        client = service._client
+        records = [client.db.get(m["id"]) for m in memories]
+        prefix = len(client.engine.system_prefix_ids())
+        turns = [len(client.engine.context_token_ids(r.context[-5:])) if r and r.context else 0 for r in records]
+        assert memories[0]["memory"] == ALICE[2] and turns[0] > 0  # the first memory laid out has turns
+        assert [f.encoded_at for f in facts] == [prefix] + [prefix + t for t in turns[1:]]
+    finally:
+        service.close()
+
+
 # ---- API keys --------------------------------------------------------------------------------------------------
 
 QUESTION = [{"role": "user", "content": "What is my pet called?"}]
