@@ -123,8 +123,7 @@ class FactKVManager:
         cheap at request time."""
         encoding = self.canonical(record, encoding)
         if encoding.context_free:
-            config = self._config
-            return encoding_key(self._prefix_digest(), (), 0, 0, config.storage_format)
+            return encoding_key(self._prefix_digest(), (), 0, 0, self._config.storage_format)
         return self._link_encoding_key(ChainLink.of(record), encoding.bucket)
 
     def canonical(self, record: MemoryRecord, encoding: Encoding) -> Encoding:

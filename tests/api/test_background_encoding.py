@@ -23,13 +23,14 @@ import pytest
 import torch
 from client_adapter import ClientAdapter, ClientKind, open_client
 from mem0_fakes import HashEmbedder
+from served_kv import context_free_request
 from tiny_models import tiny_engine
 
 from inferscale import ConfigError, InvalidInputError, MemoryConfig
 from inferscale.config import KVConfig, config_from_dict
 from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME, _lower_priority
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT, Encoding
-from inferscale.kv import EncodeRequest, FactKV, KVStore
+from inferscale.kv import FactKV, KVStore
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 
@@ -132,9 +133,7 @@ def _assert_fresh(client: ClientAdapter, engine: Any, memory_id: str, encoding: 
     assert stored is not None, f"no K/V stored for {memory_id}"
     record = _record(client, memory_id)
     request = (
-        EncodeRequest(engine.fact_token_ids(record.text), engine.system_prefix_ids())
-        if encoding.context_free
-        else client.fact_kv.encode_request(record)
+        context_free_request(engine, record.text) if encoding.context_free else client.fact_kv.encode_request(record)
     )
     (fresh,) = engine.encode_facts([request])
     assert torch.equal(stored.token_ids, fresh.token_ids) and stored.encoded_at == fresh.encoded_at

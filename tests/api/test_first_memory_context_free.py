@@ -5,8 +5,10 @@ memory from its context-window encoding. On every client and both databases, on 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -15,8 +17,9 @@ from mem0_fakes import HashEmbedder
 from tiny_models import tiny_engine
 
 from inferscale import MemoryConfig
-from inferscale.config import KVConfig
-from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
+from inferscale.config import EngineConfig, KVConfig
+from inferscale.engines.transformers import TransformersEngine
+from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT, FactKVManager
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.storage import MemoryRecord
@@ -149,13 +152,6 @@ def test_a_chained_memory_is_served_first_from_its_prefix_alone(
 def test_the_context_free_key_follows_what_its_kv_depend_on_and_nothing_else(engine: Any) -> None:
     """The context-free encoding's K/V depend on the model, the system prefix, the text and the storage format, not on
     the memory's turns, w or position buckets: its key changes with the first and not with the second."""
-    from dataclasses import replace
-    from datetime import UTC, datetime
-    from typing import cast
-
-    from inferscale.config import EngineConfig
-    from inferscale.engines.transformers import TransformersEngine
-    from inferscale.fact_kv import FactKVManager
 
     def key(kv: KVConfig, record: MemoryRecord, on: Any = engine) -> str:
         manager = FactKVManager(on, cast(Any, None), cast(Any, None), kv)

@@ -52,6 +52,7 @@ import torch
 from client_adapter import ClientAdapter, ClientKind, open_client
 from databases import Backend, database_url
 from mem0_fakes import HashEmbedder, fake_config
+from served_kv import context_free_request
 from sqlalchemy import create_engine, select
 from tiny_models import tiny_engine
 
@@ -59,7 +60,6 @@ from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.engines.base import Engine, Generation
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, PermissionDeniedError, ScopeError
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
-from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.store import KVKey, KVStore
 from inferscale.scope import SCOPE_KEYS, Scope
@@ -335,9 +335,8 @@ class Reference:
     def of(cls, c: ClientAdapter, seeded: Sequence[Seeded]) -> Reference:
         records = [c.db.get(m.id) for m in seeded]
         assert all(r is not None for r in records)
-        prefix = c.engine.system_prefix_ids()
         requests = [c.fact_kv.encode_request(r) for r in records if r is not None]
-        requests += [EncodeRequest(c.engine.fact_token_ids(m.text), prefix) for m in seeded]
+        requests += [context_free_request(c.engine, m.text) for m in seeded]
         fresh = c.engine.encode_facts(requests)
         tokens = {m.id: list(c.engine.fact_token_ids(m.text)) for m in seeded}
         ids = [m.id for m in seeded]

@@ -8,6 +8,9 @@ import argparse
 import pytest
 import torch
 from benchmark_scripts import load_benchmark
+from mem0_fakes import HashEmbedder
+from served_kv import context_free_request
+from tiny_models import tiny_engine
 
 from inferscale.kv.fact import FactKV
 
@@ -79,16 +82,11 @@ def test_a_negative_answer_budget_is_refused_before_the_model_loads(
 
 
 def test_the_product_probe_serves_each_memory_in_context_and_first_from_its_prefix_alone() -> None:
-    from mem0_fakes import HashEmbedder
-    from tiny_models import tiny_engine
-
-    from inferscale.kv.encode import EncodeRequest
-
     engine = tiny_engine("llama")
     memories = ["Maya lives in Porto.", "Raj taught Maya chess.", "Biscuit is a beagle."]
     in_context, context_free, prefilled, second = gp.product_encode(engine, HashEmbedder(), memories, "Be brief.", 0)
     prefix = engine.system_prefix_ids()
-    fresh = engine.encode_facts([EncodeRequest(engine.fact_token_ids(t), prefix) for t in memories])
+    fresh = engine.encode_facts([context_free_request(engine, t) for t in memories])
     for text, alone in zip(memories, fresh, strict=True):
         assert float((context_free[text].keys - alone.keys).abs().max()) < 1e-5
     assert in_context[memories[0]].encoded_at == len(prefix)  # the first memory added has no turn before it
