@@ -298,15 +298,15 @@ class Engine(Protocol):
         fact_ids: Sequence[Sequence[int]] | None = None,
         serving: ServingSettings | None = None,
     ) -> torch.Tensor:
-        """Next-token logits ``[vocab]`` float32 on :attr:`device` after the prompt, without decoding: KV mode
-        when ``facts`` is given (served with ``serving``, default :attr:`serving`, as :meth:`generate_kv` serves
-        them), else prompt mode over ``fact_ids``. One prefill per call. Used by the fidelity metrics (first-token
-        KL between the two modes) and exactness tests.
+        """Next-token logits ``[vocab]`` float32 after the prompt, without decoding: KV mode when ``facts`` is
+        given (served with ``serving``, default :attr:`serving`, as :meth:`generate_kv` serves them), else prompt
+        mode over ``fact_ids``. One prefill per call. An engine may return them shifted by a constant (the vLLM
+        engine returns log-probabilities), which softmax, KL and argmax ignore. Used by the fidelity metrics
+        (first-token KL between the two modes) and exactness tests.
 
         Raises:
-            inferscale.errors.UnsupportedModelError: when the engine cannot return full-vocabulary logits (the vLLM
-                engine: vLLM returns only the top log-probabilities); callers that can do without the metric catch
-                it.
+            inferscale.errors.UnsupportedModelError: when the engine cannot return full-vocabulary logits;
+                callers that can do without the metric catch it.
             the errors of :meth:`generate_kv`.
         """
         ...

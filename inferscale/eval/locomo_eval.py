@@ -233,7 +233,7 @@ def answer_question(
 
 def _first_token_kl(client: MemoryClient, query: str, memory_ids: Sequence[str], texts: Sequence[str]) -> float | None:
     """KL(prompt ‖ kv) of the first token on the given memories (ids and their texts, in chat's order), or
-    ``None`` when the engine cannot give full-vocabulary logits (vLLM)."""
+    ``None`` when the engine cannot give full-vocabulary logits."""
     engine = client.engine
     try:
         kv_logits = engine.first_token_logits(query, client.memory_kv(memory_ids))

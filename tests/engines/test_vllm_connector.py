@@ -50,6 +50,8 @@ from inferscale.engines.vllm import (  # noqa: E402
     write_segment,
 )
 from inferscale.engines.vllm.connector import SchedulerSide  # noqa: E402
+from inferscale.errors import UnsupportedModelError  # noqa: E402
+from inferscale.eval.metrics import first_token_kl  # noqa: E402
 from inferscale.kv import EncodeRequest, FactKV  # noqa: E402
 from inferscale.kv.recompute import RecomputePolicy  # noqa: E402
 from inferscale.kv.serving import ServingSettings  # noqa: E402
@@ -150,6 +152,40 @@ def test_context_window_encoding_is_served_as_the_transformers_engine_serves_it(
     ref = torch.log_softmax(reference.first_token_logits(QUERY, facts).double(), dim=-1)
     got = _first(out)
     assert max(abs(lp - ref[t].item()) for t, lp in got.items()) <= 1e-3
+
+
+def test_first_token_logits_are_the_transformers_engines_in_both_modes(
+    engine: VLLMEngine, reference: TransformersEngine
+) -> None:
+    """What the fidelity metrics read from vLLM: the whole vocabulary's first-token log-probabilities, on the
+    default's stored K/V (the first memory context-free, every other after its turns) and in prompt mode, equal
+    the transformers engine's, and so does KL(prompt || kv) between the modes."""
+    turns = [*FACTS, "Maya's sister Ana visits at Easter.", "Biscuit likes the beach."]
+    prefix = engine.system_prefix_ids()
+    requests = [EncodeRequest(engine.fact_token_ids(turns[0]), prefix)] + [
+        EncodeRequest(engine.fact_token_ids(t), prefix + engine.context_token_ids(turns[max(0, i - 5) : i]))
+        for i, t in enumerate(turns)
+        if i > 0
+    ]
+    facts = engine.encode_facts(requests)
+    ids = [engine.fact_token_ids(t) for t in turns]
+    kv, prompt = engine.first_token_logits(QUERY, facts), engine.first_token_logits(QUERY, None, ids)
+    vocab = engine.model.config.vocab_size
+    for got in (kv, prompt):
+        assert got.shape == (vocab,) and got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+    ref_kv = torch.log_softmax(reference.first_token_logits(QUERY, facts).double(), dim=-1)
+    ref_prompt = torch.log_softmax(reference.first_token_logits(QUERY, None, ids).double(), dim=-1)
+    assert float((kv.double() - ref_kv).abs().max()) <= 1e-3
+    assert float((prompt.double() - ref_prompt).abs().max()) <= 1e-3
+    kl, ref_kl = first_token_kl(prompt, kv), first_token_kl(ref_prompt, ref_kv)
+    assert ref_kl > 1e-3  # the modes differ, so the agreement below says something
+    assert abs(kl - ref_kl) <= 1e-4
+
+
+def test_first_token_logits_need_the_whole_vocabulary() -> None:
+    capped = VLLMEngine(EngineConfig(), "Memories:\n", llm_kwargs={"max_logprobs": 20})  # construction does no I/O
+    with pytest.raises(UnsupportedModelError, match="max_logprobs at 20"):
+        capped.first_token_logits(QUERY, [])
 
 
 def test_a_chained_encode_equals_the_pass_over_the_earlier_facts_text(engine: VLLMEngine) -> None:

@@ -54,6 +54,10 @@ from inferscale.kv.serving import ServingSettings
 
 log = logging.getLogger(__name__)
 
+FULL_VOCABULARY = -1
+"""``vllm.SamplingParams.logprobs`` (and ``max_logprobs`` of the offline ``LLM``) asking for every token's
+log-probability."""
+
 
 class VLLMEngine(LayoutTokensMixin):
     """Chat engine on vLLM with KV-injected memory (the same interface as the transformers engine).
@@ -178,7 +182,8 @@ class VLLMEngine(LayoutTokensMixin):
                 )
             from vllm import LLM
 
-            self._llm = LLM(**self.engine_args())
+            # full-vocabulary log-probabilities for first_token_logits: this process is the only client
+            self._llm = LLM(**{"max_logprobs": FULL_VOCABULARY, **self.engine_args()})
             self._ready = True
             return self
 
@@ -490,6 +495,15 @@ class VLLMEngine(LayoutTokensMixin):
     ) -> Generator[StreamEvent, None, None]:
         """Check the request against vLLM's context limit, then return the generator that submits and drains it
         (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
+        self._check_fits(request, max_new_tokens)
+        return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
+
+    def _check_fits(self, request: PreparedRequest, max_new_tokens: int) -> None:
+        """Load vLLM, then refuse ``request`` when its prompt and ``max_new_tokens`` exceed vLLM's context limit.
+
+        Raises:
+            InvalidInputError: when ``max_new_tokens`` is negative or the request does not fit.
+        """
         if max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.load()
@@ -501,7 +515,6 @@ class VLLMEngine(LayoutTokensMixin):
                 f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit), send a "
                 "shorter conversation or lower max_new_tokens"
             )
-        return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
 
     def _events(
         self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
@@ -602,16 +615,39 @@ class VLLMEngine(LayoutTokensMixin):
         fact_ids: Sequence[Sequence[int]] | None = None,
         serving: ServingSettings | None = None,
     ) -> torch.Tensor:
-        """Not available: vLLM returns the top-``max_logprobs`` log-probabilities of a token, not the
-        full-vocabulary logits the first-token KL needs (:meth:`run` with ``logprobs`` gives the top ones).
+        """Next-token log-probabilities ``[vocab]`` float32 after the prompt, as vLLM computes them: KV mode when
+        ``facts`` is given (injected by the connector, served with ``serving``, default :attr:`serving`, as
+        :meth:`generate_kv` serves them), else prompt mode over ``fact_ids`` (prefilled by vLLM). Used by the
+        fidelity metrics, as the transformers engine's method of the same name.
+
+        vLLM reports every token's log-probability from one greedy step (``logprobs=-1``; the offline ``LLM`` is
+        started with ``max_logprobs=-1``): the log-softmax of its raw logits (``logprobs_mode="raw_logprobs"``),
+        i.e. the logits shifted by one constant, which softmax, KL and argmax ignore. The request is salted with
+        an empty cache scope, as :meth:`run`'s callers salt theirs.
 
         Raises:
-            UnsupportedModelError: always.
+            ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
+            InvalidInputError: when prefix + memories + conversation + 1 token exceed vLLM's context limit, or the
+                chat template refuses the conversation.
+            UnsupportedModelError: when ``llm_kwargs`` capped ``max_logprobs``, so vLLM would refuse the request.
+            RuntimeError: while a stream is open (see :meth:`run`).
         """
-        raise UnsupportedModelError(
-            "the vLLM engine does not expose full-vocabulary next-token logits; measure first-token fidelity with "
-            "the transformers engine on the same weights (engine provider 'transformers')"
-        )
+        cap = self._llm_kwargs.get("max_logprobs", FULL_VOCABULARY)
+        if cap != FULL_VOCABULARY:
+            raise UnsupportedModelError(
+                f"this engine's llm_kwargs cap vLLM's max_logprobs at {cap}; first-token log-probabilities over the "
+                f"whole vocabulary need max_logprobs={FULL_VOCABULARY} (leave it unset)"
+            )
+        if facts is not None:
+            request = self.prepare_kv(conversation, facts, serving=serving)
+        else:
+            request = self.prepare_prompt(conversation, fact_ids or [])
+        self._check_fits(request, 1)
+        step = self.run([request], 1, logprobs=FULL_VOCABULARY)[0].outputs[0].logprobs[0]
+        out = torch.full((self._model.config.vocab_size,), float("-inf"), dtype=torch.float32)
+        ids = torch.tensor(list(step.keys()), dtype=torch.long)
+        out[ids] = torch.tensor([entry.logprob for entry in step.values()], dtype=torch.float32)
+        return out
 
 
 def _conforms_to_engine(engine: VLLMEngine) -> Engine:
