@@ -123,10 +123,10 @@ def main() -> None:
         parser.error("give --locomo PATH or --demo")
 
     embedder = SentenceTransformerEmbedder(None, "cpu")
-    part = (
-        demo_cases(args.k, embedder)
+    part = (  # each memory's context within its own session, as runs 21 and 22 measured
+        demo_cases(args.k, embedder, across_sessions=False)
         if args.demo
-        else locomo_cases(args.locomo, args.conversation, args.questions, args.k, embedder)
+        else locomo_cases(args.locomo, args.conversation, args.questions, args.k, embedder, across_sessions=False)
     )
     engine, _ = float32_engine(args.system_prompt)
     rows = measure(engine, part.cases, args.max_new_tokens, lambda line: print(line, flush=True), args.schemes)

@@ -380,7 +380,7 @@ def main() -> None:
     default = FidelitySetting(first_memory_context_free=False)  # w=5 in every slot: what the bands start from
     stored = FactCache(engine)
     sessions, questions = locomo_conversation(args.locomo, args.conversation, args.questions)
-    memories, contexts = memories_with_contexts(sessions)
+    memories, contexts = memories_with_contexts(sessions, across_sessions=False)  # as the runs before 23 measured
     embedder = SentenceTransformerEmbedder(None, "cpu")
     cases = retrieve_cases(args.conversation, memories, questions, args.k, embedder, contexts).cases
 

@@ -192,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     embedder = SentenceTransformerEmbedder(None, "cpu")
-    slices = [] if args.no_demo else [demo_cases(args.k, embedder)]
+    # each memory's context within its own session, as the runs behind docs/architecture.md's 8-bit tables measured
+    slices = [] if args.no_demo else [demo_cases(args.k, embedder, across_sessions=False)]
     if args.locomo is not None:
-        slices.append(locomo_cases(args.locomo, args.conversation, args.questions, args.k, embedder))
+        slices.append(
+            locomo_cases(args.locomo, args.conversation, args.questions, args.k, embedder, across_sessions=False)
+        )
     runs = [measure_dtype(dtype, slices, args) for dtype in args.dtypes]
     print_tables(runs)
     document = {

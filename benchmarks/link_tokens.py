@@ -223,7 +223,9 @@ def load_or_prepare(
             for case in cases:
                 check_answer_reference(case.answer_ids, case.answer_reference, args.max_new_tokens, stop_ids)
             return cases
-    slice_ = locomo_cases(args.locomo, conversation, args.questions, args.k, embedder)
+    slice_ = locomo_cases(  # each memory's context within its own session, as runs 11 and 13 measured
+        args.locomo, conversation, args.questions, args.k, embedder, across_sessions=False
+    )
     cases = prepare(engine, slice_.cases, args.max_new_tokens)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

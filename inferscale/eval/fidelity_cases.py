@@ -156,11 +156,13 @@ def retrieve_cases(
     return FidelitySlice(name, cases)
 
 
-def demo_cases(k: int, embedder: Embedder, layout: MemoryLayout = "score") -> FidelitySlice:
+def demo_cases(
+    k: int, embedder: Embedder, layout: MemoryLayout = "score", across_sessions: bool = True
+) -> FidelitySlice:
     """The bundled demo: every message of its sessions as a memory, its questions with their expected answers
-    (``layout``: :func:`retrieve_cases`)."""
+    (``layout``: :func:`retrieve_cases`; ``across_sessions``: :func:`memories_with_contexts`)."""
     sessions, questions = demo_conversation()
-    memories, contexts = memories_with_contexts(sessions)
+    memories, contexts = memories_with_contexts(sessions, across_sessions)
     return retrieve_cases("demo", memories, questions, k, embedder, contexts, layout)
 
 
@@ -181,11 +183,13 @@ def locomo_cases(
     k: int,
     embedder: Embedder,
     layout: MemoryLayout = "score",
+    across_sessions: bool = True,
 ) -> FidelitySlice:
     """One LoCoMo conversation: its turns as memories, its first ``n_questions`` questions of categories 1-4
-    (:func:`locomo_conversation`), retrieved top-``k`` per question (``layout``: :func:`retrieve_cases`)."""
+    (:func:`locomo_conversation`), retrieved top-``k`` per question (``layout``: :func:`retrieve_cases`;
+    ``across_sessions``: :func:`memories_with_contexts`)."""
     sessions, questions = locomo_conversation(path, conversation, n_questions)
-    memories, contexts = memories_with_contexts(sessions)
+    memories, contexts = memories_with_contexts(sessions, across_sessions)
     return retrieve_cases(conversation, memories, questions, k, embedder, contexts, layout)
 
 
@@ -211,18 +215,27 @@ def locomo_conversation(
     return sessions, questions
 
 
-def memories_with_contexts(sessions: Sequence[Sequence[str]]) -> tuple[list[str], list[list[str]]]:
-    """Each distinct text once (a memory store keeps one memory per text), with the turns before its first
-    occurrence in its session as its context (as ``add`` records them when a session is added in one call)."""
+def memories_with_contexts(
+    sessions: Sequence[Sequence[str]], across_sessions: bool = True
+) -> tuple[list[str], list[list[str]]]:
+    """Each distinct text once (a memory store keeps one memory per text), in conversation order, with the context
+    ``add(infer=False)`` records for it when each session is added in one call: the texts of the memories stored
+    before the call (earlier sessions', oldest first), then the turns before it in its session, the last
+    :data:`MAX_CONTEXT_TURNS`. Its last w entries are then what the product encodes it after at
+    ``kv.context_window=w`` (the scope's last w memories, then the call's turns; w <= :data:`MAX_CONTEXT_TURNS`).
+
+    ``across_sessions=False`` keeps only the turns before it in its own session: what the fidelity runs before
+    run 23 measured (docs/architecture.md), where a session's first turns had fewer than w turns of context."""
     memories: list[str] = []
     contexts: list[list[str]] = []
     seen: set[str] = set()
     for turns in sessions:
+        stored = memories[-MAX_CONTEXT_TURNS:] if across_sessions else []  # the scope's last memories
         for i, text in enumerate(turns):
             if text not in seen:
                 seen.add(text)
                 memories.append(text)
-                contexts.append(list(turns[max(0, i - MAX_CONTEXT_TURNS) : i]))
+                contexts.append([*stored, *turns[:i]][-MAX_CONTEXT_TURNS:])
     return memories, contexts
 
 

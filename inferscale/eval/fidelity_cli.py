@@ -72,6 +72,9 @@ class FidelityOptions:
         k: memories per question for retrieved slices.
         memory_layout: the order a retrieved slice's memories are laid out in, in both modes
             (:func:`inferscale.eval.fidelity_cases.retrieve_cases`); a cases file keeps its own.
+        session_contexts: a retrieved slice's memories get the turns before them in their own session only as
+            context, as the runs before run 23 measured, instead of what ``add`` records (earlier sessions' last
+            memories first; :func:`inferscale.eval.fidelity_cases.memories_with_contexts`).
         system_prompts: names from :data:`inferscale.eval.fidelity.SYSTEM_PROMPTS`.
         setting: settings to measure, as JSON objects (``None``: the default and :data:`STANDARD_SETTINGS`).
         calibrate: pick the attention scale on half the cases, report it on the other half.
@@ -113,6 +116,15 @@ class FidelityOptions:
             help="order of a retrieved slice's memories in both modes, as MemoryConfig.memory_layout: by retrieval "
             "score, best first, or as the conversation stored them, oldest first (default %(default)s; a --cases "
             "file keeps its order)",
+        ),
+    )
+    session_contexts: bool = field(
+        default=False,
+        metadata=cli(
+            "--session-contexts",
+            action="store_true",
+            help="give a retrieved slice's memories only the turns of their own session as context, as the runs "
+            "before run 23 did (default: what add records, earlier sessions' last memories first)",
         ),
     )
     system_prompts: tuple[str, ...] = field(
@@ -200,16 +212,24 @@ def _setting_object(text: str) -> dict[str, Any]:
 def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:
     from inferscale.eval.fidelity_cases import demo_cases, load_cases, locomo_cases
 
-    if opts.memory_layout != FidelityOptions.memory_layout and not (opts.demo or opts.locomo):
+    retrieved = opts.demo or opts.locomo
+    if opts.memory_layout != FidelityOptions.memory_layout and not retrieved:
         raise ConfigError("--memory-layout orders retrieved slices (--demo, --locomo); a --cases file keeps its order")
+    if opts.session_contexts and not retrieved:
+        raise ConfigError(
+            "--session-contexts builds retrieved slices' contexts (--demo, --locomo); a --cases file gives its own"
+        )
+    across = not opts.session_contexts
     slices = []
     if opts.demo:
-        slices.append(demo_cases(opts.k, embedder, opts.memory_layout))
+        slices.append(demo_cases(opts.k, embedder, opts.memory_layout, across))
     for path in opts.cases or ():
         slices.append(load_cases(path))
     if opts.locomo:
         for conversation in opts.conversations:
-            slices.append(locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder, opts.memory_layout))
+            slices.append(
+                locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder, opts.memory_layout, across)
+            )
     if not slices:
         raise ConfigError("nothing to run: give --demo, --cases FILE and/or --locomo PATH")
     return slices
@@ -280,6 +300,7 @@ def _run(args: argparse.Namespace) -> int:
         "slices": [s.name for s in slices],
         "k": opts.k,
         "memory_layout": opts.memory_layout,
+        "session_contexts": opts.session_contexts,
         "system_prompts": list(opts.system_prompts),
         "settings": [s.model_dump() for s in settings],
         "model": opts.model or "SmolLM2-135M-Instruct (embedded)",
