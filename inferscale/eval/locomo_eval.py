@@ -6,8 +6,9 @@ never copied):
 - **Ingest** each conversation into one scope (``user_id = sample_id``), session by session, with
   ``infer=False``: each turn becomes one memory, ``"[<session date>] <Speaker>: <text>"`` (the date prefix and the
   photo caption ``[shares …]`` can be turned off). Its encoding context (context window w) is what ``add``
-  records: the scope's last memories (the earlier sessions' last turns), then the turns before it in its session. Each memory's metadata records its ``dia_id``, speaker, session number and session date,
-  so retrieval recall can be checked against the evidence ids. ``infer=True`` (LLM fact extraction) is also
+  records: the scope's last memories (the earlier sessions' last turns), then the turns before it in its session.
+  Each memory's metadata records its ``dia_id``, speaker, session number and session date, so retrieval recall can
+  be checked against the evidence ids. ``infer=True`` (LLM fact extraction) is also
   supported; its memories carry no dia_id, so recall is not reported then.
 - **Answer** the questions of categories 1-4 (category 5, adversarial, is excluded as in Mem0's protocol) with
   ``mode="kv"`` and ``mode="prompt"`` from the same top-k memories (the answer is greedy; temporal questions,

@@ -67,7 +67,8 @@ def test_a_memory_layout_for_a_cases_file_alone_is_refused(capsys: pytest.Captur
 def test_session_contexts_for_a_cases_file_alone_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", "fidelity", "--cases", str(CASES), "--session-contexts"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "--session-contexts builds retrieved slices' contexts (--demo, --locomo); a --cases file gives its own" in err
+    expected = "--session-contexts builds retrieved slices' contexts (--demo, --locomo); a --cases file gives its own"
+    assert expected in err
 
 
 class _Embedder:
