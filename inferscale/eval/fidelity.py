@@ -287,7 +287,7 @@ def run_fidelity(
     """Measure every setting on every case of every slice, under every system prompt.
 
     Args:
-        engines: one transformers engine per system prompt name (same model), e.g. built from
+        engines: one engine (transformers or vLLM) per system prompt name (same model), e.g. built from
             :data:`SYSTEM_PROMPTS`; each setting is passed per request (the engines' own settings are not used).
         slices: the cases.
         settings: the settings to measure.

@@ -157,12 +157,12 @@ def retrieve_cases(
 
 
 def demo_cases(
-    k: int, embedder: Embedder, layout: MemoryLayout = "score", across_sessions: bool = True
+    k: int, embedder: Embedder, layout: MemoryLayout = "score", *, across_sessions: bool = True
 ) -> FidelitySlice:
     """The bundled demo: every message of its sessions as a memory, its questions with their expected answers
     (``layout``: :func:`retrieve_cases`; ``across_sessions``: :func:`memories_with_contexts`)."""
     sessions, questions = demo_conversation()
-    memories, contexts = memories_with_contexts(sessions, across_sessions)
+    memories, contexts = memories_with_contexts(sessions, across_sessions=across_sessions)
     return retrieve_cases("demo", memories, questions, k, embedder, contexts, layout)
 
 
@@ -183,13 +183,14 @@ def locomo_cases(
     k: int,
     embedder: Embedder,
     layout: MemoryLayout = "score",
+    *,
     across_sessions: bool = True,
 ) -> FidelitySlice:
     """One LoCoMo conversation: its turns as memories, its first ``n_questions`` questions of categories 1-4
     (:func:`locomo_conversation`), retrieved top-``k`` per question (``layout``: :func:`retrieve_cases`;
     ``across_sessions``: :func:`memories_with_contexts`)."""
     sessions, questions = locomo_conversation(path, conversation, n_questions)
-    memories, contexts = memories_with_contexts(sessions, across_sessions)
+    memories, contexts = memories_with_contexts(sessions, across_sessions=across_sessions)
     return retrieve_cases(conversation, memories, questions, k, embedder, contexts, layout)
 
 
@@ -216,7 +217,7 @@ def locomo_conversation(
 
 
 def memories_with_contexts(
-    sessions: Sequence[Sequence[str]], across_sessions: bool = True
+    sessions: Sequence[Sequence[str]], *, across_sessions: bool = True
 ) -> tuple[list[str], list[list[str]]]:
     """Each distinct text once (a memory store keeps one memory per text), in conversation order, with the context
     ``add(infer=False)`` records for it when each session is added in one call: the texts of the memories stored

@@ -222,13 +222,21 @@ def _slices(opts: FidelityOptions, embedder: Any) -> list[Any]:
     across = not opts.session_contexts
     slices = []
     if opts.demo:
-        slices.append(demo_cases(opts.k, embedder, opts.memory_layout, across))
+        slices.append(demo_cases(opts.k, embedder, opts.memory_layout, across_sessions=across))
     for path in opts.cases or ():
         slices.append(load_cases(path))
     if opts.locomo:
         for conversation in opts.conversations:
             slices.append(
-                locomo_cases(opts.locomo, conversation, opts.questions, opts.k, embedder, opts.memory_layout, across)
+                locomo_cases(
+                    opts.locomo,
+                    conversation,
+                    opts.questions,
+                    opts.k,
+                    embedder,
+                    opts.memory_layout,
+                    across_sessions=across,
+                )
             )
     if not slices:
         raise ConfigError("nothing to run: give --demo, --cases FILE and/or --locomo PATH")

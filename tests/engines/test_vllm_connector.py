@@ -184,8 +184,11 @@ def test_first_token_logits_are_the_transformers_engines_in_both_modes(
 
 def test_first_token_logits_need_the_whole_vocabulary() -> None:
     capped = VLLMEngine(EngineConfig(), "Memories:\n", llm_kwargs={"max_logprobs": 20})  # construction does no I/O
-    with pytest.raises(UnsupportedModelError, match="max_logprobs at 20"):
+    with pytest.raises(UnsupportedModelError, match="max_logprobs=20"):
         capped.first_token_logits(QUERY, [])
+    processed = VLLMEngine(EngineConfig(), "Memories:\n", llm_kwargs={"logprobs_mode": "processed_logprobs"})
+    with pytest.raises(UnsupportedModelError, match="logprobs_mode='processed_logprobs'"):
+        processed.first_token_logits(QUERY, [])
 
 
 def test_a_chained_encode_equals_the_pass_over_the_earlier_facts_text(engine: VLLMEngine) -> None:

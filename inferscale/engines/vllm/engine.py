@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 FULL_VOCABULARY = -1
 """``vllm.SamplingParams.logprobs`` (and ``max_logprobs`` of the offline ``LLM``) asking for every token's
 log-probability."""
+RAW_LOGPROBS = "raw_logprobs"
+"""``logprobs_mode`` of the offline ``LLM``: log-softmax of the model's logits, before any sampling processing."""
 
 
 class VLLMEngine(LayoutTokensMixin):
@@ -183,7 +185,7 @@ class VLLMEngine(LayoutTokensMixin):
             from vllm import LLM
 
             # full-vocabulary log-probabilities for first_token_logits: this process is the only client
-            self._llm = LLM(**{"max_logprobs": FULL_VOCABULARY, **self.engine_args()})
+            self._llm = LLM(**{"max_logprobs": FULL_VOCABULARY, "logprobs_mode": RAW_LOGPROBS, **self.engine_args()})
             self._ready = True
             return self
 
@@ -621,7 +623,7 @@ class VLLMEngine(LayoutTokensMixin):
         fidelity metrics, as the transformers engine's method of the same name.
 
         vLLM reports every token's log-probability from one greedy step (``logprobs=-1``; the offline ``LLM`` is
-        started with ``max_logprobs=-1``): the log-softmax of its raw logits (``logprobs_mode="raw_logprobs"``),
+        started with ``max_logprobs=-1`` and ``logprobs_mode="raw_logprobs"``): the log-softmax of its raw logits,
         i.e. the logits shifted by one constant, which softmax, KL and argmax ignore. The request is salted with
         an empty cache scope, as :meth:`run`'s callers salt theirs.
 
@@ -629,14 +631,17 @@ class VLLMEngine(LayoutTokensMixin):
             ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
             InvalidInputError: when prefix + memories + conversation + 1 token exceed vLLM's context limit, or the
                 chat template refuses the conversation.
-            UnsupportedModelError: when ``llm_kwargs`` capped ``max_logprobs``, so vLLM would refuse the request.
+            UnsupportedModelError: when ``llm_kwargs`` capped ``max_logprobs`` or changed ``logprobs_mode``, or
+                vLLM returned fewer log-probabilities than the vocabulary holds.
             RuntimeError: while a stream is open (see :meth:`run`).
         """
         cap = self._llm_kwargs.get("max_logprobs", FULL_VOCABULARY)
-        if cap != FULL_VOCABULARY:
+        mode = self._llm_kwargs.get("logprobs_mode", RAW_LOGPROBS)
+        if cap != FULL_VOCABULARY or mode != RAW_LOGPROBS:
             raise UnsupportedModelError(
-                f"this engine's llm_kwargs cap vLLM's max_logprobs at {cap}; first-token log-probabilities over the "
-                f"whole vocabulary need max_logprobs={FULL_VOCABULARY} (leave it unset)"
+                f"this engine's llm_kwargs set vLLM's max_logprobs={cap}, logprobs_mode={mode!r}; first-token "
+                f"log-probabilities over the whole vocabulary need max_logprobs={FULL_VOCABULARY} and "
+                f"logprobs_mode={RAW_LOGPROBS!r} (leave both unset)"
             )
         if facts is not None:
             request = self.prepare_kv(conversation, facts, serving=serving)
@@ -644,7 +649,10 @@ class VLLMEngine(LayoutTokensMixin):
             request = self.prepare_prompt(conversation, fact_ids or [])
         self._check_fits(request, 1)
         step = self.run([request], 1, logprobs=FULL_VOCABULARY)[0].outputs[0].logprobs[0]
-        out = torch.full((self._model.config.vocab_size,), float("-inf"), dtype=torch.float32)
+        vocab = self._model.config.vocab_size
+        if len(step) < vocab:
+            raise UnsupportedModelError(f"vLLM returned {len(step)} log-probabilities for a vocabulary of {vocab}")
+        out = torch.full((vocab,), float("-inf"), dtype=torch.float32)
         ids = torch.tensor(list(step.keys()), dtype=torch.long)
         out[ids] = torch.tensor([entry.logprob for entry in step.values()], dtype=torch.float32)
         return out
