@@ -75,7 +75,11 @@ def compare(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for by in (("system_prompt", "slice"), ()):
         summaries = {engine: summarize_rows(r, by=("setting", *by)) for engine, r in rows.items()}
         for tf, vl in zip(summaries["transformers"], summaries["vllm"], strict=True):
-            assert (tf.system_prompt, tf.slice) == (vl.system_prompt, vl.slice)
+            if (tf.system_prompt, tf.slice) != (vl.system_prompt, vl.slice):
+                raise ValueError(
+                    f"the engines' rows cover other cells: {tf.system_prompt}/{tf.slice} against "
+                    f"{vl.system_prompt}/{vl.slice}"
+                )
             entry: dict[str, Any] = {
                 "system_prompt": tf.system_prompt,
                 "slice": tf.slice,
