@@ -32,6 +32,7 @@ from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
+from inferscale.memory.contexts import turn_contexts
 from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.messages import user_turns
 from inferscale.memory.reconcile import Reconciler
@@ -507,13 +508,12 @@ class ClientCore:
         context entry is a memory's text, so each is a neighbour (:attr:`NewMemory.neighbours`): one whose memory
         is deleted before the add commits is dropped, as it is later from the stored context."""
         turns = [m for m in messages if m.role != "system"]
-        texts = [*stored, *(m.content for m in turns)]
-        first = len(stored)
-        adds = []
-        for i, m in enumerate(turns):
-            context = tuple(texts[max(0, first + i - MAX_CONTEXT_TURNS) : first + i])
-            adds.append(NewMemory(m.content, {"role": m.role, **meta}, context, neighbours=len(context)))
-        return ChangeSet(scope, adds=tuple(adds), actor=actor)
+        contexts = turn_contexts(stored, [m.content for m in turns], MAX_CONTEXT_TURNS)
+        adds = tuple(
+            NewMemory(m.content, {"role": m.role, **meta}, context, neighbours=len(context))
+            for m, context in zip(turns, contexts, strict=True)
+        )
+        return ChangeSet(scope, adds=adds, actor=actor)
 
     @staticmethod
     def _chained_changes(

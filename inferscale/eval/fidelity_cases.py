@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from inferscale.config import MemoryLayout
 from inferscale.errors import InvalidInputError
+from inferscale.memory.contexts import turn_contexts
 from inferscale.validation_text import describe_errors
 
 if TYPE_CHECKING:
@@ -222,8 +223,9 @@ def memories_with_contexts(
     """Each distinct text once (a memory store keeps one memory per text), in conversation order, with the context
     ``add(infer=False)`` records for it when each session is added in one call: the texts of the memories stored
     before the call (earlier sessions', oldest first), then the turns before it in its session, the last
-    :data:`MAX_CONTEXT_TURNS`. Its last w entries are then what the product encodes it after at
-    ``kv.context_window=w`` (the scope's last w memories, then the call's turns; w <= :data:`MAX_CONTEXT_TURNS`).
+    :data:`MAX_CONTEXT_TURNS` (:func:`inferscale.memory.contexts.turn_contexts`, the write path's own rule). Its
+    last w entries are then what the product encodes it after at ``kv.context_window=w`` (the scope's last w
+    memories, then the call's turns; w <= :data:`MAX_CONTEXT_TURNS`).
 
     ``across_sessions=False`` keeps only the turns before it in its own session: what the fidelity runs before
     run 23 measured (docs/architecture.md), where a session's first turns had fewer than w turns of context."""
@@ -232,11 +234,11 @@ def memories_with_contexts(
     seen: set[str] = set()
     for turns in sessions:
         stored = memories[-MAX_CONTEXT_TURNS:] if across_sessions else []  # the scope's last memories
-        for i, text in enumerate(turns):
+        for text, context in zip(turns, turn_contexts(stored, turns, MAX_CONTEXT_TURNS), strict=True):
             if text not in seen:
                 seen.add(text)
                 memories.append(text)
-                contexts.append([*stored, *turns[:i]][-MAX_CONTEXT_TURNS:])
+                contexts.append(list(context))
     return memories, contexts
 
 
