@@ -59,6 +59,19 @@ def test_each_memory_is_encoded_after_what_the_product_encodes_it_after(tmp_path
     assert contexts[memories.index("s4 a")][-3:] == ["s3 e", "s3 f", "s3 g"]
 
 
+def test_a_repeated_text_keeps_the_context_the_product_records_for_it(tmp_path: Path) -> None:
+    """A text said twice in a session, and again in a later one, is one memory with its first context; the turns
+    after it count every occurrence, as the client's contexts do."""
+    sessions = [["r a", "r b", "r a", "r c"], ["r b", "r d", "r e"]]
+    recorded = _recorded_contexts(tmp_path, sessions, window=4)
+    memories, contexts = memories_with_contexts(sessions)
+    assert memories == ["r a", "r b", "r c", "r d", "r e"] == list(recorded)
+    for text, context in zip(memories, contexts, strict=True):
+        assert context_turns(context, 4) == context_turns(recorded[text], 4), text
+    assert contexts[memories.index("r c")] == ["r a", "r b", "r a"]
+    assert contexts[memories.index("r d")][-2:] == ["r c", "r b"]
+
+
 def test_session_contexts_keep_the_turns_of_their_own_session_only() -> None:
     memories, contexts = memories_with_contexts(SESSIONS, across_sessions=False)
     assert contexts[memories.index("s2 a")] == []
