@@ -46,6 +46,7 @@ from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
+from inferscale.kv_prepare import KVPrepareReport, prepare_kv
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
@@ -496,6 +497,17 @@ class AsyncMemoryClient(ClientCore):
                 raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {request.scope.as_dict()}")
             records.append(record)
         return records
+
+    async def prepare_kv(
+        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> KVPrepareReport:
+        """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use; see
+        :meth:`MemoryClient.prepare_kv` (same arguments, result and errors). SQL is awaited on the event loop, the
+        encoding runs in a worker thread."""
+        scope = optional_scope(user_id, agent_id, run_id)
+        records = await (self.adb.all_memories() if scope is None else self.adb.list(scope))
+        ids = [r.id for r in records]
+        return await asyncio.to_thread(prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background K/V encoder has finished what ``add`` queued; see

@@ -40,6 +40,7 @@ from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
+from inferscale.kv_prepare import KVPrepareReport, prepare_kv
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
@@ -671,6 +672,31 @@ class MemoryClient(ClientCore):
                 raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {request.scope.as_dict()}")
             records.append(record)
         return records
+
+    def prepare_kv(
+        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+    ) -> KVPrepareReport:
+        """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use: those of every memory
+        of the scope (every memory of the database when no id is given) that no tier holds under the current model
+        and ``kv`` settings. Run it after changing the model, its dtype, ``kv.storage_format``,
+        ``kv.context_window`` or ``kv.position_buckets``, or on a data dir written before a new encoding became the
+        default, so that no chat pays for that encoding (:mod:`inferscale.kv_prepare`).
+
+        Encodes on the calling thread, in batches of ``kv.encode_batch_size`` memories, as the background encoder
+        does (other calls go on meanwhile); what is stored already is only looked up.
+
+        Returns:
+            A :class:`~inferscale.kv_prepare.KVPrepareReport`: memories looked at, encoded, and the ids left (too
+            long for the model's context window with their context turns, or changed meanwhile).
+
+        Raises:
+            ScopeError: for an id that is not a non-empty string. InvalidInputError: for an id too long or not
+            storable.
+            ModelNotAvailableError: when the configured model's files cannot be found.
+        """
+        scope = optional_scope(user_id, agent_id, run_id)
+        records = self.db.all_memories() if scope is None else self.db.list(scope)
+        return prepare_kv(self.derived, [r.id for r in records], self.config.kv.encode_batch_size)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background encoder has encoded the K/V of every memory ``add`` queued

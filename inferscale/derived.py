@@ -369,6 +369,19 @@ class DerivedStores:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
 
+    def missing_kv(self, memory_ids: Sequence[str]) -> list[str]:
+        """The ids of ``memory_ids`` with an encoding (:meth:`~inferscale.fact_kv.FactKVManager.every_encoding`)
+        that no tier holds under the current model and settings, in order; unknown ids are left out. Reads SQL (one
+        query per :data:`~inferscale.storage.queries.IN_CHUNK` ids) and the store's index; loads the engine,
+        encodes nothing."""
+        self._engine().load()  # outside the client's lock: a first load takes seconds
+        with self._lock:
+            fact_kv = self.fact_kv
+            found = self._db().get_many(memory_ids)
+            records = [found[memory_id] for memory_id in memory_ids if memory_id in found]
+            lacking = {record.id for record, _ in fact_kv.missing(fact_kv.every_encoding(records))}
+        return [record.id for record in records if record.id in lacking]
+
     def _store_unchanged(self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
         """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that
         record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were

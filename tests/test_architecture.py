@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "inferscale.derived": 5,
     "inferscale.encode_queue": 5,
     "inferscale.reconcile": 5,
+    "inferscale.kv_prepare": 5,
     "inferscale.arguments": 6,
     "inferscale.chat_request": 6,
     "inferscale.results": 6,

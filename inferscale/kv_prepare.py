@@ -1,0 +1,56 @@
+"""Encode now the K/V a ``chat`` would otherwise encode on first use (``MemoryClient.prepare_kv``).
+
+Stored K/V are keyed by the model's fingerprint and by every setting they depend on (:mod:`inferscale.kv.fingerprint`),
+so a change of model, dtype, ``kv.storage_format``, ``kv.context_window`` or position buckets, or a data dir written
+before a new encoding became the default (``kv.first_memory_context_free``), leaves memories whose K/V no tier holds
+under the current settings. ``chat`` encodes such a memory when it retrieves it, on its own critical path; this
+module encodes them all ahead of time, through the background encoder's own path
+(:meth:`inferscale.derived.DerivedStores.encode_queued`: SQL read when each batch's turn comes, chunks that keep
+memories sharing context turns together, yielding to ``chat``, nothing stale stored), on the calling thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferscale.derived import DerivedStores
+
+__all__ = ["KVPrepareReport", "prepare_kv"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVPrepareReport:
+    """What one :func:`prepare_kv` did.
+
+    Attributes:
+        memories: the memories looked at.
+        encoded: of them, those that lacked an encoding and now have every one stored.
+        left: the ids of those that still lack one, in the order given: too long for the model's context window
+            with their context turns (``chat`` leaves them out too, with a warning), or changed while they were
+            encoded (then encoded by the next ``chat`` that retrieves them, or by another call).
+    """
+
+    memories: int
+    encoded: int
+    left: tuple[str, ...]
+
+
+def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: int) -> KVPrepareReport:
+    """Encode and store every encoding no tier holds of the memories ``memory_ids`` (each position bucket, and the
+    context-free one with ``kv.first_memory_context_free``), ``batch_size`` memories at a time.
+
+    Loads the engine. Other calls go on meanwhile: each chunk holds the client's lock only to pick its memories and
+    to store what it encoded, and waits for the ``chat`` uses of the model running when it starts.
+
+    Raises:
+        OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
+            engine's load. What was stored before stays stored.
+    """
+    lacking = derived.missing_kv(memory_ids)
+    for start in range(0, len(lacking), batch_size):
+        derived.encode_queued(lacking[start : start + batch_size])
+    left = derived.missing_kv(lacking)
+    return KVPrepareReport(memories=len(memory_ids), encoded=len(lacking) - len(left), left=tuple(left))

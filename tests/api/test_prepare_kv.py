@@ -1,0 +1,151 @@
+"""``prepare_kv``: encode now the K/V a chat would encode on first use, for a scope or the whole database, as a
+fresh encoding gives them; after a settings change every memory is encoded again under its new key; a memory that
+no longer fits the model's context is reported, not encoded.
+
+On a tiny float32 model with a byte-level tokenizer (fast, real encoding), sync and async clients, both databases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from mem0_fakes import HashEmbedder
+from served_kv import context_free_request
+from tiny_models import tiny_engine
+
+from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ScopeError
+from inferscale.config import KVConfig
+from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
+from inferscale.kv_prepare import KVPrepareReport
+from inferscale.storage import MemoryRecord
+
+MAYA = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara teaches in Madrid."]
+BOB = ["I play the cello.", "My cat is called Miso."]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return tiny_engine("llama")
+
+
+def _config(data_dir: Path, db_url: str, **kv: Any) -> MemoryConfig:
+    """Nothing encoded on add (``"lazy"``), so every K/V below is the one ``prepare_kv`` stored."""
+    return MemoryConfig(data_dir=str(data_dir), db_url=db_url, kv=KVConfig(encode_on_add="lazy", **kv))
+
+
+class Client:
+    """A sync or async client's calls as plain calls (the async ones run to the end on one event loop)."""
+
+    def __init__(self, kind: str, config: MemoryConfig, engine: Any) -> None:
+        self._runner = asyncio.Runner() if kind == "async" else None
+        cls = AsyncMemoryClient if kind == "async" else MemoryClient
+        self.client: Any = cls(config, engine=engine, embedder=HashEmbedder())
+
+    def _run(self, result: Any) -> Any:
+        return result if self._runner is None else self._runner.run(result)
+
+    def add(self, texts: list[str], user_id: str) -> list[str]:
+        messages = [{"role": "user", "content": t} for t in texts]
+        added = self._run(self.client.add(messages, user_id=user_id, infer=False))
+        return [r["id"] for r in added["results"]]
+
+    def prepare_kv(self, **scope: Any) -> KVPrepareReport:
+        report: KVPrepareReport = self._run(self.client.prepare_kv(**scope))
+        return report
+
+    def record(self, memory_id: str) -> MemoryRecord:
+        record = self.client.db.get(memory_id)
+        assert record is not None
+        return record
+
+    def close(self) -> None:
+        self._run(self.client.close())
+        if self._runner is not None:
+            self._runner.close()
+
+
+def _assert_stored_fresh(client: Client, engine: Any, memory_ids: list[str]) -> None:
+    """Every encoding of each memory is in the store and equals, bit for bit, what the engine encodes for it now:
+    after its context turns, and after the system prefix alone (``kv.first_memory_context_free``)."""
+    fact_kv = client.client.derived.fact_kv
+    for memory_id in memory_ids:
+        record = client.record(memory_id)
+        for encoding in (IN_CONTEXT, CONTEXT_FREE):
+            stored = fact_kv.store.get(fact_kv.key(record, encoding))
+            assert stored is not None, (record.text, encoding)
+            if encoding.context_free:
+                request = context_free_request(engine, record.text)
+            else:
+                request = fact_kv.encode_request(record)
+            (fresh,) = engine.encode_facts([request])
+            assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_prepare_kv_encodes_a_scope_then_the_rest_then_nothing(
+    kind: str, tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    if kind == "async":
+        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
+    client = Client(kind, _config(tmp_path, db_url), engine)
+    try:
+        maya, bob = client.add(MAYA, "maya"), client.add(BOB, "bob")
+        derived = client.client.derived
+        assert derived.missing_kv([*maya, *bob]) == [*maya, *bob]  # lazy: nothing encoded on add
+
+        assert client.prepare_kv(user_id="maya") == KVPrepareReport(memories=3, encoded=3, left=())
+        _assert_stored_fresh(client, engine, maya)
+        assert derived.missing_kv([*maya, *bob]) == bob  # another user's memories are not touched
+
+        assert client.prepare_kv() == KVPrepareReport(memories=5, encoded=2, left=())
+        _assert_stored_fresh(client, engine, bob)
+        assert client.prepare_kv() == KVPrepareReport(memories=5, encoded=0, left=())
+    finally:
+        client.close()
+
+
+def test_prepare_kv_after_a_settings_change_encodes_every_memory_under_its_new_key(
+    tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    client = Client("sync", _config(tmp_path, db_url), engine)
+    try:
+        ids = client.add(MAYA, "maya")
+        assert client.prepare_kv().encoded == 3
+    finally:
+        client.close()
+    client = Client("sync", _config(tmp_path, db_url, storage_format="int8"), engine)
+    try:
+        assert client.client.derived.missing_kv(ids) == ids  # the int8 keys are new
+        assert client.prepare_kv(user_id="maya") == KVPrepareReport(memories=3, encoded=3, left=())
+        assert client.client.derived.missing_kv(ids) == []
+    finally:
+        client.close()
+
+
+def test_a_memory_that_no_longer_fits_is_reported_and_the_others_are_encoded(
+    tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    long_text = "A long memory that no bucket near the end of the context can hold. " * 2
+    client = Client("sync", _config(tmp_path, db_url), engine)
+    try:
+        ids = client.add([MAYA[0], long_text, MAYA[1]], "maya")
+    finally:
+        client.close()
+    # a bucket 1900 tokens from the prefix: the short facts still fit there (2048 positions), the long one not
+    client = Client("sync", _config(tmp_path, db_url, position_buckets=(0, 1900)), engine)
+    try:
+        report = client.prepare_kv(user_id="maya")
+        assert report == KVPrepareReport(memories=3, encoded=2, left=(ids[1],))
+        assert client.client.derived.missing_kv(ids) == [ids[1]]
+    finally:
+        client.close()
+
+
+def test_a_bad_scope_id_is_refused_before_anything_is_encoded(tmp_path: Path, engine: Any) -> None:
+    client = MemoryClient(_config(tmp_path, None), engine=engine, embedder=HashEmbedder())
+    with client, pytest.raises(ScopeError, match="user_id"):
+        client.prepare_kv(user_id="")
