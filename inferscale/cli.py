@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inferscale.commands.keys import add_keys_parser
     from inferscale.commands.memory import add_memory_parsers
     from inferscale.commands.options import parents
+    from inferscale.commands.prepare import add_prepare_parser
     from inferscale.demo import DemoOptions
     from inferscale.serve_cli import add_serve_parser
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared = parents()
     add_memory_parsers(sub, shared)
     add_chat_parser(sub, shared)
+    add_prepare_parser(sub, shared)
     add_serve_parser(sub)
     add_keys_parser(sub, shared)
     add_bench_parser(sub)

@@ -29,7 +29,20 @@ from inferscale.errors import (
     ServerError,
 )
 
-COMMANDS = ["add", "search", "list", "delete", "history", "chat", "serve", "keys", "bench", "eval", "demo"]
+COMMANDS = [
+    "add",
+    "search",
+    "list",
+    "delete",
+    "history",
+    "chat",
+    "prepare-kv",
+    "serve",
+    "keys",
+    "bench",
+    "eval",
+    "demo",
+]
 MEMORY_COMMANDS = {
     "add": ["some text"],
     "search": ["query"],
@@ -37,6 +50,7 @@ MEMORY_COMMANDS = {
     "delete": ["some-id"],
     "history": ["some-id"],
     "chat": ["a question?"],
+    "prepare-kv": [],
 }
 
 
