@@ -33,6 +33,7 @@ from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
+from inferscale.kv.fingerprint import depends_on_context
 from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
@@ -237,8 +238,9 @@ class DerivedStores:
 
         Deleted memories lose their vector and K/V. A memory whose text changed is embedded again and loses its
         K/V; a metadata-only update changes neither. New memories are embedded. A memory whose stored context lost
-        a deleted or re-worded text (``applied.recontexted``) keeps its vector and loses its K/V, files of every key
-        included (those of the old context's key could never be looked up again). The new, re-worded and
+        a deleted or re-worded text (``applied.recontexted``) keeps its vector and loses the K/V that depended on
+        that context, files included (those of the old context's key could never be looked up again); its
+        context-free K/V stay while its context keeps an entry (:meth:`forget_context_kv`). The new, re-worded and
         re-contexted memories' K/V are then encoded as ``encode`` says: now (``"eager"``), by the background encoder
         (``"background"``: their ids are returned, for :meth:`queue_encoding`), or on first use (``"lazy"``).
 
@@ -262,7 +264,8 @@ class DerivedStores:
                 index.remove(np.array(gone, dtype=np.int64))
                 self._index_dirty = True
             self.embed_into(index, [*retexted, *applied.added])
-            self.forget_kv(list(dict.fromkeys(r.id for r in [*applied.deleted, *retexted, *applied.recontexted])))
+            self.forget_kv(list(dict.fromkeys(r.id for r in [*applied.deleted, *retexted])))
+            self.forget_context_kv(applied.recontexted)
         fresh = {r.id: r for r in [*retexted, *applied.recontexted, *applied.added]}  # the latest record of each
         if encode == "eager" and fresh:
             self.fact_kv.prepare(list(fresh.values()))
@@ -401,7 +404,7 @@ class DerivedStores:
         return len(kept)
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
-        """Drop the K/V tensors of deleted, re-worded or re-contexted memories from every tier (every key of each:
+        """Drop the K/V tensors of deleted or re-worded memories from every tier (every key of each:
         memory, host and disk; files other processes wrote included). Their ``kv_entries`` rows were
         deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
         no SQL runs here."""
@@ -411,6 +414,19 @@ class DerivedStores:
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         for memory_id in memory_ids:
             store.delete_memory(memory_id)
+
+    def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:
+        """Drop from every tier the K/V of re-contexted memories (``records``, as they are now) that depended on
+        their old context: every key of each but a context-free one while its context keeps an entry, as the
+        transaction did with their ``kv_entries`` rows (:func:`inferscale.storage.changes.apply_in_session`)."""
+        if not records:
+            return
+        store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
+        with_context = {r.id for r in records if r.context}
+        store.prune(
+            [r.id for r in records],
+            lambda key: key.memory_id in with_context and not depends_on_context(key.encoding_key),
+        )
 
     def release_kv(self) -> None:
         """Drop the K/V manager (and with it the engine it holds and the memory tiers' tensors); the disk tier and

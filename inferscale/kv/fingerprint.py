@@ -189,6 +189,15 @@ def encoding_key(
     return f"{readable};{digest}"
 
 
+def depends_on_context(key: str) -> bool:
+    """Whether the K/V an encoding key names depend on the memory's stored context: ``False`` only for an encoding
+    after no context turn and on no chain (``w=0`` and no ``chain=`` part, as :func:`encoding_key` writes them, e.g.
+    a memory's context-free encoding), whose K/V are a function of its text, the system prefix and the model alone,
+    so a change to the stored context leaves them valid."""
+    parts = key.split(";")
+    return "w=0" not in parts or any(part.startswith("chain=") for part in parts)
+
+
 def is_current_encoding(key: str) -> bool:
     """Whether an encoding key was written in this version's :data:`ENCODING_FORMAT` (older ones never match)."""
     return key.startswith(f"{ENCODING_FORMAT};")

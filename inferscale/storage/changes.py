@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.kv.fingerprint import depends_on_context
 from inferscale.scope import Scope
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.storage.contexts import (
@@ -33,6 +34,7 @@ from inferscale.storage.contexts import (
     live_neighbours,
     without_texts,
 )
+from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
@@ -131,8 +133,13 @@ def text_lock_key(scope: Scope, text_hash: str) -> int:
 
 def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[Scope, MemoryRow]]) -> list[MemoryRow]:
     """Remove from the holders' contexts every text that left its scope (no memory of exactly that scope holds it
-    after the change), moving each one's chain start back by the entries removed before it, and delete their
-    ``kv_entries`` rows; returns the rows whose context changed."""
+    after the change), moving each one's chain start back by the entries removed before it, and delete the
+    ``kv_entries`` rows whose K/V depended on the old context; returns the rows whose context changed.
+
+    A context-free entry (:func:`~inferscale.kv.fingerprint.depends_on_context` is false: encoded after no turn,
+    on no chain) stays valid and is kept while the memory's context keeps an entry; once its context is empty, the
+    memory is served after no turn under its in-context key (one encoding, one entry), so its context-free entry
+    could never be looked up again and goes too."""
     s.flush()
     gone: dict[Scope, set[str]] = {}
     for scope, texts in leaving.items():
@@ -146,10 +153,14 @@ def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[
             row.chain_from = chain_start(row.chain_from, [turn not in left for turn in row.context])
             row.context = kept
             changed.append(row)
+    with_context = {row.id for row in changed if row.context}
+    stale: list[int] = []
     for chunk in chunks([row.id for row in changed]):
-        s.execute(
-            delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
+        entries = s.execute(
+            select(KVEntryRow.id, KVEntryRow.memory_id, KVEntryRow.encoding_key).where(KVEntryRow.memory_id.in_(chunk))
         )
+        stale += [i for i, memory_id, key in entries if depends_on_context(key) or memory_id not in with_context]
+    delete_kv_entry_rows_in_session(s, stale)
     return changed
 
 

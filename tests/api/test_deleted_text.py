@@ -18,11 +18,12 @@ import pytest
 import torch
 from client_adapter import ClientAdapter, ClientKind, open_client
 from mem0_fakes import HashEmbedder, fake_config
-from served_kv import fresh_as_served
+from served_kv import context_free_request, fresh_as_served
 from sqlalchemy import create_engine, select
 from tiny_models import tiny_engine
 
 from inferscale.engines.base import Generation
+from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
 from inferscale.kv.fact import FactKV
 from inferscale.storage.models import KVEntryRow
 
@@ -33,14 +34,23 @@ def engine() -> Any:
     return tiny_engine("llama")
 
 
-def kv_rows(url: str, memory_ids: Sequence[str]) -> list[str]:
-    """The memory ids of the ``kv_entries`` rows of ``memory_ids``, read straight from the database."""
+def kv_rows(url: str, memory_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The encoding keys of the ``kv_entries`` rows of each of ``memory_ids`` (sorted; ``[]`` for none), read
+    straight from the database."""
     sql = create_engine(url)
     try:
         with sql.connect() as conn:
-            return list(conn.scalars(select(KVEntryRow.memory_id).where(KVEntryRow.memory_id.in_(memory_ids))))
+            query = select(KVEntryRow.memory_id, KVEntryRow.encoding_key).where(KVEntryRow.memory_id.in_(memory_ids))
+            rows = conn.execute(query).all()
     finally:
         sql.dispose()
+    return {i: sorted(key for memory_id, key in rows if memory_id == i) for i in memory_ids}
+
+
+def kv_files(store_dir: Path, memory_id: str) -> dict[str, bytes]:
+    """The K/V files of ``memory_id`` on disk, by name, with their bytes."""
+    folder = store_dir / memory_id
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.safetensors"))} if folder.is_dir() else {}
 
 
 def injected(c: ClientAdapter, memory_ids: list[str], user_id: str, monkeypatch: pytest.MonkeyPatch) -> list[FactKV]:
@@ -65,7 +75,9 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
     """X, A, B, C stored in that order in one scope (K/V encoded at once): B is encoded after X and A, C after X, A
     and B. Deleting A, or re-wording it, takes A's text out of B's and C's stored context (the new wording is not
     put in: it is no text they were encoded after) and drops their K/V entries and files, so a chat injects for
-    each the K/V a fresh encoding after its remaining context gives. X, stored before A, is untouched."""
+    each the K/V a fresh encoding after its remaining context gives. X, stored before A, is untouched. Their
+    context-free K/V (``kv.first_memory_context_free``: encoded after no turn) never depended on A and stay, rows
+    and files, unencoded again."""
     if kind == "async":
         pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
     c = open_client(kind, fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
@@ -76,6 +88,9 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
         assert [before[i].context for i in (b, later)] == [texts[:2], texts[:3]]  # type: ignore[union-attr]
         store_dir = c.fact_kv.store.directory
         assert store_dir is not None and (store_dir / b).is_dir()  # encoded after A, on disk
+        free_key = c.fact_kv.encoding_key(before[b], CONTEXT_FREE)
+        free_files = {i: kv_files(store_dir, i) for i in (b, later)}
+        assert all(len(files) == 2 for files in free_files.values())  # in context and context-free
         if change == "delete":
             c.delete(a)
         else:
@@ -83,8 +98,11 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
 
         expected = {x: [], b: [texts[0]], later: [texts[0], texts[2]]}
         assert {i: c.db.get(i).context for i in expected} == expected  # type: ignore[union-attr]
-        assert kv_rows(db_url, [b, later]) == []  # the old context's entries went with the change
-        assert not (store_dir / b).exists() and not (store_dir / later).exists()
+        # the old context's entries went with the change; the context-free ones stay, files untouched
+        assert kv_rows(db_url, [b, later]) == {b: [free_key], later: [free_key]}
+        for i in (b, later):
+            kept = kv_files(store_dir, i)
+            assert len(kept) == 1 and kept.items() <= free_files[i].items()
         assert (store_dir / x).is_dir()  # its context never held A: kept
 
         served = injected(c, [x, b, later], "u1", monkeypatch)
@@ -94,6 +112,46 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
         for got, ref in zip(served, fresh, strict=True):
             assert torch.allclose(got.keys.cpu(), ref.keys, atol=1e-5, rtol=1e-4)
             assert torch.allclose(got.values.cpu(), ref.values, atol=1e-5, rtol=1e-4)
-        assert sorted(kv_rows(db_url, [b, later])) == sorted([b, later])  # encoded anew
+        rows = kv_rows(db_url, [b, later])  # the new context's entries beside the kept context-free ones
+        assert all(len(keys) == 2 and free_key in keys for keys in rows.values()), rows
+    finally:
+        c.close()
+
+
+def test_a_memory_whose_context_empties_loses_its_context_free_entry_and_only_in_context_kv_are_encoded_again(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X, A, B, C stored in one scope, every encoding stored. Deleting X and A empties B's context: B is then served
+    after no turn under its in-context key, so its context-free entry (a second copy) goes with the rest; C keeps
+    B's text, so its context-free entry stays. Encoding every memory's encodings again then encodes B once and C's
+    in-context K/V alone (2 facts, not the 3 a drop of every entry would cost), each equal to a fresh encoding."""
+    c = open_client("sync", fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
+    try:
+        texts = ["X: the desk opens at 8", "A: the door code is 1234", "B: likes tea", "C: owns a cat"]
+        x, a, b, later = (c.add(t, user_id="u1", infer=False, encode_kv=True)["results"][0]["id"] for t in texts)
+        free_key = c.fact_kv.encoding_key(c.db.get(later), CONTEXT_FREE)  # type: ignore[arg-type]
+        c.delete(x)
+        c.delete(a)
+        records = [c.db.get(i) for i in (b, later)]
+        assert [r.context for r in records] == [[], [texts[2]]]  # type: ignore[union-attr]
+        assert kv_rows(db_url, [b, later]) == {b: [], later: [free_key]}
+        store_dir = c.fact_kv.store.directory
+        assert store_dir is not None and kv_files(store_dir, b) == {} and len(kv_files(store_dir, later)) == 1
+
+        encoded: list[int] = []
+        encode_facts = c.engine.encode_facts
+        monkeypatch.setattr(c.engine, "encode_facts", lambda reqs: encoded.append(len(reqs)) or encode_facts(reqs))
+        c.fact_kv.prepare(records)
+        assert sum(encoded) == 2
+        for record in records:
+            for encoding in (IN_CONTEXT, CONTEXT_FREE):
+                stored = c.fact_kv.store.get(c.fact_kv.key(record, encoding))  # type: ignore[arg-type]
+                assert stored is not None
+                if encoding.context_free and record.context:  # type: ignore[union-attr]
+                    request = context_free_request(c.engine, record.text)  # type: ignore[union-attr]
+                else:
+                    request = c.fact_kv.encode_request(record)
+                (fresh,) = encode_facts([request])
+                assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
     finally:
         c.close()

@@ -20,7 +20,7 @@ from inferscale.config import KVConfig
 from inferscale.errors import KVFingerprintMismatchError
 from inferscale.fact_kv import FactKVManager
 from inferscale.kv import EncodeRequest, FactEncoder, FactKV, KVStore, model_fingerprint
-from inferscale.kv.fingerprint import config_digest, weights_digest
+from inferscale.kv.fingerprint import config_digest, depends_on_context, encoding_key, weights_digest
 from inferscale.kv.tiers import DiskTier
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -204,3 +204,19 @@ def test_the_weights_digest_sees_the_last_bit_of_the_smallest_weight(base_model:
         moved.model.layers[0].mlp.down_proj.weight.view(torch.int32)[0, 0] += 1
     assert moved.model.layers[0].mlp.down_proj.weight[0, 0].item() != 1e-30
     assert weights_digest(moved) != weights_digest(model)
+
+
+@pytest.mark.parametrize(
+    ("key", "depends"),
+    [
+        (encoding_key("p" * 64, (), 0, 0), False),  # after no turn: a context-free encoding
+        (encoding_key("p" * 64, (), 0, 0, "int8"), False),  # in 8 bits too
+        (encoding_key(None, (), 0, 0), False),  # without the system prefix
+        (encoding_key("p" * 64, ["a turn"], 5, 0), True),  # after its turns
+        (encoding_key("p" * 64, (), 5, 0), True),  # w=5: the key names a window, even with no turn in it
+        (encoding_key("p" * 64, ["a", "b"], 0, 0, chain=(3, 1)), True),  # on a chain
+        (encoding_key("p" * 64, (), 0, 0, chain=(3, 0)), True),
+    ],
+)
+def test_only_an_encoding_after_no_turn_and_on_no_chain_is_independent_of_the_context(key: str, depends: bool) -> None:
+    assert depends_on_context(key) is depends
