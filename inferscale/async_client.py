@@ -504,9 +504,7 @@ class AsyncMemoryClient(ClientCore):
         """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use; see
         :meth:`MemoryClient.prepare_kv` (same arguments, result and errors). SQL is awaited on the event loop, the
         encoding runs in a worker thread."""
-        scope = optional_scope(user_id, agent_id, run_id)
-        records = await (self.adb.all_memories() if scope is None else self.adb.list(scope))
-        ids = [r.id for r in records]
+        ids = await self.adb.memory_ids(optional_scope(user_id, agent_id, run_id))
         return await asyncio.to_thread(prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:

@@ -694,9 +694,8 @@ class MemoryClient(ClientCore):
             storable.
             ModelNotAvailableError: when the configured model's files cannot be found.
         """
-        scope = optional_scope(user_id, agent_id, run_id)
-        records = self.db.all_memories() if scope is None else self.db.list(scope)
-        return prepare_kv(self.derived, [r.id for r in records], self.config.kv.encode_batch_size)
+        ids = self.db.memory_ids(optional_scope(user_id, agent_id, run_id))
+        return prepare_kv(self.derived, ids, self.config.kv.encode_batch_size)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background encoder has encoded the K/V of every memory ``add`` queued

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from inferscale.derived import DerivedStores
 
-__all__ = ["KVPrepareReport", "prepare_kv"]
+__all__ = ["PAGE_SIZE", "KVPrepareReport", "prepare_kv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +38,15 @@ class KVPrepareReport:
     left: tuple[str, ...]
 
 
+PAGE_SIZE = 1024
+"""Memories read from SQL and checked against the store at a time: a pass over a whole database holds one page of
+records, not all of them."""
+
+
 def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: int) -> KVPrepareReport:
     """Encode and store every encoding no tier holds of the memories ``memory_ids`` (each position bucket, and the
-    context-free one with ``kv.first_memory_context_free``), ``batch_size`` memories at a time.
+    context-free one with ``kv.first_memory_context_free``), :data:`PAGE_SIZE` memories checked at a time and
+    ``batch_size`` encoded at a time.
 
     Loads the engine. Other calls go on meanwhile: each chunk holds the client's lock only to pick its memories and
     to store what it encoded, and waits for the ``chat`` uses of the model running when it starts.
@@ -49,8 +55,13 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
         OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
             engine's load. What was stored before stays stored.
     """
-    lacking = derived.missing_kv(memory_ids)
-    for start in range(0, len(lacking), batch_size):
-        derived.encode_queued(lacking[start : start + batch_size])
-    left = derived.missing_kv(lacking)
-    return KVPrepareReport(memories=len(memory_ids), encoded=len(lacking) - len(left), left=tuple(left))
+    encoded = 0
+    left: list[str] = []
+    for page in range(0, len(memory_ids), PAGE_SIZE):
+        lacking = derived.missing_kv(memory_ids[page : page + PAGE_SIZE])
+        for start in range(0, len(lacking), batch_size):
+            derived.encode_queued(lacking[start : start + batch_size])
+        still = derived.missing_kv(lacking)
+        encoded += len(lacking) - len(still)
+        left += still
+    return KVPrepareReport(memories=len(memory_ids), encoded=encoded, left=tuple(left))

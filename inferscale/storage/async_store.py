@@ -50,6 +50,7 @@ from inferscale.storage.queries import (
     latest_memories,
     list_memories,
     memories_with_hash,
+    memory_ids,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -240,6 +241,14 @@ class AsyncMemoryStore:
     async def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
         """The ``limit`` memories of exactly ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
         return await self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
+
+    async def memory_ids(self, scope: Scope | None = None) -> builtins.list[str]:
+        """The ids of the memories in ``scope`` (ids ANDed), or of every memory for ``None``, in ``vector_id`` order.
+
+        Raises:
+            InvalidInputError: when ``scope`` is neither a Scope nor ``None``.
+        """
+        return await self._read(memory_ids, None if scope is None else check_scope(scope))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in vector-id order."""

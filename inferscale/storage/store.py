@@ -51,6 +51,7 @@ from inferscale.storage.queries import (
     latest_memories,
     list_memories,
     memories_with_hash,
+    memory_ids,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -241,6 +242,14 @@ class MemoryStore:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
         return self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
+
+    def memory_ids(self, scope: Scope | None = None) -> builtins.list[str]:
+        """The ids of the memories in ``scope`` (ids ANDed), or of every memory for ``None``, in ``vector_id`` order.
+
+        Raises:
+            InvalidInputError: when ``scope`` is neither a Scope nor ``None``.
+        """
+        return self._read(memory_ids, None if scope is None else check_scope(scope))
 
     def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in ``vector_id`` order (used to rebuild a vector index)."""

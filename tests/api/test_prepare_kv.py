@@ -17,7 +17,7 @@ from mem0_fakes import HashEmbedder
 from served_kv import context_free_request
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ScopeError
+from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ScopeError, kv_prepare
 from inferscale.config import KVConfig
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
 from inferscale.kv_prepare import KVPrepareReport
@@ -104,6 +104,20 @@ def test_prepare_kv_encodes_a_scope_then_the_rest_then_nothing(
         assert client.prepare_kv() == KVPrepareReport(memories=5, encoded=2, left=())
         _assert_stored_fresh(client, engine, bob)
         assert client.prepare_kv() == KVPrepareReport(memories=5, encoded=0, left=())
+    finally:
+        client.close()
+
+
+def test_pages_and_batches_smaller_than_the_database_give_the_same_report_and_store(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five memories checked two at a time (pages of 2, the last of 1) and encoded one at a time."""
+    monkeypatch.setattr(kv_prepare, "PAGE_SIZE", 2)
+    client = Client("sync", _config(tmp_path, db_url, encode_batch_size=1), engine)
+    try:
+        ids = client.add(MAYA, "maya") + client.add(BOB, "bob")
+        assert client.prepare_kv() == KVPrepareReport(memories=5, encoded=5, left=())
+        _assert_stored_fresh(client, engine, ids)
     finally:
         client.close()
 
