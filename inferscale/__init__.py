@@ -12,6 +12,7 @@ from inferscale.conversation import ChatMessage
 from inferscale.errors import (
     AuthenticationError,
     ConfigError,
+    DatabaseUnavailableError,
     EngineClosedError,
     ExtractionError,
     InferScaleError,
@@ -68,6 +69,7 @@ __all__ = [
     "ChatMessage",
     "ChatResult",
     "ConfigError",
+    "DatabaseUnavailableError",
     "EmbedderConfig",
     "EngineClosedError",
     "EngineConfig",

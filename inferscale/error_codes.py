@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from inferscale.errors import (
     AuthenticationError,
     ConfigError,
+    DatabaseUnavailableError,
     EngineClosedError,
     ExtractionError,
     InferScaleError,
@@ -53,6 +54,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("config_error", 500, ConfigError),
     ErrorCode("schema_error", 500, SchemaError),
     ErrorCode("model_not_available", 503, ModelNotAvailableError),
+    ErrorCode("database_unavailable", 503, DatabaseUnavailableError),
     ErrorCode("unsupported_model", 501, UnsupportedModelError),
     ErrorCode("engine_closed", 503, EngineClosedError),
     ErrorCode("internal_error", 500, ServerError),

@@ -36,6 +36,12 @@ class SchemaError(ConfigError):
     from the first versioned schema. Raised on a store's first use, before anything is changed."""
 
 
+class DatabaseUnavailableError(InferScaleError, ConnectionError):
+    """The memory database could not be connected to: its server refused or did not answer, or the URL names a
+    database, role or password it does not accept. Nothing was read or written; the call can be made again once the
+    database is reachable."""
+
+
 class ModelNotAvailableError(ConfigError):
     """A default model package is not installed, or a configured model path does not exist."""
 

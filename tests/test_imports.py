@@ -17,6 +17,7 @@ EXPECTED_ALL = [
     "ChatMessage",
     "ChatResult",
     "ConfigError",
+    "DatabaseUnavailableError",
     "EmbedderConfig",
     "EngineClosedError",
     "EngineConfig",

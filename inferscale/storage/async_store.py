@@ -33,7 +33,13 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, configure_sqlite, enable_wal, sqlite_file
+from inferscale.storage.database import (
+    WRITE_OPTION,
+    configure_sqlite,
+    enable_wal,
+    report_connect_failures,
+    sqlite_file,
+)
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -176,8 +182,10 @@ class AsyncMemoryStore:
                     enable_wal(path)
                     engine = create_async_engine(parsed)
                 configure_sqlite(engine.sync_engine)
-                return engine
-            return create_async_engine(parsed, pool_pre_ping=True)
+            else:
+                engine = create_async_engine(parsed, pool_pre_ping=True)
+            report_connect_failures(engine.sync_engine)
+            return engine
         except ImportError as exc:
             raise ConfigError(
                 f"the async driver for {parsed.drivername!r} is not installed ({exc}); "

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import URL, ExceptionContext, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import StaticPool
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, DatabaseUnavailableError
 from inferscale.storage.case_fold import SQLITE_FUNCTION, sqlite_fold
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -109,6 +109,27 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def _connect_failed(context: ExceptionContext) -> None:
+    """A ``handle_error`` hook: a DBAPI error raised while opening a connection (there is none yet) becomes
+    :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
+    if context.connection is not None or not isinstance(context.sqlalchemy_exception, DBAPIError):
+        return
+    url = context.engine.url.render_as_string(hide_password=True) if context.engine is not None else "?"
+    reason = str(context.original_exception).strip().splitlines()
+    raise DatabaseUnavailableError(
+        f"cannot connect to the database {url}: {reason[0] if reason else type(context.original_exception).__name__}"
+        "; check that its server runs and that the URL's host, port, database, user and password are right"
+    ) from context.original_exception
+
+
+def report_connect_failures(engine: Engine) -> None:
+    """Make a failure to connect on ``engine`` (also an async engine's ``sync_engine``) raise
+    :class:`~inferscale.errors.DatabaseUnavailableError` instead of the driver's ``OperationalError``: a server
+    down, a refused port, an unknown database or role, a wrong password. Errors on an open connection (a lock, a
+    constraint) are left as they are."""
+    event.listen(engine, "handle_error", _connect_failed)
+
+
 def configure_sqlite(engine: Engine) -> None:
     """Install the SQLite connection settings (pragmas, explicit BEGIN, the ``icontains`` case-folding function) on
     ``engine`` (also an async engine's ``sync_engine``)."""
@@ -124,7 +145,8 @@ def make_engine(url: str) -> Engine:
     SQLite connections get ``foreign_keys=ON``, a
     ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds, and ``BEGIN IMMEDIATE`` on connections that
     carry the :data:`WRITE_OPTION` execution option. An in-memory SQLite database is shared by
-    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``.
+    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``. A failure to
+    connect raises :class:`~inferscale.errors.DatabaseUnavailableError` (:func:`report_connect_failures`).
 
     Raises:
         ConfigError: when ``url`` is not a valid SQLAlchemy URL or names a driver that is not installed.
@@ -145,8 +167,10 @@ def make_engine(url: str) -> Engine:
                 enable_wal(path)
                 engine = create_engine(parsed)
             configure_sqlite(engine)
-            return engine
-        return create_engine(parsed, pool_pre_ping=True)
+        else:
+            engine = create_engine(parsed, pool_pre_ping=True)
+        report_connect_failures(engine)
+        return engine
     except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name
         raise ConfigError(f"database url {url!r} names no known SQLAlchemy dialect: {exc}") from exc
     except ImportError as exc:

@@ -87,7 +87,8 @@ class MemoryStore:
     Raises:
         ConfigError: when ``url`` is not a non-empty string (a malformed URL is reported on first use).
 
-    Every method may also raise ``sqlalchemy.exc.OperationalError`` when the database cannot be reached.
+    Every method may also raise :class:`~inferscale.errors.DatabaseUnavailableError` when the database cannot be
+    connected to.
     """
 
     def __init__(self, url: str) -> None:

@@ -252,3 +252,11 @@ def test_a_memory_layout_the_config_refuses_is_a_config_error_before_any_client_
     with pytest.raises(ConfigError, match="the demo's settings: memory_layout: Input should be 'score' or 'added'"):
         demo_client(tmp_path, 5, 0, "newest")  # type: ignore[arg-type]  # a caller outside the CLI's choices
     assert not (tmp_path / "memory.db").exists()
+
+
+def test_a_database_that_cannot_be_connected_to_is_one_line_and_exit_1(cli: Callable[..., Ran]) -> None:
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    ran = cli("list", "--user", "maya", "--db-url", "postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories")
+    assert ran.code == 1
+    assert ran.err.startswith("error: cannot connect to the database postgresql+psycopg://inferscale:***@127.0.0.1:1")
+    assert "Traceback" not in ran.err and "s3cret" not in ran.err

@@ -1,0 +1,72 @@
+"""A database that cannot be connected to raises ``DatabaseUnavailableError`` (an InferScale error, and a
+``ConnectionError``) on every store and client, naming the URL without its password (the CLI prints it as one line:
+tests/cli/test_cli_options_and_errors.py).
+
+Two ways to fail: a port nothing listens on (needs only psycopg), and a database the running PostgreSQL server does
+not have (skipped without a server). Errors on an open connection keep their own types (tests/storage)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from databases import postgres_base_url
+from sqlalchemy.engine import make_url
+
+from inferscale import AsyncMemoryClient, DatabaseUnavailableError, MemoryClient, MemoryConfig
+from inferscale.scope import Scope
+from inferscale.server.keys import KeyStore
+from inferscale.storage import MemoryStore
+from inferscale.storage.async_store import AsyncMemoryStore
+
+REFUSED = "postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories"
+"""Port 1: nothing listens there, so the connection is refused at once."""
+
+
+def _missing_database() -> str:
+    base = postgres_base_url()
+    if base is None:
+        pytest.skip("no PostgreSQL server answers on 127.0.0.1:5432 (or psycopg is missing)")
+    return make_url(base).set(database="inferscale_no_such_database").render_as_string(hide_password=False)
+
+
+@pytest.fixture(params=["refused", "missing"])
+def url(request: pytest.FixtureRequest) -> str:
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    return REFUSED if request.param == "refused" else _missing_database()
+
+
+def _assert_unavailable(exc: DatabaseUnavailableError, url: str) -> None:
+    message = str(exc)
+    assert message.startswith(f"cannot connect to the database {make_url(url).render_as_string(hide_password=True)}")
+    assert "s3cret" not in message
+    assert isinstance(exc, ConnectionError)
+
+
+def test_the_sync_store_the_key_store_and_the_client_raise_database_unavailable(url: str, tmp_path: Path) -> None:
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        MemoryStore(url).list(Scope(user_id="maya"))
+    _assert_unavailable(caught.value, url)
+    with pytest.raises(DatabaseUnavailableError):
+        KeyStore(url).list()
+    client = MemoryClient(MemoryConfig(data_dir=str(tmp_path), db_url=url))
+    with client, pytest.raises(DatabaseUnavailableError):
+        client.get_all(user_id="maya")
+
+
+def test_the_async_store_and_client_raise_database_unavailable(url: str, tmp_path: Path) -> None:
+    pytest.importorskip("sqlalchemy.ext.asyncio")
+
+    async def main() -> None:
+        with pytest.raises(DatabaseUnavailableError) as caught:
+            await AsyncMemoryStore(url).list(Scope(user_id="maya"))
+        _assert_unavailable(caught.value, url)
+        client = AsyncMemoryClient(MemoryConfig(data_dir=str(tmp_path), db_url=url))
+        try:
+            with pytest.raises(DatabaseUnavailableError):
+                await client.search("dog", user_id="maya")
+        finally:
+            await client.close()
+
+    asyncio.run(main())
