@@ -118,13 +118,28 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
     msgs = normalize_messages(messages)
     if not infer:
         for i, m in enumerate(msgs):
-            if m.role != "system" and len(m.content) > max_memory_chars:
-                raise InvalidInputError(
-                    f"message {i} has {len(m.content):,} characters; a memory holds at most "
-                    f"max_memory_chars={max_memory_chars:,}. Split it, raise the limit, or use infer=True to "
-                    "extract facts from it"
-                )
+            if m.role != "system":
+                check_memory_length(m.content, max_memory_chars, f"message {i}", "or use infer=True to extract facts")
     return msgs
+
+
+def check_memory_length(text: str, max_memory_chars: int, what: str, other_fix: str = "") -> None:
+    """Refuse a text a user asks to store as one memory (``add(infer=False)``'s messages, ``update``'s new text) when
+    it is longer than ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document.
+
+    Args:
+        what: how the message names the text, e.g. ``"message 2"``.
+        other_fix: a further fix to name after splitting it or raising the limit, e.g. ``"or use infer=True"``.
+
+    Raises:
+        InvalidInputError: naming ``what``, its length and the limit.
+    """
+    if len(text) > max_memory_chars:
+        fixes = f"Split it, raise the limit{', ' + other_fix if other_fix else ''}"
+        raise InvalidInputError(
+            f"{what} has {len(text):,} characters; a memory holds at most max_memory_chars={max_memory_chars:,}. "
+            f"{fixes}"
+        )
 
 
 def check_flag(value: Any, name: str) -> bool:
@@ -137,14 +152,22 @@ def check_flag(value: Any, name: str) -> bool:
 
 
 def check_update(
-    memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
+    memory_id: str,
+    text: str | None,
+    metadata: Mapping[str, Any] | None,
+    data: str | None,
+    max_memory_chars: int | None,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """The new text and metadata of an ``update`` (either may be ``None``: unchanged), checked before the memory is
     looked up.
 
+    Args:
+        max_memory_chars: the longest new text (``MemoryConfig.max_memory_chars``), as ``add(infer=False)`` allows;
+            ``None`` where the limit is not known here (a remote client: the server checks it).
+
     Raises:
-        InvalidInputError: when ``text`` and ``data`` (Mem0's name for it) disagree, nothing is given, or the
-            metadata is not storable (:func:`check_metadata`).
+        InvalidInputError: when ``text`` and ``data`` (Mem0's name for it) disagree, nothing is given, the new
+            text is longer than ``max_memory_chars``, or the metadata is not storable (:func:`check_metadata`).
     """
     if text is not None and data is not None and text != data:
         raise InvalidInputError("text and data are two names for the new text; pass one of them")
@@ -152,6 +175,8 @@ def check_update(
     meta = check_metadata(metadata) if metadata is not None else None
     if new_text is None and meta is None:
         raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both")
+    if isinstance(new_text, str) and max_memory_chars is not None:
+        check_memory_length(new_text, max_memory_chars, f"the new text of memory {memory_id!r}")
     return new_text, meta
 
 

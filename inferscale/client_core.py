@@ -577,11 +577,10 @@ class ClientCore:
             actor=actor,
         )
 
-    @staticmethod
     def _update_change(
-        memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
+        self, memory_id: str, text: str | None, metadata: Mapping[str, Any] | None, data: str | None
     ) -> ChangeSet:
-        new_text, meta = check_update(memory_id, text, metadata, data)
+        new_text, meta = check_update(memory_id, text, metadata, data, self.config.max_memory_chars)
         return ChangeSet(None, updates=(MemoryUpdate(memory_id, new_text, meta),), strict=True)
 
     def _open_stream(

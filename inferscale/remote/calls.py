@@ -361,7 +361,7 @@ def update(
     params = scope_params(user_id, agent_id, run_id)
     call = _memory_call("PUT", memory_id, reply_dict, params, content=body)
     if call.unroutable_id is not None:
-        check_update(call.unroutable_id, text, metadata, data)
+        check_update(call.unroutable_id, text, metadata, data, max_memory_chars=None)  # the server's limit
     return call
 
 

@@ -12,7 +12,7 @@ import pytest
 from client_adapter import ClientAdapter, MakeClient
 from mem0_fakes import fake_config
 
-from inferscale.config import KVConfig
+from inferscale.config import KVConfig, MemoryConfig
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
 from inferscale.scope import Scope
 
@@ -143,6 +143,21 @@ def test_bad_input_gets_a_typed_error_and_loses_nothing(m: ClientAdapter, call: 
     with pytest.raises(InvalidInputError, match=match):
         call(m)
     assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["kept"]
+
+
+def test_an_update_longer_than_max_memory_chars_is_refused_as_add_refuses_it(m: ClientAdapter) -> None:
+    """The failing input of a bug: ``update`` stored a text of any length, which ``add(infer=False)`` refuses."""
+    kept = m.add("kept", user_id="a", infer=False)["results"][0]["id"]
+    too_long = "a" * (MemoryConfig().max_memory_chars + 1)
+    with pytest.raises(InvalidInputError, match="max_memory_chars"):
+        m.add(too_long, user_id="a", infer=False)
+    for call in (lambda: m.update(kept, too_long), lambda: m.update(kept, data=too_long)):
+        with pytest.raises(InvalidInputError, match=f"memory {kept!r} has 4,001 characters.*max_memory_chars=4,000"):
+            call()
+    assert m.get(kept)["memory"] == "kept"  # type: ignore[index]
+    assert [h["event"] for h in m.history(kept)] == ["ADD"]
+    m.update(kept, too_long[:-1])  # at the limit
+    assert m.get(kept)["memory"] == too_long[:-1]  # type: ignore[index]
 
 
 # ---- get / update / delete / history -----------------------------------------------------------------------
