@@ -94,6 +94,8 @@ class AsyncMemoryClient(ClientCore):
         api_key: None = None,
         timeout: None = None,
         retries: None = None,
+        org_id: None = None,
+        project_id: None = None,
     ) -> Self: ...
 
     @overload
@@ -108,6 +110,8 @@ class AsyncMemoryClient(ClientCore):
         api_key: str | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        org_id: None = None,
+        project_id: None = None,
     ) -> AsyncRemoteMemoryClient: ...
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:

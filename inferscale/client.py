@@ -75,12 +75,13 @@ class MemoryClient(ClientCore):
             and errors. Only ``api_key``, ``timeout`` and ``retries`` may come with it.
         api_key, timeout, retries: the remote client's (see :class:`~inferscale.remote.RemoteMemoryClient`);
             ``api_key`` defaults to ``INFERSCALE_API_KEY``.
+        org_id, project_id: Mem0 platform arguments, accepted as ``None`` only (they have no counterpart here).
 
     Raises:
         ConfigError: for a config that does not validate or an ``llm``/``embedder`` section that fits neither
             shape (the message names it and the keys that do not fit); for ``host`` together with ``config``,
             ``engine``, ``embedder`` or ``generator`` (a remote client uses the server's), or ``api_key``,
-            ``timeout`` or ``retries`` without ``host``.
+            ``timeout`` or ``retries`` without ``host``; for an ``org_id`` or ``project_id`` that is not ``None``.
     """
 
     _remote_class = "RemoteMemoryClient"
@@ -97,6 +98,8 @@ class MemoryClient(ClientCore):
         api_key: None = None,
         timeout: None = None,
         retries: None = None,
+        org_id: None = None,
+        project_id: None = None,
     ) -> Self: ...
 
     @overload
@@ -111,6 +114,8 @@ class MemoryClient(ClientCore):
         api_key: str | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        org_id: None = None,
+        project_id: None = None,
     ) -> RemoteMemoryClient: ...
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:

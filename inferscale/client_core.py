@@ -79,6 +79,23 @@ def rendered_turns(messages: Sequence[Message]) -> list[str]:
     return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
 
 
+def refuse_platform_arguments(org_id: object, project_id: object) -> None:
+    """Refuse Mem0's platform ``org_id`` and ``project_id``, which have no InferScale counterpart (memories are scoped
+    by ``user_id``, ``agent_id`` and ``run_id``; a server's API keys bind scopes); ``None`` passes.
+
+    Raises:
+        ConfigError: naming the argument given.
+    """
+    given = [name for name, value in (("org_id", org_id), ("project_id", project_id)) if value is not None]
+    if given:
+        names, one = " and ".join(given), len(given) == 1
+        raise ConfigError(
+            f"{names} {'is a Mem0 platform argument' if one else 'are Mem0 platform arguments'} with no InferScale "
+            "counterpart: memories are scoped by user_id, agent_id and run_id, and a server's API keys bind those "
+            f"scopes (docs/server.md); leave {'it' if one else 'them'} out"
+        )
+
+
 def remote_arguments(
     host: str | None,
     api_key: str | None,
@@ -162,6 +179,8 @@ class ClientCore:
         api_key: str | None = None,
         timeout: float | None = None,
         retries: int | None = None,
+        org_id: str | None = None,
+        project_id: str | None = None,
     ) -> Any:
         """A local client of class ``cls``, or with ``host`` the remote client :attr:`_remote_class` names, built
         here (Python then skips ``__init__``, as the object is not a ``cls``), so that a Mem0 platform user changes
@@ -178,10 +197,12 @@ class ClientCore:
             ConfigError: for ``host`` together with ``config``, ``engine``, ``embedder`` or ``generator``, or
                 ``api_key``, ``timeout`` or ``retries`` without ``host`` (see :func:`remote_arguments`); for a string
                 as ``config`` (Mem0's platform client takes its API key first: ``host=`` and ``api_key=`` are
-                keyword-only here).
+                keyword-only here); for Mem0's platform ``org_id`` or ``project_id`` (accepted as ``None`` only, as
+                Mem0 code may pass them).
         """
         if isinstance(config, str):
             raise ConfigError(string_config_message(config))
+        refuse_platform_arguments(org_id, project_id)
         local = {"config": config, "engine": engine, "embedder": embedder, "generator": generator}
         remote = remote_arguments(host, api_key, timeout, retries, local)
         if remote is None:
@@ -201,6 +222,8 @@ class ClientCore:
         api_key: None = None,
         timeout: None = None,
         retries: None = None,
+        org_id: None = None,
+        project_id: None = None,
     ) -> None:
         self.config = config if isinstance(config, MemoryConfig) else config_from_dict(config or {})
         self._engine = engine

@@ -90,6 +90,26 @@ def test_bad_connection_settings_are_config_errors(local: Any, remote: Any, give
 
 
 @pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"api_key": "m0-abc", "org_id": "o", "project_id": "p"}, "org_id and project_id are Mem0 platform arguments"),
+        ({"host": HOST, "org_id": "o"}, "org_id is a Mem0 platform argument"),
+        ({"project_id": "p"}, "project_id is a Mem0 platform argument"),
+    ],
+)
+def test_mem0_platform_arguments_are_config_errors_and_none_passes(
+    local: Any, remote: Any, given: dict[str, Any], match: str
+) -> None:
+    """The failing input of a bug: ``MemoryClient(api_key=..., org_id=..., project_id=...)``, Mem0's platform call,
+    raised a ``TypeError`` naming ``ClientCore.__new__``."""
+    with pytest.raises(ConfigError, match=match):
+        local(**given)
+    assert isinstance(local(org_id=None, project_id=None), local)
+    assert isinstance(local(host=HOST, org_id=None, project_id=None), remote)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
 @pytest.mark.parametrize("name", API)
 def test_the_remote_methods_have_the_local_signatures(local: Any, remote: Any, name: str) -> None:
     """Same parameters (names, kinds, defaults, annotations), same result annotation, and a coroutine where the
