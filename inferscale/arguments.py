@@ -88,16 +88,18 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def resolve_limit(limit: int | None, top_k: int | None, default: int = DEFAULT_LIMIT) -> int:
-    """One result count from Mem0 v1's ``limit`` or v2's ``top_k``.
+    """One result count from Mem0 v1's ``limit`` or v2's ``top_k`` (``chat`` passes ``top_k=None``: its ``top_k``
+    is the sampler's).
 
     Raises:
         InvalidInputError: when both are given with different values, or the one given is not an int from 0 to
-            :data:`MAX_LIMIT`.
+            :data:`MAX_LIMIT`, naming the argument it came from.
     """
     if limit is not None and top_k is not None and limit != top_k:
         raise InvalidInputError(f"limit={limit!r} and top_k={top_k!r} disagree; pass one of them")
+    name = "top_k" if limit is None and top_k is not None else "limit"
     value = limit if limit is not None else top_k if top_k is not None else default
-    return _validated(_LIMIT, value, f"limit/top_k must be a non-negative int, at most {MAX_LIMIT:,}")
+    return _validated(_LIMIT, value, f"{name} must be a non-negative int, at most {MAX_LIMIT:,}")
 
 
 def optional_scope(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
@@ -226,22 +228,35 @@ def check_timeout(timeout: Any) -> float | None:
     )
 
 
-def check_query(query: Any) -> str:
-    """A non-empty query string that encodes as UTF-8.
+def check_query(query: Any, name: str = "query") -> str:
+    """A non-empty query string that encodes as UTF-8 (``name``: the argument it came from, for the message).
 
     Raises:
         InvalidInputError: for anything else (a lone surrogate is not valid Unicode text).
     """
-    return _validated(_QUERY, query, "query must be a non-empty string of valid Unicode text")
+    return _validated(_QUERY, query, f"{name} must be a non-empty string of valid Unicode text")
 
 
-def check_max_new_tokens(max_new_tokens: int | None) -> int | None:
-    """``None`` (the config's budget) or a positive int (tokens).
+def check_query_or_messages(query: object, messages: object) -> None:
+    """A ``chat`` call gives exactly one of ``query`` and ``messages``.
+
+    Raises:
+        InvalidInputError: naming which mistake it is: neither given, or both.
+    """
+    if query is None and messages is None:
+        raise InvalidInputError("pass a query string or messages=[{'role', 'content'}, ...]: neither was given")
+    if query is not None and messages is not None:
+        raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
+
+
+def check_max_new_tokens(max_new_tokens: int | None, name: str = "max_new_tokens") -> int | None:
+    """``None`` (the config's budget) or a positive int (tokens); ``name``: the argument or request field it came
+    from (the server's ``max_tokens``), for the message.
 
     Raises:
         InvalidInputError: for anything else.
     """
-    return _validated(_MAX_NEW_TOKENS, max_new_tokens, "max_new_tokens must be a positive int or None")
+    return _validated(_MAX_NEW_TOKENS, max_new_tokens, f"{name} must be a positive int or None")
 
 
 def check_threshold(threshold: float | None) -> float | None:

@@ -18,6 +18,7 @@ from inferscale.arguments import (
     check_chat_mode,
     check_max_new_tokens,
     check_query,
+    check_query_or_messages,
     resolve_limit,
     resolve_scope,
 )
@@ -100,8 +101,7 @@ def resolve_chat(
             ``limit``, ``search_query`` or ``filters`` that do more than name the scope (an operator, a wildcard
             ``"*"``, a metadata key), a bad mode, budget, ``stream`` flag or sampling value.
     """
-    if (query is None) == (messages is None):
-        raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
+    check_query_or_messages(query, messages)
     check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
@@ -122,7 +122,7 @@ def resolve_chat(
                 "(filters may still name the scope: {'user_id': ...})"
             )
         ids = _memory_ids(memory_ids)
-    retrieve_with = last_user_text(conversation) if search_query is None else check_query(search_query)
+    retrieve_with = last_user_text(conversation) if search_query is None else check_query(search_query, "search_query")
     return ChatRequest(
         conversation=conversation,
         scope=scope,

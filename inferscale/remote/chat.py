@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from inferscale.arguments import check_chat_mode
+from inferscale.arguments import check_chat_mode, check_query_or_messages
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
@@ -66,8 +66,7 @@ def chat_call(
     ``inferscale`` object (``mode`` at least), which tells the server the chat asks for memory: only a
     plain OpenAI request (no ``user``, no ``inferscale``) is answered without memory.
     """
-    if (query is None) == (messages is None):
-        raise InvalidInputError("pass either a query string or messages=[{'role', 'content'}, ...], not both")
+    check_query_or_messages(query, messages)
     check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")

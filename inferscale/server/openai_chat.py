@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from inferscale.arguments import check_max_new_tokens
 from inferscale.conversation import ChatMessage, check_messages
 from inferscale.errors import InvalidInputError
 
@@ -94,11 +95,14 @@ def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
     return check_messages([_translated(m) for m in messages])
 
 
-def requested_max_tokens(body: Mapping[str, Any]) -> Any:
+def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     """The answer budget a request asks for (tokens): ``max_completion_tokens``, else ``max_tokens``, else ``None``.
-    Returned as given; the caller checks it."""
-    budget = body.get("max_completion_tokens")
-    return body.get("max_tokens") if budget is None else budget
+
+    Raises:
+        InvalidInputError: when the field given is not a positive int, naming that field.
+    """
+    name = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
+    return check_max_new_tokens(body.get(name), name)
 
 
 def sampler_top_k(value: Any) -> Any:

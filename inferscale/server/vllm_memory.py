@@ -200,11 +200,7 @@ class ChatSampling:
             stop=body.get("stop"),
         )
         budget = requested_max_tokens(body)
-        if budget is None:
-            budget = _DEFAULT_MAX_TOKENS
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise InvalidInputError(f"max_tokens / max_completion_tokens must be a positive int, got {budget!r}")
-        return cls(settings, budget)
+        return cls(settings, _DEFAULT_MAX_TOKENS if budget is None else budget)
 
     def completion_fields(self) -> dict[str, Any]:
         """The matching fields of vLLM's ``/v1/completions`` request."""

@@ -98,6 +98,13 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
         lambda m, i: m.chat("hi", user_id="a", max_new_tokens="5"),
         "max_new_tokens|max_tokens",
     ),
+    # each message names the argument the caller gave (tester report: chat named "query", "limit/top_k", "not both")
+    ("chat-neither", lambda m, i: m.chat(user_id="a"), "neither was given"),
+    ("chat-both", lambda m, i: m.chat("hi", messages=[{"role": "user", "content": "x"}], user_id="a"), "not both"),
+    ("chat-search_query-empty", lambda m, i: m.chat("hi", user_id="a", search_query=""), "^search_query must be"),
+    ("chat-limit-negative", lambda m, i: m.chat("hi", user_id="a", limit=-1), "^limit must be a non-negative int"),
+    ("search-limit-negative", lambda m, i: m.search("x", user_id="a", limit=-1), "^limit must be a non-negative"),
+    ("search-top_k-negative", lambda m, i: m.search("x", user_id="a", top_k=-1), "^top_k must be a non-negative"),
     # numbers that are not finite, and a threshold that is no number
     ("threshold-inf", lambda m, i: m.search("x", user_id="a", threshold=INF), "threshold"),
     ("threshold-minus-inf", lambda m, i: m.search("x", user_id="a", threshold=-INF), "threshold"),

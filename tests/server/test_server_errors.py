@@ -51,7 +51,7 @@ def test_an_unknown_memory_is_404_memory_not_found_on_every_id_route(http: httpx
 
 def test_a_value_the_client_refuses_is_400_invalid_input_with_its_message(http: httpx.Client) -> None:
     reply = http.post("/v1/memories/search/", json={"query": "tea", "user_id": "alice", "limit": -1})
-    assert "limit/top_k must be a non-negative int" in _error(reply, 400, "invalid_input", "InvalidInputError")
+    assert "limit must be a non-negative int" in _error(reply, 400, "invalid_input", "InvalidInputError")
     reply = http.post("/v1/memories/", json={"messages": "x", "user_id": "alice", "metadata": {"user_id": "bob"}})
     assert "metadata may not set scope ids" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
@@ -274,3 +274,10 @@ def test_delete_all_needs_a_scope_named_in_the_request_even_with_a_key_bound_to_
         assert _error(
             http.delete("/v1/memories/", params={"user_id": "bob"}), 403, "permission_denied", "PermissionDeniedError"
         )
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_bad_answer_budget_names_the_openai_field_it_came_in(http: httpx.Client, field: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "alice", field: -3}
+    reply = http.post("/v1/chat/completions", json=body)
+    assert _error(reply, 400, "invalid_input", "InvalidInputError").startswith(f"{field} must be a positive int")
