@@ -699,7 +699,7 @@ class MemoryClient(ClientCore):
             storable.
             ModelNotAvailableError: when the configured model's files cannot be found.
         """
-        ids = self.db.memory_ids(optional_scope(user_id, agent_id, run_id))
+        ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # ids alone, in vector-id order
         return prepare_kv(self.derived, ids, self.config.kv.encode_batch_size)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:

@@ -17,9 +17,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import numpy as np
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import StaticPool
 
 from inferscale.errors import ConfigError
 from inferscale.filters import Filter
@@ -33,13 +32,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import (
-    WRITE_OPTION,
-    configure_sqlite,
-    enable_wal,
-    report_connect_failures,
-    sqlite_file,
-)
+from inferscale.storage.database import WRITE_OPTION, make_async_engine
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -56,7 +49,6 @@ from inferscale.storage.queries import (
     latest_memories,
     list_memories,
     memories_with_hash,
-    memory_ids,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -162,7 +154,7 @@ class AsyncMemoryStore:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._engine is None:
-                engine = await asyncio.to_thread(self._build)  # a SQLite file is switched to WAL: blocking I/O
+                engine = await asyncio.to_thread(make_async_engine, self._url)  # SQLite is switched to WAL: I/O
                 try:
                     await ensure_schema_async(engine, MEMORY_SCHEMA)
                 except BaseException:
@@ -170,27 +162,6 @@ class AsyncMemoryStore:
                     raise
                 self._engine = engine
         return self._engine
-
-    def _build(self) -> AsyncEngine:
-        parsed = make_url(self._url)
-        try:
-            if parsed.get_backend_name() == "sqlite":
-                path = sqlite_file(parsed)
-                if path is None:
-                    engine = create_async_engine(parsed, poolclass=StaticPool)
-                else:
-                    enable_wal(path)
-                    engine = create_async_engine(parsed)
-                configure_sqlite(engine.sync_engine)
-            else:
-                engine = create_async_engine(parsed, pool_pre_ping=True)
-            report_connect_failures(engine.sync_engine)
-            return engine
-        except ImportError as exc:
-            raise ConfigError(
-                f"the async driver for {parsed.drivername!r} is not installed ({exc}); "
-                "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
-            ) from exc
 
     async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``."""
@@ -249,14 +220,6 @@ class AsyncMemoryStore:
     async def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
         """The ``limit`` memories of exactly ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
         return await self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
-
-    async def memory_ids(self, scope: Scope | None = None) -> builtins.list[str]:
-        """The ids of the memories in ``scope`` (ids ANDed), or of every memory for ``None``, in ``vector_id`` order.
-
-        Raises:
-            InvalidInputError: when ``scope`` is neither a Scope nor ``None``.
-        """
-        return await self._read(memory_ids, None if scope is None else check_scope(scope))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in vector-id order."""

@@ -6,7 +6,7 @@ import sqlite3
 import threading
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, ExceptionContext, make_url
@@ -16,6 +16,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
 from inferscale.errors import ConfigError, DatabaseUnavailableError
 from inferscale.storage.case_fold import SQLITE_FUNCTION, sqlite_fold
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 WRITE_OPTION = "inferscale_write"
@@ -178,3 +181,35 @@ def make_engine(url: str) -> Engine:
             f"the driver for {parsed.drivername!r} is not installed ({exc}); for PostgreSQL run "
             "`pip install 'inferscale[postgres]'`"
         ) from exc
+
+
+def make_async_engine(url: str) -> AsyncEngine:
+    """Create an async engine for ``url``, an async SQLAlchemy URL (``sqlite+aiosqlite:///...``,
+    ``postgresql+psycopg://...``), with :func:`make_engine`'s settings: WAL, pragmas and explicit ``BEGIN`` for
+    SQLite (a file is switched to WAL here: blocking I/O), ``pool_pre_ping`` elsewhere, and
+    :class:`~inferscale.errors.DatabaseUnavailableError` for a failure to connect.
+
+    Raises:
+        ConfigError: when the async driver is not installed.
+    """
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    parsed = make_url(url)
+    try:
+        if parsed.get_backend_name() == "sqlite":
+            path = sqlite_file(parsed)
+            if path is None:
+                engine = create_async_engine(parsed, poolclass=StaticPool)
+            else:
+                enable_wal(path)
+                engine = create_async_engine(parsed)
+            configure_sqlite(engine.sync_engine)
+        else:
+            engine = create_async_engine(parsed, pool_pre_ping=True)
+    except ImportError as exc:
+        raise ConfigError(
+            f"the async driver for {parsed.drivername!r} is not installed ({exc}); "
+            "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
+        ) from exc
+    report_connect_failures(engine.sync_engine)
+    return engine

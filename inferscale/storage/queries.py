@@ -179,12 +179,6 @@ def all_memories(s: Session) -> list[MemoryRecord]:
     return [MemoryRecord.from_row(row) for row in s.scalars(select(MemoryRow).order_by(MemoryRow.pk))]
 
 
-def memory_ids(s: Session, scope: Scope | None) -> list[str]:
-    """The ids of the memories in ``scope`` (every memory for ``None``), in ``vector_id`` order: the ids alone, so a
-    pass over a whole database reads its records a page at a time."""
-    return list(s.scalars(select(MemoryRow.id).where(*scope_clauses(scope)).order_by(MemoryRow.pk)))
-
-
 def by_vector_ids(s: Session, ids: Sequence[int]) -> dict[int, MemoryRecord]:
     """The memories whose ``vector_id`` is in ``ids`` (ascending, no duplicates), keyed by vector id."""
     found: dict[int, MemoryRecord] = {}
@@ -261,7 +255,6 @@ __all__ = [
     "latest_memories",
     "list_memories",
     "memories_with_hash",
-    "memory_ids",
     "memory_states",
     "memory_versions",
     "scope_clauses",

@@ -51,7 +51,6 @@ from inferscale.storage.queries import (
     latest_memories,
     list_memories,
     memories_with_hash,
-    memory_ids,
     memory_states,
     memory_versions,
     vector_ids_in_scope,
@@ -87,8 +86,7 @@ class MemoryStore:
     Raises:
         ConfigError: when ``url`` is not a non-empty string (a malformed URL is reported on first use).
 
-    Every method may also raise :class:`~inferscale.errors.DatabaseUnavailableError` when the database cannot be
-    connected to.
+    Every method may also raise ``DatabaseUnavailableError`` when the database cannot be connected to.
     """
 
     def __init__(self, url: str) -> None:
@@ -243,14 +241,6 @@ class MemoryStore:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
         return self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
-
-    def memory_ids(self, scope: Scope | None = None) -> builtins.list[str]:
-        """The ids of the memories in ``scope`` (ids ANDed), or of every memory for ``None``, in ``vector_id`` order.
-
-        Raises:
-            InvalidInputError: when ``scope`` is neither a Scope nor ``None``.
-        """
-        return self._read(memory_ids, None if scope is None else check_scope(scope))
 
     def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in ``vector_id`` order (used to rebuild a vector index)."""

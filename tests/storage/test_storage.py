@@ -206,18 +206,6 @@ def test_by_vector_ids_and_all_memories(store: MemoryStore) -> None:
         store.by_vector_ids(["1"])  # type: ignore[list-item]
 
 
-def test_memory_ids_of_a_scope_or_of_every_memory_in_vector_id_order(store: MemoryStore) -> None:
-    a = store.add("a", ALICE)
-    b = store.add("b", BOB)
-    c = store.add("c", Scope(user_id="alice", run_id="r1"))
-    assert store.memory_ids() == [a.id, b.id, c.id]
-    assert store.memory_ids(ALICE) == [a.id, c.id]  # ids ANDed: alice's run too
-    assert store.memory_ids(Scope(user_id="alice", run_id="r1")) == [c.id]
-    assert store.memory_ids(Scope(user_id="carol")) == []
-    with pytest.raises(InvalidInputError):
-        store.memory_ids("alice")  # type: ignore[arg-type]
-
-
 # ---- update / delete ------------------------------------------------------------------------------------------
 
 
