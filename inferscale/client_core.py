@@ -79,6 +79,13 @@ def rendered_turns(messages: Sequence[Message]) -> list[str]:
     return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
 
 
+def attributed(message: Message, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata a verbatim memory of ``message`` is stored with: the call's ``metadata``, then the message's
+    ``role`` and, when it has one, its speaker ``name`` as ``actor_id`` (Mem0's keys, which take precedence over the
+    same keys in ``metadata``: :data:`~inferscale.storage.records.ATTRIBUTION_KEYS`)."""
+    return {**metadata, "role": message.role, **({"actor_id": message.name} if message.name else {})}
+
+
 def refuse_platform_arguments(org_id: object, project_id: object) -> None:
     """Refuse Mem0's platform ``org_id`` and ``project_id``, which have no InferScale counterpart (memories are scoped
     by ``user_id``, ``agent_id`` and ``run_id``; a server's API keys bind scopes); ``None`` passes.
@@ -533,7 +540,7 @@ class ClientCore:
         turns = [m for m in messages if m.role != "system"]
         contexts = turn_contexts(stored, [m.content for m in turns], MAX_CONTEXT_TURNS)
         adds = tuple(
-            NewMemory(m.content, {"role": m.role, **meta}, context, neighbours=len(context))
+            NewMemory(m.content, attributed(m, meta), context, neighbours=len(context))
             for m, context in zip(turns, contexts, strict=True)
         )
         return ChangeSet(scope, adds=adds, actor=actor)
@@ -554,18 +561,18 @@ class ClientCore:
         memory, each later one the block of the message before it; one that starts a new block (an anchor) is stored
         with the last ``window`` turns its context would have without chains (the scope's ``stored`` texts, then the
         call's earlier messages). Every context entry is a memory's text, so each is a neighbour."""
-        turns = [m.content for m in messages if m.role != "system"]
-        roles = [m.role for m in messages if m.role != "system"]
-        texts = [*stored, *turns]
+        said = [m for m in messages if m.role != "system"]
+        texts = [*stored, *(m.content for m in said)]
         adds = []
         previous = last
-        for i, (text, role) in enumerate(zip(turns, roles, strict=True)):
+        for i, message in enumerate(said):
+            text = message.content
             continued = next_in_chain(previous, block)
             if continued is None:
                 context = anchor_context(texts[: len(stored) + i], window)
                 continued = (context, len(context))
             context, chain_from = continued
-            adds.append(NewMemory(text, {"role": role, **meta}, context, len(context), chain_from))
+            adds.append(NewMemory(text, attributed(message, meta), context, len(context), chain_from))
             previous = ChainLink(text, context, chain_from)
         return ChangeSet(scope, adds=tuple(adds), actor=actor)
 

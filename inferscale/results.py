@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from inferscale.storage import HistoryRecord, MemoryRecord
 from inferscale.storage.change_sets import AppliedChanges
+from inferscale.storage.records import ATTRIBUTION_KEYS
 
 
 def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str, Any]:
@@ -13,17 +15,23 @@ def memory_to_dict(record: MemoryRecord, score: float | None = None) -> dict[str
 
     Returns:
         ``{"id", "memory", "hash", "metadata", "created_at", "updated_at"}`` (timestamps ISO 8601, UTC), the scope
-        ids that are set (``"user_id"``, ``"agent_id"``, ``"run_id"``), and ``"score"`` when given.
+        ids that are set (``"user_id"``, ``"agent_id"``, ``"run_id"``), the stored ``"role"`` and ``"actor_id"``
+        (:data:`~inferscale.storage.records.ATTRIBUTION_KEYS`) beside them and not in ``"metadata"``, as Mem0's
+        results promote them, and ``"score"`` when given. ``"hash"`` is Mem0's: the MD5 hex digest of the text
+        (the store keys texts by their SHA-256, :attr:`MemoryRecord.hash`).
     """
+    metadata = dict(record.metadata)
+    promoted = {key: metadata.pop(key) for key in ATTRIBUTION_KEYS if key in metadata}
     out: dict[str, Any] = {
         "id": record.id,
         "memory": record.text,
-        "hash": record.hash,
-        "metadata": dict(record.metadata),
+        "hash": hashlib.md5(record.text.encode("utf-8"), usedforsecurity=False).hexdigest(),
+        "metadata": metadata,
         "created_at": record.created_at.isoformat(),
         "updated_at": record.updated_at.isoformat(),
     }
     out.update(record.scope_dict())
+    out.update(promoted)
     if score is not None:
         out["score"] = score
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from inferscale.arguments import check_chat_mode, check_query_or_messages
+from inferscale.arguments import check_chat_mode, check_max_new_tokens, check_query_or_messages
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
@@ -72,6 +72,7 @@ def chat_call(
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
+    check_max_new_tokens(max_new_tokens)  # under its own name: the wire's is OpenAI's max_tokens
     scope_params(user_id, agent_id, run_id)
     # checked under the arguments' own names (the wire's are OpenAI's, e.g. max_tokens, or nested in "inferscale")
     memory = check_sendable(

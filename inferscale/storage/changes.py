@@ -38,7 +38,7 @@ from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
-from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text
+from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, with_attribution
 from inferscale.storage.validation import json_copy, same_json
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
-        same_meta = update.metadata is None or same_json(update.metadata, row.metadata_)
+        new_meta = None if update.metadata is None else with_attribution(row.metadata_, update.metadata)
+        same_meta = new_meta is None or same_json(new_meta, row.metadata_)
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
@@ -241,8 +242,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
                 .where(KVEntryRow.memory_id == update.memory_id)
                 .execution_options(synchronize_session=False)
             )
-        if update.metadata is not None:
-            row.metadata_ = update.metadata
+        if new_meta is not None:
+            row.metadata_ = new_meta
             # SQLAlchemy skips writing a JSON value equal (by ==) to the loaded one, and == calls True equal to 1.
             flag_modified(row, "metadata_")
         row.updated_at = now

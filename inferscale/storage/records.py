@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -19,6 +20,17 @@ HistoryEvent = Literal["ADD", "UPDATE", "DELETE"]
 def hash_text(text: str) -> str:
     """The sha256 hex digest (64 lowercase hex characters) of ``text`` encoded as UTF-8."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+ATTRIBUTION_KEYS = ("role", "actor_id")
+"""The metadata keys that say who said a verbatim memory: the role and the speaker's name (OpenAI's ``name``) of the
+message ``add(infer=False)`` stored it from. As in Mem0, a metadata update keeps them unless it names them
+(:func:`with_attribution`), and result dicts show them beside the scope ids rather than inside ``metadata``."""
+
+
+def with_attribution(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` metadata, with the :data:`ATTRIBUTION_KEYS` of ``old`` it does not name itself."""
+    return {**new, **{key: old[key] for key in ATTRIBUTION_KEYS if key in old and key not in new}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,4 +201,13 @@ class MemoryVersions:
         return len(self.ids)
 
 
-__all__ = ["HistoryEvent", "HistoryRecord", "KVEntryRecord", "MemoryRecord", "MemoryVersions", "hash_text"]
+__all__ = [
+    "ATTRIBUTION_KEYS",
+    "HistoryEvent",
+    "HistoryRecord",
+    "KVEntryRecord",
+    "MemoryRecord",
+    "MemoryVersions",
+    "hash_text",
+    "with_attribution",
+]

@@ -4,6 +4,7 @@ AsyncMemoryClient (through ``client_adapter``), each on SQLite and on PostgreSQL
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -78,14 +79,51 @@ def test_metadata_can_never_set_an_id(m: ClientAdapter) -> None:
         m.update(memory_id, metadata={"user_id": "mallory"})
     stored = m.get(memory_id)
     assert stored is not None
-    assert stored["user_id"] == "alice" and stored["metadata"] == {"topic": "games", "role": "user"}
+    assert stored["user_id"] == "alice" and (stored["metadata"], stored["role"]) == ({"topic": "games"}, "user")
 
 
-def test_user_metadata_role_is_kept(m: ClientAdapter) -> None:
-    added = m.add("meta role key", user_id="alice", metadata={"role": "admin"}, infer=False)["results"][0]
-    assert m.get(added["id"])["metadata"] == {"role": "admin"}  # type: ignore[index]
-    plain = m.add("no role given", user_id="alice", infer=False)["results"][0]
-    assert m.get(plain["id"])["metadata"] == {"role": "user"}  # type: ignore[index]
+def test_role_and_actor_id_are_top_level_keys_as_in_mem0(m: ClientAdapter) -> None:
+    """The failing inputs of a tester's report: Mem0 code reads ``item["role"]`` and filters on ``actor_id``; here
+    ``role`` sat inside ``metadata``, a message's ``name`` was on no memory, a ``metadata={"role": ...}`` replaced the
+    message's role, and a metadata update dropped it. Now, as in Mem0: the message's role and speaker name
+    (``actor_id``) are stored with a verbatim memory, shown beside the scope ids and not in ``metadata``, win over
+    the same keys in the call's metadata, and survive a metadata update that does not name them."""
+    messages = [
+        {"role": "user", "content": "I prefer window seats.", "name": "Maya"},
+        {"role": "assistant", "content": "Window seats noted."},
+    ]
+    said, answered = m.add(messages, user_id="alice", metadata={"topic": "travel"}, infer=False)["results"]
+    got = m.get(said["id"])
+    assert got is not None
+    assert (got["role"], got["actor_id"], got["metadata"]) == ("user", "Maya", {"topic": "travel"})
+    got = m.get(answered["id"])
+    assert got is not None and (got["role"], got["metadata"]) == ("assistant", {"topic": "travel"})
+    assert "actor_id" not in got
+    assert [r["id"] for r in m.get_all(user_id="alice", filters={"actor_id": "Maya"})["results"]] == [said["id"]]
+    assert [r["id"] for r in m.get_all(user_id="alice", filters={"role": "assistant"})["results"]] == [answered["id"]]
+    found = m.search("window seats", user_id="alice", filters={"actor_id": "Maya"})["results"]
+    assert [(r["id"], r["role"], r["actor_id"]) for r in found] == [(said["id"], "user", "Maya")]
+
+    admin = m.add("meta role key", user_id="alice", metadata={"role": "admin"}, infer=False)["results"][0]
+    got = m.get(admin["id"])
+    assert got is not None and (got["role"], got["metadata"]) == ("user", {})  # the message's role wins
+
+    m.update(said["id"], metadata={"topic": "flights"})
+    got = m.get(said["id"])
+    assert got is not None
+    assert (got["role"], got["actor_id"], got["metadata"]) == ("user", "Maya", {"topic": "flights"})
+    m.update(said["id"], metadata={"role": "assistant"})  # named: replaced, as Mem0 does
+    got = m.get(said["id"])
+    assert got is not None and (got["role"], got["actor_id"], got["metadata"]) == ("assistant", "Maya", {})
+
+
+def test_the_hash_is_mem0s_md5_of_the_text(m: ClientAdapter) -> None:
+    """Mem0 code that recomputes a memory's ``hash`` (``hashlib.md5(text.encode()).hexdigest()``) finds it equal."""
+    added = m.add("Likes chess 😀", user_id="alice", infer=False)["results"][0]
+    expected = hashlib.md5("Likes chess 😀".encode(), usedforsecurity=False).hexdigest()
+    assert m.get(added["id"])["hash"] == expected  # type: ignore[index]
+    assert [r["hash"] for r in m.get_all(user_id="alice")["results"]] == [expected]
+    assert [r["hash"] for r in m.search("chess", user_id="alice")["results"]] == [expected]
 
 
 def test_id_addressed_calls_can_be_scoped(m: ClientAdapter) -> None:

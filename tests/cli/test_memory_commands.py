@@ -30,8 +30,8 @@ def test_add_json_is_the_clients_return_and_the_memories_are_stored(
     results = ran.json()["results"]
     assert [(r["memory"], r["event"]) for r in results] == [(FACTS[0], "ADD")]
     stored = reference().get_all(user_id="alice")["results"]
-    assert [(m["id"], m["memory"], m["metadata"]) for m in stored] == [
-        (results[0]["id"], FACTS[0], {"role": "user", "topic": "pets"})
+    assert [(m["id"], m["memory"], m["metadata"], m["role"]) for m in stored] == [
+        (results[0]["id"], FACTS[0], {"topic": "pets"}, "user")
     ]
 
 

@@ -147,14 +147,28 @@ def look_alikes(value: Any) -> list[Any]:
     return []
 
 
+ATTRIBUTION = ("role", "actor_id")
+"""Stored in a memory's metadata, shown beside the scope ids (as Mem0 shows them)."""
+
+
 def expected_dict(m: Memory) -> dict[str, Any]:
-    """The fields of a memory dict the model predicts (ids, text, metadata, scope ids), typed."""
-    return typed({"id": m.id, "memory": m.text, "metadata": m.metadata, **scope_kwargs(m.scope)})
+    """The fields of a memory dict the model predicts (ids, text, metadata, scope ids, role), typed."""
+    shown = {k: v for k, v in m.metadata.items() if k not in ATTRIBUTION}
+    promoted = {k: m.metadata[k] for k in ATTRIBUTION if k in m.metadata}
+    return typed({"id": m.id, "memory": m.text, "metadata": shown, **scope_kwargs(m.scope), **promoted})
 
 
 def observed_dict(d: dict[str, Any]) -> dict[str, Any]:
     """The same fields of a memory dict the client returned, typed."""
-    return typed({k: d[k] for k in ("id", "memory", "metadata", *SCOPE_KEYS) if k in d})
+    return typed({k: d[k] for k in ("id", "memory", "metadata", *SCOPE_KEYS, *ATTRIBUTION) if k in d})
+
+
+def updated_metadata(before: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any]:
+    """A memory's metadata after an update: ``given`` replaces it, keeping the role and actor of ``before`` that
+    ``given`` does not name (Mem0's rule)."""
+    if given is None:
+        return before
+    return {**given, **{k: before[k] for k in ATTRIBUTION if k in before and k not in given}}
 
 
 class MemoryMachine(RuleBasedStateMachine):
@@ -236,7 +250,7 @@ class MemoryMachine(RuleBasedStateMachine):
         assert [(r["memory"], r["event"]) for r in out] == [(text, "ADD") for text, _ in expected]
         assert len({r["id"] for r in out} | set(self.model.history)) == len(out) + len(self.model.history)
         for r, (text, role) in zip(out, expected, strict=True):
-            memory = Memory(r["id"], text, {"role": role, **(meta or {})}, scope)
+            memory = Memory(r["id"], text, {**(meta or {}), "role": role}, scope)  # the message's role wins
             self.model.live[memory.id] = memory
             self.model.record(memory.id, "ADD", None, memory)
             self.touched.add(memory.id)
@@ -275,7 +289,7 @@ class MemoryMachine(RuleBasedStateMachine):
         after = Memory(
             memory_id,
             text if text is not None else before.text,
-            meta if meta is not None else before.metadata,
+            updated_metadata(before.metadata, meta),
             before.scope,
         )
         assert out["message"] == "Memory updated successfully!"

@@ -206,7 +206,8 @@ def test_a_json_reply_to_a_stream_is_a_server_error(wire: Wire) -> None:
     ("kwargs", "match"),
     [
         ({"query": "Hi", "messages": [{"role": "user", "content": "Hi"}]}, "either a query"),
-        ({}, "either a query"),
+        ({}, "neither was given"),
+        ({"query": "Hi", "max_new_tokens": 0}, "^max_new_tokens must be"),  # the wire's name is max_tokens
         ({"query": "Hi", "stream": "yes"}, "stream"),
         ({"query": "Hi", "top_k": 0}, "top_k"),  # the wire's "every token"
         ({"query": "Hi", "top_k": -1}, "top_k"),

@@ -85,7 +85,8 @@ def test_text_no_backend_can_hold_is_400_invalid_input_and_the_scope_stays_reada
     assert "lone surrogate" in _error(reply, 400, "invalid_input", "InvalidInputError")
     listed = http.get("/v1/memories/", params={"user_id": "u1"})
     assert listed.status_code == 200, listed.text
-    assert [(r["memory"], r["metadata"]) for r in listed.json()["results"]] == [("Lives in Lisbon", {"role": "user"})]
+    listed_memories = [(r["memory"], r["metadata"], r["role"]) for r in listed.json()["results"]]
+    assert listed_memories == [("Lives in Lisbon", {}, "user")]
     assert [h["event"] for h in http.get(f"/v1/memories/{memory_id}/history/").json()] == ["ADD"]
 
 

@@ -100,6 +100,7 @@ def _documents(results: list[dict[str, Any]]) -> list[Document]:
                 "agent_id": r.get("agent_id"),
                 "run_id": r.get("run_id"),
                 "metadata": r.get("metadata") or {},
+                **{key: r[key] for key in ("role", "actor_id") if key in r},  # a verbatim memory's speaker
             },
         )
         for r in results

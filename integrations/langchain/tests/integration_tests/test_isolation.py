@@ -48,6 +48,7 @@ async def test_retriever_returns_only_its_users_memories(client: MemoryClient, m
             assert {d.id for d in docs} == set(memories[user])
             assert all(d.metadata["user_id"] == user and d.metadata["id"] == d.id for d in docs)
             assert all(isinstance(d.metadata["score"], float) for d in docs)
+            assert all(d.metadata["role"] == "user" and "role" not in d.metadata["metadata"] for d in docs)
 
 
 def test_bound_tools_stay_in_their_scope(client: MemoryClient, memories: dict) -> None:
