@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
-from inferscale.errors import InferScaleError, ServerError
+from inferscale.errors import DatabaseUnavailableError, InferScaleError, ServerError
 from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,20 @@ def error_content(row: ErrorCode, message: str, type_name: str | None = None) ->
     return {"error": {"code": row.code, "type": type_name or row.error.__name__, "message": message}}
 
 
+DATABASE_UNAVAILABLE_MESSAGE = "the memory database is unavailable; the server log has the details"
+"""What a caller reads of a :class:`~inferscale.errors.DatabaseUnavailableError`: its own text names the database's
+URL (driver, user, host, port, database) and the driver's message, which are the server's to know."""
+
+
 def error_response(exc: InferScaleError) -> JSONResponse:
-    """The reply for ``exc``: its code's status and body (``type`` is the exception's own class name)."""
+    """The reply for ``exc``: its code's status and body (``type`` is the exception's own class name). A database
+    that cannot be connected to is answered with :data:`DATABASE_UNAVAILABLE_MESSAGE` and its text logged."""
     row = code_of(exc)
-    return JSONResponse(error_content(row, str(exc), type(exc).__name__), status_code=row.status)
+    message = str(exc)
+    if isinstance(exc, DatabaseUnavailableError):
+        log.error("%s", message)
+        message = DATABASE_UNAVAILABLE_MESSAGE
+    return JSONResponse(error_content(row, message, type(exc).__name__), status_code=row.status)
 
 
 def internal_error_content(exc: BaseException) -> dict[str, Any]:

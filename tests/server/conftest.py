@@ -27,11 +27,14 @@ def chat_engine() -> Any:
 
 @pytest.fixture
 def make_server(tmp_path: Path, chat_engine: Any) -> Iterator[MakeServer]:
-    """Starts servers for this test: ``make_server(options=None, generator=None)``; stopped after the test."""
+    """Starts servers for this test: ``make_server(options=None, generator=None, db_url=None)``; stopped after the
+    test."""
     stack: list[Any] = []
 
-    def start(options: ServerOptions | None = None, generator: ScriptedGenerator | None = None) -> Served:
-        config = fake_config(tmp_path / f"server{len(stack)}")
+    def start(
+        options: ServerOptions | None = None, generator: ScriptedGenerator | None = None, db_url: str | None = None
+    ) -> Served:
+        config = fake_config(tmp_path / f"server{len(stack)}", db_url)
         client = AsyncMemoryClient(
             config, engine=chat_engine, embedder=HashEmbedder(), generator=generator or ScriptedGenerator()
         )

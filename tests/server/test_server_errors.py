@@ -13,7 +13,8 @@ from mem0_fakes import ScriptedGenerator
 from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
-from inferscale.errors import ExtractionError
+from inferscale.errors import DatabaseUnavailableError, ExtractionError
+from inferscale.server.errors import DATABASE_UNAVAILABLE_MESSAGE
 from inferscale.server.options import ServerOptions
 
 
@@ -215,7 +216,25 @@ def test_every_error_code_has_its_status_and_body(
     with served.http() as http:
         reply = http.get("/v1/memories/", params={"user_id": "alice"})
     _error(reply, row.status, row.code, row.error.__name__)
-    assert reply.json()["error"]["message"] == f"made to fail with {row.error.__name__}"
+    told = f"made to fail with {row.error.__name__}"
+    if row.error is DatabaseUnavailableError:
+        told = DATABASE_UNAVAILABLE_MESSAGE  # its own text, which names the database, is logged
+    assert reply.json()["error"]["message"] == told
+
+
+def test_a_database_the_server_cannot_connect_to_is_503_without_its_address(
+    make_server: MakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database's URL and the driver's message are logged; the caller reads neither."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    served = make_server(db_url="postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories")
+    with caplog.at_level("ERROR", logger="inferscale.server.errors"), served.http() as http:
+        reply = http.get("/v1/memories/", params={"user_id": "alice"})
+    message = _error(reply, 503, "database_unavailable", "DatabaseUnavailableError")
+    assert message == DATABASE_UNAVAILABLE_MESSAGE
+    assert "127.0.0.1" not in reply.text and "psycopg" not in reply.text
+    logged = [r.getMessage() for r in caplog.records if r.name == "inferscale.server.errors"]
+    assert any("127.0.0.1:1/memories" in m and "s3cret" not in m for m in logged)
 
 
 def test_an_unexpected_exception_is_500_internal_error_and_logged(
