@@ -508,7 +508,7 @@ class AsyncMemoryClient(ClientCore):
         """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use; see
         :meth:`MemoryClient.prepare_kv` (same arguments, result and errors). SQL is awaited on the event loop, the
         encoding runs in a worker thread."""
-        ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # ids alone
+        ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
         return await asyncio.to_thread(prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:

@@ -688,18 +688,23 @@ class MemoryClient(ClientCore):
         default, so that no chat pays for that encoding (:mod:`inferscale.kv_prepare`).
 
         Encodes on the calling thread, in batches of ``kv.encode_batch_size`` memories, as the background encoder
-        does (other calls go on meanwhile); what is stored already is only looked up.
+        does (other calls go on meanwhile); what is stored already is only looked up. The K/V are keyed by this
+        client's model, dtype, device and ``kv`` settings: prepare with the configuration the chats will run under
+        (for a server's store, the server's own).
 
         Returns:
             A :class:`~inferscale.kv_prepare.KVPrepareReport`: memories looked at, encoded, and the ids left (too
-            long for the model's context window with their context turns, or changed meanwhile).
+            long for the model's context window with their context turns, or changed meanwhile); a memory deleted
+            meanwhile is in neither.
 
         Raises:
-            ScopeError: for an id that is not a non-empty string. InvalidInputError: for an id too long or not
-            storable.
+            ScopeError: for an id that is not a non-empty string.
+            InvalidInputError: for an id too long or not storable.
+            DatabaseUnavailableError: when the database cannot be connected to.
             ModelNotAvailableError: when the configured model's files cannot be found.
+            OSError: when a K/V file cannot be written (what was stored before stays stored).
         """
-        ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # ids alone, in vector-id order
+        ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
         return prepare_kv(self.derived, ids, self.config.kv.encode_batch_size)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:

@@ -350,8 +350,8 @@ class DerivedStores:
         Raises:
             MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
                 outside the client's lock); the queue retries the batch one memory at a time, which skips it.
-            OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
-                engine's first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
+            OSError, DatabaseUnavailableError, ModelNotAvailableError: from the disk, the database or the engine's
+                first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
         """
         self._engine().load()  # outside the client's lock: a first load takes seconds
         with self._lock:
@@ -371,6 +371,10 @@ class DerivedStores:
             if chunk:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
+
+    def existing(self, memory_ids: Sequence[str]) -> set[str]:
+        """Those of ``memory_ids`` SQL holds now (one query per :data:`~inferscale.storage.queries.IN_CHUNK` ids)."""
+        return set(self._db().get_many(memory_ids))
 
     def missing_kv(self, memory_ids: Sequence[str]) -> list[str]:
         """The ids of ``memory_ids`` with an encoding (:meth:`~inferscale.fact_kv.FactKVManager.every_encoding`)

@@ -11,9 +11,12 @@ memories sharing context turns together, yielding to ``chat``, nothing stale sto
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from inferscale.errors import MemoryNotFoundError
 
 if TYPE_CHECKING:
     from inferscale.derived import DerivedStores
@@ -30,7 +33,8 @@ class KVPrepareReport:
         encoded: of them, those that lacked an encoding and now have every one stored.
         left: the ids of those that still lack one, in the order given: too long for the model's context window
             with their context turns (``chat`` leaves them out too, with a warning), or changed while they were
-            encoded (then encoded by the next ``chat`` that retrieves them, or by another call).
+            encoded (then encoded by the next ``chat`` that retrieves them, or by another call). A memory deleted
+            meanwhile is in neither ``encoded`` nor ``left``.
     """
 
     memories: int
@@ -49,19 +53,34 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
     ``batch_size`` encoded at a time.
 
     Loads the engine. Other calls go on meanwhile: each chunk holds the client's lock only to pick its memories and
-    to store what it encoded, and waits for the ``chat`` uses of the model running when it starts.
+    to store what it encoded, and waits for the ``chat`` uses of the model running when it starts. A batch in which
+    a memory is deleted before its K/V are stored (an async client commits outside the client's lock; another
+    process may share the database) is encoded again one memory at a time, and the deleted one is skipped.
 
     Raises:
-        OSError, sqlalchemy.exc.SQLAlchemyError, ModelNotAvailableError: from the disk, the database or the
-            engine's load. What was stored before stays stored.
+        DatabaseUnavailableError: when the database cannot be connected to.
+        ModelNotAvailableError: when the configured model's files cannot be found.
+        OSError: when a K/V file cannot be written. What was stored before stays stored.
     """
     encoded = 0
     left: list[str] = []
     for page in range(0, len(memory_ids), PAGE_SIZE):
         lacking = derived.missing_kv(memory_ids[page : page + PAGE_SIZE])
         for start in range(0, len(lacking), batch_size):
-            derived.encode_queued(lacking[start : start + batch_size])
-        still = derived.missing_kv(lacking)
-        encoded += len(lacking) - len(still)
-        left += still
+            _encode_skipping_deleted(derived, lacking[start : start + batch_size])
+        still = set(derived.missing_kv(lacking))
+        present = derived.existing(lacking)
+        encoded += sum(1 for memory_id in lacking if memory_id in present and memory_id not in still)
+        left += [memory_id for memory_id in lacking if memory_id in still]
     return KVPrepareReport(memories=len(memory_ids), encoded=encoded, left=tuple(left))
+
+
+def _encode_skipping_deleted(derived: DerivedStores, batch: list[str]) -> None:
+    """``derived.encode_queued(batch)``; when a memory of it was deleted before its K/V were stored, each memory
+    again on its own, the deleted one skipped (what was stored before stays)."""
+    try:
+        derived.encode_queued(batch)
+    except MemoryNotFoundError:
+        for memory_id in batch:
+            with contextlib.suppress(MemoryNotFoundError):
+                derived.encode_queued([memory_id])

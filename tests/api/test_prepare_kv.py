@@ -122,6 +122,33 @@ def test_pages_and_batches_smaller_than_the_database_give_the_same_report_and_st
         client.close()
 
 
+def test_a_memory_deleted_while_prepare_kv_runs_is_skipped_and_not_counted(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a tester's review named: a memory deleted after its batch was read and before its K/V rows are
+    written (an async client commits outside the client's lock) made the whole call fail with
+    ``MemoryNotFoundError``, and a deleted memory was counted as encoded."""
+    client = Client("sync", _config(tmp_path, db_url), engine)
+    try:
+        ids = client.add(MAYA, "maya")
+        fact_kv = client.client.derived.fact_kv
+        put = fact_kv.put
+        deleted: list[str] = []
+
+        def put_after_a_delete(wanted: Any, encoded: Any) -> Any:
+            if not deleted:
+                deleted.append(ids[1])
+                client.client.db.delete(ids[1])  # straight to SQL, as another writer commits
+            return put(wanted, encoded)
+
+        monkeypatch.setattr(fact_kv, "put", put_after_a_delete)
+        assert client.prepare_kv() == KVPrepareReport(memories=3, encoded=2, left=())
+        assert deleted == [ids[1]] and client.client.db.get(ids[1]) is None
+        _assert_stored_fresh(client, engine, [ids[0], ids[2]])
+    finally:
+        client.close()
+
+
 def test_prepare_kv_after_a_settings_change_encodes_every_memory_under_its_new_key(
     tmp_path: Path, db_url: str, engine: Any
 ) -> None:
