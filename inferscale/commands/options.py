@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from inferscale.config import DType, EngineConfig, MemoryConfig
 from inferscale.scope import ScopeIds
 
 __all__ = [
+    "LOCAL_ONLY",
     "Common",
     "ModelOptions",
     "OutputOptions",
@@ -179,13 +181,21 @@ class Parents:
 
     Attributes:
         memory: scope, store, model, server and output options: every memory command.
+        local: scope, store, model and output options: a memory command that works on the local store only
+            (``prepare-kv``); its parser sets the server options to their defaults (:data:`LOCAL_ONLY`).
         keys: store and output options: the key commands (keys live in the local database).
         select: ``--filters`` and ``--limit``: search, list and chat.
     """
 
     memory: list[argparse.ArgumentParser]
+    local: list[argparse.ArgumentParser]
     keys: list[argparse.ArgumentParser]
     select: list[argparse.ArgumentParser]
+
+
+LOCAL_ONLY: dict[str, None] = {f.name: None for f in dataclasses.fields(RemoteOptions)}
+"""The server options' defaults, for ``set_defaults`` on a parser with :attr:`Parents.local` parents: the command
+offers no ``--host`` or ``--api-key``, and :meth:`Common.from_args` reads a local store."""
 
 
 def _parent(title: str, options: type) -> argparse.ArgumentParser:
@@ -202,4 +212,9 @@ def parents() -> Parents:
     remote = _parent("server", RemoteOptions)
     output = _parent("output", OutputOptions)
     select = _parent("selection", SelectOptions)
-    return Parents(memory=[scope, store, model, remote, output], keys=[store, output], select=[select])
+    return Parents(
+        memory=[scope, store, model, remote, output],
+        local=[scope, store, model, output],
+        keys=[store, output],
+        select=[select],
+    )

@@ -1,7 +1,8 @@
 """``inferscale prepare-kv``: encode now the K/V that chats would encode on first use (``MemoryClient.prepare_kv``).
 
-For a local store only: after a change of model, dtype or ``kv`` settings, or on a data dir written by an older
-version, run it where the store is (a server's too, with its ``--data-dir``/``--db-url``) before serving chats.
+For a local store only (no ``--host``): after a change of model, dtype or ``kv`` settings, or on a data dir written
+by an older version, run it before serving chats, with the model and settings the chats will use (for a server's
+store, the server's own ``--data-dir``/``--db-url``, ``--model`` and ``--dtype``: K/V are keyed by them).
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 
-from inferscale.cli_options import from_args
-from inferscale.commands.options import RemoteOptions
+from inferscale.commands.options import LOCAL_ONLY
 from inferscale.commands.run import run_call
-from inferscale.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -26,13 +25,8 @@ __all__ = ["add_prepare_parser"]
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    if from_args(RemoteOptions, args).host is not None:
-        raise InvalidInputError(
-            "prepare-kv encodes into a local store: run it with that store's --data-dir/--db-url, not --host"
-        )
-
     def call(client: CommandClient, common: Common) -> dict[str, Any]:
-        local = cast("MemoryClient", client)  # no --host: open_client built the local client
+        local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
         return dataclasses.asdict(local.prepare_kv(**common.scope.ids()))
 
     def show(value: dict[str, Any], common: Common, out: Console) -> None:
@@ -55,8 +49,8 @@ def add_prepare_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     """Add ``prepare-kv`` to the ``inferscale`` subcommand parsers."""
     prepare = sub.add_parser(
         "prepare-kv",
-        parents=parents.memory,
+        parents=parents.local,
         help="encode now the K/V chats would encode on first use (the scope's memories; every memory without a "
-        "scope flag)",
+        "scope flag), under this store's model and settings",
     )
-    prepare.set_defaults(func=_prepare)
+    prepare.set_defaults(func=_prepare, **LOCAL_ONLY)

@@ -50,7 +50,6 @@ MEMORY_COMMANDS = {
     "delete": ["some-id"],
     "history": ["some-id"],
     "chat": ["a question?"],
-    "prepare-kv": [],
 }
 
 

@@ -1,13 +1,15 @@
 """``inferscale prepare-kv`` on a real MemoryClient (fake models, K/V encoded lazily): it encodes what chats would
-encode on first use, for the scope given or for every scope, and refuses a server (``--host``)."""
+encode on first use, for the scope given or for every scope, and offers no server options (``--host``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from cli_runner import Ran
 
 from inferscale import MemoryClient
+from inferscale.cli import build_parser
 
 FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto."]
 
@@ -41,7 +43,16 @@ def test_prepare_kv_table_names_the_counts_and_the_scope(cli: Callable[..., Ran]
     assert "encoded the K/V of 0 memories (2 memories of every scope)" in cli("prepare-kv").out
 
 
-def test_prepare_kv_refuses_a_server(cli: Callable[..., Ran]) -> None:
-    ran = cli("prepare-kv", "--host", "http://127.0.0.1:9", local=False)
-    assert ran.code == 2
-    assert "prepare-kv encodes into a local store" in ran.err
+def test_prepare_kv_offers_no_server_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["prepare-kv", "--host", "http://127.0.0.1:9"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --host" in capsys.readouterr().err
+
+
+def test_prepare_kv_takes_the_scope_store_model_and_output_options() -> None:
+    argv = ["prepare-kv", "--user", "u", "--agent", "a", "--run", "r", "--json", "--data-dir", "/d"]
+    args = build_parser().parse_args([*argv, "--db-url", "sqlite:///x.db", "--model", "m", "--dtype", "float32"])
+    assert (args.user_id, args.agent_id, args.run_id, args.as_json) == ("u", "a", "r", True)
+    assert (args.data_dir, args.db_url, args.model, args.dtype) == ("/d", "sqlite:///x.db", "m", "float32")
+    assert (args.host, args.api_key) == (None, None)  # set by the parser: a local store
