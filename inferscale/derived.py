@@ -33,7 +33,7 @@ from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
-from inferscale.kv.fingerprint import depends_on_context
+from inferscale.kv.fingerprint import survives_recontext
 from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
@@ -421,15 +421,14 @@ class DerivedStores:
 
     def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:
         """Drop from every tier the K/V of re-contexted memories (``records``, as they are now) that depended on
-        their old context: every key of each but a context-free one while its context keeps an entry, as the
-        transaction did with their ``kv_entries`` rows (:func:`inferscale.storage.changes.apply_in_session`)."""
+        their old context (:func:`~inferscale.kv.fingerprint.survives_recontext`), as the transaction did with their
+        ``kv_entries`` rows (:func:`inferscale.storage.changes.apply_in_session`)."""
         if not records:
             return
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         with_context = {r.id for r in records if r.context}
         store.prune(
-            [r.id for r in records],
-            lambda key: key.memory_id in with_context and not depends_on_context(key.encoding_key),
+            [r.id for r in records], lambda key: survives_recontext(key.encoding_key, key.memory_id in with_context)
         )
 
     def release_kv(self) -> None:

@@ -198,6 +198,17 @@ def depends_on_context(key: str) -> bool:
     return "w=0" not in parts or any(part.startswith("chain=") for part in parts)
 
 
+def survives_recontext(key: str, context_left: bool) -> bool:
+    """Whether a memory's entry under the encoding key ``key`` is kept when a deleted or re-worded text leaves its
+    stored context (the scrub: :mod:`inferscale.storage.contexts`), ``context_left`` saying whether the context
+    still holds an entry. Only an entry that does not :func:`depend on the context <depends_on_context>` is kept,
+    and only while the context holds an entry: once it is empty the memory is served after no turn under its
+    in-context key (one encoding, one entry), so its context-free copy would not be looked up again (with
+    ``kv.context_window=0`` the two keys are one, which is then encoded again). One rule for the ``kv_entries``
+    rows and the files, so they never drift apart."""
+    return context_left and not depends_on_context(key)
+
+
 def is_current_encoding(key: str) -> bool:
     """Whether an encoding key was written in this version's :data:`ENCODING_FORMAT` (older ones never match)."""
     return key.startswith(f"{ENCODING_FORMAT};")

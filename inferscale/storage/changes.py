@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
-from inferscale.kv.fingerprint import depends_on_context
+from inferscale.kv.fingerprint import survives_recontext
 from inferscale.scope import Scope
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.storage.contexts import (
@@ -136,10 +136,8 @@ def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[
     after the change), moving each one's chain start back by the entries removed before it, and delete the
     ``kv_entries`` rows whose K/V depended on the old context; returns the rows whose context changed.
 
-    A context-free entry (:func:`~inferscale.kv.fingerprint.depends_on_context` is false: encoded after no turn,
-    on no chain) stays valid and is kept while the memory's context keeps an entry; once its context is empty, the
-    memory is served after no turn under its in-context key (one encoding, one entry), so its context-free entry
-    could never be looked up again and goes too."""
+    A context-free entry (encoded after no turn, on no chain) stays valid and is kept while the memory's context
+    keeps an entry (:func:`~inferscale.kv.fingerprint.survives_recontext`, the rule the client's tiers follow too)."""
     s.flush()
     gone: dict[Scope, set[str]] = {}
     for scope, texts in leaving.items():
@@ -159,7 +157,7 @@ def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[
         entries = s.execute(
             select(KVEntryRow.id, KVEntryRow.memory_id, KVEntryRow.encoding_key).where(KVEntryRow.memory_id.in_(chunk))
         )
-        stale += [i for i, memory_id, key in entries if depends_on_context(key) or memory_id not in with_context]
+        stale += [i for i, memory_id, key in entries if not survives_recontext(key, memory_id in with_context)]
     delete_kv_entry_rows_in_session(s, stale)
     return changed
 
