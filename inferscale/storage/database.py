@@ -117,11 +117,16 @@ def _connect_failed(context: ExceptionContext) -> None:
     :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
     if context.connection is not None or not isinstance(context.sqlalchemy_exception, DBAPIError):
         return
-    url = context.engine.url.render_as_string(hide_password=True) if context.engine is not None else "?"
+    url = context.engine.url if context.engine is not None else None
     reason = str(context.original_exception).strip().splitlines()
+    if url is not None and url.get_backend_name() == "sqlite":
+        fix = "check that the file's folder exists and may be written, and that no other process holds it locked"
+    else:
+        fix = "check that its server runs and that the URL's host, port, database, user and password are right"
+    shown = url.render_as_string(hide_password=True) if url is not None else "?"
     raise DatabaseUnavailableError(
-        f"cannot connect to the database {url}: {reason[0] if reason else type(context.original_exception).__name__}"
-        "; check that its server runs and that the URL's host, port, database, user and password are right"
+        f"cannot connect to the database {shown}: {reason[0] if reason else type(context.original_exception).__name__}"
+        f"; {fix}"
     ) from context.original_exception
 
 
@@ -162,17 +167,8 @@ def make_engine(url: str) -> Engine:
         raise ConfigError(f"database url {url!r} is not a SQLAlchemy URL: {exc}") from exc
 
     try:
-        if parsed.get_backend_name() == "sqlite":
-            path = sqlite_file(parsed)
-            if path is None:
-                engine = create_engine(parsed, connect_args={"check_same_thread": False}, poolclass=StaticPool)
-            else:
-                enable_wal(path)
-                engine = create_engine(parsed)
-            configure_sqlite(engine)
-        else:
-            engine = create_engine(parsed, pool_pre_ping=True)
-        report_connect_failures(engine)
+        engine = create_engine(parsed, **_engine_options(parsed, in_memory={"check_same_thread": False}))
+        _configure(engine, parsed)
         return engine
     except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name
         raise ConfigError(f"database url {url!r} names no known SQLAlchemy dialect: {exc}") from exc
@@ -196,20 +192,33 @@ def make_async_engine(url: str) -> AsyncEngine:
 
     parsed = make_url(url)
     try:
-        if parsed.get_backend_name() == "sqlite":
-            path = sqlite_file(parsed)
-            if path is None:
-                engine = create_async_engine(parsed, poolclass=StaticPool)
-            else:
-                enable_wal(path)
-                engine = create_async_engine(parsed)
-            configure_sqlite(engine.sync_engine)
-        else:
-            engine = create_async_engine(parsed, pool_pre_ping=True)
+        engine = create_async_engine(parsed, **_engine_options(parsed, in_memory={}))
     except ImportError as exc:
         raise ConfigError(
             f"the async driver for {parsed.drivername!r} is not installed ({exc}); "
             "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
         ) from exc
-    report_connect_failures(engine.sync_engine)
+    _configure(engine.sync_engine, parsed)
     return engine
+
+
+def _engine_options(parsed: URL, in_memory: dict[str, Any]) -> dict[str, Any]:
+    """The engine's keyword arguments for ``parsed``, the one place both engines' settings are chosen: for an
+    in-memory SQLite database, one connection shared by every thread (``StaticPool``, with ``in_memory`` as the
+    driver's ``connect_args``); for a SQLite file, none (the file is switched to WAL here: :func:`enable_wal`);
+    elsewhere ``pool_pre_ping``."""
+    if parsed.get_backend_name() != "sqlite":
+        return {"pool_pre_ping": True}
+    path = sqlite_file(parsed)
+    if path is None:
+        return {"poolclass": StaticPool, **({"connect_args": in_memory} if in_memory else {})}
+    enable_wal(path)
+    return {}
+
+
+def _configure(engine: Engine, parsed: URL) -> None:
+    """Install the connection settings on ``engine`` (an async engine's ``sync_engine``): SQLite's pragmas and
+    explicit ``BEGIN`` (:func:`configure_sqlite`), and :class:`DatabaseUnavailableError` for a failure to connect."""
+    if parsed.get_backend_name() == "sqlite":
+        configure_sqlite(engine)
+    report_connect_failures(engine)

@@ -70,3 +70,17 @@ def test_the_async_store_and_client_raise_database_unavailable(url: str, tmp_pat
             await client.close()
 
     asyncio.run(main())
+
+
+def test_a_sqlite_file_that_cannot_be_opened_names_the_file_and_a_fix_for_files(tmp_path: Path) -> None:
+    """A ``file:`` URI is opened by the driver on first connect (a plain path is opened, and refused with a
+    ``ConfigError``, when the store is made)."""
+    url = f"sqlite:///file:{tmp_path}/no_such_folder/memory.db?mode=ro&uri=true"
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        MemoryStore(url).list(Scope(user_id="maya"))
+    message = str(caught.value)
+    shown = make_url(url).render_as_string(hide_password=True)
+    assert message.startswith(f"cannot connect to the database {shown}: unable to open database file")
+    assert message.endswith(
+        "check that the file's folder exists and may be written, and that no other process holds it locked"
+    )
