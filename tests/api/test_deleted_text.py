@@ -155,3 +155,28 @@ def test_a_memory_whose_context_empties_loses_its_context_free_entry_and_only_in
                 assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
     finally:
         c.close()
+
+
+def test_a_crash_between_the_scrub_and_the_file_cleanup_is_repaired_by_reconcile(
+    tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    """The scrub commits first and the client removes the files after it: a process that dies in between leaves
+    the re-contexted memories' old in-context files without rows. Reconciliation removes them (and the deleted
+    memory's folder) and keeps each context-free file, whose row the scrub kept."""
+    c = open_client("sync", fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
+    try:
+        texts = ["X: the desk opens at 8", "A: the door code is 1234", "B: likes tea", "C: owns a cat"]
+        x, a, b, later = (c.add(t, user_id="u1", infer=False, encode_kv=True)["results"][0]["id"] for t in texts)
+        store_dir = c.fact_kv.store.directory
+        assert store_dir is not None
+        free_key = c.fact_kv.encoding_key(c.db.get(b), CONTEXT_FREE)  # type: ignore[arg-type]
+        c.db.delete(a)  # the transaction alone: what a crash right after the commit leaves
+        assert all(len(kv_files(store_dir, i)) == 2 for i in (b, later))  # old in-context files still there
+        report = c.reconcile()
+        assert (report.kv_memories_removed, report.kv_files_removed, report.kv_rows_removed) == (1, 2, 0)
+        assert not (store_dir / a).exists()
+        assert kv_rows(db_url, [b, later]) == {b: [free_key], later: [free_key]}
+        assert all(len(kv_files(store_dir, i)) == 1 for i in (b, later))
+        assert (store_dir / x).is_dir()
+    finally:
+        c.close()

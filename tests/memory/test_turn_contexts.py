@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from inferscale.memory.contexts import turn_contexts
 
@@ -21,15 +19,3 @@ def test_keep_zero_keeps_nothing_and_a_negative_keep_is_refused() -> None:
     assert turn_contexts(["m1"], ["a", "b"], keep=0) == [(), ()]
     with pytest.raises(ValueError, match="keep must be >= 0"):
         turn_contexts([], ["a"], keep=-1)
-
-
-texts = st.lists(st.text(min_size=1, max_size=3), max_size=12)
-
-
-@given(stored=texts, turns=texts, keep=st.integers(0, 20))
-def test_each_context_is_the_tail_of_everything_before_its_turn(stored: list[str], turns: list[str], keep: int) -> None:
-    contexts = turn_contexts(stored, turns, keep)
-    assert len(contexts) == len(turns)
-    for i, context in enumerate(contexts):
-        before = [*stored, *turns[:i]]
-        assert list(context) == before[max(0, len(before) - keep) :]
