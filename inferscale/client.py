@@ -161,19 +161,19 @@ class MemoryClient(ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         """Remember a conversation.
 
-        With ``infer=True`` the LLM extracts facts (JSON-constrained; chunk by chunk for long conversations).
-        Facts already stored verbatim in the scope are dropped; for the rest, similar stored memories of the
-        scope are retrieved and the LLM decides ADD, UPDATE, DELETE or NONE (see
-        :mod:`inferscale.memory.reconcile`). With ``infer=False`` every user/assistant message is stored as it
-        is. All changes and their history rows are written in one transaction. New and updated memories are
-        embedded before the call returns (``search`` finds them at once); deleted ones lose their vector and K/V.
-        The new and updated memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread
-        after the call returns (``"background"``, the default: what ``chat`` injects never depends on timing, it
-        encodes any memory it retrieves that is not encoded yet; a chat that arrives while the thread encodes
-        waits for one chunk of ``kv.encode_chunk_size`` facts at most, but a streamed one may wait for a chunk
-        at each token, since the thread may run one between two steps of a stream; the call blocks only while
-        ``kv.encode_queue_size`` memories already wait), inside the call (``"eager"``), or on the first ``chat``
-        that retrieves them (``"lazy"``).
+        With ``infer=True`` the LLM extracts facts (JSON-constrained; chunk by chunk for long conversations). Facts
+        already stored verbatim in the scope are dropped; for the rest, similar stored memories of the scope are
+        retrieved and the LLM decides ADD, UPDATE, DELETE or NONE (see :mod:`inferscale.memory.reconcile`). With
+        ``infer=False`` every user/assistant message is stored as it is, with its ``role`` and, when it has a ``name``,
+        that name as ``actor_id`` (in its metadata; the result dicts show both beside the scope ids, as Mem0's do). All
+        changes and their history rows are written in one transaction. New and updated memories are embedded before the
+        call returns (``search`` finds them at once); deleted ones lose their vector and K/V. The new and updated
+        memories' K/V are encoded as ``config.kv.encode_on_add`` says: by a background thread after the call returns
+        (``"background"``, the default: what ``chat`` injects never depends on timing, it encodes any memory it
+        retrieves that is not encoded yet; a chat that arrives while the thread encodes waits for one chunk of
+        ``kv.encode_chunk_size`` facts at most, but a streamed one may wait for a chunk at each token, since the thread
+        may run one between two steps of a stream; the call blocks only while ``kv.encode_queue_size`` memories already
+        wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them (``"lazy"``).
         ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
 
         Returns:
@@ -246,7 +246,8 @@ class MemoryClient(ClientCore):
         agent_id: str | None = None,
         run_id: str | None = None,
     ) -> dict[str, Any]:
-        """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata; records an UPDATE
+        """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata (keeping the ``role`` and
+        ``actor_id`` it was stored with unless the new metadata names them, as Mem0 does); records an UPDATE
         history row. A new text is re-embedded and its K/V dropped (encoded again on next use, lazily); a
         metadata-only update keeps the vector and the K/V.
 
@@ -256,8 +257,8 @@ class MemoryClient(ClientCore):
 
         Raises:
             InvalidInputError: when nothing is given, text and data disagree, metadata sets a scope id, or the new
-                text is too long for the model's context once encoded after the memory's context turns (nothing is
-                written; see :meth:`add`).
+                text is longer than ``max_memory_chars`` or too long for the model's context once encoded after the
+                memory's context turns (nothing is written; see :meth:`add`).
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
         """
         change = self._update_change(memory_id, text, metadata, data)

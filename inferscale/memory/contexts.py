@@ -22,7 +22,8 @@ def turn_contexts(stored: Sequence[str], turns: Sequence[str], keep: int) -> lis
         keep: how many entries each context keeps at most (the last ones); ``0`` keeps none.
 
     Returns:
-        One tuple per turn: ``(*stored, *turns[:i])[-keep:]`` for turn ``i``.
+        One tuple per turn: the last ``keep`` entries of ``(*stored, *turns[:i])`` for turn ``i`` (``()`` when
+        ``keep`` is 0).
 
     Raises:
         ValueError: when ``keep`` is negative.

@@ -93,7 +93,8 @@ def delete_kv_entries_in_session(s: Session, memory_id: str) -> list[KVEntryReco
 
 def delete_kv_entry_rows_in_session(s: Session, row_ids: Sequence[int]) -> int:
     """Delete the KV entries whose row id is in ``row_ids`` (ids already gone are ignored); returns how many
-    rows were deleted. Used by reconciliation for entries whose file is gone or whose text is stale."""
+    rows were deleted. Used by reconciliation for entries whose file is gone or whose text is stale, and by the
+    scrub for entries that depended on a memory's old context."""
     deleted = 0
     for chunk in chunks(sorted(set(row_ids))):
         stmt = delete(KVEntryRow).where(KVEntryRow.id.in_(list(chunk))).execution_options(synchronize_session=False)

@@ -20,8 +20,9 @@ class InferScaleRetriever(BaseRetriever):
     """The scope's memories most similar to the query, best first, as ``Document``s.
 
     Each document's ``page_content`` is the memory text, its ``id`` the memory id, and its metadata holds ``id``,
-    ``score`` (cosine; higher is closer), ``user_id``, ``agent_id``, ``run_id`` and the memory's own metadata under
-    ``"metadata"``.
+    ``score`` (cosine; higher is closer), ``user_id``, ``agent_id``, ``run_id``, the memory's own metadata under
+    ``"metadata"``, and for a memory stored verbatim from a message its ``role`` (and ``actor_id``, the speaker's
+    name, when the message had one).
 
     Example:
         .. code-block:: python
