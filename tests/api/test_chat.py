@@ -146,7 +146,7 @@ def test_a_seed_repeats_a_sample_and_temperature_zero_is_greedy(c: ClientAdapter
         ({"messages": [{"role": "tool", "content": "x"}]}, InvalidInputError, "role 'tool'"),
         ({"messages": [{"role": "system", "content": "Be brief."}]}, InvalidInputError, "no user message"),
         ({"query": "Hi", "messages": CONVERSATION}, InvalidInputError, "either a query"),
-        ({}, InvalidInputError, "either a query"),
+        ({}, InvalidInputError, "neither was given"),
         ({"query": "Hi", "temperature": -1}, InvalidInputError, "temperature"),
         ({"query": "Hi", "top_p": 0}, InvalidInputError, "top_p"),
         ({"query": "Hi", "top_p": 1.5}, InvalidInputError, "top_p"),
