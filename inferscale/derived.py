@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.encode_queue import EncodeQueue
+from inferscale.encode_queue import EncodeQueue, interpreter_exiting
 from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager, Wanted
 from inferscale.filters import Filter
@@ -345,7 +345,8 @@ class DerivedStores:
         for one chunk at most (a streamed chat: each of its steps, since a chunk may run between two tokens), and
         drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
         only for a memory whose text and context are still those it was encoded from (SQL read again, one query
-        per chunk): a change that landed during the pass leaves nothing stale behind.
+        per chunk): a change that landed during the pass leaves nothing stale behind. At interpreter exit
+        (:func:`~inferscale.encode_queue.interpreter_exiting`) it starts no chunk: the one running is the last.
 
         Raises:
             MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
@@ -353,6 +354,8 @@ class DerivedStores:
             OSError, DatabaseUnavailableError, ModelNotAvailableError: from the disk, the database or the engine's
                 first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
         """
+        if interpreter_exiting():  # no model load at exit: its loader's threads may be shut down already
+            return
         self._engine().load()  # outside the client's lock: a first load takes seconds
         with self._lock:
             fact_kv = self.fact_kv
@@ -361,7 +364,7 @@ class DerivedStores:
             left = fact_kv.every_encoding(records)
         stored = 0
         chunk_size = self._config.kv.encode_chunk_size
-        while left:
+        while left and not interpreter_exiting():  # at exit, the chunk running is the last
             self._yield_to_foreground()
             with self._lock:
                 left = fact_kv.chain_first(fact_kv.missing(left))  # those a chat stored meanwhile are done

@@ -11,8 +11,10 @@ K/V are missing and stores them. The queue knows nothing of SQL, models or K/V: 
   turn comes, so one encode serves every change queued before it).
 - One thread, at a lower scheduling priority (:data:`ENCODER_NICENESS`), started on demand and ended when the
   queue is empty (a client that never writes in background mode never starts one; many short-lived clients leave
-  no idle threads behind). It is a daemon thread: at interpreter exit it does not hold the process; what it had
-  not encoded then is encoded on first use.
+  no idle threads behind). At interpreter exit (the main thread has ended, :func:`interpreter_exiting`) it finishes
+  the chunk it is encoding, stores it and ends; what waits then is left to the first ``chat`` that retrieves it.
+  It is not a daemon thread: one killed inside a forward pass at exit aborted the process ("terminate called
+  without an active exception", exit code 134, in a script that exited within a second of an ``add``).
 - A callback that raises is logged, never fatal: the memories are in SQL already, and a ``chat`` that retrieves one
   encodes what is missing. A failed batch is retried one memory at a time, so one bad memory does not leave the
   others of its batch to ``chat``.
@@ -44,6 +46,12 @@ threads torch starts for its forward passes inherit it. Measured with ``benchmar
 ``OMP_NUM_THREADS=1``, 2 cores shared with other jobs, load average ~5): a background ``add``'s p50 was 60 ms
 without it against 29 ms for a lazy one (which encodes nothing), and 27 against 20 ms, then 36 against 38 ms,
 with it."""
+
+
+def interpreter_exiting() -> bool:
+    """Whether the interpreter is exiting: its main thread has ended (Python stops it before it joins the other
+    threads), so the encoder should finish its chunk and stop rather than start another."""
+    return not threading.main_thread().is_alive()
 
 
 def _lower_priority() -> None:
@@ -150,10 +158,22 @@ class EncodeQueue:
 
     # ---- the encoder thread ------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start the encoder thread when ids wait and none runs (the caller holds the condition's lock)."""
+        """Start the encoder thread when ids wait and none runs (the caller holds the condition's lock); at
+        interpreter exit, leave the waiting ids to ``chat`` instead (:meth:`_leave_waiting`)."""
         if self._thread is None and self._waiting:
-            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+            if interpreter_exiting():
+                self._leave_waiting()
+                return
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME)
             self._thread.start()
+
+    def _leave_waiting(self) -> None:
+        """At interpreter exit: forget the waiting ids (they are in SQL; the first ``chat`` that retrieves one
+        encodes it), so :meth:`close` and :meth:`wait` return. The caller holds the condition's lock."""
+        if self._waiting:
+            log.info("interpreter exiting: the K/V of %d memories are left to the first chat", len(self._waiting))
+            self._waiting.clear()
+            self._cond.notify_all()
 
     def _run(self) -> None:
         """The encoder thread: take a batch, encode it, repeat until the queue is empty, then end."""
@@ -161,6 +181,8 @@ class EncodeQueue:
         try:
             while True:
                 with self._cond:
+                    if interpreter_exiting():
+                        self._leave_waiting()
                     if not self._waiting:
                         return
                     self._batch = list(self._waiting)[: self._batch_size]
@@ -186,12 +208,16 @@ class EncodeQueue:
         ``encode`` may raise anything a model, a database or a file system raises (an engine that fails to load, a
         fact longer than the context, a full disk, a lost connection); none of it may end the thread or reach a
         caller that never waits for it, and the memories are safe in SQL. So every ``Exception`` is caught here,
-        and logged with its traceback.
+        and logged with its traceback; at interpreter exit a failure is expected (the exit shuts down thread pools a
+        model load uses), and the batch is left to ``chat`` without one.
         """
         try:
             self._encode(batch)
             return
         except Exception:
+            if interpreter_exiting():  # e.g. a model load whose thread pool the exit shut down: expected, not logged
+                log.info("interpreter exiting: the K/V of %d memories are left to the first chat", len(batch))
+                return
             if len(batch) == 1:
                 log.warning("background K/V encoding of memory %s failed; chat encodes it", batch[0], exc_info=True)
                 return
