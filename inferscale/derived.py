@@ -375,6 +375,14 @@ class DerivedStores:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
 
+    def load_engine(self) -> None:
+        """Load the chat engine now (outside the client's lock: a first load takes seconds).
+
+        Raises:
+            ModelNotAvailableError: when the configured model's files cannot be found.
+        """
+        self._engine().load()
+
     def existing(self, memory_ids: Sequence[str]) -> set[str]:
         """Those of ``memory_ids`` SQL holds now (one query per :data:`~inferscale.storage.queries.IN_CHUNK` ids)."""
         return set(self._db().get_many(memory_ids))

@@ -17,8 +17,8 @@ from mem0_fakes import HashEmbedder
 from served_kv import context_free_request
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ScopeError, kv_prepare
-from inferscale.config import KVConfig
+from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ModelNotAvailableError, ScopeError, kv_prepare
+from inferscale.config import EngineConfig, KVConfig
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
 from inferscale.kv_prepare import KVPrepareReport
 from inferscale.storage import MemoryRecord
@@ -190,3 +190,10 @@ def test_a_bad_scope_id_is_refused_before_anything_is_encoded(tmp_path: Path, en
     client = MemoryClient(_config(tmp_path, None), engine=engine, embedder=HashEmbedder())
     with client, pytest.raises(ScopeError, match="user_id"):
         client.prepare_kv(user_id="")
+
+
+def test_a_model_that_cannot_be_loaded_is_refused_on_an_empty_store_too(tmp_path: Path) -> None:
+    """A tester's report: on a store with nothing to encode, a misspelt ``--model`` reported success."""
+    config = MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(model=str(tmp_path / "no-such-model")))
+    with MemoryClient(config, embedder=HashEmbedder()) as client, pytest.raises(ModelNotAvailableError, match="model"):
+        client.prepare_kv()
