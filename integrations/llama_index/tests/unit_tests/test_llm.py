@@ -7,12 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
-from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleLLM
+from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleLLM, simple_chat_engine
 
-from inferscale import ChatChunk
+from inferscale import ChatChunk, MemoryClient
 from tests.unit_tests.stubs import StubClient
 
 QUESTION = ChatMessage(role="user", content="What is my dog called?")
@@ -114,3 +115,12 @@ def test_stopping_an_async_client_stream_closes_it() -> None:
         assert await closed_soon(lambda: async_client.closed)  # before asyncio.run's shutdown closes it
 
     asyncio.run(run())
+
+
+def test_a_remote_client_is_refused_with_the_way_to_use_a_server() -> None:
+    """A tester's report: ``InferScaleLLM(MemoryClient(host=...))`` failed on first use with an AttributeError."""
+    remote = MemoryClient(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")
+    with pytest.raises(TypeError, match=r"needs a local inferscale\.MemoryClient, got a RemoteMemoryClient"):
+        InferScaleLLM(remote, user_id="alice")
+    with pytest.raises(TypeError, match="use InferScaleMemory"):
+        simple_chat_engine(remote, user_id="alice")

@@ -26,6 +26,7 @@ from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
 from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 
 _CALL_ARGS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop"})
 """Per-call keyword arguments :class:`InferScaleLLM` passes to ``MemoryClient.chat`` (besides ``memory_ids``)."""
@@ -77,7 +78,14 @@ class InferScaleLLM(CustomLLM):
     _model_window: int | None = PrivateAttr(default=None)  # client.context_window, read after a call loaded it
 
     def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any) -> None:
-        """Raises: ScopeError when no scope id is given."""
+        """Raises: ScopeError when no scope id is given; TypeError for a remote client (``MemoryClient(host=...)``):
+        this LLM reads the local model's name, context window and answer budget from its client."""
+        if isinstance(client, RemoteMemoryClient | AsyncRemoteMemoryClient):
+            raise TypeError(
+                f"InferScaleLLM needs a local inferscale.MemoryClient, got a {type(client).__name__}: it reads the "
+                "model's name, context window and answer budget from its client; with a server, use InferScaleMemory "
+                "and the retriever on the remote client, and the server's OpenAI-compatible /v1/chat/completions"
+            )
         super().__init__(**fields)
         self._client = client
         self._async_client = async_client
