@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 
 _CALL_KWARGS = frozenset({"k", "filters", "user_id", "agent_id", "memory_run_id", "threshold"})
 
@@ -36,9 +37,10 @@ class InferScaleRetriever(BaseRetriever):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    client: MemoryClient | None = Field(default=None, exclude=True)
-    """Answers sync calls; built from ``config`` when neither client is given."""
-    async_client: AsyncMemoryClient | None = Field(default=None, exclude=True)
+    client: MemoryClient | RemoteMemoryClient | None = Field(default=None, exclude=True)
+    """Answers sync calls (a local client, or a server's: ``MemoryClient(host=...)``); built from ``config`` when
+    neither client is given."""
+    async_client: AsyncMemoryClient | AsyncRemoteMemoryClient | None = Field(default=None, exclude=True)
     """Answers async calls; without one they run the sync client on LangChain's executor."""
     config: dict[str, Any] | None = None
     user_id: str | None = None

@@ -117,3 +117,15 @@ async def test_tools_run_on_the_async_client() -> None:
         *_EXPECTED,
         ("search", {"query": "tea", "user_id": "alex", "agent_id": None, "run_id": None, "filters": None}),
     ]
+
+
+def test_the_retriever_takes_a_servers_client() -> None:
+    """A tester's report: ``InferScaleRetriever(client=MemoryClient(host=...))`` was a pydantic ValidationError."""
+    from inferscale import AsyncMemoryClient, MemoryClient
+    from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
+
+    remote = MemoryClient(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")
+    aremote = AsyncMemoryClient(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")
+    retriever = InferScaleRetriever(client=remote, async_client=aremote, user_id="maya")
+    assert isinstance(retriever.client, RemoteMemoryClient)
+    assert isinstance(retriever.async_client, AsyncRemoteMemoryClient)
