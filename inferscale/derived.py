@@ -356,7 +356,7 @@ class DerivedStores:
         """
         if interpreter_exiting():  # no model load at exit: its loader's threads may be shut down already
             return
-        self._engine().load()  # outside the client's lock: a first load takes seconds
+        self.load_engine()
         with self._lock:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)
@@ -392,7 +392,7 @@ class DerivedStores:
         that no tier holds under the current model and settings, in order; unknown ids are left out. Reads SQL (one
         query per :data:`~inferscale.storage.queries.IN_CHUNK` ids) and the store's index; loads the engine,
         encodes nothing."""
-        self._engine().load()  # outside the client's lock: a first load takes seconds
+        self.load_engine()
         with self._lock:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)

@@ -211,7 +211,7 @@ def _engine_options(parsed: URL, in_memory: dict[str, Any]) -> dict[str, Any]:
         return {"pool_pre_ping": True}
     path = sqlite_file(parsed)
     if path is None:
-        return {"poolclass": StaticPool, **({"connect_args": in_memory} if in_memory else {})}
+        return {"poolclass": StaticPool, "connect_args": in_memory}
     enable_wal(path)
     return {}
 
