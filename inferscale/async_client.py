@@ -375,12 +375,7 @@ class AsyncMemoryClient(ClientCore):
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first; see :meth:`MemoryClient.history`."""
         scope = optional_scope(user_id, agent_id, run_id)
-        if scope is not None and await self._aget(memory_id, scope) is None:
-            return []
-        return await self._ahistory(memory_id)
-
-    async def _ahistory(self, memory_id: str) -> list[dict[str, Any]]:
-        return [history_to_dict(row) for row in await self.adb.history(memory_id)]
+        return [history_to_dict(row) for row in await self.adb.history(memory_id, scope)]
 
     @overload
     async def chat(

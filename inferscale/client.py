@@ -508,22 +508,19 @@ class MemoryClient(ClientCore):
         self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first, also after it was deleted. With ids given, only a memory that
-        currently exists in that scope has a history (a deleted memory's scope cannot be checked: ``[]``).
+        was in that scope has a history (the rows of a memory deleted before the store recorded scopes in its
+        history, schema revision 0004, are read without ids only).
 
         Returns:
             ``[{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata",
-            "actor_id", "created_at", "is_deleted"}, ...]``; ``[]`` for an unknown id.
+            "actor_id", "role", "created_at", "is_deleted"}, ...]`` with the memory's scope ids; ``[]`` for an
+            unknown id or one outside the scope.
 
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty string.
         """
         scope = optional_scope(user_id, agent_id, run_id)
-        if scope is not None and self.db.get(memory_id, scope) is None:
-            return []
-        return self._history(memory_id)
-
-    def _history(self, memory_id: str) -> list[dict[str, Any]]:
-        return [history_to_dict(row) for row in self.db.history(memory_id)]
+        return [history_to_dict(row) for row in self.db.history(memory_id, scope)]
 
     # ------------------------------------------------------------------ chat
     @overload

@@ -42,8 +42,15 @@ def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
 
     Returns:
         ``{"id", "memory_id", "event", "old_memory", "new_memory", "old_metadata", "new_metadata", "actor_id",
-        "created_at", "is_deleted"}``; ``old_memory`` is ``None`` on ADD, ``new_memory`` is ``None`` on DELETE.
+        "role", "created_at", "is_deleted"}`` and the memory's scope ids that are set; ``old_memory`` is ``None``
+        on ADD, ``new_memory`` is ``None`` on DELETE. As in Mem0, a memory stored from a message keeps that
+        message's ``role`` and speaker (``actor_id``: its ``name``, ``None`` without one) on every event, an
+        UPDATE's and a DELETE's included; an extracted fact has no ``role``, and its ``actor_id`` is who made the
+        change, when the caller said so. A row of a memory deleted before the store recorded scopes has no scope
+        ids.
     """
+    said = {**(row.old_metadata or {}), **(row.new_metadata or {})}
+    actor = said.get("actor_id") if "role" in said else row.actor
     return {
         "id": str(row.id),
         "memory_id": row.memory_id,
@@ -52,7 +59,9 @@ def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
         "new_memory": row.new_text,
         "old_metadata": row.old_metadata,
         "new_metadata": row.new_metadata,
-        "actor_id": row.actor,
+        "actor_id": actor,
+        "role": said.get("role"),
+        **(row.scope.as_dict() if row.scope is not None else {}),
         "created_at": row.created_at.isoformat(),
         "is_deleted": row.event == "DELETE",
     }

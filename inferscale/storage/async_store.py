@@ -242,13 +242,13 @@ class AsyncMemoryStore:
         wanted = sorted(set(check_vector_ids(ids)))
         return await self._read(by_vector_ids, wanted) if wanted else {}
 
-    async def history(self, memory_id: str) -> builtins.list[HistoryRecord]:
-        """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id.
+    async def history(self, memory_id: str, scope: Scope | None = None) -> builtins.list[HistoryRecord]:
+        """The changes to ``memory_id``, oldest first; see :meth:`MemoryStore.history`.
 
         Raises:
-            InvalidInputError: when ``memory_id`` is not a non-empty str.
+            InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` not a Scope.
         """
-        return await self._read(history, check_id(memory_id))
+        return await self._read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     async def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
         """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.

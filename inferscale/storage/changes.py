@@ -55,6 +55,8 @@ def _history(
     actor: str | None,
     now: datetime,
 ) -> HistoryRow:
+    """The history row of one change; ``before`` or ``after`` (whichever exists) gives the memory's scope."""
+    scope = before.scope() if before is not None else after
     return HistoryRow(
         memory_id=memory_id,
         event=event,
@@ -63,6 +65,9 @@ def _history(
         old_metadata=json_copy(before.metadata) if before is not None else None,
         new_metadata=json_copy(after.metadata_) if after is not None else None,
         actor=actor,
+        user_id=scope.user_id if scope is not None else None,
+        agent_id=scope.agent_id if scope is not None else None,
+        run_id=scope.run_id if scope is not None else None,
         created_at=now,
     )
 

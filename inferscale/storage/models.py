@@ -111,7 +111,9 @@ class MemoryRow(Base):
 class HistoryRow(Base):
     """One change to a memory (table ``memory_history``): ``event`` is ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
 
-    ``memory_id`` is deliberately not a foreign key: history outlives the memory it describes.
+    ``memory_id`` is deliberately not a foreign key: history outlives the memory it describes, so each row also
+    records that memory's scope (revision 0004_history_scope; all three ``NULL`` on rows of memories deleted before
+    it, whose scope was lost).
     """
 
     __tablename__ = "memory_history"
@@ -124,6 +126,9 @@ class HistoryRow(Base):
     old_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     new_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     actor: Mapped[str | None] = mapped_column(String(KEY_LENGTH))
+    user_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH))
+    agent_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH))
+    run_id: Mapped[str | None] = mapped_column(String(MAX_ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 

@@ -41,17 +41,20 @@ def chunks(values: Sequence[_T], size: int = IN_CHUNK) -> Iterator[Sequence[_T]]
 # ---- statement builders ----------------------------------------------------------------------------------------
 
 
-def scope_clauses(scope: Scope | None) -> list[ColumnElement[bool]]:
-    """The ``WHERE`` conditions that keep ``memories`` inside ``scope`` (none for ``None``)."""
+def scope_clauses(
+    scope: Scope | None, table: type[MemoryRow] | type[HistoryRow] = MemoryRow
+) -> list[ColumnElement[bool]]:
+    """The ``WHERE`` conditions that keep the rows of ``table`` (``memories``, or ``memory_history`` by the scope of
+    the memory each row describes) inside ``scope`` (none for ``None``)."""
     clauses: list[ColumnElement[bool]] = []
     if scope is None:
         return clauses
     if scope.user_id is not None:
-        clauses.append(MemoryRow.user_id == scope.user_id)
+        clauses.append(table.user_id == scope.user_id)
     if scope.agent_id is not None:
-        clauses.append(MemoryRow.agent_id == scope.agent_id)
+        clauses.append(table.agent_id == scope.agent_id)
     if scope.run_id is not None:
-        clauses.append(MemoryRow.run_id == scope.run_id)
+        clauses.append(table.run_id == scope.run_id)
     return clauses
 
 
@@ -230,9 +233,11 @@ def all_kv_entries(s: Session) -> list[KVEntryRecord]:
     return [KVEntryRecord.from_row(row) for row in s.scalars(select(KVEntryRow).order_by(KVEntryRow.id))]
 
 
-def history(s: Session, memory_id: str) -> list[HistoryRecord]:
-    """The changes to ``memory_id``, oldest first; ``[]`` for an unknown id."""
-    stmt = select(HistoryRow).where(HistoryRow.memory_id == memory_id).order_by(HistoryRow.id)
+def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[HistoryRecord]:
+    """The changes to ``memory_id``, oldest first, when the memory was in ``scope`` (any scope for ``None``; also
+    after it was deleted); ``[]`` for an unknown id or one outside ``scope``."""
+    clauses = [HistoryRow.memory_id == memory_id, *scope_clauses(scope, HistoryRow)]
+    stmt = select(HistoryRow).where(*clauses).order_by(HistoryRow.id)
     return [HistoryRecord.from_row(row) for row in s.scalars(stmt)]
 
 

@@ -101,7 +101,10 @@ class HistoryRecord:
         event: ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
         old_text, new_text: the text before and after (``old_text`` is ``None`` on ADD, ``new_text`` on DELETE).
         old_metadata, new_metadata: the metadata before and after, same convention.
-        actor: who made the change, when the caller said so.
+        actor: who said the memory (the ``actor_id`` it was stored with), else who made the change when the caller
+            said so, else ``None``.
+        scope: the scope of the memory (every row of one memory holds the same); ``None`` on rows of a memory
+            deleted before InferScale recorded it (revision 0004_history_scope), which no scoped read returns.
         created_at: tz-aware UTC time of the change.
     """
 
@@ -113,6 +116,7 @@ class HistoryRecord:
     old_metadata: dict[str, Any] | None
     new_metadata: dict[str, Any] | None
     actor: str | None
+    scope: Scope | None
     created_at: datetime
 
     @classmethod
@@ -136,8 +140,14 @@ class HistoryRecord:
             old_metadata=copy.deepcopy(row.old_metadata),
             new_metadata=copy.deepcopy(row.new_metadata),
             actor=row.actor,
+            scope=_recorded_scope(row),
             created_at=row.created_at,
         )
+
+
+def _recorded_scope(row: HistoryRow) -> Scope | None:
+    ids = (row.user_id, row.agent_id, row.run_id)
+    return None if ids == (None, None, None) else Scope(user_id=ids[0], agent_id=ids[1], run_id=ids[2])
 
 
 @dataclass(frozen=True, slots=True)

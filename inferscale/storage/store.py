@@ -266,13 +266,13 @@ class MemoryStore:
         """
         return self._read(vector_ids_in_scope, check_scope(scope), filters)
 
-    def history(self, memory_id: str) -> builtins.list[HistoryRecord]:
-        """The changes to ``memory_id``, oldest first (also after it was deleted); ``[]`` for an unknown id.
+    def history(self, memory_id: str, scope: Scope | None = None) -> builtins.list[HistoryRecord]:
+        """The changes to ``memory_id``, oldest first (also once deleted), when it was in ``scope`` (``None``: any).
 
         Raises:
-            InvalidInputError: when ``memory_id`` is not a non-empty str.
+            InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` not a Scope.
         """
-        return self._read(history, check_id(memory_id))
+        return self._read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     def apply(self, changes: ChangeSet) -> AppliedChanges:
         """Apply adds, updates and deletes with their history rows in one transaction (all or nothing).

@@ -203,24 +203,30 @@ def test_a_key_bound_to_an_agent_leaves_the_user_free_within_that_agent(tenants:
 
 
 def test_a_deleted_memorys_history_answers_as_the_local_client_does(tenants: Tenants) -> None:
-    """An admin key (no bound list) gets the client's own answer, the ADD ... DELETE rows, as the local client and an
-    open server give it; a bound key, whose scope the store can no longer check for a deleted memory, gets 404
-    (the remote client's ``[]``, the local client's answer when scope ids are named)."""
+    """The ADD ... DELETE rows stay readable after the deletion: by an admin key (no bound list), as the local client
+    and an open server give them, and by a key bound to the memory's user, whose scope the rows record; a key bound
+    to another user gets 404, the remote client's ``[]`` (as for a live memory of alice's)."""
     from inferscale import MemoryClient
 
     mine = tenants.alice_ids[0]
     assert tenants.alice.delete(f"/v1/memories/{mine}/").status_code == 200
     admin = tenants.admin.get(f"/v1/memories/{mine}/history/")
     assert admin.status_code == 200, admin.text
-    assert [(h["event"], h["memory_id"]) for h in admin.json()] == [("ADD", mine), ("DELETE", mine)]
-    assert _code(tenants.alice.get(f"/v1/memories/{mine}/history/")) == (404, "memory_not_found")
+    assert [(h["event"], h["memory_id"], h["user_id"]) for h in admin.json()] == [
+        ("ADD", mine, "alice"),
+        ("DELETE", mine, "alice"),
+    ]
+    assert tenants.alice.get(f"/v1/memories/{mine}/history/").json() == admin.json()
     served = tenants.served
     _, alice_key = served.keys.create("alice again", user_ids=["alice"])
+    _, bob_key = served.keys.create("bob again", user_ids=["bob"])
     _, admin_key = served.keys.create("admin again", admin=True)
     with MemoryClient(host=served.url, api_key=admin_key) as remote_admin:
         assert remote_admin.history(mine) == admin.json()
     with MemoryClient(host=served.url, api_key=alice_key) as remote_alice:
-        assert remote_alice.history(mine) == [] == remote_alice.history(mine, user_id="alice")
+        assert remote_alice.history(mine) == admin.json() == remote_alice.history(mine, user_id="alice")
+    with MemoryClient(host=served.url, api_key=bob_key) as remote_bob:
+        assert remote_bob.history(mine) == [] == remote_bob.history(mine, user_id="bob")
     # an admin key changes nothing else: a missing memory is still 404 on get, update and delete
     for reply in (
         tenants.admin.get(f"/v1/memories/{mine}/"),

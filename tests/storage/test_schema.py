@@ -12,21 +12,23 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
-from sqlalchemy import Engine, MetaData, inspect, text
+from sqlalchemy import Engine, MetaData, column, inspect, table, text
 from sqlalchemy.orm import Session
 from store_workers import HEADS, chains, revisions
 
 from inferscale import AsyncMemoryClient, MemoryClient, SchemaError
 from inferscale.scope import Scope
 from inferscale.server.keys import ApiKeyRow, KeyStore, _Base
-from inferscale.storage import HistoryRow, MemoryStore, make_engine
+from inferscale.storage import MemoryStore, make_engine
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.migrations.baseline import baseline_metadata
 from inferscale.storage.models import utc_now
-from inferscale.storage.schema import MEMORY_SCHEMA, SchemaChain, ensure_schema
+from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, ensure_schema
+from inferscale.storage.schema import _config as schema_config
 
 ALICE = Scope(user_id="alice")
 
@@ -49,7 +51,7 @@ def test_a_fresh_database_is_created_at_the_head_and_equals_the_models(db_url: s
     for chain, metadata in chains():
         assert diffs(engine, chain, metadata) == [], chain.name
     again = ensure_schema(engine, MEMORY_SCHEMA)
-    assert (again.before, again.after, again.stamped) == ("0003_chain_from", "0003_chain_from", False)
+    assert (again.before, again.after, again.stamped) == ("0004_history_scope", "0004_history_scope", False)
     engine.dispose()
 
 
@@ -64,12 +66,13 @@ def test_tables_made_before_versioning_are_stamped_and_keep_their_rows(db_url: s
         # written as 0.1 wrote them: into its columns (the model has columns of later revisions)
         row = dict(id="m-1", text="I like tea", hash="h" * 64, user_id="alice", metadata={}, context=[])
         s.execute(baseline.tables["memories"].insert().values(**row, created_at=now, updated_at=now))
-        s.add(HistoryRow(memory_id="m-1", event="ADD", new_text="I like tea", created_at=now))
+        history = dict(memory_id="m-1", event="ADD", new_text="I like tea", created_at=now)
+        s.execute(baseline.tables["memory_history"].insert().values(**history))
         s.add(ApiKeyRow(key_id="a" * 12, name="old", salt=bytes(16), secret_hash=bytes(64), admin=True, created_at=now))
     assert revisions(engine) == {}
     with MemoryStore(db_url) as store, closing(KeyStore(db_url)) as keys:
         assert [m.text for m in store.list(ALICE)] == ["I like tea"]
-        assert [h.event for h in store.history("m-1")] == ["ADD"]
+        assert [(h.event, h.scope) for h in store.history("m-1", ALICE)] == [("ADD", ALICE)]
         store.add("I like coffee", ALICE)
         assert [k.key_id for k in keys.list()] == ["a" * 12]
     assert revisions(engine) == HEADS
@@ -112,6 +115,52 @@ def test_a_revision_this_code_does_not_know_is_a_schema_error(db_url: str) -> No
 
     with pytest.raises(SchemaError, match="9999_from_a_newer_inferscale"):
         asyncio.run(first_async_read())
+    engine.dispose()
+
+
+WHEN = ("created_at", "updated_at")
+
+
+def test_history_rows_written_before_revision_0004_get_their_memorys_scope(db_url: str) -> None:
+    """A database at revision 0003, holding the history of a live memory and of one deleted before the upgrade: the
+    live memory's rows take its scope, so its user reads them as before; the deleted one's scope is lost (NULL in
+    all three), so its rows are read without a scope only, never under anyone's ids."""
+    engine = make_engine(db_url)
+    with MIGRATION_LOCK, engine.begin() as conn:
+        command.upgrade(schema_config(MEMORY_SCHEMA, conn), "0003_chain_from")
+    now = utc_now()
+    memories = table(
+        "memories", *(column(c) for c in ("id", "text", "hash", "user_id", "agent_id", "metadata", "context", *WHEN))
+    )
+    history = table(
+        "memory_history", *(column(c) for c in ("memory_id", "event", "new_text", "old_text", "created_at"))
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            memories.insert().values(
+                id="m-live",
+                text="tea",
+                hash="h" * 64,
+                user_id="alice",
+                agent_id="travel",
+                metadata="{}",
+                context="[]",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        conn.execute(history.insert().values(memory_id="m-live", event="ADD", new_text="tea", created_at=now))
+        conn.execute(history.insert().values(memory_id="m-gone", event="ADD", new_text="coffee", created_at=now))
+        conn.execute(history.insert().values(memory_id="m-gone", event="DELETE", old_text="coffee", created_at=now))
+    with MemoryStore(db_url) as store:
+        assert [(h.event, h.scope) for h in store.history("m-live", ALICE)] == [
+            ("ADD", Scope(user_id="alice", agent_id="travel"))
+        ]
+        assert store.history("m-live", Scope(user_id="bob")) == []
+        assert [(h.event, h.scope) for h in store.history("m-gone")] == [("ADD", None), ("DELETE", None)]
+        assert store.history("m-gone", ALICE) == [] == store.history("m-gone", Scope(agent_id="travel"))
+    version = MEMORY_SCHEMA.version_table
+    assert revisions(engine)[version] == HEADS[version]
     engine.dispose()
 
 

@@ -211,9 +211,12 @@ async def history(
     caller: CurrentCaller,
     server: State,
 ) -> list[dict[str, Any]]:
-    """Every change to a memory, oldest first (``MemoryClient.history``)."""
-    await _visible(memory_id, caller, server)
-    return await server.client.history(memory_id, **ids)
+    """Every change to a memory, oldest first, also after it was deleted (``MemoryClient.history``). A key bound to
+    scope lists reads it when the memory's recorded scope lies in them (404 otherwise, as for an unknown id)."""
+    found = await server.client.history(memory_id, **ids)
+    if not caller.unbound:
+        caller.require_visible(memory_id, found[0] if found and all(caller.can_see(r) for r in found) else None)
+    return found
 
 
 @route(router, "POST", "/v1/reset/")
