@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -51,6 +52,20 @@ log = logging.getLogger(__name__)
 
 MAX_CONTEXT_TURNS = 64
 """Conversation turns kept as a fact's encoding context (the largest ``kv.context_window``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkFacts:
+    """What ``add(infer=True)`` takes from one chunk of the conversation.
+
+    Attributes:
+        facts: the extracted facts that passed the grounding check (the chunk's user turns when none did).
+        fallback: the chunk's user turns when the grounding check dropped some of its facts, else empty: stored
+            verbatim when none of ``facts`` is new to the scope, so that what the dropped facts were about is kept.
+    """
+
+    facts: list[str]
+    fallback: list[str] = field(default_factory=list)
 
 
 def ms_since(t0: float) -> float:
@@ -374,11 +389,13 @@ class ClientCore:
             return self._generator
 
     # ---- add: extraction and reconcile (pure or CPU-bound steps) ---------------------------------------------
-    def _extract_facts(self, messages: Sequence[Message]) -> list[str]:
-        """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens``.
+    def _extract_facts(self, messages: Sequence[Message]) -> list[ChunkFacts]:
+        """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens`` (a fact
+        already extracted from an earlier chunk, compared case-insensitively, is left out).
 
         With ``llm.check_grounding``, a fact that invents a name or number or leaves the conversation's CJK
-        script is dropped with a warning; a chunk whose every fact is dropped contributes its user turns
+        script is dropped with a warning, and the chunk keeps its user turns as a fallback
+        (:attr:`ChunkFacts.fallback`); a chunk whose every fact is dropped contributes its user turns
         verbatim instead, as does a chunk whose LLM answer is unusable even after a repair and
         ``llm.answer_retries`` more calls (:meth:`~inferscale.memory.FactExtractor.extract`).
 
@@ -392,22 +409,21 @@ class ClientCore:
             max_memory_chars=self.config.max_memory_chars,
         )
         turns = [m for m in messages if m.role != "system"]
-        facts: list[str] = []
+        chunks: list[ChunkFacts] = []
         seen: set[str] = set()
         today = date.today()
         for chunk in chunk_messages(turns, self.config.llm.max_input_tokens) if turns else []:
             extraction = extractor.extract(chunk, today=today)
-            found = extraction.facts
-            if self.config.llm.check_grounding and found and not extraction.verbatim:
-                found = self._grounded(found, chunk, self.config.max_memory_chars)
-            for fact in found:
-                if fact.casefold() not in seen:
-                    seen.add(fact.casefold())
-                    facts.append(fact)
-        return facts
+            found = ChunkFacts(extraction.facts)
+            if self.config.llm.check_grounding and extraction.facts and not extraction.verbatim:
+                found = self._grounded(extraction.facts, chunk, self.config.max_memory_chars)
+            facts = [fact for fact in found.facts if fact.casefold() not in seen]
+            seen.update(fact.casefold() for fact in facts)
+            chunks.append(ChunkFacts(facts, found.fallback))
+        return chunks
 
     @staticmethod
-    def _grounded(found: list[str], chunk: Sequence[Message], max_memory_chars: int) -> list[str]:
+    def _grounded(found: list[str], chunk: Sequence[Message], max_memory_chars: int) -> ChunkFacts:
         source = "\n".join(m.content for m in chunk)
         kept: list[str] = []
         for fact in found:
@@ -416,11 +432,11 @@ class ClientCore:
                 kept.append(fact)
             else:
                 log.warning("dropped the extracted fact %r: %s", fact, reason)
-        if kept:
-            return kept
         verbatim = user_turns(chunk, max_memory_chars)
+        if kept:
+            return ChunkFacts(kept, verbatim if len(kept) < len(found) else [])
         log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
-        return verbatim
+        return ChunkFacts(verbatim)
 
     def _reconciler(self) -> Reconciler:
         return Reconciler(
@@ -511,15 +527,31 @@ class ClientCore:
                 return self._chained_changes(msgs, scope, meta, actor, neighbours, last, kv.chain_block, window)
             return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
-        for fact in self._extract_facts(msgs):
-            stored: MemoryRecord | None = yield StoredText(scope, hash_text(fact))
-            if stored is None:
-                facts.append(fact)
+        for chunk in self._extract_facts(msgs):
+            new = yield from self._unstored_steps(scope, chunk.facts)
+            if not new and chunk.fallback:
+                log.warning(
+                    "every grounded fact extracted is stored already and others were dropped; storing %d user turns "
+                    "verbatim",
+                    len(chunk.fallback),
+                )
+                new = yield from self._unstored_steps(scope, [t for t in chunk.fallback if t not in facts])
+            facts += new
         if not facts:
             return None
         shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []
         reconciler = self._reconciler() if shown else None
         return self._plan_changes(scope, facts, shown, reconciler, meta, neighbours, rendered_turns(msgs), actor)
+
+    @staticmethod
+    def _unstored_steps(scope: Scope, texts: Sequence[str]) -> Steps[list[str]]:
+        """The ``texts`` that no memory of ``scope`` holds word for word."""
+        unstored: list[str] = []
+        for text in texts:
+            stored: MemoryRecord | None = yield StoredText(scope, hash_text(text))
+            if stored is None:
+                unstored.append(text)
+        return unstored
 
     @staticmethod
     def _verbatim_changes(

@@ -217,6 +217,22 @@ def test_ungrounded_facts_are_dropped_and_the_turn_kept(make: MakeClient) -> Non
     assert texts(m.add("I'm allergic to walnuts.", user_id="a")) == ["User has a nut allergy"]
 
 
+def test_a_dropped_fact_with_only_stored_ones_beside_it_keeps_the_turn(make: MakeClient) -> None:
+    """The grounding check dropped one fact and the other was stored already: ``add`` stored nothing and answered
+    ``results: []``, so the move to Paris was lost (found by the embedded SmolLM2 on these turns). The user's turn is
+    now stored verbatim, as when every fact is dropped."""
+    pizza = "User loves pizza"
+    moved = "I moved from Berlin to Paris. I no longer love pizza."
+    gen = ScriptedGenerator(facts=[facts(pizza), facts("User will move to Paris on 3 July", pizza)])
+    m = make(gen)
+    assert texts(m.add("I live in Berlin and I love pizza.", user_id="z")) == [pizza]
+    assert [(r["memory"], r["event"]) for r in m.add(moved, user_id="z")["results"]] == [(moved, "ADD")]
+    assert sorted(texts(m.get_all(user_id="z"))) == sorted([pizza, moved])
+    # the same turn again: the fallback is stored already too, so nothing is new
+    gen.answers["ExtractedFacts"] = [facts("User will move to Paris on 3 July", pizza)]
+    assert m.add(moved, user_id="z")["results"] == []
+
+
 def test_reconcile_off_only_adds(tmp_path: Path, db_url: str, make: MakeClient) -> None:
     from inferscale.config import LLMConfig
 
