@@ -7,15 +7,19 @@ under :func:`inferscale_home`.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from sqlalchemy.engine import URL
 
 from inferscale.errors import ConfigError
 from inferscale.formats import StorageFormat
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
@@ -417,6 +421,33 @@ ConfigShape = Literal["inferscale", "mem0"]
 _OPENAI_COMPATIBLE = frozenset({"openai", "vllm", "lmstudio", "ollama", "deepseek", "together", "groq", "xai"})
 _LOCAL_LLM = frozenset({"inferscale", "engine", "huggingface", "transformers"})
 _BASE_URL_KEYS = ("base_url", "openai_base_url", "vllm_base_url", "lmstudio_base_url", "ollama_base_url")
+_PGVECTOR_URL_KEYS = ("user", "password", "host", "port", "dbname", "sslmode")
+
+_MEM0_READ_KEYS: dict[str, frozenset[str]] = {
+    "llm": frozenset({"model", "api_key", "max_tokens", *_BASE_URL_KEYS}),
+    "embedder": frozenset({"model"}),
+    "faiss": frozenset({"path", "collection_name"}),
+    "pgvector": frozenset({"connection_string", *_PGVECTOR_URL_KEYS}),
+}
+"""The keys of each Mem0 provider config that InferScale translates (``from_mem0_dict``)."""
+
+_MEM0_INERT_KEYS: dict[str, tuple[frozenset[str], str]] = {
+    "llm": (
+        frozenset({"temperature", "top_p", "top_k", "enable_vision", "vision_details", "http_client_proxies"}),
+        "extraction and reconcile decode greedily under a JSON schema, so that the same turns give the same facts",
+    ),
+    "embedder": (frozenset({"embedding_dims"}), "the dimension is read from the embedding model"),
+    "faiss": (
+        frozenset({"distance_strategy", "normalize_L2", "embedding_model_dims"}),
+        "the index always scores by cosine similarity, at the embedding model's dimension",
+    ),
+    "pgvector": (
+        frozenset({"collection_name", "embedding_model_dims", "diskann", "hnsw", "minconn", "maxconn"}),
+        "PostgreSQL holds InferScale's own tables (memories are kept apart by their user, agent and run ids, not "
+        "by collection), vectors live in the FAISS index, and the connection pool is SQLAlchemy's",
+    ),
+}
+"""The keys of each Mem0 provider config that are accepted and have no effect (a warning names them), and why."""
 
 
 def section_shape(name: Literal["llm", "embedder"], value: object) -> ConfigShape | None:
@@ -520,7 +551,57 @@ def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str
     return (str(provider).lower() if provider is not None else None), dict(inner)
 
 
+def _check_mem0_keys(what: str, cfg: Mapping[str, Any]) -> None:
+    """Refuse the keys of Mem0's ``what`` provider config that InferScale neither reads nor knows to be inert, and
+    warn about inert ones that are set.
+
+    Raises:
+        ConfigError: naming the unknown keys and the keys that are read.
+    """
+    inert, why = _MEM0_INERT_KEYS[what]
+    unknown = set(cfg) - _MEM0_READ_KEYS[what] - inert
+    if unknown:
+        raise ConfigError(
+            f"Mem0 {what} config keys {sorted(unknown)} are not supported by InferScale; it reads "
+            f"{sorted(_MEM0_READ_KEYS[what])} (and accepts {sorted(inert)}, which have no effect)"
+        )
+    if ignored := sorted(key for key in inert if cfg.get(key) is not None):
+        log.warning("Mem0 %s config keys %s have no effect in InferScale: %s", what, ignored, why)
+
+
+def _pgvector_url(cfg: Mapping[str, Any]) -> str:
+    """The SQLAlchemy URL of Mem0's pgvector config: its ``connection_string`` (``postgresql://`` or
+    ``postgres://``), else one built from ``user``, ``password``, ``host``, ``port``, ``dbname`` (Mem0's default
+    ``postgres``) and ``sslmode``, for the psycopg driver.
+
+    Raises:
+        ConfigError: when neither a connection string nor a host is given.
+    """
+    if cfg.get("connection_string"):
+        given = str(cfg["connection_string"])
+        for scheme in ("postgresql://", "postgres://"):
+            if given.startswith(scheme):
+                return "postgresql+psycopg://" + given.removeprefix(scheme)
+        return given
+    if not cfg.get("host"):
+        raise ConfigError(
+            "Mem0's pgvector config needs a connection_string, or a host (with user, password, port and dbname): "
+            "InferScale will not fall back to a local SQLite file"
+        )
+    url = URL.create(
+        "postgresql+psycopg",
+        username=cfg.get("user"),
+        password=cfg.get("password") or None,
+        host=str(cfg["host"]),
+        port=int(cfg["port"]) if cfg.get("port") is not None else None,
+        database=str(cfg.get("dbname") or "postgres"),
+        query={"sslmode": str(cfg["sslmode"])} if cfg.get("sslmode") else {},
+    )
+    return url.render_as_string(hide_password=False)
+
+
 def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
+    _check_mem0_keys("llm", cfg)
     out: dict[str, Any] = {}
     if "max_tokens" in cfg:
         out["max_new_tokens"] = cfg["max_tokens"]
@@ -554,7 +635,10 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
           engine, whose model is ``config.model``. ``max_tokens`` becomes ``llm.max_new_tokens``.
         - ``embedder``: ``huggingface`` (sentence-transformers) with ``config.model``; other providers are refused.
         - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file;
-          ``pgvector`` with ``config.connection_string`` gives the database URL (vectors stay in FAISS).
+          ``pgvector`` with ``config.connection_string``, or ``user``/``password``/``host``/``port``/``dbname``/
+          ``sslmode``, gives the database URL (vectors stay in FAISS).
+        - A provider config key InferScale neither reads nor knows to have no effect here is refused; an inert one
+          (sampling settings, index tuning, dimensions: ``_MEM0_INERT_KEYS``) is accepted with a warning.
         - ``history_db_path`` becomes a SQLite ``db_url``; ``db_url`` may also be given directly.
         - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
         - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through, and so does an
@@ -589,19 +673,19 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         raise ConfigError(
             f"embedder provider {emb_provider!r} is not supported; use 'huggingface' (sentence-transformers)"
         )
+    _check_mem0_keys("embedder", emb_cfg)
     embedder: dict[str, Any] = {}
     if emb_cfg.get("model"):
         embedder["model"] = emb_cfg["model"]
     vs_provider, vs_cfg = _section(config, "vector_store")
     if vs_provider == "faiss":
+        _check_mem0_keys("faiss", vs_cfg)
         if vs_cfg.get("path"):
             name = vs_cfg.get("collection_name") or "mem0"
             own.setdefault("index_path", str(Path(vs_cfg["path"]).expanduser() / f"{name}.faiss"))
     elif vs_provider == "pgvector":
-        if vs_cfg.get("connection_string"):
-            own.setdefault(
-                "db_url", str(vs_cfg["connection_string"]).replace("postgresql://", "postgresql+psycopg://", 1)
-            )
+        _check_mem0_keys("pgvector", vs_cfg)
+        own.setdefault("db_url", _pgvector_url(vs_cfg))
     elif vs_provider is not None:
         raise ConfigError(f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector'")
     if config.get("history_db_path"):

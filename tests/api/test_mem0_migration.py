@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,58 @@ def test_mem0_config_shape_maps(tmp_path: Path) -> None:
 def test_unsupported_mem0_config_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Memory.from_config(bad)
+
+
+def test_pgvectors_usual_config_names_the_database_it_gives(caplog: pytest.LogCaptureFixture) -> None:
+    """Mem0's usual pgvector config (user, password, host, port, dbname) used to be dropped without a word, and the
+    memories went to a local SQLite file; it now gives the PostgreSQL URL, and a config that names no database is
+    refused rather than replaced by SQLite."""
+    given = {"user": "postgres", "password": "p@ss:w/rd", "host": "127.0.0.1", "port": 5432, "dbname": "newuser2"}
+    pg = from_mem0_dict({"vector_store": {"provider": "pgvector", "config": given}})
+    assert pg.db_url == "postgresql+psycopg://postgres:p%40ss%3Aw%2Frd@127.0.0.1:5432/newuser2"
+    with_ssl = {"user": "u", "host": "db", "sslmode": "require", "hnsw": True, "collection_name": "mem0"}
+    with caplog.at_level(logging.WARNING, logger="inferscale.config"):
+        assert from_mem0_dict({"vector_store": {"provider": "pgvector", "config": with_ssl}}).db_url == (
+            "postgresql+psycopg://u@db/postgres?sslmode=require"
+        )
+    assert "['collection_name', 'hnsw'] have no effect" in caplog.text
+    heroku = {"connection_string": "postgres://u:p@h:5433/d"}
+    assert from_mem0_dict({"vector_store": {"provider": "pgvector", "config": heroku}}).db_url == (
+        "postgresql+psycopg://u:p@h:5433/d"
+    )
+    with pytest.raises(ConfigError, match="will not fall back to a local SQLite file"):
+        from_mem0_dict({"vector_store": {"provider": "pgvector", "config": {"dbname": "d"}}})
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("vector_store", {"provider": "pgvector", "config": {"host": "h", "bogus_key": 1}}),
+        ("vector_store", {"provider": "faiss", "config": {"path": "/tmp/x", "bogus": 1}}),
+        ("llm", {"provider": "openai", "config": {"model": "m", "bogus": 1}}),
+        ("embedder", {"provider": "huggingface", "config": {"huggingface_base_url": "http://tei:8080"}}),
+    ],
+)
+def test_a_mem0_provider_key_inferscale_does_not_read_is_refused(section: str, key: dict[str, object]) -> None:
+    """Every key inside a Mem0 section was dropped without a word: one InferScale cannot honour is refused now."""
+    with pytest.raises(ConfigError, match="are not supported by InferScale; it reads"):
+        from_mem0_dict({section: key})
+
+
+def test_inert_mem0_keys_are_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    config = {
+        "llm": {"provider": "openai", "config": {"model": "m", "temperature": 0.1, "top_p": None}},
+        "embedder": {"provider": "huggingface", "config": {"embedding_dims": 384}},
+        "vector_store": {"provider": "faiss", "config": {"distance_strategy": "cosine"}},
+    }
+    with caplog.at_level(logging.WARNING, logger="inferscale.config"):
+        from_mem0_dict(config)
+    warned = [r.getMessage() for r in caplog.records]
+    assert [m.split(" have no effect")[0] for m in warned] == [
+        "Mem0 llm config keys ['temperature']",  # top_p=None sets nothing
+        "Mem0 embedder config keys ['embedding_dims']",
+        "Mem0 faiss config keys ['distance_strategy']",
+    ]
 
 
 def test_extraction_endpoint_config_builds_an_http_generator(tmp_path: Path) -> None:
