@@ -179,7 +179,7 @@ class SamplingSettings:
         if self.repetition_penalty <= 0:
             raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidInputError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+            raise InvalidInputError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
 
     @classmethod
     def of(
@@ -201,6 +201,8 @@ class SamplingSettings:
         if stop is None:
             stops: tuple[str, ...] = ()
         elif isinstance(stop, str):
+            if not stop:
+                raise InvalidInputError("stop must be a non-empty string or a list of them, got ''")
             stops = (stop,)
         elif isinstance(stop, Sequence):
             stops = tuple(stop)

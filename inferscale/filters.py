@@ -9,7 +9,7 @@ Grammar (the shape Mem0 v1 and v2 accept)::
     condition := scalar                                equality
                | "*"                                   the field is present and not null
                | {op: value, ...}                      every operator must hold
-    op        := eq ne gt gte lt lte in nin contains icontains
+    op        := eq ne gt gte lt lte in nin contains icontains exists
 
 Fields are the scope ids (``user_id``, ``agent_id``, ``run_id``), the timestamps (``created_at``,
 ``updated_at``: ISO 8601 strings, dates, tz-aware datetimes or epoch seconds; naive values are read as UTC)
@@ -193,11 +193,18 @@ def _parse_field(field: str, value: object, where: str) -> list[Condition]:
     if isinstance(value, Mapping):
         if not value:
             raise InvalidInputError(f"{where} is an empty operator dict; use e.g. {{'eq': 'x'}} or '*'")
+        if field == "metadata" and not any(_is_operator(str(op)) for op in value):
+            raise InvalidInputError(
+                f"{where}: metadata keys are filtered at the top level, not under 'metadata': write "
+                f"{dict(value)!r} (Mem0 v2's shape)"
+            )
         return [_condition(field, str(op), operand, f"{where}[{op!r}]") for op, operand in value.items()]
     if isinstance(value, list | tuple):
-        raise InvalidInputError(f"{where} is a list; to match any of several values write {{'in': [...]}}")
+        logical = field.upper().lstrip("$")
+        combine = f"; to combine filters write {logical!r} in upper case" if logical in LOGICAL_KEYS else ""
+        raise InvalidInputError(f"{where} is a list; to match any of several values write {{'in': [...]}}{combine}")
     if value == WILDCARD:
-        return [_condition(field, "exists", None, where)]
+        return [_condition(field, "eq", WILDCARD, where)]
     return [_condition(field, "eq", value, where)]
 
 
@@ -206,14 +213,24 @@ def _is_operator(op: str) -> TypeGuard[Operator]:
 
 
 def _condition(field: str, name: str, operand: object, where: str) -> Condition:
+    if name == WILDCARD:
+        raise InvalidInputError(f"{where}: '*' is a value, not an operator: write {{{field!r}: '*'}} (present and set)")
     if not _is_operator(name):
-        raise InvalidInputError(f"{where}: unknown operator {name!r}; use one of {', '.join(OPERATORS)} or '*'")
+        raise InvalidInputError(
+            f"{where}: unknown operator {name!r}; use one of {', '.join(OPERATORS)}, exists, or the value '*' "
+            f"({{{field!r}: '*'}}: present and not null)"
+        )
     op: Operator = "exists" if name == "eq" and operand == WILDCARD else name
     kind = Condition(field, "eq", None).kind
     allowed = _ID_OPERATORS if kind == "id" else _TIME_OPERATORS if kind == "time" else None
     if allowed is not None and op not in allowed:
         raise InvalidInputError(f"{where}: {field} does not support {op!r}; use one of {sorted(allowed)}")
     if op == "exists":
+        if name == "exists" and operand is not True:
+            raise InvalidInputError(
+                f"{where} must be True (the field is present and not null), got {operand!r}; for a field that is "
+                f"absent or null write {{'NOT': [{{{field!r}: '*'}}]}}"
+            )
         return Condition(field, "exists", None)
     if op in ("in", "nin"):
         if not isinstance(operand, list | tuple) or not operand:

@@ -173,10 +173,24 @@ def make_engine(url: str) -> Engine:
     except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name
         raise ConfigError(f"database url {url!r} names no known SQLAlchemy dialect: {exc}") from exc
     except ImportError as exc:
-        raise ConfigError(
-            f"the driver for {parsed.drivername!r} is not installed ({exc}); for PostgreSQL run "
-            "`pip install 'inferscale[postgres]'`"
-        ) from exc
+        hint = _install_hint(parsed)
+        raise ConfigError(f"the driver for {parsed.drivername!r} is not installed ({exc}); {hint}") from exc
+
+
+def _install_hint(url: URL) -> str:
+    """What to install for ``url``'s driver: the extras InferScale is tested with, else SQLAlchemy's own docs."""
+    driver = url.get_driver_name()
+    if url.get_backend_name() == "sqlite":
+        return "run `pip install 'sqlalchemy[asyncio]' aiosqlite`" if driver == "aiosqlite" else "check your sqlite3"
+    if url.get_backend_name() == "postgresql":
+        hint = "run `pip install 'inferscale[postgres]'` (psycopg)"
+        if driver != "psycopg":
+            hint += f", or install {driver}; postgresql+psycopg:// serves the sync and async clients both"
+        return hint
+    return (
+        f"install the {driver} package SQLAlchemy names for {url.get_backend_name()} (InferScale is tested on SQLite "
+        "and PostgreSQL)"
+    )
 
 
 def make_async_engine(url: str) -> AsyncEngine:
@@ -195,8 +209,7 @@ def make_async_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(parsed, **_engine_options(parsed, in_memory={}))
     except ImportError as exc:
         raise ConfigError(
-            f"the async driver for {parsed.drivername!r} is not installed ({exc}); "
-            "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
+            f"the async driver for {parsed.drivername!r} is not installed ({exc}); {_install_hint(parsed)}"
         ) from exc
     _configure(engine.sync_engine, parsed)
     return engine

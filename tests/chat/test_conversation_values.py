@@ -73,7 +73,9 @@ def test_sampling_defaults_to_greedy_and_reads_openai_shapes() -> None:
         ({"seed": -1}, "seed"),
         ({"seed": True}, "seed"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"stop": [""]}, "stop"),
+        ({"stop": [""]}, r"stop must be a list of non-empty strings, got \[''\]"),
+        ({"stop": ["a", ""]}, r"got \['a', ''\]"),
+        ({"stop": ""}, "stop must be a non-empty string or a list of them, got ''"),  # was called a tuple ('',)
         ({"stop": 5}, "stop"),
     ],
 )

@@ -40,6 +40,14 @@ def test_filters_parse_into_a_tree() -> None:
         ({"a": 10**400}, r"filters\['a'\] is an integer of 401 digits; filter integers are 64-bit"),
         ({"a": {"gt": 2**63}}, r"\['gt'\] is 9223372036854775808; filter integers are 64-bit \(-9223"),
         ({"a": {"in": [1, -(2**63) - 1]}}, r"\['in'\]\[1\] is -9223372036854775809;"),
+        # found by a new user: messages that sent them the wrong way
+        ({"k": {"*": True}}, r"'\*' is a value, not an operator: write \{'k': '\*'\}"),
+        ({"k": {"between": 1}}, r"use one of eq, .*, icontains, exists, or the value '\*'"),
+        ({"or": [{"a": 1}]}, "to combine filters write 'OR' in upper case"),
+        ({"metadata": {"cat": "hobby"}}, r"metadata keys are filtered at the top level.*write \{'cat': 'hobby'\}"),
+        # {"exists": False} matched the memories that have the field
+        ({"k": {"exists": False}}, r"must be True .* write \{'NOT': \[\{'k': '\*'\}\]\}"),
+        ({"k": {"exists": "no"}}, "must be True"),
     ],
 )
 def test_bad_filters_name_the_fix(bad: dict[str, object], message: str) -> None:

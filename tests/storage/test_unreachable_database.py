@@ -8,13 +8,15 @@ not have (skipped without a server). Errors on an open connection keep their own
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 from databases import postgres_base_url
 from sqlalchemy.engine import make_url
 
-from inferscale import AsyncMemoryClient, DatabaseUnavailableError, MemoryClient, MemoryConfig
+from inferscale import AsyncMemoryClient, ConfigError, DatabaseUnavailableError, MemoryClient, MemoryConfig
 from inferscale.scope import Scope
 from inferscale.server.keys import KeyStore
 from inferscale.storage import MemoryStore
@@ -84,3 +86,39 @@ def test_a_sqlite_file_that_cannot_be_opened_names_the_file_and_a_fix_for_files(
     assert message.endswith(
         "check that the file's folder exists and may be written, and that no other process holds it locked"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        ("mysql+pymysql://u@h/d", "install the pymysql package SQLAlchemy names for mysql (InferScale is tested on"),
+        (
+            "postgresql+psycopg2://u@h/d",
+            "'inferscale[postgres]'` (psycopg), or install psycopg2; postgresql+psycopg://",
+        ),
+    ],
+)
+def test_a_missing_driver_is_named_with_what_to_install_for_it(url: str, hint: str) -> None:
+    """A MySQL URL without its driver was told to install InferScale's PostgreSQL extra."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    for module in ("pymysql", "psycopg2"):
+        if module in url and importlib.util.find_spec(module) is not None:
+            pytest.skip(f"{module} is installed here")
+    with pytest.raises(ConfigError, match=re.escape(hint)), MemoryStore(url) as store:
+        store.list(Scope(user_id="u"))
+
+
+def test_a_missing_async_driver_is_named_with_what_to_install_for_it(tmp_path: Path) -> None:
+    """The async client on ``postgresql+asyncpg://`` without asyncpg was told to install aiosqlite."""
+    if importlib.util.find_spec("asyncpg") is not None:
+        pytest.skip("asyncpg is installed here")
+    client = AsyncMemoryClient(MemoryConfig(data_dir=str(tmp_path), db_url="postgresql+asyncpg://u@127.0.0.1:1/d"))
+
+    async def first_read() -> None:
+        try:
+            await client.get_all(user_id="u")
+        finally:
+            await client.close()
+
+    with pytest.raises(ConfigError, match=r"or install asyncpg; postgresql\+psycopg:// serves the sync and async"):
+        asyncio.run(first_read())
