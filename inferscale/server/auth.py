@@ -22,7 +22,7 @@ its FastAPI dependency (the transformers server); :mod:`inferscale.server.vllm_a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -132,6 +132,14 @@ class Caller:
         MemoryNotFoundError: when ``memory`` is ``None`` or outside the key's scopes (the same reply either way).
         """
         if memory is None or not self.can_see(memory):
+            raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
+
+    def require_history_visible(self, memory_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Raises:
+        MemoryNotFoundError: when ``rows`` (a memory's history dicts, which carry its scope ids) are empty, or one
+            lies outside the key's scopes; a row whose memory's scope is unknown lies outside every bound list.
+        """
+        if not rows or not all(self.can_see(row) for row in rows):
             raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
 
     def chat_user(self, user: str | None) -> str | None:

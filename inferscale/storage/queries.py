@@ -17,14 +17,14 @@ from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
-from sqlalchemy import ColumnElement, Select, select
+from sqlalchemy import ColumnElement, Select, func, select
 from sqlalchemy.orm import Session
 
 from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage.filter_sql import compile_filter
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
-from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
+from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions, scope_of_ids
 
 IN_CHUNK = 500
 """Ids per ``IN (...)`` clause; stays far below SQLite's bound-parameter limit."""
@@ -41,20 +41,17 @@ def chunks(values: Sequence[_T], size: int = IN_CHUNK) -> Iterator[Sequence[_T]]
 # ---- statement builders ----------------------------------------------------------------------------------------
 
 
-def scope_clauses(
-    scope: Scope | None, table: type[MemoryRow] | type[HistoryRow] = MemoryRow
-) -> list[ColumnElement[bool]]:
-    """The ``WHERE`` conditions that keep the rows of ``table`` (``memories``, or ``memory_history`` by the scope of
-    the memory each row describes) inside ``scope`` (none for ``None``)."""
+def scope_clauses(scope: Scope | None) -> list[ColumnElement[bool]]:
+    """The ``WHERE`` conditions that keep ``memories`` inside ``scope`` (none for ``None``)."""
     clauses: list[ColumnElement[bool]] = []
     if scope is None:
         return clauses
     if scope.user_id is not None:
-        clauses.append(table.user_id == scope.user_id)
+        clauses.append(MemoryRow.user_id == scope.user_id)
     if scope.agent_id is not None:
-        clauses.append(table.agent_id == scope.agent_id)
+        clauses.append(MemoryRow.agent_id == scope.agent_id)
     if scope.run_id is not None:
-        clauses.append(table.run_id == scope.run_id)
+        clauses.append(MemoryRow.run_id == scope.run_id)
     return clauses
 
 
@@ -235,10 +232,28 @@ def all_kv_entries(s: Session) -> list[KVEntryRecord]:
 
 def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[HistoryRecord]:
     """The changes to ``memory_id``, oldest first, when the memory was in ``scope`` (any scope for ``None``; also
-    after it was deleted); ``[]`` for an unknown id or one outside ``scope``."""
-    clauses = [HistoryRow.memory_id == memory_id, *scope_clauses(scope, HistoryRow)]
-    stmt = select(HistoryRow).where(*clauses).order_by(HistoryRow.id)
-    return [HistoryRecord.from_row(row) for row in s.scalars(stmt)]
+    after it was deleted); ``[]`` for an unknown id or one outside ``scope``.
+
+    Each row's scope is the one it recorded or, for a row that recorded none (written before revision
+    0004_history_scope, or by an older InferScale still running), the live memory's: a memory never changes scope,
+    so the two agree column by column wherever both exist. A memory deleted before that revision has no scope.
+    """
+    ids = [
+        func.coalesce(recorded, live).label(recorded.key)
+        for recorded, live in zip(
+            (HistoryRow.user_id, HistoryRow.agent_id, HistoryRow.run_id),
+            (MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id),
+            strict=True,
+        )
+    ]
+    given = (scope.user_id, scope.agent_id, scope.run_id) if scope is not None else (None, None, None)
+    stmt = (
+        select(HistoryRow, *ids)
+        .outerjoin(MemoryRow, MemoryRow.id == HistoryRow.memory_id)
+        .where(HistoryRow.memory_id == memory_id, *(c == v for c, v in zip(ids, given, strict=True) if v is not None))
+        .order_by(HistoryRow.id)
+    )
+    return [HistoryRecord.from_row(r[0], scope_of_ids(r[1], r[2], r[3])) for r in s.execute(stmt)]
 
 
 def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:

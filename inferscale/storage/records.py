@@ -101,10 +101,11 @@ class HistoryRecord:
         event: ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
         old_text, new_text: the text before and after (``old_text`` is ``None`` on ADD, ``new_text`` on DELETE).
         old_metadata, new_metadata: the metadata before and after, same convention.
-        actor: who said the memory (the ``actor_id`` it was stored with), else who made the change when the caller
-            said so, else ``None``.
-        scope: the scope of the memory (every row of one memory holds the same); ``None`` on rows of a memory
-            deleted before InferScale recorded it (revision 0004_history_scope), which no scoped read returns.
+        actor: who made the change, when the caller said so (the result dicts show a verbatim memory's speaker
+            instead: :func:`inferscale.results.history_to_dict`).
+        scope: the scope of the memory (every row of one memory has the same); ``None`` on rows of a memory
+            deleted before the store recorded scopes in its history (revision 0004_history_scope), which no scoped
+            read returns.
         created_at: tz-aware UTC time of the change.
     """
 
@@ -120,8 +121,9 @@ class HistoryRecord:
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: HistoryRow) -> HistoryRecord:
-        """A detached copy of ``row``."""
+    def from_row(cls, row: HistoryRow, scope: Scope | None) -> HistoryRecord:
+        """A detached copy of ``row``, whose memory's scope is ``scope`` (read with the row:
+        :func:`inferscale.storage.queries.history`)."""
         event: HistoryEvent
         if row.event == "ADD":
             event = "ADD"
@@ -140,14 +142,16 @@ class HistoryRecord:
             old_metadata=copy.deepcopy(row.old_metadata),
             new_metadata=copy.deepcopy(row.new_metadata),
             actor=row.actor,
-            scope=_recorded_scope(row),
+            scope=scope,
             created_at=row.created_at,
         )
 
 
-def _recorded_scope(row: HistoryRow) -> Scope | None:
-    ids = (row.user_id, row.agent_id, row.run_id)
-    return None if ids == (None, None, None) else Scope(user_id=ids[0], agent_id=ids[1], run_id=ids[2])
+def scope_of_ids(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
+    """The scope of these ids, or ``None`` when none is set (a history row whose memory's scope is unknown)."""
+    if user_id is None and agent_id is None and run_id is None:
+        return None
+    return Scope(user_id=user_id, agent_id=agent_id, run_id=run_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,5 +223,6 @@ __all__ = [
     "MemoryRecord",
     "MemoryVersions",
     "hash_text",
+    "scope_of_ids",
     "with_attribution",
 ]

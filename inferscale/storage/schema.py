@@ -109,8 +109,9 @@ def _script(location: Path) -> ScriptDirectory:
     return ScriptDirectory(str(location))
 
 
-def _config(chain: SchemaChain, conn: Connection) -> Config:
-    """An in-memory Alembic config that runs ``chain`` on ``conn`` (read back by the chain's ``env.py``)."""
+def alembic_config(chain: SchemaChain, conn: Connection) -> Config:
+    """An in-memory Alembic config that runs ``chain`` on ``conn`` (read back by the chain's ``env.py``), for
+    Alembic's commands; the caller holds :data:`MIGRATION_LOCK` and ``conn``'s transaction."""
     config = Config()
     config.set_main_option("script_location", str(chain.script_location).replace("%", "%%"))
     config.attributes["connection"] = conn
@@ -195,7 +196,7 @@ def upgrade_schema(conn: Connection, chain: SchemaChain) -> SchemaUpgrade:
     before = found[0] if found else None
     if before == head:
         return SchemaUpgrade(before, head, stamped=False)
-    config = _config(chain, conn)
+    config = alembic_config(chain, conn)
     stamped = False
     if before is None:
         present = [name for name in chain.baseline().tables if inspect(conn).has_table(name)]
@@ -230,6 +231,7 @@ __all__ = [
     "MIGRATION_LOCK",
     "SchemaChain",
     "SchemaUpgrade",
+    "alembic_config",
     "configure_env",
     "ensure_schema",
     "upgrade_schema",

@@ -64,7 +64,7 @@ def test_a_deleted_memorys_history_is_read_under_the_ids_that_found_it_alive(
         c.close()
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
 def test_every_event_carries_the_actor_and_role_the_memory_was_stored_with(
     kind: ClientKind, db_url: str, tmp_path: Path
 ) -> None:

@@ -234,3 +234,26 @@ def test_a_deleted_memorys_history_answers_as_the_local_client_does(tenants: Ten
         tenants.admin.delete(f"/v1/memories/{mine}/"),
     ):
         assert _code(reply) == (404, "memory_not_found"), reply.text
+
+
+def test_history_rows_of_unknown_scope_are_read_by_an_unbound_key_only(tenants: Tenants) -> None:
+    """Rows that recorded no scope and whose memory is gone (deleted before the store recorded scopes, revision
+    0004_history_scope) lie outside every bound key's lists: 404 for alice's key, the rows for the admin key; a live
+    memory's rows that recorded none take its scope, so alice's key reads those of her memory."""
+    from sqlalchemy import create_engine, insert
+
+    from inferscale.storage.models import HistoryRow, utc_now
+
+    mine = tenants.alice_ids[0]
+    sql = create_engine(tenants.served.config.database_url())
+    try:
+        with sql.begin() as conn:
+            for memory_id, event in (("m-gone-before-0004", "ADD"), ("m-gone-before-0004", "DELETE"), (mine, "UPDATE")):
+                conn.execute(insert(HistoryRow).values(memory_id=memory_id, event=event, created_at=utc_now()))
+    finally:
+        sql.dispose()
+    assert _code(tenants.alice.get("/v1/memories/m-gone-before-0004/history/")) == (404, "memory_not_found")
+    admin = tenants.admin.get("/v1/memories/m-gone-before-0004/history/").json()
+    assert [(h["event"], h.get("user_id")) for h in admin] == [("ADD", None), ("DELETE", None)]
+    own = tenants.alice.get(f"/v1/memories/{mine}/history/").json()
+    assert [(h["event"], h["user_id"]) for h in own] == [("ADD", "alice"), ("UPDATE", "alice")]

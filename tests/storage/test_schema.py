@@ -27,8 +27,7 @@ from inferscale.storage import MemoryStore, make_engine
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.migrations.baseline import baseline_metadata
 from inferscale.storage.models import utc_now
-from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, ensure_schema
-from inferscale.storage.schema import _config as schema_config
+from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, alembic_config, ensure_schema
 
 ALICE = Scope(user_id="alice")
 
@@ -120,46 +119,60 @@ def test_a_revision_this_code_does_not_know_is_a_schema_error(db_url: str) -> No
 
 WHEN = ("created_at", "updated_at")
 
+LEGACY_SCOPES = {
+    "m-user-agent": Scope(user_id="alice", agent_id="travel"),
+    "m-agent": Scope(agent_id="travel"),
+    "m-run": Scope(run_id="r1"),
+}
+"""Live memories whose history rows were written before revision 0004 (no scope recorded), by id."""
 
-def test_history_rows_written_before_revision_0004_get_their_memorys_scope(db_url: str) -> None:
-    """A database at revision 0003, holding the history of a live memory and of one deleted before the upgrade: the
-    live memory's rows take its scope, so its user reads them as before; the deleted one's scope is lost (NULL in
-    all three), so its rows are read without a scope only, never under anyone's ids."""
+
+def test_history_rows_written_without_a_scope_take_their_live_memorys(db_url: str) -> None:
+    """A database at revision 0003 holding the history of live memories (user + agent, agent only, run only) and of
+    one deleted before the upgrade; the upgrade rewrites no row. Each live memory's rows take its scope, so the ids
+    that find it read them (and those of a row an older process writes after the upgrade); the deleted one's scope
+    is unknown, so its rows are read without ids only, never under anyone's. Down to 0003 and up again keeps every
+    row."""
     engine = make_engine(db_url)
     with MIGRATION_LOCK, engine.begin() as conn:
-        command.upgrade(schema_config(MEMORY_SCHEMA, conn), "0003_chain_from")
-    now = utc_now()
-    memories = table(
-        "memories", *(column(c) for c in ("id", "text", "hash", "user_id", "agent_id", "metadata", "context", *WHEN))
-    )
+        command.upgrade(alembic_config(MEMORY_SCHEMA, conn), "0003_chain_from")
+    columns = ("id", "text", "hash", "user_id", "agent_id", "run_id", "metadata", "context", *WHEN)
+    memories = table("memories", *(column(c) for c in columns))
     history = table(
         "memory_history", *(column(c) for c in ("memory_id", "event", "new_text", "old_text", "created_at"))
     )
+    now = utc_now()
     with engine.begin() as conn:
-        conn.execute(
-            memories.insert().values(
-                id="m-live",
-                text="tea",
-                hash="h" * 64,
-                user_id="alice",
-                agent_id="travel",
-                metadata="{}",
-                context="[]",
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        conn.execute(history.insert().values(memory_id="m-live", event="ADD", new_text="tea", created_at=now))
+        for memory_id, scope in LEGACY_SCOPES.items():
+            row = dict(id=memory_id, text=memory_id, hash="h" * 64, metadata="{}", context="[]", **scope.as_dict())
+            conn.execute(memories.insert().values(**row, created_at=now, updated_at=now))
+            conn.execute(history.insert().values(memory_id=memory_id, event="ADD", new_text=memory_id, created_at=now))
         conn.execute(history.insert().values(memory_id="m-gone", event="ADD", new_text="coffee", created_at=now))
         conn.execute(history.insert().values(memory_id="m-gone", event="DELETE", old_text="coffee", created_at=now))
+    queries = [Scope(user_id="alice"), Scope(agent_id="travel"), Scope(run_id="r1"), Scope(user_id="bob")]
     with MemoryStore(db_url) as store:
-        assert [(h.event, h.scope) for h in store.history("m-live", ALICE)] == [
-            ("ADD", Scope(user_id="alice", agent_id="travel"))
-        ]
-        assert store.history("m-live", Scope(user_id="bob")) == []
+        for memory_id, scope in LEGACY_SCOPES.items():
+            assert [(h.event, h.scope) for h in store.history(memory_id)] == [("ADD", scope)]
+            for query in queries:
+                sees = all(getattr(scope, k) == v for k, v in query.as_dict().items())
+                assert [h.event for h in store.history(memory_id, query)] == (["ADD"] if sees else []), query
         assert [(h.event, h.scope) for h in store.history("m-gone")] == [("ADD", None), ("DELETE", None)]
-        assert store.history("m-gone", ALICE) == [] == store.history("m-gone", Scope(agent_id="travel"))
+        assert [store.history("m-gone", query) for query in queries] == [[], [], [], []]
+    with engine.begin() as conn:  # an older InferScale, still running, records no scope
+        conn.execute(history.insert().values(memory_id="m-run", event="UPDATE", new_text="x", created_at=now))
+    with MemoryStore(db_url) as store:
+        assert [(h.event, h.scope) for h in store.history("m-run", Scope(run_id="r1"))] == [
+            ("ADD", LEGACY_SCOPES["m-run"]),
+            ("UPDATE", LEGACY_SCOPES["m-run"]),
+        ]
     version = MEMORY_SCHEMA.version_table
+    assert revisions(engine)[version] == HEADS[version]
+    with MIGRATION_LOCK, engine.begin() as conn:
+        command.downgrade(alembic_config(MEMORY_SCHEMA, conn), "0003_chain_from")
+    assert "user_id" not in {c["name"] for c in inspect(engine).get_columns("memory_history")}
+    with MemoryStore(db_url) as store:
+        assert [h.event for h in store.history("m-gone")] == ["ADD", "DELETE"]
+        assert [h.event for h in store.history("m-run", Scope(run_id="r1"))] == ["ADD", "UPDATE"]
     assert revisions(engine)[version] == HEADS[version]
     engine.dispose()
 

@@ -2,10 +2,10 @@
 
 Scoped calls pass their ids through :meth:`Caller.scope` (checked against, and completed by, the API key);
 id-addressed calls check the ids they name with :meth:`Caller.named`. A key bound to scope lists first reads the
-memory and answers 404 when it lies outside its scopes (or no longer exists: the store keeps no scope for a deleted
-memory, so a bound key's ``history`` of one is 404, which the remote client reads as ``[]``, the local client's
-answer when scope ids are named). An open server and a key that binds no list (an admin key) leave every answer to
-the client, exactly as the local client gives it (e.g. a deleted memory's history: its ADD ... DELETE rows).
+memory and answers 404 when it lies outside its scopes or no longer exists; its ``history``, which outlives the
+memory, is read when the scope the rows give lies in the key's lists (404 otherwise, which the remote client reads
+as ``[]``, the local client's answer when scope ids are named). An open server and a key that binds no list (an
+admin key) leave every answer to the client, exactly as the local client gives it.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ async def history(
     scope lists reads it when the memory's recorded scope lies in them (404 otherwise, as for an unknown id)."""
     found = await server.client.history(memory_id, **ids)
     if not caller.unbound:
-        caller.require_visible(memory_id, found[0] if found and all(caller.can_see(r) for r in found) else None)
+        caller.require_history_visible(memory_id, found)
     return found
 
 

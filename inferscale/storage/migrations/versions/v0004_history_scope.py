@@ -2,10 +2,14 @@
 
 A memory's history outlives it (``memory_id`` is no foreign key), but its scope lived only in ``memories``: once a
 memory was deleted, ``history(memory_id, user_id=...)`` could not tell whose it had been and answered ``[]``, and a
-server key bound to some users could not read it at all. Each row now records the scope (a memory never changes
-scope, so every row of one memory holds the same). Existing rows take it from their memory where it still exists;
-rows of memories deleted before this revision keep ``NULL`` in all three, a scope no memory has (every memory sets
-at least one id), so a scoped read never matches them: they stay readable unscoped, as before.
+server key bound to some users could not read it at all. Each new history row records the scope (a memory never
+changes scope, so every row of one memory holds the same).
+
+No row is rewritten: adding nullable columns is a change to the catalogue alone on both backends, so the upgrade
+holds its lock for an instant whatever the table's size. A row with all three ``NULL`` (written before this
+revision, or by a process still running an older InferScale) takes its memory's scope when it is read, from the
+live memory (:func:`inferscale.storage.queries.history`); a memory deleted before this revision has none, so a
+scoped read never returns its rows: they stay readable without ids, as before.
 
 Revision ID: 0004_history_scope
 Revises: 0003_chain_from
@@ -26,17 +30,9 @@ MAX_ID_LENGTH = 255  # inferscale.storage.models.MAX_ID_LENGTH when this revisio
 
 
 def upgrade() -> None:
-    """Add the three nullable columns, then copy each row's scope from its memory where the memory still exists."""
+    """Add the three nullable columns."""
     for name in SCOPE_COLUMNS:
         op.add_column("memory_history", sa.Column(name, sa.String(MAX_ID_LENGTH), nullable=True))
-    history = sa.table("memory_history", sa.column("memory_id"), *(sa.column(name) for name in SCOPE_COLUMNS))
-    memories = sa.table("memories", sa.column("id"), *(sa.column(name) for name in SCOPE_COLUMNS))
-
-    def of_memory(name: str) -> sa.ScalarSelect[object]:
-        return sa.select(memories.c[name]).where(memories.c.id == history.c.memory_id).scalar_subquery()
-
-    exists = sa.exists().where(memories.c.id == history.c.memory_id)
-    op.execute(history.update().where(exists).values({name: of_memory(name) for name in SCOPE_COLUMNS}))
 
 
 def downgrade() -> None:
