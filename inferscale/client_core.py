@@ -59,9 +59,11 @@ class ChunkFacts:
     """What ``add(infer=True)`` takes from one chunk of the conversation.
 
     Attributes:
-        facts: the extracted facts that passed the grounding check (the chunk's user turns when none did).
-        fallback: the chunk's user turns when the grounding check dropped some of its facts, else empty: stored
-            verbatim when none of ``facts`` is new to the scope, so that what the dropped facts were about is kept.
+        facts: the extracted facts that passed the grounding check (the chunk's user turns when none did), less
+            those an earlier chunk gave (compared case-insensitively).
+        fallback: the chunk's user turns when the grounding check dropped some of its facts but not all, else
+            empty: stored verbatim beside ``facts`` (those not stored yet), so that what the dropped facts were
+            about is kept whatever becomes of the others (stored already, or judged NONE by reconcile).
     """
 
     facts: list[str]
@@ -399,6 +401,9 @@ class ClientCore:
         verbatim instead, as does a chunk whose LLM answer is unusable even after a repair and
         ``llm.answer_retries`` more calls (:meth:`~inferscale.memory.FactExtractor.extract`).
 
+        Returns:
+            One :class:`ChunkFacts` per chunk, in order.
+
         Raises:
             ExtractionError: when the generator fails to answer (connection, HTTP status, no text content).
         """
@@ -528,15 +533,12 @@ class ClientCore:
             return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
         for chunk in self._extract_facts(msgs):
-            new = yield from self._unstored_steps(scope, chunk.facts)
-            if not new and chunk.fallback:
-                log.warning(
-                    "every grounded fact extracted is stored already and others were dropped; storing %d user turns "
-                    "verbatim",
-                    len(chunk.fallback),
-                )
-                new = yield from self._unstored_steps(scope, [t for t in chunk.fallback if t not in facts])
-            facts += new
+            texts = list(chunk.facts)
+            if chunk.fallback:
+                log.warning("grounding dropped facts; keeping %d user turns verbatim too", len(chunk.fallback))
+                seen = {text.casefold() for text in (*facts, *texts)}
+                texts += [turn for turn in chunk.fallback if turn.casefold() not in seen]
+            facts += yield from self._unstored_steps(scope, texts)
         if not facts:
             return None
         shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []

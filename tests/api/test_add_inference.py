@@ -214,13 +214,14 @@ def test_ungrounded_facts_are_dropped_and_the_turn_kept(make: MakeClient) -> Non
     assert texts(m.add(message, user_id="cn1")) == [message]
     gen = ScriptedGenerator(facts=facts("User will eat walnuts on 3 July", "User has a nut allergy"))
     m = make(gen)
-    assert texts(m.add("I'm allergic to walnuts.", user_id="a")) == ["User has a nut allergy"]
+    turn = "I'm allergic to walnuts."
+    assert texts(m.add(turn, user_id="a")) == ["User has a nut allergy", turn]  # a fact was dropped: the turn too
 
 
 def test_a_dropped_fact_with_only_stored_ones_beside_it_keeps_the_turn(make: MakeClient) -> None:
     """The grounding check dropped one fact and the other was stored already: ``add`` stored nothing and answered
     ``results: []``, so the move to Paris was lost (found by the embedded SmolLM2 on these turns). The user's turn is
-    now stored verbatim, as when every fact is dropped."""
+    now stored verbatim whenever a fact was dropped."""
     pizza = "User loves pizza"
     moved = "I moved from Berlin to Paris. I no longer love pizza."
     gen = ScriptedGenerator(facts=[facts(pizza), facts("User will move to Paris on 3 July", pizza)])
@@ -231,6 +232,47 @@ def test_a_dropped_fact_with_only_stored_ones_beside_it_keeps_the_turn(make: Mak
     # the same turn again: the fallback is stored already too, so nothing is new
     gen.answers["ExtractedFacts"] = [facts("User will move to Paris on 3 July", pizza)]
     assert m.add(moved, user_id="z")["results"] == []
+
+
+@pytest.mark.parametrize(
+    ("decisions", "why"),
+    [
+        ("", "the other fact is new"),
+        (json.dumps({"memory": [{"id": "0", "text": "User loves pizza", "event": "NONE"}]}), "reconcile says NONE"),
+    ],
+)
+def test_a_dropped_fact_keeps_the_turn_whatever_becomes_of_the_others(
+    make: MakeClient, decisions: str, why: str
+) -> None:
+    """The review's two other cases of the same loss: the other fact is new (only it was stored), or it paraphrases a
+    stored memory and reconcile answers NONE (nothing was stored). The turn is stored in both."""
+    moved = "I moved from Berlin to Paris. I no longer love pizza."
+    other = "User has a cat" if why == "the other fact is new" else "User likes pizza"
+    gen = ScriptedGenerator(facts=[facts("User loves pizza"), facts("User will move to Paris on 3 July", other)])
+    gen.answers["MemoryDecisions"] = [decisions]
+    m = make(gen)
+    m.add("I love pizza.", user_id="z")
+    m.add(moved, user_id="z")
+    assert moved in texts(m.get_all(user_id="z")), why
+
+
+def test_a_turn_kept_for_a_dropped_fact_is_stored_once_across_chunks(make: MakeClient) -> None:
+    """Three chunks (a message longer than a chunk between two short ones), each dropping a fact: the last chunk's
+    turn repeats the first's in capitals and is stored once, as the kept fact every chunk gives is."""
+    turn = "I fly to Lisbon."
+    calls: list[str] = []
+
+    def extract(messages: list[dict[str, str]]) -> str:
+        calls.append(messages[-1]["content"])
+        return facts("User will fly on 3 July", "User flies to Lisbon")
+
+    m = make(ScriptedGenerator(facts=extract))
+    filler = "We talked about the weather, the harbour and the trains again today. " * 120
+    said = [{"role": "user", "content": text} for text in (turn, filler, turn.upper())]
+    stored = [t.casefold() for t in texts(m.add(said, user_id="u"))]
+    assert len(calls) == 3
+    assert stored.count(turn.casefold()) == 1 and stored.count("user flies to lisbon") == 1, stored
+    assert len(stored) == len(set(stored))
 
 
 def test_reconcile_off_only_adds(tmp_path: Path, db_url: str, make: MakeClient) -> None:
