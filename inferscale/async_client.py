@@ -126,7 +126,7 @@ class AsyncMemoryClient(ClientCore):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AsyncMemoryClient:
         """Build a client from a config dict: :class:`MemoryConfig` fields, Mem0's shape, or both side by side
-        (see :func:`~inferscale.config.config_from_dict`).
+        (see :func:`~inferscale.mem0_config.config_from_dict`).
 
         Raises:
             ConfigError: for a config that does not validate, a section that fits neither shape, or an unsupported

@@ -65,7 +65,7 @@ class MemoryClient(ClientCore):
     Args:
         config: a :class:`MemoryConfig`, a dict of its fields, or a Mem0-shaped dict (``{"llm": {"provider": ...,
             "config": {...}}, "vector_store": ..., "history_db_path": ...}``); ``llm`` and ``embedder`` are each read
-            in the shape their keys show (:func:`~inferscale.config.config_from_dict`). ``None`` runs on the
+            in the shape their keys show (:func:`~inferscale.mem0_config.config_from_dict`). ``None`` runs on the
             embedded defaults.
         engine: an engine to use instead of building one from ``config.engine`` (tests, shared models).
         embedder: an embedder to use instead of ``config.embedder``.
@@ -130,7 +130,7 @@ class MemoryClient(ClientCore):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> MemoryClient:
         """Build a client from a config dict: :class:`MemoryConfig` fields, Mem0's shape, or both side by side
-        (see :func:`~inferscale.config.config_from_dict`).
+        (see :func:`~inferscale.mem0_config.config_from_dict`).
 
         Raises:
             ConfigError: for a config that does not validate, a section that fits neither shape, or an unsupported

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
-from inferscale.config import MemoryConfig, MemoryLayout, config_from_dict
+from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
@@ -31,6 +31,7 @@ from inferscale.errors import ConfigError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
+from inferscale.mem0_config import config_from_dict
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.contexts import turn_contexts

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "inferscale.validation_text": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
+    "inferscale.mem0_config": 2,
     "inferscale.models": 3,
     "inferscale.storage": 3,
     "inferscale.retrieval": 3,

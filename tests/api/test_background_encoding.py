@@ -27,10 +27,11 @@ from served_kv import context_free_request
 from tiny_models import tiny_engine
 
 from inferscale import ConfigError, InvalidInputError, MemoryConfig
-from inferscale.config import KVConfig, config_from_dict
+from inferscale.config import KVConfig
 from inferscale.encode_queue import ENCODER_NICENESS, THREAD_NAME, _lower_priority
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT, Encoding
 from inferscale.kv import FactKV, KVStore
+from inferscale.mem0_config import config_from_dict
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord
 

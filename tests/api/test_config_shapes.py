@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from inferscale import AsyncMemoryClient, Memory, MemoryClient, MemoryConfig
-from inferscale.config import EmbedderConfig, KVConfig, LLMConfig, config_from_dict, from_mem0_dict, is_mem0_config
+from inferscale.config import EmbedderConfig, KVConfig, LLMConfig
 from inferscale.errors import ConfigError
+from inferscale.mem0_config import config_from_dict, from_mem0_dict, is_mem0_config
 
 ENDPOINT = "http://127.0.0.1:9/v1"
 
@@ -40,7 +41,7 @@ def test_a_dict_of_memory_config_fields_is_that_config(config: dict[str, Any]) -
     expected = MemoryConfig(**config)
     assert not is_mem0_config(config)
     assert config_from_dict(config) == expected
-    assert MemoryConfig.from_dict(config) == expected
+    assert config_from_dict(config) == expected
     for build in (MemoryClient, Memory.from_config):
         assert build(config).config == expected, build
     for build_async in (AsyncMemoryClient, AsyncMemoryClient.from_config):

@@ -14,8 +14,8 @@ from client_adapter import ClientAdapter
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
 from inferscale import Memory, MemoryConfig
-from inferscale.config import from_mem0_dict, is_mem0_config
 from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.mem0_config import from_mem0_dict, is_mem0_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "migrate_from_mem0.py"
 

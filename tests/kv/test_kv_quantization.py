@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import inferscale.config
 import inferscale.kv.quantization
-from inferscale.config import KVConfig, config_from_dict
+from inferscale.config import KVConfig
 from inferscale.errors import ConfigError, InvalidInputError, KVFingerprintMismatchError
 from inferscale.formats import StorageFormat
 from inferscale.kv import FactKV, KVKey, TieredKVStore
@@ -22,6 +22,7 @@ from inferscale.kv.fingerprint import encoding_key
 from inferscale.kv.quantization import FORMATS, STORAGE_FORMATS, quant_format, storage_tag
 from inferscale.kv.tiers import DiskTier, HostTier, KVFormatError
 from inferscale.kv.tiers.serialization import fact_from_payload, fact_to_payload
+from inferscale.mem0_config import config_from_dict
 
 # SmolLM2-135M's K/V layout: 30 layers, 3 KV heads, head_dim 64 (23,040 bytes per token in bfloat16).
 SMOL = (30, 3, 64)

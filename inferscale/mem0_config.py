@@ -1,0 +1,328 @@
+"""Config dicts: a dict of :class:`~inferscale.config.MemoryConfig` fields, Mem0's config shape, or both side by
+side, read into a :class:`~inferscale.config.MemoryConfig` (:func:`config_from_dict`).
+
+Mem0's sections (``llm``, ``embedder``, ``vector_store``) are translated key by key: each provider config key is
+either read, accepted as inert (a warning names it and says why it has no effect here), or refused with a
+:class:`~inferscale.errors.ConfigError`, so that no setting is dropped without a word.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.engine import URL
+
+from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig
+from inferscale.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MEM0_KEYS: frozenset[str] = frozenset(
+    {
+        "llm",
+        "embedder",
+        "vector_store",
+        "history_db_path",
+        "version",
+        "graph_store",
+        "custom_fact_extraction_prompt",
+        "custom_update_memory_prompt",
+        "reranker",
+    }
+)
+"""Top-level keys of Mem0's config. ``llm`` and ``embedder`` are :class:`MemoryConfig` fields too: their own
+fields tell the two shapes apart (:func:`section_shape`); the others mark a dict as Mem0's."""
+
+_MEM0_ONLY_KEYS = MEM0_KEYS - {"llm", "embedder"}
+_MEM0_SECTION_KEYS = frozenset({"provider", "config"})
+_SECTIONS: dict[str, type[BaseModel]] = {"llm": LLMConfig, "embedder": EmbedderConfig}
+_LLM_PROVIDERS: tuple[str, ...] = get_args(LLMConfig.model_fields["provider"].annotation)
+_SECTION_NAMES: tuple[Literal["llm", "embedder"], ...] = ("llm", "embedder")
+ConfigShape = Literal["inferscale", "mem0"]
+
+_OPENAI_COMPATIBLE = frozenset({"openai", "vllm", "lmstudio", "ollama", "deepseek", "together", "groq", "xai"})
+_LOCAL_LLM = frozenset({"inferscale", "engine", "huggingface", "transformers"})
+_BASE_URL_KEYS = ("base_url", "openai_base_url", "vllm_base_url", "lmstudio_base_url", "ollama_base_url")
+_PGVECTOR_URL_KEYS = ("user", "password", "host", "port", "dbname", "sslmode")
+
+_MEM0_READ_KEYS: dict[str, frozenset[str]] = {
+    "llm": frozenset({"model", "api_key", "max_tokens", *_BASE_URL_KEYS}),
+    "embedder": frozenset({"model"}),
+    "faiss": frozenset({"path", "collection_name"}),
+    "pgvector": frozenset({"connection_string", *_PGVECTOR_URL_KEYS}),
+}
+"""The keys of each Mem0 provider config that InferScale translates (``from_mem0_dict``)."""
+
+_MEM0_INERT_KEYS: dict[str, tuple[frozenset[str], str]] = {
+    "llm": (
+        frozenset({"temperature", "top_p", "top_k", "enable_vision", "vision_details", "http_client_proxies"}),
+        "extraction and reconcile decode greedily under a JSON schema, so that the same turns give the same facts",
+    ),
+    "embedder": (frozenset({"embedding_dims"}), "the dimension is read from the embedding model"),
+    "faiss": (
+        frozenset({"distance_strategy", "normalize_L2", "embedding_model_dims"}),
+        "the index always scores by cosine similarity, at the embedding model's dimension",
+    ),
+    "pgvector": (
+        frozenset({"collection_name", "embedding_model_dims", "diskann", "hnsw", "minconn", "maxconn"}),
+        "PostgreSQL holds InferScale's own tables (memories are kept apart by their user, agent and run ids, not "
+        "by collection), vectors live in the FAISS index, and the connection pool is SQLAlchemy's",
+    ),
+}
+"""The keys of each Mem0 provider config that are accepted and have no effect (a warning names them), and why."""
+
+
+def section_shape(name: Literal["llm", "embedder"], value: object) -> ConfigShape | None:
+    """The shape the ``llm`` or ``embedder`` section of a config dict is written in, read from its keys.
+
+    - ``"mem0"``: Mem0's ``{"provider": ..., "config": {...}}`` (``config`` may be left out when ``provider`` is
+      not a value of our field, e.g. ``{"provider": "huggingface"}``);
+    - ``"inferscale"``: an :class:`LLMConfig` / :class:`EmbedderConfig`, or a dict of its fields (``{}`` and
+      ``{"provider": "openai"}`` included);
+    - ``None``: the section is missing or ``None``.
+
+    Raises:
+        ConfigError: for a value that is not a dict, or a dict whose keys fit neither shape; the message names
+            the section, the keys that do not fit each shape and the fields each shape takes.
+    """
+    model = _SECTIONS[name]
+    if value is None:
+        return None
+    if isinstance(value, model):
+        return "inferscale"
+    fields = set(model.model_fields)
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"config[{name!r}] must be a dict: Mem0's {{'provider': ..., 'config': {{...}}}} or {model.__name__} "
+            f"fields {sorted(fields)}; got {value!r}"
+        )
+    keys = {str(k) for k in value}
+    if keys <= _MEM0_SECTION_KEYS and ("config" in keys or not _validates(model, value)):
+        return "mem0"
+    if keys <= fields:
+        provider = value.get("provider")
+        if name == "llm" and provider is not None and provider not in _LLM_PROVIDERS:
+            raise ConfigError(
+                f"config['llm'] names provider {provider!r} next to LLMConfig fields {sorted(keys - {'provider'})}: "
+                f"LLMConfig's providers are {list(_LLM_PROVIDERS)} ('openai' is any OpenAI-compatible endpoint, "
+                f"with base_url and model); Mem0's shape puts the settings under 'config', e.g. "
+                f"{{'provider': {provider!r}, 'config': {{'model': ...}}}}"
+            )
+        return "inferscale"
+    raise ConfigError(
+        f"config[{name!r}] has keys {sorted(keys)}, which fit neither shape: Mem0's takes only 'provider' and "
+        f"'config' (not {sorted(keys - _MEM0_SECTION_KEYS)}), {model.__name__} takes {sorted(fields)} (not "
+        f"{sorted(keys - fields)}). Write e.g. {{'provider': 'vllm', 'config': {{'model': ...}}}} or "
+        f"{{'provider': 'openai', 'model': ..., 'base_url': ...}}"
+    )
+
+
+def _validates(model: type[BaseModel], value: Mapping[Any, Any]) -> bool:
+    try:
+        model.model_validate(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def is_mem0_config(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` needs translating from Mem0's shape: it has a key only Mem0 uses (``"vector_store"``,
+    ``"history_db_path"``, ``"version"``, ...) or an ``llm``/``embedder`` section in Mem0's shape
+    (:func:`section_shape`). A dict of :class:`MemoryConfig` fields, ``llm`` and ``embedder`` included, is not.
+
+    Raises:
+        ConfigError: for an ``llm`` or ``embedder`` section that fits neither shape.
+    """
+    shapes = [section_shape(name, config.get(name)) for name in _SECTION_NAMES]
+    return any(key in _MEM0_ONLY_KEYS for key in config) or "mem0" in shapes
+
+
+def config_from_dict(config: Mapping[str, Any]) -> MemoryConfig:
+    """A :class:`MemoryConfig` from a dict of its fields, from Mem0's shape, or from both side by side: each of
+    ``llm`` and ``embedder`` is read in the shape its keys show (:func:`section_shape`), Mem0's other keys are
+    translated (:func:`from_mem0_dict`) and the other fields are taken as they are. A dict of fields alone gives
+    what ``MemoryConfig(**config)`` gives.
+
+    Raises:
+        ConfigError: for a non-dict, a section that fits neither shape (naming it and the keys that do not fit),
+            an unsupported Mem0 provider or key, or a value that does not validate.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a MemoryConfig or a dict, got {type(config).__name__}")
+    if is_mem0_config(config):
+        return from_mem0_dict(config)
+    try:
+        return MemoryConfig(**config)
+    except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError; TypeError: a non-str key
+        raise ConfigError(f"invalid InferScale config: {exc}") from exc
+
+
+def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str, Any]]:
+    raw = config.get(name)
+    if raw is None:
+        return None, {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{name!r} must be a dict like {{'provider': ..., 'config': {{...}}}}, got {raw!r}")
+    unknown = set(raw) - {"provider", "config"}
+    if unknown:
+        raise ConfigError(f"{name!r} has unknown keys {sorted(unknown)}; expected 'provider' and 'config'")
+    inner = raw.get("config") or {}
+    if not isinstance(inner, Mapping):
+        raise ConfigError(f"{name}.config must be a dict, got {inner!r}")
+    provider = raw.get("provider")
+    return (str(provider).lower() if provider is not None else None), dict(inner)
+
+
+def _check_mem0_keys(what: str, cfg: Mapping[str, Any]) -> None:
+    """Refuse the keys of Mem0's ``what`` provider config that InferScale neither reads nor knows to be inert, and
+    warn about inert ones that are set.
+
+    Raises:
+        ConfigError: naming the unknown keys and the keys that are read.
+    """
+    inert, why = _MEM0_INERT_KEYS[what]
+    unknown = set(cfg) - _MEM0_READ_KEYS[what] - inert
+    if unknown:
+        raise ConfigError(
+            f"Mem0 {what} config keys {sorted(unknown)} are not supported by InferScale; it reads "
+            f"{sorted(_MEM0_READ_KEYS[what])} (and accepts {sorted(inert)}, which have no effect)"
+        )
+    if ignored := sorted(key for key in inert if cfg.get(key) is not None):
+        log.warning("Mem0 %s config keys %s have no effect in InferScale: %s", what, ignored, why)
+
+
+def _pgvector_url(cfg: Mapping[str, Any]) -> str:
+    """The SQLAlchemy URL of Mem0's pgvector config: its ``connection_string`` (``postgresql://`` or
+    ``postgres://``), else one built from ``user``, ``password``, ``host``, ``port``, ``dbname`` (Mem0's default
+    ``postgres``) and ``sslmode``, for the psycopg driver.
+
+    Raises:
+        ConfigError: when neither a connection string nor a host is given.
+    """
+    if cfg.get("connection_string"):
+        given = str(cfg["connection_string"])
+        for scheme in ("postgresql://", "postgres://"):
+            if given.startswith(scheme):
+                return "postgresql+psycopg://" + given.removeprefix(scheme)
+        return given
+    if not cfg.get("host"):
+        raise ConfigError(
+            "Mem0's pgvector config needs a connection_string, or a host (with user, password, port and dbname): "
+            "InferScale will not fall back to a local SQLite file"
+        )
+    url = URL.create(
+        "postgresql+psycopg",
+        username=cfg.get("user"),
+        password=cfg.get("password") or None,
+        host=str(cfg["host"]),
+        port=int(cfg["port"]) if cfg.get("port") is not None else None,
+        database=str(cfg.get("dbname") or "postgres"),
+        query={"sslmode": str(cfg["sslmode"])} if cfg.get("sslmode") else {},
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
+    _check_mem0_keys("llm", cfg)
+    out: dict[str, Any] = {}
+    if "max_tokens" in cfg:
+        out["max_new_tokens"] = cfg["max_tokens"]
+    if provider is None or provider in _LOCAL_LLM:
+        if cfg.get("model"):
+            out["engine_model"] = cfg["model"]
+        return out
+    if provider not in _OPENAI_COMPATIBLE:
+        raise ConfigError(
+            f"llm provider {provider!r} is not supported; use an OpenAI-compatible one ({sorted(_OPENAI_COMPATIBLE)}) "
+            f"with a base URL, or {sorted(_LOCAL_LLM)} for the local engine"
+        )
+    base_url = next((cfg[k] for k in _BASE_URL_KEYS if cfg.get(k)), None)
+    if base_url is None and provider == "openai":
+        base_url = "https://api.openai.com/v1"
+    if base_url is None:
+        raise ConfigError(f"llm provider {provider!r} needs a base URL (one of {list(_BASE_URL_KEYS)})")
+    if not cfg.get("model"):
+        raise ConfigError(f"llm provider {provider!r} needs config.model")
+    out.update(provider="openai", base_url=base_url, api_key=cfg.get("api_key"), model=cfg["model"])
+    return out
+
+
+def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
+    """Build a :class:`MemoryConfig` from Mem0's config shape.
+
+    Mapping:
+        - ``llm``: providers ``openai``, ``vllm``, ``lmstudio``, ``ollama`` (and other OpenAI-compatible ones) become
+          ``llm.provider="openai"`` with ``base_url`` (``openai_base_url``, ``vllm_base_url``, ... or
+          ``base_url``), ``api_key`` and ``model``; ``huggingface``/``transformers``/``inferscale`` use the local
+          engine, whose model is ``config.model``. ``max_tokens`` becomes ``llm.max_new_tokens``.
+        - ``embedder``: ``huggingface`` (sentence-transformers) with ``config.model``; other providers are refused.
+        - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file;
+          ``pgvector`` with ``config.connection_string``, or ``user``/``password``/``host``/``port``/``dbname``/
+          ``sslmode``, gives the database URL (vectors stay in FAISS).
+        - A provider config key InferScale neither reads nor knows to have no effect here is refused; an inert one
+          (sampling settings, index tuning, dimensions: ``_MEM0_INERT_KEYS``) is accepted with a warning.
+        - ``history_db_path`` becomes a SQLite ``db_url``; ``db_url`` may also be given directly.
+        - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
+        - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through, and so does an
+          ``llm`` or ``embedder`` section written as our fields (:func:`section_shape`).
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ConfigError: for an unsupported provider or key (``graph_store``, custom prompts, rerankers), a section
+            that fits neither shape, or a result that does not validate.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config must be a dict, got {type(config).__name__}")
+    for key in ("graph_store", "custom_fact_extraction_prompt", "custom_update_memory_prompt", "reranker"):
+        if config.get(key):
+            raise ConfigError(f"Mem0 config key {key!r} is not supported by InferScale; remove it")
+    own = {k: v for k, v in config.items() if k not in MEM0_KEYS}
+    for section in _SECTION_NAMES:
+        if section_shape(section, config.get(section)) == "inferscale":
+            own[section] = config[section]
+    mem0 = {k: v for k, v in config.items() if k not in own}
+    llm: dict[str, Any] = {}
+    engine = dict(own.get("engine") or {})
+    llm_provider, llm_cfg = _section(mem0, "llm")
+    mapped = _llm_fields(llm_provider, llm_cfg)
+    if "engine_model" in mapped:
+        engine["model"] = mapped.pop("engine_model")
+    llm.update(mapped)
+    emb_provider, emb_cfg = _section(mem0, "embedder")
+    if emb_provider not in (None, "huggingface", "sentence_transformers", "sentence-transformers", "inferscale"):
+        raise ConfigError(
+            f"embedder provider {emb_provider!r} is not supported; use 'huggingface' (sentence-transformers)"
+        )
+    _check_mem0_keys("embedder", emb_cfg)
+    embedder: dict[str, Any] = {}
+    if emb_cfg.get("model"):
+        embedder["model"] = emb_cfg["model"]
+    vs_provider, vs_cfg = _section(config, "vector_store")
+    if vs_provider == "faiss":
+        _check_mem0_keys("faiss", vs_cfg)
+        if vs_cfg.get("path"):
+            name = vs_cfg.get("collection_name") or "mem0"
+            own.setdefault("index_path", str(Path(vs_cfg["path"]).expanduser() / f"{name}.faiss"))
+    elif vs_provider == "pgvector":
+        _check_mem0_keys("pgvector", vs_cfg)
+        own.setdefault("db_url", _pgvector_url(vs_cfg))
+    elif vs_provider is not None:
+        raise ConfigError(f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector'")
+    if config.get("history_db_path"):
+        own.setdefault("db_url", f"sqlite:///{Path(str(config['history_db_path'])).expanduser()}")
+    if llm:
+        own["llm"] = llm
+    if engine:
+        own["engine"] = engine
+    if embedder:
+        own["embedder"] = embedder
+    try:
+        return MemoryConfig(**own)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config after translating the Mem0 shape: {exc}") from exc
