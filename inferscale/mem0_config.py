@@ -43,34 +43,46 @@ _SECTIONS: dict[str, type[BaseModel]] = {"llm": LLMConfig, "embedder": EmbedderC
 _LLM_PROVIDERS: tuple[str, ...] = get_args(LLMConfig.model_fields["provider"].annotation)
 _SECTION_NAMES: tuple[Literal["llm", "embedder"], ...] = ("llm", "embedder")
 ConfigShape = Literal["inferscale", "mem0"]
+DEFAULT_COLLECTION = "mem0"
+"""Mem0's default ``collection_name``."""
 
 _OPENAI_COMPATIBLE = frozenset({"openai", "vllm", "lmstudio", "ollama", "deepseek", "together", "groq", "xai"})
 _LOCAL_LLM = frozenset({"inferscale", "engine", "huggingface", "transformers"})
-_BASE_URL_KEYS = ("base_url", "openai_base_url", "vllm_base_url", "lmstudio_base_url", "ollama_base_url")
+_BASE_URL_KEYS = (
+    "base_url",
+    "openai_base_url",
+    "vllm_base_url",
+    "lmstudio_base_url",
+    "ollama_base_url",
+    "deepseek_base_url",
+    "xai_base_url",
+)
 _PGVECTOR_URL_KEYS = ("user", "password", "host", "port", "dbname", "sslmode")
 
 _MEM0_READ_KEYS: dict[str, frozenset[str]] = {
     "llm": frozenset({"model", "api_key", "max_tokens", *_BASE_URL_KEYS}),
+    "local llm": frozenset({"model", "max_tokens"}),
     "embedder": frozenset({"model"}),
     "faiss": frozenset({"path", "collection_name"}),
-    "pgvector": frozenset({"connection_string", *_PGVECTOR_URL_KEYS}),
+    "pgvector": frozenset({"connection_string", "collection_name", *_PGVECTOR_URL_KEYS}),
 }
 """The keys of each Mem0 provider config that InferScale translates (``from_mem0_dict``)."""
 
+_LLM_INERT = (
+    frozenset({"temperature", "top_p", "top_k", "enable_vision", "vision_details", "http_client_proxies"}),
+    "extraction and reconcile decode greedily under a JSON schema, so that the same turns give the same facts",
+)
 _MEM0_INERT_KEYS: dict[str, tuple[frozenset[str], str]] = {
-    "llm": (
-        frozenset({"temperature", "top_p", "top_k", "enable_vision", "vision_details", "http_client_proxies"}),
-        "extraction and reconcile decode greedily under a JSON schema, so that the same turns give the same facts",
-    ),
+    "llm": _LLM_INERT,
+    "local llm": _LLM_INERT,
     "embedder": (frozenset({"embedding_dims"}), "the dimension is read from the embedding model"),
     "faiss": (
         frozenset({"distance_strategy", "normalize_L2", "embedding_model_dims"}),
         "the index always scores by cosine similarity, at the embedding model's dimension",
     ),
     "pgvector": (
-        frozenset({"collection_name", "embedding_model_dims", "diskann", "hnsw", "minconn", "maxconn"}),
-        "PostgreSQL holds InferScale's own tables (memories are kept apart by their user, agent and run ids, not "
-        "by collection), vectors live in the FAISS index, and the connection pool is SQLAlchemy's",
+        frozenset({"embedding_model_dims", "diskann", "hnsw", "minconn", "maxconn"}),
+        "vectors live in the FAISS index, and the connection pool is SQLAlchemy's",
     ),
 }
 """The keys of each Mem0 provider config that are accepted and have no effect (a warning names them), and why."""
@@ -179,13 +191,13 @@ def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str
 
 def _check_mem0_keys(what: str, cfg: Mapping[str, Any]) -> None:
     """Refuse the keys of Mem0's ``what`` provider config that InferScale neither reads nor knows to be inert, and
-    warn about inert ones that are set.
+    warn about inert ones that are set (a key set to ``None``, as a dumped Mem0 config holds many, sets nothing).
 
     Raises:
         ConfigError: naming the unknown keys and the keys that are read.
     """
     inert, why = _MEM0_INERT_KEYS[what]
-    unknown = set(cfg) - _MEM0_READ_KEYS[what] - inert
+    unknown = {key for key, value in cfg.items() if value is not None} - _MEM0_READ_KEYS[what] - inert
     if unknown:
         raise ConfigError(
             f"Mem0 {what} config keys {sorted(unknown)} are not supported by InferScale; it reads "
@@ -195,14 +207,28 @@ def _check_mem0_keys(what: str, cfg: Mapping[str, Any]) -> None:
         log.warning("Mem0 %s config keys %s have no effect in InferScale: %s", what, ignored, why)
 
 
+def _check_collection(cfg: Mapping[str, Any]) -> None:
+    """Raises:
+    ConfigError: when Mem0's pgvector ``collection_name`` is not its default (see :func:`_pgvector_url`)."""
+    if cfg.get("collection_name") not in (None, DEFAULT_COLLECTION):
+        raise ConfigError(
+            f"Mem0's pgvector collection_name {cfg['collection_name']!r}: InferScale keeps one set of tables per "
+            "database, so collections would share their users' memories. Give each collection its own database "
+            f"(dbname, or db_url), and leave collection_name out or {DEFAULT_COLLECTION!r}"
+        )
+
+
 def _pgvector_url(cfg: Mapping[str, Any]) -> str:
     """The SQLAlchemy URL of Mem0's pgvector config: its ``connection_string`` (``postgresql://`` or
     ``postgres://``), else one built from ``user``, ``password``, ``host``, ``port``, ``dbname`` (Mem0's default
     ``postgres``) and ``sslmode``, for the psycopg driver.
 
     Raises:
-        ConfigError: when neither a connection string nor a host is given.
+        ConfigError: when neither a connection string nor a host is given, a value has the wrong type, or
+            ``collection_name`` is not Mem0's default: InferScale keeps one set of tables per database, so two
+            collections in one database would share their users' memories.
     """
+    _check_collection(cfg)
     if cfg.get("connection_string"):
         given = str(cfg["connection_string"])
         for scheme in ("postgresql://", "postgres://"):
@@ -214,24 +240,28 @@ def _pgvector_url(cfg: Mapping[str, Any]) -> str:
             "Mem0's pgvector config needs a connection_string, or a host (with user, password, port and dbname): "
             "InferScale will not fall back to a local SQLite file"
         )
-    url = URL.create(
-        "postgresql+psycopg",
-        username=cfg.get("user"),
-        password=cfg.get("password") or None,
-        host=str(cfg["host"]),
-        port=int(cfg["port"]) if cfg.get("port") is not None else None,
-        database=str(cfg.get("dbname") or "postgres"),
-        query={"sslmode": str(cfg["sslmode"])} if cfg.get("sslmode") else {},
-    )
+    try:
+        url = URL.create(
+            "postgresql+psycopg",
+            username=cfg.get("user"),
+            password=cfg.get("password") or None,
+            host=cfg["host"],
+            port=int(cfg["port"]) if cfg.get("port") is not None else None,
+            database=cfg.get("dbname") or "postgres",
+            query={"sslmode": cfg["sslmode"]} if cfg.get("sslmode") else {},
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"Mem0's pgvector config has a value of the wrong type: {exc}") from exc
     return url.render_as_string(hide_password=False)
 
 
 def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
-    _check_mem0_keys("llm", cfg)
+    local = provider is None or provider in _LOCAL_LLM
+    _check_mem0_keys("local llm" if local else "llm", cfg)
     out: dict[str, Any] = {}
     if "max_tokens" in cfg:
         out["max_new_tokens"] = cfg["max_tokens"]
-    if provider is None or provider in _LOCAL_LLM:
+    if local:
         if cfg.get("model"):
             out["engine_model"] = cfg["model"]
         return out
@@ -262,10 +292,12 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         - ``embedder``: ``huggingface`` (sentence-transformers) with ``config.model``; other providers are refused.
         - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file;
           ``pgvector`` with ``config.connection_string``, or ``user``/``password``/``host``/``port``/``dbname``/
-          ``sslmode``, gives the database URL (vectors stay in FAISS).
+          ``sslmode``, gives the database URL unless ``db_url`` is given too (vectors stay in FAISS; a
+          ``collection_name`` other than ``"mem0"`` is refused); no provider, or another, is refused.
+        - ``history_db_path`` becomes a SQLite ``db_url`` when no other sets it (else a warning says it is unused).
         - A provider config key InferScale neither reads nor knows to have no effect here is refused; an inert one
           (sampling settings, index tuning, dimensions: ``_MEM0_INERT_KEYS``) is accepted with a warning.
-        - ``history_db_path`` becomes a SQLite ``db_url``; ``db_url`` may also be given directly.
+        - ``db_url`` may also be given directly.
         - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
         - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through, and so does an
           ``llm`` or ``embedder`` section written as our fields (:func:`section_shape`).
@@ -311,10 +343,17 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
             own.setdefault("index_path", str(Path(vs_cfg["path"]).expanduser() / f"{name}.faiss"))
     elif vs_provider == "pgvector":
         _check_mem0_keys("pgvector", vs_cfg)
-        own.setdefault("db_url", _pgvector_url(vs_cfg))
-    elif vs_provider is not None:
-        raise ConfigError(f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector'")
+        _check_collection(vs_cfg)
+        if "db_url" not in own:  # a db_url given beside it wins
+            own["db_url"] = _pgvector_url(vs_cfg)
+    elif vs_provider is not None or vs_cfg:
+        raise ConfigError(
+            f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector' (Mem0's default, "
+            "qdrant, is not served)"
+        )
     if config.get("history_db_path"):
+        if "db_url" in own:
+            log.warning("Mem0's history_db_path has no effect: memories and their history share one database")
         own.setdefault("db_url", f"sqlite:///{Path(str(config['history_db_path'])).expanduser()}")
     if llm:
         own["llm"] = llm

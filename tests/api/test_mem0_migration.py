@@ -101,17 +101,53 @@ def test_pgvectors_usual_config_names_the_database_it_gives(caplog: pytest.LogCa
     pg = from_mem0_dict({"vector_store": {"provider": "pgvector", "config": given}})
     assert pg.db_url == "postgresql+psycopg://postgres:p%40ss%3Aw%2Frd@127.0.0.1:5432/newuser2"
     with_ssl = {"user": "u", "host": "db", "sslmode": "require", "hnsw": True, "collection_name": "mem0"}
-    with caplog.at_level(logging.WARNING, logger="inferscale.config"):
+    with caplog.at_level(logging.WARNING, logger="inferscale.mem0_config"):
         assert from_mem0_dict({"vector_store": {"provider": "pgvector", "config": with_ssl}}).db_url == (
             "postgresql+psycopg://u@db/postgres?sslmode=require"
         )
-    assert "['collection_name', 'hnsw'] have no effect" in caplog.text
+    assert "['hnsw'] have no effect" in caplog.text
     heroku = {"connection_string": "postgres://u:p@h:5433/d"}
     assert from_mem0_dict({"vector_store": {"provider": "pgvector", "config": heroku}}).db_url == (
         "postgresql+psycopg://u:p@h:5433/d"
     )
     with pytest.raises(ConfigError, match="will not fall back to a local SQLite file"):
         from_mem0_dict({"vector_store": {"provider": "pgvector", "config": {"dbname": "d"}}})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"vector_store": {"config": {"host": "db"}}}, "provider None is not supported; use 'faiss' or 'pgvector'"),
+        (
+            {"vector_store": {"provider": "pgvector", "config": {"host": "db", "collection_name": "app2"}}},
+            "collection_name 'app2': InferScale keeps one set of tables per database",
+        ),
+        ({"vector_store": {"provider": "pgvector", "config": {"host": "db", "port": "x"}}}, "wrong type"),
+        ({"vector_store": {"provider": "pgvector", "config": {"host": 5}}}, "wrong type"),
+        # a local provider takes no endpoint: it ran the local engine and dropped the URL
+        ({"llm": {"provider": "huggingface", "config": {"base_url": "http://tgi:8080"}}}, r"\['base_url'\] are not"),
+    ],
+)
+def test_mem0_configs_that_would_lose_a_setting_are_refused(config: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_mem0_dict(config)
+
+
+def test_mem0_config_settings_that_another_one_overrides(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A db_url beside pgvector wins (it was refused when pgvector named no host); history_db_path beside a
+    database URL is unused, and a warning says so; a key set to None, as a dumped Mem0 config holds, sets nothing;
+    Mem0's deepseek and xai base-URL keys are read."""
+    both = {"db_url": "sqlite:///x.db", "vector_store": {"provider": "pgvector", "config": {"collection_name": "mem0"}}}
+    assert from_mem0_dict(both).db_url == "sqlite:///x.db"
+    with caplog.at_level(logging.WARNING, logger="inferscale.mem0_config"):
+        pg = {"provider": "pgvector", "config": {"host": "db", "models": None}}
+        assert from_mem0_dict({"vector_store": pg, "history_db_path": str(tmp_path / "h.db")}).db_url == (
+            "postgresql+psycopg://db/postgres"
+        )
+    assert "history_db_path has no effect" in caplog.text
+    for key, provider in (("deepseek_base_url", "deepseek"), ("xai_base_url", "xai")):
+        llm = {"provider": provider, "config": {"model": "m", key: "http://127.0.0.1:9/v1"}}
+        assert from_mem0_dict({"llm": llm}).llm.base_url == "http://127.0.0.1:9/v1"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +171,7 @@ def test_inert_mem0_keys_are_accepted_with_a_warning(caplog: pytest.LogCaptureFi
         "embedder": {"provider": "huggingface", "config": {"embedding_dims": 384}},
         "vector_store": {"provider": "faiss", "config": {"distance_strategy": "cosine"}},
     }
-    with caplog.at_level(logging.WARNING, logger="inferscale.config"):
+    with caplog.at_level(logging.WARNING, logger="inferscale.mem0_config"):
         from_mem0_dict(config)
     warned = [r.getMessage() for r in caplog.records]
     assert [m.split(" have no effect")[0] for m in warned] == [
