@@ -179,7 +179,8 @@ class SamplingSettings:
         if self.repetition_penalty <= 0:
             raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidInputError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
+            shown = self.stop if isinstance(self.stop, str) else list(self.stop)
+            raise InvalidInputError(f"stop must be a list of non-empty strings, got {shown!r}")
 
     @classmethod
     def of(

@@ -193,19 +193,28 @@ def _parse_field(field: str, value: object, where: str) -> list[Condition]:
     if isinstance(value, Mapping):
         if not value:
             raise InvalidInputError(f"{where} is an empty operator dict; use e.g. {{'eq': 'x'}} or '*'")
-        if field == "metadata" and not any(_is_operator(str(op)) for op in value):
-            raise InvalidInputError(
-                f"{where}: metadata keys are filtered at the top level, not under 'metadata': write "
-                f"{dict(value)!r} (Mem0 v2's shape)"
-            )
+        if not any(_is_operator(str(op)) or op == WILDCARD for op in value):
+            if field == "metadata":
+                raise InvalidInputError(
+                    f"{where}: metadata keys are filtered at the top level, not under 'metadata': write "
+                    f"{dict(value)!r} (Mem0 v2's shape)"
+                )
+            if (logical := _miscased_logical(field)) is not None:
+                raise InvalidInputError(f"{where}: to combine filters write {logical!r} in upper case")
         return [_condition(field, str(op), operand, f"{where}[{op!r}]") for op, operand in value.items()]
     if isinstance(value, list | tuple):
-        logical = field.upper().lstrip("$")
-        combine = f"; to combine filters write {logical!r} in upper case" if logical in LOGICAL_KEYS else ""
+        logical = _miscased_logical(field)
+        combine = f"; to combine filters write {logical!r} in upper case" if logical is not None else ""
         raise InvalidInputError(f"{where} is a list; to match any of several values write {{'in': [...]}}{combine}")
     if value == WILDCARD:
         return [_condition(field, "eq", WILDCARD, where)]
     return [_condition(field, "eq", value, where)]
+
+
+def _miscased_logical(field: str) -> str | None:
+    """The logical key a field name spells in another case (``"or"``, ``"$And"``), or ``None``."""
+    logical = field.upper().lstrip("$")
+    return logical if logical in LOGICAL_KEYS else None
 
 
 def _is_operator(op: str) -> TypeGuard[Operator]:

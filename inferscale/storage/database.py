@@ -181,7 +181,9 @@ def _install_hint(url: URL) -> str:
     """What to install for ``url``'s driver: the extras InferScale is tested with, else SQLAlchemy's own docs."""
     driver = url.get_driver_name()
     if url.get_backend_name() == "sqlite":
-        return "run `pip install 'sqlalchemy[asyncio]' aiosqlite`" if driver == "aiosqlite" else "check your sqlite3"
+        if driver == "aiosqlite":
+            return "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
+        return "this Python was built without its sqlite3 module: install one built with it (e.g. libsqlite3-dev)"
     if url.get_backend_name() == "postgresql":
         hint = "run `pip install 'inferscale[postgres]'` (psycopg)"
         if driver != "psycopg":

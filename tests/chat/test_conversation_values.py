@@ -82,3 +82,9 @@ def test_sampling_defaults_to_greedy_and_reads_openai_shapes() -> None:
 def test_bad_sampling_values_are_refused(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidInputError, match=match):
         SamplingSettings.of(**kwargs)
+
+
+def test_a_stop_string_given_to_the_settings_themselves_is_shown_as_given() -> None:
+    """``SamplingSettings(stop="abc")`` (not through ``of``) was reported as ``['a', 'b', 'c']``."""
+    with pytest.raises(InvalidInputError, match=r"stop must be a list of non-empty strings, got 'abc'$"):
+        SamplingSettings(stop="abc")  # type: ignore[arg-type]

@@ -44,6 +44,8 @@ def test_filters_parse_into_a_tree() -> None:
         ({"k": {"*": True}}, r"'\*' is a value, not an operator: write \{'k': '\*'\}"),
         ({"k": {"between": 1}}, r"use one of eq, .*, icontains, exists, or the value '\*'"),
         ({"or": [{"a": 1}]}, "to combine filters write 'OR' in upper case"),
+        ({"not": {"a": 1}}, r"\['not'\]: to combine filters write 'NOT' in upper case"),
+        ({"$And": {"a": 1, "b": 2}}, "write 'AND' in upper case"),
         ({"metadata": {"cat": "hobby"}}, r"metadata keys are filtered at the top level.*write \{'cat': 'hobby'\}"),
         # {"exists": False} matched the memories that have the field
         ({"k": {"exists": False}}, r"must be True .* write \{'NOT': \[\{'k': '\*'\}\]\}"),
