@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.conversation import ChatMessage
 from inferscale.errors import (
+    APIKeyNotFoundError,
     AuthenticationError,
     ConfigError,
     DatabaseUnavailableError,
@@ -62,6 +63,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "APIKeyNotFoundError",
     "AsyncMemory",
     "AsyncMemoryClient",
     "AuthenticationError",

@@ -26,6 +26,13 @@ class MemoryNotFoundError(InferScaleError, KeyError):
         return str(self.args[0]) if self.args else "memory not found"
 
 
+class APIKeyNotFoundError(InferScaleError, KeyError):
+    """No API key of the server's key store has the given id (``inferscale keys revoke``)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else "API key not found"
+
+
 class ConfigError(InferScaleError, ValueError):
     """The configuration names something that cannot be loaded (a missing model folder, a bad URL)."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from inferscale.cli_options import add_options, cli, from_args
 from inferscale.commands.options import OutputOptions, Parents, StoreOptions
+from inferscale.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from inferscale.server.keys import KeyStore
@@ -69,6 +70,11 @@ def _with_store(args: argparse.Namespace, act: Callable[[KeyStore, bool], None])
 
 def _create(args: argparse.Namespace) -> int:
     opts = from_args(KeyCreateOptions, args)
+    if not opts.admin and opts.user_ids is None and opts.agent_ids is None and opts.run_ids is None:
+        raise InvalidInputError(
+            "a key needs --user, --agent or --run (the scopes it may touch, repeatable), or --admin for a key that "
+            "may touch every scope"
+        )
 
     def act(store: KeyStore, as_json: bool) -> None:
         from inferscale.commands.output import print_json, stderr, stdout

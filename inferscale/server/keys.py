@@ -33,7 +33,7 @@ from sqlalchemy import JSON, Engine, LargeBinary, MetaData, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from inferscale.config import MemoryConfig
-from inferscale.errors import InvalidInputError
+from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
@@ -251,12 +251,12 @@ class KeyStore:
         """Revoke a key at once (a key already revoked keeps its first ``revoked_at``); returns it.
 
         Raises:
-            InvalidInputError: when no key has this id.
+            APIKeyNotFoundError: when no key has this id.
         """
         with Session(self._db()) as s, s.begin():
             row = s.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
             if row is None:
-                raise InvalidInputError(f"no API key has id {key_id!r}; `inferscale keys list` shows the ids")
+                raise APIKeyNotFoundError(f"no API key has id {key_id!r}; `inferscale keys list` shows the ids")
             if row.revoked_at is None:
                 row.revoked_at = utc_now()
             return row.record()

@@ -39,11 +39,12 @@ def check_supported_fields(body: Mapping[str, Any]) -> None:
     """
     unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
     if body.get("n") not in (None, 1):
-        unsupported.append("n (only 1 answer per request)")
+        unsupported.append(f"n={body['n']!r} (one answer per request: n may be 1 or left out)")
     if unsupported:
+        supported = sorted(SUPPORTED_FIELDS - {"n"})
         raise InvalidInputError(
-            f"unsupported field(s) for a memory chat: {', '.join(unsupported)}; supported: "
-            f"{', '.join(sorted(SUPPORTED_FIELDS))}"
+            f"unsupported field(s) for a memory chat: {', '.join(unsupported)}; supported: {', '.join(supported)}, "
+            "and n=1"
         )
 
 

@@ -11,7 +11,7 @@ import pytest
 from server_harness import Served, app_routes
 from sqlalchemy import text
 
-from inferscale.errors import InvalidInputError
+from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.server import keys as keys_module
 from inferscale.server.keys import KeyStore
 from inferscale.storage import make_engine
@@ -92,7 +92,7 @@ def test_create_refuses_bad_keys(tmp_path: Path, kwargs: dict[str, Any], match: 
     with pytest.raises(InvalidInputError, match=match):
         store.create(**kwargs)
     assert store.list() == [] and not store.has_keys()
-    with pytest.raises(InvalidInputError, match="no API key has id 'nope'"):
+    with pytest.raises(APIKeyNotFoundError, match="no API key has id 'nope'"):  # exits 1 in the CLI, as not found
         store.revoke("nope")
     store.close()
 
