@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferscale.errors import (
+    APIKeyNotFoundError,
     AuthenticationError,
     ConfigError,
     DatabaseUnavailableError,
@@ -47,6 +48,7 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("unauthenticated", 401, AuthenticationError),
     ErrorCode("permission_denied", 403, PermissionDeniedError),
     ErrorCode("memory_not_found", 404, MemoryNotFoundError),
+    ErrorCode("api_key_not_found", 404, APIKeyNotFoundError),
     ErrorCode("route_not_found", 404, RouteNotFoundError),
     ErrorCode("method_not_allowed", 405, MethodNotAllowedError),
     ErrorCode("kv_fingerprint_mismatch", 409, KVFingerprintMismatchError),
