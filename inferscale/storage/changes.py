@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from sqlalchemy import delete, select
+from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
 
@@ -81,7 +82,21 @@ def _missing(changes: ChangeSet, what: str, memory_id: str, skipped: list[str]) 
 
 
 def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | None, now: datetime) -> None:
-    """Delete the memories and their KV entries; one ``DELETE`` history row each."""
+    """Delete the memories and their KV entries; one ``DELETE`` history row each. Their history rows that recorded
+    no scope (written before revision 0004_history_scope, or by an older InferScale) get it first: they read it from
+    the live memory (:func:`~inferscale.storage.queries.history`), which is about to go."""
+    by_scope: dict[Scope, list[str]] = {}
+    for record in records:
+        by_scope.setdefault(record.scope(), []).append(record.id)
+    unrecorded = (HistoryRow.user_id.is_(None), HistoryRow.agent_id.is_(None), HistoryRow.run_id.is_(None))
+    for scope, ids in by_scope.items():
+        for chunk in chunks(ids):
+            s.execute(
+                update_rows(HistoryRow)
+                .where(HistoryRow.memory_id.in_(chunk), *unrecorded)
+                .values(user_id=scope.user_id, agent_id=scope.agent_id, run_id=scope.run_id)
+                .execution_options(synchronize_session=False)
+            )
     for chunk in chunks([r.id for r in records]):
         s.execute(
             delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)

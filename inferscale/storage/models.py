@@ -112,8 +112,9 @@ class HistoryRow(Base):
     """One change to a memory (table ``memory_history``): ``event`` is ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
 
     ``memory_id`` is deliberately not a foreign key: history outlives the memory it describes, so each row also
-    records that memory's scope (revision 0004_history_scope; all three ``NULL`` on rows of memories deleted before
-    it, whose scope was lost).
+    records that memory's scope (revision 0004_history_scope). All three are ``NULL`` on rows written before it or
+    by an older InferScale: a read takes the live memory's scope for them, and a deletion records it in them first;
+    the rows of a memory deleted before the revision have none.
     """
 
     __tablename__ = "memory_history"

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import ColumnElement, Select, and_, case, select
 from sqlalchemy.orm import Session
 
 from inferscale.filters import Filter
@@ -234,17 +234,15 @@ def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[Hist
     """The changes to ``memory_id``, oldest first, when the memory was in ``scope`` (any scope for ``None``; also
     after it was deleted); ``[]`` for an unknown id or one outside ``scope``.
 
-    Each row's scope is the one it recorded or, for a row that recorded none (written before revision
-    0004_history_scope, or by an older InferScale still running), the live memory's: a memory never changes scope,
-    so the two agree column by column wherever both exist. A memory deleted before that revision has no scope.
+    Each row's scope is the one it recorded, whole, or, for a row that recorded none (written before revision
+    0004_history_scope, or by an older InferScale still running), the live memory's (a deletion records it in those
+    rows first). A memory deleted before that revision has no scope.
     """
+    recorded = (HistoryRow.user_id, HistoryRow.agent_id, HistoryRow.run_id)
+    live = (MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
+    unrecorded = and_(*(column.is_(None) for column in recorded))
     ids = [
-        func.coalesce(recorded, live).label(recorded.key)
-        for recorded, live in zip(
-            (HistoryRow.user_id, HistoryRow.agent_id, HistoryRow.run_id),
-            (MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id),
-            strict=True,
-        )
+        case((unrecorded, own), else_=kept).label(f"scope_{kept.key}") for kept, own in zip(recorded, live, strict=True)
     ]
     given = (scope.user_id, scope.agent_id, scope.run_id) if scope is not None else (None, None, None)
     stmt = (

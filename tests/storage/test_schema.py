@@ -165,6 +165,17 @@ def test_history_rows_written_without_a_scope_take_their_live_memorys(db_url: st
             ("ADD", LEGACY_SCOPES["m-run"]),
             ("UPDATE", LEGACY_SCOPES["m-run"]),
         ]
+        # deleted after the upgrade: its rows of no scope took the live memory's, which the deletion records in them
+        # first (a scoped read gave the DELETE row alone)
+        store.delete("m-agent")
+        store.delete_scope(Scope(user_id="alice"))
+        for memory_id in ("m-agent", "m-user-agent"):
+            scope = LEGACY_SCOPES[memory_id]
+            assert [(h.event, h.scope) for h in store.history(memory_id, Scope(agent_id="travel"))] == [
+                ("ADD", scope),
+                ("DELETE", scope),
+            ]
+        assert store.history("m-agent", Scope(user_id="alice")) == []
     version = MEMORY_SCHEMA.version_table
     assert revisions(engine)[version] == HEADS[version]
     with MIGRATION_LOCK, engine.begin() as conn:
@@ -173,6 +184,8 @@ def test_history_rows_written_without_a_scope_take_their_live_memorys(db_url: st
     with MemoryStore(db_url) as store:
         assert [h.event for h in store.history("m-gone")] == ["ADD", "DELETE"]
         assert [h.event for h in store.history("m-run", Scope(run_id="r1"))] == ["ADD", "UPDATE"]
+        # the downgrade dropped the scopes recorded for deleted memories with their columns
+        assert [h.event for h in store.history("m-agent")] == ["ADD", "DELETE"]
     assert revisions(engine)[version] == HEADS[version]
     engine.dispose()
 
