@@ -9,6 +9,7 @@ either read, accepted as inert (a warning names it and says why it has no effect
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -58,6 +59,14 @@ _BASE_URL_KEYS = (
     "xai_base_url",
 )
 _PGVECTOR_URL_KEYS = ("user", "password", "host", "port", "dbname", "sslmode")
+_API_KEY_VARIABLES = {
+    "openai": "OPENAI_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "together": "TOGETHER_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "xai": "XAI_API_KEY",
+}
+"""The environment variable each Mem0 LLM provider reads its key from when its config gives no ``api_key``."""
 
 _MEM0_READ_KEYS: dict[str, frozenset[str]] = {
     "llm": frozenset({"model", "api_key", "max_tokens", *_BASE_URL_KEYS}),
@@ -259,7 +268,7 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
     local = provider is None or provider in _LOCAL_LLM
     _check_mem0_keys("local llm" if local else "llm", cfg)
     out: dict[str, Any] = {}
-    if "max_tokens" in cfg:
+    if cfg.get("max_tokens") is not None:
         out["max_new_tokens"] = cfg["max_tokens"]
     if local:
         if cfg.get("model"):
@@ -277,7 +286,8 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"llm provider {provider!r} needs a base URL (one of {list(_BASE_URL_KEYS)})")
     if not cfg.get("model"):
         raise ConfigError(f"llm provider {provider!r} needs config.model")
-    out.update(provider="openai", base_url=base_url, api_key=cfg.get("api_key"), model=cfg["model"])
+    api_key = cfg.get("api_key") or os.environ.get(_API_KEY_VARIABLES.get(provider, ""))
+    out.update(provider="openai", base_url=base_url, api_key=api_key or None, model=cfg["model"])
     return out
 
 
@@ -346,7 +356,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         _check_collection(vs_cfg)
         if "db_url" not in own:  # a db_url given beside it wins
             own["db_url"] = _pgvector_url(vs_cfg)
-    elif vs_provider is not None or vs_cfg:
+    elif vs_provider is not None or config.get("vector_store") is not None:
         raise ConfigError(
             f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector' (Mem0's default, "
             "qdrant, is not served)"
@@ -363,5 +373,5 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         own["embedder"] = embedder
     try:
         return MemoryConfig(**own)
-    except ValidationError as exc:
+    except (TypeError, ValidationError) as exc:  # TypeError: a key that is not a string
         raise ConfigError(f"invalid config after translating the Mem0 shape: {exc}") from exc

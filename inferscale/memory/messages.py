@@ -105,7 +105,8 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
 
 def user_turns(messages: Sequence[Message], max_chars: int) -> list[str]:
     """The user turns' texts, stripped, in order: what ``add(infer=True)`` stores verbatim when no usable fact can be
-    had from the LLM (its answer is unusable, or every fact it gave fails the grounding check).
+    had from the LLM (its answer is unusable, or every fact it gave fails the grounding check), and beside the facts
+    it keeps when the grounding check drops some.
 
     A turn longer than ``max_chars`` characters (``max_memory_chars``: a memory is a fact, not a document) is cut
     into consecutive pieces of at most that many, at whitespace where it can be (``textwrap``), each its own memory.

@@ -14,6 +14,7 @@ from client_adapter import ClientAdapter
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
 from inferscale import Memory, MemoryConfig
+from inferscale.config import LLMConfig
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.mem0_config import from_mem0_dict, is_mem0_config
 
@@ -148,6 +149,44 @@ def test_mem0_config_settings_that_another_one_overrides(tmp_path: Path, caplog:
     for key, provider in (("deepseek_base_url", "deepseek"), ("xai_base_url", "xai")):
         llm = {"provider": provider, "config": {"model": "m", key: "http://127.0.0.1:9/v1"}}
         assert from_mem0_dict({"llm": llm}).llm.base_url == "http://127.0.0.1:9/v1"
+
+
+@pytest.mark.parametrize("key", ["api_key", "max_tokens", "openai_base_url"])
+def test_a_read_mem0_key_set_to_none_sets_nothing(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_tokens: None`` became ``max_new_tokens=None`` and failed validation; every optional key read is checked
+    (``model`` is required: ``None`` is refused, see test_unsupported_mem0_config_is_refused)."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    given = {"model": "m", "api_key": "k", "max_tokens": 300, "openai_base_url": "http://127.0.0.1:9/v1"}
+    mapped = from_mem0_dict({"llm": {"provider": "openai", "config": {**given, key: None}}}).llm
+    expected = {"api_key": "k", "max_new_tokens": 300, "base_url": "http://127.0.0.1:9/v1"}
+    defaults = {"api_key": None, "max_new_tokens": LLMConfig().max_new_tokens, "base_url": "https://api.openai.com/v1"}
+    field = {"max_tokens": "max_new_tokens", "openai_base_url": "base_url"}.get(key, key)
+    assert getattr(mapped, field) == defaults[field]
+    assert all(getattr(mapped, f) == v for f, v in expected.items() if f != field)
+
+
+def test_mem0s_api_key_variable_is_read_when_the_config_gives_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mem0 reads OPENAI_API_KEY (DEEPSEEK_API_KEY, ...) when the config has no api_key: the translation sent no key."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "ds-from-env")
+    assert from_mem0_dict({"llm": {"provider": "openai", "config": {"model": "m"}}}).llm.api_key == "sk-from-env"
+    given = {"provider": "openai", "config": {"model": "m", "api_key": "k"}}
+    assert from_mem0_dict({"llm": given}).llm.api_key == "k"
+    deepseek = {"provider": "deepseek", "config": {"model": "m", "deepseek_base_url": "http://127.0.0.1:9/v1"}}
+    assert from_mem0_dict({"llm": deepseek}).llm.api_key == "ds-from-env"
+    vllm = {"provider": "vllm", "config": {"model": "m", "vllm_base_url": "http://127.0.0.1:9/v1"}}
+    assert from_mem0_dict({"llm": vllm}).llm.api_key is None  # a local server: no variable, no key
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"vector_store": {}}, {"vector_store": {"config": {}}}, {"version": "v1.1", 1: 2}],
+    ids=["empty vector_store", "vector_store without provider", "a key that is not a string"],
+)
+def test_more_mem0_configs_are_refused_with_a_config_error(config: dict[object, object]) -> None:
+    """An empty vector_store passed (Mem0 would use qdrant); a non-string key raised a plain TypeError."""
+    with pytest.raises(ConfigError):
+        from_mem0_dict(config)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
