@@ -10,6 +10,7 @@ import pytest
 import inferscale
 
 EXPECTED_ALL = [
+    "APIKeyNotFoundError",
     "AsyncMemory",
     "AsyncMemoryClient",
     "AuthenticationError",
