@@ -230,7 +230,7 @@ def test_stream_joined_equals_the_answer(server: Server) -> None:
         ([{"role": "robot", "content": "hi"}], {}, "role"),
         ([{"role": "user", "content": "hi"}], {"temperature": -0.5}, "temperature"),
         ([{"role": "user", "content": "hi"}], {"top_p": 1.5}, "top_p"),
-        ([{"role": "user", "content": "hi"}], {"n": 2}, "only 1 answer"),
+        ([{"role": "user", "content": "hi"}], {"n": 2}, "one answer per request"),
         ([{"role": "user", "content": "hi"}], {"presence_penalty": 0.5}, "presence_penalty"),
         ([{"role": "user", "content": "hi"}], {"response_format": {"type": "json_object"}}, "response_format"),
     ],
