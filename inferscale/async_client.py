@@ -482,7 +482,11 @@ class AsyncMemoryClient(ClientCore):
         if request.stream:
             chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
             return _iterate_on_thread(chunks)
-        return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms)
+        abandoned = threading.Event()
+        try:
+            return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms, abandoned)
+        finally:  # cancelled (a timeout, a server client gone): the worker stops decoding within one token
+            abandoned.set()
 
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""

@@ -55,6 +55,10 @@ MAX_CONTEXT_TURNS = 64
 """Conversation turns kept as a fact's encoding context (the largest ``kv.context_window``)."""
 
 
+class ChatAbandonedError(Exception):
+    """Raised on the worker thread of a chat whose caller stopped waiting (nobody receives it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkFacts:
     """What ``add(infer=True)`` takes from one chunk of the conversation.
@@ -701,20 +705,35 @@ class ClientCore:
         )
 
     def _generate(
-        self, request: ChatRequest, records: Sequence[MemoryRecord], t0: float, retrieval_ms: float
+        self,
+        request: ChatRequest,
+        records: Sequence[MemoryRecord],
+        t0: float,
+        retrieval_ms: float,
+        abandoned: threading.Event | None = None,
     ) -> ChatResult:
         """Answer ``request`` over ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
 
         Args:
             t0: ``time.perf_counter()`` at the start of the call; ``retrieval_ms`` the time choosing the memories
                 took.
+            abandoned: set by a caller that stopped waiting (an async chat cancelled): decoding stops within one
+                token and the engine request ends, its cache freed.
 
         ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
         load, assembly, prefill and the first token's choice, with everything between them).
+
+        Raises:
+            ChatAbandonedError: when ``abandoned`` was set before the answer was complete.
         """
-        with self.derived.foreground():  # the whole answer, as one use: no background chunk between two tokens
-            *_, last = self._chunks(request, records, t0, retrieval_ms)
-        if last.result is None:
+        last: ChatChunk | None = None
+        # the whole answer is one use of the model: no background chunk between two tokens
+        with self.derived.foreground(), contextlib.closing(self._chunks(request, records, t0, retrieval_ms)) as chunks:
+            for chunk in chunks:
+                if abandoned is not None and abandoned.is_set():
+                    raise ChatAbandonedError("the caller stopped waiting for this chat")
+                last = chunk
+        if last is None or last.result is None:
             raise RuntimeError("a chat stream ended without its result")
         return last.result
 

@@ -4,6 +4,7 @@ raised before anything is generated."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,43 @@ def test_leaving_an_async_stream_early_stops_decoding(tmp_path: Path, engine: An
             await client.close()
 
     assert asyncio.run(run()) <= 3
+
+
+def test_cancelling_an_async_chat_stops_decoding(tmp_path: Path, engine: Any) -> None:
+    """A non-streamed async chat ran on its worker thread to the end of its budget after the caller's timeout or
+    cancel, holding the model from the next chat; it now stops within a token. A chat after it answers as before."""
+    import asyncio
+    import time
+
+    from inferscale import AsyncMemoryClient
+
+    forwards: list[int] = []
+    original = engine._forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        forwards.append(1)
+        time.sleep(0.02)
+        return original(*args, **kwargs)
+
+    async def run() -> tuple[int, int, str, str]:
+        client = AsyncMemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
+        try:
+            await client.add(FACTS[0], user_id="alice", infer=False)
+            before = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8)
+            engine._forward = slow
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.chat("Tell me a long story.", user_id="alice", max_new_tokens=200), 0.3)
+            await asyncio.sleep(1.0)  # the rest of 200 forward passes would take over 4 s
+            seen, settled = len(forwards), len(forwards)
+            await asyncio.sleep(0.5)
+            settled = len(forwards)
+            engine._forward = original
+            after = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8)
+            return seen, settled, before.answer, after.answer
+        finally:
+            engine._forward = original
+            await client.close()
+
+    seen, settled, before, after = asyncio.run(run())
+    assert seen < 60 and settled == seen  # stopped, not still decoding
+    assert after == before

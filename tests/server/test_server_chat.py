@@ -194,3 +194,33 @@ def test_openais_developer_role_is_a_system_message(http: httpx.Client) -> None:
     assert as_developer.json()["usage"] == as_system["usage"]
     other = [{"role": "developer", "content": "Answer in French."}, PLAIN[1]]
     assert http.post("/v1/chat/completions", json={**CHAT, "messages": other}).json()["usage"] != as_system["usage"]
+
+
+def test_a_client_that_goes_away_stops_its_non_streamed_answer(
+    http: httpx.Client, served: Served, chat_engine: Any
+) -> None:
+    """A non-streamed chat whose client disconnected was decoded to the end of its budget for nobody (and counted as
+    a 200): four such requests held both cores for minutes. It is now cancelled within a poll of the connection and
+    a token; the next chat answers as before."""
+    import time
+
+    before = http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
+    forwards: list[int] = []
+    original = chat_engine._forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        forwards.append(1)
+        time.sleep(0.02)
+        return original(*args, **kwargs)
+
+    chat_engine._forward = slow
+    try:
+        with served.http() as impatient, pytest.raises(httpx.TimeoutException):
+            impatient.post("/v1/chat/completions", json={**CHAT, "max_tokens": 300}, timeout=0.5)
+        time.sleep(1.5)  # a poll (0.25 s) and a token: the rest of 300 forward passes would take over 5 s
+        seen = len(forwards)
+        time.sleep(0.5)
+        assert len(forwards) == seen < 120
+    finally:
+        chat_engine._forward = original
+    assert http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"] == before

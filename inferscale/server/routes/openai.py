@@ -20,13 +20,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferscale.error_codes import code_of
 from inferscale.errors import InferScaleError, InvalidInputError
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
+from inferscale.server.disconnects import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
 from inferscale.server.errors import ERROR_RESPONSES, error_content, internal_error_content
 from inferscale.server.metrics import Metrics
 from inferscale.server.openai_chat import (
@@ -96,8 +97,10 @@ def _without_memory(caller: Caller, user_id: str | None, inferscale: ChatOptions
 
 
 @route(router, "POST", "/v1/chat/completions")
-async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State) -> Response:
-    """Answer a conversation with the scope's memories (OpenAI's chat completions; SSE with ``stream: true``)."""
+async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State, http: Request) -> Response:
+    """Answer a conversation with the scope's memories (OpenAI's chat completions; SSE with ``stream: true``). A
+    client that goes away stops the answer: a stream when its response is closed, any other within
+    :data:`~inferscale.server.disconnects.POLL_SECONDS` (the reply is then a bare 499, which nobody reads)."""
     request = body.model_dump(exclude_unset=True, exclude={"inferscale"})
     check_supported_fields(request)
     messages = chat_messages(request.get("messages"))
@@ -134,7 +137,11 @@ async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State)
         chunks = await server.client.chat(**arguments, stream=True)
         events = _events(chunks, reply, server.metrics, include_usage(request))
         return StreamingResponse(events, media_type="text/event-stream")
-    result = await server.client.chat(**arguments, stream=False)
+    try:
+        result = await unless_disconnected(http, server.client.chat(**arguments, stream=False))
+    except ClientDisconnected as gone:
+        log.info("%s; its chat was cancelled", gone)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     server.metrics.observe_chat(result)
     content = reply.message(result.answer, result.finish_reason, usage=_usage(result), inferscale=_report(result))
     return JSONResponse(content)
