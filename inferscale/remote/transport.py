@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse, connect_sse
 
-from inferscale.errors import ConfigError, ServerError
+from inferscale.errors import ConfigError, EngineClosedError, InferScaleError, ServerError
 from inferscale.remote.calls import ApiCall
 from inferscale.remote.chat import ChunkReader
 from inferscale.remote.errors import error_of, reply_value, unsent_value
@@ -105,6 +105,13 @@ class Connection:
             f"({type(error).__name__}: {error}); the timeout is {self.timeout:g} s"
         )
 
+    def broken(self, call: ApiCall[Any], error: httpx.HTTPError, closed_here: bool) -> InferScaleError:
+        """The error of a stream that broke off: :class:`~inferscale.errors.EngineClosedError` when this side
+        closed the client while the stream was read (as the local client raises), else :meth:`failed`'s."""
+        if closed_here:
+            return EngineClosedError(f"{self.what(call)}: the client was closed while its stream was read")
+        return self.failed(call, error)
+
 
 def _headers(call: ApiCall[Any]) -> dict[str, str]:
     """The per-request headers: the JSON content type when ``call`` has a body."""
@@ -178,9 +185,10 @@ class Transport:
 
     def _chunks(self, call: ApiCall[Any]) -> Iterator[ChatChunk]:
         reader = ChunkReader()
+        http = self._http
         with ExitStack() as stack:
             try:
-                source = retrying(self.connection.retries)(self._open, stack, call)
+                source = retrying(self.connection.retries)(self._open, http, stack, call)
                 if not source.response.is_success:
                     content = source.response.read()
                     raise error_of(source.response.status_code, content, self.connection.what(call))
@@ -192,14 +200,12 @@ class Transport:
             except SSEError as exc:  # an httpx.TransportError: caught first
                 raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
-                raise self.connection.failed(call, exc) from exc
+                raise self.connection.broken(call, exc, closed_here=http.is_closed) from exc
         reader.end()
 
-    def _open(self, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
+    def _open(self, http: httpx.Client, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
         return stack.enter_context(
-            connect_sse(
-                self._http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
-            )
+            connect_sse(http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call))
         )
 
     def close(self) -> None:
@@ -264,9 +270,10 @@ class AsyncTransport:
 
     async def _chunks(self, call: ApiCall[Any]) -> AsyncIterator[ChatChunk]:
         reader = ChunkReader()
+        http = self._http
         async with AsyncExitStack() as stack:
             try:
-                source: EventSource = await aretrying(self.connection.retries)(self._open, stack, call)
+                source: EventSource = await aretrying(self.connection.retries)(self._open, http, stack, call)
                 if not source.response.is_success:
                     content = await source.response.aread()
                     raise error_of(source.response.status_code, content, self.connection.what(call))
@@ -279,14 +286,12 @@ class AsyncTransport:
             except SSEError as exc:  # an httpx.TransportError: caught first
                 raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
-                raise self.connection.failed(call, exc) from exc
+                raise self.connection.broken(call, exc, closed_here=http.is_closed) from exc
         reader.end()
 
-    async def _open(self, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
+    async def _open(self, http: httpx.AsyncClient, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
         return await stack.enter_async_context(
-            aconnect_sse(
-                self._http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
-            )
+            aconnect_sse(http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call))
         )
 
     async def close(self) -> None:
