@@ -18,6 +18,9 @@ attention code), ``phi3`` (fused ``qkv_proj``).
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -253,3 +256,22 @@ def tiny_engine(arch: str = "llama", template: str = CHATML_TEMPLATE, **kwargs: 
         **kwargs,
     )
     return engine.load()
+
+
+@contextlib.contextmanager
+def counted_forwards(engine: Any, delay_s: float = 0.0) -> Iterator[list[int]]:
+    """Count the engine's forward passes while the block runs, each slowed by ``delay_s`` seconds (so that an
+    answer takes long enough to be abandoned halfway); the list grows by one per pass."""
+    forwards: list[int] = []
+    original = engine._forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        forwards.append(1)
+        time.sleep(delay_s)
+        return original(*args, **kwargs)
+
+    engine._forward = counted
+    try:
+        yield forwards
+    finally:
+        engine._forward = original

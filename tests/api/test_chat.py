@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from client_adapter import ClientAdapter, ClientKind, open_client
 from mem0_fakes import HashEmbedder, fake_config
-from tiny_models import tiny_engine
+from tiny_models import counted_forwards, tiny_engine
 
 from inferscale import ChatMessage, InvalidInputError, MemoryNotFoundError, ScopeError
 
@@ -199,27 +199,19 @@ def test_leaving_an_async_stream_early_stops_decoding(tmp_path: Path, engine: An
 
     from inferscale import AsyncMemoryClient
 
-    forwards: list[int] = []
-    original = engine._forward
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        forwards.append(1)
-        return original(*args, **kwargs)
-
     async def run() -> int:
         client = AsyncMemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
         try:
             await client.add(FACTS[0], user_id="alice", infer=False)
             stream = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=60, stream=True)
-            engine._forward = counted
-            async for _ in stream:
-                break
-            await asyncio.sleep(0.5)  # 60 tiny forward passes take a few tens of ms
-            seen = len(forwards)
+            with counted_forwards(engine) as forwards:
+                async for _ in stream:
+                    break
+                await asyncio.sleep(0.5)  # 60 tiny forward passes take a few tens of ms
+                seen = len(forwards)
             await stream.aclose()  # type: ignore[attr-defined]
             return seen
         finally:
-            engine._forward = original
             await client.close()
 
     assert asyncio.run(run()) <= 3
@@ -229,35 +221,25 @@ def test_cancelling_an_async_chat_stops_decoding(tmp_path: Path, engine: Any) ->
     """A non-streamed async chat ran on its worker thread to the end of its budget after the caller's timeout or
     cancel, holding the model from the next chat; it now stops within a token. A chat after it answers as before."""
     import asyncio
-    import time
 
     from inferscale import AsyncMemoryClient
-
-    forwards: list[int] = []
-    original = engine._forward
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        forwards.append(1)
-        time.sleep(0.02)
-        return original(*args, **kwargs)
 
     async def run() -> tuple[int, int, str, str]:
         client = AsyncMemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
         try:
             await client.add(FACTS[0], user_id="alice", infer=False)
             before = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8)
-            engine._forward = slow
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(client.chat("Tell me a long story.", user_id="alice", max_new_tokens=200), 0.3)
-            await asyncio.sleep(1.0)  # the rest of 200 forward passes would take over 4 s
-            seen, settled = len(forwards), len(forwards)
-            await asyncio.sleep(0.5)
-            settled = len(forwards)
-            engine._forward = original
+            with counted_forwards(engine, delay_s=0.02) as forwards:
+                with contextlib.suppress(TimeoutError):
+                    long_chat = client.chat("Tell me a long story.", user_id="alice", max_new_tokens=200)
+                    await asyncio.wait_for(long_chat, 0.3)
+                await asyncio.sleep(1.0)  # the rest of 200 forward passes would take over 4 s
+                seen = len(forwards)
+                await asyncio.sleep(0.5)
+                settled = len(forwards)
             after = await client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8)
             return seen, settled, before.answer, after.answer
         finally:
-            engine._forward = original
             await client.close()
 
     seen, settled, before, after = asyncio.run(run())

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from server_harness import Served
+from tiny_models import counted_forwards
 
 from inferscale import AsyncMemoryClient
 from inferscale.errors import EngineClosedError
@@ -205,22 +206,11 @@ def test_a_client_that_goes_away_stops_its_non_streamed_answer(
     import time
 
     before = http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
-    forwards: list[int] = []
-    original = chat_engine._forward
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        forwards.append(1)
-        time.sleep(0.02)
-        return original(*args, **kwargs)
-
-    chat_engine._forward = slow
-    try:
+    with counted_forwards(chat_engine, delay_s=0.02) as forwards:
         with served.http() as impatient, pytest.raises(httpx.TimeoutException):
             impatient.post("/v1/chat/completions", json={**CHAT, "max_tokens": 300}, timeout=0.5)
         time.sleep(1.5)  # a poll (0.25 s) and a token: the rest of 300 forward passes would take over 5 s
         seen = len(forwards)
         time.sleep(0.5)
         assert len(forwards) == seen < 120
-    finally:
-        chat_engine._forward = original
     assert http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"] == before
