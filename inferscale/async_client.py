@@ -527,12 +527,16 @@ class AsyncMemoryClient(ClientCore):
     async def close(self) -> None:
         """Wait for the background K/V encoder to finish (it stays closed), write the index file if it changed, and
         release what this client opened or built; see :meth:`MemoryClient.close`."""
-        await asyncio.to_thread(self.derived.close_encoding)
-        await asyncio.to_thread(self._release)
-        if self._adb is not None:
-            await self._adb.close()
-        if self._db is not None:
-            await asyncio.to_thread(self._db.close)
+        self._closing.set()
+        try:
+            await asyncio.to_thread(self.derived.close_encoding)
+            await asyncio.to_thread(self._release)
+            if self._adb is not None:
+                await self._adb.close()
+            if self._db is not None:
+                await asyncio.to_thread(self._db.close)
+        finally:
+            self._closing.clear()
 
     async def __aenter__(self) -> AsyncMemoryClient:
         return self

@@ -729,12 +729,17 @@ class MemoryClient(ClientCore):
         client reopens what it needs if it is used again, but the background encoder stays closed: the K/V of
         memories written from then on (or by an ``add`` still running when ``close`` began) are encoded by the
         first ``chat`` that retrieves them, as in ``"lazy"`` mode, so no background thread reopens what ``close``
-        released."""
-        self.derived.close_encoding()
-        with self._lock:
-            self._release()
-            if self._db is not None:
-                self._db.close()
+        released. A non-streamed chat running meanwhile on another thread raises ``EngineClosedError`` within a
+        token, as a stream being read does."""
+        self._closing.set()
+        try:
+            self.derived.close_encoding()
+            with self._lock:
+                self._release()
+                if self._db is not None:
+                    self._db.close()
+        finally:
+            self._closing.clear()
 
     def __enter__(self) -> MemoryClient:
         return self

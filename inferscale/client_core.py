@@ -27,7 +27,7 @@ from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, EngineClosedError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
@@ -262,6 +262,7 @@ class ClientCore:
         self._owned_generator: OpenAIJSONGenerator | None = None  # an HTTP client built here, so closed here
         self._generator_built_here = False  # built from config.llm (not passed in): released by close()
         self._lock = threading.RLock()
+        self._closing = threading.Event()  # set while close() runs: a non-streamed chat then ends within a token
         self._db: MemoryStore | None = None
         self._derived = DerivedStores(
             self.config,
@@ -718,13 +719,14 @@ class ClientCore:
             t0: ``time.perf_counter()`` at the start of the call; ``retrieval_ms`` the time choosing the memories
                 took.
             abandoned: set by a caller that stopped waiting (an async chat cancelled): decoding stops within one
-                token and the engine request ends, its cache freed.
+                token and the engine request ends, its cache freed. The client's ``close()`` stops it the same way.
 
         ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
         load, assembly, prefill and the first token's choice, with everything between them).
 
         Raises:
             ChatAbandonedError: when ``abandoned`` was set before the answer was complete.
+            EngineClosedError: when the client was closed before the answer was complete (as a stream raises).
         """
         last: ChatChunk | None = None
         # the whole answer is one use of the model: no background chunk between two tokens
@@ -732,6 +734,8 @@ class ClientCore:
             for chunk in chunks:
                 if abandoned is not None and abandoned.is_set():
                     raise ChatAbandonedError("the caller stopped waiting for this chat")
+                if self._closing.is_set():
+                    raise EngineClosedError("the client was closed while this chat was answered")
                 last = chunk
         if last is None or last.result is None:
             raise RuntimeError("a chat stream ended without its result")

@@ -245,3 +245,38 @@ def test_cancelling_an_async_chat_stops_decoding(tmp_path: Path, engine: Any) ->
     seen, settled, before, after = asyncio.run(run())
     assert seen < 60 and settled == seen  # stopped, not still decoding
     assert after == before
+
+
+def test_closing_the_client_ends_a_chat_another_thread_waits_for(tmp_path: Path, engine: Any) -> None:
+    """``close()`` waited for a non-streamed chat running on another thread to decode its whole budget (14 s in a
+    user's test, while the streams open beside it also ran to their end); that chat now raises EngineClosedError
+    within a token, as a stream does, and ``close()`` returns at once. The client answers again afterwards."""
+    import threading
+    import time
+
+    from inferscale import EngineClosedError, MemoryClient
+
+    client = MemoryClient(fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
+    client.add(FACTS[0], user_id="alice", infer=False)
+    before = client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8).answer
+    raised: list[BaseException] = []
+
+    def long_chat() -> None:
+        try:
+            client.chat("Tell me a long story.", user_id="alice", max_new_tokens=200)
+        except BaseException as exc:  # reported below; a thread cannot raise into the test
+            raised.append(exc)
+
+    with counted_forwards(engine, delay_s=0.02) as forwards:
+        worker = threading.Thread(target=long_chat)
+        worker.start()
+        while len(forwards) < 5:
+            time.sleep(0.01)
+        started = time.perf_counter()
+        client.close()
+        closed_s = time.perf_counter() - started
+        worker.join(timeout=30)
+    assert not worker.is_alive() and closed_s < 1.0 and len(forwards) < 60, (closed_s, len(forwards))
+    assert [type(e) for e in raised] == [EngineClosedError]
+    assert client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8).answer == before
+    client.close()
