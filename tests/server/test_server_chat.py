@@ -201,7 +201,7 @@ def test_a_client_that_goes_away_stops_its_non_streamed_answer(
     http: httpx.Client, served: Served, chat_engine: Any
 ) -> None:
     """A non-streamed chat whose client disconnected was decoded to the end of its budget for nobody (and counted as
-    a 200): four such requests held both cores for minutes. It is now cancelled within a poll of the connection and
+    a 200): five such requests held both cores for minutes. It is now cancelled within a poll of the connection and
     a token; the next chat answers as before."""
     import time
 
