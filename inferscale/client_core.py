@@ -443,9 +443,11 @@ class ClientCore:
                 kept.append(fact)
             else:
                 log.warning("dropped the extracted fact %r: %s", fact, reason)
-        verbatim = user_turns(chunk, max_memory_chars)
+        if len(kept) == len(found):
+            return ChunkFacts(kept)
+        verbatim = user_turns(chunk, max_memory_chars)  # only when a fact was dropped
         if kept:
-            return ChunkFacts(kept, verbatim if len(kept) < len(found) else [])
+            return ChunkFacts(kept, verbatim)
         log.warning("no extracted fact was grounded; storing %d user turns verbatim", len(verbatim))
         return ChunkFacts(verbatim)
 
