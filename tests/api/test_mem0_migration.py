@@ -127,6 +127,10 @@ def test_pgvectors_usual_config_names_the_database_it_gives(caplog: pytest.LogCa
         ({"vector_store": {"provider": "pgvector", "config": {"host": 5}}}, "wrong type"),
         # a local provider takes no endpoint: it ran the local engine and dropped the URL
         ({"llm": {"provider": "huggingface", "config": {"base_url": "http://tgi:8080"}}}, r"\['base_url'\] are not"),
+        # Mem0 reads a section without a provider as OpenAI: it ran the local engine with model "gpt-4o-mini"
+        ({"llm": {"config": {"model": "gpt-4o-mini"}}}, "'llm' section has a config but no provider"),
+        ({"llm": {"provider": None, "config": {"max_tokens": 300}}}, "which Mem0 reads as 'openai'"),
+        ({"embedder": {"config": {"model": "text-embedding-3-small"}}}, "'embedder' section has a config but no"),
     ],
 )
 def test_mem0_configs_that_would_lose_a_setting_are_refused(config: dict[str, object], message: str) -> None:
