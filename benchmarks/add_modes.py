@@ -15,7 +15,6 @@ as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale import MemoryClient, MemoryConfig
-from inferscale.bench.common import machine_info, synthetic_facts
+from inferscale.bench.common import machine_info, synthetic_facts, write_json
 from inferscale.config import EncodeMode, KVConfig
 from inferscale.engines.hf.dtype import loaded_dtype
 
@@ -97,8 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, row in rows:
         print(f"{name:<32} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} {row['mean_ms']:>8.1f} {row['n']:>4}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_json(Path(args.out), result)
     return result
 
 

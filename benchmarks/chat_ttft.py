@@ -20,7 +20,6 @@ Prints one row per (engine, k, mode, turn) with the median and p95 over repeats,
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale import MemoryClient
-from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts
+from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts, write_json
 
 MEMORIES = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara is a teacher in Madrid."]
 TURNS = [
@@ -132,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": [{**run, "ratios": ratios(run)} for run in runs],
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=2), encoding="utf-8")
+        write_json(args.out, document)
         print(f"wrote {args.out}")
     return 0
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import statistics
 import time
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from inferscale.bench.common import machine_info, synthetic_facts
+from inferscale.bench.common import machine_info, synthetic_facts, write_json
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.transformers import TransformersEngine
@@ -193,8 +192,7 @@ def main() -> None:
             f"{name:26s} {row['median_s'] * 1000:8.1f} ms  {row['prefilled_tokens_per_s']:7.0f} prefilled tok/s{extra}"
         )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+        write_json(args.out, report)
 
 
 if __name__ == "__main__":

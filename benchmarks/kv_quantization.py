@@ -29,14 +29,13 @@ Each fact is encoded once per dtype (twice with the control) and quantised once 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferscale.bench.common import machine_info
+from inferscale.bench.common import machine_info, write_json
 
 FORMATS = ("float8_e4m3", "int8")
 CONTROL = "control"
@@ -206,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        write_json(args.out, document)
         print(f"wrote {args.out}")
     return 0
 

@@ -20,7 +20,6 @@ report; writes the same as JSON with the machine (CPU, ISA, dtype).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale import MemoryClient, MemoryConfig
-from inferscale.bench.common import machine_info
+from inferscale.bench.common import machine_info, write_json
 from inferscale.config import KVConfig
 from inferscale.demo import DemoScript, bundled_script
 from inferscale.engines.hf.dtype import loaded_dtype
@@ -99,8 +98,7 @@ def main() -> None:
         f"({result['dtype']})"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

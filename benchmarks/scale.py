@@ -53,6 +53,7 @@ import numpy as np
 from sqlalchemy import insert
 
 from inferscale import MemoryClient
+from inferscale.bench.common import write_json
 from inferscale.config import KVConfig, MemoryConfig
 from inferscale.retrieval import VectorIndex, index_file
 from inferscale.retrieval.threads import one_thread
@@ -444,8 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.real_n > 0:
         document["real_text"] = real_text(args.real_n, queries=100)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2), encoding="utf-8")
+    write_json(args.out, document)
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     plot(results, args.plot)
     print(json.dumps(document["done_when"]))

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale import AsyncMemoryClient, MemoryClient
-from inferscale.bench.common import machine_info, percentile, synthetic_facts
+from inferscale.bench.common import machine_info, percentile, synthetic_facts, write_json
 from inferscale.remote.health import wait_until_healthy
 
 USER = "bench-user"
@@ -223,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{ttft['in_process']['p50_ms']:.1f} ms, ratio {ttft['server_over_in_process']:.2f}"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        write_json(args.out, result)
     return 0
 
 

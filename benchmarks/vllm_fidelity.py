@@ -21,13 +21,13 @@ the share of KV answers the two engines gave identically.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from locomo_probe import float32_engine
 
+from inferscale.bench.common import write_json
 from inferscale.config import EngineConfig
 from inferscale.eval.fidelity import SYSTEM_PROMPTS, FidelitySetting, run_fidelity, summarize_rows
 from inferscale.eval.fidelity_cases import FidelitySlice, locomo_cases
@@ -158,9 +158,7 @@ def main() -> None:
             )
         print(f"{line}  (n={entry['n']})")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        document = {"args": {k: str(v) for k, v in vars(args).items()}, "comparison": table, "rows": rows}
-        args.out.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+        write_json(args.out, {"args": {k: str(v) for k, v in vars(args).items()}, "comparison": table, "rows": rows})
 
 
 if __name__ == "__main__":

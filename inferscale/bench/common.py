@@ -16,7 +16,7 @@ import numpy as np
 
 from inferscale.errors import ConfigError
 
-__all__ = ["check_engine", "machine_info", "percentile", "synthetic_facts", "write_json_and_plot"]
+__all__ = ["check_engine", "machine_info", "percentile", "synthetic_facts", "write_json", "write_json_and_plot"]
 
 
 _PEOPLE = ("Daniel", "Clara", "Raj", "Ines", "Tomas", "Leila", "Marco", "Yuki", "Ana", "Pedro", "Noor", "Felix")
@@ -99,6 +99,19 @@ def check_engine(name: str) -> None:
             )
 
 
+def write_json(path: Path, document: Any) -> Path:
+    """Write ``document`` as indented UTF-8 JSON to ``path`` (its folder created); values JSON cannot hold (dates,
+    paths) are written as their ``str``.
+
+    Returns:
+        ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
 def write_json_and_plot(
     out_dir: Path, stem: str, document: Mapping[str, Any], plot: Callable[[Path], None]
 ) -> tuple[Path, Path]:
@@ -107,9 +120,6 @@ def write_json_and_plot(
     Returns:
         ``(json_path, png_path)``.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
-    json_path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    json_path, png_path = write_json(Path(out_dir) / f"{stem}.json", document), Path(out_dir) / f"{stem}.png"
     plot(png_path)
     return json_path, png_path
