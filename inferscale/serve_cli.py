@@ -8,7 +8,7 @@ import sys
 from typing import TypeVar, get_args
 
 from inferscale.config import DType, MemoryLayout
-from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES
+from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S
 
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
     "transformers": ("device", "max_request_bytes"),
@@ -60,6 +60,13 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         choices=list(get_args(MemoryLayout)),
         help="memory_layout: the order of each chat's retrieved memories: score (best first, the default) or added "
         "(oldest first)",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long running requests may finish before they are cancelled (default "
+        f"{DEFAULT_SHUTDOWN_GRACE_S:g}; 0 cancels them at once)",
     )
     serve.set_defaults(func=run_serve)
     return serve
@@ -128,6 +135,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             memory_layout=args.memory_layout,
             device=_or(args.device, defaults.device),
             max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
+            shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
         )
     )
 
@@ -150,6 +158,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             limit=_or(args.limit, defaults.limit),
             max_model_len=_or(args.max_model_len, defaults.max_model_len),
             kv_cache_bytes=_or(args.kv_cache_bytes, defaults.kv_cache_bytes),
+            shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
         )
     )
 

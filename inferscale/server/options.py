@@ -5,6 +5,7 @@ memory client's config of either."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,10 @@ from inferscale.errors import ConfigError
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body the server reads (1 MiB); a larger one is answered 413 ``request_too_large``."""
+
+DEFAULT_SHUTDOWN_GRACE_S = 30.0
+"""How long a stopping server lets running requests finish before it cancels them (seconds; Kubernetes' default
+termination grace period, so that the pod is not killed before the server has closed its client)."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 """The hosts a server without API keys may listen on."""
@@ -36,6 +41,9 @@ class ServeSettings:
             ``"none"`` and ``"tail:n"`` and refuses the others at startup.
         memory_layout: ``MemoryConfig.memory_layout``, the order a chat lays its retrieved memories out in
             (``"score"``, best first, or ``"added"``, oldest first); ``None`` keeps ``MemoryConfig``'s default.
+        shutdown_grace_s: on SIGTERM or Ctrl-C, how long (seconds, rounded up to whole ones) the server lets
+            running requests finish once it stops accepting new ones; then it cancels them (an open stream ends and
+            its engine request is freed) and closes the memory client. 0 cancels them at once.
     """
 
     host: str = "127.0.0.1"
@@ -47,11 +55,23 @@ class ServeSettings:
     served_model_name: str | None = None
     recompute: str | None = None
     memory_layout: str | None = None
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+
+    def __post_init__(self) -> None:
+        """Raises:
+        ConfigError: for a ``shutdown_grace_s`` that is negative or not finite."""
+        if not 0 <= self.shutdown_grace_s < float("inf"):
+            raise ConfigError(f"shutdown grace must be a finite number of seconds >= 0, got {self.shutdown_grace_s}")
 
     @property
     def engine_device(self) -> str:
         """The device of the memory client's transformers engine (``"cpu"`` unless a subclass says otherwise)."""
         return "cpu"
+
+    @property
+    def shutdown_grace_whole_s(self) -> int:
+        """:attr:`shutdown_grace_s` rounded up to whole seconds, as uvicorn and vLLM take it (never cut short)."""
+        return math.ceil(self.shutdown_grace_s)
 
 
 @dataclass(frozen=True, slots=True)

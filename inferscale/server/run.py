@@ -59,6 +59,12 @@ def serve_transformers(options: ServerOptions) -> None:
         log.info("loading %s", client.model_name)
         client.engine.load()
         app = create_app(client, keys=keys, options=options)
-        uvicorn.run(app, host=options.host, port=options.port, log_level=options.log_level)
+        uvicorn.run(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level=options.log_level,
+            timeout_graceful_shutdown=options.shutdown_grace_whole_s,
+        )
     finally:
         keys.close()

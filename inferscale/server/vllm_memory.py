@@ -501,15 +501,32 @@ def serve(options: ServeOptions) -> None:
     _alias_vllm_version()
     cli_env_setup()
     service, path, fingerprint, dtype = build_service(options)
-    argv = [
+    argv = vllm_argv(options, path, fingerprint, dtype)
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(args)
+    try:
+        uvloop.run(run_server(args))
+    finally:
+        try:
+            service.close()
+        finally:
+            keys.close()
+
+
+def vllm_argv(options: ServeOptions, model_path: str, fingerprint: str, dtype: str) -> list[str]:
+    """The command line :func:`serve` hands vLLM's OpenAI server: ``model_path`` in ``dtype`` (the fact encoder's:
+    both must agree), prefix caching and our KV connector keyed by ``fingerprint``, the two memory middlewares,
+    the cache sizes of ``options`` and its shutdown grace as vLLM's ``--shutdown-timeout`` (whole seconds: running
+    requests drain for that long on SIGTERM, then are aborted)."""
+    return [
         "--model",
-        path,
+        model_path,
         "--host",
         options.host,
         "--port",
         str(options.port),
         "--dtype",
-        dtype,  # the fact encoder's: both must agree
+        dtype,
         "--enforce-eager",
         "--enable-prefix-caching",
         "--max-model-len",
@@ -523,14 +540,7 @@ def serve(options: ServeOptions) -> None:
         "--middleware",
         KEY_MIDDLEWARE,
         "--served-model-name",
-        options.served_model_name or Path(path).name,
+        options.served_model_name or Path(model_path).name,
+        "--shutdown-timeout",  # drain the running requests for this long, then abort them (0: abort at once)
+        str(options.shutdown_grace_whole_s),
     ]
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-    validate_parsed_serve_args(args)
-    try:
-        uvloop.run(run_server(args))
-    finally:
-        try:
-            service.close()
-        finally:
-            keys.close()

@@ -9,6 +9,7 @@ builder in process, with no vLLM server.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -286,6 +287,29 @@ def test_a_setting_vllm_cannot_apply_is_refused_before_the_service_loads(
     with pytest.raises(ConfigError) as server:
         build_service(ServeOptions(data_dir=str(tmp_path), dtype="float32"))
     assert str(server.value) == str(engine.value) and "cannot apply" in str(server.value)
+
+
+@pytest.mark.parametrize(("grace", "timeout"), [(30.0, 30), (2.5, 3), (0.0, 0)])
+def test_the_shutdown_grace_is_vllms_drain_timeout(monkeypatch: pytest.MonkeyPatch, grace: float, timeout: int) -> None:
+    """``--shutdown-grace`` reaches vLLM as ``--shutdown-timeout`` (whole seconds, rounded up): vLLM's own default, 0,
+    aborts every running request at SIGTERM; the transformers server lets them finish for the same grace."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from inferscale.serve_cli import add_serve_parser, run_serve
+    from inferscale.server import vllm_memory
+    from inferscale.server.vllm_memory import ServeOptions, vllm_argv
+
+    parser = argparse.ArgumentParser(prog="inferscale")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+
+    seen: list[ServeOptions] = []
+    monkeypatch.setattr(vllm_memory, "serve", seen.append)
+    assert run_serve(parser.parse_args(["serve", "--engine", "vllm", "--shutdown-grace", str(grace)])) == 0
+    assert seen[0].shutdown_grace_s == grace
+    argv = vllm_argv(seen[0], "/models/SmolLM2", "fp", "float32")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    assert (args.shutdown_timeout, args.model, args.served_model_name) == (timeout, "/models/SmolLM2", ["SmolLM2"])
 
 
 def test_a_recompute_flag_vllm_cannot_apply_is_refused_before_the_service_loads(

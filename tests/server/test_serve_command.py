@@ -140,3 +140,25 @@ def test_the_memory_layout_flag_reaches_the_memory_config(tmp_path: Path, monkey
         memory_config(ServerOptions(memory_layout="newest"))
     with pytest.raises(SystemExit):  # argparse refuses a choice it does not list
         _parse("--memory-layout", "newest")
+
+
+def test_the_shutdown_grace_flag_reaches_the_server_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--shutdown-grace`` becomes ``shutdown_grace_s`` (whole seconds for uvicorn, rounded up); unset, 30 s. The
+    vLLM server reads the same flag (tests/engines/test_vllm_server.py)."""
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--shutdown-grace", "2.5")) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
+    assert [(o.shutdown_grace_s, o.shutdown_grace_whole_s) for o in seen] == [(2.5, 3), (30.0, 30)]
+
+
+@pytest.mark.parametrize("grace", ["-1", "nan", "inf"])
+def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str
+) -> None:
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--shutdown-grace", grace)) == 2
+    assert capsys.readouterr().err.startswith(
+        f"inferscale serve: shutdown grace must be a finite number of seconds >= 0, got {float(grace)}"
+    )

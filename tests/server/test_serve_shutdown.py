@@ -1,0 +1,77 @@
+"""``inferscale serve`` stops within its shutdown grace while a stream is running: it stopped only when the stream
+ended (155 s after SIGTERM for a 3,000-token answer, in a user's test), so a process manager's SIGTERM was followed
+by its SIGKILL and the memory client was never closed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferscale.remote.health import wait_until_healthy
+
+pytestmark = pytest.mark.slow
+
+GRACE_S = 1
+LONG_ANSWER = "Write a very long story about a dragon, with many chapters."
+"""Greedy SmolLM2 answers this with about 3,000 tokens: the stream outlives the grace by minutes."""
+
+
+def _free_port() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def test_sigterm_cancels_a_running_stream_after_the_grace_and_closes_the_client(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    argv = ["serve", "--port", port, "--data-dir", str(tmp_path), "--shutdown-grace", str(GRACE_S)]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "inferscale.serve_cli", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    errors: list[Exception] = []
+
+    def read_stream() -> None:
+        body = {"model": "m", "stream": True, "max_tokens": 4000, "temperature": 0, "user": "u1"}
+        body["messages"] = [{"role": "user", "content": LONG_ANSWER}]
+        try:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=300) as r:
+                lines.extend(r.iter_lines())
+        except httpx.HTTPError as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=read_stream, daemon=True)
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", process=server)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while len(lines) < 20 and time.monotonic() < deadline:  # the answer is being streamed
+            time.sleep(0.2)
+        assert len(lines) >= 20 and reader.is_alive()
+        sent = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=GRACE_S + 30)  # the whole answer takes minutes
+        stopped_after = time.monotonic() - sent
+    finally:
+        if server.poll() is None:
+            server.kill()
+        stderr = server.communicate()[1]
+    reader.join(timeout=10)
+    assert stopped_after >= GRACE_S, stopped_after  # the grace was given
+    assert "data: [DONE]" not in lines and errors, (lines[-3:], errors)  # cut, not finished
+    assert "timeout graceful shutdown exceeded" in stderr
+    assert "Application shutdown complete" in stderr  # the lifespan ran: the memory client was closed
