@@ -150,6 +150,11 @@ class EncodingLayout:
         """Whether ``record``'s encoding fits the model's context window at every position bucket."""
         return self._fits(record.text, record.context, record.chain_from)
 
+    def fits_alone(self, text: str) -> bool:
+        """Whether a memory of ``text``'s context-free encoding (its fact tokens right after the system prefix) fits
+        the model's context window."""
+        return all(r.span <= self._engine.max_context_tokens for r in self.requests(text, (), (0,)))
+
     def fits_new(self, new: NewMemory) -> bool:
         """Whether a new memory's encoding, as it is to be stored, fits the model's context window."""
         return self._fits(new.text, new.context, new.chain_from)

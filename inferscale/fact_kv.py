@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
@@ -78,7 +79,11 @@ ChainMemo = dict[tuple[Scope, ChainLink], FactKV]
 """The K/V of the chain links one call has encoded or read, per exact scope (a scope's chain never uses another's)."""
 
 FITTING_CACHE_SIZE = 65_536
-"""How many memory keys :meth:`FactKVManager.servable` remembers as fitting (then it starts again)."""
+"""How many memory keys :meth:`FactKVManager.servable` remembers the fit of (then it starts again)."""
+
+Fit = Literal["context", "alone", "none"]
+"""How a memory's encoding fits the model's context window (:meth:`FactKVManager.fit`): after its context turns (or on
+its chain) at every position bucket; only after the system prefix alone; not at all."""
 
 
 class FactKVManager:
@@ -98,7 +103,7 @@ class FactKVManager:
         self._config = config
         self._layout = EncodingLayout(engine, config)
         self._prefix: str | None = None
-        self._fitting: set[KVKey] = set()
+        self._fits: dict[KVKey, Fit] = {}
 
     @property
     def store(self) -> KVStore:
@@ -165,41 +170,61 @@ class FactKVManager:
         record, encoding = wanted
         return self.chained(record) and not self.canonical(record, encoding).context_free
 
+    def fit(self, record: MemoryRecord) -> Fit:
+        """How ``record``'s encoding fits the model's context window (:data:`Fit`). ``add`` and ``update`` store a
+        memory only with the context turns after which it fits, but one stored before can stop fitting after them:
+        under a model or engine with a shorter context (vLLM's ``max_model_len``), a larger w or a farther position
+        bucket. Such a memory is served from its context-free encoding (logged once, when first found), which
+        depends on none of those. Tokenises a memory the first time it is asked about (its key: id, text hash,
+        model, settings and context turns) and remembers the answer (the last :data:`FITTING_CACHE_SIZE`), so a
+        chat's hot path tokenises only memories new to it; runs no model."""
+        key = self.key(record)
+        known = self._fits.get(key)
+        if known is not None:
+            return known
+        fit: Fit = (
+            "context" if self._layout.fits(record) else "alone" if self._layout.fits_alone(record.text) else "none"
+        )
+        if fit == "alone":
+            log.warning(
+                "memory %s (%s) does not fit the model's context after its context turns; chats serve it from its "
+                "encoding after the system prefix alone",
+                record.id,
+                preview(record.text),
+            )
+        if len(self._fits) >= FITTING_CACHE_SIZE:
+            self._fits.clear()
+        self._fits[key] = fit
+        return fit
+
     def servable(self, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
-        """Those of ``records`` whose encoding fits the model's context window at every position bucket, in order.
-        Each other one is left out with a warning naming it: ``add`` and ``update`` refuse such a text, but one
-        stored before (by an older version, or under a model with a longer context, a larger w or a farther
-        position bucket) can never be encoded, and must not fail every chat that retrieves it. Tokenises a memory
-        the first time it is asked about (its key: id, text hash, model, settings and context turns), then
-        remembers that it fits (the last :data:`FITTING_CACHE_SIZE`), so a chat's hot path tokenises only memories new
-        to it; runs no model."""
+        """Those of ``records`` whose encoding fits the model's context window, after their context turns or after
+        the system prefix alone (:meth:`fit`), in order. Each other one is left out with a warning naming it: a text
+        stored under a model with a longer context can never be encoded here, and must not fail every chat that
+        retrieves it."""
         kept = []
         for record in records:
-            key = self.key(record)
-            if key in self._fitting:
-                kept.append(record)
-            elif self._layout.fits(record):
-                if len(self._fitting) >= FITTING_CACHE_SIZE:
-                    self._fitting.clear()
-                self._fitting.add(key)
+            if self.fit(record) != "none":
                 kept.append(record)
             else:
                 log.warning(
-                    "memory %s (%s) does not fit the model's context with its context turns once encoded; it is left "
-                    "out of chats: shorten it (update) or delete it",
+                    "memory %s (%s) does not fit the model's context even without its context turns; it is left out "
+                    "of chats: shorten it (update) or delete it",
                     record.id,
                     preview(record.text),
                 )
         return kept
 
     def check(self, records: Sequence[MemoryRecord]) -> None:
-        """Refuse ``records`` when one's encoding does not fit the model's context window (``chat`` with explicit
-        ``memory_ids``).
+        """Refuse ``records`` when one's encoding does not fit the model's context window even after the system
+        prefix alone (``chat`` with explicit ``memory_ids``; one that fits only so is served from its context-free
+        encoding, :meth:`fit`).
 
         Raises:
             InvalidInputError: naming the first memory that does not fit by its id.
         """
-        self._layout.check([(f"memory {r.id!r}", r.text, r.context, r.chain_from) for r in records])
+        unfit = [(f"memory {r.id!r}", r.text, (), None) for r in records if self.fit(r) == "none"]
+        self._layout.check(unfit)
 
     def ensure(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """K/V of every record as served in this order: each fact encoded at the position bucket nearest to its
@@ -218,6 +243,7 @@ class FactKVManager:
             chosen = [Encoding(b) for b in bucket_per_fact(lengths, buckets)]
         if self._config.first_memory_context_free and records:
             chosen[0] = CONTEXT_FREE
+        chosen = [CONTEXT_FREE if self.fit(r) == "alone" else e for r, e in zip(records, chosen, strict=True)]
         return self._ensure(list(zip(records, chosen, strict=True)))
 
     def prepare(self, records: Sequence[MemoryRecord]) -> None:
@@ -232,14 +258,18 @@ class FactKVManager:
     def every_encoding(self, records: Sequence[MemoryRecord]) -> list[Wanted]:
         """``(record, encoding)`` for each record and each of its encodings: one per position bucket, record by
         record, then with ``kv.first_memory_context_free`` each record's context-free one unless it is its bucket-0
-        one (:meth:`canonical`). The context-free ones come last, so memories that share their context turns stay
-        next to each other and a chunk prefills those turns once (:meth:`next_chunk`). What :meth:`prepare`
-        encodes."""
+        one (:meth:`canonical`); a record that fits only without its turns (:meth:`fit`) has its context-free one
+        alone. The context-free ones come last, so memories that share their context turns stay next to each other
+        and a chunk prefills those turns once (:meth:`next_chunk`). What :meth:`prepare` encodes."""
         buckets = [Encoding(bucket) for bucket in self._config.position_buckets]
-        wanted = [(record, encoding) for record in records for encoding in buckets]
-        if self._config.first_memory_context_free:
-            wanted += [(r, CONTEXT_FREE) for r in records if self.canonical(r, CONTEXT_FREE) not in buckets]
-        return wanted
+        alone = [self.fit(record) == "alone" for record in records]
+        wanted = [(r, encoding) for r, a in zip(records, alone, strict=True) if not a for encoding in buckets]
+        free = self._config.first_memory_context_free
+        return wanted + [
+            (r, CONTEXT_FREE)
+            for r, a in zip(records, alone, strict=True)
+            if a or (free and self.canonical(r, CONTEXT_FREE) not in buckets)
+        ]
 
     def missing(self, wanted: Sequence[Wanted]) -> list[Wanted]:
         """Those ``(record, encoding)`` of ``wanted`` whose K/V no tier holds, in order. Counts no store hit or miss

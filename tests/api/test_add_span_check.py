@@ -3,8 +3,9 @@ every position bucket), settled before anything is written, in every ``kv.encode
 too long after the system prefix alone is refused with the ``InvalidInputError`` the encoder gives (a batch with one
 stores none of it), and a fact that fits only after fewer context turns keeps the last turns that fit. ``update``
 refuses a new text too long after its memory's turns. Measuring loads the tokenizer and config alone, never the
-weights. A memory stored before that cannot be encoded (here: under w = 0, then served with w = 5) is left out of a
-retrieving ``chat`` rather than failing it, refused when named in ``memory_ids``, and skipped by the background
+weights. A memory stored before that no longer fits after its turns (here: under w = 0, then served with w = 5) is
+served from its context-free encoding; one that cannot be encoded at all (stored under a longer context) is left out
+of a retrieving ``chat`` rather than failing it, refused when named in ``memory_ids``, and skipped by the background
 encoder.
 
 On a tiny float32 model with a byte-level tokenizer (every UTF-8 byte one token) and a 128-token context, so spans
@@ -12,6 +13,7 @@ are counted exactly and the texts stay short."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -27,6 +29,7 @@ from inferscale import InvalidInputError, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.encode_queue import THREAD_NAME
 from inferscale.engines.transformers import TransformersEngine
+from inferscale.fact_kv import CONTEXT_FREE
 
 CONTEXT = 128
 """The tiny model's context window (tokens)."""
@@ -205,58 +208,120 @@ def test_a_lazy_add_loads_no_model_at_all(
 # ---- a too-long memory stored before: chat and the encoder go on ---------------------------------------------
 
 
+FILLERS = [
+    "Filler one: I drink green tea.",
+    "Filler two: my car is blue now.",
+    "Filler three: I swim on Mondays.",
+    "Filler four: my cat is called Tom.",
+]
+ZEBRA = "Zebra: mine is named Stripe."
+"""Stored after ``FILLERS`` in one ``add``: it fits after the system prefix alone, but not after them (w = 5)."""
+
+
+def _stored_before(kind: ClientKind, engine: TransformersEngine, tmp_path: Path) -> tuple[list[str], str]:
+    """``FILLERS`` and ``ZEBRA`` added under w = 0 (where every memory fits), in one call: their ids."""
+    prefix = len(engine.system_prefix_ids())
+    assert prefix + len(engine.context_token_ids(FILLERS)) + len(engine.fact_token_ids(ZEBRA)) > CONTEXT
+    assert prefix + len(engine.fact_token_ids(FILLERS[0])) + len(engine.fact_token_ids(ZEBRA)) < CONTEXT - 30
+    with contextlib.closing(
+        _client(kind, _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    ) as c:
+        batch = [{"role": "user", "content": text} for text in [*FILLERS, ZEBRA]]
+        *fillers, zebra = [r["id"] for r in c.add(batch, user_id="maya", infer=False)["results"]]
+    return fillers, zebra
+
+
 @pytest.mark.parametrize("kind", ["sync", "async", "remote"])
-def test_chat_leaves_out_a_stored_memory_that_cannot_be_encoded(
+def test_chat_serves_a_stored_memory_that_fits_only_without_its_turns_from_its_context_free_encoding(
     kind: ClientKind,
     engine: TransformersEngine,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     clients: list[ClientAdapter],
 ) -> None:
-    """Stored under w = 0, where it fits; served with w = 5 its encoding needs more than the context. Every chat
-    that retrieved it used to fail; now it answers with the other memories, and names it in a warning."""
-    before = _client(kind, _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
-    clients.append(before)
-    long_fact = _long_fact(engine)
-    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": long_fact}]
-    first_id, long_id = [r["id"] for r in before.add(batch, user_id="maya", infer=False)["results"]]
-    before.close()
+    """Stored under w = 0, where it fits; served with w = 5 its encoding after its turns needs more than the
+    context. Every chat that retrieved it failed, then left it out (a user who moved to vLLM's shorter
+    ``max_model_len`` lost the memory from every answer while search still found it); it is served from its
+    encoding after the system prefix alone, which depends on no turn, and a warning names it once."""
+    fillers, zebra = _stored_before(kind, engine, tmp_path)
     client = _client(kind, _config(tmp_path, None, encode_on_add="background", context_window=5), engine)
     clients.append(client)
     with caplog.at_level(logging.WARNING, logger="inferscale.fact_kv"):
-        for mode in ("kv", "prompt"):
-            result = client.chat("Refused fact or tea?", user_id="maya", max_new_tokens=1, mode=mode)
-            assert result.memory_ids == [first_id]
-    assert long_id in caplog.text
+        for mode in ("kv", "prompt", "kv"):
+            result = client.chat("zebra?", user_id="maya", limit=1, max_new_tokens=1, mode=mode)
+            assert result.memory_ids == [zebra]
+        named = client.chat("tea?", user_id="maya", memory_ids=[fillers[0], zebra], max_new_tokens=1)
+        assert named.memory_ids == [fillers[0], zebra]  # laid out second: not the first memory's context-free rule
+    warnings = [r.getMessage() for r in caplog.records if zebra in r.getMessage()]
+    if kind == "sync":  # the others may log it in the server's or the worker's client too
+        assert len(warnings) == 1, warnings
+    assert "chats serve it from its encoding after the system prefix alone" in warnings[0]
+
+
+def test_the_served_k_v_of_such_a_memory_equal_a_fresh_encoding_after_the_prefix_alone(
+    engine: TransformersEngine, tmp_path: Path
+) -> None:
+    """Laid out second, its K/V are a plain encoding of its line right after the system prefix, to the bit."""
+    import torch
+
+    from inferscale.kv.encode import EncodeRequest
+
+    fillers, zebra = _stored_before("sync", engine, tmp_path)
+    with MemoryClient(_config(tmp_path, None, context_window=5), engine=engine, embedder=HashEmbedder()) as client:
+        found = client.db.get_many([fillers[0], zebra])
+        fact_kv = client.derived.fact_kv
+        assert (fact_kv.fit(found[fillers[0]]), fact_kv.fit(found[zebra])) == ("context", "alone")
+        served = client.derived.memory_kv([found[fillers[0]], found[zebra]])
+        (fresh,) = fact_kv.encode([EncodeRequest(engine.fact_token_ids(ZEBRA), engine.system_prefix_ids())])
+        torch.testing.assert_close(served[1].keys, fresh.keys, rtol=0, atol=0)
+        torch.testing.assert_close(served[1].values, fresh.values, rtol=0, atol=0)
+
+
+def test_a_stored_memory_too_long_even_alone_is_left_out_of_chats_and_refused_when_named(
+    engine: TransformersEngine, tmp_path: Path, caplog: pytest.LogCaptureFixture, clients: list[ClientAdapter]
+) -> None:
+    """Stored under a model with a longer context, it cannot be encoded at all here: chats answer with the other
+    memories and name it in a warning; ``memory_ids`` naming it is refused."""
+    longer = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", max_position_embeddings=2 * CONTEXT),
+        tokenizer=byte_chat_tokenizer(),
+    )
+    before = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), longer)
+    clients.append(before)
+    too_long = _fact(engine, spare=-20)
+    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": too_long}]
+    first_id, long_id = [r["id"] for r in before.add(batch, user_id="maya", infer=False)["results"]]
+    before.close()
+    client = _client("sync", _config(tmp_path, None, encode_on_add="background", context_window=0), engine)
+    clients.append(client)
+    with caplog.at_level(logging.WARNING, logger="inferscale.fact_kv"):
+        assert client.chat("Refused fact or tea?", user_id="maya", max_new_tokens=1).memory_ids == [first_id]
+    assert f"memory {long_id}" in caplog.text and "even without its context turns" in caplog.text
     with pytest.raises(InvalidInputError, match=rf"memory '{long_id}' needs positions up to"):
         client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=1)
 
 
-def test_the_background_encoder_skips_a_stored_memory_that_cannot_be_encoded(
-    engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
-) -> None:
-    before = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
-    clients.append(before)
-    batch = [{"role": "user", "content": FIRST}, {"role": "user", "content": _long_fact(engine)}]
-    first_id, long_id = [r["id"] for r in before.add(batch, user_id="maya", infer=False)["results"]]
-    before.close()
+def test_the_background_encoder_encodes_such_a_memory_context_free(engine: TransformersEngine, tmp_path: Path) -> None:
+    """It raised ``InvalidInputError`` for the whole batch once, then skipped the memory: now it stores the one
+    encoding chats serve it from."""
+    fillers, zebra = _stored_before("sync", engine, tmp_path)
     with MemoryClient(_config(tmp_path, None, context_window=5), engine=engine, embedder=HashEmbedder()) as client:
-        client.derived.encode_queued([first_id, long_id])  # raised InvalidInputError for the whole batch before
-        assert {row.memory_id for row in client.db.all_kv_entries()} == {first_id}
+        client.derived.encode_queued([fillers[0], zebra])
+        record = client.db.get_many([zebra])[zebra]
+        keys = [row.encoding_key for row in client.db.all_kv_entries() if row.memory_id == zebra]
+        assert keys == [client.derived.fact_kv.encoding_key(record, CONTEXT_FREE)]
+        assert {row.memory_id for row in client.db.all_kv_entries()} == {fillers[0], zebra}
 
 
 def test_chat_measures_a_retrieved_memory_once_then_remembers_that_it_fits(
     engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fit check sits on every chat's hot path: a memory known to fit (same id, text, model, settings and
-    context turns) is not tokenised again; a re-worded one is."""
+    context turns) is not tokenised again, whether the eager add or a chat measured it first; a re-worded one is."""
     from inferscale.encoding_layout import EncodingLayout
 
-    client = _client("sync", _config(tmp_path, None, encode_on_add="eager", context_window=5), engine)
-    clients.append(client)
-    (memory_id,) = [
-        r["id"] for r in client.add([{"role": "user", "content": FIRST}], user_id="maya", infer=False)["results"]
-    ]
     measured: list[str] = []
     fits = EncodingLayout.fits
 
@@ -265,6 +330,11 @@ def test_chat_measures_a_retrieved_memory_once_then_remembers_that_it_fits(
         return fits(self, record)
 
     monkeypatch.setattr(EncodingLayout, "fits", counting_fits)
+    client = _client("sync", _config(tmp_path, None, encode_on_add="eager", context_window=5), engine)
+    clients.append(client)
+    (memory_id,) = [
+        r["id"] for r in client.add([{"role": "user", "content": FIRST}], user_id="maya", infer=False)["results"]
+    ]
     for _ in range(3):
         assert client.chat("tea?", user_id="maya", max_new_tokens=1).memory_ids == [memory_id]
     assert measured == [memory_id]
