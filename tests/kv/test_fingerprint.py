@@ -46,6 +46,7 @@ class TinyEngine:
     """
 
     def __init__(self, model: Any, model_id: str = "tiny-llama") -> None:
+        self.max_context_tokens = int(model.config.max_position_embeddings)
         self._fingerprint = model_fingerprint(model, ByteTokenizer(), model_id)
         self._encoder = FactEncoder(model, batch_size=4)
         self.encoded = 0

@@ -98,7 +98,9 @@ class _Engine:
     fingerprint = "e" * 32
 
     def __init__(self) -> None:
-        self._encoder = FactEncoder(_model())
+        model = _model()
+        self.max_context_tokens = int(model.config.max_position_embeddings)
+        self._encoder = FactEncoder(model)
         self.encoded = 0
 
     def system_prefix_ids(self) -> list[int]:
