@@ -356,7 +356,7 @@ class DerivedStores:
         """
         if interpreter_exiting():  # no model load at exit: its loader's threads may be shut down already
             return
-        self.load_engine()
+        self.load_encoder()
         with self._lock:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)
@@ -375,13 +375,15 @@ class DerivedStores:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
 
-    def load_engine(self) -> None:
-        """Load the chat engine now (outside the client's lock: a first load takes seconds).
+    def load_encoder(self) -> None:
+        """Load what encoding facts needs now, outside the client's lock (a first load takes seconds): the chat
+        engine's model, or with vLLM its transformers copy alone, so an encoder that runs behind ``add`` never
+        starts vLLM's engine processes (:meth:`~inferscale.engines.base.Engine.load_encoder`).
 
         Raises:
             ModelNotAvailableError: when the configured model's files cannot be found.
         """
-        self._engine().load()
+        self._engine().load_encoder()
 
     def existing(self, memory_ids: Sequence[str]) -> set[str]:
         """Those of ``memory_ids`` SQL holds now (one query per :data:`~inferscale.storage.queries.IN_CHUNK` ids)."""
@@ -392,7 +394,7 @@ class DerivedStores:
         that no tier holds under the current model and settings, in order; unknown ids are left out. Reads SQL (one
         query per :data:`~inferscale.storage.queries.IN_CHUNK` ids) and the store's index; loads the engine,
         encodes nothing."""
-        self.load_engine()
+        self.load_encoder()
         with self._lock:
             fact_kv = self.fact_kv
             found = self._db().get_many(memory_ids)

@@ -62,7 +62,7 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
         ModelNotAvailableError: when the configured model's files cannot be found.
         OSError: when a K/V file cannot be written. What was stored before stays stored.
     """
-    derived.load_engine()  # a model that cannot be loaded is refused even when nothing lacks K/V
+    derived.load_encoder()  # a model that cannot be loaded is refused even when nothing lacks K/V
     encoded = 0
     left: list[str] = []
     for page in range(0, len(memory_ids), PAGE_SIZE):

@@ -116,6 +116,19 @@ class Engine(Protocol):
         """
         ...
 
+    def load_encoder(self) -> Self:
+        """Load what encoding facts needs (:meth:`encode_facts`, :attr:`fingerprint`) and no more: the transformers
+        engine loads its model (as :meth:`load`); the vLLM engine loads its transformers copy of the weights without
+        starting vLLM, so that a process that only adds memories never starts vLLM's engine processes. Idempotent.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            the errors of :meth:`load`.
+        """
+        ...
+
     def close(self) -> None:
         """Release what the engine loaded or started: the model it loaded itself (a model passed in by the caller
         stays the caller's), the vLLM engine and its processes, temporary folders. Idempotent; never raises for an

@@ -61,9 +61,10 @@ def test_add_refuses_a_fact_past_max_model_len_without_loading(model_folder: Pat
     assert not engine._encoder_ready
 
 
-def test_the_vllm_servers_memory_leaves_out_a_stored_memory_that_cannot_be_encoded(tmp_path: Path) -> None:
+def test_the_vllm_servers_memory_serves_a_stored_memory_that_fits_only_without_its_turns(tmp_path: Path) -> None:
     """``inferscale serve --engine vllm`` retrieves through the client and asks it for the K/V: a memory stored under
-    w = 0 that does not fit with its turns under w = 5 used to fail every request that retrieved it."""
+    w = 0 that does not fit with its turns under w = 5 failed every request that retrieved it, then was left out of
+    them; it is served from its context-free encoding (tests/api/test_add_span_check.py)."""
     from inferscale.engines.transformers import TransformersEngine
     from inferscale.server.vllm_memory import MemoryService
 
@@ -90,4 +91,21 @@ def test_the_vllm_servers_memory_leaves_out_a_stored_memory_that_cannot_be_encod
     with MemoryClient(config(5), engine=engine, embedder=HashEmbedder()) as client:
         service = MemoryService(client, Builder(), 0, [], 5, engine.tokenizer)
         facts, memories = service.prepare("maya", [ChatMessage("user", "Long tea?")])
-    assert [m["memory"] for m in memories] == ["I like tea."] and len(facts) == 1
+    assert sorted(m["memory"] for m in memories) == sorted(texts)
+    long_fact = next(f for f, m in zip(facts, memories, strict=True) if m["memory"] == texts[1])
+    assert long_fact.n_tokens == len(engine.fact_token_ids(texts[1]))
+
+
+def test_the_background_encoder_loads_the_encoder_alone_and_never_starts_vllm(
+    model_folder: Path, tmp_path: Path
+) -> None:
+    """It loaded the whole engine: a process that only added memories started vLLM's engine core and worker (about
+    4.5 GB and 78 s with SmolLM2 on 2 cores) to encode what the transformers copy encodes alone."""
+    engine = _engine(model_folder)
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT)  # encode_on_add="background"
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        (memory_id,) = [r["id"] for r in client.add("I like tea.", user_id="maya", infer=False)["results"]]
+        assert client.wait_for_encoding(timeout=120)
+        assert {row.memory_id for row in client.db.all_kv_entries()} == {memory_id}
+        assert client.derived.missing_kv([memory_id]) == []  # prepare_kv's check: the encoder alone too
+        assert engine._encoder_ready and not engine._ready  # weights loaded for encoding, vLLM never started

@@ -149,6 +149,10 @@ class TransformersEngine(LayoutTokensMixin):
             self._layout_only.drop()  # the loaded tokenizer answers from now on
             return self
 
+    def load_encoder(self) -> TransformersEngine:
+        """:meth:`load`: the model that answers is the one that encodes."""
+        return self.load()
+
     def _load_layout_only(self) -> LayoutOnly:
         """The layout and context window before the model is loaded: from the tokenizer and model the caller passed
         in, else from the configured model's tokenizer and config files (no weights)."""
