@@ -105,6 +105,15 @@ def test_text_before_a_possible_stop_string_is_stripped_too(caplog: pytest.LogCa
     assert "rewrote" not in caplog.text
 
 
+def test_a_stop_string_is_never_matched_in_half_a_character() -> None:
+    """The partial decode of a character split across tokens ends in U+FFFD: ``stop="\ufffd"`` (or one ending in
+    it) cut the answer at its first multi-byte character, although the answer never contains U+FFFD."""
+    tokenizer = byte_chat_tokenizer()
+    deltas, text, stopped = _stream(tokenizer, "שלום 🐱 ok", stop=("\ufffd", "ok\ufffd"))
+    assert (text, stopped) == ("שלום 🐱 ok", False)
+    assert text == "".join(deltas)
+
+
 def test_a_budget_that_ends_inside_a_character_drops_it() -> None:
     tokenizer = byte_chat_tokenizer()
     ids = tokenizer("ok 林", add_special_tokens=False)["input_ids"]

@@ -47,7 +47,8 @@ class AnswerText:
 
     def _decoded(self) -> str:
         text = self._tokenizer.decode(self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        cuts = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        settled = text.rstrip(_REPLACEMENT)  # a trailing U+FFFD is half a character, not text a stop string may match
+        cuts = [i for i in (settled.find(s) for s in self._stop) if i >= 0]
         if cuts:
             self.stopped = True
             return text[: min(cuts)]
