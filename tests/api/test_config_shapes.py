@@ -91,3 +91,19 @@ def test_a_config_that_fits_neither_shape_names_what_is_wrong(bad: dict[str, Any
     for build in (config_from_dict, MemoryClient, Memory.from_config, AsyncMemoryClient):
         with pytest.raises(ConfigError, match=message):
             build(bad)
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"max_model_len": 8192}, "engine max_model_len is vLLM's setting"),
+        ({"kv_cache_bytes": 1 << 30, "max_model_len": 8192}, "engine max_model_len and kv_cache_bytes are vLLM's"),
+    ],
+)
+def test_vllms_limits_are_refused_for_the_transformers_engine(engine: dict[str, Any], message: str) -> None:
+    """vLLM's context limit had no setting in the memory config (only ``inferscale serve --max-model-len``): a client
+    moved to vLLM served 4096 tokens of SmolLM2's 8192. Now it has one, which the transformers engine would ignore."""
+    with pytest.raises(ConfigError, match=message):
+        MemoryClient({"engine": engine})
+    vllm = MemoryConfig.model_validate({"engine": {"provider": "vllm", **engine}}).engine
+    assert (vllm.max_model_len, vllm.kv_cache_bytes) == (engine.get("max_model_len"), engine.get("kv_cache_bytes"))

@@ -109,3 +109,23 @@ def test_the_background_encoder_loads_the_encoder_alone_and_never_starts_vllm(
         assert {row.memory_id for row in client.db.all_kv_entries()} == {memory_id}
         assert client.derived.missing_kv([memory_id]) == []  # prepare_kv's check: the encoder alone too
         assert engine._encoder_ready and not engine._ready  # weights loaded for encoding, vLLM never started
+
+
+def test_the_memory_config_sets_vllms_context_limit_and_cache_size(model_folder: Path, tmp_path: Path) -> None:
+    """``engine.max_model_len`` and ``engine.kv_cache_bytes`` reach the vLLM engine a client builds (it served 4096
+    tokens and 2 GiB whatever the config said); the limit bounds ``add`` as the engine's own does."""
+    engine = EngineConfig(
+        provider="vllm",
+        model=str(model_folder),
+        dtype="float32",
+        device="cpu",
+        max_model_len=64,
+        kv_cache_bytes=1 << 28,
+    )
+    config = MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, engine=engine)
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        assert client.context_window == 64
+        args = client.engine.engine_args()  # loads the encoder alone
+        assert (args["max_model_len"], args["kv_cache_memory_bytes"]) == (64, 1 << 28)
+        with pytest.raises(InvalidInputError, match="the model's context is 64 tokens"):
+            client.add("x" * 60, user_id="maya", infer=False)
