@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -186,6 +187,25 @@ def string_config_message(config: str) -> str:
     )
 
 
+def refuse_in_spawn_bootstrap() -> None:
+    """Refuse to build a vLLM client while a spawned child process re-runs the main script.
+
+    vLLM starts its engine in child processes, spawned on CPU: each imports the main module again, so a script whose
+    top-level code builds a client and adds memories did it once more in every child (duplicate memories in the
+    user's database) before vLLM failed with multiprocessing's own bootstrapping error.
+
+    Raises:
+        ConfigError: inside such a re-import (multiprocessing's ``_inheriting`` flag, which its own check reads),
+            naming the fix.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConfigError(
+            "a MemoryClient with engine provider 'vllm' was built while a child process re-ran the main script: "
+            "vLLM starts its engine in spawned processes, which import the main module again; put the code that "
+            'builds the client and uses it under `if __name__ == "__main__":`'
+        )
+
+
 class ClientCore:
     """Configuration, lazily built models and the pure steps shared by the sync and async clients.
 
@@ -255,6 +275,8 @@ class ClientCore:
         project_id: None = None,
     ) -> None:
         self.config = config if isinstance(config, MemoryConfig) else config_from_dict(config or {})
+        if engine is None and self.config.engine.provider == "vllm":
+            refuse_in_spawn_bootstrap()
         self._engine = engine
         self._owns_engine = engine is None
         self._embedder = embedder
