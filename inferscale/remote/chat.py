@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from inferscale.arguments import check_chat_mode, check_max_new_tokens, check_query_or_messages
+from inferscale.arguments import check_chat_mode, check_max_new_tokens, check_query, check_query_or_messages
+from inferscale.conversation import check_messages
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
@@ -52,8 +53,10 @@ def chat_call(
 
     Raises:
         InvalidInputError: when both or neither of ``query`` and ``messages`` are given (the request has one
-            conversation), ``mode`` is not ``"kv"`` or ``"prompt"`` (a ``None`` would be left out, and the server
-            would serve ``"kv"``), ``stream`` is not a bool (it decides what this call returns), or ``top_k`` is 0 or -1
+            conversation), for a query, ``search_query`` or messages the local client refuses (content parts, a role
+            other than system, user and assistant: the server reads OpenAI's wider shapes), ``mode`` is not ``"kv"``
+            or ``"prompt"`` (a ``None`` would be left out, and the server would serve ``"kv"``), ``stream`` is not a
+            bool (it decides what this call returns), or ``top_k`` is 0 or -1
             (on the OpenAI wire they mean "every token", which the local client refuses: they cannot be sent with
             the local meaning), and what :func:`~inferscale.remote.calls.scope_params` and
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
@@ -70,6 +73,14 @@ def chat_call(
     check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
+    # the local client's checks of the conversation: the server reads OpenAI's wider shapes (content parts, the
+    # developer role), which a call that works here only would make the local client refuse
+    if messages is None:
+        check_query(query)
+    else:
+        check_messages(messages)
+    if search_query is not None:
+        check_query(search_query, "search_query")
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
     check_max_new_tokens(max_new_tokens)  # under its own name: the wire's is OpenAI's max_tokens

@@ -247,6 +247,10 @@ def test_a_memory_id_no_path_carries_to_its_route_is_answered_as_unknown_without
     assert wire.requests == []
 
 
+PART = {"type": "text", "text": "Hi"}
+DEVELOPER = {"role": "developer", "content": "Be brief."}
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -265,6 +269,11 @@ def test_a_memory_id_no_path_carries_to_its_route_is_answered_as_unknown_without
         (lambda m: m.chat("x", user_id="u", temperature=float("inf")), InvalidInputError, "temperature is inf"),
         (lambda m: m.add("x", user_id="u", metadata={"when": object()}), InvalidInputError, "JSON"),
         (lambda m: m.chat("x", user_id="u", stop={"a"}), InvalidInputError, "JSON"),
+        # the server reads OpenAI's wider shapes, which the local client refuses: code that worked remote only
+        (lambda m: m.chat(messages=[{"role": "user", "content": [PART]}], user_id="u"), InvalidInputError, "content"),
+        (lambda m: m.chat(messages=[DEVELOPER, {"role": "user", "content": "Hi"}]), InvalidInputError, "'developer'"),
+        (lambda m: m.chat([PART], user_id="u"), InvalidInputError, "query must be a non-empty string"),
+        (lambda m: m.chat("x", user_id="u", search_query=" "), InvalidInputError, "search_query must be"),
     ],
 )
 def test_what_cannot_be_sent_is_refused_before_sending(wire: Wire, call: Any, error: type, match: str) -> None:
