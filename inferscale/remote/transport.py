@@ -105,11 +105,14 @@ class Connection:
             f"({type(error).__name__}: {error}); the timeout is {self.timeout:g} s"
         )
 
-    def broken(self, call: ApiCall[Any], error: httpx.HTTPError, closed_here: bool) -> InferScaleError:
-        """The error of a stream that broke off: :class:`~inferscale.errors.EngineClosedError` when this side
-        closed the client while the stream was read (as the local client raises), else :meth:`failed`'s."""
+    def broken(
+        self, call: ApiCall[Any], error: httpx.HTTPError, closed_here: bool, reading: str = "its stream"
+    ) -> InferScaleError:
+        """The error of a request or stream that broke off: :class:`~inferscale.errors.EngineClosedError` when this
+        side closed the client meanwhile (as the local client raises), naming what was being ``reading``, else
+        :meth:`failed`'s."""
         if closed_here:
-            return EngineClosedError(f"{self.what(call)}: the client was closed while its stream was read")
+            return EngineClosedError(f"{self.what(call)}: the client was closed while {reading} was read")
         return self.failed(call, error)
 
 
@@ -153,19 +156,20 @@ class Transport:
         """
         if call.unroutable_id is not None:
             return unsent_value(call, call.unroutable_id)
-        request = self._http.build_request(
+        http = self._http
+        request = http.build_request(
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            status, content = retrying(self.connection.retries)(self._attempt, request, call.idempotent)
+            status, content = retrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
         except RetryableReply as last:
             status, content = last.status, last.content
         except httpx.HTTPError as exc:
-            raise self.connection.failed(call, exc) from exc
+            raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
         return reply_value(call, status, content, self.connection.what(call))
 
-    def _attempt(self, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
-        response = self._http.send(request)
+    def _attempt(self, http: httpx.Client, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        response = http.send(request)
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content
 
@@ -243,20 +247,23 @@ class AsyncTransport:
         """Send ``call`` and return its result; see :meth:`Transport.call` (same errors)."""
         if call.unroutable_id is not None:
             return unsent_value(call, call.unroutable_id)
-        request = self._http.build_request(
+        http = self._http
+        request = http.build_request(
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            reply: tuple[int, bytes] = await aretrying(self.connection.retries)(self._attempt, request, call.idempotent)
+            reply: tuple[int, bytes] = await aretrying(self.connection.retries)(
+                self._attempt, http, request, call.idempotent
+            )
             status, content = reply
         except RetryableReply as last:
             status, content = last.status, last.content
         except httpx.HTTPError as exc:
-            raise self.connection.failed(call, exc) from exc
+            raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
         return reply_value(call, status, content, self.connection.what(call))
 
-    async def _attempt(self, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
-        response = await self._http.send(request)
+    async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        response = await http.send(request)
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from remote_wire import Wire
 
-from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError, ServerError
+from inferscale.errors import EngineClosedError, InvalidInputError, MemoryNotFoundError, ScopeError, ServerError
 
 DEFAULTS = {"rerank": False, "explain": False, "show_expired": False}  # search's flags, always sent
 
@@ -367,3 +367,25 @@ def test_wait_for_encoding_refuses_a_reply_without_done(wire: Wire) -> None:
     wire.answer(httpx.Response(200, json={"done": "yes"}))
     with pytest.raises(ServerError, match="done='yes'"):
         wire.client().wait_for_encoding(0)
+
+
+def test_a_reply_cut_off_by_closing_the_client_is_engine_closed_not_a_server_error(wire: Wire) -> None:
+    """``close()`` while a non-streamed chat waited for its reply (another thread, or the event loop's other task)
+    raised a ``ServerError`` that blamed the server ("got no complete reply ... the timeout is 300 s"); a stream
+    cut off so raised ``EngineClosedError`` already, as the local client does for both."""
+    m = wire.client()
+
+    def closed_meanwhile(request: httpx.Request) -> httpx.Response:
+        m.close()
+        raise httpx.ReadError("the connection was closed", request=request)
+
+    async def aclosed_meanwhile(request: httpx.Request) -> httpx.Response:  # inside the async client's event loop
+        await m.client.close()
+        raise httpx.ReadError("the connection was closed", request=request)
+
+    wire.answer(closed_meanwhile if wire.kind == "remote" else aclosed_meanwhile)  # type: ignore[arg-type]
+    with pytest.raises(EngineClosedError, match="the client was closed while its reply was read"):
+        m.chat("Tell me a story.", user_id="u")
+    wire.answer(httpx.ReadError("the server went away"))
+    with pytest.raises(ServerError, match="got no complete reply"):  # a break this side did not cause is the server's
+        m.chat("Tell me a story.", user_id="u")
