@@ -405,6 +405,24 @@ class FactKVManager:
         """
         return self._engine.encode_facts(requests)
 
+    def _put_serving(self, wanted: Sequence[Wanted], encoded: Sequence[FactKV]) -> list[FactKV]:
+        """:meth:`put` for a call that serves the K/V: a memory deleted meanwhile by another client (its row gone
+        between retrieval and storing) is not stored, and its K/V, quantised as they would be stored, still serve
+        this call, which retrieved it while it existed.
+
+        Raises:
+            OSError: when a file cannot be written.
+        """
+        served = []
+        for item, fresh in zip(wanted, encoded, strict=True):
+            try:
+                (fact,) = self.put([item], [fresh])
+            except MemoryNotFoundError:
+                log.debug("memory %s was deleted while its K/V were encoded; they serve this call unstored", item[0].id)
+                fact = fresh.quantized(self._config.storage_format)
+            served.append(fact)
+        return served
+
     def put(self, wanted: Sequence[Wanted], encoded: Sequence[FactKV]) -> list[FactKV]:
         """Store ``encoded[i]`` as the K/V of ``wanted[i]`` (a ``(record, encoding)``), quantised once to
         ``kv.storage_format``: its ``kv_entries`` row, then its tensors in every tier; entries of an older key
@@ -449,7 +467,7 @@ class FactKVManager:
         plain = [i for i in missing if not self.is_chained_encoding(wanted[i])]
         if plain:  # in batches
             misses = [wanted[i] for i in plain]
-            stored = self.put(misses, self.encode(self.requests(misses)))
+            stored = self._put_serving(misses, self.encode(self.requests(misses)))
             for i, fact in zip(plain, stored, strict=True):
                 found[i] = fact
         memo: ChainMemo = {}
