@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def read(file: Path) -> SavedIndex:
             trained_for = int(saved["ann_trained_for"]) if ann is not None else 0
         if values.dtype.kind != "S" or values.shape != label_ids.shape:
             raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # np.load of a cut .npz: BadZipFile
         raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
     return SavedIndex(index, label_ids, values, ann, trained_for)
 
@@ -105,7 +106,7 @@ def read_side_labels(file: Path, index_digest: str) -> tuple[np.ndarray, np.ndar
             values = np.asarray(saved["labels"])
         if values.dtype.kind != "S" or values.shape != label_ids.shape:
             raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # np.load of a cut .npz: BadZipFile
         log.warning("ignoring the unreadable index labels %s (%s); every vector counts as unlabelled", file, exc)
         return none
     if found_digest != index_digest:

@@ -307,6 +307,10 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
     corrupt.write_bytes(b"not a faiss index")
     with pytest.raises(ConfigError):
         VectorIndex.open(corrupt, DIM)
+    truncated = tmp_path / "truncated.faiss"  # a save cut short (a full disk, a copy interrupted)
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=r"cannot read the index file .*truncated.faiss.*delete it and rebuild"):
+        VectorIndex.open(truncated, DIM)  # raised zipfile.BadZipFile, which is no InferScaleError
     with pytest.raises(InvalidInputError, match="no path"):
         VectorIndex(DIM).save()
 
