@@ -105,6 +105,10 @@ class Connection:
             f"({type(error).__name__}: {error}); the timeout is {self.timeout:g} s"
         )
 
+    def closed_between_attempts(self, request: httpx.Request) -> EngineClosedError:
+        """The error of a call whose client was closed after an attempt that failed and before the next one."""
+        return EngineClosedError(f"{request.method} {request.url.path}: the client was closed between two attempts")
+
     def broken(
         self, call: ApiCall[Any], error: httpx.HTTPError, closed_here: bool, reading: str = "its stream"
     ) -> InferScaleError:
@@ -153,6 +157,8 @@ class Transport:
             InferScaleError: the type of the server's error code (the local client's types).
             ServerError: when the server cannot be reached after the retries, the reply breaks off or times out, or
                 the reply is not the InferScale shape.
+            EngineClosedError: when this client is closed (another thread, another task) while the call waits for
+                its reply or between two attempts.
         """
         if call.unroutable_id is not None:
             return unsent_value(call, call.unroutable_id)
@@ -169,6 +175,8 @@ class Transport:
         return reply_value(call, status, content, self.connection.what(call))
 
     def _attempt(self, http: httpx.Client, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
+            raise self.connection.closed_between_attempts(request)
         response = http.send(request)
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content
@@ -263,6 +271,8 @@ class AsyncTransport:
         return reply_value(call, status, content, self.connection.what(call))
 
     async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+        if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
+            raise self.connection.closed_between_attempts(request)
         response = await http.send(request)
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content

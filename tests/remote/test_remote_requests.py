@@ -389,3 +389,22 @@ def test_a_reply_cut_off_by_closing_the_client_is_engine_closed_not_a_server_err
     wire.answer(httpx.ReadError("the server went away"))
     with pytest.raises(ServerError, match="got no complete reply"):  # a break this side did not cause is the server's
         m.chat("Tell me a story.", user_id="u")
+
+
+def test_a_client_closed_between_two_attempts_is_engine_closed(wire: Wire) -> None:
+    """An idempotent call retried after a refused connection, on a client closed meanwhile, raised httpx's bare
+    ``RuntimeError("Cannot send a request, as the client has been closed.")``."""
+    m = wire.client()
+
+    def refused_and_closed(request: httpx.Request) -> httpx.Response:
+        m.close()
+        raise httpx.ConnectError("refused", request=request)
+
+    async def arefused_and_closed(request: httpx.Request) -> httpx.Response:
+        await m.client.close()
+        raise httpx.ConnectError("refused", request=request)
+
+    wire.answer(refused_and_closed if wire.kind == "remote" else arefused_and_closed)  # type: ignore[arg-type]
+    with pytest.raises(EngineClosedError, match="the client was closed between two attempts"):
+        m.get("m1")
+    assert len(wire.requests) == 1
