@@ -75,7 +75,8 @@ class AsyncMemoryClient(ClientCore):
 
     Raises:
         ConfigError: for a config that does not validate; for ``host`` together with a local argument, or a remote
-            argument without ``host``.
+            argument without ``host``; for ``engine.provider="vllm"`` while a spawned child process re-runs the main
+            script (:func:`~inferscale.client_core.refuse_in_spawn_bootstrap`).
     """
 
     _adb: AsyncMemoryStore | None = None

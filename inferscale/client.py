@@ -81,7 +81,9 @@ class MemoryClient(ClientCore):
         ConfigError: for a config that does not validate or an ``llm``/``embedder`` section that fits neither
             shape (the message names it and the keys that do not fit); for ``host`` together with ``config``,
             ``engine``, ``embedder`` or ``generator`` (a remote client uses the server's), or ``api_key``,
-            ``timeout`` or ``retries`` without ``host``; for an ``org_id`` or ``project_id`` that is not ``None``.
+            ``timeout`` or ``retries`` without ``host``; for an ``org_id`` or ``project_id`` that is not ``None``;
+            for ``engine.provider="vllm"`` while a spawned child process re-runs the main script
+            (:func:`~inferscale.client_core.refuse_in_spawn_bootstrap`).
     """
 
     _remote_class = "RemoteMemoryClient"
@@ -628,9 +630,10 @@ class MemoryClient(ClientCore):
                 ``query`` and ``messages``, ``memory_ids`` with ``limit``/``filters``/``search_query``, a bad mode,
                 budget or sampling value (``temperature < 0``, ``top_p`` outside (0, 1]), a conversation the chat
                 template refuses, a prompt longer than the model's context, or a ``memory_ids`` entry too long for
-                it once encoded with its context turns. Raised before anything is generated, also when streaming.
-                A *retrieved* memory too long to encode (stored before ``add`` refused such texts, or under other
-                settings) is left out with a warning instead, in both modes.
+                it even without its context turns. Raised before anything is generated, also when streaming.
+                A memory too long only with its turns is served from its context-free encoding; a *retrieved* one
+                too long even without them (stored under a model with a longer context) is left out with a warning
+                instead, in both modes.
             MemoryNotFoundError: for a ``memory_ids`` entry that is not a memory of the scope.
         """
         request = resolve_chat(
@@ -692,8 +695,8 @@ class MemoryClient(ClientCore):
 
         Returns:
             A :class:`~inferscale.kv_prepare.KVPrepareReport`: memories looked at, encoded, and the ids left (too
-            long for the model's context window with their context turns, or changed meanwhile); a memory deleted
-            meanwhile is in neither.
+            long for the model's context window even without their context turns, or changed meanwhile); a memory
+            deleted meanwhile is in neither.
 
         Raises:
             ScopeError: for an id that is not a non-empty string.

@@ -781,9 +781,10 @@ class ClientCore:
         during one. Between two steps it may: a stream is read at its reader's pace, which must not hold the
         encoder up (:meth:`_generate` marks the whole answer instead).
 
-        A retrieved memory too long for the model's context with its context turns (stored before ``add`` refused
-        such texts, or under other settings) is left out with a warning (both modes); one named in ``memory_ids``
-        is refused (:class:`~inferscale.errors.InvalidInputError`)."""
+        A memory too long for the model's context only with its context turns is served from its context-free
+        encoding; a retrieved one too long even without them is left out with a warning (both modes), and one
+        named in ``memory_ids`` is refused (:class:`~inferscale.errors.InvalidInputError`);
+        :meth:`~inferscale.fact_kv.FactKVManager.fit`."""
         records = self._servable(request, records)
         with self.derived.foreground():
             events, load_ms = self._open_stream(request, records)

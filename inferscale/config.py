@@ -76,11 +76,11 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _vllm_settings_need_vllm(self) -> EngineConfig:
-        given = [name for name in ("max_model_len", "kv_cache_bytes") if getattr(self, name) is not None]
+        given = [f"{name}={getattr(self, name)}" for name in ("max_model_len", "kv_cache_bytes") if getattr(self, name)]
         if given and self.provider != "vllm":
             raise ValueError(
-                f"engine {' and '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's setting (provider 'vllm'); "
-                "the transformers engine serves the model's whole context: leave it out"
+                f"engine {' and '.join(given)}: {'it is' if len(given) == 1 else 'they are'} vLLM's (provider "
+                "'vllm'); the transformers engine serves the model's whole context: leave it out"
             )
         return self
 

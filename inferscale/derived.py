@@ -332,9 +332,9 @@ class DerivedStores:
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
 
         The batch's memories are read from SQL in one query when its turn comes (one deleted meanwhile is skipped;
-        one re-worded or re-contexted is encoded as it is now; one too long for the model's context with its
-        context turns is skipped with a warning, as ``chat`` leaves it out:
-        :meth:`~inferscale.fact_kv.FactKVManager.servable`), and only the K/V no tier holds are encoded (a ``chat``
+        one re-worded or re-contexted is encoded as it is now; one too long only with its context turns gets its
+        context-free encoding, and one too long even without them is skipped with a warning, as ``chat`` leaves
+        it out: :meth:`~inferscale.fact_kv.FactKVManager.fit`), and only the K/V no tier holds are encoded (a ``chat``
         that needed one first encoded it itself). They are encoded in chunks of at most ``kv.encode_chunk_size``
         (a chunk ends before memories that share context turns with the next one rather than among them, so their
         turns are prefilled once: :meth:`~inferscale.fact_kv.FactKVManager.next_chunk`; a chained memory goes alone,
@@ -392,8 +392,8 @@ class DerivedStores:
     def missing_kv(self, memory_ids: Sequence[str]) -> list[str]:
         """The ids of ``memory_ids`` with an encoding (:meth:`~inferscale.fact_kv.FactKVManager.every_encoding`)
         that no tier holds under the current model and settings, in order; unknown ids are left out. Reads SQL (one
-        query per :data:`~inferscale.storage.queries.IN_CHUNK` ids) and the store's index; loads the engine,
-        encodes nothing."""
+        query per :data:`~inferscale.storage.queries.IN_CHUNK` ids) and the store's index; loads the encoder
+        (:meth:`load_encoder`), encodes nothing."""
         self.load_encoder()
         with self._lock:
             fact_kv = self.fact_kv

@@ -79,7 +79,7 @@ ChainMemo = dict[tuple[Scope, ChainLink], FactKV]
 """The K/V of the chain links one call has encoded or read, per exact scope (a scope's chain never uses another's)."""
 
 FITTING_CACHE_SIZE = 65_536
-"""How many memory keys :meth:`FactKVManager.servable` remembers the fit of (then it starts again)."""
+"""How many memory keys :meth:`FactKVManager.fit` remembers the fit of (then it starts again)."""
 
 Fit = Literal["context", "alone", "none"]
 """How a memory's encoding fits the model's context window (:meth:`FactKVManager.fit`): after its context turns (or on

@@ -32,9 +32,9 @@ class KVPrepareReport:
         memories: the memories looked at.
         encoded: of them, those that lacked an encoding and now have every one stored.
         left: the ids of those that still lack one, in the order given: too long for the model's context window
-            with their context turns (``chat`` leaves them out too, with a warning), or changed while they were
-            encoded (then encoded by the next ``chat`` that retrieves them, or by another call). A memory deleted
-            meanwhile is in neither ``encoded`` nor ``left``.
+            even without their context turns (``chat`` leaves them out too, with a warning), or changed while they
+            were encoded (then encoded by the next ``chat`` that retrieves them, or by another call). A memory
+            deleted meanwhile is in neither ``encoded`` nor ``left``.
     """
 
     memories: int
@@ -52,10 +52,10 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
     context-free one with ``kv.first_memory_context_free``), :data:`PAGE_SIZE` memories checked at a time and
     ``batch_size`` encoded at a time.
 
-    Loads the engine. Other calls go on meanwhile: each chunk holds the client's lock only to pick its memories and
-    to store what it encoded, and waits for the ``chat`` uses of the model running when it starts. A batch in which
-    a memory is deleted before its K/V are stored (an async client commits outside the client's lock; another
-    process may share the database) is encoded again one memory at a time, and the deleted one is skipped.
+    Loads the encoder (not vLLM). Other calls go on meanwhile: each chunk holds the client's lock only to pick its
+    memories and to store what it encoded, and waits for the ``chat`` uses of the model running when it starts. A
+    batch in which a memory is deleted before its K/V are stored (an async client commits outside the client's lock;
+    another process may share the database) is encoded again one memory at a time, and the deleted one is skipped.
 
     Raises:
         DatabaseUnavailableError: when the database cannot be connected to.

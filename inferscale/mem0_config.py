@@ -199,9 +199,11 @@ def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str
 
 
 def _require_provider(mem0: Mapping[str, Any], name: str, fix: str) -> None:
-    """Raises:
-    ConfigError: when Mem0's ``name`` section gives a ``config`` but no ``provider``. Mem0 reads that as its
-        default provider, OpenAI: serving it from a local model instead would change the user's model unannounced.
+    """Check that Mem0's ``name`` section with a ``config`` names its provider (``fix`` says which to name).
+
+    Raises:
+        ConfigError: when it gives a ``config`` but no ``provider``. Mem0 reads that as its default provider,
+            OpenAI: serving it from a local model instead would change the user's model unannounced.
     """
     raw = mem0.get(name)
     if isinstance(raw, Mapping) and raw.get("provider") is None and raw.get("config"):

@@ -8,8 +8,8 @@ import json
 import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import UTC, date, datetime
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -99,16 +99,32 @@ def check_engine(name: str) -> None:
             )
 
 
+def _json_value(value: object) -> object:
+    """What ``json`` writes for a value it cannot hold: a date or a path as text, a numpy scalar as its number.
+
+    Raises:
+        TypeError: for anything else, so that a report never holds a value written as a mere ``repr``.
+    """
+    if isinstance(value, date | PurePath):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a {type(value).__name__} has no JSON form in a report: convert it first ({value!r})")
+
+
 def write_json(path: Path, document: Any) -> Path:
-    """Write ``document`` as indented UTF-8 JSON to ``path`` (its folder created); values JSON cannot hold (dates,
-    paths) are written as their ``str``.
+    """Write ``document`` as indented UTF-8 JSON to ``path`` (its folder created); dates and paths are written as
+    text, numpy scalars as numbers.
 
     Returns:
         ``path``.
+
+    Raises:
+        TypeError: for another value JSON cannot hold.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(document, indent=2, default=_json_value) + "\n", encoding="utf-8")
     return path
 
 

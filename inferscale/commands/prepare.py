@@ -39,7 +39,7 @@ def _prepare(args: argparse.Namespace) -> int:
         if value["left"]:
             out.print(
                 f"left {count(len(value['left']), 'memory', 'memories')} without K/V (too long for the model's "
-                f"context with its context turns, or changed meanwhile): {', '.join(value['left'])}"
+                f"context even without its context turns, or changed meanwhile): {', '.join(value['left'])}"
             )
 
     return run_call(args, call, show, "encoding (the first call loads the model)")

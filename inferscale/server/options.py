@@ -58,9 +58,13 @@ class ServeSettings:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
 
     def __post_init__(self) -> None:
-        """Raises:
-        ConfigError: for a ``shutdown_grace_s`` that is negative or not finite."""
-        if not 0 <= self.shutdown_grace_s < float("inf"):
+        """Check the shutdown grace.
+
+        Raises:
+            ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or is not finite.
+        """
+        grace = self.shutdown_grace_s
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < float("inf"):
             raise ConfigError(f"shutdown grace must be a finite number of seconds >= 0, got {self.shutdown_grace_s}")
 
     @property

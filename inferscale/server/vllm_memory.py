@@ -141,8 +141,9 @@ class MemoryService:
         :attr:`recompute_tail` tokens are left to vLLM's prefill. Returns the request and those memories (Mem0
         dicts), in layout order.
 
-        A retrieved memory too long for the model's context once encoded with its context turns is left out with a
-        warning, as the client's ``chat`` leaves it out (:meth:`~inferscale.fact_kv.FactKVManager.servable`).
+        A retrieved memory too long for the model's context only with its context turns is served from its
+        context-free encoding, and one too long even without them is left out with a warning, as the client's
+        ``chat`` does (:meth:`~inferscale.fact_kv.FactKVManager.fit`).
 
         Raises:
             ScopeError: for an empty user id.

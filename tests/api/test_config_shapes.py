@@ -96,8 +96,8 @@ def test_a_config_that_fits_neither_shape_names_what_is_wrong(bad: dict[str, Any
 @pytest.mark.parametrize(
     ("engine", "message"),
     [
-        ({"max_model_len": 8192}, "engine max_model_len is vLLM's setting"),
-        ({"kv_cache_bytes": 1 << 30, "max_model_len": 8192}, "engine max_model_len and kv_cache_bytes are vLLM's"),
+        ({"max_model_len": 8192}, "engine max_model_len=8192: it is vLLM's"),
+        ({"kv_cache_bytes": 1 << 30, "max_model_len": 8192}, "max_model_len=8192 and kv_cache_bytes=1073741824: they"),
     ],
 )
 def test_vllms_limits_are_refused_for_the_transformers_engine(engine: dict[str, Any], message: str) -> None:

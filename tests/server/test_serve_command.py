@@ -162,3 +162,10 @@ def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(
     assert capsys.readouterr().err.startswith(
         f"inferscale serve: shutdown grace must be a finite number of seconds >= 0, got {float(grace)}"
     )
+
+
+@pytest.mark.parametrize("grace", ["5", None, True])
+def test_a_shutdown_grace_given_in_code_that_is_not_a_number_is_a_config_error(grace: object) -> None:
+    """From Python, ``ServerOptions(shutdown_grace_s="5")`` raised a bare ``TypeError`` from the comparison."""
+    with pytest.raises(ConfigError, match="shutdown grace must be a finite number of seconds >= 0"):
+        ServerOptions(shutdown_grace_s=grace)  # type: ignore[arg-type]
