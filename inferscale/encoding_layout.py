@@ -150,6 +150,11 @@ class EncodingLayout:
         """Whether ``record``'s encoding fits the model's context window at every position bucket."""
         return self._fits(record.text, record.context, record.chain_from)
 
+    def fits_after(self, text: str, turns: Sequence[str]) -> bool:
+        """Whether a memory of ``text`` encoded after (system prefix) + its last w of ``turns`` fits the model's
+        context window at every position bucket (the encoding of a memory that is not chained)."""
+        return self._fits(text, turns)
+
     def fits_alone(self, text: str) -> bool:
         """Whether a memory of ``text``'s context-free encoding (its fact tokens right after the system prefix) fits
         the model's context window."""

@@ -174,17 +174,17 @@ class FactKVManager:
         """How ``record``'s encoding fits the model's context window (:data:`Fit`). ``add`` and ``update`` store a
         memory only with the context turns after which it fits, but one stored before can stop fitting after them:
         under a model or engine with a shorter context (vLLM's ``max_model_len``), a larger w or a farther position
-        bucket. Such a memory is served from its context-free encoding (logged once, when first found), which
-        depends on none of those. Tokenises a memory the first time it is asked about (its key: id, text hash,
+        bucket; so can a chained memory's chain, when its block's anchor no longer fits after the anchor's turns.
+        Such a memory is served from its context-free encoding (logged once, when first found), which depends on
+        none of those. Tokenises a memory the first time it is asked about (its key: id, text hash,
         model, settings and context turns) and remembers the answer (the last :data:`FITTING_CACHE_SIZE`), so a
         chat's hot path tokenises only memories new to it; runs no model."""
         key = self.key(record)
         known = self._fits.get(key)
         if known is not None:
             return known
-        fit: Fit = (
-            "context" if self._layout.fits(record) else "alone" if self._layout.fits_alone(record.text) else "none"
-        )
+        in_context = self._layout.fits(record) and self._anchor_fits(record)
+        fit: Fit = "context" if in_context else "alone" if self._layout.fits_alone(record.text) else "none"
         if fit == "alone":
             log.warning(
                 "memory %s (%s) does not fit the model's context after its context turns; chats serve it from its "
@@ -196,6 +196,16 @@ class FactKVManager:
             self._fits.clear()
         self._fits[key] = fit
         return fit
+
+    def _anchor_fits(self, record: MemoryRecord) -> bool:
+        """Whether a chained memory's chain can be built: its block's anchor, encoded after the anchor's own turns
+        when no tier holds its K/V, fits the model's context window. ``True`` for a memory that is not chained, or
+        whose chain does not fit anyway (it is encoded as an anchor then: :meth:`EncodingLayout.chain_fallback`)."""
+        link = ChainLink.of(record)
+        if not self._layout.chained(link) or link.chain_from is None or self._layout.chain_fallback(link) is not None:
+            return True
+        anchor = link.context[link.chain_from]
+        return self._layout.fits_after(anchor, link.context[: link.chain_from])
 
     def servable(self, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
         """Those of ``records`` whose encoding fits the model's context window, after their context turns or after

@@ -341,3 +341,35 @@ def test_chat_measures_a_retrieved_memory_once_then_remembers_that_it_fits(
     client.update(memory_id, text="I like green tea.")
     assert client.chat("tea?", user_id="maya", max_new_tokens=1).memory_ids == [memory_id]
     assert measured == [memory_id, memory_id]
+
+
+def test_a_chained_memory_whose_anchor_no_longer_fits_after_its_turns_is_served_context_free(
+    engine: TransformersEngine, tmp_path: Path
+) -> None:
+    """With chains, a memory is encoded on its block's anchor, and the anchor after its own turns: stored under a
+    longer context, the anchor no longer fits after them here, so the chain cannot be built. The chained memory
+    measured as fitting (its chain span alone fits) and every chat naming or retrieving it failed with the encoder's
+    "needs positions up to 175"; it is served from its context-free encoding, as its anchor is."""
+    longer = TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"),
+        SYSTEM_PROMPT,
+        model=tiny_model("llama", max_position_embeddings=2 * CONTEXT),
+        tokenizer=byte_chat_tokenizer(),
+    )
+    kv = {"context_window": 5, "chain_block": 4, "encode_on_add": "lazy"}
+    texts = [*FILLERS[:3], ZEBRA, "Bird: mine is Tweety.", "Cat: Tom."]
+    with MemoryClient(_config(tmp_path, None, **kv), engine=longer, embedder=HashEmbedder()) as before:
+        ids = [
+            r["id"]
+            for r in before.add([{"role": "user", "content": t} for t in texts], user_id="maya", infer=False)["results"]
+        ]
+    with MemoryClient(_config(tmp_path, None, **kv), engine=engine, embedder=HashEmbedder()) as client:
+        records = client.db.get_many(ids)
+        anchor, chained = records[ids[4]], records[ids[5]]
+        assert (anchor.chain_from, chained.chain_from) == (4, 4)  # Bird anchors the second block, Cat is chained
+        fact_kv = client.derived.fact_kv
+        assert (fact_kv.fit(anchor), fact_kv.fit(chained)) == ("alone", "alone")
+        result = client.chat("bird?", user_id="maya", memory_ids=[ids[0], ids[5]], max_new_tokens=1)
+        assert result.memory_ids == [ids[0], ids[5]]
+        keys = [row.encoding_key for row in client.db.all_kv_entries() if row.memory_id == ids[5]]
+        assert keys == [fact_kv.encoding_key(chained, CONTEXT_FREE)]
