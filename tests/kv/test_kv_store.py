@@ -218,6 +218,19 @@ def test_disk_tier_refuses_a_file_recorded_under_another_key(tmp_path: Path, fie
         disk.get(requested)
 
 
+def test_an_unreadable_file_is_removed_and_is_a_miss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file cut short (a full disk, an interrupted copy) raised safetensors' own error on every read: a chat that
+    retrieved its memory failed, and nothing repaired it. It is a miss now, so the memory is encoded again."""
+    disk = DiskTier(tmp_path)
+    disk.put(key(), fact(1))
+    path = disk.path(key())
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert disk.get(key()) is None and not path.exists()
+    assert f"the K/V file {path} is unreadable" in caplog.text
+    disk.put(key(), fact(1))  # stored anew
+    assert same(disk.get(key()), fact(1))
+
+
 def test_disk_tier_clear_removes_only_its_own_files(tmp_path: Path) -> None:
     disk = DiskTier(tmp_path)
     disk.put(key("a"), fact(1))

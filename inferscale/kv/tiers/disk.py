@@ -11,6 +11,7 @@ writer, then a rename; :meth:`DiskTier.sweep_temp_files` removes those of writer
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from inferscale.kv.tiers.serialization import (
 )
 
 SUFFIX = ".safetensors"
+
+log = logging.getLogger(__name__)
 
 
 class DiskTier:
@@ -75,7 +78,11 @@ class DiskTier:
                 model's store); its tensors are not loaded.
             KVFormatError: when the file is not in this version's layout (an unknown storage format or scale layout
                 included), or holds another storage format than ``key`` records.
-            safetensors.SafetensorError: when the file is not a readable safetensors file.
+
+        A file that is not a readable safetensors file (cut short by a full disk or a copy, overwritten) is removed
+        with a warning and is a miss: its memory is encoded again and stored anew. It raised safetensors' own
+        error on every chat that retrieved the memory, and ``prepare_kv`` and reconciliation, which see the file,
+        never repaired it.
         """
         path = self.path(key)
         try:
@@ -84,6 +91,10 @@ class DiskTier:
                 check_key(metadata, key, str(path))
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except FileNotFoundError:
+            return None
+        except SafetensorError as exc:
+            log.warning("the K/V file %s is unreadable (%s); it is removed and its memory encoded again", path, exc)
+            path.unlink(missing_ok=True)
             return None
         fact = fact_from_payload(tensors, metadata, str(path))
         if fact.storage_tag != key.storage_tag:
