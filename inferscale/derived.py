@@ -424,13 +424,19 @@ class DerivedStores:
         """Drop the K/V tensors of deleted or re-worded memories from every tier (every key of each:
         memory, host and disk; files other processes wrote included). Their ``kv_entries`` rows were
         deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
-        no SQL runs here."""
+        no SQL runs here.
+
+        A file that cannot be removed (a read-only folder) is logged and left for reconciliation: the change is
+        committed, and the file can never be read again (its key names a text or context that no memory has)."""
         if not memory_ids:
             return
         # Without a K/V manager the engine is not loaded and only the disk tier can hold them.
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         for memory_id in memory_ids:
-            store.delete_memory(memory_id)
+            try:
+                store.delete_memory(memory_id)
+            except OSError as exc:
+                _log_left_behind(memory_id, exc)
 
     def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:
         """Drop from every tier the K/V of re-contexted memories (``records``, as they are now) that depended on
@@ -440,9 +446,12 @@ class DerivedStores:
             return
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         with_context = {r.id for r in records if r.context}
-        store.prune(
-            [r.id for r in records], lambda key: survives_recontext(key.encoding_key, key.memory_id in with_context)
-        )
+        try:
+            store.prune(
+                [r.id for r in records], lambda key: survives_recontext(key.encoding_key, key.memory_id in with_context)
+            )
+        except OSError as exc:  # as forget_kv: the change is committed, and reconciliation removes the files later
+            _log_left_behind(", ".join(r.id for r in records), exc)
 
     def release_kv(self) -> None:
         """Drop the K/V manager (and with it the engine it holds and the memory tiers' tensors); the disk tier and
@@ -491,3 +500,12 @@ class DerivedStores:
         foreground use of the model (:meth:`foreground`)."""
         with self.foreground():
             return self.fact_kv.ensure(list(records))
+
+
+def _log_left_behind(memory_ids: str, error: OSError) -> None:
+    log.warning(
+        "could not remove the K/V files of memory %s (%s); the change is committed, and reconciliation removes them "
+        "once their folder is writable (they can never be read again)",
+        memory_ids,
+        error,
+    )

@@ -1,6 +1,8 @@
-"""A damaged K/V file (cut short by a full disk or an interrupted copy) made every chat that retrieved its memory
-raise safetensors' own error, which is no InferScaleError, and nothing repaired it. The chat now encodes the memory
-again, stores it anew and answers as on an undamaged store."""
+"""K/V files the disk lets down. A damaged one (cut short by a full disk or an interrupted copy) made every chat that
+retrieved its memory raise safetensors' own error, which is no InferScaleError, and nothing repaired it: the chat now
+encodes the memory again, stores it anew and answers as on an undamaged store. One that cannot be removed (a
+read-only K/V folder) made ``delete``, ``update`` and ``delete_all`` raise ``PermissionError`` after their change was
+committed, so a caller retried a delete that had happened: the change stands and the call returns."""
 
 from __future__ import annotations
 
@@ -37,3 +39,32 @@ def test_a_chat_re_encodes_a_memory_whose_k_v_file_is_cut_short(engine: Any, tmp
         assert load_file(path).keys() == load_file(before).keys()
         for name, tensor in load_file(path).items():  # encoded again, bit for bit as before
             assert torch.equal(tensor, load_file(before)[name]), name
+
+
+def test_a_change_whose_k_v_files_cannot_be_removed_is_committed_and_returns(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from inferscale.kv.tiers.disk import DiskTier
+
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager"))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        texts = ["My dog is called Biscuit.", "I live in Porto.", "I like tea."]
+        ids = [
+            r["id"]
+            for r in client.add([{"role": "user", "content": t} for t in texts], user_id="u", infer=False)["results"]
+        ]
+
+        def read_only(self: DiskTier, memory_id: str) -> int:
+            raise PermissionError(13, "Permission denied", str(tmp_path / "kv" / memory_id))
+
+        monkeypatch.setattr(DiskTier, "delete_memory", read_only)
+        client.delete(ids[0])
+        client.update(ids[1], "I live in Lisbon.")
+        assert client.get(ids[0]) is None and client.get(ids[1])["memory"] == "I live in Lisbon."
+        assert [h["event"] for h in client.history(ids[0])] == ["ADD", "DELETE"]
+        client.delete_all(user_id="u")
+        assert client.get_all(user_id="u")["results"] == []
+        assert f"could not remove the K/V files of memory {ids[0]}" in caplog.text
+        monkeypatch.undo()
+        report = client.reconcile()  # once writable, reconciliation removes what was left behind
+        assert report.kv_memories_removed + report.kv_files_removed >= 3, report
