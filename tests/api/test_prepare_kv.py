@@ -167,9 +167,14 @@ def test_prepare_kv_after_a_settings_change_encodes_every_memory_under_its_new_k
         client.close()
 
 
-def test_a_memory_that_no_longer_fits_is_reported_and_the_others_are_encoded(
+def test_a_memory_that_no_longer_fits_at_a_far_bucket_gets_its_context_free_encoding(
     tmp_path: Path, db_url: str, engine: Any
 ) -> None:
+    """It was reported as left without K/V, and every chat left it out; chats serve it from its context-free
+    encoding now, so that is what prepare_kv stores (one too long even so is reported: tests/api/
+    test_add_span_check.py)."""
+    from inferscale.fact_kv import CONTEXT_FREE
+
     long_text = "A long memory that no bucket near the end of the context can hold. " * 2
     client = Client("sync", _config(tmp_path, db_url), engine)
     try:
@@ -180,8 +185,13 @@ def test_a_memory_that_no_longer_fits_is_reported_and_the_others_are_encoded(
     client = Client("sync", _config(tmp_path, db_url, position_buckets=(0, 1900)), engine)
     try:
         report = client.prepare_kv(user_id="maya")
-        assert report == KVPrepareReport(memories=3, encoded=2, left=(ids[1],))
-        assert client.client.derived.missing_kv(ids) == [ids[1]]
+        assert report == KVPrepareReport(memories=3, encoded=3, left=())
+        assert client.client.derived.missing_kv(ids) == []
+        fact_kv = client.client.derived.fact_kv
+        long_record = client.client.db.get_many([ids[1]])[ids[1]]
+        assert fact_kv.fit(long_record) == "alone"
+        keys = [row.encoding_key for row in client.client.db.all_kv_entries() if row.memory_id == ids[1]]
+        assert set(keys) == {fact_kv.encoding_key(long_record, CONTEXT_FREE)}
     finally:
         client.close()
 

@@ -44,6 +44,7 @@ def test_contract_members() -> None:
             "generate_kv",
             "generate_prompt",
             "load",
+            "load_encoder",
             "max_context_tokens",
             "model",
             "model_lock",
