@@ -1,8 +1,9 @@
-"""What a server test holds: :class:`Served` (a running server, its key store, config and client) and the
-``make_server`` factory type of tests/server/conftest.py."""
+"""What a server test holds: :class:`Served` (a running server, its key store, config and client), the
+``make_server`` factory type of tests/server/conftest.py, and :func:`free_port` for a server in a child process."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,3 +63,10 @@ def app_routes(app: Any) -> list[tuple[str, set[str]]]:
     found = [(route.path, set(route.methods or ())) for route in routes if isinstance(route.path, str)]
     assert all(isinstance(getattr(r, "original_route", r), Route) for r in routes), routes  # no mount, no socket
     return found
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago, for a server started in a child process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

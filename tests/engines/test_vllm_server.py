@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_harness import free_port
 from vllm_guard import skip_module_unless_importable
 
 _TMP = Path(tempfile.mkdtemp(prefix="inferscale-vllm-server-test-"))
@@ -58,12 +58,6 @@ KEYS: dict[str, dict[str, Any]] = {
     "planner": {"agent_ids": ["planner"]},
 }
 """The keys in the server's store: name -> ``KeyStore.create`` arguments."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -110,7 +104,7 @@ def server() -> Iterator[Server]:
     assert (len(ids["alice"]), len(ids["bob"])) == (3, 1)
     store = KeyStore(f"sqlite:///{data / 'memory.db'}")  # the memory database: where the server looks for keys
     keys = {name: store.create(name, **scopes)[1] for name, scopes in KEYS.items()}
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "INFERSCALE_HOME": os.environ.get("INFERSCALE_HOME", str(Path.home() / ".cache/inferscale"))}
     cmd = [sys.executable, "-m", "inferscale.serve_cli", "serve", "--engine", "vllm", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--data-dir", str(data), "--dtype", "float32", "--kv-cache-bytes", str(1 << 29)]

@@ -10,7 +10,6 @@ import io
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_harness import free_port
 
 from inferscale.remote.health import wait_until_healthy
 
@@ -31,12 +31,6 @@ def quick_start_blocks() -> list[tuple[str, str]]:
     text = DOC.read_text(encoding="utf-8")
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     return [(lang, body) for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)]
-
-
-def free_port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def command(line: str, data_dir: Path, port: str) -> list[str]:
@@ -66,7 +60,7 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 
 def test_wait_until_healthy_returns_once_health_answers_200() -> None:
-    port = free_port()
+    port = str(free_port())
     server = _child(HEALTH_SERVER, port)
     try:
         wait_until_healthy(f"http://127.0.0.1:{port}", process=server, timeout_s=30)
@@ -113,7 +107,7 @@ def test_the_page_has_the_three_blocks() -> None:
 def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     (_, shell), (_, python), (_, expected) = quick_start_blocks()
     keys_line, serve_line = [line for line in shell.splitlines() if line.strip()]
-    port = free_port()
+    port = str(free_port())
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
     created = subprocess.run(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_harness import free_port
 
 from inferscale.remote.health import wait_until_healthy
 
@@ -25,14 +25,8 @@ LONG_ANSWER = "Write a very long story about a dragon, with many chapters."
 """Greedy SmolLM2 answers this with about 3,000 tokens: the stream outlives the grace by minutes."""
 
 
-def _free_port() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
-
-
 def test_sigterm_cancels_a_running_stream_after_the_grace_and_closes_the_client(tmp_path: Path) -> None:
-    port = _free_port()
+    port = str(free_port())
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     argv = ["serve", "--port", port, "--data-dir", str(tmp_path), "--shutdown-grace", str(GRACE_S)]
     server = subprocess.Popen(
