@@ -198,15 +198,15 @@ def _section(config: Mapping[str, Any], name: str) -> tuple[str | None, dict[str
     return (str(provider).lower() if provider is not None else None), dict(inner)
 
 
-def _require_provider(mem0: Mapping[str, Any], name: str, fix: str) -> None:
-    """Check that Mem0's ``name`` section with a ``config`` names its provider (``fix`` says which to name).
+def _require_provider(name: str, provider: str | None, cfg: Mapping[str, Any], fix: str) -> None:
+    """Check that Mem0's ``name`` section, read by :func:`_section` as ``(provider, cfg)``, names its provider when
+    it gives a config (``fix`` says which to name).
 
     Raises:
         ConfigError: when it gives a ``config`` but no ``provider``. Mem0 reads that as its default provider,
             OpenAI: serving it from a local model instead would change the user's model unannounced.
     """
-    raw = mem0.get(name)
-    if isinstance(raw, Mapping) and raw.get("provider") is None and raw.get("config"):
+    if provider is None and cfg:
         raise ConfigError(
             f"Mem0's {name!r} section has a config but no provider, which Mem0 reads as 'openai'. Name the provider: "
             f"{fix}"
@@ -347,13 +347,17 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     llm: dict[str, Any] = {}
     engine = dict(own.get("engine") or {})
     llm_provider, llm_cfg = _section(mem0, "llm")
-    _require_provider(mem0, "llm", "'openai' to keep OpenAI's models, or 'inferscale' for the local engine")
+    _require_provider(
+        "llm", llm_provider, llm_cfg, "'openai' to keep OpenAI's models, or 'inferscale' for the local engine"
+    )
     mapped = _llm_fields(llm_provider, llm_cfg)
     if "engine_model" in mapped:
         engine["model"] = mapped.pop("engine_model")
     llm.update(mapped)
     emb_provider, emb_cfg = _section(mem0, "embedder")
-    _require_provider(mem0, "embedder", "'huggingface' with a sentence-transformers model (OpenAI's are not served)")
+    _require_provider(
+        "embedder", emb_provider, emb_cfg, "'huggingface' with a sentence-transformers model (OpenAI's are not served)"
+    )
     if emb_provider not in (None, "huggingface", "sentence_transformers", "sentence-transformers", "inferscale"):
         raise ConfigError(
             f"embedder provider {emb_provider!r} is not supported; use 'huggingface' (sentence-transformers)"
