@@ -71,6 +71,23 @@ def _memory_ids(memory_ids: Any) -> tuple[str, ...]:
     return ids
 
 
+def chat_conversation(query: Any, messages: Any, *, mode: Any, stream: Any) -> tuple[ChatMessage, ...]:
+    """The conversation of a ``chat`` call, checked first, as every client kind checks it (the remote clients before
+    sending: the server reads OpenAI's wider shapes, content parts and the developer role among them): a query is
+    one user message.
+
+    Raises:
+        InvalidInputError: when neither or both of ``query`` and ``messages`` are given, for a query that is not a
+            non-empty string, bad messages (:func:`~inferscale.conversation.check_messages`), a mode other than
+            ``"kv"`` or ``"prompt"``, or a ``stream`` that is not a bool.
+    """
+    check_query_or_messages(query, messages)
+    check_chat_mode(mode)
+    if not isinstance(stream, bool):
+        raise InvalidInputError(f"stream must be True or False, got {stream!r}")
+    return (ChatMessage("user", check_query(query)),) if messages is None else check_messages(messages)
+
+
 def resolve_chat(
     query: str | None,
     *,
@@ -101,11 +118,7 @@ def resolve_chat(
             ``limit``, ``search_query`` or ``filters`` that do more than name the scope (an operator, a wildcard
             ``"*"``, a metadata key), a bad mode, budget, ``stream`` flag or sampling value.
     """
-    check_query_or_messages(query, messages)
-    check_chat_mode(mode)
-    if not isinstance(stream, bool):
-        raise InvalidInputError(f"stream must be True or False, got {stream!r}")
-    conversation = (ChatMessage("user", check_query(query)),) if messages is None else check_messages(messages)
+    conversation = chat_conversation(query, messages, mode=mode, stream=stream)
     scope, node = resolve_scope(user_id, agent_id, run_id, filters)
     ids: tuple[str, ...] | None = None
     if memory_ids is not None:

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from inferscale.arguments import check_chat_mode, check_max_new_tokens, check_query, check_query_or_messages
-from inferscale.conversation import check_messages
+from inferscale.arguments import check_max_new_tokens, check_query
+from inferscale.chat_request import chat_conversation
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json, scope_params
 from inferscale.remote.errors import decoded_error
@@ -69,16 +69,9 @@ def chat_call(
     ``inferscale`` object (``mode`` at least), which tells the server the chat asks for memory: only a
     plain OpenAI request (no ``user``, no ``inferscale``) is answered without memory.
     """
-    check_query_or_messages(query, messages)
-    check_chat_mode(mode)
-    if not isinstance(stream, bool):
-        raise InvalidInputError(f"stream must be True or False, got {stream!r}")
-    # the local client's checks of the conversation: the server reads OpenAI's wider shapes (content parts, the
-    # developer role), which a call that works here only would make the local client refuse
-    if messages is None:
-        check_query(query)
-    else:
-        check_messages(messages)
+    # the local client's checks: the server reads OpenAI's wider shapes (content parts, the developer role), which
+    # a call that works here only would make the local client refuse
+    chat_conversation(query, messages, mode=mode, stream=stream)
     if search_query is not None:
         check_query(search_query, "search_query")
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
