@@ -8,7 +8,8 @@ owns them for both clients:
   (:mod:`inferscale.encode_queue`; :meth:`DerivedStores.encode_queued` is its batch);
 - :meth:`DerivedStores.reconcile_steps` repairs what a crash or another process left behind (run on first use, and
   by the clients' ``reconcile``; :mod:`inferscale.reconcile`): each vector is labelled with the text hash it was
-  embedded from, so a stale one is found by comparing labels with SQL;
+  embedded from, so a stale one is found by comparing labels with SQL, and the index file records the embedder, so
+  an index of another embedder starts empty and every memory is embedded again;
 - :meth:`DerivedStores.search_steps` is the scoped top-k search, and :meth:`DerivedStores.similar_steps` the
   similar-memory step of ``add`` (the stored memories the reconcile LLM is shown).
 
@@ -37,6 +38,7 @@ from inferscale.kv.fingerprint import survives_recontext
 from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
+from inferscale.retrieval.embedder import embedder_identity
 from inferscale.scope import Scope
 from inferscale.steps import RecordsByVectorId, Steps, Versions
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -135,7 +137,10 @@ class DerivedStores:
         """
         with self._lock:
             if self._index is None:
-                self._index = VectorIndex.open(self._index_path, self._embedder().dim, self._config.search)
+                embedder = self._embedder()
+                self._index = VectorIndex.open(
+                    self._index_path, embedder.dim, self._config.search, embedder_identity(embedder)
+                )
             return self._index
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
@@ -462,7 +467,8 @@ class DerivedStores:
     def reset(self) -> None:
         """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""
         with self._lock:
-            index = VectorIndex(self._embedder().dim, self._index_path, self._config.search)
+            embedder = self._embedder()
+            index = VectorIndex(embedder.dim, self._index_path, self._config.search, embedder_identity(embedder))
             index.save()
             self._index = index
             self._index_dirty = False

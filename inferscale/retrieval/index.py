@@ -18,6 +18,7 @@ index are saved together in one file (:mod:`inferscale.retrieval.index_file`) by
 from __future__ import annotations
 
 import glob
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,8 @@ from inferscale.retrieval.index_file import labels_path
 from inferscale.retrieval.labels import MAX_LABEL_LENGTH, LabelTable, check_labels, differ, label_array
 from inferscale.retrieval.ranking import as_pairs, inner_products, top_k, with_ties
 from inferscale.retrieval.threads import one_thread
+
+log = logging.getLogger(__name__)
 
 
 class VectorIndex:
@@ -56,15 +59,26 @@ class VectorIndex:
         path: the file :meth:`save` writes; ``None`` for an in-memory index (then ``save`` needs a path).
         search: which search path serves which scope size; ``None`` for :class:`~inferscale.config.SearchConfig`'s
             defaults.
+        embedder: the identity of the embedder whose vectors it holds
+            (:func:`~inferscale.retrieval.embedder.embedder_identity`), saved with it; ``None``: not recorded.
 
     Raises:
         InvalidInputError: when ``dim`` is not a positive int.
     """
 
-    def __init__(self, dim: int, path: Path | str | None = None, search: SearchConfig | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        path: Path | str | None = None,
+        search: SearchConfig | None = None,
+        embedder: str | None = None,
+    ) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int | np.integer) or dim < 1:
             raise InvalidInputError(f"dim must be a positive int, got {dim!r}")
+        if embedder is not None and (not isinstance(embedder, str) or not embedder):
+            raise InvalidInputError(f"embedder must be a non-empty str or None, got {embedder!r}")
         self._dim = int(dim)
+        self._embedder = embedder
         self._path = Path(path) if path is not None else None
         self._search = search if search is not None else SearchConfig()
         self._lock = threading.Lock()
@@ -75,8 +89,15 @@ class VectorIndex:
         self._ann_builds = 0
 
     @classmethod
-    def open(cls, path: Path | str, dim: int, search: SearchConfig | None = None) -> VectorIndex:
+    def open(
+        cls, path: Path | str, dim: int, search: SearchConfig | None = None, embedder: str | None = None
+    ) -> VectorIndex:
         """The index saved at ``path``, or an empty one (bound to ``path``) when the file does not exist.
+
+        With ``embedder`` (the identity of the caller's embedder), a file saved with another embedder's identity is
+        not loaded: its vectors come from another model and would rank by it. An empty index is returned (bound to
+        ``path``, which its next save replaces) and a warning logged; the caller embeds its texts again. A file
+        without an identity (saved without one, or by an earlier version) is taken to hold ``embedder``'s vectors.
 
         The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
         belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
@@ -84,15 +105,26 @@ class VectorIndex:
         (:func:`~inferscale.retrieval.approximate.list_count`); otherwise it is built again when needed.
 
         Raises:
-            InvalidInputError: when the saved index has another dimension than ``dim``.
+            InvalidInputError: when the saved index has another dimension than ``dim`` and was saved without an
+                embedder identity (with one, the identities differ and the index starts empty).
             ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (delete it and rebuild the
                 index from the database with :meth:`add`).
         """
-        index = cls(dim, path, search)
+        index = cls(dim, path, search, embedder)
         file = Path(path)
         if not file.exists():
             return index
         saved = index_file.read(file)
+        if embedder is not None and saved.embedder is not None and saved.embedder != embedder:
+            log.warning(
+                "the index %s holds the vectors of the embedder %r, not of %r: they are not loaded, and the index "
+                "starts empty (to be embedded again)",
+                file,
+                saved.embedder,
+                embedder,
+            )
+            return index
+        index._embedder = embedder if embedder is not None else saved.embedder
         try:
             loaded = faiss.deserialize_index(saved.index)
         except RuntimeError as exc:
@@ -128,6 +160,11 @@ class VectorIndex:
     def dim(self) -> int:
         """The vector size."""
         return self._dim
+
+    @property
+    def embedder(self) -> str | None:
+        """The identity of the embedder whose vectors it holds, saved with it (``None``: not recorded)."""
+        return self._embedder
 
     @property
     def path(self) -> Path | None:
@@ -463,6 +500,7 @@ class VectorIndex:
                 self._labels.values,
                 self._ann.to_bytes() if self._ann is not None else None,
                 self._ann.trained_for if self._ann is not None else 0,
+                self._embedder,
             )
         atomic_write(target, index_file.encode(saved))
         labels_path(target).unlink(missing_ok=True)  # an earlier version's labels: now in the file itself

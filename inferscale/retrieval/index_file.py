@@ -4,7 +4,9 @@ one save's index with that save's labels, never a mismatch.
 
 Entries: ``index`` (the serialised FAISS ``IndexIDMap2``, uint8), ``ids`` and ``labels`` (the labelled ids and their
 labels), and, when the approximate index is built, ``ann`` (the serialised ``IndexIVFFlat``) with ``ann_trained_for``
-(how many vectors it was trained on). Files without ``ann`` (no approximate index yet, or an earlier version) are
+(how many vectors it was trained on), and ``embedder``, the identity of the embedder whose vectors it holds
+(:func:`~inferscale.retrieval.embedder.embedder_identity`; absent when the index was saved without one, or by an
+earlier version). Files without ``ann`` (no approximate index yet, or an earlier version) are
 read; files of the earliest versions (the bare FAISS index, its labels beside it in ``<index>.labels.npz`` bound to
 the index bytes by a digest) are read too.
 """
@@ -38,6 +40,7 @@ class SavedIndex:
         label_values: their labels, bytes ``[m]`` (``None`` with ``label_ids``).
         ann: the serialised approximate index, uint8 ``[c]``, or ``None``.
         ann_trained_for: how many vectors the approximate index was trained on (0 without one).
+        embedder: the identity of the embedder whose vectors it holds (``None``: not recorded).
     """
 
     index: np.ndarray
@@ -45,6 +48,7 @@ class SavedIndex:
     label_values: np.ndarray | None = None
     ann: np.ndarray | None = None
     ann_trained_for: int = 0
+    embedder: str | None = None
 
 
 def labels_path(path: Path) -> Path:
@@ -66,6 +70,8 @@ def encode(saved: SavedIndex) -> memoryview:
         arrays.update(ids=saved.label_ids, labels=saved.label_values)
     if saved.ann is not None:
         arrays.update(ann=saved.ann, ann_trained_for=np.array(saved.ann_trained_for, dtype=np.int64))
+    if saved.embedder is not None:
+        arrays.update(embedder=np.array(saved.embedder, dtype=np.str_))
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getbuffer()
 
@@ -86,11 +92,12 @@ def read(file: Path) -> SavedIndex:
             values = np.asarray(saved["labels"])
             ann = np.asarray(saved["ann"], dtype=np.uint8).reshape(-1) if "ann" in saved.files else None
             trained_for = int(saved["ann_trained_for"]) if ann is not None else 0
+            embedder = str(saved["embedder"]) if "embedder" in saved.files else None
         if values.dtype.kind != "S" or values.shape != label_ids.shape:
             raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # np.load of a cut .npz: BadZipFile
         raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
-    return SavedIndex(index, label_ids, values, ann, trained_for)
+    return SavedIndex(index, label_ids, values, ann, trained_for, embedder)
 
 
 def read_side_labels(file: Path, index_digest: str) -> tuple[np.ndarray, np.ndarray]:

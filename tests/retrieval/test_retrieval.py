@@ -14,6 +14,7 @@ import pytest
 import inferscale.retrieval.index
 from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
+from inferscale.retrieval.embedder import embedder_identity
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
 
@@ -315,6 +316,44 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
         VectorIndex(DIM).save()
 
 
+def test_open_with_another_embedders_identity_starts_empty(
+    tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, ids, vectors = filled
+    tagged = VectorIndex(DIM, tmp_path / "index.faiss", embedder="model-a (16-d)")
+    tagged.add(ids, vectors, labels=[f"h{i}" for i in ids])
+    file = tagged.save()
+    same = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
+    assert same.ids().tolist() == ids.tolist() and same.embedder == "model-a (16-d)"
+    assert same.stale_ids(ids[:2], [f"h{i}" for i in ids[:2]]).size == 0
+    with caplog.at_level("WARNING", logger="inferscale.retrieval.index"):
+        other = VectorIndex.open(file, DIM, embedder="model-b (16-d)")  # same dimension, another model
+    assert len(other) == 0 and other.path == file and other.embedder == "model-b (16-d)"
+    assert "model-a (16-d)" in caplog.text and "model-b (16-d)" in caplog.text
+    assert other.stale_ids(ids, [f"h{i}" for i in ids]).tolist() == ids.tolist()  # every memory embedded again
+    assert len(VectorIndex.open(file, DIM)) == len(ids)  # the file is untouched until the next save
+    other.add(ids[:1], vectors[:1])
+    other.save()
+    assert VectorIndex.open(file, DIM).embedder == "model-b (16-d)"
+    assert VectorIndex.open(file, DIM, embedder="model-b (16-d)").ids().tolist() == ids[:1].tolist()
+    wider = VectorIndex.open(file, DIM * 2, embedder="model-c (32-d)")  # another dimension: no error, empty
+    assert len(wider) == 0 and wider.dim == DIM * 2
+
+
+def test_file_without_embedder_identity_is_adopted(
+    tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray]
+) -> None:
+    index, ids, _ = filled
+    file = index.save(tmp_path / "index.faiss")  # saved without an identity (as earlier versions did)
+    assert VectorIndex.open(file, DIM).embedder is None
+    adopted = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
+    assert adopted.ids().tolist() == ids.tolist() and adopted.embedder == "model-a (16-d)"
+    adopted.save()
+    assert VectorIndex.open(file, DIM).embedder == "model-a (16-d)"  # recorded from the next save on
+    with pytest.raises(InvalidInputError, match="embedder must be a non-empty str"):
+        VectorIndex(DIM, embedder="")
+
+
 # ---- embedder -------------------------------------------------------------------------------------------------
 
 
@@ -334,6 +373,25 @@ def test_default_embedder_loads_minilm(minilm: SentenceTransformerEmbedder) -> N
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     # Deterministic: embedding the same text twice gives the same vector.
     np.testing.assert_allclose(minilm.embed(texts[:1])[0], vectors[0], atol=1e-5)
+    assert embedder_identity(minilm) == "sentence-transformers/all-MiniLM-L6-v2 (384-d)"
+
+
+class _Unnamed:
+    dim = 3
+
+    def embed(self, texts: object) -> np.ndarray:
+        return np.zeros((0, 3), dtype=np.float32)
+
+
+class _Named(_Unnamed):
+    name = "my-model-v2"
+
+
+def test_embedder_identity_names_the_model_or_the_class() -> None:
+    assert embedder_identity(_Named()) == "my-model-v2 (3-d)"
+    assert embedder_identity(_Unnamed()) == f"{__name__}._Unnamed (3-d)"
+    assert SentenceTransformerEmbedder("/models/e5-small").name == "/models/e5-small"  # no model load
+    assert SentenceTransformerEmbedder().name == "sentence-transformers/all-MiniLM-L6-v2"
 
 
 @pytest.mark.slow
