@@ -78,7 +78,7 @@ test-core: $(STAMP)
 
 # The vLLM connector tests run the real vLLM engine on CPU (eager mode), in their own environment.
 test-vllm: $(VSTAMP)
-	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/engines/test_vllm_connector.py tests/engines/test_vllm_layout_only.py tests/engines/test_vllm_server.py tests/bench/test_vllm_throughput.py $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 VLLM_CPU_NUM_OF_RESERVED_CPU=1 $(VBIN)/python -m pytest -q tests/engines/test_vllm_connector.py tests/engines/test_vllm_layout_only.py tests/engines/test_vllm_segment_files.py tests/engines/test_vllm_server.py tests/bench/test_vllm_throughput.py $(PYTEST_ARGS)
 
 # Each package's suite runs from its own folder (its own conftest and pytest settings), on the real frameworks.
 test-integrations: $(ISTAMP)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 from mem0_fakes import HashEmbedder
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from tiny_models import tiny_engine
 
 from inferscale import MemoryClient, MemoryConfig
@@ -39,6 +40,29 @@ def test_a_chat_re_encodes_a_memory_whose_k_v_file_is_cut_short(engine: Any, tmp
         assert load_file(path).keys() == load_file(before).keys()
         for name, tensor in load_file(path).items():  # encoded again, bit for bit as before
             assert torch.equal(tensor, load_file(before)[name]), name
+
+
+def test_a_k_v_file_whose_tensors_were_changed_in_place_is_encoded_again(
+    engine: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file rewritten with other tensors under its own header (a failing disk, a tool that edited it) read as valid
+    K/V and was injected as it was; its checksum no longer matches, so it is refused and encoded again."""
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager", host_budget_bytes=0))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        (memory_id,) = [r["id"] for r in client.add("My dog is called Biscuit.", user_id="u", infer=False)["results"]]
+        (path,) = (tmp_path / "kv" / memory_id).glob("*.safetensors")
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata()
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        assert metadata["checksum"].startswith("sha256:")
+        intact = {name: tensor.clone() for name, tensor in tensors.items()}
+        tensors["keys"][0, 0, 0, 0] += 1.0  # one element of one key
+        save_file(tensors, str(path), metadata=metadata)
+        (served,) = client.memory_kv([memory_id])
+        assert torch.equal(served.keys.cpu(), intact["keys"]) and torch.equal(served.values.cpu(), intact["values"])
+        assert "do not match the checksum" in caplog.text
+        for name, tensor in load_file(path).items():  # stored anew, bit for bit as first encoded
+            assert torch.equal(tensor, intact[name]), name
 
 
 def test_a_change_whose_k_v_files_cannot_be_removed_is_committed_and_returns(

@@ -1,5 +1,6 @@
 """8-bit K/V from encoding to the cache: quantised once when stored, dequantised when assembled (placed and rotated
-exactly as the dequantised K/V of a fresh encoding), formats mixed or switched cleanly, read by vLLM's workers."""
+exactly as the dequantised K/V of a fresh encoding), formats mixed or switched cleanly. vLLM's workers reading stored
+files: tests/engines/test_vllm_segment_files.py."""
 
 from __future__ import annotations
 
@@ -170,17 +171,3 @@ def test_switching_the_format_re_encodes_and_keeps_the_other_formats_entries(tmp
     assert len(list((tmp_path / "kv" / "m1").glob("*.safetensors"))) == 2  # each format's entry under its own key
     back = _manager(tmp_path, engine, rows, "model").ensure(records)  # another client may still use the first
     assert engine.encoded == 2 and back[0].scales is None and torch.equal(back[0].keys, first[0].keys)
-
-
-# ---------------------------------------------------------------- vLLM's workers
-def test_vllm_segment_cache_dequantises_a_stored_8bit_file_on_its_device(tmp_path: Path) -> None:
-    pytest.importorskip("vllm", reason="the vLLM engine package needs vllm (make install-vllm)")
-    from inferscale.engines.vllm.metadata import SegmentRef
-    from inferscale.engines.vllm.segments import SegmentCache
-
-    engine, rows = _Engine(), _Rows()
-    fact = _manager(tmp_path, engine, rows, "int8").ensure([_record("m1", "I live in Lisbon.")])[0]
-    assert fact.source is not None
-    keys, values = SegmentCache(torch.device("cpu")).get(SegmentRef(fact.source, "u1"))
-    want = fact.dequantized()
-    assert keys.dtype == torch.float32 and torch.equal(keys, want.keys) and torch.equal(values, want.values)

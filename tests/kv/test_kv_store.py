@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from inferscale.errors import ConfigError, InvalidInputError, KVFingerprintMismatchError
 from inferscale.kv import FactKV, KVKey, KVStore, TieredKVStore
 from inferscale.kv.tiers import DeviceTier, DiskTier, HostTier, KVFormatError, KVTier, LRUPolicy
-from inferscale.kv.tiers.serialization import fact_from_payload, fact_to_payload
+from inferscale.kv.tiers.serialization import KVChecksumError, fact_from_payload, fact_to_payload, tensors_checksum
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA (device tier, pinned host memory); this machine has none")
@@ -226,9 +228,61 @@ def test_an_unreadable_file_is_removed_and_is_a_miss(tmp_path: Path, caplog: pyt
     path = disk.path(key())
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     assert disk.get(key()) is None and not path.exists()
-    assert f"the K/V file {path} is unreadable" in caplog.text
+    assert f"the K/V file {path} is damaged: it is unreadable" in caplog.text
     disk.put(key(), fact(1))  # stored anew
     assert same(disk.get(key()), fact(1))
+
+
+def _rewrite(path: Path, change: Callable[[dict[str, torch.Tensor], dict[str, str]], None]) -> None:
+    """Rewrite the safetensors file ``path`` after ``change`` edits its tensors and header in place."""
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata())
+        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys()}  # noqa: SIM118
+    change(tensors, metadata)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("storage", "tensor"),
+    [
+        ("model", "keys"),
+        ("model", "values"),
+        ("model", "token_ids"),
+        ("int8", "keys"),
+        ("int8", "key_scale"),
+        ("int8", "value_scale"),
+    ],
+)
+def test_a_file_whose_tensors_changed_in_place_is_removed_and_is_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, storage: str, tensor: str
+) -> None:
+    """Tensors changed under their own header (a failing disk, a tool that rewrote the file) read as valid K/V and
+    were injected; the checksum written with them no longer matches, so the file is a damaged one."""
+    stored = fact(1) if storage == "model" else fact(1).quantized(storage)
+    disk = DiskTier(tmp_path)
+    disk.put(key(), stored)
+    path = disk.path(key())
+
+    def bump_first_element(tensors: dict[str, torch.Tensor], _: dict[str, str]) -> None:
+        tensors[tensor].view(-1)[0] += 1
+
+    _rewrite(path, bump_first_element)
+    assert disk.get(key()) is None and not path.exists()
+    assert "do not match the checksum written with them" in caplog.text
+
+
+def test_checksums_cover_dtype_and_shape_and_files_without_one_are_read(tmp_path: Path) -> None:
+    tensors, _ = fact_to_payload(key(), fact(2))
+    base = tensors_checksum(tensors)
+    assert base == tensors_checksum({name: t.clone() for name, t in reversed(tensors.items())})
+    assert base != tensors_checksum({**tensors, "keys": tensors["keys"].reshape(HEADS, LAYERS, -1, HEAD_DIM)})
+    assert base != tensors_checksum({**tensors, "token_ids": tensors["token_ids"].view(torch.float64)})
+    disk = DiskTier(tmp_path)
+    disk.put(key(), fact(2))
+    _rewrite(disk.path(key()), lambda _, metadata: metadata.pop("checksum"))  # as written before checksums
+    assert same(disk.get(key()), fact(2))
+    with pytest.raises(KVChecksumError, match="refusing to inject it"):
+        fact_from_payload({**tensors, "values": -tensors["values"]}, fact_to_payload(key(), fact(2))[1], "m1/x")
 
 
 def test_disk_tier_clear_removes_only_its_own_files(tmp_path: Path) -> None:

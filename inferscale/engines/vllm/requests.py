@@ -30,6 +30,7 @@ from inferscale.engines.vllm.segments import read_header
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.serving import ServingSettings
+from inferscale.kv.tiers.serialization import tensors_checksum
 
 
 def vllm_recompute_tail(serving: ServingSettings) -> int:
@@ -112,15 +113,18 @@ def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
     """
     fact = fact.dequantized()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(
-        {
-            "keys": fact.keys.detach().cpu().contiguous(),
-            "values": fact.values.detach().cpu().contiguous(),
-            "token_ids": fact.token_ids.to(torch.int64).cpu().contiguous(),
-        },
-        str(tmp),
-        metadata={"format": "inferscale.kv/1", "fingerprint": fingerprint, "encoded_at": str(fact.encoded_at)},
-    )
+    tensors = {
+        "keys": fact.keys.detach().cpu().contiguous(),
+        "values": fact.values.detach().cpu().contiguous(),
+        "token_ids": fact.token_ids.to(torch.int64).cpu().contiguous(),
+    }
+    metadata = {
+        "format": "inferscale.kv/1",
+        "fingerprint": fingerprint,
+        "encoded_at": str(fact.encoded_at),
+        "checksum": tensors_checksum(tensors),
+    }
+    save_file(tensors, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
 

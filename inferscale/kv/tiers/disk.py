@@ -25,6 +25,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_id
 from inferscale.kv.tiers.serialization import (
+    KVChecksumError,
     KVFormatError,
     check_key,
     fact_from_payload,
@@ -79,10 +80,11 @@ class DiskTier:
             KVFormatError: when the file is not in this version's layout (an unknown storage format or scale layout
                 included), or holds another storage format than ``key`` records.
 
-        A file that is not a readable safetensors file (cut short by a full disk or a copy, overwritten) is removed
-        with a warning and is a miss: its memory is encoded again and stored anew. It raised safetensors' own
-        error on every chat that retrieved the memory, and ``prepare_kv`` and reconciliation, which see the file,
-        never repaired it.
+        A damaged file is removed with a warning and is a miss: its memory is encoded again and stored anew. It is
+        damaged when it is not a readable safetensors file (cut short by a full disk or a copy, overwritten), or when
+        its tensors do not match the checksum written with them (changed in place: a failing disk, a tool that
+        rewrote them; :func:`~inferscale.kv.tiers.serialization.check_checksum`). A cut file raised safetensors' own
+        error on every chat that retrieved the memory; a changed one would have been injected as it was.
         """
         path = self.path(key)
         try:
@@ -93,16 +95,23 @@ class DiskTier:
         except FileNotFoundError:
             return None
         except SafetensorError as exc:
-            log.warning("the K/V file %s is unreadable (%s); it is removed and its memory encoded again", path, exc)
-            path.unlink(missing_ok=True)
-            return None
-        fact = fact_from_payload(tensors, metadata, str(path))
+            return self._drop_damaged(path, f"it is unreadable ({exc})")
+        try:
+            fact = fact_from_payload(tensors, metadata, str(path))
+        except KVChecksumError:
+            return self._drop_damaged(path, "its tensors do not match the checksum written with them")
         if fact.storage_tag != key.storage_tag:
             raise KVFormatError(
                 f"{path} holds K/V stored as {fact.storage_tag!r} under a key for {key.storage_tag!r}; refusing to "
                 "read one format as another"
             )
         return fact.with_source(str(path))
+
+    @staticmethod
+    def _drop_damaged(path: Path, why: str) -> None:
+        """Remove the damaged file ``path`` (a miss: its memory is encoded again), with a warning saying ``why``."""
+        log.warning("the K/V file %s is damaged: %s; it is removed and its memory encoded again", path, why)
+        path.unlink(missing_ok=True)
 
     def contains(self, key: KVKey) -> bool:
         """Whether ``key``'s file exists (not opened: its metadata is checked by :meth:`get`)."""
