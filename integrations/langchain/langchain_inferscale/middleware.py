@@ -35,10 +35,10 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     After the run (``after_agent``) it stores the last user message and the agent's final answer with
     ``client.add(..., infer=infer)``.
 
-    The scope is the constructor's ids, unless the runtime context is a dict that sets any of ``user_id``,
-    ``agent_id``, ``run_id``: then it is exactly the context's ids, the others ``None``
-    (``agent.invoke(..., context={"user_id": "bob"})``), so one agent serves many users and a run never mixes the
-    constructor's user with the context's agent.
+    The scope is the constructor's ids, unless the runtime context sets any of ``user_id``, ``agent_id``,
+    ``run_id`` (as keys of a dict, or attributes of a dataclass or pydantic ``context_schema``): then it is exactly
+    the context's ids, the others ``None`` (``agent.invoke(..., context={"user_id": "bob"})``), so one agent serves
+    many users and a run never mixes the constructor's user with the context's agent.
 
     Example:
         .. code-block:: python
@@ -147,15 +147,25 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     # ------------------------------------------------------------------ helpers
     def _scope(self, runtime: Runtime | None) -> dict[str, str | None]:
         """The run's scope: the context's ids when it sets any (the others ``None``), else the constructor's."""
-        context = getattr(runtime, "context", None)
-        if isinstance(context, Mapping) and any(context.get(key) is not None for key in _SCOPE_KEYS):
-            return {key: context.get(key) for key in _SCOPE_KEYS}
+        ids = _context_ids(getattr(runtime, "context", None))
+        if any(value is not None for value in ids.values()):
+            return ids
         return dict(self.scope)
 
     def _recalled(self, found: Mapping[str, Any], sent: set[str]) -> list[tuple[str, str]]:
         """The top ``limit`` hits, leaving out those whose text is a message of the request (already there)."""
         hits = [(r["id"], r["memory"]) for r in found["results"] if r["memory"].strip() not in sent]
         return hits[: self.limit]
+
+
+def _context_ids(context: object) -> dict[str, Any]:
+    """The scope ids a runtime context sets (``None`` for those it does not): keys of a dict, attributes of anything
+    else (LangGraph's ``context_schema`` is often a dataclass or a pydantic model)."""
+    if context is None:
+        return dict.fromkeys(_SCOPE_KEYS)
+    if isinstance(context, Mapping):
+        return {key: context.get(key) for key in _SCOPE_KEYS}
+    return {key: getattr(context, key, None) for key in _SCOPE_KEYS}
 
 
 def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:

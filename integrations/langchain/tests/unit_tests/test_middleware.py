@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_inferscale import ChatInferScale, InferScaleMemoryMiddleware
+from pydantic import BaseModel
 
 _CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
 
@@ -31,7 +33,7 @@ class FakeClient:
 def _call(
     middleware: InferScaleMemoryMiddleware,
     messages: list[BaseMessage],
-    context: dict[str, Any] | None = None,
+    context: object = None,
     model: BaseChatModel | None = None,
 ) -> ModelRequest:
     """The request ``wrap_model_call`` hands to the model."""
@@ -75,6 +77,37 @@ def test_text_path_without_a_query_is_unchanged() -> None:
 def test_a_context_that_sets_any_scope_key_is_the_whole_scope(
     context: dict[str, Any] | None, scope: dict[str, str | None]
 ) -> None:
+    client = FakeClient(("m1", "My dog is called Biscuit."))
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya", run_id="r0")  # type: ignore[arg-type]
+    sent = _call(middleware, [HumanMessage("dog?")], context=context)
+    [search] = client.searches
+    assert {key: search[key] for key in scope} == scope
+    assert (sent.model_settings["user_id"], sent.model_settings["memory_run_id"]) == (scope["user_id"], scope["run_id"])
+
+
+@dataclass
+class DataclassContext:
+    user_id: str | None = None
+    agent_id: str | None = None
+    tenant: str = "t"
+
+
+class PydanticContext(BaseModel):
+    run_id: str | None = None
+
+
+@pytest.mark.parametrize(
+    ("context", "scope"),
+    [
+        (DataclassContext(user_id="bob"), {"user_id": "bob", "agent_id": None, "run_id": None}),
+        (DataclassContext(), {"user_id": "maya", "agent_id": None, "run_id": "r0"}),
+        (PydanticContext(run_id="r9"), {"user_id": None, "agent_id": None, "run_id": "r9"}),
+        (SimpleNamespace(agent_id="x"), {"user_id": None, "agent_id": "x", "run_id": None}),
+    ],
+)
+def test_a_context_schema_object_sets_the_scope_as_a_dict_does(context: object, scope: dict[str, str | None]) -> None:
+    """A dataclass context (LangGraph's own example of ``context_schema``) was ignored: Bob's run searched and stored
+    under the constructor's user, Maya."""
     client = FakeClient(("m1", "My dog is called Biscuit."))
     middleware = InferScaleMemoryMiddleware(client, user_id="maya", run_id="r0")  # type: ignore[arg-type]
     sent = _call(middleware, [HumanMessage("dog?")], context=context)
