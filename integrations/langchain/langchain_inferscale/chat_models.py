@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self
 
+from langchain_core.caches import BaseCache
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -85,6 +86,10 @@ class ChatInferScale(BaseChatModel):
     (``BaseChatModel._should_stream``), so ``disable_streaming`` and a per-call ``stream=False`` still win."""
     model_name: str | None = Field(default=None, alias="model")
     """The model's name in ``response_metadata`` and traces; ``client.model_name`` when ``None``."""
+    cache: BaseCache | bool | None = Field(default=False, exclude=True)
+    """LangChain's response cache. Off by default, and the global cache (``set_llm_cache``) is not used: an answer
+    depends on the memories stored when it was given, and a cached one would be served after they are changed or
+    deleted. ``True`` or a cache opts in; its key holds the scope ids, so users never share an entry."""
 
     @model_validator(mode="after")
     def _resolve_client(self) -> Self:
@@ -106,6 +111,9 @@ class ChatInferScale(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {
             "model_name": self.model_name,
+            "user_id": self.user_id,
+            "agent_id": self.agent_id,
+            "run_id": self.run_id,
             "mode": self.mode,
             "limit": self.limit,
             "temperature": self.temperature,

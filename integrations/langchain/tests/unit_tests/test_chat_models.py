@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from langchain_core.caches import InMemoryCache
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.globals import set_llm_cache
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_inferscale import ChatInferScale, memory_system_message
 
@@ -152,3 +154,31 @@ def test_langchain_core_routes_streaming(fields: dict[str, Any], kwargs: dict[st
     assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] == 2
     # on the streaming path langchain-core reports every chunk's text, the last chunk's "" included
     assert [token for token in tokens.tokens if token] == (["Bis", "cuit."] if streamed else [])
+
+
+def test_the_global_cache_is_not_used_and_a_cache_never_crosses_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``set_llm_cache`` on, Maya got Bob's cached answer and memory ids: the cache key left out the scope."""
+    answered: list[str] = []
+
+    def chat_chunks(self: ChatInferScale, messages: Any, stop: Any, kwargs: Any) -> Iterator[ChatChunk]:
+        user = self._request(messages, stop, kwargs)["user_id"]
+        answered.append(user)
+        yield from (ChatChunk(f"{user}'s PIN"), ChatChunk("", _fake_result()))
+
+    monkeypatch.setattr(ChatInferScale, "_chat_chunks", chat_chunks)
+    set_llm_cache(InMemoryCache())
+    try:
+        bob, maya = (ChatInferScale(config=_CONFIG, user_id=user) for user in ("bob", "maya"))
+        assert [bob.invoke("PIN?").text, bob.invoke("PIN?").text] == ["bob's PIN", "bob's PIN"]
+        assert maya.invoke("PIN?").text == "maya's PIN"
+        assert answered == ["bob", "bob", "maya"]  # the global cache is not used: each call sees today's memories
+    finally:
+        set_llm_cache(None)
+    shared = InMemoryCache()
+    bob, maya = (ChatInferScale(config=_CONFIG, user_id=user, cache=shared) for user in ("bob", "maya"))
+    assert [bob.invoke("PIN?").text, bob.invoke("PIN?").text, maya.invoke("PIN?").text] == [
+        "bob's PIN",
+        "bob's PIN",
+        "maya's PIN",
+    ]
+    assert answered[3:] == ["bob", "maya"]  # a cache passed in is used, keyed by the scope
