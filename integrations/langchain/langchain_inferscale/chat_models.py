@@ -121,6 +121,14 @@ class ChatInferScale(BaseChatModel):
             "stop": self.stop,
         }
 
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text``'s token ids under the served model's own tokenizer, without special tokens (loads the model on
+        first use). langchain-core's default is GPT-2's tokenizer, fetched from the Hugging Face Hub: offline it
+        counted every text as 0 tokens, so ``trim_messages(token_counter=model)`` never trimmed."""
+        client = self.client if self.client is not None else self.async_client
+        assert client is not None  # set by the validator
+        return list(client.engine.tokenizer.encode(text, add_special_tokens=False))
+
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
             ls_provider="inferscale",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, trim_messages
 from langchain_inferscale import ChatInferScale
 
 from inferscale.client import MemoryClient
@@ -53,3 +54,16 @@ def test_timeout_is_checked_between_tokens(client: MemoryClient) -> None:
     model = ChatInferScale(client=client, user_id=STANDARD_USER, max_tokens=4, timeout=1e-6)
     with pytest.raises(TimeoutError, match="timeout"):
         model.invoke("Hello")
+
+
+def test_tokens_are_counted_with_the_served_models_tokenizer(client: MemoryClient) -> None:
+    """langchain-core's default tokenizer (GPT-2's, from the Hub) counted 0 tokens offline: trim_messages never
+    trimmed."""
+    model = ChatInferScale(client=client, user_id=STANDARD_USER)
+    text = "What is my dog called?"
+    want = client.engine.tokenizer.encode(text, add_special_tokens=False)
+    assert model.get_token_ids(text) == want and len(want) > 0
+    assert model.get_num_tokens(text) == len(want)
+    long_turns = [HumanMessage("I like tea. " * 40), AIMessage("Noted. " * 40), HumanMessage("What do I like?")]
+    kept = trim_messages(long_turns, max_tokens=20, token_counter=model, strategy="last")
+    assert [m.text for m in kept] == ["What do I like?"]
