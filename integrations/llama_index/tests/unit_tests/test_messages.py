@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage, TextBlock
+from llama_index.core.base.llms.types import (
+    CacheControl,
+    CachePoint,
+    ChatMessage,
+    DocumentBlock,
+    ImageBlock,
+    TextBlock,
+    ToolCallBlock,
+)
 from llama_index.core.memory import Memory, StaticMemoryBlock
 from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleKVMemoryBlock, split_memory
 from llama_index.memory.inferscale._messages import MEMORY_INTRO, memory_ids_of, memory_message
@@ -82,3 +90,28 @@ async def test_a_text_block_next_to_the_kv_block_in_a_real_memory_is_not_lost() 
     assert [m["role"] for m in conversation] == ["user"]
     assert "The user prefers short answers." in conversation[0]["content"]
     assert "Biscuit" not in conversation[0]["content"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ChatMessage(
+            role="user", blocks=[ImageBlock(image=b"\x89PNG", image_mimetype="image/png"), TextBlock(text="?")]
+        ),
+        ChatMessage(role="user", blocks=[DocumentBlock(data=b"%PDF-1.4", document_mimetype="application/pdf")]),
+        ChatMessage(role="assistant", blocks=[ToolCallBlock(tool_call_id="1", tool_name="weather", tool_kwargs={})]),
+        ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [{"id": "1"}]}),
+    ],
+)
+def test_split_memory_refuses_blocks_it_would_drop(message: ChatMessage) -> None:
+    """An image, a document or a tool call was left out of the prompt (``message.content`` keeps text blocks only)
+    and the model answered without it, e.g. describing an image it never saw."""
+    with pytest.raises(InvalidInputError, match=r"messages\[1\] holds .*text only"):
+        split_memory([ChatMessage(role="user", content="hi"), message])
+
+
+def test_split_memory_keeps_text_blocks_and_ignores_cache_points() -> None:
+    message = ChatMessage(
+        role="user", blocks=[TextBlock(text="My dog?"), CachePoint(cache_control=CacheControl(type="ephemeral"))]
+    )
+    assert split_memory([message]) == ([{"role": "user", "content": "My dog?"}], None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.base.llms.types import CachePoint, ChatMessage, MessageRole, TextBlock
 
 from inferscale import InvalidInputError
 
@@ -68,9 +68,10 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
         no message is tagged.
 
     Raises:
-        InvalidInputError: for a tool or function message (tool calling is not supported), a bad tag, or a tagged
-            message holding more than the one text block :func:`memory_message` made (other text was merged into
-            it, which dropping the message would lose).
+        InvalidInputError: for a tool or function message (tool calling is not supported), a message holding a
+            block other than text (an image, a document, audio, a tool call: it would be dropped), a bad tag, or a
+            tagged message holding more than the one text block :func:`memory_message` made (other text was merged
+            into it, which dropping the message would lose).
     """
     conversation: list[dict[str, str]] = []
     memory_ids: list[str] | None = None
@@ -88,6 +89,12 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
             memory_ids = memory_ids or []
             memory_ids.extend(mid for mid in ids if mid not in memory_ids)
             continue
+        dropped = sorted({type(b).__name__ for b in message.blocks if not isinstance(b, TextBlock | CachePoint)})
+        if dropped or message.additional_kwargs.get("tool_calls"):
+            raise InvalidInputError(
+                f"messages[{i}] holds {dropped or ['tool_calls']}: InferScaleLLM takes text only (an image, "
+                "document, audio or tool call would be left out of the prompt and answered without)"
+            )
         role = _ROLES.get(message.role.value)
         if role is None:
             raise InvalidInputError(
