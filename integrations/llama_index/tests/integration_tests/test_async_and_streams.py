@@ -92,7 +92,7 @@ def test_the_async_path_runs_on_an_async_memory_client(client: MemoryClient) -> 
             break
         await responses.aclose()
         answer = await llm.achat([tagged, messages[0]])
-        assert answer.raw.memory_ids == tagged.additional_kwargs[MEMORY_IDS_KEY]
+        assert answer.raw["result"].memory_ids == tagged.additional_kwargs[MEMORY_IDS_KEY]
 
     asyncio.run(run())
     assert any(m["memory"] == "I collect stamps." for m in client.get_all(user_id="frank")["results"])

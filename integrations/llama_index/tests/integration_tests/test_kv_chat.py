@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import Field
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -42,7 +43,9 @@ class Recorder(BaseEventHandler):
 
     def calls(self) -> list[tuple[list[ChatMessage], ChatResult]]:
         starts = [e.messages for e in self.events if isinstance(e, LLMChatStartEvent)]
-        ends = [e.response.raw for e in self.events if isinstance(e, LLMChatEndEvent) and e.response is not None]
+        ends = [
+            e.response.raw["result"] for e in self.events if isinstance(e, LLMChatEndEvent) and e.response is not None
+        ]
         return list(zip(starts, ends, strict=True))
 
 
@@ -138,9 +141,9 @@ def test_stream_and_async_paths(client: MemoryClient) -> None:
     )
     messages = [tagged, ChatMessage(role="user", content="What is my dog called?")]
     whole = llm.chat(messages)
-    assert whole.raw.memory_ids == ids
+    assert whole.raw["result"].memory_ids == ids
     streamed = list(llm.stream_chat(messages))
-    assert streamed[-1].raw.memory_ids == ids
+    assert streamed[-1].raw["result"].memory_ids == ids
     assert "".join(r.delta or "" for r in streamed) == streamed[-1].message.content == whole.message.content
 
     async def run() -> tuple[Any, list[Any]]:
@@ -149,8 +152,22 @@ def test_stream_and_async_paths(client: MemoryClient) -> None:
         return answer, chunks
 
     answer, chunks = asyncio.run(run())
-    assert answer.message.content == whole.message.content and answer.raw.memory_ids == ids
+    assert answer.message.content == whole.message.content and answer.raw["result"].memory_ids == ids
     assert chunks[-1].message.content == whole.message.content
     completion = llm.complete("What is my dog called?", memory_ids=ids)
-    assert completion.raw.memory_ids == ids and completion.text
+    assert completion.raw["result"].memory_ids == ids and completion.text
     assert llm.metadata.model_name == client.model_name and llm.metadata.is_chat_model
+
+
+def test_token_counting_handler_counts_the_reported_tokens(client: MemoryClient) -> None:
+    """LlamaIndex's standard token counter raised TypeError on every call (it read the ChatResult in ``raw`` as a
+    dict); it now counts what the client reports: the whole prompt, and the tokens decoded."""
+    counter = TokenCountingHandler()
+    llm = InferScaleLLM(
+        client, user_id="alice", max_new_tokens=MAX_NEW_TOKENS, callback_manager=CallbackManager([counter])
+    )
+    whole = llm.chat([ChatMessage(role="user", content="What is my dog called?")])
+    completion = llm.complete("Where do I live?")
+    results = [whole.raw["result"], completion.raw["result"]]
+    assert counter.prompt_llm_token_count == sum(r.prompt_tokens for r in results) > 0
+    assert counter.completion_llm_token_count == sum(r.generated_tokens for r in results) > 0

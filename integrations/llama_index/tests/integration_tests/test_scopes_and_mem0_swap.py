@@ -51,7 +51,7 @@ def test_two_users_never_see_each_others_memories(client: MemoryClient, memory_i
         assert not set(block_message.additional_kwargs[MEMORY_IDS_KEY]) & other
         # InferScaleLLM: retrieval stays in its scope, and another user's ids are refused
         llm = InferScaleLLM(client, user_id=user, max_new_tokens=4)
-        assert not set(llm.complete(question).raw.memory_ids) & other
+        assert not set(llm.complete(question).raw["result"].memory_ids) & other
         foreign = ChatMessage(role="system", content="", additional_kwargs={MEMORY_IDS_KEY: sorted(other)[:1]})
         with pytest.raises(MemoryNotFoundError):
             llm.chat([foreign, ChatMessage(role="user", content=question)])
@@ -65,7 +65,7 @@ def test_the_kv_memory_block_feeds_inferscale_llm_through_llamaindex_memory(clie
     messages = memory.get()
     tagged = [m for m in messages if MEMORY_IDS_KEY in m.additional_kwargs]
     assert len(tagged) == 1 and "Biscuit" in (tagged[0].content or "")
-    result = InferScaleLLM(client, user_id="erin", max_new_tokens=MAX_NEW_TOKENS).chat(messages).raw
+    result = InferScaleLLM(client, user_id="erin", max_new_tokens=MAX_NEW_TOKENS).chat(messages).raw["result"]
     assert result.memory_ids == tagged[0].additional_kwargs[MEMORY_IDS_KEY]
     asyncio.run(block.aput([ChatMessage(role="user", content="My favourite food is ramen.")]))
     assert any(m["memory"] == "My favourite food is ramen." for m in client.get_all(user_id="erin")["results"])

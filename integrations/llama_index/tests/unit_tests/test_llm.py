@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.callbacks.token_counting import get_tokens_from_response
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
-from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleLLM, simple_chat_engine
+from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleKVMemoryBlock, InferScaleLLM, simple_chat_engine
+from llama_index.memory.inferscale.llm import _chat_response
 
-from inferscale import ChatChunk, MemoryClient
-from tests.unit_tests.stubs import StubClient
+from inferscale import ChatChunk, ChatResult, MemoryClient, ScopeError, Timings
+from tests.unit_tests.stubs import HITS, StubClient
 
 QUESTION = ChatMessage(role="user", content="What is my dog called?")
 
@@ -124,3 +126,30 @@ def test_a_remote_client_is_refused_with_the_way_to_use_a_server() -> None:
         InferScaleLLM(remote, user_id="alice")
     with pytest.raises(TypeError, match="use InferScaleMemory"):
         simple_chat_engine(remote, user_id="alice")
+
+
+def test_the_scope_is_read_from_the_fields_on_every_call() -> None:
+    """The scope was fixed at construction: a copy made for Bob, or ``llm.user_id = "bob"``, used Maya's memories."""
+    llm = InferScaleLLM(StubClient(), user_id="maya")
+    bob = llm.model_copy(update={"user_id": "bob"})
+    assert bob._chat_kwargs([QUESTION], {})["user_id"] == "bob"
+    assert llm._chat_kwargs([QUESTION], {})["user_id"] == "maya"
+    llm.user_id = "erin"
+    assert llm._chat_kwargs([QUESTION], {})["user_id"] == "erin"
+    with pytest.raises(ScopeError):
+        llm.model_copy(update={"user_id": None})._chat_kwargs([QUESTION], {})
+    client = StubClient(hits=HITS)
+    block = InferScaleKVMemoryBlock(client, user_id="maya").model_copy(update={"user_id": "bob"})
+    asyncio.run(block._hits([QUESTION]))
+    assert [(name, call["user_id"]) for name, call in client.calls] == [("search", "bob")]
+
+
+def test_token_counting_reads_the_usage_in_raw() -> None:
+    """LlamaIndex's TokenCountingHandler read ``raw`` as a dict: the ChatResult there raised TypeError on every
+    call."""
+    timings = Timings(retrieval_ms=1.0, kv_assembly_ms=1.0, prefill_ms=1.0, ttft_ms=3.0, total_ms=4.0)
+    result = ChatResult("Biscuit.", ["m1"], ["My dog is Biscuit."], "kv", timings, 10, 6, 2)
+    response = _chat_response("Biscuit.", None, result)
+    assert get_tokens_from_response(response) == (10, 2)
+    assert response.raw is not None and response.raw["result"] is result
+    assert _chat_response("Bis", "Bis", None).raw is None  # a stream's chunks before the last carry none

@@ -44,8 +44,10 @@ class InferScaleLLM(CustomLLM):
     of ``MemoryClient.chat`` (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
     ``repetition_penalty``, ``stop``) may be passed as keyword arguments.
 
-    Every response's ``raw`` is the :class:`inferscale.ChatResult` (on a stream, the last response's), and its
-    ``additional_kwargs`` carry the injected ``memory_ids`` and the token counts.
+    Every response's ``raw`` (on a stream, the last response's) is ``{"usage": {"prompt_tokens",
+    "completion_tokens", "total_tokens"}, "result": ChatResult}``: OpenAI's usage shape, which LlamaIndex's
+    ``TokenCountingHandler`` reads, and the :class:`inferscale.ChatResult`. Its ``additional_kwargs`` carry the
+    injected ``memory_ids`` and the token counts.
 
     Async calls use ``async_client`` (an :class:`inferscale.AsyncMemoryClient` on the same store) when given, else
     run the sync client on a thread. A stream the consumer stops reading early is closed (its engine request ends
@@ -74,7 +76,6 @@ class InferScaleLLM(CustomLLM):
 
     _client: MemoryClient = PrivateAttr()
     _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
-    _scope: InferScaleContext = PrivateAttr()
     _model_window: int | None = PrivateAttr(default=None)  # client.context_window, read after a call loaded it
 
     def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any) -> None:
@@ -89,7 +90,7 @@ class InferScaleLLM(CustomLLM):
         super().__init__(**fields)
         self._client = client
         self._async_client = async_client
-        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+        self._scope_ids()  # a scope is checked now, and read from the fields on every call
 
     @classmethod
     def class_name(cls) -> str:
@@ -134,7 +135,7 @@ class InferScaleLLM(CustomLLM):
             )
         kwargs: dict[str, Any] = {
             "messages": conversation,
-            **self._scope.ids(),
+            **self._scope_ids(),
             "mode": self.mode,
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
@@ -149,6 +150,16 @@ class InferScaleLLM(CustomLLM):
             kwargs["limit"] = self.limit
         kwargs.update(call)
         return kwargs
+
+    def _scope_ids(self) -> dict[str, str]:
+        """The scope ids of the fields as they are now: set with ``llm.user_id = ...`` or ``model_copy(update=...)``
+        after construction, they are the ones used (they were fixed at construction, so a copy made for Bob used
+        Maya's memories).
+
+        Raises:
+            ScopeError: when no scope id is set.
+        """
+        return InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id).ids()
 
     @staticmethod
     def _prompt_messages(prompt: str) -> list[ChatMessage]:
@@ -261,8 +272,20 @@ def _chat_response(text: str, delta: str | None, result: ChatResult | None) -> C
             "completion_tokens": result.generated_tokens,
             "finish_reason": result.finish_reason,
         }
+    raw = None if result is None else {"usage": _usage(result), "result": result}
     message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
-    return ChatResponse(message=message, delta=delta or None, raw=result, additional_kwargs=extra)
+    return ChatResponse(message=message, delta=delta or None, raw=raw, additional_kwargs=extra)
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    """OpenAI's usage keys, which LlamaIndex's ``TokenCountingHandler`` reads from ``raw["usage"]`` (it read the
+    ``ChatResult`` itself as a dict and raised ``TypeError`` on every call): prompt = the whole prompt, memory
+    segment included."""
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.generated_tokens,
+        "total_tokens": result.prompt_tokens + result.generated_tokens,
+    }
 
 
 def _chat_stream(chunks: Generator[ChatChunk, None, None]) -> ChatResponseGen:

@@ -46,19 +46,23 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
 
     _client: MemoryClient = PrivateAttr()
     _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
-    _scope: InferScaleContext = PrivateAttr()
 
     def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
         super().__init__(**data)
         self._client = client
         self._async_client = async_client
-        self._scope = InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+        self._scope_ids()  # a scope is checked now, and read from the fields on every call
+
+    def _scope_ids(self) -> dict[str, str]:
+        """The scope ids of the fields as they are now (a block copied with ``model_copy(update={"user_id": ...})``
+        used the original's user). Raises ScopeError when none is set."""
+        return InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id).ids()
 
     async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
         query = search_text(messages or [], self.search_msg_limit)
         if not query.strip() or self.similarity_top_k == 0:
             return []
-        search = {**self._scope.ids(), "limit": self.similarity_top_k}
+        search = {**self._scope_ids(), "limit": self.similarity_top_k}
         if self._async_client is not None:
             found = await self._async_client.search(query, **search)
         else:
@@ -70,9 +74,9 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         if not turns:
             return
         if self._async_client is not None:
-            await self._async_client.add(turns, **self._scope.ids(), infer=self.infer)
+            await self._async_client.add(turns, **self._scope_ids(), infer=self.infer)
         else:
-            await asyncio.to_thread(lambda: self._client.add(turns, **self._scope.ids(), infer=self.infer))
+            await asyncio.to_thread(lambda: self._client.add(turns, **self._scope_ids(), infer=self.infer))
 
 
 _FIELDS_DOC = """
