@@ -306,6 +306,36 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database: bool) -> None:
+    """Set the index file and the database of Mem0's faiss ``path`` and ``collection_name`` in ``own``: the index
+    ``<path>/<collection>.faiss`` and, unless ``db_url`` or ``history_db_path`` names a database, the SQLite file
+    ``<path>/<collection>.db``. Mem0 keeps a collection's memories in its faiss files, so two collections or paths
+    are two stores; they shared the default database, and ``reset`` of one emptied the other. A folder an earlier
+    version wrote (the index there, no database beside it: its memories are in the default database) keeps that
+    layout, with a warning, so nothing stored is hidden.
+
+    Raises:
+        ConfigError: for a ``collection_name`` that is not a plain file name.
+    """
+    name = cfg.get("collection_name") or DEFAULT_COLLECTION
+    if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+        raise ConfigError(f"Mem0's faiss collection_name must be a plain file name, got {name!r}")
+    folder = Path(str(cfg["path"])).expanduser()
+    index, database = folder / f"{name}.faiss", folder / f"{name}.db"
+    own.setdefault("index_path", str(index))
+    if "db_url" in own or explicit_database:
+        return
+    if index.exists() and not database.exists():
+        log.warning(
+            "%s was written by an earlier version, whose memories live in the default database: it is kept; set "
+            "db_url='sqlite:///%s' (and move the database file there) to give this collection its own",
+            index,
+            database,
+        )
+        return
+    own["db_url"] = f"sqlite:///{database}"
+
+
 def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     """Build a :class:`MemoryConfig` from Mem0's config shape.
 
@@ -315,7 +345,8 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
           ``base_url``), ``api_key`` and ``model``; ``huggingface``/``transformers``/``inferscale`` use the local
           engine, whose model is ``config.model``. ``max_tokens`` becomes ``llm.max_new_tokens``.
         - ``embedder``: ``huggingface`` (sentence-transformers) with ``config.model``; other providers are refused.
-        - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file;
+        - ``vector_store``: ``faiss`` with ``config.path`` (and ``collection_name``) gives the index file and the
+          SQLite database of that collection (:func:`_faiss_store`);
           ``pgvector`` with ``config.connection_string``, or ``user``/``password``/``host``/``port``/``dbname``/
           ``sslmode``, gives the database URL unless ``db_url`` is given too (vectors stay in FAISS; a
           ``collection_name`` other than ``"mem0"`` is refused); no provider, or another, is refused.
@@ -370,8 +401,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     if vs_provider == "faiss":
         _check_mem0_keys("faiss", vs_cfg)
         if vs_cfg.get("path"):
-            name = vs_cfg.get("collection_name") or "mem0"
-            own.setdefault("index_path", str(Path(vs_cfg["path"]).expanduser() / f"{name}.faiss"))
+            _faiss_store(own, vs_cfg, explicit_database=bool(config.get("history_db_path")))
     elif vs_provider == "pgvector":
         _check_mem0_keys("pgvector", vs_cfg)
         _check_collection(vs_cfg)

@@ -283,3 +283,49 @@ def test_output_format_v1_1_is_the_shape_returned_and_other_formats_are_refused(
         with pytest.raises(InvalidInputError, match="output_format"):
             call()
     assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
+
+
+def _faiss(path: Path, collection: str | None = None) -> dict[str, object]:
+    cfg: dict[str, object] = {"path": str(path)}
+    if collection is not None:
+        cfg["collection_name"] = collection
+    return {
+        "vector_store": {"provider": "faiss", "config": cfg},
+        "data_dir": str(path.parent / "home"),
+        "kv": {"encode_on_add": False},  # no model: the stores are the point
+    }
+
+
+def test_each_faiss_collection_and_path_is_a_store_of_its_own(tmp_path: Path) -> None:
+    """Mem0 keeps a collection's memories in its faiss files; every faiss config shared the default database, so
+    another collection (or path) saw the memories, and its reset() or delete_all() emptied them."""
+    work, personal, other = (
+        from_mem0_dict(_faiss(tmp_path / "vs", "work")),
+        from_mem0_dict(_faiss(tmp_path / "vs", "personal")),
+        from_mem0_dict(_faiss(tmp_path / "app2")),
+    )
+    assert work.db_url == f"sqlite:///{tmp_path / 'vs' / 'work.db'}"
+    assert other.db_url == f"sqlite:///{tmp_path / 'app2' / 'mem0.db'}"
+    with Memory(work, embedder=HashEmbedder()) as client:
+        client.add("Quarterly report is due Friday.", user_id="alice", infer=False)
+    for config in (personal, other):
+        with Memory(config, embedder=HashEmbedder()) as client:
+            assert client.get_all(user_id="alice")["results"] == []
+            assert client.delete_all(user_id="alice")["deleted"] == 0
+            client.reset()
+    with Memory(work, embedder=HashEmbedder()) as client:
+        assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["Quarterly report is due Friday."]
+    with pytest.raises(ConfigError, match="plain file name"):
+        from_mem0_dict(_faiss(tmp_path / "vs", "../escape"))
+
+
+def test_a_faiss_folder_of_an_earlier_version_keeps_its_database(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "vs").mkdir()
+    (tmp_path / "vs" / "mem0.faiss").write_bytes(b"")  # the index only: its memories are in the default database
+    legacy = from_mem0_dict(_faiss(tmp_path / "vs"))
+    assert legacy.db_url is None and legacy.index_path == str(tmp_path / "vs" / "mem0.faiss")
+    assert "written by an earlier version" in caplog.text
+    explicit = from_mem0_dict({**_faiss(tmp_path / "new"), "db_url": "sqlite:///" + str(tmp_path / "mine.db")})
+    assert explicit.db_url == f"sqlite:///{tmp_path / 'mine.db'}"
