@@ -258,8 +258,8 @@ class AsyncMemoryClient(ClientCore):
         await self._areset()
 
     async def _areset(self) -> None:
-        await self.adb.reset()
-        await asyncio.to_thread(self.derived.reset)
+        memory_ids = await self.adb.reset()
+        await asyncio.to_thread(self.derived.reset, memory_ids)
 
     async def reconcile(self) -> ReconcileReport:
         """Repair the FAISS index and the K/V store against SQL and report what was repaired; see

@@ -317,8 +317,7 @@ class MemoryClient(ClientCore):
 
     def _reset(self) -> None:
         with self._lock:
-            self.db.reset()
-            self.derived.reset()
+            self.derived.reset(self.db.reset())
 
     def reconcile(self) -> ReconcileReport:
         """Repair the FAISS index and the K/V store against SQL, the source of truth, and report what was repaired.

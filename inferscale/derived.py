@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import survives_recontext
 from inferscale.kv.store import KVStore, KVStoreStats
+from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.retrieval.embedder import embedder_identity
@@ -464,17 +465,19 @@ class DerivedStores:
         with self._lock:
             self._fact_kv = None
 
-    def reset(self) -> None:
-        """An empty index (saved) and no stored K/V; the caller has already emptied SQL."""
+    def reset(self, memory_ids: Collection[str]) -> None:
+        """An empty index (saved) and none of the K/V of ``memory_ids``, the memories the caller has just deleted
+        from SQL (:meth:`inferscale.storage.MemoryStore.reset`). Other databases' K/V in a shared K/V folder stay:
+        the whole folder was emptied, so they were all encoded again."""
         with self._lock:
             embedder = self._embedder()
             index = VectorIndex(embedder.dim, self._index_path, self._config.search, embedder_identity(embedder))
             index.save()
             self._index = index
             self._index_dirty = False
-            KVStore(self._kv_dir).clear()
-            if self._fact_kv is not None:
-                self._fact_kv.clear()
+            self.release_kv()  # its memory tiers held this client's K/V only
+            on_disk = set(DiskTier(self._kv_dir).entry_files())
+            self.forget_kv(sorted(on_disk.intersection(memory_ids)))
 
     # ---- K/V --------------------------------------------------------------------------------------------------
     @property

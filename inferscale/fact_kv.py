@@ -497,7 +497,3 @@ class FactKVManager:
         transaction that made the change has already deleted the rows)."""
         self._store.delete_memory(memory_id)
         self._db.delete_kv_entries(memory_id)
-
-    def clear(self) -> None:
-        """Drop every stored K/V (the SQL rows are cleared by the caller's reset)."""
-        self._store.clear()

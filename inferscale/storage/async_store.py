@@ -319,9 +319,9 @@ class AsyncMemoryStore:
         scope = check_scope(scope)
         return await self._write(delete_scope_in_session, scope, check_actor(actor))
 
-    async def reset(self) -> None:
-        """Delete every row of every table."""
-        await self._write(reset_in_session)
+    async def reset(self) -> builtins.list[str]:
+        """Delete every row of every table; returns the ids of the memories it knew (as :meth:`MemoryStore.reset`)."""
+        return await self._write(reset_in_session)
 
     async def put_kv_entry(
         self,

@@ -340,11 +340,18 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
     return records
 
 
-def reset_in_session(s: Session) -> None:
-    """Delete every row of every table (the schema stays)."""
+def reset_in_session(s: Session) -> list[str]:
+    """Delete every row of every table (the schema stays).
+
+    Returns:
+        The ids of every memory the database knew (stored, or in the history), sorted: whose K/V files the caller
+        removes, and no others (other databases may share the K/V folder).
+    """
+    known = s.scalars(select(MemoryRow.id).union(select(HistoryRow.memory_id))).all()
     s.execute(delete(KVEntryRow))
     s.execute(delete(HistoryRow))
     s.execute(delete(MemoryRow))
+    return sorted(set(known))
 
 
 __all__ = ["apply_in_session", "delete_scope_in_session", "reset_in_session", "text_lock_key"]

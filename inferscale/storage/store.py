@@ -159,9 +159,9 @@ class MemoryStore:
                 self._engine.dispose()
                 self._engine = None
 
-    def reset(self) -> None:
-        """Delete every row of every table (memories, history, KV entries). The schema stays."""
-        self._write(reset_in_session)
+    def reset(self) -> list[str]:
+        """Delete every row (memories, history, KV entries; the schema stays); returns the ids it knew, sorted."""
+        return self._write(reset_in_session)
 
     # ---- memories ----------------------------------------------------------------------------------------
 

@@ -394,8 +394,10 @@ def test_scope_requires_an_id() -> None:
 
 def test_reset_deletes_everything(store: MemoryStore) -> None:
     record = store.add("x", ALICE)
+    gone = store.add("deleted before the reset", ALICE)
+    store.delete(gone.id)
     store.put_kv_entry(record.id, record.hash, "fp", "w0", 1, 1, "loc")
-    store.reset()
+    assert store.reset() == sorted([record.id, gone.id])  # every memory it knew, for the caller's K/V files
     assert store.all_memories() == []
     assert store.history(record.id) == []
     assert store.get_kv_entry(record.id, "fp", "w0") is None
