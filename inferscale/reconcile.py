@@ -68,6 +68,8 @@ class ReconcileReport:
         temp_files_removed: temporary files (K/V, index) of writers that died before renaming them, removed.
         kv_folders_kept: K/V folders of memory ids this database never stored (another database sharing the K/V
             folder), left alone.
+        kv_rows_kept: current entry rows whose file another K/V folder holds and this client cannot see (another
+            host's, sharing the database; :func:`filed_here`), left alone.
     """
 
     vectors_added: int = 0
@@ -78,11 +80,12 @@ class ReconcileReport:
     kv_rows_removed: int = 0
     temp_files_removed: int = 0
     kv_folders_kept: int = 0
+    kv_rows_kept: int = 0
 
     @property
     def repairs(self) -> int:
-        """Everything repaired, summed (the folders left alone are not repairs)."""
-        return sum(self.as_dict().values()) - self.kv_folders_kept
+        """Everything repaired, summed (the folders and rows left alone are not repairs)."""
+        return sum(self.as_dict().values()) - self.kv_folders_kept - self.kv_rows_kept
 
     def as_dict(self) -> dict[str, int]:
         """The counts by name."""
@@ -130,6 +133,16 @@ def has_file(disk: DiskTier, row: KVEntryRecord) -> bool:
     if key is not None and disk.path(key).exists():
         return True
     return os.path.isabs(row.location) and os.path.exists(row.location)
+
+
+def filed_here(disk: DiskTier, row: KVEntryRecord) -> bool:
+    """Whether ``row``'s file belongs in ``disk``'s folder, so that this client can tell that it is gone: its
+    location is in that folder, or names no folder (a memory tier's). A row another K/V folder wrote is left to
+    that folder's clients: the folder may be on another host sharing the database, and deleting the row there made
+    its owner remove the file as unaccounted for."""
+    if not os.path.isabs(row.location):
+        return True
+    return Path(os.path.normpath(row.location)).parent.parent == disk.root
 
 
 def plan_kv(files: Mapping[str, Sequence[Path]], rows: Sequence[KVEntryRecord], live: Mapping[str, str]) -> KVPlan:
@@ -256,7 +269,10 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
         states = yield MemoryStates(tuple(plan.gone_folders))
     deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
     now = datetime.now(UTC)  # a row younger than the grace period may have its file renamed into place soon
-    unfiled = [row for row in plan.current_rows if settled(row, now) and not has_file(disk, row)]
+    others = [row for row in plan.current_rows if not filed_here(disk, row) and not has_file(disk, row)]
+    unfiled = [
+        row for row in plan.current_rows if settled(row, now) and filed_here(disk, row) and not has_file(disk, row)
+    ]
     bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
     rows_removed = 0
     if bad_rows:
@@ -273,6 +289,7 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
         kv_rows_removed=rows_removed,
         temp_files_removed=temp_removed,
         kv_folders_kept=sum(1 for memory_id in plan.gone_folders if memory_id not in states),
+        kv_rows_kept=len(others),
     )
     if report.repairs:
         stores.save_index(force=True)
@@ -291,6 +308,7 @@ __all__ = [
     "ReconcileReport",
     "entry_file_name",
     "entry_key",
+    "filed_here",
     "has_file",
     "plan_kv",
     "reconcile_steps",

@@ -241,3 +241,30 @@ def test_a_dead_looking_writers_temp_file_is_kept_until_the_minimum_age(tmp_path
     now = path.stat().st_mtime
     assert not left_over(path, now + 1.0)
     assert left_over(path, now + 2 * TEMP_MIN_AGE_S)
+
+
+def test_rows_of_another_hosts_k_v_folder_are_left_alone(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hosts on one database, each with its own K/V folder: host B's reconcile deleted host A's rows (their files
+    are not on B's disk), and on A's next reconcile every file of A had no row, so A removed them all."""
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)
+    host_a = _open("sync", tmp_path / "a", db_url, engine)
+    for fact in FACTS[:2]:
+        host_a.add(fact, user_id="maya", infer=False, encode_kv=True)
+    host_a.close()
+    store = MemoryStore(db_url)
+    rows = sorted((r.memory_id, r.location) for r in store.all_kv_entries())
+    assert rows and all(Path(location).is_relative_to(tmp_path / "a" / "kv") for _, location in rows)
+    (tmp_path / "a" / "kv").rename(tmp_path / "a" / "kv-elsewhere")  # what host B sees: none of A's files
+    host_b = _open("sync", tmp_path / "b", db_url)
+    report = host_b.reconcile()  # (on PostgreSQL, B builds its own index: vectors_added)
+    assert (report.kv_rows_removed, report.kv_files_removed, report.kv_rows_kept) == (0, 0, len(rows))
+    host_b.close()
+    (tmp_path / "a" / "kv-elsewhere").rename(tmp_path / "a" / "kv")
+    host_a = _open("sync", tmp_path / "a", db_url)
+    assert host_a.reconcile() == ReconcileReport()  # before the fix: kv_files_removed=3, every file of A
+    host_a.close()
+    assert sorted((r.memory_id, r.location) for r in store.all_kv_entries()) == rows
+    assert all(Path(location).exists() for _, location in rows)
+    store.close()
