@@ -12,7 +12,6 @@ from mem0_fakes import HashEmbedder, ScriptedGenerator
 
 from inferscale import MemoryClient, MemoryConfig
 from inferscale.commands.options import StoreOptions
-from inferscale.config import KVConfig
 
 
 @dataclass(frozen=True)
@@ -44,5 +43,5 @@ class Fakes:
             self.remote.append(remote)
             config = None
         base = config or StoreOptions(data_dir=str(self.data_dir)).config()
-        lazy = base.model_copy(update={"kv": KVConfig(encode_on_add=False)})
+        lazy = base.model_copy(update={"kv": base.kv.model_copy(update={"encode_on_add": False})})
         return MemoryClient(lazy, engine=self.engine, embedder=HashEmbedder(), generator=self.generator)

@@ -40,8 +40,8 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
         return MemoryClient(store.config(model))
     if store != StoreOptions() or model != ModelOptions():
         raise InvalidInputError(
-            "--data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses its own: "
-            "drop them"
+            "--config, --data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses "
+            "its own: drop them"
         )
     # MemoryClient.__new__ returns the remote client for a host; with no api_key it reads $INFERSCALE_API_KEY.
     return MemoryClient(host=remote.host, api_key=remote.api_key)

@@ -3,7 +3,8 @@
 (:func:`parents`).
 
 - :class:`ScopeOptions`: ``--user``, ``--agent``, ``--run``: whose memories.
-- :class:`StoreOptions`: ``--data-dir``, ``--db-url``: the local store (and the key store, in its database).
+- :class:`StoreOptions`: ``--config``, ``--data-dir``, ``--db-url``: the local store (and the key store, in its
+  database).
 - :class:`ModelOptions`: ``--model``, ``--dtype``: the local store's chat model.
 - :class:`RemoteOptions`: ``--host``, ``--api-key``: a server to talk to instead of the local store.
 - :class:`OutputOptions`: ``--json``: the client's return value as JSON, for scripts.
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DType, EngineConfig, MemoryConfig
+from inferscale.errors import ConfigError
 from inferscale.scope import ScopeIds
 
 __all__ = [
@@ -77,8 +80,18 @@ class ScopeOptions:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """The local store: its data folder and its database (``inferscale serve`` takes the same flags)."""
+    """The local store: its data folder and its database (``inferscale serve`` takes the same flags), and the
+    client's whole config from a file."""
 
+    config_file: str | None = field(
+        default=None,
+        metadata=cli(
+            "--config",
+            metavar="FILE",
+            help="a JSON file of the app's client config, as MemoryClient(config=...) takes it (our fields or Mem0's "
+            "shape); the flags given override it",
+        ),
+    )
     data_dir: str | None = field(
         default=None,
         metadata=cli("--data-dir", metavar="DIR", help="memory database, index and K/V folder (default <home>/data)"),
@@ -89,11 +102,40 @@ class StoreOptions:
     )
 
     def config(self, model: ModelOptions | None = None) -> MemoryConfig:
-        """The :class:`MemoryConfig` of the store these options name, with ``model``'s chat model and dtype where
-        given (every other field at its default)."""
+        """The :class:`MemoryConfig` of the store these options name: the ``--config`` file's (every field at its
+        default without one), with ``--data-dir``, ``--db-url`` and ``model``'s chat model and dtype where given.
+        The app's own config makes a command see what the app sees: ``prepare-kv`` encodes under the app's ``kv``
+        settings and system prompt, which key the K/V.
+
+        Raises:
+            ConfigError: when the file cannot be read, is not JSON, or holds a config that does not validate.
+        """
+        fields = {} if self.config_file is None else _read_config(self.config_file).model_dump()
+        fields.update({k: v for k, v in (("data_dir", self.data_dir), ("db_url", self.db_url)) if v is not None})
         given = {} if model is None else {"model": model.model, "dtype": model.dtype}
-        engine = EngineConfig.model_validate({k: v for k, v in given.items() if v is not None})
-        return MemoryConfig(data_dir=self.data_dir, db_url=self.db_url, engine=engine)
+        engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v is not None}}
+        try:
+            return MemoryConfig.model_validate({**fields, "engine": EngineConfig.model_validate(engine)})
+        except ValueError as exc:  # pydantic's ValidationError
+            raise ConfigError(f"invalid config: {exc}") from exc
+
+
+def _read_config(path: str) -> MemoryConfig:
+    """The client config in the JSON file ``path`` (:func:`inferscale.mem0_config.config_from_dict`).
+
+    Raises:
+        ConfigError: when the file cannot be read or is not a JSON object, or as ``config_from_dict``.
+    """
+    from inferscale.mem0_config import config_from_dict
+
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as file:
+            data = json.load(file)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config file {path} must hold a JSON object, got {type(data).__name__}")
+    return config_from_dict(data)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """``inferscale prepare-kv``: encode now the K/V that chats would encode on first use (``MemoryClient.prepare_kv``).
 
 For a local store only (no ``--host``): after a change of model, dtype or ``kv`` settings, or on a data dir written
-by an older version, run it before serving chats, with the model and settings the chats will use (for a server's
-store, the server's own ``--data-dir``/``--db-url``, ``--model`` and ``--dtype``: K/V are keyed by them).
+by an older version, run it before serving chats, with the model and settings the chats will use: the app's config
+file (``--config``), or for a server's store the server's own ``--data-dir``/``--db-url``, ``--model`` and
+``--dtype``. K/V are keyed by them.
 """
 
 from __future__ import annotations
