@@ -438,7 +438,8 @@ class MemoryClient(ClientCore):
 
         Raises:
             MemoryNotFoundError: for an id that names no stored memory.
-            InvalidInputError: for an id that is not a non-empty str.
+            InvalidInputError: for an id that is not a non-empty str, or a memory too long for the model's context
+                even without its context turns (named by its id).
             KVFingerprintMismatchError: when a stored file was written by another model or encoding.
         """
         records = [m if isinstance(m, MemoryRecord) else self._record(m) for m in memories]

@@ -506,8 +506,14 @@ class DerivedStores:
 
     def memory_kv(self, records: Sequence[MemoryRecord]) -> list[FactKV]:
         """The K/V of ``records`` as served in this order (stored ones loaded, missing ones encoded and stored): a
-        foreground use of the model (:meth:`foreground`)."""
+        foreground use of the model (:meth:`foreground`).
+
+        Raises:
+            InvalidInputError: naming the first memory too long for the model's context even without its context
+                turns (:meth:`inferscale.fact_kv.FactKVManager.check`), before anything is encoded.
+        """
         with self.foreground():
+            self.fact_kv.check(records)
             return self.fact_kv.ensure(list(records))
 
 

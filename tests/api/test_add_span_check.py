@@ -301,6 +301,8 @@ def test_a_stored_memory_too_long_even_alone_is_left_out_of_chats_and_refused_wh
     assert f"memory {long_id}" in caplog.text and "even without its context turns" in caplog.text
     with pytest.raises(InvalidInputError, match=rf"memory '{long_id}' needs positions up to"):
         client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=1)
+    with pytest.raises(InvalidInputError, match=rf"memory '{long_id}' needs positions up to"):
+        client.client.memory_kv([first_id, long_id])  # named the encoder's request, not the memory
     report = client.client.prepare_kv(user_id="maya")
     assert (report.encoded, report.left) == (0, (long_id,))  # FIRST was encoded by the chat; this one cannot be
 
