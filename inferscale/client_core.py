@@ -21,6 +21,9 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sqlalchemy import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
 from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
@@ -304,8 +307,16 @@ class ClientCore:
         if self.config.index_path:
             return Path(self.config.index_path).expanduser()
         url = self._db_url()
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            return Path(url.removeprefix("sqlite:///")).with_suffix(".faiss")
+        try:
+            parsed: URL | None = make_url(url)
+        except ArgumentError:  # not a URL: opening the database raises ConfigError
+            parsed = None
+        if (
+            parsed is not None
+            and parsed.get_backend_name() == "sqlite"
+            and parsed.database not in (None, "", ":memory:")
+        ):
+            return Path(parsed.database).with_suffix(".faiss")  # the file's path, its URL quoting undone
         return self.config.data_path() / f"index-{hashlib.sha256(url.encode()).hexdigest()[:12]}.faiss"
 
     def _kv_dir(self) -> Path:

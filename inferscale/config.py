@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from sqlalchemy import URL
 
 from inferscale.formats import StorageFormat
 
@@ -339,6 +340,12 @@ class KVConfig(_Strict):
         )
 
 
+def sqlite_url(path: Path | str) -> str:
+    """The SQLAlchemy URL of the SQLite file ``path``, its characters quoted: a ``%XX``, ``?`` or ``#`` in a folder
+    name is part of the path, not URL syntax (``f"sqlite:///{path}"`` put the database somewhere else)."""
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
 class MemoryConfig(_Strict):
     """Top-level configuration of :class:`inferscale.MemoryClient`.
 
@@ -395,4 +402,4 @@ class MemoryConfig(_Strict):
         ``<data_dir>/memory.db``."""
         if self.db_url:
             return self.db_url
-        return f"sqlite:///{self.data_path() / 'memory.db'}"
+        return sqlite_url(self.data_path() / "memory.db")

@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.engine import URL
 
-from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig
+from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -333,7 +333,7 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database:
             database,
         )
         return
-    own["db_url"] = f"sqlite:///{database}"
+    own["db_url"] = sqlite_url(database)
 
 
 def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
@@ -415,7 +415,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     if config.get("history_db_path"):
         if "db_url" in own:
             log.warning("Mem0's history_db_path has no effect: memories and their history share one database")
-        own.setdefault("db_url", f"sqlite:///{Path(str(config['history_db_path'])).expanduser()}")
+        own.setdefault("db_url", sqlite_url(Path(str(config["history_db_path"])).expanduser()))
     if llm:
         own["llm"] = llm
     if engine:

@@ -329,3 +329,22 @@ def test_a_faiss_folder_of_an_earlier_version_keeps_its_database(
     assert "written by an earlier version" in caplog.text
     explicit = from_mem0_dict({**_faiss(tmp_path / "new"), "db_url": "sqlite:///" + str(tmp_path / "mine.db")})
     assert explicit.db_url == f"sqlite:///{tmp_path / 'mine.db'}"
+
+
+def test_folders_whose_names_look_like_url_syntax_hold_their_database(tmp_path: Path) -> None:
+    """``f"sqlite:///{path}"`` read ``%41`` as ``A`` and ``?...`` as query options: the database went elsewhere,
+    and a Mem0 faiss store opened again looked like an earlier version's and lost sight of its memories."""
+    odd = tmp_path / "p%41th?x=1#y"
+    for config in (
+        from_mem0_dict(_faiss(odd)),
+        from_mem0_dict({"history_db_path": str(odd / "mem0.db"), "kv": {"encode_on_add": False}}),
+        MemoryConfig(data_dir=str(odd), kv={"encode_on_add": False}),
+    ):
+        with Memory(config, embedder=HashEmbedder()) as client:
+            client.reset()
+            client.add("I keep bees.", user_id="alice", infer=False)
+        with Memory(config, embedder=HashEmbedder()) as client:  # opened again: the same store
+            assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I keep bees."]
+        database = odd / ("memory.db" if config.db_url is None else "mem0.db")
+        assert database.is_file() and database.with_suffix(".faiss").is_file()
+    assert not (tmp_path / "pAth").exists()
