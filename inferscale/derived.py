@@ -8,8 +8,9 @@ owns them for both clients:
   (:mod:`inferscale.encode_queue`; :meth:`DerivedStores.encode_queued` is its batch);
 - :meth:`DerivedStores.reconcile_steps` repairs what a crash or another process left behind (run on first use, and
   by the clients' ``reconcile``; :mod:`inferscale.reconcile`): each vector is labelled with the text hash it was
-  embedded from, so a stale one is found by comparing labels with SQL, and the index file records the embedder, so
-  an index of another embedder starts empty and every memory is embedded again;
+  embedded from, so a stale one is found by comparing labels with SQL, and the index file records the embedder:
+  an index that records another one, or none, is checked on a sample (:meth:`DerivedStores.settle_embedder`), and
+  one of another model starts empty, so that every memory is embedded again;
 - :meth:`DerivedStores.search_steps` is the scoped top-k search, and :meth:`DerivedStores.similar_steps` the
   similar-memory step of ``add`` (the stored memories the reconcile LLM is shown).
 
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
+
+SAME_EMBEDDER_COSINE = 0.999
+"""A stored vector and a fresh embedding of its text with at least this cosine similarity come from one model (the
+same model gives the same vector up to float rounding across batch shapes; another model of the same dimension
+gives an unrelated one)."""
 
 INDEX_SAVE_SHARE = 0.05
 """While writing, saves take at most about this share of the time: the interval between two stretches to the last
@@ -143,6 +149,46 @@ class DerivedStores:
                     self._index_path, embedder.dim, self._config.search, embedder_identity(embedder)
                 )
             return self._index
+
+    def embedder_identity(self) -> str:
+        """The identity of this client's embedder (:func:`~inferscale.retrieval.embedder.embedder_identity`)."""
+        return embedder_identity(self._embedder())
+
+    def settle_embedder(self, index: VectorIndex, sample: Sequence[MemoryRecord]) -> VectorIndex:
+        """The index to search, once ``index`` (loaded, recording another embedder's identity or none: an earlier
+        version's) is checked against this client's embedder on ``sample``, some of its memories.
+
+        The sample's texts are embedded again; when every vector labelled with its memory's current text matches
+        (cosine >= :data:`SAME_EMBEDDER_COSINE`), the vectors are this embedder's (the same model, named another
+        way) and the index records this identity. Otherwise, or when no sample vector can be compared, the
+        vectors are another model's: the index starts empty, with a warning, and reconciliation embeds every
+        memory again.
+        """
+        identity = self.embedder_identity()
+        with self._lock:
+            if len(index) and not self._same_vectors(index, sample):
+                log.warning(
+                    "the index %s holds vectors of another embedder (%s), not of %s: every memory is embedded again",
+                    self._index_path,
+                    index.embedder or "recorded by an earlier version",
+                    identity,
+                )
+                index = VectorIndex(index.dim, self._index_path, self._config.search, identity)
+                self._index = index
+            index.set_embedder(identity)
+            self._index_dirty = True
+            return index
+
+    def _same_vectors(self, index: VectorIndex, sample: Sequence[MemoryRecord]) -> bool:
+        """Whether ``index``'s vectors of ``sample`` (those labelled with their memory's current text) are what this
+        client's embedder gives; ``False`` when there is none to compare."""
+        ids = np.array([r.vector_id for r in sample], dtype=np.int64)
+        current = [r for r, label in zip(sample, index.labels(ids), strict=True) if label == r.hash]
+        if not current:
+            return False
+        stored = index.vectors(np.array([r.vector_id for r in current], dtype=np.int64))
+        fresh = self._embedder().embed([r.text for r in current])
+        return bool(np.all(np.sum(stored * fresh, axis=1) >= SAME_EMBEDDER_COSINE))
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
         """Remove the vectors of ``ids`` (int64 ``[n]``) from ``index``; returns how many were there."""

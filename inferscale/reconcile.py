@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+EMBEDDER_PROBE_SIZE = 16
+"""Memories embedded again to check an index that records another embedder's identity, or none
+(:meth:`inferscale.derived.DerivedStores.settle_embedder`)."""
+
 KV_ROW_GRACE_S = 60.0
 """A ``kv_entries`` row without its file is deleted only once it is older than this (seconds): its writer commits
 the row, then renames the file into place, and another process may reconcile in between."""
@@ -248,6 +252,10 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     versions: MemoryVersions = yield Versions()
 
     index = stores.open_index()
+    if index.embedder != stores.embedder_identity():  # another embedder's identity, or none: an earlier version's
+        sample = index.ids()[:EMBEDDER_PROBE_SIZE]
+        probe: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in sample))
+        index = stores.settle_embedder(index, list(probe.values()))
     with stores.lock:
         held = index.ids()
         differ = index.stale_ids(versions.vector_ids, versions.hashes)
@@ -300,6 +308,7 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
 
 
 __all__ = [
+    "EMBEDDER_PROBE_SIZE",
     "KV_ROW_GRACE_S",
     "DeleteKVRows",
     "KVEntries",

@@ -94,10 +94,12 @@ class VectorIndex:
     ) -> VectorIndex:
         """The index saved at ``path``, or an empty one (bound to ``path``) when the file does not exist.
 
-        With ``embedder`` (the identity of the caller's embedder), a file saved with another embedder's identity is
-        not loaded: its vectors come from another model and would rank by it. An empty index is returned (bound to
-        ``path``, which its next save replaces) and a warning logged; the caller embeds its texts again. A file
-        without an identity (saved without one, or by an earlier version) is taken to hold ``embedder``'s vectors.
+        Its :attr:`embedder` is the identity saved with it (``None`` for a file saved without one, or by an earlier
+        version): whether those vectors are the caller's embedder's is the caller's to check (the client compares a
+        sample with fresh embeddings, :meth:`inferscale.derived.DerivedStores.settle_embedder`). A file of another
+        dimension that records another identity than ``embedder`` (the caller's) holds another model's vectors: it
+        is not loaded, a warning is logged, and an empty index bound to ``path`` is returned (its next save
+        replaces the file).
 
         The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
         belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
@@ -105,8 +107,8 @@ class VectorIndex:
         (:func:`~inferscale.retrieval.approximate.list_count`); otherwise it is built again when needed.
 
         Raises:
-            InvalidInputError: when the saved index has another dimension than ``dim`` and was saved without an
-                embedder identity (with one, the identities differ and the index starts empty).
+            InvalidInputError: when the saved index has another dimension than ``dim`` and records no identity, or
+                ``embedder``'s.
             ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (delete it and rebuild the
                 index from the database with :meth:`add`).
         """
@@ -115,16 +117,7 @@ class VectorIndex:
         if not file.exists():
             return index
         saved = index_file.read(file)
-        if embedder is not None and saved.embedder is not None and saved.embedder != embedder:
-            log.warning(
-                "the index %s holds the vectors of the embedder %r, not of %r: they are not loaded, and the index "
-                "starts empty (to be embedded again)",
-                file,
-                saved.embedder,
-                embedder,
-            )
-            return index
-        index._embedder = embedder if embedder is not None else saved.embedder
+        index._embedder = saved.embedder
         try:
             loaded = faiss.deserialize_index(saved.index)
         except RuntimeError as exc:
@@ -135,6 +128,17 @@ class VectorIndex:
             raise ConfigError(
                 f"{file} holds a {type(loaded).__name__}, not an IndexIDMap2 over an IndexFlat; delete it and rebuild"
             )
+        if loaded.d != index._dim and saved.embedder not in (None, embedder):
+            log.warning(
+                "the index %s holds %d-d vectors of the embedder %r, not %d-d ones of %r: they are not loaded, and "
+                "the index starts empty (to be embedded again)",
+                file,
+                loaded.d,
+                saved.embedder,
+                index._dim,
+                embedder,
+            )
+            return cls(dim, path, search, embedder)
         if loaded.d != index._dim:
             raise InvalidInputError(
                 f"the index at {file} has dim {loaded.d} but dim {index._dim} was asked for; was it built by "
@@ -165,6 +169,17 @@ class VectorIndex:
     def embedder(self) -> str | None:
         """The identity of the embedder whose vectors it holds, saved with it (``None``: not recorded)."""
         return self._embedder
+
+    def set_embedder(self, embedder: str) -> None:
+        """Record that the vectors are ``embedder``'s (an identity, saved with the index from the next save on).
+
+        Raises:
+            InvalidInputError: when ``embedder`` is not a non-empty str.
+        """
+        if not isinstance(embedder, str) or not embedder:
+            raise InvalidInputError(f"embedder must be a non-empty str, got {embedder!r}")
+        with self._lock:
+            self._embedder = embedder
 
     @property
     def path(self) -> Path | None:

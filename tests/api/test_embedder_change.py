@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from client_adapter import MakeClient
-from mem0_fakes import HashEmbedder
+from mem0_fakes import HashEmbedder, fake_config
+
+from inferscale import MemoryClient
+from inferscale.reconcile import EMBEDDER_PROBE_SIZE, ReconcileReport
 
 TEXTS = ["Alice keeps bees in Porto", "Alice plays the cello on Sundays", "Alice is allergic to walnuts"]
 
@@ -39,3 +43,58 @@ def test_memories_are_embedded_again_by_another_embedder_of_the_same_dimension(m
     for memory_id, score in got.items():  # before the fix: the scores of HashEmbedder's stored vectors
         assert abs(score - want[memory_id]) < 1e-5, (memory_id, score, want[memory_id])
     assert sorted(r["memory"] for r in second.get_all(user_id="alice")["results"]) == sorted(TEXTS)
+
+
+class RenamedHashEmbedder(HashEmbedder):
+    """HashEmbedder's model under another name (a folder spelled another way): the same vectors. Counts the texts
+    it embeds."""
+
+    name = "hash-128 spelled another way"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return super().embed(texts)
+
+
+def _strip_embedder_identity(index_file: Path) -> None:
+    """Rewrite the index file as a version before embedder identities wrote it (no ``embedder`` entry)."""
+    with np.load(index_file) as saved:
+        entries = {name: saved[name] for name in saved.files if name != "embedder"}
+    assert len(entries) < len(saved.files)
+    with index_file.open("wb") as file:  # a file object: np.savez would add ".npz" to a path
+        np.savez(file, **entries)  # type: ignore[arg-type]
+
+
+def test_an_index_of_an_earlier_version_is_checked_against_the_embedder(tmp_path: Path) -> None:
+    """An index written before identities were recorded was taken to hold the new embedder's vectors: a store
+    upgraded and given another embedder at once ranked by the old model's vectors, for good once saved again."""
+    config = fake_config(tmp_path)
+    with MemoryClient(config, embedder=HashEmbedder()) as first:
+        added = [first.add(text, user_id="alice", infer=False)["results"][0]["id"] for text in TEXTS]
+    index_file = next(tmp_path.glob("*.faiss"))
+    _strip_embedder_identity(index_file)
+    embedder = SaltedEmbedder()
+    with MemoryClient(config, embedder=embedder) as second:
+        found = second.search("Who keeps bees?", user_id="alice", limit=3)["results"]
+    vectors = embedder.embed(["Who keeps bees?", *TEXTS])
+    want = {memory_id: float(vectors[0] @ vectors[i + 1]) for i, memory_id in enumerate(added)}
+    assert {r["id"]: round(r["score"], 5) for r in found} == {k: round(v, 5) for k, v in want.items()}
+
+
+def test_the_same_model_named_another_way_keeps_its_vectors(tmp_path: Path) -> None:
+    """A sample is embedded again and matches: no memory is embedded again, the index records the new name."""
+    config = fake_config(tmp_path)
+    texts = [f"Alice's fact number {i}" for i in range(EMBEDDER_PROBE_SIZE + 4)]
+    with MemoryClient(config, embedder=HashEmbedder()) as first:
+        first.add([{"role": "user", "content": text} for text in texts], user_id="alice", infer=False)
+    renamed = RenamedHashEmbedder()
+    with MemoryClient(config, embedder=renamed) as second:
+        assert len(second.search("fact number 3", user_id="alice", limit=3)["results"]) == 3
+        assert second.reconcile() == ReconcileReport()
+    assert renamed.texts == EMBEDDER_PROBE_SIZE + 1  # the sample, then the query: no memory embedded again
+    with np.load(next(tmp_path.glob("*.faiss"))) as saved:
+        assert str(saved["embedder"]) == "hash-128 spelled another way (128-d)"

@@ -316,42 +316,43 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
         VectorIndex(DIM).save()
 
 
-def test_open_with_another_embedders_identity_starts_empty(
+def test_open_reports_the_saved_embedder_and_drops_another_models_other_dimension(
     tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray], caplog: pytest.LogCaptureFixture
 ) -> None:
     _, ids, vectors = filled
     tagged = VectorIndex(DIM, tmp_path / "index.faiss", embedder="model-a (16-d)")
     tagged.add(ids, vectors, labels=[f"h{i}" for i in ids])
     file = tagged.save()
-    same = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
-    assert same.ids().tolist() == ids.tolist() and same.embedder == "model-a (16-d)"
-    assert same.stale_ids(ids[:2], [f"h{i}" for i in ids[:2]]).size == 0
-    with caplog.at_level("WARNING", logger="inferscale.retrieval.index"):
-        other = VectorIndex.open(file, DIM, embedder="model-b (16-d)")  # same dimension, another model
-    assert len(other) == 0 and other.path == file and other.embedder == "model-b (16-d)"
-    assert "model-a (16-d)" in caplog.text and "model-b (16-d)" in caplog.text
-    assert other.stale_ids(ids, [f"h{i}" for i in ids]).tolist() == ids.tolist()  # every memory embedded again
-    assert len(VectorIndex.open(file, DIM)) == len(ids)  # the file is untouched until the next save
-    other.add(ids[:1], vectors[:1])
+    other = VectorIndex.open(file, DIM, embedder="model-b (16-d)")  # the caller checks whose vectors they are
+    assert other.ids().tolist() == ids.tolist() and other.embedder == "model-a (16-d)"
+    other.set_embedder("model-b (16-d)")
     other.save()
     assert VectorIndex.open(file, DIM).embedder == "model-b (16-d)"
-    assert VectorIndex.open(file, DIM, embedder="model-b (16-d)").ids().tolist() == ids[:1].tolist()
-    wider = VectorIndex.open(file, DIM * 2, embedder="model-c (32-d)")  # another dimension: no error, empty
-    assert len(wider) == 0 and wider.dim == DIM * 2
+    with caplog.at_level("WARNING", logger="inferscale.retrieval.index"):
+        wider = VectorIndex.open(file, DIM * 2, embedder="model-c (32-d)")  # another model's dimension: no error
+    assert len(wider) == 0 and wider.dim == DIM * 2 and wider.embedder == "model-c (32-d)" and wider.path == file
+    assert "model-b (16-d)" in caplog.text and "model-c (32-d)" in caplog.text
+    assert len(VectorIndex.open(file, DIM)) == len(ids)  # the file is untouched until the next save
+    with pytest.raises(InvalidInputError, match="dim"):  # the same identity cannot change its dimension
+        VectorIndex.open(file, DIM * 2, embedder="model-b (16-d)")
 
 
-def test_file_without_embedder_identity_is_adopted(
+def test_a_file_without_embedder_identity_records_none_until_set(
     tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray]
 ) -> None:
     index, ids, _ = filled
     file = index.save(tmp_path / "index.faiss")  # saved without an identity (as earlier versions did)
-    assert VectorIndex.open(file, DIM).embedder is None
-    adopted = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
-    assert adopted.ids().tolist() == ids.tolist() and adopted.embedder == "model-a (16-d)"
-    adopted.save()
+    loaded = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
+    assert loaded.ids().tolist() == ids.tolist() and loaded.embedder is None
+    with pytest.raises(InvalidInputError, match="dim"):
+        VectorIndex.open(file, DIM * 2, embedder="model-a (32-d)")
+    loaded.set_embedder("model-a (16-d)")
+    loaded.save()
     assert VectorIndex.open(file, DIM).embedder == "model-a (16-d)"  # recorded from the next save on
     with pytest.raises(InvalidInputError, match="embedder must be a non-empty str"):
         VectorIndex(DIM, embedder="")
+    with pytest.raises(InvalidInputError, match="embedder must be a non-empty str"):
+        loaded.set_embedder("")
 
 
 # ---- embedder -------------------------------------------------------------------------------------------------
