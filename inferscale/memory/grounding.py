@@ -5,14 +5,22 @@ Small models are prone to this failure: SmolLM2-135M answered a Chinese introduc
 
 - a name (a capitalised word other than the first) or a number in it does not occur in the conversation;
 - the conversation is written in CJK script but the fact is not, or most of the fact's CJK characters do not
-  occur in the conversation.
+  occur in the conversation;
+- it copies a worked example of the extraction prompt (:data:`inferscale.memory.prompts.FEW_SHOT_EXAMPLES`): its
+  words, leaving out "user" and the conversation's own words (a name it put in), are an example fact's, and one of
+  them is not in the conversation. SmolLM2-135M answered "Hi, my name is Maya and I live in Porto." with "User
+  hates flying", an example fact without a name or number for the checks above to catch.
 
 Paraphrase is allowed ("I ride my red bike" → "Owns a red bicycle"); only copied tokens are checked.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+
+from inferscale.memory.prompts import FEW_SHOT_EXAMPLES
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:[.,:/]\d+)*", re.UNICODE)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
@@ -26,6 +34,28 @@ _GENERIC = frozenset({"user", "the", "i", "he", "she", "they", "we", "it", "assi
 def _cjk_share(text: str) -> float:
     letters = [ch for ch in text if ch.isalpha()]
     return sum(1 for ch in letters if _CJK.match(ch)) / len(letters) if letters else 0.0
+
+
+def _content_words(text: str, names: frozenset[str] = frozenset()) -> frozenset[str]:
+    """``text``'s words, casefolded, without the generic ones (``user``, pronouns) and ``names``."""
+    return frozenset(w.casefold() for w in _WORD.findall(text)) - _GENERIC - names
+
+
+@functools.cache
+def _example_facts() -> tuple[frozenset[str], ...]:
+    """The content words of every fact the extraction prompt's worked examples answer with."""
+    facts = [fact for _, answer in FEW_SHOT_EXAMPLES for fact in json.loads(answer)["facts"]]
+    return tuple(_content_words(fact) for fact in facts)
+
+
+def _copies_an_example(fact: str, source_words: set[str]) -> bool:
+    """Whether ``fact`` is a worked example's fact (its words, the conversation's words aside, are the example's)
+    with a word the conversation does not hold, inflections aside: a word counts as held when a word of the
+    conversation starts with its first ``max(3, len - 3)`` letters ("I hate flying" grounds "User hates flying")."""
+    own = _content_words(fact)
+    if not any(own == example or own - source_words == example for example in _example_facts()):
+        return False
+    return any(not any(s.startswith(w[: max(3, len(w) - 3)]) for s in source_words) for w in own)
 
 
 def ungrounded_reason(fact: str, conversation: str) -> str | None:
@@ -45,6 +75,8 @@ def ungrounded_reason(fact: str, conversation: str) -> str | None:
         is_name = index > 0 and word[0].isupper() and key not in _GENERIC and not _CJK.match(word[0])
         if is_name and key not in source_words and key not in source:
             return f"the name {word!r} is not in the conversation"
+    if _copies_an_example(fact, source_words):
+        return "it copies a worked example of the extraction prompt"
     if _cjk_share(conversation) >= CJK_CONVERSATION_SHARE:
         chars = _CJK.findall(fact)
         if not chars:

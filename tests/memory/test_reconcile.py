@@ -120,6 +120,11 @@ def test_a_fact_the_answer_forgets_is_added() -> None:
         ("Owns a red bicycle", "I ride my red bike to work", True),
         ("User was born on June 14", "My partner Daniel was born on june 14.", True),
         ("Lives in Lisbon", "I live in Porto", False),
+        # a worked example of the extraction prompt, copied (seen from SmolLM2-135M): no name or number to catch
+        ("User hates flying", "Hi, my name is Maya and I live in Porto.", False),
+        ("Maya hates flying", "Hi, my name is Maya and I live in Porto.", False),
+        ("User hates flying", "I hate flying so much.", True),
+        ("Ingrid loves hiking", "My wife Ingrid loves to hike.", True),
     ],
 )
 def test_grounding_catches_invented_names_numbers_and_language(fact: str, conversation: str, grounded: bool) -> None:
