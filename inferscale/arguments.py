@@ -72,8 +72,10 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
 
     Raises:
         InvalidInputError: when it is not a dict (any ``Mapping``), names a scope id (metadata can never set or
-            override an id), or is not storable JSON at any depth (a non-str key, NaN, an object, a lone surrogate
-            or NUL in a key or value: :func:`inferscale.storable.check_json`), before anything is done.
+            override an id) or ``actor_id`` (the speaker, which only a message's ``name`` sets: Mem0 drops it from
+            metadata, so a caller could not make a memory look said by someone else), or is not storable JSON at
+            any depth (a non-str key, NaN, an object, a lone surrogate or NUL in a key or value:
+            :func:`inferscale.storable.check_json`), before anything is done.
     """
     if metadata is None:
         return {}
@@ -83,6 +85,11 @@ def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     if clash:
         raise InvalidInputError(
             f"metadata may not set scope ids {clash}; pass them as keyword arguments (user_id=..., ...)"
+        )
+    if "actor_id" in checked:
+        raise InvalidInputError(
+            "metadata may not set actor_id: it is the speaker of a message, set from the message's name "
+            '({"role": "user", "name": ..., "content": ...})'
         )
     return checked
 

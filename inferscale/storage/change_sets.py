@@ -49,8 +49,8 @@ class NewMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemoryUpdate:
-    """A change to an existing memory: a new text, new metadata (replaces the dict but for the
-    :data:`~inferscale.storage.records.ATTRIBUTION_KEYS` it does not name), or both."""
+    """A change to an existing memory: a new text, new metadata (set over the stored dict, key by key, as Mem0
+    merges: :func:`~inferscale.storage.records.merged_metadata`), or both."""
 
     memory_id: str
     text: str | None = None

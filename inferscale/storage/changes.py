@@ -39,7 +39,7 @@ from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
-from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, with_attribution
+from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, merged_metadata
 from inferscale.storage.validation import json_copy, same_json
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
-        new_meta = None if update.metadata is None else with_attribution(row.metadata_, update.metadata)
+        new_meta = None if update.metadata is None else merged_metadata(row.metadata_, update.metadata)
         same_meta = new_meta is None or same_json(new_meta, row.metadata_)
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")

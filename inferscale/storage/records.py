@@ -25,12 +25,13 @@ def hash_text(text: str) -> str:
 ATTRIBUTION_KEYS = ("role", "actor_id")
 """The metadata keys that say who said a verbatim memory: the role and the speaker's name (OpenAI's ``name``) of the
 message ``add(infer=False)`` stored it from. As in Mem0, a metadata update keeps them unless it names them
-(:func:`with_attribution`), and result dicts show them beside the scope ids rather than inside ``metadata``."""
+(:func:`merged_metadata`), and result dicts show them beside the scope ids rather than inside ``metadata``."""
 
 
-def with_attribution(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """``new`` metadata, with the :data:`ATTRIBUTION_KEYS` of ``old`` it does not name itself."""
-    return {**new, **{key: old[key] for key in ATTRIBUTION_KEYS if key in old and key not in new}}
+def merged_metadata(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata of an update: ``old`` with ``new``'s keys set over it, as Mem0 merges (its keys that ``new``
+    does not name, the :data:`ATTRIBUTION_KEYS` among them, stay)."""
+    return {**old, **new}
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +224,6 @@ __all__ = [
     "MemoryRecord",
     "MemoryVersions",
     "hash_text",
+    "merged_metadata",
     "scope_of_ids",
-    "with_attribution",
 ]

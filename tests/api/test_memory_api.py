@@ -112,9 +112,36 @@ def test_role_and_actor_id_are_top_level_keys_as_in_mem0(m: ClientAdapter) -> No
     got = m.get(said["id"])
     assert got is not None
     assert (got["role"], got["actor_id"], got["metadata"]) == ("user", "Maya", {"topic": "flights"})
-    m.update(said["id"], metadata={"role": "assistant"})  # named: replaced, as Mem0 does
+    m.update(said["id"], metadata={"role": "assistant"})  # named: replaced, the other keys kept (Mem0 merges)
     got = m.get(said["id"])
-    assert got is not None and (got["role"], got["actor_id"], got["metadata"]) == ("assistant", "Maya", {})
+    assert got is not None
+    assert (got["role"], got["actor_id"], got["metadata"]) == ("assistant", "Maya", {"topic": "flights"})
+
+
+def test_a_metadata_update_merges_into_the_stored_metadata_as_mem0s(m: ClientAdapter) -> None:
+    """It replaced the whole dict: a migrated app that updated one key lost the others (Mem0 2.2.1 sets the given
+    keys over the stored payload)."""
+    memory_id = m.add("Rex", user_id="alice", metadata={"category": "pets", "priority": 2}, infer=False)["results"][0]
+    m.update(memory_id["id"], metadata={"priority": 5, "seen": True})
+    got = m.get(memory_id["id"])
+    assert got is not None and got["metadata"] == {"category": "pets", "priority": 5, "seen": True}
+    assert [h["event"] for h in m.history(memory_id["id"])] == ["ADD", "UPDATE"]
+    m.update(memory_id["id"], metadata={"priority": 5})  # nothing changes: no history row
+    assert len(m.history(memory_id["id"])) == 2
+
+
+def test_metadata_may_not_set_the_speaker(m: ClientAdapter) -> None:
+    """``actor_id`` came from metadata as it does from a message's name: a caller could store a memory as said by
+    someone else (Mem0 drops it from metadata). It is refused, and nothing is written or changed."""
+    said = m.add([{"role": "user", "name": "Maya", "content": "I like tea."}], user_id="alice", infer=False)
+    memory_id = said["results"][0]["id"]
+    with pytest.raises(InvalidInputError, match="actor_id"):
+        m.add("I like coffee.", user_id="alice", metadata={"actor_id": "mallory"}, infer=False)
+    with pytest.raises(InvalidInputError, match="actor_id"):
+        m.update(memory_id, metadata={"actor_id": "mallory"})
+    got = m.get(memory_id)
+    assert got is not None and got["actor_id"] == "Maya"
+    assert [r["memory"] for r in m.get_all(user_id="alice")["results"]] == ["I like tea."]
 
 
 def test_the_hash_is_mem0s_md5_of_the_text(m: ClientAdapter) -> None:
