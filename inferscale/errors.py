@@ -19,8 +19,9 @@ class ScopeError(InvalidInputError):
     """A call that reads or writes memories was given no ``user_id``, ``agent_id`` or ``run_id``."""
 
 
-class MemoryNotFoundError(InferScaleError, KeyError):
-    """No memory has the given id (or it belongs to another scope)."""
+class MemoryNotFoundError(InferScaleError, KeyError, ValueError):
+    """No memory has the given id (or it belongs to another scope). A ``KeyError``, and a ``ValueError`` as Mem0's
+    ``update`` and ``delete`` raise for an unknown id, so a migrated ``except ValueError`` still catches it."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
         return str(self.args[0]) if self.args else "memory not found"

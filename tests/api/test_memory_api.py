@@ -153,6 +153,15 @@ def test_the_hash_is_mem0s_md5_of_the_text(m: ClientAdapter) -> None:
     assert [r["hash"] for r in m.search("chess", user_id="alice")["results"]] == [expected]
 
 
+def test_an_unknown_id_is_a_value_error_as_in_mem0(m: ClientAdapter) -> None:
+    """Mem0's update and delete raise ValueError for an unknown id; migrated ``except ValueError`` code missed
+    MemoryNotFoundError, a KeyError only (on every client, the remote ones included)."""
+    for call in (lambda: m.update("no-such-id", "x"), lambda: m.delete("no-such-id")):
+        with pytest.raises(ValueError, match="no-such-id") as raised:
+            call()
+        assert isinstance(raised.value, MemoryNotFoundError) and isinstance(raised.value, KeyError)
+
+
 def test_id_addressed_calls_can_be_scoped(m: ClientAdapter) -> None:
     bob = m.add("Bob likes tennis", user_id="bob", infer=False)["results"][0]["id"]
     assert m.get(bob, user_id="alice") is None
