@@ -166,7 +166,7 @@ class MemoryClient(ClientCore):
         With ``infer=True`` the LLM extracts facts (JSON-constrained; chunk by chunk for long conversations). Facts
         already stored verbatim in the scope are dropped; for the rest, similar stored memories of the scope are
         retrieved and the LLM decides ADD, UPDATE, DELETE or NONE (see :mod:`inferscale.memory.reconcile`). With
-        ``infer=False`` every user/assistant message is stored as it is, with its ``role`` and, when it has a ``name``,
+        ``infer=False`` every non-system message is stored as it is, with its ``role`` and, when it has a ``name``,
         that name as ``actor_id`` (in its metadata; the result dicts show both beside the scope ids, as Mem0's do). All
         changes and their history rows are written in one transaction. New and updated memories are embedded before the
         call returns (``search`` finds them at once); deleted ones lose their vector and K/V. The new and updated

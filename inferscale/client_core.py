@@ -607,7 +607,7 @@ class ClientCore:
         actor: str | None,
         stored: Sequence[str] = (),
     ) -> ChangeSet:
-        """``infer=False``: every user/assistant message becomes a memory; its context is the turns before it,
+        """``infer=False``: every non-system message becomes a memory; its context is the turns before it,
         after the texts of the scope's ``stored`` memories (the last ones stored, oldest first).
 
         The context turns are kept as the memories they become (their text), so that a fact encoded after them
@@ -634,7 +634,7 @@ class ClientCore:
         block: int,
         window: int,
     ) -> ChangeSet:
-        """``infer=False`` with chains on (``kv.chain_block`` = ``block``): every user/assistant message becomes a
+        """``infer=False`` with chains on (``kv.chain_block`` = ``block``): every non-system message becomes a
         memory, in a bounded chain (:mod:`inferscale.chains`). The first continues the block of the scope's ``last``
         memory, each later one the block of the message before it; one that starts a new block (an anchor) is stored
         with the last ``window`` turns its context would have without chains (the scope's ``stored`` texts, then the

@@ -6,6 +6,7 @@ non-empty text, so shape errors surface here, before anything is written.
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,11 +15,14 @@ from typing import Any
 from inferscale.errors import InvalidInputError
 from inferscale.storable import check_storable
 
-ROLES: frozenset[str] = frozenset({"user", "assistant", "system"})
+ROLES: frozenset[str] = frozenset({"user", "assistant", "system", "tool"})
 
 _EXPECTED = (
-    'a string, a dict {"role": "user" | "assistant" | "system", "content": "<non-empty text>"} or a list of such dicts'
+    'a string, a dict {"role": "user" | "assistant" | "system" | "tool", "content": "<non-empty text>"} or a list of '
+    "such dicts"
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +47,54 @@ class Message:
         return out
 
 
-def _from_dict(item: Mapping[Any, Any], where: str) -> Message:
+def _is_tool_call(item: Mapping[Any, Any]) -> bool:
+    """Whether ``item`` is an assistant turn that only calls tools (OpenAI's ``tool_calls``, or the older
+    ``function_call``, with no text): an agent's conversation holds one before each tool result."""
+    return (
+        item.get("role") == "assistant"
+        and item.get("content") in (None, "", [])
+        and bool(item.get("tool_calls") or item.get("function_call"))
+    )
+
+
+def _text_of_parts(content: list[Any], where: str) -> str | None:
+    """The text of OpenAI content parts (``[{"type": "text", "text": ...}, ...]``), joined by spaces as Mem0 joins
+    them, or ``None`` when no part is text; other parts (an image) are left out with a warning.
+
+    Raises:
+        InvalidInputError: for a part that is not a dict with a ``type``, or a text part without a str ``text``.
+    """
+    texts: list[str] = []
+    for i, part in enumerate(content):
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            raise InvalidInputError(f"{where}.content[{i}] is {part!r}; expected a part {{'type': ..., ...}}")
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise InvalidInputError(
+                    f"{where}.content[{i}] is a text part without a str 'text' ({part!r}); expected "
+                    "{'type': 'text', 'text': '...'}"
+                )
+            texts.append(part["text"])
+    if len(texts) < len(content):
+        log.warning("%s: left out %d content parts that are not text", where, len(content) - len(texts))
+    return " ".join(texts) if any(t.strip() for t in texts) else None
+
+
+def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
+    """The message of ``item``, or ``None`` for one without text that Mem0 skips too: an assistant turn that only
+    calls tools, or content parts none of which is text."""
+    if _is_tool_call(item):
+        return None
     missing = [key for key in ("role", "content") if key not in item]
     if missing:
         raise InvalidInputError(f"{where} lacks {', '.join(map(repr, missing))}; expected {_EXPECTED}")
     role, content, name = item["role"], item["content"], item.get("name")
     if not isinstance(role, str) or role not in ROLES:
         raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES)}")
+    if isinstance(content, list):
+        content = _text_of_parts(content, where)
+        if content is None:
+            return None
     if not isinstance(content, str):
         raise InvalidInputError(
             f"{where} has content of type {type(content).__name__} ({content!r}); expected a non-empty string"
@@ -70,14 +115,20 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
             ``"name"``), or a non-empty list (or tuple) of such dicts; :class:`Message` instances are accepted
             in place of dicts.
 
+    An agent's OpenAI-style conversation is taken as Mem0 takes it: an assistant turn that only calls tools
+    (``tool_calls`` and no text) is skipped, a ``tool`` result is a message like the others (stored by
+    ``infer=False``, never shown to fact extraction), and content given as parts has its text parts joined by
+    spaces (a message with no text part is skipped; other parts, such as images, are left out with a warning).
+
     Returns:
-        The messages in order; content is kept exactly as given (not stripped).
+        The messages in order, those skipped left out (possibly none); content is kept exactly as given (not
+        stripped).
 
     Raises:
         InvalidInputError: for an empty string or list, a non-dict item, a missing ``role``/``content``, a role
-            other than user/assistant/system, non-string or whitespace-only content, or content no backend can
-            store (a lone surrogate or NUL: :func:`inferscale.storable.check_storable`). The message names the bad
-            index and value and the expected shape.
+            other than user/assistant/system/tool, non-string (or malformed parts) or whitespace-only content, or
+            content no backend can store (a lone surrogate or NUL: :func:`inferscale.storable.check_storable`). The
+            message names the bad index and value and the expected shape.
     """
     if isinstance(messages, str):
         if not messages.strip():
@@ -87,7 +138,8 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
     if isinstance(messages, Message):
         messages = [messages]
     if isinstance(messages, Mapping):
-        return [_from_dict(messages, "message")]
+        one = _from_dict(messages, "message")
+        return [] if one is None else [one]
     if isinstance(messages, list | tuple):
         if not messages:
             raise InvalidInputError(f"messages is an empty list; expected {_EXPECTED}")
@@ -98,7 +150,9 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
                 item = {"role": item.role, "content": item.content, "name": item.name}
             if not isinstance(item, Mapping):
                 raise InvalidInputError(f"{where} is a {type(item).__name__} ({item!r}); expected {_EXPECTED}")
-            out.append(_from_dict(item, where))
+            message = _from_dict(item, where)
+            if message is not None:
+                out.append(message)
         return out
     raise InvalidInputError(f"messages is a {type(messages).__name__} ({messages!r}); expected {_EXPECTED}")
 

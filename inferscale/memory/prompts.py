@@ -45,7 +45,8 @@ def fact_extraction_system_prompt(today: date) -> str:
 def format_conversation(messages: list[Message], *, include_assistant: bool = False) -> str:
     """Render turns as ``role: content`` lines (``role (name): content`` when a name is set).
 
-    System messages are always left out: they instruct the agent and hold no facts about the user.
+    System messages are always left out: they instruct the agent and hold no facts about the user; so are tool
+    results (as Mem0 leaves them out of extraction).
 
     Args:
         messages: the conversation.
@@ -54,7 +55,7 @@ def format_conversation(messages: list[Message], *, include_assistant: bool = Fa
     """
     lines = []
     for message in messages:
-        if message.role == "system" or (message.role == "assistant" and not include_assistant):
+        if message.role in ("system", "tool") or (message.role == "assistant" and not include_assistant):
             continue
         speaker = f"{message.role} ({message.name})" if message.name else message.role
         lines.append(f"{speaker}: {message.content.strip()}")

@@ -417,3 +417,29 @@ def test_a_message_added_alone_is_encoded_after_its_scopes_last_memories(
     narrow.add("Second.", user_id="a", infer=False)
     narrow.add("Third.", user_id="a", infer=False)
     assert [r.context for r in narrow.db.list(Scope(user_id="a"))] == [[], ["First."], ["Second."]]
+
+
+AGENT_TURNS: list[dict[str, Any]] = [
+    {"role": "user", "content": "What's the weather in Porto?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 24C"},
+    {"role": "assistant", "content": "It is sunny in Porto."},
+    {"role": "user", "content": [{"type": "text", "text": "I am"}, {"type": "text", "text": "vegan."}]},
+]
+
+
+def test_an_agents_conversation_with_tool_calls_is_added_as_mem0_adds_it(m: ClientAdapter) -> None:
+    """The whole add was refused (a None content, the tool role, content parts), so an agent could not store its
+    conversation: Mem0 skips the tool-call turn, stores the tool result and joins the text parts."""
+    added = m.add(AGENT_TURNS, user_id="alice", infer=False)["results"]
+    assert [r["memory"] for r in added] == [
+        "What's the weather in Porto?",
+        "Sunny, 24C",
+        "It is sunny in Porto.",
+        "I am vegan.",
+    ]
+    stored = {r["memory"]: r["role"] for r in m.get_all(user_id="alice")["results"]}
+    assert stored["Sunny, 24C"] == "tool" and stored["I am vegan."] == "user"
+    assert m.add(AGENT_TURNS[1:2], user_id="alice", infer=False) == {"results": []}  # nothing with text
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] has role 'function'"):
+        m.add([{"role": "function", "content": "42"}], user_id="alice", infer=False)

@@ -150,6 +150,12 @@ def test_extractor_can_show_assistant_turns() -> None:
     assert "assistant: Welcome to Lisbon!" in fake.calls[0][0][-1]["content"]
 
 
+def test_extractor_never_shows_tool_results() -> None:
+    fake = FakeGenerator('{"facts": []}')
+    FactExtractor(fake, include_assistant=True).extract([*CONVERSATION, Message("tool", "Sunny, 24C")], today=TODAY)
+    assert "Sunny" not in fake.calls[0][0][-1]["content"]  # as Mem0 leaves them out of extraction
+
+
 def test_extractor_returns_empty_without_calling_the_llm_when_nothing_to_show() -> None:
     fake = FakeGenerator("garbage")
     assert FactExtractor(fake).extract([Message("system", "rules")], today=TODAY) == Extraction([])

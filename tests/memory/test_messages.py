@@ -60,7 +60,10 @@ def test_message_is_frozen_and_renders_as_chat_dict() -> None:
         ({"content": "x"}, "'role'"),
         ({"role": "user"}, "'content'"),
         ({}, "'role', 'content'"),
-        ({"role": "tool", "content": "x"}, "role 'tool'"),
+        ({"role": "function", "content": "x"}, "role 'function'"),
+        ({"role": "user", "content": ["x"]}, "content[0] is 'x'"),
+        ({"role": "user", "content": [{"type": "text", "text": 3}]}, "text part without a str 'text'"),
+        ({"role": "user", "content": None, "tool_calls": [{"id": "1"}]}, "content of type NoneType"),
         ({"role": 3, "content": "x"}, "role 3"),
         ({"role": "user", "content": 5}, "content of type int"),
         ({"role": "user", "content": None}, "content of type NoneType"),
@@ -84,3 +87,20 @@ def test_bad_input_names_the_value_and_the_expected_shape(messages: Any, needle:
 def test_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="expected"):
         normalize_messages([{"role": "user", "content": ""}])
+
+
+def test_an_agents_turns_are_taken_as_mem0_takes_them() -> None:
+    """Mem0 skips an assistant turn that only calls tools, keeps tool results and joins text parts; the whole
+    conversation was refused."""
+    messages = normalize_messages(
+        [
+            {"role": "user", "content": "Weather in Porto?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+            {"role": "assistant", "function_call": {"name": "weather"}},
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+            {"role": "user", "content": [{"type": "text", "text": "I am"}, {"type": "image_url", "image_url": {}}]},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+        ]
+    )
+    assert messages == [Message("user", "Weather in Porto?"), Message("tool", "Sunny"), Message("user", "I am")]
+    assert normalize_messages({"role": "assistant", "content": "", "tool_calls": [{"id": "c2"}]}) == []
