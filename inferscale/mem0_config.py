@@ -58,6 +58,21 @@ _BASE_URL_KEYS = (
     "deepseek_base_url",
     "xai_base_url",
 )
+_DEFAULT_BASE_URLS: dict[str, tuple[str | None, str]] = {
+    "openai": (None, "https://api.openai.com/v1"),
+    "vllm": ("VLLM_BASE_URL", "http://localhost:8000/v1"),
+    "lmstudio": (None, "http://localhost:1234/v1"),
+    "ollama": (None, "http://localhost:11434"),
+    "deepseek": ("DEEPSEEK_API_BASE", "https://api.deepseek.com"),
+    "together": (None, "https://api.together.xyz/v1"),
+    "groq": (None, "https://api.groq.com/openai/v1"),
+    "xai": (None, "https://api.x.ai/v1"),
+}
+"""Where each Mem0 LLM provider's client sends requests when its config names no base URL: the environment variable
+Mem0 reads first (if any), then its default (Mem0's own, or the provider's OpenAI-compatible endpoint for providers
+whose Mem0 client uses the provider's SDK: Groq, Together, xAI). A valid Mem0 config of those providers names no
+URL at all."""
+
 _PGVECTOR_URL_KEYS = ("user", "password", "host", "port", "dbname", "sslmode")
 _API_KEY_VARIABLES = {
     "openai": "OPENAI_API_KEY",
@@ -295,8 +310,9 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
             f"with a base URL, or {sorted(_LOCAL_LLM)} for the local engine"
         )
     base_url = next((cfg[k] for k in _BASE_URL_KEYS if cfg.get(k)), None)
-    if base_url is None and provider == "openai":
-        base_url = "https://api.openai.com/v1"
+    if base_url is None and provider in _DEFAULT_BASE_URLS:
+        variable, default = _DEFAULT_BASE_URLS[provider]
+        base_url = (os.environ.get(variable) if variable else None) or default
     if base_url is None:
         raise ConfigError(f"llm provider {provider!r} needs a base URL (one of {list(_BASE_URL_KEYS)})")
     if not cfg.get("model"):

@@ -85,7 +85,7 @@ def test_mem0_config_shape_maps(tmp_path: Path) -> None:
         {"embedder": {"provider": "openai", "config": {}}},
         {"vector_store": {"provider": "qdrant", "config": {}}},
         {"graph_store": {"provider": "neo4j"}},
-        {"llm": {"provider": "vllm", "config": {"model": "x"}}},
+        {"llm": {"provider": "vllm", "config": {}}},  # no model (without a URL it takes vLLM's default one)
         {"llm": {"provider": "openai", "config": {}}},
     ],
 )
@@ -348,3 +348,29 @@ def test_folders_whose_names_look_like_url_syntax_hold_their_database(tmp_path: 
         database = odd / ("memory.db" if config.db_url is None else "mem0.db")
         assert database.is_file() and database.with_suffix(".faiss").is_file()
     assert not (tmp_path / "pAth").exists()
+
+
+@pytest.mark.parametrize(
+    ("provider", "base_url"),
+    [
+        ("groq", "https://api.groq.com/openai/v1"),
+        ("together", "https://api.together.xyz/v1"),
+        ("vllm", "http://localhost:8000/v1"),
+        ("lmstudio", "http://localhost:1234/v1"),
+        ("deepseek", "https://api.deepseek.com"),
+        ("openai", "https://api.openai.com/v1"),
+    ],
+)
+def test_a_provider_config_without_a_url_uses_the_providers_endpoint(
+    provider: str, base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Valid Mem0 configs of these providers name no URL (groq and together have no URL key at all): every one was
+    refused with "needs a base URL"."""
+    for variable in ("VLLM_BASE_URL", "DEEPSEEK_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
+    mapped = from_mem0_dict({"llm": {"provider": provider, "config": {"model": "m", "api_key": "k"}}})
+    assert (mapped.llm.provider, mapped.llm.base_url, mapped.llm.model) == ("openai", base_url, "m")
+    monkeypatch.setenv("VLLM_BASE_URL", "http://gpu-box:9000/v1")  # read first, as Mem0 reads it
+    assert (
+        from_mem0_dict({"llm": {"provider": "vllm", "config": {"model": "m"}}}).llm.base_url == "http://gpu-box:9000/v1"
+    )
