@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self
@@ -89,7 +90,8 @@ class ChatInferScale(BaseChatModel):
     cache: BaseCache | bool | None = Field(default=False, exclude=True)
     """LangChain's response cache. Off by default, and the global cache (``set_llm_cache``) is not used: an answer
     depends on the memories stored when it was given, and a cached one would be served after they are changed or
-    deleted. ``True`` or a cache opts in; its key holds the scope ids, so users never share an entry."""
+    deleted. ``True`` or a cache opts in; its key holds the store and the scope ids, so no two users (of one store
+    or of two) share an entry."""
 
     @model_validator(mode="after")
     def _resolve_client(self) -> Self:
@@ -109,8 +111,11 @@ class ChatInferScale(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        """What a response depends on besides the messages (langchain-core's cache key): the model and sampling, the
+        scope, and the store (a digest of its database URL, which may hold a password)."""
         return {
             "model_name": self.model_name,
+            "store": hashlib.sha256(self._any_client().config.database_url().encode()).hexdigest()[:16],
             "user_id": self.user_id,
             "agent_id": self.agent_id,
             "run_id": self.run_id,
@@ -122,12 +127,18 @@ class ChatInferScale(BaseChatModel):
         }
 
     def get_token_ids(self, text: str) -> list[int]:
-        """``text``'s token ids under the served model's own tokenizer, without special tokens (loads the model on
-        first use). langchain-core's default is GPT-2's tokenizer, fetched from the Hugging Face Hub: offline it
-        counted every text as 0 tokens, so ``trim_messages(token_counter=model)`` never trimmed."""
-        client = self.client if self.client is not None else self.async_client
-        assert client is not None  # set by the validator
-        return list(client.engine.tokenizer.encode(text, add_special_tokens=False))
+        """``text``'s token ids under the served model's own tokenizer, without special tokens, for LangChain's
+        token counting (``get_num_tokens``, ``trim_messages(token_counter=model)``). Loads the model on first use;
+        langchain-core's default tokenizer (GPT-2's) would be fetched from the Hugging Face Hub."""
+        return list(self._any_client().engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def _any_client(self) -> MemoryClient | AsyncMemoryClient:
+        """The sync client, else the async one (the validator makes sure there is one)."""
+        if self.client is not None:
+            return self.client
+        if self.async_client is not None:
+            return self.async_client
+        raise ValueError("this ChatInferScale has no client")
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(

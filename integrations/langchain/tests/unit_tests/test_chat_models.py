@@ -182,3 +182,6 @@ def test_the_global_cache_is_not_used_and_a_cache_never_crosses_users(monkeypatc
         "maya's PIN",
     ]
     assert answered[3:] == ["bob", "maya"]  # a cache passed in is used, keyed by the scope
+    other_store = {**_CONFIG, "data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-other-")}
+    assert ChatInferScale(config=other_store, user_id="bob", cache=shared).invoke("PIN?").text == "bob's PIN"
+    assert answered[5:] == ["bob"]  # the same user of another store: not the first store's cached answer

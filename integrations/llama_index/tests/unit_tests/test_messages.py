@@ -10,6 +10,7 @@ from llama_index.core.base.llms.types import (
     DocumentBlock,
     ImageBlock,
     TextBlock,
+    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.memory import Memory, StaticMemoryBlock
@@ -108,6 +109,15 @@ def test_split_memory_refuses_blocks_it_would_drop(message: ChatMessage) -> None
     and the model answered without it, e.g. describing an image it never saw."""
     with pytest.raises(InvalidInputError, match=r"messages\[1\] holds .*text only"):
         split_memory([ChatMessage(role="user", content="hi"), message])
+
+
+def test_split_memory_leaves_out_an_earlier_turns_reasoning() -> None:
+    """A history written by a reasoning model holds ThinkingBlocks; they are left out, as models leave out earlier
+    turns' reasoning, not refused."""
+    answer = ChatMessage(
+        role="assistant", blocks=[ThinkingBlock(content="They asked about dogs."), TextBlock(text="Rex")]
+    )
+    assert split_memory([answer])[0] == [{"role": "assistant", "content": "Rex"}]
 
 
 def test_split_memory_keeps_text_blocks_and_ignores_cache_points() -> None:

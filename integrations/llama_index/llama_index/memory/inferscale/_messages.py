@@ -12,9 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import CachePoint, ChatMessage, MessageRole, TextBlock
+from llama_index.core.base.llms.types import CachePoint, ChatMessage, MessageRole, TextBlock, ThinkingBlock
 
 from inferscale import InvalidInputError
+
+_KEPT_BLOCKS = (TextBlock, CachePoint, ThinkingBlock)
+"""The blocks a message may hold: text, prompt-cache markers (nothing to prefill) and an earlier turn's reasoning
+(another model's, left out as models leave out earlier turns' reasoning). Any other block (an image, a document,
+audio, a tool call, a citation) is refused rather than left out of the prompt."""
 
 MEMORY_IDS_KEY = "inferscale_memory_ids"
 """The ``ChatMessage.additional_kwargs`` key of a memory message: the ids of the memories its text holds."""
@@ -69,7 +74,7 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
 
     Raises:
         InvalidInputError: for a tool or function message (tool calling is not supported), a message holding a
-            block other than text (an image, a document, audio, a tool call: it would be dropped), a bad tag, or a
+            block other than text, a cache point or reasoning (:data:`_KEPT_BLOCKS`), a bad tag, or a
             tagged message holding more than the one text block :func:`memory_message` made (other text was merged
             into it, which dropping the message would lose).
     """
@@ -89,11 +94,11 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
             memory_ids = memory_ids or []
             memory_ids.extend(mid for mid in ids if mid not in memory_ids)
             continue
-        dropped = sorted({type(b).__name__ for b in message.blocks if not isinstance(b, TextBlock | CachePoint)})
+        dropped = sorted({type(b).__name__ for b in message.blocks if not isinstance(b, _KEPT_BLOCKS)})
         if dropped or message.additional_kwargs.get("tool_calls"):
             raise InvalidInputError(
-                f"messages[{i}] holds {dropped or ['tool_calls']}: InferScaleLLM takes text only (an image, "
-                "document, audio or tool call would be left out of the prompt and answered without)"
+                f"messages[{i}] holds {dropped or ['tool_calls']}: InferScaleLLM takes text only, and would answer "
+                "without them"
             )
         role = _ROLES.get(message.role.value)
         if role is None:

@@ -43,3 +43,14 @@ class InferScaleContext(BaseModel):
     def ids(self) -> dict[str, str]:
         """The ids that are set, as keyword arguments for ``MemoryClient`` calls (and node metadata)."""
         return {k: v for k in SCOPE_KEYS if (v := getattr(self, k))}
+
+
+def scope_ids_of(fields: Any) -> dict[str, str]:
+    """The scope ids of an object's ``user_id``, ``agent_id`` and ``run_id`` fields as they are now (set after
+    construction or by ``model_copy(update=...)``), checked: what every call of that object is scoped to.
+
+    Raises:
+        ScopeError: when none is set.
+        InvalidInputError: for an id that is not a string.
+    """
+    return InferScaleContext.of(user_id=fields.user_id, agent_id=fields.agent_id, run_id=fields.run_id).ids()

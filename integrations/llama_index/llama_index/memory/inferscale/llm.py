@@ -23,7 +23,7 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
-from llama_index.memory.inferscale._scope import InferScaleContext
+from llama_index.memory.inferscale._scope import scope_ids_of
 
 from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
@@ -152,14 +152,8 @@ class InferScaleLLM(CustomLLM):
         return kwargs
 
     def _scope_ids(self) -> dict[str, str]:
-        """The scope ids of the fields as they are now: set with ``llm.user_id = ...`` or ``model_copy(update=...)``
-        after construction, they are the ones used (they were fixed at construction, so a copy made for Bob used
-        Maya's memories).
-
-        Raises:
-            ScopeError: when no scope id is set.
-        """
-        return InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id).ids()
+        """The scope of this call: the fields as they are now (:func:`scope_ids_of`)."""
+        return scope_ids_of(self)
 
     @staticmethod
     def _prompt_messages(prompt: str) -> list[ChatMessage]:

@@ -25,7 +25,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.memory import BaseMemoryBlock
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
-from llama_index.memory.inferscale._scope import InferScaleContext
+from llama_index.memory.inferscale._scope import scope_ids_of
 
 from inferscale import AsyncMemoryClient, MemoryClient
 
@@ -54,9 +54,8 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         self._scope_ids()  # a scope is checked now, and read from the fields on every call
 
     def _scope_ids(self) -> dict[str, str]:
-        """The scope ids of the fields as they are now (a block copied with ``model_copy(update={"user_id": ...})``
-        used the original's user). Raises ScopeError when none is set."""
-        return InferScaleContext.of(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id).ids()
+        """The scope of this call: the fields as they are now (:func:`scope_ids_of`)."""
+        return scope_ids_of(self)
 
     async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
         query = search_text(messages or [], self.search_msg_limit)
