@@ -513,8 +513,7 @@ class DerivedStores:
 
     def reset(self, memory_ids: Collection[str]) -> None:
         """An empty index (saved) and none of the K/V of ``memory_ids``, the memories the caller has just deleted
-        from SQL (:meth:`inferscale.storage.MemoryStore.reset`). Other databases' K/V in a shared K/V folder stay:
-        the whole folder was emptied, so they were all encoded again."""
+        from SQL (:meth:`inferscale.storage.MemoryStore.reset`). Other databases' K/V in a shared K/V folder stay."""
         with self._lock:
             embedder = self._embedder()
             index = VectorIndex(embedder.dim, self._index_path, self._config.search, embedder_identity(embedder))

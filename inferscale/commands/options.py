@@ -21,6 +21,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
@@ -80,8 +82,8 @@ class ScopeOptions:
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """The local store: its data folder and its database (``inferscale serve`` takes the same flags), and the
-    client's whole config from a file."""
+    """The local store: the client's config from a file, its data folder and its database (``inferscale serve``
+    takes ``--data-dir`` and ``--db-url`` too)."""
 
     config_file: str | None = field(
         default=None,
@@ -116,7 +118,7 @@ class StoreOptions:
         engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v is not None}}
         try:
             return MemoryConfig.model_validate({**fields, "engine": EngineConfig.model_validate(engine)})
-        except ValueError as exc:  # pydantic's ValidationError
+        except ValidationError as exc:
             raise ConfigError(f"invalid config: {exc}") from exc
 
 

@@ -45,7 +45,11 @@ DEFAULT_EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 def embedder_identity(embedder: Embedder) -> str:
     """What the vectors of ``embedder`` are computed by: its ``name`` (or, without one, its class's qualified name)
     and its dimension, e.g. ``"sentence-transformers/all-MiniLM-L6-v2 (384-d)"``. Two embedders with one identity
-    are taken to give the same vectors. Loads the model when its dimension is not known yet."""
+    are taken to give the same vectors. Loads the model when its dimension is not known yet.
+
+    Raises:
+        ModelNotAvailableError: when the model must be loaded and cannot be.
+    """
     name = getattr(embedder, "name", None)
     if not isinstance(name, str) or not name:
         name = f"{type(embedder).__module__}.{type(embedder).__qualname__}"

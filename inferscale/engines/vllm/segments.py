@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.errors import InferScaleError
-from inferscale.kv.tiers.serialization import KVFormatError, fact_from_payload
+from inferscale.kv.tiers.serialization import KVChecksumError, KVFormatError, fact_from_payload
 
 
 class SegmentError(InferScaleError):
@@ -109,21 +109,24 @@ class SegmentCache:
 
     def get(self, ref: SegmentRef) -> tuple[torch.Tensor, torch.Tensor]:
         """``(keys, values)``, each ``[n_layers, n_kv_heads, n_tokens, head_dim]`` in the file's dtype; a KV store
-        entry held in 8 bits is loaded onto this cache's device as codes and scales and dequantised there, to the
-        dtype it was quantised from.
+        entry held in 8 bits is moved onto this cache's device as codes and scales and dequantised there, to the
+        dtype it was quantised from. The file is read and its checksum checked on the CPU first.
 
         Raises:
-            SegmentError: when the file is missing or malformed (an unknown storage format included).
+            SegmentError: when the file is missing or malformed (an unknown storage format included), or its
+                tensors do not match its checksum.
         """
         key = (ref.uid, *_stamp(ref.path))
         hit = self._entries.get(key)
         if hit is not None:
             self._entries.move_to_end(key)
             return hit
-        try:
-            with safe_open(ref.path, framework="pt", device=str(self._device)) as handle:
+        try:  # read and checked on the CPU (the checksum hashes host bytes), then moved and dequantised on device
+            with safe_open(ref.path, framework="pt", device="cpu") as handle:
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-                fact = fact_from_payload(tensors, handle.metadata() or {}, ref.path).dequantized()
+                fact = fact_from_payload(tensors, handle.metadata() or {}, ref.path).to(self._device).dequantized()
+        except KVChecksumError as exc:
+            raise SegmentError(f"segment file {ref.path!r} was changed after it was written: {exc}") from exc
         except KVFormatError as exc:
             raise SegmentError(f"segment file {ref.path!r} is not in a layout this version reads: {exc}") from exc
         except (OSError, RuntimeError, ValueError) as exc:

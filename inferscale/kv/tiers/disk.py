@@ -83,8 +83,7 @@ class DiskTier:
         A damaged file is removed with a warning and is a miss: its memory is encoded again and stored anew. It is
         damaged when it is not a readable safetensors file (cut short by a full disk or a copy, overwritten), or when
         its tensors do not match the checksum written with them (changed in place: a failing disk, a tool that
-        rewrote them; :func:`~inferscale.kv.tiers.serialization.check_checksum`). A cut file raised safetensors' own
-        error on every chat that retrieved the memory; a changed one would have been injected as it was.
+        rewrote them; :func:`~inferscale.kv.tiers.serialization.check_checksum`).
         """
         path = self.path(key)
         try:
