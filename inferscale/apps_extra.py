@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, MemoryNotFoundError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -106,8 +106,9 @@ def pyplot() -> Any:
 def exit_code(exc: Exception) -> int:
     """A command's exit code for the error ``exc``: 2 for bad input (a ``ValueError``: ``InvalidInputError``,
     ``ScopeError``, ``ConfigError``..., which the caller fixes by changing the command line or configuration), 1
-    for any other failure (a missing memory, a refused key, a server or model error)."""
-    return 2 if isinstance(exc, ValueError) else 1
+    for any other failure (a missing memory, a refused key, a server or model error). A missing memory is 1 though
+    :class:`~inferscale.errors.MemoryNotFoundError` is a ``ValueError`` too (for Mem0 code that catches one)."""
+    return 2 if isinstance(exc, ValueError) and not isinstance(exc, MemoryNotFoundError) else 1
 
 
 def fail(exc: Exception) -> int:
