@@ -36,9 +36,52 @@ def _cjk_share(text: str) -> float:
     return sum(1 for ch in letters if _CJK.match(ch)) / len(letters) if letters else 0.0
 
 
-def _content_words(text: str, names: frozenset[str] = frozenset()) -> frozenset[str]:
-    """``text``'s words, casefolded, without the generic ones (``user``, pronouns) and ``names``."""
-    return frozenset(w.casefold() for w in _WORD.findall(text)) - _GENERIC - names
+_FUNCTION_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "but",
+        "by",
+        "called",
+        "for",
+        "from",
+        "has",
+        "have",
+        "in",
+        "is",
+        "it",
+        "its",
+        "name",
+        "named",
+        "of",
+        "on",
+        "or",
+        "than",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "were",
+        "will",
+        "with",
+    ]
+)
+"""Words that carry no content of their own (a name is told by the name itself): a fact's copy of an example is told
+by its content words only."""
+
+
+def _content_words(text: str) -> frozenset[str]:
+    """``text``'s content words, casefolded, possessives cut (``user's`` is ``user``): not numbers (checked
+    above), generic words (``user``, pronouns) or function words."""
+    words = {w.casefold().removesuffix("'s").removesuffix("’s") for w in _WORD.findall(text) if not w[0].isdigit()}
+    return frozenset(words - _GENERIC - _FUNCTION_WORDS)
 
 
 @functools.cache
@@ -55,7 +98,7 @@ def _copies_an_example(fact: str, source_words: set[str]) -> bool:
     own = _content_words(fact)
     if not any(own == example or own - source_words == example for example in _example_facts()):
         return False
-    return any(not any(s.startswith(w[: max(3, len(w) - 3)]) for s in source_words) for w in own)
+    return any(not any(s.casefold().startswith(w[: max(3, len(w) - 3)]) for s in source_words) for w in own)
 
 
 def ungrounded_reason(fact: str, conversation: str) -> str | None:

@@ -125,6 +125,11 @@ def test_a_fact_the_answer_forgets_is_added() -> None:
         ("Maya hates flying", "Hi, my name is Maya and I live in Porto.", False),
         ("User hates flying", "I hate flying so much.", True),
         ("Ingrid loves hiking", "My wife Ingrid loves to hike.", True),
+        # conversations that do say an example's fact: kept (a first version of the check dropped each of them)
+        ("User's name is Tom", "My name is Tom.", True),
+        ("User's name is Tom", "Hi, I'm Tom.", True),
+        ("User will fly to Rome on 3 July", "I'm flying to Rome on 3 July.", True),
+        ("Tom is a teacher from Oslo", "I'm Tom and I teach in Oslo.", True),
     ],
 )
 def test_grounding_catches_invented_names_numbers_and_language(fact: str, conversation: str, grounded: bool) -> None:
