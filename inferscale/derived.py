@@ -137,17 +137,24 @@ class DerivedStores:
         return index
 
     def open_index(self) -> VectorIndex:
-        """The index, loaded from its file (or empty) if it is not loaded yet; no reconciliation.
+        """The index in use, or, while none is, the one loaded from its file (or empty), not yet in use: no search
+        sees it before :meth:`publish_index` (after its embedder is checked, :meth:`settle_embedder`).
 
         Raises:
             ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
         """
         with self._lock:
+            if self._index is not None:
+                return self._index
+            embedder = self._embedder()
+            return VectorIndex.open(self._index_path, embedder.dim, self._config.search, embedder_identity(embedder))
+
+    def publish_index(self, index: VectorIndex) -> VectorIndex:
+        """Put ``index`` in use, unless one already is (another first use got there first); returns the one in
+        use."""
+        with self._lock:
             if self._index is None:
-                embedder = self._embedder()
-                self._index = VectorIndex.open(
-                    self._index_path, embedder.dim, self._config.search, embedder_identity(embedder)
-                )
+                self._index = index
             return self._index
 
     def embedder_identity(self) -> str:
@@ -174,7 +181,6 @@ class DerivedStores:
                     identity,
                 )
                 index = VectorIndex(index.dim, self._index_path, self._config.search, identity)
-                self._index = index
             index.set_embedder(identity)
             self._index_dirty = True
             return index

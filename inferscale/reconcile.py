@@ -253,9 +253,12 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
 
     index = stores.open_index()
     if index.embedder != stores.embedder_identity():  # another embedder's identity, or none: an earlier version's
-        sample = index.ids()[:EMBEDDER_PROBE_SIZE]
-        probe: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in sample))
+        with stores.lock:  # sampled among the vectors of stored memories' current texts, the ones it can compare
+            stale = index.stale_ids(versions.vector_ids, versions.hashes)
+            current = np.setdiff1d(np.intersect1d(versions.vector_ids, index.ids()), stale)
+        probe: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(int(i) for i in current[:EMBEDDER_PROBE_SIZE]))
         index = stores.settle_embedder(index, list(probe.values()))
+    index = stores.publish_index(index)
     with stores.lock:
         held = index.ids()
         differ = index.stale_ids(versions.vector_ids, versions.hashes)

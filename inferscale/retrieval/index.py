@@ -97,9 +97,9 @@ class VectorIndex:
         Its :attr:`embedder` is the identity saved with it (``None`` for a file saved without one, or by an earlier
         version): whether those vectors are the caller's embedder's is the caller's to check (the client compares a
         sample with fresh embeddings, :meth:`inferscale.derived.DerivedStores.settle_embedder`). A file of another
-        dimension that records another identity than ``embedder`` (the caller's) holds another model's vectors: it
-        is not loaded, a warning is logged, and an empty index bound to ``path`` is returned (its next save
-        replaces the file).
+        dimension that records another identity than ``embedder`` (the caller's), or none when ``embedder`` is
+        given, holds another model's vectors: it is not loaded, a warning is logged, and an empty index bound to
+        ``path`` is returned (its next save replaces the file).
 
         The labels saved with it are loaded; a file of the earliest versions has them beside it, used when they
         belong to these index bytes (otherwise every vector is unlabelled). An approximate index saved with it is
@@ -107,8 +107,8 @@ class VectorIndex:
         (:func:`~inferscale.retrieval.approximate.list_count`); otherwise it is built again when needed.
 
         Raises:
-            InvalidInputError: when the saved index has another dimension than ``dim`` and records no identity, or
-                ``embedder``'s.
+            InvalidInputError: when the saved index has another dimension than ``dim`` and records ``embedder`` as
+                its identity (both ``None`` included).
             ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (delete it and rebuild the
                 index from the database with :meth:`add`).
         """
@@ -128,7 +128,7 @@ class VectorIndex:
             raise ConfigError(
                 f"{file} holds a {type(loaded).__name__}, not an IndexIDMap2 over an IndexFlat; delete it and rebuild"
             )
-        if loaded.d != index._dim and saved.embedder not in (None, embedder):
+        if loaded.d != index._dim and saved.embedder != embedder:
             log.warning(
                 "the index %s holds %d-d vectors of the embedder %r, not %d-d ones of %r: they are not loaded, and "
                 "the index starts empty (to be embedded again)",

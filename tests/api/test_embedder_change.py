@@ -7,13 +7,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 from client_adapter import MakeClient
 from mem0_fakes import HashEmbedder, fake_config
 
 from inferscale import MemoryClient
+from inferscale.derived import DerivedStores
 from inferscale.reconcile import EMBEDDER_PROBE_SIZE, ReconcileReport
+from inferscale.storage import MemoryStore
 
 TEXTS = ["Alice keeps bees in Porto", "Alice plays the cello on Sundays", "Alice is allergic to walnuts"]
 
@@ -98,3 +102,46 @@ def test_the_same_model_named_another_way_keeps_its_vectors(tmp_path: Path) -> N
     assert renamed.texts == EMBEDDER_PROBE_SIZE + 1  # the sample, then the query: no memory embedded again
     with np.load(next(tmp_path.glob("*.faiss"))) as saved:
         assert str(saved["embedder"]) == "hash-128 spelled another way (128-d)"
+
+
+def test_the_sample_is_drawn_from_vectors_of_stored_memories(tmp_path: Path) -> None:
+    """The sample was the 16 oldest vectors: when their memories were deleted (by a client with another index),
+    nothing could be compared and every memory was embedded again, with a false warning."""
+    config = fake_config(tmp_path)
+    texts = [f"Alice's fact number {i}" for i in range(EMBEDDER_PROBE_SIZE + 4)]
+    with MemoryClient(config, embedder=HashEmbedder()) as first:
+        ids = [
+            r["id"]
+            for r in first.add([{"role": "user", "content": t} for t in texts], user_id="alice", infer=False)["results"]
+        ]
+    store = MemoryStore(config.database_url())
+    for memory_id in ids[:EMBEDDER_PROBE_SIZE]:  # committed in SQL only: the index still holds their vectors
+        store.delete(memory_id)
+    store.close()
+    renamed = RenamedHashEmbedder()
+    with MemoryClient(config, embedder=renamed) as second:
+        report = second.reconcile()
+    assert (report.vectors_removed, report.vectors_added, report.vectors_refreshed) == (EMBEDDER_PROBE_SIZE, 0, 0)
+    assert renamed.texts == 4  # the four stored memories' vectors, compared; none embedded again
+
+
+def test_no_search_sees_the_loaded_index_before_its_embedder_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loaded index was in use while its sample was read from SQL: a concurrent first search ranked by the old
+    model's vectors."""
+    config = fake_config(tmp_path)
+    with MemoryClient(config, embedder=HashEmbedder()) as first:
+        for text in TEXTS:
+            first.add(text, user_id="alice", infer=False)
+    in_use_while_checked: list[bool] = []
+    settle = DerivedStores.settle_embedder
+
+    def checking(self: DerivedStores, index: Any, sample: Any) -> Any:
+        in_use_while_checked.append(self._index is not None)
+        return settle(self, index, sample)
+
+    monkeypatch.setattr(DerivedStores, "settle_embedder", checking)
+    with MemoryClient(config, embedder=SaltedEmbedder()) as second:
+        second.search("Who keeps bees?", user_id="alice", limit=1)
+    assert in_use_while_checked == [False]

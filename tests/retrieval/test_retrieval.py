@@ -344,8 +344,10 @@ def test_a_file_without_embedder_identity_records_none_until_set(
     file = index.save(tmp_path / "index.faiss")  # saved without an identity (as earlier versions did)
     loaded = VectorIndex.open(file, DIM, embedder="model-a (16-d)")
     assert loaded.ids().tolist() == ids.tolist() and loaded.embedder is None
-    with pytest.raises(InvalidInputError, match="dim"):
-        VectorIndex.open(file, DIM * 2, embedder="model-a (32-d)")
+    other = VectorIndex.open(file, DIM * 2, embedder="model-a (32-d)")  # another dimension: another model's
+    assert len(other) == 0 and other.embedder == "model-a (32-d)"
+    with pytest.raises(InvalidInputError, match="dim"):  # a caller that names no embedder is told to rebuild
+        VectorIndex.open(file, DIM * 2)
     loaded.set_embedder("model-a (16-d)")
     loaded.save()
     assert VectorIndex.open(file, DIM).embedder == "model-a (16-d)"  # recorded from the next save on
