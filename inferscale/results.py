@@ -69,13 +69,19 @@ def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
 
 def changes_to_results(applied: AppliedChanges) -> list[dict[str, Any]]:
     """The ``results`` list of ``add``: ``{"id", "memory", "event"}`` per change (DELETEs, UPDATEs, ADDs), UPDATEs
-    with ``"previous_memory"``, DELETEs with the deleted text as ``"memory"``."""
+    with ``"previous_memory"``, DELETEs with the deleted text as ``"memory"``; an ADD of a message stored verbatim
+    (``infer=False``) also carries its ``"actor_id"`` (``None`` without a speaker name) and ``"role"``, as Mem0's
+    does."""
     out: list[dict[str, Any]] = [{"id": r.id, "memory": r.text, "event": "DELETE"} for r in applied.deleted]
     out += [
         {"id": after.id, "memory": after.text, "event": "UPDATE", "previous_memory": before.text}
         for before, after in applied.updated
     ]
-    out += [{"id": r.id, "memory": r.text, "event": "ADD"} for r in applied.added]
+    for r in applied.added:
+        added: dict[str, Any] = {"id": r.id, "memory": r.text, "event": "ADD"}
+        if "role" in r.metadata:  # a message stored verbatim (attributed by its role)
+            added.update(actor_id=r.metadata.get("actor_id"), role=r.metadata["role"])
+        out.append(added)
     return out
 
 

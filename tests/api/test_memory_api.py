@@ -428,6 +428,16 @@ AGENT_TURNS: list[dict[str, Any]] = [
 ]
 
 
+def test_a_verbatim_adds_results_carry_the_speaker_as_mem0s(m: ClientAdapter) -> None:
+    """Mem0's ``add(infer=False)`` results carry each message's ``actor_id`` (``None`` without a name) and ``role``."""
+    said = [{"role": "user", "name": "Maya", "content": "I like tea."}, {"role": "assistant", "content": "Noted."}]
+    results = m.add(said, user_id="alice", infer=False)["results"]
+    assert [(r["memory"], r["actor_id"], r["role"], r["event"]) for r in results] == [
+        ("I like tea.", "Maya", "user", "ADD"),
+        ("Noted.", None, "assistant", "ADD"),
+    ]
+
+
 def test_an_agents_conversation_with_tool_calls_is_added_as_mem0_adds_it(m: ClientAdapter) -> None:
     """The whole add was refused (a None content, the tool role, content parts), so an agent could not store its
     conversation: Mem0 skips the tool-call turn, stores the tool result and joins the text parts."""
