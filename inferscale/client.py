@@ -190,13 +190,13 @@ class MemoryClient(ClientCore):
             ScopeError: when no user_id, agent_id or run_id is given, or one is not a non-empty string.
             InvalidInputError: for malformed messages, an ``infer`` or ``encode_kv`` that is not a bool (``None``
                 also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
-                or sets a scope id, a ``timestamp``/``expiration_date`` (not supported), or a ``version`` other
-                than ``"v1"``/``"v2"``; for a fact too long for the model's context once encoded after the system
-                prefix alone (at the farthest position bucket), or a text it would give a stored memory that is too
-                long after that memory's context turns, in every ``encode_on_add`` mode and before anything is
-                written (the message names it and the positions it needs, as the encoder's does). A new memory
-                whose context turns would not fit with it keeps its last turns that fit. Measured with the model's
-                tokenizer and config alone: an ``add`` never loads the model's weights for it.
+                or sets a scope id or ``actor_id``, a ``timestamp``/``expiration_date`` (not supported), or a
+                ``version`` other than ``"v1"``/``"v2"``; for a fact too long for the model's context once encoded
+                after the system prefix alone (at the farthest position bucket), or a text it would give a stored
+                memory that is too long after that memory's context turns, in every ``encode_on_add`` mode and
+                before anything is written (the message names it and the positions it needs, as the encoder's does).
+                A new memory whose context turns would not fit with it keeps its last turns that fit. Measured with
+                the model's tokenizer and config alone: an ``add`` never loads the model's weights for it.
             ModelNotAvailableError, ConfigError: when the chat model's tokenizer or config cannot be found, or its
                 tokenizer has no usable chat template, or the engine cannot be built (needed to measure the memories'
                 spans; nothing is written).
@@ -248,9 +248,9 @@ class MemoryClient(ClientCore):
         agent_id: str | None = None,
         run_id: str | None = None,
     ) -> dict[str, Any]:
-        """Change a memory's text (``text``, or Mem0's ``data``) and/or replace its metadata (keeping the ``role`` and
-        ``actor_id`` it was stored with unless the new metadata names them, as Mem0 does); records an UPDATE
-        history row. A new text is re-embedded and its K/V dropped (encoded again on next use, lazily); a
+        """Change a memory's text (``text``, or Mem0's ``data``) and/or merge new metadata into its metadata, key by
+        key, as Mem0 does (the ``role`` and ``actor_id`` it was stored with stay unless it names ``role``); records an
+        UPDATE history row. A new text is re-embedded and its K/V dropped (encoded again on next use, lazily); a
         metadata-only update keeps the vector and the K/V.
 
         Returns:
@@ -258,9 +258,9 @@ class MemoryClient(ClientCore):
             unchanged when the new values equal the old ones, and then no history row is written).
 
         Raises:
-            InvalidInputError: when nothing is given, text and data disagree, metadata sets a scope id, or the new
-                text is longer than ``max_memory_chars`` or too long for the model's context once encoded after the
-                memory's context turns (nothing is written; see :meth:`add`).
+            InvalidInputError: when nothing is given, text and data disagree, metadata sets a scope id or
+                ``actor_id``, or the new text is longer than ``max_memory_chars`` or too long for the model's context
+                once encoded after the memory's context turns (nothing is written; see :meth:`add`).
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
         """
         change = self._update_change(memory_id, text, metadata, data)

@@ -40,7 +40,7 @@ from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.contexts import turn_contexts
 from inferscale.memory.grounding import ungrounded_reason
-from inferscale.memory.messages import user_turns
+from inferscale.memory.messages import TOOL_ROLES, user_turns
 from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
@@ -101,8 +101,9 @@ def laid_out(records: Sequence[MemoryRecord], layout: MemoryLayout) -> list[Memo
 
 
 def rendered_turns(messages: Sequence[Message]) -> list[str]:
-    """The non-system turns as ``"role: content"`` lines (the context of extracted facts)."""
-    return [f"{m.role}: {m.content}" for m in messages if m.role != "system"]
+    """The conversation turns as ``"role: content"`` lines (the context of extracted facts): neither system messages
+    nor tool results, which extraction never sees either."""
+    return [f"{m.role}: {m.content}" for m in messages if m.role != "system" and m.role not in TOOL_ROLES]
 
 
 def attributed(message: Message, metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -437,10 +438,10 @@ class ClientCore:
         """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens`` (a fact
         already extracted from an earlier chunk, compared case-insensitively, is left out).
 
-        With ``llm.check_grounding``, a fact that invents a name or number or leaves the conversation's CJK
-        script is dropped with a warning, and the chunk keeps its user turns as a fallback
-        (:attr:`ChunkFacts.fallback`); a chunk whose every fact is dropped contributes its user turns
-        verbatim instead, as does a chunk whose LLM answer is unusable even after a repair and
+        With ``llm.check_grounding``, a fact that invents a name or number, leaves the conversation's CJK
+        script or copies a worked example of the prompt is dropped with a warning, and the chunk keeps its user
+        turns as a fallback (:attr:`ChunkFacts.fallback`); a chunk whose every fact is dropped contributes its user
+        turns verbatim instead, as does a chunk whose LLM answer is unusable even after a repair and
         ``llm.answer_retries`` more calls (:meth:`~inferscale.memory.FactExtractor.extract`).
 
         Returns:
@@ -455,7 +456,7 @@ class ClientCore:
             retries=self.config.llm.answer_retries,
             max_memory_chars=self.config.max_memory_chars,
         )
-        turns = [m for m in messages if m.role != "system"]
+        turns = [m for m in messages if m.role != "system" and m.role not in TOOL_ROLES]  # what extraction is shown
         chunks: list[ChunkFacts] = []
         seen: set[str] = set()
         today = date.today()
@@ -471,7 +472,7 @@ class ClientCore:
 
     @staticmethod
     def _grounded(found: list[str], chunk: Sequence[Message], max_memory_chars: int) -> ChunkFacts:
-        source = "\n".join(m.content for m in chunk)
+        source = "\n".join(m.content for m in chunk if m.role not in TOOL_ROLES)
         kept: list[str] = []
         for fact in found:
             reason = ungrounded_reason(fact, source)

@@ -100,9 +100,10 @@ class LLMConfig(_Strict):
             repeats a similar stored memory (Mem0's update step); ``False`` only adds new facts.
         reconcile_top_k: similar stored memories retrieved per new fact for the reconcile step.
         reconcile_max_new_tokens: decode budget of one reconcile answer, in tokens.
-        check_grounding: drop extracted facts that invent a name or number, or leave the conversation's CJK
-            script (see :mod:`inferscale.memory.grounding`); when every fact of a chunk is dropped, its user turns
-            are stored verbatim instead, so nothing said is lost and its language and names are kept.
+        check_grounding: drop extracted facts that invent a name or number, leave the conversation's CJK
+            script, or copy a worked example of the extraction prompt (see :mod:`inferscale.memory.grounding`);
+            when every fact of a chunk is dropped, its user turns are stored verbatim instead, so nothing said is
+            lost and its language and names are kept.
         answer_retries: how many more times the LLM is asked, with the problem named, when an extraction or
             reconcile answer holds nothing usable even after repair (not JSON, the wrong shape, no usable item);
             then extraction stores the user's turns verbatim and reconcile adds the facts as extracted.

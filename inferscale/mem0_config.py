@@ -59,14 +59,14 @@ _BASE_URL_KEYS = (
     "xai_base_url",
 )
 _DEFAULT_BASE_URLS: dict[str, tuple[str | None, str]] = {
-    "openai": (None, "https://api.openai.com/v1"),
+    "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1"),
     "vllm": ("VLLM_BASE_URL", "http://localhost:8000/v1"),
     "lmstudio": (None, "http://localhost:1234/v1"),
-    "ollama": (None, "http://localhost:11434"),
+    "ollama": ("OLLAMA_HOST", "http://localhost:11434"),
     "deepseek": ("DEEPSEEK_API_BASE", "https://api.deepseek.com"),
     "together": (None, "https://api.together.xyz/v1"),
     "groq": (None, "https://api.groq.com/openai/v1"),
-    "xai": (None, "https://api.x.ai/v1"),
+    "xai": ("XAI_API_BASE", "https://api.x.ai/v1"),
 }
 """Where each Mem0 LLM provider's client sends requests when its config names no base URL: the environment variable
 Mem0 reads first (if any), then its default (Mem0's own, or the provider's OpenAI-compatible endpoint for providers
@@ -313,6 +313,8 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
     if base_url is None and provider in _DEFAULT_BASE_URLS:
         variable, default = _DEFAULT_BASE_URLS[provider]
         base_url = (os.environ.get(variable) if variable else None) or default
+        if "://" not in base_url:  # OLLAMA_HOST may be host:port alone, as the ollama client takes it
+            base_url = f"http://{base_url}"
     if base_url is None:
         raise ConfigError(f"llm provider {provider!r} needs a base URL (one of {list(_BASE_URL_KEYS)})")
     if not cfg.get("model"):
@@ -344,9 +346,9 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database:
     if index.exists() and not database.exists():
         log.warning(
             "%s was written by an earlier version, whose memories live in the default database: it is kept; set "
-            "db_url='sqlite:///%s' (and move the database file there) to give this collection its own",
+            "db_url=%r (and move the database file there) to give this collection its own",
             index,
-            database,
+            sqlite_url(database),
         )
         return
     own["db_url"] = sqlite_url(database)

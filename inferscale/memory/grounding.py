@@ -105,8 +105,8 @@ def ungrounded_reason(fact: str, conversation: str) -> str | None:
     """Why ``fact`` is not grounded in ``conversation``, or ``None`` when it is.
 
     Returns:
-        A short reason naming the first invented name or number, or the language mismatch; ``None`` if the
-        fact passes every check.
+        A short reason naming the first invented name or number, the copied example, or the language mismatch;
+        ``None`` if the fact passes every check.
     """
     source = conversation.casefold()
     source_words = {w.casefold() for w in _WORD.findall(conversation)}

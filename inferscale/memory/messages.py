@@ -15,7 +15,11 @@ from typing import Any
 from inferscale.errors import InvalidInputError
 from inferscale.storable import check_storable
 
-ROLES: frozenset[str] = frozenset({"user", "assistant", "system", "tool"})
+TOOL_ROLES: frozenset[str] = frozenset({"tool", "function"})
+"""The roles of tool results (``function`` is OpenAI's older name): stored by ``add(infer=False)``, never shown to
+fact extraction, as Mem0 treats them."""
+
+ROLES: frozenset[str] = frozenset({"user", "assistant", "system"}) | TOOL_ROLES
 
 _EXPECTED = (
     'a string, a dict {"role": "user" | "assistant" | "system" | "tool", "content": "<non-empty text>"} or a list of '
@@ -30,7 +34,7 @@ class Message:
     """One conversation turn.
 
     Attributes:
-        role: ``"user"``, ``"assistant"`` or ``"system"``.
+        role: ``"user"``, ``"assistant"``, ``"system"``, or ``"tool"``/``"function"`` (a tool result).
         content: the turn's text, never empty or whitespace only.
         name: an optional speaker name (OpenAI's ``name`` field), kept for prompts; ``None`` when not given.
     """

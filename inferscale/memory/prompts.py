@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from inferscale.memory.messages import Message
+from inferscale.memory.messages import TOOL_ROLES, Message
 
 FACT_EXTRACTION_SYSTEM_PROMPT = (
     "You save facts about the user from a chat. Today is {today}.\n"
@@ -55,7 +55,11 @@ def format_conversation(messages: list[Message], *, include_assistant: bool = Fa
     """
     lines = []
     for message in messages:
-        if message.role in ("system", "tool") or (message.role == "assistant" and not include_assistant):
+        if (
+            message.role == "system"
+            or message.role in TOOL_ROLES
+            or (message.role == "assistant" and not include_assistant)
+        ):
             continue
         speaker = f"{message.role} ({message.name})" if message.name else message.role
         lines.append(f"{speaker}: {message.content.strip()}")

@@ -366,11 +366,26 @@ def test_a_provider_config_without_a_url_uses_the_providers_endpoint(
 ) -> None:
     """Valid Mem0 configs of these providers name no URL (groq and together have no URL key at all): every one was
     refused with "needs a base URL"."""
-    for variable in ("VLLM_BASE_URL", "DEEPSEEK_API_BASE"):
+    for variable in ("VLLM_BASE_URL", "DEEPSEEK_API_BASE", "OPENAI_BASE_URL", "OLLAMA_HOST", "XAI_API_BASE"):
         monkeypatch.delenv(variable, raising=False)
     mapped = from_mem0_dict({"llm": {"provider": provider, "config": {"model": "m", "api_key": "k"}}})
     assert (mapped.llm.provider, mapped.llm.base_url, mapped.llm.model) == ("openai", base_url, "m")
+    for variable in ("OPENAI_BASE_URL", "OLLAMA_HOST", "XAI_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("VLLM_BASE_URL", "http://gpu-box:9000/v1")  # read first, as Mem0 reads it
     assert (
         from_mem0_dict({"llm": {"provider": "vllm", "config": {"model": "m"}}}).llm.base_url == "http://gpu-box:9000/v1"
     )
+
+
+def test_the_providers_environment_variables_are_read_as_mem0_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app behind an OpenAI proxy sets OPENAI_BASE_URL: its key went to api.openai.com instead."""
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://proxy:8080/v1")
+    monkeypatch.setenv("XAI_API_BASE", "http://xai-proxy/v1")
+    monkeypatch.setenv("OLLAMA_HOST", "ollama-box:11434")  # host:port, as the ollama client takes it
+    for provider, base_url in (
+        ("openai", "http://proxy:8080/v1"),
+        ("xai", "http://xai-proxy/v1"),
+        ("ollama", "http://ollama-box:11434"),
+    ):
+        assert from_mem0_dict({"llm": {"provider": provider, "config": {"model": "m"}}}).llm.base_url == base_url

@@ -451,5 +451,12 @@ def test_an_agents_conversation_with_tool_calls_is_added_as_mem0_adds_it(m: Clie
     stored = {r["memory"]: r["role"] for r in m.get_all(user_id="alice")["results"]}
     assert stored["Sunny, 24C"] == "tool" and stored["I am vegan."] == "user"
     assert m.add(AGENT_TURNS[1:2], user_id="alice", infer=False) == {"results": []}  # nothing with text
-    with pytest.raises(InvalidInputError, match=r"messages\[0\] has role 'function'"):
-        m.add([{"role": "function", "content": "42"}], user_id="alice", infer=False)
+    older = [
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": "{}"}},
+        {"role": "function", "name": "weather", "content": "Rain in Lisbon"},
+    ]
+    assert [(r["memory"], r["role"]) for r in m.add(older, user_id="alice", infer=False)["results"]] == [
+        ("Rain in Lisbon", "function")
+    ]
+    with pytest.raises(InvalidInputError, match=r"messages\[0\] has role 'bot'"):
+        m.add([{"role": "bot", "content": "42"}], user_id="alice", infer=False)

@@ -60,7 +60,7 @@ def test_message_is_frozen_and_renders_as_chat_dict() -> None:
         ({"content": "x"}, "'role'"),
         ({"role": "user"}, "'content'"),
         ({}, "'role', 'content'"),
-        ({"role": "function", "content": "x"}, "role 'function'"),
+        ({"role": "bot", "content": "x"}, "role 'bot'"),
         ({"role": "user", "content": ["x"]}, "content[0] is 'x'"),
         ({"role": "user", "content": [{"type": "text", "text": 3}]}, "text part without a str 'text'"),
         ({"role": "user", "content": None, "tool_calls": [{"id": "1"}]}, "content of type NoneType"),

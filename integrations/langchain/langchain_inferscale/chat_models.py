@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal, Self
@@ -15,6 +16,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, model_validator
+from sqlalchemy import make_url
 
 from inferscale import ChatChunk, InvalidInputError
 from inferscale import ChatResult as InferScaleResult
@@ -112,10 +114,10 @@ class ChatInferScale(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """What a response depends on besides the messages (langchain-core's cache key): the model and sampling, the
-        scope, and the store (a digest of its database URL, which may hold a password)."""
+        scope, and the store (:meth:`_store_key`, digested: a database URL may hold a password)."""
         return {
             "model_name": self.model_name,
-            "store": hashlib.sha256(self._any_client().config.database_url().encode()).hexdigest()[:16],
+            "store": hashlib.sha256(self._store_key().encode()).hexdigest()[:16],
             "user_id": self.user_id,
             "agent_id": self.agent_id,
             "run_id": self.run_id,
@@ -132,13 +134,25 @@ class ChatInferScale(BaseChatModel):
         langchain-core's default tokenizer (GPT-2's) would be fetched from the Hugging Face Hub."""
         return list(self._any_client().engine.tokenizer.encode(text, add_special_tokens=False))
 
+    def _store_key(self) -> str:
+        """Which store answers: a SQLite file by its absolute path (a relative one names another file in another
+        working directory), an in-memory database by its client (it lives in this process only), any other database
+        by its URL."""
+        client = self._any_client()
+        url = make_url(client.config.database_url())
+        if url.get_backend_name() != "sqlite":
+            return url.render_as_string(hide_password=False)
+        if url.database in (None, "", ":memory:"):
+            return f"sqlite-in-memory:{id(client)}"
+        return f"sqlite:{os.path.abspath(url.database)}"
+
     def _any_client(self) -> MemoryClient | AsyncMemoryClient:
         """The sync client, else the async one (the validator makes sure there is one)."""
         if self.client is not None:
             return self.client
         if self.async_client is not None:
             return self.async_client
-        raise ValueError("this ChatInferScale has no client")
+        raise ValueError("this ChatInferScale has no client: pass client=, async_client= or config=")
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(

@@ -185,3 +185,6 @@ def test_the_global_cache_is_not_used_and_a_cache_never_crosses_users(monkeypatc
     other_store = {**_CONFIG, "data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-other-")}
     assert ChatInferScale(config=other_store, user_id="bob", cache=shared).invoke("PIN?").text == "bob's PIN"
     assert answered[5:] == ["bob"]  # the same user of another store: not the first store's cached answer
+    for url in ("sqlite:///:memory:", "sqlite://"):  # two in-memory stores are two stores
+        assert ChatInferScale(config={**_CONFIG, "db_url": url}, user_id="bob", cache=shared).invoke("PIN?").text
+    assert answered[6:] == ["bob", "bob"]

@@ -168,7 +168,7 @@ class InferScaleLLM(CustomLLM):
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Stream the answer: one ``ChatResponse`` per ``ChatChunk`` (``delta`` the new text, ``message`` the text
-        so far); the last has ``delta`` ``None`` and ``raw`` the ``ChatResult``. Errors raise here, before any
+        so far); the last has ``delta`` ``None`` and ``raw`` its usage and ``ChatResult``. Errors raise here, before any
         response."""
         return self._stream_chat(messages, kwargs)
 
