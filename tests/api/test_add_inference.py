@@ -300,3 +300,18 @@ def test_index_catches_up_with_another_client(make: MakeClient) -> None:
     assert texts(a.search("tennis", user_id="u", limit=1)) == ["Likes tennis"]
     if a.kind == "sync":
         assert np.isin(b.index.ids(), a.index.ids()).all()
+
+
+def test_tool_results_are_neither_shown_to_extraction_nor_its_grounding(make: MakeClient) -> None:
+    """Mem0 leaves tool results out of extraction. A fact whose name only a tool result holds is not grounded in
+    what the user said: it is dropped and the user's turn is kept."""
+    gen = ScriptedGenerator(facts=facts("User lives in Lisbon"))
+    m = make(gen)
+    turns = [
+        {"role": "user", "content": "Will it rain today?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Lisbon: rain from 3 pm"},
+    ]
+    assert texts(m.add(turns, user_id="u")) == ["Will it rain today?"]
+    (extraction,) = [messages for title, messages in gen.calls if title == "ExtractedFacts"]
+    assert "Lisbon" not in extraction[-1]["content"]
