@@ -616,7 +616,7 @@ class ClientCore:
         added on its own thus follows the memories stored before it in its scope, never another scope's. Every
         context entry is a memory's text, so each is a neighbour (:attr:`NewMemory.neighbours`): one whose memory
         is deleted before the add commits is dropped, as it is later from the stored context."""
-        turns = [m for m in messages if m.role != "system" and m.role not in TOOL_ROLES]  # what extraction is shown
+        turns = [m for m in messages if m.role != "system"]
         contexts = turn_contexts(stored, [m.content for m in turns], MAX_CONTEXT_TURNS)
         adds = tuple(
             NewMemory(m.content, attributed(m, meta), context, neighbours=len(context))
