@@ -56,6 +56,7 @@ from inferscale import MemoryClient
 from inferscale.bench.common import write_json
 from inferscale.config import KVConfig, MemoryConfig
 from inferscale.retrieval import VectorIndex, index_file
+from inferscale.retrieval.embedder import embedder_identity
 from inferscale.retrieval.threads import one_thread
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
@@ -198,7 +199,9 @@ def measure_total(total: int, users: int, queries: int, approximate: bool, seed:
     report["sql_insert_ms"] = round(ms)
     ids = np.arange(1, total + 1, dtype=np.int64)
 
-    index = VectorIndex(DIM, index_path)
+    # The vectors stand for QueryEmbedder's (the client's embedder below): the index says so, or the client would
+    # check a sample against that embedder, find other vectors and embed every memory again.
+    index = VectorIndex(DIM, index_path, embedder=embedder_identity(QueryEmbedder()))
     start = time.perf_counter()
     index.add(ids, vectors, labels=hashes)
     report["index_build_ms"] = round((time.perf_counter() - start) * 1e3, 1)

@@ -164,11 +164,11 @@ def observed_dict(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def updated_metadata(before: dict[str, Any], given: dict[str, Any] | None) -> dict[str, Any]:
-    """A memory's metadata after an update: ``given`` replaces it, keeping the role and actor of ``before`` that
-    ``given`` does not name (Mem0's rule)."""
+    """A memory's metadata after an update: ``given``'s keys set over ``before``'s, the others kept, the role and
+    actor among them (Mem0 2.2.1's rule: ``new_metadata.update(metadata)`` over the stored payload)."""
     if given is None:
         return before
-    return {**given, **{k: before[k] for k in ATTRIBUTION if k in before and k not in given}}
+    return {**before, **given}
 
 
 class MemoryMachine(RuleBasedStateMachine):
