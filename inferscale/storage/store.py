@@ -291,7 +291,7 @@ class MemoryStore:
     ) -> MemoryRecord:
         """Replace a memory's text and/or metadata, and record an ``UPDATE`` history row with old and new.
 
-        A new ``text`` also updates ``hash``; ``metadata``, when given, replaces the whole dict; ``updated_at``
+        A new ``text`` also updates ``hash``; ``metadata``, when given, is merged into the stored dict; ``updated_at``
         is set to now. The row is written even when nothing changes. A new text deletes the memory's KV entries
         in the same transaction (K/V encoded from the old text are never served again); a metadata-only update
         keeps them.
