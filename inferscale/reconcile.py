@@ -280,10 +280,9 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
         states = yield MemoryStates(tuple(plan.gone_folders))
     deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
     now = datetime.now(UTC)  # a row younger than the grace period may have its file renamed into place soon
-    others = [row for row in plan.current_rows if not filed_here(disk, row) and not has_file(disk, row)]
-    unfiled = [
-        row for row in plan.current_rows if settled(row, now) and filed_here(disk, row) and not has_file(disk, row)
-    ]
+    unseen = [row for row in plan.current_rows if not has_file(disk, row)]  # one stat per row, not two
+    others = [row for row in unseen if not filed_here(disk, row)]
+    unfiled = [row for row in unseen if filed_here(disk, row) and settled(row, now)]
     bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
     rows_removed = 0
     if bad_rows:
