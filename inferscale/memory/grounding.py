@@ -98,7 +98,7 @@ def _copies_an_example(fact: str, source_words: set[str]) -> bool:
     own = _content_words(fact)
     if not any(own == example or own - source_words == example for example in _example_facts()):
         return False
-    return any(not any(s.casefold().startswith(w[: max(3, len(w) - 3)]) for s in source_words) for w in own)
+    return any(not any(s.startswith(w[: max(3, len(w) - 3)]) for s in source_words) for w in own)
 
 
 def ungrounded_reason(fact: str, conversation: str) -> str | None:
