@@ -38,6 +38,14 @@ def temp_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.{HOST_TAG}-{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
 
 
+def _write_file(path: Path, data: bytes | memoryview, fsync: bool) -> None:
+    with open(path, "wb") as out:
+        out.write(data)
+        out.flush()
+        if fsync:
+            os.fsync(out.fileno())
+
+
 def atomic_write(target: Path, data: bytes | memoryview, fsync: bool = True) -> None:
     """Write ``data`` to ``target`` through :func:`temp_path` and ``os.replace`` (the folder must exist).
 
@@ -52,12 +60,31 @@ def atomic_write(target: Path, data: bytes | memoryview, fsync: bool = True) -> 
     """
     tmp = temp_path(target)
     try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            if fsync:
-                os.fsync(out.fileno())
+        _write_file(tmp, data, fsync)
         os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def create_once(target: Path, data: bytes, fsync: bool = True) -> bytes:
+    """Write ``data`` to ``target`` unless ``target`` exists, and return what ``target`` holds then: ``data``, or the
+    content another writer put there first (the folder must exist).
+
+    The file is written in full to :func:`temp_path` and hard-linked to ``target``, which fails when ``target``
+    exists, so of several writers racing (threads, processes, hosts on a shared file system) exactly one wins and
+    every reader sees that writer's whole content, never a partial or a replaced one.
+
+    Raises:
+        OSError: when the file cannot be written or read; nothing partial is left under ``target``.
+    """
+    tmp = temp_path(target)
+    try:
+        _write_file(tmp, data, fsync)
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return target.read_bytes()
+        return data
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -110,6 +137,7 @@ __all__ = [
     "TEMP_MIN_AGE_S",
     "TEMP_SUFFIX",
     "atomic_write",
+    "create_once",
     "left_over",
     "sweep_temp_files",
     "temp_path",

@@ -462,6 +462,7 @@ class FactKVManager:
                 n_tokens=fact.n_tokens,
                 nbytes=fact.nbytes,
                 location=location,
+                store_id=self._store.store_id(),
             )
             self._store.put(key, fact)
             # With a disk tier, return the entry as the store now holds it, naming its file; without one,

@@ -140,10 +140,18 @@ def has_file(disk: DiskTier, row: KVEntryRecord) -> bool:
 
 
 def filed_here(disk: DiskTier, row: KVEntryRecord) -> bool:
-    """Whether ``row``'s file belongs in ``disk``'s folder, so that this client can tell that it is gone: its
-    location is in that folder, or names no folder (a memory tier's). A row another K/V folder wrote is left to
-    that folder's clients: the folder may be on another host sharing the database, and deleting the row there made
-    its owner remove the file as unaccounted for."""
+    """Whether ``row``'s file belongs in ``disk``'s folder, so that this client can tell that it is gone: the row
+    records this folder's id (:meth:`~inferscale.kv.tiers.DiskTier.store_id`); for a row that records none (written
+    before folders had ids, or without a disk tier), its location is in this folder's path, or names no folder (a
+    memory tier's). A row another K/V folder wrote is left to that folder's clients: the folder may be on another
+    host sharing the database, at another path or at the same one, and deleting the row there made its owner remove
+    the file as unaccounted for.
+
+    Raises:
+        KVFormatError: when this folder's id file holds anything but an id.
+    """
+    if row.store_id is not None:
+        return row.store_id == disk.existing_store_id()
     if not os.path.isabs(row.location):
         return True
     return Path(os.path.normpath(row.location)).parent.parent == disk.root
@@ -281,8 +289,13 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     deleted = [memory_id for memory_id in plan.gone_folders if states.get(memory_id) is False]
     now = datetime.now(UTC)  # a row younger than the grace period may have its file renamed into place soon
     unseen = [row for row in plan.current_rows if not has_file(disk, row)]  # one stat per row, not two
-    others = [row for row in unseen if not filed_here(disk, row)]
-    unfiled = [row for row in unseen if filed_here(disk, row) and settled(row, now)]
+    others: list[KVEntryRecord] = []  # another folder's: left alone
+    unfiled: list[KVEntryRecord] = []  # this folder's, its file gone: deleted once settled
+    for row in unseen:
+        if not filed_here(disk, row):
+            others.append(row)
+        elif settled(row, now):
+            unfiled.append(row)
     bad_rows = tuple(row.id for row in [*plan.stale_rows, *unfiled])
     rows_removed = 0
     if bad_rows:

@@ -157,6 +157,16 @@ class TieredKVStore:
             return str(self._disk.path(key))
         return self._memory[0].name
 
+    def store_id(self) -> str | None:
+        """The disk tier's folder id (:meth:`inferscale.kv.tiers.DiskTier.store_id`, made on first use), or ``None``
+        without a disk tier.
+
+        Raises:
+            KVFormatError: when the folder's id file holds anything but an id.
+            OSError: when the folder or its id file cannot be written.
+        """
+        return self._disk.store_id() if self._disk is not None else None
+
     # ------------------------------------------------------------------ reads and writes
     def get(self, key: KVKey) -> FactKV | None:
         """The entry for ``key`` with K/V on :attr:`device`, or ``None`` on a miss; promotes a lower-tier hit.

@@ -332,6 +332,7 @@ class AsyncMemoryStore:
         n_tokens: int,
         nbytes: int,
         location: str,
+        store_id: str | None = None,
     ) -> KVEntryRecord:
         """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; see
         :meth:`MemoryStore.put_kv_entry`.
@@ -340,11 +341,11 @@ class AsyncMemoryStore:
             InvalidInputError: when an argument is empty, too long or negative.
             MemoryNotFoundError: when no memory has id ``memory_id``.
         """
-        entry = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location)
+        new = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id)
         try:
-            return await self._write(put_kv_entry_in_session, entry)
+            return await self._write(put_kv_entry_in_session, new)
         except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists
-            return await self._write(put_kv_entry_in_session, entry)
+            return await self._write(put_kv_entry_in_session, new)
 
     async def delete_kv_entries(self, memory_id: str) -> builtins.list[KVEntryRecord]:
         """Delete the KV entries of ``memory_id`` and return them, oldest first.

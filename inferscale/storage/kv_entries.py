@@ -14,7 +14,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from inferscale.errors import MemoryNotFoundError
-from inferscale.storage.models import KVEntryRow, MemoryRow, utc_now
+from inferscale.storage.models import STORE_ID_LENGTH, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, select_kv_entry
 from inferscale.storage.records import KVEntryRecord
 from inferscale.storage.validation import check_count, check_id, check_key, check_text
@@ -32,6 +32,7 @@ class NewKVEntry:
     n_tokens: int
     nbytes: int
     location: str
+    store_id: str | None = None
 
     @classmethod
     def checked(
@@ -43,11 +44,13 @@ class NewKVEntry:
         n_tokens: object,
         nbytes: object,
         location: object,
+        store_id: object = None,
     ) -> NewKVEntry:
         """The validated entry.
 
         Raises:
-            InvalidInputError: when an id or key is empty or longer than 255 characters, or a count is negative.
+            InvalidInputError: when an id or key is empty or longer than 255 characters (a ``store_id`` longer than
+                32), or a count is negative.
         """
         return cls(
             check_id(memory_id),
@@ -57,6 +60,7 @@ class NewKVEntry:
             check_count(n_tokens, "n_tokens"),
             check_count(nbytes, "nbytes"),
             check_text(location, "location"),
+            None if store_id is None else check_key(store_id, "store_id", STORE_ID_LENGTH),
         )
 
 
@@ -78,6 +82,7 @@ def put_kv_entry_in_session(s: Session, entry: NewKVEntry) -> KVEntryRecord:
     row.n_tokens = entry.n_tokens
     row.nbytes = entry.nbytes
     row.location = entry.location
+    row.store_id = entry.store_id
     row.created_at = utc_now()
     s.flush()
     return KVEntryRecord.from_row(row)

@@ -31,6 +31,7 @@ from inferscale.scope import MAX_ID_LENGTH
 _Int64Key = BigInteger().with_variant(Integer(), "sqlite")
 
 ID_LENGTH = 36  # a UUID4 in its canonical text form
+STORE_ID_LENGTH = 32  # a K/V folder's id: a UUID4's hex digits
 HASH_LENGTH = 64  # a sha256 hex digest
 KEY_LENGTH = 255  # fingerprints and encoding keys
 
@@ -144,6 +145,8 @@ class KVEntryRow(Base):
         n_tokens: the fact's token count (tokens).
         nbytes: size of the stored tensors (bytes).
         location: where the tensors live (a file path or a store key).
+        store_id: the id of the K/V folder holding the file (:meth:`inferscale.kv.tiers.DiskTier.store_id`);
+            ``NULL`` without a disk tier, or for a row written before revision ``0005_kv_store_id``.
     """
 
     __tablename__ = "kv_entries"
@@ -157,4 +160,5 @@ class KVEntryRow(Base):
     n_tokens: Mapped[int] = mapped_column(Integer)
     nbytes: Mapped[int] = mapped_column(BigInteger)
     location: Mapped[str] = mapped_column(Text)
+    store_id: Mapped[str | None] = mapped_column(String(STORE_ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)

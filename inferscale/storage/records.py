@@ -170,6 +170,8 @@ class KVEntryRecord:
         nbytes: size of the stored tensors (bytes).
         location: where the tensors live (a file path or a store key).
         created_at: tz-aware UTC time the entry was last written.
+        store_id: the id of the K/V folder holding the file, or ``None`` (no disk tier, or written before
+            folders had ids).
     """
 
     id: int
@@ -181,6 +183,7 @@ class KVEntryRecord:
     nbytes: int
     location: str
     created_at: datetime
+    store_id: str | None = None
 
     @classmethod
     def from_row(cls, row: KVEntryRow) -> KVEntryRecord:
@@ -195,6 +198,7 @@ class KVEntryRecord:
             nbytes=int(row.nbytes),
             location=row.location,
             created_at=row.created_at,
+            store_id=row.store_id,
         )
 
 

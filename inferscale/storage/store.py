@@ -336,8 +336,10 @@ class MemoryStore:
         n_tokens: int,
         nbytes: int,
         location: str,
+        store_id: str | None = None,
     ) -> KVEntryRecord:
-        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``.
+        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; returns the stored entry
+        (``created_at``: the time of this write).
 
         Args:
             memory_id: the memory's public id.
@@ -347,19 +349,17 @@ class MemoryStore:
             n_tokens: the fact's length (tokens, >= 0).
             nbytes: size of the stored tensors (bytes, >= 0).
             location: where the tensors live.
-
-        Returns:
-            The stored entry; ``created_at`` is the time of this write.
+            store_id: the id of the K/V folder holding the file (:meth:`inferscale.kv.tiers.DiskTier.store_id`).
 
         Raises:
             InvalidInputError: when an argument is empty, too long or negative.
             MemoryNotFoundError: when no memory has id ``memory_id``.
         """
-        entry = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location)
+        new = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id)
         try:
-            return self._write(put_kv_entry_in_session, entry)
+            return self._write(put_kv_entry_in_session, new)
         except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists
-            return self._write(put_kv_entry_in_session, entry)
+            return self._write(put_kv_entry_in_session, new)
 
     def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
         """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.

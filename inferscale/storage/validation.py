@@ -33,15 +33,16 @@ def check_text(text: object, name: str = "text") -> str:
     return check_storable(text, name)
 
 
-def check_key(value: object, name: str) -> str:
-    """``value`` when it is a non-blank str of at most :data:`~inferscale.storage.models.KEY_LENGTH` characters.
+def check_key(value: object, name: str, max_length: int = KEY_LENGTH) -> str:
+    """``value`` when it is a non-blank str of at most ``max_length`` characters (default
+    :data:`~inferscale.storage.models.KEY_LENGTH`).
 
     Raises:
         InvalidInputError: otherwise, naming ``name``.
     """
     text = check_text(value, name)
-    if len(text) > KEY_LENGTH:
-        raise InvalidInputError(f"{name} is {len(text)} characters; at most {KEY_LENGTH} are stored")
+    if len(text) > max_length:
+        raise InvalidInputError(f"{name} is {len(text)} characters; at most {max_length} are stored")
     return text
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -295,6 +297,31 @@ def test_disk_tier_clear_removes_only_its_own_files(tmp_path: Path) -> None:
     disk.clear()
     assert disk.keys() == []
     assert (tmp_path / "README.txt").exists() and (tmp_path / "b" / "notes.txt").exists()
+
+
+def test_a_k_v_folder_gets_one_id_whoever_asks_first(tmp_path: Path) -> None:
+    """The id is made once, by the first of many racing clients, and read back by the others and by later clients;
+    asking whether there is one makes none, and clear() keeps it (rows of this folder still record it)."""
+    root = tmp_path / "kv"
+    assert DiskTier(root).existing_store_id() is None and not root.exists()
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: DiskTier(root).store_id(), range(32)))
+    assert len(ids) == 1 and re.fullmatch(r"[0-9a-f]{32}", next(iter(ids)))
+    assert sorted(p.name for p in root.iterdir()) == ["store-id"]  # no temporary file left
+    disk = DiskTier(root)
+    disk.put(key("a"), fact(1))
+    disk.clear()
+    assert {DiskTier(root).existing_store_id(), DiskTier(root).store_id()} == ids
+    assert DiskTier(tmp_path / "other").store_id() not in ids
+
+
+@pytest.mark.parametrize("content", [b"", b"not an id", b"A" * 32, b"0" * 33])
+def test_a_k_v_folder_id_file_holding_no_id_is_refused(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "store-id").write_bytes(content)
+    for ask in (DiskTier.store_id, DiskTier.existing_store_id):
+        with pytest.raises(KVFormatError, match="store-id should hold this K/V folder's id"):
+            ask(DiskTier(tmp_path))
+    assert (tmp_path / "store-id").read_bytes() == content
 
 
 # ---------------------------------------------------------------- the composite store

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from client_adapter import ClientAdapter, open_client
 from mem0_fakes import HashEmbedder, fake_config
+from sqlalchemy import text
 from tiny_models import tiny_engine
 
 import inferscale.derived
@@ -267,4 +268,74 @@ def test_rows_of_another_hosts_k_v_folder_are_left_alone(
     host_a.close()
     assert sorted((r.memory_id, r.location) for r in store.all_kv_entries()) == rows
     assert all(Path(location).exists() for _, location in rows)
+    store.close()
+
+
+def test_rows_of_another_hosts_k_v_folder_at_the_same_path_are_left_alone(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hosts on one database, each with its K/V folder at the same path on its own disk (the default data folder).
+    A row's location could not tell them apart: B's reconcile deleted A's rows, whose files it cannot see, and then
+    A removed every file as unaccounted for. Each folder now has its own id, which the rows record."""
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)
+    kv = tmp_path / "kv"
+    host_a = _open("sync", tmp_path, db_url, engine)
+    for fact in FACTS[:2]:
+        host_a.add(fact, user_id="maya", infer=False, encode_kv=True)
+    host_a.close()
+    store = MemoryStore(db_url)
+    a_rows = sorted((r.memory_id, r.location, r.store_id) for r in store.all_kv_entries())
+    a_id = DiskTier(kv).existing_store_id()
+    assert a_id is not None and {row[2] for row in a_rows} == {a_id}
+    kv.rename(tmp_path / "kv-of-a")  # host B's disk: the same path, none of A's files
+
+    host_b = _open("sync", tmp_path, db_url, engine)
+    report = host_b.reconcile()
+    assert (report.kv_rows_removed, report.kv_files_removed, report.kv_rows_kept) == (0, 0, len(a_rows))
+    b_memory = host_b.add(FACTS[2], user_id="maya", infer=False, encode_kv=True)["results"][0]["id"]
+    host_b.close()
+    b_id = DiskTier(kv).existing_store_id()
+    assert b_id is not None and b_id != a_id
+    b_rows = [(r.memory_id, r.location, r.store_id) for r in store.all_kv_entries() if r.memory_id == b_memory]
+    assert b_rows and {row[2] for row in b_rows} == {b_id}
+    kv.rename(tmp_path / "kv-of-b")
+    (tmp_path / "kv-of-a").rename(kv)
+
+    host_a = _open("sync", tmp_path, db_url)
+    report = host_a.reconcile()
+    assert (report.kv_rows_removed, report.kv_files_removed, report.kv_rows_kept) == (0, 0, len(b_rows))  # kept
+    host_a.close()
+    rows = sorted((r.memory_id, r.location, r.store_id) for r in store.all_kv_entries())
+    assert rows == sorted([*a_rows, *b_rows])
+    assert all(Path(location).exists() for _, location, _ in a_rows)
+    store.close()
+
+
+def test_a_row_without_a_folder_id_is_judged_by_its_location(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written before folders had ids (store_id NULL): a row in this folder's path whose file is gone is
+    deleted, a row under another path is kept."""
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)
+    host = _open("sync", tmp_path, db_url, engine)
+    ids = [host.add(fact, user_id="maya", infer=False, encode_kv=True)["results"][0]["id"] for fact in FACTS[:2]]
+    host.close()
+    store = MemoryStore(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(text("update kv_entries set store_id = null"))
+    rows = store.all_kv_entries()
+    here = [r for r in rows if r.memory_id == ids[0]]
+    elsewhere = [r for r in rows if r.memory_id == ids[1]]
+    moved = {r.id: str(tmp_path / "other-host" / Path(r.location).relative_to(tmp_path)) for r in elsewhere}
+    with store.engine.begin() as conn:
+        for row_id, location in moved.items():
+            conn.execute(text("update kv_entries set location = :to where id = :id"), {"to": location, "id": row_id})
+    for row in rows:
+        Path(row.location).unlink()
+    host = _open("sync", tmp_path, db_url)
+    report = host.reconcile()
+    host.close()
+    assert (report.kv_rows_removed, report.kv_rows_kept) == (len(here), len(elsewhere))
+    kept = sorted((r.id, r.memory_id, r.location, r.store_id) for r in store.all_kv_entries())
+    assert kept == sorted((r.id, ids[1], moved[r.id], None) for r in elsewhere)
     store.close()

@@ -20,7 +20,7 @@ from inferscale.storage.schema import MEMORY_SCHEMA, SchemaChain
 FIRST_SCOPE = Scope(user_id="u0")
 SCOPE = Scope(user_id="u1")
 
-HEADS = {"inferscale_schema_version": ["0004_history_scope"], "inferscale_keys_schema_version": ["0001_api_keys"]}
+HEADS = {"inferscale_schema_version": ["0005_kv_store_id"], "inferscale_keys_schema_version": ["0001_api_keys"]}
 """The version tables of a database at both chains' heads, and their rows."""
 
 

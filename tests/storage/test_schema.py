@@ -20,7 +20,7 @@ from sqlalchemy import Engine, MetaData, column, inspect, table, text
 from sqlalchemy.orm import Session
 from store_workers import HEADS, chains, revisions
 
-from inferscale import AsyncMemoryClient, MemoryClient, SchemaError
+from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient, SchemaError
 from inferscale.scope import Scope
 from inferscale.server.keys import ApiKeyRow, KeyStore, _Base
 from inferscale.storage import MemoryStore, make_engine
@@ -50,7 +50,7 @@ def test_a_fresh_database_is_created_at_the_head_and_equals_the_models(db_url: s
     for chain, metadata in chains():
         assert diffs(engine, chain, metadata) == [], chain.name
     again = ensure_schema(engine, MEMORY_SCHEMA)
-    assert (again.before, again.after, again.stamped) == ("0004_history_scope", "0004_history_scope", False)
+    assert (again.before, again.after, again.stamped) == ("0005_kv_store_id", "0005_kv_store_id", False)
     engine.dispose()
 
 
@@ -187,6 +187,39 @@ def test_history_rows_written_without_a_scope_take_their_live_memorys(db_url: st
         # the downgrade dropped the scopes recorded for deleted memories with their columns
         assert [h.event for h in store.history("m-agent")] == ["ADD", "DELETE"]
     assert revisions(engine)[version] == HEADS[version]
+    engine.dispose()
+
+
+def test_k_v_rows_written_before_folders_had_ids_keep_their_place(db_url: str) -> None:
+    """A database at revision 0004 holding a K/V row: the upgrade rewrites no row, the row reads with no folder id
+    (reconciliation then judges it by its location), a new write records one, and down to 0004 and up again keeps
+    the row."""
+    engine = make_engine(db_url)
+    with MIGRATION_LOCK, engine.begin() as conn:
+        command.upgrade(alembic_config(MEMORY_SCHEMA, conn), "0004_history_scope")
+    columns = ("id", "text", "hash", "metadata", "context", *WHEN)
+    kv_columns = ("memory_id", "text_hash", "fingerprint", "encoding_key", "n_tokens", "nbytes", "location")
+    now = utc_now()
+    with engine.begin() as conn:
+        memory = dict(id="m1", text="tea", hash="h" * 64, metadata="{}", context="[]", created_at=now, updated_at=now)
+        conn.execute(table("memories", *(column(c) for c in columns)).insert().values(**memory))
+        row = dict(memory_id="m1", text_hash="h" * 64, fingerprint="fp", encoding_key="k", n_tokens=3, nbytes=9)
+        kv = table("kv_entries", *(column(c) for c in (*kv_columns, "created_at")))
+        conn.execute(kv.insert().values(**row, location="/kv/m1/a.safetensors", created_at=now))
+    with MemoryStore(db_url) as store:
+        (old,) = store.all_kv_entries()
+        assert (old.memory_id, old.location, old.store_id) == ("m1", "/kv/m1/a.safetensors", None)
+        new = store.put_kv_entry("m1", "h" * 64, "fp", "k2", 3, 9, "/kv/m1/b.safetensors", store_id="f" * 32)
+        assert new.store_id == "f" * 32
+        with pytest.raises(InvalidInputError, match="store_id is 33 characters"):
+            store.put_kv_entry("m1", "h" * 64, "fp", "k3", 3, 9, "/kv/m1/c.safetensors", store_id="f" * 33)
+    version = MEMORY_SCHEMA.version_table
+    assert revisions(engine)[version] == HEADS[version]
+    with MIGRATION_LOCK, engine.begin() as conn:
+        command.downgrade(alembic_config(MEMORY_SCHEMA, conn), "0004_history_scope")
+    assert "store_id" not in {c["name"] for c in inspect(engine).get_columns("kv_entries")}
+    with MemoryStore(db_url) as store:
+        assert sorted((r.encoding_key, r.store_id) for r in store.all_kv_entries()) == [("k", None), ("k2", None)]
     engine.dispose()
 
 

@@ -6,6 +6,10 @@ hash or encoding is refused with :class:`KVFingerprintMismatchError`, never retu
 
 Writes are atomic (:func:`inferscale.atomic.atomic_write`): a temporary file in the entry's folder that names its
 writer, then a rename; :meth:`DiskTier.sweep_temp_files` removes those of writers that died before the rename.
+
+The folder holds its own random id in ``<root>/store-id`` (:meth:`DiskTier.store_id`), made by its first write. Two
+folders at the same path on two hosts sharing one database hold different ids, so a ``kv_entries`` row can say which
+of them holds its file (:func:`inferscale.reconcile.filed_here`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from inferscale.atomic import TEMP_MAX_AGE_S, TEMP_SUFFIX, atomic_write, sweep_temp_files
+from inferscale.atomic import TEMP_MAX_AGE_S, TEMP_SUFFIX, atomic_write, create_once, sweep_temp_files
 from inferscale.errors import InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_id
@@ -34,6 +40,11 @@ from inferscale.kv.tiers.serialization import (
 )
 
 SUFFIX = ".safetensors"
+
+STORE_ID_FILE = "store-id"
+"""The file under a K/V folder's root that holds the folder's id (:meth:`DiskTier.store_id`)."""
+
+_STORE_ID = re.compile(r"[0-9a-f]{32}")
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +66,52 @@ class DiskTier:
     def __init__(self, root: Path, fsync: bool = True) -> None:
         self._root = Path(os.path.abspath(root))  # entries name their file to other processes: keep it absolute
         self._fsync = fsync
+        self._store_id: str | None = None
 
     @property
     def root(self) -> Path:
         """The folder of this tier."""
         return self._root
+
+    def store_id(self) -> str:
+        """This folder's id: 32 hex characters, random, made (and the folder with it) on the first call for the
+        folder by any process, and the same for every later call. A ``kv_entries`` row records the id of the folder
+        its writer put the file in, so a client can tell a row of its own folder, whose file is gone, from a row of
+        another host's folder at the same path, whose file it cannot see.
+
+        Raises:
+            KVFormatError: when ``<root>/store-id`` holds anything but an id.
+            OSError: when the folder or the file cannot be written.
+        """
+        if self._store_id is None:
+            self._root.mkdir(parents=True, exist_ok=True)
+            data = create_once(self._root / STORE_ID_FILE, uuid.uuid4().hex.encode(), fsync=self._fsync)
+            self._store_id = self._parse_store_id(data)
+        return self._store_id
+
+    def existing_store_id(self) -> str | None:
+        """This folder's id (:meth:`store_id`), or ``None`` when no process made one yet; it makes none.
+
+        Raises:
+            KVFormatError: when ``<root>/store-id`` holds anything but an id.
+            OSError: when the file exists but cannot be read.
+        """
+        if self._store_id is None:
+            try:
+                data = (self._root / STORE_ID_FILE).read_bytes()
+            except FileNotFoundError:
+                return None
+            self._store_id = self._parse_store_id(data)
+        return self._store_id
+
+    def _parse_store_id(self, data: bytes) -> str:
+        text = data.decode("ascii", errors="replace").strip()
+        if _STORE_ID.fullmatch(text) is None:
+            raise KVFormatError(
+                f"{self._root / STORE_ID_FILE} should hold this K/V folder's id (32 hex characters) and holds "
+                f"{text[:40]!r}; restore it, or remove it if no other host shares this folder's database"
+            )
+        return text
 
     @staticmethod
     def file_name(key: KVKey) -> str:
@@ -208,7 +260,8 @@ class DiskTier:
     def sweep_temp_files(self, max_age_s: float = TEMP_MAX_AGE_S) -> int:
         """Remove the temporary files of writers that died before renaming them (see
         :func:`inferscale.atomic.sweep_temp_files`: those of live writers are kept); returns how many."""
-        return sweep_temp_files(self._root, f"*/.*{TEMP_SUFFIX}", max_age_s)
+        entries = sweep_temp_files(self._root, f"*/.*{TEMP_SUFFIX}", max_age_s)
+        return entries + sweep_temp_files(self._root, f".{STORE_ID_FILE}.*{TEMP_SUFFIX}", max_age_s)
 
     def remove_file(self, path: Path) -> bool:
         """Remove one entry file of this tier (e.g. one no SQL row accounts for); returns whether it was there.
