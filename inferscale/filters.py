@@ -31,7 +31,7 @@ from datetime import UTC, date, datetime
 from typing import Literal, TypeAlias, TypeGuard
 
 from inferscale.errors import InvalidInputError, ScopeError
-from inferscale.scope import SCOPE_KEYS
+from inferscale.scope import SCOPE_KEYS, int_id_text
 from inferscale.storable import check_storable
 
 Operator = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains", "exists"]
@@ -267,6 +267,8 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
     if kind == "time":
         return parse_timestamp(value, where)
     if kind == "id":
+        if field in SCOPE_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            value = int_id_text(value, where)  # as a scope id given as an argument (check_scope_id)
         if not isinstance(value, str) or not value:
             raise InvalidInputError(f"{where}: {field} values are non-empty strings, got {value!r}")
         return check_storable(value, where)

@@ -18,15 +18,33 @@ MAX_ID_LENGTH = 255
 """The longest scope id in characters (the width of the ``user_id``/``agent_id``/``run_id`` columns)."""
 
 
-def check_scope_id(key: str, value: object) -> str:
-    """``value`` when it can be the scope id ``key`` (``"user_id"``, ``"agent_id"`` or ``"run_id"``): the one check of
-    a given id, shared by :class:`Scope` and the remote client (which refuses a bad id before sending it).
+def int_id_text(value: int, name: str) -> str:
+    """The scope id an int stands for: its decimal string (Mem0 takes ``user_id=42`` as ``"42"``).
 
     Raises:
-        ScopeError: when ``value`` is not a non-empty string (an int, a list, ``""``, whitespace).
+        InvalidInputError: when it has more than :data:`MAX_ID_LENGTH` digits (no id is that long; ``str`` of a
+            much longer int would raise a bare ``ValueError``), naming ``name``.
+    """
+    if abs(value) >= 10**MAX_ID_LENGTH:
+        raise InvalidInputError(
+            f"{name} is an integer of over {MAX_ID_LENGTH} digits; a scope id holds at most {MAX_ID_LENGTH}"
+        )
+    return str(value)
+
+
+def check_scope_id(key: str, value: object) -> str:
+    """``value`` when it can be the scope id ``key`` (``"user_id"``, ``"agent_id"`` or ``"run_id"``), an int as its
+    decimal string (``42`` is ``"42"``, as Mem0 takes a database key): the one check of a given id, shared by
+    :class:`Scope` and the remote client (which refuses a bad id before sending it).
+
+    Raises:
+        ScopeError: when ``value`` is neither a non-empty string nor an int (a bool, a float, a list, ``""``,
+            whitespace).
         InvalidInputError: when it is longer than :data:`MAX_ID_LENGTH` characters or holds a character no backend
             can store (a lone surrogate or NUL; see :mod:`inferscale.storable`).
     """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = int_id_text(value, key)
     if not isinstance(value, str) or not value.strip():
         raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
     check_storable(value, key)
@@ -51,7 +69,8 @@ class Scope:
     """The ids a call is limited to. At least one must be set.
 
     Raises:
-        ScopeError: when no id is given, or an id is not a non-empty string.
+        ScopeError: when no id is given, or an id is neither a non-empty string nor an int (an int is kept as its
+            string, :func:`check_scope_id`).
         InvalidInputError: when an id is longer than :data:`MAX_ID_LENGTH` characters or holds a character no
             backend can store (a lone surrogate or NUL; see :mod:`inferscale.storable`).
     """
@@ -64,7 +83,7 @@ class Scope:
         for key in SCOPE_KEYS:
             value = getattr(self, key)
             if value is not None:
-                check_scope_id(key, value)
+                object.__setattr__(self, key, check_scope_id(key, value))  # an int id becomes its string
         if self.user_id is None and self.agent_id is None and self.run_id is None:
             raise ScopeError("at least one of user_id, agent_id or run_id is required; memories are always scoped")
 

@@ -172,13 +172,27 @@ def segment(memory_id: Any) -> str:
     return escaped.replace(".", "%2E") if set(memory_id) == {"."} else escaped
 
 
+def checked_scope_ids(user_id: Any, agent_id: Any, run_id: Any) -> tuple[str | None, str | None, str | None]:
+    """The scope ids as they are sent: each given one checked as the local client checks it, an int as its string
+    (:func:`inferscale.scope.check_scope_id`); ``None`` for one not given.
+
+    Raises:
+        ScopeError: for an id that is neither a non-empty str nor an int.
+        InvalidInputError: for an id that is too long or holds a lone surrogate or NUL, as the local client.
+    """
+    ids = [
+        None if value is None else check_scope_id(key, value)
+        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True)
+    ]
+    return ids[0], ids[1], ids[2]
+
+
 def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
     """The given scope ids, each checked as the local client checks it (:func:`inferscale.scope.check_scope_id`),
     as a URL query; the body of a call that sends them in JSON uses the same check.
 
     Raises:
-        ScopeError: for an id that is not a non-empty str (a query cannot say ``5`` apart from ``"5"``, and the
-            server's JSON schema would refuse it as another error).
+        ScopeError: for an id that is neither a non-empty str nor an int (an int is sent as its string).
         InvalidInputError: for an id that is too long or holds a lone surrogate or NUL, as the local client.
     """
     return {
@@ -242,7 +256,7 @@ def add(
     ``infer`` is checked here with the local client's check, and Mem0's unsupported ``timestamp`` and
     ``expiration_date`` are not sent when ``False`` (see the module's docstring).
     """
-    scope_params(user_id, agent_id, run_id)
+    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
     check_flag(infer, "infer")
     body = {
         "messages": messages,
@@ -281,7 +295,7 @@ def search(
 
     ``show_expired`` is checked here with the local client's check, and Mem0's unsupported ``reference_date`` is not
     sent when ``False`` (see the module's docstring)."""
-    scope_params(user_id, agent_id, run_id)
+    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
     check_flag(show_expired, "show_expired")
     body = {
         "query": query,

@@ -35,7 +35,7 @@ SCOPED_CALLS: dict[str, Callable[[ClientAdapter, str, dict[str, Any]], Any]] = {
     "history": lambda m, i, ids: m.history(i, **ids),
     "chat": lambda m, i, ids: m.chat("hi", **ids),
 }
-BAD_IDS: list[tuple[str, Any]] = [("user_id", 5), ("agent_id", ["a"]), ("run_id", 1.5), ("user_id", True)]
+BAD_IDS: list[tuple[str, Any]] = [("user_id", b"5"), ("agent_id", ["a"]), ("run_id", 1.5), ("user_id", True)]
 
 
 def _with_user(key: str, value: Any) -> dict[str, Any]:

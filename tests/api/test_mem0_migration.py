@@ -285,6 +285,27 @@ def test_output_format_v1_1_is_the_shape_returned_and_other_formats_are_refused(
     assert [r["memory"] for r in m.get_all(user_id="u")["results"]] == ["I like tea"]
 
 
+def test_an_int_scope_id_is_its_decimal_string_as_in_mem0(m: ClientAdapter) -> None:
+    """Apps keyed by a database's integer keys call ``add(..., user_id=42)``; Mem0 2.2.1 takes 42 as "42", and
+    InferScale refused it with a ScopeError on every call. An int id is now its string, in arguments and in
+    filters alike, on every client (the remote ones send the string)."""
+    added = m.get(m.add("I like tea", user_id=42, agent_id=7, infer=False)["results"][0]["id"])
+    assert added is not None and (added["user_id"], added["agent_id"]) == ("42", "7")
+    m.add("I like coffee", user_id=420, infer=False)
+    assert [r["memory"] for r in m.get_all(user_id="42")["results"]] == ["I like tea"]
+    assert [r["memory"] for r in m.search("tea", user_id=42)["results"]] == ["I like tea"]
+    assert [r["memory"] for r in m.search("tea", filters={"user_id": 42, "agent_id": 7})["results"]] == ["I like tea"]
+    assert [r["memory"] for r in m.get_all(filters={"user_id": {"in": [42, 43]}, "agent_id": 7})["results"]] == [
+        "I like tea"
+    ]
+    for huge in ({"user_id": 10**300}, {"filters": {"user_id": 10**5000}}):  # str() of the second: a bare ValueError
+        with pytest.raises(InvalidInputError, match="an integer of over 255 digits"):
+            m.get_all(**huge)
+    m.delete_all(user_id=42)
+    assert m.get_all(user_id=42)["results"] == []
+    assert [r["memory"] for r in m.get_all(user_id=420)["results"]] == ["I like coffee"]
+
+
 def _faiss(path: Path, collection: str | None = None) -> dict[str, object]:
     cfg: dict[str, object] = {"path": str(path)}
     if collection is not None:
