@@ -21,6 +21,9 @@ fact extraction, as Mem0 treats them."""
 
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"}) | TOOL_ROLES
 
+SYSTEM_ALIASES: frozenset[str] = frozenset({"developer"})
+"""Roles taken as ``"system"``: OpenAI's ``developer`` messages are its newer models' system instructions."""
+
 _EXPECTED = (
     'a string, a dict {"role": "user" | "assistant" | "system" | "tool", "content": "<non-empty text>"} or a list of '
     "such dicts"
@@ -86,13 +89,19 @@ def _text_of_parts(content: list[Any], where: str) -> str | None:
 
 def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
     """The message of ``item``, or ``None`` for one without text that Mem0 skips too: an assistant turn that only
-    calls tools, or content parts none of which is text."""
+    calls tools, content ``None``, or content parts none of which is text. A ``developer`` message is a ``system``
+    one (:data:`SYSTEM_ALIASES`)."""
     if _is_tool_call(item):
         return None
     missing = [key for key in ("role", "content") if key not in item]
     if missing:
         raise InvalidInputError(f"{where} lacks {', '.join(map(repr, missing))}; expected {_EXPECTED}")
     role, content, name = item["role"], item["content"], item.get("name")
+    if isinstance(role, str) and role in SYSTEM_ALIASES:
+        role = "system"
+    if content is None and role in ROLES:
+        log.warning("%s (%s) has no content (None); it is skipped", where, role)
+        return None
     if not isinstance(role, str) or role not in ROLES:
         raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES)}")
     if isinstance(content, list):
@@ -120,9 +129,11 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
             in place of dicts.
 
     An agent's OpenAI-style conversation is taken as Mem0 takes it: an assistant turn that only calls tools
-    (``tool_calls`` and no text) is skipped, a ``tool`` result is a message like the others (stored by
-    ``infer=False``, never shown to fact extraction), and content given as parts has its text parts joined by
-    spaces (a message with no text part is skipped; other parts, such as images, are left out with a warning).
+    (``tool_calls`` and no text) is skipped, and so is a message whose content is ``None`` (with a warning), a
+    ``tool`` result is a message like the others (stored by ``infer=False``, never shown to fact extraction), and
+    content given as parts has its text parts joined by spaces (a message with no text part is skipped; other parts,
+    such as images, are left out with a warning). A ``developer`` message is a ``system`` one: neither stored nor
+    shown to extraction as a turn.
 
     Returns:
         The messages in order, those skipped left out (possibly none); content is kept exactly as given (not
@@ -130,7 +141,7 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
 
     Raises:
         InvalidInputError: for an empty string or list, a non-dict item, a missing ``role``/``content``, a role
-            other than user/assistant/system/tool, non-string (or malformed parts) or whitespace-only content, or
+            other than user/assistant/system/developer/tool/function, non-string (or malformed parts) or whitespace-only content, or
             content no backend can store (a lone surrogate or NUL: :func:`inferscale.storable.check_storable`). The
             message names the bad index and value and the expected shape.
     """

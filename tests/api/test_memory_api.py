@@ -460,3 +460,19 @@ def test_an_agents_conversation_with_tool_calls_is_added_as_mem0_adds_it(m: Clie
     ]
     with pytest.raises(InvalidInputError, match=r"messages\[0\] has role 'bot'"):
         m.add([{"role": "bot", "content": "42"}], user_id="alice", infer=False)
+
+
+def test_developer_instructions_and_empty_turns_are_left_out_of_a_verbatim_add(m: ClientAdapter) -> None:
+    """A ``developer`` message (OpenAI's system role for its newer models) and a turn whose content is None made
+    the whole add a refusal; the first is an instruction (not stored, as a system message), the second has nothing
+    to store (Mem0 skips it)."""
+    turns = [
+        {"role": "developer", "content": "Answer in one sentence."},
+        {"role": "user", "content": "I moved to Porto."},
+        {"role": "assistant", "content": None},
+    ]
+    assert [(r["memory"], r["role"]) for r in m.add(turns, user_id="alice", infer=False)["results"]] == [
+        ("I moved to Porto.", "user")
+    ]
+    assert [r["memory"] for r in m.get_all(user_id="alice")["results"]] == ["I moved to Porto."]
+    assert m.add({"role": "user", "content": None}, user_id="alice", infer=False) == {"results": []}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -63,10 +64,9 @@ def test_message_is_frozen_and_renders_as_chat_dict() -> None:
         ({"role": "bot", "content": "x"}, "role 'bot'"),
         ({"role": "user", "content": ["x"]}, "content[0] is 'x'"),
         ({"role": "user", "content": [{"type": "text", "text": 3}]}, "text part without a str 'text'"),
-        ({"role": "user", "content": None, "tool_calls": [{"id": "1"}]}, "content of type NoneType"),
         ({"role": 3, "content": "x"}, "role 3"),
+        ({"role": "bot", "content": None}, "role 'bot'"),
         ({"role": "user", "content": 5}, "content of type int"),
-        ({"role": "user", "content": None}, "content of type NoneType"),
         ({"role": "user", "content": " \t"}, "empty content"),
         ({"role": "user", "content": "x", "name": ""}, "name ''"),
         ({"role": "user", "content": "x", "name": 7}, "name 7"),
@@ -104,3 +104,25 @@ def test_an_agents_turns_are_taken_as_mem0_takes_them() -> None:
     )
     assert messages == [Message("user", "Weather in Porto?"), Message("tool", "Sunny"), Message("user", "I am")]
     assert normalize_messages({"role": "assistant", "content": "", "tool_calls": [{"id": "c2"}]}) == []
+
+
+def test_a_message_without_content_is_skipped_and_a_developer_message_is_a_system_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Mem0 2.2.1 skips a message whose content is None, and OpenAI's newer models send their system instructions
+    as ``developer`` messages; both made add() refuse the whole conversation."""
+    with caplog.at_level(logging.WARNING, logger="inferscale.memory.messages"):
+        messages = normalize_messages(
+            [
+                {"role": "developer", "content": "Answer briefly."},
+                {"role": "user", "content": None},
+                {"role": "user", "content": "I moved to Porto."},
+                {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+            ]
+        )
+    assert messages == [Message("system", "Answer briefly."), Message("user", "I moved to Porto.")]
+    assert [r.getMessage() for r in caplog.records] == [
+        "messages[1] (user) has no content (None); it is skipped",
+        "messages[3] (assistant) has no content (None); it is skipped",
+    ]
+    assert normalize_messages({"role": "user", "content": None}) == []
