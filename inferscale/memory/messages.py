@@ -141,9 +141,10 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
 
     Raises:
         InvalidInputError: for an empty string or list, a non-dict item, a missing ``role``/``content``, a role
-            other than user/assistant/system/developer/tool/function, non-string (or malformed parts) or whitespace-only content, or
-            content no backend can store (a lone surrogate or NUL: :func:`inferscale.storable.check_storable`). The
-            message names the bad index and value and the expected shape.
+            other than user/assistant/system/developer/tool/function, non-string (or malformed parts) or
+            whitespace-only content, or content no backend can store (a lone surrogate or NUL:
+            :func:`inferscale.storable.check_storable`). The message names the bad index and value and the expected
+            shape.
     """
     if isinstance(messages, str):
         if not messages.strip():
