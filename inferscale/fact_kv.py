@@ -416,12 +416,14 @@ class FactKVManager:
         return self._engine.encode_facts(requests)
 
     def _put_serving(self, wanted: Sequence[Wanted], encoded: Sequence[FactKV]) -> list[FactKV]:
-        """:meth:`put` for a call that serves the K/V: a memory deleted meanwhile by another client (its row gone
-        between retrieval and storing) is not stored, and its K/V, quantised as they would be stored, still serve
-        this call, which retrieved it while it existed.
+        """:meth:`put` for a call that serves the K/V (a chat, the eager encoding of ``add``), where storing them is
+        not the point: K/V that cannot be stored, quantised as they would be stored, still serve this call.
 
-        Raises:
-            OSError: when a file cannot be written.
+        - A memory deleted meanwhile by another client (its row gone between retrieval and storing) is not stored:
+          this call retrieved it while it existed.
+        - K/V whose file cannot be written (a full or read-only disk: ``OSError``) are logged: the memory is encoded
+          again when next needed. The call that encoded them neither fails nor is retried after its change was
+          committed (a retried add is skipped as a duplicate and never learns the id).
         """
         served = []
         for item, fresh in zip(wanted, encoded, strict=True):
@@ -429,6 +431,14 @@ class FactKVManager:
                 (fact,) = self.put([item], [fresh])
             except MemoryNotFoundError:
                 log.debug("memory %s was deleted while its K/V were encoded; they serve this call unstored", item[0].id)
+                fact = fresh.quantized(self._config.storage_format)
+            except OSError as exc:
+                log.warning(
+                    "the K/V of memory %s could not be stored (%s); they serve this call unstored, and the memory is "
+                    "encoded again when next needed",
+                    item[0].id,
+                    exc,
+                )
                 fact = fresh.quantized(self._config.storage_format)
             served.append(fact)
         return served
@@ -444,33 +454,46 @@ class FactKVManager:
 
         Raises:
             MemoryNotFoundError: when a record's memory was deleted meanwhile (the facts before it are stored).
-            OSError: when a file cannot be written.
+            OSError: when the K/V folder, its id or a file cannot be written (the facts before it are stored; a row
+                committed before the failed write is a row without a file, which reconciliation removes).
         """
         stored = []
         for (record, encoding), fresh in zip(wanted, encoded, strict=True):
             fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
-            key = self.key(record, encoding)
-            # The row is committed before the file is renamed into place, so a file on disk always has its
-            # row unless the memory was deleted or re-worded since: reconciliation may remove a file without
-            # a row (a crash between the two leaves a row without a file, which it removes instead).
-            location = self._store.location(key)
-            self._db.put_kv_entry(
-                memory_id=record.id,
-                text_hash=record.hash,
-                fingerprint=key.fingerprint,
-                encoding_key=key.encoding_key,
-                n_tokens=fact.n_tokens,
-                nbytes=fact.nbytes,
-                location=location,
-                store_id=self._store.store_id(),
-            )
-            self._store.put(key, fact)
-            # With a disk tier, return the entry as the store now holds it, naming its file; without one,
-            # ``location`` is a tier name, not a file.
-            stored.append(fact.with_source(location) if self._store.directory is not None else fact)
+            stored.append(self._put_one(record, self.key(record, encoding), fact))
         # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
-        self._store.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
+        try:
+            self._store.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
+        except OSError as exc:
+            log.warning("K/V files of an older format could not be removed (%s); they are never read", exc)
         return stored
+
+    def _put_one(self, record: MemoryRecord, key: KVKey, fact: FactKV) -> FactKV:
+        """Store ``fact`` under ``key``: the row, then the tensors; returns the fact as stored (naming its file
+        when there is a disk tier).
+
+        Raises:
+            MemoryNotFoundError: when the record's memory was deleted meanwhile.
+            OSError: when the K/V folder, its id or the file cannot be written.
+        """
+        # The row is committed before the file is renamed into place, so a file on disk always has its row unless
+        # the memory was deleted or re-worded since: reconciliation may remove a file without a row (a crash between
+        # the two leaves a row without a file, which it removes instead).
+        location = self._store.location(key)
+        self._db.put_kv_entry(
+            memory_id=record.id,
+            text_hash=record.hash,
+            fingerprint=key.fingerprint,
+            encoding_key=key.encoding_key,
+            n_tokens=fact.n_tokens,
+            nbytes=fact.nbytes,
+            location=location,
+            store_id=self._store.store_id(),
+        )
+        self._store.put(key, fact)
+        # With a disk tier, return the entry as the store now holds it, naming its file; without one, ``location``
+        # is a tier name, not a file.
+        return fact.with_source(location) if self._store.directory is not None else fact
 
     def _ensure(self, wanted: Sequence[Wanted]) -> list[FactKV]:
         found: list[FactKV | None] = [self._store.get(self.key(r, e)) for r, e in wanted]

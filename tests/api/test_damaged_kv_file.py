@@ -92,3 +92,34 @@ def test_a_change_whose_k_v_files_cannot_be_removed_is_committed_and_returns(
         monkeypatch.undo()
         report = client.reconcile()  # once writable, reconciliation removes what was left behind
         assert report.kv_memories_removed + report.kv_files_removed >= 3, report
+
+
+@pytest.mark.parametrize("failing", ["put", "store_id"])
+def test_an_add_and_a_chat_whose_k_v_cannot_be_written_still_succeed(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    """A full or read-only K/V folder made ``add(encode_kv=True)`` raise OSError after the memory was committed, so
+    the caller retried, the retry was skipped as a duplicate and the id was never returned; ``chat`` failed too. K/V
+    are derived from SQL: the add returns, the chat serves the K/V it encoded (a fresh encoding's, to the bit), and
+    the memory is stored once the folder is writable again."""
+    from inferscale.kv.tiers.disk import DiskTier
+
+    def full_disk(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager", host_budget_bytes=0))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        monkeypatch.setattr(DiskTier, failing, full_disk)
+        added = client.add("My dog is called Biscuit.", user_id="u", infer=False)["results"]
+        assert [r["memory"] for r in added] == ["My dog is called Biscuit."]
+        assert "could not be stored ([Errno 28] No space left on device)" in caplog.text
+        answer = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
+        assert answer.memory_ids == [added[0]["id"]]
+        (served,) = client.memory_kv([added[0]["id"]])
+        assert not (tmp_path / "kv" / added[0]["id"]).exists()
+        monkeypatch.undo()
+        (stored,) = client.memory_kv([added[0]["id"]])
+        assert len(list((tmp_path / "kv" / added[0]["id"]).glob("*.safetensors"))) >= 1
+        assert torch.equal(served.keys, stored.keys) and torch.equal(served.values, stored.values)
+        again = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
+        assert (again.memory_ids, again.answer) == (answer.memory_ids, answer.answer)
