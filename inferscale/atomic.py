@@ -9,8 +9,8 @@ writing right now).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import logging
 import os
 import re
 import socket
@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 
 TEMP_SUFFIX = ".tmp"
+
+log = logging.getLogger(__name__)
 
 TEMP_MAX_AGE_S = 3600.0
 """A temporary file older than this (seconds) is removed whoever wrote it; a writer renames within milliseconds."""
@@ -118,16 +120,22 @@ def left_over(path: Path, now: float, max_age_s: float = TEMP_MAX_AGE_S, min_age
 
 def sweep_temp_files(folder: Path, pattern: str, max_age_s: float = TEMP_MAX_AGE_S) -> int:
     """Remove the temporary files under ``folder`` matching the glob ``pattern`` (e.g. ``"*/.*.tmp"``) that
-    :func:`left_over` says are left over; returns how many were removed. Safe while other processes write."""
+    :func:`left_over` says are left over; returns how many were removed. Safe while other processes write. One that
+    cannot be removed (a read-only folder) is left for a later sweep: it is never read."""
     if not folder.is_dir():
         return 0
     now = time.time()
     removed = 0
     for path in folder.glob(pattern):
         if path.name.endswith(TEMP_SUFFIX) and left_over(path, now, max_age_s):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 path.unlink()
-                removed += 1
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            except OSError as exc:
+                log.debug("could not remove the temporary file %s: %s", path, exc)
+                continue
+            removed += 1
     return removed
 
 

@@ -234,6 +234,28 @@ class DeleteKVRows:
 # ---------------------------------------------------------------------------------------------------- the repair
 
 
+def _remove_stray_files(disk: DiskTier, paths: Sequence[Path]) -> int:
+    """Remove ``paths`` (files no current row accounts for); returns how many were removed. A file that cannot be
+    removed (a read-only K/V folder) is logged and left for a later reconciliation: it is never read (its key names a
+    text or context no memory has, or no row), and the search or chat whose first use of the index ran this must not
+    fail for it."""
+    removed = 0
+    failed: list[str] = []
+    for path in paths:
+        try:
+            removed += disk.remove_file(path)
+        except OSError as exc:
+            failed.append(f"{path} ({exc.strerror or exc})")
+    if failed:
+        log.warning(
+            "could not remove %d K/V files no memory accounts for (they are never read; a later reconciliation removes "
+            "them once the folder is writable): %s",
+            len(failed),
+            "; ".join(failed[:3]) + ("; ..." if len(failed) > 3 else ""),
+        )
+    return removed
+
+
 def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     """Repair the index and the K/V store against SQL, and report what was repaired (logged when anything was).
 
@@ -251,7 +273,6 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
 
     Raises:
         ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
-        OSError: when a K/V file cannot be removed.
     """
     disk = DiskTier(stores.kv_dir)
     files = disk.entry_files()
@@ -301,7 +322,7 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     if bad_rows:
         rows_removed = yield DeleteKVRows(bad_rows)
     with stores.lock:
-        files_removed = sum(disk.remove_file(path) for path in plan.stray_files)
+        files_removed = _remove_stray_files(disk, plan.stray_files)
         stores.forget_kv(deleted)
     report = ReconcileReport(
         vectors_added=vectors_added,

@@ -123,3 +123,31 @@ def test_an_add_and_a_chat_whose_k_v_cannot_be_written_still_succeed(
         assert torch.equal(served.keys, stored.keys) and torch.equal(served.values, stored.values)
         again = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
         assert (again.memory_ids, again.answer) == (answer.memory_ids, answer.answer)
+
+
+def test_a_search_whose_reconciliation_cannot_remove_a_file_still_answers(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A K/V folder made read-only after an update left its memory's old files behind: the next client's first
+    search reconciled, could not remove them, and raised PermissionError on every search and chat. Those files are
+    never read; they are logged and removed by a later reconciliation once the folder is writable."""
+    from inferscale.kv.tiers.disk import DiskTier
+
+    def read_only(self: DiskTier, *_: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager"))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        (memory_id,) = [r["id"] for r in client.add("I live in Porto.", user_id="u", infer=False)["results"]]
+        old_files = sorted((tmp_path / "kv" / memory_id).glob("*.safetensors"))
+        monkeypatch.setattr(DiskTier, "delete_memory", read_only)
+        client.update(memory_id, "I live in Lisbon.")
+    monkeypatch.setattr(DiskTier, "remove_file", read_only)
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        assert [r["memory"] for r in client.search("where do I live", user_id="u")["results"]] == ["I live in Lisbon."]
+        assert client.chat("Where do I live?", user_id="u", max_new_tokens=2).memory_ids == [memory_id]
+        assert "could not remove 1 K/V files no memory accounts for" in caplog.text
+        assert all(path.exists() for path in old_files)
+        monkeypatch.undo()
+        assert client.reconcile().kv_files_removed == len(old_files)
+    assert not any(path.exists() for path in old_files)
