@@ -258,6 +258,8 @@ class AsyncMemoryClient(ClientCore):
         await self._areset()
 
     async def _areset(self) -> None:
+        known = (await self.adb.versions()).ids  # K/V first, as MemoryClient.reset
+        await asyncio.to_thread(self.derived.forget_kv, known)
         memory_ids = await self.adb.reset()
         await asyncio.to_thread(self.derived.reset, memory_ids)
 

@@ -317,6 +317,9 @@ class MemoryClient(ClientCore):
 
     def _reset(self) -> None:
         with self._lock:
+            # K/V first: once the commit resets the history that names these memories as this database's, a crash
+            # before their removal would leave them for good (another database may share the K/V folder)
+            self.derived.forget_kv(self.db.versions().ids)
             self.derived.reset(self.db.reset())
 
     def reconcile(self) -> ReconcileReport:

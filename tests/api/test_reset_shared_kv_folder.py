@@ -45,3 +45,43 @@ def test_reset_keeps_the_k_v_of_another_database_in_the_same_folder(engine: Any,
         assert served.source is not None and Path(served.source) in kept_files
         a.reset()
         assert _files(kv, kept) == []
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_reset_cut_short_after_its_commit_leaves_no_k_v_behind(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A process killed in reset() after the SQL commit left every memory's K/V files on disk for good: the reset
+    history no longer named them as this database's, so reconciliation kept them as another database's, and a
+    second reset did not see them either. Their K/V are now removed before the commit."""
+    import asyncio
+
+    from inferscale import AsyncMemoryClient
+    from inferscale.derived import DerivedStores
+
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager"))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        ids = [r["id"] for r in client.add("I live in Porto.", user_id="u", infer=False)["results"]]
+        ids += [r["id"] for r in client.add("I like tea.", user_id="v", infer=False)["results"]]
+    assert _files(tmp_path / "kv", ids)
+
+    def killed(self: DerivedStores, memory_ids: object) -> None:
+        raise KeyboardInterrupt  # as a SIGKILL right after the commit: nothing after it runs
+
+    monkeypatch.setattr(DerivedStores, "reset", killed)
+    if kind == "sync":
+        with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client, pytest.raises(KeyboardInterrupt):
+            client.reset()
+    else:
+
+        async def reset() -> None:
+            async with AsyncMemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+                await client.reset()
+
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(reset())
+    monkeypatch.undo()
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        assert client.get_all(user_id="u")["results"] == [] and client.get_all(user_id="v")["results"] == []
+        assert client.reconcile().kv_folders_kept == 0
+    assert _files(tmp_path / "kv", ids) == []
