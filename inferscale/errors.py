@@ -45,9 +45,11 @@ class SchemaError(ConfigError):
 
 
 class DatabaseUnavailableError(InferScaleError, ConnectionError):
-    """The memory database could not be connected to: its server refused or did not answer, or the URL names a
-    database, role or password it does not accept. Nothing was read or written; the call can be made again once the
-    database is reachable."""
+    """The memory database cannot be used now: it could not be connected to (its server refused or did not answer,
+    or the URL names a database, role or password it does not accept), the connection was lost during the call, or
+    a SQLite file stayed locked by another writer past the busy timeout, or is on a full or read-only disk. The call's
+    transaction did not commit (unless a connection was lost during the commit itself); the call can be made again
+    once the database is usable."""
 
 
 class ModelNotAvailableError(ConfigError):

@@ -112,30 +112,69 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
-def _connect_failed(context: ExceptionContext) -> None:
-    """A ``handle_error`` hook: a DBAPI error raised while opening a connection (there is none yet) becomes
-    :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
-    if context.connection is not None or not isinstance(context.sqlalchemy_exception, DBAPIError):
+SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "database or disk is full", "readonly database")
+"""SQLite errors on an open connection that say the database cannot be used now (another writer held it past the
+busy timeout, a full disk, a read-only file), not that the call was wrong."""
+
+
+def _unavailable(context: ExceptionContext) -> str | None:
+    """Why the DBAPI error of ``context`` means the database cannot be used now, or ``None`` for any other error.
+
+    - No connection yet: it could not be opened (a server down, a refused port, an unknown database, role or
+      password; a SQLite file that cannot be opened).
+    - An open connection lost (``is_disconnect``: the server ended the session, a failover).
+    - SQLite refusing on an open connection for a reason of the file's, not the call's (:data:`SQLITE_UNAVAILABLE`).
+
+    The pool's liveness check (``pool_pre_ping``) is never one: SQLAlchemy replaces a dead pooled connection and
+    goes on, which this hook must not cut short.
+    """
+    if context.is_pre_ping or not isinstance(context.sqlalchemy_exception, DBAPIError):
+        return None
+    url = context.engine.url if context.engine is not None else None
+    sqlite = url is not None and url.get_backend_name() == "sqlite"
+    if context.connection is None:
+        if sqlite:
+            return "check that the file's folder exists and may be written, and that no other process holds it locked"
+        return "check that its server runs and that the URL's host, port, database, user and password are right"
+    if context.is_disconnect:
+        return (
+            "the connection was lost during the call, so its transaction was rolled back, unless the loss came during "
+            "its commit; check that the server runs, then make the call again"
+        )
+    message = str(context.original_exception).lower()
+    if isinstance(context.original_exception, sqlite3.OperationalError) and any(
+        reason in message for reason in SQLITE_UNAVAILABLE
+    ):
+        return (
+            f"the call was rolled back; the file stayed locked by another writer past the busy timeout "
+            f"({SQLITE_BUSY_TIMEOUT_MS / 1000:g} s), or its disk is full or read-only: make the call again once it is "
+            "free"
+        )
+    return None
+
+
+def _report_unavailable(context: ExceptionContext) -> None:
+    """A ``handle_error`` hook: a DBAPI error that says the database cannot be used now (:func:`_unavailable`)
+    becomes :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
+    fix = _unavailable(context)
+    if fix is None:
         return
     url = context.engine.url if context.engine is not None else None
     reason = str(context.original_exception).strip().splitlines()
-    if url is not None and url.get_backend_name() == "sqlite":
-        fix = "check that the file's folder exists and may be written, and that no other process holds it locked"
-    else:
-        fix = "check that its server runs and that the URL's host, port, database, user and password are right"
     shown = url.render_as_string(hide_password=True) if url is not None else "?"
+    verb = "cannot connect to" if context.connection is None else "cannot use"
     raise DatabaseUnavailableError(
-        f"cannot connect to the database {shown}: {reason[0] if reason else type(context.original_exception).__name__}"
-        f"; {fix}"
+        f"{verb} the database {shown}: {reason[0] if reason else type(context.original_exception).__name__}; {fix}"
     ) from context.original_exception
 
 
 def report_connect_failures(engine: Engine) -> None:
-    """Make a failure to connect on ``engine`` (also an async engine's ``sync_engine``) raise
-    :class:`~inferscale.errors.DatabaseUnavailableError` instead of the driver's ``OperationalError``: a server
-    down, a refused port, an unknown database or role, a wrong password. Errors on an open connection (a lock, a
-    constraint) are left as they are."""
-    event.listen(engine, "handle_error", _connect_failed)
+    """Make a database that cannot be used raise :class:`~inferscale.errors.DatabaseUnavailableError` on ``engine``
+    (also an async engine's ``sync_engine``) instead of the driver's ``OperationalError``: a failure to connect (a
+    server down, a refused port, an unknown database or role, a wrong password), a connection lost during a call, a
+    SQLite file locked past the busy timeout, full or read-only (:func:`_unavailable`). Other errors (a constraint)
+    are left as they are."""
+    event.listen(engine, "handle_error", _report_unavailable)
 
 
 def configure_sqlite(engine: Engine) -> None:

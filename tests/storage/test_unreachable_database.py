@@ -3,23 +3,29 @@
 tests/cli/test_cli_options_and_errors.py).
 
 Two ways to fail: a port nothing listens on (needs only psycopg), and a database the running PostgreSQL server does
-not have (skipped without a server). Errors on an open connection keep their own types (tests/storage)."""
+not have (skipped without a server). On an open connection: a session the server ended (the pool replaces it before
+a call; during a call it is DatabaseUnavailableError), and a SQLite file locked past the busy timeout. Other errors
+on an open connection keep their own types (tests/storage)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
 from databases import postgres_base_url
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import inferscale.storage.database
 from inferscale import AsyncMemoryClient, ConfigError, DatabaseUnavailableError, MemoryClient, MemoryConfig
+from inferscale.config import KVConfig
 from inferscale.scope import Scope
 from inferscale.server.keys import KeyStore
-from inferscale.storage import MemoryStore
+from inferscale.storage import MemoryStore, make_engine
 from inferscale.storage.async_store import AsyncMemoryStore
 
 REFUSED = "postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories"
@@ -121,3 +127,61 @@ def test_a_missing_async_driver_is_named_with_what_to_install_for_it(tmp_path: P
 
     with pytest.raises(ConfigError, match=r"or install asyncpg; postgresql\+psycopg:// serves the sync and async"):
         asyncio.run(first_read())
+
+
+def _terminate(url: str, pid: int) -> None:
+    """End the PostgreSQL session ``pid`` from another connection (as a failover or an idle timeout would)."""
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        assert conn.execute(text("select pg_terminate_backend(:pid)"), {"pid": pid}).scalar() is True
+    admin.dispose()
+
+
+def test_a_pooled_connection_the_server_ended_is_replaced_and_one_lost_mid_call_is_unavailable(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The hook that turns a failure to connect into DatabaseUnavailableError also caught the pool's pre-ping, so a
+    pooled session the server had ended failed the next call ("cannot connect to the database ?") instead of being
+    replaced. A session lost during a call raised sqlalchemy's OperationalError."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("server-ended sessions are PostgreSQL's; SQLite has no server")
+    with MemoryClient(MemoryConfig(data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(encode_on_add=False))) as client:
+        client.add("I like tea.", user_id="u", infer=False)
+        with client.db.engine.connect() as conn:
+            pid = conn.execute(text("select pg_backend_pid()")).scalar()
+        assert isinstance(pid, int)
+        _terminate(db_url, pid)  # the one pooled connection: the next call's pre-ping finds it dead
+        assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        _terminate(db_url, conn.execute(text("select pg_backend_pid()")).scalar())
+        with pytest.raises(DatabaseUnavailableError, match="the connection was lost during the call") as caught:
+            conn.execute(text("select 1"))
+    assert str(caught.value).startswith("cannot use the database postgresql")
+    engine.dispose()
+
+
+def test_a_sqlite_file_locked_past_the_busy_timeout_is_unavailable_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holding the write lock past the busy timeout made add and update raise sqlalchemy's
+    OperationalError ("database is locked"), no InferScale error; reads go on."""
+    monkeypatch.setattr(inferscale.storage.database, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add=False))
+    with MemoryClient(config) as client:
+        memory_id = client.add("I like tea.", user_id="u", infer=False)["results"][0]["id"]
+        holder = sqlite3.connect(tmp_path / "memory.db", isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            for write in (
+                lambda: client.add("I like coffee.", user_id="u", infer=False),
+                lambda: client.update(memory_id, "I like green tea."),
+            ):
+                with pytest.raises(DatabaseUnavailableError, match="database is locked; the call was rolled back"):
+                    write()
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
+        client.add("I like coffee.", user_id="u", infer=False)
+        assert len(client.get_all(user_id="u")["results"]) == 2
