@@ -678,12 +678,15 @@ class ClientCore:
         if not shown or reconciler is None:
             return ChangeSet(scope, adds=tuple(new(f) for f in facts), actor=actor)
         decided = reconciler.decide(shown, facts)
+        # Applied only to memories still holding the text the LLM was shown; an update skipped adds its fact instead.
+        seen = tuple((memory_id, hash_text(text)) for memory_id, text in shown)
         return ChangeSet(
             scope,
             adds=tuple(new(text) for text in decided.adds),
-            updates=tuple(MemoryUpdate(memory_id, text) for memory_id, text in decided.updates),
+            updates=tuple(MemoryUpdate(memory_id, text, instead=new(text)) for memory_id, text in decided.updates),
             deletes=tuple(decided.deletes),
             actor=actor,
+            seen=seen,
         )
 
     def _update_change(

@@ -16,6 +16,7 @@ from inferscale.storage.validation import (
     check_context,
     check_count,
     check_id,
+    check_key,
     check_metadata,
     check_scope,
     check_text,
@@ -50,11 +51,18 @@ class NewMemory:
 @dataclass(frozen=True, slots=True)
 class MemoryUpdate:
     """A change to an existing memory: a new text, new metadata (set over the stored dict, key by key, as Mem0
-    merges: :func:`~inferscale.storage.records.merged_metadata`), or both."""
+    merges: :func:`~inferscale.storage.records.merged_metadata`), or both.
+
+    Attributes:
+        instead: the memory to add when this update is skipped because its memory is gone, or changed since the
+            update was decided (:attr:`ChangeSet.seen`): the new fact an LLM's ``UPDATE`` carried, which no other
+            change of the set holds.
+    """
 
     memory_id: str
     text: str | None = None
     metadata: dict[str, Any] | None = None
+    instead: NewMemory | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,9 @@ class ChangeSet:
         skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
             ``updated_at``); otherwise it is written like any other update. Metadata is unchanged only when it is the
             same JSON, types included (``True`` is not ``1``, ``1.0`` is not ``1``).
+        seen: ``(memory_id, text hash)`` pairs: the texts the updates and deletes were decided on (an LLM shown
+            them). An update or delete of a memory whose text has changed since (another call updated it meanwhile)
+            is skipped, so a decision about the old text never overwrites or deletes the new one.
     """
 
     scope: Scope | None
@@ -82,6 +93,11 @@ class ChangeSet:
     strict: bool = False
     skip_duplicates: bool = True
     skip_unchanged: bool = True
+    seen: tuple[tuple[str, str], ...] = ()
+
+    def possible_adds(self) -> tuple[NewMemory, ...]:
+        """The adds, then the updates' ``instead`` memories: all this set may add."""
+        return (*self.adds, *(u.instead for u in self.updates if u.instead is not None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +134,7 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
         InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, a
             scope that is not a Scope, or adds without a scope.
     """
-    if changes.adds and changes.scope is None:
+    if changes.possible_adds() and changes.scope is None:
         raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
     scope = check_scope(changes.scope) if changes.scope is not None else None
     adds = tuple(_checked_add(a) for a in changes.adds)
@@ -131,10 +147,12 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
                 check_id(u.memory_id),
                 check_text(u.text) if u.text is not None else None,
                 check_metadata(u.metadata) if u.metadata is not None else None,
+                _checked_add(u.instead) if u.instead is not None else None,
             )
         )
     deletes = tuple(check_id(d) for d in changes.deletes)
     actor = check_actor(changes.actor)
+    seen = tuple((check_id(memory_id), check_key(digest, "seen text hash")) for memory_id, digest in changes.seen)
     return ChangeSet(
         scope,
         adds,
@@ -144,6 +162,7 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
         changes.strict,
         changes.skip_duplicates,
         changes.skip_unchanged,
+        seen,
     )
 
 

@@ -26,7 +26,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.kv.fingerprint import survives_recontext
 from inferscale.scope import Scope
-from inferscale.storage.change_sets import AppliedChanges, ChangeSet
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet, NewMemory
 from inferscale.storage.contexts import (
     chain_start,
     context_holders,
@@ -79,6 +79,17 @@ def _missing(changes: ChangeSet, what: str, memory_id: str, skipped: list[str]) 
         raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
     log.warning(reason)
     skipped.append(reason)
+
+
+def _changed_since_seen(row: MemoryRow, seen: dict[str, str], what: str, skipped: list[str]) -> bool:
+    """Whether ``row``'s text is not the one its change was decided on (``seen``: :attr:`ChangeSet.seen`); such a
+    change is skipped, with a warning, and the reason is added to ``skipped``."""
+    if row.id not in seen or seen[row.id] == row.hash:
+        return False
+    reason = f"{what} of memory {row.id!r} skipped: its text changed after the change was decided (now {row.text!r})"
+    log.warning(reason)
+    skipped.append(reason)
+    return True
 
 
 def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | None, now: datetime) -> None:
@@ -213,10 +224,11 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     s.connection()  # the transaction begins now: on SQLite, ``BEGIN IMMEDIATE`` waits for the write lock here
     scopes = _named_scopes(s, changes)
     keys = [context_lock_key(scope) for scope in set(scopes.values())]
-    if changes.adds and changes.scope is not None:
+    possible = changes.possible_adds()
+    if possible and changes.scope is not None:
         keys.append(context_lock_key(changes.scope))
         if changes.skip_duplicates:
-            keys += [text_lock_key(changes.scope, hash_text(new.text)) for new in changes.adds]
+            keys += [text_lock_key(changes.scope, hash_text(new.text)) for new in possible]
     lock_keys(s, keys)
     leaving = _leaving_texts(s, changes, scopes)
     holder_scopes = {i: scope for scope, texts in leaving.items() for i in context_holders(s, scope, texts)}
@@ -225,10 +237,13 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     now = utc_now()
     skipped: list[str] = []
     deleted: list[MemoryRecord] = []
+    seen = dict(changes.seen)
     for memory_id in dict.fromkeys(changes.deletes):
         row = rows.get(memory_id)
         if row is None:
             _missing(changes, "DELETE", memory_id, skipped)
+            continue
+        if _changed_since_seen(row, seen, "DELETE", skipped):
             continue
         record = MemoryRecord.from_row(row)
         s.expunge(row)
@@ -236,13 +251,18 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         deleted.append(record)
     gone = {d.id for d in deleted}
     changed: list[tuple[MemoryRecord, MemoryRow]] = []
+    instead: list[NewMemory] = []  # the new facts of updates skipped below: added, never lost
     for update in changes.updates:
+        row = None if update.memory_id in gone else rows.get(update.memory_id)
         if update.memory_id in gone:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: it is deleted in the same change set")
-            continue
-        row = rows.get(update.memory_id)
-        if row is None:
+        elif row is None:
             _missing(changes, "UPDATE", update.memory_id, skipped)
+        elif _changed_since_seen(row, seen, "UPDATE", skipped):
+            row = None
+        if row is None:
+            if update.instead is not None:
+                instead.append(update.instead)
             continue
         before = MemoryRecord.from_row(row)
         same_text = update.text is None or update.text == row.text
@@ -268,7 +288,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         s.add(_history(update.memory_id, "UPDATE", before, row, changes.actor, now))
         s.flush()
         changed.append((before, row))
-    added = _add_memories(s, changes, now, skipped)
+    added = _add_memories(s, changes, (*changes.adds, *instead), now, skipped)
     holders = {i: (scope, locked[i]) for i, scope in holder_scopes.items() if i in locked and i not in gone}
     recontexted = _scrub(s, leaving, holders)
     s.flush()
@@ -276,21 +296,23 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     return AppliedChanges(added, updated, deleted, skipped, [MemoryRecord.from_row(row) for row in recontexted])
 
 
-def _add_memories(s: Session, changes: ChangeSet, now: datetime, skipped: list[str]) -> list[MemoryRecord]:
-    """Insert the change set's adds (after its deletes and updates), each with an ``ADD`` history row; returns the new
-    memories. With ``skip_duplicates``, a text stored in exactly the scope, or earlier in the set, is skipped. Each
-    add's neighbour texts that no memory of the scope holds any more are dropped from its context (and its chain
-    start moves back by those dropped before it)."""
-    if not changes.adds:
+def _add_memories(
+    s: Session, changes: ChangeSet, adds: Sequence[NewMemory], now: datetime, skipped: list[str]
+) -> list[MemoryRecord]:
+    """Insert ``adds`` (the change set's, then the ``instead`` memories of its skipped updates) after its deletes and
+    updates, each with an ``ADD`` history row; returns the new memories. With ``skip_duplicates``, a text stored in
+    exactly the scope, or earlier in the set, is skipped. Each add's neighbour texts that no memory of the scope holds
+    any more are dropped from its context (and its chain start moves back by those dropped before it)."""
+    if not adds:
         return []
     scope = changes.scope
     if scope is None:
         raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
-    wanted = {hash_text(turn) for new in changes.adds for turn in new.context[: new.neighbours]}
+    wanted = {hash_text(turn) for new in adds for turn in new.context[: new.neighbours]}
     live = live_hashes(s, scope, wanted) if wanted else set()
     added: list[MemoryRecord] = []
     seen: set[str] = set()
-    for new in changes.adds:
+    for new in adds:
         digest = hash_text(new.text)
         if changes.skip_duplicates:
             in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *exact_scope_clauses(scope)).limit(1)
