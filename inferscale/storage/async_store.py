@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -129,7 +130,9 @@ class AsyncMemoryStore:
             raise ConfigError(f"database url must be a non-empty string, got {url!r}")
         self._url = async_url(url)
         self._engine: AsyncEngine | None = None
-        self._lock: asyncio.Lock | None = None
+        # A thread lock, polled: an asyncio.Lock is bound to the first event loop that waits on it, so a client used
+        # from another loop (a second asyncio.run after close(), a thread with its own loop) hung or raised
+        self._creating = threading.Lock()
 
     def __repr__(self) -> str:
         return f"AsyncMemoryStore({self._url!r})"
@@ -150,9 +153,9 @@ class AsyncMemoryStore:
         """
         if self._engine is not None:
             return self._engine
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        while not self._creating.acquire(blocking=False):  # another coroutine, on any loop, is creating it
+            await asyncio.sleep(MIGRATION_POLL_S)
+        try:
             if self._engine is None:
                 engine = await asyncio.to_thread(make_async_engine, self._url)  # SQLite is switched to WAL: I/O
                 try:
@@ -161,6 +164,8 @@ class AsyncMemoryStore:
                     await engine.dispose()
                     raise
                 self._engine = engine
+        finally:
+            self._creating.release()
         return self._engine
 
     async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:

@@ -4,6 +4,7 @@ awaited, CPU work runs in threads). Its Mem0 API runs with the sync client's in 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,38 @@ def test_concurrent_tasks_interleave(tmp_path: Path) -> None:
                 assert [r["event"] for r in await m.history(memory["id"])] == ["ADD"]
 
     asyncio.run(scenario())
+
+
+def test_one_client_serves_several_event_loops_whose_first_calls_overlap(tmp_path: Path, db_url: str) -> None:
+    """The store created its engine under an asyncio.Lock, which binds to the first loop that waits on it: after
+    ``close()``, a second ``asyncio.run`` whose first calls overlapped raised "bound to a different event loop", and
+    threads each running their own loop with overlapping first calls hung for good (tester report)."""
+    m = make(tmp_path, db_url)
+
+    async def adds(tag: str) -> list[str]:
+        done = await asyncio.gather(*(m.add(f"{tag} fact {i}", user_id="u", infer=False) for i in range(4)))
+        await m.close()
+        return [r["results"][0]["event"] for r in done]
+
+    assert asyncio.run(adds("first")) == ["ADD"] * 4
+    assert asyncio.run(adds("second")) == ["ADD"] * 4  # a new loop after close(), as a test runner makes per test
+    answers: dict[int, object] = {}
+
+    def worker(i: int) -> None:
+        try:
+            answers[i] = asyncio.run(m.add(f"thread {i} fact", user_id="u", infer=False))["results"][0]["event"]
+        except Exception as exc:  # reported below: a thread cannot raise into the test
+            answers[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert answers == dict.fromkeys(range(4), "ADD")
+
+    async def count() -> int:
+        async with make(tmp_path, db_url) as again:
+            return len((await again.get_all(user_id="u"))["results"])
+
+    assert asyncio.run(count()) == 12
