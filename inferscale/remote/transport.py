@@ -9,8 +9,10 @@ that failed for good into a :class:`~inferscale.errors.ServerError` that names t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
@@ -231,7 +233,9 @@ class Transport:
 
 
 class AsyncTransport:
-    """Sends calls with an :class:`httpx.AsyncClient`, on the event loop that first uses it; see :class:`Transport`.
+    """Sends calls with an :class:`httpx.AsyncClient` per event loop (its connections belong to the loop that opened
+    them); see :class:`Transport`. So one client serves a second ``asyncio.run`` (it raised "Event loop is closed"),
+    or threads that each run a loop.
 
     Args:
         connection: the server and its settings.
@@ -241,15 +245,25 @@ class AsyncTransport:
     def __init__(self, connection: Connection, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.connection = connection
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._clients_lock = threading.Lock()
 
     @property
     def _http(self) -> httpx.AsyncClient:
-        """The httpx client, (re)opened on first use after construction or :meth:`close` (no await in between, so
-        no lock is needed on the loop)."""
-        if self._client is None or self._client.is_closed:
-            self._client = httpx.AsyncClient(**self.connection.client_options(), transport=self._transport)
-        return self._client
+        """The running loop's httpx client, (re)opened on its first use after construction or :meth:`close`.
+
+        Raises:
+            RuntimeError: when no event loop is running (a coroutine of this transport always runs in one).
+        """
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            client = self._clients.get(loop)
+            if client is None or client.is_closed:
+                client = httpx.AsyncClient(**self.connection.client_options(), transport=self._transport)
+                self._clients[loop] = client
+            return client
 
     async def call(self, call: ApiCall[T]) -> T:
         """Send ``call`` and return its result; see :meth:`Transport.call` (same errors)."""
@@ -312,6 +326,12 @@ class AsyncTransport:
         )
 
     async def close(self) -> None:
-        """Close the connection pool (an open stream is cut off); a later call opens a new one."""
-        if self._client is not None:
-            await self._client.aclose()
+        """Close the running loop's connection pool (an open stream is cut off), and drop those of loops that are
+        closed (their connections went with them); a later call opens a new one."""
+        loop = asyncio.get_running_loop()
+        with self._clients_lock:
+            client = self._clients.pop(loop, None)
+            for gone in [other for other in self._clients if other.is_closed()]:
+                del self._clients[gone]
+        if client is not None:
+            await client.aclose()

@@ -5,6 +5,7 @@ timeout is 300 s"). On a real server (the tiny engine), sync and async."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,5 +50,44 @@ def test_closing_the_client_mid_stream_is_engine_closed(tmp_path: Path, engine: 
         asyncio.run(async_case())
         with MemoryClient(host=host) as again:  # the server answers on
             assert again.chat("What is my dog called?", user_id="maya", max_new_tokens=4).answer
+    finally:
+        served.close()
+
+
+def test_one_async_remote_client_serves_one_event_loop_after_another(tmp_path: Path) -> None:
+    """Its httpx pool belonged to the first loop: a second ``asyncio.run`` raised a bare RuntimeError ("Event loop is
+    closed"), no InferScaleError (tester report), where the local async client serves every loop."""
+    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
+    served = open_client("remote", fake_config(tmp_path), embedder=HashEmbedder())
+    try:
+        client = served.client
+        assert isinstance(client, RemoteMemoryClient)
+        aremote = AsyncMemoryClient(host=client.host)
+
+        async def add(text: str) -> str:
+            return str((await aremote.add(text, user_id="maya", infer=False))["results"][0]["event"])
+
+        assert [asyncio.run(add(f"fact {i}")) for i in range(3)] == ["ADD"] * 3
+        answers: dict[int, object] = {}
+
+        def worker(i: int) -> None:
+            try:
+                answers[i] = asyncio.run(add(f"thread fact {i}"))
+            except Exception as exc:  # reported below: a thread cannot raise into the test
+                answers[i] = exc
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert answers == dict.fromkeys(range(3), "ADD")
+
+        async def count_and_close() -> int:
+            found = len((await aremote.get_all(user_id="maya"))["results"])
+            await aremote.close()
+            return found
+
+        assert asyncio.run(count_and_close()) == 6
     finally:
         served.close()
