@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "inferscale.memory_ids": 0,
     "inferscale.formats": 0,
     "inferscale.validation_text": 0,
+    "inferscale.model_load": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
     "inferscale.mem0_config": 2,

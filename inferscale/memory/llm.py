@@ -21,6 +21,7 @@ import httpx
 from pydantic_core import from_json
 
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
+from inferscale.model_load import loading_model
 
 if TYPE_CHECKING:
     import torch
@@ -150,13 +151,17 @@ class TransformersJSONGenerator:
             path: a local model folder, for example :func:`inferscale.models.default_llm_path`.
             dtype: weights dtype; ``None`` means ``torch.float32``.
             device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+        Raises:
+            ConfigError: when ``path`` holds no model that can be loaded (:func:`inferscale.model_load.loading_model`).
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32).eval().to(device)
-        return cls(model, tokenizer)
+        with loading_model("llm.model", str(path)):
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+        return cls(model.eval().to(device), tokenizer)
 
     def _grammar(self, schema: dict[str, Any]) -> xgrammar.CompiledGrammar:
         import xgrammar as xgr

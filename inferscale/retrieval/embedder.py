@@ -119,6 +119,7 @@ class SentenceTransformerEmbedder:
     def _build(self) -> SentenceTransformer:
         from sentence_transformers import SentenceTransformer
 
+        from inferscale.model_load import loading_model
         from inferscale.models import default_embedder_path
 
         device = _resolve_device(self._device)
@@ -131,7 +132,8 @@ class SentenceTransformerEmbedder:
                 if not path.exists():
                     raise ModelNotAvailableError(f"embedder folder {name!r} does not exist")
                 name = str(path)
-            model = SentenceTransformer(name, device=device)
+            with loading_model("embedder.model", name):
+                model = SentenceTransformer(name, device=device)
         # sentence-transformers >= 5 renamed get_sentence_embedding_dimension; support both.
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         dim = get_dim()

@@ -17,7 +17,15 @@ from mem0_fakes import HashEmbedder
 from served_kv import context_free_request
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ModelNotAvailableError, ScopeError, kv_prepare
+from inferscale import (
+    AsyncMemoryClient,
+    ConfigError,
+    MemoryClient,
+    MemoryConfig,
+    ModelNotAvailableError,
+    ScopeError,
+    kv_prepare,
+)
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.fact_kv import CONTEXT_FREE, IN_CONTEXT
 from inferscale.kv_prepare import KVPrepareReport
@@ -207,3 +215,25 @@ def test_a_model_that_cannot_be_loaded_is_refused_on_an_empty_store_too(tmp_path
     config = MemoryConfig(data_dir=str(tmp_path), engine=EngineConfig(model=str(tmp_path / "no-such-model")))
     with MemoryClient(config, embedder=HashEmbedder()) as client, pytest.raises(ModelNotAvailableError, match="model"):
         client.prepare_kv()
+
+
+@pytest.mark.parametrize("folder", ["empty", "bad-config"])
+def test_a_model_folder_holding_no_model_is_a_config_error(tmp_path: Path, engine: Any, folder: str) -> None:
+    """An empty folder, or one whose config.json is not JSON, raised transformers' bare ValueError or OSError from
+    every add, chat and prepare_kv, no InferScale error (tester report); the store's memories stay readable."""
+    with MemoryClient(_config(tmp_path, None), engine=engine, embedder=HashEmbedder()) as client:
+        client.add("I like tea.", user_id="u", infer=False)
+    model = tmp_path / folder
+    model.mkdir()
+    if folder == "bad-config":
+        (model / "config.json").write_text("{not json")
+    config = _config(tmp_path, None).model_copy(update={"engine": EngineConfig(model=str(model))})
+    with MemoryClient(config, embedder=HashEmbedder()) as client:
+        for call in (
+            lambda: client.add("I like coffee.", user_id="u", infer=False),
+            client.prepare_kv,
+            lambda: client.chat("What do I like?", user_id="u", max_new_tokens=2),
+        ):
+            with pytest.raises(ConfigError, match=r"engine.model '.*' holds no model that can be loaded"):
+                call()
+        assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]

@@ -449,3 +449,10 @@ def test_scoped_semantic_search_end_to_end(minilm: SentenceTransformerEmbedder, 
         assert texts[0] == expected
         assert set(texts) <= set(facts[scope])
     store.close()
+
+
+def test_an_embedder_folder_holding_no_model_is_a_config_error(tmp_path: Path) -> None:
+    """An empty folder raised sentence-transformers' bare ValueError ("Unrecognized model"), no InferScale error."""
+    embedder = SentenceTransformerEmbedder(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"embedder.model '.*' holds no model that can be loaded"):
+        embedder.embed(["hello"])

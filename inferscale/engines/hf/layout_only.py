@@ -19,6 +19,7 @@ from typing import Any
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.prompt import PromptLayout
+from inferscale.model_load import loading_model
 from inferscale.models import resolve_llm_path
 
 
@@ -71,8 +72,10 @@ def _layout_from_files(path: str, system_prompt: str) -> LayoutOnly:
     again)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return LayoutOnly(PromptLayout(tokenizer, system_prompt), max_positions(AutoConfig.from_pretrained(path)))
+    with loading_model("engine.model", path):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model_config = AutoConfig.from_pretrained(path)
+    return LayoutOnly(PromptLayout(tokenizer, system_prompt), max_positions(model_config))
 
 
 class LayoutOnlyCache:

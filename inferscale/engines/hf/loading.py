@@ -11,6 +11,7 @@ import torch
 from inferscale.config import EngineConfig, inferscale_home
 from inferscale.engines.hf.attention import resolve_attention
 from inferscale.engines.hf.dtype import choose_dtype, probe_cpu_dtype
+from inferscale.model_load import loading_model
 from inferscale.models import resolve_llm_path
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,18 +40,25 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
     Returns:
         ``(path, model, tokenizer)``: the resolved model folder or name, the causal LM and its tokenizer (typed
         ``Any``: any ``AutoModelForCausalLM`` / ``AutoTokenizer`` class).
+
+    Raises:
+        ModelNotAvailableError: when the configured folder does not exist, or the embedded default is not installed.
+        ConfigError: when the folder or name holds no model that can be loaded
+            (:func:`inferscale.model_load.loading_model`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_llm_path(config.model, home)
     device = resolve_device(config.device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    stored = str(AutoConfig.from_pretrained(path).dtype or "").removeprefix("torch.") or None
+    with loading_model("engine.model", path):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        stored = str(AutoConfig.from_pretrained(path).dtype or "").removeprefix("torch.") or None
     choice = choose_dtype(config.dtype, device, stored)
 
     def load(dtype: str) -> Any:
         attention = resolve_attention(config.attn_implementation)
-        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+        with loading_model("engine.model", path):
+            return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
 
     model = load(choice.dtype)
     if choice.probe:
