@@ -229,13 +229,27 @@ class DerivedStores:
 
     def save_index(self, force: bool = False) -> None:
         """Write the index file when it changed, unless ``force`` at most every :data:`INDEX_SAVE_INTERVAL_S`, or
-        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index)."""
+        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index).
+
+        The index is derived from SQL: a file that cannot be written (a full or read-only disk) is logged, and the
+        index stays marked changed, so a later save tries again; the write that called this (committed already) and
+        ``close`` go on. The next process rebuilds what the file lacks from SQL (reconciliation)."""
         with self._lock:
             now = time.monotonic()
             interval = max(INDEX_SAVE_INTERVAL_S, self._index_save_s / INDEX_SAVE_SHARE)
             due = force or now - self._index_saved_at >= interval
             if self._index is not None and self._index_dirty and due:
-                self._index.save()
+                try:
+                    self._index.save()
+                except OSError as exc:
+                    log.warning(
+                        "the index file %s could not be written (%s); it is tried again on a later write or close, and "
+                        "rebuilt from SQL when opened",
+                        self._index_path,
+                        exc,
+                    )
+                    self._index_saved_at = time.monotonic()  # not again on every write meanwhile
+                    return
                 self._index_dirty = False
                 self._index_saved_at = time.monotonic()
                 self._index_save_s = self._index_saved_at - now
