@@ -40,7 +40,7 @@ from inferscale.kv.store import KVStore, KVStoreStats
 from inferscale.kv.tiers import DiskTier
 from inferscale.reconcile import ReconcileReport, reconcile_steps
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.retrieval.embedder import embedder_identity
+from inferscale.retrieval.embedder import embed_checked, embedder_identity
 from inferscale.scope import Scope
 from inferscale.steps import RecordsByVectorId, Steps, Versions
 from inferscale.storage import MemoryRecord, MemoryStore
@@ -193,7 +193,7 @@ class DerivedStores:
         if not current:
             return False
         stored = index.vectors(np.array([r.vector_id for r in current], dtype=np.int64))
-        fresh = self._embedder().embed([r.text for r in current])
+        fresh = embed_checked(self._embedder(), [r.text for r in current])
         return bool(np.all(np.sum(stored * fresh, axis=1) >= SAME_EMBEDDER_COSINE))
 
     def remove_vectors(self, index: VectorIndex, ids: np.ndarray) -> int:
@@ -208,7 +208,7 @@ class DerivedStores:
         ids already there)."""
         if records:
             ids = np.array([r.vector_id for r in records], dtype=np.int64)
-            index.add(ids, self._embedder().embed([r.text for r in records]), labels=[r.hash for r in records])
+            index.add(ids, embed_checked(self._embedder(), [r.text for r in records]), labels=[r.hash for r in records])
             self._index_dirty = True
 
     def _catch_up_steps(self, index: VectorIndex, versions: MemoryVersions) -> Steps[None]:
@@ -282,7 +282,7 @@ class DerivedStores:
         index = yield from self.index_steps()
         yield from self._catch_up_steps(index, versions)
         with self._lock:
-            hits = self._search(index, self._embedder().embed([query])[0], limit, allowed)
+            hits = self._search(index, embed_checked(self._embedder(), [query])[0], limit, allowed)
         if threshold is not None:
             hits = [(vid, score) for vid, score in hits if score >= threshold]
         records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(vid for vid, _ in hits))
@@ -299,7 +299,7 @@ class DerivedStores:
         yield from self._catch_up_steps(index, versions)
         found: set[int] = set()
         with self._lock:
-            for vector in self._embedder().embed(list(facts)):
+            for vector in embed_checked(self._embedder(), list(facts)):
                 found.update(i for i, _ in self._search(index, vector, self._config.llm.reconcile_top_k, allowed))
         records: dict[int, MemoryRecord] = yield RecordsByVectorId(tuple(sorted(found)))
         return [(r.id, r.text) for r in sorted(records.values(), key=lambda r: (r.created_at, r.vector_id))]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from inferscale.errors import InvalidInputError, ModelNotAvailableError
+from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -54,6 +54,26 @@ def embedder_identity(embedder: Embedder) -> str:
     if not isinstance(name, str) or not name:
         name = f"{type(embedder).__module__}.{type(embedder).__qualname__}"
     return f"{name} ({embedder.dim}-d)"
+
+
+def embed_checked(embedder: Embedder, texts: Sequence[str]) -> np.ndarray:
+    """``embedder.embed(texts)``, checked to be what an index of ``embedder.dim`` stores: float32
+    ``[len(texts), dim]``, every value finite.
+
+    Raises:
+        ConfigError: when the embedder gives another shape (a custom embedder whose ``dim`` is not its vectors'
+            width) or a value that is not finite; the embedder, not the texts, is at fault.
+    """
+    vectors = np.asarray(embedder.embed(texts))
+    expected = (len(texts), embedder.dim)
+    if vectors.shape != expected:
+        raise ConfigError(
+            f"the embedder {embedder_identity(embedder)} returned vectors of shape {vectors.shape} for "
+            f"{len(texts)} texts, not {expected}: its dim must be its vectors' width"
+        )
+    if not np.isfinite(vectors).all():
+        raise ConfigError(f"the embedder {embedder_identity(embedder)} returned a vector that is not finite (NaN/inf)")
+    return vectors.astype(np.float32, copy=False)
 
 
 def _check_texts(texts: object) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from client_adapter import MakeClient
 from mem0_fakes import HashEmbedder, fake_config
 
-from inferscale import MemoryClient
+from inferscale import ConfigError, MemoryClient
 from inferscale.derived import DerivedStores
 from inferscale.reconcile import EMBEDDER_PROBE_SIZE, ReconcileReport
 from inferscale.storage import MemoryStore
@@ -145,3 +145,36 @@ def test_no_search_sees_the_loaded_index_before_its_embedder_is_checked(
     with MemoryClient(config, embedder=SaltedEmbedder()) as second:
         second.search("Who keeps bees?", user_id="alice", limit=1)
     assert in_use_while_checked == [False]
+
+
+class _WrongWidth(HashEmbedder):
+    """A custom embedder whose ``dim`` is not its vectors' width (or whose vectors hold NaN)."""
+
+    def __init__(self, nan: bool = False) -> None:
+        super().__init__()
+        self.nan = nan
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = super().embed(texts)
+        if self.nan:
+            vectors[:, 0] = np.nan
+            return vectors
+        return vectors[:, :-1]
+
+
+@pytest.mark.parametrize("nan", [False, True])
+def test_an_embedder_whose_vectors_are_not_its_dim_is_a_config_error(tmp_path: Path, nan: bool) -> None:
+    """A custom embedder whose vectors are narrower than its ``dim`` raised numpy's bare ValueError ("operands could
+    not be broadcast"), and one giving NaN an InvalidInputError, as if the caller's text were at fault (tester
+    report). The memory is committed before it is embedded (SQL first), so it is kept, and embedded once the
+    embedder is fixed."""
+    with MemoryClient(fake_config(tmp_path), embedder=_WrongWidth(nan)) as client:
+        message = "returned a vector that is not finite" if nan else "returned vectors of shape"
+        for call in (
+            lambda: client.add("I like tea.", user_id="u", infer=False),
+            lambda: client.search("tea", user_id="u"),
+        ):
+            with pytest.raises(ConfigError, match=message):
+                call()
+    with MemoryClient(fake_config(tmp_path), embedder=HashEmbedder()) as fixed:
+        assert [r["memory"] for r in fixed.search("tea", user_id="u")["results"]] == ["I like tea."]
