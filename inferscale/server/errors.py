@@ -9,6 +9,8 @@ path 404 ``route_not_found``, wrong method 405 ``method_not_allowed``); any othe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -21,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
-from inferscale.errors import DatabaseUnavailableError, InferScaleError, ServerError
+from inferscale.errors import DatabaseUnavailableError, EngineClosedError, InferScaleError, ServerError
 from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
@@ -136,10 +138,19 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_content(_BY_CODE[code], message), status_code=exc.status_code, headers=exc.headers)
 
 
+SHUT_DOWN_MESSAGE = (
+    "the server shut down before answering this request; it may have been applied (a retried add skips what was "
+    "stored): make it again once the server is back"
+)
+"""The message of the 503 ``engine_closed`` a request cancelled by the server's shutdown gets."""
+
+
 class UnexpectedErrors:
     """ASGI middleware: any exception that no handler took becomes a 500 ``internal_error``, logged once with its
     traceback. (Starlette's own handler for ``Exception`` answers and then re-raises, so the server logs it
-    again.) An exception after the reply has started cannot be answered: it is logged and the connection closed.
+    again.) A request cancelled before its reply started (the server's shutdown grace ended) gets a 503
+    ``engine_closed`` (:data:`SHUT_DOWN_MESSAGE`), and the cancellation goes on. An exception after the reply has
+    started cannot be answered: it is logged and the connection closed.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -162,6 +173,13 @@ class UnexpectedErrors:
             log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
                 await JSONResponse(internal_error_content(exc), status_code=500)(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server cancels the requests still running when its shutdown grace ends: uvicorn answered them with
+            # a plain-text 500, which a client cannot tell from a bug; a 503 engine_closed says "try again elsewhere"
+            if not started:
+                with contextlib.suppress(Exception):  # the connection may be gone already
+                    await error_response(EngineClosedError(SHUT_DOWN_MESSAGE))(scope, receive, send)
+            raise
 
 
 def install_error_handlers(app: FastAPI) -> None:

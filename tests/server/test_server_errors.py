@@ -4,6 +4,8 @@ made to raise it. Rejected requests store nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,7 @@ from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
 from inferscale.errors import DatabaseUnavailableError, ExtractionError
-from inferscale.server.errors import DATABASE_UNAVAILABLE_MESSAGE
+from inferscale.server.errors import DATABASE_UNAVAILABLE_MESSAGE, SHUT_DOWN_MESSAGE, UnexpectedErrors
 from inferscale.server.options import ServerOptions
 
 
@@ -250,6 +252,29 @@ def test_an_unexpected_exception_is_500_internal_error_and_logged(
     assert "RuntimeError" in message and "secret internals" not in message  # the text stays in the log
     logged = [r for r in caplog.records if r.name == "inferscale.server.errors"]
     assert len(logged) == 1 and logged[0].exc_info is not None and "secret internals" in str(logged[0].exc_info[1])
+
+
+def test_a_request_the_shutdown_cancels_before_its_reply_is_503_engine_closed() -> None:
+    """Requests still running when the shutdown grace ended were answered by uvicorn with a plain-text 500, which a
+    client could not tell from a bug (tester report); the cancellation itself goes on."""
+    sent: list[dict[str, Any]] = []
+
+    async def cancelled_handler(scope: Any, receive: Any, send: Any) -> None:
+        raise asyncio.CancelledError("Task cancelled, timeout graceful shutdown exceeded")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/memories/", "headers": []}
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(UnexpectedErrors(cancelled_handler)(scope, receive, send))  # type: ignore[arg-type]
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 503
+    body = json.loads(sent[1]["body"])
+    assert body == {"error": {"code": "engine_closed", "type": "EngineClosedError", "message": SHUT_DOWN_MESSAGE}}
 
 
 DOC_PATHS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
