@@ -17,6 +17,9 @@ import socket
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
+
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 TEMP_SUFFIX = ".tmp"
 
@@ -40,12 +43,16 @@ def temp_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.{HOST_TAG}-{os.getpid()}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
 
 
+def _write_all(out: BinaryIO, data: bytes | memoryview, fsync: bool) -> None:
+    out.write(data)
+    out.flush()
+    if fsync:
+        os.fsync(out.fileno())
+
+
 def _write_file(path: Path, data: bytes | memoryview, fsync: bool) -> None:
     with open(path, "wb") as out:
-        out.write(data)
-        out.flush()
-        if fsync:
-            os.fsync(out.fileno())
+        _write_all(out, data, fsync)
 
 
 def atomic_write(target: Path, data: bytes | memoryview, fsync: bool = True) -> None:
@@ -74,7 +81,9 @@ def create_once(target: Path, data: bytes, fsync: bool = True) -> bytes:
 
     The file is written in full to :func:`temp_path` and hard-linked to ``target``, which fails when ``target``
     exists, so of several writers racing (threads, processes, hosts on a shared file system) exactly one wins and
-    every reader sees that writer's whole content, never a partial or a replaced one.
+    every reader sees that writer's whole content, never a partial or a replaced one. On a file system without
+    hard links, ``target`` is created exclusively and written in place instead (a reader racing the writer may then
+    see it empty for the instant of the write).
 
     Raises:
         OSError: when the file cannot be written or read; nothing partial is left under ``target``.
@@ -86,9 +95,36 @@ def create_once(target: Path, data: bytes, fsync: bool = True) -> bytes:
             os.link(tmp, target)
         except FileExistsError:
             return target.read_bytes()
+        except OSError:  # no hard links here (some FUSE or FAT file systems): an exclusive create instead
+            try:
+                _write_file_exclusive(target, data, fsync)
+            except FileExistsError:
+                return _read_once_written(target)
         return data
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _read_once_written(path: Path) -> bytes:
+    """The content of ``path``, created exclusively by another writer, once that writer has written it: read again
+    for up to a second while it is empty (the instant between its create and its write)."""
+    reading = Retrying(
+        retry=retry_if_result(lambda content: not content),
+        stop=stop_after_delay(1.0),
+        wait=wait_fixed(0.002),
+        retry_error_callback=lambda state: state.outcome.result() if state.outcome is not None else b"",
+    )
+    return bytes(reading(path.read_bytes))
+
+
+def _write_file_exclusive(path: Path, data: bytes, fsync: bool) -> None:
+    """Create ``path`` (``FileExistsError`` when it exists) and write ``data`` to it; a failed write removes it."""
+    with open(path, "xb") as out:
+        try:
+            _write_all(out, data, fsync)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
 
 def _alive(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -313,6 +314,23 @@ def test_a_k_v_folder_gets_one_id_whoever_asks_first(tmp_path: Path) -> None:
     disk.clear()
     assert {DiskTier(root).existing_store_id(), DiskTier(root).store_id()} == ids
     assert DiskTier(tmp_path / "other").store_id() not in ids
+
+
+def test_a_k_v_folder_id_is_made_on_a_file_system_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The id is linked into place from a complete temporary file; where links fail (some FUSE or FAT file
+    systems), K/V would never have been stored: the file is created exclusively instead, still once."""
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    root = tmp_path / "kv"
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: DiskTier(root).store_id(), range(16)))
+    assert len(ids) == 1 and (root / "store-id").read_text() == next(iter(ids))
+    assert sorted(p.name for p in root.iterdir()) == ["store-id"]
 
 
 @pytest.mark.parametrize("content", [b"", b"not an id", b"A" * 32, b"0" * 33])
