@@ -82,8 +82,8 @@ def create_once(target: Path, data: bytes, fsync: bool = True) -> bytes:
     The file is written in full to :func:`temp_path` and hard-linked to ``target``, which fails when ``target``
     exists, so of several writers racing (threads, processes, hosts on a shared file system) exactly one wins and
     every reader sees that writer's whole content, never a partial or a replaced one. On a file system without
-    hard links, ``target`` is created exclusively and written in place instead (a reader racing the writer may then
-    see it empty for the instant of the write).
+    hard links, ``target`` is created exclusively and written in place instead (a racing reader waits out the
+    instant between its creation and its write).
 
     Raises:
         OSError: when the file cannot be written or read; nothing partial is left under ``target``.
