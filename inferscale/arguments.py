@@ -18,7 +18,7 @@ from inferscale.config import EncodeMode
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
-from inferscale.scope import SCOPE_KEYS, Scope
+from inferscale.scope import SCOPE_KEYS, Scope, check_scope_id
 from inferscale.storable import check_json
 from inferscale.types import ChatMode
 
@@ -276,7 +276,7 @@ def check_threshold(threshold: float | None) -> float | None:
 
 
 def resolve_scope(
-    user_id: str | None, agent_id: str | None, run_id: str | None, filters: Mapping[str, Any] | None
+    user_id: str | int | None, agent_id: str | int | None, run_id: str | int | None, filters: Mapping[str, Any] | None
 ) -> tuple[Scope, Filter | None]:
     """The scope of a call from keyword ids (v1) and ids pinned inside ``filters`` (v2), ANDed together.
 
@@ -288,7 +288,9 @@ def resolve_scope(
         InvalidInputError: for a malformed filter, or a keyword id that disagrees with the id in ``filters``.
     """
     node = parse_filters(filters)
-    ids: dict[str, str | None] = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+    given_ids = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+    # checked (an int made its string) before comparing with the filter's ids, which parse_filters made strings too
+    ids = {key: None if value is None else check_scope_id(key, value) for key, value in given_ids.items()}
     for key, value in required_ids(node).items():
         given = ids[key]
         if given is not None and given != value:

@@ -187,7 +187,7 @@ class MemoryClient(ClientCore):
         checked, and changes nothing.
 
         Raises:
-            ScopeError: when no user_id, agent_id or run_id is given, or one is not a non-empty string.
+            ScopeError: when no user_id, agent_id or run_id is given, or one is neither a non-empty string nor an int.
             InvalidInputError: for malformed messages, an ``infer`` or ``encode_kv`` that is not a bool (``None``
                 also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
                 or sets a scope id or ``actor_id``, a ``timestamp``/``expiration_date`` (not supported), or a
@@ -384,7 +384,7 @@ class MemoryClient(ClientCore):
             ``{"results": [<memory dict> + {"score"}, ...]}``.
 
         Raises:
-            ScopeError: when no id is given, or an id is not a non-empty string.
+            ScopeError: when no id is given, or an id is neither a non-empty string nor an int.
             InvalidInputError: for an empty query, a bad limit or filter, a ``threshold`` that is not a finite
                 number, or a ``show_expired`` that is not a bool.
         """
@@ -419,7 +419,7 @@ class MemoryClient(ClientCore):
         context, vector id) and its cosine score. Pass the records to :meth:`memory_kv` for their K/V.
 
         Raises:
-            ScopeError: when no id is given, or an id is not a non-empty string.
+            ScopeError: when no id is given, or an id is neither a non-empty string nor an int.
             InvalidInputError: for an empty query, a bad limit or filter, a ``threshold`` that is not a finite
                 number, or a ``show_expired`` that is not a bool.
         """
@@ -702,7 +702,7 @@ class MemoryClient(ClientCore):
             deleted meanwhile is in neither.
 
         Raises:
-            ScopeError: for an id that is not a non-empty string.
+            ScopeError: for an id that is neither a non-empty string nor an int.
             InvalidInputError: for an id too long or not storable.
             DatabaseUnavailableError: when the database cannot be connected to.
             ModelNotAvailableError: when the configured model's files cannot be found.

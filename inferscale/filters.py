@@ -270,7 +270,7 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
         if field in SCOPE_KEYS and isinstance(value, int) and not isinstance(value, bool):
             value = int_id_text(value, where)  # as a scope id given as an argument (check_scope_id)
         if not isinstance(value, str) or not value:
-            raise InvalidInputError(f"{where}: {field} values are non-empty strings, got {value!r}")
+            raise InvalidInputError(f"{where}: {field} values are non-empty strings (or ints), got {value!r}")
         return check_storable(value, where)
     if isinstance(value, str):
         return check_storable(value, where)

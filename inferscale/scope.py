@@ -46,7 +46,7 @@ def check_scope_id(key: str, value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = int_id_text(value, key)
     if not isinstance(value, str) or not value.strip():
-        raise ScopeError(f"{key} must be a non-empty string, got {value!r}")
+        raise ScopeError(f"{key} must be a non-empty string or an int, got {value!r}")
     check_storable(value, key)
     if len(value) > MAX_ID_LENGTH:
         raise InvalidInputError(

@@ -334,7 +334,8 @@ def get_all(
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (int counts, no filters, no v2 or output
     format asked for); else the v2 ``POST /v2/memories/``, which carries every argument with its JSON type. The
-    scope ids are checked either way (:func:`scope_params`)."""
+    scope ids are checked either way (:func:`checked_scope_ids`)."""
+    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
     params = scope_params(user_id, agent_id, run_id)
     fits_query = (
         filters is None and version in (None, "v1") and output_format is None and _is_count(limit) and _is_count(top_k)

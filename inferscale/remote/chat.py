@@ -62,7 +62,7 @@ def chat_call(
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
             string; a value with no faithful JSON form), with the local client's error naming the argument; every
             other value is the server's to judge.
-        ScopeError: for a scope id that is not a non-empty string.
+        ScopeError: for a scope id that is neither a non-empty string nor an int.
 
     A chat that names no scope is sent, as ``search`` is: the server fills in the user of a key bound to one, and
     refuses it otherwise with the local client's :class:`~inferscale.errors.ScopeError`. The body always carries the

@@ -143,7 +143,8 @@ def test_a_scope_id_that_is_not_a_string_is_a_scope_error_on_every_method(
 ) -> None:
     # Extraction answers a fact, so a call that got past the checks would store something.
     m = make(ScriptedGenerator(facts=facts("Likes tea")))
-    _refused(m, row_counts, lambda m, i: call(m, i, ids), ScopeError, f"{key} must be a non-empty string, got ")
+    message = f"{key} must be a non-empty string or an int, got "
+    _refused(m, row_counts, lambda m, i: call(m, i, ids), ScopeError, message)
 
 
 @pytest.mark.parametrize(("call", "match"), [c[1:] for c in INVALID_CASES], ids=[c[0] for c in INVALID_CASES])

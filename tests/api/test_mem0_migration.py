@@ -298,6 +298,9 @@ def test_an_int_scope_id_is_its_decimal_string_as_in_mem0(m: ClientAdapter) -> N
     assert [r["memory"] for r in m.get_all(filters={"user_id": {"in": [42, 43]}, "agent_id": 7})["results"]] == [
         "I like tea"
     ]
+    for both in ({"user_id": 42, "filters": {"user_id": 42}}, {"user_id": "42", "filters": {"user_id": 42}}):
+        assert [r["memory"] for r in m.get_all(**both)["results"]] == ["I like tea"]  # keyword and filter agree
+        assert [r["memory"] for r in m.search("tea", **both)["results"]] == ["I like tea"]
     for huge in ({"user_id": 10**300}, {"filters": {"user_id": 10**5000}}):  # str() of the second: a bare ValueError
         with pytest.raises(InvalidInputError, match="an integer of over 255 digits"):
             m.get_all(**huge)

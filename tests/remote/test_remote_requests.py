@@ -259,7 +259,7 @@ DEVELOPER = {"role": "developer", "content": "Be brief."}
         (lambda m: m.get("m1", user_id=True), ScopeError, "user_id"),
         (lambda m: m.delete_all(agent_id=["a"]), ScopeError, "agent_id"),
         (lambda m: m.search("x", user_id="u", threshold=float("nan")), InvalidInputError, "threshold is nan"),
-        (lambda m: m.search("x", user_id=5.0), ScopeError, "user_id must be a non-empty string, got 5.0"),
+        (lambda m: m.search("x", user_id=5.0), ScopeError, "user_id must be a non-empty string or an int, got 5.0"),
         (lambda m: m.add("x", agent_id=["a"]), ScopeError, "agent_id"),
         (lambda m: m.get_all(run_id=1.5, filters={"k": "v"}), ScopeError, "run_id"),
         (lambda m: m.chat("x", user_id=False), ScopeError, "user_id"),
