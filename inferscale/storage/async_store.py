@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -95,6 +96,9 @@ def async_url(url: str) -> str:
 MIGRATION_POLL_S = 0.005
 """How often a coroutine asks for the process's migration lock while another chain runs (seconds)."""
 
+ENGINE_POLL_S = 0.005
+"""How often a coroutine asks to create its loop's engine while another coroutine creates one (seconds)."""
+
 
 async def ensure_schema_async(engine: AsyncEngine, chain: SchemaChain) -> SchemaUpgrade:
     """Upgrade ``chain`` on ``engine``'s database to its head in one write transaction, through ``run_sync``; see
@@ -129,9 +133,10 @@ class AsyncMemoryStore:
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"database url must be a non-empty string, got {url!r}")
         self._url = async_url(url)
-        self._engine: AsyncEngine | None = None
-        # A thread lock, polled: an asyncio.Lock is bound to the first event loop that waits on it, so a client used
-        # from another loop (a second asyncio.run after close(), a thread with its own loop) hung or raised
+        # One engine per event loop (an async pool belongs to its loop: shared, a second asyncio.run or threads each
+        # running a loop raised or hung), made under a polled thread lock (an asyncio.Lock is bound to one loop too)
+        self._engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
+        self._schema_ready = False
         self._creating = threading.Lock()
 
     def __repr__(self) -> str:
@@ -143,30 +148,43 @@ class AsyncMemoryStore:
         return self._url
 
     async def engine(self) -> AsyncEngine:
-        """The async engine, created on first call, with the schema created or upgraded to its head revision
-        (:func:`ensure_schema_async`).
+        """The running event loop's async engine, created on its first call there; the schema is created or upgraded
+        to its head revision on the store's first call (:func:`ensure_schema_async`). Engines of loops that are
+        closed are disposed meanwhile.
 
         Raises:
             ConfigError: when the driver is not installed.
             SchemaError: when the database is at a revision this InferScale does not know, or holds unversioned
                 tables that differ from its schema.
         """
-        if self._engine is not None:
-            return self._engine
-        while not self._creating.acquire(blocking=False):  # another coroutine, on any loop, is creating it
-            await asyncio.sleep(MIGRATION_POLL_S)
+        loop = asyncio.get_running_loop()
+        engine = self._engines.get(loop)
+        if engine is not None:
+            return engine
+        while not self._creating.acquire(blocking=False):  # another coroutine, on any loop, is creating one
+            await asyncio.sleep(ENGINE_POLL_S)
         try:
-            if self._engine is None:
+            engine = self._engines.get(loop)
+            if engine is None:
+                await self._dispose_closed_loops()
                 engine = await asyncio.to_thread(make_async_engine, self._url)  # SQLite is switched to WAL: I/O
                 try:
-                    await ensure_schema_async(engine, MEMORY_SCHEMA)
+                    if not self._schema_ready:
+                        await ensure_schema_async(engine, MEMORY_SCHEMA)
+                        self._schema_ready = True
                 except BaseException:
                     await engine.dispose()
                     raise
-                self._engine = engine
+                self._engines[loop] = engine
         finally:
             self._creating.release()
-        return self._engine
+        return engine
+
+    async def _dispose_closed_loops(self) -> None:
+        """Dispose the engines of loops that are closed (their connections are closed from this loop)."""
+        for loop in [loop for loop in self._engines if loop.is_closed()]:
+            with contextlib.suppress(Exception):  # a connection its loop's end left broken: nothing to keep
+                await self._engines.pop(loop).dispose()
 
     async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``."""
@@ -185,10 +203,12 @@ class AsyncMemoryStore:
         return (await self.engine()).dialect.name
 
     async def close(self) -> None:
-        """Dispose the engine's connections; the store reconnects if used again."""
-        if self._engine is not None:
-            await self._engine.dispose()
-            self._engine = None
+        """Dispose the running loop's engine and those of closed loops (engines of other running loops are left to
+        them); the store reconnects if used again."""
+        engine = self._engines.pop(asyncio.get_running_loop(), None)
+        if engine is not None:
+            await engine.dispose()
+        await self._dispose_closed_loops()
 
     # ---- reads -----------------------------------------------------------------------------------------------
     async def get(self, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:

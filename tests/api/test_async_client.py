@@ -66,7 +66,8 @@ def test_concurrent_tasks_interleave(tmp_path: Path) -> None:
 def test_one_client_serves_several_event_loops_whose_first_calls_overlap(tmp_path: Path, db_url: str) -> None:
     """The store created its engine under an asyncio.Lock, which binds to the first loop that waits on it: after
     ``close()``, a second ``asyncio.run`` whose first calls overlapped raised "bound to a different event loop", and
-    threads each running their own loop with overlapping first calls hung for good (tester report)."""
+    threads each running their own loop with overlapping first calls hung for good (tester report). With one engine
+    for all loops, threads whose calls outnumbered its pool (5 connections) raised the same from the pool's queue."""
     m = make(tmp_path, db_url)
 
     async def adds(tag: str) -> list[str]:
@@ -78,9 +79,13 @@ def test_one_client_serves_several_event_loops_whose_first_calls_overlap(tmp_pat
     assert asyncio.run(adds("second")) == ["ADD"] * 4  # a new loop after close(), as a test runner makes per test
     answers: dict[int, object] = {}
 
+    async def reads_then_add(i: int) -> object:
+        await asyncio.gather(*(m.get_all(user_id="u") for _ in range(8)))  # more than the pool's 5 connections
+        return (await m.add(f"thread {i} fact", user_id="u", infer=False))["results"][0]["event"]
+
     def worker(i: int) -> None:
         try:
-            answers[i] = asyncio.run(m.add(f"thread {i} fact", user_id="u", infer=False))["results"][0]["event"]
+            answers[i] = asyncio.run(reads_then_add(i))
         except Exception as exc:  # reported below: a thread cannot raise into the test
             answers[i] = exc
 
