@@ -536,10 +536,9 @@ class DerivedStores:
         from SQL (:meth:`inferscale.storage.MemoryStore.reset`). Other databases' K/V in a shared K/V folder stay."""
         with self._lock:
             embedder = self._embedder()
-            index = VectorIndex(embedder.dim, self._index_path, self._config.search, embedder_identity(embedder))
-            index.save()
-            self._index = index
-            self._index_dirty = False
+            self._index = VectorIndex(embedder.dim, self._index_path, self._config.search, embedder_identity(embedder))
+            self._index_dirty = True
+            self.save_index(force=True)  # a file that cannot be written is logged: reset's commit is done
             self.release_kv()  # its memory tiers held this client's K/V only
             on_disk = set(DiskTier(self._kv_dir).entry_files())
             self.forget_kv(sorted(on_disk.intersection(memory_ids)))
