@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
@@ -245,9 +244,7 @@ class AsyncTransport:
     def __init__(self, connection: Connection, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.connection = connection
         self._transport = transport
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
         self._clients_lock = threading.Lock()
 
     @property
@@ -261,9 +258,16 @@ class AsyncTransport:
         with self._clients_lock:
             client = self._clients.get(loop)
             if client is None or client.is_closed:
+                self._drop_closed_loops()
                 client = httpx.AsyncClient(**self.connection.client_options(), transport=self._transport)
                 self._clients[loop] = client
             return client
+
+    def _drop_closed_loops(self) -> None:
+        """Forget the clients of loops that are closed (a client per ``asyncio.run`` would pile up otherwise); their
+        connections cannot be closed from another loop, and are closed when collected. Call with the lock held."""
+        for gone in [loop for loop in self._clients if loop.is_closed()]:
+            del self._clients[gone]
 
     async def call(self, call: ApiCall[T]) -> T:
         """Send ``call`` and return its result; see :meth:`Transport.call` (same errors)."""
@@ -326,12 +330,11 @@ class AsyncTransport:
         )
 
     async def close(self) -> None:
-        """Close the running loop's connection pool (an open stream is cut off), and drop those of loops that are
-        closed (their connections went with them); a later call opens a new one."""
+        """Close the running loop's connection pool (an open stream is cut off), and forget those of loops that are
+        closed (:meth:`_drop_closed_loops`); a later call opens a new one."""
         loop = asyncio.get_running_loop()
         with self._clients_lock:
             client = self._clients.pop(loop, None)
-            for gone in [other for other in self._clients if other.is_closed()]:
-                del self._clients[gone]
+            self._drop_closed_loops()
         if client is not None:
             await client.aclose()

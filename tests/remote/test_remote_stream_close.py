@@ -68,6 +68,7 @@ def test_one_async_remote_client_serves_one_event_loop_after_another(tmp_path: P
             return str((await aremote.add(text, user_id="maya", infer=False))["results"][0]["event"])
 
         assert [asyncio.run(add(f"fact {i}")) for i in range(3)] == ["ADD"] * 3
+        assert len(aremote._transport._clients) == 1  # those of the closed loops are dropped, not piled up
         answers: dict[int, object] = {}
 
         def worker(i: int) -> None:
