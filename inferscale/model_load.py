@@ -11,22 +11,27 @@ from inferscale.errors import ConfigError
 
 
 @contextmanager
-def loading_model(what: str, source: str) -> Iterator[None]:
+def loading_model(
+    what: str, source: str, errors: tuple[type[Exception], ...] = (OSError, ValueError)
+) -> Iterator[None]:
     """Run a model load (``from_pretrained``, ``SentenceTransformer(...)``), turning the loaders' own errors for a
     source that holds no loadable model into :class:`~inferscale.errors.ConfigError`.
 
     Args:
         what: the setting that named it, for the message (e.g. ``"engine.model"``).
         source: the folder or hub name being loaded.
+        errors: the loader errors that mean the source holds no model: by default ``OSError`` (a folder without a
+            ``config.json`` or weights, a hub name that cannot be fetched offline) and ``ValueError`` (an unreadable
+            ``config.json``, an unknown architecture, a folder without a tokenizer). Loading the weights once the
+            config was read takes ``(OSError,)``: its ``ValueError`` means an option the model does not support (an
+            attention implementation), which is not this.
 
     Raises:
-        ConfigError: for the loader's ``OSError`` (a folder without a ``config.json`` or weights, a hub name that
-            cannot be fetched offline) or ``ValueError`` (an unreadable ``config.json``, an unknown architecture,
-            a folder without a tokenizer).
+        ConfigError: for ``errors``.
     """
     try:
         yield
-    except (OSError, ValueError) as exc:
+    except errors as exc:
         reason = str(exc).strip().splitlines()
         raise ConfigError(
             f"{what} {source!r} holds no model that can be loaded ({reason[0] if reason else type(exc).__name__}); "

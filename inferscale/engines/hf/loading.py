@@ -57,7 +57,7 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
 
     def load(dtype: str) -> Any:
         attention = resolve_attention(config.attn_implementation)
-        with loading_model("engine.model", path):
+        with loading_model("engine.model", path, errors=(OSError,)):  # a ValueError: an attention it lacks
             return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
 
     model = load(choice.dtype)
