@@ -39,6 +39,7 @@ from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
 from inferscale.kv.serving import bucket_per_fact
 from inferscale.kv.store import KVKey, KVStore
+from inferscale.kv.tiers import KVFormatError
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 
@@ -421,9 +422,10 @@ class FactKVManager:
 
         - A memory deleted meanwhile by another client (its row gone between retrieval and storing) is not stored:
           this call retrieved it while it existed.
-        - K/V whose file cannot be written (a full or read-only disk: ``OSError``) are logged: the memory is encoded
-          again when next needed. The call that encoded them neither fails nor is retried after its change was
-          committed (a retried add is skipped as a duplicate and never learns the id).
+        - K/V whose file cannot be written (a full or read-only disk: ``OSError``; a K/V folder whose ``store-id``
+          file holds no id: ``KVFormatError``) are logged: the memory is encoded again when next needed. The call
+          that encoded them neither fails nor is retried after its change was committed (a retried add is skipped
+          as a duplicate and never learns the id).
         """
         served = []
         for item, fresh in zip(wanted, encoded, strict=True):
@@ -432,7 +434,7 @@ class FactKVManager:
             except MemoryNotFoundError:
                 log.debug("memory %s was deleted while its K/V were encoded; they serve this call unstored", item[0].id)
                 fact = fresh.quantized(self._config.storage_format)
-            except OSError as exc:
+            except (OSError, KVFormatError) as exc:  # a full or read-only disk; a K/V folder id file not holding one
                 log.warning(
                     "the K/V of memory %s could not be stored (%s); they serve this call unstored, and the memory is "
                     "encoded again when next needed",

@@ -273,6 +273,8 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
 
     Raises:
         ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
+        KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (the message says how to
+            mend it).
     """
     disk = DiskTier(stores.kv_dir)
     files = disk.entry_files()

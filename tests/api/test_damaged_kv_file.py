@@ -94,7 +94,7 @@ def test_a_change_whose_k_v_files_cannot_be_removed_is_committed_and_returns(
         assert report.kv_memories_removed + report.kv_files_removed >= 3, report
 
 
-@pytest.mark.parametrize("failing", ["put", "store_id"])
+@pytest.mark.parametrize("failing", ["put", "store_id", "store_id_file"])
 def test_an_add_and_a_chat_whose_k_v_cannot_be_written_still_succeed(
     engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failing: str
 ) -> None:
@@ -109,15 +109,21 @@ def test_an_add_and_a_chat_whose_k_v_cannot_be_written_still_succeed(
 
     config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager", host_budget_bytes=0))
     with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
-        monkeypatch.setattr(DiskTier, failing, full_disk)
+        if failing == "store_id_file":  # a folder id file holding no id (a tool or a person wrote it)
+            (tmp_path / "kv").mkdir()
+            (tmp_path / "kv" / "store-id").write_text("garbage")
+        else:
+            monkeypatch.setattr(DiskTier, failing, full_disk)
         added = client.add("My dog is called Biscuit.", user_id="u", infer=False)["results"]
         assert [r["memory"] for r in added] == ["My dog is called Biscuit."]
-        assert "could not be stored ([Errno 28] No space left on device)" in caplog.text
+        reason = "should hold this K/V folder's id" if failing == "store_id_file" else "[Errno 28] No space left"
+        assert "could not be stored" in caplog.text and reason in caplog.text
         answer = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
         assert answer.memory_ids == [added[0]["id"]]
         (served,) = client.memory_kv([added[0]["id"]])
         assert not (tmp_path / "kv" / added[0]["id"]).exists()
         monkeypatch.undo()
+        (tmp_path / "kv" / "store-id").unlink(missing_ok=True)
         (stored,) = client.memory_kv([added[0]["id"]])
         assert len(list((tmp_path / "kv" / added[0]["id"]).glob("*.safetensors"))) >= 1
         assert torch.equal(served.keys, stored.keys) and torch.equal(served.values, stored.values)
