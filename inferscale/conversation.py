@@ -26,6 +26,10 @@ MAX_SEED = 2**63
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant")
 
+ROLE_ALIASES: dict[str, Role] = {"developer": "system"}
+"""Role names read as one of :data:`ROLES`: ``developer`` is OpenAI's newer name for ``system`` (its reasoning
+models' instructions). Used wherever a role is read: ``chat`` messages, the server's OpenAI requests, ``add``."""
+
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
@@ -77,6 +81,7 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
             raise InvalidInputError(
                 f"messages[{i}] must be a dict with 'role' and 'content', got {type(message).__name__}"
             )
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise InvalidInputError(f"messages[{i}] has role {role!r}; expected one of {', '.join(ROLES)}")
         if not isinstance(content, str):

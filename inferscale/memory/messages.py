@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferscale.conversation import ROLE_ALIASES
 from inferscale.errors import InvalidInputError
 from inferscale.storable import check_storable
 
@@ -21,12 +22,10 @@ fact extraction, as Mem0 treats them."""
 
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"}) | TOOL_ROLES
 
-SYSTEM_ALIASES: frozenset[str] = frozenset({"developer"})
-"""Roles taken as ``"system"``: OpenAI's ``developer`` messages are its newer models' system instructions."""
 
 _EXPECTED = (
-    'a string, a dict {"role": "user" | "assistant" | "system" | "tool", "content": "<non-empty text>"} or a list of '
-    "such dicts"
+    'a string, a dict {"role": "user" | "assistant" | "system" | "developer" | "tool" | "function", "content": '
+    '"<non-empty text>"} or a list of such dicts'
 )
 
 log = logging.getLogger(__name__)
@@ -90,20 +89,20 @@ def _text_of_parts(content: list[Any], where: str) -> str | None:
 def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
     """The message of ``item``, or ``None`` for one without text that Mem0 skips too: an assistant turn that only
     calls tools, content ``None``, or content parts none of which is text. A ``developer`` message is a ``system``
-    one (:data:`SYSTEM_ALIASES`)."""
+    one (:data:`inferscale.conversation.ROLE_ALIASES`)."""
     if _is_tool_call(item):
         return None
     missing = [key for key in ("role", "content") if key not in item]
     if missing:
         raise InvalidInputError(f"{where} lacks {', '.join(map(repr, missing))}; expected {_EXPECTED}")
     role, content, name = item["role"], item["content"], item.get("name")
-    if isinstance(role, str) and role in SYSTEM_ALIASES:
-        role = "system"
+    if isinstance(role, str):
+        role = ROLE_ALIASES.get(role, role)
     if content is None and role in ROLES:
         log.warning("%s (%s) has no content (None); it is skipped", where, role)
         return None
     if not isinstance(role, str) or role not in ROLES:
-        raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES)}")
+        raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES | set(ROLE_ALIASES))}")
     if isinstance(content, list):
         content = _text_of_parts(content, where)
         if content is None:

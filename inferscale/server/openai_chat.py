@@ -65,27 +65,17 @@ def text_content(content: Any) -> Any:
     return "".join(texts)
 
 
-OPENAI_ROLES = {"developer": "system"}
-"""OpenAI role names that are another name for one of InferScale's roles: ``developer`` is OpenAI's newer name for
-``system`` (its reasoning models' instructions), so it is read as a system message."""
-
-
 def _translated(message: Any) -> Any:
-    """One OpenAI message with its content parts joined and its role in InferScale's names; other values as given
-    (:func:`check_messages` judges them)."""
+    """One OpenAI message with its content parts joined; other values as given (:func:`check_messages` judges them,
+    and reads its role's aliases)."""
     if not isinstance(message, dict):
         return message
-    role = message.get("role")
-    return {
-        **message,
-        "role": OPENAI_ROLES.get(role, role) if isinstance(role, str) else role,
-        "content": text_content(message.get("content")),
-    }
+    return {**message, "content": text_content(message.get("content"))}
 
 
 def chat_messages(messages: Any) -> tuple[ChatMessage, ...]:
     """An OpenAI request's ``messages`` as checked :class:`ChatMessage` values; a ``developer`` message is a system
-    message (:data:`OPENAI_ROLES`).
+    message (:data:`inferscale.conversation.ROLE_ALIASES`, read by :func:`check_messages`).
 
     Raises:
         InvalidInputError: for a missing or empty list, an unknown role, non-text content, no user message, a

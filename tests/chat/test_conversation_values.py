@@ -88,3 +88,12 @@ def test_a_stop_string_given_to_the_settings_themselves_is_shown_as_given() -> N
     """``SamplingSettings(stop="abc")`` (not through ``of``) was reported as ``['a', 'b', 'c']``."""
     with pytest.raises(InvalidInputError, match=r"stop must be a list of non-empty strings, got 'abc'$"):
         SamplingSettings(stop="abc")  # type: ignore[arg-type]
+
+
+def test_a_developer_message_is_a_system_one_in_chat_as_in_add_and_on_the_server() -> None:
+    """OpenAI's newer models send their instructions as ``developer`` messages: the server read them as system
+    messages and ``add`` (since this stop) too, while the local ``chat`` refused them."""
+    messages = [{"role": "developer", "content": "Answer briefly."}, {"role": "user", "content": "Hi"}]
+    assert check_messages(messages) == (ChatMessage("system", "Answer briefly."), ChatMessage("user", "Hi"))
+    with pytest.raises(InvalidInputError, match="has role 'bot'"):
+        check_messages([{"role": "bot", "content": "Hi"}])
