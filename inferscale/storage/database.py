@@ -168,7 +168,7 @@ def _report_unavailable(context: ExceptionContext) -> None:
     ) from context.original_exception
 
 
-def report_connect_failures(engine: Engine) -> None:
+def report_unavailable_database(engine: Engine) -> None:
     """Make a database that cannot be used raise :class:`~inferscale.errors.DatabaseUnavailableError` on ``engine``
     (also an async engine's ``sync_engine``) instead of the driver's ``OperationalError``: a failure to connect (a
     server down, a refused port, an unknown database or role, a wrong password), a connection lost during a call, a
@@ -192,8 +192,9 @@ def make_engine(url: str) -> Engine:
     SQLite connections get ``foreign_keys=ON``, a
     ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds, and ``BEGIN IMMEDIATE`` on connections that
     carry the :data:`WRITE_OPTION` execution option. An in-memory SQLite database is shared by
-    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``. A failure to
-    connect raises :class:`~inferscale.errors.DatabaseUnavailableError` (:func:`report_connect_failures`).
+    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``. A database that
+    cannot be used (no connection, one lost during a call, a SQLite file locked past the busy timeout, full or
+    read-only) raises :class:`~inferscale.errors.DatabaseUnavailableError` (:func:`report_unavailable_database`).
 
     Raises:
         ConfigError: when ``url`` is not a valid SQLAlchemy URL or names a driver that is not installed.
@@ -275,4 +276,4 @@ def _configure(engine: Engine, parsed: URL) -> None:
     explicit ``BEGIN`` (:func:`configure_sqlite`), and :class:`DatabaseUnavailableError` for a failure to connect."""
     if parsed.get_backend_name() == "sqlite":
         configure_sqlite(engine)
-    report_connect_failures(engine)
+    report_unavailable_database(engine)
