@@ -117,6 +117,14 @@ def test_a_revision_this_code_does_not_know_is_a_schema_error(db_url: str) -> No
     engine.dispose()
 
 
+def _from_head_down_to(engine: Engine, revision: str) -> None:
+    """Check that the memory store's schema is at its head, then downgrade it to ``revision``."""
+    version = MEMORY_SCHEMA.version_table
+    assert revisions(engine)[version] == HEADS[version]
+    with MIGRATION_LOCK, engine.begin() as conn:
+        command.downgrade(alembic_config(MEMORY_SCHEMA, conn), revision)
+
+
 WHEN = ("created_at", "updated_at")
 
 LEGACY_SCOPES = {
@@ -176,17 +184,14 @@ def test_history_rows_written_without_a_scope_take_their_live_memorys(db_url: st
                 ("DELETE", scope),
             ]
         assert store.history("m-agent", Scope(user_id="alice")) == []
-    version = MEMORY_SCHEMA.version_table
-    assert revisions(engine)[version] == HEADS[version]
-    with MIGRATION_LOCK, engine.begin() as conn:
-        command.downgrade(alembic_config(MEMORY_SCHEMA, conn), "0003_chain_from")
+    _from_head_down_to(engine, "0003_chain_from")
     assert "user_id" not in {c["name"] for c in inspect(engine).get_columns("memory_history")}
     with MemoryStore(db_url) as store:
         assert [h.event for h in store.history("m-gone")] == ["ADD", "DELETE"]
         assert [h.event for h in store.history("m-run", Scope(run_id="r1"))] == ["ADD", "UPDATE"]
         # the downgrade dropped the scopes recorded for deleted memories with their columns
         assert [h.event for h in store.history("m-agent")] == ["ADD", "DELETE"]
-    assert revisions(engine)[version] == HEADS[version]
+    assert revisions(engine)[MEMORY_SCHEMA.version_table] == HEADS[MEMORY_SCHEMA.version_table]
     engine.dispose()
 
 
@@ -213,10 +218,7 @@ def test_k_v_rows_written_before_folders_had_ids_keep_their_place(db_url: str) -
         assert new.store_id == "f" * 32
         with pytest.raises(InvalidInputError, match="store_id is 33 characters"):
             store.put_kv_entry("m1", "h" * 64, "fp", "k3", 3, 9, "/kv/m1/c.safetensors", store_id="f" * 33)
-    version = MEMORY_SCHEMA.version_table
-    assert revisions(engine)[version] == HEADS[version]
-    with MIGRATION_LOCK, engine.begin() as conn:
-        command.downgrade(alembic_config(MEMORY_SCHEMA, conn), "0004_history_scope")
+    _from_head_down_to(engine, "0004_history_scope")
     assert "store_id" not in {c["name"] for c in inspect(engine).get_columns("kv_entries")}
     with MemoryStore(db_url) as store:
         assert sorted((r.encoding_key, r.store_id) for r in store.all_kv_entries()) == [("k", None), ("k2", None)]
