@@ -19,7 +19,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, check_scope_id
-from inferscale.storable import check_json
+from inferscale.storable import check_json, check_storable
 from inferscale.types import ChatMode
 
 DEFAULT_LIMIT = 100
@@ -236,11 +236,14 @@ def check_timeout(timeout: Any) -> float | None:
 
 
 def check_query(query: Any, name: str = "query") -> str:
-    """A non-empty query string that encodes as UTF-8 (``name``: the argument it came from, for the message).
+    """A non-empty query string that every backend can take: valid Unicode without NUL, as every other string of a
+    call (:func:`inferscale.storable.check_storable`; ``name``: the argument it came from, for the message).
 
     Raises:
-        InvalidInputError: for anything else (a lone surrogate is not valid Unicode text).
+        InvalidInputError: for anything else; a lone surrogate or a NUL is named with its index.
     """
+    if isinstance(query, str):
+        check_storable(query, name)
     return _validated(_QUERY, query, f"{name} must be a non-empty string of valid Unicode text")
 
 

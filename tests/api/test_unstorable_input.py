@@ -82,6 +82,9 @@ CASES: list[tuple[str, Call, str]] = [
     ("nul-update-text", lambda m, i: m.update(i, f"new{NUL}"), "NUL"),
     ("nul-get-all-user-id", lambda m, i: m.get_all(user_id=f"a{NUL}"), "user_id"),
     ("nul-get-id", lambda m, i: m.get(f"{i}{NUL}"), "memory_id"),
+    # NUL in a query: refused like every other string (tester report: a search and a chat's search_query took it)
+    ("nul-query", lambda m, i: m.search(f"dog{NUL}", user_id="a"), "query holds a NUL character .* at index 3"),
+    ("nul-search-query", lambda m, i: m.chat("hi", user_id="a", search_query=f"d{NUL}"), "search_query holds a NUL"),
     # scope ids longer than their column
     ("long-user-id", lambda m, i: m.add("ok", user_id="u" * (MAX_ID_LENGTH + 1), infer=False), "user_id"),
     ("long-run-id", lambda m, i: m.add("ok", user_id="a", run_id="r" * 1000, infer=False), "run_id"),
