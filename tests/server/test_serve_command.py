@@ -169,3 +169,18 @@ def test_a_shutdown_grace_given_in_code_that_is_not_a_number_is_a_config_error(g
     """From Python, ``ServerOptions(shutdown_grace_s="5")`` raised a bare ``TypeError`` from the comparison."""
     with pytest.raises(ConfigError, match="shutdown grace must be a finite number of seconds >= 0"):
         ServerOptions(shutdown_grace_s=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("extra", [(), ("--recompute", "structure")])
+def test_the_vllm_engine_without_vllm_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...]
+) -> None:
+    """``serve --engine vllm`` in an environment without vLLM printed an import traceback and exited 1 (tester
+    report), where ``bench --engine vllm`` says what to install and exits 2."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert run_serve(_parse("--engine", "vllm", "--data-dir", str(tmp_path), *extra)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferscale serve: --engine vllm: vLLM is not installed") and "Traceback" not in err
