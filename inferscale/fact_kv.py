@@ -458,6 +458,7 @@ class FactKVManager:
             MemoryNotFoundError: when a record's memory was deleted meanwhile (the facts before it are stored).
             OSError: when the K/V folder, its id or a file cannot be written (the facts before it are stored; a row
                 committed before the failed write is a row without a file, which reconciliation removes).
+            KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is written).
         """
         stored = []
         for (record, encoding), fresh in zip(wanted, encoded, strict=True):
@@ -477,6 +478,7 @@ class FactKVManager:
         Raises:
             MemoryNotFoundError: when the record's memory was deleted meanwhile.
             OSError: when the K/V folder, its id or the file cannot be written.
+            KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is written).
         """
         # The row is committed before the file is renamed into place, so a file on disk always has its row unless
         # the memory was deleted or re-worded since: reconciliation may remove a file without a row (a crash between
