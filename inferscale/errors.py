@@ -46,8 +46,9 @@ class SchemaError(ConfigError):
 
 class DatabaseUnavailableError(InferScaleError, ConnectionError):
     """The memory database cannot be used now: it could not be connected to (its server refused or did not answer,
-    or the URL names a database, role or password it does not accept), the connection was lost during the call, or
-    a SQLite file stayed locked by another writer past the busy timeout, or is on a full or read-only disk. The call's
+    or the URL names a database, role or password it does not accept), the connection was lost during the call, a
+    SQLite file stayed locked by another writer past the busy timeout or is on a full or read-only disk, or a
+    PostgreSQL lock stayed held by another transaction past the lock timeout. The call's
     transaction did not commit (unless a connection was lost during the commit itself); the call can be made again
     once the database is usable."""
 

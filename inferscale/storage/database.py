@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+POSTGRES_LOCK_TIMEOUT_MS = 10_000
+"""How long a PostgreSQL statement waits for a lock another transaction holds (``lock_timeout``, ms) before the call
+is refused with :class:`~inferscale.errors.DatabaseUnavailableError`: as long as SQLite's busy timeout, so a stuck
+transaction elsewhere (a ``LOCK TABLE``, a migration that hangs) fails a call on both backends rather than hanging it
+for good on one."""
 WRITE_OPTION = "inferscale_write"
 """Execution option that marks a connection as a writer: on SQLite its transactions start ``BEGIN IMMEDIATE``."""
 
@@ -101,6 +106,16 @@ def _set_sqlite_pragmas(dbapi_connection: Any, connection_record: Any) -> None:
     dbapi_connection.create_function(SQLITE_FUNCTION, 1, sqlite_fold, deterministic=True)
 
 
+def _set_postgres_lock_timeout(dbapi_connection: Any, connection_record: Any) -> None:
+    # Committed: a SET inside a transaction that is rolled back (the pool's reset on return) would be undone.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"SET lock_timeout = {int(POSTGRES_LOCK_TIMEOUT_MS)}")
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
+
+
 def _sqlite_begin(conn: Connection) -> None:
     """Start every transaction explicitly: ``BEGIN IMMEDIATE`` for writers, ``BEGIN`` for readers.
 
@@ -111,6 +126,9 @@ def _sqlite_begin(conn: Connection) -> None:
     mode = "IMMEDIATE" if conn.get_execution_options().get(WRITE_OPTION) else "DEFERRED"
     conn.exec_driver_sql(f"BEGIN {mode}")
 
+
+POSTGRES_LOCK_NOT_AVAILABLE = "55P03"
+"""PostgreSQL's SQLSTATE for a lock not obtained within ``lock_timeout``."""
 
 SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "database or disk is full", "readonly database")
 """SQLite errors on an open connection that say the database cannot be used now (another writer held it past the
@@ -123,7 +141,8 @@ def _unavailable(context: ExceptionContext) -> str | None:
     - No connection yet: it could not be opened (a server down, a refused port, an unknown database, role or
       password; a SQLite file that cannot be opened).
     - An open connection lost (``is_disconnect``: the server ended the session, a failover).
-    - SQLite refusing on an open connection for a reason of the file's, not the call's (:data:`SQLITE_UNAVAILABLE`).
+    - SQLite refusing on an open connection for a reason of the file's, not the call's (:data:`SQLITE_UNAVAILABLE`);
+      PostgreSQL refusing a lock held past :data:`POSTGRES_LOCK_TIMEOUT_MS` (SQLSTATE 55P03).
 
     The pool's liveness check (``pool_pre_ping``) is never one: SQLAlchemy replaces a dead pooled connection and
     goes on, which this hook must not cut short.
@@ -140,6 +159,11 @@ def _unavailable(context: ExceptionContext) -> str | None:
         return (
             "the connection was lost during the call, so its transaction was rolled back, unless the loss came during "
             "its commit; check that the server runs, then make the call again"
+        )
+    if getattr(context.original_exception, "sqlstate", None) == POSTGRES_LOCK_NOT_AVAILABLE:
+        return (
+            "the call was rolled back; a lock it needed stayed held by another transaction past the lock timeout "
+            f"({POSTGRES_LOCK_TIMEOUT_MS / 1000:g} s): make the call again once that transaction ends"
         )
     message = str(context.original_exception).lower()
     if isinstance(context.original_exception, sqlite3.OperationalError) and any(
@@ -192,7 +216,8 @@ def make_engine(url: str) -> Engine:
     SQLite connections get ``foreign_keys=ON``, a
     ``busy_timeout`` of :data:`SQLITE_BUSY_TIMEOUT_MS` milliseconds, and ``BEGIN IMMEDIATE`` on connections that
     carry the :data:`WRITE_OPTION` execution option. An in-memory SQLite database is shared by
-    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``. A database that
+    every thread through one connection (``StaticPool``). Other databases get ``pool_pre_ping``, and PostgreSQL
+    connections a ``lock_timeout`` of :data:`POSTGRES_LOCK_TIMEOUT_MS`. A database that
     cannot be used (no connection, one lost during a call, a SQLite file locked past the busy timeout, full or
     read-only) raises :class:`~inferscale.errors.DatabaseUnavailableError` (:func:`report_unavailable_database`).
 
@@ -273,7 +298,10 @@ def _engine_options(parsed: URL, in_memory: dict[str, Any]) -> dict[str, Any]:
 
 def _configure(engine: Engine, parsed: URL) -> None:
     """Install the connection settings on ``engine`` (an async engine's ``sync_engine``): SQLite's pragmas and
-    explicit ``BEGIN`` (:func:`configure_sqlite`), and :class:`DatabaseUnavailableError` for a failure to connect."""
+    explicit ``BEGIN`` (:func:`configure_sqlite`), PostgreSQL's ``lock_timeout`` (:data:`POSTGRES_LOCK_TIMEOUT_MS`),
+    and :class:`DatabaseUnavailableError` for a database that cannot be used (:func:`report_unavailable_database`)."""
     if parsed.get_backend_name() == "sqlite":
         configure_sqlite(engine)
+    elif parsed.get_backend_name() == "postgresql":
+        event.listen(engine, "connect", _set_postgres_lock_timeout)
     report_unavailable_database(engine)

@@ -185,3 +185,30 @@ def test_a_sqlite_file_locked_past_the_busy_timeout_is_unavailable_and_nothing_i
         assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
         client.add("I like coffee.", user_id="u", infer=False)
         assert len(client.get_all(user_id="u")["results"]) == 2
+
+
+def test_a_postgresql_table_locked_past_the_lock_timeout_is_unavailable_and_nothing_is_written(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another transaction holding a lock (a ``LOCK TABLE``, a hung migration) made every call wait for good on
+    PostgreSQL, where SQLite gives up after its busy timeout (tester report). Both clients, sync and async."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's lock_timeout; SQLite's busy timeout has its own test above")
+    monkeypatch.setattr(inferscale.storage.database, "POSTGRES_LOCK_TIMEOUT_MS", 300)
+    config = MemoryConfig(data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(encode_on_add=False))
+    with MemoryClient(config) as client:
+        client.add("I like tea.", user_id="u", infer=False)
+        holder = create_engine(db_url)
+        with holder.connect() as conn:
+            conn.execute(text("lock table memories in access exclusive mode"))  # held until this block's rollback
+            with pytest.raises(DatabaseUnavailableError, match="past the lock timeout"):
+                client.add("I like coffee.", user_id="u", infer=False)
+
+            async def async_add() -> None:
+                async with AsyncMemoryClient(config) as aclient:
+                    await aclient.add("I like cocoa.", user_id="u", infer=False)
+
+            with pytest.raises(DatabaseUnavailableError, match="past the lock timeout"):
+                asyncio.run(async_add())
+        holder.dispose()
+        assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
