@@ -22,7 +22,6 @@ fact extraction, as Mem0 treats them."""
 
 ROLES: frozenset[str] = frozenset({"user", "assistant", "system"}) | TOOL_ROLES
 
-
 _EXPECTED = (
     'a string, a dict {"role": "user" | "assistant" | "system" | "developer" | "tool" | "function", "content": '
     '"<non-empty text>"} or a list of such dicts'
