@@ -18,7 +18,7 @@ from inferscale.config import EncodeMode
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
-from inferscale.scope import SCOPE_KEYS, Scope, check_scope_id
+from inferscale.scope import SCOPE_KEYS, Scope, check_scope_ids
 from inferscale.storable import check_json, check_storable
 from inferscale.types import ChatMode
 
@@ -291,9 +291,8 @@ def resolve_scope(
         InvalidInputError: for a malformed filter, or a keyword id that disagrees with the id in ``filters``.
     """
     node = parse_filters(filters)
-    given_ids = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
     # checked (an int made its string) before comparing with the filter's ids, which parse_filters made strings too
-    ids = {key: None if value is None else check_scope_id(key, value) for key, value in given_ids.items()}
+    ids = dict(zip(SCOPE_KEYS, check_scope_ids(user_id, agent_id, run_id), strict=True))
     for key, value in required_ids(node).items():
         given = ids[key]
         if given is not None and given != value:

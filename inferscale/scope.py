@@ -56,6 +56,21 @@ def check_scope_id(key: str, value: object) -> str:
     return value
 
 
+def check_scope_ids(user_id: object, agent_id: object, run_id: object) -> tuple[str | None, str | None, str | None]:
+    """The three scope ids of a call, each given one checked by :func:`check_scope_id` (an int made its string);
+    ``None`` for one not given. The one check of a call's ids, shared by the local clients (before an id is compared
+    with the filter's) and the remote ones (before the ids are sent).
+
+    Raises:
+        ScopeError, InvalidInputError: as :func:`check_scope_id`.
+    """
+    ids = [
+        None if value is None else check_scope_id(key, value)
+        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True)
+    ]
+    return ids[0], ids[1], ids[2]
+
+
 class ScopeIds(TypedDict):
     """The scope keyword arguments of a client call (``user_id``, ``agent_id``, ``run_id``; ``None``: not named)."""
 

@@ -35,7 +35,7 @@ from inferscale.arguments import check_flag, check_timeout, check_update
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.memory_ids import routable
-from inferscale.scope import SCOPE_KEYS, check_scope_id
+from inferscale.scope import SCOPE_KEYS, check_scope_ids
 from inferscale.storable import check_json, check_unicode
 
 T = TypeVar("T")
@@ -172,21 +172,6 @@ def segment(memory_id: Any) -> str:
     return escaped.replace(".", "%2E") if set(memory_id) == {"."} else escaped
 
 
-def checked_scope_ids(user_id: Any, agent_id: Any, run_id: Any) -> tuple[str | None, str | None, str | None]:
-    """The scope ids as they are sent: each given one checked as the local client checks it, an int as its string
-    (:func:`inferscale.scope.check_scope_id`); ``None`` for one not given.
-
-    Raises:
-        ScopeError: for an id that is neither a non-empty str nor an int.
-        InvalidInputError: for an id that is too long or holds a lone surrogate or NUL, as the local client.
-    """
-    ids = [
-        None if value is None else check_scope_id(key, value)
-        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True)
-    ]
-    return ids[0], ids[1], ids[2]
-
-
 def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
     """The given scope ids, each checked as the local client checks it (:func:`inferscale.scope.check_scope_id`),
     as a URL query; the body of a call that sends them in JSON uses the same check.
@@ -195,11 +180,8 @@ def scope_params(user_id: Any, agent_id: Any, run_id: Any) -> dict[str, str]:
         ScopeError: for an id that is neither a non-empty str nor an int (an int is sent as its string).
         InvalidInputError: for an id that is too long or holds a lone surrogate or NUL, as the local client.
     """
-    return {
-        key: check_scope_id(key, value)
-        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True)
-        if value is not None
-    }
+    ids = check_scope_ids(user_id, agent_id, run_id)
+    return {key: value for key, value in zip(SCOPE_KEYS, ids, strict=True) if value is not None}
 
 
 def _memory_call(
@@ -256,7 +238,7 @@ def add(
     ``infer`` is checked here with the local client's check, and Mem0's unsupported ``timestamp`` and
     ``expiration_date`` are not sent when ``False`` (see the module's docstring).
     """
-    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
+    user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
     check_flag(infer, "infer")
     body = {
         "messages": messages,
@@ -295,7 +277,7 @@ def search(
 
     ``show_expired`` is checked here with the local client's check, and Mem0's unsupported ``reference_date`` is not
     sent when ``False`` (see the module's docstring)."""
-    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
+    user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
     check_flag(show_expired, "show_expired")
     body = {
         "query": query,
@@ -334,8 +316,8 @@ def get_all(
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (int counts, no filters, no v2 or output
     format asked for); else the v2 ``POST /v2/memories/``, which carries every argument with its JSON type. The
-    scope ids are checked either way (:func:`checked_scope_ids`)."""
-    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
+    scope ids are checked either way (:func:`~inferscale.scope.check_scope_ids`)."""
+    user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
     params = scope_params(user_id, agent_id, run_id)
     fits_query = (
         filters is None and version in (None, "v1") and output_format is None and _is_count(limit) and _is_count(top_k)

@@ -18,8 +18,9 @@ from pydantic import TypeAdapter, ValidationError
 from inferscale.arguments import check_max_new_tokens, check_query
 from inferscale.chat_request import chat_conversation
 from inferscale.errors import InvalidInputError, ServerError
-from inferscale.remote.calls import ApiCall, check_sendable, checked_scope_ids, encode_json
+from inferscale.remote.calls import ApiCall, check_sendable, encode_json
 from inferscale.remote.errors import decoded_error
+from inferscale.scope import check_scope_ids
 from inferscale.types import ChatChunk, ChatResult
 
 CHAT_PATH = "/v1/chat/completions"
@@ -58,7 +59,7 @@ def chat_call(
             or ``"prompt"`` (a ``None`` would be left out, and the server would serve ``"kv"``), ``stream`` is not a
             bool (it decides what this call returns), or ``top_k`` is 0 or -1
             (on the OpenAI wire they mean "every token", which the local client refuses: they cannot be sent with
-            the local meaning), and what :func:`~inferscale.remote.calls.checked_scope_ids` and
+            the local meaning), and what :func:`~inferscale.scope.check_scope_ids` and
             :func:`~inferscale.remote.calls.check_sendable` refuse (a scope id that is not a storable non-empty
             string; a value with no faithful JSON form), with the local client's error naming the argument; every
             other value is the server's to judge.
@@ -77,7 +78,7 @@ def chat_call(
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k in (0, -1):
         raise InvalidInputError(f"top_k must be a positive int or None, got {top_k!r}")
     check_max_new_tokens(max_new_tokens)  # under its own name: the wire's is OpenAI's max_tokens
-    user_id, agent_id, run_id = checked_scope_ids(user_id, agent_id, run_id)
+    user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
     # checked under the arguments' own names (the wire's are OpenAI's, e.g. max_tokens, or nested in "inferscale")
     memory = check_sendable(
         {
