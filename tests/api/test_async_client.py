@@ -4,7 +4,6 @@ awaited, CPU work runs in threads). Its Mem0 API runs with the sync client's in 
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
 pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
 
+from event_loops import run_on_own_loops
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import AsyncMemory, AsyncMemoryClient
@@ -77,24 +77,12 @@ def test_one_client_serves_several_event_loops_whose_first_calls_overlap(tmp_pat
 
     assert asyncio.run(adds("first")) == ["ADD"] * 4
     assert asyncio.run(adds("second")) == ["ADD"] * 4  # a new loop after close(), as a test runner makes per test
-    answers: dict[int, object] = {}
 
     async def reads_then_add(i: int) -> object:
         await asyncio.gather(*(m.get_all(user_id="u") for _ in range(8)))  # more than the pool's 5 connections
         return (await m.add(f"thread {i} fact", user_id="u", infer=False))["results"][0]["event"]
 
-    def worker(i: int) -> None:
-        try:
-            answers[i] = asyncio.run(reads_then_add(i))
-        except Exception as exc:  # reported below: a thread cannot raise into the test
-            answers[i] = exc
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert answers == dict.fromkeys(range(4), "ADD")
+    assert run_on_own_loops(reads_then_add, 4) == dict.fromkeys(range(4), "ADD")
 
     async def count() -> int:
         async with make(tmp_path, db_url) as again:

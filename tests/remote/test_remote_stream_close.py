@@ -5,12 +5,12 @@ timeout is 300 s"). On a real server (the tiny engine), sync and async."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from client_adapter import open_client
+from event_loops import run_on_own_loops
 from mem0_fakes import HashEmbedder, fake_config
 from tiny_models import tiny_engine
 
@@ -69,20 +69,7 @@ def test_one_async_remote_client_serves_one_event_loop_after_another(tmp_path: P
 
         assert [asyncio.run(add(f"fact {i}")) for i in range(3)] == ["ADD"] * 3
         assert len(aremote._transport._clients) == 1  # those of the closed loops are dropped, not piled up
-        answers: dict[int, object] = {}
-
-        def worker(i: int) -> None:
-            try:
-                answers[i] = asyncio.run(add(f"thread fact {i}"))
-            except Exception as exc:  # reported below: a thread cannot raise into the test
-                answers[i] = exc
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert answers == dict.fromkeys(range(3), "ADD")
+        assert run_on_own_loops(lambda i: add(f"thread fact {i}"), 3) == dict.fromkeys(range(3), "ADD")
 
         async def count_and_close() -> int:
             found = len((await aremote.get_all(user_id="maya"))["results"])
