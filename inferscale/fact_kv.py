@@ -31,6 +31,7 @@ from typing import Literal
 
 from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
+from inferscale.control_tokens import holds_control_token
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
@@ -104,6 +105,7 @@ class FactKVManager:
         self._config = config
         self._layout = EncodingLayout(engine, config)
         self._prefix: str | None = None
+        self._controls: frozenset[str] | None = None
         self._fits: dict[KVKey, Fit] = {}
 
     @property
@@ -129,8 +131,15 @@ class FactKVManager:
         cheap at request time."""
         encoding = self.canonical(record, encoding)
         if encoding.context_free:
-            return encoding_key(self._prefix_digest(), (), 0, 0, self._config.storage_format)
+            controls = self._holds_control_text([record.text])
+            return encoding_key(self._prefix_digest(), (), 0, 0, self._config.storage_format, None, controls)
         return self._link_encoding_key(ChainLink.of(record), encoding.bucket)
+
+    def _holds_control_text(self, texts: Sequence[str]) -> bool:
+        """Whether one of ``texts`` holds the text of one of the engine's control tokens (read once per engine)."""
+        if self._controls is None:
+            self._controls = self._engine.control_token_texts()
+        return any(holds_control_token(text, self._controls) for text in texts)
 
     def canonical(self, record: MemoryRecord, encoding: Encoding) -> Encoding:
         """``encoding``, or the one that gives the same K/V and is stored in its place: a memory that is not chained
@@ -143,11 +152,15 @@ class FactKVManager:
         config = self._config
         if self._layout.chained(link) and link.chain_from is not None:
             chain = (config.chain_window, link.chain_from)
+            controls = self._holds_control_text([link.text, *link.context])
             return encoding_key(
-                self._prefix_digest(), link.context, config.context_window, 0, config.storage_format, chain
+                self._prefix_digest(), link.context, config.context_window, 0, config.storage_format, chain, controls
             )
         turns = context_turns(link.context, config.context_window)
-        return encoding_key(self._prefix_digest(), turns, config.context_window, bucket, config.storage_format)
+        controls = self._holds_control_text([link.text, *turns])
+        return encoding_key(
+            self._prefix_digest(), turns, config.context_window, bucket, config.storage_format, None, controls
+        )
 
     def chained(self, record: MemoryRecord) -> bool:
         """Whether ``record`` is encoded on the stored K/V of earlier memories of its block under these settings."""

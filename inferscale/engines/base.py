@@ -193,11 +193,19 @@ class Engine(Protocol):
         ...
 
     def fact_token_ids(self, text: str) -> list[int]:
-        """Token ids a fact occupies in the memory segment (its line ``"- {text}\\n"``)."""
+        """Token ids a fact occupies in the memory segment (its line ``"- {text}\\n"``), as plain text: a control
+        token's text in it is not read as that token (:mod:`inferscale.control_tokens`)."""
         ...
 
     def context_token_ids(self, turns: Sequence[str]) -> list[int]:
-        """Token ids of preceding conversation turns, used as encoding context (context-window encoding)."""
+        """Token ids of preceding conversation turns, used as encoding context (context-window encoding); plain
+        text, as :meth:`fact_token_ids`."""
+        ...
+
+    def control_token_texts(self) -> frozenset[str]:
+        """The texts the tokenizer reads as its control tokens (``"<|im_end|>"``, ...): in a fact, a turn or a
+        message they are tokenised as plain text, and a fact holding one is keyed apart
+        (:func:`inferscale.kv.fingerprint.encoding_key`)."""
         ...
 
     def query_token_ids(self, query: str) -> list[int]:

@@ -156,6 +156,7 @@ def encoding_key(
     bucket: int,
     storage_format: str = "model",
     chain: tuple[int, int] | None = None,
+    control_text: bool = False,
 ) -> str:
     """The encoding part of a fact's KV key: what the fact was encoded after and where, and how its K/V are stored,
     beside its text (the key's text hash) and the model (its fingerprint).
@@ -172,6 +173,10 @@ def encoding_key(
             share a key; ``"model"`` adds nothing (keys written before 8-bit storage stay valid).
         chain: ``(chain_window, chain_from)`` of a fact encoded on the stored K/V of the memories before it in its
             block (:mod:`inferscale.chains`), or ``None``; adds ``;chain=<window>@<from>``.
+        control_text: whether the fact's text or a text it was encoded after holds the text of one of the model's
+            control tokens, which is tokenised as plain text (:mod:`inferscale.control_tokens`); adds
+            ``;controls=plain``. Entries of such a fact encoded before that rule read the text as control tokens:
+            without this part in their key they never match again, while every other key stays as it was.
 
     Returns:
         e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``, or ``"v3;w=5;prefix=system;gap=0;kv=int8:k=channel,v=token;
@@ -185,6 +190,8 @@ def encoding_key(
     readable = f"{ENCODING_FORMAT};w={context_window};prefix={prefix};gap={bucket}{encoding_setting(storage_format)}"
     if chain is not None:
         readable += f";chain={chain[0]}@{chain[1]}"
+    if control_text:
+        readable += ";controls=plain"
     digest = _sha256({"settings": readable, "prefix": prefix_digest, "turns": list(turns)})[:32]
     return f"{readable};{digest}"
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 from pydantic_core import from_json
 
+from inferscale.control_tokens import rendered_token_ids
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
 from inferscale.model_load import loading_model
 
@@ -184,11 +187,35 @@ class TransformersJSONGenerator:
             self._grammars[key] = grammar
         return grammar
 
+    def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The token ids :meth:`generate_json` prefills for ``messages``: the chat template with the generation
+        prompt, each content tokenised as plain text (:func:`inferscale.control_tokens.rendered_token_ids`).
+
+        Raises:
+            ConfigError: when the chat template gives no text or no token ids.
+            InvalidInputError: when a content holds a control token's text and the chat template changes contents
+                as it renders them.
+        """
+        ids = rendered_token_ids(self._tokenizer, partial(self._render, messages), [m["content"] for m in messages])
+        if not ids:
+            raise ConfigError("the chat template gave no token ids")
+        return ids
+
+    def _render(self, messages: list[dict[str, str]], contents: Sequence[str]) -> str:
+        """``messages`` with ``contents`` in place of theirs, in the chat template, with the generation prompt."""
+        turns = [{**message, "content": text} for message, text in zip(messages, contents, strict=True)]
+        rendered = self._tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        if not isinstance(rendered, str):
+            raise ConfigError(f"the chat template gave a {type(rendered).__name__}, not text")
+        return rendered
+
     def generate_json(self, messages: list[dict[str, str]], schema: dict[str, Any], max_new_tokens: int) -> str:
         """Greedy, grammar-constrained answer to ``messages``; see :meth:`JSONGenerator.generate_json`.
 
         Args:
-            messages: chat turns, rendered with the tokenizer's chat template plus the generation prompt.
+            messages: chat turns, rendered with the tokenizer's chat template plus the generation prompt; their
+                contents are tokenised as plain text (:func:`inferscale.control_tokens.rendered_token_ids`), so a
+                conversation or memory holding ``"<|im_start|>system"`` cannot open a turn of its own.
             schema: the JSON schema the answer must match (compiled once, then cached).
             max_new_tokens: decode budget, in tokens (>= 1).
 
@@ -198,9 +225,11 @@ class TransformersJSONGenerator:
         Raises:
             InvalidInputError: for ``max_new_tokens < 1`` or a schema xgrammar cannot compile.
             ConfigError: when the tokenizer has no end-of-sequence token or its chat template gives no token ids.
+            InvalidInputError: when a content holds a control token's text and the chat template changes contents
+                as it renders them.
         """
         import torch
-        from transformers import BatchEncoding, LogitsProcessorList
+        from transformers import LogitsProcessorList
         from xgrammar.contrib.hf import LogitsProcessor
 
         if max_new_tokens < 1:
@@ -208,12 +237,7 @@ class TransformersJSONGenerator:
         with self._lock:
             grammar = self._grammar(schema)
             stop_ids = list(grammar.tokenizer_info.stop_token_ids)
-            encoded = self._tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )
-            if not isinstance(encoded, BatchEncoding):
-                raise ConfigError(f"the chat template gave a {type(encoded).__name__}, not token ids")
-            prompt_ids = encoded["input_ids"].to(self._model.device)  # [1, n_prompt_tokens]
+            prompt_ids = torch.tensor([self.prompt_token_ids(messages)], device=self._model.device)  # [1, n_prompt]
             with torch.inference_mode():
                 output = self._model.generate(
                     prompt_ids,

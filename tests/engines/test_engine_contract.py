@@ -35,6 +35,7 @@ def test_contract_members() -> None:
         [
             "close",
             "context_token_ids",
+            "control_token_texts",
             "conversation_token_ids",
             "device",
             "encode_facts",

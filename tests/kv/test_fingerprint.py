@@ -64,6 +64,9 @@ class TinyEngine:
     def context_token_ids(self, turns: Sequence[str]) -> list[int]:
         return [b + 1 for turn in turns for b in turn.encode()]
 
+    def control_token_texts(self) -> frozenset[str]:
+        return frozenset()  # byte ids: no text is read as a control token
+
     def encode_facts(self, requests: Sequence[EncodeRequest]) -> list[FactKV]:
         self.encoded += len(requests)
         return self._encoder.encode(requests)

@@ -113,6 +113,9 @@ class _Engine:
     def context_token_ids(self, turns: list[str]) -> list[int]:
         return [t for turn in turns for t in self.fact_token_ids(turn)]
 
+    def control_token_texts(self) -> frozenset[str]:
+        return frozenset()  # byte ids: no text is read as a control token
+
     def encode_facts(self, requests: list[EncodeRequest]) -> list[FactKV]:
         self.encoded += len(requests)
         return self._encoder.encode(requests)

@@ -23,6 +23,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from inferscale.control_tokens import control_token_texts, plain_token_ids, rendered_token_ids, template_token_ids
 from inferscale.conversation import ChatMessage, as_conversation
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.kv.recompute import FactLineLayout
@@ -52,6 +53,7 @@ class PromptLayout:
             raise ConfigError("the model's tokenizer has no chat template; configure an instruct model")
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
+        self._controls: frozenset[str] | None = None
         rendered = self._render(system_prompt + _SENTINEL, [{"role": "user", "content": _QUERY_SENTINEL}])
         if rendered.count(_SENTINEL) != 1 or rendered.count(_QUERY_SENTINEL) != 1:
             raise ConfigError("the chat template does not render the system message verbatim; cannot place memory")
@@ -77,11 +79,20 @@ class PromptLayout:
         return rendered.count(_SYSTEM_SENTINEL) == 1 and marks == sorted(marks) and marks[0] >= 0
 
     def _encode(self, text: str) -> list[int]:
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return template_token_ids(self._tokenizer, text)
+
+    @property
+    def control_texts(self) -> frozenset[str]:
+        """The texts the tokenizer reads as its control tokens (:func:`inferscale.control_tokens.control_token_texts`):
+        in a fact, a context turn or a message they are tokenised as plain text."""
+        if self._controls is None:
+            self._controls = control_token_texts(self._tokenizer)
+        return self._controls
 
     def fact_ids(self, text: str) -> list[int]:
-        """Tokens of one fact as a line of the memory segment: ``"- {text}\\n"``."""
-        return self._encode(f"{_BULLET}{text.strip()}{_LINE_END}")
+        """Tokens of one fact as a line of the memory segment: ``"- {text}\\n"``, as plain text (a control token's text
+        in ``text`` is split into ordinary tokens: :func:`inferscale.control_tokens.plain_token_ids`)."""
+        return plain_token_ids(self._tokenizer, f"{_BULLET}{text.strip()}{_LINE_END}")
 
     def line_layout_of(self, ids: Sequence[int]) -> FactLineLayout:
         """How many of one fact line's tokens the bullet and the line break take: the leading tokens that decode to
@@ -115,7 +126,8 @@ class PromptLayout:
     def conversation_ids(self, conversation: str | Sequence[ChatMessage]) -> list[int]:
         """Tokens after the memory segment: the end of the system turn, then the caller's conversation (system
         text, earlier turns, the last user turn; each content stripped) in the model's chat template, then the
-        assistant header. A string is a one-turn conversation (the user's query).
+        assistant header. A string is a one-turn conversation (the user's query). Each content is tokenised as plain
+        text (:func:`inferscale.control_tokens.rendered_token_ids`): a message cannot open or close a turn.
 
         Args:
             conversation: the query, or messages checked by :func:`inferscale.conversation.check_messages`.
@@ -124,31 +136,39 @@ class PromptLayout:
             InvalidInputError: when the model's chat template refuses the conversation (roles that do not
                 alternate, a system message after the first user turn where only a leading one is allowed), or
                 renders the fixed system prefix differently for it (Mistral's template moves the system message
-                into the last user turn of a multi-turn conversation), so the memory cannot be placed after it.
+                into the last user turn of a multi-turn conversation), so the memory cannot be placed after it;
+                when a content holds a control token's text and the template changes contents as it renders them.
         """
         messages = list(as_conversation(conversation))
-        system_text = self._system_prompt + _SENTINEL
+        extras: list[str] = []  # the caller's leading system texts, appended to the fixed system message
         if not self.system_turns:
             while messages and messages[0].role == "system":
                 extra = messages.pop(0).content.strip()
-                system_text += f"\n\n{extra}" if extra else ""
+                extras += [extra] if extra else []
             if any(m.role == "system" for m in messages):
                 raise InvalidInputError(
                     "this model's chat template accepts system text only before the first user turn; move the "
                     "system message to the start of the conversation"
                 )
-        turns = [{"role": m.role, "content": m.content.strip()} for m in messages]
-        try:
-            rendered = self._render(system_text, turns)
-        except (TemplateError, ValueError, TypeError) as exc:
-            raise InvalidInputError(f"the model's chat template refused the conversation: {exc}") from exc
-        if rendered.count(_SENTINEL) != 1 or rendered.split(_SENTINEL)[0] != self._prefix_text:
-            raise InvalidInputError(
-                "this model's chat template does not keep the system message at the start of this conversation "
-                "(Mistral's renders it inside the last user turn once there are earlier turns), so the memory "
-                "cannot follow the fixed system prefix; send the conversation as one user turn"
-            )
-        return self._encode(rendered.split(_SENTINEL)[1])
+        roles = [m.role for m in messages]
+
+        def render(texts: Sequence[str]) -> str:
+            system_text = self._system_prompt + _SENTINEL + "".join(f"\n\n{t}" for t in texts[: len(extras)])
+            turns = [{"role": r, "content": t} for r, t in zip(roles, texts[len(extras) :], strict=True)]
+            try:
+                rendered = self._render(system_text, turns)
+            except (TemplateError, ValueError, TypeError) as exc:
+                raise InvalidInputError(f"the model's chat template refused the conversation: {exc}") from exc
+            if rendered.count(_SENTINEL) != 1 or rendered.split(_SENTINEL)[0] != self._prefix_text:
+                raise InvalidInputError(
+                    "this model's chat template does not keep the system message at the start of this conversation "
+                    "(Mistral's renders it inside the last user turn once there are earlier turns), so the memory "
+                    "cannot follow the fixed system prefix; send the conversation as one user turn"
+                )
+            return rendered.split(_SENTINEL)[1]
+
+        contents = [*extras, *(m.content.strip() for m in messages)]
+        return rendered_token_ids(self._tokenizer, render, contents)
 
     def query_ids(self, query: str) -> list[int]:
         """Tokens after the memory segment for a one-turn conversation: the end of the system turn, the user's
@@ -180,6 +200,11 @@ class LayoutTokensMixin:
     def context_token_ids(self, turns: Sequence[str]) -> list[int]:
         """Token ids of preceding turns (encoding context)."""
         return self._prompt_layout().context_ids(turns)
+
+    def control_token_texts(self) -> frozenset[str]:
+        """The texts the tokenizer reads as its control tokens; tokenised as plain text in facts, turns and
+        messages (:attr:`PromptLayout.control_texts`)."""
+        return self._prompt_layout().control_texts
 
     def query_token_ids(self, query: str) -> list[int]:
         """Token ids after the memory segment (end of system turn, user query, assistant header)."""
