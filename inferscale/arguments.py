@@ -19,7 +19,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, check_scope_ids
-from inferscale.storable import check_json, check_storable
+from inferscale.storable import check_json, check_storable, check_unicode
 from inferscale.types import ChatMode
 
 DEFAULT_LIMIT = 100
@@ -245,6 +245,18 @@ def check_query(query: Any, name: str = "query") -> str:
     if isinstance(query, str):
         check_storable(query, name)
     return _validated(_QUERY, query, f"{name} must be a non-empty string of valid Unicode text")
+
+
+def check_chat_query(query: Any) -> str:
+    """A ``chat`` query: the user's message, a non-empty string of valid Unicode. Unlike a search query it may hold
+    NUL, as every chat message may: it is not stored (:func:`inferscale.storable.check_unicode`).
+
+    Raises:
+        InvalidInputError: for anything else; a lone surrogate is named with its index.
+    """
+    if isinstance(query, str):
+        check_unicode(query, "query")
+    return _validated(_QUERY, query, "query must be a non-empty string of valid Unicode text")
 
 
 def check_query_or_messages(query: object, messages: object) -> None:

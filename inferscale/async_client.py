@@ -29,7 +29,6 @@ from inferscale.arguments import (
     check_flag,
     check_metadata,
     check_output_format,
-    check_query,
     check_timeout,
     check_version,
     encode_mode,
@@ -276,7 +275,6 @@ class AsyncMemoryClient(ClientCore):
     async def _asearch_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
-        check_query(query)
         return await arun_steps(self.derived.search_steps(query, scope, node, limit, threshold), self.adb)
 
     async def search(
@@ -302,7 +300,7 @@ class AsyncMemoryClient(ClientCore):
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
         check_flag(show_expired, "show_expired")
         check_output_format(output_format)
-        args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        args = self._search_args(query, user_id, agent_id, run_id, filters, limit, top_k, threshold)
         return await self._asearch(query, *args)
 
     async def _asearch(
@@ -324,7 +322,7 @@ class AsyncMemoryClient(ClientCore):
         threshold: float | None = None,
     ) -> list[RecalledMemory]:
         """What :meth:`search` finds, as records with their scores; see :meth:`MemoryClient.recall`."""
-        args = self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        args = self._search_args(query, user_id, agent_id, run_id, filters, limit, top_k, threshold)
         hits = await self._asearch_records(query, *args)
         return [RecalledMemory(record, score) for record, score in hits]
 

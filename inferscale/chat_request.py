@@ -16,6 +16,7 @@ from inferscale.arguments import (
     DEFAULT_CHAT_LIMIT,
     MAX_LIMIT,
     check_chat_mode,
+    check_chat_query,
     check_max_new_tokens,
     check_query,
     check_query_or_messages,
@@ -85,7 +86,7 @@ def chat_conversation(query: Any, messages: Any, *, mode: Any, stream: Any) -> t
     check_chat_mode(mode)
     if not isinstance(stream, bool):
         raise InvalidInputError(f"stream must be True or False, got {stream!r}")
-    return (ChatMessage("user", check_query(query)),) if messages is None else check_messages(messages)
+    return (ChatMessage("user", check_chat_query(query)),) if messages is None else check_messages(messages)
 
 
 def resolve_chat(

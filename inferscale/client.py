@@ -23,7 +23,6 @@ from inferscale.arguments import (
     check_flag,
     check_metadata,
     check_output_format,
-    check_query,
     check_timeout,
     check_version,
     encode_mode,
@@ -343,7 +342,6 @@ class MemoryClient(ClientCore):
     def _search_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
-        check_query(query)
         with self._lock:
             return run_steps(self.derived.search_steps(query, scope, node, limit, threshold), self.db)
 
@@ -392,7 +390,9 @@ class MemoryClient(ClientCore):
         refuse_unsupported_mem0("search", rerank=rerank, explain=explain, reference_date=reference_date)
         check_flag(show_expired, "show_expired")
         check_output_format(output_format)
-        return self._search(query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold))
+        return self._search(
+            query, *self._search_args(query, user_id, agent_id, run_id, filters, limit, top_k, threshold)
+        )
 
     def _search(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None
@@ -424,7 +424,7 @@ class MemoryClient(ClientCore):
                 number, or a ``show_expired`` that is not a bool.
         """
         hits = self._search_records(
-            query, *self._search_args(user_id, agent_id, run_id, filters, limit, top_k, threshold)
+            query, *self._search_args(query, user_id, agent_id, run_id, filters, limit, top_k, threshold)
         )
         return [RecalledMemory(record, score) for record, score in hits]
 
@@ -635,8 +635,9 @@ class MemoryClient(ClientCore):
                 template refuses, a prompt longer than the model's context, or a ``memory_ids`` entry too long for
                 it even without its context turns. Raised before anything is generated, also when streaming.
                 A memory too long only with its turns is served from its context-free encoding; a *retrieved* one
-                too long even without them (stored under a model with a longer context) is left out with a warning
-                instead, in both modes.
+                too long even without them (stored under a model with a longer context), or too long with this
+                chat's conversation and answer budget, is left out with a warning instead, in both modes. The
+                prompt's size is checked from token counts before any K/V is loaded or encoded.
             MemoryNotFoundError: for a ``memory_ids`` entry that is not a memory of the scope.
         """
         request = resolve_chat(

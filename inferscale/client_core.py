@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from inferscale.arguments import check_threshold, check_update, resolve_limit, resolve_scope
+from inferscale.arguments import check_query, check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
-from inferscale.encoding_layout import EncodingLayout, span_steps
-from inferscale.engines.base import Engine, Generation, StreamEvent
+from inferscale.encoding_layout import EncodingLayout, preview, span_steps
+from inferscale.engines.base import Engine, Generation, StreamEvent, check_prompt_fits
 from inferscale.errors import ConfigError, EngineClosedError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
@@ -497,6 +497,7 @@ class ClientCore:
 
     @staticmethod
     def _search_args(
+        query: object,
         user_id: str | None,
         agent_id: str | None,
         run_id: str | None,
@@ -505,13 +506,17 @@ class ClientCore:
         top_k: int | None,
         threshold: float | None,
     ) -> tuple[Scope, Filter | None, int, float | None]:
-        """``(scope, filter, limit, threshold)`` of a ``search`` or ``recall`` call, in Mem0's v1 or v2 shape.
+        """``(scope, filter, limit, threshold)`` of a ``search`` or ``recall`` call, in Mem0's v1 or v2 shape, once
+        its ``query`` is checked (:func:`~inferscale.arguments.check_query`; a chat's search text is checked as
+        its messages are, and may hold NUL).
 
         Raises:
-            ScopeError: when no id is given. InvalidInputError: for a bad limit, filter or threshold.
+            ScopeError: when no id is given. InvalidInputError: for a bad query, limit, filter or threshold.
         """
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
-        return scope, node, resolve_limit(limit, top_k), check_threshold(threshold)
+        args = scope, node, resolve_limit(limit, top_k), check_threshold(threshold)
+        check_query(query)
+        return args
 
     def _plan_add_steps(
         self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
@@ -797,9 +802,10 @@ class ClientCore:
         encoder up (:meth:`_generate` marks the whole answer instead).
 
         A memory too long for the model's context only with its context turns is served from its context-free
-        encoding; a retrieved one too long even without them is left out with a warning (both modes), and one
-        named in ``memory_ids`` is refused (:class:`~inferscale.errors.InvalidInputError`);
-        :meth:`~inferscale.fact_kv.FactKVManager.fit`."""
+        encoding; a retrieved one too long even without them, or with this request's conversation and answer
+        budget, is left out with a warning (both modes), and one named in ``memory_ids`` is refused
+        (:class:`~inferscale.errors.InvalidInputError`); :meth:`~inferscale.fact_kv.FactKVManager.fit`,
+        :meth:`_fitting_request`."""
         records = self._servable(request, records)
         with self.derived.foreground():
             events, load_ms = self._open_stream(request, records)
@@ -838,8 +844,38 @@ class ClientCore:
         fact_kv = self.derived.fact_kv
         if request.memory_ids is not None:
             fact_kv.check(records)
-            return list(records)
-        return fact_kv.servable(records)
+            return self._fitting_request(request, records)
+        return self._fitting_request(request, fact_kv.servable(records))
+
+    def _fitting_request(self, request: ChatRequest, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
+        """``records`` when the prompt they make with ``request`` (system prefix, memory lines, conversation and
+        answer budget) fits the model's context; checked from token counts before any K/V is loaded or encoded, so a
+        request bound to fail costs no forward pass in either mode. A retrieved memory that would not fit even as
+        the only one is left out with a warning: one long memory must not fail every chat of its scope.
+
+        Raises:
+            InvalidInputError: when the prompt does not fit (:func:`~inferscale.engines.base.check_prompt_fits`),
+                or the conversation is refused by the chat template.
+        """
+        engine, fact_kv = self.engine, self.derived.fact_kv
+        prefix = len(engine.system_prefix_ids())
+        rest = len(engine.conversation_token_ids(request.conversation))
+        rest += request.max_new_tokens or self.config.engine.max_new_tokens
+        limit = engine.max_context_tokens
+        kept: list[MemoryRecord] = []
+        for record in records:
+            if request.memory_ids is not None or prefix + fact_kv.fact_tokens(record) + rest <= limit:
+                kept.append(record)
+            else:
+                log.warning(
+                    "memory %s (%s) is left out of this chat: with the conversation and the answer budget it would "
+                    "not fit the model's context of %d tokens",
+                    record.id,
+                    preview(record.text),
+                    limit,
+                )
+        check_prompt_fits(prefix, sum(fact_kv.fact_tokens(r) for r in kept), rest, limit)
+        return kept
 
     def _release(self) -> None:
         """Write the index file if it changed, and release what this client built: the JSON generator (an HTTP

@@ -107,6 +107,7 @@ class FactKVManager:
         self._prefix: str | None = None
         self._controls: frozenset[str] | None = None
         self._fits: dict[KVKey, Fit] = {}
+        self._token_counts: dict[str, int] = {}
 
     @property
     def store(self) -> KVStore:
@@ -220,6 +221,16 @@ class FactKVManager:
             return True
         anchor = link.context[link.chain_from]
         return self._layout.fits_after(anchor, link.context[: link.chain_from])
+
+    def fact_tokens(self, record: MemoryRecord) -> int:
+        """How many tokens ``record``'s line takes in the memory segment (its fact token ids), remembered by text
+        hash (the last :data:`FITTING_CACHE_SIZE`) so that a chat tokenises only memories new to it; runs no model."""
+        known = self._token_counts.get(record.hash)
+        if known is None:
+            if len(self._token_counts) >= FITTING_CACHE_SIZE:
+                self._token_counts.clear()
+            known = self._token_counts[record.hash] = len(self._engine.fact_token_ids(record.text))
+        return known
 
     def servable(self, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
         """Those of ``records`` whose encoding fits the model's context window, after their context turns or after

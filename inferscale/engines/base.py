@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, Self
 import torch
 
 from inferscale.conversation import ChatMessage, SamplingSettings
+from inferscale.errors import InvalidInputError
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.serving import ServingSettings
@@ -86,6 +87,24 @@ def drain(events: Iterator[StreamEvent]) -> Generation:
 
 Conversation = str | Sequence[ChatMessage]
 """A one-turn query, or messages checked by :func:`inferscale.conversation.check_messages`."""
+
+
+def check_prompt_fits(prefix_tokens: int, memory_tokens: int, rest_tokens: int, context_tokens: int) -> None:
+    """Refuse a request whose system prefix + memory segment + conversation and answer budget (all in tokens) pass
+    the model's context window of ``context_tokens``: it could only fail slowly, or answer from positions the model
+    never saw. Both engines check this before they prefill; the clients check it before they load or encode any
+    memory's K/V.
+
+    Raises:
+        inferscale.errors.InvalidInputError: naming each part's token count.
+    """
+    total = prefix_tokens + memory_tokens + rest_tokens
+    if total > context_tokens:
+        raise InvalidInputError(
+            f"the prompt needs {total} tokens (system prefix {prefix_tokens}, memories {memory_tokens}, "
+            f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}; "
+            "retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"
+        )
 
 
 class Engine(Protocol):

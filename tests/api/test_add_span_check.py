@@ -377,3 +377,46 @@ def test_a_chained_memory_whose_anchor_no_longer_fits_after_its_turns_is_served_
         assert result.memory_ids == [ids[0], ids[5]]
         keys = [row.encoding_key for row in client.db.all_kv_entries() if row.memory_id == ids[5]]
         assert keys == [fact_kv.encoding_key(chained, CONTEXT_FREE)]
+
+
+@pytest.mark.parametrize("mode", ["kv", "prompt"])
+@pytest.mark.parametrize("kind", ["sync", "async", "remote"])
+def test_a_memory_that_fits_alone_but_not_with_the_chat_is_left_out_of_it(
+    kind: ClientKind,
+    mode: str,
+    engine: TransformersEngine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    clients: list[ClientAdapter],
+) -> None:
+    """``add`` stores a memory that fits after the system prefix, but the chat also needs the conversation and the
+    answer budget: a helper stored "饼" * 2708 (8,136 of SmolLM2's 8,192 tokens) and every chat of the scope then
+    failed, whatever its ``limit``, since the memory ranked first. It is left out of the chat, with a warning."""
+    client = _client(kind, _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    clients.append(client)
+    first_id = client.add(FIRST, user_id="maya", infer=False)["results"][0]["id"]
+    long_id = client.add(_fact(engine, spare=5), user_id="maya", infer=False)["results"][0]["id"]
+    with caplog.at_level(logging.WARNING, logger="inferscale.client_core"):
+        result = client.chat("Refused fact or tea?", user_id="maya", max_new_tokens=2, mode=mode)
+    assert result.memory_ids == [first_id]
+    if kind == "sync":  # the others log it in the server's or the worker's client
+        assert f"memory {long_id}" in caplog.text and "would not fit the model's context" in caplog.text
+    with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens"):  # named: the caller chose it
+        client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=2, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["kv", "prompt"])
+def test_a_chat_too_long_for_the_context_is_refused_before_any_kv_is_encoded(
+    mode: str, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    """Each memory fits with the chat, all of them together do not: kv mode encoded every retrieved memory's K/V
+    (58 s for 30 memories on the helper's 2-core machine) before the engine's own check refused the prompt, which
+    prompt mode refused at once. Both now refuse it from token counts, before any forward pass."""
+    client = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    clients.append(client)
+    facts = [f"Note {i}: " + "y" * 30 for i in range(4)]  # ~45 tokens each with the line: 4 pass 128 with the prefix
+    client.add([{"role": "user", "content": fact} for fact in facts], user_id="maya", infer=False)
+    with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens"):
+        client.chat("Which note?", user_id="maya", limit=4, max_new_tokens=2, mode=mode)
+    assert client.client.db.all_kv_entries() == []  # no memory was encoded for a chat bound to fail
+    assert client.client.kv_store.stats().misses == 0

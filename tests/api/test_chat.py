@@ -59,6 +59,27 @@ def test_a_conversation_retrieves_with_its_last_user_turn_or_the_search_query(c:
     assert result.memory_tokens == one_turn.memory_tokens
 
 
+@pytest.mark.parametrize("call", ["query", "messages", "stream"])
+def test_a_chat_message_holding_nul_is_answered_and_retrieves_as_without_it(c: ClientAdapter, call: str) -> None:
+    """Chat messages are not stored, so they may hold NUL (docs/api.md); the query a chat searches with is derived
+    from them. A helper's ``chat(messages=[{"content": "a\\x00b"}])`` was refused as "query holds a NUL", naming an
+    argument it never passed, and so was ``chat("a\\x00b", memory_ids=[])``, which searches nothing. A ``search``
+    query and an explicit ``search_query`` are still refused (tests/api/test_unstorable_input.py)."""
+    text = "My dog is a beagle named Biscuit."
+    held = text.replace("beagle", "beagle\x00")
+    if call == "messages":
+        result = c.chat(messages=[{"role": "user", "content": held}], user_id="alice", limit=1, max_new_tokens=2)
+    elif call == "stream":
+        result = c.chat_stream(held, user_id="alice", limit=1, max_new_tokens=2)[-1].result
+    else:
+        result = c.chat(held, user_id="alice", limit=1, max_new_tokens=2)
+    assert result is not None and result.memories == [text]  # HashEmbedder: the closest text is the one without NUL
+    named = c.chat(held, user_id="alice", memory_ids=[], max_new_tokens=2)
+    assert named.memory_ids == []
+    with pytest.raises(InvalidInputError, match="query holds a NUL"):
+        c.search(held, user_id="alice")
+
+
 def test_memory_ids_inject_exactly_those_memories_of_the_scope(c: ClientAdapter) -> None:
     all_ids = [r["id"] for r in c.get_all(user_id="alice")["results"]]
     chosen = [all_ids[2], all_ids[0]]

@@ -23,7 +23,15 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.conversation import GREEDY, SamplingSettings
-from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
+from inferscale.engines.base import (
+    Conversation,
+    Engine,
+    Generation,
+    StreamEvent,
+    TextDelta,
+    check_prompt_fits,
+    drain,
+)
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
@@ -239,13 +247,7 @@ class TransformersEngine(LayoutTokensMixin):
     def _check_context(self, memory_tokens: int, rest: int) -> None:
         """Refuse a request whose prefix + memory + query + answer budget passes the context window: it could
         only fail slowly or answer from positions the model never saw."""
-        total = self._prefix.n_tokens + memory_tokens + rest
-        if total > self.max_context_tokens:
-            raise InvalidInputError(
-                f"the prompt needs {total} tokens (system prefix {self._prefix.n_tokens}, memories {memory_tokens}, "
-                f"conversation and answer budget {rest}) but the model's context is {self.max_context_tokens}; "
-                "retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"
-            )
+        check_prompt_fits(self._prefix.n_tokens, memory_tokens, rest, self.max_context_tokens)
 
     def _prompt_layout(self) -> PromptLayout:
         """The loaded engine's layout; before the model is loaded, one over its tokenizer alone (same ids)."""
