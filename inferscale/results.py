@@ -52,7 +52,7 @@ def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
     said = {**(row.old_metadata or {}), **(row.new_metadata or {})}
     actor = said.get("actor_id") if "role" in said else row.actor
     return {
-        "id": str(row.id),
+        "id": row.public_id,
         "memory_id": row.memory_id,
         "event": row.event,
         "old_memory": row.old_text,

@@ -251,7 +251,8 @@ def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[Hist
         .where(HistoryRow.memory_id == memory_id, *(c == v for c, v in zip(ids, given, strict=True) if v is not None))
         .order_by(HistoryRow.id)
     )
-    return [HistoryRecord.from_row(r[0], scope_of_ids(r[1], r[2], r[3])) for r in s.execute(stmt)]
+    rows = s.execute(stmt)
+    return [HistoryRecord.from_row(r[0], scope_of_ids(r[1], r[2], r[3]), n) for n, r in enumerate(rows)]
 
 
 def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:

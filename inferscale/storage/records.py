@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -97,7 +98,9 @@ class HistoryRecord:
     """One change to a memory.
 
     Attributes:
-        id: the row's integer key (increases with time).
+        id: the row's integer key (increases with time, over every memory of the store).
+        public_id: the id results show (:func:`history_public_id`): a UUID string, as Mem0's, that says nothing
+            about other memories' changes (the integer key counts every tenant's writes).
         memory_id: the public id of the memory that changed.
         event: ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
         old_text, new_text: the text before and after (``old_text`` is ``None`` on ADD, ``new_text`` on DELETE).
@@ -111,6 +114,7 @@ class HistoryRecord:
     """
 
     id: int
+    public_id: str
     memory_id: str
     event: HistoryEvent
     old_text: str | None
@@ -122,9 +126,9 @@ class HistoryRecord:
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: HistoryRow, scope: Scope | None) -> HistoryRecord:
+    def from_row(cls, row: HistoryRow, scope: Scope | None, ordinal: int) -> HistoryRecord:
         """A detached copy of ``row``, whose memory's scope is ``scope`` (read with the row:
-        :func:`inferscale.storage.queries.history`)."""
+        :func:`inferscale.storage.queries.history`) and which is its memory's ``ordinal``-th change (0 first)."""
         event: HistoryEvent
         if row.event == "ADD":
             event = "ADD"
@@ -136,6 +140,7 @@ class HistoryRecord:
             raise ValueError(f"history row {row.id} has unknown event {row.event!r}")
         return cls(
             id=int(row.id),
+            public_id=history_public_id(row.memory_id, ordinal),
             memory_id=row.memory_id,
             event=event,
             old_text=row.old_text,
@@ -146,6 +151,18 @@ class HistoryRecord:
             scope=scope,
             created_at=row.created_at,
         )
+
+
+HISTORY_ID_NAMESPACE = uuid.UUID("6f1c2a7e-3d4b-4e8a-9b0c-5d2e7f813a46")
+"""The UUID namespace of :func:`history_public_id` (fixed: the ids stay the same from release to release)."""
+
+
+def history_public_id(memory_id: str, ordinal: int) -> str:
+    """The id a history row is shown with: a name-based UUID (``uuid5``) of its memory's id and its place in that
+    memory's changes (0 for the first). The same row keeps the same id on every read, and, unlike the row's
+    integer key, which counts the changes of every memory in the store, it tells a caller nothing about the
+    writes of other memories, other tenants' included."""
+    return str(uuid.uuid5(HISTORY_ID_NAMESPACE, f"{memory_id}/{ordinal}"))
 
 
 def scope_of_ids(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
@@ -222,12 +239,14 @@ class MemoryVersions:
 
 __all__ = [
     "ATTRIBUTION_KEYS",
+    "HISTORY_ID_NAMESPACE",
     "HistoryEvent",
     "HistoryRecord",
     "KVEntryRecord",
     "MemoryRecord",
     "MemoryVersions",
     "hash_text",
+    "history_public_id",
     "merged_metadata",
     "scope_of_ids",
 ]

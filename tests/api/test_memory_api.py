@@ -5,6 +5,7 @@ AsyncMemoryClient (through ``client_adapter``), each on SQLite and on PostgreSQL
 from __future__ import annotations
 
 import hashlib
+import uuid
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from mem0_fakes import fake_config
 from inferscale.config import KVConfig, MemoryConfig
 from inferscale.errors import InvalidInputError, MemoryNotFoundError, ScopeError
 from inferscale.scope import Scope
+from inferscale.storage.records import history_public_id
 
 
 def texts(results: dict[str, list[dict[str, object]]]) -> list[object]:
@@ -142,6 +144,22 @@ def test_metadata_may_not_set_the_speaker(m: ClientAdapter) -> None:
     got = m.get(memory_id)
     assert got is not None and got["actor_id"] == "Maya"
     assert [r["memory"] for r in m.get_all(user_id="alice")["results"]] == ["I like tea."]
+
+
+def test_history_ids_are_uuids_that_tell_nothing_of_other_tenants_writes(m: ClientAdapter) -> None:
+    """A security helper's report: a history row's id was the table's integer key, one counter over every tenant
+    (bob's row "11", then alice's "12"): the gaps between a user's own ids showed how much everyone else wrote. The id
+    is now a UUID, as Mem0's, made from the memory's id and the row's place in its history: stable over reads, and
+    the same whatever other memories saw meanwhile."""
+    alice = m.add("Alice likes tea.", user_id="alice", infer=False)["results"][0]["id"]
+    first = [h["id"] for h in m.history(alice)]
+    for i in range(3):
+        m.add(f"Bob's note {i}", user_id="bob", infer=False)
+    m.update(alice, text="Alice likes green tea.")
+    ids = [h["id"] for h in m.history(alice)]
+    assert ids[:1] == first and len(set(ids)) == 2
+    assert ids == [history_public_id(alice, n) for n in range(2)]
+    assert all(str(uuid.UUID(i)) == i for i in ids)
 
 
 def test_the_hash_is_mem0s_md5_of_the_text(m: ClientAdapter) -> None:
