@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
 
+INDEX_SAVE_TIMER_MAX_S = 86_400.0
+"""The longest a put-off index save waits on its timer (a longer interval is waited out in several); threading's
+timers cannot wait an unbounded time."""
+
 SAME_EMBEDDER_COSINE = 0.999
 """A stored vector and a fresh embedding of its text with at least this cosine similarity come from one model (the
 same model gives the same vector up to float rounding across batch shapes; another model of the same dimension
@@ -104,6 +108,7 @@ class DerivedStores:
         self._index_dirty = False
         self._index_saved_at = 0.0
         self._index_save_s = 0.0  # how long the last save took (seconds)
+        self._index_save_timer: threading.Timer | None = None  # the save due when the interval is up
         self._fact_kv: FactKVManager | None = None
         self._encoder = EncodeQueue(self.encode_queued, config.kv.encode_batch_size, config.kv.encode_queue_size)
         self._foreground: set[int] = set()  # the tickets of the foreground uses running now (:meth:`foreground`)
@@ -229,7 +234,10 @@ class DerivedStores:
 
     def save_index(self, force: bool = False) -> None:
         """Write the index file when it changed, unless ``force`` at most every :data:`INDEX_SAVE_INTERVAL_S`, or
-        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index).
+        every last save's duration over :data:`INDEX_SAVE_SHARE` when that is longer (a large index). A change that
+        is not written now is written when that interval is up, on a timer thread, even if nothing is written
+        meanwhile: a deleted memory's vector (labelled with its text's hash) leaves the file within the interval,
+        not at the next write or ``close``, which may be hours away on an idle server.
 
         The index is derived from SQL: a file that cannot be written (a full or read-only disk) is logged, and the
         index stays marked changed, so a later save tries again; the write that called this (committed already) and
@@ -238,6 +246,15 @@ class DerivedStores:
             now = time.monotonic()
             interval = max(INDEX_SAVE_INTERVAL_S, self._index_save_s / INDEX_SAVE_SHARE)
             due = force or now - self._index_saved_at >= interval
+            if force and self._index_save_timer is not None:
+                self._index_save_timer.cancel()
+                self._index_save_timer = None
+            if self._index is not None and self._index_dirty and not due and self._index_save_timer is None:
+                delay_s = min(max(self._index_saved_at + interval - now, 0.0), INDEX_SAVE_TIMER_MAX_S)
+                timer = threading.Timer(delay_s, self._deferred_index_save)
+                timer.name, timer.daemon = "inferscale-index-save", True
+                self._index_save_timer = timer
+                timer.start()
             if self._index is not None and self._index_dirty and due:
                 try:
                     self._index.save()
@@ -253,6 +270,13 @@ class DerivedStores:
                 self._index_dirty = False
                 self._index_saved_at = time.monotonic()
                 self._index_save_s = self._index_saved_at - now
+
+    def _deferred_index_save(self) -> None:
+        """The save :meth:`save_index` put off (on its timer thread)."""
+        with self._lock:
+            if self._index_save_timer is threading.current_thread():  # not replaced meanwhile
+                self._index_save_timer = None
+            self.save_index()
 
     # ---- the read steps ---------------------------------------------------------------------------------------
     def _search(self, index: VectorIndex, query: np.ndarray, k: int, allowed: np.ndarray) -> list[tuple[int, float]]:

@@ -5,6 +5,7 @@ A fake clock stands in for time: no test here waits."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,28 @@ def test_a_slow_save_stretches_the_interval_to_the_next(tmp_path: Path, monkeypa
         client.add("I bake bread", user_id="u", infer=False)
         assert len(saves) == 4
     assert len(saves) == 5  # close() saves what changed since, whatever the interval
+
+
+def test_a_delete_reaches_the_index_file_when_the_interval_is_up_without_another_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A privacy helper's report: a delete less than the interval after a save left the deleted memory's vector, and
+    the label that is its text's hash, in the index file until the next write or ``close`` (still there 15 s later
+    on an idle server). The put-off save now runs on a timer when the interval is up."""
+    monkeypatch.setattr(inferscale.derived, "INDEX_SAVE_INTERVAL_S", 0.5)
+    with MemoryClient(fake_config(tmp_path), embedder=HashEmbedder()) as client:
+        kept = client.add("I like tea", user_id="u", infer=False)["results"][0]["id"]
+        gone = client.add("My PIN is 4321", user_id="u", infer=False)["results"][0]["id"]
+        client.derived.save_index(force=True)  # both vectors on file, saved just now
+        path = client.derived.index_path
+        assert len(VectorIndex.open(path, dim=HashEmbedder().dim)) == 2
+        client.delete(gone)  # within the interval of that save
+
+        def ids_on_file() -> list[int]:
+            return sorted(int(i) for i in VectorIndex.open(path, dim=HashEmbedder().dim).ids())
+
+        vector_ids = {r.id: r.vector_id for r in client.db.get_many([kept]).values()}
+        deadline = time.monotonic() + 10.0
+        while ids_on_file() != [vector_ids[kept]] and time.monotonic() < deadline:
+            time.sleep(0.05)  # no call on the client meanwhile
+        assert ids_on_file() == [vector_ids[kept]]
