@@ -36,6 +36,7 @@ from inferscale.config import MemoryConfig
 from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
+from inferscale.storage.database import WRITE_OPTION
 from inferscale.storage.models import UTCDateTime, utc_now
 from inferscale.storage.schema import SchemaChain, ensure_schema
 
@@ -188,6 +189,11 @@ class KeyStore:
                 self._engine = engine
             return self._engine
 
+    def _writer(self) -> Engine:
+        """:meth:`_db` for a transaction that writes: on SQLite it begins ``IMMEDIATE`` and so waits its turn behind
+        the memory client's writers (a deferred one that read first was refused "database is locked" at once)."""
+        return self._db().execution_options(**{WRITE_OPTION: True})
+
     def create(
         self,
         name: str,
@@ -221,7 +227,7 @@ class KeyStore:
                 "pass admin=True for a key that may touch every scope"
             )
         secret, salt = secrets.token_urlsafe(32), secrets.token_bytes(16)
-        with Session(self._db()) as s, s.begin():
+        with Session(self._writer()) as s, s.begin():
             key_id = secrets.token_hex(6)
             while s.get(ApiKeyRow, key_id) is not None:
                 key_id = secrets.token_hex(6)
@@ -253,7 +259,7 @@ class KeyStore:
         Raises:
             APIKeyNotFoundError: when no key has this id.
         """
-        with Session(self._db()) as s, s.begin():
+        with Session(self._writer()) as s, s.begin():
             row = s.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
             if row is None:
                 raise APIKeyNotFoundError(f"no API key has id {key_id!r}; `inferscale keys list` shows the ids")

@@ -4,6 +4,8 @@ without keys, 401 for a missing, unknown or revoked key, 403 for a non-admin res
 from __future__ import annotations
 
 import hashlib
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,44 @@ def test_a_key_is_stored_as_a_scrypt_hash_and_authenticates(tmp_path: Path) -> N
     assert stored == hashlib.scrypt(rest.encode(), salt=salt, n=2**14, r=8, p=1) and len(salt) == 16
     for wrong in (secret[:-1] + ("A" if secret[-1] != "A" else "B"), f"isk_{'0' * 12}_{rest}", "", "Token x", 5):
         assert store.authenticate(wrong) is None  # type: ignore[arg-type]
+    store.close()
+
+
+def test_creating_a_key_waits_for_another_writer_instead_of_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's ``inferscale keys create`` while the server wrote memories to the same SQLite file failed at
+    once with "database is locked ... past the busy timeout" (2 of 8 tries): its transaction read first and then
+    wrote, and SQLite refuses a write from a read snapshot that another writer's commit made stale. Here another
+    connection writes while ``create`` is between its read and its write."""
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db")
+    store.create("first", user_ids=["a"])  # the schema exists
+    setup = sqlite3.connect(tmp_path / "keys.db")
+    setup.execute("CREATE TABLE other_writes (x INTEGER)")
+    setup.commit()
+    setup.close()
+    written = threading.Event()
+
+    def write_elsewhere() -> None:
+        conn = sqlite3.connect(tmp_path / "keys.db", timeout=10)
+        conn.execute("INSERT INTO other_writes VALUES (1)")
+        conn.commit()
+        conn.close()
+        written.set()
+
+    real = keys_module._hash
+    writer = threading.Thread(target=write_elsewhere)
+
+    def hash_while_another_writes(secret: str, salt: bytes) -> bytes:  # runs after create's read, before its write
+        writer.start()
+        written.wait(1.0)  # without the write lock held, the other commit lands now
+        return real(secret, salt)
+
+    monkeypatch.setattr(keys_module, "_hash", hash_while_another_writes)
+    key, _ = store.create("second", user_ids=["b"])
+    writer.join(15)
+    assert written.is_set() and not writer.is_alive()  # the other writer waited its turn, then wrote
+    assert [k.key_id for k in store.list()][-1] == key.key_id
     store.close()
 
 
