@@ -310,7 +310,7 @@ class ClientCore:
         url = self._db_url()
         try:
             parsed: URL | None = make_url(url)
-        except ArgumentError:  # not a URL: opening the database raises ConfigError
+        except (ArgumentError, ValueError):  # not a URL (or a port that is not a number): opening it raises ConfigError
             parsed = None
         if (
             parsed is not None

@@ -8,6 +8,7 @@ from inferscale.async_client import AsyncMemoryClient
 from inferscale.errors import ConfigError
 from inferscale.server.keys import KeyStore
 from inferscale.server.options import LOOPBACK_HOSTS, ServerOptions, memory_config
+from inferscale.storage.database import shown_url
 
 __all__ = ["check_listen_address", "memory_config", "serve_transformers"]
 
@@ -31,7 +32,7 @@ def check_listen_address(host: str, keys: KeyStore) -> bool:
     log.warning(
         "no API keys in %s: the server is OPEN (no authentication) and listens on loopback (%s) only; "
         "create a key with `inferscale keys create` to require one",
-        keys.url,
+        shown_url(keys.url),
         host,
     )
     return True

@@ -34,7 +34,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, make_async_engine
+from inferscale.storage.database import WRITE_OPTION, make_async_engine, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -80,8 +80,8 @@ def async_url(url: str) -> str:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"database url {url!r} is not a SQLAlchemy URL: {exc}") from exc
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
     backend, _, driver = parsed.drivername.partition("+")
     if backend == "sqlite":
         return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
@@ -140,7 +140,7 @@ class AsyncMemoryStore:
         self._creating = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"AsyncMemoryStore({self._url!r})"
+        return f"AsyncMemoryStore({shown_url(self._url)!r})"
 
     @property
     def url(self) -> str:

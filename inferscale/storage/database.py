@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from contextlib import closing
@@ -177,6 +178,15 @@ def _unavailable(context: ExceptionContext) -> str | None:
     return None
 
 
+def shown_url(url: str) -> str:
+    """``url`` as messages and logs show it: its password replaced by ``***`` (also in a string SQLAlchemy cannot
+    parse, as far as it has a ``//user:password@`` part)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+
+
 def _report_unavailable(context: ExceptionContext) -> None:
     """A ``handle_error`` hook: a DBAPI error that says the database cannot be used now (:func:`_unavailable`)
     becomes :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
@@ -228,15 +238,15 @@ def make_engine(url: str) -> Engine:
         raise ConfigError(f"database url must be a non-empty string, got {url!r}")
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"database url {url!r} is not a SQLAlchemy URL: {exc}") from exc
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
 
     try:
         engine = create_engine(parsed, **_engine_options(parsed, in_memory={"check_same_thread": False}))
         _configure(engine, parsed)
         return engine
     except ArgumentError as exc:  # includes NoSuchModuleError: an unknown dialect or driver name
-        raise ConfigError(f"database url {url!r} names no known SQLAlchemy dialect: {exc}") from exc
+        raise ConfigError(f"database url {shown_url(url)!r} names no known SQLAlchemy dialect: {exc}") from exc
     except ImportError as exc:
         hint = _install_hint(parsed)
         raise ConfigError(f"the driver for {parsed.drivername!r} is not installed ({exc}); {hint}") from exc

@@ -33,7 +33,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, make_engine
+from inferscale.storage.database import WRITE_OPTION, make_engine, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -102,7 +102,7 @@ class MemoryStore:
         return self._url
 
     def __repr__(self) -> str:
-        return f"MemoryStore({self._url!r})"
+        return f"MemoryStore({shown_url(self._url)!r})"
 
     def __enter__(self) -> Self:
         return self
