@@ -39,6 +39,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]
+"""Where a model runs: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when present); anything else is
+refused when the config is read (``--device tpu`` used to load the model and then fail in torch)."""
+
+
 class EngineConfig(_Strict):
     """The model that answers ``chat`` (and, by default, extracts facts).
 
@@ -68,7 +73,7 @@ class EngineConfig(_Strict):
     provider: Literal["transformers", "vllm"] = "transformers"
     model: str | None = None
     dtype: DType = "auto"
-    device: str = "auto"
+    device: Device = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(default=48, ge=1, le=4096)
     num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
@@ -127,11 +132,11 @@ class EmbedderConfig(_Strict):
 
     Attributes:
         model: a local sentence-transformers folder or model name; ``None`` means the embedded all-MiniLM-L6-v2.
-        device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
     """
 
     model: str | None = None
-    device: str = "cpu"
+    device: Device = "cpu"
 
 
 class SearchConfig(_Strict):

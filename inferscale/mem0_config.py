@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL
 
 from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
+from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,9 @@ def config_from_dict(config: Mapping[str, Any]) -> MemoryConfig:
         return from_mem0_dict(config)
     try:
         return MemoryConfig(**config)
-    except (TypeError, ValueError) as exc:  # pydantic.ValidationError is a ValueError; TypeError: a non-str key
+    except ValidationError as exc:
+        raise ConfigError(f"invalid InferScale config: {describe_errors(exc.errors(), show_input=True)}") from exc
+    except (TypeError, ValueError) as exc:  # TypeError: a non-str key
         raise ConfigError(f"invalid InferScale config: {exc}") from exc
 
 

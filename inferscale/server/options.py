@@ -9,8 +9,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from inferscale.arguments import MAX_LIMIT
 from inferscale.config import DType, EngineConfig, KVConfig, MemoryConfig
 from inferscale.errors import ConfigError
+from inferscale.validation_text import describe_errors
+
+MAX_PORT = 65_535
+"""The highest TCP port (0 asks the system for a free one)."""
 
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body the server reads (1 MiB); a larger one is answered 413 ``request_too_large``."""
@@ -58,14 +65,16 @@ class ServeSettings:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
 
     def __post_init__(self) -> None:
-        """Check the shutdown grace.
+        """Check the shutdown grace and the port.
 
         Raises:
-            ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or is not finite.
+            ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or is not finite,
+                or a port outside 0-65535 (before the model is loaded: uvicorn's bind raised ``OverflowError``).
         """
         grace = self.shutdown_grace_s
         if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < float("inf"):
             raise ConfigError(f"shutdown grace must be a finite number of seconds >= 0, got {self.shutdown_grace_s}")
+        check_setting("port (--port)", self.port, 0, MAX_PORT)
 
     @property
     def engine_device(self) -> str:
@@ -94,10 +103,34 @@ class ServerOptions(ServeSettings):
     chat_limit: int | None = None
     log_level: str = "info"
 
+    def __post_init__(self) -> None:
+        """Check every setting before anything is loaded.
+
+        Raises:
+            ConfigError: as :meth:`ServeSettings.__post_init__`, or for a ``max_request_bytes`` under 1 (every
+                request, ``/health`` included, got 413) or a ``chat_limit`` that is negative or over
+                :data:`~inferscale.arguments.MAX_LIMIT` (every chat got 400, blamed on its client).
+        """
+        ServeSettings.__post_init__(self)
+        check_setting("the request size limit (--max-request-bytes)", self.max_request_bytes, 1)
+        if self.chat_limit is not None:
+            check_setting("the chat limit (--limit)", self.chat_limit, 0, MAX_LIMIT)
+
     @property
     def engine_device(self) -> str:
         """:attr:`device`."""
         return self.device
+
+
+def check_setting(name: str, value: object, low: int, high: int | None = None) -> None:
+    """Refuse a server setting that is not a whole number from ``low`` to ``high`` (no upper bound: ``None``).
+
+    Raises:
+        ConfigError: naming the setting and its bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f"from {low} to {high:,}" if high is not None else f"of at least {low}"
+        raise ConfigError(f"{name} must be a whole number {bounds}, got {value!r}")
 
 
 def memory_config(options: ServeSettings) -> MemoryConfig:
@@ -124,5 +157,7 @@ def memory_config(options: ServeSettings) -> MemoryConfig:
                 **layout,
             }
         )
-    except ValueError as exc:  # pydantic's ValidationError
+    except ValidationError as exc:
+        raise ConfigError(f"invalid server options: {describe_errors(exc.errors(), show_input=True)}") from exc
+    except ValueError as exc:
         raise ConfigError(f"invalid server options: {exc}") from exc

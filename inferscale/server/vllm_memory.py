@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferscale.arguments import MAX_LIMIT
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
@@ -69,7 +70,7 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
-from inferscale.server.options import ServeSettings, memory_config
+from inferscale.server.options import ServeSettings, check_setting, memory_config
 from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,16 @@ class ServeOptions(ServeSettings):
     limit: int = 5
     max_model_len: int = 4096
     kv_cache_bytes: int = 2 << 30
+
+    def __post_init__(self) -> None:
+        """Check every setting before anything is loaded.
+
+        Raises:
+            ConfigError: as :meth:`~inferscale.server.options.ServeSettings.__post_init__`, or for a ``limit``
+                that is negative or over :data:`~inferscale.arguments.MAX_LIMIT`.
+        """
+        ServeSettings.__post_init__(self)
+        check_setting("the chat limit (--limit)", self.limit, 0, MAX_LIMIT)
 
 
 class MemoryService:

@@ -559,3 +559,13 @@ def test_the_keys_are_read_from_the_memory_database(tmp_path: Path) -> None:
     assert memory_config(ServeOptions(data_dir=str(tmp_path))).database_url() == f"sqlite:///{tmp_path / 'memory.db'}"
     elsewhere = f"sqlite:///{tmp_path / 'shared.db'}"
     assert memory_config(ServeOptions(data_dir=str(tmp_path), db_url=elsewhere)).database_url() == elsewhere
+
+
+@pytest.mark.parametrize(("field", "value"), [("limit", -1), ("port", 70_000)])
+def test_a_vllm_server_setting_out_of_range_is_refused(field: str, value: int) -> None:
+    """As the transformers server's (tests/server/test_serve_command.py): ``--limit -1`` made every request fail."""
+    from inferscale.errors import ConfigError
+    from inferscale.server.vllm_memory import ServeOptions
+
+    with pytest.raises(ConfigError, match=rf"\(--{field}\) must be a whole number from 0"):
+        ServeOptions(**{field: value})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from inferscale.engines.transformers import TransformersEngine
 from inferscale.errors import ConfigError
 from inferscale.serve_cli import add_serve_parser, run_serve
 from inferscale.server.keys import KeyStore
@@ -184,3 +185,34 @@ def test_the_vllm_engine_without_vllm_is_one_line_and_exit_2(
     assert run_serve(_parse("--engine", "vllm", "--data-dir", str(tmp_path), *extra)) == 2
     err = capsys.readouterr().err
     assert err.startswith("inferscale serve: --engine vllm: vLLM is not installed") and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--max-request-bytes", "0"],
+            "the request size limit (--max-request-bytes) must be a whole number of at least 1",
+        ),
+        (["--max-request-bytes", "-5"], "the request size limit (--max-request-bytes) must be a whole number"),
+        (["--limit", "-3"], "the chat limit (--limit) must be a whole number from 0 to 1,000,000, got -3"),
+        (["--port", "70000"], "port (--port) must be a whole number from 0 to 65,535, got 70000"),
+        (["--port", "-1"], "port (--port) must be a whole number from 0 to 65,535, got -1"),
+        (["--device", "tpu"], "device"),
+    ],
+)
+def test_a_server_setting_out_of_range_is_refused_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flags: list[str], message: str
+) -> None:
+    """An SRE's report: ``--max-request-bytes -5`` started a server whose every request, ``/health`` included, got
+    413; ``--limit -3`` one whose every chat got 400, blamed on the client; ``--port 70000`` and ``--device tpu``
+    loaded the model and then died with a traceback (exit 1). Each is refused with one line and exit 2, before the
+    model loads."""
+
+    def load(self: TransformersEngine) -> TransformersEngine:
+        raise AssertionError("the model was loaded: the setting was not checked first")
+
+    monkeypatch.setattr(TransformersEngine, "load", load)
+    assert run_serve(_parse("--data-dir", str(tmp_path), *flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("inferscale serve: ") and message in err and err.count("\n") == 1  # one line
