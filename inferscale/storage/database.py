@@ -131,9 +131,16 @@ def _sqlite_begin(conn: Connection) -> None:
 POSTGRES_LOCK_NOT_AVAILABLE = "55P03"
 """PostgreSQL's SQLSTATE for a lock not obtained within ``lock_timeout``."""
 
-SQLITE_UNAVAILABLE = ("database is locked", "database table is locked", "database or disk is full", "readonly database")
+SQLITE_UNAVAILABLE = (
+    "database is locked",
+    "database table is locked",
+    "database or disk is full",
+    "readonly database",
+    "disk i/o error",
+)
 """SQLite errors on an open connection that say the database cannot be used now (another writer held it past the
-busy timeout, a full disk, a read-only file), not that the call was wrong."""
+busy timeout, a full disk, a read-only file, a file the system cannot read or write), not that the call was
+wrong."""
 
 
 def _unavailable(context: ExceptionContext) -> str | None:
@@ -172,8 +179,8 @@ def _unavailable(context: ExceptionContext) -> str | None:
     ):
         return (
             f"the call was rolled back; the file stayed locked by another writer past the busy timeout "
-            f"({SQLITE_BUSY_TIMEOUT_MS / 1000:g} s), or its disk is full or read-only: make the call again once it is "
-            "free"
+            f"({SQLITE_BUSY_TIMEOUT_MS / 1000:g} s), or its disk is full, read-only or failing: make the call again "
+            "once it is free"
         )
     return None
 

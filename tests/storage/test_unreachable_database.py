@@ -14,10 +14,11 @@ import importlib.util
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from databases import postgres_base_url
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
 import inferscale.storage.database
@@ -184,6 +185,28 @@ def test_a_sqlite_file_locked_past_the_busy_timeout_is_unavailable_and_nothing_i
             holder.close()
         assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
         client.add("I like coffee.", user_id="u", infer=False)
+        assert len(client.get_all(user_id="u")["results"]) == 2
+
+
+def test_a_sqlite_disk_io_error_is_unavailable_and_nothing_is_written(tmp_path: Path) -> None:
+    """An SRE made the ``-wal`` file immutable: ``add`` answered 500 ``internal_error`` (sqlalchemy's
+    ``OperationalError``: "disk I/O error") where a full or read-only disk answers 503. The driver's error is raised
+    here where the cursor would write, as a failing disk raises it."""
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add=False))
+    with MemoryClient(config) as client:
+        client.add("I like tea.", user_id="u", infer=False)
+        failing = True
+
+        def disk_fails(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if failing and statement.startswith("INSERT"):
+                raise sqlite3.OperationalError("disk I/O error")
+
+        event.listen(client.db.engine, "before_cursor_execute", disk_fails)
+        with pytest.raises(DatabaseUnavailableError, match="disk I/O error; the call was rolled back"):
+            client.add("I like coffee.", user_id="u", infer=False)
+        failing = False
+        assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
+        client.add("I like coffee.", user_id="u", infer=False)  # the disk is back
         assert len(client.get_all(user_id="u")["results"]) == 2
 
 
