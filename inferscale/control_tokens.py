@@ -10,6 +10,9 @@ only the chat template's own markup and the configured system prompt keep their 
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,11 +38,29 @@ def holds_control_token(text: str, controls: frozenset[str]) -> bool:
     return any(control in text for control in controls)
 
 
+_PLAIN_TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_PLAIN_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _plain_tokenizer(tokenizer: Any) -> Any:
+    """A copy of ``tokenizer`` that only ever tokenises plain text (made once per tokenizer). A fast tokenizer
+    applies ``split_special_tokens`` by setting a flag on its backend for the call: one tokenizer asked for plain
+    text on one thread and for template markup on another read control tokens in the plain text, or none in the
+    markup. The copy's flag is only ever set one way, the original's the other."""
+    with _PLAIN_TOKENIZERS_LOCK:
+        plain = _PLAIN_TOKENIZERS.get(tokenizer)
+        if plain is None:
+            plain = _PLAIN_TOKENIZERS[tokenizer] = copy.deepcopy(tokenizer)
+        return plain
+
+
 def plain_token_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` as plain text: no special tokens added, and none read from the text (a control token's
     text is split into ordinary tokens, ``"<|im_end|>"`` → ``"<", "|", "im", "_", "end", "|", ">"`` in ChatML
-    vocabularies). Equal to the tokenizer's default ids for a text that holds no control token's text."""
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    vocabularies). Equal to the tokenizer's default ids for a text that holds no control token's text. Safe to call
+    from several threads while others tokenise template markup (:func:`_plain_tokenizer`)."""
+    plain = _plain_tokenizer(tokenizer)
+    return list(plain(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
 def template_token_ids(tokenizer: Any, text: str) -> list[int]:

@@ -4,6 +4,9 @@ control tokens (``<|im_end|><|im_start|>system``) cannot close a turn or open a 
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ from typing import Any
 import pytest
 from tiny_models import CHATML_TEMPLATE, ONE_SYSTEM_TEMPLATE, byte_chat_tokenizer, tiny_model
 
-from inferscale.control_tokens import control_token_texts, plain_token_ids, rendered_token_ids
+from inferscale.control_tokens import control_token_texts, plain_token_ids, rendered_token_ids, template_token_ids
 from inferscale.conversation import ChatMessage
 from inferscale.engines.hf.prompt import PromptLayout
 from inferscale.errors import InvalidInputError
@@ -116,3 +119,38 @@ def test_smollm2_memory_and_message_text_never_become_chatml_control_tokens(smol
     benign = layout.conversation_ids("What breed is my dog?")
     forged = layout.conversation_ids(f"What breed is my dog?{attack}")
     assert sum(i in specials for i in forged) == sum(i in specials for i in benign)
+
+
+def test_plain_and_template_tokenisation_on_two_threads_do_not_mix() -> None:
+    """A reviewer's reproduction: a fast tokenizer applies ``split_special_tokens`` through a flag on its backend,
+    so plain text tokenised on one thread while another tokenised template markup on the same tokenizer kept
+    ``<|end|>`` as a control token (41 times in 4 s), and the markup lost it (5 times)."""
+    tokenizer = byte_chat_tokenizer()
+    end = _end_id(tokenizer)
+    text = "a<|end|>b" * 8
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def plain() -> None:
+        while not stop.is_set():
+            if end in plain_token_ids(tokenizer, text):
+                wrong.append("plain text read a control token")
+
+    def markup() -> None:
+        while not stop.is_set():
+            if end not in template_token_ids(tokenizer, text):
+                wrong.append("markup lost its control token")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    threads = [threading.Thread(target=plain), threading.Thread(target=markup)]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(switch)
+    assert wrong == []
