@@ -13,7 +13,9 @@ scope, where an unset id must be unset too.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import TypeVar
 
 import numpy as np
@@ -251,8 +253,14 @@ def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[Hist
         .where(HistoryRow.memory_id == memory_id, *(c == v for c, v in zip(ids, given, strict=True) if v is not None))
         .order_by(HistoryRow.id)
     )
-    rows = s.execute(stmt)
-    return [HistoryRecord.from_row(r[0], scope_of_ids(r[1], r[2], r[3]), n) for n, r in enumerate(rows)]
+    records: list[HistoryRecord] = []
+    seen = Counter[tuple[str, datetime]]()
+    for r in s.execute(stmt):
+        row = r[0]
+        twin = seen[(row.event, row.created_at)]
+        seen[(row.event, row.created_at)] += 1
+        records.append(HistoryRecord.from_row(row, scope_of_ids(r[1], r[2], r[3]), twin))
+    return records
 
 
 def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:

@@ -100,7 +100,7 @@ class HistoryRecord:
     Attributes:
         id: the row's integer key (increases with time, over every memory of the store).
         public_id: the id results show (:func:`history_public_id`): a UUID string, as Mem0's, that says nothing
-            about other memories' changes (the integer key counts every tenant's writes).
+            about other memories' changes (the integer key counts every tenant's writes) and stays the same.
         memory_id: the public id of the memory that changed.
         event: ``"ADD"``, ``"UPDATE"`` or ``"DELETE"``.
         old_text, new_text: the text before and after (``old_text`` is ``None`` on ADD, ``new_text`` on DELETE).
@@ -126,9 +126,9 @@ class HistoryRecord:
     created_at: datetime
 
     @classmethod
-    def from_row(cls, row: HistoryRow, scope: Scope | None, ordinal: int) -> HistoryRecord:
+    def from_row(cls, row: HistoryRow, scope: Scope | None, twin: int = 0) -> HistoryRecord:
         """A detached copy of ``row``, whose memory's scope is ``scope`` (read with the row:
-        :func:`inferscale.storage.queries.history`) and which is its memory's ``ordinal``-th change (0 first)."""
+        :func:`inferscale.storage.queries.history`); ``twin``: as :func:`history_public_id`."""
         event: HistoryEvent
         if row.event == "ADD":
             event = "ADD"
@@ -140,7 +140,7 @@ class HistoryRecord:
             raise ValueError(f"history row {row.id} has unknown event {row.event!r}")
         return cls(
             id=int(row.id),
-            public_id=history_public_id(row.memory_id, ordinal),
+            public_id=history_public_id(row.memory_id, row.event, row.created_at, twin),
             memory_id=row.memory_id,
             event=event,
             old_text=row.old_text,
@@ -157,12 +157,13 @@ HISTORY_ID_NAMESPACE = uuid.UUID("6f1c2a7e-3d4b-4e8a-9b0c-5d2e7f813a46")
 """The UUID namespace of :func:`history_public_id` (fixed: the ids stay the same from release to release)."""
 
 
-def history_public_id(memory_id: str, ordinal: int) -> str:
-    """The id a history row is shown with: a name-based UUID (``uuid5``) of its memory's id and its place in that
-    memory's changes (0 for the first). The same row keeps the same id on every read, and, unlike the row's
-    integer key, which counts the changes of every memory in the store, it tells a caller nothing about the
-    writes of other memories, other tenants' included."""
-    return str(uuid.uuid5(HISTORY_ID_NAMESPACE, f"{memory_id}/{ordinal}"))
+def history_public_id(memory_id: str, event: str, created_at: datetime, twin: int = 0) -> str:
+    """The id a history row is shown with: a name-based UUID (``uuid5``) of its memory's id, its event and its time
+    (``twin`` counts the earlier rows of that memory with the same event and time: 0 but for a clash of
+    microseconds). What it is made of is shown in the row already, so, unlike the row's integer key, which counts
+    the changes of every memory in the store, it tells a caller nothing about other memories' writes, other
+    tenants' included; and a row keeps its id on every read, also after other rows are deleted."""
+    return str(uuid.uuid5(HISTORY_ID_NAMESPACE, f"{memory_id}/{event}/{created_at.isoformat()}/{twin}"))
 
 
 def scope_of_ids(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:

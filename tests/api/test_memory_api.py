@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from client_adapter import ClientAdapter, MakeClient
 from mem0_fakes import fake_config
 
@@ -146,20 +147,31 @@ def test_metadata_may_not_set_the_speaker(m: ClientAdapter) -> None:
     assert [r["memory"] for r in m.get_all(user_id="alice")["results"]] == ["I like tea."]
 
 
-def test_history_ids_are_uuids_that_tell_nothing_of_other_tenants_writes(m: ClientAdapter) -> None:
+def test_history_ids_are_uuids_that_tell_nothing_of_other_tenants_writes(m: ClientAdapter, db_url: str) -> None:
     """A security helper's report: a history row's id was the table's integer key, one counter over every tenant
     (bob's row "11", then alice's "12"): the gaps between a user's own ids showed how much everyone else wrote. The id
-    is now a UUID, as Mem0's, made from the memory's id and the row's place in its history: stable over reads, and
-    the same whatever other memories saw meanwhile."""
+    is now a UUID, as Mem0's, made from what the row shows (its memory, event and time): the same on every read,
+    whatever other memories saw meanwhile, and after other rows of the memory are deleted (a retention or erasure
+    job in SQL: docs/api.md)."""
     alice = m.add("Alice likes tea.", user_id="alice", infer=False)["results"][0]["id"]
     first = [h["id"] for h in m.history(alice)]
     for i in range(3):
         m.add(f"Bob's note {i}", user_id="bob", infer=False)
     m.update(alice, text="Alice likes green tea.")
-    ids = [h["id"] for h in m.history(alice)]
-    assert ids[:1] == first and len(set(ids)) == 2
-    assert ids == [history_public_id(alice, n) for n in range(2)]
-    assert all(str(uuid.UUID(i)) == i for i in ids)
+    m.update(alice, text="Alice likes mint tea.")
+    rows = m.history(alice)
+    ids = [h["id"] for h in rows]
+    assert ids[:1] == first and len(set(ids)) == 3
+    made = [history_public_id(alice, h["event"], datetime.fromisoformat(h["created_at"])) for h in rows]
+    assert ids == made and all(str(uuid.UUID(i)) == i for i in ids)
+    engine = sqlalchemy.create_engine(db_url)
+    with engine.begin() as conn:  # the first UPDATE row is purged
+        oldest_update = min(
+            conn.execute(sqlalchemy.text("SELECT id FROM memory_history WHERE event = 'UPDATE'")).scalars()
+        )
+        conn.execute(sqlalchemy.text("DELETE FROM memory_history WHERE id = :id"), {"id": oldest_update})
+    engine.dispose()
+    assert [h["id"] for h in m.history(alice)] == [ids[0], ids[2]]
 
 
 def test_the_hash_is_mem0s_md5_of_the_text(m: ClientAdapter) -> None:
