@@ -51,6 +51,7 @@ from typing import Any
 
 from inferscale.arguments import MAX_LIMIT
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
+from inferscale.storable import NUL
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -165,6 +166,7 @@ class MemoryService:
 
         scope = Scope(user_id=user)
         query = last_user_text(conversation)
+        query = query.replace(NUL, "") or query  # a chat message may hold NUL (it is not stored); a search may not
         with self._lock:
             hits = self._client.recall(query, user_id=user, limit=self._limit)
             recalled = laid_out([hit.record for hit in hits], self._client.config.memory_layout)

@@ -1,7 +1,7 @@
 """How often a writing client rewrites its index file: at most every INDEX_SAVE_INTERVAL_S, and, for an index whose
 save is slow (a million vectors are a 1.5 GB file), every last save's duration over INDEX_SAVE_SHARE, so that
 saving does not take every add (benchmarks/scale.py measured ~8 s adds at a million memories when each add saved).
-A fake clock stands in for time: no test here waits."""
+A fake clock stands in for time in the cadence test; the put-off save's test waits for its timer (0.5 s)."""
 
 from __future__ import annotations
 
