@@ -51,7 +51,6 @@ from typing import Any
 
 from inferscale.arguments import MAX_LIMIT
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
-from inferscale.storable import NUL
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -73,6 +72,7 @@ from inferscale.server.openai_chat import (
 )
 from inferscale.server.options import ServeSettings, check_setting, memory_config
 from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
+from inferscale.storable import NUL
 
 log = logging.getLogger(__name__)
 
