@@ -133,7 +133,7 @@ class FactKVManager:
         encoding = self.canonical(record, encoding)
         if encoding.context_free:
             controls = self._holds_control_text([record.text])
-            return encoding_key(self._prefix_digest(), (), 0, 0, self._config.storage_format, None, controls)
+            return encoding_key(self._prefix_digest(), (), 0, 0, self._config.storage_format, control_text=controls)
         return self._link_encoding_key(ChainLink.of(record), encoding.bucket)
 
     def _holds_control_text(self, texts: Sequence[str]) -> bool:
@@ -155,12 +155,18 @@ class FactKVManager:
             chain = (config.chain_window, link.chain_from)
             controls = self._holds_control_text([link.text, *link.context])
             return encoding_key(
-                self._prefix_digest(), link.context, config.context_window, 0, config.storage_format, chain, controls
+                self._prefix_digest(),
+                link.context,
+                config.context_window,
+                0,
+                config.storage_format,
+                chain,
+                control_text=controls,
             )
         turns = context_turns(link.context, config.context_window)
         controls = self._holds_control_text([link.text, *turns])
         return encoding_key(
-            self._prefix_digest(), turns, config.context_window, bucket, config.storage_format, None, controls
+            self._prefix_digest(), turns, config.context_window, bucket, config.storage_format, control_text=controls
         )
 
     def chained(self, record: MemoryRecord) -> bool:

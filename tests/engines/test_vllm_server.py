@@ -174,6 +174,15 @@ def test_memory_is_the_users_own(server: Server) -> None:
     assert {m["id"] for m in _report(_chat(client, question, user="bob"))["memories"]} == server.bob_ids
 
 
+def test_a_message_holding_nul_is_answered_with_the_memories_it_retrieves_without_it(server: Server) -> None:
+    """Chat messages may hold NUL (they are not stored); the service searched with the last one as it was, and the
+    search refused it: 400 "query holds a NUL" for a message, naming no argument the caller gave."""
+    client = server.openai()
+    held = _chat(client, [{"role": "user", "content": "What is my dog\x00 called?"}], max_tokens=2)
+    plain = _chat(client, [{"role": "user", "content": "What is my dog called?"}], max_tokens=2)
+    assert [m["id"] for m in _report(held)["memories"]] == [m["id"] for m in _report(plain)["memories"]]
+
+
 def test_earlier_turns_reach_the_model(server: Server) -> None:
     client = server.openai()
     turns: list[dict[str, Any]] = [

@@ -198,7 +198,7 @@ def test_the_vllm_engine_without_vllm_is_one_line_and_exit_2(
         (["--limit", "-3"], "the chat limit (--limit) must be a whole number from 0 to 1,000,000, got -3"),
         (["--port", "70000"], "port (--port) must be a whole number from 0 to 65,535, got 70000"),
         (["--port", "-1"], "port (--port) must be a whole number from 0 to 65,535, got -1"),
-        (["--device", "tpu"], "device"),
+        (["--device", "tpu"], "device: String should match pattern '^(auto|cpu|cuda(:\\d+)?)$' (got 'tpu')"),
     ],
 )
 def test_a_server_setting_out_of_range_is_refused_before_anything_loads(
