@@ -107,3 +107,15 @@ def test_vllms_limits_are_refused_for_the_transformers_engine(engine: dict[str, 
         MemoryClient({"engine": engine})
     vllm = MemoryConfig.model_validate({"engine": {"provider": "vllm", **engine}}).engine
     assert (vllm.max_model_len, vllm.kv_cache_bytes) == (engine.get("max_model_len"), engine.get("kv_cache_bytes"))
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "CPU "])
+def test_an_unknown_device_is_refused_in_one_line_naming_it(device: str) -> None:
+    """``--device tpu`` loaded the model and then failed in torch; a config error printed pydantic's four-line text
+    with a link. Now: one line, naming the field and the value."""
+    with pytest.raises(ConfigError) as refused:
+        config_from_dict({"engine": {"device": device}})
+    message = str(refused.value)
+    assert message.startswith("invalid InferScale config: engine.device: String should match pattern")
+    assert f"(got {device!r})" in message and "\n" not in message
+    assert config_from_dict({"engine": {"device": "cuda:1"}, "embedder": {"device": "auto"}}).engine.device == "cuda:1"
