@@ -707,7 +707,7 @@ class ClientCore:
         event stream and the K/V load time (ms). Context and template errors are raised here, before any event.
         """
         engine = self.engine
-        budget = request.max_new_tokens or self.config.engine.max_new_tokens
+        budget = self._answer_budget(request)
         cache_scope = request.scope.key()
         if request.mode == "kv":
             t1 = time.perf_counter()
@@ -847,6 +847,10 @@ class ClientCore:
             return self._fitting_request(request, records)
         return self._fitting_request(request, fact_kv.servable(records))
 
+    def _answer_budget(self, request: ChatRequest) -> int:
+        """The most tokens ``request``'s answer may take: its own ``max_new_tokens``, else the engine config's."""
+        return request.max_new_tokens or self.config.engine.max_new_tokens
+
     def _fitting_request(self, request: ChatRequest, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
         """``records`` when the prompt they make with ``request`` (system prefix, memory lines, conversation and
         answer budget) fits the model's context; checked from token counts before any K/V is loaded or encoded, so a
@@ -860,7 +864,7 @@ class ClientCore:
         engine, fact_kv = self.engine, self.derived.fact_kv
         prefix = len(engine.system_prefix_ids())
         rest = len(engine.conversation_token_ids(request.conversation))
-        rest += request.max_new_tokens or self.config.engine.max_new_tokens
+        rest += self._answer_budget(request)
         limit = engine.max_context_tokens
         kept: list[MemoryRecord] = []
         for record in records:

@@ -68,7 +68,12 @@ def template_token_ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def rendered_token_ids(tokenizer: Any, render: Callable[[Sequence[str]], str], contents: Sequence[str]) -> list[int]:
+def rendered_token_ids(
+    tokenizer: Any,
+    render: Callable[[Sequence[str]], str],
+    contents: Sequence[str],
+    controls: frozenset[str] | None = None,
+) -> list[int]:
     """Token ids of ``render(contents)`` (a chat template's output around the callers' texts), with each of
     ``contents`` tokenised as plain text (:func:`plain_token_ids`) and the template's markup as such.
 
@@ -80,13 +85,14 @@ def rendered_token_ids(tokenizer: Any, render: Callable[[Sequence[str]], str], c
         tokenizer: a transformers tokenizer.
         render: renders the template around a list of contents, one per text slot, in the order given.
         contents: the callers' texts.
+        controls: the tokenizer's :func:`control_token_texts`, when the caller keeps them (``None``: read here).
 
     Raises:
         InvalidInputError: when a content holds a control token's text and the template does not render the contents
             verbatim, in order (it changes them), so they cannot be kept apart from its markup.
     """
     rendered = render(contents)
-    controls = control_token_texts(tokenizer)
+    controls = control_token_texts(tokenizer) if controls is None else controls
     offending = [content for content in contents if holds_control_token(content, controls)]
     if not offending:
         return template_token_ids(tokenizer, rendered)

@@ -168,7 +168,7 @@ class PromptLayout:
             return rendered.split(_SENTINEL)[1]
 
         contents = [*extras, *(m.content.strip() for m in messages)]
-        return rendered_token_ids(self._tokenizer, render, contents)
+        return rendered_token_ids(self._tokenizer, render, contents, self.control_texts)
 
     def query_ids(self, query: str) -> list[int]:
         """Tokens after the memory segment for a one-turn conversation: the end of the system turn, the user's
