@@ -29,8 +29,8 @@ from inferscale.chains import ChainLink, anchor_context, next_in_chain
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
-from inferscale.encoding_layout import EncodingLayout, preview, span_steps
-from inferscale.engines.base import Engine, Generation, StreamEvent, check_prompt_fits
+from inferscale.encoding_layout import EncodingLayout, span_steps
+from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, EngineClosedError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
@@ -861,25 +861,15 @@ class ClientCore:
             InvalidInputError: when the prompt does not fit (:func:`~inferscale.engines.base.check_prompt_fits`),
                 or the conversation is refused by the chat template.
         """
-        engine, fact_kv = self.engine, self.derived.fact_kv
-        prefix = len(engine.system_prefix_ids())
-        rest = len(engine.conversation_token_ids(request.conversation))
-        rest += self._answer_budget(request)
-        limit = engine.max_context_tokens
-        kept: list[MemoryRecord] = []
-        for record in records:
-            if request.memory_ids is not None or prefix + fact_kv.fact_tokens(record) + rest <= limit:
-                kept.append(record)
-            else:
-                log.warning(
-                    "memory %s (%s) is left out of this chat: with the conversation and the answer budget it would "
-                    "not fit the model's context of %d tokens",
-                    record.id,
-                    preview(record.text),
-                    limit,
-                )
-        check_prompt_fits(prefix, sum(fact_kv.fact_tokens(r) for r in kept), rest, limit)
-        return kept
+        engine = self.engine
+        rest = len(engine.conversation_token_ids(request.conversation)) + self._answer_budget(request)
+        return self.derived.fact_kv.fitting(
+            records,
+            prefix_tokens=len(engine.system_prefix_ids()),
+            rest_tokens=rest,
+            context_tokens=engine.max_context_tokens,
+            chosen=request.memory_ids is not None,
+        )
 
     def _release(self) -> None:
         """Write the index file if it changed, and release what this client built: the JSON generator (an HTTP

@@ -33,7 +33,7 @@ from inferscale.chains import ChainLink, chained_on
 from inferscale.config import KVConfig
 from inferscale.control_tokens import holds_control_token
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
-from inferscale.engines.base import Engine
+from inferscale.engines.base import Engine, check_prompt_fits
 from inferscale.errors import MemoryNotFoundError
 from inferscale.kv.encode import EncodeRequest, chunk_length
 from inferscale.kv.fact import FactKV
@@ -254,6 +254,47 @@ class FactKVManager:
                     record.id,
                     preview(record.text),
                 )
+        return kept
+
+    def fitting(
+        self,
+        records: Sequence[MemoryRecord],
+        *,
+        prefix_tokens: int,
+        rest_tokens: int,
+        context_tokens: int,
+        chosen: bool = False,
+    ) -> list[MemoryRecord]:
+        """``records`` when the prompt they make (system prefix, memory lines, then the conversation and the answer
+        budget) fits a context window of ``context_tokens``; checked from token counts (:meth:`fact_tokens`), so a
+        request bound to fail costs no forward pass. A retrieved memory that would not fit even as the only one is
+        left out with a warning: one long memory must not fail every chat of its scope. Memories the caller
+        ``chosen`` by id are all kept.
+
+        Args:
+            records: the memories, in layout order.
+            prefix_tokens: the system prefix's length (tokens).
+            rest_tokens: the conversation's tokens plus the answer budget (tokens).
+            context_tokens: the serving engine's context window (tokens): the model's, or vLLM's ``max_model_len``.
+            chosen: ``True`` when the caller named ``records`` (``memory_ids``): none is left out.
+
+        Raises:
+            InvalidInputError: when the prompt of the memories kept does not fit
+                (:func:`~inferscale.engines.base.check_prompt_fits`).
+        """
+        kept: list[MemoryRecord] = []
+        for record in records:
+            if chosen or prefix_tokens + self.fact_tokens(record) + rest_tokens <= context_tokens:
+                kept.append(record)
+            else:
+                log.warning(
+                    "memory %s (%s) is left out of this chat: with the conversation and the answer budget it would "
+                    "not fit the model's context of %d tokens",
+                    record.id,
+                    preview(record.text),
+                    context_tokens,
+                )
+        check_prompt_fits(prefix_tokens, sum(self.fact_tokens(r) for r in kept), rest_tokens, context_tokens)
         return kept
 
     def check(self, records: Sequence[MemoryRecord]) -> None:

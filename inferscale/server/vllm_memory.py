@@ -121,6 +121,8 @@ class MemoryService:
         recompute_tail: n of the ``tail:n`` recompute policy, the memory segment's last tokens vLLM prefills
             instead of the connector injecting them (tokens; 0 is pure injection): what
             :func:`~inferscale.engines.vllm.vllm_recompute_tail` gives for the config's ``kv`` settings.
+        context_tokens: vLLM's context limit (``max_model_len``, tokens), prompt and answer together; ``None`` takes
+            the fact encoder's (the model's own).
 
     Raises:
         ConfigError: for ``recompute_tail`` < 0.
@@ -135,6 +137,7 @@ class MemoryService:
         limit: int,
         tokenizer: Any,
         recompute_tail: int = 0,
+        context_tokens: int | None = None,
     ) -> None:
         if recompute_tail < 0:
             raise ConfigError(f"recompute_tail must be >= 0 tokens, got {recompute_tail}")
@@ -145,9 +148,12 @@ class MemoryService:
         self.tokenizer = tokenizer
         self.recompute_tail = recompute_tail
         self._limit = limit
+        self._context_tokens = context_tokens
         self._lock = threading.Lock()
 
-    def prepare(self, user: str, conversation: Sequence[ChatMessage]) -> tuple[PreparedRequest, list[dict[str, Any]]]:
+    def prepare(
+        self, user: str, conversation: Sequence[ChatMessage], answer_tokens: int = 1
+    ) -> tuple[PreparedRequest, list[dict[str, Any]]]:
         """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
         its last user message, laid out as ``MemoryConfig.memory_layout`` says; its memory segment's last
         :attr:`recompute_tail` tokens are left to vLLM's prefill. Returns the request and those memories (Mem0
@@ -155,11 +161,19 @@ class MemoryService:
 
         A retrieved memory too long for the model's context only with its context turns is served from its
         context-free encoding, and one too long even without them is left out with a warning, as the client's
-        ``chat`` does (:meth:`~inferscale.fact_kv.FactKVManager.fit`).
+        ``chat`` does (:meth:`~inferscale.fact_kv.FactKVManager.fit`). So is one that would not fit vLLM's context
+        with the conversation and ``answer_tokens`` (:meth:`~inferscale.fact_kv.FactKVManager.fitting`), checked
+        from token counts before any K/V is loaded or encoded.
+
+        Args:
+            user: the user whose memories are retrieved.
+            conversation: the messages (:func:`~inferscale.conversation.check_messages`).
+            answer_tokens: the answer budget (tokens, ``max_tokens``), which must fit the context with the prompt.
 
         Raises:
             ScopeError: for an empty user id.
-            InvalidInputError: when the chat template refuses the conversation.
+            InvalidInputError: when the chat template refuses the conversation, or the prompt with the answer budget
+                does not fit vLLM's context even with the memories that fit left in.
         """
         from inferscale.client_core import laid_out
         from inferscale.scope import Scope
@@ -167,10 +181,17 @@ class MemoryService:
         scope = Scope(user_id=user)
         query = last_user_text(conversation)
         query = query.replace(NUL, "") or query  # a chat message may hold NUL (it is not stored); a search may not
+        layout = self._builder.layout
+        rest = len(layout.conversation_ids(conversation)) + answer_tokens
+        context = self._context_tokens or self._client.engine.max_context_tokens
         with self._lock:
             hits = self._client.recall(query, user_id=user, limit=self._limit)
             recalled = laid_out([hit.record for hit in hits], self._client.config.memory_layout)
-            records = self._client.fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
+            fact_kv = self._client.fact_kv
+            records = fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
+            records = fact_kv.fitting(
+                records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
+            )
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)
         return prepared, [{"id": r.id, "memory": r.text} for r in records]
@@ -379,7 +400,7 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         check_supported_fields(body)
         conversation = chat_messages(body.get("messages"))
         sampling = ChatSampling.of(body)
-        prepared, memories = await asyncio.to_thread(service.prepare, user, conversation)
+        prepared, memories = await asyncio.to_thread(service.prepare, user, conversation, sampling.max_tokens)
     except InvalidInputError as exc:
         return _error(str(exc))
     payload: dict[str, Any] = {
@@ -475,7 +496,14 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")
     stop_ids = sorted(stop_token_ids(engine.model, engine.tokenizer))
     _SERVICE = MemoryService(
-        client, builder, options.port, stop_ids, options.limit, engine.tokenizer, recompute_tail=recompute_tail
+        client,
+        builder,
+        options.port,
+        stop_ids,
+        options.limit,
+        engine.tokenizer,
+        recompute_tail=recompute_tail,
+        context_tokens=options.max_model_len,
     )
     return _SERVICE, path, engine.fingerprint, loaded_dtype(engine.model)
 

@@ -4,6 +4,7 @@ too long for ``max_model_len`` as its encoder would. Needs vLLM importable (``ma
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from inferscale import InvalidInputError, MemoryClient, MemoryConfig  # noqa: E4
 from inferscale.config import EngineConfig, KVConfig  # noqa: E402
 from inferscale.conversation import ChatMessage  # noqa: E402
 from inferscale.engines.hf import PromptLayout  # noqa: E402
+from inferscale.engines.transformers import TransformersEngine  # noqa: E402
 from inferscale.engines.vllm import VLLMEngine  # noqa: E402
 
 SYSTEM_PROMPT = "Memories:\n"
@@ -61,39 +63,101 @@ def test_add_refuses_a_fact_past_max_model_len_without_loading(model_folder: Pat
     assert not engine._encoder_ready
 
 
+class _Builder:
+    """The service's request builder, less vLLM: hands back the facts it is given."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self.layout = PromptLayout(tokenizer, SYSTEM_PROMPT)
+
+    def prepare_kv(
+        self, conversation: object, facts: list[object], cache_scope: str, *, recompute_tail: int = 0
+    ) -> list[object]:
+        assert recompute_tail == 0  # the service's default: pure injection
+        return facts
+
+
+QUERY = [ChatMessage("user", "Long tea?")]
+
+
+def _tiny_engine() -> TransformersEngine:
+    model = tiny_model("llama", max_position_embeddings=128)
+    return TransformersEngine(
+        EngineConfig(dtype="float32", device="cpu"), SYSTEM_PROMPT, model=model, tokenizer=byte_chat_tokenizer()
+    )
+
+
+def _long_text(engine: TransformersEngine, fact_tokens: int) -> str:
+    """A memory whose line takes ``fact_tokens`` tokens (the byte tokenizer: one token per character)."""
+    text = "Long: " + "x" * (fact_tokens - len(engine.fact_token_ids("")) - 6)
+    assert len(engine.fact_token_ids(text)) == fact_tokens
+    return text
+
+
 def test_the_vllm_servers_memory_serves_a_stored_memory_that_fits_only_without_its_turns(tmp_path: Path) -> None:
     """``inferscale serve --engine vllm`` retrieves through the client and asks it for the K/V: a memory stored under
     w = 0 that does not fit with its turns under w = 5 failed every request that retrieved it, then was left out of
-    them; it is served from its context-free encoding (tests/api/test_add_span_check.py)."""
-    from inferscale.engines.transformers import TransformersEngine
+    them; it is served from its context-free encoding (tests/api/test_add_span_check.py). The service retrieves one
+    memory, the long one, so that the prompt fits the context with the query and one answer token."""
     from inferscale.server.vllm_memory import MemoryService
 
-    class Builder:
-        def prepare_kv(
-            self, conversation: object, facts: list[object], cache_scope: str, *, recompute_tail: int = 0
-        ) -> list[object]:
-            assert recompute_tail == 0  # the service's default: pure injection
-            return facts
-
-    model = tiny_model("llama", max_position_embeddings=128)
-    engine = TransformersEngine(
-        EngineConfig(dtype="float32", device="cpu"), SYSTEM_PROMPT, model=model, tokenizer=byte_chat_tokenizer()
-    )
-    room = 128 - len(engine.system_prefix_ids()) - len(engine.fact_token_ids("")) - 5
-    texts = ["I like tea.", "Long: " + "x" * (room - 6)]
+    engine = _tiny_engine()
+    builder = _Builder(engine.tokenizer)
+    turn = "I like green tea in the morning and black tea at night."
+    query = [ChatMessage("user", "Long?")]
+    room = 128 - len(builder.layout.prefix_ids) - len(builder.layout.conversation_ids(query)) - 1
+    texts = [turn, _long_text(engine, room)]
 
     def config(w: int) -> MemoryConfig:
         kv = KVConfig(encode_on_add="lazy", context_window=w)
         return MemoryConfig(data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=kv)
 
     with MemoryClient(config(0), engine=engine, embedder=HashEmbedder()) as before:
-        before.add([{"role": "user", "content": t} for t in texts], user_id="maya", infer=False)
+        ids = [
+            r["id"]
+            for r in before.add([{"role": "user", "content": t} for t in texts], user_id="maya", infer=False)["results"]
+        ]
     with MemoryClient(config(5), engine=engine, embedder=HashEmbedder()) as client:
-        service = MemoryService(client, Builder(), 0, [], 5, engine.tokenizer)
-        facts, memories = service.prepare("maya", [ChatMessage("user", "Long tea?")])
-    assert sorted(m["memory"] for m in memories) == sorted(texts)
-    long_fact = next(f for f, m in zip(facts, memories, strict=True) if m["memory"] == texts[1])
+        (record,) = [client.db.get(ids[1])]
+        assert record is not None and record.context and client.fact_kv.fit(record) == "alone"
+        service = MemoryService(client, builder, 0, [], 1, engine.tokenizer)
+        facts, memories = service.prepare("maya", query)
+    assert [m["memory"] for m in memories] == [texts[1]]
+    (long_fact,) = facts
     assert long_fact.n_tokens == len(engine.fact_token_ids(texts[1]))
+
+
+@pytest.mark.parametrize("answer_tokens", [1, 16])
+def test_the_vllm_servers_memory_leaves_out_a_memory_that_fits_vllms_context_only_without_the_query(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, answer_tokens: int
+) -> None:
+    """vLLM's ``max_model_len`` (the service's ``context_tokens``) is shorter than the fact encoder's context: a
+    memory that fits the encoder but not vLLM's context with the query and the request's ``max_tokens`` was encoded,
+    then vLLM refused the request, and so every chat of the user that retrieved it. It is left out with a warning,
+    before any K/V is encoded; a memory one token shorter is served."""
+    from inferscale.server.vllm_memory import MemoryService
+
+    engine = _tiny_engine()
+    builder = _Builder(engine.tokenizer)
+    room = MAX_MODEL_LEN - len(builder.layout.prefix_ids) - len(builder.layout.conversation_ids(QUERY)) - answer_tokens
+    config = MemoryConfig(
+        data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(encode_on_add="lazy", context_window=0)
+    )
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        fits, too_long = _long_text(engine, room), _long_text(engine, room + 1)
+        client.add(fits, user_id="maya", infer=False)
+        client.add(too_long, user_id="bob", infer=False)
+        service = MemoryService(client, builder, 0, [], 5, engine.tokenizer, context_tokens=MAX_MODEL_LEN)
+        encoded: list[int] = []
+        real = client.fact_kv.encode
+        client.fact_kv.encode = lambda requests: encoded.append(len(requests)) or real(requests)  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="inferscale"):
+            facts, memories = service.prepare("bob", QUERY, answer_tokens)
+        assert (facts, memories, encoded) == ([], [], [])
+        assert f"would not fit the model's context of {MAX_MODEL_LEN} tokens" in caplog.text
+        facts, memories = service.prepare("maya", QUERY, answer_tokens)
+        assert [m["memory"] for m in memories] == [fits] and encoded == [1]
+        with pytest.raises(InvalidInputError, match=f"the model's context is {MAX_MODEL_LEN}"):
+            service.prepare("maya", QUERY, MAX_MODEL_LEN)  # an answer budget no prompt leaves room for
 
 
 def test_the_background_encoder_loads_the_encoder_alone_and_never_starts_vllm(
