@@ -19,18 +19,29 @@ from typing import Any
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.prompt import PromptLayout
+from inferscale.errors import UnsupportedModelError
+from inferscale.kv import max_static_position
 from inferscale.model_load import loading_model
 from inferscale.models import resolve_llm_path
 
 
 def max_positions(model_config: Any) -> int:
-    """The context window a transformers model config declares (tokens): its ``max_position_embeddings``. The
-    engines read it here from the loaded model's config and from the config file alone, so the two never differ.
+    """The context window of a transformers model config for InferScale's engines (tokens): its
+    ``max_position_embeddings``, capped at the last position its RoPE is static for (``longrope``'s
+    ``original_max_position_embeddings``, :func:`~inferscale.kv.max_static_position`). Past that bound transformers
+    rotates every position of a longer sequence with the long factors, so neither a stored key nor a cached system
+    prefix would match what the model computes for that request. The engines read it here from the loaded model's
+    config and from the config file alone, so the two never differ.
 
     Args:
         model_config: a ``transformers.PretrainedConfig`` (typed ``Any``: each model class has its own).
     """
-    return int(model_config.max_position_embeddings)
+    declared = int(model_config.max_position_embeddings)
+    try:
+        static = max_static_position(model_config)
+    except UnsupportedModelError:
+        return declared  # a RoPE that is never static is refused where keys are rotated (RopeTable.from_model)
+    return declared if static is None else min(declared, static)
 
 
 @dataclass(frozen=True, slots=True)
