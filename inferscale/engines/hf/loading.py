@@ -11,6 +11,7 @@ import torch
 from inferscale.config import EngineConfig, inferscale_home
 from inferscale.engines.hf.attention import resolve_attention
 from inferscale.engines.hf.dtype import choose_dtype, probe_cpu_dtype
+from inferscale.errors import ConfigError
 from inferscale.model_load import loading_model
 from inferscale.models import resolve_llm_path
 
@@ -44,7 +45,8 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
     Raises:
         ModelNotAvailableError: when the configured folder does not exist, or the embedded default is not installed.
         ConfigError: when the folder or name holds no model that can be loaded
-            (:func:`inferscale.model_load.loading_model`).
+            (:func:`inferscale.model_load.loading_model`), or the model cannot run ``config.attn_implementation``
+            (Gemma 2 and other models without SDPA support: ``"eager"`` runs them).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -57,8 +59,15 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
 
     def load(dtype: str) -> Any:
         attention = resolve_attention(config.attn_implementation)
-        with loading_model("engine.model", path, errors=(OSError,)):  # a ValueError: an attention it lacks
-            return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+        with loading_model("engine.model", path, errors=(OSError,)):
+            try:
+                return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
+            except ValueError as exc:  # the config was read: the model lacks this attention implementation
+                reason = str(exc).strip().splitlines()
+                raise ConfigError(
+                    f"engine.model {path!r} cannot run engine.attn_implementation={config.attn_implementation!r} "
+                    f"({reason[0] if reason else type(exc).__name__}); set engine.attn_implementation='eager'"
+                ) from exc
 
     model = load(choice.dtype)
     if choice.probe:
