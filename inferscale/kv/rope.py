@@ -166,6 +166,7 @@ class RopeTable:
         self._sin = torch.empty(0, device=device)
         self._typed: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, signed sin per key dtype
         self._grow(initial_positions if self._limit is None else min(initial_positions, self._limit))
+        self._rotates_in_float32 = self._rows_stay_float32()
 
     @classmethod
     def from_model(cls, model: nn.Module, device: torch.device | None = None, verify: bool = True) -> RopeTable:
@@ -223,6 +224,16 @@ class RopeTable:
         if kind is None:
             return self._rotary(probe, position_ids)
         return self._rotary(probe, position_ids, kind)
+
+    def _rows_stay_float32(self) -> bool:
+        """Whether the model's rotary module returns float32 rows for bfloat16 input (OLMo 2). Its attention then
+        rotates a bfloat16 key in float32 and casts the result back, which :meth:`rotate` must do too to give the
+        model's own key bit for bit; Llama-style modules return rows in the input's dtype."""
+        probe = torch.zeros(1, device=self._device, dtype=torch.bfloat16)
+        position_ids = torch.zeros(1, 1, dtype=torch.long, device=self._device)
+        with torch.no_grad():
+            cos, _ = self._rotary_rows(probe, position_ids, self._kinds[0])
+        return bool(cos.dtype == torch.float32)
 
     def _grow(self, n_positions: int) -> None:
         probe = torch.zeros(1, device=self._device, dtype=torch.float32)
@@ -292,13 +303,20 @@ class RopeTable:
                 :func:`apply_rope`).
 
         Returns:
-            Rotated keys, same shape and dtype as ``k``, computed in ``k``'s dtype with the model's rows cast to it
-            (bit-identical to the model's own rotation at those positions; see :func:`apply_rope`).
+            Rotated keys, same shape and dtype as ``k``, computed as the model computes them, so bit-identical to
+            the model's own rotation at those positions: in ``k``'s dtype with the model's rows cast to it (see
+            :func:`apply_rope`), or in float32 and cast back to ``k``'s dtype where the model's rotary module returns
+            float32 rows whatever its input (OLMo 2).
 
         Raises:
             UnsupportedModelError: past a ``longrope`` model's static bound.
             ValueError: when a per-layer-type model gets keys without its layer axis first.
         """
+        if self._rotates_in_float32 and k.dtype != torch.float32:
+            rotated = self.rotate(k.float(), start)
+            if out is None:
+                return rotated.to(k.dtype)
+            return out.copy_(rotated)
         self._rows(start, k.shape[-2])  # bounds check, grows the table if needed
         typed = self._typed.get(k.dtype)
         if typed is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import LONGROPE_ORIGINAL_MAX, SUPPORTED_ARCHS, tiny_config, tiny_model
+from tiny_models import LONGROPE_ORIGINAL_MAX, SUPPORTED_ARCHS, TINY, tiny_config, tiny_model
 
 from inferscale.errors import UnsupportedModelError
 from inferscale.kv import EncodeRequest, FactEncoder, RopeTable, apply_rope, max_static_position, rotate_half
@@ -270,3 +270,18 @@ def test_partial_rotary_leaves_pass_through_channels() -> None:
 
 def test_rotate_half_layout() -> None:
     assert rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_olmo2_keys_are_rotated_in_float32_as_the_model_does_bit_for_bit(dtype: torch.dtype) -> None:
+    """OLMo 2's rotary module returns float32 rows for a bfloat16 model, so its attention rotates each key in float32
+    and casts it back. Rotated in bfloat16, as Llama's keys are, the re-rotated keys were 6.1e-3 (relative) from the
+    model's own: inside verify_rerotation's bfloat16 tolerance, so only an exact check sees it."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Olmo2Config(**{**TINY, "eos_token_id": None, "pad_token_id": None})
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval().to(dtype)
+    assert verify_rerotation(model, RopeTable.from_model(model)) == 0.0
+    llama = tiny_model("llama").to(dtype)  # rows in the key's dtype: rotated in it
+    assert verify_rerotation(llama, RopeTable.from_model(llama)) == 0.0
