@@ -22,6 +22,9 @@ GREEDY_BELOW = 1e-5
 
 MAX_SEED = 2**63
 """Seeds are ints in ``[0, MAX_SEED)``."""
+MAX_TOP_K = 2**31 - 1
+"""The largest ``top_k`` (vLLM's sampler holds it in a 32-bit tensor; any value past the vocabulary keeps every
+token)."""
 
 Role = Literal["system", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "user", "assistant")
@@ -128,9 +131,15 @@ def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMess
 
 
 def _finite(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"{name} must be a finite number, got {value!r:.80}")
+    try:
+        number = float(value)  # an int past the float range overflows (10**400)
+    except OverflowError:
+        raise InvalidInputError(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
         raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+    return number
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +155,7 @@ class SamplingSettings:
             the token is sampled. Ints are accepted and stored as floats, as are ``top_p`` and
             ``repetition_penalty``.
         top_p: nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``; in (0, 1].
-        top_k: keep the ``top_k`` most likely tokens; ``None`` keeps all.
+        top_k: keep the ``top_k`` most likely tokens; ``None`` keeps all. At most :data:`MAX_TOP_K`.
         seed: seeds the sampler, so a request with the same seed samples the same answer; ``None`` is unseeded.
             At most ``2**63 - 1`` (what ``torch.Generator.manual_seed`` and vLLM take).
         repetition_penalty: > 0; above 1 makes tokens already in the prompt or the answer less likely (CTRL's
@@ -154,7 +163,8 @@ class SamplingSettings:
         stop: strings that end the answer; the answer stops before the first one and does not contain it.
 
     Raises:
-        InvalidInputError: for ``temperature < 0``, ``top_p`` outside (0, 1], ``top_k < 1``,
+        InvalidInputError: for a sampling value that is not a finite number, ``temperature < 0``, ``top_p`` outside
+            (0, 1], ``top_k`` outside ``[1, MAX_TOP_K]``,
             ``repetition_penalty <= 0``, a non-integer seed, or an empty stop string.
     """
 
@@ -174,9 +184,9 @@ class SamplingSettings:
         if not 0 < self.top_p <= 1:
             raise InvalidInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= MAX_TOP_K
         ):
-            raise InvalidInputError(f"top_k must be a positive int or None, got {self.top_k!r}")
+            raise InvalidInputError(f"top_k must be an int in [1, 2**31) or None, got {self.top_k!r:.80}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED
         ):

@@ -66,10 +66,17 @@ def test_sampling_defaults_to_greedy_and_reads_openai_shapes() -> None:
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"temperature": "0.5"}, "temperature"),
+        (
+            {"temperature": 10**400},
+            "temperature must be a finite number, got an integer of 401 digits",
+        ),  # OverflowError
+        ({"top_p": 10**400}, "top_p must be a finite number"),
+        ({"repetition_penalty": -(10**400)}, "repetition_penalty must be a finite number"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": 0}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
+        ({"top_k": 2**31}, r"top_k must be an int in \[1, 2\*\*31\) or None, got 2147483648"),  # vLLM's int32
         ({"seed": -1}, "seed"),
         ({"seed": True}, "seed"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
