@@ -20,6 +20,7 @@ from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, check_scope_ids
 from inferscale.storable import check_json, check_storable, check_unicode
+from inferscale.storage.validation import check_key
 from inferscale.types import ChatMode
 
 DEFAULT_LIMIT = 100
@@ -120,11 +121,17 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
     """Normalised messages of an ``add`` call, checked before anything is written.
 
     Raises:
-        InvalidInputError: for malformed messages, a non-bool ``infer``, or (with ``infer=False``) a message
-            longer than ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document.
+        InvalidInputError: for malformed messages, a message ``name`` longer than a stored speaker may be
+            (:data:`~inferscale.storage.models.KEY_LENGTH` characters: it is stored as the change's actor and the
+            memory's ``actor_id``), a non-bool ``infer``, or (with ``infer=False``) a message longer than
+            ``max_memory_chars`` characters: a memory is a fact recalled into a prompt, not a document. All are
+            checked before any LLM call.
     """
     infer = check_flag(infer, "infer")
     msgs = normalize_messages(messages)
+    for i, m in enumerate(msgs):
+        if m.name is not None:
+            check_key(m.name, f"message {i}'s name")
     if not infer:
         for i, m in enumerate(msgs):
             if m.role != "system":

@@ -85,6 +85,26 @@ CASES: list[tuple[str, Call, str]] = [
     # NUL in a query: refused like every other string (tester report: a search and a chat's search_query took it)
     ("nul-query", lambda m, i: m.search(f"dog{NUL}", user_id="a"), "query holds a NUL character .* at index 3"),
     ("nul-search-query", lambda m, i: m.chat("hi", user_id="a", search_query=f"d{NUL}"), "search_query holds a NUL"),
+    # a speaker name longer than the actor column: refused before the LLM is asked (it was refused only after the
+    # whole extraction, and taken when another speaker's turns made the actor None)
+    (
+        "long-name",
+        lambda m, i: m.add({"role": "user", "content": "I have a dog.", "name": "n" * 256}, user_id="a"),
+        "message 0's name is 256 characters",
+    ),
+    (
+        "long-name-beside-another",
+        lambda m, i: m.add(
+            [{"role": "user", "content": "Hi.", "name": "bo"}, {"role": "user", "content": "Yo.", "name": "n" * 300}],
+            user_id="a",
+        ),
+        "message 1's name",
+    ),
+    (
+        "long-name-verbatim",
+        lambda m, i: m.add({"role": "user", "content": "ok", "name": "n" * 256}, user_id="a", infer=False),
+        "name",
+    ),
     # scope ids longer than their column
     ("long-user-id", lambda m, i: m.add("ok", user_id="u" * (MAX_ID_LENGTH + 1), infer=False), "user_id"),
     ("long-run-id", lambda m, i: m.add("ok", user_id="a", run_id="r" * 1000, infer=False), "run_id"),
@@ -247,3 +267,16 @@ def test_in_and_nin_match_by_json_type(m: ClientAdapter) -> None:
     assert found({"in": [None, "1"]}) == ["str", "null"]
     assert found({"nin": [1, True]}) == ["str", "real", "null", "none"]
     assert found({"in": list(range(-MAX_FILTER_VALUES + 2, 2))}) == ["int"]
+
+
+def test_a_speaker_name_too_long_to_store_is_refused_before_the_llm_is_asked(make: MakeClient) -> None:
+    """The failing input: a 300-character ``name`` took the whole extraction (91 s with the embedded model) before
+    the actor column refused it; it is refused with no LLM call."""
+    generator = ScriptedGenerator(facts=facts("Has a beagle named Biscuit"))
+    m = make(generator)
+    message = {"role": "user", "content": "I adopted a beagle named Biscuit.", "name": "n" * 300}
+    with pytest.raises(InvalidInputError, match="message 0's name is 300 characters; at most 255 are stored"):
+        m.add(message, user_id="a")
+    assert generator.calls == []
+    assert m.add({**message, "name": "n" * 255}, user_id="a")["results"][0]["memory"] == "Has a beagle named Biscuit"
+    assert len(generator.calls) == 1
