@@ -9,7 +9,7 @@ is not an int); this module only turns their ``ValidationError`` into an :class:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
@@ -20,7 +20,8 @@ from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, check_scope_ids
 from inferscale.storable import check_json, check_storable, check_unicode
-from inferscale.storage.validation import check_key
+from inferscale.storage import MemoryRecord
+from inferscale.storage.validation import check_id, check_key
 from inferscale.types import ChatMode
 
 DEFAULT_LIMIT = 100
@@ -370,3 +371,17 @@ def check_output_format(output_format: str | None) -> None:
             f"output_format={output_format!r}: InferScale always returns Mem0's v1.1 shape {{'results': [...]}}; "
             "pass 'v1.1' or leave it out"
         )
+
+
+def check_memories(memories: Any) -> list[MemoryRecord | str]:
+    """``memory_kv``'s memories: a sequence (not a str, which would be read one character per id) of records or
+    ids, each id checked by :func:`~inferscale.storage.validation.check_id`.
+
+    Raises:
+        InvalidInputError: otherwise, naming the first bad item.
+    """
+    if isinstance(memories, str | bytes) or not isinstance(memories, Sequence):
+        raise InvalidInputError(
+            f"memories must be a list of memory records or id strings, got {type(memories).__name__}"
+        )
+    return [m if isinstance(m, MemoryRecord) else check_id(m) for m in memories]

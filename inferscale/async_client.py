@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 from inferscale.arguments import (
     check_add_messages,
     check_flag,
+    check_memories,
     check_metadata,
     check_output_format,
     check_timeout,
@@ -329,7 +330,7 @@ class AsyncMemoryClient(ClientCore):
     async def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:
         """The K/V of ``memories`` (records or ids) as :meth:`chat` serves them, loaded or encoded in a worker
         thread; see :meth:`MemoryClient.memory_kv` (same errors)."""
-        records = [m if isinstance(m, MemoryRecord) else await self._arecord(m) for m in memories]
+        records = [m if isinstance(m, MemoryRecord) else await self._arecord(m) for m in check_memories(memories)]
         return await asyncio.to_thread(self.derived.memory_kv, records)
 
     async def _arecord(self, memory_id: str) -> MemoryRecord:

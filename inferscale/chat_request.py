@@ -126,7 +126,9 @@ def resolve_chat(
         # filters that only name the scope (Mem0 v2's way to pass user_id) choose nothing, so they may stay; a
         # wildcard ("agent_id": "*": the id is set) chooses memories, which memory_ids would silently ignore
         scope_only = isinstance(filters, Mapping) and all(
-            k in SCOPE_KEYS and isinstance(v, str) and v != WILDCARD for k, v in filters.items()
+            k in SCOPE_KEYS
+            and (v != WILDCARD if isinstance(v, str) else isinstance(v, int) and not isinstance(v, bool))
+            for k, v in filters.items()
         )
         given = (("limit", limit), ("filters", None if scope_only else filters), ("search_query", search_query))
         clash = [name for name, value in given if value is not None]

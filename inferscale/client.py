@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 from inferscale.arguments import (
     check_add_messages,
     check_flag,
+    check_memories,
     check_metadata,
     check_output_format,
     check_timeout,
@@ -285,6 +286,7 @@ class MemoryClient(ClientCore):
 
         Raises:
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
+            InvalidInputError: for an id that is not a non-empty str.
         """
         self._require_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
         return self._delete(memory_id)
@@ -420,8 +422,8 @@ class MemoryClient(ClientCore):
 
         Raises:
             ScopeError: when no id is given, or an id is neither a non-empty string nor an int.
-            InvalidInputError: for an empty query, a bad limit or filter, a ``threshold`` that is not a finite
-                number, or a ``show_expired`` that is not a bool.
+            InvalidInputError: for an empty query, a bad limit or filter, or a ``threshold`` that is not a finite
+                number.
         """
         hits = self._search_records(
             query, *self._search_args(query, user_id, agent_id, run_id, filters, limit, top_k, threshold)
@@ -445,7 +447,7 @@ class MemoryClient(ClientCore):
                 even without its context turns (named by its id).
             KVFingerprintMismatchError: when a stored file was written by another model or encoding.
         """
-        records = [m if isinstance(m, MemoryRecord) else self._record(m) for m in memories]
+        records = [m if isinstance(m, MemoryRecord) else self._record(m) for m in check_memories(memories)]
         with self._lock:
             return self.derived.memory_kv(records)
 

@@ -114,6 +114,10 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     ("temperature-inf", lambda m, i: m.chat("hi", user_id="a", temperature=INF), "temperature"),
     ("top_p-nan", lambda m, i: m.chat("hi", user_id="a", top_p=NAN), "top_p"),
     ("repetition_penalty-inf", lambda m, i: m.chat("hi", user_id="a", repetition_penalty=INF), "repetition_penalty"),
+    # an int past the float range (float() of it overflowed: a bare OverflowError) and a top_k past vLLM's int32
+    ("temperature-int-beyond-float", lambda m, i: m.chat("hi", user_id="a", temperature=10**400), "temperature"),
+    ("top_p-int-beyond-float", lambda m, i: m.chat("hi", user_id="a", top_p=10**400), "top_p"),
+    ("top_k-beyond-int32", lambda m, i: m.chat("hi", user_id="a", top_k=2**31), "top_k"),
 ]
 
 
