@@ -18,7 +18,7 @@ from inferscale.config import EncodeMode
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
-from inferscale.scope import SCOPE_KEYS, Scope, check_scope_ids
+from inferscale.scope import SCOPE_KEYS, Scope, ScopeId, check_scope_ids
 from inferscale.storable import check_json, check_storable, check_unicode
 from inferscale.storage import MemoryRecord
 from inferscale.storage.validation import check_id, check_key
@@ -111,11 +111,11 @@ def resolve_limit(limit: int | None, top_k: int | None, default: int = DEFAULT_L
     return _validated(_LIMIT, value, f"{name} must be a non-negative int, at most {MAX_LIMIT:,}")
 
 
-def optional_scope(user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope | None:
+def optional_scope(user_id: ScopeId | None, agent_id: ScopeId | None, run_id: ScopeId | None) -> Scope | None:
     """The scope named by the given ids, or ``None`` when none is given (an id-addressed call without a scope)."""
     if user_id is None and agent_id is None and run_id is None:
         return None
-    return Scope(user_id, agent_id, run_id)
+    return Scope(*check_scope_ids(user_id, agent_id, run_id))
 
 
 def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list[Message]:

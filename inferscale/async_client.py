@@ -51,7 +51,7 @@ from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.scope import Scope
+from inferscale.scope import Scope, ScopeId, check_scope_ids
 from inferscale.steps import arun_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
@@ -150,9 +150,9 @@ class AsyncMemoryClient(ClientCore):
         self,
         messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
@@ -166,7 +166,7 @@ class AsyncMemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return await self._aadd(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
+        return await self._aadd(messages, Scope(*check_scope_ids(user_id, agent_id, run_id)), metadata, infer, encode)
 
     async def _aadd(
         self,
@@ -201,9 +201,9 @@ class AsyncMemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text and/or metadata; see :meth:`MemoryClient.update`."""
         change = self._update_change(memory_id, text, metadata, data)
@@ -225,7 +225,12 @@ class AsyncMemoryClient(ClientCore):
             raise MemoryNotFoundError(f"no memory with id {memory_id!r} in scope {scope.as_dict()}")
 
     async def delete(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, str]:
         """Delete one memory, its vector and its K/V; see :meth:`MemoryClient.delete`."""
         await self._arequire_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
@@ -238,14 +243,14 @@ class AsyncMemoryClient(ClientCore):
         return {"message": "Memory deleted successfully!"}
 
     async def delete_all(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`MemoryClient.delete_all`.
 
         Raises:
             ScopeError: when no id is given (never "delete everything").
         """
-        return await self._adelete_all(Scope(user_id, agent_id, run_id))
+        return await self._adelete_all(Scope(*check_scope_ids(user_id, agent_id, run_id)))
 
     async def _adelete_all(self, scope: Scope) -> dict[str, Any]:
         index = await self._aindex()
@@ -282,9 +287,9 @@ class AsyncMemoryClient(ClientCore):
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -314,9 +319,9 @@ class AsyncMemoryClient(ClientCore):
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -340,7 +345,12 @@ class AsyncMemoryClient(ClientCore):
         return record
 
     async def get(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any] | None:
         """One memory by id, or ``None``; see :meth:`MemoryClient.get`."""
         return await self._aget(memory_id, optional_scope(user_id, agent_id, run_id))
@@ -352,9 +362,9 @@ class AsyncMemoryClient(ClientCore):
     async def get_all(
         self,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -373,7 +383,12 @@ class AsyncMemoryClient(ClientCore):
         return {"results": [memory_to_dict(r) for r in await self.adb.list(scope, limit=limit, filters=node)]}
 
     async def history(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first; see :meth:`MemoryClient.history`."""
         scope = optional_scope(user_id, agent_id, run_id)
@@ -385,9 +400,9 @@ class AsyncMemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -409,9 +424,9 @@ class AsyncMemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -432,9 +447,9 @@ class AsyncMemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -504,7 +519,7 @@ class AsyncMemoryClient(ClientCore):
         return records
 
     async def prepare_kv(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> KVPrepareReport:
         """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use; see
         :meth:`MemoryClient.prepare_kv` (same arguments, result and errors). SQL is awaited on the event loop, the

@@ -26,7 +26,7 @@ from inferscale.arguments import (
 from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
 from inferscale.errors import InvalidInputError
 from inferscale.filters import WILDCARD, Filter
-from inferscale.scope import SCOPE_KEYS, Scope
+from inferscale.scope import SCOPE_KEYS, Scope, ScopeId
 from inferscale.types import ChatMode
 
 
@@ -93,9 +93,9 @@ def resolve_chat(
     query: str | None,
     *,
     messages: Sequence[ChatMessage | Mapping[str, Any]] | None,
-    user_id: str | None,
-    agent_id: str | None,
-    run_id: str | None,
+    user_id: ScopeId | None,
+    agent_id: ScopeId | None,
+    run_id: ScopeId | None,
     filters: Mapping[str, Any] | None,
     limit: int | None,
     memory_ids: Sequence[str] | None,

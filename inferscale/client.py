@@ -45,7 +45,7 @@ from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.scope import Scope
+from inferscale.scope import Scope, ScopeId, check_scope_ids
 from inferscale.steps import run_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
@@ -150,9 +150,9 @@ class MemoryClient(ClientCore):
         self,
         messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
@@ -207,7 +207,7 @@ class MemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return self._add(messages, Scope(user_id, agent_id, run_id), metadata, infer, encode)
+        return self._add(messages, Scope(*check_scope_ids(user_id, agent_id, run_id)), metadata, infer, encode)
 
     def _add(
         self,
@@ -244,9 +244,9 @@ class MemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text (``text``, or Mem0's ``data``) and/or merge new metadata into its metadata, key by
         key, as Mem0 does (the ``role`` and ``actor_id`` it was stored with stay unless it names ``role``); records an
@@ -276,7 +276,12 @@ class MemoryClient(ClientCore):
         return {"message": "Memory updated successfully!", "result": memory_to_dict(record)}
 
     def delete(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, str]:
         """Delete one memory, its vector and its K/V from every tier; records a DELETE history row that keeps
         the old text. Given ids restrict it to a memory of that scope.
@@ -296,7 +301,7 @@ class MemoryClient(ClientCore):
         return {"message": "Memory deleted successfully!"}
 
     def delete_all(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope (ids ANDed), with their vectors, K/V and a DELETE history row each.
 
@@ -306,7 +311,7 @@ class MemoryClient(ClientCore):
         Raises:
             ScopeError: when no id is given: this never means "delete everything" (that is :meth:`reset`).
         """
-        return self._delete_all(Scope(user_id, agent_id, run_id))
+        return self._delete_all(Scope(*check_scope_ids(user_id, agent_id, run_id)))
 
     def _delete_all(self, scope: Scope) -> dict[str, Any]:
         deleted = self._commit(lambda: AppliedChanges([], [], self.db.delete_scope(scope), []), encode="lazy").deleted
@@ -351,9 +356,9 @@ class MemoryClient(ClientCore):
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -406,9 +411,9 @@ class MemoryClient(ClientCore):
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -458,7 +463,12 @@ class MemoryClient(ClientCore):
         return record
 
     def get(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any] | None:
         """One memory by id. Like Mem0, the id alone addresses it; pass the caller's ids to also require that the
         memory belongs to that scope (recommended in multi-tenant services).
@@ -483,9 +493,9 @@ class MemoryClient(ClientCore):
     def get_all(
         self,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -512,7 +522,12 @@ class MemoryClient(ClientCore):
         return {"results": [memory_to_dict(r) for r in self.db.list(scope, limit=limit, filters=node)]}
 
     def history(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first, also after it was deleted. With ids given, only a memory that
         was in that scope has a history (the rows of a memory deleted before the store recorded scopes in its
@@ -536,9 +551,9 @@ class MemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -560,9 +575,9 @@ class MemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -583,9 +598,9 @@ class MemoryClient(ClientCore):
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -686,7 +701,7 @@ class MemoryClient(ClientCore):
         return records
 
     def prepare_kv(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> KVPrepareReport:
         """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use: those of every memory
         of the scope (every memory of the database when no id is given) that no tier holds under the current model

@@ -44,7 +44,7 @@ from inferscale.memory.messages import TOOL_ROLES, user_turns
 from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
-from inferscale.scope import Scope
+from inferscale.scope import Scope, ScopeId
 from inferscale.steps import LatestMemories, Steps, StoredText
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.change_sets import ChangeSet, MemoryUpdate, NewMemory
@@ -498,9 +498,9 @@ class ClientCore:
     @staticmethod
     def _search_args(
         query: object,
-        user_id: str | None,
-        agent_id: str | None,
-        run_id: str | None,
+        user_id: ScopeId | None,
+        agent_id: ScopeId | None,
+        run_id: ScopeId | None,
         filters: Mapping[str, Any] | None,
         limit: int | None,
         top_k: int | None,

@@ -12,6 +12,10 @@ from typing import TypedDict
 from inferscale.errors import InvalidInputError, ScopeError
 from inferscale.storable import check_storable
 
+ScopeId = str | int
+"""A ``user_id``, ``agent_id`` or ``run_id`` as callers give it: a non-empty string, or an int, which is its
+decimal string (``user_id=42`` is ``"42"``, as in Mem0)."""
+
 SCOPE_KEYS: tuple[str, ...] = ("user_id", "agent_id", "run_id")
 
 MAX_ID_LENGTH = 255

@@ -20,6 +20,7 @@ from inferscale.conversation import ChatMessage
 from inferscale.remote import calls
 from inferscale.remote.chat import chat_call
 from inferscale.remote.transport import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, AsyncTransport, Connection
+from inferscale.scope import ScopeId
 from inferscale.types import ChatChunk, ChatMode, ChatResult
 
 
@@ -93,9 +94,9 @@ class AsyncRemoteMemoryClient:
         self,
         messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
@@ -128,9 +129,9 @@ class AsyncRemoteMemoryClient:
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text and/or metadata; see :meth:`AsyncMemoryClient.update
         <inferscale.async_client.AsyncMemoryClient.update>`."""
@@ -140,14 +141,19 @@ class AsyncRemoteMemoryClient:
         return await self._transport.call(call)
 
     async def delete(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, str]:
         """Delete one memory; see :meth:`AsyncMemoryClient.delete
         <inferscale.async_client.AsyncMemoryClient.delete>`."""
         return await self._transport.call(calls.delete(memory_id, user_id=user_id, agent_id=agent_id, run_id=run_id))
 
     async def delete_all(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`AsyncMemoryClient.delete_all
         <inferscale.async_client.AsyncMemoryClient.delete_all>`."""
@@ -162,9 +168,9 @@ class AsyncRemoteMemoryClient:
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -197,7 +203,12 @@ class AsyncRemoteMemoryClient:
         return await self._transport.call(call)
 
     async def get(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any] | None:
         """One memory by id, or ``None``; see :meth:`AsyncMemoryClient.get
         <inferscale.async_client.AsyncMemoryClient.get>`."""
@@ -206,9 +217,9 @@ class AsyncRemoteMemoryClient:
     async def get_all(
         self,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -230,7 +241,12 @@ class AsyncRemoteMemoryClient:
         return await self._transport.call(call)
 
     async def history(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first; see :meth:`AsyncMemoryClient.history
         <inferscale.async_client.AsyncMemoryClient.history>`."""
@@ -243,9 +259,9 @@ class AsyncRemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -267,9 +283,9 @@ class AsyncRemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -290,9 +306,9 @@ class AsyncRemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,

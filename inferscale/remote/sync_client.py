@@ -18,6 +18,7 @@ from inferscale.conversation import ChatMessage
 from inferscale.remote import calls
 from inferscale.remote.chat import chat_call
 from inferscale.remote.transport import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, Connection, Transport
+from inferscale.scope import ScopeId
 from inferscale.types import ChatChunk, ChatMode, ChatResult
 
 
@@ -99,9 +100,9 @@ class RemoteMemoryClient:
         self,
         messages: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
         encode_kv: bool | None = None,
@@ -134,9 +135,9 @@ class RemoteMemoryClient:
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text and/or metadata; see :meth:`MemoryClient.update
         <inferscale.client.MemoryClient.update>`."""
@@ -146,13 +147,18 @@ class RemoteMemoryClient:
         return self._transport.call(call)
 
     def delete(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, str]:
         """Delete one memory; see :meth:`MemoryClient.delete <inferscale.client.MemoryClient.delete>`."""
         return self._transport.call(calls.delete(memory_id, user_id=user_id, agent_id=agent_id, run_id=run_id))
 
     def delete_all(
-        self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`MemoryClient.delete_all
         <inferscale.client.MemoryClient.delete_all>`."""
@@ -167,9 +173,9 @@ class RemoteMemoryClient:
         self,
         query: str,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -202,7 +208,12 @@ class RemoteMemoryClient:
         return self._transport.call(call)
 
     def get(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> dict[str, Any] | None:
         """One memory by id, or ``None``; see :meth:`MemoryClient.get <inferscale.client.MemoryClient.get>`."""
         return self._transport.call(calls.get(memory_id, user_id=user_id, agent_id=agent_id, run_id=run_id))
@@ -210,9 +221,9 @@ class RemoteMemoryClient:
     def get_all(
         self,
         *,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         top_k: int | None = None,
@@ -234,7 +245,12 @@ class RemoteMemoryClient:
         return self._transport.call(call)
 
     def history(
-        self, memory_id: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None
+        self,
+        memory_id: str,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
     ) -> list[dict[str, Any]]:
         """Every change to a memory, oldest first; see :meth:`MemoryClient.history
         <inferscale.client.MemoryClient.history>`."""
@@ -247,9 +263,9 @@ class RemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -271,9 +287,9 @@ class RemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
@@ -294,9 +310,9 @@ class RemoteMemoryClient:
         query: str | None = None,
         *,
         messages: Sequence[Mapping[str, Any] | ChatMessage] | None = None,
-        user_id: str | None = None,
-        agent_id: str | None = None,
-        run_id: str | None = None,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
         filters: Mapping[str, Any] | None = None,
         limit: int | None = None,
         memory_ids: Sequence[str] | None = None,
