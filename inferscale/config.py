@@ -75,10 +75,10 @@ class EngineConfig(_Strict):
     dtype: DType = "auto"
     device: Device = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
-    max_new_tokens: int = Field(default=48, ge=1, le=4096)
+    max_new_tokens: int = Field(strict=True, default=48, ge=1, le=4096)
     num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
-    max_model_len: int | None = Field(default=None, ge=16)
-    kv_cache_bytes: int | None = Field(default=None, ge=1 << 20)
+    max_model_len: int | None = Field(strict=True, default=None, ge=16)
+    kv_cache_bytes: int | None = Field(strict=True, default=None, ge=1 << 20)
 
     @model_validator(mode="after")
     def _vllm_settings_need_vllm(self) -> EngineConfig:
@@ -118,13 +118,13 @@ class LLMConfig(_Strict):
     base_url: str | None = None
     api_key: str | None = None
     model: str | None = None
-    max_new_tokens: int = Field(default=160, ge=16, le=4096)
-    max_input_tokens: int = Field(default=2048, ge=64, le=131072)
-    reconcile: bool = True
-    reconcile_top_k: int = Field(default=5, ge=1, le=50)
-    reconcile_max_new_tokens: int = Field(default=256, ge=16, le=4096)
-    check_grounding: bool = True
-    answer_retries: int = Field(default=1, ge=0, le=3)
+    max_new_tokens: int = Field(strict=True, default=160, ge=16, le=4096)
+    max_input_tokens: int = Field(strict=True, default=2048, ge=64, le=131072)
+    reconcile: bool = Field(default=True, strict=True)
+    reconcile_top_k: int = Field(strict=True, default=5, ge=1, le=50)
+    reconcile_max_new_tokens: int = Field(strict=True, default=256, ge=16, le=4096)
+    check_grounding: bool = Field(default=True, strict=True)
+    answer_retries: int = Field(strict=True, default=1, ge=0, le=3)
 
 
 class EmbedderConfig(_Strict):
@@ -165,12 +165,12 @@ class SearchConfig(_Strict):
             scope; FAISS GPU indexes take no id selector, so scoped searches stay on the CPU.
     """
 
-    exact_scope_max: int = Field(default=2048, ge=0)
-    approximate_min_total: int | None = Field(default=100_000, ge=1)
-    ivf_nlist: int | None = Field(default=None, ge=1, le=1 << 20)
-    ivf_nprobe: int = Field(default=16, ge=1)
+    exact_scope_max: int = Field(strict=True, default=2048, ge=0)
+    approximate_min_total: int | None = Field(strict=True, default=100_000, ge=1)
+    ivf_nlist: int | None = Field(strict=True, default=None, ge=1, le=1 << 20)
+    ivf_nprobe: int = Field(strict=True, default=16, ge=1)
     rebuild_growth: float = Field(default=4.0, gt=1)
-    gpu: bool = True
+    gpu: bool = Field(default=True, strict=True)
 
 
 def _normalise_recompute(value: str) -> str:
@@ -302,23 +302,23 @@ class KVConfig(_Strict):
             measured and brought the answers closer to the pasted ones.
     """
 
-    context_window: int = Field(default=5, ge=0, le=64)
-    encode_after_system_prefix: bool = True
+    context_window: int = Field(strict=True, default=5, ge=0, le=64)
+    encode_after_system_prefix: bool = Field(default=True, strict=True)
     store_dir: str | None = None
-    encode_batch_size: int = Field(default=16, ge=1, le=512)
+    encode_batch_size: int = Field(strict=True, default=16, ge=1, le=512)
     encode_on_add: EncodeModeSetting = "background"
-    encode_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
-    encode_chunk_size: int = Field(default=4, ge=1, le=512)
+    encode_queue_size: int = Field(strict=True, default=1024, ge=1, le=1_000_000)
+    encode_chunk_size: int = Field(strict=True, default=4, ge=1, le=512)
     recompute: RecomputeSpec = "none"
     memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
     memory_temperature: float = Field(default=1.0, gt=0, le=10)
     position_buckets: PositionBuckets = (0,)
-    host_budget_bytes: int = Field(default=2 << 30, ge=0)
-    device_budget_bytes: int | None = Field(default=None, ge=0)
+    host_budget_bytes: int = Field(strict=True, default=2 << 30, ge=0)
+    device_budget_bytes: int | None = Field(strict=True, default=None, ge=0)
     storage_format: StorageFormat = "model"
-    chain_block: int = Field(default=0, ge=0, le=32)
-    chain_window: int = Field(default=3, ge=1, le=32)
-    first_memory_context_free: bool = True
+    chain_block: int = Field(strict=True, default=0, ge=0, le=32)
+    chain_window: int = Field(strict=True, default=3, ge=1, le=32)
+    first_memory_context_free: bool = Field(default=True, strict=True)
 
     @model_validator(mode="after")
     def _chains_need_one_bucket_after_the_prefix(self) -> KVConfig:
@@ -388,7 +388,7 @@ class MemoryConfig(_Strict):
     index_path: str | None = None
     home: str | None = None
     data_dir: str | None = None
-    max_memory_chars: int = Field(default=4000, ge=1)
+    max_memory_chars: int = Field(strict=True, default=4000, ge=1)
     memory_layout: MemoryLayout = "score"
     system_prompt: str = (
         "You are a helpful assistant with a long-term memory of the user. "

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,22 @@ def test_an_unknown_device_is_refused_in_one_line_naming_it(device: str) -> None
     assert message.startswith("invalid InferScale config: engine.device: String should match pattern")
     assert f"(got {device!r})" in message and "\n" not in message
     assert config_from_dict({"engine": {"device": "cuda:1"}, "embedder": {"device": "auto"}}).engine.device == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"max_memory_chars": True}, "max_memory_chars"),  # was 1: every memory cut to one character
+        ({"engine": {"max_new_tokens": True}}, "engine.max_new_tokens"),
+        ({"kv": {"context_window": True}}, "kv.context_window"),
+        ({"llm": {"reconcile": "yes"}}, "llm.reconcile"),  # was True
+        ({"max_memory_chars": "4000"}, "max_memory_chars"),  # was 4000
+        ({"search": {"gpu": 1}}, "search.gpu"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_refused_not_coerced(config: dict[str, Any], field: str) -> None:
+    """Settings are read as strictly as method arguments (docs/api.md: ``1`` and ``"yes"`` are not bools): a
+    mistyped ``True`` was read as 1 and a string as its number (an API contract review)."""
+    with pytest.raises(ConfigError, match=f"invalid InferScale config: {re.escape(field)}: Input should be a valid"):
+        config_from_dict(config)
+    assert MemoryConfig.model_validate({"kv": {"memory_attention_scale": 1}}).kv.memory_attention_scale == 1.0
