@@ -39,7 +39,7 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, laid_out, ms_since
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
@@ -509,7 +509,7 @@ class AsyncMemoryClient(ClientCore):
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
         if request.memory_ids is None:
             hits = await self._asearch_records(request.search_query, request.scope, request.node, request.limit)
-            return laid_out([r for r, _ in hits], self.config.memory_layout)
+            return [r for r, _ in hits]  # best first: _servable keeps those that fit, then lays them out
         records = []
         for memory_id in request.memory_ids:
             record = await self.adb.get(memory_id, request.scope)

@@ -33,7 +33,7 @@ from inferscale.arguments import (
     resolve_scope,
 )
 from inferscale.chat_request import ChatRequest, resolve_chat
-from inferscale.client_core import ClientCore, laid_out, ms_since
+from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
@@ -691,7 +691,7 @@ class MemoryClient(ClientCore):
         for its ``search_query``."""
         if request.memory_ids is None:
             hits = self._search_records(request.search_query, request.scope, request.node, request.limit)
-            return laid_out([r for r, _ in hits], self.config.memory_layout)
+            return [r for r, _ in hits]  # best first: _servable keeps those that fit, then lays them out
         records = []
         for memory_id in request.memory_ids:
             record = self.db.get(memory_id, request.scope)

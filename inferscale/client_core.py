@@ -834,9 +834,11 @@ class ClientCore:
         return chunks()
 
     def _servable(self, request: ChatRequest, records: Sequence[MemoryRecord]) -> list[MemoryRecord]:
-        """The memories ``request`` is answered with: ``records``, less those whose encoding cannot fit the model's
-        context (retrieved ones are left out with a warning, so no chat fails on them; see
-        :meth:`~inferscale.fact_kv.FactKVManager.servable`).
+        """The memories ``request`` is answered with, in the order the chat lays them out: ``records`` (retrieved
+        ones best first), less those whose encoding cannot fit the model's context or that do not fit the prompt
+        beside the memories ranked above them (retrieved ones are left out with a warning, so no chat fails on them;
+        see :meth:`~inferscale.fact_kv.FactKVManager.servable` and :meth:`~inferscale.fact_kv.FactKVManager.fitting`),
+        laid out as ``memory_layout`` says.
 
         Raises:
             InvalidInputError: when a memory named in ``memory_ids`` does not fit (the caller chose it).
@@ -845,7 +847,8 @@ class ClientCore:
         if request.memory_ids is not None:
             fact_kv.check(records)
             return self._fitting_request(request, records)
-        return self._fitting_request(request, fact_kv.servable(records))
+        kept = self._fitting_request(request, fact_kv.servable(records))
+        return laid_out(kept, self.config.memory_layout)
 
     def _answer_budget(self, request: ChatRequest) -> int:
         """The most tokens ``request``'s answer may take: its own ``max_new_tokens``, else the engine config's."""

@@ -265,36 +265,42 @@ class FactKVManager:
         context_tokens: int,
         chosen: bool = False,
     ) -> list[MemoryRecord]:
-        """``records`` when the prompt they make (system prefix, memory lines, then the conversation and the answer
-        budget) fits a context window of ``context_tokens``; checked from token counts (:meth:`fact_tokens`), so a
-        request bound to fail costs no forward pass. A retrieved memory that would not fit even as the only one is
-        left out with a warning: one long memory must not fail every chat of its scope. Memories the caller
-        ``chosen`` by id are all kept.
+        """Those of ``records`` that fit a context window of ``context_tokens`` together with the system prefix, the
+        conversation and the answer budget, in order: each memory is kept while the prompt with it and the memories
+        kept before it fits, so a memory ranked lower gives way to those ranked above it. Checked from token counts
+        (:meth:`fact_tokens`), so a request bound to fail costs no forward pass. Each memory left out is logged: one
+        long memory, or many, must not fail every chat of their scope. Memories the caller ``chosen`` by id are all
+        kept, and the prompt they make must fit.
 
         Args:
-            records: the memories, in layout order.
+            records: the memories, best first (retrieval rank), or in the caller's order when ``chosen``.
             prefix_tokens: the system prefix's length (tokens).
             rest_tokens: the conversation's tokens plus the answer budget (tokens).
             context_tokens: the serving engine's context window (tokens): the model's, or vLLM's ``max_model_len``.
             chosen: ``True`` when the caller named ``records`` (``memory_ids``): none is left out.
 
         Raises:
-            InvalidInputError: when the prompt of the memories kept does not fit
+            InvalidInputError: when the prompt of the memories kept does not fit: the conversation and the answer
+                budget alone do not, or the memories ``chosen`` do not with them
                 (:func:`~inferscale.engines.base.check_prompt_fits`).
         """
         kept: list[MemoryRecord] = []
+        total = prefix_tokens + rest_tokens
         for record in records:
-            if chosen or prefix_tokens + self.fact_tokens(record) + rest_tokens <= context_tokens:
+            tokens = self.fact_tokens(record)
+            if chosen or total + tokens <= context_tokens:
                 kept.append(record)
+                total += tokens
             else:
                 log.warning(
-                    "memory %s (%s) is left out of this chat: with the conversation and the answer budget it would "
-                    "not fit the model's context of %d tokens",
+                    "memory %s (%s) is left out of this chat: with the conversation, the answer budget and the %d "
+                    "memories ranked above it that fit, it would not fit the context of %d tokens",
                     record.id,
                     preview(record.text),
+                    len(kept),
                     context_tokens,
                 )
-        check_prompt_fits(prefix_tokens, sum(self.fact_tokens(r) for r in kept), rest_tokens, context_tokens)
+        check_prompt_fits(prefix_tokens, total - prefix_tokens - rest_tokens, rest_tokens, context_tokens)
         return kept
 
     def check(self, records: Sequence[MemoryRecord]) -> None:

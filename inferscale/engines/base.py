@@ -193,9 +193,11 @@ class Engine(Protocol):
 
     @property
     def max_context_tokens(self) -> int:
-        """The longest prompt plus answer the engine serves (tokens): the model's ``max_position_embeddings``, or
-        vLLM's ``max_model_len`` when it is lower. Loads no weights: before the model is loaded, the model's config
-        is read alone (kept, with the tokenizer, for the token-layout methods below)."""
+        """The longest prompt plus answer the engine serves (tokens): the model's window
+        (:func:`~inferscale.engines.hf.layout_only.max_positions`: ``max_position_embeddings``, capped where a
+        ``longrope`` RoPE stops being static), or vLLM's ``max_model_len`` when it is lower. Loads no weights:
+        before the model is loaded, the model's config is read alone (kept, with the tokenizer, for the
+        token-layout methods below)."""
         ...
 
     @property

@@ -121,8 +121,9 @@ class MemoryService:
         recompute_tail: n of the ``tail:n`` recompute policy, the memory segment's last tokens vLLM prefills
             instead of the connector injecting them (tokens; 0 is pure injection): what
             :func:`~inferscale.engines.vllm.vllm_recompute_tail` gives for the config's ``kv`` settings.
-        context_tokens: vLLM's context limit (``max_model_len``, tokens), prompt and answer together; ``None`` takes
-            the fact encoder's (the model's own).
+        context_tokens: vLLM's context limit (``max_model_len``, tokens), prompt and answer together; requests are
+            held to the smaller of it and the fact encoder's context window (the model's own, capped where its RoPE
+            stops being static); ``None`` takes the fact encoder's.
 
     Raises:
         ConfigError: for ``recompute_tail`` < 0.
@@ -152,7 +153,7 @@ class MemoryService:
         self._lock = threading.Lock()
 
     def prepare(
-        self, user: str, conversation: Sequence[ChatMessage], answer_tokens: int = 1
+        self, user: str, conversation: Sequence[ChatMessage], answer_tokens: int
     ) -> tuple[PreparedRequest, list[dict[str, Any]]]:
         """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
         its last user message, laid out as ``MemoryConfig.memory_layout`` says; its memory segment's last
@@ -183,15 +184,16 @@ class MemoryService:
         query = query.replace(NUL, "") or query  # a chat message may hold NUL (it is not stored); a search may not
         layout = self._builder.layout
         rest = len(layout.conversation_ids(conversation)) + answer_tokens
-        context = self._context_tokens or self._client.engine.max_context_tokens
+        model_context = self._client.engine.max_context_tokens  # a longrope model's static part, say
+        context = model_context if self._context_tokens is None else min(self._context_tokens, model_context)
         with self._lock:
             hits = self._client.recall(query, user_id=user, limit=self._limit)
-            recalled = laid_out([hit.record for hit in hits], self._client.config.memory_layout)
             fact_kv = self._client.fact_kv
-            records = fact_kv.servable(recalled)  # one that cannot be encoded is left out (logged)
+            records = fact_kv.servable([hit.record for hit in hits])  # one that cannot be encoded is left out (logged)
             records = fact_kv.fitting(
                 records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
             )
+            records = laid_out(records, self._client.config.memory_layout)
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)
         return prepared, [{"id": r.id, "memory": r.text} for r in records]

@@ -400,23 +400,55 @@ def test_a_memory_that_fits_alone_but_not_with_the_chat_is_left_out_of_it(
         result = client.chat("Refused fact or tea?", user_id="maya", max_new_tokens=2, mode=mode)
     assert result.memory_ids == [first_id]
     if kind == "sync":  # the others log it in the server's or the worker's client
-        assert f"memory {long_id}" in caplog.text and "would not fit the model's context" in caplog.text
+        assert f"memory {long_id}" in caplog.text and "would not fit the context of" in caplog.text
     with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens"):  # named: the caller chose it
         client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=2, mode=mode)
 
 
 @pytest.mark.parametrize("mode", ["kv", "prompt"])
-def test_a_chat_too_long_for_the_context_is_refused_before_any_kv_is_encoded(
-    mode: str, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+def test_memories_that_fit_alone_but_not_together_give_way_by_rank_and_only_those_kept_are_encoded(
+    mode: str,
+    engine: TransformersEngine,
+    tmp_path: Path,
+    clients: list[ClientAdapter],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Each memory fits with the chat, all of them together do not: kv mode encoded every retrieved memory's K/V
-    (58 s for 30 memories on the helper's 2-core machine) before the engine's own check refused the prompt, which
-    prompt mode refused at once. Both now refuse it from token counts, before any forward pass."""
+    (58 s for 30 memories on a helper's 2-core machine) before the engine refused the prompt, and then every chat of
+    the scope was refused (a review: the same kind as one long memory). The memories ranked first are kept while the
+    prompt fits, the others are left out with a warning, and only the kept ones are encoded, from token counts."""
     client = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
     clients.append(client)
     facts = [f"Note {i}: " + "y" * 30 for i in range(4)]  # ~45 tokens each with the line: 4 pass 128 with the prefix
     client.add([{"role": "user", "content": fact} for fact in facts], user_id="maya", infer=False)
-    with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens"):
-        client.chat("Which note?", user_id="maya", limit=4, max_new_tokens=2, mode=mode)
+    ranked = [r["id"] for r in client.search("Which note?", user_id="maya", limit=4)["results"]]
+    prefix = len(engine.system_prefix_ids())
+    rest = len(engine.conversation_token_ids("Which note?")) + 2
+    fit, total = 0, prefix + rest
+    for memory_id in ranked:
+        tokens = len(engine.fact_token_ids(client.get(memory_id)["memory"]))
+        if total + tokens > engine.max_context_tokens:
+            break
+        fit, total = fit + 1, total + tokens
+    assert 0 < fit < len(ranked)
+    with caplog.at_level(logging.WARNING, logger="inferscale.fact_kv"):
+        result = client.chat("Which note?", user_id="maya", limit=4, max_new_tokens=2, mode=mode)
+    assert result.memory_ids == ranked[:fit]  # memory_layout "score": best first
+    assert all(f"memory {memory_id}" in caplog.text for memory_id in ranked[fit:])
+    encoded = {row.memory_id for row in client.client.db.all_kv_entries()}
+    assert encoded == (set(ranked[:fit]) if mode == "kv" else set())
+
+
+@pytest.mark.parametrize("mode", ["kv", "prompt"])
+def test_a_chat_whose_conversation_and_budget_alone_pass_the_context_is_refused_before_any_kv_is_encoded(
+    mode: str, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    client = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
+    clients.append(client)
+    client.add("Note: tea.", user_id="maya", infer=False)
+    budget = engine.max_context_tokens - len(engine.system_prefix_ids()) - len(engine.conversation_token_ids("tea?"))
+    with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens \(system prefix \d+, memories 0,"):
+        client.chat("tea?", user_id="maya", max_new_tokens=budget + 1, mode=mode)
     assert client.client.db.all_kv_entries() == []  # no memory was encoded for a chat bound to fail
     assert client.client.kv_store.stats().misses == 0
+    assert client.chat("tea?", user_id="maya", max_new_tokens=2, mode=mode).memory_ids

@@ -120,7 +120,7 @@ def test_the_vllm_servers_memory_serves_a_stored_memory_that_fits_only_without_i
         (record,) = [client.db.get(ids[1])]
         assert record is not None and record.context and client.fact_kv.fit(record) == "alone"
         service = MemoryService(client, builder, 0, [], 1, engine.tokenizer)
-        facts, memories = service.prepare("maya", query)
+        facts, memories = service.prepare("maya", query, 1)
     assert [m["memory"] for m in memories] == [texts[1]]
     (long_fact,) = facts
     assert long_fact.n_tokens == len(engine.fact_token_ids(texts[1]))
@@ -153,7 +153,7 @@ def test_the_vllm_servers_memory_leaves_out_a_memory_that_fits_vllms_context_onl
         with caplog.at_level(logging.WARNING, logger="inferscale"):
             facts, memories = service.prepare("bob", QUERY, answer_tokens)
         assert (facts, memories, encoded) == ([], [], [])
-        assert f"would not fit the model's context of {MAX_MODEL_LEN} tokens" in caplog.text
+        assert f"would not fit the context of {MAX_MODEL_LEN} tokens" in caplog.text
         facts, memories = service.prepare("maya", QUERY, answer_tokens)
         assert [m["memory"] for m in memories] == [fits] and encoded == [1]
         with pytest.raises(InvalidInputError, match=f"the model's context is {MAX_MODEL_LEN}"):
@@ -193,3 +193,25 @@ def test_the_memory_config_sets_vllms_context_limit_and_cache_size(model_folder:
         assert (args["max_model_len"], args["kv_cache_memory_bytes"]) == (64, 1 << 28)
         with pytest.raises(InvalidInputError, match="the model's context is 64 tokens"):
             client.add("x" * 60, user_id="maya", infer=False)
+
+
+def test_the_vllm_servers_memory_holds_requests_to_the_models_window_when_max_model_len_is_larger(
+    tmp_path: Path,
+) -> None:
+    """``--max-model-len`` above the fact encoder's window (a longrope model's static part, or a model's own limit)
+    took vLLM's figure: a prompt past the model's window was served, with keys rotated for positions it never
+    computes so (a review). Requests are held to the smaller of the two."""
+    from inferscale.server.vllm_memory import MemoryService
+
+    engine = _tiny_engine()  # 128 positions
+    builder = _Builder(engine.tokenizer)
+    room = 128 - len(builder.layout.prefix_ids) - len(builder.layout.conversation_ids(QUERY)) - 1
+    config = MemoryConfig(
+        data_dir=str(tmp_path), system_prompt=SYSTEM_PROMPT, kv=KVConfig(encode_on_add="lazy", context_window=0)
+    )
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        client.add(_long_text(engine, room + 1), user_id="bob", infer=False)
+        service = MemoryService(client, builder, 0, [], 5, engine.tokenizer, context_tokens=4096)
+        assert service.prepare("bob", QUERY, 1) == ([], [])
+        with pytest.raises(InvalidInputError, match="the model's context is 128"):
+            service.prepare("bob", QUERY, 128)

@@ -357,7 +357,7 @@ def test_the_configured_tail_is_left_to_vllm_in_every_request_and_reported(
     try:
         assert service.recompute_tail == 4
         conversation = check_messages([{"role": "user", "content": "What is my dog called?"}])
-        prepared, memories = service.prepare("alice", conversation)
+        prepared, memories = service.prepare("alice", conversation, 16)
         assert len(memories) == 3 and prepared.payload is not None
         s, p = prepared.memory_tokens, prepared.payload.memory_start
         assert s > 4 and prepared.recomputed_tokens == 4
@@ -406,7 +406,7 @@ def test_the_configured_memory_layout_orders_every_requests_memories(
         monkeypatch.setattr(vllm_memory, "_SERVICE", None)
         service, *_ = build_service(ServeOptions(data_dir=str(data), dtype="float32", memory_layout=layout))
         try:
-            _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]))
+            _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]), 16)
             laid[layout] = [m["memory"] for m in memories]
         finally:
             service.close()
@@ -440,7 +440,7 @@ def test_the_service_hands_vllm_the_first_memory_context_free_and_the_others_aft
             return real(conversation, facts, *args, **kwargs)
 
         monkeypatch.setattr(builder, "prepare_kv", spy)
-        _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]))
+        _, memories = service.prepare("alice", check_messages([{"role": "user", "content": question}]), 16)
         (facts,) = handed
         client = service._client
         records = [client.db.get(m["id"]) for m in memories]

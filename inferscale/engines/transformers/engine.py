@@ -238,8 +238,9 @@ class TransformersEngine(LayoutTokensMixin):
 
     @property
     def max_context_tokens(self) -> int:
-        """The model's context window (tokens): ``max_position_embeddings``. Before the model is loaded, read from
-        its config alone (loads no weights)."""
+        """The model's context window (tokens): :func:`~inferscale.engines.hf.layout_only.max_positions`
+        (``max_position_embeddings``, capped where a ``longrope`` RoPE stops being static). Before the model is
+        loaded, read from its config alone (loads no weights)."""
         if self._ready:
             return max_positions(self._model.config)
         return self._layout_only.get().max_positions

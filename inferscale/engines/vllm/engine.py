@@ -280,8 +280,9 @@ class VLLMEngine(LayoutTokensMixin):
 
     @property
     def max_context_tokens(self) -> int:
-        """vLLM's context limit (tokens): ``max_model_len``, or the model's ``max_position_embeddings`` when none
-        is set (or it is lower). Before the encoder is loaded, the model's config is read alone (loads no weights)."""
+        """vLLM's context limit (tokens): ``max_model_len``, or the model's window
+        (:func:`~inferscale.engines.hf.layout_only.max_positions`) when none is set (or it is lower). Before the
+        encoder is loaded, the model's config is read alone (loads no weights)."""
         if self._encoder_ready:
             model_limit = max_positions(self._model.config)
         else:
@@ -322,7 +323,7 @@ class VLLMEngine(LayoutTokensMixin):
 
         Raises:
             InvalidInputError: when a fact with its context and position gap reaches past vLLM's context limit
-                (``max_model_len``, or the model's ``max_position_embeddings``).
+                (``max_model_len``, or the model's window when it is lower).
         """
         self.load_encoder()
         check_spans(requests, self.max_context_tokens)
