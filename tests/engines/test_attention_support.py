@@ -46,3 +46,17 @@ def test_a_chat_on_such_a_model_is_a_config_error_and_the_memory_stays(gemma2_fo
             with pytest.raises(ConfigError, match="attn_implementation"):
                 client.chat("What is my dog called?", user_id="u", mode=mode)
         assert [m["memory"] for m in client.get_all(user_id="u")["results"]] == ["My dog is called Pixel."]
+
+
+def test_a_folder_that_holds_no_causal_lm_is_not_blamed_on_the_attention(tmp_path: Path) -> None:
+    """A review found every ``ValueError`` of the weight load read as a missing attention implementation: a T5 folder
+    was told to set ``attn_implementation='eager'``, even when it already was."""
+    folder = tmp_path / "t5"
+    config = transformers.T5Config(vocab_size=257, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(folder)
+    byte_chat_tokenizer().save_pretrained(folder)
+    for attention in ("sdpa_gqa", "eager"):
+        engine = EngineConfig(model=str(folder), dtype="float32", device="cpu", attn_implementation=attention)
+        with pytest.raises(ConfigError, match=r"holds no model that can be loaded .*T5Config") as refused:
+            load_causal_lm(engine, tmp_path)
+        assert "attn_implementation" not in str(refused.value)
