@@ -23,6 +23,7 @@ from inferscale.storable import check_json, check_storable, check_unicode
 from inferscale.storage import MemoryRecord
 from inferscale.storage.validation import check_id, check_key
 from inferscale.types import ChatMode
+from inferscale.validation_text import shown_input
 
 DEFAULT_LIMIT = 100
 """Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
@@ -66,7 +67,7 @@ def _validated(adapter: TypeAdapter[T], value: object, expected: str) -> T:
         return adapter.validate_python(value)
     except ValidationError as exc:
         reason = exc.errors(include_url=False)[0]["msg"]
-        raise InvalidInputError(f"{expected}, got {value!r} ({reason})") from exc
+        raise InvalidInputError(f"{expected}, got {shown_input(value)} ({reason})") from exc
 
 
 def check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
 from inferscale.storable import check_unicode
+from inferscale.validation_text import shown_input
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this are greedy decoding (vLLM's threshold; dividing logits by less overflows)."""
@@ -132,11 +133,11 @@ def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMess
 
 def _finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputError(f"{name} must be a finite number, got {value!r:.80}")
+        raise InvalidInputError(f"{name} must be a finite number, got {shown_input(value)}")
     try:
         number = float(value)  # an int past the float range overflows (10**400)
     except OverflowError:
-        raise InvalidInputError(f"{name} must be a finite number, got an integer of {len(str(value))} digits") from None
+        raise InvalidInputError(f"{name} must be a finite number, got {shown_input(value)}") from None
     if not math.isfinite(number):
         raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
     return number
@@ -186,11 +187,11 @@ class SamplingSettings:
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= MAX_TOP_K
         ):
-            raise InvalidInputError(f"top_k must be an int in [1, 2**31) or None, got {self.top_k!r:.80}")
+            raise InvalidInputError(f"top_k must be an int in [1, 2**31) or None, got {shown_input(self.top_k)}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED
         ):
-            raise InvalidInputError(f"seed must be an int in [0, 2**63) or None, got {self.seed!r}")
+            raise InvalidInputError(f"seed must be an int in [0, 2**63) or None, got {shown_input(self.seed)}")
         if self.repetition_penalty <= 0:
             raise InvalidInputError(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):

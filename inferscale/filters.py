@@ -33,6 +33,7 @@ from typing import Literal, TypeAlias, TypeGuard
 from inferscale.errors import InvalidInputError, ScopeError
 from inferscale.scope import SCOPE_KEYS, int_id_text
 from inferscale.storable import check_storable
+from inferscale.validation_text import shown_input
 
 Operator = Literal["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "icontains", "exists"]
 Scalar: TypeAlias = str | int | float | bool | None
@@ -278,8 +279,7 @@ def _operand(kind: str, field: str, value: object, where: str) -> Scalar | datet
         return value
     if isinstance(value, int):
         if not INT64_MIN <= value <= INT64_MAX:
-            digits = len(str(abs(value)))
-            shown = repr(value) if digits <= 40 else f"an integer of {digits} digits"
+            shown = shown_input(value, 40)
             raise InvalidInputError(f"{where} is {shown}; filter integers are 64-bit ({INT64_MIN} to {INT64_MAX})")
         return value
     if isinstance(value, float):

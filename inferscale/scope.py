@@ -11,6 +11,7 @@ from typing import TypedDict
 
 from inferscale.errors import InvalidInputError, ScopeError
 from inferscale.storable import check_storable
+from inferscale.validation_text import shown_input
 
 ScopeId = str | int
 """A ``user_id``, ``agent_id`` or ``run_id`` as callers give it: a non-empty string, or an int, which is its
@@ -50,7 +51,7 @@ def check_scope_id(key: str, value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = int_id_text(value, key)
     if not isinstance(value, str) or not value.strip():
-        raise ScopeError(f"{key} must be a non-empty string or an int, got {value!r}")
+        raise ScopeError(f"{key} must be a non-empty string or an int, got {shown_input(value)}")
     check_storable(value, key)
     if len(value) > MAX_ID_LENGTH:
         raise InvalidInputError(

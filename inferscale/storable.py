@@ -20,6 +20,11 @@ from inferscale.errors import InvalidInputError
 
 NUL = "\x00"
 
+MAX_JSON_INT_DIGITS = 4300
+"""The most digits of an int JSON carries here: Python writes no int of more (``str`` raises ``ValueError`` past
+``sys.get_int_max_str_digits()``, 4,300 by default), so ``json.dumps`` of one fails."""
+_JSON_INT_LIMIT = 10**MAX_JSON_INT_DIGITS
+
 MAX_JSON_DEPTH = 64
 """The deepest nesting of lists and dicts accepted in a JSON value (deeper is most likely a cycle)."""
 
@@ -74,7 +79,8 @@ def check_json(value: object, where: str, depth: int = 0, *, strings: bool = Tru
             sends text as given (escaped) and the server refuses what no backend can store.
 
     Raises:
-        InvalidInputError: for anything else (a non-str key, NaN or an infinity, another type), a lone surrogate or
+        InvalidInputError: for anything else (a non-str key, NaN or an infinity, an int of more than
+            :data:`MAX_JSON_INT_DIGITS` digits, another type), a lone surrogate or
             NUL in a key or value (with ``strings``), or nesting deeper than :data:`MAX_JSON_DEPTH`.
     """
     if depth > MAX_JSON_DEPTH:
@@ -83,7 +89,14 @@ def check_json(value: object, where: str, depth: int = 0, *, strings: bool = Tru
         if strings:
             check_storable(value, where)
         return
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if abs(value) >= _JSON_INT_LIMIT:
+            digits = int(value.bit_length() * math.log10(2)) + 1
+            raise InvalidInputError(
+                f"{where} is an integer of about {digits:,} digits; JSON here holds at most {MAX_JSON_INT_DIGITS:,}"
+            )
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -6,11 +6,24 @@ command line, the cases file of ``eval fidelity`` and the server's 400 replies p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 INPUT_CHARS = 80
 """How much of an input's repr :func:`describe_errors` quotes."""
+
+
+def shown_input(value: object, chars: int = INPUT_CHARS) -> str:
+    """``repr(value)`` cut to ``chars`` characters, for an error message. An int with more than about ``chars``
+    digits is named by its size instead: Python refuses ``repr`` of one past 4,300 digits (``ValueError``), and a
+    message need not print thousands; so is a value whose repr fails that way inside a container."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > chars * math.log2(10):
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    try:
+        return repr(value)[:chars]
+    except ValueError:
+        return f"a {type(value).__name__} holding an integer too long to show"
 
 
 def _location(loc: str) -> str | None:
@@ -47,7 +60,7 @@ def describe_errors(
         label = where(".".join(str(part) for part in error.get("loc", ())))
         text = f"{label}: {error.get('msg')}" if label else str(error.get("msg"))
         if show_input and "input" in error:
-            text += f" (got {repr(error['input'])[:INPUT_CHARS]})"
+            text += f" (got {shown_input(error['input'])})"
         parts.append(text)
     more = len(errors) - len(shown)
     return "; ".join(parts) + (f" (and {more} more)" if more else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from inferscale.validation_text import INPUT_CHARS, describe_errors
+from inferscale.validation_text import INPUT_CHARS, describe_errors, shown_input
 
 
 class _Inner(BaseModel):
@@ -58,3 +58,14 @@ def test_the_input_is_quoted_and_cut() -> None:
     )
     assert len(quoted) == INPUT_CHARS
     assert describe_errors([]) == ""
+
+
+def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
+    """``repr`` of an int past 4,300 digits raises ``ValueError``: error messages that quoted one raised that
+    instead of their own error (a review, 6 Dec 2026)."""
+    assert shown_input(10**5000) == "an integer of about 5,001 digits"
+    assert shown_input(-(10**400)) == "an integer of about 401 digits"
+    assert shown_input(10**79) == repr(10**79)  # 80 digits: shown
+    assert shown_input([10**5000]) == "a list holding an integer too long to show"
+    assert shown_input("x" * 200) == repr("x" * 200)[:INPUT_CHARS]
+    assert shown_input(True) == "True"

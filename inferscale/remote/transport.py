@@ -26,6 +26,7 @@ from inferscale.remote.chat import ChunkReader
 from inferscale.remote.errors import error_of, reply_value, unsent_value
 from inferscale.remote.retry import RetryableReply, aretrying, check_reply, retrying
 from inferscale.types import ChatChunk
+from inferscale.validation_text import shown_input
 
 T = TypeVar("T")
 
@@ -77,9 +78,9 @@ class Connection:
         if key is not None and not isinstance(key, str):
             raise ConfigError(f"api_key must be a string (isk_...), got {type(key).__name__}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise ConfigError(f"timeout must be a positive number of seconds, got {shown_input(timeout)}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ConfigError(f"retries must be an int >= 0, got {retries!r}")
+            raise ConfigError(f"retries must be an int >= 0, got {shown_input(retries)}")
         headers = {"Accept": "application/json"}
         if key:
             headers["Authorization"] = f"Token {key}"

@@ -18,6 +18,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
 from inferscale.storable import MAX_JSON_DEPTH, check_json, check_storable
 from inferscale.storage.models import KEY_LENGTH
+from inferscale.validation_text import shown_input
 
 
 def check_text(text: object, name: str = "text") -> str:
@@ -100,7 +101,7 @@ def check_positive(value: object, name: str) -> int:
         InvalidInputError: otherwise (``bool`` and ``None`` included), naming ``name``.
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{name} must be a positive int, got {value!r}")
+        raise InvalidInputError(f"{name} must be a positive int, got {shown_input(value)}")
     return value
 
 
@@ -111,7 +112,7 @@ def check_limit(limit: object) -> int | None:
         InvalidInputError: otherwise (``bool`` included).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InvalidInputError(f"limit must be a positive int or None, got {limit!r}")
+        raise InvalidInputError(f"limit must be a positive int or None, got {shown_input(limit)}")
     return limit
 
 
@@ -170,7 +171,7 @@ def check_count(value: object, name: str) -> int:
         InvalidInputError: otherwise, naming ``name``.
     """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise InvalidInputError(f"{name} must be a non-negative int, got {value!r}")
+        raise InvalidInputError(f"{name} must be a non-negative int, got {shown_input(value)}")
     return int(value)
 
 

@@ -118,6 +118,14 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     ("temperature-int-beyond-float", lambda m, i: m.chat("hi", user_id="a", temperature=10**400), "temperature"),
     ("top_p-int-beyond-float", lambda m, i: m.chat("hi", user_id="a", top_p=10**400), "top_p"),
     ("top_k-beyond-int32", lambda m, i: m.chat("hi", user_id="a", top_k=2**31), "top_k"),
+    # ints past Python's 4,300-digit str limit: the message's repr raised a bare ValueError (a review)
+    ("threshold-5001-digits", lambda m, i: m.search("x", user_id="a", threshold=10**5000), "threshold"),
+    ("limit-5001-digits", lambda m, i: m.search("x", user_id="a", limit=10**5000), "limit"),
+    ("temperature-5001-digits", lambda m, i: m.chat("hi", user_id="a", temperature=10**5000), "temperature"),
+    ("seed-5001-digits", lambda m, i: m.chat("hi", user_id="a", seed=10**5000), "seed"),
+    ("top_k-5001-digits", lambda m, i: m.chat("hi", user_id="a", top_k=10**5000), "top_k"),
+    ("metadata-5001-digits", lambda m, i: m.add("x", user_id="a", metadata={"n": 10**5000}, infer=False), "metadata"),
+    ("update-metadata-5001-digits", lambda m, i: m.update(i, metadata={"n": [10**5000]}), r"metadata\['n'\]\[0\]"),
 ]
 
 
