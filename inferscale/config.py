@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 from sqlalchemy import URL
 
 from inferscale.formats import StorageFormat
@@ -76,7 +76,7 @@ class EngineConfig(_Strict):
     device: Device = "auto"
     attn_implementation: Literal["sdpa_gqa", "sdpa", "eager"] = "sdpa_gqa"
     max_new_tokens: int = Field(strict=True, default=48, ge=1, le=4096)
-    num_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = "auto"
+    num_threads: Annotated[int, Field(strict=True, ge=1)] | Literal["auto"] | None = "auto"
     max_model_len: int | None = Field(strict=True, default=None, ge=16)
     kv_cache_bytes: int | None = Field(strict=True, default=None, ge=1 << 20)
 
@@ -169,7 +169,7 @@ class SearchConfig(_Strict):
     approximate_min_total: int | None = Field(strict=True, default=100_000, ge=1)
     ivf_nlist: int | None = Field(strict=True, default=None, ge=1, le=1 << 20)
     ivf_nprobe: int = Field(strict=True, default=16, ge=1)
-    rebuild_growth: float = Field(default=4.0, gt=1)
+    rebuild_growth: float = Field(strict=True, default=4.0, gt=1)
     gpu: bool = Field(default=True, strict=True)
 
 
@@ -201,7 +201,7 @@ RecomputeSpec = Annotated[str, AfterValidator(_normalise_recompute)]
 """A ``kv.recompute`` setting, validated and written canonically
 (:meth:`inferscale.kv.recompute.RecomputePolicy.parse`)."""
 
-PositionBuckets = Annotated[tuple[int, ...], AfterValidator(_normalise_buckets)]
+PositionBuckets = Annotated[tuple[Annotated[int, Strict()], ...], AfterValidator(_normalise_buckets)]
 """Position-aware encoding distances (tokens from the system prefix), sorted, each once."""
 
 EncodeModeSetting = Annotated[EncodeMode, BeforeValidator(_encode_mode)]
@@ -310,8 +310,8 @@ class KVConfig(_Strict):
     encode_queue_size: int = Field(strict=True, default=1024, ge=1, le=1_000_000)
     encode_chunk_size: int = Field(strict=True, default=4, ge=1, le=512)
     recompute: RecomputeSpec = "none"
-    memory_attention_scale: float = Field(default=1.0, gt=0, le=1)
-    memory_temperature: float = Field(default=1.0, gt=0, le=10)
+    memory_attention_scale: float = Field(strict=True, default=1.0, gt=0, le=1)
+    memory_temperature: float = Field(strict=True, default=1.0, gt=0, le=10)
     position_buckets: PositionBuckets = (0,)
     host_budget_bytes: int = Field(strict=True, default=2 << 30, ge=0)
     device_budget_bytes: int | None = Field(strict=True, default=None, ge=0)

@@ -131,6 +131,12 @@ def test_an_unknown_device_is_refused_in_one_line_naming_it(device: str) -> None
         ({"llm": {"reconcile": "yes"}}, "llm.reconcile"),  # was True
         ({"max_memory_chars": "4000"}, "max_memory_chars"),  # was 4000
         ({"search": {"gpu": 1}}, "search.gpu"),
+        ({"engine": {"num_threads": True}}, "engine.num_threads.constrained-int"),
+        ({"kv": {"memory_attention_scale": "0.5"}}, "kv.memory_attention_scale"),
+        ({"kv": {"memory_temperature": True}}, "kv.memory_temperature"),
+        ({"search": {"rebuild_growth": "3"}}, "search.rebuild_growth"),
+        ({"kv": {"position_buckets": [True, 2]}}, "kv.position_buckets.0"),
+        ({"kv": {"position_buckets": ["0", "8"]}}, "kv.position_buckets.0"),
     ],
 )
 def test_a_config_value_of_the_wrong_type_is_refused_not_coerced(config: dict[str, Any], field: str) -> None:
@@ -138,4 +144,5 @@ def test_a_config_value_of_the_wrong_type_is_refused_not_coerced(config: dict[st
     mistyped ``True`` was read as 1 and a string as its number (an API contract review)."""
     with pytest.raises(ConfigError, match=f"invalid InferScale config: {re.escape(field)}: Input should be a valid"):
         config_from_dict(config)
-    assert MemoryConfig.model_validate({"kv": {"memory_attention_scale": 1}}).kv.memory_attention_scale == 1.0
+    read = MemoryConfig.model_validate({"kv": {"memory_attention_scale": 1, "position_buckets": [0, 128]}}).kv
+    assert (read.memory_attention_scale, read.position_buckets) == (1.0, (0, 128))  # an int is a float; JSON lists
