@@ -300,7 +300,7 @@ def check_threshold(threshold: float | None) -> float | None:
 
 
 def resolve_scope(
-    user_id: str | int | None, agent_id: str | int | None, run_id: str | int | None, filters: Mapping[str, Any] | None
+    user_id: ScopeId | None, agent_id: ScopeId | None, run_id: ScopeId | None, filters: Mapping[str, Any] | None
 ) -> tuple[Scope, Filter | None]:
     """The scope of a call from keyword ids (v1) and ids pinned inside ``filters`` (v2), ANDed together.
 

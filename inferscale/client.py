@@ -448,8 +448,9 @@ class MemoryClient(ClientCore):
 
         Raises:
             MemoryNotFoundError: for an id that names no stored memory.
-            InvalidInputError: for an id that is not a non-empty str, or a memory too long for the model's context
-                even without its context turns (named by its id).
+            InvalidInputError: when ``memories`` is not a list (a str would be read one id per character), for an
+                id that is not a non-empty str, or a memory too long for the model's context even without its
+                context turns (named by its id).
             KVFingerprintMismatchError: when a stored file was written by another model or encoding.
         """
         records = [m if isinstance(m, MemoryRecord) else self._record(m) for m in check_memories(memories)]
