@@ -65,21 +65,24 @@ def print_json(value: Any) -> None:
 
 
 def stdout() -> Console:
-    """The console of human output (stdout), markup off: strings print as they are (styles come from ``style=``).
+    """The console of human output (stdout): strings print as they are, whatever stdout is: no markup (styles come
+    from ``style=``), no ``:emoji:`` codes replaced, and no line breaks added at the console's width (80 columns
+    when stdout is a pipe or a file; a chat answer was hard-wrapped there). Tables still fit the width.
 
     Raises:
         ConfigError: when rich is not installed.
     """
-    return console(soft_wrap=False, markup=False)
+    return console(soft_wrap=True, markup=False, emoji=False)
 
 
 def stderr() -> Console:
-    """The console of notes, warnings and spinners (stderr), markup off as :func:`stdout`'s.
+    """The console of notes, warnings and spinners (stderr), as :func:`stdout`'s: no markup, no emoji codes
+    replaced (a memory quoted under a chat's answer showed ``:thumbs_up:`` as an emoji).
 
     Raises:
         ConfigError: when rich is not installed.
     """
-    return console(stderr=True, markup=False)
+    return console(stderr=True, markup=False, emoji=False)
 
 
 def plain(value: object, style: str = "") -> Text:

@@ -99,3 +99,27 @@ def test_chat_answers_and_memories_print_as_text(
     assert ran.code == 0, ran.err
     assert ran.out == ANSWER + "\n"
     assert f"• {TEXT}" in ran.err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_answer_prints_unwrapped_with_its_emoji_codes_when_stdout_is_not_a_terminal(
+    cli: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """Piped, the plain answer was hard-wrapped at 80 columns and ``:thumbs_up:`` became an emoji, on stdout and in
+    the memories listed on stderr (a CLI user's report): ``ans=$(inferscale chat ...)`` got another text than
+    ``--json`` or ``--stream`` gave."""
+    memory = "My favourite code is :thumbs_up: and I type it every day."
+    answer = "Your code is :thumbs_up:. " + "It is a long answer that runs on " * 6
+    assert cli("add", memory, "--user", "emo", "--no-infer").code == 0
+    real_chat = MemoryClient.chat
+
+    def chat(self: MemoryClient, query: str, **kwargs: Any) -> Any:
+        result = dataclasses.replace(real_chat(self, query, **{**kwargs, "stream": False}), answer=answer)
+        return iter([ChatChunk(answer[:30]), ChatChunk(answer[30:]), ChatChunk("", result)]) if stream else result
+
+    monkeypatch.setattr(MemoryClient, "chat", chat)
+    monkeypatch.setenv("COLUMNS", "80")
+    ran = cli("chat", "Which code?", "--user", "emo", "--max-new-tokens", "4", *(["--stream"] if stream else []))
+    assert ran.code == 0, ran.err
+    assert len(answer) > 80 and ran.out == answer + "\n"
+    assert f"• {memory}" in ran.err
