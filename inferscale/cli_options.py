@@ -177,6 +177,20 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
 # ---------------------------------------------------------------------------------------------------- value parsers
 
 
+def output_folder(text: str) -> Path:
+    """A ``--out`` folder: the path, checked before any work is done. A folder that does not exist yet is created
+    when the results are written.
+
+    Raises:
+        argparse.ArgumentTypeError: when the path exists and is not a folder (a run then measured everything and
+            lost it to ``FileExistsError`` when writing its results).
+    """
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder; pass a folder for the results")
+    return path
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """``"0,5,50"`` → ``(0, 5, 50)``: comma-separated non-negative integers.
 

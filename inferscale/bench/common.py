@@ -4,6 +4,7 @@ JSON document with its plot."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
@@ -90,9 +91,23 @@ def _json_value(value: object) -> object:
     raise TypeError(f"a {type(value).__name__} has no JSON form in a report: convert it first ({value!r})")
 
 
+def _finite_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (numpy's included) made ``None``: "not measured" is ``null`` in
+    JSON, which has no NaN (a strict parser refused a report holding one)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_json(item) for item in value]
+    return value
+
+
 def write_json(path: Path, document: Any) -> Path:
     """Write ``document`` as indented UTF-8 JSON to ``path`` (its folder created); dates and paths are written as
-    text, numpy scalars as numbers.
+    text, numpy scalars as numbers, and a NaN or infinite number (not measured) as ``null``.
 
     Returns:
         ``path``.
@@ -102,7 +117,8 @@ def write_json(path: Path, document: Any) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2, default=_json_value) + "\n", encoding="utf-8")
+    text = json.dumps(_finite_json(document), indent=2, default=_json_value, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 

@@ -40,7 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from inferscale.bench.common import check_engine, machine_info, synthetic_facts
 from inferscale.bench.throughput_report import ThroughputReport, ThroughputRound, print_throughput, write_outputs
-from inferscale.cli_options import DTYPE_OPTION, MODEL_OPTION, cli, int_list, name_list, non_negative_int, positive_int
+from inferscale.cli_options import (
+    DTYPE_OPTION,
+    MODEL_OPTION,
+    cli,
+    int_list,
+    name_list,
+    non_negative_int,
+    output_folder,
+    positive_int,
+)
 from inferscale.config import DType
 from inferscale.errors import ConfigError
 
@@ -137,7 +146,8 @@ class ThroughputSettings:
         default=0, metadata=cli("--seed", type=non_negative_int, help="seed of the fact draws (default 0)")
     )
     out_dir: Path = field(
-        default=Path("out/bench/throughput"), metadata=cli("--out", help="output folder (default out/bench/throughput)")
+        default=Path("out/bench/throughput"),
+        metadata=cli("--out", type=output_folder, help="output folder (default out/bench/throughput)"),
     )
 
     def __post_init__(self) -> None:

@@ -41,6 +41,7 @@ from inferscale.cli_options import (
     int_list,
     name_list,
     non_negative_int,
+    output_folder,
     positive_int,
 )
 from inferscale.config import DType
@@ -136,7 +137,8 @@ class TTFTSettings:
     )
     num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
     out_dir: Path = field(
-        default=Path("out/bench/ttft"), metadata=cli("--out", help="output folder (default out/bench/ttft)")
+        default=Path("out/bench/ttft"),
+        metadata=cli("--out", type=output_folder, help="output folder (default out/bench/ttft)"),
     )
     data_dir: Path | None = None
     prefix_cache: Literal["cold", "warm"] = field(

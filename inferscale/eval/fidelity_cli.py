@@ -20,6 +20,7 @@ from inferscale.cli_options import (
     cli,
     from_args,
     name_list,
+    output_folder,
     positive_int,
 )
 from inferscale.config import DType, MemoryConfig, MemoryLayout
@@ -163,7 +164,8 @@ class FidelityOptions:
     )
     num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
     out_dir: Path = field(
-        default=Path("out/eval/fidelity"), metadata=cli("--out", help="output folder (default out/eval/fidelity)")
+        default=Path("out/eval/fidelity"),
+        metadata=cli("--out", type=output_folder, help="output folder (default out/eval/fidelity)"),
     )
 
 

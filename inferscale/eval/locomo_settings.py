@@ -18,6 +18,7 @@ from inferscale.cli_options import (
     cli,
     name_list,
     non_negative_int,
+    output_folder,
     positive_int,
 )
 from inferscale.config import DType, KVConfig
@@ -146,7 +147,8 @@ class LocomoEvalSettings:
         ),
     )
     out_dir: Path = field(
-        default=Path("out/eval/locomo"), metadata=cli("--out", help="results folder (default out/eval/locomo)")
+        default=Path("out/eval/locomo"),
+        metadata=cli("--out", type=output_folder, help="results folder (default out/eval/locomo)"),
     )
     judge_base_url: str | None = field(
         default=None,

@@ -25,3 +25,44 @@ def test_write_json_creates_the_folder_and_writes_what_json_cannot_hold_as_text(
     assert json.loads(path.read_text(encoding="utf-8")) == {"p50_ms": 1.5, "n": 3}
     with pytest.raises(TypeError, match="a object has no JSON form in a report"):  # never a repr in a report
         write_json(path, {"x": object()})
+
+
+def test_a_number_not_measured_is_written_as_null_never_as_nan(tmp_path: Path) -> None:
+    """``eval fidelity --first-token-only`` wrote ``"f1_kv_vs_prompt": NaN``: Python reads it, a strict JSON parser
+    (JavaScript's ``JSON.parse``) refuses the whole report (a CLI user's report)."""
+    path = tmp_path / "report.json"
+    nan = float("nan")
+    write_json(path, {"f1": nan, "cells": [{"kl": 0.5, "ttft_ms": np.float64(nan)}, (float("inf"), 1)], "n": 3})
+    text = path.read_text(encoding="utf-8")
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"f1": None, "cells": [{"kl": 0.5, "ttft_ms": None}, [None, 1]], "n": 3}
+
+
+def test_an_out_path_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -> None:
+    """``bench ttft --out afile`` measured everything, then lost it to a ``FileExistsError`` traceback when writing
+    its results; every ``--out`` is checked when the options are read."""
+    import argparse
+
+    from inferscale.cli_options import output_folder
+
+    taken = tmp_path / "afile"
+    taken.write_text("x")
+    with pytest.raises(argparse.ArgumentTypeError, match="afile exists and is not a folder"):
+        output_folder(str(taken))
+    assert output_folder(str(tmp_path / "new")) == tmp_path / "new" and output_folder(str(tmp_path)) == tmp_path
+
+
+@pytest.mark.parametrize(
+    "command", [["bench", "ttft"], ["bench", "throughput"], ["eval", "fidelity"], ["eval", "locomo"]]
+)
+def test_every_out_option_refuses_a_file_with_a_usage_error(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from inferscale.cli import main
+
+    taken = tmp_path / "afile"
+    taken.write_text("x")
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--out", str(taken)])
+    assert exited.value.code == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
