@@ -289,7 +289,7 @@ def run_throughput_bench(settings: ThroughputSettings, console: Console | None =
     Raises:
         ConfigError: when vLLM (or the vLLM engine of this package) is not installed.
     """
-    check_engine("vllm")
+    check_engine("vllm", "bench throughput")
     from inferscale.apps_extra import console as make_console
     from inferscale.config import EngineConfig, MemoryConfig
     from inferscale.engines.hf.dtype import loaded_dtype

@@ -92,8 +92,11 @@ def test_report_figures_and_ratios(tmp_path: Path) -> None:
 def test_throughput_needs_vllm(tmp_path: Path) -> None:
     if importlib.util.find_spec("inferscale.engines.vllm") and importlib.util.find_spec("vllm"):
         pytest.skip("vllm is installed here; tests/bench/test_vllm_throughput.py runs the benchmark")
-    with pytest.raises(ConfigError, match="not installed"):
+    with pytest.raises(ConfigError, match="not installed") as refused:
         run_throughput_bench(ThroughputSettings(users=(1,), k=1, facts=1, out_dir=tmp_path))
+    # it has no --engine option to switch (a CLI user's report: the message advised --engine transformers)
+    assert str(refused.value).startswith("bench throughput: ") and str(refused.value).endswith("runs on vLLM only")
+    assert "--engine" not in str(refused.value)
 
 
 def test_throughput_parser_reads_the_options() -> None:
