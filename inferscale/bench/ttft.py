@@ -106,8 +106,8 @@ class TTFTSettings:
             default. Its recomputed tokens are counted in the FLOP ratio.
 
     Raises:
-        ConfigError: for an empty or negative ``ks``, ``repeats < 1``, ``warmup < 0``, an unknown ``prefix_cache``,
-            an unknown tier or an unknown ``recompute`` policy.
+        ConfigError: for an empty or negative ``ks`` or one without a k >= 1, ``repeats < 1``, ``warmup < 0``, an
+            unknown ``prefix_cache``, an unknown tier or an unknown ``recompute`` policy.
     """
 
     ks: tuple[int, ...] = field(
@@ -160,6 +160,8 @@ class TTFTSettings:
     def __post_init__(self) -> None:
         if not self.ks or any(k < 0 for k in self.ks):
             raise ConfigError(f"ks must be non-empty and >= 0, got {self.ks!r}")
+        if max(self.ks) == 0:  # it failed later, on storing an empty list of memories
+            raise ConfigError("ks needs at least one k >= 1 (k=0, the query alone, is measured beside them)")
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         if self.warmup < 0:

@@ -117,7 +117,15 @@ def test_vllm_engine_is_refused_when_not_installed(tmp_path: Path) -> None:
     if importlib.util.find_spec("inferscale.engines.vllm") and importlib.util.find_spec("vllm"):
         pytest.skip("the vLLM engine and vllm are installed")
     with pytest.raises(ConfigError, match="not installed"):
-        run_ttft_bench(TTFTSettings(ks=(0,), repeats=1, engine="vllm", out_dir=tmp_path))
+        run_ttft_bench(TTFTSettings(ks=(0, 1), repeats=1, engine="vllm", out_dir=tmp_path))
+
+
+def test_ks_without_a_positive_k_are_refused_when_read() -> None:
+    """``--ks 0`` failed after start-up with "messages is an empty list" (it stored no memory); k=0 beside a positive
+    k stays valid (a CLI user's report)."""
+    with pytest.raises(ConfigError, match="ks needs at least one k >= 1"):
+        TTFTSettings(ks=(0,))
+    assert TTFTSettings(ks=(0, 5)).ks == (0, 5)
 
 
 def test_bench_parser_reads_the_options() -> None:
