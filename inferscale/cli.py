@@ -86,13 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     When the reader of stdout goes away (``| head``), the rest of the output is dropped and the exit code is
     :data:`SIGPIPE_EXIT`, with no traceback: stdout is pointed at ``os.devnull`` so that Python's own flush at exit
     cannot fail again (the recipe of the Python docs, "Note on SIGPIPE" in :mod:`signal`). (argparse's ``--help``
-    drops a failed write itself and exits 0.)
+    drops a failed write itself and exits 0.) Ctrl-C exits with 130 and no traceback, also while the modules load.
     """
     try:
         try:
             return _main(argv)
         finally:  # flush here, where a closed pipe is caught, not at interpreter exit
             sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C while the parser's modules load (seconds: torch), as after: no traceback
+        return 130
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

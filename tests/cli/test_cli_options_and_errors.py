@@ -259,3 +259,15 @@ def test_a_database_that_cannot_be_connected_to_is_one_line_and_exit_1(cli: Call
     assert ran.code == 1
     assert ran.err.startswith("error: cannot connect to the database postgresql+psycopg://inferscale:***@127.0.0.1:1")
     assert "Traceback" not in ran.err and "s3cret" not in ran.err
+
+
+def test_ctrl_c_while_the_parser_loads_exits_130_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parser imports the bench, eval and demo modules (seconds: torch); a Ctrl-C then gave a traceback and
+    the signal's death instead of 130 (a CLI user's report)."""
+    from inferscale import cli as cli_module
+
+    def interrupted() -> argparse.ArgumentParser:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "build_parser", interrupted)
+    assert cli_module.main(["list", "--user", "u"]) == 130
