@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from inferscale.errors import InvalidInputError
+from inferscale.validation_text import int_digits
 
 NUL = "\x00"
 
@@ -93,9 +94,9 @@ def check_json(value: object, where: str, depth: int = 0, *, strings: bool = Tru
         return
     if isinstance(value, int):
         if abs(value) >= _JSON_INT_LIMIT:
-            digits = int(value.bit_length() * math.log10(2)) + 1
+            digits = int_digits(value)
             raise InvalidInputError(
-                f"{where} is an integer of about {digits:,} digits; JSON here holds at most {MAX_JSON_INT_DIGITS:,}"
+                f"{where} is an integer of {digits:,} digits; JSON holds at most {MAX_JSON_INT_DIGITS:,}"
             )
         return
     if isinstance(value, float):

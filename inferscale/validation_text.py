@@ -14,12 +14,19 @@ INPUT_CHARS = 80
 """How much of an input's repr :func:`describe_errors` quotes."""
 
 
+def int_digits(value: int) -> int:
+    """How many decimal digits ``abs(value)`` has, without ``str`` (which raises ``ValueError`` past 4,300)."""
+    magnitude = abs(value)
+    digits = int(magnitude.bit_length() * math.log10(2)) + 1  # exact, or one too many
+    return digits - 1 if digits > 1 and magnitude < 10 ** (digits - 1) else digits
+
+
 def shown_input(value: object, chars: int = INPUT_CHARS) -> str:
-    """``repr(value)`` cut to ``chars`` characters, for an error message. An int with more than about ``chars``
-    digits is named by its size instead: Python refuses ``repr`` of one past 4,300 digits (``ValueError``), and a
-    message need not print thousands; so is a value whose repr fails that way inside a container."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > chars * math.log2(10):
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    """``repr(value)`` cut to ``chars`` characters, for an error message. An int of more than ``chars`` digits is
+    named by its size instead: Python refuses ``repr`` of one past 4,300 digits (``ValueError``), and a message need
+    not print thousands; so is a value whose repr fails that way inside a container."""
+    if isinstance(value, int) and not isinstance(value, bool) and int_digits(value) > chars:
+        return f"an integer of {int_digits(value):,} digits"
     try:
         return repr(value)[:chars]
     except ValueError:

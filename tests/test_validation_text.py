@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from inferscale.validation_text import INPUT_CHARS, describe_errors, shown_input
+from inferscale.validation_text import INPUT_CHARS, describe_errors, int_digits, shown_input
 
 
 class _Inner(BaseModel):
@@ -63,9 +63,11 @@ def test_the_input_is_quoted_and_cut() -> None:
 def test_an_int_too_long_to_print_is_named_by_its_size() -> None:
     """``repr`` of an int past 4,300 digits raises ``ValueError``: error messages that quoted one raised that
     instead of their own error (a review, 6 Dec 2026)."""
-    assert shown_input(10**5000) == "an integer of about 5,001 digits"
-    assert shown_input(-(10**400)) == "an integer of about 401 digits"
+    assert shown_input(10**5000) == "an integer of 5,001 digits"
+    assert shown_input(-(10**400)) == "an integer of 401 digits"
+    assert shown_input(10**400 - 1) == "an integer of 400 digits"  # the bit length alone says 401
     assert shown_input(10**79) == repr(10**79)  # 80 digits: shown
+    assert [int_digits(v) for v in (0, 9, 10, 99, 100, -(10**20), 10**20 - 1)] == [1, 1, 2, 2, 3, 21, 20]
     assert shown_input([10**5000]) == "a list holding an integer too long to show"
     assert shown_input("x" * 200) == repr("x" * 200)[:INPUT_CHARS]
     assert shown_input(True) == "True"
