@@ -130,7 +130,7 @@ def _revoke(args: argparse.Namespace) -> int:
 def add_keys_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: Parents) -> None:
     """Add ``keys`` (``keys create``, ``keys list``, ``keys revoke``) to the ``inferscale`` subcommand parsers."""
     keys = sub.add_parser("keys", help="the server's API keys: create, list, revoke")
-    commands = keys.add_subparsers(dest="keys_command", required=True)
+    commands = keys.add_subparsers(dest="keys_command", metavar="{create,list,revoke}", required=True)
     create = commands.add_parser(
         "create", parents=parents.keys, help="create a key bound to scopes (or --admin); prints it once"
     )

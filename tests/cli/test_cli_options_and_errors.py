@@ -275,3 +275,13 @@ def test_ctrl_c_while_the_parser_loads_exits_130_without_a_traceback(monkeypatch
     except KeyboardInterrupt:  # caught here: one escaping would stop the whole test session
         pytest.fail("the KeyboardInterrupt escaped main()")
     assert code == 130
+
+
+def test_keys_without_a_subcommand_names_the_subcommands_not_an_internal_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``inferscale keys`` said "the following arguments are required: keys_command" (a CLI user's report)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["keys"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "required: {create,list,revoke}" in err and "keys_command" not in err
