@@ -132,14 +132,14 @@ def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMess
 
 
 def _finite(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputError(f"{name} must be a finite number, got {shown_input(value)}")
-    try:
-        number = float(value)  # an int past the float range overflows (10**400)
-    except OverflowError:
-        raise InvalidInputError(f"{name} must be a finite number, got {shown_input(value)}") from None
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past the float range (10**400)
+            number = math.inf
     if not math.isfinite(number):
-        raise InvalidInputError(f"{name} must be a finite number, got {value!r}")
+        raise InvalidInputError(f"{name} must be a finite number, got {shown_input(value)}")
     return number
 
 

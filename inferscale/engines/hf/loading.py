@@ -59,13 +59,13 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
 
     def load(dtype: str) -> Any:
         attention = resolve_attention(config.attn_implementation)
-        with loading_model("engine.model", path, errors=(OSError,)):
+        with loading_model("engine.model", path):  # any other ValueError: no model that can be loaded
             try:
                 return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
             except ValueError as exc:
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 if config.attn_implementation == "eager" or "attention" not in reason:
-                    raise ConfigError(f"engine.model {path!r} holds no model that can be loaded ({reason})") from exc
+                    raise
                 raise ConfigError(  # the config was read: the model lacks this attention implementation
                     f"engine.model {path!r} cannot run engine.attn_implementation={config.attn_implementation!r} "
                     f"({reason}); set engine.attn_implementation='eager'"
