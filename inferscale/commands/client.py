@@ -25,19 +25,24 @@ if TYPE_CHECKING:
 __all__ = ["open_client", "open_key_store"]
 
 
-def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions) -> CommandClient:
+def open_client(
+    store: StoreOptions, model: ModelOptions, remote: RemoteOptions, *, creates_store: bool = False
+) -> CommandClient:
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
     api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
     ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
+    A local store must exist unless the command ``creates_store`` (``add``): :meth:`StoreOptions.existing_config`.
 
     Raises:
         InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
             without ``--host``.
+        ConfigError: for a local store's options that do not validate, or a named data folder that does not exist
+            (unless ``creates_store``).
     """
     if remote.host is None:
         if remote.api_key is not None:
             raise InvalidInputError("--api-key is for a server: give --host URL too, or drop --api-key")
-        return MemoryClient(store.config(model))
+        return MemoryClient(store.config(model) if creates_store else store.existing_config(model))
     if store != StoreOptions() or model != ModelOptions():
         raise InvalidInputError(
             "--config, --data-dir, --db-url, --model and --dtype configure a local store; the server at --host uses "
@@ -47,9 +52,14 @@ def open_client(store: StoreOptions, model: ModelOptions, remote: RemoteOptions)
     return MemoryClient(host=remote.host, api_key=remote.api_key)
 
 
-def open_key_store(store: StoreOptions) -> KeyStore:
+def open_key_store(store: StoreOptions, *, creates_store: bool = False) -> KeyStore:
     """The API key store in the database of the store ``store`` names (the one ``inferscale serve`` reads). Its
-    module needs SQLAlchemy only, not the server's extra. Building it does no I/O."""
+    module needs SQLAlchemy only, not the server's extra. Building it does no I/O.
+
+    Raises:
+        ConfigError: as :func:`open_client`: a named data folder must exist unless the command ``creates_store``
+            (``keys create``).
+    """
     from inferscale.server.keys import KeyStore
 
-    return KeyStore.for_config(store.config())
+    return KeyStore.for_config(store.config() if creates_store else store.existing_config())

@@ -56,11 +56,12 @@ class KeyRevokeOptions:
     key_id: str = field(metadata=cli("KEY_ID", help="the key's id, as `inferscale keys list` shows it"))
 
 
-def _with_store(args: argparse.Namespace, act: Callable[[KeyStore, bool], None]) -> int:
-    """Open the key store the store options name, run ``act(store, as_json)``, close the store."""
+def _with_store(args: argparse.Namespace, act: Callable[[KeyStore, bool], None], *, creates_store: bool = False) -> int:
+    """Open the key store the store options name (which must exist unless the command ``creates_store``), run
+    ``act(store, as_json)``, close the store."""
     from inferscale.commands import client as clients
 
-    store = clients.open_key_store(from_args(StoreOptions, args))
+    store = clients.open_key_store(from_args(StoreOptions, args), creates_store=creates_store)
     try:
         act(store, from_args(OutputOptions, args).as_json)
     finally:
@@ -96,7 +97,7 @@ def _create(args: argparse.Namespace) -> int:
         out.print(key, markup=False, highlight=False, soft_wrap=True)
         stderr().print(f"warning: {warning}", style="bold yellow", highlight=False)
 
-    return _with_store(args, act)
+    return _with_store(args, act, creates_store=True)
 
 
 def _list(args: argparse.Namespace) -> int:

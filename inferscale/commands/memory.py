@@ -91,7 +91,7 @@ def _add(args: argparse.Namespace) -> int:
         out.print(changes_table(changes, f"{count(len(changes), 'change', 'changes')} for {common.scope.describe()}"))
 
     verb = "extracting facts" if opts.infer else "adding"
-    return run_call(args, call, show, f"{verb} (the first call loads the models)")
+    return run_call(args, call, show, f"{verb} (the first call loads the models)", creates_store=True)
 
 
 # ---------------------------------------------------------------------------------------------------- search, list

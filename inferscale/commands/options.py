@@ -121,6 +121,25 @@ class StoreOptions:
         except ValidationError as exc:
             raise ConfigError(f"invalid config: {exc}") from exc
 
+    def existing_config(self, model: ModelOptions | None = None) -> MemoryConfig:
+        """:meth:`config`, for a command that reads or changes what a store already holds (every command but ``add``
+        and ``keys create``): a data folder named by ``--data-dir`` or the config file must exist when it holds the
+        database (no ``--db-url``). Opening a mistyped path would create a new, empty store there and answer from it
+        (no memories found, none deleted) as if the right one were empty. The default folder (``<home>/data``) is
+        taken as it is: before a first ``add`` it holds nothing, as a new store.
+
+        Raises:
+            ConfigError: when that folder does not exist, naming it; or as :meth:`config`.
+        """
+        config = self.config(model)
+        if config.data_dir is not None and config.db_url is None and not config.data_path().is_dir():
+            named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
+            raise ConfigError(
+                f"no store at {config.data_path()} ({named}): no folder there. Check the path; `inferscale add` "
+                "creates a store in a new folder"
+            )
+        return config
+
 
 def _read_config(path: str) -> MemoryConfig:
     """The client config in the JSON file ``path`` (:func:`inferscale.mem0_config.config_from_dict`).

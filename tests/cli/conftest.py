@@ -27,6 +27,7 @@ def engine() -> Any:
 @pytest.fixture
 def fakes(tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
     """Every client the commands build is :meth:`Fakes.client`; rich tables are 200 columns wide."""
+    (tmp_path / "data").mkdir()  # an existing store's folder: only `add` and `keys create` may open a missing one
     made = Fakes(engine, ScriptedGenerator(), [], tmp_path / "data")
     monkeypatch.setattr(clients, "MemoryClient", made.client)
     monkeypatch.setenv("COLUMNS", "200")

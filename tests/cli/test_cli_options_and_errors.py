@@ -285,3 +285,55 @@ def test_keys_without_a_subcommand_names_the_subcommands_not_an_internal_name(
         main(["keys"])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "required: {create,list,revoke}" in err and "keys_command" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["search", "dog", "--user", "maya"],
+        ["list", "--user", "maya"],
+        ["delete", "--all", "--user", "maya"],
+        ["history", "some-id"],
+        ["chat", "What is my dog called?", "--user", "maya"],
+        ["chat", "What is my dog called?", "--user", "maya", "--stream"],
+        ["prepare-kv", "--user", "maya"],
+        ["keys", "list"],
+        ["keys", "revoke", "some-key"],
+    ],
+)
+def test_a_command_on_a_data_dir_that_does_not_exist_fails_without_creating_a_store(
+    argv: list[str], cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """A mistyped ``--data-dir`` created a new, empty store there: ``search`` found nothing, ``delete --all``
+    deleted nothing, both exit 0, as if the right store were empty (a CLI user's report)."""
+    typo = tmp_path / "dta"
+    _one_error_line(cli(*argv, "--data-dir", str(typo), local=False), 2, f"no store at {typo} (--data-dir)")
+    assert not typo.exists()
+
+
+def test_a_config_files_data_dir_that_does_not_exist_is_refused_too(cli: Callable[..., Ran], tmp_path: Path) -> None:
+    typo = tmp_path / "dta"
+    config = tmp_path / "app.json"
+    config.write_text(f'{{"data_dir": "{typo}"}}', encoding="utf-8")
+    _one_error_line(cli("list", "--user", "maya", "--config", str(config), local=False), 2, f"data_dir in {config}")
+    assert not typo.exists()
+
+
+def test_add_and_keys_create_make_the_store_a_new_data_dir_names(
+    cli: Callable[..., Ran], fakes: Fakes, tmp_path: Path
+) -> None:
+    new = tmp_path / "new"
+    assert cli("add", "I live in Porto.", "--user", "maya", "--no-infer", "--data-dir", str(new), local=False).code == 0
+    fakes.data_dir = new  # the store the commands below read (Fakes.client's default)
+    listed = cli("list", "--user", "maya", "--data-dir", str(new), "--json", local=False)
+    assert [m["memory"] for m in listed.json()["results"]] == ["I live in Porto."]
+    keys = tmp_path / "keys"
+    assert cli("keys", "create", "app", "--user", "maya", "--data-dir", str(keys), local=False).code == 0
+    assert (keys / "memory.db").is_file()
+
+
+def test_a_missing_data_dir_beside_a_db_url_is_not_refused() -> None:
+    """With ``--db-url`` the memories are in that database; the data folder only holds the index and K/V, which
+    are rebuilt from it (a second host's first start)."""
+    options = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url="sqlite:////tmp/elsewhere.db")
+    assert options.existing_config().data_path() == Path("/nonexistent/inferscale-data")
