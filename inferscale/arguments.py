@@ -116,7 +116,7 @@ def optional_scope(user_id: ScopeId | None, agent_id: ScopeId | None, run_id: Sc
     """The scope named by the given ids, or ``None`` when none is given (an id-addressed call without a scope)."""
     if user_id is None and agent_id is None and run_id is None:
         return None
-    return Scope(*check_scope_ids(user_id, agent_id, run_id))
+    return Scope.of(user_id, agent_id, run_id)
 
 
 def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list[Message]:

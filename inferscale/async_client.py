@@ -51,7 +51,7 @@ from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.scope import Scope, ScopeId, check_scope_ids
+from inferscale.scope import Scope, ScopeId
 from inferscale.steps import arun_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
@@ -166,7 +166,7 @@ class AsyncMemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return await self._aadd(messages, Scope(*check_scope_ids(user_id, agent_id, run_id)), metadata, infer, encode)
+        return await self._aadd(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, encode)
 
     async def _aadd(
         self,
@@ -250,7 +250,7 @@ class AsyncMemoryClient(ClientCore):
         Raises:
             ScopeError: when no id is given (never "delete everything").
         """
-        return await self._adelete_all(Scope(*check_scope_ids(user_id, agent_id, run_id)))
+        return await self._adelete_all(Scope.of(user_id, agent_id, run_id))
 
     async def _adelete_all(self, scope: Scope) -> dict[str, Any]:
         index = await self._aindex()

@@ -45,7 +45,7 @@ from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
-from inferscale.scope import Scope, ScopeId, check_scope_ids
+from inferscale.scope import Scope, ScopeId
 from inferscale.steps import run_steps
 from inferscale.storage import MemoryRecord
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
@@ -207,7 +207,7 @@ class MemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return self._add(messages, Scope(*check_scope_ids(user_id, agent_id, run_id)), metadata, infer, encode)
+        return self._add(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, encode)
 
     def _add(
         self,
@@ -311,7 +311,7 @@ class MemoryClient(ClientCore):
         Raises:
             ScopeError: when no id is given: this never means "delete everything" (that is :meth:`reset`).
         """
-        return self._delete_all(Scope(*check_scope_ids(user_id, agent_id, run_id)))
+        return self._delete_all(Scope.of(user_id, agent_id, run_id))
 
     def _delete_all(self, scope: Scope) -> dict[str, Any]:
         deleted = self._commit(lambda: AppliedChanges([], [], self.db.delete_scope(scope), []), encode="lazy").deleted

@@ -107,6 +107,15 @@ class Scope:
         if self.user_id is None and self.agent_id is None and self.run_id is None:
             raise ScopeError("at least one of user_id, agent_id or run_id is required; memories are always scoped")
 
+    @classmethod
+    def of(cls, user_id: ScopeId | None, agent_id: ScopeId | None, run_id: ScopeId | None) -> Scope:
+        """The scope of a call's ids as callers give them (an int is its decimal string, :func:`check_scope_id`).
+
+        Raises:
+            ScopeError, InvalidInputError: as the class.
+        """
+        return cls(*check_scope_ids(user_id, agent_id, run_id))
+
     def as_dict(self) -> dict[str, str]:
         """The ids that are set, e.g. ``{"user_id": "alice"}``."""
         return {k: v for k in SCOPE_KEYS if (v := getattr(self, k)) is not None}

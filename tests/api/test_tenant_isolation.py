@@ -636,6 +636,16 @@ def test_distinct_scopes_salt_the_engines_cache_differently_whatever_their_ids_h
     assert len(keys) == len(scopes)
 
 
+def test_an_int_scope_id_names_the_same_scope_as_its_decimal_string() -> None:
+    """``Scope.of`` is how the clients build a call's scope from ids as callers give them."""
+    assert Scope.of(42, None, "r1") == Scope("42", None, "r1")
+    assert Scope.of(42, None, None).key() == Scope.of("42", None, None).key() != Scope.of("042", None, None).key()
+    with pytest.raises(ScopeError, match="at least one of user_id"):
+        Scope.of(None, None, None)
+    with pytest.raises(ScopeError, match="agent_id must be a non-empty string or an int, got True"):
+        Scope.of("maya", True, None)
+
+
 # ---- a key bound to one user ---------------------------------------------------------------------------------
 
 
