@@ -264,6 +264,7 @@ class FactKVManager:
         rest_tokens: int,
         context_tokens: int,
         chosen: bool = False,
+        answer_budget: str = "max_new_tokens",
     ) -> list[MemoryRecord]:
         """Those of ``records`` that fit a context window of ``context_tokens`` together with the system prefix, the
         conversation and the answer budget, in order: each memory is kept while the prompt with it and the memories
@@ -278,6 +279,8 @@ class FactKVManager:
             rest_tokens: the conversation's tokens plus the answer budget (tokens).
             context_tokens: the serving engine's context window (tokens): the model's, or vLLM's ``max_model_len``.
             chosen: ``True`` when the caller named ``records`` (``memory_ids``): none is left out.
+            answer_budget: the caller's name for the answer budget, for the error (``max_new_tokens``, or
+                ``max_tokens`` in an OpenAI request).
 
         Raises:
             InvalidInputError: when the prompt of the memories kept does not fit: the conversation and the answer
@@ -300,7 +303,8 @@ class FactKVManager:
                     len(kept),
                     context_tokens,
                 )
-        check_prompt_fits(prefix_tokens, total - prefix_tokens - rest_tokens, rest_tokens, context_tokens)
+        memory_tokens = total - prefix_tokens - rest_tokens
+        check_prompt_fits(prefix_tokens, memory_tokens, rest_tokens, context_tokens, answer_budget=answer_budget)
         return kept
 
     def check(self, records: Sequence[MemoryRecord]) -> None:

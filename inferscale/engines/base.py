@@ -89,21 +89,34 @@ Conversation = str | Sequence[ChatMessage]
 """A one-turn query, or messages checked by :func:`inferscale.conversation.check_messages`."""
 
 
-def check_prompt_fits(prefix_tokens: int, memory_tokens: int, rest_tokens: int, context_tokens: int) -> None:
+def check_prompt_fits(
+    prefix_tokens: int,
+    memory_tokens: int,
+    rest_tokens: int,
+    context_tokens: int,
+    *,
+    answer_budget: str = "max_new_tokens",
+) -> None:
     """Refuse a request whose system prefix + memory segment + conversation and answer budget (all in tokens) pass
     the model's context window of ``context_tokens``: it could only fail slowly, or answer from positions the model
     never saw. Both engines check this before they prefill; the clients check it before they load or encode any
     memory's K/V.
 
+    Args:
+        answer_budget: the caller's name for the answer budget, which the error advises lowering:
+            ``max_new_tokens`` (the clients), ``max_tokens`` (an OpenAI request to the vLLM server).
+
     Raises:
-        inferscale.errors.InvalidInputError: naming each part's token count.
+        inferscale.errors.InvalidInputError: naming each part's token count, and what would make it fit: fewer
+            memories only when there are memories in it.
     """
     total = prefix_tokens + memory_tokens + rest_tokens
     if total > context_tokens:
+        fewer = "retrieve fewer memories (limit), " if memory_tokens else ""
         raise InvalidInputError(
             f"the prompt needs {total} tokens (system prefix {prefix_tokens}, memories {memory_tokens}, "
             f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}; "
-            "retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"
+            f"{fewer}send a shorter conversation or lower {answer_budget}"
         )
 
 

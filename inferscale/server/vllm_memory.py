@@ -191,7 +191,11 @@ class MemoryService:
             fact_kv = self._client.fact_kv
             records = fact_kv.servable([hit.record for hit in hits])  # one that cannot be encoded is left out (logged)
             records = fact_kv.fitting(
-                records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
+                records,
+                prefix_tokens=len(layout.prefix_ids),
+                rest_tokens=rest,
+                context_tokens=context,
+                answer_budget="max_tokens",
             )
             records = laid_out(records, self._client.config.memory_layout)
             facts = self._client.memory_kv(records)

@@ -213,5 +213,7 @@ def test_the_vllm_servers_memory_holds_requests_to_the_models_window_when_max_mo
         client.add(_long_text(engine, room + 1), user_id="bob", infer=False)
         service = MemoryService(client, builder, 0, [], 5, engine.tokenizer, context_tokens=4096)
         assert service.prepare("bob", QUERY, 1) == ([], [])
-        with pytest.raises(InvalidInputError, match="the model's context is 128"):
+        with pytest.raises(InvalidInputError, match="the model's context is 128") as refused:
             service.prepare("bob", QUERY, 128)
+        # the request's own field, and no advice to retrieve fewer memories: none is left (the server's --limit)
+        assert str(refused.value).endswith("; send a shorter conversation or lower max_tokens")

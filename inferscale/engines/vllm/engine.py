@@ -512,11 +512,12 @@ class VLLMEngine(LayoutTokensMixin):
         self.load()
         limit = self.max_context_tokens
         if len(request.prompt_ids) + max_new_tokens > limit:
+            fewer = "retrieve fewer memories (limit), " if request.memory_tokens else ""
             raise InvalidInputError(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
                 f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
-                f"{max_new_tokens}) but vLLM's context limit is {limit}; retrieve fewer memories (limit), send a "
-                "shorter conversation or lower max_new_tokens"
+                f"{max_new_tokens}) but vLLM's context limit is {limit}; {fewer}send a shorter conversation or lower "
+                "max_new_tokens"
             )
 
     def _events(
