@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from inferscale.async_client import AsyncMemoryClient
-from inferscale.server.errors import UnexpectedErrors, install_error_handlers, openapi_without_422
+from inferscale.server.errors import UnexpectedErrors, install_error_handlers, install_request_ids, openapi_without_422
 from inferscale.server.keys import KeyStore
 from inferscale.server.limits import BodySizeLimit
 from inferscale.server.local_only import LocalOnlyWhileOpen
@@ -67,10 +67,11 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
     for group in (memories, openai, ops):
         app.include_router(group.router)
     # Middleware added last runs first: metrics see every reply, the 403s of an open server's cross-site check, the
-    # 413s of the size limit and the 500s included.
+    # 413s of the size limit and the 500s included; the request id is set before all of them and on every reply.
     app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodySizeLimit, max_bytes=options.max_request_bytes)
     app.add_middleware(LocalOnlyWhileOpen, keys=keys)
     docs = frozenset(p for p in (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if p)
     app.add_middleware(RequestMetrics, metrics=metrics, fixed_paths=docs)
+    install_request_ids(app)
     return app

@@ -5,6 +5,11 @@ One set of handlers (:func:`install_error_handlers`): InferScale errors by their
 failures (its 422) as 400 ``invalid_input``; Starlette's HTTP errors by their status with their code (unknown
 path 404 ``route_not_found``, wrong method 405 ``method_not_allowed``); any other exception as 500
 ``internal_error``, logged with its traceback.
+
+Every reply carries an ``X-Request-ID`` header (the caller's, when it sends a UUID4 one; else a new one:
+``asgi-correlation-id``'s middleware, :func:`install_request_ids`). The replies whose details stay in the server's
+log (a 500, an unreachable database) name it in their message, and the log line names it too, so an operator finds
+the traceback of the reply a user reports.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import logging
 from typing import Any
 
+from asgi_correlation_id import CorrelationIdMiddleware, correlation_id
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -96,24 +102,45 @@ def error_content(row: ErrorCode, message: str, type_name: str | None = None) ->
 
 
 DATABASE_UNAVAILABLE_MESSAGE = "the memory database is unavailable; the server log has the details"
-"""What a caller reads of a :class:`~inferscale.errors.DatabaseUnavailableError`: its own text names the database's
-URL (driver, user, host, port, database) and the driver's message, which are the server's to know."""
+"""What a caller reads of a :class:`~inferscale.errors.DatabaseUnavailableError` (with the request id,
+:func:`logged_message`): its own text names the database's URL (driver, user, host, port, database) and the driver's
+message, which are the server's to know."""
+
+REQUEST_ID_HEADER = "X-Request-ID"
+"""The header every reply carries its request id in (and a caller may send one in, a UUID4)."""
+
+
+def request_id() -> str:
+    """The id of the request being answered (:data:`REQUEST_ID_HEADER`), or ``"-"`` outside one."""
+    return correlation_id.get() or "-"
+
+
+def logged_message(message: str) -> str:
+    """``message`` for a reply whose details are only in the server's log: ``"...; the server log has the details"``
+    with the request id the log line names, e.g. ``"...; the server log has the details (request 3f2a...)"``."""
+    return f"{message} (request {request_id()})"
 
 
 def error_response(exc: InferScaleError) -> JSONResponse:
-    """The reply for ``exc``: its code's status and body (``type`` is the exception's own class name). A database
-    that cannot be connected to is answered with :data:`DATABASE_UNAVAILABLE_MESSAGE` and its text logged."""
-    row = code_of(exc)
+    """The reply for ``exc``: its code's status and body (:func:`error_body`)."""
+    return JSONResponse(error_body(exc), status_code=code_of(exc).status)
+
+
+def error_body(exc: InferScaleError) -> dict[str, Any]:
+    """The body of the reply for ``exc`` (``type`` is the exception's own class name), in a reply or in a stream's
+    error event. A database that cannot be connected to is answered with :data:`DATABASE_UNAVAILABLE_MESSAGE` and the
+    request id (:func:`logged_message`), its own text logged under that id."""
     message = str(exc)
     if isinstance(exc, DatabaseUnavailableError):
-        log.error("%s", message)
-        message = DATABASE_UNAVAILABLE_MESSAGE
-    return JSONResponse(error_content(row, message, type(exc).__name__), status_code=row.status)
+        log.error("request %s: %s", request_id(), message)
+        message = logged_message(DATABASE_UNAVAILABLE_MESSAGE)
+    return error_content(code_of(exc), message, type(exc).__name__)
 
 
 def internal_error_content(exc: BaseException) -> dict[str, Any]:
-    """The body of a 500 for an unexpected exception: names its class, not its text (which may hold internals)."""
-    message = f"internal server error ({type(exc).__name__}); the server log has the details"
+    """The body of a 500 for an unexpected exception: names its class and the request id (:func:`logged_message`),
+    not its text (which may hold internals). Log the exception with :func:`request_id` where it is caught."""
+    message = logged_message(f"internal server error ({type(exc).__name__}); the server log has the details")
     return error_content(_BY_CODE["internal_error"], message, ServerError.__name__)
 
 
@@ -170,7 +197,7 @@ class UnexpectedErrors:
         try:
             await self.app(scope, receive, send_and_note)
         except Exception as exc:  # answered (or, once started, cut short) and logged here
-            log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
+            log.error("request %s: %s %s failed", request_id(), scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
                 await JSONResponse(internal_error_content(exc), status_code=500)(scope, receive, send)
         except asyncio.CancelledError:
@@ -182,9 +209,15 @@ class UnexpectedErrors:
             raise
 
 
+def install_request_ids(app: FastAPI) -> None:
+    """Give every request of ``app`` an id (:data:`REQUEST_ID_HEADER`; see the module docstring). Add it as the
+    outermost middleware, so every reply carries it and every error logged names it."""
+    app.add_middleware(CorrelationIdMiddleware, header_name=REQUEST_ID_HEADER)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app`` (see the module docstring); add :class:`UnexpectedErrors` as the innermost
-    middleware too."""
+    middleware too, and :func:`install_request_ids` as the outermost."""
     app.add_exception_handler(InferScaleError, _inferscale_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -15,7 +15,7 @@ from server_harness import Served
 from tiny_models import counted_forwards
 
 from inferscale import AsyncMemoryClient
-from inferscale.errors import EngineClosedError
+from inferscale.errors import DatabaseUnavailableError, EngineClosedError
 from inferscale.types import ChatChunk
 
 CONVERSATION = [
@@ -113,6 +113,9 @@ def test_openais_user_and_inferscale_user_id_must_agree(http: httpx.Client) -> N
     assert len(both["inferscale"]["memory_ids"]) == 1 and len(named["inferscale"]["memory_ids"]) == 3
 
 
+HIDDEN_DB = "postgresql+psycopg://inferscale:***@10.0.0.5:5432/memories"
+
+
 async def _failing_stream(failure: BaseException) -> AsyncIterator[ChatChunk]:
     yield ChatChunk("Hel")
     raise failure
@@ -123,6 +126,11 @@ async def _failing_stream(failure: BaseException) -> AsyncIterator[ChatChunk]:
     [
         (EngineClosedError("the engine was closed"), "engine_closed", "EngineClosedError"),
         (RuntimeError("boom"), "internal_error", "ServerError"),
+        (
+            DatabaseUnavailableError(f"cannot connect to the database {HIDDEN_DB}"),
+            "database_unavailable",
+            "DatabaseUnavailableError",
+        ),
     ],
 )
 def test_an_error_after_the_stream_started_is_an_sse_event(
@@ -139,6 +147,12 @@ def test_an_error_after_the_stream_started_is_an_sse_event(
     assert [e["choices"][0]["delta"] for e in events[:2]] == [{"role": "assistant", "content": ""}, {"content": "Hel"}]
     assert events[2]["error"]["code"] == code and events[2]["error"]["type"] == type_name
     assert events[3:] == ["[DONE]"]
+    message = events[2]["error"]["message"]
+    if isinstance(failure, EngineClosedError):
+        assert message == str(failure)
+    else:  # its text is the server's to know (the database's address leaked in the stream): logged under the id
+        assert str(failure) not in message and HIDDEN_DB not in message
+        assert message.endswith(f"the server log has the details (request {reply.headers['x-request-id']})")
 
 
 async def _local_chat_without_memory(served: Served, messages: list[dict[str, str]]) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,8 +220,8 @@ def test_every_error_code_has_its_status_and_body(
         reply = http.get("/v1/memories/", params={"user_id": "alice"})
     _error(reply, row.status, row.code, row.error.__name__)
     told = f"made to fail with {row.error.__name__}"
-    if row.error is DatabaseUnavailableError:
-        told = DATABASE_UNAVAILABLE_MESSAGE  # its own text, which names the database, is logged
+    if row.error is DatabaseUnavailableError:  # its own text, which names the database, is logged under the id
+        told = f"{DATABASE_UNAVAILABLE_MESSAGE} (request {reply.headers['x-request-id']})"
     assert reply.json()["error"]["message"] == told
 
 
@@ -233,10 +234,11 @@ def test_a_database_the_server_cannot_connect_to_is_503_without_its_address(
     with caplog.at_level("ERROR", logger="inferscale.server.errors"), served.http() as http:
         reply = http.get("/v1/memories/", params={"user_id": "alice"})
     message = _error(reply, 503, "database_unavailable", "DatabaseUnavailableError")
-    assert message == DATABASE_UNAVAILABLE_MESSAGE
+    request_id = reply.headers["x-request-id"]
+    assert message == f"{DATABASE_UNAVAILABLE_MESSAGE} (request {request_id})"
     assert "127.0.0.1" not in reply.text and "psycopg" not in reply.text
     logged = [r.getMessage() for r in caplog.records if r.name == "inferscale.server.errors"]
-    assert any("127.0.0.1:1/memories" in m and "s3cret" not in m for m in logged)
+    assert any(f"request {request_id}: " in m and "127.0.0.1:1/memories" in m and "s3cret" not in m for m in logged)
 
 
 def test_an_unexpected_exception_is_500_internal_error_and_logged(
@@ -252,6 +254,34 @@ def test_an_unexpected_exception_is_500_internal_error_and_logged(
     assert "RuntimeError" in message and "secret internals" not in message  # the text stays in the log
     logged = [r for r in caplog.records if r.name == "inferscale.server.errors"]
     assert len(logged) == 1 and logged[0].exc_info is not None and "secret internals" in str(logged[0].exc_info[1])
+    # the reply and the log line name the same request, so an operator finds the traceback a user reports
+    request_id = reply.headers["x-request-id"]
+    assert message.endswith(f"the server log has the details (request {request_id})")
+    assert logged[0].getMessage() == f"request {request_id}: GET /v1/memories/ failed"
+
+
+def test_every_reply_carries_a_request_id_and_a_callers_uuid4_one_is_kept(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user reporting a 500 had nothing to give an operator but the time: the log held every request's errors."""
+    caller_id = str(uuid.uuid4())
+    with served.http() as http:
+        ok = [http.get("/health"), http.get("/v1/memories/", params={"user_id": "alice"})]
+        ids = [reply.headers["x-request-id"] for reply in ok]
+        assert all(reply.status_code == 200 for reply in ok) and len(set(ids)) == 2
+        assert all(uuid.UUID(value).version == 4 for value in ids)
+        kept = http.get("/health", headers={"X-Request-ID": caller_id})
+        assert kept.headers["x-request-id"] == caller_id
+        odd = http.get("/health", headers={"X-Request-ID": "not a uuid; <script>"})  # not echoed: a new one
+        assert odd.headers["x-request-id"] != "not a uuid; <script>" and uuid.UUID(odd.headers["x-request-id"])
+
+        async def fail(**kwargs: Any) -> None:
+            raise RuntimeError("secret internals")
+
+        monkeypatch.setattr(served.client, "get_all", fail)
+        failed = http.get("/v1/memories/", params={"user_id": "alice"}, headers={"X-Request-ID": caller_id})
+    assert failed.headers["x-request-id"] == caller_id
+    assert _error(failed, 500, "internal_error", "ServerError").endswith(f"(request {caller_id})")
 
 
 def test_a_request_the_shutdown_cancels_before_its_reply_is_503_engine_closed() -> None:

@@ -23,12 +23,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from inferscale.error_codes import code_of
 from inferscale.errors import InferScaleError, InvalidInputError
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.disconnects import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
-from inferscale.server.errors import ERROR_RESPONSES, error_content, internal_error_content
+from inferscale.server.errors import ERROR_RESPONSES, error_body, internal_error_content, request_id
 from inferscale.server.metrics import Metrics
 from inferscale.server.openai_chat import (
     SSE_DONE,
@@ -163,9 +162,9 @@ async def _events(
             if usage_wanted:
                 yield reply.usage_chunk(_usage(chunk.result))
     except InferScaleError as exc:
-        yield sse(error_content(code_of(exc), str(exc), type(exc).__name__))
+        yield sse(error_body(exc))
     except Exception as exc:  # the reply has started: report it in the stream, and log it
-        log.error("a streamed chat failed", exc_info=exc)
+        log.error("request %s: a streamed chat failed", request_id(), exc_info=exc)
         yield sse(internal_error_content(exc))
     finally:
         await _close(chunks)
