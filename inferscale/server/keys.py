@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Engine, LargeBinary, MetaData, String, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from inferscale.config import MemoryConfig
 from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.scope import SCOPE_KEYS
 from inferscale.storage import make_engine
-from inferscale.storage.database import WRITE_OPTION
 from inferscale.storage.models import UTCDateTime, utc_now
 from inferscale.storage.schema import SchemaChain, ensure_schema
+from inferscale.storage.uninterrupted import guarded_session
 
 KEY_PREFIX = "isk_"
 _KEY = re.compile(r"isk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
@@ -189,11 +189,6 @@ class KeyStore:
                 self._engine = engine
             return self._engine
 
-    def _writer(self) -> Engine:
-        """:meth:`_db` for a transaction that writes: on SQLite it begins ``IMMEDIATE`` and so waits its turn behind
-        the memory client's writers (a deferred one that read first was refused "database is locked" at once)."""
-        return self._db().execution_options(**{WRITE_OPTION: True})
-
     def create(
         self,
         name: str,
@@ -227,7 +222,7 @@ class KeyStore:
                 "pass admin=True for a key that may touch every scope"
             )
         secret, salt = secrets.token_urlsafe(32), secrets.token_bytes(16)
-        with Session(self._writer()) as s, s.begin():
+        with guarded_session(self._db(), write=True) as s:
             key_id = secrets.token_hex(6)
             while s.get(ApiKeyRow, key_id) is not None:
                 key_id = secrets.token_hex(6)
@@ -249,7 +244,7 @@ class KeyStore:
 
     def list(self) -> builtins.list[ApiKey]:
         """Every key, revoked ones included, oldest first."""
-        with Session(self._db()) as s:
+        with guarded_session(self._db()) as s:
             rows = s.scalars(select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.key_id))
             return [row.record() for row in rows]
 
@@ -259,7 +254,7 @@ class KeyStore:
         Raises:
             APIKeyNotFoundError: when no key has this id.
         """
-        with Session(self._writer()) as s, s.begin():
+        with guarded_session(self._db(), write=True) as s:
             row = s.get(ApiKeyRow, key_id) if isinstance(key_id, str) else None
             if row is None:
                 raise APIKeyNotFoundError(f"no API key has id {key_id!r}; `inferscale keys list` shows the ids")
@@ -277,7 +272,7 @@ class KeyStore:
         if match is None:
             return None
         key_id, secret = match.groups()
-        with Session(self._db()) as s:
+        with guarded_session(self._db()) as s:
             row = s.get(ApiKeyRow, key_id)
             if row is None or row.revoked_at is not None:
                 hmac.compare_digest(_hash(secret, _DUMMY_SALT), _DUMMY_HASH)
@@ -296,7 +291,7 @@ class KeyStore:
         """Whether any key was ever created in this database (revoked ones count: revoking every key never
         reopens a server)."""
         if not self._has_keys:
-            with Session(self._db()) as s:
+            with guarded_session(self._db()) as s:
                 self._has_keys = s.scalar(select(ApiKeyRow.key_id).limit(1)) is not None
         return self._has_keys
 

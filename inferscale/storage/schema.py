@@ -46,6 +46,7 @@ from sqlalchemy import Connection, Engine, MetaData, inspect, text
 from inferscale.errors import SchemaError
 from inferscale.storage.database import WRITE_OPTION
 from inferscale.storage.locks import advisory_key, lock_keys
+from inferscale.storage.uninterrupted import sigint_deferred
 
 log = logging.getLogger(__name__)
 
@@ -219,10 +220,13 @@ def ensure_schema(engine: Engine, chain: SchemaChain) -> SchemaUpgrade:
     """Upgrade ``chain`` on ``engine``'s database to its head in one write transaction (``BEGIN IMMEDIATE`` on
     SQLite), one chain at a time per process; see :func:`upgrade_schema`.
 
+    A Ctrl-C meanwhile is raised when the transaction has ended
+    (:func:`~inferscale.storage.uninterrupted.sigint_deferred`).
+
     Raises:
         SchemaError: see :func:`upgrade_schema` (the transaction rolls back: nothing is changed).
     """
-    with MIGRATION_LOCK, engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
+    with sigint_deferred(), MIGRATION_LOCK, engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
         return upgrade_schema(conn, chain)
 
 

@@ -33,7 +33,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, make_engine, shown_url
+from inferscale.storage.database import make_engine, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -57,6 +57,7 @@ from inferscale.storage.queries import (
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
 from inferscale.storage.schema import MEMORY_SCHEMA, ensure_schema
+from inferscale.storage.uninterrupted import guarded_session
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -138,13 +139,13 @@ class MemoryStore:
 
     def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session."""
-        with Session(self.engine, expire_on_commit=False) as s:
+        with guarded_session(self.engine) as s:  # no Ctrl-C leaves a session open (storage.uninterrupted)
             return fn(s, *args, **kwargs)
 
     def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), committed
         when it returns and rolled back when it raises."""
-        with Session(self.engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False) as s, s.begin():
+        with guarded_session(self.engine, write=True) as s:
             return fn(s, *args, **kwargs)
 
     @property
@@ -367,10 +368,8 @@ class MemoryStore:
         Raises:
             InvalidInputError: when an argument is not a non-empty str.
         """
-        memory_id = check_id(memory_id)
-        fingerprint = check_text(fingerprint, "fingerprint")
-        encoding_key = check_text(encoding_key, "encoding_key")
-        return self._read(get_kv_entry, memory_id, fingerprint, encoding_key)
+        key = (check_id(memory_id), check_text(fingerprint, "fingerprint"), check_text(encoding_key, "encoding_key"))
+        return self._read(get_kv_entry, *key)
 
     def delete_kv_entries(self, memory_id: str) -> builtins.list[KVEntryRecord]:
         """Delete every KV entry of ``memory_id`` and return them (so their tensors can be removed too).
