@@ -71,8 +71,10 @@ class MemoryClient(ClientCore):
         embedder: an embedder to use instead of ``config.embedder``.
         generator: a JSON generator for fact extraction and reconcile instead of ``config.llm``.
         host: an InferScale server's URL (``"http://127.0.0.1:8000"``): the call returns a
-            :class:`~inferscale.remote.RemoteMemoryClient` on it instead, with the same methods, arguments, results
-            and errors. Only ``api_key``, ``timeout`` and ``retries`` may come with it.
+            :class:`~inferscale.remote.RemoteMemoryClient` on it instead, with the same memory and chat methods,
+            arguments, results and errors (not the local store's own: ``recall``, ``memory_kv``, ``reconcile``,
+            ``prepare_kv``, ``context_window``, ``model_name``, ``kv_store``). Only ``api_key``, ``timeout`` and
+            ``retries`` may come with it.
         api_key, timeout, retries: the remote client's (see :class:`~inferscale.remote.RemoteMemoryClient`);
             ``api_key`` defaults to ``INFERSCALE_API_KEY``.
         org_id, project_id: Mem0 platform arguments, accepted as ``None`` only (they have no counterpart here).
@@ -182,7 +184,7 @@ class MemoryClient(ClientCore):
             ``{"results": [{"id", "memory", "event"}, ...]}`` with event ``"ADD"``, ``"UPDATE"`` (plus
             ``"previous_memory"``) or ``"DELETE"``; ``[]`` when nothing changed.
 
-        ``timestamp`` and ``expiration_date`` are Mem0 2.x arguments accepted only as ``None``: a memory is
+        ``timestamp`` and ``expiration_date`` are Mem0 2.x arguments accepted only as ``None`` or ``False``: a memory is
         timestamped when it is added, and memories do not expire. ``version`` is Mem0's (``"v1"`` or ``"v2"``):
         checked, and changes nothing.
 

@@ -221,7 +221,7 @@ class KVConfig(_Strict):
         encode_after_system_prefix: encode each fact after the chat template's system prefix (an attention-sink
             remedy: the fact does not grow a sink of its own). Exact injection (block-diagonal equivalence)
             holds only with this off; see docs/architecture.md.
-        store_dir: where KV tensors are written as safetensors; ``None`` means ``<home>/kv``.
+        store_dir: where KV tensors are written as safetensors; ``None`` means ``<data_dir>/kv``.
         encode_batch_size: facts per forward pass when encoding; also the most memories the background encoder
             takes from its queue at once.
         encode_on_add: when the K/V of the memories an ``add`` creates or re-words are encoded.
@@ -278,7 +278,7 @@ class KVConfig(_Strict):
             0 (the default) turning them off. Every B-th memory of a scope is an *anchor*, encoded as without
             chains (after the text of its last w context turns); each memory after it in its block is encoded on
             the stored K/V of the memories before it in the block (the last ``chain_window`` of them), prefilling
-            only its own tokens: encoding prefills ~1.2x the fact tokens at B=24 instead of ~6x at w=5 (1.8x the
+            only its own tokens: encoding prefills ~1.2x the fact tokens at B=24 instead of ~5.5x at w=5 (1.8x the
             facts/s on a CPU), each plus 1x for the context-free encodings of ``first_memory_context_free``. On
             the product's own path its first-token KL against pasted memories was lower than
             without chains in every cell measured, but its answers ran on more often on one conversation of two,

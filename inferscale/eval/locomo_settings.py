@@ -66,7 +66,7 @@ class LocomoEvalSettings:
         limit: at most this many questions (categories 1-4, file order) per conversation; ``None``: all.
         k: memories retrieved per question.
         context_window: w, preceding turns each memory is encoded after (``KVConfig.context_window``).
-        recompute: ``KVConfig.recompute`` (``none``, ``head:m``, ``structure``, ``selective:r``).
+        recompute: ``KVConfig.recompute`` (``none``, ``head:m``, ``tail:n``, ``structure``, ``selective:r``).
         memory_attention_scale: ``KVConfig.memory_attention_scale`` s (1 = off).
         position_buckets: ``KVConfig.position_buckets`` (position-aware encoding distances, tokens).
         encode_after_system_prefix: encode facts after the system prefix (``KVConfig``; sink remedy).
@@ -109,7 +109,7 @@ class LocomoEvalSettings:
         default=_KV["recompute"].default,
         metadata=cli(
             "--recompute",
-            help="memory tokens recomputed at serve time: none, head:M, structure or selective:R "
+            help="memory tokens recomputed at serve time: none, head:M, tail:N, structure or selective:R "
             f"(default {_KV['recompute'].default})",
         ),
     )
