@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -33,7 +34,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, async_url, make_async_engine, shown_url
+from inferscale.storage.database import WRITE_OPTION, make_async_engine, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -56,7 +57,6 @@ from inferscale.storage.queries import (
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
 from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, SchemaUpgrade, upgrade_schema
-from inferscale.storage.uninterrupted import ToTheEnd
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -69,6 +69,28 @@ from inferscale.storage.validation import (
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+
+def async_url(url: str) -> str:
+    """The async-driver form of a SQLAlchemy URL: ``sqlite://`` → ``sqlite+aiosqlite://``, ``postgresql://`` and
+    ``postgresql+psycopg://`` → ``postgresql+psycopg://`` (psycopg 3 runs async too); async drivers pass through.
+
+    Raises:
+        ConfigError: for a malformed URL or a database without a supported async driver.
+    """
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    if backend == "postgresql":
+        if driver in ("asyncpg", "psycopg"):
+            return url
+        if driver in ("", "psycopg2", "pg8000", "psycopg2cffi"):
+            return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    raise ConfigError(f"no async driver for {parsed.drivername!r}; use sqlite or postgresql (psycopg or asyncpg)")
 
 
 MIGRATION_POLL_S = 0.005
@@ -101,7 +123,7 @@ class AsyncMemoryStore:
     the engine is created and the schema created or upgraded on first use.
 
     Args:
-        url: a SQLAlchemy URL in its sync or async form (see :func:`~inferscale.storage.database.async_url`).
+        url: a SQLAlchemy URL in its sync or async form (see :func:`async_url`).
 
     Raises:
         ConfigError: when ``url`` is empty or has no async driver.
@@ -116,7 +138,6 @@ class AsyncMemoryStore:
         self._engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
         self._schema_ready = False
         self._creating = threading.Lock()
-        self._to_the_end = ToTheEnd()
 
     def __repr__(self) -> str:
         return f"AsyncMemoryStore({shown_url(self._url)!r})"
@@ -149,7 +170,7 @@ class AsyncMemoryStore:
                 engine = await asyncio.to_thread(make_async_engine, self._url)  # SQLite is switched to WAL: I/O
                 try:
                     if not self._schema_ready:
-                        await self._to_the_end.run(ensure_schema_async(engine, MEMORY_SCHEMA))
+                        await ensure_schema_async(engine, MEMORY_SCHEMA)
                         self._schema_ready = True
                 except BaseException:
                     await engine.dispose()
@@ -166,39 +187,24 @@ class AsyncMemoryStore:
                 await self._engines.pop(loop).dispose()
 
     async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``, run to its end whatever happens
-        to the caller (:class:`~inferscale.storage.uninterrupted.ToTheEnd`)."""
-        engine = await self.engine()
-
-        async def session() -> _T:
-            async with AsyncSession(engine, expire_on_commit=False) as s:
-                return await s.run_sync(fn, *args, **kwargs)
-
-        return await self._to_the_end.run(session())
+        """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``."""
+        async with AsyncSession(await self.engine(), expire_on_commit=False) as s:
+            return await s.run_sync(fn, *args, **kwargs)
 
     async def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), through
-        ``run_sync``; committed when it returns and rolled back when it raises. A cancelled caller does not stop it:
-        it commits or rolls back all the same (:class:`~inferscale.storage.uninterrupted.ToTheEnd`), where a
-        cancellation inside its commit, rollback or connection return left the transaction open (a helper's report:
-        SQLite's write lock held, every other writer failing after the busy timeout, even after ``close()``)."""
+        ``run_sync``; committed when it returns and rolled back when it raises."""
         engine = (await self.engine()).execution_options(**{WRITE_OPTION: True})
-
-        async def transaction() -> _T:
-            async with AsyncSession(engine, expire_on_commit=False) as s, s.begin():
-                return await s.run_sync(fn, *args, **kwargs)
-
-        return await self._to_the_end.run(transaction())
+        async with AsyncSession(engine, expire_on_commit=False) as s, s.begin():
+            return await s.run_sync(fn, *args, **kwargs)
 
     async def dialect(self) -> str:
         """The database's dialect name (``"sqlite"`` or ``"postgresql"``)."""
         return (await self.engine()).dialect.name
 
     async def close(self) -> None:
-        """Wait for the running loop's transactions that are still running (a cancelled caller's), then dispose its
-        engine and those of closed loops (engines of other running loops are left to them); the store reconnects
-        if used again."""
-        await self._to_the_end.wait()
+        """Dispose the running loop's engine and those of closed loops (engines of other running loops are left to
+        them); the store reconnects if used again."""
         engine = self._engines.pop(asyncio.get_running_loop(), None)
         if engine is not None:
             await engine.dispose()
@@ -391,4 +397,4 @@ class AsyncMemoryStore:
         return await self._write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
 
 
-__all__ = ["AsyncMemoryStore", "ensure_schema_async"]
+__all__ = ["AsyncMemoryStore", "async_url", "ensure_schema_async"]

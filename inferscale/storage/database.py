@@ -277,28 +277,6 @@ def _install_hint(url: URL) -> str:
     )
 
 
-def async_url(url: str) -> str:
-    """The async-driver form of a SQLAlchemy URL: ``sqlite://`` → ``sqlite+aiosqlite://``, ``postgresql://`` and
-    ``postgresql+psycopg://`` → ``postgresql+psycopg://`` (psycopg 3 runs async too); async drivers pass through.
-
-    Raises:
-        ConfigError: for a malformed URL or a database without a supported async driver.
-    """
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
-    backend, _, driver = parsed.drivername.partition("+")
-    if backend == "sqlite":
-        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
-    if backend == "postgresql":
-        if driver in ("asyncpg", "psycopg"):
-            return url
-        if driver in ("", "psycopg2", "pg8000", "psycopg2cffi"):
-            return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    raise ConfigError(f"no async driver for {parsed.drivername!r}; use sqlite or postgresql (psycopg or asyncpg)")
-
-
 def make_async_engine(url: str) -> AsyncEngine:
     """Create an async engine for ``url``, an async SQLAlchemy URL (``sqlite+aiosqlite:///...``,
     ``postgresql+psycopg://...``), with :func:`make_engine`'s settings: WAL, pragmas and explicit ``BEGIN`` for

@@ -15,7 +15,7 @@ from event_loops import run_on_own_loops
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import AsyncMemory, AsyncMemoryClient
-from inferscale.storage.database import async_url
+from inferscale.storage.async_store import async_url
 
 
 def make(tmp_path: Path, db_url: str, generator: ScriptedGenerator | None = None) -> AsyncMemoryClient:
