@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,25 +16,13 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
+from sqlite_lock import write_lock_is_free
 
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
 from inferscale.storage.uninterrupted import sigint_deferred
 
 MAYA = Scope(user_id="maya")
-
-
-def _write_lock_is_free(path: Path) -> bool:
-    """Whether another connection can take ``path``'s write lock within half a second."""
-    db = sqlite3.connect(path, timeout=0.5)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        db.close()
 
 
 @pytest.fixture
@@ -123,12 +110,13 @@ def test_a_ctrl_c_during_a_write_lets_it_commit_and_is_raised_after(tmp_path: Pa
             store.update(record.id, "I moved to Lisbon.")
         event.remove(store.engine, "after_cursor_execute", interrupt)
         assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
-        assert _write_lock_is_free(path)
+        assert write_lock_is_free(path)
         assert store.get(record.id).text == "I moved to Lisbon."  # type: ignore[union-attr]
 
 
 _RANDOM_CTRL_C = """
-import os, random, signal, sqlite3, sys
+import os, random, signal, sys
+from sqlite_lock import write_lock_is_free
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
 
@@ -136,18 +124,6 @@ path = sys.argv[1]
 maya = Scope(user_id="maya")
 rng = random.Random(3)
 signal.signal(signal.SIGALRM, lambda signum, frame: os.kill(os.getpid(), signal.SIGINT))
-
-
-def lock_is_free():
-    db = sqlite3.connect(path, timeout=0.5)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("ROLLBACK")
-        return True
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        db.close()
 
 
 store = MemoryStore(f"sqlite:///{path}")
@@ -163,7 +139,7 @@ for i in range(300):
             signal.setitimer(signal.ITIMER_REAL, 0)
     except KeyboardInterrupt:
         pass
-    if not lock_is_free():
+    if not write_lock_is_free(path):
         print(f"write {i}: the interrupted transaction kept the lock")
         sys.exit(1)
 print("lock free after every write")
@@ -176,6 +152,7 @@ def test_ctrl_c_at_random_points_of_writes_never_leaves_the_write_lock_held(tmp_
     random point may land in any library's code (logging's lock, say), which only our transactions guard."""
     ran = subprocess.run(
         [sys.executable, "-c", _RANDOM_CTRL_C, str(tmp_path / "memory.db")],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},  # tests/, for sqlite_lock
         capture_output=True,
         text=True,
         timeout=300,
