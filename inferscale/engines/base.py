@@ -112,12 +112,19 @@ def check_prompt_fits(
     """
     total = prefix_tokens + memory_tokens + rest_tokens
     if total > context_tokens:
-        fewer = "retrieve fewer memories (limit), " if memory_tokens else ""
         raise InvalidInputError(
             f"the prompt needs {total} tokens (system prefix {prefix_tokens}, memories {memory_tokens}, "
             f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}; "
-            f"{fewer}send a shorter conversation or lower {answer_budget}"
+            f"{fit_advice(memory_tokens, answer_budget)}"
         )
+
+
+def fit_advice(memory_tokens: int, answer_budget: str = "max_new_tokens") -> str:
+    """What would make a prompt too long for its context fit, for the error that refuses it: fewer memories only
+    when it holds some (``memory_tokens`` > 0), a shorter conversation, or a lower ``answer_budget`` (the caller's
+    name for it)."""
+    fewer = "retrieve fewer memories (limit), " if memory_tokens else ""
+    return f"{fewer}send a shorter conversation or lower {answer_budget}"
 
 
 class Engine(Protocol):

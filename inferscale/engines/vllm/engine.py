@@ -37,7 +37,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.conversation import GREEDY, SamplingSettings
-from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain, fit_advice
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
@@ -512,12 +512,10 @@ class VLLMEngine(LayoutTokensMixin):
         self.load()
         limit = self.max_context_tokens
         if len(request.prompt_ids) + max_new_tokens > limit:
-            fewer = "retrieve fewer memories (limit), " if request.memory_tokens else ""
             raise InvalidInputError(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
                 f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
-                f"{max_new_tokens}) but vLLM's context limit is {limit}; {fewer}send a shorter conversation or lower "
-                "max_new_tokens"
+                f"{max_new_tokens}) but vLLM's context limit is {limit}; {fit_advice(request.memory_tokens)}"
             )
 
     def _events(
