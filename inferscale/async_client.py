@@ -3,8 +3,9 @@
 
 Where the time goes, and where it runs:
 
-- SQL runs on the event loop through async SQLAlchemy (aiosqlite for SQLite, psycopg's async mode for
-  PostgreSQL; see :class:`~inferscale.storage.async_store.AsyncMemoryStore`).
+- SQL on PostgreSQL is awaited on the event loop through async SQLAlchemy (psycopg's async mode); SQLite, which
+  has no async I/O, runs each session on a worker thread, which a cancellation does not cut short (see
+  :mod:`~inferscale.storage.async_sessions`).
 - CPU-bound work runs in worker threads via ``asyncio.to_thread``: LLM fact extraction and the reconcile
   decision (local model decoding, or the blocking HTTP call of an OpenAI-compatible endpoint), embedding, FAISS
   search and index updates, writing the index file, K/V encoding and removal, and ``chat`` generation.

@@ -1,30 +1,27 @@
-"""The memory store on async SQLAlchemy: aiosqlite for SQLite, psycopg's async mode for PostgreSQL.
+"""The memory store with ``async`` methods: SQLite sessions on worker threads, PostgreSQL's on the event loop.
 
 Same tables, same statements and the same transaction bodies as :class:`~inferscale.storage.MemoryStore`: every
 method validates its arguments and runs one session function of :mod:`~inferscale.storage.queries`,
-:mod:`~inferscale.storage.changes` or :mod:`~inferscale.storage.kv_entries` through ``AsyncSession.run_sync``
-(SQLAlchemy's greenlet bridge: the driver I/O is awaited on the event loop, no thread is blocked). Needs
-``greenlet`` and ``aiosqlite`` (``pip install 'sqlalchemy[asyncio]' aiosqlite``).
+:mod:`~inferscale.storage.changes` or :mod:`~inferscale.storage.kv_entries` through the database's
+:mod:`~inferscale.storage.async_sessions` runner (a worker thread for SQLite, which has no async I/O and whose
+transactions a cancellation must not cut short; psycopg's async mode through ``AsyncSession.run_sync`` for
+PostgreSQL). PostgreSQL needs ``greenlet`` (``sqlalchemy[asyncio]``, a core dependency).
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import contextlib
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from inferscale.errors import ConfigError
 from inferscale.filters import Filter
 from inferscale.scope import Scope
+from inferscale.storage.async_sessions import session_runner
 from inferscale.storage.change_sets import (
     AppliedChanges,
     ChangeSet,
@@ -34,7 +31,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import WRITE_OPTION, make_async_engine, shown_url
+from inferscale.storage.database import shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -56,7 +53,6 @@ from inferscale.storage.queries import (
     vector_ids_in_scope,
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
-from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, SchemaUpgrade, upgrade_schema
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -71,59 +67,12 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def async_url(url: str) -> str:
-    """The async-driver form of a SQLAlchemy URL: ``sqlite://`` → ``sqlite+aiosqlite://``, ``postgresql://`` and
-    ``postgresql+psycopg://`` → ``postgresql+psycopg://`` (psycopg 3 runs async too); async drivers pass through.
-
-    Raises:
-        ConfigError: for a malformed URL or a database without a supported async driver.
-    """
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
-    backend, _, driver = parsed.drivername.partition("+")
-    if backend == "sqlite":
-        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
-    if backend == "postgresql":
-        if driver in ("asyncpg", "psycopg"):
-            return url
-        if driver in ("", "psycopg2", "pg8000", "psycopg2cffi"):
-            return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    raise ConfigError(f"no async driver for {parsed.drivername!r}; use sqlite or postgresql (psycopg or asyncpg)")
-
-
-MIGRATION_POLL_S = 0.005
-"""How often a coroutine asks for the process's migration lock while another chain runs (seconds)."""
-
-ENGINE_POLL_S = 0.005
-"""How often a coroutine asks to create its loop's engine while another coroutine creates one (seconds)."""
-
-
-async def ensure_schema_async(engine: AsyncEngine, chain: SchemaChain) -> SchemaUpgrade:
-    """Upgrade ``chain`` on ``engine``'s database to its head in one write transaction, through ``run_sync``; see
-    :func:`~inferscale.storage.schema.upgrade_schema`. The process's :data:`~inferscale.storage.schema.MIGRATION_LOCK`
-    is polled for (every :data:`MIGRATION_POLL_S` seconds) rather than waited on: a coroutine that holds it awaits
-    the database on this event loop, which a blocking wait would stop.
-
-    Raises:
-        SchemaError: see :func:`~inferscale.storage.schema.upgrade_schema` (nothing is changed).
-    """
-    while not MIGRATION_LOCK.acquire(blocking=False):
-        await asyncio.sleep(MIGRATION_POLL_S)
-    try:
-        async with engine.execution_options(**{WRITE_OPTION: True}).begin() as conn:
-            return await conn.run_sync(upgrade_schema, chain)
-    finally:
-        MIGRATION_LOCK.release()
-
-
 class AsyncMemoryStore:
     """Memories, history and KV entries in one SQL database, with ``async`` methods. Construction does no I/O;
-    the engine is created and the schema created or upgraded on first use.
+    the database is opened and the schema created or upgraded on first use.
 
     Args:
-        url: a SQLAlchemy URL in its sync or async form (see :func:`async_url`).
+        url: a SQLAlchemy URL in its sync or async form (see :func:`~inferscale.storage.async_sessions.session_url`).
 
     Raises:
         ConfigError: when ``url`` is empty or has no async driver.
@@ -132,83 +81,33 @@ class AsyncMemoryStore:
     def __init__(self, url: str) -> None:
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"database url must be a non-empty string, got {url!r}")
-        self._url = async_url(url)
-        # One engine per event loop (an async pool belongs to its loop: shared, a second asyncio.run or threads each
-        # running a loop raised or hung), made under a polled thread lock (an asyncio.Lock is bound to one loop too)
-        self._engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
-        self._schema_ready = False
-        self._creating = threading.Lock()
+        self._sessions = session_runner(url)
 
     def __repr__(self) -> str:
-        return f"AsyncMemoryStore({shown_url(self._url)!r})"
+        return f"AsyncMemoryStore({shown_url(self.url)!r})"
 
     @property
     def url(self) -> str:
-        """The async SQLAlchemy URL in use."""
-        return self._url
-
-    async def engine(self) -> AsyncEngine:
-        """The running event loop's async engine, created on its first call there; the schema is created or upgraded
-        to its head revision on the store's first call (:func:`ensure_schema_async`). Engines of loops that are
-        closed are disposed meanwhile.
-
-        Raises:
-            ConfigError: when the driver is not installed.
-            SchemaError: when the database is at a revision this InferScale does not know, or holds unversioned
-                tables that differ from its schema.
-        """
-        loop = asyncio.get_running_loop()
-        engine = self._engines.get(loop)
-        if engine is not None:
-            return engine
-        while not self._creating.acquire(blocking=False):  # another coroutine, on any loop, is creating one
-            await asyncio.sleep(ENGINE_POLL_S)
-        try:
-            engine = self._engines.get(loop)
-            if engine is None:
-                await self._dispose_closed_loops()
-                engine = await asyncio.to_thread(make_async_engine, self._url)  # SQLite is switched to WAL: I/O
-                try:
-                    if not self._schema_ready:
-                        await ensure_schema_async(engine, MEMORY_SCHEMA)
-                        self._schema_ready = True
-                except BaseException:
-                    await engine.dispose()
-                    raise
-                self._engines[loop] = engine
-        finally:
-            self._creating.release()
-        return engine
-
-    async def _dispose_closed_loops(self) -> None:
-        """Dispose the engines of loops that are closed (their connections are closed from this loop)."""
-        for loop in [loop for loop in self._engines if loop.is_closed()]:
-            with contextlib.suppress(Exception):  # a connection its loop's end left broken: nothing to keep
-                await self._engines.pop(loop).dispose()
+        """The SQLAlchemy URL in use: SQLite's sync form, PostgreSQL's async driver form."""
+        return self._sessions.url
 
     async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in a read session, through ``run_sync``."""
-        async with AsyncSession(await self.engine(), expire_on_commit=False) as s:
-            return await s.run_sync(fn, *args, **kwargs)
+        """``fn(session, *args, **kwargs)`` in a read session."""
+        return await self._sessions.read(fn, *args, **kwargs)
 
     async def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), through
-        ``run_sync``; committed when it returns and rolled back when it raises."""
-        engine = (await self.engine()).execution_options(**{WRITE_OPTION: True})
-        async with AsyncSession(engine, expire_on_commit=False) as s, s.begin():
-            return await s.run_sync(fn, *args, **kwargs)
+        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite); committed when it
+        returns and rolled back when it raises."""
+        return await self._sessions.write(fn, *args, **kwargs)
 
     async def dialect(self) -> str:
         """The database's dialect name (``"sqlite"`` or ``"postgresql"``)."""
-        return (await self.engine()).dialect.name
+        return await self._sessions.dialect()
 
     async def close(self) -> None:
-        """Dispose the running loop's engine and those of closed loops (engines of other running loops are left to
-        them); the store reconnects if used again."""
-        engine = self._engines.pop(asyncio.get_running_loop(), None)
-        if engine is not None:
-            await engine.dispose()
-        await self._dispose_closed_loops()
+        """Release the database connections (on PostgreSQL, the running loop's engine and those of closed loops); the
+        store reconnects if used again."""
+        await self._sessions.close()
 
     # ---- reads -----------------------------------------------------------------------------------------------
     async def get(self, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:
@@ -397,4 +296,4 @@ class AsyncMemoryStore:
         return await self._write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
 
 
-__all__ = ["AsyncMemoryStore", "async_url", "ensure_schema_async"]
+__all__ = ["AsyncMemoryStore"]

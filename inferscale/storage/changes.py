@@ -8,7 +8,7 @@ the old text out of the stored contexts of its scope's other memories (:mod:`inf
 
 Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
 :class:`~inferscale.storage.MemoryStore` runs it directly and
-:class:`~inferscale.storage.async_store.AsyncMemoryStore` through ``AsyncSession.run_sync`` (same SQL, async I/O).
+:class:`~inferscale.storage.async_store.AsyncMemoryStore` through its :mod:`~inferscale.storage.async_sessions` runner.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each session function takes the caller's plain ``Session`` and returns detached records, so
 :class:`~inferscale.storage.MemoryStore` calls it directly and
-:class:`~inferscale.storage.async_store.AsyncMemoryStore` through ``AsyncSession.run_sync`` (same SQL, async I/O).
+:class:`~inferscale.storage.async_store.AsyncMemoryStore` through its :mod:`~inferscale.storage.async_sessions` runner.
 Arguments are expected to be validated already (:mod:`inferscale.storage.validation`).
 
 Scope semantics: a memory is in a :class:`~inferscale.scope.Scope` when every id the scope sets is equal to the

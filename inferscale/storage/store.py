@@ -137,14 +137,14 @@ class MemoryStore:
                 self._engine = engine
             return self._engine
 
-    def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in a read session."""
+    def run_read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in a read session (``fn``: a session function of :mod:`.queries`)."""
         with guarded_session(self.engine) as s:  # no Ctrl-C leaves a session open (storage.uninterrupted)
             return fn(s, *args, **kwargs)
 
-    def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    def run_write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), committed
-        when it returns and rolled back when it raises."""
+        when it returns and rolled back when it raises (``fn``: one of :mod:`.changes` or :mod:`.kv_entries`)."""
         with guarded_session(self.engine, write=True) as s:
             return fn(s, *args, **kwargs)
 
@@ -162,7 +162,7 @@ class MemoryStore:
 
     def reset(self) -> list[str]:
         """Delete every row (memories, history, KV entries; the schema stays); returns the ids it knew, sorted."""
-        return self._write(reset_in_session)
+        return self.run_write(reset_in_session)
 
     # ---- memories ----------------------------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: for an empty text, a non-Scope scope, non-JSON metadata or non-str context.
         """
-        return self._write(apply_in_session, add_change(text, scope, metadata, context, actor)).added[0]
+        return self.run_write(apply_in_session, add_change(text, scope, metadata, context, actor)).added[0]
 
     def get(self, memory_id: str, scope: Scope | None = None) -> MemoryRecord | None:
         """The memory with public id ``memory_id``; ``None`` when there is none or it is outside ``scope``.
@@ -197,7 +197,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` is not a Scope.
         """
-        return self._read(get_memory, check_id(memory_id), check_scope(scope) if scope is not None else None)
+        return self.run_read(get_memory, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     def get_many(self, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
         """The memories of ``memory_ids`` keyed by id, read in **any scope** (no scope check: pass only ids the
@@ -208,7 +208,7 @@ class MemoryStore:
             InvalidInputError: when ``memory_ids`` is a str (a list of ids is needed) or an id is not a non-empty str.
         """
         wanted = check_ids(memory_ids)
-        return self._read(get_memories, wanted) if wanted else {}
+        return self.run_read(get_memories, wanted) if wanted else {}
 
     def memories_with_hash(self, text_hash: str, scope: Scope, limit: int | None = None) -> builtins.list[MemoryRecord]:
         """The memories of exactly ``scope`` whose text hashes to ``text_hash``, oldest first, at most ``limit``.
@@ -217,7 +217,7 @@ class MemoryStore:
             InvalidInputError: for a bad ``text_hash`` (not a non-empty str), ``scope`` or ``limit`` (positive).
         """
         checked = (check_text(text_hash, "text_hash"), check_scope(scope), check_limit(limit))
-        return self._read(memories_with_hash, *checked)
+        return self.run_read(memories_with_hash, *checked)
 
     def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None
@@ -232,7 +232,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
-        return self._read(list_memories, check_scope(scope), filters, check_limit(limit))
+        return self.run_read(list_memories, check_scope(scope), filters, check_limit(limit))
 
     def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
         """The ``limit`` memories of exactly ``scope`` stored last (every id it leaves unset unset too), oldest first:
@@ -241,11 +241,11 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``limit`` is not a positive int.
         """
-        return self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
+        return self.run_read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
 
     def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in ``vector_id`` order (used to rebuild a vector index)."""
-        return self._read(all_memories)
+        return self.run_read(all_memories)
 
     def by_vector_ids(self, ids: Sequence[int] | np.ndarray) -> dict[int, MemoryRecord]:
         """The memories whose ``vector_id`` is in ``ids``, keyed by vector id; unknown ids are left out.
@@ -257,7 +257,7 @@ class MemoryStore:
             InvalidInputError: when ``ids`` holds something other than integers.
         """
         wanted = sorted(set(check_vector_ids(ids)))
-        return self._read(by_vector_ids, wanted) if wanted else {}
+        return self.run_read(by_vector_ids, wanted) if wanted else {}
 
     def vector_ids_in_scope(self, scope: Scope, filters: Filter | None = None) -> np.ndarray:
         """The vector ids of the memories in ``scope`` that match ``filters``: an int64 array ``[n]``, ascending.
@@ -265,7 +265,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope.
         """
-        return self._read(vector_ids_in_scope, check_scope(scope), filters)
+        return self.run_read(vector_ids_in_scope, check_scope(scope), filters)
 
     def history(self, memory_id: str, scope: Scope | None = None) -> builtins.list[HistoryRecord]:
         """The changes to ``memory_id``, oldest first (also once deleted), when it was in ``scope`` (``None``: any).
@@ -273,7 +273,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` not a Scope.
         """
-        return self._read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
+        return self.run_read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     def apply(self, changes: ChangeSet) -> AppliedChanges:
         """Apply adds, updates and deletes with their history rows in one transaction (all or nothing).
@@ -285,7 +285,7 @@ class MemoryStore:
             InvalidInputError: for an invalid change (nothing is written).
             MemoryNotFoundError: with ``changes.strict``, for an unknown id (nothing is written).
         """
-        return self._write(apply_in_session, validate_changes(changes))
+        return self.run_write(apply_in_session, validate_changes(changes))
 
     def update(
         self, memory_id: str, text: str | None, metadata: dict[str, Any] | None = None, actor: str | None = None
@@ -301,7 +301,7 @@ class MemoryStore:
             InvalidInputError: when neither ``text`` nor ``metadata`` is given, or either is invalid.
             MemoryNotFoundError: when no memory has id ``memory_id``.
         """
-        return self._write(apply_in_session, update_change(memory_id, text, metadata, actor)).updated[0][1]
+        return self.run_write(apply_in_session, update_change(memory_id, text, metadata, actor)).updated[0][1]
 
     def delete(self, memory_id: str, actor: str | None = None) -> MemoryRecord:
         """Delete a memory and its KV entries, recording a ``DELETE`` history row.
@@ -313,7 +313,7 @@ class MemoryStore:
             InvalidInputError: when ``memory_id`` or ``actor`` is not a non-empty str.
             MemoryNotFoundError: when no memory has id ``memory_id``.
         """
-        return self._write(apply_in_session, delete_change(memory_id, actor)).deleted[0]
+        return self.run_write(apply_in_session, delete_change(memory_id, actor)).deleted[0]
 
     def delete_scope(self, scope: Scope, actor: str | None = None) -> builtins.list[MemoryRecord]:
         """Delete every memory in ``scope`` (and their KV entries), one ``DELETE`` history row each.
@@ -324,7 +324,7 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope or ``actor`` is not a non-empty str.
         """
-        return self._write(delete_scope_in_session, check_scope(scope), check_actor(actor))
+        return self.run_write(delete_scope_in_session, check_scope(scope), check_actor(actor))
 
     # ---- KV entries --------------------------------------------------------------------------------------
 
@@ -358,9 +358,9 @@ class MemoryStore:
         """
         new = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id)
         try:
-            return self._write(put_kv_entry_in_session, new)
+            return self.run_write(put_kv_entry_in_session, new)
         except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists
-            return self._write(put_kv_entry_in_session, new)
+            return self.run_write(put_kv_entry_in_session, new)
 
     def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
         """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.
@@ -369,7 +369,7 @@ class MemoryStore:
             InvalidInputError: when an argument is not a non-empty str.
         """
         key = (check_id(memory_id), check_text(fingerprint, "fingerprint"), check_text(encoding_key, "encoding_key"))
-        return self._read(get_kv_entry, *key)
+        return self.run_read(get_kv_entry, *key)
 
     def delete_kv_entries(self, memory_id: str) -> builtins.list[KVEntryRecord]:
         """Delete every KV entry of ``memory_id`` and return them (so their tensors can be removed too).
@@ -377,23 +377,23 @@ class MemoryStore:
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty str.
         """
-        return self._write(delete_kv_entries_in_session, check_id(memory_id))
+        return self.run_write(delete_kv_entries_in_session, check_id(memory_id))
 
     def versions(self, scope: Scope | None = None, filters: Filter | None = None) -> MemoryVersions:
         """Vector ids, ids, text hashes of ``scope``'s memories matching ``filters`` (all for ``None``); reconcile."""
-        return self._read(memory_versions, check_scope(scope) if scope is not None else None, filters)
+        return self.run_read(memory_versions, check_scope(scope) if scope is not None else None, filters)
 
     def memory_states(self, memory_ids: Sequence[str]) -> dict[str, bool]:
         """Of ``memory_ids``, those this database ever stored: ``True`` while stored, ``False`` once deleted."""
-        return self._read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
+        return self.run_read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
 
     def all_kv_entries(self) -> builtins.list[KVEntryRecord]:
         """Every KV entry, by row id."""
-        return self._read(all_kv_entries)
+        return self.run_read(all_kv_entries)
 
     def delete_kv_entry_rows(self, row_ids: Sequence[int]) -> int:
         """Delete the KV entries with these row ids; returns how many were deleted (ids already gone count 0)."""
-        return self._write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
+        return self.run_write(delete_kv_entry_rows_in_session, check_vector_ids(row_ids))
 
 
 __all__ = ["MemoryStore"]

@@ -6,16 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
-pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
-
 from event_loops import run_on_own_loops
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import AsyncMemory, AsyncMemoryClient
-from inferscale.storage.async_store import async_url
+from inferscale.storage.async_sessions import LoopSessions, ThreadSessions, session_runner, session_url
 
 
 def make(tmp_path: Path, db_url: str, generator: ScriptedGenerator | None = None) -> AsyncMemoryClient:
@@ -24,11 +19,15 @@ def make(tmp_path: Path, db_url: str, generator: ScriptedGenerator | None = None
     )
 
 
-def test_async_url_maps_drivers() -> None:
-    assert async_url("sqlite:////tmp/m.db") == "sqlite+aiosqlite:////tmp/m.db"
-    assert async_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
-    assert async_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
-    assert async_url("postgresql+asyncpg://u@h/db") == "postgresql+asyncpg://u@h/db"
+def test_session_url_maps_drivers() -> None:
+    assert session_url("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"  # SQLite runs on worker threads
+    assert session_url("sqlite+aiosqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
+    assert session_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert session_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert session_url("postgresql+asyncpg://u@h/db") == "postgresql+asyncpg://u@h/db"
+    assert isinstance(session_runner("sqlite:////tmp/m.db"), ThreadSessions)
+    assert isinstance(session_runner("sqlite+aiosqlite://"), ThreadSessions)
+    assert isinstance(session_runner("postgresql://u@h/db"), LoopSessions)
 
 
 def test_concurrent_tasks_interleave(tmp_path: Path) -> None:

@@ -1,0 +1,156 @@
+"""An async call cancelled at any point never leaves a transaction open. On SQLite through aiosqlite, a cancellation
+that landed inside the commit, the rollback or the pool's reset of a returned connection left that connection in its
+transaction: SQLite's write lock stayed held, and every other writer failed after the busy timeout until the garbage
+collector found the connection (6 of 8 runs of 300 randomly cancelled writes). SQLite's sessions now run on worker
+threads, which a cancellation does not stop halfway (storage.async_sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from mem0_fakes import HashEmbedder, fake_config
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlite_lock import write_lock_is_free
+
+from inferscale import AsyncMemoryClient
+from inferscale.scope import Scope
+from inferscale.storage import MemoryStore
+from inferscale.storage.async_store import AsyncMemoryStore
+
+MAYA = Scope(user_id="maya")
+CANCELLED_WRITES = 600
+
+
+def no_transaction_is_open(url: str) -> bool:
+    """Whether no connection is inside a transaction on the memories table: SQLite's write lock can be taken, or
+    PostgreSQL's ``ACCESS EXCLUSIVE`` lock on the table can, at once (it conflicts with every open transaction that
+    read or wrote it)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        assert parsed.database is not None
+        return write_lock_is_free(parsed.database)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("lock table memories in access exclusive mode nowait"))
+        return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
+
+
+async def _cancel_writes_at_random(client: AsyncMemoryClient, url: str, seed: int) -> int | None:
+    """Writes (adds and deletes) each cancelled 0-30 ms after it began, by ``wait_for``'s timeout or by
+    ``Task.cancel``; the index of the first write after which a transaction stayed open, or ``None``."""
+    rng = random.Random(seed)
+    for i in range(CANCELLED_WRITES):
+        if i % 3 == 2:
+            write = client.delete_all(user_id="maya")
+        else:
+            write = client.add(f"fact {i} about green tea", user_id="maya", infer=False)
+        task = asyncio.ensure_future(write)
+        if i % 2:
+            await asyncio.wait({task}, timeout=rng.uniform(0, 0.03))
+        else:
+            await asyncio.sleep(rng.uniform(0, 0.03))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if not no_transaction_is_open(url):
+            return i
+    return None
+
+
+def test_randomly_cancelled_writes_never_leave_a_transaction_open(db_url: str, tmp_path: Path) -> None:
+    async def run() -> int | None:
+        async with AsyncMemoryClient(fake_config(tmp_path, db_url), embedder=HashEmbedder()) as client:
+            await client.add("seed fact", user_id="maya", infer=False)
+            held_after = await _cancel_writes_at_random(client, db_url, seed=5)
+            await client.add("after the cancellations", user_id="maya", infer=False)  # writes still go through
+            return held_after
+
+    assert asyncio.run(run()) is None
+    assert no_transaction_is_open(db_url)
+
+
+def test_transactions_still_running_when_asyncio_run_ends_are_finished(db_url: str) -> None:
+    """``asyncio.run`` cancels the tasks left running: each write either commits with its history row or never
+    happens, and no transaction is left open (shielding the transactions from cancellation held SQLite's lock 10
+    of 10 times here: the loop's end cancelled them anyway)."""
+    store = AsyncMemoryStore(db_url)
+
+    async def leave_writes_running() -> None:
+        await store.list(MAYA)
+        left_running = [asyncio.ensure_future(store.add(f"fact {i}", MAYA)) for i in range(20)]
+        await asyncio.sleep(0.001)
+        assert not all(write.done() for write in left_running)
+
+    asyncio.run(leave_writes_running())
+    assert no_transaction_is_open(db_url)
+    with MemoryStore(db_url) as check:
+        stored = check.list(MAYA)
+        assert all([row.event for row in check.history(memory.id)] == ["ADD"] for memory in stored)
+        check.add("a write after the loop ended", MAYA)
+
+
+def test_a_cancelled_close_leaves_no_transaction_open(db_url: str) -> None:
+    store = AsyncMemoryStore(db_url)
+
+    async def close_cancelled_during_writes() -> None:
+        await store.list(MAYA)
+        writes = [asyncio.ensure_future(store.add(f"fact {i}", MAYA)) for i in range(10)]
+        await asyncio.sleep(0.001)
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)
+        closing.cancel()
+        await asyncio.gather(closing, *writes, return_exceptions=True)
+
+    asyncio.run(close_cancelled_during_writes())
+    assert no_transaction_is_open(db_url)
+    assert len(asyncio.run(store.list(MAYA))) == 10  # every write ran to its end; the store reopens after close()
+    asyncio.run(store.close())
+
+
+def test_sqlite_sessions_do_not_wait_for_the_event_loops_busy_worker_threads(tmp_path: Path) -> None:
+    """The async client generates, embeds and encodes on the event loop's default executor: with every one of its
+    threads busy (a chat generating for seconds), a SQLite read still runs."""
+    store = AsyncMemoryStore(f"sqlite:///{tmp_path}/m.db")
+    release = threading.Event()
+
+    async def read_while_the_default_executor_is_busy() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+        busy = [loop.run_in_executor(None, release.wait, 30) for _ in range(2)]
+        try:
+            await asyncio.wait_for(store.add("written meanwhile", MAYA), timeout=10)
+            return [m.text for m in await asyncio.wait_for(store.list(MAYA), timeout=10)]
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+            await store.close()
+
+    assert asyncio.run(read_while_the_default_executor_is_busy()) == ["written meanwhile"]
+
+
+@pytest.mark.parametrize("url", ["sqlite+aiosqlite:///{tmp}/m.db", "sqlite:///{tmp}/m.db"])
+def test_sqlite_in_either_form_is_one_database_for_every_event_loop(url: str, tmp_path: Path) -> None:
+    store = AsyncMemoryStore(url.format(tmp=tmp_path))
+    assert store.url == f"sqlite:///{tmp_path}/m.db"
+    asyncio.run(store.add("written in the first loop", MAYA))
+    assert [m.text for m in asyncio.run(store.list(MAYA))] == ["written in the first loop"]
+    assert asyncio.run(store.dialect()) == "sqlite"
+    asyncio.run(store.close())
+
+
+def test_an_in_memory_sqlite_store_is_shared_by_its_event_loops() -> None:
+    """One in-memory database per store (through aiosqlite, each event loop had an empty database of its own)."""
+    store = AsyncMemoryStore("sqlite://")
+    asyncio.run(store.add("kept between loops", MAYA))
+    assert [m.text for m in asyncio.run(store.list(MAYA))] == ["kept between loops"]
