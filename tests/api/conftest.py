@@ -21,11 +21,8 @@ from inferscale.storage.models import HistoryRow, MemoryRow
 
 @pytest.fixture(params=["sync", "async", "remote", "remote-async"])
 def client_kind(request: pytest.FixtureRequest) -> ClientKind:
-    """Which client a test runs on. The async and remote cases (a server serves an async client) are skipped when
-    async SQLAlchemy's drivers are missing, the remote ones also without the server extra (FastAPI, uvicorn)."""
-    if request.param != "sync":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
-        pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
+    """Which client a test runs on. The remote cases (a server serves an async client) are skipped without the server
+    extra (FastAPI, uvicorn)."""
     if request.param in REMOTE_KINDS:
         pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
         pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")

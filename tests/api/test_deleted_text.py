@@ -78,8 +78,6 @@ def test_a_deleted_or_reworded_text_leaves_the_later_memories_context_and_kv(
     each the K/V a fresh encoding after its remaining context gives. X, stored before A, is untouched. Their
     context-free K/V (``kv.first_memory_context_free``: encoded after no turn) never depended on A and stay, rows
     and files, unencoded again."""
-    if kind == "async":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
     c = open_client(kind, fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
     try:
         texts = ["X: the desk opens at 8", 'A: door code "12%_34" is secret, café 😀', "B: likes tea", "C: owns a cat"]

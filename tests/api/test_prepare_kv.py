@@ -97,8 +97,6 @@ def _assert_stored_fresh(client: Client, engine: Any, memory_ids: list[str]) -> 
 def test_prepare_kv_encodes_a_scope_then_the_rest_then_nothing(
     kind: str, tmp_path: Path, db_url: str, engine: Any
 ) -> None:
-    if kind == "async":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
     client = Client(kind, _config(tmp_path, db_url), engine)
     try:
         maya, bob = client.add(MAYA, "maya"), client.add(BOB, "bob")

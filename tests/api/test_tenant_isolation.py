@@ -439,9 +439,6 @@ def tenants(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     """A client of each local kind on each backend, filled by :func:`fill` once and only read by the tests."""
     backend: Backend
     backend, kind = request.param
-    if kind == "async":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
-        pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
     directory = tmp_path_factory.mktemp(f"{backend}-{kind}")
     with database_url(backend, directory) as url:
         client = open_client(kind, fake_config(directory, url), engine=engine, embedder=HashEmbedder())
@@ -743,8 +740,6 @@ def test_a_users_delete_all_leaves_no_trace_in_an_agents_own_kv(
     """An agent's own memory stored after one of its user's used to be encoded after that user's text, which then
     outlived the user's ``delete_all`` in the K/V every reader of the agent is served. Now it follows its own scope's
     memories only, so after the deletion the agent is served the K/V of its fact after the system prefix alone."""
-    if kind == "async":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite (pip install aiosqlite)")
     c = open_client(kind, fake_config(tmp_path, db_url), engine=engine, embedder=HashEmbedder())
     try:
         c.add("u1/a1/- secret: my door code is 1234", user_id="u1", agent_id="a1", infer=False)

@@ -36,8 +36,6 @@ NEW_TEXT = "My beagle is called Cookie now."
 
 @pytest.fixture(params=["sync", "async"])
 def kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "async":
-        pytest.importorskip("aiosqlite", reason="the async client needs aiosqlite")
     return str(request.param)
 
 

@@ -15,7 +15,6 @@ import pytest
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
 pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
-pytest.importorskip("aiosqlite", reason="the server's async client needs aiosqlite")
 
 from server_fixture import running_server
 

@@ -98,8 +98,6 @@ def test_change_sets_are_validated_like_store_calls() -> None:
 
 def _async_store(store: MemoryStore) -> Any:
     """An AsyncMemoryStore on the same database (and PostgreSQL schema) as ``store``."""
-    pytest.importorskip("aiosqlite", reason="the async store needs aiosqlite (pip install aiosqlite)")
-    pytest.importorskip("greenlet", reason="async SQLAlchemy needs greenlet (pip install 'sqlalchemy[asyncio]')")
     from inferscale.storage.async_store import AsyncMemoryStore
 
     return AsyncMemoryStore(store.url)
