@@ -194,6 +194,9 @@ def _encode_mode(value: object) -> object:
     return value
 
 
+DATABASE_FILE = "memory.db"
+"""The SQLite file of the memory database in the data folder, where no ``db_url`` is given."""
+
 MAX_POSITION_BUCKETS = 16
 """The most position buckets a fact may be encoded at (each costs one encoding and one stored K/V)."""
 
@@ -408,4 +411,4 @@ class MemoryConfig(_Strict):
         ``<data_dir>/memory.db``."""
         if self.db_url:
             return self.db_url
-        return sqlite_url(self.data_path() / "memory.db")
+        return sqlite_url(self.data_path() / DATABASE_FILE)

@@ -12,6 +12,14 @@ from mem0_fakes import HashEmbedder, ScriptedGenerator
 
 from inferscale import MemoryClient, MemoryConfig
 from inferscale.commands.options import StoreOptions
+from inferscale.storage import MemoryStore
+
+
+def make_store(data_dir: Path) -> None:
+    """Create an empty store in ``data_dir`` (its SQLite database with the schema): what every command but ``add`` and
+    ``keys create`` needs to find there."""
+    with MemoryStore(MemoryConfig(data_dir=str(data_dir)).database_url()) as store:
+        assert store.dialect == "sqlite"  # the engine opened: the file and its schema exist
 
 
 @dataclass(frozen=True)

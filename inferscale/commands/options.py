@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
-from inferscale.config import DType, EngineConfig, MemoryConfig
+from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.scope import ScopeIds
 
@@ -123,20 +123,22 @@ class StoreOptions:
 
     def existing_config(self, model: ModelOptions | None = None) -> MemoryConfig:
         """:meth:`config`, for a command that reads or changes what a store already holds (every command but ``add``
-        and ``keys create``): a data folder named by ``--data-dir`` or the config file must exist when it holds the
-        database (no ``--db-url``). Opening a mistyped path would create a new, empty store there and answer from it
-        (no memories found, none deleted) as if the right one were empty. The default folder (``<home>/data``) is
-        taken as it is: before a first ``add`` it holds nothing, as a new store.
+        and ``keys create``): a data folder named by ``--data-dir`` or the config file must hold the database
+        (``memory.db``) when the database lives there (no ``--db-url``). Opening a mistyped path, or an existing
+        folder that is not a store (``--data-dir .``), would create a new, empty store there and answer from it (no
+        memories found, none deleted) as if the right one were empty. The default folder (``<home>/data``) is taken as
+        it is: before a first ``add`` it holds nothing, as a new store.
 
         Raises:
-            ConfigError: when that folder does not exist, naming it; or as :meth:`config`.
+            ConfigError: when that folder or its database file does not exist, naming it; or as :meth:`config`.
         """
         config = self.config(model)
-        if config.data_dir is not None and config.db_url is None and not config.data_path().is_dir():
+        if config.data_dir is not None and config.db_url is None and not (config.data_path() / DATABASE_FILE).is_file():
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
+            missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"
             raise ConfigError(
-                f"no store at {config.data_path()} ({named}): no folder there. Check the path; `inferscale add` "
-                "creates a store in a new folder"
+                f"no store at {config.data_path()} ({named}): {missing}. Check the path; `inferscale add` creates a "
+                "store"
             )
         return config
 

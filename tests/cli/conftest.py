@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runner import Fakes, Ran
+from cli_runner import Fakes, Ran, make_store
 from mem0_fakes import ScriptedGenerator
 from tiny_models import tiny_engine
 
@@ -27,7 +27,7 @@ def engine() -> Any:
 @pytest.fixture
 def fakes(tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fakes]:
     """Every client the commands build is :meth:`Fakes.client`; rich tables are 200 columns wide."""
-    (tmp_path / "data").mkdir()  # an existing store's folder: only `add` and `keys create` may open a missing one
+    make_store(tmp_path / "data")  # an existing store: only `add` and `keys create` may open a folder without one
     made = Fakes(engine, ScriptedGenerator(), [], tmp_path / "data")
     monkeypatch.setattr(clients, "MemoryClient", made.client)
     monkeypatch.setenv("COLUMNS", "200")

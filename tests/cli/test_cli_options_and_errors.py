@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from cli_runner import Fakes, Ran
+from cli_runner import Fakes, Ran, make_store
 
 from inferscale import MemoryClient
 from inferscale.apps_extra import exit_code
@@ -220,6 +220,7 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(tmp_path: Pat
     import subprocess
     import sys
 
+    make_store(tmp_path)  # the store the command reads
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -309,6 +310,20 @@ def test_a_command_on_a_data_dir_that_does_not_exist_fails_without_creating_a_st
     typo = tmp_path / "dta"
     _one_error_line(cli(*argv, "--data-dir", str(typo), local=False), 2, f"no store at {typo} (--data-dir)")
     assert not typo.exists()
+
+
+@pytest.mark.parametrize("argv", [["list", "--user", "maya"], ["delete", "--all", "--user", "maya"], ["keys", "list"]])
+def test_a_command_on_a_folder_that_holds_no_store_fails_without_creating_one(
+    argv: list[str], cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """``--data-dir .`` (a folder that exists but is not a store) passed the check and opened a new, empty store there:
+    ``list`` found nothing and left a memory.db behind."""
+    folder = tmp_path / "not-a-store"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("someone else's folder", encoding="utf-8")
+    ran = cli(*argv, "--data-dir", str(folder), local=False)
+    _one_error_line(ran, 2, f"no store at {folder} (--data-dir): no memory.db in that folder")
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
 
 
 def test_a_config_files_data_dir_that_does_not_exist_is_refused_too(cli: Callable[..., Ran], tmp_path: Path) -> None:
