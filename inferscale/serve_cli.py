@@ -4,7 +4,6 @@ KV-injected memory, on the transformers engine in process (default) or on vLLM."
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TypeVar, get_args
 
 from inferscale.config import DType, MemoryLayout
@@ -73,9 +72,11 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Start the server (blocks until interrupted); returns the exit status: 2, with the reason on stderr, when the
-    options are refused (a flag of the other engine, a public host with no API key, ...)."""
-    from inferscale.errors import ConfigError
+    """Start the server (blocks until interrupted); returns the exit status, with ``error: <reason>`` on stderr as
+    every command prints it (:func:`~inferscale.apps_extra.fail`): 2 when the options are refused (a flag of the other
+    engine, a public host with no API key, ...), 1 when the server cannot start (a database it cannot reach)."""
+    from inferscale.apps_extra import fail
+    from inferscale.errors import InferScaleError
 
     try:
         check_engine_flags(args)
@@ -83,9 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
             _serve_vllm(args)
         else:
             _serve_transformers(args)
-    except ConfigError as exc:
-        print(f"inferscale serve: {exc}", file=sys.stderr)
-        return 2
+    except InferScaleError as exc:
+        return fail(exc)
     return 0
 
 

@@ -554,7 +554,7 @@ def test_without_keys_a_public_host_is_refused_before_anything_loads(
     argv = ["serve", "--engine", "vllm", "--host", "0.0.0.0", "--data-dir", str(tmp_path), "--dtype", "float32"]
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("inferscale serve: refusing to listen on '0.0.0.0' without API keys")
+    assert capsys.readouterr().err.startswith("error: refusing to listen on '0.0.0.0' without API keys")
     monkeypatch.setenv("VLLM_API_KEY", "vllm-secret")  # vLLM's own key would be asked for on top of ours
     assert main(argv) == 2
     assert "authenticates with InferScale API keys (`inferscale keys create`); unset VLLM_API_KEY" in (

@@ -45,7 +45,16 @@ def test_the_command_reports_the_refusal_and_exits_2(tmp_path: Path, capsys: pyt
     args = _parse("--host", "0.0.0.0", "--data-dir", str(tmp_path))
     assert run_serve(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("inferscale serve: refusing to listen on '0.0.0.0' without API keys")
+    assert err.startswith("error: refusing to listen on '0.0.0.0' without API keys")
+
+
+def test_a_database_it_cannot_reach_is_one_error_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """It was a traceback, under a prefix (``inferscale serve:``) that no other command printed."""
+    args = _parse("--db-url", "postgresql+psycopg://nobody@127.0.0.1:1/memories")
+    assert run_serve(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot connect to the database postgresql+psycopg://nobody@127.0.0.1:1/memories")
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_loopback_without_keys_runs_open_and_says_so_and_a_key_allows_any_host(
@@ -91,7 +100,7 @@ def test_a_flag_of_the_other_engine_is_refused(
 ) -> None:
     """Even a value equal to the default: the flag was given, and the chosen engine would ignore it."""
     assert run_serve(_parse("--data-dir", str(tmp_path), *argv)) == 2
-    assert capsys.readouterr().err.startswith(f"inferscale serve: {message}")
+    assert capsys.readouterr().err.startswith(f"error: {message}")
 
 
 def test_unset_engine_flags_keep_the_options_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +170,7 @@ def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(
 ) -> None:
     assert run_serve(_parse("--data-dir", str(tmp_path), "--shutdown-grace", grace)) == 2
     assert capsys.readouterr().err.startswith(
-        f"inferscale serve: shutdown grace must be a finite number of seconds >= 0, got {float(grace)}"
+        f"error: shutdown grace must be a finite number of seconds >= 0, got {float(grace)}"
     )
 
 
@@ -184,7 +193,7 @@ def test_the_vllm_engine_without_vllm_is_one_line_and_exit_2(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert run_serve(_parse("--engine", "vllm", "--data-dir", str(tmp_path), *extra)) == 2
     err = capsys.readouterr().err
-    assert err.startswith("inferscale serve: --engine vllm: vLLM is not installed") and "Traceback" not in err
+    assert err.startswith("error: --engine vllm: vLLM is not installed") and "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -215,4 +224,4 @@ def test_a_server_setting_out_of_range_is_refused_before_anything_loads(
     monkeypatch.setattr(TransformersEngine, "load", load)
     assert run_serve(_parse("--data-dir", str(tmp_path), *flags)) == 2
     err = capsys.readouterr().err
-    assert err.startswith("inferscale serve: ") and message in err and err.count("\n") == 1  # one line
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1  # one line
