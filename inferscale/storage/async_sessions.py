@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +52,24 @@ SQLITE_SESSION_THREADS = 8
 """Threads that run SQLite sessions for every async store of the process (SQLite serialises writers anyway; WAL lets
 readers run beside them)."""
 
-SQLITE_SESSIONS = ThreadPoolExecutor(max_workers=SQLITE_SESSION_THREADS, thread_name_prefix="inferscale-sqlite")
+
+
+def _session_threads() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=SQLITE_SESSION_THREADS, thread_name_prefix="inferscale-sqlite")
+
+
+SQLITE_SESSIONS = _session_threads()
 """The executor :class:`ThreadSessions` runs sessions on (threads start on first use; Python joins them at exit, so
-a session still running when its event loop ends commits or rolls back all the same)."""
+a session still running when its event loop ends commits or rolls back all the same). A forked child gets a new one:
+the parent's threads do not exist there, and a pool that counted them as idle never ran the child's sessions."""
+
+
+def _renew_session_threads_in_child() -> None:
+    global SQLITE_SESSIONS
+    SQLITE_SESSIONS = _session_threads()
+
+
+os.register_at_fork(after_in_child=_renew_session_threads_in_child)
 
 
 class SessionRunner(Protocol):

@@ -2,15 +2,18 @@
 that landed inside the commit, the rollback or the pool's reset of a returned connection left that connection in its
 transaction: SQLite's write lock stayed held, and every other writer failed after the busy timeout until the garbage
 collector found the connection (6 of 8 runs of 300 randomly cancelled writes). SQLite's sessions now run on worker
-threads, which a cancellation does not stop halfway (storage.async_sessions)."""
+threads, which a cancellation does not stop halfway (storage.async_sessions); those threads never wait behind the
+event loop's other work, and a forked child gets threads of its own."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mem0_fakes import HashEmbedder, fake_config
@@ -154,3 +157,29 @@ def test_an_in_memory_sqlite_store_is_shared_by_its_event_loops() -> None:
     store = AsyncMemoryStore("sqlite://")
     asyncio.run(store.add("kept between loops", MAYA))
     assert [m.text for m in asyncio.run(store.list(MAYA))] == ["kept between loops"]
+
+
+def _count_in_a_forked_child(url: str, results: Any) -> None:
+    async def add_and_count() -> int:
+        store = AsyncMemoryStore(url)
+        await store.add("written in the child", MAYA)
+        count = len(await store.list(MAYA))
+        await store.close()
+        return count
+
+    results.put(asyncio.run(add_and_count()))
+
+
+def test_a_forked_child_runs_its_own_sqlite_sessions(tmp_path: Path) -> None:
+    """The session threads are the process's: a child forked after the parent had used them got the parent's pool,
+    which counted the parent's threads (absent in the child) as idle and never ran a session (the child hung)."""
+    url = f"sqlite:///{tmp_path}/m.db"
+    asyncio.run(AsyncMemoryStore(url).add("written in the parent", MAYA))  # the parent's session threads started
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    child = fork.Process(target=_count_in_a_forked_child, args=(url, results))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and results.get(timeout=5) == 2
