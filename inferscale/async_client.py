@@ -140,7 +140,7 @@ class AsyncMemoryClient(ClientCore):
     def adb(self) -> AsyncMemoryStore:
         """The async SQL store (opened on first use)."""
         if self._adb is None:
-            self._adb = AsyncMemoryStore(self._db_url())
+            self._adb = AsyncMemoryStore(self._db_url(), sqlite_store=self.db)  # SQLite: one engine for both
         return self._adb
 
     async def _aindex(self) -> VectorIndex:

@@ -31,13 +31,14 @@ def open_client(
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
     api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
     ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
-    A local store must exist unless the command ``creates_store`` (``add``): :meth:`StoreOptions.existing_config`.
+    A local store must exist unless the command ``creates_store`` (``add``): :meth:`StoreOptions.existing_config`
+    (a named data folder must hold its ``memory.db``).
 
     Raises:
         InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``
             without ``--host``.
-        ConfigError: for a local store's options that do not validate, or a named data folder that does not exist
-            (unless ``creates_store``).
+        ConfigError: for a local store's options that do not validate, or a named data folder that holds no store
+            (no folder, or no ``memory.db`` in it; unless ``creates_store``).
     """
     if remote.host is None:
         if remote.api_key is not None:
@@ -57,8 +58,8 @@ def open_key_store(store: StoreOptions, *, creates_store: bool = False) -> KeySt
     module needs SQLAlchemy only, not the server's extra. Building it does no I/O.
 
     Raises:
-        ConfigError: as :func:`open_client`: a named data folder must exist unless the command ``creates_store``
-            (``keys create``).
+        ConfigError: as :func:`open_client`: a named data folder must hold a store unless the command
+            ``creates_store`` (``keys create``).
     """
     from inferscale.server.keys import KeyStore
 

@@ -137,8 +137,8 @@ class StoreOptions:
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
             missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"
             raise ConfigError(
-                f"no store at {config.data_path()} ({named}): {missing}. Check the path; `inferscale add` creates a "
-                "store"
+                f"no store at {config.data_path()} ({named}): {missing}. Check the path; `inferscale add` and "
+                "`inferscale keys create` create a store"
             )
         return config
 

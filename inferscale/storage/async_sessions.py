@@ -3,15 +3,17 @@
 Both runners take the session functions of :mod:`~inferscale.storage.queries`, :mod:`~inferscale.storage.changes`
 and :mod:`~inferscale.storage.kv_entries`, the ones the sync store runs, and give the same results and errors.
 
-- :class:`ThreadSessions` (SQLite): the sync engine of a :class:`~inferscale.storage.store.MemoryStore`, one session
-  per call on a thread of :data:`SQLITE_SESSIONS`. SQLite has no asynchronous I/O (aiosqlite runs every connection
-  on a thread of its own), and a session on a thread cannot be cancelled halfway: a cancelled caller stops waiting,
-  while its transaction commits or rolls back and its connection goes back to the pool. Run on the event loop
-  through aiosqlite, a cancellation that landed inside the commit, the rollback or the pool's reset of a returned
-  connection left that connection in its transaction, holding SQLite's write lock, so every other writer failed
-  after the busy timeout until the garbage collector found it (6 of 8 runs of 300 randomly cancelled writes). The
-  sessions have threads of their own, not the event loop's default executor, where the async client's chats
-  generate for seconds: a search never waits for a generation to end.
+- :class:`ThreadSessions` (SQLite): the sync engine of a :class:`~inferscale.storage.store.MemoryStore`, each session
+  on a thread: reads on the process's :data:`SQLITE_READS` pool, writes on the store's own write thread. SQLite has
+  no asynchronous I/O (aiosqlite runs every connection on a thread of its own), and a session on a thread cannot be
+  cancelled halfway: a cancelled caller stops waiting, while a write whose session has begun commits (or rolls back
+  on an error) and its connection goes back to the pool. Run on the event loop through aiosqlite, a cancellation
+  that landed inside the commit, the rollback or the pool's reset of a returned connection left that connection in
+  its transaction, holding SQLite's write lock, so every other writer failed after the busy timeout until the
+  garbage collector found it (6 of 8 runs of 300 randomly cancelled writes). These threads are apart from the event
+  loop's default executor, where the async client generates, embeds and encodes for seconds; and SQLite takes one
+  writer at a time, so one write thread per store queues its writes in order, and a write waiting for another
+  process's lock holds no thread that reads need.
 - :class:`LoopSessions` (PostgreSQL): an async engine per event loop (psycopg's async mode, or asyncpg), the
   session function run through ``AsyncSession.run_sync`` (SQLAlchemy's greenlet bridge): the driver I/O is awaited
   on the loop and no thread is blocked. A connection cancelled mid-transaction ends its transaction when the server
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import os
 import threading
@@ -48,32 +51,34 @@ MIGRATION_POLL_S = 0.005
 ENGINE_POLL_S = 0.005
 """How often a coroutine asks to create its loop's engine while another coroutine creates one (seconds)."""
 
-SQLITE_SESSION_THREADS = 8
-"""Threads that run SQLite sessions for every async store of the process (SQLite serialises writers anyway; WAL lets
-readers run beside them)."""
+SQLITE_READ_THREADS = 8
+"""Threads that run the SQLite read sessions of every async store of the process (WAL lets readers run beside the
+one writer)."""
 
 
-
-def _session_threads() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=SQLITE_SESSION_THREADS, thread_name_prefix="inferscale-sqlite")
-
-
-SQLITE_SESSIONS = _session_threads()
-"""The executor :class:`ThreadSessions` runs sessions on (threads start on first use; Python joins them at exit, so
-a session still running when its event loop ends commits or rolls back all the same). A forked child gets a new one:
-the parent's threads do not exist there, and a pool that counted them as idle never ran the child's sessions."""
+def _read_threads() -> ThreadPoolExecutor:
+    """A new pool of :data:`SQLITE_READ_THREADS` threads (they start on first use)."""
+    return ThreadPoolExecutor(max_workers=SQLITE_READ_THREADS, thread_name_prefix="inferscale-sqlite-read")
 
 
-def _renew_session_threads_in_child() -> None:
-    global SQLITE_SESSIONS
-    SQLITE_SESSIONS = _session_threads()
+SQLITE_READS = _read_threads()
+"""The pool :class:`ThreadSessions` runs read sessions on. A forked child gets a new one: the parent's threads do
+not exist there, and a pool that counted them as idle never ran the child's sessions."""
 
 
-os.register_at_fork(after_in_child=_renew_session_threads_in_child)
+def _renew_read_threads_in_child() -> None:
+    """The at-fork hook (in the child) that gives it a pool of its own, :data:`SQLITE_READS`."""
+    global SQLITE_READS
+    SQLITE_READS = _read_threads()
+
+
+os.register_at_fork(after_in_child=_renew_read_threads_in_child)
 
 
 class SessionRunner(Protocol):
-    """Runs ``fn(session, *args, **kwargs)`` in a session of one database, from a coroutine."""
+    """Runs ``fn(session, *args, **kwargs)`` in a session of one database, from a coroutine. Every method may raise
+    ``ConfigError`` or ``SchemaError`` on the database's first use (a driver missing, a schema this InferScale does
+    not know) and ``DatabaseUnavailableError`` when the database cannot be used."""
 
     @property
     def url(self) -> str:
@@ -122,53 +127,76 @@ def session_url(url: str) -> str:
     raise ConfigError(f"no async driver for {parsed.drivername!r}; use sqlite or postgresql (psycopg or asyncpg)")
 
 
-def session_runner(url: str) -> SessionRunner:
-    """The runner for ``url`` (see :func:`session_url`): :class:`ThreadSessions` for SQLite, :class:`LoopSessions`
-    otherwise. Does no I/O.
+def session_runner(url: str, sqlite_store: MemoryStore | None = None) -> SessionRunner:
+    """The runner for ``url`` (see :func:`session_url`): :class:`ThreadSessions` for SQLite, over ``sqlite_store``
+    when given (the sync store of the same database, so that both share one engine: one in-memory database, one
+    pool), :class:`LoopSessions` otherwise. Does no I/O.
 
     Raises:
-        ConfigError: as :func:`session_url`.
+        ConfigError: as :func:`session_url`, or when ``sqlite_store`` is on another database.
     """
     url = session_url(url)
-    if make_url(url).get_backend_name() == "sqlite":
-        return ThreadSessions(url)
-    return LoopSessions(url)
+    if make_url(url).get_backend_name() != "sqlite":
+        return LoopSessions(url)
+    if sqlite_store is None:
+        return ThreadSessions(MemoryStore(url))
+    if session_url(sqlite_store.url) != url:
+        raise ConfigError(f"the sync store is on {shown_url(sqlite_store.url)!r}, not {shown_url(url)!r}")
+    return ThreadSessions(sqlite_store)
 
 
 class ThreadSessions:
-    """Sessions on worker threads over one sync engine (:class:`~inferscale.storage.store.MemoryStore`'s: created,
-    and the schema upgraded, on first use). Shared by every event loop and thread. See the module's docstring."""
+    """Sessions on threads over one sync engine (``store``'s: created, and the schema upgraded, on first use), shared
+    by every event loop and thread: reads on :data:`SQLITE_READS`, writes in order on the store's own write thread (a
+    forked child makes its own). See the module's docstring.
 
-    def __init__(self, url: str) -> None:
-        self._store = MemoryStore(url)
+    Every method may raise what ``store``'s first use raises (``ConfigError``, ``SchemaError``) and
+    ``DatabaseUnavailableError`` when the database cannot be used.
+    """
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._writer: tuple[int, ThreadPoolExecutor] | None = None
+        self._writer_lock = threading.Lock()
 
     @property
     def url(self) -> str:
         """The sync SQLAlchemy URL in use."""
         return self._store.url
 
+    def _write_thread(self) -> ThreadPoolExecutor:
+        """This store's write thread in this process (made on first use, and again in a forked child)."""
+        with self._writer_lock:
+            if self._writer is None or self._writer[0] != os.getpid():
+                thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferscale-sqlite-write")
+                self._writer = (os.getpid(), thread)
+            return self._writer[1]
+
     async def read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in a read session, on a thread of :data:`SQLITE_SESSIONS`."""
-        return await _on_session_thread(functools.partial(self._store.run_read, fn, *args, **kwargs))
+        """``fn(session, *args, **kwargs)`` in a read session, on a thread of :data:`SQLITE_READS`."""
+        return await _on_thread(SQLITE_READS, functools.partial(self._store.run_read, fn, *args, **kwargs))
 
     async def write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE``), on a thread of
-        :data:`SQLITE_SESSIONS`: it commits or rolls back even when the caller is cancelled meanwhile."""
-        return await _on_session_thread(functools.partial(self._store.run_write, fn, *args, **kwargs))
+        """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE``) on the store's write
+        thread, after the writes queued before it. A caller cancelled meanwhile stops waiting: a write still queued is
+        dropped, one whose session has begun runs on and commits unless it raises."""
+        return await _on_thread(self._write_thread(), functools.partial(self._store.run_write, fn, *args, **kwargs))
 
     async def dialect(self) -> str:
         """``"sqlite"`` (opens the database)."""
-        return await _on_session_thread(lambda: self._store.dialect)
+        return await _on_thread(SQLITE_READS, lambda: self._store.dialect)
 
     async def close(self) -> None:
-        """Dispose the engine's pooled connections (a session still running on its thread returns its connection
-        when it ends)."""
-        await _on_session_thread(self._store.close)
+        """Dispose the engine's pooled connections once the writes queued before have run (a read still running
+        returns its connection when it ends). An in-memory database is dropped with its connection."""
+        await _on_thread(self._write_thread(), self._store.close)
 
 
-async def _on_session_thread(call: Callable[[], _T]) -> _T:
-    """``call()`` on a thread of :data:`SQLITE_SESSIONS`; a cancelled caller stops waiting, the call runs on."""
-    return await asyncio.get_running_loop().run_in_executor(SQLITE_SESSIONS, call)
+async def _on_thread(threads: ThreadPoolExecutor, call: Callable[[], _T]) -> _T:
+    """``call()`` on one of ``threads``, in a copy of the caller's context variables (as ``asyncio.to_thread``); a
+    cancelled caller stops waiting, and the call is dropped if it has not begun, else runs on."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(context.run, call))
 
 
 async def ensure_schema_async(engine: AsyncEngine, chain: SchemaChain) -> SchemaUpgrade:

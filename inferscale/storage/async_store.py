@@ -53,6 +53,7 @@ from inferscale.storage.queries import (
     vector_ids_in_scope,
 )
 from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions
+from inferscale.storage.store import MemoryStore
 from inferscale.storage.validation import (
     check_actor,
     check_id,
@@ -73,15 +74,20 @@ class AsyncMemoryStore:
 
     Args:
         url: a SQLAlchemy URL in its sync or async form (see :func:`~inferscale.storage.async_sessions.session_url`).
+        sqlite_store: for a SQLite ``url``, the sync store of the same database to share the engine of (one
+            in-memory database, one connection pool); a new one when ``None``.
 
     Raises:
-        ConfigError: when ``url`` is empty or has no async driver.
+        ConfigError: when ``url`` is empty or has no async driver, or ``sqlite_store`` is on another database.
+
+    Every method may also raise ``ConfigError`` or ``SchemaError`` on the database's first use and
+    ``DatabaseUnavailableError`` when the database cannot be used (as :class:`~inferscale.storage.MemoryStore`'s).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, sqlite_store: MemoryStore | None = None) -> None:
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"database url must be a non-empty string, got {url!r}")
-        self._sessions = session_runner(url)
+        self._sessions = session_runner(url, sqlite_store)
 
     def __repr__(self) -> str:
         return f"AsyncMemoryStore({shown_url(self.url)!r})"
@@ -97,7 +103,9 @@ class AsyncMemoryStore:
 
     async def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite); committed when it
-        returns and rolled back when it raises."""
+        returns and rolled back when it raises. A caller cancelled meanwhile: on SQLite a write whose session has
+        begun still commits (it runs on a thread), one still queued is dropped; on PostgreSQL it is rolled back unless
+        its commit had been sent."""
         return await self._sessions.write(fn, *args, **kwargs)
 
     async def dialect(self) -> str:
@@ -105,8 +113,9 @@ class AsyncMemoryStore:
         return await self._sessions.dialect()
 
     async def close(self) -> None:
-        """Release the database connections (on PostgreSQL, the running loop's engine and those of closed loops); the
-        store reconnects if used again."""
+        """Release the database connections (on SQLite once the writes queued before have run; on PostgreSQL, the
+        running loop's engine and those of closed loops); the store reconnects if used again, except that an
+        in-memory SQLite database is dropped with its connection."""
         await self._sessions.close()
 
     # ---- reads -----------------------------------------------------------------------------------------------

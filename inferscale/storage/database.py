@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-from contextlib import closing
+from contextlib import AbstractContextManager, closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,20 @@ def sqlite_file(url: URL) -> Path | None:
     if not database or database == ":memory:" or database.startswith("file:") or url.query.get("mode"):
         return None
     return Path(database).expanduser()
+
+
+def session_turns(url: str) -> AbstractContextManager[Any]:
+    """What a session on ``url`` holds while it runs: for an in-memory SQLite database, a lock, since its one
+    connection is shared by every thread (:func:`make_engine`) and two sessions at once interleaved their
+    transactions: one's ``COMMIT`` ended the other's, so writes failed ("cannot start a transaction within a
+    transaction") or raised yet were stored. For any other database (or a malformed URL, which :func:`make_engine`
+    reports), nothing."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return nullcontext()
+    in_memory = parsed.get_backend_name() == "sqlite" and sqlite_file(parsed) is None
+    return threading.Lock() if in_memory else nullcontext()
 
 
 _WAL_SWITCH = threading.Lock()
@@ -263,8 +277,8 @@ def _install_hint(url: URL) -> str:
     """What to install for ``url``'s driver: the extras InferScale is tested with, else SQLAlchemy's own docs."""
     driver = url.get_driver_name()
     if url.get_backend_name() == "sqlite":
-        if driver == "aiosqlite":
-            return "run `pip install 'sqlalchemy[asyncio]' aiosqlite`"
+        if driver != "pysqlite":
+            return f"InferScale runs SQLite through Python's own sqlite3: use sqlite:// instead of {url.drivername}://"
         return "this Python was built without its sqlite3 module: install one built with it (e.g. libsqlite3-dev)"
     if url.get_backend_name() == "postgresql":
         hint = "run `pip install 'inferscale[postgres]'` (psycopg)"
@@ -278,9 +292,9 @@ def _install_hint(url: URL) -> str:
 
 
 def make_async_engine(url: str) -> AsyncEngine:
-    """Create an async engine for ``url``, an async SQLAlchemy URL (``sqlite+aiosqlite:///...``,
-    ``postgresql+psycopg://...``), with :func:`make_engine`'s settings: WAL, pragmas and explicit ``BEGIN`` for
-    SQLite (a file is switched to WAL here: blocking I/O), ``pool_pre_ping`` elsewhere, and
+    """Create an async engine for ``url``, an async SQLAlchemy URL (``postgresql+psycopg://...``: the async store runs
+    SQLite with the sync engine on threads, :mod:`~inferscale.storage.async_sessions`), with :func:`make_engine`'s
+    settings: ``pool_pre_ping``, PostgreSQL's ``lock_timeout``, and
     :class:`~inferscale.errors.DatabaseUnavailableError` for a failure to connect.
 
     Raises:

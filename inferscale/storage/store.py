@@ -33,7 +33,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import make_engine, shown_url
+from inferscale.storage.database import make_engine, session_turns, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -96,6 +96,7 @@ class MemoryStore:
         self._url = url
         self._engine: Engine | None = None
         self._lock = threading.Lock()
+        self._session_turn = session_turns(url)  # an in-memory SQLite database: one session at a time
 
     @property
     def url(self) -> str:
@@ -139,13 +140,13 @@ class MemoryStore:
 
     def run_read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session (``fn``: a session function of :mod:`.queries`)."""
-        with guarded_session(self.engine) as s:  # no Ctrl-C leaves a session open (storage.uninterrupted)
+        with self._session_turn, guarded_session(self.engine) as s:  # no Ctrl-C leaves it open (.uninterrupted)
             return fn(s, *args, **kwargs)
 
     def run_write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), committed
         when it returns and rolled back when it raises (``fn``: one of :mod:`.changes` or :mod:`.kv_entries`)."""
-        with guarded_session(self.engine, write=True) as s:
+        with self._session_turn, guarded_session(self.engine, write=True) as s:
             return fn(s, *args, **kwargs)
 
     @property
@@ -154,7 +155,7 @@ class MemoryStore:
         return self.engine.dialect.name
 
     def close(self) -> None:
-        """Dispose the engine's connections. The store reconnects if it is used again."""
+        """Dispose the engine's connections; the store reconnects if used again (an in-memory database, emptied)."""
         with self._lock:
             if self._engine is not None:
                 self._engine.dispose()

@@ -10,6 +10,7 @@ from event_loops import run_on_own_loops
 from mem0_fakes import HashEmbedder, ScriptedGenerator, fake_config
 
 from inferscale import AsyncMemory, AsyncMemoryClient
+from inferscale.scope import Scope
 from inferscale.storage.async_sessions import LoopSessions, ThreadSessions, session_runner, session_url
 
 
@@ -28,6 +29,20 @@ def test_session_url_maps_drivers() -> None:
     assert isinstance(session_runner("sqlite:////tmp/m.db"), ThreadSessions)
     assert isinstance(session_runner("sqlite+aiosqlite://"), ThreadSessions)
     assert isinstance(session_runner("postgresql://u@h/db"), LoopSessions)
+
+
+def test_an_in_memory_database_is_one_for_the_async_store_and_the_sync_one(tmp_path: Path) -> None:
+    """The async client's SQL store and its sync one (which the index, the K/V bookkeeping and the background encoder
+    read) had an engine each: on ``sqlite://`` two databases, so the sync side never saw an async add."""
+
+    async def add_then_read() -> list[str]:
+        async with make(tmp_path, "sqlite://") as client:
+            await client.add("I live in Porto.", user_id="maya", infer=False)
+            found = await client.search("Where do I live?", user_id="maya")
+            assert [m["memory"] for m in found["results"]] == ["I live in Porto."]
+            return [m.text for m in client.db.list(Scope(user_id="maya"))]
+
+    assert asyncio.run(add_then_read()) == ["I live in Porto."]
 
 
 def test_concurrent_tasks_interleave(tmp_path: Path) -> None:

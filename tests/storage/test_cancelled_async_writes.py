@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ from sqlite_lock import write_lock_is_free
 from inferscale import AsyncMemoryClient
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
+from inferscale.storage.async_sessions import SQLITE_READ_THREADS
 from inferscale.storage.async_store import AsyncMemoryStore
 
 MAYA = Scope(user_id="maya")
@@ -84,22 +86,24 @@ def test_randomly_cancelled_writes_never_leave_a_transaction_open(db_url: str, t
 
 
 def test_transactions_still_running_when_asyncio_run_ends_are_finished(db_url: str) -> None:
-    """``asyncio.run`` cancels the tasks left running: each write either commits with its history row or never
-    happens, and no transaction is left open (shielding the transactions from cancellation held SQLite's lock 10
-    of 10 times here: the loop's end cancelled them anyway)."""
+    """``asyncio.run`` cancels the tasks left running: no transaction is left open (shielding the transactions from
+    cancellation held SQLite's lock 10 of 10 times here: the loop's end cancelled them anyway), and the store takes
+    writes afterwards. On SQLite a write whose session had begun commits, and one still queued is dropped; on
+    PostgreSQL a cancelled one rolls back."""
     store = AsyncMemoryStore(db_url)
 
     async def leave_writes_running() -> None:
         await store.list(MAYA)
         left_running = [asyncio.ensure_future(store.add(f"fact {i}", MAYA)) for i in range(20)]
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # each task runs to its first await: its session is queued
         assert not all(write.done() for write in left_running)
 
     asyncio.run(leave_writes_running())
+    asyncio.run(store.close())  # on SQLite, after the writes queued before it
     assert no_transaction_is_open(db_url)
     with MemoryStore(db_url) as check:
         stored = check.list(MAYA)
-        assert all([row.event for row in check.history(memory.id)] == ["ADD"] for memory in stored)
+        assert {m.text for m in stored} <= {f"fact {i}" for i in range(20)}
         check.add("a write after the loop ended", MAYA)
 
 
@@ -116,6 +120,7 @@ def test_a_cancelled_close_leaves_no_transaction_open(db_url: str) -> None:
         await asyncio.gather(closing, *writes, return_exceptions=True)
 
     asyncio.run(close_cancelled_during_writes())
+    asyncio.run(store.close())
     assert no_transaction_is_open(db_url)
     assert len(asyncio.run(store.list(MAYA))) == 10  # every write ran to its end; the store reopens after close()
     asyncio.run(store.close())
@@ -150,6 +155,53 @@ def test_sqlite_in_either_form_is_one_database_for_every_event_loop(url: str, tm
     assert [m.text for m in asyncio.run(store.list(MAYA))] == ["written in the first loop"]
     assert asyncio.run(store.dialect()) == "sqlite"
     asyncio.run(store.close())
+
+
+def test_reads_do_not_wait_for_writes_that_wait_for_another_writers_lock(tmp_path: Path) -> None:
+    """Writes queued behind another process's write lock (each waits up to the 10 s busy timeout) held every session
+    thread, so a read of that database, or of any other, waited as long: 9.8 s (a review's reproducer)."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    store, other = AsyncMemoryStore(url), AsyncMemoryStore(f"sqlite:///{tmp_path}/b.db")
+    asyncio.run(store.add("stored before the lock was taken", MAYA))
+    outsider = sqlite3.connect(tmp_path / "a.db")
+    outsider.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
+
+    async def read_while_writes_wait() -> tuple[list[str], list[str]]:
+        waiting = [asyncio.ensure_future(store.add(f"fact {i}", MAYA)) for i in range(SQLITE_READ_THREADS + 2)]
+        await asyncio.sleep(0.05)
+        try:
+            same = await asyncio.wait_for(store.list(MAYA), timeout=2)
+            elsewhere = await asyncio.wait_for(other.list(MAYA), timeout=2)
+        finally:
+            outsider.rollback()
+            await asyncio.gather(*waiting)
+        return [m.text for m in same], [m.text for m in elsewhere]
+
+    try:
+        assert asyncio.run(read_while_writes_wait()) == (["stored before the lock was taken"], [])
+    finally:
+        outsider.close()
+    assert len(asyncio.run(store.list(MAYA))) == SQLITE_READ_THREADS + 3  # the waiting writes went through after
+
+
+def test_concurrent_sessions_on_an_in_memory_database_take_turns() -> None:
+    """An in-memory database is one connection: sessions on several threads interleaved their transactions, so some
+    writes failed ("cannot start a transaction within a transaction") and some that raised were stored anyway."""
+    store = AsyncMemoryStore("sqlite://")
+
+    async def add_at_once() -> list[BaseException | object]:
+        writes = [store.add(f"fact {i}", MAYA) for i in range(50)]
+        reads = [store.list(MAYA) for _ in range(20)]
+        return await asyncio.gather(*writes, *reads, return_exceptions=True)
+
+    outcomes = asyncio.run(add_at_once())
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    assert sorted(m.text for m in asyncio.run(store.list(MAYA))) == sorted(f"fact {i}" for i in range(50))
+
+    sync_store = MemoryStore("sqlite://")
+    with ThreadPoolExecutor(max_workers=8) as threads:
+        added = list(threads.map(lambda i: sync_store.add(f"fact {i}", MAYA).text, range(50)))
+    assert sorted(m.text for m in sync_store.list(MAYA)) == sorted(added)
 
 
 def test_an_in_memory_sqlite_store_is_shared_by_its_event_loops() -> None:
