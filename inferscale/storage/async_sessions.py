@@ -59,23 +59,28 @@ SQLITE_READ_THREADS = 8
 one writer)."""
 
 
-def _read_threads() -> ThreadPoolExecutor:
-    """A new pool of :data:`SQLITE_READ_THREADS` threads (they start on first use)."""
-    return ThreadPoolExecutor(max_workers=SQLITE_READ_THREADS, thread_name_prefix="inferscale-sqlite-read")
+class ProcessThreads:
+    """A thread pool of ``max_workers`` threads for this process, made on first use and again in a forked child: the
+    parent's threads do not exist there, and an inherited pool that counted them as idle never ran the child's
+    calls (it hung)."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max_workers = max_workers
+        self._name = name
+        self._made: tuple[int, ThreadPoolExecutor] | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ThreadPoolExecutor:
+        """This process's pool."""
+        with self._lock:
+            if self._made is None or self._made[0] != os.getpid():
+                made = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=self._name)
+                self._made = (os.getpid(), made)
+            return self._made[1]
 
 
-SQLITE_READS = _read_threads()
-"""The pool :class:`ThreadSessions` runs read sessions on. A forked child gets a new one: the parent's threads do
-not exist there, and a pool that counted them as idle never ran the child's sessions."""
-
-
-def _renew_read_threads_in_child() -> None:
-    """The at-fork hook (in the child) that gives it a pool of its own, :data:`SQLITE_READS`."""
-    global SQLITE_READS
-    SQLITE_READS = _read_threads()
-
-
-os.register_at_fork(after_in_child=_renew_read_threads_in_child)
+SQLITE_READS = ProcessThreads(SQLITE_READ_THREADS, "inferscale-sqlite-read")
+"""The threads :class:`ThreadSessions` runs read sessions on, shared by every store of the process."""
 
 
 class SessionRunner(Protocol):
@@ -159,40 +164,31 @@ class ThreadSessions:
 
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
-        self._writer: tuple[int, ThreadPoolExecutor] | None = None
-        self._writer_lock = threading.Lock()
+        self._writes = ProcessThreads(1, "inferscale-sqlite-write")
 
     @property
     def url(self) -> str:
         """The sync SQLAlchemy URL in use."""
         return self._store.url
 
-    def _write_thread(self) -> ThreadPoolExecutor:
-        """This store's write thread in this process (made on first use, and again in a forked child)."""
-        with self._writer_lock:
-            if self._writer is None or self._writer[0] != os.getpid():
-                thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferscale-sqlite-write")
-                self._writer = (os.getpid(), thread)
-            return self._writer[1]
-
     async def read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session, on a thread of :data:`SQLITE_READS`."""
-        return await _on_thread(SQLITE_READS, functools.partial(self._store.run_read, fn, *args, **kwargs))
+        return await _on_thread(SQLITE_READS.pool(), functools.partial(self._store.run_read, fn, *args, **kwargs))
 
     async def write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE``) on the store's write
         thread, after the writes queued before it. A caller cancelled meanwhile stops waiting: a write still queued is
         dropped, one whose session has begun runs on and commits unless it raises."""
-        return await _on_thread(self._write_thread(), functools.partial(self._store.run_write, fn, *args, **kwargs))
+        return await _on_thread(self._writes.pool(), functools.partial(self._store.run_write, fn, *args, **kwargs))
 
     async def dialect(self) -> str:
         """``"sqlite"`` (opens the database)."""
-        return await _on_thread(SQLITE_READS, lambda: self._store.dialect)
+        return await _on_thread(SQLITE_READS.pool(), lambda: self._store.dialect)
 
     async def close(self) -> None:
         """Dispose the engine's pooled connections once the writes queued before have run (a read still running
         returns its connection when it ends). An in-memory database is dropped with its connection."""
-        await _on_thread(self._write_thread(), self._store.close)
+        await _on_thread(self._writes.pool(), self._store.close)
 
 
 async def _on_thread(threads: ThreadPoolExecutor, call: Callable[[], _T]) -> _T:
