@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
+import weakref
 from contextlib import AbstractContextManager, closing, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, ExceptionContext, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import Pool, StaticPool
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from inferscale.errors import ConfigError, DatabaseUnavailableError
@@ -39,18 +40,20 @@ def sqlite_file(url: URL) -> Path | None:
     return Path(database).expanduser()
 
 
-def session_turns(url: str) -> AbstractContextManager[Any]:
-    """What a session on ``url`` holds while it runs: for an in-memory SQLite database, a lock, since its one
-    connection is shared by every thread (:func:`make_engine`) and two sessions at once interleaved their
-    transactions: one's ``COMMIT`` ended the other's, so writes failed ("cannot start a transaction within a
-    transaction") or raised yet were stored. For any other database (or a malformed URL, which :func:`make_engine`
-    reports), nothing."""
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
+_TURNS: weakref.WeakKeyDictionary[Pool, threading.Lock] = weakref.WeakKeyDictionary()
+_TURNS_MADE = threading.Lock()
+
+
+def session_turn(engine: Engine) -> AbstractContextManager[Any]:
+    """What a session on ``engine`` holds while it runs: for an engine whose pool is one connection shared by every
+    thread (``StaticPool``: an in-memory SQLite database, :func:`make_engine`), that pool's lock, since two sessions
+    at once interleaved their transactions on it: one's ``COMMIT`` ended the other's, so writes failed ("cannot
+    start a transaction within a transaction") or raised yet were stored. For any other pool, nothing."""
+    pool = engine.pool
+    if not isinstance(pool, StaticPool):
         return nullcontext()
-    in_memory = parsed.get_backend_name() == "sqlite" and sqlite_file(parsed) is None
-    return threading.Lock() if in_memory else nullcontext()
+    with _TURNS_MADE:
+        return _TURNS.setdefault(pool, threading.Lock())
 
 
 _WAL_SWITCH = threading.Lock()

@@ -33,7 +33,7 @@ from inferscale.storage.change_sets import (
     validate_changes,
 )
 from inferscale.storage.changes import apply_in_session, delete_scope_in_session, reset_in_session
-from inferscale.storage.database import make_engine, session_turns, shown_url
+from inferscale.storage.database import make_engine, shown_url
 from inferscale.storage.kv_entries import (
     NewKVEntry,
     delete_kv_entries_in_session,
@@ -96,7 +96,6 @@ class MemoryStore:
         self._url = url
         self._engine: Engine | None = None
         self._lock = threading.Lock()
-        self._session_turn = session_turns(url)  # an in-memory SQLite database: one session at a time
 
     @property
     def url(self) -> str:
@@ -140,13 +139,13 @@ class MemoryStore:
 
     def run_read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session (``fn``: a session function of :mod:`.queries`)."""
-        with self._session_turn, guarded_session(self.engine) as s:  # no Ctrl-C leaves it open (.uninterrupted)
+        with guarded_session(self.engine) as s:  # no Ctrl-C leaves it open, sessions take turns on one connection
             return fn(s, *args, **kwargs)
 
     def run_write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE`` on SQLite), committed
         when it returns and rolled back when it raises (``fn``: one of :mod:`.changes` or :mod:`.kv_entries`)."""
-        with self._session_turn, guarded_session(self.engine, write=True) as s:
+        with guarded_session(self.engine, write=True) as s:
             return fn(s, *args, **kwargs)
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from inferscale.storage.database import WRITE_OPTION
+from inferscale.storage.database import WRITE_OPTION, session_turn
 
 
 @contextlib.contextmanager
@@ -73,13 +73,15 @@ def _deliver(handler: Any, frame: FrameType | None) -> None:
 def guarded_session(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     """A session on ``engine`` under :func:`sigint_deferred`; with ``write``, in one write transaction (``BEGIN
     IMMEDIATE`` on SQLite, :data:`~inferscale.storage.database.WRITE_OPTION`), committed when the block ends and
-    rolled back when it raises. Records are kept readable after the commit (``expire_on_commit=False``).
+    rolled back when it raises. Records are kept readable after the commit (``expire_on_commit=False``). On an engine
+    whose one connection every thread shares (in-memory SQLite), sessions take turns
+    (:func:`~inferscale.storage.database.session_turn`); the wait for a turn stays interruptible.
 
     Raises:
         KeyboardInterrupt: after the session has ended, when Ctrl-C arrived meanwhile.
     """
     bind = engine.execution_options(**{WRITE_OPTION: True}) if write else engine
-    with sigint_deferred(), Session(bind, expire_on_commit=False) as session:
+    with session_turn(engine), sigint_deferred(), Session(bind, expire_on_commit=False) as session:
         if not write:
             yield session
             return

@@ -25,6 +25,7 @@ from sqlite_lock import write_lock_is_free
 
 from inferscale import AsyncMemoryClient
 from inferscale.scope import Scope
+from inferscale.server.keys import KeyStore
 from inferscale.storage import MemoryStore
 from inferscale.storage.async_sessions import SQLITE_READ_THREADS
 from inferscale.storage.async_store import AsyncMemoryStore
@@ -202,6 +203,11 @@ def test_concurrent_sessions_on_an_in_memory_database_take_turns() -> None:
     with ThreadPoolExecutor(max_workers=8) as threads:
         added = list(threads.map(lambda i: sync_store.add(f"fact {i}", MAYA).text, range(50)))
     assert sorted(m.text for m in sync_store.list(MAYA)) == sorted(added)
+
+    keys = KeyStore("sqlite://")  # every store whose sessions are guarded takes turns, the key store too
+    with ThreadPoolExecutor(max_workers=8) as threads:
+        created = list(threads.map(lambda i: keys.create(f"app {i}", user_ids=[f"u{i}"])[0].key_id, range(50)))
+    assert sorted(key.key_id for key in keys.list()) == sorted(created)
 
 
 def test_an_in_memory_sqlite_store_is_shared_by_its_event_loops() -> None:
