@@ -6,9 +6,14 @@ Where the time goes, and where it runs:
 - SQL on PostgreSQL is awaited on the event loop through async SQLAlchemy (psycopg's async mode); SQLite, which
   has no async I/O, runs each session on a worker thread, which a cancellation does not cut short (see
   :mod:`~inferscale.storage.async_sessions`).
-- CPU-bound work runs in worker threads via ``asyncio.to_thread``: LLM fact extraction and the reconcile
-  decision (local model decoding, or the blocking HTTP call of an OpenAI-compatible endpoint), embedding, FAISS
-  search and index updates, writing the index file, K/V encoding and removal, and ``chat`` generation.
+- Model work, which holds a thread for seconds, runs on the process's model threads
+  (:data:`~inferscale.worker_threads.MODEL_WORK`): ``chat`` generation and the model's load, LLM fact extraction
+  and the reconcile decision (local model decoding, or the blocking HTTP call of an OpenAI-compatible endpoint), K/V
+  encoding (``prepare_kv``, ``memory_kv``, eager adds), queueing for the background encoder (a full queue waits),
+  and ``reconcile``'s embedding of every memory the index lacks.
+- The rest, milliseconds each, runs on the event loop's default executor via ``asyncio.to_thread``: a search's
+  embedding and FAISS scan, index updates and the index file, K/V removal. So a search never waits for a thread
+  behind generating chats (``benchmarks/search_beside_chats.py``).
 - K/V bookkeeping (``kv_entries`` rows written while encoding) goes through the sync store inside those worker
   threads, never on the loop.
 
@@ -58,6 +63,7 @@ from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
+from inferscale.worker_threads import MODEL_WORK, on_threads
 
 if TYPE_CHECKING:
     from inferscale.remote import AsyncRemoteMemoryClient
@@ -179,7 +185,8 @@ class AsyncMemoryClient(ClientCore):
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
-        changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer), self.adb)
+        extracting = MODEL_WORK if infer else None  # the LLM decodes in the add's steps
+        changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer), self.adb, extracting)
         if changes is None:
             return {"results": []}
         index = await self._aindex()
@@ -188,12 +195,16 @@ class AsyncMemoryClient(ClientCore):
         return {"results": changes_to_results(applied)}
 
     async def _aafter_write(self, index: VectorIndex, applied: AppliedChanges, encode: EncodeMode) -> None:
-        """Bring the derived stores in step with committed changes, in a worker thread; memories for the background
-        encoder are queued in one too (a full queue blocks that thread, never the event loop). ``index`` is loaded
-        (and reconciled) before the SQL write, so that reconciliation never counts the write itself as a repair."""
-        queued = await asyncio.to_thread(self.derived.after_write, index, applied, encode)
+        """Bring the derived stores in step with committed changes, in a worker thread (a model thread when it
+        encodes, ``"eager"``); memories for the background encoder are queued on a model thread (a full queue blocks
+        that thread, never the event loop nor a search's thread). ``index`` is loaded (and reconciled) before the
+        SQL write, so that reconciliation never counts the write itself as a repair."""
+        if encode == "eager":
+            queued = await on_threads(MODEL_WORK, self.derived.after_write, index, applied, encode)
+        else:
+            queued = await asyncio.to_thread(self.derived.after_write, index, applied, encode)
         if queued:
-            await asyncio.to_thread(self.derived.queue_encoding, queued)
+            await on_threads(MODEL_WORK, self.derived.queue_encoding, queued)
 
     async def update(
         self,
@@ -271,12 +282,12 @@ class AsyncMemoryClient(ClientCore):
 
     async def reconcile(self) -> ReconcileReport:
         """Repair the FAISS index and the K/V store against SQL and report what was repaired; see
-        :meth:`MemoryClient.reconcile` (SQL awaited on the event loop, files and embedding in a worker thread).
+        :meth:`MemoryClient.reconcile` (SQL awaited on the event loop, files and embedding on a model thread).
 
         Raises:
             ConfigError: when the index file is not a readable FAISS index (delete it: it is rebuilt).
         """
-        return await arun_steps(self.derived.reconcile_steps(), self.adb)
+        return await arun_steps(self.derived.reconcile_steps(), self.adb, MODEL_WORK)
 
     # ------------------------------------------------------------------ read path
     async def _asearch_records(
@@ -334,10 +345,10 @@ class AsyncMemoryClient(ClientCore):
         return [RecalledMemory(record, score) for record, score in hits]
 
     async def memory_kv(self, memories: Sequence[MemoryRecord | str]) -> list[FactKV]:
-        """The K/V of ``memories`` (records or ids) as :meth:`chat` serves them, loaded or encoded in a worker
+        """The K/V of ``memories`` (records or ids) as :meth:`chat` serves them, loaded or encoded on a model
         thread; see :meth:`MemoryClient.memory_kv` (same errors)."""
         records = [m if isinstance(m, MemoryRecord) else await self._arecord(m) for m in check_memories(memories)]
-        return await asyncio.to_thread(self.derived.memory_kv, records)
+        return await on_threads(MODEL_WORK, self.derived.memory_kv, records)
 
     async def _arecord(self, memory_id: str) -> MemoryRecord:
         record = await self.adb.get(memory_id)
@@ -490,19 +501,19 @@ class AsyncMemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        # No foreground mark across an await: it would cover the wait for a free worker thread (or the model's load),
-        # while the worker threads may be blocked in a full encode queue that only the encoder drains. The model's
+        # No foreground mark across an await: it would cover the wait for a free model thread (or the model's load),
+        # while the model threads may be blocked in a full encode queue that only the encoder drains. The model's
         # uses mark themselves on their worker thread (_generate, _chunks and its steps).
-        await asyncio.to_thread(self.engine.load)  # model load is not part of the request's latency
+        await on_threads(MODEL_WORK, self.engine.load)  # model load is not part of the request's latency
         t0 = time.perf_counter()
         records = await self._achat_records(request)
         retrieval_ms = ms_since(t0)
         if request.stream:
-            chunks = await asyncio.to_thread(self._chunks, request, records, t0, retrieval_ms)
+            chunks = await on_threads(MODEL_WORK, self._chunks, request, records, t0, retrieval_ms)
             return _iterate_on_thread(chunks)
         abandoned = threading.Event()
         try:
-            return await asyncio.to_thread(self._generate, request, records, t0, retrieval_ms, abandoned)
+            return await on_threads(MODEL_WORK, self._generate, request, records, t0, retrieval_ms, abandoned)
         finally:  # cancelled (a timeout, a server client gone): the worker stops decoding within one token
             abandoned.set()
 
@@ -524,9 +535,9 @@ class AsyncMemoryClient(ClientCore):
     ) -> KVPrepareReport:
         """Encode now, and store, the K/V a :meth:`chat` would otherwise encode on first use; see
         :meth:`MemoryClient.prepare_kv` (same arguments, result and errors). SQL is awaited on the event loop, the
-        encoding runs in a worker thread."""
+        encoding runs on a model thread."""
         ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
-        return await asyncio.to_thread(prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
+        return await on_threads(MODEL_WORK, prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background K/V encoder has finished what ``add`` queued; see
@@ -547,7 +558,7 @@ class AsyncMemoryClient(ClientCore):
         release what this client opened or built; see :meth:`MemoryClient.close`."""
         self._closing.set()
         try:
-            await asyncio.to_thread(self.derived.close_encoding)
+            await on_threads(MODEL_WORK, self.derived.close_encoding)  # waits for the encoder's queue to drain
             await asyncio.to_thread(self._release)
             if self._adb is not None:
                 await self._adb.close()

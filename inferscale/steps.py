@@ -3,7 +3,7 @@
 The derived stores' steps (search, similar memories, reconciliation) need SQL between their computations. They are
 generators that yield a :class:`StoreRead` and receive its result: :func:`run_steps` drives them over the sync
 :class:`~inferscale.storage.MemoryStore`, and :func:`arun_steps` over the async store, with SQL awaited on the event
-loop and every computation (embedding, FAISS) run in a worker thread.
+loop and every computation (embedding, FAISS; LLM extraction in an add's steps) run in a worker thread.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
 from inferscale.storage.records import MemoryVersions
+from inferscale.worker_threads import ProcessThreads, on_threads
 
 if TYPE_CHECKING:
     from inferscale.storage.async_store import AsyncMemoryStore
@@ -137,13 +138,21 @@ def _advance(steps: Steps[R], value: Any) -> StoreRead[Any] | _Done[R]:
         return _Done(done.value)
 
 
-async def arun_steps(steps: Steps[R], store: AsyncMemoryStore) -> R:
-    """Drive ``steps`` over the async store: SQL awaited on the event loop, computations in a worker thread."""
-    state = await asyncio.to_thread(_advance, steps, None)
+async def arun_steps(steps: Steps[R], store: AsyncMemoryStore, threads: ProcessThreads | None = None) -> R:
+    """Drive ``steps`` over the async store: SQL awaited on the event loop, computations on a worker thread, one of
+    ``threads`` (steps that hold a thread for seconds: :data:`~inferscale.worker_threads.MODEL_WORK`) or of the
+    loop's default executor (``None``: milliseconds of embedding and index search)."""
+    state = await _computed(threads, steps, None)
     while not isinstance(state, _Done):
         value = await state.arun(store)
-        state = await asyncio.to_thread(_advance, steps, value)
+        state = await _computed(threads, steps, value)
     return state.value
+
+
+async def _computed(threads: ProcessThreads | None, steps: Steps[R], value: Any) -> StoreRead[Any] | _Done[R]:
+    if threads is None:
+        return await asyncio.to_thread(_advance, steps, value)
+    return await on_threads(threads, _advance, steps, value)
 
 
 __all__ = [

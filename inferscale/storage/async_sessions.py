@@ -11,9 +11,10 @@ and :mod:`~inferscale.storage.kv_entries`, the ones the sync store runs, and giv
   that landed inside the commit, the rollback or the pool's reset of a returned connection left that connection in
   its transaction, holding SQLite's write lock, so every other writer failed after the busy timeout until the
   garbage collector found it (6 of 8 runs of 300 randomly cancelled writes). These threads are apart from the event
-  loop's default executor, where the async client generates, embeds and encodes for seconds; and SQLite takes one
-  writer at a time, so one write thread per store queues its writes in order, and a write waiting for another
-  process's lock holds no thread that reads need.
+  loop's default executor (where the async client embeds and searches) and from its model threads (generation,
+  extraction, encoding: :mod:`inferscale.worker_threads`); and SQLite takes one writer at a time, so one write
+  thread per store queues its writes in order, and a write waiting for another process's lock holds no thread that
+  reads need.
 - :class:`LoopSessions` (PostgreSQL): an async engine per event loop (psycopg's async mode, or asyncpg), the
   session function run through ``AsyncSession.run_sync`` (SQLAlchemy's greenlet bridge): the driver I/O is awaited
   on the loop and no thread is blocked. A call cancelled mid-transaction rolls back (1,259 randomly cancelled calls
@@ -27,12 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy.engine import make_url
@@ -44,6 +42,7 @@ from inferscale.errors import ConfigError
 from inferscale.storage.database import WRITE_OPTION, make_async_engine, shown_url
 from inferscale.storage.schema import MEMORY_SCHEMA, MIGRATION_LOCK, SchemaChain, SchemaUpgrade, upgrade_schema
 from inferscale.storage.store import MemoryStore
+from inferscale.worker_threads import ProcessThreads, on_threads
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -57,26 +56,6 @@ ENGINE_POLL_S = 0.005
 SQLITE_READ_THREADS = 8
 """Threads that run the SQLite read sessions of every async store of the process (WAL lets readers run beside the
 one writer)."""
-
-
-class ProcessThreads:
-    """A thread pool of ``max_workers`` threads for this process, made on first use and again in a forked child: the
-    parent's threads do not exist there, and an inherited pool that counted them as idle never ran the child's
-    calls (it hung)."""
-
-    def __init__(self, max_workers: int, name: str) -> None:
-        self._max_workers = max_workers
-        self._name = name
-        self._made: tuple[int, ThreadPoolExecutor] | None = None
-        self._lock = threading.Lock()
-
-    def pool(self) -> ThreadPoolExecutor:
-        """This process's pool."""
-        with self._lock:
-            if self._made is None or self._made[0] != os.getpid():
-                made = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix=self._name)
-                self._made = (os.getpid(), made)
-            return self._made[1]
 
 
 SQLITE_READS = ProcessThreads(SQLITE_READ_THREADS, "inferscale-sqlite-read")
@@ -173,29 +152,22 @@ class ThreadSessions:
 
     async def read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in a read session, on a thread of :data:`SQLITE_READS`."""
-        return await _on_thread(SQLITE_READS.pool(), functools.partial(self._store.run_read, fn, *args, **kwargs))
+        return await on_threads(SQLITE_READS, functools.partial(self._store.run_read, fn, *args, **kwargs))
 
     async def write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``fn(session, *args, **kwargs)`` in one write transaction (``BEGIN IMMEDIATE``) on the store's write
         thread, after the writes queued before it. A caller cancelled meanwhile stops waiting: a write still queued is
         dropped, one whose session has begun runs on and commits unless it raises."""
-        return await _on_thread(self._writes.pool(), functools.partial(self._store.run_write, fn, *args, **kwargs))
+        return await on_threads(self._writes, functools.partial(self._store.run_write, fn, *args, **kwargs))
 
     async def dialect(self) -> str:
         """``"sqlite"`` (opens the database)."""
-        return await _on_thread(SQLITE_READS.pool(), lambda: self._store.dialect)
+        return await on_threads(SQLITE_READS, lambda: self._store.dialect)
 
     async def close(self) -> None:
         """Dispose the engine's pooled connections once the writes queued before have run (a read still running
         returns its connection when it ends). An in-memory database is dropped with its connection."""
-        await _on_thread(self._writes.pool(), self._store.close)
-
-
-async def _on_thread(threads: ThreadPoolExecutor, call: Callable[[], _T]) -> _T:
-    """``call()`` on one of ``threads``, in a copy of the caller's context variables (as ``asyncio.to_thread``); a
-    cancelled caller stops waiting, and the call is dropped if it has not begun, else runs on."""
-    context = contextvars.copy_context()
-    return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(context.run, call))
+        await on_threads(self._writes, self._store.close)
 
 
 async def ensure_schema_async(engine: AsyncEngine, chain: SchemaChain) -> SchemaUpgrade:
