@@ -1,21 +1,31 @@
-"""The one translation of model loaders' errors (transformers' ``from_pretrained``, sentence-transformers) into
-InferScale's: a configured source that holds no loadable model is a :class:`~inferscale.errors.ConfigError`, on every
-path that loads one (the engine, its layout-only tokenizer, the embedder, the extraction LLM)."""
+"""How every model load runs: one at a time in the process (:data:`MODEL_LOADS`), and with the one translation of
+model loaders' errors (transformers' ``from_pretrained``, sentence-transformers) into InferScale's: a configured source
+that holds no loadable model is a :class:`~inferscale.errors.ConfigError`, on every path that loads one (the engine,
+its layout-only tokenizer, the embedder, the extraction LLM)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from inferscale.errors import ConfigError
+
+MODEL_LOADS = threading.RLock()
+"""Held by every model load of the process (:func:`loading_model`). transformers' ``from_pretrained`` patches
+process-wide state while it loads (``PreTrainedModel.tie_weights``, ``torch.nn.init``'s functions) and puts back what
+it found when it ends: two loads at once on two threads (two clients' first chats) put back each other's patches, so
+tying stayed disabled, both loads failed ("Cannot copy out of meta tensor", ``lm_head`` missing) and so did every
+later load in the process."""
 
 
 @contextmanager
 def loading_model(
     what: str, source: str, errors: tuple[type[Exception], ...] = (OSError, ValueError)
 ) -> Iterator[None]:
-    """Run a model load (``from_pretrained``, ``SentenceTransformer(...)``), turning the loaders' own errors for a
-    source that holds no loadable model into :class:`~inferscale.errors.ConfigError`.
+    """Run a model load (``from_pretrained``, ``SentenceTransformer(...)``) while holding :data:`MODEL_LOADS`,
+    turning the loaders' own errors for a source that holds no loadable model into
+    :class:`~inferscale.errors.ConfigError`.
 
     Args:
         what: the setting that named it, for the message (e.g. ``"engine.model"``).
@@ -30,7 +40,8 @@ def loading_model(
         ConfigError: for ``errors``.
     """
     try:
-        yield
+        with MODEL_LOADS:
+            yield
     except errors as exc:
         reason = str(exc).strip().splitlines()
         raise ConfigError(
@@ -40,4 +51,4 @@ def loading_model(
         ) from exc
 
 
-__all__ = ["loading_model"]
+__all__ = ["MODEL_LOADS", "loading_model"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from inferscale.config import inferscale_home
 from inferscale.errors import ModelNotAvailableError
+from inferscale.model_load import MODEL_LOADS
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,14 @@ def default_llm_path(home: Path | None = None) -> Path:
     log.info("converting %s to safetensors under %s (once)", gguf_file.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     source = str(gguf_file.parent)
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        source,
-        gguf_file=gguf_file.name,
-        quantization_config=GgufConfig(gguf_file=gguf_file.name, dequantize=True),
-        dtype="bfloat16",
-    )
+    with MODEL_LOADS:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            gguf_file=gguf_file.name,
+            quantization_config=GgufConfig(gguf_file=gguf_file.name, dequantize=True),
+            dtype="bfloat16",
+        )
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         model.save_pretrained(staging)

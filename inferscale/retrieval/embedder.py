@@ -139,12 +139,13 @@ class SentenceTransformerEmbedder:
     def _build(self) -> SentenceTransformer:
         from sentence_transformers import SentenceTransformer
 
-        from inferscale.model_load import loading_model
+        from inferscale.model_load import MODEL_LOADS, loading_model
         from inferscale.models import default_embedder_path
 
         device = _resolve_device(self._device)
         if self._model_name is None:
-            model = SentenceTransformer(str(default_embedder_path()), device=device, local_files_only=True)
+            with MODEL_LOADS:  # the embedded model is there: no error to translate
+                model = SentenceTransformer(str(default_embedder_path()), device=device, local_files_only=True)
         else:
             name = self._model_name
             if name.startswith(("/", ".", "~")):
