@@ -652,8 +652,10 @@ class MemoryClient(ClientCore):
             InvalidInputError: for bad messages (empty, an unknown role, no user message), both or neither of
                 ``query`` and ``messages``, ``memory_ids`` with ``limit``/``filters``/``search_query``, a bad mode,
                 budget or sampling value (``temperature < 0``, ``top_p`` outside (0, 1]), a conversation the chat
-                template refuses, a prompt longer than the model's context, or a ``memory_ids`` entry too long for
-                it even without its context turns. Raised before anything is generated, also when streaming.
+                template refuses, a prompt longer than the model's context
+                (:class:`~inferscale.errors.ContextLengthError`, an ``InvalidInputError``), or a ``memory_ids`` entry
+                too long for it even without its context turns. Raised before anything is generated, also when
+                streaming.
                 A memory too long only with its turns is served from its context-free encoding; a *retrieved* one
                 too long even without them (stored under a model with a longer context), or too long with this
                 chat's conversation and answer budget, is left out with a warning instead, in both modes. The

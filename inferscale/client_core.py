@@ -861,8 +861,8 @@ class ClientCore:
         the only one is left out with a warning: one long memory must not fail every chat of its scope.
 
         Raises:
-            InvalidInputError: when the prompt does not fit (:func:`~inferscale.engines.base.check_prompt_fits`),
-                or the conversation is refused by the chat template.
+            ContextLengthError: when the prompt does not fit (:func:`~inferscale.engines.base.check_prompt_fits`).
+            InvalidInputError: when the conversation is refused by the chat template.
         """
         engine = self.engine
         rest = len(engine.conversation_token_ids(request.conversation)) + self._answer_budget(request)

@@ -13,6 +13,7 @@ from inferscale.errors import (
     APIKeyNotFoundError,
     AuthenticationError,
     ConfigError,
+    ContextLengthError,
     DatabaseUnavailableError,
     EngineClosedError,
     ExtractionError,
@@ -44,6 +45,7 @@ class ErrorCode:
 ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("invalid_input", 400, InvalidInputError),
     ErrorCode("scope_required", 400, ScopeError),
+    ErrorCode("context_length_exceeded", 400, ContextLengthError),
     ErrorCode("request_too_large", 413, RequestTooLargeError),
     ErrorCode("unauthenticated", 401, AuthenticationError),
     ErrorCode("permission_denied", 403, PermissionDeniedError),

@@ -6,6 +6,9 @@ raised: validation happens before any write.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class InferScaleError(Exception):
     """Base class of every error InferScale raises on purpose."""
@@ -17,6 +20,39 @@ class InvalidInputError(InferScaleError, ValueError):
 
 class ScopeError(InvalidInputError):
     """A call that reads or writes memories was given no ``user_id``, ``agent_id`` or ``run_id``."""
+
+
+class ContextLengthError(InvalidInputError):
+    """A chat's prompt (system prefix, memories, conversation) and answer budget do not fit the model's context
+    window. The message names each part's size in tokens and what would make it fit: fewer memories (only when the
+    prompt holds some), a shorter conversation, or a lower answer budget, under the caller's name for it (its last
+    word: :func:`budget_named`). The server answers it with code ``context_length_exceeded``, as OpenAI does."""
+
+    _LOWER = " or lower "
+
+    @classmethod
+    def of(cls, reason: str, memory_tokens: int, budget: str = "max_new_tokens") -> ContextLengthError:
+        """The error for a prompt that does not fit: ``reason`` gives the sizes (tokens), ``memory_tokens`` the
+        memories' share, and the advice names ``budget``."""
+        fewer = "retrieve fewer memories (limit), " if memory_tokens else ""
+        return cls(f"{reason}; {fewer}send a shorter conversation{cls._LOWER}{budget}")
+
+    def for_budget(self, budget: str) -> ContextLengthError:
+        """This error advising to lower ``budget`` (``max_tokens`` in an OpenAI request) instead of the name it ends
+        with; itself when its message gives no advice (one built otherwise than by :meth:`of`)."""
+        advice, lower, _ = str(self).rpartition(self._LOWER)
+        return type(self)(f"{advice}{lower}{budget}") if lower else self
+
+
+@contextlib.contextmanager
+def budget_named(budget: str) -> Iterator[None]:
+    """Within the block, a :class:`ContextLengthError` advises lowering ``budget``, the caller's name for the answer
+    budget: the OpenAI routes' request field (``max_tokens``), the remote client's argument (``max_new_tokens``,
+    where the wire's field is ``max_tokens``). Every other exception passes unchanged."""
+    try:
+        yield
+    except ContextLengthError as exc:
+        raise exc.for_budget(budget) from None
 
 
 class MemoryNotFoundError(InferScaleError, KeyError, ValueError):

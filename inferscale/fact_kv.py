@@ -264,7 +264,6 @@ class FactKVManager:
         rest_tokens: int,
         context_tokens: int,
         chosen: bool = False,
-        answer_budget: str = "max_new_tokens",
     ) -> list[MemoryRecord]:
         """Those of ``records`` that fit a context window of ``context_tokens`` together with the system prefix, the
         conversation and the answer budget, in order: each memory is kept while the prompt with it and the memories
@@ -279,11 +278,9 @@ class FactKVManager:
             rest_tokens: the conversation's tokens plus the answer budget (tokens).
             context_tokens: the serving engine's context window (tokens): the model's, or vLLM's ``max_model_len``.
             chosen: ``True`` when the caller named ``records`` (``memory_ids``): none is left out.
-            answer_budget: the caller's name for the answer budget, for the error (``max_new_tokens``, or
-                ``max_tokens`` in an OpenAI request).
 
         Raises:
-            InvalidInputError: when the prompt of the memories kept does not fit: the conversation and the answer
+            ContextLengthError: when the prompt of the memories kept does not fit: the conversation and the answer
                 budget alone do not, or the memories ``chosen`` do not with them
                 (:func:`~inferscale.engines.base.check_prompt_fits`).
         """
@@ -304,7 +301,7 @@ class FactKVManager:
                     context_tokens,
                 )
         memory_tokens = total - prefix_tokens - rest_tokens
-        check_prompt_fits(prefix_tokens, memory_tokens, rest_tokens, context_tokens, answer_budget=answer_budget)
+        check_prompt_fits(prefix_tokens, memory_tokens, rest_tokens, context_tokens)
         return kept
 
     def check(self, records: Sequence[MemoryRecord]) -> None:

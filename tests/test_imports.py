@@ -18,6 +18,7 @@ EXPECTED_ALL = [
     "ChatMessage",
     "ChatResult",
     "ConfigError",
+    "ContextLengthError",
     "DatabaseUnavailableError",
     "EmbedderConfig",
     "EngineClosedError",

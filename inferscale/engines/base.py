@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol, Self
 import torch
 
 from inferscale.conversation import ChatMessage, SamplingSettings
-from inferscale.errors import InvalidInputError
+from inferscale.errors import ContextLengthError
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
 from inferscale.kv.serving import ServingSettings
@@ -89,42 +89,24 @@ Conversation = str | Sequence[ChatMessage]
 """A one-turn query, or messages checked by :func:`inferscale.conversation.check_messages`."""
 
 
-def check_prompt_fits(
-    prefix_tokens: int,
-    memory_tokens: int,
-    rest_tokens: int,
-    context_tokens: int,
-    *,
-    answer_budget: str = "max_new_tokens",
-) -> None:
+def check_prompt_fits(prefix_tokens: int, memory_tokens: int, rest_tokens: int, context_tokens: int) -> None:
     """Refuse a request whose system prefix + memory segment + conversation and answer budget (all in tokens) pass
     the model's context window of ``context_tokens``: it could only fail slowly, or answer from positions the model
     never saw. Both engines check this before they prefill; the clients check it before they load or encode any
     memory's K/V.
 
-    Args:
-        answer_budget: the caller's name for the answer budget, which the error advises lowering:
-            ``max_new_tokens`` (the clients), ``max_tokens`` (an OpenAI request to the vLLM server).
-
     Raises:
-        inferscale.errors.InvalidInputError: naming each part's token count, and what would make it fit: fewer
-            memories only when there are memories in it.
+        inferscale.errors.ContextLengthError: naming each part's token count, and what would make it fit: fewer
+            memories only when there are memories in it, and ``max_new_tokens`` as the budget (an OpenAI route
+            renames it: :meth:`~inferscale.errors.ContextLengthError.for_budget`).
     """
     total = prefix_tokens + memory_tokens + rest_tokens
     if total > context_tokens:
-        raise InvalidInputError(
+        raise ContextLengthError.of(
             f"the prompt needs {total} tokens (system prefix {prefix_tokens}, memories {memory_tokens}, "
-            f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}; "
-            f"{fit_advice(memory_tokens, answer_budget)}"
+            f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}",
+            memory_tokens,
         )
-
-
-def fit_advice(memory_tokens: int, answer_budget: str = "max_new_tokens") -> str:
-    """What would make a prompt too long for its context fit, for the error that refuses it: fewer memories only
-    when it holds some (``memory_tokens`` > 0), a shorter conversation, or a lower ``answer_budget`` (the caller's
-    name for it)."""
-    fewer = "retrieve fewer memories (limit), " if memory_tokens else ""
-    return f"{fewer}send a shorter conversation or lower {answer_budget}"
 
 
 class Engine(Protocol):
@@ -297,8 +279,9 @@ class Engine(Protocol):
             sampling: how tokens are chosen (default greedy) and the stop strings.
 
         Raises:
-            inferscale.errors.InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed
-                the model's context, or the chat template refuses the conversation.
+            inferscale.errors.ContextLengthError: when prefix + memories + conversation + ``max_new_tokens`` exceed
+                the model's context.
+            inferscale.errors.InvalidInputError: when the chat template refuses the conversation.
             inferscale.errors.UnsupportedModelError: when a request-time remedy is asked of a model it cannot
                 serve exactly (transformers).
             inferscale.errors.ConfigError: when ``serving`` asks for a remedy the engine cannot apply (vLLM).
@@ -322,8 +305,8 @@ class Engine(Protocol):
             the rest: as :meth:`generate_kv`.
 
         Raises:
-            inferscale.errors.InvalidInputError: when the prompt and ``max_new_tokens`` exceed the model's context,
-                or the chat template refuses the conversation.
+            inferscale.errors.ContextLengthError: when the prompt and ``max_new_tokens`` exceed the model's context.
+            inferscale.errors.InvalidInputError: when the chat template refuses the conversation.
         """
         ...
 

@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 import httpx
 
 from inferscale.conversation import ChatMessage
+from inferscale.errors import budget_named
 from inferscale.remote import calls
 from inferscale.remote.chat import chat_call
 from inferscale.remote.transport import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, AsyncTransport, Connection
@@ -352,9 +353,10 @@ class AsyncRemoteMemoryClient:
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        if stream:
-            return await self._transport.stream(call)
-        return await self._transport.call(call)
+        with budget_named("max_new_tokens"):  # the wire's max_tokens is this method's max_new_tokens
+            if stream:
+                return await self._transport.stream(call)
+            return await self._transport.call(call)
 
     async def close(self) -> None:
         """Close the connection pool; a later call opens a new one."""

@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 import httpx
 
 from inferscale.conversation import ChatMessage
+from inferscale.errors import budget_named
 from inferscale.remote import calls
 from inferscale.remote.chat import chat_call
 from inferscale.remote.transport import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, Connection, Transport
@@ -354,9 +355,10 @@ class RemoteMemoryClient:
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        if stream:
-            return self._transport.stream(call)
-        return self._transport.call(call)
+        with budget_named("max_new_tokens"):  # the wire's max_tokens is this method's max_new_tokens
+            if stream:
+                return self._transport.stream(call)
+            return self._transport.call(call)
 
     def close(self) -> None:
         """Close the connection pool; a later call opens a new one."""

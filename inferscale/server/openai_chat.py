@@ -92,8 +92,14 @@ def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     Raises:
         InvalidInputError: when the field given is not a positive int, naming that field.
     """
-    name = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
+    name = budget_field(body)
     return check_max_new_tokens(body.get(name), name)
+
+
+def budget_field(body: Mapping[str, Any]) -> str:
+    """The request's name for its answer budget, which an error advises lowering: ``max_completion_tokens`` when
+    given, else ``max_tokens``."""
+    return "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
 
 
 def sampler_top_k(value: Any) -> Any:

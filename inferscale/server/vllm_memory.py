@@ -56,7 +56,15 @@ from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
-from inferscale.errors import ConfigError, InvalidInputError, PermissionDeniedError, ServerError
+from inferscale.error_codes import code_of
+from inferscale.errors import (
+    ConfigError,
+    ContextLengthError,
+    InvalidInputError,
+    PermissionDeniedError,
+    ServerError,
+    budget_named,
+)
 from inferscale.server.auth import Caller
 from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
@@ -173,8 +181,9 @@ class MemoryService:
 
         Raises:
             ScopeError: for an empty user id.
-            InvalidInputError: when the chat template refuses the conversation, or the prompt with the answer budget
-                does not fit vLLM's context even with the memories that fit left in.
+            InvalidInputError: when the chat template refuses the conversation.
+            ContextLengthError: when the prompt with the answer budget does not fit vLLM's context even with the
+                memories that fit left in; it advises lowering ``max_tokens``, the OpenAI request's name.
         """
         from inferscale.client_core import laid_out
         from inferscale.scope import Scope
@@ -190,13 +199,10 @@ class MemoryService:
             hits = self._client.recall(query, user_id=user, limit=self._limit)
             fact_kv = self._client.fact_kv
             records = fact_kv.servable([hit.record for hit in hits])  # one that cannot be encoded is left out (logged)
-            records = fact_kv.fitting(
-                records,
-                prefix_tokens=len(layout.prefix_ids),
-                rest_tokens=rest,
-                context_tokens=context,
-                answer_budget="max_tokens",
-            )
+            with budget_named("max_tokens"):
+                records = fact_kv.fitting(
+                    records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
+                )
             records = laid_out(records, self._client.config.memory_layout)
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)
@@ -257,10 +263,11 @@ class ChatSampling:
         }
 
 
-def _error(message: str, status: int = 400) -> Any:
+def _error(message: str, status: int = 400, code: str | None = None) -> Any:
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+    error = {"message": message, "type": "invalid_request_error", **({"code": code} if code else {})}
+    return JSONResponse({"error": error}, status_code=status)
 
 
 class _Answer:
@@ -407,6 +414,8 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         conversation = chat_messages(body.get("messages"))
         sampling = ChatSampling.of(body)
         prepared, memories = await asyncio.to_thread(service.prepare, user, conversation, sampling.max_tokens)
+    except ContextLengthError as exc:
+        return _error(str(exc), code=code_of(exc).code)  # "context_length_exceeded", as OpenAI's
     except InvalidInputError as exc:
         return _error(str(exc))
     payload: dict[str, Any] = {

@@ -25,7 +25,7 @@ from client_adapter import ClientAdapter, ClientKind, open_client
 from mem0_fakes import HashEmbedder
 from tiny_models import byte_chat_tokenizer, tiny_model
 
-from inferscale import InvalidInputError, MemoryClient, MemoryConfig
+from inferscale import ContextLengthError, InvalidInputError, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.encode_queue import THREAD_NAME
 from inferscale.engines.transformers import TransformersEngine
@@ -399,7 +399,7 @@ def test_a_memory_that_fits_alone_but_not_with_the_chat_is_left_out_of_it(
     assert result.memory_ids == [first_id]
     if kind == "sync":  # the others log it in the server's or the worker's client
         assert f"memory {long_id}" in caplog.text and "would not fit the context of" in caplog.text
-    with pytest.raises(InvalidInputError, match=r"the prompt needs \d+ tokens") as refused:  # the caller chose it
+    with pytest.raises(ContextLengthError, match=r"the prompt needs \d+ tokens") as refused:  # the caller chose it
         client.chat("tea?", user_id="maya", memory_ids=[long_id], max_new_tokens=2, mode=mode)
     assert "retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens" in str(refused.value)
 
@@ -447,7 +447,7 @@ def test_a_chat_whose_conversation_and_budget_alone_pass_the_context_is_refused_
     client.add("Note: tea.", user_id="maya", infer=False)
     budget = engine.max_context_tokens - len(engine.system_prefix_ids()) - len(engine.conversation_token_ids("tea?"))
     with pytest.raises(
-        InvalidInputError, match=r"the prompt needs \d+ tokens \(system prefix \d+, memories 0,"
+        ContextLengthError, match=r"the prompt needs \d+ tokens \(system prefix \d+, memories 0,"
     ) as refused:
         client.chat("tea?", user_id="maya", max_new_tokens=budget + 1, mode=mode)
     # every memory was left out already: fewer would not help (the advice said "retrieve fewer memories")

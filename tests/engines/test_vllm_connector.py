@@ -527,15 +527,15 @@ def test_request_without_memory_never_hits_injected_blocks(engine: VLLMEngine) -
 def test_a_request_past_the_context_limit_advises_fewer_memories_only_when_it_holds_some(engine: VLLMEngine) -> None:
     """Its advice said "retrieve fewer memories" for a request without any, where only a shorter conversation or
     a smaller answer budget helps (a review)."""
-    from inferscale.errors import InvalidInputError
+    from inferscale.errors import ContextLengthError
 
     facts = _facts(engine, FACTS[:1])
-    with pytest.raises(InvalidInputError, match="vLLM's context limit is 4096") as with_memory:
+    with pytest.raises(ContextLengthError, match="vLLM's context limit is 4096") as with_memory:
         engine.generate_kv(QUERY, facts, 4096)
     assert str(with_memory.value).endswith(
         "; retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"
     )
-    with pytest.raises(InvalidInputError, match="of which memories 0,") as without:
+    with pytest.raises(ContextLengthError, match="of which memories 0,") as without:
         engine.generate_prompt(QUERY, [], 4096)
     assert str(without.value).endswith("4096; send a shorter conversation or lower max_new_tokens")
 

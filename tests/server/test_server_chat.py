@@ -14,8 +14,8 @@ import pytest
 from server_harness import Served
 from tiny_models import counted_forwards
 
-from inferscale import AsyncMemoryClient
-from inferscale.errors import DatabaseUnavailableError, EngineClosedError
+from inferscale import AsyncMemoryClient, MemoryClient
+from inferscale.errors import ContextLengthError, DatabaseUnavailableError, EngineClosedError
 from inferscale.types import ChatChunk
 
 CONVERSATION = [
@@ -228,3 +228,26 @@ def test_a_client_that_goes_away_stops_its_non_streamed_answer(
         time.sleep(0.5)
         assert len(forwards) == seen < 120
     assert http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"] == before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_prompt_past_the_context_is_context_length_exceeded_advising_the_requests_own_budget_field(
+    http: httpx.Client, served: Served, field: str, stream: bool
+) -> None:
+    """The route advised lowering ``max_new_tokens``, the Python client's argument, which an OpenAI request does not
+    have. The remote client, whose wire field is ``max_tokens``, still names its own argument."""
+    budget = served.client.engine.max_context_tokens
+    body = {"model": "tiny", "messages": CONVERSATION, "user": "alice", field: budget, "stream": stream}
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error["type"]) == ("context_length_exceeded", "ContextLengthError")
+    assert error["message"].startswith("the prompt needs ")
+    assert error["message"].endswith(f"; send a shorter conversation or lower {field}")  # no memory fitted
+    assert "max_new_tokens" not in error["message"]
+    with (
+        MemoryClient(host=served.url) as remote,
+        pytest.raises(ContextLengthError, match=r"send a shorter conversation or lower max_new_tokens$"),
+    ):
+        remote.chat("Where do I live?", user_id="alice", max_new_tokens=budget, stream=stream)

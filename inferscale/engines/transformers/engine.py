@@ -301,8 +301,9 @@ class TransformersEngine(LayoutTokensMixin):
 
         Raises:
             ValueError: when a fact's K/V do not match the model's cache (layers, heads, dtype, device).
-            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
-                context, or the chat template refuses the conversation.
+            ContextLengthError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
+                context.
+            InvalidInputError: when the chat template refuses the conversation.
             UnsupportedModelError: when a request-time remedy is asked of a model it cannot serve exactly
                 (sliding-window attention, attention logit soft-capping).
         """
@@ -322,8 +323,9 @@ class TransformersEngine(LayoutTokensMixin):
         ``cache_scope`` is unused here: each request builds its own cache on the shared system prefix.
 
         Raises:
-            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
-                context, or the chat template refuses the conversation.
+            ContextLengthError: when prefix + memories + conversation + ``max_new_tokens`` exceed the model's
+                context.
+            InvalidInputError: when the chat template refuses the conversation.
         """
         return drain(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
 

@@ -37,7 +37,7 @@ import torch
 
 from inferscale.config import EngineConfig
 from inferscale.conversation import GREEDY, SamplingSettings
-from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain, fit_advice
+from inferscale.engines.base import Conversation, Engine, Generation, StreamEvent, TextDelta, drain
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
@@ -45,7 +45,7 @@ from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only,
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
-from inferscale.errors import EngineClosedError, InvalidInputError, UnsupportedModelError
+from inferscale.errors import ContextLengthError, EngineClosedError, InvalidInputError, UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
@@ -505,17 +505,19 @@ class VLLMEngine(LayoutTokensMixin):
         """Load vLLM, then refuse ``request`` when its prompt and ``max_new_tokens`` exceed vLLM's context limit.
 
         Raises:
-            InvalidInputError: when ``max_new_tokens`` is negative or the request does not fit.
+            InvalidInputError: when ``max_new_tokens`` is negative.
+            ContextLengthError: when the request does not fit.
         """
         if max_new_tokens < 0:
             raise InvalidInputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         self.load()
         limit = self.max_context_tokens
         if len(request.prompt_ids) + max_new_tokens > limit:
-            raise InvalidInputError(
+            raise ContextLengthError.of(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
                 f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
-                f"{max_new_tokens}) but vLLM's context limit is {limit}; {fit_advice(request.memory_tokens)}"
+                f"{max_new_tokens}) but vLLM's context limit is {limit}",
+                request.memory_tokens,
             )
 
     def _events(

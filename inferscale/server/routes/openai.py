@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from inferscale.errors import InferScaleError, InvalidInputError
+from inferscale.errors import InferScaleError, InvalidInputError, budget_named
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.disconnects import CLIENT_CLOSED_REQUEST, ClientDisconnected, unless_disconnected
@@ -32,6 +32,7 @@ from inferscale.server.metrics import Metrics
 from inferscale.server.openai_chat import (
     SSE_DONE,
     Completion,
+    budget_field,
     chat_messages,
     check_supported_fields,
     include_usage,
@@ -132,12 +133,15 @@ async def chat_completions(body: ChatBody, caller: CurrentCaller, server: State,
         stop=body.stop,
     )
     reply = Completion.new(server.model_name)
+    budget = budget_field(request)  # what a prompt too long for the context advises lowering (chat raises it first)
     if stream:
-        chunks = await server.client.chat(**arguments, stream=True)
+        with budget_named(budget):
+            chunks = await server.client.chat(**arguments, stream=True)
         events = _events(chunks, reply, server.metrics, include_usage(request))
         return StreamingResponse(events, media_type="text/event-stream")
     try:
-        result = await unless_disconnected(http, server.client.chat(**arguments, stream=False))
+        with budget_named(budget):
+            result = await unless_disconnected(http, server.client.chat(**arguments, stream=False))
     except ClientDisconnected as gone:
         log.info("%s; its chat was cancelled", gone)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
