@@ -504,6 +504,7 @@ class AsyncMemoryClient(ClientCore):
         # No foreground mark across an await: it would cover the wait for a free model thread (or the model's load),
         # while the model threads may be blocked in a full encode queue that only the encoder drains. The model's
         # uses mark themselves on their worker thread (_generate, _chunks and its steps).
+        closing = self._closing  # a close() from now on ends this chat
         await on_threads(MODEL_WORK, self.engine.load)  # model load is not part of the request's latency
         t0 = time.perf_counter()
         records = await self._achat_records(request)
@@ -513,7 +514,7 @@ class AsyncMemoryClient(ClientCore):
             return _iterate_on_thread(chunks)
         abandoned = threading.Event()
         try:
-            return await on_threads(MODEL_WORK, self._generate, request, records, t0, retrieval_ms, abandoned)
+            return await on_threads(MODEL_WORK, self._generate, request, records, t0, retrieval_ms, abandoned, closing)
         finally:  # cancelled (a timeout, a server client gone): the worker stops decoding within one token
             abandoned.set()
 
@@ -565,7 +566,7 @@ class AsyncMemoryClient(ClientCore):
             if self._db is not None:
                 await asyncio.to_thread(self._db.close)
         finally:
-            self._closing.clear()
+            self._closing = threading.Event()  # for the chats that begin from now on
 
     async def __aenter__(self) -> AsyncMemoryClient:
         return self

@@ -14,6 +14,7 @@ the shared core and the derived stores; the logic lives in :mod:`inferscale.clie
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
@@ -682,14 +683,17 @@ class MemoryClient(ClientCore):
             repetition_penalty=repetition_penalty,
             stop=stop,
         )
-        with self._lock:  # the model's uses mark themselves (_generate, _chunks), so the encoder yields to them
+        # The lock covers choosing the memories and opening the answer (their K/V loaded or encoded), not decoding:
+        # held through a whole answer, it made a search on another thread wait 11 s (a review's threaded app). The
+        # model's uses mark themselves (_chunks, _answer), so the encoder yields to them.
+        closing = self._closing  # a close() from now on ends this chat
+        with self._lock:
             self.engine.load()  # model load is not part of the request's latency
             t0 = time.perf_counter()
             records = self._chat_records(request)
             retrieval_ms = ms_since(t0)
-            if request.stream:
-                return self._chunks(request, records, t0, retrieval_ms)
-            return self._generate(request, records, t0, retrieval_ms)
+            chunks = self._chunks(request, records, t0, retrieval_ms)
+        return chunks if request.stream else self._answer(chunks, closing)
 
     def _chat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects: its ``memory_ids`` (each must be in the scope), or the top ``limit``
@@ -768,7 +772,7 @@ class MemoryClient(ClientCore):
                 if self._db is not None:
                     self._db.close()
         finally:
-            self._closing.clear()
+            self._closing = threading.Event()  # for the chats that begin from now on
 
     def __enter__(self) -> MemoryClient:
         return self

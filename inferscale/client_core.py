@@ -288,7 +288,9 @@ class ClientCore:
         self._owned_generator: OpenAIJSONGenerator | None = None  # an HTTP client built here, so closed here
         self._generator_built_here = False  # built from config.llm (not passed in): released by close()
         self._lock = threading.RLock()
-        self._closing = threading.Event()  # set while close() runs: a non-streamed chat then ends within a token
+        # set by close(), and replaced by a new one when close() ends: a non-streamed chat keeps the one current when
+        # it began, and ends within a token once that is set (also when close() has returned meanwhile)
+        self._closing = threading.Event()
         self._db: MemoryStore | None = None
         self._derived = DerivedStores(
             self.config,
@@ -759,6 +761,7 @@ class ClientCore:
         t0: float,
         retrieval_ms: float,
         abandoned: threading.Event | None = None,
+        closing: threading.Event | None = None,
     ) -> ChatResult:
         """Answer ``request`` over ``records`` (CPU/GPU-bound: K/V load or encode, prefill, decode).
 
@@ -766,7 +769,9 @@ class ClientCore:
             t0: ``time.perf_counter()`` at the start of the call; ``retrieval_ms`` the time choosing the memories
                 took.
             abandoned: set by a caller that stopped waiting (an async chat cancelled): decoding stops within one
-                token and the engine request ends, its cache freed. The client's ``close()`` stops it the same way.
+                token and the engine request ends, its cache freed.
+            closing: the client's close event when the chat began (``None``: the current one); the client's
+                ``close()`` sets it, which stops decoding the same way.
 
         ``ttft_ms`` is wall-clock time from ``t0`` until the engine produced the first token (retrieval, K/V
         load, assembly, prefill and the first token's choice, with everything between them).
@@ -775,13 +780,30 @@ class ClientCore:
             ChatAbandonedError: when ``abandoned`` was set before the answer was complete.
             EngineClosedError: when the client was closed before the answer was complete (as a stream raises).
         """
+        closing = self._closing if closing is None else closing
+        with self.derived.foreground():  # opening the answer too
+            return self._answer(self._chunks(request, records, t0, retrieval_ms), closing, abandoned)
+
+    def _answer(
+        self,
+        chunks: Generator[ChatChunk, None, None],
+        closing: threading.Event,
+        abandoned: threading.Event | None = None,
+    ) -> ChatResult:
+        """The :class:`ChatResult` of an answer opened by :meth:`_chunks`, read to its end (closed if it fails).
+        ``closing`` is the client's close event when the chat began, ``abandoned`` as in :meth:`_generate`.
+
+        Raises:
+            ChatAbandonedError: when ``abandoned`` was set before the answer was complete.
+            EngineClosedError: when the client was closed before the answer was complete (as a stream raises).
+        """
         last: ChatChunk | None = None
         # the whole answer is one use of the model: no background chunk between two tokens
-        with self.derived.foreground(), contextlib.closing(self._chunks(request, records, t0, retrieval_ms)) as chunks:
+        with self.derived.foreground(), contextlib.closing(chunks):
             for chunk in chunks:
                 if abandoned is not None and abandoned.is_set():
                     raise ChatAbandonedError("the caller stopped waiting for this chat")
-                if self._closing.is_set():
+                if closing.is_set():
                     raise EngineClosedError("the client was closed while this chat was answered")
                 last = chunk
         if last is None or last.result is None:

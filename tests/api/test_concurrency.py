@@ -143,3 +143,57 @@ def test_add_with_inference_and_search_at_once_both_finish(tmp_path: Path) -> No
     assert [r["memory"] for r in results["add"]["results"]] == ["alice likes green tea"]
     assert results["search"]["results"][0]["memory"] in ("alice likes tea", "alice likes green tea")
     client.close()
+
+
+class _Decoding(Exception):
+    """Ends the stand-in answer below once released."""
+
+
+def test_a_search_on_another_thread_runs_while_a_chat_decodes(tmp_path: Path) -> None:
+    """A non-streamed chat held the client's lock through its whole answer, so a search on another thread of a web
+    app waited for it to end (11 s behind a 64-token answer, a review). The lock covers choosing the memories and
+    opening the answer; decoding runs outside it, as a stream's does."""
+    decoding, released = threading.Event(), threading.Event()
+
+    class LoadedEngine:
+        def load(self) -> None:
+            return None
+
+    def answer(*args: Any) -> Any:
+        def chunks() -> Any:
+            decoding.set()
+            released.wait(30)
+            raise _Decoding
+            yield
+
+        return chunks()
+
+    config = fake_config(tmp_path)
+    with MemoryClient(config, embedder=HashEmbedder()) as writer:  # the model's tokenizer checks the fact fits
+        writer.add("Maya lives in Porto.", user_id="maya", infer=False)
+    engine: Any = LoadedEngine()
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        client._chunks = answer  # type: ignore[method-assign]  # stands for an answer decoding for seconds
+        outcome: list[BaseException] = []
+
+        def chat() -> None:
+            try:
+                client.chat("Where does Maya live?", user_id="maya")
+            except _Decoding as exc:
+                outcome.append(exc)
+
+        chatting = threading.Thread(target=chat)
+        chatting.start()
+        try:
+            assert decoding.wait(30)
+            found: list[str] = []
+            searching = threading.Thread(
+                target=lambda: found.extend(r["memory"] for r in client.search("Porto", user_id="maya")["results"])
+            )
+            searching.start()
+            searching.join(10)
+            assert found == ["Maya lives in Porto."]  # answered while the chat was still decoding
+        finally:
+            released.set()
+            chatting.join(30)
+    assert len(outcome) == 1
