@@ -166,14 +166,19 @@ def latest_memories(s: Session, scope: Scope, limit: int) -> list[MemoryRecord]:
     """The ``limit`` memories of exactly ``scope`` stored last, oldest first: the neighbours a new memory of that scope
     is encoded after (context-window encoding). Exact, not ANDed: a memory of ``Scope(agent_id="a")`` is served to
     whoever reads agent ``a``'s own memories, so its K/V must never be encoded after a text of one of the agent's users
-    (which would outlive that user's ``delete_all`` in them)."""
-    stmt = (
-        select(MemoryRow)
-        .where(*exact_scope_clauses(scope))
-        .order_by(MemoryRow.created_at.desc(), MemoryRow.pk.desc())
-        .limit(limit)
-    )
-    return [MemoryRecord.from_row(row) for row in reversed(s.scalars(stmt).all())]
+    (which would outlive that user's ``delete_all`` in them).
+
+    "Stored last" is by ``pk``, the order the rows were inserted in (a scope's writers take turns: see
+    :func:`~inferscale.storage.changes.apply_in_session`), which a user's index (``ix_memories_user_scope``) walks
+    backwards: ordered by ``created_at`` first, every add sorted the whole scope (32 ms at 5,000 memories on SQLite,
+    against 0.1 ms, a review's measurement), and a clock set back would reorder it."""
+    return [MemoryRecord.from_row(row) for row in reversed(s.scalars(select_latest(scope, limit)).all())]
+
+
+def select_latest(scope: Scope, limit: int) -> Select[MemoryRow]:
+    """The ``SELECT`` of :func:`latest_memories`: the ``limit`` rows of exactly ``scope`` with the highest ``pk``,
+    newest first."""
+    return select(MemoryRow).where(*exact_scope_clauses(scope)).order_by(MemoryRow.pk.desc()).limit(limit)
 
 
 def all_memories(s: Session) -> list[MemoryRecord]:
