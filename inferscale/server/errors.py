@@ -209,10 +209,18 @@ class UnexpectedErrors:
             raise
 
 
+class RequestIdMiddleware(CorrelationIdMiddleware):
+    """``asgi-correlation-id``'s middleware on :data:`REQUEST_ID_HEADER`, built from the app alone, as vLLM's
+    ``--middleware`` builds one: the request ids of both servers (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app, header_name=REQUEST_ID_HEADER)
+
+
 def install_request_ids(app: FastAPI) -> None:
     """Give every request of ``app`` an id (:data:`REQUEST_ID_HEADER`; see the module docstring). Add it as the
     outermost middleware, so every reply carries it and every error logged names it."""
-    app.add_middleware(CorrelationIdMiddleware, header_name=REQUEST_ID_HEADER)
+    app.add_middleware(RequestIdMiddleware)
 
 
 def install_error_handlers(app: FastAPI) -> None:

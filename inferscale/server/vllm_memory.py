@@ -1,9 +1,11 @@
 """``inferscale serve --engine vllm``: vLLM's OpenAI-compatible server with the InferScale connector and memory.
 
 The process runs vLLM's own server (``vllm.entrypoints.openai.api_server``) with our connector in
-``--kv-transfer-config`` and two middlewares (``--middleware``): :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware`
-outside, which checks the API keys of the memory database on every request (the transformers server's keys and
-rules; vLLM's own ``--api-key`` is not used), and :func:`memory_middleware` inside it. A client's JSON body may not
+``--kv-transfer-config`` and three middlewares (``--middleware``):
+:class:`~inferscale.server.errors.RequestIdMiddleware` outermost, which gives every reply an ``X-Request-ID`` as on
+the transformers server; :class:`~inferscale.server.vllm_auth.ApiKeyMiddleware` inside it, which checks the API keys
+of the memory database on every request (the transformers server's keys and rules; vLLM's own ``--api-key`` is not
+used); and :func:`memory_middleware` inside that. A client's JSON body may not
 set ``kv_transfer_params`` or an InferScale ``cache_salt`` (403), whatever its method and ``Content-Type``. A
 ``POST /v1/chat/completions`` whose body names a user in OpenAI's ``user`` field, or whose key is bound to exactly
 one user, is answered with that user's memory (:meth:`~inferscale.server.auth.Caller.chat_user`: a user outside the
@@ -86,6 +88,7 @@ log = logging.getLogger(__name__)
 
 MIDDLEWARE = f"{__name__}.memory_middleware"
 KEY_MIDDLEWARE = "inferscale.server.vllm_auth.ApiKeyMiddleware"
+REQUEST_ID_MIDDLEWARE = "inferscale.server.errors.RequestIdMiddleware"
 RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
 """The starts of InferScale's ``cache_salt`` values, which a client's request may not use."""
 
@@ -596,6 +599,8 @@ def vllm_argv(options: ServeOptions, model_path: str, fingerprint: str, dtype: s
         MIDDLEWARE,
         "--middleware",
         KEY_MIDDLEWARE,
+        "--middleware",  # outermost: every reply carries its request id, the key check's refusals too
+        REQUEST_ID_MIDDLEWARE,
         "--served-model-name",
         options.served_model_name or Path(model_path).name,
         "--shutdown-timeout",  # drain the running requests for this long, then abort them (0: abort at once)

@@ -496,6 +496,30 @@ def test_every_route_needs_a_valid_unrevoked_key(server: Server) -> None:
         assert _error(http.post("/v1/chat/completions", json=chat, headers=auth)) == (401, "unauthenticated")
 
 
+def test_every_reply_carries_a_request_id_and_a_callers_uuid4_is_kept(server: Server) -> None:
+    """The vLLM server's replies carried no ``X-Request-ID``, while the transformers server's all do: now the key
+    check's refusals, the memory middleware's answers and refusals, and vLLM's own routes carry one."""
+    import uuid
+
+    import httpx
+
+    admin = {"Authorization": f"Token {server.keys['admin']}"}
+    chat = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, "temperature": 0, "user": "alice"}
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        replies = [
+            http.get("/v1/models"),  # no key: the key check refuses it
+            http.get("/v1/models", headers=admin),  # vLLM's own route
+            http.post("/v1/chat/completions", json=chat, headers=admin),  # answered with alice's memory
+            http.post("/v1/chat/completions", json={**chat, "messages": []}, headers=admin),  # memory middleware: 400
+        ]
+        sent = str(uuid.uuid4())
+        kept = http.get("/v1/models", headers={**admin, "X-Request-ID": sent})
+    assert [reply.status_code for reply in replies] == [401, 200, 200, 400]
+    ids = [reply.headers.get("x-request-id") for reply in replies]
+    assert all(ids) and len(set(ids)) == len(ids), ids
+    assert kept.headers["x-request-id"] == sent
+
+
 def test_a_key_bound_to_alice_gets_alices_memories_and_never_bobs(server: Server) -> None:
     alice = server.openai("alice")
     supplied = _chat(alice, QUESTION, user=None, max_tokens=4)  # the key's one user is supplied
