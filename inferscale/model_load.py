@@ -1,31 +1,52 @@
-"""How every model load runs: one at a time in the process (:data:`MODEL_LOADS`), and with the one translation of
-model loaders' errors (transformers' ``from_pretrained``, sentence-transformers) into InferScale's: a configured source
-that holds no loadable model is a :class:`~inferscale.errors.ConfigError`, on every path that loads one (the engine,
-its layout-only tokenizer, the embedder, the extraction LLM)."""
+"""How every model load runs: weights one load at a time in the process (:data:`MODEL_LOADS`), and with the one
+translation of model loaders' errors (transformers' ``from_pretrained``, sentence-transformers) into InferScale's: a
+configured source that holds no loadable model is a :class:`~inferscale.errors.ConfigError`, on every path that loads
+one (the engine, its layout-only tokenizer, the embedder, the extraction LLM)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 from inferscale.errors import ConfigError
 
-MODEL_LOADS = threading.RLock()
-"""Held by every model load of the process (:func:`loading_model`). transformers' ``from_pretrained`` patches
-process-wide state while it loads (``PreTrainedModel.tie_weights``, ``torch.nn.init``'s functions) and puts back what
-it found when it ends: two loads at once on two threads (two clients' first chats) put back each other's patches, so
-tying stayed disabled, both loads failed ("Cannot copy out of meta tensor", ``lm_head`` missing) and so did every
-later load in the process."""
+
+class _ProcessLock:
+    """A reentrant lock (``with``), made again in a forked child: a fork while another thread held it would leave it
+    held there for good, and the child's first load would hang."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        os.register_at_fork(after_in_child=self._made_again)
+
+    def _made_again(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
-@contextmanager
+MODEL_LOADS = _ProcessLock()
+"""Held by every load of a model's weights in the process (:func:`loading_model` with ``weights=True``).
+transformers' ``from_pretrained`` patches process-wide state while it builds a model (``PreTrainedModel.tie_weights``,
+``torch.nn.init``'s functions) and puts back what it found when it ends: two loads at once on two threads (two
+clients' first chats) put back each other's patches, so tying stayed disabled, both loads failed ("Cannot copy out of
+meta tensor", ``lm_head`` missing) and so did every later load in the process. Tokenizers and configs patch nothing
+and load without it: a prompt's layout never waits for a model's load."""
+
+
+@contextlib.contextmanager
 def loading_model(
-    what: str, source: str, errors: tuple[type[Exception], ...] = (OSError, ValueError)
+    what: str, source: str, errors: tuple[type[Exception], ...] = (OSError, ValueError), *, weights: bool = False
 ) -> Iterator[None]:
-    """Run a model load (``from_pretrained``, ``SentenceTransformer(...)``) while holding :data:`MODEL_LOADS`,
-    turning the loaders' own errors for a source that holds no loadable model into
-    :class:`~inferscale.errors.ConfigError`.
+    """Run a model load (``from_pretrained``, ``SentenceTransformer(...)``), turning the loaders' own errors for a
+    source that holds no loadable model into :class:`~inferscale.errors.ConfigError`; one that builds a model from its
+    weights (``weights=True``) holds :data:`MODEL_LOADS`.
 
     Args:
         what: the setting that named it, for the message (e.g. ``"engine.model"``).
@@ -35,12 +56,13 @@ def loading_model(
             ``config.json``, an unknown architecture, a folder without a tokenizer). Loading the weights once the
             config was read takes ``(OSError,)``: its ``ValueError`` means an option the model does not support (an
             attention implementation), which is not this.
+        weights: whether the load builds a model from its weights (not a tokenizer or a config alone).
 
     Raises:
         ConfigError: for ``errors``.
     """
     try:
-        with MODEL_LOADS:
+        with MODEL_LOADS if weights else contextlib.nullcontext():
             yield
     except errors as exc:
         reason = str(exc).strip().splitlines()

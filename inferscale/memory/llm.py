@@ -161,7 +161,7 @@ class TransformersJSONGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        with loading_model("llm.model", str(path)):
+        with loading_model("llm.model", str(path), weights=True):
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
         return cls(model.eval().to(device), tokenizer)

@@ -153,7 +153,7 @@ class SentenceTransformerEmbedder:
                 if not path.exists():
                     raise ModelNotAvailableError(f"embedder folder {name!r} does not exist")
                 name = str(path)
-            with loading_model("embedder.model", name):
+            with loading_model("embedder.model", name, weights=True):
                 model = SentenceTransformer(name, device=device)
         # sentence-transformers >= 5 renamed get_sentence_embedding_dimension; support both.
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension

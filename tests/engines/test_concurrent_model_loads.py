@@ -6,14 +6,19 @@ runs). Every load now holds the process's model-load lock."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tiny_models import byte_chat_tokenizer, tiny_model
 
 from inferscale.config import EngineConfig
 from inferscale.engines.hf.loading import load_causal_lm
+from inferscale.model_load import MODEL_LOADS, loading_model
 
 THREADS = 3
 ROUNDS = 4
@@ -54,3 +59,67 @@ def test_models_loaded_on_several_threads_at_once_are_whole_and_so_is_every_late
     assert outcomes == ["whole"] * (THREADS * ROUNDS)
     later = load_causal_lm(config, tmp_path)[1]
     assert later.lm_head.weight is later.model.embed_tokens.weight
+
+
+def _held_elsewhere() -> tuple[threading.Thread, threading.Event]:
+    """A thread holding MODEL_LOADS (a model loading) until the returned event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def loading() -> None:
+        with MODEL_LOADS:
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=loading)
+    thread.start()
+    assert held.wait(10)
+    return thread, release
+
+
+def test_a_tokenizer_or_config_read_does_not_wait_for_another_models_load(tmp_path: Path) -> None:
+    """Only building a model patches transformers' process-wide state: a prompt's layout (the layout-only tokenizer,
+    add's span check) waited 3 s behind another model's whole load (a review)."""
+    folder = tmp_path / "tied"
+    byte_chat_tokenizer().save_pretrained(folder)
+    loading, release = _held_elsewhere()
+    read: list[int] = []
+    try:
+        reader = threading.Thread(target=lambda: read.append(len(_tokenizer(folder)("hello")["input_ids"])))
+        reader.start()
+        reader.join(20)
+        assert read  # read while the other load still held the lock
+    finally:
+        release.set()
+        loading.join()
+
+
+def _tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    with loading_model("engine.model", str(folder)):
+        return AutoTokenizer.from_pretrained(folder)
+
+
+def test_a_child_forked_while_a_model_loads_loads_its_own(tmp_path: Path) -> None:
+    """A fork while another thread held the load lock left it held in the child for good: its first load hung."""
+    loading, release = _held_elsewhere()
+    try:
+        child = os.fork()
+        if child == 0:  # the child: take the lock as its first load would, then leave at once
+            with MODEL_LOADS:
+                os._exit(0)
+        deadline = time.monotonic() + 20
+        status = 0
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            raise AssertionError("the forked child waited for a lock its parent's thread held")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        loading.join()

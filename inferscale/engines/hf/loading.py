@@ -59,7 +59,7 @@ def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, A
 
     def load(dtype: str) -> Any:
         attention = resolve_attention(config.attn_implementation)
-        with loading_model("engine.model", path):  # any other ValueError: no model that can be loaded
+        with loading_model("engine.model", path, weights=True):  # any other ValueError: no model that can be loaded
             try:
                 return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attention)
             except ValueError as exc:
