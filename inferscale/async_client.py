@@ -11,9 +11,10 @@ Where the time goes, and where it runs:
   and the reconcile decision (local model decoding, or the blocking HTTP call of an OpenAI-compatible endpoint), K/V
   encoding (``prepare_kv``, ``memory_kv``, eager adds), queueing for the background encoder (a full queue waits),
   and ``reconcile``'s embedding of every memory the index lacks.
-- The rest, milliseconds each, runs on the event loop's default executor via ``asyncio.to_thread``: a search's
-  embedding and FAISS scan, index updates and the index file, K/V removal. So a search never waits for a thread
-  behind generating chats (``benchmarks/search_beside_chats.py``).
+  So does the first use of the index, which loads it and the embedder and embeds every memory it lacks.
+- The rest, milliseconds each, runs on the event loop's default executor: a search's embedding and FAISS scan,
+  index updates and the index file, K/V removal. So a search never waits for a thread behind generating chats
+  (``benchmarks/search_beside_chats.py``).
 - K/V bookkeeping (``kv_entries`` rows written while encoding) goes through the sync store inside those worker
   threads, never on the loop.
 
@@ -63,7 +64,7 @@ from inferscale.storage import MemoryRecord
 from inferscale.storage.async_store import AsyncMemoryStore
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.types import ChatChunk, ChatMode, ChatResult, RecalledMemory
-from inferscale.worker_threads import MODEL_WORK, on_threads
+from inferscale.worker_threads import MODEL_WORK, ProcessThreads, on_threads
 
 if TYPE_CHECKING:
     from inferscale.remote import AsyncRemoteMemoryClient
@@ -150,7 +151,12 @@ class AsyncMemoryClient(ClientCore):
         return self._adb
 
     async def _aindex(self) -> VectorIndex:
-        return await arun_steps(self.derived.index_steps(), self.adb)
+        return await arun_steps(self.derived.index_steps(), self.adb, self._index_threads())
+
+    def _index_threads(self) -> ProcessThreads | None:
+        """Where steps that use the index compute: on a model thread until the index is in use (its first use loads
+        it and the embedder, and embeds every memory it lacks), then on the default executor (milliseconds)."""
+        return None if self.derived.index_in_use else MODEL_WORK
 
     # ------------------------------------------------------------------ write path
     async def add(
@@ -199,10 +205,8 @@ class AsyncMemoryClient(ClientCore):
         encodes, ``"eager"``); memories for the background encoder are queued on a model thread (a full queue blocks
         that thread, never the event loop nor a search's thread). ``index`` is loaded (and reconciled) before the
         SQL write, so that reconciliation never counts the write itself as a repair."""
-        if encode == "eager":
-            queued = await on_threads(MODEL_WORK, self.derived.after_write, index, applied, encode)
-        else:
-            queued = await asyncio.to_thread(self.derived.after_write, index, applied, encode)
+        encoding = MODEL_WORK if encode == "eager" else None
+        queued = await on_threads(encoding, self.derived.after_write, index, applied, encode)
         if queued:
             await on_threads(MODEL_WORK, self.derived.queue_encoding, queued)
 
@@ -293,7 +297,8 @@ class AsyncMemoryClient(ClientCore):
     async def _asearch_records(
         self, query: str, scope: Scope, node: Filter | None, limit: int, threshold: float | None = None
     ) -> list[tuple[MemoryRecord, float]]:
-        return await arun_steps(self.derived.search_steps(query, scope, node, limit, threshold), self.adb)
+        steps = self.derived.search_steps(query, scope, node, limit, threshold)
+        return await arun_steps(steps, self.adb, self._index_threads())
 
     async def search(
         self,
@@ -505,11 +510,13 @@ class AsyncMemoryClient(ClientCore):
         # while the model threads may be blocked in a full encode queue that only the encoder drains. The model's
         # uses mark themselves on their worker thread (_generate, _chunks and its steps).
         closing = self._closing  # a close() from now on ends this chat
+        self._refuse_if_closed(closing)  # begun while close() runs: the model is not loaded again
         await on_threads(MODEL_WORK, self.engine.load)  # model load is not part of the request's latency
         t0 = time.perf_counter()
         records = await self._achat_records(request)
         retrieval_ms = ms_since(t0)
         if request.stream:
+            self._refuse_if_closed(closing)  # closed while the memories were chosen
             chunks = await on_threads(MODEL_WORK, self._chunks, request, records, t0, retrieval_ms)
             return _iterate_on_thread(chunks)
         abandoned = threading.Event()

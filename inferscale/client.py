@@ -14,6 +14,7 @@ the shared core and the derived stores; the logic lives in :mod:`inferscale.clie
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -687,13 +688,17 @@ class MemoryClient(ClientCore):
         # held through a whole answer, it made a search on another thread wait 11 s (a review's threaded app). The
         # model's uses mark themselves (_chunks, _answer), so the encoder yields to them.
         closing = self._closing  # a close() from now on ends this chat
-        with self._lock:
-            self.engine.load()  # model load is not part of the request's latency
-            t0 = time.perf_counter()
-            records = self._chat_records(request)
-            retrieval_ms = ms_since(t0)
-            chunks = self._chunks(request, records, t0, retrieval_ms)
-        return chunks if request.stream else self._answer(chunks, closing)
+        with contextlib.ExitStack() as answering:
+            with self._lock:
+                self._refuse_if_closed(closing)  # it waited for the lock while close() released the engine
+                self.engine.load()  # model load is not part of the request's latency
+                t0 = time.perf_counter()
+                records = self._chat_records(request)
+                retrieval_ms = ms_since(t0)
+                if not request.stream:  # one use of the model from opening the answer to its last token
+                    answering.enter_context(self.derived.foreground())
+                chunks = self._chunks(request, records, t0, retrieval_ms)
+            return chunks if request.stream else self._answer(chunks, closing)
 
     def _chat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects: its ``memory_ids`` (each must be in the scope), or the top ``limit``

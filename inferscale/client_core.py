@@ -781,8 +781,20 @@ class ClientCore:
             EngineClosedError: when the client was closed before the answer was complete (as a stream raises).
         """
         closing = self._closing if closing is None else closing
+        self._refuse_if_closed(closing)
         with self.derived.foreground():  # opening the answer too
             return self._answer(self._chunks(request, records, t0, retrieval_ms), closing, abandoned)
+
+    @staticmethod
+    def _refuse_if_closed(closing: threading.Event) -> None:
+        """Refuse to go on with a chat whose client was closed since it began (``closing``: the close event current
+        then): opening its answer would load the model again for a closed client.
+
+        Raises:
+            EngineClosedError: when ``closing`` is set.
+        """
+        if closing.is_set():
+            raise EngineClosedError("the client was closed while this chat waited to begin its answer")
 
     def _answer(
         self,

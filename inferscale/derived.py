@@ -130,6 +130,12 @@ class DerivedStores:
         """The index file."""
         return self._index_path
 
+    @property
+    def index_in_use(self) -> bool:
+        """Whether the index is loaded and in use: until it is, the first :meth:`index_steps` loads it, and the
+        embedder, and embeds every memory it lacks (seconds of model work)."""
+        return self._index is not None
+
     # ---- the index --------------------------------------------------------------------------------------------
     def index_steps(self) -> Steps[VectorIndex]:
         """The index: on first use, loaded from its file and reconciled with SQL, the K/V store with it

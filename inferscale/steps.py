@@ -8,7 +8,6 @@ loop and every computation (embedding, FAISS; LLM extraction in an add's steps) 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -142,17 +141,11 @@ async def arun_steps(steps: Steps[R], store: AsyncMemoryStore, threads: ProcessT
     """Drive ``steps`` over the async store: SQL awaited on the event loop, computations on a worker thread, one of
     ``threads`` (steps that hold a thread for seconds: :data:`~inferscale.worker_threads.MODEL_WORK`) or of the
     loop's default executor (``None``: milliseconds of embedding and index search)."""
-    state = await _computed(threads, steps, None)
+    state = await on_threads(threads, _advance, steps, None)
     while not isinstance(state, _Done):
         value = await state.arun(store)
-        state = await _computed(threads, steps, value)
+        state = await on_threads(threads, _advance, steps, value)
     return state.value
-
-
-async def _computed(threads: ProcessThreads | None, steps: Steps[R], value: Any) -> StoreRead[Any] | _Done[R]:
-    if threads is None:
-        return await asyncio.to_thread(_advance, steps, value)
-    return await on_threads(threads, _advance, steps, value)
 
 
 __all__ = [

@@ -52,15 +52,17 @@ MODEL_WORK = ProcessThreads(MODEL_WORK_THREADS, "inferscale-model")
 """The threads the async client runs model work on (module docstring), shared by every client of the process."""
 
 
-async def on_threads(threads: ProcessThreads, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-    """``fn(*args, **kwargs)`` on one of ``threads``, in a copy of the caller's context variables (as
-    ``asyncio.to_thread``). A cancelled caller stops waiting: the call is dropped if it has not begun, else runs on.
+async def on_threads(threads: ProcessThreads | None, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``fn(*args, **kwargs)`` on one of ``threads`` (``None``: the event loop's default executor), in a copy of the
+    caller's context variables (as ``asyncio.to_thread``). A cancelled caller stops waiting: the call is dropped if it
+    has not begun, else runs on.
 
     Raises:
         Whatever ``fn`` raises.
     """
     call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(threads.pool(), call)
+    pool = None if threads is None else threads.pool()
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
 
 
 __all__ = ["MODEL_WORK", "MODEL_WORK_THREADS", "ProcessThreads", "on_threads"]

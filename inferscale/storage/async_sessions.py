@@ -224,7 +224,7 @@ class LoopSessions:
             engine = self._engines.get(loop)
             if engine is None:
                 await self._dispose_closed_loops()
-                engine = await asyncio.to_thread(make_async_engine, self._url)
+                engine = make_async_engine(self._url)  # no I/O (the driver's first import aside): on the loop
                 try:
                     if not self._schema_ready:
                         await ensure_schema_async(engine, MEMORY_SCHEMA)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
-from inferscale import AsyncMemoryClient, async_client
+from inferscale import AsyncMemoryClient, MemoryClient, async_client
 from inferscale.worker_threads import MODEL_WORK_THREADS
 
 DEFAULT_EXECUTOR_THREADS = 2
@@ -145,3 +145,29 @@ def test_a_search_answers_while_k_v_encodings_hold_more_threads_than_the_default
             return await search_beside(client, gate, encodings)
 
     assert asyncio.run(scenario()) == ["Maya lives in Porto."]
+
+
+def test_the_first_search_loads_the_index_and_embeds_what_it_lacks_on_a_model_thread(
+    tmp_path: Path, db_url: str
+) -> None:
+    """A client's first use of the index loads it (and the embedder) and embeds every memory it lacks: seconds of
+    model work, which ran on the default executor (a review) while reconcile(), the same work, ran on model threads."""
+    config = fake_config(tmp_path, db_url)
+    with MemoryClient(config, embedder=HashEmbedder()) as writer:
+        writer.add([{"role": "user", "content": f"Maya note {i}."} for i in range(20)], user_id="maya", infer=False)
+    (tmp_path / "index.faiss").unlink(missing_ok=True)  # lost: the first search embeds all 20 again
+    release = threading.Event()
+
+    async def first_search_beside_a_full_default_executor() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        busy = loop.run_in_executor(None, release.wait, 30)
+        try:
+            async with AsyncMemoryClient(config, embedder=HashEmbedder()) as client:
+                hits = await asyncio.wait_for(client.search("Maya note", user_id="maya", limit=20), WAIT_S)
+                return len(hits["results"])
+        finally:
+            release.set()
+            await busy
+
+    assert asyncio.run(first_search_beside_a_full_default_executor()) == 20

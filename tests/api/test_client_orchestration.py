@@ -14,7 +14,7 @@ from served_kv import fresh_as_served
 
 import inferscale.engines.transformers as transformers_engines
 import inferscale.memory
-from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig
+from inferscale import AsyncMemoryClient, EngineClosedError, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.engines.base import Engine
 from inferscale.engines.transformers import TransformersEngine
@@ -226,3 +226,84 @@ def test_close_drops_the_local_json_generator_built_on_the_engine(
     with MemoryClient(_config(tmp_path), generator=cast(Any, passed)) as other:
         assert other._json_generator() is passed
     assert other._generator is passed  # a generator passed in is left to its owner
+
+
+class LoadedOnDemand(FakeEngine):
+    """An engine the client builds from its config, with the load every chat asks for first."""
+
+    def load(self) -> None:
+        return None
+
+
+class WaitedFor:
+    """The client's lock, telling when another thread waits for it."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.waited = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+
+def test_a_chat_that_waited_while_close_released_the_engine_does_not_build_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat waiting for the client's lock (another chat opening its answer) when close() released the engine took
+    the lock afterwards and built and loaded the model again, for a closed client, before failing (a review)."""
+    FakeEngine.instances.clear()
+    monkeypatch.setattr(transformers_engines, "TransformersEngine", LoadedOnDemand)
+    client = MemoryClient(_config(tmp_path))
+    assert isinstance(client.engine, LoadedOnDemand)
+    lock = WaitedFor(client._lock)
+    client._lock = lock  # type: ignore[assignment]  # the same lock, observed
+    raised: list[BaseException] = []
+
+    def chat() -> None:
+        try:
+            client.chat("Hi", user_id="maya", memory_ids=[])
+        except BaseException as exc:  # reported below; a thread cannot raise into the test
+            raised.append(exc)
+
+    with lock:  # stands for another chat opening its answer
+        waiting = threading.Thread(target=chat)
+        waiting.start()
+        assert lock.waited.wait(10)
+        client.close()  # the same thread holds the lock: close() releases the engine now
+    waiting.join(30)
+    assert [type(exc) for exc in raised] == [EngineClosedError]
+    assert client._engine is None and len(FakeEngine.instances) == 1  # no engine built for the closed client
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_async_chat_closed_while_it_chose_its_memories_does_not_build_the_engine_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    FakeEngine.instances.clear()
+    monkeypatch.setattr(transformers_engines, "TransformersEngine", LoadedOnDemand)
+
+    async def close_during_retrieval() -> AsyncMemoryClient:
+        client = AsyncMemoryClient(_config(tmp_path))
+        retrieving, go_on = asyncio.Event(), asyncio.Event()
+
+        async def slow_retrieval(request: Any) -> list[Any]:
+            retrieving.set()
+            await go_on.wait()
+            return []
+
+        client._achat_records = slow_retrieval  # type: ignore[method-assign]
+        chat = asyncio.ensure_future(client.chat("Hi", user_id="maya", stream=stream))
+        await retrieving.wait()
+        await client.close()
+        go_on.set()
+        with pytest.raises(EngineClosedError):
+            await chat
+        return client
+
+    closed = asyncio.run(close_during_retrieval())
+    assert closed._engine is None and len(FakeEngine.instances) == 1
