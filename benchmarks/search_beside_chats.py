@@ -73,16 +73,16 @@ async def measure(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         while started < args.chats:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # every chat has asked for its thread
-        t0 = time.perf_counter()
+        t0, done_before = time.perf_counter(), chats_done
         busy = await search_latencies(client, args.searches)
-        window_s = time.perf_counter() - t0
+        window_s, done_during = time.perf_counter() - t0, chats_done - done_before
         stop.set()
         await asyncio.gather(*chatting)
     return {
         "idle": summary(idle),
         "beside_chats": summary(busy),
         "p50_ratio": percentile(busy, 50) / percentile(idle, 50),
-        "chats_completed_during_searches": chats_done,
+        "chats_completed_during_searches": done_during,
         "search_window_s": window_s,
     }
 

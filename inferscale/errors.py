@@ -52,7 +52,7 @@ def budget_named(budget: str) -> Iterator[None]:
     try:
         yield
     except ContextLengthError as exc:
-        raise exc.for_budget(budget) from None
+        raise exc.for_budget(budget).with_traceback(exc.__traceback__) from None  # where the prompt was refused
 
 
 class MemoryNotFoundError(InferScaleError, KeyError, ValueError):

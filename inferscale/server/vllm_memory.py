@@ -73,6 +73,7 @@ from inferscale.server.keys import KeyStore
 from inferscale.server.openai_chat import (
     SSE_DONE,
     Completion,
+    budget_field,
     chat_messages,
     check_supported_fields,
     include_usage,
@@ -186,7 +187,7 @@ class MemoryService:
             ScopeError: for an empty user id.
             InvalidInputError: when the chat template refuses the conversation.
             ContextLengthError: when the prompt with the answer budget does not fit vLLM's context even with the
-                memories that fit left in; it advises lowering ``max_tokens``, the OpenAI request's name.
+                memories that fit left in (the middleware names the request's own budget field in its advice).
         """
         from inferscale.client_core import laid_out
         from inferscale.scope import Scope
@@ -202,10 +203,9 @@ class MemoryService:
             hits = self._client.recall(query, user_id=user, limit=self._limit)
             fact_kv = self._client.fact_kv
             records = fact_kv.servable([hit.record for hit in hits])  # one that cannot be encoded is left out (logged)
-            with budget_named("max_tokens"):
-                records = fact_kv.fitting(
-                    records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
-                )
+            records = fact_kv.fitting(
+                records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
+            )
             records = laid_out(records, self._client.config.memory_layout)
             facts = self._client.memory_kv(records)
             prepared = self._builder.prepare_kv(conversation, facts, scope.key(), recompute_tail=self.recompute_tail)
@@ -416,7 +416,8 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         check_supported_fields(body)
         conversation = chat_messages(body.get("messages"))
         sampling = ChatSampling.of(body)
-        prepared, memories = await asyncio.to_thread(service.prepare, user, conversation, sampling.max_tokens)
+        with budget_named(budget_field(body)):  # max_tokens or max_completion_tokens, as the request says
+            prepared, memories = await asyncio.to_thread(service.prepare, user, conversation, sampling.max_tokens)
     except ContextLengthError as exc:
         return _error(str(exc), code=code_of(exc).code)  # "context_length_exceeded", as OpenAI's
     except InvalidInputError as exc:

@@ -215,5 +215,6 @@ def test_the_vllm_servers_memory_holds_requests_to_the_models_window_when_max_mo
         assert service.prepare("bob", QUERY, 1) == ([], [])
         with pytest.raises(ContextLengthError, match="the model's context is 128") as refused:
             service.prepare("bob", QUERY, 128)
-        # the request's own field, and no advice to retrieve fewer memories: none is left (the server's --limit)
-        assert str(refused.value).endswith("; send a shorter conversation or lower max_tokens")
+        # no advice to retrieve fewer memories: none is left (the server's --limit); the middleware names the
+        # request's own budget field (test_vllm_server.py)
+        assert str(refused.value).endswith("; send a shorter conversation or lower max_new_tokens")

@@ -496,6 +496,24 @@ def test_every_route_needs_a_valid_unrevoked_key(server: Server) -> None:
         assert _error(http.post("/v1/chat/completions", json=chat, headers=auth)) == (401, "unauthenticated")
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_prompt_past_the_context_is_context_length_exceeded_naming_the_requests_budget_field(
+    server: Server, field: str
+) -> None:
+    """The memory middleware advised lowering ``max_tokens`` to a request that had set ``max_completion_tokens``
+    (a review): the advice names the field the request used."""
+    import httpx
+
+    admin = {"Authorization": f"Token {server.keys['admin']}"}
+    body = {"model": MODEL, "messages": QUESTION, "user": "alice", field: 1_000_000}
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        reply = http.post("/v1/chat/completions", json=body, headers=admin)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].endswith(f"send a shorter conversation or lower {field}"), error["message"]
+
+
 def test_every_reply_carries_a_request_id_and_a_callers_uuid4_is_kept(server: Server) -> None:
     """The vLLM server's replies carried no ``X-Request-ID``, while the transformers server's all do: now the key
     check's refusals, the memory middleware's answers and refusals, and vLLM's own routes carry one."""

@@ -437,8 +437,9 @@ class VLLMEngine(LayoutTokensMixin):
 
         Raises:
             ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
-            InvalidInputError: when prefix + memories + conversation + ``max_new_tokens`` exceed vLLM's context
-                limit, or the chat template refuses the conversation.
+            ContextLengthError: when prefix + memories + conversation + ``max_new_tokens`` exceed vLLM's context
+                limit.
+            InvalidInputError: when the chat template refuses the conversation.
         """
         return drain(self.stream_kv(conversation, facts, max_new_tokens, cache_scope, serving, sampling))
 
@@ -454,7 +455,7 @@ class VLLMEngine(LayoutTokensMixin):
         salts the prefix cache, so tenants never share blocks. :meth:`stream_prompt`, drained.
 
         Raises:
-            InvalidInputError: see :meth:`generate_kv`.
+            ContextLengthError, InvalidInputError: see :meth:`generate_kv`.
         """
         return drain(self.stream_prompt(conversation, fact_ids, max_new_tokens, cache_scope, sampling))
 
@@ -631,8 +632,8 @@ class VLLMEngine(LayoutTokensMixin):
 
         Raises:
             ConfigError: when ``serving`` is a setting vLLM cannot apply (see the class).
-            InvalidInputError: when prefix + memories + conversation + 1 token exceed vLLM's context limit, or the
-                chat template refuses the conversation.
+            ContextLengthError: when prefix + memories + conversation + 1 token exceed vLLM's context limit.
+            InvalidInputError: when the chat template refuses the conversation.
             UnsupportedModelError: when ``llm_kwargs`` capped ``max_logprobs`` or changed ``logprobs_mode``, or
                 vLLM returned fewer log-probabilities than the vocabulary holds.
             RuntimeError: while a stream is open (see :meth:`run`).
