@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
-from inferscale.config import EncodeMode
+from inferscale.config import MAX_INSTRUCTIONS_CHARS, EncodeMode, Instructions
 from inferscale.errors import InvalidInputError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
@@ -52,6 +52,7 @@ _THRESHOLD = TypeAdapter(Annotated[float, Field(strict=True, allow_inf_nan=False
 _QUERY = TypeAdapter(Annotated[str, Field(strict=True, min_length=1), AfterValidator(_not_blank)])
 _FLAG = TypeAdapter(Annotated[bool, Field(strict=True)])
 _OPTIONAL_FLAG = TypeAdapter(Annotated[bool, Field(strict=True)] | None)
+_INSTRUCTIONS = TypeAdapter(Instructions | None)
 _VERSION = TypeAdapter(Literal["v1", "v2"] | None)
 _TIMEOUT = TypeAdapter(Annotated[float, Field(strict=True, ge=0, le=threading.TIMEOUT_MAX, allow_inf_nan=False)] | None)
 """Seconds a wait may last: up to :data:`threading.TIMEOUT_MAX` (a longer one makes the wait raise OverflowError)."""
@@ -139,6 +140,30 @@ def check_add_messages(messages: Any, infer: Any, max_memory_chars: int) -> list
             if m.role != "system":
                 check_memory_length(m.content, max_memory_chars, f"message {i}", "or use infer=True to extract facts")
     return msgs
+
+
+def check_add_prompt(prompt: Any, infer: bool, configured: str | None) -> str | None:
+    """The custom instructions an ``add`` call's extraction follows: its ``prompt`` (Mem0's per-call custom
+    instructions) when given, else ``configured`` (``llm.custom_instructions``).
+
+    Args:
+        prompt: the call's ``prompt``.
+        infer: the call's checked ``infer``.
+        configured: the config's custom instructions, already checked.
+
+    Raises:
+        InvalidInputError: for a ``prompt`` that is neither ``None`` nor a non-blank string of at most
+            :data:`~inferscale.config.MAX_INSTRUCTIONS_CHARS` characters, or one given with ``infer=False``, where
+            nothing is extracted (it would change nothing).
+    """
+    expected = f"prompt must be None or a non-blank str of at most {MAX_INSTRUCTIONS_CHARS:,} characters"
+    checked = _validated(_INSTRUCTIONS, prompt, expected)
+    if checked is not None and not infer:
+        raise InvalidInputError(
+            "prompt (custom instructions for fact extraction) needs infer=True: with infer=False the messages are "
+            "stored as given and nothing is extracted"
+        )
+    return checked if checked is not None else configured
 
 
 def check_memory_length(text: str, max_memory_chars: int, what: str, other_fix: str = "") -> None:

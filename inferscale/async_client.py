@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
+    check_add_prompt,
     check_flag,
     check_memories,
     check_metadata,
@@ -168,6 +169,7 @@ class AsyncMemoryClient(ClientCore):
         run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
+        prompt: str | None = None,
         encode_kv: bool | None = None,
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
@@ -179,7 +181,7 @@ class AsyncMemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return await self._aadd(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, encode)
+        return await self._aadd(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, prompt, encode)
 
     async def _aadd(
         self,
@@ -187,12 +189,14 @@ class AsyncMemoryClient(ClientCore):
         scope: Scope,
         metadata: Mapping[str, Any] | None,
         infer: bool,
+        prompt: str | None,
         encode: EncodeMode,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
+        instructions = check_add_prompt(prompt, infer, self.config.llm.custom_instructions)
         extracting = MODEL_WORK if infer else None  # the LLM decodes in the add's steps
-        changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer), self.adb, extracting)
+        changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer, instructions), self.adb, extracting)
         if changes is None:
             return {"results": []}
         index = await self._aindex()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
     check_add_messages,
+    check_add_prompt,
     check_flag,
     check_memories,
     check_metadata,
@@ -159,6 +160,7 @@ class MemoryClient(ClientCore):
         run_id: ScopeId | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
+        prompt: str | None = None,
         encode_kv: bool | None = None,
         timestamp: int | float | str | None = None,
         expiration_date: str | None = None,
@@ -180,7 +182,9 @@ class MemoryClient(ClientCore):
         ``kv.encode_chunk_size`` facts at most, but a streamed one may wait for a chunk at each token, since the thread
         may run one between two steps of a stream; the call blocks only while ``kv.encode_queue_size`` memories already
         wait), inside the call (``"eager"``), or on the first ``chat`` that retrieves them (``"lazy"``).
-        ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call.
+        ``encode_kv=True`` asks for eager and ``encode_kv=False`` for lazy in this call. ``prompt`` is Mem0's per-call
+        custom instructions for fact extraction (what to save or skip, how to word facts): with ``infer=True`` the LLM
+        is shown them after the extraction prompt's own rules, instead of ``llm.custom_instructions`` for this call.
 
         Returns:
             ``{"results": [{"id", "memory", "event"}, ...]}`` with event ``"ADD"``, ``"UPDATE"`` (plus
@@ -194,7 +198,9 @@ class MemoryClient(ClientCore):
             ScopeError: when no user_id, agent_id or run_id is given, or one is neither a non-empty string nor an int.
             InvalidInputError: for malformed messages, an ``infer`` or ``encode_kv`` that is not a bool (``None``
                 also for ``encode_kv``), metadata that is not a dict of plain JSON (str keys at any depth, no NaN)
-                or sets a scope id or ``actor_id``, a ``timestamp``/``expiration_date`` (not supported), or a
+                or sets a scope id or ``actor_id``, a ``prompt`` that is not a non-blank string of at most
+                :data:`~inferscale.config.MAX_INSTRUCTIONS_CHARS` characters or is given with ``infer=False``, a
+                ``timestamp``/``expiration_date`` (not supported), or a
                 ``version`` other than ``"v1"``/``"v2"``; for a fact too long for the model's context once encoded
                 after the system prefix alone (at the farthest position bucket), or a text it would give a stored
                 memory that is too long after that memory's context turns, in every ``encode_on_add`` mode and
@@ -211,7 +217,7 @@ class MemoryClient(ClientCore):
         check_output_format(output_format)
         check_version(version)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        return self._add(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, encode)
+        return self._add(messages, Scope.of(user_id, agent_id, run_id), metadata, infer, prompt, encode)
 
     def _add(
         self,
@@ -219,11 +225,13 @@ class MemoryClient(ClientCore):
         scope: Scope,
         metadata: Mapping[str, Any] | None,
         infer: bool,
+        prompt: str | None,
         encode: EncodeMode,
     ) -> dict[str, list[dict[str, Any]]]:
         meta = check_metadata(metadata)
         msgs = check_add_messages(messages, infer, self.config.max_memory_chars)
-        changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer), self.db)
+        instructions = check_add_prompt(prompt, infer, self.config.llm.custom_instructions)
+        changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer, instructions), self.db)
         if changes is None:
             return {"results": []}
         applied = self._commit(lambda: self.db.apply(changes), encode)

@@ -436,9 +436,10 @@ class ClientCore:
             return self._generator
 
     # ---- add: extraction and reconcile (pure or CPU-bound steps) ---------------------------------------------
-    def _extract_facts(self, messages: Sequence[Message]) -> list[ChunkFacts]:
+    def _extract_facts(self, messages: Sequence[Message], instructions: str | None) -> list[ChunkFacts]:
         """Facts of a conversation, extracted chunk by chunk when it is longer than ``llm.max_input_tokens`` (a fact
-        already extracted from an earlier chunk, compared case-insensitively, is left out).
+        already extracted from an earlier chunk, compared case-insensitively, is left out), each extraction
+        following the app's custom ``instructions`` when given (:func:`~inferscale.arguments.check_add_prompt`).
 
         With ``llm.check_grounding``, a fact that invents a name or number, leaves the conversation's CJK
         script or copies a worked example of the prompt is dropped with a warning, and the chunk keeps its user
@@ -457,6 +458,7 @@ class ClientCore:
             max_new_tokens=self.config.llm.max_new_tokens,
             retries=self.config.llm.answer_retries,
             max_memory_chars=self.config.max_memory_chars,
+            instructions=instructions,
         )
         turns = [m for m in messages if m.role != "system" and m.role not in TOOL_ROLES]  # what extraction is shown
         chunks: list[ChunkFacts] = []
@@ -521,7 +523,7 @@ class ClientCore:
         return args
 
     def _plan_add_steps(
-        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
+        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool, instructions: str | None
     ) -> Steps[ChangeSet | None]:
         """The change set of an ``add`` (:meth:`_changes_steps`), or ``None`` when nothing is new, once every memory
         it adds or re-words is known to fit the model's context when encoded (:meth:`_span_steps`: a new memory
@@ -533,7 +535,7 @@ class ClientCore:
                 alone, or a text it would give a stored memory is too long after that memory's context turns
                 (nothing is written).
         """
-        changes = yield from self._changes_steps(msgs, scope, meta, infer)
+        changes = yield from self._changes_steps(msgs, scope, meta, infer, instructions)
         if changes is None:
             return None
         fitted: ChangeSet = yield from self._span_steps(changes)
@@ -554,16 +556,17 @@ class ClientCore:
         return fitted
 
     def _changes_steps(
-        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool
+        self, msgs: Sequence[Message], scope: Scope, meta: dict[str, Any], infer: bool, instructions: str | None
     ) -> Steps[ChangeSet | None]:
         """The change set of an ``add``, or ``None`` when nothing is new.
 
         Each new memory's context (context-window encoding) starts with the texts of the ``kv.context_window``
         memories stored last in exactly the scope (an id the scope leaves unset is unset in them too: an agent's
         memory never follows one of its users'), so a message added on its own is encoded after its neighbours.
-        ``infer=False``: every message becomes a memory. ``infer=True``: the LLM extracts facts; those stored
-        verbatim in the scope are dropped; the rest are added, or, when similar memories are stored and reconcile
-        is on, the LLM decides ADD/UPDATE/DELETE/NONE against them (:mod:`inferscale.memory.reconcile`).
+        ``infer=False``: every message becomes a memory. ``infer=True``: the LLM extracts facts (following the
+        custom ``instructions`` when given); those stored verbatim in the scope are dropped; the rest are added, or,
+        when similar memories are stored and reconcile is on, the LLM decides ADD/UPDATE/DELETE/NONE against them
+        (:mod:`inferscale.memory.reconcile`).
 
         A malformed LLM answer never fails the call: it is repaired, asked for again, or replaced by the user's
         turns verbatim (extraction) or the facts as extracted (reconcile).
@@ -584,7 +587,7 @@ class ClientCore:
                 return self._chained_changes(msgs, scope, meta, actor, neighbours, last, kv.chain_block, window)
             return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
-        for chunk in self._extract_facts(msgs):
+        for chunk in self._extract_facts(msgs, instructions):
             texts = list(chunk.facts)
             if chunk.fallback:
                 log.warning("grounding dropped facts; keeping %d user turns verbatim too", len(chunk.fallback))

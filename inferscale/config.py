@@ -91,6 +91,25 @@ class EngineConfig(_Strict):
         return self
 
 
+MAX_INSTRUCTIONS_CHARS = 4000
+"""The longest custom extraction instructions (``llm.custom_instructions``, ``add(prompt=...)``), in characters
+(about 1,000 tokens): they are prefilled with every extraction call, beside up to ``llm.max_input_tokens`` of
+conversation, and must leave room in a small model's context."""
+
+
+def _instructions_not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("whitespace only")
+    return value
+
+
+Instructions = Annotated[
+    str, Field(strict=True, min_length=1, max_length=MAX_INSTRUCTIONS_CHARS), AfterValidator(_instructions_not_blank)
+]
+"""Custom instructions for fact extraction: a non-blank string of at most :data:`MAX_INSTRUCTIONS_CHARS` characters
+(a length constraint makes pydantic-core decode the text, so a lone surrogate fails it too)."""
+
+
 class LLMConfig(_Strict):
     """The LLM that extracts facts in ``add(infer=True)``.
 
@@ -112,6 +131,11 @@ class LLMConfig(_Strict):
         answer_retries: how many more times the LLM is asked, with the problem named, when an extraction or
             reconcile answer holds nothing usable even after repair (not JSON, the wrong shape, no usable item);
             then extraction stores the user's turns verbatim and reconcile adds the facts as extracted.
+        custom_instructions: extra guidance for fact extraction, shown to the LLM after the extraction prompt's
+            own rules, which it overrides where the two differ (Mem0's ``custom_instructions``): what to save or skip,
+            how to word facts. ``add(prompt=...)`` overrides it for one call. ``None`` (default): the prompt's rules
+            alone. At most :data:`MAX_INSTRUCTIONS_CHARS` characters. A 135M model follows them loosely: its worked
+            examples weigh more than any instruction.
     """
 
     provider: Literal["engine", "openai"] = "engine"
@@ -125,6 +149,7 @@ class LLMConfig(_Strict):
     reconcile_max_new_tokens: int = Field(strict=True, default=256, ge=16, le=4096)
     check_grounding: bool = Field(default=True, strict=True)
     answer_retries: int = Field(strict=True, default=1, ge=0, le=3)
+    custom_instructions: Instructions | None = None
 
 
 class EmbedderConfig(_Strict):

@@ -33,6 +33,7 @@ MEM0_KEYS: frozenset[str] = frozenset(
         "graph_store",
         "custom_fact_extraction_prompt",
         "custom_update_memory_prompt",
+        "custom_instructions",
         "reranker",
     }
 )
@@ -357,6 +358,19 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database:
     own["db_url"] = sqlite_url(database)
 
 
+def _with_instructions(llm: Mapping[str, Any] | None, instructions: object) -> dict[str, Any]:
+    """The ``llm`` section (ours, or one translated from Mem0's) with Mem0's top-level ``custom_instructions``.
+
+    Raises:
+        ConfigError: when the section sets ``custom_instructions`` too.
+    """
+    section = dict(llm or {})
+    if section.get("custom_instructions") is not None:
+        raise ConfigError("custom_instructions is given twice, at the top and in llm; keep one")
+    section["custom_instructions"] = instructions
+    return section
+
+
 def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     """Build a :class:`MemoryConfig` from Mem0's config shape.
 
@@ -376,6 +390,9 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
           (sampling settings, index tuning, dimensions: ``_MEM0_INERT_KEYS``) is accepted with a warning.
         - ``db_url`` may also be given directly.
         - ``version`` is accepted and ignored (both Mem0 call shapes are always accepted).
+        - ``custom_instructions`` (Mem0 2.x's guidance for fact extraction) becomes ``llm.custom_instructions``.
+          Mem0 1.x's ``custom_fact_extraction_prompt`` and ``custom_update_memory_prompt``, which replaced its
+          prompts whole, are refused: the extraction prompt's worked examples and JSON answer are InferScale's own.
         - Any :class:`MemoryConfig` field (``engine``, ``kv``, ``data_dir``, ...) passes through, and so does an
           ``llm`` or ``embedder`` section written as our fields (:func:`section_shape`).
 
@@ -383,8 +400,9 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         The validated config.
 
     Raises:
-        ConfigError: for an unsupported provider or key (``graph_store``, custom prompts, rerankers), a section
-            that fits neither shape, or a result that does not validate.
+        ConfigError: for an unsupported provider or key (``graph_store``, Mem0 1.x's custom prompts, rerankers),
+            a section that fits neither shape, ``custom_instructions`` given both at the top and in ``llm``, or a
+            result that does not validate.
     """
     if not isinstance(config, Mapping):
         raise ConfigError(f"config must be a dict, got {type(config).__name__}")
@@ -439,6 +457,8 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         own.setdefault("db_url", sqlite_url(Path(str(config["history_db_path"])).expanduser()))
     if llm:
         own["llm"] = llm
+    if config.get("custom_instructions") is not None:
+        own["llm"] = _with_instructions(own.get("llm"), config["custom_instructions"])
     if engine:
         own["engine"] = engine
     if embedder:

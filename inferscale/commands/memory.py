@@ -42,6 +42,14 @@ class AddOptions:
         default=None,
         metadata=cli("--metadata", type=json_object, metavar="JSON", help='a JSON object, e.g. \'{"topic": "pets"}\''),
     )
+    prompt: str | None = field(
+        default=None,
+        metadata=cli(
+            "--prompt",
+            metavar="TEXT",
+            help="custom instructions for this extraction (MemoryClient.add's prompt; needs --infer)",
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ def _add(args: argparse.Namespace) -> int:
     opts = from_args(AddOptions, args)
 
     def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
-        return client.add(opts.text, **common.scope.ids(), metadata=opts.metadata, infer=opts.infer)
+        return client.add(opts.text, **common.scope.ids(), metadata=opts.metadata, infer=opts.infer, prompt=opts.prompt)
 
     def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
         from inferscale.commands.output import changes_table, count

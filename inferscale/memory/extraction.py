@@ -176,6 +176,9 @@ class FactExtractor:
             :func:`~inferscale.memory.answers.ask`); 0 falls back at once.
         max_memory_chars: the longest user turn stored as one memory by that fallback, in characters; a longer
             one is cut into pieces (:func:`~inferscale.memory.messages.user_turns`).
+        instructions: the app's custom instructions, shown after the prompt's own rules
+            (:func:`~inferscale.memory.prompts.fact_extraction_system_prompt`); ``None`` for none. Checked by the
+            caller (:data:`inferscale.config.Instructions`).
 
     Raises:
         InvalidInputError: for a non-positive budget or limit.
@@ -191,6 +194,7 @@ class FactExtractor:
         include_assistant: bool = False,
         retries: int = 1,
         max_memory_chars: int = 4000,
+        instructions: str | None = None,
     ) -> None:
         if retries < 0:
             raise InvalidInputError(f"retries must be >= 0, got {retries}")
@@ -209,6 +213,7 @@ class FactExtractor:
         self.max_facts = max_facts
         self.retries = retries
         self.max_memory_chars = max_memory_chars
+        self.instructions = instructions
         self.schema = facts_json_schema(max_facts, max_fact_chars)
 
     def extract(self, messages: list[Message], today: date | None = None) -> Extraction:
@@ -234,7 +239,9 @@ class FactExtractor:
         """
         if not messages:
             raise InvalidInputError("messages is empty; pass at least one user or assistant message")
-        prompt = build_extraction_messages(messages, today or date.today(), include_assistant=self.include_assistant)
+        prompt = build_extraction_messages(
+            messages, today or date.today(), include_assistant=self.include_assistant, instructions=self.instructions
+        )
         if not prompt:
             return Extraction([])
         reading = ask(

@@ -37,9 +37,15 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 )
 
 
-def fact_extraction_system_prompt(today: date) -> str:
-    """The system instruction, with ``today`` written as ISO 8601 (``YYYY-MM-DD``) to anchor relative dates."""
-    return FACT_EXTRACTION_SYSTEM_PROMPT.format(today=today.isoformat())
+CUSTOM_INSTRUCTIONS_HEADER = "Instructions from the app, which win where they differ from the rules above:"
+"""The line that introduces custom instructions (Mem0's ``custom_instructions``) after the system instruction."""
+
+
+def fact_extraction_system_prompt(today: date, instructions: str | None = None) -> str:
+    """The system instruction, with ``today`` written as ISO 8601 (``YYYY-MM-DD``) to anchor relative dates, and
+    then, when given, the app's ``instructions`` (stripped) under :data:`CUSTOM_INSTRUCTIONS_HEADER`."""
+    prompt = FACT_EXTRACTION_SYSTEM_PROMPT.format(today=today.isoformat())
+    return prompt if instructions is None else f"{prompt}\n{CUSTOM_INSTRUCTIONS_HEADER}\n{instructions.strip()}"
 
 
 def format_conversation(messages: list[Message], *, include_assistant: bool = False) -> str:
@@ -67,7 +73,7 @@ def format_conversation(messages: list[Message], *, include_assistant: bool = Fa
 
 
 def build_extraction_messages(
-    messages: list[Message], today: date, *, include_assistant: bool = False
+    messages: list[Message], today: date, *, include_assistant: bool = False, instructions: str | None = None
 ) -> list[dict[str, str]]:
     """The chat sent to the extraction LLM: system prompt, the worked examples, then the conversation.
 
@@ -75,6 +81,8 @@ def build_extraction_messages(
         messages: the conversation.
         today: the date relative dates are resolved against.
         include_assistant: show assistant turns to the LLM (see :func:`format_conversation`).
+        instructions: the app's custom instructions, appended to the system prompt
+            (:func:`fact_extraction_system_prompt`); ``None`` for none.
 
     Returns:
         OpenAI-style turns; empty when no message is left to show (nothing to extract from).
@@ -82,7 +90,7 @@ def build_extraction_messages(
     conversation = format_conversation(messages, include_assistant=include_assistant)
     if not conversation:
         return []
-    chat = [{"role": "system", "content": fact_extraction_system_prompt(today)}]
+    chat = [{"role": "system", "content": fact_extraction_system_prompt(today, instructions)}]
     for example, answer in FEW_SHOT_EXAMPLES:
         chat.append({"role": "user", "content": example})
         chat.append({"role": "assistant", "content": answer})

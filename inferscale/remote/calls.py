@@ -31,7 +31,7 @@ from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from inferscale.arguments import check_flag, check_timeout, check_update
+from inferscale.arguments import check_add_prompt, check_flag, check_timeout, check_update
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.memory_ids import routable
@@ -227,6 +227,7 @@ def add(
     run_id: Any,
     metadata: Any,
     infer: Any,
+    prompt: Any,
     encode_kv: Any,
     timestamp: Any,
     expiration_date: Any,
@@ -235,11 +236,11 @@ def add(
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """``POST /v1/memories/`` (never retried once sent: a second add could store the memories twice).
 
-    ``infer`` is checked here with the local client's check, and Mem0's unsupported ``timestamp`` and
-    ``expiration_date`` are not sent when ``False`` (see the module's docstring).
+    ``infer`` and ``prompt`` are checked here with the local client's checks, and Mem0's unsupported ``timestamp``
+    and ``expiration_date`` are not sent when ``False`` (see the module's docstring).
     """
     user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
-    check_flag(infer, "infer")
+    check_add_prompt(prompt, check_flag(infer, "infer"), None)
     body = {
         "messages": messages,
         "user_id": user_id,
@@ -247,6 +248,7 @@ def add(
         "run_id": run_id,
         "metadata": metadata,
         "infer": infer,
+        "prompt": prompt,
         "encode_kv": encode_kv,
         "timestamp": _unless_false(timestamp),
         "expiration_date": _unless_false(expiration_date),

@@ -30,6 +30,7 @@ class AddBody(_Body):
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
     infer: bool = True
+    prompt: str | None = None
     encode_kv: bool | None = None
     output_format: str | None = None
     version: str | None = None

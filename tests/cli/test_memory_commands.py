@@ -9,6 +9,7 @@ from cli_runner import Fakes, Ran
 from mem0_fakes import facts
 
 from inferscale import MemoryClient
+from inferscale.memory.prompts import CUSTOM_INSTRUCTIONS_HEADER
 
 FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara is a teacher in Madrid."]
 
@@ -50,6 +51,17 @@ def test_add_with_infer_stores_the_extracted_facts(
         "Has a beagle",
         "Lives in Porto",
     ]
+
+
+def test_add_prompt_gives_the_extraction_its_custom_instructions(cli: Callable[..., Ran], fakes: Fakes) -> None:
+    fakes.generator.answers["ExtractedFacts"] = [facts("Alice is vegetarian")]
+    ran = cli("add", "I'm vegetarian and I work at Acme.", "--user", "alice", "--prompt", "Only food.", "--json")
+    assert ran.code == 0, ran.err
+    assert [r["memory"] for r in ran.json()["results"]] == ["Alice is vegetarian"]
+    system = fakes.generator.calls[0][1][0]["content"]
+    assert system.endswith(f"\n{CUSTOM_INSTRUCTIONS_HEADER}\nOnly food.")
+    refused = cli("add", "I'm vegetarian.", "--user", "alice", "--no-infer", "--prompt", "Only food.")
+    assert refused.code == 2 and "needs infer=True" in refused.err
 
 
 def test_add_table_names_each_change(cli: Callable[..., Ran]) -> None:
