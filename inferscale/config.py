@@ -134,8 +134,9 @@ class LLMConfig(_Strict):
         custom_instructions: extra guidance for fact extraction, shown to the LLM after the extraction prompt's
             own rules, which it overrides where the two differ (Mem0's ``custom_instructions``): what to save or skip,
             how to word facts. ``add(prompt=...)`` overrides it for one call. ``None`` (default): the prompt's rules
-            alone. At most :data:`MAX_INSTRUCTIONS_CHARS` characters. A 135M model follows them loosely: its worked
-            examples weigh more than any instruction.
+            alone. At most :data:`MAX_INSTRUCTIONS_CHARS` characters. They are for a capable extraction model: the
+            embedded 135M one ignored "Only save the user's food preferences" (the same fact, job and place
+            included, with and without it).
     """
 
     provider: Literal["engine", "openai"] = "engine"

@@ -35,6 +35,11 @@ ROLE_ALIASES: dict[str, Role] = {"developer": "system"}
 models' instructions). Used wherever a role is read: ``chat`` messages, the server's OpenAI requests, ``add``."""
 
 
+MESSAGE_KEYS = frozenset({"role", "content", "name"})
+"""The keys of an OpenAI-style message dict that :func:`check_messages` reads (``name`` only as OpenAI allows it);
+any other key must be ``None``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One turn of the caller's conversation.
@@ -52,7 +57,9 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
     """Validate a conversation given as :class:`ChatMessage` objects or OpenAI-style ``{"role", "content"}`` dicts.
 
     A conversation is non-empty, uses only the system, user and assistant roles (a ``name`` key is accepted, as in
-    OpenAI's API, and not used), has text content in every turn
+    OpenAI's API, and not used; so is any other key set to ``None``, as the OpenAI SDK's ``message.model_dump()``
+    sends an answer's unset ``tool_calls``, ``function_call``, ``refusal``, ``audio`` and ``annotations`` back), has
+    text content in every turn
     (empty text is allowed for system and assistant turns only; a lone surrogate nowhere, as it has no UTF-8 form),
     contains a user message and does not end with an assistant turn (continuing a partial answer is not supported).
 
@@ -75,7 +82,7 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
         if isinstance(message, ChatMessage):
             role, content = message.role, message.content
         elif isinstance(message, Mapping):
-            unknown = set(message) - {"role", "content", "name"}
+            unknown = {key for key, value in message.items() if key not in MESSAGE_KEYS and value is not None}
             if unknown:
                 raise InvalidInputError(
                     f"messages[{i}] has unsupported keys {sorted(unknown)} (tool calls are not supported)"

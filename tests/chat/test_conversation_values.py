@@ -26,6 +26,24 @@ def test_a_conversation_is_kept_in_order_and_retrieves_with_its_last_user_turn()
     assert check_messages(checked) == checked  # ChatMessage objects pass through
 
 
+def test_keys_set_to_none_are_accepted_as_the_openai_sdk_sends_its_answers_back() -> None:
+    """``completion.choices[0].message.model_dump()`` holds every field of the SDK's message, unset ones as None: a
+    multi-turn loop that appended it was refused ("unsupported keys ['annotations', 'audio', ...]"), a helper's find
+    with the official SDK against the server."""
+    answer = {
+        "role": "assistant",
+        "content": "Hello!",
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": None,
+        "parsed": None,
+    }
+    checked = check_messages([{"role": "user", "content": "Hi"}, answer, {"role": "user", "content": "Again."}])
+    assert checked == (ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello!"), ChatMessage("user", "Again."))
+
+
 @pytest.mark.parametrize(
     ("messages", "match"),
     [
@@ -38,6 +56,8 @@ def test_a_conversation_is_kept_in_order_and_retrieves_with_its_last_user_turn()
         ([{"role": "system", "content": "Be brief."}], "no user message"),
         ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}], "ends with an assistant"),
         ([{"role": "user", "content": "Hi", "tool_calls": []}], "unsupported keys"),
+        ([{"role": "user", "content": "Hi", "tool_calls": [{"id": "c1", "type": "function"}]}], "unsupported keys"),
+        ([{"role": "user", "content": "Hi", "refusal": "No."}], r"unsupported keys \['refusal'\]"),
         (["Hi"], "must be a dict"),
     ],
 )

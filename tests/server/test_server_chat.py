@@ -211,6 +211,21 @@ def test_openais_developer_role_is_a_system_message(http: httpx.Client) -> None:
     assert http.post("/v1/chat/completions", json={**CHAT, "messages": other}).json()["usage"] != as_system["usage"]
 
 
+def test_an_answer_the_openai_sdk_dumped_is_taken_back_as_the_next_turns_history(http: httpx.Client) -> None:
+    """The official SDK's ``message.model_dump()`` holds its unset fields as null; a multi-turn loop that appended it
+    got a 400 (a helper's find). Its null fields change nothing: the reply equals the plain history's."""
+    first = http.post("/v1/chat/completions", json={**CHAT, "messages": PLAIN}).json()["choices"][0]["message"]
+    unset = {"refusal": None, "annotations": None, "audio": None, "function_call": None, "tool_calls": None}
+    history = [*PLAIN, {**first, **unset}, {"role": "user", "content": "And again?"}]
+    dumped = http.post("/v1/chat/completions", json={**CHAT, "messages": history})
+    assert dumped.status_code == 200, dumped.text
+    plain = http.post("/v1/chat/completions", json={**CHAT, "messages": [*PLAIN, first, history[-1]]}).json()
+    assert dumped.json()["choices"] == plain["choices"] and dumped.json()["usage"] == plain["usage"]
+    with_a_call = [*PLAIN, {**first, "tool_calls": [{"id": "c1", "type": "function"}]}, history[-1]]
+    refused = http.post("/v1/chat/completions", json={**CHAT, "messages": with_a_call})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_input")
+
+
 def test_a_client_that_goes_away_stops_its_non_streamed_answer(
     http: httpx.Client, served: Served, chat_engine: Any
 ) -> None:
