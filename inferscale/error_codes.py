@@ -35,11 +35,18 @@ from inferscale.errors import (
 
 @dataclass(frozen=True, slots=True)
 class ErrorCode:
-    """One row of the table: the wire ``code``, the HTTP ``status`` and the exception type it stands for."""
+    """One row of the table: the wire ``code``, the HTTP ``status`` and the exception type it stands for.
+
+    ``repeats``: the same request gets the same error until the request, the server's files or its setup change.
+    Such a reply tells clients not to send it again (``x-should-retry: false``, which the OpenAI SDKs read: they
+    otherwise retry a 409 or any 5xx). ``False`` for what may pass on its own: a database or an extraction endpoint
+    that is down, a server shutting down, an unexpected exception.
+    """
 
     code: str
     status: int
     error: type[InferScaleError]
+    repeats: bool = True
 
 
 ERROR_CODES: tuple[ErrorCode, ...] = (
@@ -54,14 +61,14 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
     ErrorCode("route_not_found", 404, RouteNotFoundError),
     ErrorCode("method_not_allowed", 405, MethodNotAllowedError),
     ErrorCode("kv_fingerprint_mismatch", 409, KVFingerprintMismatchError),
-    ErrorCode("extraction_failed", 502, ExtractionError),
+    ErrorCode("extraction_failed", 502, ExtractionError, repeats=False),
     ErrorCode("config_error", 500, ConfigError),
     ErrorCode("schema_error", 500, SchemaError),
     ErrorCode("model_not_available", 503, ModelNotAvailableError),
-    ErrorCode("database_unavailable", 503, DatabaseUnavailableError),
+    ErrorCode("database_unavailable", 503, DatabaseUnavailableError, repeats=False),
     ErrorCode("unsupported_model", 501, UnsupportedModelError),
-    ErrorCode("engine_closed", 503, EngineClosedError),
-    ErrorCode("internal_error", 500, ServerError),
+    ErrorCode("engine_closed", 503, EngineClosedError, repeats=False),
+    ErrorCode("internal_error", 500, ServerError, repeats=False),
 )
 """Every code the server sends. ``internal_error`` stands for any exception that is not an InferScale error."""
 

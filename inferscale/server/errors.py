@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from asgi_correlation_id import CorrelationIdMiddleware, correlation_id
@@ -29,7 +30,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
-from inferscale.errors import DatabaseUnavailableError, EngineClosedError, InferScaleError, ServerError
+from inferscale.errors import (
+    DatabaseUnavailableError,
+    EngineClosedError,
+    InferScaleError,
+    KVFingerprintMismatchError,
+    ServerError,
+)
 from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
@@ -106,6 +113,18 @@ DATABASE_UNAVAILABLE_MESSAGE = "the memory database is unavailable; the server l
 :func:`logged_message`): its own text names the database's URL (driver, user, host, port, database) and the driver's
 message, which are the server's to know."""
 
+KV_MISMATCH_MESSAGE = (
+    "a stored K/V entry of a memory this request uses was written for another model, encoding or text, and is never "
+    "injected: the operator can delete it to have it encoded again; the server log names it"
+)
+"""What a caller reads of a :class:`~inferscale.errors.KVFingerprintMismatchError` (with the request id): its own
+text names the entry's file on the server and the text hashes it was written for."""
+
+_LOGGED_ONLY: tuple[tuple[type[InferScaleError], str], ...] = (
+    (DatabaseUnavailableError, DATABASE_UNAVAILABLE_MESSAGE),
+    (KVFingerprintMismatchError, KV_MISMATCH_MESSAGE),
+)
+
 REQUEST_ID_HEADER = "X-Request-ID"
 """The header every reply carries its request id in (and a caller may send one in, a UUID4)."""
 
@@ -121,20 +140,46 @@ def logged_message(message: str) -> str:
     return f"{message} (request {request_id()})"
 
 
+SHOULD_RETRY_HEADER = "x-should-retry"
+"""The header that tells the OpenAI SDKs (and other clients generated as they are) whether to send a request again;
+they otherwise retry a 408, 409, 429 and any 5xx."""
+
+
+def error_reply(
+    content: dict[str, Any], row: ErrorCode, status: int | None = None, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """An error reply: ``content`` with ``status`` (default ``row``'s) and ``headers``, plus
+    ``x-should-retry: false`` when the same request would get the same error again (:attr:`ErrorCode.repeats`:
+    the SDK sent a request refused with 409 ``kv_fingerprint_mismatch`` three times, a helper's find)."""
+    sent = dict(headers or {})
+    if row.repeats:
+        sent[SHOULD_RETRY_HEADER] = "false"
+    return JSONResponse(content, status_code=status or row.status, headers=sent)
+
+
 def error_response(exc: InferScaleError) -> JSONResponse:
-    """The reply for ``exc``: its code's status and body (:func:`error_body`)."""
-    return JSONResponse(error_body(exc), status_code=code_of(exc).status)
+    """The reply for ``exc``: its code's status and body (:func:`error_body`), and :func:`error_reply`'s headers."""
+    return error_reply(error_body(exc), code_of(exc))
 
 
 def error_body(exc: InferScaleError) -> dict[str, Any]:
     """The body of the reply for ``exc`` (``type`` is the exception's own class name), in a reply or in a stream's
-    error event. A database that cannot be connected to is answered with :data:`DATABASE_UNAVAILABLE_MESSAGE` and the
-    request id (:func:`logged_message`), its own text logged under that id."""
+    error event. Errors whose text is the server's to know are answered with a fixed message and the request id
+    (:func:`logged_message`), their own text logged under that id: a database that cannot be connected to
+    (:data:`DATABASE_UNAVAILABLE_MESSAGE`: its URL and the driver's message), a stored K/V entry that does not match
+    its memory (:data:`KV_MISMATCH_MESSAGE`: the file's path on the server and text hashes, a helper's find), and an
+    InferScale error with no code of its own (an unreadable K/V file, say), answered as an unexpected exception
+    (:func:`internal_error_content`)."""
+    row = code_of(exc)
+    if row.code == "internal_error" and not isinstance(exc, ServerError):
+        log.error("request %s: %s", request_id(), exc, exc_info=exc)
+        return internal_error_content(exc)
     message = str(exc)
-    if isinstance(exc, DatabaseUnavailableError):
+    fixed = next((text for kind, text in _LOGGED_ONLY if isinstance(exc, kind)), None)
+    if fixed is not None:
         log.error("request %s: %s", request_id(), message)
-        message = logged_message(DATABASE_UNAVAILABLE_MESSAGE)
-    return error_content(code_of(exc), message, type(exc).__name__)
+        message = logged_message(fixed)
+    return error_content(row, message, type(exc).__name__)
 
 
 def internal_error_content(exc: BaseException) -> dict[str, Any]:
@@ -155,14 +200,15 @@ async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return JSONResponse(error_content(_BY_CODE["invalid_input"], _validation_message(exc)), status_code=400)
+    row = _BY_CODE["invalid_input"]
+    return error_reply(error_content(row, _validation_message(exc)), row)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _BY_STATUS.get(exc.status_code, "invalid_input" if exc.status_code < 500 else "internal_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return JSONResponse(error_content(_BY_CODE[code], message), status_code=exc.status_code, headers=exc.headers)
+    return error_reply(error_content(_BY_CODE[code], message), _BY_CODE[code], exc.status_code, exc.headers)
 
 
 SHUT_DOWN_MESSAGE = (
@@ -199,7 +245,7 @@ class UnexpectedErrors:
         except Exception as exc:  # answered (or, once started, cut short) and logged here
             log.error("request %s: %s %s failed", request_id(), scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
-                await JSONResponse(internal_error_content(exc), status_code=500)(scope, receive, send)
+                await error_reply(internal_error_content(exc), _BY_CODE["internal_error"])(scope, receive, send)
         except asyncio.CancelledError:
             # The server cancels the requests still running when its shutdown grace ends: uvicorn answered them with
             # a plain-text 500, which a client cannot tell from a bug; a 503 engine_closed says "try again elsewhere"

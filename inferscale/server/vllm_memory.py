@@ -68,7 +68,7 @@ from inferscale.errors import (
     budget_named,
 )
 from inferscale.server.auth import Caller
-from inferscale.server.errors import error_response
+from inferscale.server.errors import error_reply, error_response
 from inferscale.server.keys import KeyStore
 from inferscale.server.openai_chat import (
     SSE_DONE,
@@ -266,11 +266,11 @@ class ChatSampling:
         }
 
 
-def _error(message: str, status: int = 400, code: str | None = None) -> Any:
-    from starlette.responses import JSONResponse
-
+def _error(message: str, code: str | None = None) -> Any:
+    """A 400 in vLLM's (OpenAI's) error shape, with ``code`` when given; the same request gets it again, so it says
+    not to retry (:func:`~inferscale.server.errors.error_reply`)."""
     error = {"message": message, "type": "invalid_request_error", **({"code": code} if code else {})}
-    return JSONResponse({"error": error}, status_code=status)
+    return error_reply({"error": error}, code_of(InvalidInputError(message)))
 
 
 class _Answer:

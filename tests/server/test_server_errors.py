@@ -16,18 +16,28 @@ from mem0_fakes import ScriptedGenerator
 from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
-from inferscale.errors import DatabaseUnavailableError, ExtractionError
-from inferscale.server.errors import DATABASE_UNAVAILABLE_MESSAGE, SHUT_DOWN_MESSAGE, UnexpectedErrors
+from inferscale.errors import DatabaseUnavailableError, ExtractionError, KVFingerprintMismatchError
+from inferscale.kv.tiers.serialization import KVFormatError
+from inferscale.server.errors import (
+    DATABASE_UNAVAILABLE_MESSAGE,
+    KV_MISMATCH_MESSAGE,
+    SHUT_DOWN_MESSAGE,
+    UnexpectedErrors,
+)
 from inferscale.server.options import ServerOptions
 
 
 def _error(reply: httpx.Response, status: int, code: str, type_name: str) -> str:
-    """Assert ``reply`` is the structured error ``code`` with ``status``; returns its message."""
+    """Assert ``reply`` is the structured error ``code`` with ``status``, telling clients not to send the request again
+    exactly when the same request gets the same error (``x-should-retry: false``: the OpenAI SDK retried a 409 that
+    could only repeat, a helper's find); returns its message."""
     assert reply.status_code == status, reply.text
     body = reply.json()
     assert set(body) == {"error"} and set(body["error"]) == {"code", "type", "message"}
     assert (body["error"]["code"], body["error"]["type"]) == (code, type_name)
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    repeats = next(row.repeats for row in ERROR_CODES if row.code == code)
+    assert reply.headers.get("x-should-retry") == ("false" if repeats else None)
     return str(body["error"]["message"])
 
 
@@ -220,9 +230,37 @@ def test_every_error_code_has_its_status_and_body(
         reply = http.get("/v1/memories/", params={"user_id": "alice"})
     _error(reply, row.status, row.code, row.error.__name__)
     told = f"made to fail with {row.error.__name__}"
-    if row.error is DatabaseUnavailableError:  # its own text, which names the database, is logged under the id
-        told = f"{DATABASE_UNAVAILABLE_MESSAGE} (request {reply.headers['x-request-id']})"
+    logged_only = {
+        DatabaseUnavailableError: DATABASE_UNAVAILABLE_MESSAGE,
+        KVFingerprintMismatchError: KV_MISMATCH_MESSAGE,
+    }
+    if row.error in logged_only:  # its own text, which names the database or a file of the server, is logged
+        told = f"{logged_only[row.error]} (request {reply.headers['x-request-id']})"
     assert reply.json()["error"]["message"] == told
+
+
+def test_a_kv_file_error_names_no_path_of_the_server(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A K/V entry written for another memory answered 409 with the file's absolute path and the text hashes, and an
+    unreadable one (an InferScale error with no code of its own) 500 with its path: both are logged, and the caller
+    reads a fixed message with the request id."""
+    where = "/srv/inferscale/data/kv/5b0e/3f2a.safetensors"
+    for error, status, code in (
+        (KVFingerprintMismatchError(f"KV entry {where} for text_hash='ab12'"), 409, "kv_fingerprint_mismatch"),
+        (KVFormatError(f"{where} lacks metadata fields ['fingerprint']"), 500, "internal_error"),
+    ):
+
+        async def fail(*args: Any, error: Exception = error, **kwargs: Any) -> None:
+            raise error
+
+        monkeypatch.setattr(served.client, "get_all", fail)
+        with caplog.at_level("ERROR", logger="inferscale.server.errors"), served.http() as http:
+            reply = http.get("/v1/memories/", params={"user_id": "alice"})
+        type_name = type(error).__name__ if code != "internal_error" else "ServerError"
+        message = _error(reply, status, code, type_name)
+        assert where not in message and "ab12" not in message and reply.headers["x-request-id"] in message
+        assert where in caplog.text
 
 
 def test_a_database_the_server_cannot_connect_to_is_503_without_its_address(
