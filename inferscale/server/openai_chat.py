@@ -16,6 +16,7 @@ from typing import Any
 from inferscale.arguments import check_max_new_tokens
 from inferscale.conversation import ChatMessage, check_messages
 from inferscale.errors import InvalidInputError
+from inferscale.validation_text import shown_input
 
 SUPPORTED_FIELDS = frozenset(
     {
@@ -35,8 +36,10 @@ def check_supported_fields(body: Mapping[str, Any]) -> None:
     value (``null``, ``false``, ``0``, empty) is accepted.
 
     Raises:
-        InvalidInputError: naming every unsupported field that was set.
+        InvalidInputError: naming every unsupported field that was set, or for ``stream_options`` that are not an
+            object of OpenAI's flags (:data:`STREAM_OPTIONS`, each ``true``, ``false`` or ``null``).
     """
+    _check_stream_options(body.get("stream_options"))
     unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
     if body.get("n") not in (None, 1):
         unsupported.append(f"n={body['n']!r} (one answer per request: n may be 1 or left out)")
@@ -46,6 +49,31 @@ def check_supported_fields(body: Mapping[str, Any]) -> None:
             f"unsupported field(s) for a memory chat: {', '.join(unsupported)}; supported: {', '.join(supported)}, "
             "and n=1"
         )
+
+
+STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
+"""OpenAI's ``stream_options`` flags: ``include_usage`` asks for the usage chunk; ``include_obfuscation`` changes
+nothing here (no padding is sent)."""
+
+
+def _check_stream_options(options: Any) -> None:
+    """Refuse ``stream_options`` a stream would not honour: a non-boolean ``include_usage`` sent no usage chunk, and
+    said nothing (a helper's find).
+
+    Raises:
+        InvalidInputError: for a value that is neither ``null`` nor an object, a key not in :data:`STREAM_OPTIONS`,
+            or a flag that is neither a boolean nor ``null``.
+    """
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise InvalidInputError(f"stream_options must be an object, got {shown_input(options)}")
+    unknown = sorted(set(options) - STREAM_OPTIONS)
+    if unknown:
+        raise InvalidInputError(f"stream_options has unsupported keys {unknown}; supported: {sorted(STREAM_OPTIONS)}")
+    for key, value in options.items():
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInputError(f"stream_options.{key} must be true or false, got {shown_input(value)}")
 
 
 def text_content(content: Any) -> Any:

@@ -101,6 +101,18 @@ def test_openai_fields_are_honoured_or_refused(http: httpx.Client) -> None:
     assert bad.json()["error"]["message"] == "temperature must be >= 0 (0 is greedy), got -1.0"
 
 
+def test_stream_options_are_openais_flags_or_refused(http: httpx.Client) -> None:
+    """A non-boolean ``include_usage`` sent no usage chunk and said nothing (a helper's find with the OpenAI SDK)."""
+    for options in ({"include_usage": "yes"}, {"include_usage": 1}, {"include_usage": True, "extra": True}):
+        refused = http.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": options})
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_input"), options
+        assert "stream_options" in refused.json()["error"]["message"]
+    flags = {"include_usage": True, "include_obfuscation": False}
+    taken = http.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": flags})
+    *_, usage, done = _events(taken)
+    assert (usage["choices"], done) == ([], "[DONE]") and usage["usage"]["completion_tokens"] > 0
+
+
 def test_openais_user_and_inferscale_user_id_must_agree(http: httpx.Client) -> None:
     clash = http.post("/v1/chat/completions", json={**CHAT, "user": "bob", "inferscale": {"user_id": "alice"}})
     assert clash.status_code == 400 and clash.json()["error"]["code"] == "invalid_input"
