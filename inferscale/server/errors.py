@@ -4,7 +4,8 @@ its code in :data:`inferscale.error_codes.ERROR_CODES`, so the remote client rai
 One set of handlers (:func:`install_error_handlers`): InferScale errors by their code; FastAPI's request validation
 failures (its 422) as 400 ``invalid_input``; Starlette's HTTP errors by their status with their code (unknown
 path 404 ``route_not_found``, wrong method 405 ``method_not_allowed``); any other exception as 500
-``internal_error``, logged with its traceback.
+``internal_error``, logged with its traceback. Every error reply goes through :func:`error_reply`, which tells
+clients not to send again a request that would get the same error (``x-should-retry: false``).
 
 Every reply carries an ``X-Request-ID`` header (the caller's, when it sends a UUID4 one; else a new one:
 ``asgi-correlation-id``'s middleware, :func:`install_request_ids`). The replies whose details stay in the server's
