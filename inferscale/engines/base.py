@@ -104,7 +104,8 @@ def check_prompt_fits(prefix_tokens: int, memory_tokens: int, rest_tokens: int, 
     if total > context_tokens:
         raise ContextLengthError.of(
             f"the prompt needs {total} tokens (system prefix {prefix_tokens}, memories {memory_tokens}, "
-            f"conversation and answer budget {rest_tokens}) but the model's context is {context_tokens}",
+            f"conversation and answer budget {rest_tokens}) but the model's maximum context length is "
+            f"{context_tokens} tokens",
             memory_tokens,
         )
 

@@ -530,7 +530,7 @@ def test_a_request_past_the_context_limit_advises_fewer_memories_only_when_it_ho
     from inferscale.errors import ContextLengthError
 
     facts = _facts(engine, FACTS[:1])
-    with pytest.raises(ContextLengthError, match="vLLM's context limit is 4096") as with_memory:
+    with pytest.raises(ContextLengthError, match="vLLM's maximum context length is 4096 tokens") as with_memory:
         engine.generate_kv(QUERY, facts, 4096)
     assert str(with_memory.value).endswith(
         "; retrieve fewer memories (limit), send a shorter conversation or lower max_new_tokens"

@@ -156,7 +156,7 @@ def test_the_vllm_servers_memory_leaves_out_a_memory_that_fits_vllms_context_onl
         assert f"would not fit the context of {MAX_MODEL_LEN} tokens" in caplog.text
         facts, memories = service.prepare("maya", QUERY, answer_tokens)
         assert [m["memory"] for m in memories] == [fits] and encoded == [1]
-        with pytest.raises(ContextLengthError, match=f"the model's context is {MAX_MODEL_LEN}"):
+        with pytest.raises(ContextLengthError, match=f"the model's maximum context length is {MAX_MODEL_LEN} tokens"):
             service.prepare("maya", QUERY, MAX_MODEL_LEN)  # an answer budget no prompt leaves room for
 
 
@@ -213,7 +213,7 @@ def test_the_vllm_servers_memory_holds_requests_to_the_models_window_when_max_mo
         client.add(_long_text(engine, room + 1), user_id="bob", infer=False)
         service = MemoryService(client, builder, 0, [], 5, engine.tokenizer, context_tokens=4096)
         assert service.prepare("bob", QUERY, 1) == ([], [])
-        with pytest.raises(ContextLengthError, match="the model's context is 128") as refused:
+        with pytest.raises(ContextLengthError, match="the model's maximum context length is 128 tokens") as refused:
             service.prepare("bob", QUERY, 128)
         # no advice to retrieve fewer memories: none is left (the server's --limit); the middleware names the
         # request's own budget field (test_vllm_server.py)

@@ -51,7 +51,8 @@ def test_a_chat_whose_prompt_passes_the_static_part_is_refused_not_served(tmp_pa
         forwards: list[int] = []
         real = engine._forward
         engine._forward = lambda *a, **k: forwards.append(1) or real(*a, **k)  # type: ignore[method-assign]
-        with pytest.raises(InvalidInputError, match=f"the model's context is {LONGROPE_ORIGINAL_MAX}"):
+        refused = f"the model's maximum context length is {LONGROPE_ORIGINAL_MAX} tokens"
+        with pytest.raises(InvalidInputError, match=refused):
             client.chat(QUESTION, user_id="u", mode=mode, memory_ids=[memory_id])
         assert forwards == []
         with pytest.raises(InvalidInputError, match=f"{LONGROPE_ORIGINAL_MAX} tokens"):

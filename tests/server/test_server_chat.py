@@ -271,6 +271,9 @@ def test_a_prompt_past_the_context_is_context_length_exceeded_advising_the_reque
     error = reply.json()["error"]
     assert (error["code"], error["type"]) == ("context_length_exceeded", "ContextLengthError")
     assert error["message"].startswith("the prompt needs ")
+    # OpenAI's and vLLM's wording, which agent frameworks look for to tell a context overflow from other 400s
+    # (LangChain's OpenAI chat model did not see InferScale's: a helper's find)
+    assert f"the model's maximum context length is {budget} tokens" in error["message"]
     assert error["message"].endswith(f"; send a shorter conversation or lower {field}")  # no memory fitted
     assert "max_new_tokens" not in error["message"]
     with (

@@ -517,7 +517,7 @@ class VLLMEngine(LayoutTokensMixin):
             raise ContextLengthError.of(
                 f"the prompt needs {len(request.prompt_ids) + max_new_tokens} tokens (prompt "
                 f"{len(request.prompt_ids)}, of which memories {request.memory_tokens}, answer budget "
-                f"{max_new_tokens}) but vLLM's context limit is {limit}",
+                f"{max_new_tokens}) but vLLM's maximum context length is {limit} tokens",
                 request.memory_tokens,
             )
 
