@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ValidationError
+from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import SQLAlchemyError
 
 from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
@@ -328,25 +330,52 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database: bool) -> None:
+def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: object) -> None:
     """Set the index file and the database of Mem0's faiss ``path`` and ``collection_name`` in ``own``: the index
-    ``<path>/<collection>.faiss`` and, unless ``db_url`` or ``history_db_path`` names a database, the SQLite file
-    ``<path>/<collection>.db``. Mem0 keeps a collection's memories in its faiss files, so two collections or paths
-    are two stores; they shared the default database, and ``reset`` of one emptied the other. A folder an earlier
-    version wrote (the index there, no database beside it: its memories are in the default database) keeps that
-    layout, with a warning, so nothing stored is hidden.
+    ``<path>/<collection>.faiss`` and, unless ``db_url`` names a database, the SQLite file ``<path>/<collection>.db``.
+
+    Mem0 keeps a collection's memories in its faiss files, so two collections or paths are two stores. They shared
+    the default database, and then one ``history_db_path`` (Mem0's file for the change history alone, which every
+    collection of an app may name): another collection saw the memories, and ``reset`` of one emptied the other (two
+    helpers' finds). Memories and their history live in one database here, so ``history_db_path`` has no effect
+    beside a faiss path (a warning says so), and no file of Mem0's is written to. What an earlier version stored is
+    kept in sight, with a warning: a ``history_db_path`` that already holds InferScale's memories (and no collection
+    database beside the index) stays the database, and so does the default one for a folder holding the index alone.
 
     Raises:
-        ConfigError: for a ``collection_name`` that is not a plain file name.
+        ConfigError: for a ``collection_name`` that is not a plain file name, or one other than Mem0's default without
+            a ``path`` (every such collection would share the default database).
     """
     name = cfg.get("collection_name") or DEFAULT_COLLECTION
     if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
         raise ConfigError(f"Mem0's faiss collection_name must be a plain file name, got {name!r}")
+    if not cfg.get("path"):
+        if name != DEFAULT_COLLECTION:
+            raise ConfigError(
+                f"Mem0's faiss collection_name {name!r} without a path: every such collection would share the default "
+                "database, and its users' memories. Give it a path (its store is then <path>/<collection>.db)"
+            )
+        return
     folder = Path(str(cfg["path"])).expanduser()
     index, database = folder / f"{name}.faiss", folder / f"{name}.db"
     own.setdefault("index_path", str(index))
-    if "db_url" in own or explicit_database:
+    if "db_url" in own:
         return
+    if history_db_path:
+        shared = Path(str(history_db_path)).expanduser()
+        if not database.exists() and _holds_memories(shared):
+            log.warning(
+                "%s holds memories, as an earlier version kept them: it stays this collection's database; every "
+                "faiss collection naming it as history_db_path shares them. Move it to %s and leave history_db_path "
+                "out to give the collection its own",
+                shared,
+                database,
+            )
+            own["db_url"] = sqlite_url(shared)
+            return
+        log.warning(
+            "Mem0's history_db_path has no effect beside a faiss path: %s holds the memories and history", database
+        )
     if index.exists() and not database.exists():
         log.warning(
             "%s was written by an earlier version, whose memories live in the default database: it is kept; set "
@@ -356,6 +385,20 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], explicit_database:
         )
         return
     own["db_url"] = sqlite_url(database)
+
+
+def _holds_memories(path: Path) -> bool:
+    """Whether the SQLite file ``path`` exists and has InferScale's ``memories`` table (a Mem0 history file has
+    only ``history``); nothing is created."""
+    if not path.is_file():
+        return False
+    engine = create_engine(sqlite_url(path))  # the file exists: reading its schema writes nothing
+    try:
+        return inspect(engine).has_table("memories")
+    except SQLAlchemyError:
+        return False  # not a database InferScale can read: not its memories
+    finally:
+        engine.dispose()
 
 
 def _with_instructions(llm: Mapping[str, Any] | None, instructions: object) -> dict[str, Any]:
@@ -439,8 +482,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     vs_provider, vs_cfg = _section(config, "vector_store")
     if vs_provider == "faiss":
         _check_mem0_keys("faiss", vs_cfg)
-        if vs_cfg.get("path"):
-            _faiss_store(own, vs_cfg, explicit_database=bool(config.get("history_db_path")))
+        _faiss_store(own, vs_cfg, config.get("history_db_path"))
     elif vs_provider == "pgvector":
         _check_mem0_keys("pgvector", vs_cfg)
         _check_collection(vs_cfg)
@@ -451,7 +493,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
             f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector' (Mem0's default, "
             "qdrant, is not served)"
         )
-    if config.get("history_db_path"):
+    if config.get("history_db_path") and not (vs_provider == "faiss" and vs_cfg.get("path")):  # else: above
         if "db_url" in own:
             log.warning("Mem0's history_db_path has no effect: memories and their history share one database")
         own.setdefault("db_url", sqlite_url(Path(str(config["history_db_path"])).expanduser()))

@@ -6,6 +6,8 @@ import ast
 import importlib.util
 import json
 import logging
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,7 @@ def test_mem0_config_shape_maps(tmp_path: Path) -> None:
     assert mapped.llm.model == "qwen" and mapped.llm.max_new_tokens == 300
     assert mapped.embedder.model == "/models/minilm"
     assert mapped.index_path == str(tmp_path / "vs" / "c.faiss")
-    assert mapped.db_url == f"sqlite:///{tmp_path / 'h.db'}"
+    assert mapped.db_url == f"sqlite:///{tmp_path / 'vs' / 'c.db'}"  # the collection's own (history_db_path: below)
     client = Memory.from_config(config)
     assert client.config == mapped
     local = from_mem0_dict({"llm": {"provider": "huggingface", "config": {"model": "/m/smol"}}})
@@ -341,6 +343,51 @@ def test_each_faiss_collection_and_path_is_a_store_of_its_own(tmp_path: Path) ->
         assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["Quarterly report is due Friday."]
     with pytest.raises(ConfigError, match="plain file name"):
         from_mem0_dict(_faiss(tmp_path / "vs", "../escape"))
+
+
+def test_faiss_collections_naming_one_history_db_path_are_stores_of_their_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mem0's history_db_path holds the change history alone, and every collection of an app may name the same one:
+    it was the collections' one database, so "books" saw what "movies" stored, and books.reset() emptied movies (a
+    helper's find). Mem0's own file is not written to either."""
+    history = tmp_path / "history.db"
+    with closing(sqlite3.connect(history)) as mem0s:  # the table Mem0 keeps there
+        mem0s.execute("create table history (id text primary key, memory_id text, event text)")
+        mem0s.commit()
+    shared = {"history_db_path": str(history)}
+    movies = from_mem0_dict({**_faiss(tmp_path / "faiss", "movies"), **shared})
+    books = from_mem0_dict({**_faiss(tmp_path / "faiss", "books"), **shared})
+    assert movies.db_url == f"sqlite:///{tmp_path / 'faiss' / 'movies.db'}"
+    assert "history_db_path has no effect beside a faiss path" in caplog.text
+    with Memory(movies, embedder=HashEmbedder()) as client:
+        client.add("I love Inception.", user_id="alice", infer=False)
+    with Memory(books, embedder=HashEmbedder()) as client:
+        assert client.get_all(user_id="alice")["results"] == []
+        client.reset()
+    with Memory(movies, embedder=HashEmbedder()) as client:
+        assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I love Inception."]
+    with closing(sqlite3.connect(history)) as mem0s:
+        assert [row[0] for row in mem0s.execute("select name from sqlite_master where type='table'")] == ["history"]
+    with pytest.raises(ConfigError, match="collection_name 'books' without a path"):
+        from_mem0_dict({"vector_store": {"provider": "faiss", "config": {"collection_name": "books"}}})
+    assert from_mem0_dict({"vector_store": {"provider": "faiss", "config": {"collection_name": "mem0"}}}).db_url is None
+
+
+def test_a_history_db_path_holding_an_earlier_versions_memories_stays_their_database(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before collections got their own database, history_db_path beside a faiss path was the database: a store
+    written so keeps it (with a warning), or its memories would vanish from sight."""
+    history = tmp_path / "h.db"
+    with Memory(MemoryConfig(db_url=f"sqlite:///{history}", data_dir=str(tmp_path / "d"), kv={"encode_on_add": False}),
+                embedder=HashEmbedder()) as earlier:  # fmt: skip
+        earlier.add("I keep bees.", user_id="alice", infer=False)
+    config = from_mem0_dict({**_faiss(tmp_path / "vs", "c"), "history_db_path": str(history)})
+    assert config.db_url == f"sqlite:///{history}"
+    assert "holds memories, as an earlier version kept them" in caplog.text
+    with Memory(config, embedder=HashEmbedder()) as client:
+        assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I keep bees."]
 
 
 def test_a_faiss_folder_of_an_earlier_version_keeps_its_database(
