@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import create_engine, inspect
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
@@ -264,22 +264,30 @@ def _check_collection(cfg: Mapping[str, Any]) -> None:
 
 
 def _pgvector_url(cfg: Mapping[str, Any]) -> str:
-    """The SQLAlchemy URL of Mem0's pgvector config: its ``connection_string`` (``postgresql://`` or
-    ``postgres://``), else one built from ``user``, ``password``, ``host``, ``port``, ``dbname`` (Mem0's default
-    ``postgres``) and ``sslmode``, for the psycopg driver.
+    """The SQLAlchemy URL of Mem0's pgvector config: its ``connection_string`` (a ``postgresql://`` or
+    ``postgres://`` URL, or libpq's ``key=value`` words, as Mem0 takes it), else one built from ``user``,
+    ``password``, ``host``, ``port``, ``dbname`` (Mem0's default ``postgres``), for the psycopg driver; ``sslmode``
+    sets (or replaces) the URL's, as Mem0 adds it to a connection string (it was dropped: a helper's find).
 
     Raises:
-        ConfigError: when neither a connection string nor a host is given, a value has the wrong type, or
-            ``collection_name`` is not Mem0's default: InferScale keeps one set of tables per database, so two
-            collections in one database would share their users' memories.
+        ConfigError: when neither a connection string nor a host is given, a value has the wrong type, a keyword
+            string psycopg cannot read, or ``collection_name`` is not Mem0's default: InferScale keeps one set of
+            tables per database, so two collections in one database would share their users' memories.
     """
     _check_collection(cfg)
+    sslmode = {"sslmode": str(cfg["sslmode"])} if cfg.get("sslmode") else {}
     if cfg.get("connection_string"):
         given = str(cfg["connection_string"])
+        if "://" not in given:
+            return _conninfo_url(given, sslmode)
         for scheme in ("postgresql://", "postgres://"):
             if given.startswith(scheme):
-                return "postgresql+psycopg://" + given.removeprefix(scheme)
-        return given
+                given = "postgresql+psycopg://" + given.removeprefix(scheme)
+        try:
+            url = make_url(given)
+        except ArgumentError as exc:
+            raise ConfigError(f"Mem0's pgvector connection_string is not a database URL: {exc}") from exc
+        return url.update_query_dict(sslmode).render_as_string(hide_password=False)
     if not cfg.get("host"):
         raise ConfigError(
             "Mem0's pgvector config needs a connection_string, or a host (with user, password, port and dbname): "
@@ -293,10 +301,43 @@ def _pgvector_url(cfg: Mapping[str, Any]) -> str:
             host=cfg["host"],
             port=int(cfg["port"]) if cfg.get("port") is not None else None,
             database=cfg.get("dbname") or "postgres",
-            query={"sslmode": cfg["sslmode"]} if cfg.get("sslmode") else {},
+            query=sslmode,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"Mem0's pgvector config has a value of the wrong type: {exc}") from exc
+    return url.render_as_string(hide_password=False)
+
+
+def _conninfo_url(conninfo: str, sslmode: Mapping[str, str]) -> str:
+    """The psycopg URL of a libpq keyword string (``"host=db dbname=app user=u"``), read by psycopg's own parser;
+    ``sslmode`` wins over the string's.
+
+    Raises:
+        ConfigError: when psycopg is not installed or cannot read the string.
+    """
+    try:
+        from psycopg import ProgrammingError
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError as exc:
+        raise ConfigError(
+            f"a PostgreSQL connection_string needs psycopg: pip install 'inferscale[postgres]' ({exc})"
+        ) from exc
+    try:
+        fields = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    except ProgrammingError as exc:
+        raise ConfigError(f"Mem0's pgvector connection_string is not a URL nor libpq's key=value words: {exc}") from exc
+    port = fields.pop("port", None)
+    if port is not None and not port.isdigit():
+        raise ConfigError(f"Mem0's pgvector connection_string names port {port!r}; one port number is served")
+    url = URL.create(
+        "postgresql+psycopg",
+        username=fields.pop("user", None),
+        password=fields.pop("password", None),
+        host=fields.pop("host", None),
+        port=int(port) if port is not None else None,
+        database=fields.pop("dbname", None) or "postgres",
+        query={**fields, **sslmode},
+    )
     return url.render_as_string(hide_password=False)
 
 

@@ -118,6 +118,36 @@ def test_pgvectors_usual_config_names_the_database_it_gives(caplog: pytest.LogCa
 
 
 @pytest.mark.parametrize(
+    ("connection_string", "url"),
+    [
+        ("postgresql://u:p@h:5433/d", "postgresql+psycopg://u:p@h:5433/d?sslmode=verify-full"),
+        (
+            "postgres://u@h/d?sslmode=disable&connect_timeout=5",
+            "postgresql+psycopg://u@h/d?connect_timeout=5&sslmode=verify-full",
+        ),
+        ("host=h port=5433 dbname=d user=u password=p", "postgresql+psycopg://u:p@h:5433/d?sslmode=verify-full"),
+        (
+            "host=h dbname=d sslmode=disable application_name=app",
+            "postgresql+psycopg://h/d?application_name=app&sslmode=verify-full",
+        ),
+    ],
+    ids=["url", "url-with-sslmode", "keywords", "keywords-with-sslmode"],
+)
+def test_pgvectors_sslmode_applies_to_its_connection_string(connection_string: str, url: str) -> None:
+    """Mem0 adds sslmode to the connection string, replacing the string's own; it was dropped without a word, and
+    the connection was made with weaker TLS than asked for. libpq's key=value form, which Mem0 also takes, failed
+    at first use as "not a SQLAlchemy URL" (a helper's finds)."""
+    given = {"connection_string": connection_string, "sslmode": "verify-full"}
+    assert from_mem0_dict({"vector_store": {"provider": "pgvector", "config": given}}).db_url == url
+    alone = from_mem0_dict(
+        {"vector_store": {"provider": "pgvector", "config": {"connection_string": connection_string}}}
+    )
+    assert ("sslmode=disable" in str(alone.db_url)) == ("sslmode=disable" in connection_string)  # its own kept
+    with pytest.raises(ConfigError, match="not a URL nor libpq's key=value words"):
+        from_mem0_dict({"vector_store": {"provider": "pgvector", "config": {"connection_string": "host=h dbname"}}})
+
+
+@pytest.mark.parametrize(
     ("config", "message"),
     [
         ({"vector_store": {"config": {"host": "db"}}}, "provider None is not supported; use 'faiss' or 'pgvector'"),
