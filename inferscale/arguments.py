@@ -26,7 +26,8 @@ from inferscale.types import ChatMode
 from inferscale.validation_text import shown_input
 
 DEFAULT_LIMIT = 100
-"""Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0's default)."""
+"""Results of ``search`` and ``get_all`` when neither ``limit`` nor ``top_k`` is given (Mem0 1.x's default; 2.x's is
+20: docs/migration.md)."""
 
 DEFAULT_CHAT_LIMIT = 5
 """Memories retrieved by ``chat`` when neither ``limit`` nor ``top_k`` is given."""

@@ -221,11 +221,13 @@ class AsyncMemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        expiration_date: str | None = None,
         user_id: ScopeId | None = None,
         agent_id: ScopeId | None = None,
         run_id: ScopeId | None = None,
     ) -> dict[str, Any]:
         """Change a memory's text and/or metadata; see :meth:`MemoryClient.update`."""
+        refuse_unsupported_mem0("update", expiration_date=expiration_date)
         change = self._update_change(memory_id, text, metadata, data)
         await self._arequire_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
         return await self._aupdate(memory_id, change)
@@ -263,7 +265,7 @@ class AsyncMemoryClient(ClientCore):
         return {"message": "Memory deleted successfully!"}
 
     async def delete_all(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`MemoryClient.delete_all`.
 
@@ -391,10 +393,12 @@ class AsyncMemoryClient(ClientCore):
         top_k: int | None = None,
         version: str | None = None,
         output_format: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """The scope's memories matching ``filters``, oldest first; see :meth:`MemoryClient.get_all`."""
         check_version(version)
         check_output_format(output_format)
+        check_flag(show_expired, "show_expired")
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return await self._aget_all(scope, node, resolve_limit(limit, top_k))
 

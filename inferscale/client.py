@@ -256,6 +256,7 @@ class MemoryClient(ClientCore):
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        expiration_date: str | None = None,
         user_id: ScopeId | None = None,
         agent_id: ScopeId | None = None,
         run_id: ScopeId | None = None,
@@ -274,7 +275,10 @@ class MemoryClient(ClientCore):
                 ``actor_id``, or the new text is longer than ``max_memory_chars`` or too long for the model's context
                 once encoded after the memory's context turns (nothing is written; see :meth:`add`).
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
+
+        ``expiration_date`` is Mem0 2.x's, accepted only as ``None`` or ``False``: memories do not expire.
         """
+        refuse_unsupported_mem0("update", expiration_date=expiration_date)
         change = self._update_change(memory_id, text, metadata, data)
         self._require_in_scope(memory_id, optional_scope(user_id, agent_id, run_id))
         return self._update(memory_id, change)
@@ -313,7 +317,7 @@ class MemoryClient(ClientCore):
         return {"message": "Memory deleted successfully!"}
 
     def delete_all(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope (ids ANDed), with their vectors, K/V and a DELETE history row each.
 
@@ -514,8 +518,10 @@ class MemoryClient(ClientCore):
         top_k: int | None = None,
         version: str | None = None,
         output_format: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """The memories of the scope that match ``filters``, oldest first, at most ``limit`` (default 100).
+        ``show_expired`` is Mem0 2.x's and changes nothing (no memory expires, so all are shown).
 
         Returns:
             ``{"results": [<memory dict>, ...]}``.
@@ -526,6 +532,7 @@ class MemoryClient(ClientCore):
         """
         check_version(version)
         check_output_format(output_format)
+        check_flag(show_expired, "show_expired")
         scope, node = resolve_scope(user_id, agent_id, run_id, filters)
         return self._get_all(scope, node, resolve_limit(limit, top_k))
 

@@ -385,7 +385,10 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
 
     Raises:
         ConfigError: for a ``collection_name`` that is not a plain file name, or one other than Mem0's default without
-            a ``path`` (every such collection would share the default database).
+            a ``path`` (every such collection would share the default database); for a folder that holds Mem0's own
+            store of the collection (its index and its ``.json`` or ``.pkl`` docstore), whose memories InferScale
+            does not read: its lists looked empty, and the first write advised deleting Mem0's index (a helper's
+            find).
     """
     name = cfg.get("collection_name") or DEFAULT_COLLECTION
     if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
@@ -399,6 +402,13 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
         return
     folder = Path(str(cfg["path"])).expanduser()
     index, database = folder / f"{name}.faiss", folder / f"{name}.db"
+    docstores = [folder / f"{name}{suffix}" for suffix in (".json", ".pkl")]
+    if index.exists() and any(docstore.exists() for docstore in docstores):
+        raise ConfigError(
+            f"{folder} holds Mem0's faiss store of collection {name!r} ({index.name} and its docstore): InferScale "
+            "does not read the memories Mem0 stored, and its own index cannot share that file. Give InferScale "
+            "another path and add the memories again; Mem0's files are left as they are"
+        )
     own.setdefault("index_path", str(index))
     if "db_url" in own:
         return

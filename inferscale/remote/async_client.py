@@ -132,6 +132,7 @@ class AsyncRemoteMemoryClient:
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        expiration_date: str | None = None,
         user_id: ScopeId | None = None,
         agent_id: ScopeId | None = None,
         run_id: ScopeId | None = None,
@@ -139,7 +140,14 @@ class AsyncRemoteMemoryClient:
         """Change a memory's text and/or metadata; see :meth:`AsyncMemoryClient.update
         <inferscale.async_client.AsyncMemoryClient.update>`."""
         call = calls.update(
-            memory_id, text=text, metadata=metadata, data=data, user_id=user_id, agent_id=agent_id, run_id=run_id
+            memory_id,
+            text=text,
+            metadata=metadata,
+            data=data,
+            expiration_date=expiration_date,
+            user_id=user_id,
+            agent_id=agent_id,
+            run_id=run_id,
         )
         return await self._transport.call(call)
 
@@ -156,7 +164,7 @@ class AsyncRemoteMemoryClient:
         return await self._transport.call(calls.delete(memory_id, user_id=user_id, agent_id=agent_id, run_id=run_id))
 
     async def delete_all(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`AsyncMemoryClient.delete_all
         <inferscale.async_client.AsyncMemoryClient.delete_all>`."""
@@ -228,6 +236,7 @@ class AsyncRemoteMemoryClient:
         top_k: int | None = None,
         version: str | None = None,
         output_format: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """The scope's memories matching ``filters``, oldest first; see :meth:`AsyncMemoryClient.get_all
         <inferscale.async_client.AsyncMemoryClient.get_all>`."""
@@ -240,6 +249,7 @@ class AsyncRemoteMemoryClient:
             top_k=top_k,
             version=version,
             output_format=output_format,
+            show_expired=show_expired,
         )
         return await self._transport.call(call)
 

@@ -31,7 +31,13 @@ from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from inferscale.arguments import check_add_prompt, check_flag, check_timeout, check_update
+from inferscale.arguments import (
+    check_add_prompt,
+    check_flag,
+    check_timeout,
+    check_update,
+    refuse_unsupported_mem0,
+)
 from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.memory_ids import routable
@@ -315,11 +321,14 @@ def get_all(
     top_k: Any,
     version: Any,
     output_format: Any,
+    show_expired: Any,
 ) -> ApiCall[dict[str, list[dict[str, Any]]]]:
     """Mem0's v1 ``GET /v1/memories/`` when the call fits in a URL query (int counts, no filters, no v2 or output
     format asked for); else the v2 ``POST /v2/memories/``, which carries every argument with its JSON type. The
-    scope ids are checked either way (:func:`~inferscale.scope.check_scope_ids`)."""
+    scope ids are checked either way (:func:`~inferscale.scope.check_scope_ids`), and ``show_expired`` with the local
+    client's check (it changes nothing, so it is not sent)."""
     user_id, agent_id, run_id = check_scope_ids(user_id, agent_id, run_id)
+    check_flag(show_expired, "show_expired")
     params = scope_params(user_id, agent_id, run_id)
     fits_query = (
         filters is None and version in (None, "v1") and output_format is None and _is_count(limit) and _is_count(top_k)
@@ -351,11 +360,21 @@ def get(memory_id: Any, *, user_id: Any, agent_id: Any, run_id: Any) -> ApiCall[
 
 
 def update(
-    memory_id: Any, *, text: Any, metadata: Any, data: Any, user_id: Any, agent_id: Any, run_id: Any
+    memory_id: Any,
+    *,
+    text: Any,
+    metadata: Any,
+    data: Any,
+    expiration_date: Any,
+    user_id: Any,
+    agent_id: Any,
+    run_id: Any,
 ) -> ApiCall[dict[str, Any]]:
     """``PUT /v1/memories/{memory_id}/`` (setting the same values twice changes nothing the second time). For an id
     that is not sent (:attr:`ApiCall.unroutable_id`), the local client's checks of the new values come first, as
-    they come before its lookup."""
+    they come before its lookup. Mem0's ``expiration_date`` is refused here unless ``None`` or ``False``, as the
+    local client refuses it, and never sent."""
+    refuse_unsupported_mem0("update", expiration_date=expiration_date)
     body = encode_json({"text": text, "data": data, "metadata": metadata})
     params = scope_params(user_id, agent_id, run_id)
     call = _memory_call("PUT", memory_id, reply_dict, params, content=body)

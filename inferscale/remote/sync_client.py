@@ -138,6 +138,7 @@ class RemoteMemoryClient:
         metadata: Mapping[str, Any] | None = None,
         *,
         data: str | None = None,
+        expiration_date: str | None = None,
         user_id: ScopeId | None = None,
         agent_id: ScopeId | None = None,
         run_id: ScopeId | None = None,
@@ -145,7 +146,14 @@ class RemoteMemoryClient:
         """Change a memory's text and/or metadata; see :meth:`MemoryClient.update
         <inferscale.client.MemoryClient.update>`."""
         call = calls.update(
-            memory_id, text=text, metadata=metadata, data=data, user_id=user_id, agent_id=agent_id, run_id=run_id
+            memory_id,
+            text=text,
+            metadata=metadata,
+            data=data,
+            expiration_date=expiration_date,
+            user_id=user_id,
+            agent_id=agent_id,
+            run_id=run_id,
         )
         return self._transport.call(call)
 
@@ -161,7 +169,7 @@ class RemoteMemoryClient:
         return self._transport.call(calls.delete(memory_id, user_id=user_id, agent_id=agent_id, run_id=run_id))
 
     def delete_all(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
     ) -> dict[str, Any]:
         """Delete every memory of a scope; see :meth:`MemoryClient.delete_all
         <inferscale.client.MemoryClient.delete_all>`."""
@@ -232,6 +240,7 @@ class RemoteMemoryClient:
         top_k: int | None = None,
         version: str | None = None,
         output_format: str | None = None,
+        show_expired: bool = False,
     ) -> dict[str, list[dict[str, Any]]]:
         """The scope's memories matching ``filters``, oldest first; see :meth:`MemoryClient.get_all
         <inferscale.client.MemoryClient.get_all>`."""
@@ -244,6 +253,7 @@ class RemoteMemoryClient:
             top_k=top_k,
             version=version,
             output_format=output_format,
+            show_expired=show_expired,
         )
         return self._transport.call(call)
 

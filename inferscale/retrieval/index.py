@@ -109,8 +109,9 @@ class VectorIndex:
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim`` and records ``embedder`` as
                 its identity (both ``None`` included).
-            ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (delete it and rebuild the
-                index from the database with :meth:`add`).
+            ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (one InferScale wrote can
+                be deleted and rebuilt from the database with :meth:`add`; another program's, such as Mem0's faiss
+                store, is left alone).
         """
         index = cls(dim, path, search, embedder)
         file = Path(path)
@@ -125,8 +126,11 @@ class VectorIndex:
         if not isinstance(loaded, faiss.IndexIDMap2) or not isinstance(
             faiss.downcast_index(loaded.index), faiss.IndexFlat
         ):
-            raise ConfigError(
-                f"{file} holds a {type(loaded).__name__}, not an IndexIDMap2 over an IndexFlat; delete it and rebuild"
+            raise ConfigError(  # Mem0's faiss store keeps a bare IndexFlatL2: never advise deleting a user's data
+                f"{file} holds a {type(loaded).__name__}, not InferScale's IndexIDMap2 over an IndexFlat: a Mem0 faiss "
+                "store's index, say, whose memories InferScale does not read. Keep it and give InferScale another "
+                "index_path (another faiss path in a Mem0 config), then add the memories again; delete it only if "
+                "InferScale wrote it (the index is rebuilt from the database)"
             )
         if loaded.d != index._dim and saved.embedder != embedder:
             log.warning(

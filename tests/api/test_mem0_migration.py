@@ -11,6 +11,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import faiss
+import numpy as np
 import pytest
 from client_adapter import ClientAdapter
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
@@ -279,6 +281,7 @@ def test_unused_scripted_generator_is_harmless() -> None:
     [
         ("add", {"timestamp": 1_700_000_000}, "timestamped when it is added"),
         ("add", {"expiration_date": "2027-01-01"}, "do not expire"),
+        ("update", {"expiration_date": "2027-01-01"}, "do not expire"),
         ("search", {"rerank": True}, "no reranker"),
         ("search", {"explain": True}, "no explanation"),
         ("search", {"reference_date": "2026-11-30"}, "no date to judge expiry"),
@@ -294,12 +297,30 @@ def test_mem0_2x_arguments_are_refused_when_set_and_accepted_at_their_defaults(
     assert sorted(r["memory"] for r in m.search("tea", user_id="u", **defaults)["results"]) == stored
     neutral = {"rerank": None, "explain": None, "reference_date": False}
     assert sorted(r["memory"] for r in m.search("tea", user_id="u", **neutral)["results"]) == stored
+    tea = next(r["id"] for r in m.get_all(user_id="u")["results"] if r["memory"] == "I like tea")
+    m.update(tea, "I like tea", expiration_date=None)  # Mem0's default: the update goes through
     with pytest.raises(InvalidInputError, match=match):
         if call == "add":
             m.add("I like coffee", user_id="u", infer=False, **kwargs)
+        elif call == "update":
+            m.update(tea, "I like green tea", **kwargs)
         else:
             m.search("tea", user_id="u", **kwargs)
     assert sorted(r["memory"] for r in m.get_all(user_id="u")["results"]) == stored
+    assert m.get_all(user_id="u", show_expired=True) == m.get_all(user_id="u", show_expired=False)  # nothing expires
+    with pytest.raises(InvalidInputError, match="show_expired must be True or False"):
+        m.get_all(user_id="u", show_expired="yes")
+
+
+def test_delete_all_takes_the_ids_positionally_as_mem0s(m: ClientAdapter) -> None:
+    """Mem0's delete_all(user_id=None, agent_id=None, run_id=None) takes them by position too; ours were keyword-only
+    (a TypeError for Mem0 code calling delete_all("u9"), a helper's find)."""
+    m.add("I like tea", user_id="u9", infer=False)
+    m.add("I like tea", user_id="u8", infer=False)
+    m.add("I run", user_id="u9", agent_id="coach", infer=False)
+    assert m.delete_all("u9", "coach")["deleted"] == 1
+    assert m.delete_all("u9")["deleted"] == 1
+    assert [r["memory"] for r in m.get_all(user_id="u8")["results"]] == ["I like tea"]
 
 
 def test_output_format_v1_1_is_the_shape_returned_and_other_formats_are_refused(m: ClientAdapter) -> None:
@@ -418,6 +439,23 @@ def test_a_history_db_path_holding_an_earlier_versions_memories_stays_their_data
     assert "holds memories, as an earlier version kept them" in caplog.text
     with Memory(config, embedder=HashEmbedder()) as client:
         assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I keep bees."]
+
+
+@pytest.mark.parametrize("docstore", ["mem0.json", "mem0.pkl"])
+def test_a_folder_holding_mem0s_own_faiss_store_is_refused_and_left_alone(tmp_path: Path, docstore: str) -> None:
+    """InferScale does not read the memories Mem0 stored: opened on Mem0's folder, get_all() answered [] without a
+    word, and the first add advised deleting Mem0's index (a helper's find)."""
+    folder = tmp_path / "faiss"
+    folder.mkdir()
+    index = faiss.IndexFlatL2(8)  # what Mem0 writes, beside its docstore
+    index.add(np.ones((1, 8), dtype=np.float32))
+    faiss.write_index(index, str(folder / "mem0.faiss"))
+    (folder / docstore).write_bytes(b"{}")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(ConfigError, match=r"holds Mem0's faiss store of collection 'mem0'.*another path"):
+        from_mem0_dict(_faiss(folder))
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert from_mem0_dict(_faiss(folder, "other")).db_url == f"sqlite:///{folder / 'other.db'}"  # another collection
 
 
 def test_a_faiss_folder_of_an_earlier_version_keeps_its_database(
