@@ -458,6 +458,7 @@ class ClientCore:
             max_new_tokens=self.config.llm.max_new_tokens,
             retries=self.config.llm.answer_retries,
             max_memory_chars=self.config.max_memory_chars,
+            include_assistant=self.config.llm.include_assistant,
             instructions=instructions,
         )
         turns = [m for m in messages if m.role != "system" and m.role not in TOOL_ROLES]  # what extraction is shown

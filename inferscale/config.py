@@ -137,6 +137,9 @@ class LLMConfig(_Strict):
             alone. At most :data:`MAX_INSTRUCTIONS_CHARS` characters. They are for a capable extraction model: the
             embedded 135M one ignored "Only save the user's food preferences" (the same fact, job and place
             included, with and without it).
+        include_assistant: show the conversation's assistant turns to the extraction LLM too, as Mem0 2.x does
+            (an agent's own statements can then be extracted). Off by default: the embedded 135M model turned the
+            assistant's pleasantries into false facts ("User is fine"); a capable model uses the context they give.
     """
 
     provider: Literal["engine", "openai"] = "engine"
@@ -151,6 +154,7 @@ class LLMConfig(_Strict):
     check_grounding: bool = Field(default=True, strict=True)
     answer_retries: int = Field(strict=True, default=1, ge=0, le=3)
     custom_instructions: Instructions | None = None
+    include_assistant: bool = Field(default=False, strict=True)
 
 
 class EmbedderConfig(_Strict):

@@ -20,6 +20,7 @@ from mem0_fakes import (
     shown_memories,
 )
 
+from inferscale.config import LLMConfig
 from inferscale.errors import ExtractionError
 
 
@@ -315,3 +316,25 @@ def test_tool_results_are_neither_shown_to_extraction_nor_its_grounding(make: Ma
     assert texts(m.add(turns, user_id="u")) == ["Will it rain today?"]
     (extraction,) = [messages for title, messages in gen.calls if title == "ExtractedFacts"]
     assert "Lisbon" not in extraction[-1]["content"]
+
+
+def test_assistant_turns_reach_extraction_only_when_configured(make: MakeClient, tmp_path: Path, db_url: str) -> None:
+    """Mem0 2.x shows the extraction LLM the assistant's turns too (an agent's own facts); ours never could, whatever
+    the model (a helper's find). ``llm.include_assistant`` shows them; off by default (the 135M model's choice)."""
+    said = [
+        {"role": "user", "content": "Hi, who are you?"},
+        {"role": "assistant", "content": "I am Nova, a travel agent for Lisbon trips."},
+    ]
+    default = ScriptedGenerator(facts=facts("User asked who the agent is"))
+    make(default).add(said, agent_id="nova")
+    assert [messages[-1]["content"] for _, messages in default.calls] == ["user: Hi, who are you?"]
+    assert make(default).add(said[1:], agent_id="nova")["results"] == []  # nothing shown: no call
+    assert len(default.calls) == 1
+    shown = ScriptedGenerator(facts=facts("Nova is a travel agent for Lisbon trips"))
+    config = fake_config(tmp_path / "shown", db_url, llm=LLMConfig(include_assistant=True))
+    added = make(shown, config=config).add(said, agent_id="nova")
+    assert [r["memory"] for r in added["results"]] == ["Nova is a travel agent for Lisbon trips"]
+    assert (
+        shown.calls[0][1][-1]["content"]
+        == "user: Hi, who are you?\nassistant: I am Nova, a travel agent for Lisbon trips."
+    )
