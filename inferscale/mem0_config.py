@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -278,7 +279,7 @@ def _pgvector_url(cfg: Mapping[str, Any]) -> str:
     sslmode = {"sslmode": str(cfg["sslmode"])} if cfg.get("sslmode") else {}
     if cfg.get("connection_string"):
         given = str(cfg["connection_string"])
-        if "://" not in given:
+        if not _URL_SCHEME.match(given):  # libpq's key=value words (a password there may hold "://")
             return _conninfo_url(given, sslmode)
         for scheme in ("postgresql://", "postgres://"):
             if given.startswith(scheme):
@@ -308,9 +309,14 @@ def _pgvector_url(cfg: Mapping[str, Any]) -> str:
     return url.render_as_string(hide_password=False)
 
 
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""The start of a URL (its scheme), as opposed to libpq's ``key=value`` connection words."""
+
+
 def _conninfo_url(conninfo: str, sslmode: Mapping[str, str]) -> str:
-    """The psycopg URL of a libpq keyword string (``"host=db dbname=app user=u"``), read by psycopg's own parser;
-    ``sslmode`` wins over the string's.
+    """The psycopg URL of a libpq keyword string (``"host=db dbname=app user=u"``), read by psycopg's own parser, its
+    fields carried as the URL's query (``postgresql+psycopg:///?host=db&dbname=app&user=u``); ``sslmode`` wins over
+    the string's.
 
     Raises:
         ConfigError: when psycopg is not installed or cannot read the string.
@@ -326,18 +332,9 @@ def _conninfo_url(conninfo: str, sslmode: Mapping[str, str]) -> str:
         fields = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
     except ProgrammingError as exc:
         raise ConfigError(f"Mem0's pgvector connection_string is not a URL nor libpq's key=value words: {exc}") from exc
-    port = fields.pop("port", None)
-    if port is not None and not port.isdigit():
-        raise ConfigError(f"Mem0's pgvector connection_string names port {port!r}; one port number is served")
-    url = URL.create(
-        "postgresql+psycopg",
-        username=fields.pop("user", None),
-        password=fields.pop("password", None),
-        host=fields.pop("host", None),
-        port=int(port) if port is not None else None,
-        database=fields.pop("dbname", None) or "postgres",
-        query={**fields, **sslmode},
-    )
+    # Every field as a query key, which the psycopg dialect passes to connect() as it is: a socket folder as host,
+    # a password without a user, libpq's own defaults (dbname: the user's name) all stay libpq's.
+    url = URL.create("postgresql+psycopg", query={**fields, **sslmode})
     return url.render_as_string(hide_password=False)
 
 
@@ -394,10 +391,12 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
     if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
         raise ConfigError(f"Mem0's faiss collection_name must be a plain file name, got {name!r}")
     if not cfg.get("path"):
-        if name != DEFAULT_COLLECTION:
+        if name != DEFAULT_COLLECTION and "db_url" not in own:
             raise ConfigError(
                 f"Mem0's faiss collection_name {name!r} without a path: every such collection would share the default "
-                "database, and its users' memories. Give it a path (its store is then <path>/<collection>.db)"
+                "database, and its users' memories. Give it a path (its store is then <path>/<collection>.db), or "
+                "set db_url to the default database (InferScale's data_dir/memory.db) to keep what an earlier version "
+                "stored there for it"
             )
         return
     folder = Path(str(cfg["path"])).expanduser()
@@ -410,16 +409,19 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
             "another path and add the memories again; Mem0's files are left as they are"
         )
     own.setdefault("index_path", str(index))
+    if history_db_path and "db_url" in own:
+        log.warning("Mem0's history_db_path has no effect: db_url names the database of memories and their history")
     if "db_url" in own:
         return
     if history_db_path:
         shared = Path(str(history_db_path)).expanduser()
-        if not database.exists() and _holds_memories(shared):
+        if index.exists() and not database.exists() and _holds_memories(shared):  # this collection's, stored so
             log.warning(
-                "%s holds memories, as an earlier version kept them: it stays this collection's database; every "
-                "faiss collection naming it as history_db_path shares them. Move it to %s and leave history_db_path "
-                "out to give the collection its own",
+                "%s holds memories, as an earlier version kept them: it stays the database of collection %r, and of "
+                "every faiss collection of that version naming it as history_db_path (a new one gets its own). To "
+                "give this one its own, copy it to %s and delete the other collections' memories from the copy",
                 shared,
+                name,
                 database,
             )
             own["db_url"] = sqlite_url(shared)

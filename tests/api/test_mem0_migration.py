@@ -127,13 +127,22 @@ def test_pgvectors_usual_config_names_the_database_it_gives(caplog: pytest.LogCa
             "postgres://u@h/d?sslmode=disable&connect_timeout=5",
             "postgresql+psycopg://u@h/d?connect_timeout=5&sslmode=verify-full",
         ),
-        ("host=h port=5433 dbname=d user=u password=p", "postgresql+psycopg://u:p@h:5433/d?sslmode=verify-full"),
+        (
+            "host=h port=5433 dbname=d user=u password=p",
+            "postgresql+psycopg://?dbname=d&host=h&password=p&port=5433&sslmode=verify-full&user=u",
+        ),
         (
             "host=h dbname=d sslmode=disable application_name=app",
-            "postgresql+psycopg://h/d?application_name=app&sslmode=verify-full",
+            "postgresql+psycopg://?application_name=app&dbname=d&host=h&sslmode=verify-full",
         ),
+        # a socket folder as host, and a password without a user (with "://" in it): libpq's, passed on as they are
+        (
+            "host=/var/run/postgresql dbname=app user=u",
+            "postgresql+psycopg://?dbname=app&host=%2Fvar%2Frun%2Fpostgresql&sslmode=verify-full&user=u",
+        ),
+        ("password=a://b host=h", "postgresql+psycopg://?host=h&password=a%3A%2F%2Fb&sslmode=verify-full"),
     ],
-    ids=["url", "url-with-sslmode", "keywords", "keywords-with-sslmode"],
+    ids=["url", "url-with-sslmode", "keywords", "keywords-with-sslmode", "socket", "password-alone"],
 )
 def test_pgvectors_sslmode_applies_to_its_connection_string(connection_string: str, url: str) -> None:
     """Mem0 adds sslmode to the connection string, replacing the string's own; it was dropped without a word, and
@@ -420,7 +429,7 @@ def test_faiss_collections_naming_one_history_db_path_are_stores_of_their_own(
         assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I love Inception."]
     with closing(sqlite3.connect(history)) as mem0s:
         assert [row[0] for row in mem0s.execute("select name from sqlite_master where type='table'")] == ["history"]
-    with pytest.raises(ConfigError, match="collection_name 'books' without a path"):
+    with pytest.raises(ConfigError, match=r"collection_name 'books' without a path.*or set db_url"):
         from_mem0_dict({"vector_store": {"provider": "faiss", "config": {"collection_name": "books"}}})
     assert from_mem0_dict({"vector_store": {"provider": "faiss", "config": {"collection_name": "mem0"}}}).db_url is None
 
@@ -428,17 +437,29 @@ def test_faiss_collections_naming_one_history_db_path_are_stores_of_their_own(
 def test_a_history_db_path_holding_an_earlier_versions_memories_stays_their_database(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Before collections got their own database, history_db_path beside a faiss path was the database: a store
-    written so keeps it (with a warning), or its memories would vanish from sight."""
+    """Before collections got their own database, history_db_path beside a faiss path was the database: a collection
+    stored so keeps it (with a warning), or its memories would vanish from sight; a collection new since then gets
+    its own, or it would see the old one's memories (a review's find)."""
     history = tmp_path / "h.db"
-    with Memory(MemoryConfig(db_url=f"sqlite:///{history}", data_dir=str(tmp_path / "d"), kv={"encode_on_add": False}),
-                embedder=HashEmbedder()) as earlier:  # fmt: skip
-        earlier.add("I keep bees.", user_id="alice", infer=False)
-    config = from_mem0_dict({**_faiss(tmp_path / "vs", "c"), "history_db_path": str(history)})
-    assert config.db_url == f"sqlite:///{history}"
+    earlier = MemoryConfig(
+        db_url=f"sqlite:///{history}", index_path=str(tmp_path / "vs" / "movies.faiss"), kv={"encode_on_add": False}
+    )
+    with Memory(earlier, embedder=HashEmbedder()) as client:  # as an earlier version mapped movies' config
+        client.add("Alice loves Inception.", user_id="alice", infer=False)
+    movies = from_mem0_dict({**_faiss(tmp_path / "vs", "movies"), "history_db_path": str(history)})
+    assert movies.db_url == f"sqlite:///{history}"
     assert "holds memories, as an earlier version kept them" in caplog.text
-    with Memory(config, embedder=HashEmbedder()) as client:
-        assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["I keep bees."]
+    books = from_mem0_dict({**_faiss(tmp_path / "vs", "books"), "history_db_path": str(history)})
+    assert books.db_url == f"sqlite:///{tmp_path / 'vs' / 'books.db'}"
+    with Memory(books, embedder=HashEmbedder()) as client:
+        assert client.get_all(user_id="alice")["results"] == []
+        client.reset()
+    with Memory(movies, embedder=HashEmbedder()) as client:
+        assert [r["memory"] for r in client.get_all(user_id="alice")["results"]] == ["Alice loves Inception."]
+    kept = from_mem0_dict(
+        {"vector_store": {"provider": "faiss", "config": {"collection_name": "books"}}, "db_url": "sqlite:///x.db"}
+    )
+    assert kept.db_url == "sqlite:///x.db"  # a collection without a path keeps the database it is told
 
 
 @pytest.mark.parametrize("docstore", ["mem0.json", "mem0.pkl"])
