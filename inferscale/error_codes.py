@@ -72,8 +72,10 @@ ERROR_CODES: tuple[ErrorCode, ...] = (
 )
 """Every code the server sends. ``internal_error`` stands for any exception that is not an InferScale error."""
 
-_BY_CODE = {row.code: row for row in ERROR_CODES}
-_INTERNAL = _BY_CODE["internal_error"]
+ERROR_CODE: dict[str, ErrorCode] = {row.code: row for row in ERROR_CODES}
+"""The rows of :data:`ERROR_CODES` by wire code."""
+
+_INTERNAL = ERROR_CODE["internal_error"]
 
 
 def code_of(exc: BaseException) -> ErrorCode:
@@ -89,7 +91,7 @@ def code_of(exc: BaseException) -> ErrorCode:
 def error_from_code(code: str, message: str) -> InferScaleError:
     """The exception a reply's ``code`` stands for, with the server's ``message``; an unknown code (a newer server)
     gives :class:`ServerError` naming it."""
-    row = _BY_CODE.get(code)
+    row = ERROR_CODE.get(code)
     if row is None:
         return ServerError(f"{message} (error code {code!r})")
     return row.error(message)

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferscale.error_codes import ERROR_CODES, ErrorCode, code_of
+from inferscale.error_codes import ERROR_CODE, ErrorCode, code_of
 from inferscale.errors import (
     DatabaseUnavailableError,
     EngineClosedError,
@@ -42,7 +42,6 @@ from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
 
-_BY_CODE = {row.code: row for row in ERROR_CODES}
 _BY_STATUS = {
     401: "unauthenticated",
     403: "permission_denied",
@@ -187,7 +186,7 @@ def internal_error_content(exc: BaseException) -> dict[str, Any]:
     """The body of a 500 for an unexpected exception: names its class and the request id (:func:`logged_message`),
     not its text (which may hold internals). Log the exception with :func:`request_id` where it is caught."""
     message = logged_message(f"internal server error ({type(exc).__name__}); the server log has the details")
-    return error_content(_BY_CODE["internal_error"], message, ServerError.__name__)
+    return error_content(ERROR_CODE["internal_error"], message, ServerError.__name__)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -201,7 +200,7 @@ async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    row = _BY_CODE["invalid_input"]
+    row = ERROR_CODE["invalid_input"]
     return error_reply(error_content(row, _validation_message(exc)), row)
 
 
@@ -209,7 +208,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _BY_STATUS.get(exc.status_code, "invalid_input" if exc.status_code < 500 else "internal_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return error_reply(error_content(_BY_CODE[code], message), _BY_CODE[code], exc.status_code, exc.headers)
+    return error_reply(error_content(ERROR_CODE[code], message), ERROR_CODE[code], exc.status_code, exc.headers)
 
 
 SHUT_DOWN_MESSAGE = (
@@ -246,7 +245,7 @@ class UnexpectedErrors:
         except Exception as exc:  # answered (or, once started, cut short) and logged here
             log.error("request %s: %s %s failed", request_id(), scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
-                await error_reply(internal_error_content(exc), _BY_CODE["internal_error"])(scope, receive, send)
+                await error_reply(internal_error_content(exc), ERROR_CODE["internal_error"])(scope, receive, send)
         except asyncio.CancelledError:
             # The server cancels the requests still running when its shutdown grace ends: uvicorn answered them with
             # a plain-text 500, which a client cannot tell from a bug; a 503 engine_closed says "try again elsewhere"

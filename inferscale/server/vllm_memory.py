@@ -58,10 +58,11 @@ from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
-from inferscale.error_codes import code_of
+from inferscale.error_codes import ERROR_CODE, code_of
 from inferscale.errors import (
     ConfigError,
     ContextLengthError,
+    InferScaleError,
     InvalidInputError,
     PermissionDeniedError,
     ServerError,
@@ -270,7 +271,7 @@ def _error(message: str, code: str | None = None) -> Any:
     """A 400 in vLLM's (OpenAI's) error shape, with ``code`` when given; the same request gets it again, so it says
     not to retry (:func:`~inferscale.server.errors.error_reply`)."""
     error = {"message": message, "type": "invalid_request_error", **({"code": code} if code else {})}
-    return error_reply({"error": error}, code_of(InvalidInputError(message)))
+    return error_reply({"error": error}, ERROR_CODE["invalid_input"])
 
 
 class _Answer:
@@ -422,6 +423,8 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         return _error(str(exc), code=code_of(exc).code)  # "context_length_exceeded", as OpenAI's
     except InvalidInputError as exc:
         return _error(str(exc))
+    except InferScaleError as exc:  # a K/V entry that does not match, a database down: as the transformers server
+        return error_response(exc)  # answers them (a plain 500 the OpenAI SDK sent three times: a review's find)
     payload: dict[str, Any] = {
         "model": body.get("model"),
         "prompt": prepared.prompt_ids,

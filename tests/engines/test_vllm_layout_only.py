@@ -218,3 +218,49 @@ def test_the_vllm_servers_memory_holds_requests_to_the_models_window_when_max_mo
         # no advice to retrieve fewer memories: none is left (the server's --limit); the middleware names the
         # request's own budget field (test_vllm_server.py)
         assert str(refused.value).endswith("; send a shorter conversation or lower max_new_tokens")
+
+
+def test_the_memory_middleware_answers_every_inferscale_error_as_the_transformers_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A K/V entry that does not match its memory, or a database down, escaped the middleware as Starlette's plain
+    500, with no code and no ``x-should-retry: false``: the OpenAI SDK sent the chat three times (a review's find).
+    It is answered as the transformers server answers it, the server's file path logged and not shown."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from inferscale.errors import KVFingerprintMismatchError
+    from inferscale.server import vllm_auth, vllm_memory
+    from inferscale.server.keys import KeyStore
+
+    where = "/srv/inferscale/kv/5b0e/3f2a.safetensors"
+
+    class FailingService:
+        def prepare(self, user: str, conversation: object, answer_tokens: int) -> None:
+            raise KVFingerprintMismatchError(f"KV entry {where} was written for text_hash='ab12'")
+
+    async def vllms_route(request: Request) -> JSONResponse:
+        raise AssertionError("a chat with memory never reaches vLLM's route when its memory fails")
+
+    monkeypatch.setattr(vllm_memory, "_SERVICE", FailingService())
+    monkeypatch.setattr(vllm_auth, "_GATE", None)
+    keys = KeyStore(f"sqlite:///{tmp_path}/memory.db")
+    vllm_auth.install_gate(keys)  # no key stored: an open server on loopback
+    middleware = [
+        Middleware(vllm_auth.ApiKeyMiddleware),
+        Middleware(BaseHTTPMiddleware, dispatch=vllm_memory.memory_middleware),
+    ]
+    app = Starlette(routes=[Route("/v1/chat/completions", vllms_route, methods=["POST"])], middleware=middleware)
+    with TestClient(app, base_url="http://127.0.0.1:8000") as http:
+        body = {"model": "m", "messages": [{"role": "user", "content": "What car?"}], "user": "alice"}
+        reply = http.post("/v1/chat/completions", json=body)
+    keys.close()
+    assert reply.status_code == 409, reply.text
+    assert reply.json()["error"]["code"] == "kv_fingerprint_mismatch"
+    assert reply.headers["x-should-retry"] == "false"
+    assert where not in reply.text and "ab12" not in reply.text
