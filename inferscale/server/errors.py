@@ -32,10 +32,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.error_codes import ERROR_CODE, ErrorCode, code_of
 from inferscale.errors import (
+    ConfigError,
     DatabaseUnavailableError,
     EngineClosedError,
     InferScaleError,
     KVFingerprintMismatchError,
+    ModelNotAvailableError,
+    SchemaError,
     ServerError,
 )
 from inferscale.validation_text import describe_errors
@@ -120,9 +123,18 @@ KV_MISMATCH_MESSAGE = (
 """What a caller reads of a :class:`~inferscale.errors.KVFingerprintMismatchError` (with the request id): its own
 text names the entry's file on the server and the text hashes it was written for."""
 
+SERVER_SETUP_MESSAGES: dict[type[ConfigError], str] = {
+    SchemaError: "the memory database's schema is not one this server reads; the server log has the details",
+    ModelNotAvailableError: "the server's model is not available; the server log has the details",
+    ConfigError: "the server cannot use its configuration or files for this request; the server log has the details",
+}
+"""What a caller reads of the errors of the server's own setup (with the request id): their own texts name its files
+and folders (an index file, a model folder), which are the operator's to know and to fix (a review's find)."""
+
 _LOGGED_ONLY: tuple[tuple[type[InferScaleError], str], ...] = (
     (DatabaseUnavailableError, DATABASE_UNAVAILABLE_MESSAGE),
     (KVFingerprintMismatchError, KV_MISMATCH_MESSAGE),
+    *SERVER_SETUP_MESSAGES.items(),  # the subclasses first: the first match answers
 )
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -167,7 +179,8 @@ def error_body(exc: InferScaleError) -> dict[str, Any]:
     error event. Errors whose text is the server's to know are answered with a fixed message and the request id
     (:func:`logged_message`), their own text logged under that id: a database that cannot be connected to
     (:data:`DATABASE_UNAVAILABLE_MESSAGE`: its URL and the driver's message), a stored K/V entry that does not match
-    its memory (:data:`KV_MISMATCH_MESSAGE`: the file's path on the server and text hashes, a helper's find), and an
+    its memory (:data:`KV_MISMATCH_MESSAGE`: the file's path on the server and text hashes, a helper's find), the
+    server's own setup (:data:`SERVER_SETUP_MESSAGES`: a config error, an unknown schema, a missing model), and an
     InferScale error with no code of its own (an unreadable K/V file, say), answered as an unexpected exception
     (:func:`internal_error_content`)."""
     row = code_of(exc)

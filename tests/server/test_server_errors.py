@@ -16,11 +16,18 @@ from mem0_fakes import ScriptedGenerator
 from server_harness import MakeServer, Served, app_routes
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
-from inferscale.errors import DatabaseUnavailableError, ExtractionError, KVFingerprintMismatchError
+from inferscale.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    ExtractionError,
+    KVFingerprintMismatchError,
+    ModelNotAvailableError,
+)
 from inferscale.kv.tiers.serialization import KVFormatError
 from inferscale.server.errors import (
     DATABASE_UNAVAILABLE_MESSAGE,
     KV_MISMATCH_MESSAGE,
+    SERVER_SETUP_MESSAGES,
     SHUT_DOWN_MESSAGE,
     UnexpectedErrors,
 )
@@ -233,6 +240,7 @@ def test_every_error_code_has_its_status_and_body(
     logged_only = {
         DatabaseUnavailableError: DATABASE_UNAVAILABLE_MESSAGE,
         KVFingerprintMismatchError: KV_MISMATCH_MESSAGE,
+        **SERVER_SETUP_MESSAGES,
     }
     if row.error in logged_only:  # its own text, which names the database or a file of the server, is logged
         told = f"{logged_only[row.error]} (request {reply.headers['x-request-id']})"
@@ -249,6 +257,8 @@ def test_a_kv_file_error_names_no_path_of_the_server(
     for error, status, code in (
         (KVFingerprintMismatchError(f"KV entry {where} for text_hash='ab12'"), 409, "kv_fingerprint_mismatch"),
         (KVFormatError(f"{where} lacks metadata fields ['fingerprint']"), 500, "internal_error"),
+        (ConfigError(f"cannot read the FAISS index {where}: truncated; delete it"), 500, "config_error"),
+        (ModelNotAvailableError(f"the model folder {where} does not exist"), 503, "model_not_available"),
     ):
 
         async def fail(*args: Any, error: Exception = error, **kwargs: Any) -> None:
