@@ -68,14 +68,17 @@ class GetAllBody(_Body):
     top_k: int | None = None
     version: str | None = None
     output_format: str | None = None
+    show_expired: bool = False
 
 
 class UpdateBody(_Body):
-    """``PUT /v1/memories/{memory_id}/``: the new text (``text``, or Mem0's ``data``) and/or metadata."""
+    """``PUT /v1/memories/{memory_id}/``: the new text (``text``, or Mem0's ``data``) and/or metadata (Mem0's
+    ``expiration_date`` only as ``null``: memories do not expire)."""
 
     text: str | None = None
     data: str | None = None
     metadata: dict[str, Any] | None = None
+    expiration_date: str | None = None
 
 
 class EncodingWaitBody(_Body):

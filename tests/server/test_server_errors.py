@@ -404,3 +404,16 @@ def test_a_bad_answer_budget_names_the_openai_field_it_came_in(http: httpx.Clien
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "alice", field: -3}
     reply = http.post("/v1/chat/completions", json=body)
     assert _error(reply, 400, "invalid_input", "InvalidInputError").startswith(f"{field} must be a positive int")
+
+
+def test_mem0_2x_arguments_the_clients_take_are_taken_over_http_too(http: httpx.Client) -> None:
+    """The clients took get_all's show_expired and update's expiration_date, but their routes' bodies refused them
+    as unknown fields (a review's find): a raw HTTP caller gets what a client gets."""
+    memory_id = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice", "infer": False}).json()
+    memory_id = memory_id["results"][0]["id"]
+    listed = http.post("/v2/memories/", json={"filters": {"user_id": "alice"}, "show_expired": True})
+    assert [m["memory"] for m in listed.json()["results"]] == ["I like tea."]
+    refused = http.put(f"/v1/memories/{memory_id}/", json={"text": "I like coffee.", "expiration_date": "2027-01-01"})
+    assert "memories do not expire" in _error(refused, 400, "invalid_input", "InvalidInputError")
+    updated = http.put(f"/v1/memories/{memory_id}/", json={"text": "I like green tea.", "expiration_date": None})
+    assert updated.status_code == 200 and updated.json()["result"]["memory"] == "I like green tea."

@@ -137,6 +137,7 @@ async def get_all_v2(body: GetAllBody, caller: CurrentCaller, server: State) -> 
         top_k=body.top_k,
         version=body.version,
         output_format=body.output_format,
+        show_expired=body.show_expired,
     )
 
 
@@ -190,7 +191,10 @@ async def update(
 ) -> dict[str, Any]:
     """Change a memory's text and/or metadata (``MemoryClient.update``)."""
     await _visible(memory_id, caller, server)
-    return await server.client.update(memory_id, body.text, body.metadata, data=body.data, **ids)
+    expiration_date = body.expiration_date  # refused by the client unless null (memories do not expire)
+    return await server.client.update(
+        memory_id, body.text, body.metadata, data=body.data, expiration_date=expiration_date, **ids
+    )
 
 
 @route(router, "DELETE", "/v1/memories/{memory_id}/")
