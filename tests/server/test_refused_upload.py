@@ -18,14 +18,20 @@ from inferscale.server.options import ServerOptions
 LIMIT = 1000
 
 
-def _post(url: str, body: bytes, *, expect_continue: bool = False) -> bytes:
+def _post(url: str, body: bytes, *, expect_continue: bool = False, chunked: bool = False) -> bytes:
     """POST ``body`` to ``/v1/memories/`` over a raw socket, sending all of it before reading the reply (as an HTTP/1.1
-    client does); returns the bytes read until the server closes."""
+    client does), with its ``Content-Length`` or, ``chunked``, in 64 KiB chunks without one; returns the bytes read
+    until the server closes."""
     parts = urlsplit(url)
+    length = "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {len(body)}\r\n"
     head = (
-        f"POST /v1/memories/ HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n" + ("Expect: 100-continue\r\n" if expect_continue else "") + "\r\n"
+        f"POST /v1/memories/ HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Type: application/json\r\n{length}"
+        + ("Expect: 100-continue\r\n" if expect_continue else "")
+        + "\r\n"
     ).encode()
+    if chunked:
+        pieces = [body[i : i + (64 << 10)] for i in range(0, len(body), 64 << 10)]
+        body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         sock.sendall(head)
         if expect_continue:
@@ -37,12 +43,14 @@ def _post(url: str, body: bytes, *, expect_continue: bool = False) -> bytes:
         return received
 
 
-@pytest.mark.parametrize("size", [4 << 20, DRAIN_BYTES - 100])  # the json around it: 40 bytes
-def test_an_upload_over_the_limit_gets_a_413_the_client_reads(make_server: MakeServer, size: int) -> None:
+@pytest.mark.parametrize(("size", "chunked"), [(4 << 20, False), (DRAIN_BYTES - 100, False), (4 << 20, True)])
+def test_an_upload_over_the_limit_gets_a_413_the_client_reads(
+    make_server: MakeServer, size: int, chunked: bool
+) -> None:
     served = make_server(ServerOptions(max_request_bytes=LIMIT))
-    body = json.dumps({"messages": "x" * size, "user_id": "alice", "infer": False}).encode()
+    body = json.dumps({"messages": "x" * size, "user_id": "alice", "infer": False}).encode()  # 40 bytes around it
     for _ in range(3):
-        reply = _post(served.url, body)
+        reply = _post(served.url, body, chunked=chunked)
         status, _, rest = reply.partition(b"\r\n")
         assert status == b"HTTP/1.1 413 Request Entity Too Large", reply[:300]
         assert b'"code":"request_too_large"' in rest and b"x-should-retry: false" in rest.lower()
