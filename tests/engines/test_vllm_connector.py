@@ -537,7 +537,7 @@ def test_a_request_past_the_context_limit_advises_fewer_memories_only_when_it_ho
     )
     with pytest.raises(ContextLengthError, match="of which memories 0,") as without:
         engine.generate_prompt(QUERY, [], 4096)
-    assert str(without.value).endswith("4096; send a shorter conversation or lower max_new_tokens")
+    assert str(without.value).endswith("4096 tokens; send a shorter conversation or lower max_new_tokens")
 
 
 def test_stale_kv_is_not_injected(engine: VLLMEngine, tmp_path: Path) -> None:
