@@ -203,12 +203,20 @@ def _unavailable(context: ExceptionContext) -> str | None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as messages and logs show it: its password replaced by ``***`` (also in a string SQLAlchemy cannot
-    parse, as far as it has a ``//user:password@`` part)."""
+    """``url`` as messages and logs show it: its password replaced by ``***`` (:func:`hidden_password`; also in a
+    string SQLAlchemy cannot parse, as far as it has a ``//user:password@`` part)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return hidden_password(make_url(url))
     except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+
+
+def hidden_password(url: URL) -> str:
+    """``url`` rendered with its password as ``***``, the one before the host and a ``password`` query parameter both
+    (libpq takes either; a Mem0 connection string of ``key=value`` words becomes the second)."""
+    if "password" in url.query:
+        url = url.update_query_dict({"password": "***"})
+    return url.render_as_string(hide_password=True)
 
 
 def _report_unavailable(context: ExceptionContext) -> None:
@@ -219,7 +227,7 @@ def _report_unavailable(context: ExceptionContext) -> None:
         return
     url = context.engine.url if context.engine is not None else None
     reason = str(context.original_exception).strip().splitlines()
-    shown = url.render_as_string(hide_password=True) if url is not None else "?"
+    shown = hidden_password(url) if url is not None else "?"
     verb = "cannot connect to" if context.connection is None else "cannot use"
     raise DatabaseUnavailableError(
         f"{verb} the database {shown}: {reason[0] if reason else type(context.original_exception).__name__}; {fix}"

@@ -24,10 +24,12 @@ from sqlalchemy.engine import make_url
 import inferscale.storage.database
 from inferscale import AsyncMemoryClient, ConfigError, DatabaseUnavailableError, MemoryClient, MemoryConfig
 from inferscale.config import KVConfig
+from inferscale.mem0_config import from_mem0_dict
 from inferscale.scope import Scope
 from inferscale.server.keys import KeyStore
 from inferscale.storage import MemoryStore, make_engine
 from inferscale.storage.async_store import AsyncMemoryStore
+from inferscale.storage.database import shown_url
 
 REFUSED = "postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories"
 """Port 1: nothing listens there, so the connection is refused at once."""
@@ -62,6 +64,19 @@ def test_the_sync_store_the_key_store_and_the_client_raise_database_unavailable(
     client = MemoryClient(MemoryConfig(data_dir=str(tmp_path), db_url=url))
     with client, pytest.raises(DatabaseUnavailableError):
         client.get_all(user_id="maya")
+
+
+def test_a_password_in_the_urls_query_is_hidden_too() -> None:
+    """libpq takes the password as a query parameter too, and a Mem0 connection string of key=value words becomes
+    one (``postgresql+psycopg://?host=...&password=...``): the message showed it in clear."""
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    given = {"connection_string": "host=127.0.0.1 port=1 dbname=memories user=inferscale password=s3cret"}
+    url = str(from_mem0_dict({"vector_store": {"provider": "pgvector", "config": given}}).db_url)
+    assert "password=s3cret" in url  # passed to psycopg as it is
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        MemoryStore(url).list(Scope(user_id="maya"))
+    assert "s3cret" not in str(caught.value) and "password=%2A%2A%2A" in str(caught.value)
+    assert "s3cret" not in shown_url(url) and "s3cret" not in repr(MemoryStore(url))
 
 
 def test_the_async_store_and_client_raise_database_unavailable(url: str, tmp_path: Path) -> None:
