@@ -43,6 +43,7 @@ from inferscale.storage.queries import (
     all_memories,
     by_vector_ids,
     get_kv_entry,
+    get_memories,
     get_memory,
     history,
     latest_memories,
@@ -57,6 +58,7 @@ from inferscale.storage.store import MemoryStore
 from inferscale.storage.validation import (
     check_actor,
     check_id,
+    check_ids,
     check_limit,
     check_positive,
     check_scope,
@@ -128,6 +130,16 @@ class AsyncMemoryStore:
         memory_id = check_id(memory_id)
         checked = check_scope(scope) if scope is not None else None
         return await self._read(get_memory, memory_id, checked)
+
+    async def get_many(self, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
+        """The memories of ``memory_ids`` keyed by id, read in **any scope**; see :meth:`MemoryStore.get_many
+        <inferscale.storage.MemoryStore.get_many>`.
+
+        Raises:
+            InvalidInputError: when ``memory_ids`` is a str or an id is not a non-empty str.
+        """
+        wanted = check_ids(memory_ids)
+        return await self._read(get_memories, wanted) if wanted else {}
 
     async def memories_with_hash(self, text_hash: str, scope: Scope, limit: int | None = None) -> list[MemoryRecord]:
         """The memories of exactly ``scope`` whose text hashes to ``text_hash``, oldest first, at most ``limit``;

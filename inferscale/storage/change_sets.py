@@ -5,7 +5,9 @@ the checks every change passes before anything is written (applied by
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from inferscale.errors import InvalidInputError
@@ -18,8 +20,10 @@ from inferscale.storage.validation import (
     check_id,
     check_key,
     check_metadata,
+    check_new_id,
     check_scope,
     check_text,
+    check_utc_time,
 )
 
 
@@ -39,6 +43,12 @@ class NewMemory:
             entries before it are its block anchor's context turns, those from it on the texts of the block's
             earlier memories, oldest first; equal to ``len(context)`` for the anchor itself. ``None`` (the default)
             puts the memory in no chain. Every entry of a chained memory's context is a neighbour.
+        memory_id: the new memory's id, a canonical UUID, when it comes from another store (an import keeps the ids
+            an application holds); ``None`` (the default) gives it a new UUID4. A memory of exactly the change
+            set's scope that holds the id already makes the add a skip (an import run again); one of another scope,
+            an error.
+        created_at, updated_at: the memory's times in the store it comes from (tz-aware); ``None`` (the default)
+            stamps it with the time of the write. Its ``ADD`` history row is dated ``created_at``.
     """
 
     text: str
@@ -46,6 +56,9 @@ class NewMemory:
     context: tuple[str, ...] = ()
     neighbours: int = 0
     chain_from: int | None = None
+    memory_id: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +151,10 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
         raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
     scope = check_scope(changes.scope) if changes.scope is not None else None
     adds = tuple(_checked_add(a) for a in changes.adds)
+    given = Counter(a.memory_id for a in changes.possible_adds() if a.memory_id is not None)
+    repeated = sorted(i for i, n in given.items() if n > 1)
+    if repeated:
+        raise InvalidInputError(f"the same id is given to more than one new memory: {', '.join(repeated)}")
     updates: list[MemoryUpdate] = []
     for u in changes.updates:
         if u.text is None and u.metadata is None:
@@ -172,7 +189,8 @@ def _checked_add(new: NewMemory) -> NewMemory:
     Raises:
         InvalidInputError: for an empty text, non-JSON metadata, non-str context, ``neighbours`` that is not an
             int from 0 to the number of context turns, or a ``chain_from`` that is not ``None`` or such an int, or
-            that is set while some context entry is not a neighbour.
+            that is set while some context entry is not a neighbour; for a given id that is not a canonical UUID, or
+            a given time that is not a tz-aware ``datetime``.
     """
     context = tuple(check_context(new.context))
     neighbours = check_count(new.neighbours, "neighbours")
@@ -184,7 +202,19 @@ def _checked_add(new: NewMemory) -> NewMemory:
             f"chain_from is {chain_from} with {len(context)} context turns of which {neighbours} are neighbours: a "
             "chain starts within the context, and every turn of a chained memory is a neighbour"
         )
-    return NewMemory(check_text(new.text), check_metadata(new.metadata), context, neighbours, chain_from)
+    memory_id = None if new.memory_id is None else check_new_id(new.memory_id)
+    created_at = None if new.created_at is None else check_utc_time(new.created_at, "created_at")
+    updated_at = None if new.updated_at is None else check_utc_time(new.updated_at, "updated_at")
+    return NewMemory(
+        check_text(new.text),
+        check_metadata(new.metadata),
+        context,
+        neighbours,
+        chain_from,
+        memory_id,
+        created_at,
+        updated_at,
+    )
 
 
 def add_change(

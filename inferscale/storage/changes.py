@@ -38,7 +38,7 @@ from inferscale.storage.contexts import (
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses
+from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses, scopes_by_id
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, merged_metadata
 from inferscale.storage.validation import json_copy, same_json
 
@@ -220,6 +220,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     Raises:
         MemoryNotFoundError: with ``strict``, when an update or delete names an unknown id (the caller's
             transaction then rolls back: nothing is written).
+        InvalidInputError: when an add's given id is held by a memory of another scope (rolled back likewise).
     """
     s.connection()  # the transaction begins now: on SQLite, ``BEGIN IMMEDIATE`` waits for the write lock here
     scopes = _named_scopes(s, changes)
@@ -302,7 +303,9 @@ def _add_memories(
     """Insert ``adds`` (the change set's, then the ``instead`` memories of its skipped updates) after its deletes and
     updates, each with an ``ADD`` history row; returns the new memories. With ``skip_duplicates``, a text stored in
     exactly the scope, or earlier in the set, is skipped. Each add's neighbour texts that no memory of the scope holds
-    any more are dropped from its context (and its chain start moves back by those dropped before it)."""
+    any more are dropped from its context (and its chain start moves back by those dropped before it). An add with a
+    given id (:attr:`NewMemory.memory_id`) that a memory of exactly the scope holds already is skipped, and is
+    refused when a memory of another scope holds it (the transaction rolls back)."""
     if not adds:
         return []
     scope = changes.scope
@@ -312,16 +315,25 @@ def _add_memories(
     live = live_hashes(s, scope, wanted) if wanted else set()
     added: list[MemoryRecord] = []
     seen: set[str] = set()
+    taken = scopes_by_id(s, [new.memory_id for new in adds if new.memory_id is not None])
     for new in adds:
         digest = hash_text(new.text)
+        if new.memory_id in taken:
+            if taken[new.memory_id] != scope:  # whose it is stays unsaid: another tenant's ids are not shown
+                raise InvalidInputError(
+                    f"memory id {new.memory_id} is held by a memory of another scope: nothing is written"
+                )
+            skipped.append(f"ADD of memory {new.memory_id!r} skipped: a memory of scope {scope} holds that id already")
+            continue
         if changes.skip_duplicates:
             in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *exact_scope_clauses(scope)).limit(1)
             if digest in seen or s.scalar(in_scope) is not None:
                 skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {scope}")
                 continue
         present = live | seen
+        created_at = new.created_at or now
         row = MemoryRow(
-            id=str(uuid.uuid4()),
+            id=new.memory_id or str(uuid.uuid4()),
             text=new.text,
             hash=digest,
             user_id=scope.user_id,
@@ -332,12 +344,12 @@ def _add_memories(
             chain_from=chain_start(
                 new.chain_from, [i >= new.neighbours or hash_text(t) in present for i, t in enumerate(new.context)]
             ),
-            created_at=now,
-            updated_at=now,
+            created_at=created_at,
+            updated_at=new.updated_at or created_at,
         )
         seen.add(digest)
         s.add(row)
-        s.add(_history(row.id, "ADD", None, row, changes.actor, now))
+        s.add(_history(row.id, "ADD", None, row, changes.actor, created_at))
         s.flush()  # assigns the integer key (the vector id)
         added.append(MemoryRecord.from_row(row))
     return added

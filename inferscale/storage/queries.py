@@ -274,6 +274,18 @@ def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str
     return KVEntryRecord.from_row(row) if row is not None else None
 
 
+def scopes_by_id(s: Session, ids: Sequence[str]) -> dict[str, Scope]:
+    """The exact scope of each stored memory whose id is in ``ids``, by id (any scope; unknown ids left out)."""
+    found: dict[str, Scope] = {}
+    for chunk in chunks(sorted(set(ids))):
+        columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
+        found.update(
+            (i, Scope(user_id=u, agent_id=a, run_id=r))
+            for i, u, a, r in s.execute(select(*columns).where(MemoryRow.id.in_(chunk)))
+        )
+    return found
+
+
 __all__ = [
     "IN_CHUNK",
     "all_kv_entries",
@@ -290,6 +302,7 @@ __all__ = [
     "memory_states",
     "memory_versions",
     "scope_clauses",
+    "scopes_by_id",
     "select_by_vector_ids",
     "select_kv_entry",
     "select_memories",

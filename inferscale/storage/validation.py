@@ -9,7 +9,9 @@ leaves nothing written, whether it came from a caller or from the extraction LLM
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,38 @@ def check_id(memory_id: object) -> str:
     if not isinstance(memory_id, str) or not memory_id:
         raise InvalidInputError(f"memory_id must be a non-empty str, got {memory_id!r}")
     return check_storable(memory_id, "memory_id")
+
+
+def check_new_id(memory_id: object) -> str:
+    """``memory_id`` when it is a UUID in its canonical text form (lower-case hex, ``8-4-4-4-12``): the only form a
+    memory's id is stored in (it names the memory's K/V folder, and a URL path carries it as it is).
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    text = check_id(memory_id)
+    try:
+        canonical = str(uuid.UUID(text))
+    except ValueError:
+        canonical = None
+    if canonical != text:
+        raise InvalidInputError(
+            f"a new memory's id must be a UUID in its canonical form, e.g. {str(uuid.UUID(int=0))!r}, got {text!r}"
+        )
+    return text
+
+
+def check_utc_time(value: object, name: str) -> datetime:
+    """``value`` when it is a tz-aware ``datetime``, converted to UTC.
+
+    Raises:
+        InvalidInputError: for a naive ``datetime`` (its zone would be a guess) or any other type.
+    """
+    if not isinstance(value, datetime):
+        raise InvalidInputError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInputError(f"{name} {value.isoformat()!r} has no time zone: give one (e.g. +00:00 for UTC)")
+    return value.astimezone(UTC)
 
 
 def check_ids(memory_ids: object) -> list[str]:
@@ -205,9 +239,11 @@ __all__ = [
     "check_key",
     "check_limit",
     "check_metadata",
+    "check_new_id",
     "check_positive",
     "check_scope",
     "check_text",
+    "check_utc_time",
     "check_vector_ids",
     "json_copy",
     "same_json",

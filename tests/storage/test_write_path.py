@@ -7,6 +7,7 @@ import ast
 import asyncio
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,52 @@ def test_storage_modules_import_no_circle_and_no_privates() -> None:
     for module in graph:
         visit(module, ())
     assert max(len(p.read_text().splitlines()) for p in STORAGE.glob("*.py")) <= 400
+
+
+# ---- given ids and times (an import from another store) ---------------------------------------------------------
+
+GIVEN_ID = "5c1f3c52-7e0e-4c55-9a43-7c1d1f6b2a01"
+
+
+def test_an_add_keeps_a_given_id_and_times_and_dates_its_history_by_them(store: MemoryStore) -> None:
+    created = datetime(2025, 5, 1, 8, 0, tzinfo=timezone(timedelta(hours=2)))
+    updated = datetime(2025, 6, 1, tzinfo=UTC)
+    new = NewMemory("likes tea", memory_id=GIVEN_ID, created_at=created, updated_at=updated)
+    (added,) = store.apply(ChangeSet(ALICE, adds=(new,), skip_duplicates=False)).added
+    assert (added.id, added.created_at, added.updated_at) == (GIVEN_ID, created.astimezone(UTC), updated)
+    ((event, when),) = [(h.event, h.created_at) for h in store.history(GIVEN_ID)]
+    assert (event, when) == ("ADD", created.astimezone(UTC))
+
+
+def test_a_given_id_its_scope_holds_is_skipped_and_one_another_scope_holds_rolls_back(store: MemoryStore) -> None:
+    store.apply(ChangeSet(BOB, adds=(NewMemory("plays cello", memory_id=GIVEN_ID),)))
+    again = store.apply(ChangeSet(BOB, adds=(NewMemory("plays the cello", memory_id=GIVEN_ID),)))
+    assert again.added == [] and "holds that id already" in again.skipped[0]
+    other = ChangeSet(ALICE, adds=(NewMemory("likes tea"), NewMemory("likes chess", memory_id=GIVEN_ID)))
+    with pytest.raises(InvalidInputError, match="held by a memory of another scope") as raised:
+        store.apply(other)
+    assert "bob" not in str(raised.value)
+    assert [r.text for r in store.all_memories()] == ["plays cello"]  # the set's first add rolled back too
+
+
+@pytest.mark.parametrize(
+    ("new", "says"),
+    [
+        (NewMemory("x", memory_id="mem-1"), "canonical form"),
+        (NewMemory("x", memory_id=GIVEN_ID.upper()), "canonical form"),
+        (NewMemory("x", created_at=datetime(2025, 1, 1)), "no time zone"),
+        (NewMemory("x", updated_at="2025-01-01T00:00:00+00:00"), "must be a datetime"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_given_id_or_time_is_checked_before_anything_is_written(
+    store: MemoryStore, new: NewMemory, says: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea"), new)))
+    assert store.all_memories() == []
+
+
+def test_one_id_given_to_two_adds_of_a_set_is_refused() -> None:
+    twice = (NewMemory("a", memory_id=GIVEN_ID), NewMemory("b", memory_id=GIVEN_ID))
+    with pytest.raises(InvalidInputError, match="more than one new memory"):
+        validate_changes(ChangeSet(ALICE, adds=twice))
