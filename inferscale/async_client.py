@@ -55,9 +55,10 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
+from inferscale.mem0_import import mem0_memories
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
-from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
+from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope, ScopeId
 from inferscale.steps import arun_steps
@@ -213,6 +214,22 @@ class AsyncMemoryClient(ClientCore):
         queued = await on_threads(encoding, self.derived.after_write, index, applied, encode)
         if queued:
             await on_threads(MODEL_WORK, self.derived.queue_encoding, queued)
+
+    async def import_memories(
+        self, memories: object, *, encode_kv: bool | None = None
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Store memories exported from Mem0 with their ids, scopes, metadata and times; see
+        :meth:`MemoryClient.import_memories` (same arguments, result and errors)."""
+        read = mem0_memories(memories, self.config.max_memory_chars)
+        encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
+        planned = await arun_steps(self._import_steps(read.memories), self.adb)
+        applied: list[tuple[ChangeSet, AppliedChanges]] = []
+        for changes in planned:
+            index = await self._aindex()
+            done = await self.adb.apply(changes)
+            await self._aafter_write(index, done, encode)
+            applied.append((changes, done))
+        return imports_to_results(applied, read.expired)
 
     async def update(
         self,

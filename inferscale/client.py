@@ -15,6 +15,7 @@ the shared core and the derived stores; the logic lives in :mod:`inferscale.clie
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,9 +45,10 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
+from inferscale.mem0_import import mem0_memories
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
-from inferscale.results import changes_to_results, history_to_dict, memory_to_dict
+from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
 from inferscale.retrieval import Embedder, VectorIndex
 from inferscale.scope import Scope, ScopeId
 from inferscale.steps import run_steps
@@ -248,6 +250,42 @@ class MemoryClient(ClientCore):
             queued = self.derived.after_write(index, applied, encode)
         self.derived.queue_encoding(queued)
         return applied
+
+    def import_memories(self, memories: object, *, encode_kv: bool | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Store memories exported from Mem0, each with its id, text, scope, metadata and times: how a Mem0 user's
+        memories move over (:mod:`inferscale.mem0_import`; ``inferscale import-mem0`` reads Mem0's files).
+
+        ``memories`` is a list of Mem0 memories: result items as Mem0's ``get_all`` returns them (its
+        ``{"results": [...]}`` is taken too), or Mem0's vector store payloads (with ``"data"``; read from a faiss
+        store by :func:`inferscale.mem0_import.read_mem0_file`). Every memory is checked before anything is written:
+        one bad record refuses the call and stores none. Each scope's memories are then stored in one transaction,
+        in the order Mem0 created them, as ``add(infer=False)`` of their texts would store them (the same context
+        turns and K/V; no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
+        ``kv.encode_on_add``; for a large import, ``encode_kv=False`` and ``inferscale prepare-kv`` later keep the
+        call short). Each keeps its Mem0 id, so an app's stored ids still name it; its history starts with one ADD
+        dated when Mem0 created it (Mem0's history is not read). Running the same import again stores nothing twice:
+        a memory whose id its scope holds already is skipped. Mem0's vectors are not read: InferScale embeds the
+        texts with its own embedder.
+
+        Returns:
+            ``{"results": [{"id", "memory", "event": "ADD", ...}, ...], "skipped": [{"id", "reason"}, ...]}``;
+            skipped are the memories imported before and those Mem0 hides as expired.
+
+        Raises:
+            InvalidInputError: naming the record, for one Mem0 did not write (no text, a bad id, time or metadata,
+                an unknown key; see :func:`inferscale.mem0_import.mem0_memories`), a text longer than
+                ``max_memory_chars`` or too long for the model's context once encoded, an ``expiration_date`` not
+                yet past (InferScale does not expire memories), two records with one id, or an id held by a memory
+                of another scope. Nothing is written.
+            ScopeError: for a record without a user, agent or run id.
+            ModelNotAvailableError, ConfigError: as :meth:`add` (the memories' spans are measured with the chat
+                model's tokenizer).
+        """
+        read = mem0_memories(memories, self.config.max_memory_chars)
+        encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
+        planned = run_steps(self._import_steps(read.memories), self.db)
+        applied = [(changes, self._commit(functools.partial(self.db.apply, changes), encode)) for changes in planned]
+        return imports_to_results(applied, read.expired)
 
     def update(
         self,

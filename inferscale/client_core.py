@@ -16,8 +16,8 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import date
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,11 +31,12 @@ from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
 from inferscale.engines.base import Engine, Generation, StreamEvent
-from inferscale.errors import ConfigError, EngineClosedError
+from inferscale.errors import ConfigError, EngineClosedError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.mem0_config import config_from_dict
+from inferscale.mem0_import import ImportedMemory
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.contexts import turn_contexts
@@ -45,7 +46,7 @@ from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope, ScopeId
-from inferscale.steps import LatestMemories, Steps, StoredText
+from inferscale.steps import LatestMemories, MemoriesById, Steps, StoredText
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 from inferscale.storage.change_sets import ChangeSet, MemoryUpdate, NewMemory
 from inferscale.types import ChatChunk, ChatResult, Timings
@@ -111,6 +112,44 @@ def attributed(message: Message, metadata: Mapping[str, Any]) -> dict[str, Any]:
     ``role`` and, when it has one, its speaker ``name`` as ``actor_id`` (Mem0's keys, which take precedence over the
     same keys in ``metadata``: :data:`~inferscale.storage.records.ATTRIBUTION_KEYS`)."""
     return {**metadata, "role": message.role, **({"actor_id": message.name} if message.name else {})}
+
+
+def verbatim_adds(memories: Sequence[tuple[str, dict[str, Any]]], stored: Sequence[str]) -> tuple[NewMemory, ...]:
+    """The adds of ``memories`` (text and metadata, in the order they are said) stored as they are, one after
+    another: each one's context is the texts before it, after the scope's ``stored`` texts (the last ones stored,
+    oldest first), the last :data:`MAX_CONTEXT_TURNS`. Every context entry is a memory's text, so each is a
+    neighbour (:attr:`NewMemory.neighbours`)."""
+    contexts = turn_contexts(stored, [text for text, _ in memories], MAX_CONTEXT_TURNS)
+    return tuple(
+        NewMemory(text, meta, context, neighbours=len(context))
+        for (text, meta), context in zip(memories, contexts, strict=True)
+    )
+
+
+def chained_adds(
+    memories: Sequence[tuple[str, dict[str, Any]]],
+    stored: Sequence[str],
+    last: ChainLink | None,
+    block: int,
+    window: int,
+) -> tuple[NewMemory, ...]:
+    """The adds of ``memories`` (text and metadata, in order) in bounded chains of ``block``
+    (:mod:`inferscale.chains`): the first continues the block of the scope's ``last`` memory, each later one the
+    block of the memory before it; one that starts a new block (an anchor) is stored with the last ``window`` texts
+    its context would have without chains (the scope's ``stored`` texts, then the earlier ``memories``). Every
+    context entry is a memory's text, so each is a neighbour."""
+    texts = [*stored, *(text for text, _ in memories)]
+    adds = []
+    previous = last
+    for i, (text, meta) in enumerate(memories):
+        continued = next_in_chain(previous, block)
+        if continued is None:
+            context = anchor_context(texts[: len(stored) + i], window)
+            continued = (context, len(context))
+        context, chain_from = continued
+        adds.append(NewMemory(text, meta, context, len(context), chain_from))
+        previous = ChainLink(text, context, chain_from)
+    return tuple(adds)
 
 
 def refuse_platform_arguments(org_id: object, project_id: object) -> None:
@@ -577,15 +616,12 @@ class ClientCore:
         """
         actor = actor_of(msgs)
         kv = self.config.kv
-        window = kv.context_window
-        wanted = max(window, 1) if kv.chains else window  # a chain continues from the scope's last memory
-        earlier: list[MemoryRecord] = (yield LatestMemories(scope, wanted)) if wanted else []
-        # frozen now: the K/V stay valid whatever later happens to them
-        neighbours = [r.text for r in earlier[max(0, len(earlier) - window) :]] if window else []
+        neighbours, last = yield from self._scope_tail_steps(scope)
         if not infer:
             if kv.chains:
-                last = ChainLink.of(earlier[-1]) if earlier else None
-                return self._chained_changes(msgs, scope, meta, actor, neighbours, last, kv.chain_block, window)
+                return self._chained_changes(
+                    msgs, scope, meta, actor, neighbours, last, kv.chain_block, kv.context_window
+                )
             return self._verbatim_changes(msgs, scope, meta, actor, neighbours)
         facts: list[str] = []
         for chunk in self._extract_facts(msgs, instructions):
@@ -600,6 +636,65 @@ class ClientCore:
         shown = (yield from self.derived.similar_steps(scope, facts)) if self.config.llm.reconcile else []
         reconciler = self._reconciler() if shown else None
         return self._plan_changes(scope, facts, shown, reconciler, meta, neighbours, rendered_turns(msgs), actor)
+
+    def _scope_tail_steps(self, scope: Scope) -> Steps[tuple[list[str], ChainLink | None]]:
+        """The texts of the ``kv.context_window`` memories stored last in exactly ``scope``, oldest first (a new
+        memory's neighbours; frozen now: the K/V stay valid whatever later happens to them), and, with chains on,
+        the chain link of the scope's last memory (a chain continues from it; ``None`` without chains or
+        memories)."""
+        kv = self.config.kv
+        window = kv.context_window
+        wanted = max(window, 1) if kv.chains else window
+        earlier: list[MemoryRecord] = (yield LatestMemories(scope, wanted)) if wanted else []
+        neighbours = [r.text for r in earlier[max(0, len(earlier) - window) :]] if window else []
+        last = ChainLink.of(earlier[-1]) if kv.chains and earlier else None
+        return neighbours, last
+
+    def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[list[ChangeSet]]:
+        """One change set per scope of ``memories``, each memory known to fit the model's context once encoded
+        (:meth:`_span_steps`).
+
+        A scope's memories are laid out as ``add(infer=False)`` of their texts, one after another in the order they
+        were created (those without a time last, in the order given), would lay them out: each is encoded after
+        the scope's memories before it (context-window encoding, and chains when they are on), so an imported
+        memory's K/V are those of the same memory added here. Each keeps its id, metadata and times
+        (:class:`~inferscale.storage.change_sets.NewMemory`); a text stored twice in a scope is stored twice, as
+        it was (each id stays).
+
+        Raises:
+            InvalidInputError: naming the first memory that does not fit, or an id a memory of another scope holds
+                (nothing is written; the write checks the ids again, in its transaction).
+        """
+        given = tuple(m.memory_id for m in memories if m.memory_id is not None)
+        held: dict[str, MemoryRecord] = (yield MemoriesById(given)) if given else {}
+        for memory in memories:
+            holder = held.get(memory.memory_id or "")
+            if holder is not None and holder.scope() != memory.scope:  # whose it is stays unsaid (another tenant's)
+                raise InvalidInputError(
+                    f"memory id {memory.memory_id} is held by a memory of another scope: nothing is written"
+                )
+        by_scope: dict[Scope, list[ImportedMemory]] = {}
+        for memory in memories:
+            by_scope.setdefault(memory.scope, []).append(memory)
+        kv = self.config.kv
+        planned: list[ChangeSet] = []
+        for scope, group in by_scope.items():
+            ordered = sorted(
+                group, key=lambda m: (m.created_at is None, m.created_at or datetime.min.replace(tzinfo=UTC))
+            )
+            neighbours, last = yield from self._scope_tail_steps(scope)
+            said = [(m.text, m.metadata) for m in ordered]
+            if kv.chains:
+                built = chained_adds(said, neighbours, last, kv.chain_block, kv.context_window)
+            else:
+                built = verbatim_adds(said, neighbours)
+            adds = tuple(
+                replace(new, memory_id=m.memory_id, created_at=m.created_at, updated_at=m.updated_at)
+                for new, m in zip(built, ordered, strict=True)
+            )
+            fitted: ChangeSet = yield from self._span_steps(ChangeSet(scope, adds=adds, skip_duplicates=False))
+            planned.append(fitted)
+        return planned
 
     @staticmethod
     def _unstored_steps(scope: Scope, texts: Sequence[str]) -> Steps[list[str]]:
@@ -628,11 +723,7 @@ class ClientCore:
         context entry is a memory's text, so each is a neighbour (:attr:`NewMemory.neighbours`): one whose memory
         is deleted before the add commits is dropped, as it is later from the stored context."""
         turns = [m for m in messages if m.role != "system"]
-        contexts = turn_contexts(stored, [m.content for m in turns], MAX_CONTEXT_TURNS)
-        adds = tuple(
-            NewMemory(m.content, attributed(m, meta), context, neighbours=len(context))
-            for m, context in zip(turns, contexts, strict=True)
-        )
+        adds = verbatim_adds([(m.content, attributed(m, meta)) for m in turns], stored)
         return ChangeSet(scope, adds=adds, actor=actor)
 
     @staticmethod
@@ -651,20 +742,8 @@ class ClientCore:
         memory, each later one the block of the message before it; one that starts a new block (an anchor) is stored
         with the last ``window`` turns its context would have without chains (the scope's ``stored`` texts, then the
         call's earlier messages). Every context entry is a memory's text, so each is a neighbour."""
-        said = [m for m in messages if m.role != "system"]
-        texts = [*stored, *(m.content for m in said)]
-        adds = []
-        previous = last
-        for i, message in enumerate(said):
-            text = message.content
-            continued = next_in_chain(previous, block)
-            if continued is None:
-                context = anchor_context(texts[: len(stored) + i], window)
-                continued = (context, len(context))
-            context, chain_from = continued
-            adds.append(NewMemory(text, attributed(message, meta), context, len(context), chain_from))
-            previous = ChainLink(text, context, chain_from)
-        return ChangeSet(scope, adds=tuple(adds), actor=actor)
+        said = [(m.content, attributed(m, meta)) for m in messages if m.role != "system"]
+        return ChangeSet(scope, adds=chained_adds(said, stored, last, block, window), actor=actor)
 
     @staticmethod
     def _plan_changes(

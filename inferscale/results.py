@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from inferscale.storage import HistoryRecord, MemoryRecord
-from inferscale.storage.change_sets import AppliedChanges
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet
 from inferscale.storage.records import ATTRIBUTION_KEYS
 
 
@@ -83,6 +84,27 @@ def changes_to_results(applied: AppliedChanges) -> list[dict[str, Any]]:
             added.update(actor_id=r.metadata.get("actor_id"), role=r.metadata["role"])
         out.append(added)
     return out
+
+
+def imports_to_results(
+    applied: Sequence[tuple[ChangeSet, AppliedChanges]], expired: Sequence[tuple[str | None, str]]
+) -> dict[str, list[dict[str, Any]]]:
+    """What ``import_memories`` returns: ``{"results": [...], "skipped": [...]}``.
+
+    ``results`` holds one ADD per stored memory, as :func:`changes_to_results`; ``skipped`` one
+    ``{"id", "reason"}`` per memory not stored: one whose id a memory of its scope holds already (imported
+    before), or one Mem0 hides as expired (``expired``: ``(id, YYYY-MM-DD)`` pairs)."""
+    results: list[dict[str, Any]] = []
+    skipped = [{"id": memory_id, "reason": f"expired on {day}"} for memory_id, day in expired]
+    for changes, done in applied:
+        results += changes_to_results(done)
+        stored = {r.id for r in done.added}
+        skipped += [
+            {"id": new.memory_id, "reason": "a memory of its scope holds this id already (imported before)"}
+            for new in changes.adds
+            if new.memory_id is not None and new.memory_id not in stored
+        ]
+    return {"results": results, "skipped": skipped}
 
 
 # ---------------------------------------------------------------------------------------------------- arguments

@@ -107,6 +107,19 @@ class LatestMemories:
         return await store.latest(self.scope, self.limit)
 
 
+@dataclass(frozen=True, slots=True)
+class MemoriesById:
+    """The memories of ``ids``, keyed by id, in any scope (unknown ids left out: :meth:`MemoryStore.get_many`)."""
+
+    ids: tuple[str, ...]
+
+    def run(self, store: MemoryStore) -> dict[str, MemoryRecord]:
+        return store.get_many(self.ids)
+
+    async def arun(self, store: AsyncMemoryStore) -> dict[str, MemoryRecord]:
+        return await store.get_many(self.ids)
+
+
 Steps = Generator[StoreRead[Any], Any, R]
 """A step that yields the SQL reads it needs and returns ``R``."""
 

@@ -1,0 +1,290 @@
+"""Mem0's stored memories, read for an import into InferScale (:meth:`inferscale.MemoryClient.import_memories`,
+``inferscale import-mem0``).
+
+A Mem0 user moves by swapping the import; the memories Mem0 stored move with this module. It reads two shapes of
+one memory, both Mem0 2.x's (``mem0/memory/main.py``):
+
+- a result item, as ``Memory.get``/``get_all`` return it: ``{"id", "memory", "hash", "created_at", "updated_at",
+  "user_id", "agent_id", "run_id", "actor_id", "role", "metadata", ...}``; the one way out of every Mem0 vector
+  store (Qdrant, pgvector, Chroma, the platform);
+- a vector store payload, as Mem0 writes it: ``{"data", "hash", "created_at", "updated_at", "user_id", ...}`` with
+  the memory's metadata as the payload's other keys. Mem0's faiss store keeps them in ``<collection>.json``
+  (``{"docstore": {id: payload}, "index_to_id": ...}``), which :func:`read_mem0_file` reads as is.
+
+Every memory keeps its id (an application may hold it), its text, scope and times; ``role`` and ``actor_id`` go
+into its metadata, where InferScale keeps them (and shows them beside the scope ids, as Mem0 does). Mem0's vectors
+are not read: they come from Mem0's embedder, and InferScale embeds each text with its own. Mem0's ``hash`` (md5)
+and ``text_lemmatized`` (its BM25 text) are derived values, left out.
+
+Mem0 hides a memory whose ``expiration_date`` (``YYYY-MM-DD``) is before today (UTC); such a memory is skipped
+here too. InferScale does not expire memories, so one that would expire later is refused rather than kept for good.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from inferscale.errors import InvalidInputError
+from inferscale.scope import Scope
+from inferscale.storage.records import ATTRIBUTION_KEYS
+from inferscale.storage.validation import check_metadata, check_new_id, check_text, check_utc_time
+
+SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+DERIVED_KEYS = frozenset({"hash", "text_lemmatized", "score"})
+"""Left out: Mem0's md5 of the text, its BM25 text, and a search's score."""
+RESULT_KEYS = frozenset(
+    {"id", "memory", "created_at", "updated_at", "metadata", "attributed_to", "expiration_date", "categories"}
+    | set(SCOPE_KEYS)
+    | set(ATTRIBUTION_KEYS)
+    | DERIVED_KEYS
+)
+"""The keys of a Mem0 result item: what ``get_all`` gives (Mem0's platform adds ``categories``)."""
+KEPT_IN_METADATA = ("attributed_to", "categories")
+"""Top-level keys of a result item that Mem0 holds in the payload beside the metadata: kept in the metadata."""
+PAYLOAD_KEYS = frozenset(
+    {"id", "data", "created_at", "updated_at", "expiration_date"}
+    | set(SCOPE_KEYS)
+    | set(ATTRIBUTION_KEYS)
+    | DERIVED_KEYS
+)
+"""The keys of a Mem0 payload that are not the memory's metadata (every other key is)."""
+DEFAULT_COLLECTION = "mem0"
+"""Mem0's default ``collection_name``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedMemory:
+    """One Mem0 memory, checked and ready to store.
+
+    Attributes:
+        scope: its user, agent and run ids.
+        text: the fact.
+        metadata: its metadata, ``role`` and ``actor_id`` included when Mem0 had them.
+        memory_id: its Mem0 id (a canonical UUID); ``None`` when the record had none (a new id is given).
+        created_at, updated_at: its times (tz-aware UTC); ``None`` when the record had none (the import's time).
+    """
+
+    scope: Scope
+    text: str
+    metadata: dict[str, Any]
+    memory_id: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMemories:
+    """What :func:`mem0_memories` read.
+
+    Attributes:
+        memories: the memories to store, in the order given.
+        expired: ``(id, expiration date)`` of each memory skipped because Mem0 hides it as expired.
+    """
+
+    memories: list[ImportedMemory]
+    expired: list[tuple[str | None, str]]
+
+
+def mem0_memories(records: object, max_memory_chars: int, today: date | None = None) -> ReadMemories:
+    """Check every record before anything is stored: one bad record refuses them all.
+
+    Args:
+        records: a sequence of Mem0 result items or payloads (see the module's docstring); a Mem0 ``get_all``
+            return value (``{"results": [...]}``) is taken too.
+        max_memory_chars: the longest text taken (``MemoryConfig.max_memory_chars``, characters).
+        today: the UTC date expiration dates are compared with (default: today's).
+
+    Returns:
+        :class:`ReadMemories`.
+
+    Raises:
+        InvalidInputError: naming the record (its position and id) for a record that is not a dict, has no text
+            (``memory`` or ``data``) or an empty one, a text longer than ``max_memory_chars``, an id that is not a
+            canonical UUID, a time that is not ISO 8601 with a zone, metadata that is not a dict of plain JSON, an
+            unknown key in a result item, or an ``expiration_date`` that is not ``YYYY-MM-DD`` or is today or later;
+            when two records have the same id.
+        ScopeError: for a record with no user, agent or run id, or one that is not a non-empty str or an int.
+    """
+    if isinstance(records, Mapping) and set(records) == {"results"}:
+        records = records["results"]
+    if isinstance(records, str | bytes) or not isinstance(records, Sequence):
+        raise InvalidInputError(f"memories must be a list of Mem0 memories, got {type(records).__name__}")
+    today = today or datetime.now(UTC).date()
+    memories: list[ImportedMemory] = []
+    expired: list[tuple[str | None, str]] = []
+    seen: dict[str, int] = {}
+    for position, record in enumerate(records):
+        where = _where(position, record)
+        try:
+            memory, expires = _memory(record, max_memory_chars)
+            if expires is not None and expires < today:
+                expired.append((memory.memory_id, expires.isoformat()))
+                continue
+            if expires is not None:
+                raise InvalidInputError(
+                    f"expiration_date {expires.isoformat()} is not past: InferScale does not expire memories; drop the "
+                    "key from the record to keep the memory for good, or leave the record out"
+                )
+        except InvalidInputError as error:  # ScopeError included, and kept
+            raise type(error)(f"{where}: {error}") from error
+        if memory.memory_id is not None:
+            if memory.memory_id in seen:
+                raise InvalidInputError(f"{where}: its id is the id of record {seen[memory.memory_id]} too")
+            seen[memory.memory_id] = position
+        memories.append(memory)
+    return ReadMemories(memories, expired)
+
+
+def _where(position: int, record: object) -> str:
+    memory_id = record.get("id") if isinstance(record, Mapping) else None
+    return f"record {position}" + (f" (id {memory_id!r})" if isinstance(memory_id, str) else "")
+
+
+def _memory(record: object, max_memory_chars: int) -> tuple[ImportedMemory, date | None]:
+    """One record as a memory, and its expiration date (``None`` when it has none)."""
+    if not isinstance(record, Mapping):
+        raise InvalidInputError(f"a Mem0 memory is a dict, got {type(record).__name__}")
+    if any(not isinstance(key, str) for key in record):
+        raise InvalidInputError("a Mem0 memory's keys are strs")
+    fields: dict[str, Any] = dict(record)
+    if "memory" in fields and "data" in fields:
+        raise InvalidInputError(
+            "a record has either 'memory' (a Mem0 result item) or 'data' (a Mem0 payload), not both"
+        )
+    if "memory" in fields:
+        metadata = _result_metadata(fields)
+        text = fields.pop("memory")
+    elif "data" in fields:
+        text = fields.pop("data")
+        metadata = {k: v for k, v in fields.items() if k not in PAYLOAD_KEYS}
+    else:
+        raise InvalidInputError("no text: a Mem0 result item has 'memory', a Mem0 payload 'data'")
+    text = check_text(text, "the memory's text")
+    if len(text) > max_memory_chars:
+        raise InvalidInputError(f"its text is {len(text)} characters; at most {max_memory_chars} are taken")
+    for key in ATTRIBUTION_KEYS:
+        if fields.get(key) is not None:
+            metadata[key] = check_text(fields[key], key)
+    scope = Scope.of(*(fields.get(key) for key in SCOPE_KEYS))
+    memory_id = fields.get("id")
+    memory = ImportedMemory(
+        scope,
+        text,
+        check_metadata(metadata),
+        None if memory_id is None else check_new_id(memory_id),
+        _time(fields.get("created_at"), "created_at"),
+        _time(fields.get("updated_at"), "updated_at"),
+    )
+    return memory, _expiration(fields.get("expiration_date"))
+
+
+def _result_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A result item's metadata: its ``metadata`` dict and the keys Mem0 promotes out of it (``attributed_to``).
+
+    Raises:
+        InvalidInputError: for a key Mem0's result items do not have, or ``metadata`` that is not a dict.
+    """
+    unknown = sorted(set(fields) - RESULT_KEYS)
+    if unknown:
+        raise InvalidInputError(
+            f"unknown keys {unknown} in a Mem0 result item (its own keys: {sorted(RESULT_KEYS)}); put them in "
+            "'metadata' to keep them"
+        )
+    metadata = fields.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
+    kept = {key: fields[key] for key in KEPT_IN_METADATA if fields.get(key) is not None}
+    clash = sorted(set(kept) & set(metadata))
+    if clash:
+        raise InvalidInputError(f"{clash} given both as keys of the memory and in its metadata")
+    return {**metadata, **kept}
+
+
+def _time(value: object, name: str) -> datetime | None:
+    """An ISO 8601 time with a zone (Mem0 writes ``datetime.isoformat()`` of a tz-aware time), or a tz-aware
+    ``datetime``, in UTC; ``None`` for ``None``.
+
+    Raises:
+        InvalidInputError: for anything else (a time without a zone included: which zone it meant is unknown).
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise InvalidInputError(f"{name} {value!r} is not an ISO 8601 time") from None
+    return check_utc_time(value, name)
+
+
+def _expiration(value: object) -> date | None:
+    """Mem0's ``expiration_date``: ``YYYY-MM-DD``; ``None`` (or an empty value, which Mem0 reads as none) for
+    none.
+
+    Raises:
+        InvalidInputError: for a value that is not such a date.
+    """
+    if value is None or value == "":
+        return None
+    try:
+        return date.fromisoformat(str(value))
+    except ValueError:
+        raise InvalidInputError(f"expiration_date {value!r} is not a YYYY-MM-DD date") from None
+
+
+def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> list[dict[str, Any]]:
+    """The Mem0 memories a file or folder holds, as records for :func:`mem0_memories`.
+
+    ``path`` is one of:
+
+    - a folder of Mem0's faiss store (its ``path`` setting): the docstore ``<collection>.json`` there is read;
+    - such a docstore file itself;
+    - a JSON file of Mem0 result items: a list, or a ``get_all`` return value ``{"results": [...]}``; e.g. written
+      by ``json.dump(memory.get_all(filters={"user_id": "alice"}, top_k=100_000), f)``, which works on every
+      vector store Mem0 supports.
+
+    Nothing is written; Mem0's files are only read.
+
+    Raises:
+        InvalidInputError: when the path does not exist, the folder holds no ``<collection>.json`` (Mem0's older
+            pickle docstore ``<collection>.pkl`` is not read: Mem0 2.x rewrites it as JSON when it opens the store),
+            the file is not UTF-8 JSON, or its JSON is none of these shapes.
+    """
+    source = Path(path).expanduser()
+    if source.is_dir():
+        docstore = source / f"{collection}.json"
+        if not docstore.is_file():
+            pickled = source / f"{collection}.pkl"
+            found = f"only Mem0's older pickle docstore {pickled.name}, which is not read" if pickled.is_file() else ""
+            raise InvalidInputError(
+                f"{source} holds no Mem0 faiss docstore {docstore.name}{': ' + found if found else ''}. Open the store "
+                "once with Mem0 2.x, which writes it, or give the collection's name (--collection)"
+            )
+        source = docstore
+    try:
+        loaded = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInputError(f"no such file or folder: {source}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidInputError(f"{source} is not a JSON file: {error}") from None
+    except OSError as error:
+        raise InvalidInputError(f"{source} cannot be read: {error.strerror}") from None
+    if isinstance(loaded, dict) and isinstance(loaded.get("docstore"), dict):
+        payloads: dict[str, Any] = loaded["docstore"]
+        return [{**payload, "id": key} if isinstance(payload, dict) else payload for key, payload in payloads.items()]
+    if isinstance(loaded, dict) and set(loaded) == {"results"}:
+        loaded = loaded["results"]
+    if not isinstance(loaded, list):
+        raise InvalidInputError(
+            f"{source} holds none of Mem0's shapes: a list of memories, a get_all result {{'results': [...]}}, or a "
+            "faiss docstore {'docstore': {...}}"
+        )
+    return loaded
+
+
+__all__ = ["DEFAULT_COLLECTION", "ImportedMemory", "ReadMemories", "mem0_memories", "read_mem0_file"]

@@ -1,0 +1,307 @@
+"""``import_memories``: a Mem0 user's stored memories move over with their ids, texts, scopes, metadata and times,
+laid out and encoded as ``add(infer=False)`` of the same texts would be; a second run stores nothing twice; one bad
+record stores nothing.
+
+On a tiny float32 model with a byte-level tokenizer (real encoding), sync and async clients, both databases. The
+records are shaped as Mem0 2.2.1 writes them (``mem0/memory/main.py``: ``get_all``'s result items and the payloads
+of its vector stores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from mem0_fakes import HashEmbedder
+from tiny_models import tiny_engine
+
+from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient, MemoryConfig, ScopeError
+from inferscale.config import KVConfig
+from inferscale.fact_kv import IN_CONTEXT
+from inferscale.mem0_import import read_mem0_file
+from inferscale.storage import MemoryRecord
+
+IDS = [
+    "5c1f3c52-7e0e-4c55-9a43-7c1d1f6b2a01",
+    "0b6e2d0a-2f1b-4f0e-8a43-0d9b6c1e3a02",
+    "9a7d5e44-1c3b-4a6f-b2d8-5e4f3a2b1c03",
+    "e3c2b1a0-9f8e-4d7c-a6b5-4c3d2e1f0a04",
+]
+
+
+def _item(i: int, text: str, created: str, **extra: Any) -> dict[str, Any]:
+    """A Mem0 2.2.1 ``get_all`` result item."""
+    return {
+        "id": IDS[i],
+        "memory": text,
+        "hash": "0" * 32,
+        "created_at": created,
+        "updated_at": extra.pop("updated", created),
+        "user_id": extra.pop("user_id", "maya"),
+        **extra,
+    }
+
+
+MAYA = [  # listed newest first, as Mem0's get_all may give them
+    _item(0, "Lives in Porto.", "2026-03-02T10:00:00-08:00", role="user", actor_id="maya_s"),
+    _item(1, "Has a beagle named Biscuit.", "2026-03-01T09:30:00.123456+00:00", metadata={"topic": "pets"}),
+    _item(2, "Teaches chemistry.", "2026-02-28T08:00:00+00:00", updated="2026-03-05T12:00:00+00:00"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    return tiny_engine("llama")
+
+
+class Client:
+    """A sync or async client's calls as plain calls (the async ones run to the end on one event loop)."""
+
+    def __init__(self, kind: str, config: MemoryConfig, engine: Any) -> None:
+        self._runner = asyncio.Runner() if kind == "async" else None
+        cls = AsyncMemoryClient if kind == "async" else MemoryClient
+        self.client: Any = cls(config, engine=engine, embedder=HashEmbedder())
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.client, method)(*args, **kwargs)
+        return result if self._runner is None else self._runner.run(result)
+
+    def record(self, memory_id: str) -> MemoryRecord:
+        record = self.client.db.get(memory_id)
+        assert record is not None
+        return record
+
+    def count(self) -> int:
+        return len(self.client.db.all_memories())
+
+    def close(self) -> None:
+        self.run("close")
+        if self._runner is not None:
+            self._runner.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def make(request: pytest.FixtureRequest, tmp_path: Path, db_url: str, engine: Any) -> Any:
+    built: list[Client] = []
+
+    def build(**kv: Any) -> Client:
+        config = MemoryConfig(data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(**{"encode_on_add": "lazy", **kv}))
+        client = Client(request.param, config, engine)
+        built.append(client)
+        return client
+
+    yield build
+    for client in built:
+        client.close()
+
+
+def test_memories_keep_their_ids_scopes_metadata_and_times(make: Any) -> None:
+    client = make()
+    bob = _item(3, "Plays the cello.", "2026-01-01T00:00:00+00:00", user_id="bob", agent_id="tutor")
+    out = client.run("import_memories", [*MAYA, bob])
+    assert out["skipped"] == []
+    assert [(r["id"], r["event"]) for r in out["results"]] == [
+        (IDS[2], "ADD"),
+        (IDS[1], "ADD"),
+        (IDS[0], "ADD"),
+        (IDS[3], "ADD"),
+    ]
+
+    listed = client.run("get_all", user_id="maya")["results"]
+    assert [m["id"] for m in listed] == [IDS[2], IDS[1], IDS[0]]  # oldest first: by Mem0's created_at
+    porto, biscuit, chemistry = (client.run("get", i) for i in IDS[:3])
+    assert porto["memory"] == "Lives in Porto." and porto["user_id"] == "maya"
+    assert (porto["role"], porto["actor_id"]) == ("user", "maya_s")  # shown beside the scope ids, as Mem0 does
+    assert porto["created_at"] == "2026-03-02T18:00:00+00:00"  # -08:00 read as such, kept in UTC
+    assert biscuit["metadata"] == {"topic": "pets"}
+    assert biscuit["created_at"] == "2026-03-01T09:30:00.123456+00:00"
+    assert (chemistry["created_at"], chemistry["updated_at"]) == (
+        "2026-02-28T08:00:00+00:00",
+        "2026-03-05T12:00:00+00:00",
+    )
+    cello = client.run("get", IDS[3])
+    assert (cello["user_id"], cello["agent_id"], cello["memory"]) == ("bob", "tutor", "Plays the cello.")
+
+    history = client.run("history", IDS[1])
+    assert [(h["event"], h["new_memory"], h["created_at"]) for h in history] == [
+        ("ADD", "Has a beagle named Biscuit.", "2026-03-01T09:30:00.123456+00:00")
+    ]
+    found = client.run("search", "beagle named Biscuit", user_id="maya", limit=1)["results"]
+    assert [m["id"] for m in found] == [IDS[1]]  # embedded by InferScale's own embedder
+    assert IDS[3] not in [m["id"] for m in client.run("search", "Plays the cello.", user_id="maya")["results"]]
+
+
+def test_a_scope_is_laid_out_and_encoded_as_add_without_inference_one_memory_at_a_time(make: Any, engine: Any) -> None:
+    """Context-window encoding (w=2) and K/V: an imported memory is encoded after the memories Mem0 created before it
+    in its scope, exactly as the same texts added one by one; its K/V equal a fresh encoding."""
+    client = make(context_window=2, encode_on_add="eager")
+    client.run("import_memories", MAYA)
+    for memory in sorted(MAYA, key=lambda m: datetime.fromisoformat(m["created_at"])):
+        client.run("add", memory["memory"], user_id="twin", infer=False)
+    twins = {m["memory"]: m["id"] for m in client.run("get_all", user_id="twin")["results"]}
+    fact_kv = client.client.derived.fact_kv
+    for memory in MAYA:
+        imported, twin = client.record(memory["id"]), client.record(twins[memory["memory"]])
+        assert imported.context == twin.context
+        stored = fact_kv.store.get(fact_kv.key(imported, IN_CONTEXT))
+        assert stored is not None
+        (fresh,) = engine.encode_facts([fact_kv.encode_request(imported)])
+        assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
+    assert client.record(IDS[0]).context == ["Teaches chemistry.", "Has a beagle named Biscuit."]
+
+
+def test_importing_again_stores_nothing_twice(make: Any) -> None:
+    client = make()
+    client.run("import_memories", MAYA)
+    again = client.run("import_memories", {"results": MAYA})  # get_all's return value as it is
+    assert again["results"] == []
+    assert sorted(s["id"] for s in again["skipped"]) == sorted(IDS[:3])
+    assert client.count() == 3
+
+
+def test_a_text_stored_twice_in_a_scope_keeps_both_ids(make: Any) -> None:
+    client = make()
+    twice = [_item(0, "Likes tea.", "2026-01-01T00:00:00Z"), _item(1, "Likes tea.", "2026-01-02T00:00:00Z")]
+    client.run("import_memories", twice)
+    assert [m["id"] for m in client.run("get_all", user_id="maya")["results"]] == IDS[:2]
+
+
+def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tmp_path: Path) -> None:
+    """Mem0's faiss store writes ``<collection>.json``: payloads hold the metadata's keys beside Mem0's own."""
+    folder = tmp_path / "mem0_faiss"
+    folder.mkdir()
+    payload = {
+        "data": "Is allergic to peanuts.",
+        "hash": "d41d8cd98f00b204e9800998ecf8427e",
+        "text_lemmatized": "allergic peanut",
+        "created_at": "2026-04-01T10:00:00+00:00",
+        "updated_at": "2026-04-01T10:00:00+00:00",
+        "user_id": "maya",
+        "run_id": "visit-3",
+        "role": "user",
+        "severity": "high",
+        "attributed_to": "user",
+    }
+    (folder / "people.json").write_text(json.dumps({"docstore": {IDS[0]: payload}, "index_to_id": {"0": IDS[0]}}))
+    (folder / "people.faiss").write_bytes(b"")
+    client = make()
+    client.run("import_memories", read_mem0_file(folder, collection="people"))
+    got = client.run("get", IDS[0])
+    assert (got["memory"], got["user_id"], got["run_id"], got["role"]) == (
+        "Is allergic to peanuts.",
+        "maya",
+        "visit-3",
+        "user",
+    )
+    assert got["metadata"] == {"severity": "high", "attributed_to": "user"}
+    assert got["created_at"] == "2026-04-01T10:00:00+00:00"
+
+
+BAD_RECORDS = [
+    pytest.param({"id": IDS[3], "user_id": "maya"}, InvalidInputError, "no text", id="no text"),
+    pytest.param({**MAYA[0], "id": "mem-42"}, InvalidInputError, "canonical form", id="id not a UUID"),
+    pytest.param({**MAYA[0], "id": IDS[3].upper()}, InvalidInputError, "canonical form", id="id in capitals"),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "created_at": "2026-03-02T10:00:00"},
+        InvalidInputError,
+        "no time zone",
+        id="naive time",
+    ),
+    pytest.param({**MAYA[0], "id": IDS[3], "created_at": "yesterday"}, InvalidInputError, "ISO 8601", id="not a time"),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "score": 0.4, "categories": ["x"], "owner": "o"},
+        InvalidInputError,
+        "'owner'",
+        id="unknown key",
+    ),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "metadata": ["x"]}, InvalidInputError, "metadata must be a dict", id="metadata list"
+    ),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "expiration_date": "2999-01-01"}, InvalidInputError, "not past", id="expires later"
+    ),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "expiration_date": "soon"}, InvalidInputError, "YYYY-MM-DD", id="bad expiry"
+    ),
+    pytest.param({**MAYA[0], "id": IDS[1]}, InvalidInputError, "id of record 1 too", id="repeated id"),
+    pytest.param({**MAYA[0], "id": IDS[3], "user_id": None}, ScopeError, "record 3", id="no scope"),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "memory": "x" * 4001}, InvalidInputError, "at most 4000", id="text too long"
+    ),
+    pytest.param({**MAYA[0], "id": IDS[3], "memory": "  "}, InvalidInputError, "empty or whitespace", id="blank text"),
+    pytest.param("Lives in Porto.", InvalidInputError, "is a dict", id="not a dict"),
+]
+
+
+@pytest.mark.parametrize(("bad", "error", "says"), BAD_RECORDS)
+def test_one_bad_record_stores_nothing(make: Any, bad: Any, error: type[Exception], says: str) -> None:
+    client = make()
+    client.run("add", "I play chess.", user_id="maya", infer=False)
+    with pytest.raises(error, match=says) as raised:
+        client.run("import_memories", [*MAYA, bad])
+    assert type(raised.value) is error
+    assert "record 3" in str(raised.value)
+    assert client.count() == 1
+
+
+def test_an_expired_memory_is_skipped_as_mem0_hides_it(make: Any) -> None:
+    client = make()
+    expired = {**MAYA[0], "id": IDS[3], "memory": "Is in Lisbon this week.", "expiration_date": "2026-01-31"}
+    out = client.run("import_memories", [*MAYA, expired])
+    assert out["skipped"] == [{"id": IDS[3], "reason": "expired on 2026-01-31"}]
+    assert client.count() == 3
+
+
+def test_an_id_held_in_another_scope_refuses_the_import_without_naming_that_scope(make: Any) -> None:
+    client = make()
+    client.run("import_memories", [_item(3, "Plays the cello.", "2026-01-01T00:00:00+00:00", user_id="bob")])
+    with pytest.raises(InvalidInputError, match="held by a memory of another scope") as raised:
+        client.run("import_memories", [*MAYA, _item(3, "Lives in Porto.", "2026-01-01T00:00:00+00:00")])
+    assert "bob" not in str(raised.value)
+    assert client.count() == 1  # maya's memories, checked first, are not written either
+
+
+def test_a_memory_too_long_for_the_models_context_stores_nothing(make: Any) -> None:
+    client = make()
+    long_text = "word " * 500  # under max_memory_chars, over the tiny model's 2,048 positions (one token a byte)
+    with pytest.raises(InvalidInputError, match="context"):
+        client.run("import_memories", [*MAYA, _item(3, long_text.strip(), "2026-01-01T00:00:00+00:00", user_id="bob")])
+    assert client.count() == 0
+
+
+def test_the_file_reader_takes_mem0s_shapes_and_refuses_others(tmp_path: Path) -> None:
+    listed, wrapped = tmp_path / "list.json", tmp_path / "wrapped.json"
+    listed.write_text(json.dumps(MAYA))
+    wrapped.write_text(json.dumps({"results": MAYA}))
+    assert read_mem0_file(listed) == MAYA == read_mem0_file(wrapped)
+    pickled = tmp_path / "old"
+    pickled.mkdir()
+    (pickled / "mem0.faiss").write_bytes(b"")
+    (pickled / "mem0.pkl").write_bytes(b"\x80\x04")
+    with pytest.raises(InvalidInputError, match=r"older pickle docstore mem0\.pkl"):
+        read_mem0_file(pickled)
+    with pytest.raises(InvalidInputError, match="no such file"):
+        read_mem0_file(tmp_path / "missing.json")
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"memories": []}))
+    with pytest.raises(InvalidInputError, match="none of Mem0's shapes"):
+        read_mem0_file(odd)
+    odd.write_text("{not json")
+    with pytest.raises(InvalidInputError, match="not a JSON file"):
+        read_mem0_file(odd)
+
+
+def test_records_are_checked_against_today_in_utc() -> None:
+    from inferscale.mem0_import import mem0_memories
+
+    record = {**MAYA[0], "expiration_date": "2026-05-01"}
+    assert mem0_memories([record], 4000, today=datetime(2026, 5, 2, tzinfo=UTC).date()).expired == [
+        (IDS[0], "2026-05-01")
+    ]
+    with pytest.raises(InvalidInputError, match="not past"):
+        mem0_memories([record], 4000, today=datetime(2026, 5, 1, tzinfo=UTC).date())
