@@ -83,13 +83,17 @@ def check_utc_time(value: object, name: str) -> datetime:
     """``value`` when it is a tz-aware ``datetime``, converted to UTC.
 
     Raises:
-        InvalidInputError: for a naive ``datetime`` (its zone would be a guess) or any other type.
+        InvalidInputError: for a naive ``datetime`` (its zone would be a guess), one whose UTC time is out of
+            ``datetime``'s range (years 1 to 9999), or any other type.
     """
     if not isinstance(value, datetime):
         raise InvalidInputError(f"{name} must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInputError(f"{name} {value.isoformat()!r} has no time zone: give one (e.g. +00:00 for UTC)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is a year past datetime's last one in UTC
+        raise InvalidInputError(f"{name} {value.isoformat()!r} is out of datetime's range in UTC") from None
 
 
 def check_ids(memory_ids: object) -> list[str]:

@@ -203,6 +203,12 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
 
 
 BAD_RECORDS = [
+    pytest.param(  # found by the bad-input fuzz: an OverflowError in the conversion to UTC
+        {**MAYA[0], "id": IDS[3], "updated_at": "9999-12-31T23:59:59-05:00"},
+        InvalidInputError,
+        "out of datetime's range",
+        id="time past year 9999 in UTC",
+    ),
     pytest.param({"id": IDS[3], "user_id": "maya"}, InvalidInputError, "no text", id="no text"),
     pytest.param({**MAYA[0], "id": "mem-42"}, InvalidInputError, "canonical form", id="id not a UUID"),
     pytest.param({**MAYA[0], "id": IDS[3].upper()}, InvalidInputError, "canonical form", id="id in capitals"),

@@ -1,7 +1,8 @@
 """Bad input, generated: every public call of the Python API (``add``, ``update``, ``delete``, ``delete_all``,
-``get``, ``get_all``, ``search``, ``history``) with texts, ids, scope ids, metadata, filters and counts drawn from
-strategies that mix the valid with the malformed (issue 15, Tests: bad-input fuzzing). Each call runs on a SQLite
-client and, side by side, a PostgreSQL client holding the same five memories (:data:`SEED`), and must:
+``get``, ``get_all``, ``search``, ``history``, ``import_memories``) with texts, ids, scope ids, metadata, filters,
+counts and Mem0 records drawn from strategies that mix the valid with the malformed (issue 15, Tests: bad-input
+fuzzing). Each call runs on a SQLite client and, side by side, a PostgreSQL client holding the same five memories
+(:data:`SEED`), and must:
 
 - raise only InferScale's typed errors (:class:`~inferscale.errors.InferScaleError` subclasses), never a raw
   ``TypeError``, ``OverflowError`` or driver error;
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -318,7 +319,50 @@ def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(st.just(_ABSENT), strategy)
 
 
+given_ids = mostly(
+    st.one_of(st.uuids(version=4).map(str), st.builds(Ref, st.integers(0, len(SEED) - 1)), st.just(UNKNOWN_ID)),
+    st.one_of(memory_ids, st.uuids(version=4).map(lambda u: str(u).upper()), st.uuids(version=1).map(str)),
+)
+mem0_times = mostly(
+    st.one_of(st.none(), st.datetimes(timezones=st.sampled_from([UTC, timezone(timedelta(hours=-8))])).map(str)),
+    timestamps,
+)
+
+
+@st.composite
+def mem0_record(draw: st.DrawFn) -> Any:
+    """A Mem0 memory as ``import_memories`` takes it: a ``get_all`` result item (``memory``) or a vector store
+    payload (``data``), mostly as Mem0 writes one, sometimes with an odd id, time, key or value."""
+    record = draw(
+        st.fixed_dictionaries(
+            {"memory": texts},
+            optional={
+                "id": given_ids,
+                "created_at": mem0_times,
+                "updated_at": mem0_times,
+                "metadata": metadata,
+                "role": mostly(st.sampled_from(["user", "assistant"]), st.one_of(odd_text, not_str)),
+                "actor_id": mostly(nice_text, st.one_of(odd_text, not_str)),
+                "hash": st.just("d41d8cd98f00b204e9800998ecf8427e"),
+                "expiration_date": mostly(st.sampled_from([None, "2020-01-01"]), st.one_of(timestamps, odd_text)),
+                "owner": json_scalars,
+            },
+        )
+    )
+    record = {**draw(scope_kwargs(required=True)), **record}
+    if draw(st.booleans()):  # a payload: the text under "data", the metadata's keys beside Mem0's own
+        text, meta = record.pop("memory"), record.pop("metadata", None)
+        record = {**(meta if isinstance(meta, dict) else {}), **record, "data": text}
+    return draw(mostly(st.just(record), st.one_of(not_str, odd_text)))
+
+
+imports = st.builds(
+    lambda records: Call("import_memories", (records,)),
+    mostly(st.lists(mem0_record(), max_size=3), st.one_of(not_str, odd_text, st.just({"results": "x"}))),
+)
+
 calls = st.one_of(
+    imports,
     _merged(
         scope_kwargs(required=True),
         _call("add", messages(), metadata=metadata, infer=flags, encode_kv=_maybe(encode_flags)),
@@ -361,8 +405,13 @@ class Backend:
         ]
 
     def resolve(self, value: Any) -> Any:
-        """``value`` with each :class:`Ref` replaced by this backend's id."""
-        return self.ids[value.index] if isinstance(value, Ref) else value
+        """``value`` with each :class:`Ref` replaced by this backend's id; in a list of records (what
+        ``import_memories`` takes), each record's ``id`` too."""
+        if isinstance(value, Ref):
+            return self.ids[value.index]
+        if isinstance(value, list):
+            return [{**v, "id": self.resolve(v["id"])} if isinstance(v, dict) and "id" in v else v for v in value]
+        return value
 
     def run(self, call: Call) -> tuple[str, Any]:
         """``("ok", normalised result)`` or ``("error", the InferScale error's class name)``."""
@@ -471,6 +520,8 @@ def test_bad_input_gets_a_typed_error_writes_nothing_and_answers_alike_on_both_b
                 outcomes.append((kind, value, before, after))
                 count_case("fuzz: calls", backend.name)
                 count_case(f"fuzz: {'accepted' if kind == 'ok' else f'refused with {value}'}", backend.name)
+                if call.method == "import_memories":
+                    count_case(f"fuzz: imports {'accepted' if kind == 'ok' else 'refused'}", backend.name)
                 if kind == "error":
                     assert after == before, f"{backend.name}: {call!r} raised {value} after writing"
             (kind, value, _, after), *others = outcomes
