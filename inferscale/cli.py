@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inferscale.bench.cli import add_bench_parser, add_eval_parser
     from inferscale.commands.chat import add_chat_parser
     from inferscale.commands.keys import add_keys_parser
+    from inferscale.commands.mem0_import import add_import_parser
     from inferscale.commands.memory import add_memory_parsers
     from inferscale.commands.options import parents
     from inferscale.commands.prepare import add_prepare_parser
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_parsers(sub, shared)
     add_chat_parser(sub, shared)
     add_prepare_parser(sub, shared)
+    add_import_parser(sub, shared)
     add_serve_parser(sub)
     add_keys_parser(sub, shared)
     add_bench_parser(sub)

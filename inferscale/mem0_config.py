@@ -383,9 +383,9 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
     Raises:
         ConfigError: for a ``collection_name`` that is not a plain file name, or one other than Mem0's default without
             a ``path`` (every such collection would share the default database); for a folder that holds Mem0's own
-            store of the collection (its index and its ``.json`` or ``.pkl`` docstore), whose memories InferScale
-            does not read: its lists looked empty, and the first write advised deleting Mem0's index (a helper's
-            find).
+            store of the collection (its index and its ``.json`` or ``.pkl`` docstore), which InferScale's index
+            cannot share: its lists looked empty, and the first write advised deleting Mem0's index (a helper's
+            find). The message names ``inferscale import-mem0``, which moves those memories over.
     """
     name = cfg.get("collection_name") or DEFAULT_COLLECTION
     if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
@@ -404,9 +404,10 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
     docstores = [folder / f"{name}{suffix}" for suffix in (".json", ".pkl")]
     if index.exists() and any(docstore.exists() for docstore in docstores):
         raise ConfigError(
-            f"{folder} holds Mem0's faiss store of collection {name!r} ({index.name} and its docstore): InferScale "
-            "does not read the memories Mem0 stored, and its own index cannot share that file. Give InferScale "
-            "another path and add the memories again; Mem0's files are left as they are"
+            f"{folder} holds Mem0's faiss store of collection {name!r} ({index.name} and its docstore): InferScale's "
+            "own index cannot share that file. Give InferScale another path, then move Mem0's memories into it "
+            f"with `inferscale import-mem0 {folder} --collection {name}` (or MemoryClient.import_memories with "
+            "inferscale.mem0_import.read_mem0_file); Mem0's files are left as they are"
         )
     own.setdefault("index_path", str(index))
     if history_db_path and "db_url" in own:

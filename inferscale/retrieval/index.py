@@ -128,9 +128,9 @@ class VectorIndex:
         ):
             raise ConfigError(  # Mem0's faiss store keeps a bare IndexFlatL2: never advise deleting a user's data
                 f"{file} holds a {type(loaded).__name__}, not InferScale's IndexIDMap2 over an IndexFlat: a Mem0 faiss "
-                "store's index, say, whose memories InferScale does not read. Keep it and give InferScale another "
-                "index_path (another faiss path in a Mem0 config), then add the memories again; delete it only if "
-                "InferScale wrote it (the index is rebuilt from the database)"
+                "store's index, say. Keep it and give InferScale another index_path (another faiss path in a Mem0 "
+                "config); `inferscale import-mem0` moves a Mem0 store's memories over. Delete it only if InferScale "
+                "wrote it (the index is rebuilt from the database)"
             )
         if loaded.d != index._dim and saved.embedder != embedder:
             log.warning(

@@ -464,8 +464,9 @@ def test_a_history_db_path_holding_an_earlier_versions_memories_stays_their_data
 
 @pytest.mark.parametrize("docstore", ["mem0.json", "mem0.pkl"])
 def test_a_folder_holding_mem0s_own_faiss_store_is_refused_and_left_alone(tmp_path: Path, docstore: str) -> None:
-    """InferScale does not read the memories Mem0 stored: opened on Mem0's folder, get_all() answered [] without a
-    word, and the first add advised deleting Mem0's index (a helper's find)."""
+    """InferScale's index cannot share Mem0's file: opened on Mem0's folder, get_all() answered [] without a word,
+    and the first add advised deleting Mem0's index (a helper's find). The refusal names the import that moves the
+    memories over."""
     folder = tmp_path / "faiss"
     folder.mkdir()
     index = faiss.IndexFlatL2(8)  # what Mem0 writes, beside its docstore
@@ -473,8 +474,9 @@ def test_a_folder_holding_mem0s_own_faiss_store_is_refused_and_left_alone(tmp_pa
     faiss.write_index(index, str(folder / "mem0.faiss"))
     (folder / docstore).write_bytes(b"{}")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
-    with pytest.raises(ConfigError, match=r"holds Mem0's faiss store of collection 'mem0'.*another path"):
+    with pytest.raises(ConfigError, match=r"holds Mem0's faiss store of collection 'mem0'.*another path") as refused:
         from_mem0_dict(_faiss(folder))
+    assert f"inferscale import-mem0 {folder} --collection mem0" in str(refused.value)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert from_mem0_dict(_faiss(folder, "other")).db_url == f"sqlite:///{folder / 'other.db'}"  # another collection
 

@@ -37,6 +37,7 @@ COMMANDS = [
     "history",
     "chat",
     "prepare-kv",
+    "import-mem0",
     "serve",
     "keys",
     "bench",

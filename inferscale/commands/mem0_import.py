@@ -1,0 +1,95 @@
+"""``inferscale import-mem0``: move the memories a Mem0 store holds into the local store
+(:meth:`MemoryClient.import_memories <inferscale.MemoryClient.import_memories>`).
+
+For a local store only (no ``--host``). It reads Mem0's faiss folder (its ``path`` setting), that folder's docstore
+``<collection>.json``, or a JSON file of Mem0 memories as ``get_all`` returns them (the way out of every other Mem0
+vector store); Mem0's files are only read. Scope flags import only the memories of that scope (ids ANDed, as
+``inferscale list``). Run it again after an interruption: what it stored is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from inferscale.cli_options import add_options, cli, from_args
+from inferscale.commands.options import LOCAL_ONLY
+from inferscale.commands.run import run_call
+from inferscale.mem0_import import DEFAULT_COLLECTION
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from inferscale.client import MemoryClient
+    from inferscale.commands.client import CommandClient
+    from inferscale.commands.options import Common, Parents
+
+__all__ = ["ImportOptions", "add_import_parser"]
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """``inferscale import-mem0``'s own options."""
+
+    source: str = field(
+        metadata=cli(
+            "PATH",
+            help="Mem0's faiss folder (its vector store's path), its <collection>.json, or a JSON file of Mem0 "
+            "memories (what Memory.get_all returns)",
+        )
+    )
+    collection: str = field(
+        default=DEFAULT_COLLECTION,
+        metadata=cli("--collection", metavar="NAME", help="the faiss collection_name, for a folder (default: mem0)"),
+    )
+    encode_kv: bool | None = field(
+        default=None,
+        metadata=cli(
+            "--encode-kv",
+            action=argparse.BooleanOptionalAction,
+            help="encode the memories' K/V now, or on first use with --no-encode-kv (faster for a large store; "
+            "prepare-kv encodes them later); default: the store's kv.encode_on_add",
+        ),
+    )
+
+
+def in_scope(record: object, ids: dict[str, str | None]) -> bool:
+    """Whether ``record`` (a Mem0 memory) has every given scope id; a record that is not a dict is kept, so that
+    the import refuses it by name."""
+    if not isinstance(record, dict):
+        return True
+    return all(str(record.get(key)) == value for key, value in ids.items() if value is not None)
+
+
+def _import(args: argparse.Namespace) -> int:
+    opts = from_args(ImportOptions, args)
+
+    def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+        from inferscale.mem0_import import read_mem0_file
+
+        local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
+        scope = common.scope.ids()
+        ids = {"user_id": scope["user_id"], "agent_id": scope["agent_id"], "run_id": scope["run_id"]}
+        records = [r for r in read_mem0_file(opts.source, opts.collection) if in_scope(r, ids)]
+        return local.import_memories(records, encode_kv=opts.encode_kv)
+
+    def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
+        from inferscale.commands.output import count
+
+        out.print(f"imported {count(len(value['results']), 'memory', 'memories')} from {opts.source}")
+        for skipped in value["skipped"]:
+            out.print(f"skipped {skipped['id']}: {skipped['reason']}")
+
+    return run_call(args, call, show, "importing (the first call loads the models)", creates_store=True)
+
+
+def add_import_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: Parents) -> None:
+    """Add ``import-mem0`` to the ``inferscale`` subcommand parsers."""
+    parser = sub.add_parser(
+        "import-mem0",
+        parents=parents.local,
+        help="move the memories a Mem0 store holds (its faiss folder, or a JSON file of get_all's results) into "
+        "this store, with their ids, scopes, metadata and times",
+    )
+    add_options(parser, ImportOptions).set_defaults(func=_import, **LOCAL_ONLY)
