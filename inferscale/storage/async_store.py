@@ -43,7 +43,6 @@ from inferscale.storage.queries import (
     all_memories,
     by_vector_ids,
     get_kv_entry,
-    get_memories,
     get_memory,
     history,
     latest_memories,
@@ -58,7 +57,6 @@ from inferscale.storage.store import MemoryStore
 from inferscale.storage.validation import (
     check_actor,
     check_id,
-    check_ids,
     check_limit,
     check_positive,
     check_scope,
@@ -99,8 +97,9 @@ class AsyncMemoryStore:
         """The SQLAlchemy URL in use: SQLite's sync form, PostgreSQL's async driver form."""
         return self._sessions.url
 
-    async def _read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """``fn(session, *args, **kwargs)`` in a read session."""
+    async def run_read(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``fn(session, *args, **kwargs)`` in a read session (``fn``: a session function of :mod:`.queries`), as
+        :meth:`MemoryStore.run_read <inferscale.storage.MemoryStore.run_read>`."""
         return await self._sessions.read(fn, *args, **kwargs)
 
     async def _write(self, fn: Callable[Concatenate[Session, _P], _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -129,17 +128,7 @@ class AsyncMemoryStore:
         """
         memory_id = check_id(memory_id)
         checked = check_scope(scope) if scope is not None else None
-        return await self._read(get_memory, memory_id, checked)
-
-    async def get_many(self, memory_ids: Sequence[str]) -> dict[str, MemoryRecord]:
-        """The memories of ``memory_ids`` keyed by id, read in **any scope**; see :meth:`MemoryStore.get_many
-        <inferscale.storage.MemoryStore.get_many>`.
-
-        Raises:
-            InvalidInputError: when ``memory_ids`` is a str or an id is not a non-empty str.
-        """
-        wanted = check_ids(memory_ids)
-        return await self._read(get_memories, wanted) if wanted else {}
+        return await self.run_read(get_memory, memory_id, checked)
 
     async def memories_with_hash(self, text_hash: str, scope: Scope, limit: int | None = None) -> list[MemoryRecord]:
         """The memories of exactly ``scope`` whose text hashes to ``text_hash``, oldest first, at most ``limit``;
@@ -149,7 +138,7 @@ class AsyncMemoryStore:
             InvalidInputError: as the sync store's.
         """
         checked = (check_text(text_hash, "text_hash"), check_scope(scope), check_limit(limit))
-        return await self._read(memories_with_hash, *checked)
+        return await self.run_read(memories_with_hash, *checked)
 
     async def list(
         self, scope: Scope, limit: int | None = None, filters: Filter | None = None
@@ -160,15 +149,15 @@ class AsyncMemoryStore:
             InvalidInputError: for a non-Scope or a bad limit.
         """
         scope = check_scope(scope)
-        return await self._read(list_memories, scope, filters, check_limit(limit))
+        return await self.run_read(list_memories, scope, filters, check_limit(limit))
 
     async def latest(self, scope: Scope, limit: int) -> builtins.list[MemoryRecord]:
         """The ``limit`` memories of exactly ``scope`` stored last, oldest first; see :meth:`MemoryStore.latest`."""
-        return await self._read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
+        return await self.run_read(latest_memories, check_scope(scope), check_positive(limit, "limit"))
 
     async def all_memories(self) -> builtins.list[MemoryRecord]:
         """Every memory of every scope, in vector-id order."""
-        return await self._read(all_memories)
+        return await self.run_read(all_memories)
 
     async def vector_ids_in_scope(self, scope: Scope, filters: Filter | None = None) -> np.ndarray:
         """Vector ids of the memories of ``scope`` matching ``filters``: int64 ``[n]``, ascending.
@@ -176,7 +165,7 @@ class AsyncMemoryStore:
         Raises:
             InvalidInputError: when ``scope`` is not a Scope.
         """
-        return await self._read(vector_ids_in_scope, check_scope(scope), filters)
+        return await self.run_read(vector_ids_in_scope, check_scope(scope), filters)
 
     async def by_vector_ids(self, ids: Sequence[int] | np.ndarray) -> dict[int, MemoryRecord]:
         """The memories whose vector id is in ``ids``, keyed by vector id; unknown ids are left out.
@@ -185,7 +174,7 @@ class AsyncMemoryStore:
             InvalidInputError: when ``ids`` holds something other than integers.
         """
         wanted = sorted(set(check_vector_ids(ids)))
-        return await self._read(by_vector_ids, wanted) if wanted else {}
+        return await self.run_read(by_vector_ids, wanted) if wanted else {}
 
     async def history(self, memory_id: str, scope: Scope | None = None) -> builtins.list[HistoryRecord]:
         """The changes to ``memory_id``, oldest first; see :meth:`MemoryStore.history`.
@@ -193,7 +182,7 @@ class AsyncMemoryStore:
         Raises:
             InvalidInputError: when ``memory_id`` is not a non-empty str or ``scope`` not a Scope.
         """
-        return await self._read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
+        return await self.run_read(history, check_id(memory_id), check_scope(scope) if scope is not None else None)
 
     async def get_kv_entry(self, memory_id: str, fingerprint: str, encoding_key: str) -> KVEntryRecord | None:
         """The KV entry of ``(memory_id, fingerprint, encoding_key)``, or ``None``.
@@ -204,7 +193,7 @@ class AsyncMemoryStore:
         memory_id = check_id(memory_id)
         fingerprint = check_text(fingerprint, "fingerprint")
         encoding_key = check_text(encoding_key, "encoding_key")
-        return await self._read(get_kv_entry, memory_id, fingerprint, encoding_key)
+        return await self.run_read(get_kv_entry, memory_id, fingerprint, encoding_key)
 
     # ---- writes ----------------------------------------------------------------------------------------------
     async def apply(self, changes: ChangeSet) -> AppliedChanges:
@@ -302,15 +291,15 @@ class AsyncMemoryStore:
 
     async def versions(self, scope: Scope | None = None, filters: Filter | None = None) -> MemoryVersions:
         """Vector ids, ids, text hashes of ``scope``'s memories matching ``filters`` (all for ``None``); reconcile."""
-        return await self._read(memory_versions, check_scope(scope) if scope is not None else None, filters)
+        return await self.run_read(memory_versions, check_scope(scope) if scope is not None else None, filters)
 
     async def memory_states(self, memory_ids: Sequence[str]) -> dict[str, bool]:
         """Of ``memory_ids``, those this database ever stored: ``True`` while stored, ``False`` once deleted."""
-        return await self._read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
+        return await self.run_read(memory_states, [check_id(memory_id) for memory_id in memory_ids])
 
     async def all_kv_entries(self) -> builtins.list[KVEntryRecord]:
         """Every KV entry, by row id."""
-        return await self._read(all_kv_entries)
+        return await self.run_read(all_kv_entries)
 
     async def delete_kv_entry_rows(self, row_ids: Sequence[int]) -> int:
         """Delete the KV entries with these row ids; returns how many were deleted (ids already gone count 0)."""

@@ -134,6 +134,12 @@ class AppliedChanges:
     recontexted: list[MemoryRecord] = field(default_factory=list)
 
 
+def held_elsewhere(memory_id: str) -> str:
+    """The refusal of a new memory's given id that a memory of another scope holds: whose memory it is stays
+    unsaid (another tenant's scope is never shown)."""
+    return f"memory id {memory_id} is held by a memory of another scope: nothing is written"
+
+
 # ---- building and checking change sets -------------------------------------------------------------------------
 
 
@@ -145,7 +151,7 @@ def validate_changes(changes: ChangeSet) -> ChangeSet:
 
     Raises:
         InvalidInputError: for an empty text, a bad id, non-JSON metadata, an update with nothing to change, a
-            scope that is not a Scope, or adds without a scope.
+            scope that is not a Scope, adds without a scope, or one id given to two new memories.
     """
     if changes.possible_adds() and changes.scope is None:
         raise InvalidInputError("adding memories needs a scope (user_id, agent_id or run_id)")
@@ -263,6 +269,7 @@ __all__ = [
     "NewMemory",
     "add_change",
     "delete_change",
+    "held_elsewhere",
     "update_change",
     "validate_changes",
 ]

@@ -26,7 +26,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.kv.fingerprint import survives_recontext
 from inferscale.scope import Scope
-from inferscale.storage.change_sets import AppliedChanges, ChangeSet, NewMemory
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet, NewMemory, held_elsewhere
 from inferscale.storage.contexts import (
     chain_start,
     context_holders,
@@ -38,7 +38,7 @@ from inferscale.storage.contexts import (
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, exact_scope_clauses, scope_clauses, scopes_by_id
+from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
 from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, merged_metadata
 from inferscale.storage.validation import json_copy, same_json
 
@@ -204,6 +204,8 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     - with ``skip_duplicates``, the scope's texts being added (:func:`text_lock_key`), so the duplicate check sees
       every add committed before it, under any concurrency: the same text is stored once per exact scope on
       PostgreSQL as on SQLite, whose writers take turns already;
+    - the ids given to new memories (:attr:`NewMemory.memory_id`), so two change sets giving one id to memories of
+      two scopes take turns: the second sees the first's memory and refuses (never a unique-key error);
     - then the rows the deletes and updates name and the rows whose context holds a text they take out of their scope
       (:mod:`inferscale.storage.contexts`), ``FOR UPDATE``, in id order.
 
@@ -230,6 +232,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         keys.append(context_lock_key(changes.scope))
         if changes.skip_duplicates:
             keys += [text_lock_key(changes.scope, hash_text(new.text)) for new in possible]
+    keys += [advisory_key("inferscale.memory_id", new.memory_id) for new in possible if new.memory_id is not None]
     lock_keys(s, keys)
     leaving = _leaving_texts(s, changes, scopes)
     holder_scopes = {i: scope for scope, texts in leaving.items() for i in context_holders(s, scope, texts)}
@@ -304,8 +307,10 @@ def _add_memories(
     updates, each with an ``ADD`` history row; returns the new memories. With ``skip_duplicates``, a text stored in
     exactly the scope, or earlier in the set, is skipped. Each add's neighbour texts that no memory of the scope holds
     any more are dropped from its context (and its chain start moves back by those dropped before it). An add with a
-    given id (:attr:`NewMemory.memory_id`) that a memory of exactly the scope holds already is skipped, and is
-    refused when a memory of another scope holds it (the transaction rolls back)."""
+    given id (:attr:`NewMemory.memory_id`) that a memory of exactly the scope holds already, or a deleted memory
+    had, is skipped, and is refused when a memory of another scope holds it (the transaction rolls back). A given
+    ``created_at`` dates the memory and its ``ADD`` history row; without one, a given ``updated_at`` does (no memory is
+    updated before it is created), else the write's time."""
     if not adds:
         return []
     scope = changes.scope
@@ -315,15 +320,15 @@ def _add_memories(
     live = live_hashes(s, scope, wanted) if wanted else set()
     added: list[MemoryRecord] = []
     seen: set[str] = set()
-    taken = scopes_by_id(s, [new.memory_id for new in adds if new.memory_id is not None])
+    taken = held_ids(s, [new.memory_id for new in adds if new.memory_id is not None])
     for new in adds:
         digest = hash_text(new.text)
-        if new.memory_id in taken:
-            if taken[new.memory_id] != scope:  # whose it is stays unsaid: another tenant's ids are not shown
-                raise InvalidInputError(
-                    f"memory id {new.memory_id} is held by a memory of another scope: nothing is written"
-                )
-            skipped.append(f"ADD of memory {new.memory_id!r} skipped: a memory of scope {scope} holds that id already")
+        holder = taken.get(new.memory_id or "")
+        if holder is not None:
+            if holder.scope is not None and holder.scope != scope:
+                raise InvalidInputError(held_elsewhere(new.memory_id or ""))
+            whose = f"a memory of scope {scope}" if holder.scope is not None else "a deleted memory"
+            skipped.append(f"ADD of memory {new.memory_id!r} skipped: {whose} had that id already")
             continue
         if changes.skip_duplicates:
             in_scope = select(MemoryRow.pk).where(MemoryRow.hash == digest, *exact_scope_clauses(scope)).limit(1)
@@ -331,7 +336,7 @@ def _add_memories(
                 skipped.append(f"ADD of {new.text!r} skipped: already stored in scope {scope}")
                 continue
         present = live | seen
-        created_at = new.created_at or now
+        created_at = new.created_at or new.updated_at or now
         row = MemoryRow(
             id=new.memory_id or str(uuid.uuid4()),
             text=new.text,

@@ -26,7 +26,14 @@ from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage.filter_sql import compile_filter
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow
-from inferscale.storage.records import HistoryRecord, KVEntryRecord, MemoryRecord, MemoryVersions, scope_of_ids
+from inferscale.storage.records import (
+    HeldId,
+    HistoryRecord,
+    KVEntryRecord,
+    MemoryRecord,
+    MemoryVersions,
+    scope_of_ids,
+)
 
 IN_CHUNK = 500
 """Ids per ``IN (...)`` clause; stays far below SQLite's bound-parameter limit."""
@@ -274,16 +281,19 @@ def get_kv_entry(s: Session, memory_id: str, fingerprint: str, encoding_key: str
     return KVEntryRecord.from_row(row) if row is not None else None
 
 
-def scopes_by_id(s: Session, ids: Sequence[str]) -> dict[str, Scope]:
-    """The exact scope of each stored memory whose id is in ``ids``, by id (any scope; unknown ids left out)."""
-    found: dict[str, Scope] = {}
-    for chunk in chunks(sorted(set(ids))):
-        columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
-        found.update(
-            (i, Scope(user_id=u, agent_id=a, run_id=r))
-            for i, u, a, r in s.execute(select(*columns).where(MemoryRow.id.in_(chunk)))
-        )
-    return found
+def held_ids(s: Session, ids: Sequence[str]) -> dict[str, HeldId]:
+    """What holds each of ``ids``, by id, in any scope: a live memory (its scope and text hash), or only the history
+    of a deleted one; ids nothing names are left out."""
+    wanted = sorted(set(ids))
+    held: dict[str, HeldId] = {}
+    for chunk in chunks(wanted):
+        columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id, MemoryRow.hash)
+        for i, u, a, r, digest in s.execute(select(*columns).where(MemoryRow.id.in_(chunk))):
+            held[i] = HeldId(Scope(user_id=u, agent_id=a, run_id=r), digest)
+    for chunk in chunks([i for i in wanted if i not in held]):
+        gone = s.scalars(select(HistoryRow.memory_id).where(HistoryRow.memory_id.in_(chunk)).distinct())
+        held.update((i, HeldId(None, None)) for i in gone)
+    return held
 
 
 __all__ = [
@@ -295,6 +305,7 @@ __all__ = [
     "exact_scope_clauses",
     "get_kv_entry",
     "get_memory",
+    "held_ids",
     "history",
     "latest_memories",
     "list_memories",
@@ -302,7 +313,6 @@ __all__ = [
     "memory_states",
     "memory_versions",
     "scope_clauses",
-    "scopes_by_id",
     "select_by_vector_ids",
     "select_kv_entry",
     "select_memories",

@@ -221,6 +221,15 @@ class KVEntryRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldId:
+    """What holds a memory id: the live memory with it (its exact scope and text hash), or, when none does, the
+    history of a deleted memory that had it (both ``None``)."""
+
+    scope: Scope | None
+    text_hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryVersions:
     """What a set of memories holds now, in the compact form the derived stores compare against (no texts).
 
@@ -241,6 +250,7 @@ class MemoryVersions:
 __all__ = [
     "ATTRIBUTION_KEYS",
     "HISTORY_ID_NAMESPACE",
+    "HeldId",
     "HistoryEvent",
     "HistoryRecord",
     "KVEntryRecord",

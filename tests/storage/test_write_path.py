@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -231,7 +232,7 @@ def test_an_add_keeps_a_given_id_and_times_and_dates_its_history_by_them(store: 
 def test_a_given_id_its_scope_holds_is_skipped_and_one_another_scope_holds_rolls_back(store: MemoryStore) -> None:
     store.apply(ChangeSet(BOB, adds=(NewMemory("plays cello", memory_id=GIVEN_ID),)))
     again = store.apply(ChangeSet(BOB, adds=(NewMemory("plays the cello", memory_id=GIVEN_ID),)))
-    assert again.added == [] and "holds that id already" in again.skipped[0]
+    assert again.added == [] and "a memory of scope" in again.skipped[0] and "had that id already" in again.skipped[0]
     other = ChangeSet(ALICE, adds=(NewMemory("likes tea"), NewMemory("likes chess", memory_id=GIVEN_ID)))
     with pytest.raises(InvalidInputError, match="held by a memory of another scope") as raised:
         store.apply(other)
@@ -260,3 +261,44 @@ def test_one_id_given_to_two_adds_of_a_set_is_refused() -> None:
     twice = (NewMemory("a", memory_id=GIVEN_ID), NewMemory("b", memory_id=GIVEN_ID))
     with pytest.raises(InvalidInputError, match="more than one new memory"):
         validate_changes(ChangeSet(ALICE, adds=twice))
+
+
+def test_a_given_id_a_deleted_memory_had_is_skipped(store: MemoryStore) -> None:
+    """An import run again after a deletion must not bring the memory back (its history would run backwards)."""
+    store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea", memory_id=GIVEN_ID),)))
+    store.delete(GIVEN_ID)
+    again = store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea", memory_id=GIVEN_ID),)))
+    assert again.added == [] and "a deleted memory had that id already" in again.skipped[0]
+    assert [h.event for h in store.history(GIVEN_ID)] == ["ADD", "DELETE"]
+
+
+def test_an_update_time_alone_dates_the_new_memory(store: MemoryStore) -> None:
+    updated = datetime(2025, 6, 1, tzinfo=UTC)
+    (added,) = store.apply(ChangeSet(ALICE, adds=(NewMemory("likes tea", updated_at=updated),))).added
+    assert added.created_at == added.updated_at == updated
+
+
+def test_one_id_given_in_two_scopes_at_once_is_stored_once_and_refused_once(store: MemoryStore) -> None:
+    """PostgreSQL's READ COMMITTED let both transactions find the id free; the second then failed on the unique key
+    with a raw IntegrityError (a review's find). Each change set now locks its given ids first. Ten ids, each given
+    to alice and bob by two threads that start together."""
+    ids = [str(uuid.UUID(int=n, version=4)) for n in range(10)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def give(scope: Scope) -> None:
+        for memory_id in ids:
+            start.wait()
+            try:
+                store.apply(ChangeSet(scope, adds=(NewMemory(f"fact {memory_id}", memory_id=memory_id),)))
+            except BaseException as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=give, args=(scope,)) for scope in (ALICE, BOB)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(errors) == len(ids)
+    assert all(isinstance(e, InvalidInputError) and "held by a memory of another scope" in str(e) for e in errors)
+    assert sorted(r.id for r in store.all_memories()) == sorted(ids)
