@@ -216,20 +216,31 @@ class AsyncMemoryClient(ClientCore):
             await on_threads(MODEL_WORK, self.derived.queue_encoding, queued)
 
     async def import_memories(
-        self, memories: object, *, encode_kv: bool | None = None
+        self,
+        memories: object,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
+        assume_utc: bool = False,
+        encode_kv: bool | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Store memories exported from Mem0 with their ids, scopes, metadata and times; see
-        :meth:`MemoryClient.import_memories` (same arguments, result and errors)."""
-        read = mem0_memories(memories, self.config.max_memory_chars)
+        :meth:`MemoryClient.import_memories` (same arguments, result and errors). The memories' spans are measured
+        on a model thread."""
+        only = optional_scope(user_id, agent_id, run_id)
+        read = mem0_memories(
+            memories, self.config.max_memory_chars, only=only, assume_utc=check_flag(assume_utc, "assume_utc")
+        )
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        planned = await arun_steps(self._import_steps(read.memories), self.adb)
+        plan = await arun_steps(self._import_steps(read.memories), self.adb, MODEL_WORK)
         applied: list[tuple[ChangeSet, AppliedChanges]] = []
-        for changes in planned:
+        for changes in plan.changes:
             index = await self._aindex()
             done = await self.adb.apply(changes)
             await self._aafter_write(index, done, encode)
             applied.append((changes, done))
-        return imports_to_results(applied, read.expired)
+        return imports_to_results(applied, plan.left_out, read.expired)
 
     async def update(
         self,

@@ -251,41 +251,59 @@ class MemoryClient(ClientCore):
         self.derived.queue_encoding(queued)
         return applied
 
-    def import_memories(self, memories: object, *, encode_kv: bool | None = None) -> dict[str, list[dict[str, Any]]]:
+    def import_memories(
+        self,
+        memories: object,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
+        assume_utc: bool = False,
+        encode_kv: bool | None = None,
+    ) -> dict[str, list[dict[str, Any]]]:
         """Store memories exported from Mem0, each with its id, text, scope, metadata and times: how a Mem0 user's
         memories move over (:mod:`inferscale.mem0_import`; ``inferscale import-mem0`` reads Mem0's files).
 
         ``memories`` is a list of Mem0 memories: result items as Mem0's ``get_all`` returns them (its
-        ``{"results": [...]}`` is taken too), or Mem0's vector store payloads (with ``"data"``; read from a faiss
-        store by :func:`inferscale.mem0_import.read_mem0_file`). Every memory is checked before anything is written:
-        one bad record refuses the call and stores none. Each scope's memories are then stored in one transaction,
-        in the order Mem0 created them, as ``add(infer=False)`` of their texts would store them (the same context
-        turns and K/V; no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
+        ``{"results": [...]}`` is taken too), or Mem0's vector store payloads with their id (as
+        :func:`inferscale.mem0_import.read_mem0_file` reads them from a faiss store). Given ids keep only the
+        memories of that scope (ids ANDed). Every record is checked before anything is written: one bad record
+        refuses the call and stores none. Each scope's memories are then stored in one transaction, in the order Mem0
+        created them, laid out as ``add(infer=False)`` of each, one call after another, would lay them out (the same
+        context turns and K/V; no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
         ``kv.encode_on_add``; for a large import, ``encode_kv=False`` and ``inferscale prepare-kv`` later keep the
         call short). Each keeps its Mem0 id, so an app's stored ids still name it; its history starts with one ADD
-        dated when Mem0 created it (Mem0's history is not read). Running the same import again stores nothing twice:
-        a memory whose id its scope holds already is skipped. Mem0's vectors are not read: InferScale embeds the
-        texts with its own embedder.
+        dated when Mem0 created it (Mem0's history is not read). Running the same import again stores nothing
+        twice: a memory whose id is stored already is skipped (its text is not updated), and so is one whose id a
+        memory deleted here had. Mem0's vectors are not read: InferScale embeds the texts with its own embedder.
 
         Returns:
             ``{"results": [{"id", "memory", "event": "ADD", ...}, ...], "skipped": [{"id", "reason"}, ...]}``;
-            skipped are the memories imported before and those Mem0 hides as expired.
+            skipped are the memories imported before (the reason says when the stored text differs), those whose id a
+            deleted memory had, and those Mem0 hides as expired.
 
         Raises:
-            InvalidInputError: naming the record, for one Mem0 did not write (no text, a bad id, time or metadata,
-                an unknown key; see :func:`inferscale.mem0_import.mem0_memories`), a text longer than
-                ``max_memory_chars`` or too long for the model's context once encoded, an ``expiration_date`` not
-                yet past (InferScale does not expire memories), two records with one id, or an id held by a memory
-                of another scope. Nothing is written.
+            InvalidInputError: naming the record, for one Mem0 did not write (no id or text, an id that is not a
+                canonical UUID, a time without a zone unless ``assume_utc``, bad metadata, an unknown key; see
+                :func:`inferscale.mem0_import.mem0_memories`), a text longer than ``max_memory_chars`` or too long
+                for the model's context once encoded, an ``expiration_date`` not yet past (InferScale does not expire
+                memories), two records with one id, or an id held by a memory of another scope. Nothing is written.
+                A failure while writing (the database's) leaves the scopes written before it: run the import again to
+                finish it.
             ScopeError: for a record without a user, agent or run id.
             ModelNotAvailableError, ConfigError: as :meth:`add` (the memories' spans are measured with the chat
                 model's tokenizer).
         """
-        read = mem0_memories(memories, self.config.max_memory_chars)
+        only = optional_scope(user_id, agent_id, run_id)
+        read = mem0_memories(
+            memories, self.config.max_memory_chars, only=only, assume_utc=check_flag(assume_utc, "assume_utc")
+        )
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
-        planned = run_steps(self._import_steps(read.memories), self.db)
-        applied = [(changes, self._commit(functools.partial(self.db.apply, changes), encode)) for changes in planned]
-        return imports_to_results(applied, read.expired)
+        plan = run_steps(self._import_steps(read.memories), self.db)
+        applied = [
+            (changes, self._commit(functools.partial(self.db.apply, changes), encode)) for changes in plan.changes
+        ]
+        return imports_to_results(applied, plan.left_out, read.expired)
 
     def update(
         self,

@@ -16,7 +16,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,7 +25,7 @@ from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from inferscale.arguments import check_query, check_threshold, check_update, resolve_limit, resolve_scope
-from inferscale.chains import ChainLink, anchor_context, next_in_chain
+from inferscale.chains import ChainLink
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
@@ -39,25 +39,23 @@ from inferscale.mem0_config import config_from_dict
 from inferscale.mem0_import import ImportedMemory
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
-from inferscale.memory.contexts import turn_contexts
 from inferscale.memory.grounding import ungrounded_reason
 from inferscale.memory.messages import TOOL_ROLES, user_turns
 from inferscale.memory.reconcile import Reconciler
 from inferscale.models.defaults import SMOLLM2_FOLDER
+from inferscale.new_memories import MAX_CONTEXT_TURNS, in_chains, in_turn_order, one_by_one
 from inferscale.retrieval import Embedder, SentenceTransformerEmbedder
 from inferscale.scope import Scope, ScopeId
-from inferscale.steps import LatestMemories, MemoriesById, Steps, StoredText
+from inferscale.steps import IdsHeld, LatestMemories, Steps, StoredText
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
-from inferscale.storage.change_sets import ChangeSet, MemoryUpdate, NewMemory
+from inferscale.storage.change_sets import ChangeSet, MemoryUpdate, NewMemory, held_elsewhere
+from inferscale.storage.records import HeldId
 from inferscale.types import ChatChunk, ChatResult, Timings
 
 if TYPE_CHECKING:
     from inferscale.memory import OpenAIJSONGenerator
 
 log = logging.getLogger(__name__)
-
-MAX_CONTEXT_TURNS = 64
-"""Conversation turns kept as a fact's encoding context (the largest ``kv.context_window``)."""
 
 
 class ChatAbandonedError(Exception):
@@ -78,6 +76,19 @@ class ChunkFacts:
 
     facts: list[str]
     fallback: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportPlan:
+    """What an import writes and leaves out (:meth:`ClientCore._import_steps`).
+
+    Attributes:
+        changes: one change set per scope, in the order the scopes first appear.
+        left_out: ``{"id", "reason"}`` of each memory not to be stored (imported before, or deleted here).
+    """
+
+    changes: list[ChangeSet]
+    left_out: list[dict[str, str]]
 
 
 def ms_since(t0: float) -> float:
@@ -112,44 +123,6 @@ def attributed(message: Message, metadata: Mapping[str, Any]) -> dict[str, Any]:
     ``role`` and, when it has one, its speaker ``name`` as ``actor_id`` (Mem0's keys, which take precedence over the
     same keys in ``metadata``: :data:`~inferscale.storage.records.ATTRIBUTION_KEYS`)."""
     return {**metadata, "role": message.role, **({"actor_id": message.name} if message.name else {})}
-
-
-def verbatim_adds(memories: Sequence[tuple[str, dict[str, Any]]], stored: Sequence[str]) -> tuple[NewMemory, ...]:
-    """The adds of ``memories`` (text and metadata, in the order they are said) stored as they are, one after
-    another: each one's context is the texts before it, after the scope's ``stored`` texts (the last ones stored,
-    oldest first), the last :data:`MAX_CONTEXT_TURNS`. Every context entry is a memory's text, so each is a
-    neighbour (:attr:`NewMemory.neighbours`)."""
-    contexts = turn_contexts(stored, [text for text, _ in memories], MAX_CONTEXT_TURNS)
-    return tuple(
-        NewMemory(text, meta, context, neighbours=len(context))
-        for (text, meta), context in zip(memories, contexts, strict=True)
-    )
-
-
-def chained_adds(
-    memories: Sequence[tuple[str, dict[str, Any]]],
-    stored: Sequence[str],
-    last: ChainLink | None,
-    block: int,
-    window: int,
-) -> tuple[NewMemory, ...]:
-    """The adds of ``memories`` (text and metadata, in order) in bounded chains of ``block``
-    (:mod:`inferscale.chains`): the first continues the block of the scope's ``last`` memory, each later one the
-    block of the memory before it; one that starts a new block (an anchor) is stored with the last ``window`` texts
-    its context would have without chains (the scope's ``stored`` texts, then the earlier ``memories``). Every
-    context entry is a memory's text, so each is a neighbour."""
-    texts = [*stored, *(text for text, _ in memories)]
-    adds = []
-    previous = last
-    for i, (text, meta) in enumerate(memories):
-        continued = next_in_chain(previous, block)
-        if continued is None:
-            context = anchor_context(texts[: len(stored) + i], window)
-            continued = (context, len(context))
-        context, chain_from = continued
-        adds.append(NewMemory(text, meta, context, len(context), chain_from))
-        previous = ChainLink(text, context, chain_from)
-    return tuple(adds)
 
 
 def refuse_platform_arguments(org_id: object, project_id: object) -> None:
@@ -650,51 +623,45 @@ class ClientCore:
         last = ChainLink.of(earlier[-1]) if kv.chains and earlier else None
         return neighbours, last
 
-    def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[list[ChangeSet]]:
-        """One change set per scope of ``memories``, each memory known to fit the model's context once encoded
-        (:meth:`_span_steps`).
+    def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[ImportPlan]:
+        """The change sets that store ``memories``: one per scope, each memory known to fit the model's context once
+        encoded (:meth:`_span_steps`), and the memories left out.
 
-        A scope's memories are laid out as ``add(infer=False)`` of their texts, one after another in the order they
-        were created (those without a time last, in the order given), would lay them out: each is encoded after
-        the scope's memories before it (context-window encoding, and chains when they are on), so an imported
-        memory's K/V are those of the same memory added here. Each keeps its id, metadata and times
-        (:class:`~inferscale.storage.change_sets.NewMemory`); a text stored twice in a scope is stored twice, as
-        it was (each id stays).
+        A memory whose id its scope holds already is left out (imported before), and so is one whose id a deleted
+        memory had (a re-run never brings back what was deleted since). A scope's other memories are laid out as
+        ``add(infer=False)`` of each, one call after another in the order they were created (those without a time
+        last, in the order given), lays them out (:func:`~inferscale.new_memories.one_by_one`): after the scope's
+        last memories, so an imported memory's K/V are those of the same memory added here. A text stored twice in
+        a scope is stored twice, as it was (each id stays).
 
         Raises:
             InvalidInputError: naming the first memory that does not fit, or an id a memory of another scope holds
                 (nothing is written; the write checks the ids again, in its transaction).
         """
-        given = tuple(m.memory_id for m in memories if m.memory_id is not None)
-        held: dict[str, MemoryRecord] = (yield MemoriesById(given)) if given else {}
-        for memory in memories:
-            holder = held.get(memory.memory_id or "")
-            if holder is not None and holder.scope() != memory.scope:  # whose it is stays unsaid (another tenant's)
-                raise InvalidInputError(
-                    f"memory id {memory.memory_id} is held by a memory of another scope: nothing is written"
-                )
-        by_scope: dict[Scope, list[ImportedMemory]] = {}
-        for memory in memories:
-            by_scope.setdefault(memory.scope, []).append(memory)
-        kv = self.config.kv
+        held: dict[str, HeldId] = yield IdsHeld(tuple(m.memory.memory_id for m in memories if m.memory.memory_id))
+        fresh: dict[Scope, list[NewMemory]] = {}
+        left_out: list[dict[str, str]] = []
+        for imported in memories:
+            memory_id, holder = imported.memory.memory_id or "", held.get(imported.memory.memory_id or "")
+            if holder is None:
+                fresh.setdefault(imported.scope, []).append(imported.memory)
+            elif holder.scope is None:
+                left_out.append({"id": memory_id, "reason": "a memory with this id was deleted here"})
+            elif holder.scope != imported.scope:
+                raise InvalidInputError(held_elsewhere(memory_id))
+            else:
+                changed = "" if holder.text_hash == hash_text(imported.memory.text) else "; its text here differs, kept"
+                left_out.append({"id": memory_id, "reason": f"imported before{changed}"})
         planned: list[ChangeSet] = []
-        for scope, group in by_scope.items():
+        for scope, group in fresh.items():
             ordered = sorted(
                 group, key=lambda m: (m.created_at is None, m.created_at or datetime.min.replace(tzinfo=UTC))
             )
             neighbours, last = yield from self._scope_tail_steps(scope)
-            said = [(m.text, m.metadata) for m in ordered]
-            if kv.chains:
-                built = chained_adds(said, neighbours, last, kv.chain_block, kv.context_window)
-            else:
-                built = verbatim_adds(said, neighbours)
-            adds = tuple(
-                replace(new, memory_id=m.memory_id, created_at=m.created_at, updated_at=m.updated_at)
-                for new, m in zip(built, ordered, strict=True)
-            )
+            adds = one_by_one(ordered, neighbours, last, self.config.kv)
             fitted: ChangeSet = yield from self._span_steps(ChangeSet(scope, adds=adds, skip_duplicates=False))
             planned.append(fitted)
-        return planned
+        return ImportPlan(planned, left_out)
 
     @staticmethod
     def _unstored_steps(scope: Scope, texts: Sequence[str]) -> Steps[list[str]]:
@@ -722,9 +689,8 @@ class ClientCore:
         added on its own thus follows the memories stored before it in its scope, never another scope's. Every
         context entry is a memory's text, so each is a neighbour (:attr:`NewMemory.neighbours`): one whose memory
         is deleted before the add commits is dropped, as it is later from the stored context."""
-        turns = [m for m in messages if m.role != "system"]
-        adds = verbatim_adds([(m.content, attributed(m, meta)) for m in turns], stored)
-        return ChangeSet(scope, adds=adds, actor=actor)
+        said = [NewMemory(m.content, attributed(m, meta)) for m in messages if m.role != "system"]
+        return ChangeSet(scope, adds=in_turn_order(said, stored, MAX_CONTEXT_TURNS), actor=actor)
 
     @staticmethod
     def _chained_changes(
@@ -742,8 +708,8 @@ class ClientCore:
         memory, each later one the block of the message before it; one that starts a new block (an anchor) is stored
         with the last ``window`` turns its context would have without chains (the scope's ``stored`` texts, then the
         call's earlier messages). Every context entry is a memory's text, so each is a neighbour."""
-        said = [(m.content, attributed(m, meta)) for m in messages if m.role != "system"]
-        return ChangeSet(scope, adds=chained_adds(said, stored, last, block, window), actor=actor)
+        said = [NewMemory(m.content, attributed(m, meta)) for m in messages if m.role != "system"]
+        return ChangeSet(scope, adds=in_chains(said, stored, last, block, window), actor=actor)
 
     @staticmethod
     def _plan_changes(

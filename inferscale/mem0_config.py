@@ -368,6 +368,12 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def is_file_name(name: object) -> bool:
+    """Whether ``name`` is a plain file name (no folder, not ``.`` or ``..``): what a faiss ``collection_name`` must
+    be, since it names files in the store's folder."""
+    return isinstance(name, str) and Path(name).name == name and name not in (".", "..")
+
+
 def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: object) -> None:
     """Set the index file and the database of Mem0's faiss ``path`` and ``collection_name`` in ``own``: the index
     ``<path>/<collection>.faiss`` and, unless ``db_url`` names a database, the SQLite file ``<path>/<collection>.db``.
@@ -388,7 +394,7 @@ def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: o
             find). The message names ``inferscale import-mem0``, which moves those memories over.
     """
     name = cfg.get("collection_name") or DEFAULT_COLLECTION
-    if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
+    if not is_file_name(name):
         raise ConfigError(f"Mem0's faiss collection_name must be a plain file name, got {name!r}")
     if not cfg.get("path"):
         if name != DEFAULT_COLLECTION and "db_url" not in own:

@@ -5,13 +5,15 @@ A Mem0 user moves by swapping the import; the memories Mem0 stored move with thi
 one memory, both Mem0 2.x's (``mem0/memory/main.py``):
 
 - a result item, as ``Memory.get``/``get_all`` return it: ``{"id", "memory", "hash", "created_at", "updated_at",
-  "user_id", "agent_id", "run_id", "actor_id", "role", "metadata", ...}``; the one way out of every Mem0 vector
-  store (Qdrant, pgvector, Chroma, the platform);
+  "user_id", "agent_id", "run_id", "actor_id", "role", "metadata", ...}``; the one way out of every vector store
+  Mem0's open-source ``Memory`` runs on (Qdrant, pgvector, Chroma, ...). Items of Mem0's platform carry more keys
+  (``owner``, ``organization``, ``immutable``, ...), which have no counterpart here and are refused by name;
 - a vector store payload, as Mem0 writes it: ``{"data", "hash", "created_at", "updated_at", "user_id", ...}`` with
   the memory's metadata as the payload's other keys. Mem0's faiss store keeps them in ``<collection>.json``
   (``{"docstore": {id: payload}, "index_to_id": ...}``), which :func:`read_mem0_file` reads as is.
 
-Every memory keeps its id (an application may hold it), its text, scope and times; ``role`` and ``actor_id`` go
+Every record needs its id, a canonical UUID as Mem0 gives every memory: the memory keeps it (an application may hold
+it), and a second import knows it by it. Every memory keeps its text, scope and times; ``role`` and ``actor_id`` go
 into its metadata, where InferScale keeps them (and shows them beside the scope ids, as Mem0 does). Mem0's vectors
 are not read: they come from Mem0's embedder, and InferScale embeds each text with its own. Mem0's ``hash`` (md5)
 and ``text_lemmatized`` (its BM25 text) are derived values, left out.
@@ -29,12 +31,14 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
+from inferscale.arguments import check_metadata
 from inferscale.errors import InvalidInputError
-from inferscale.scope import Scope
+from inferscale.mem0_config import DEFAULT_COLLECTION, is_file_name
+from inferscale.scope import SCOPE_KEYS, Scope
+from inferscale.storage.change_sets import NewMemory
 from inferscale.storage.records import ATTRIBUTION_KEYS
-from inferscale.storage.validation import check_metadata, check_new_id, check_text, check_utc_time
+from inferscale.storage.validation import check_new_id, check_text, check_utc_time
 
-SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 DERIVED_KEYS = frozenset({"hash", "text_lemmatized", "score"})
 """Left out: Mem0's md5 of the text, its BM25 text, and a search's score."""
 RESULT_KEYS = frozenset(
@@ -53,8 +57,8 @@ PAYLOAD_KEYS = frozenset(
     | DERIVED_KEYS
 )
 """The keys of a Mem0 payload that are not the memory's metadata (every other key is)."""
-DEFAULT_COLLECTION = "mem0"
-"""Mem0's default ``collection_name``."""
+PAGE_KEYS = frozenset({"results", "count", "next", "previous"})
+"""The keys of a ``get_all`` return value: ``{"results": [...]}``, with a page's count and links on Mem0's platform."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +67,13 @@ class ImportedMemory:
 
     Attributes:
         scope: its user, agent and run ids.
-        text: the fact.
-        metadata: its metadata, ``role`` and ``actor_id`` included when Mem0 had them.
-        memory_id: its Mem0 id (a canonical UUID); ``None`` when the record had none (a new id is given).
-        created_at, updated_at: its times (tz-aware UTC); ``None`` when the record had none (the import's time).
+        memory: its text; its metadata, ``role`` and ``actor_id`` included when Mem0 had them; its Mem0 id (a
+            canonical UUID); its times (tz-aware UTC; ``None`` when the record has none). Its context is laid out
+            when it is stored (:func:`inferscale.new_memories.one_by_one`).
     """
 
     scope: Scope
-    text: str
-    metadata: dict[str, Any]
-    memory_id: str | None
-    created_at: datetime | None
-    updated_at: datetime | None
+    memory: NewMemory
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,57 +86,78 @@ class ReadMemories:
     """
 
     memories: list[ImportedMemory]
-    expired: list[tuple[str | None, str]]
+    expired: list[tuple[str, str]]
 
 
-def mem0_memories(records: object, max_memory_chars: int, today: date | None = None) -> ReadMemories:
+def mem0_memories(
+    records: object,
+    max_memory_chars: int,
+    *,
+    only: Scope | None = None,
+    assume_utc: bool = False,
+    today: date | None = None,
+) -> ReadMemories:
     """Check every record before anything is stored: one bad record refuses them all.
 
     Args:
         records: a sequence of Mem0 result items or payloads (see the module's docstring); a Mem0 ``get_all``
-            return value (``{"results": [...]}``) is taken too.
+            return value (``{"results": [...]}``, a platform page's ``count``, ``next`` and ``previous`` too) is
+            taken too.
         max_memory_chars: the longest text taken (``MemoryConfig.max_memory_chars``, characters).
+        only: keep only the memories of this scope (every id it names equal, as a search's scope); ``None``: all.
+            Every record is checked all the same.
+        assume_utc: read a time without a zone as UTC. Mem0 writes its own times with one, but keeps a
+            ``created_at`` a caller put in a memory's metadata as it was given; by default such a time is refused,
+            as its zone would be a guess.
         today: the UTC date expiration dates are compared with (default: today's).
 
     Returns:
         :class:`ReadMemories`.
 
     Raises:
-        InvalidInputError: naming the record (its position and id) for a record that is not a dict, has no text
-            (``memory`` or ``data``) or an empty one, a text longer than ``max_memory_chars``, an id that is not a
-            canonical UUID, a time that is not ISO 8601 with a zone, metadata that is not a dict of plain JSON, an
-            unknown key in a result item, or an ``expiration_date`` that is not ``YYYY-MM-DD`` or is today or later;
-            when two records have the same id.
+        InvalidInputError: naming the record (its position and id) for a record that is not a dict, has no id, no
+            text (``memory`` or ``data``) or an empty one, a text longer than ``max_memory_chars``, an id that is not
+            a canonical UUID, a time that is not ISO 8601 (or has no zone, unless ``assume_utc``), metadata that is
+            not a dict of plain JSON or names a scope id or ``actor_id``, a key given both in the metadata and
+            beside it, an unknown key in a result item, or an ``expiration_date`` that is not ``YYYY-MM-DD`` or is
+            today or later; when two records have the same id.
         ScopeError: for a record with no user, agent or run id, or one that is not a non-empty str or an int.
     """
-    if isinstance(records, Mapping) and set(records) == {"results"}:
+    if isinstance(records, Mapping) and "results" in records and set(records) <= PAGE_KEYS:
         records = records["results"]
     if isinstance(records, str | bytes) or not isinstance(records, Sequence):
         raise InvalidInputError(f"memories must be a list of Mem0 memories, got {type(records).__name__}")
     today = today or datetime.now(UTC).date()
     memories: list[ImportedMemory] = []
-    expired: list[tuple[str | None, str]] = []
+    expired: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     for position, record in enumerate(records):
         where = _where(position, record)
         try:
-            memory, expires = _memory(record, max_memory_chars)
-            if expires is not None and expires < today:
-                expired.append((memory.memory_id, expires.isoformat()))
-                continue
-            if expires is not None:
+            imported, expires = _memory(record, max_memory_chars, assume_utc)
+            if expires is not None and expires >= today:
                 raise InvalidInputError(
                     f"expiration_date {expires.isoformat()} is not past: InferScale does not expire memories; drop the "
                     "key from the record to keep the memory for good, or leave the record out"
                 )
         except InvalidInputError as error:  # ScopeError included, and kept
             raise type(error)(f"{where}: {error}") from error
-        if memory.memory_id is not None:
-            if memory.memory_id in seen:
-                raise InvalidInputError(f"{where}: its id is the id of record {seen[memory.memory_id]} too")
-            seen[memory.memory_id] = position
-        memories.append(memory)
+        memory_id = imported.memory.memory_id or ""
+        if memory_id in seen:
+            raise InvalidInputError(f"{where}: its id is the id of record {seen[memory_id]} too")
+        seen[memory_id] = position
+        if only is not None and not _within(imported.scope, only):
+            continue
+        if expires is not None:
+            expired.append((memory_id, expires.isoformat()))
+        else:
+            memories.append(imported)
     return ReadMemories(memories, expired)
+
+
+def _within(scope: Scope, only: Scope) -> bool:
+    """Whether every id ``only`` names is ``scope``'s."""
+    return all(value == getattr(scope, key) for key, value in only.as_dict().items())
 
 
 def _where(position: int, record: object) -> str:
@@ -145,7 +165,7 @@ def _where(position: int, record: object) -> str:
     return f"record {position}" + (f" (id {memory_id!r})" if isinstance(memory_id, str) else "")
 
 
-def _memory(record: object, max_memory_chars: int) -> tuple[ImportedMemory, date | None]:
+def _memory(record: object, max_memory_chars: int, assume_utc: bool) -> tuple[ImportedMemory, date | None]:
     """One record as a memory, and its expiration date (``None`` when it has none)."""
     if not isinstance(record, Mapping):
         raise InvalidInputError(f"a Mem0 memory is a dict, got {type(record).__name__}")
@@ -167,27 +187,29 @@ def _memory(record: object, max_memory_chars: int) -> tuple[ImportedMemory, date
     text = check_text(text, "the memory's text")
     if len(text) > max_memory_chars:
         raise InvalidInputError(f"its text is {len(text)} characters; at most {max_memory_chars} are taken")
-    for key in ATTRIBUTION_KEYS:
+    if "id" not in fields:
+        raise InvalidInputError("no id: every Mem0 memory has one, which the memory keeps")
+    metadata = {**check_metadata(metadata)}
+    for key in ATTRIBUTION_KEYS:  # Mem0 keeps them beside the metadata: InferScale in it, as add(infer=False) does
         if fields.get(key) is not None:
             metadata[key] = check_text(fields[key], key)
-    scope = Scope.of(*(fields.get(key) for key in SCOPE_KEYS))
-    memory_id = fields.get("id")
-    memory = ImportedMemory(
-        scope,
+    memory = NewMemory(
         text,
-        check_metadata(metadata),
-        None if memory_id is None else check_new_id(memory_id),
-        _time(fields.get("created_at"), "created_at"),
-        _time(fields.get("updated_at"), "updated_at"),
+        metadata,
+        memory_id=check_new_id(fields["id"]),
+        created_at=_time(fields.get("created_at"), "created_at", assume_utc),
+        updated_at=_time(fields.get("updated_at"), "updated_at", assume_utc),
     )
-    return memory, _expiration(fields.get("expiration_date"))
+    scope = Scope.of(*(fields.get(key) for key in SCOPE_KEYS))
+    return ImportedMemory(scope, memory), _expiration(fields.get("expiration_date"))
 
 
 def _result_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
     """A result item's metadata: its ``metadata`` dict and the keys Mem0 promotes out of it (``attributed_to``).
 
     Raises:
-        InvalidInputError: for a key Mem0's result items do not have, or ``metadata`` that is not a dict.
+        InvalidInputError: for a key Mem0's result items do not have, ``metadata`` that is not a dict, or a key given
+            both beside the metadata and in it (``role``, ``actor_id``, ``attributed_to``, ``categories``).
     """
     unknown = sorted(set(fields) - RESULT_KEYS)
     if unknown:
@@ -199,18 +221,20 @@ def _result_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
     kept = {key: fields[key] for key in KEPT_IN_METADATA if fields.get(key) is not None}
-    clash = sorted(set(kept) & set(metadata))
+    beside = {key for key in ATTRIBUTION_KEYS if fields.get(key) is not None}
+    clash = sorted((set(kept) | beside) & set(metadata))
     if clash:
         raise InvalidInputError(f"{clash} given both as keys of the memory and in its metadata")
     return {**metadata, **kept}
 
 
-def _time(value: object, name: str) -> datetime | None:
+def _time(value: object, name: str, assume_utc: bool) -> datetime | None:
     """An ISO 8601 time with a zone (Mem0 writes ``datetime.isoformat()`` of a tz-aware time), or a tz-aware
-    ``datetime``, in UTC; ``None`` for ``None``.
+    ``datetime``, in UTC; ``None`` for ``None``. With ``assume_utc``, a time without a zone is read as UTC.
 
     Raises:
-        InvalidInputError: for anything else (a time without a zone included: which zone it meant is unknown).
+        InvalidInputError: for anything else (a time without a zone included, unless ``assume_utc``: which zone it
+            meant is unknown).
     """
     if value is None:
         return None
@@ -219,6 +243,8 @@ def _time(value: object, name: str) -> datetime | None:
             value = datetime.fromisoformat(value)
         except ValueError:
             raise InvalidInputError(f"{name} {value!r} is not an ISO 8601 time") from None
+    if assume_utc and isinstance(value, datetime) and value.utcoffset() is None:
+        value = value.replace(tzinfo=UTC)
     return check_utc_time(value, name)
 
 
@@ -240,7 +266,7 @@ def _expiration(value: object) -> date | None:
 def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> list[dict[str, Any]]:
     """The Mem0 memories a file or folder holds, as records for :func:`mem0_memories`.
 
-    ``path`` is one of:
+    ``path`` is one of (``collection`` matters for a folder alone):
 
     - a folder of Mem0's faiss store (its ``path`` setting): the docstore ``<collection>.json`` there is read;
     - such a docstore file itself;
@@ -251,11 +277,14 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
     Nothing is written; Mem0's files are only read.
 
     Raises:
-        InvalidInputError: when the path does not exist, the folder holds no ``<collection>.json`` (Mem0's older
-            pickle docstore ``<collection>.pkl`` is not read: Mem0 2.x rewrites it as JSON when it opens the store),
-            the file is not UTF-8 JSON, or its JSON is none of these shapes.
+        InvalidInputError: when ``collection`` is not a plain file name, the path does not exist, the folder holds
+            no ``<collection>.json`` (Mem0's older pickle docstore ``<collection>.pkl`` is not read: Mem0 2.x
+            rewrites it as JSON when it opens the store), the file is not UTF-8 JSON, or its JSON is none of these
+            shapes.
     """
     source = Path(path).expanduser()
+    if not is_file_name(collection):
+        raise InvalidInputError(f"a faiss collection's name is a plain file name, got {collection!r}")
     if source.is_dir():
         docstore = source / f"{collection}.json"
         if not docstore.is_file():
@@ -277,7 +306,7 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
     if isinstance(loaded, dict) and isinstance(loaded.get("docstore"), dict):
         payloads: dict[str, Any] = loaded["docstore"]
         return [{**payload, "id": key} if isinstance(payload, dict) else payload for key, payload in payloads.items()]
-    if isinstance(loaded, dict) and set(loaded) == {"results"}:
+    if isinstance(loaded, dict) and "results" in loaded and set(loaded) <= PAGE_KEYS:
         loaded = loaded["results"]
     if not isinstance(loaded, list):
         raise InvalidInputError(

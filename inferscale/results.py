@@ -87,20 +87,23 @@ def changes_to_results(applied: AppliedChanges) -> list[dict[str, Any]]:
 
 
 def imports_to_results(
-    applied: Sequence[tuple[ChangeSet, AppliedChanges]], expired: Sequence[tuple[str | None, str]]
+    applied: Sequence[tuple[ChangeSet, AppliedChanges]],
+    left_out: Sequence[dict[str, str]],
+    expired: Sequence[tuple[str, str]],
 ) -> dict[str, list[dict[str, Any]]]:
     """What ``import_memories`` returns: ``{"results": [...], "skipped": [...]}``.
 
-    ``results`` holds one ADD per stored memory, as :func:`changes_to_results`; ``skipped`` one
-    ``{"id", "reason"}`` per memory not stored: one whose id a memory of its scope holds already (imported
-    before), or one Mem0 hides as expired (``expired``: ``(id, YYYY-MM-DD)`` pairs)."""
+    ``results`` holds one ADD per stored memory, as :func:`changes_to_results`; ``skipped`` one ``{"id", "reason"}``
+    per memory not stored: those the import's plan ``left_out`` (imported before, or deleted here), those a
+    concurrent write stored first (an add of ``applied`` that did not happen), and those Mem0 hides as expired
+    (``expired``: ``(id, YYYY-MM-DD)`` pairs)."""
     results: list[dict[str, Any]] = []
-    skipped = [{"id": memory_id, "reason": f"expired on {day}"} for memory_id, day in expired]
+    skipped = [*left_out, *({"id": memory_id, "reason": f"expired on {day}"} for memory_id, day in expired)]
     for changes, done in applied:
         results += changes_to_results(done)
         stored = {r.id for r in done.added}
         skipped += [
-            {"id": new.memory_id, "reason": "a memory of its scope holds this id already (imported before)"}
+            {"id": new.memory_id, "reason": "stored meanwhile by another write"}
             for new in changes.adds
             if new.memory_id is not None and new.memory_id not in stored
         ]

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from inferscale.filters import Filter
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore
-from inferscale.storage.records import MemoryVersions
+from inferscale.storage.queries import held_ids
+from inferscale.storage.records import HeldId, MemoryVersions
+from inferscale.storage.validation import check_ids
 from inferscale.worker_threads import ProcessThreads, on_threads
 
 if TYPE_CHECKING:
@@ -108,16 +110,21 @@ class LatestMemories:
 
 
 @dataclass(frozen=True, slots=True)
-class MemoriesById:
-    """The memories of ``ids``, keyed by id, in any scope (unknown ids left out: :meth:`MemoryStore.get_many`)."""
+class IdsHeld:
+    """What holds each of ``ids``, by id, in any scope: the scope and text hash of the live memory with it, or only
+    a deleted memory's history (:func:`inferscale.storage.queries.held_ids`; no text or metadata is read).
+
+    Raises:
+        InvalidInputError: when an id is not a non-empty str.
+    """
 
     ids: tuple[str, ...]
 
-    def run(self, store: MemoryStore) -> dict[str, MemoryRecord]:
-        return store.get_many(self.ids)
+    def run(self, store: MemoryStore) -> dict[str, HeldId]:
+        return store.run_read(held_ids, check_ids(self.ids))
 
-    async def arun(self, store: AsyncMemoryStore) -> dict[str, MemoryRecord]:
-        return await store.get_many(self.ids)
+    async def arun(self, store: AsyncMemoryStore) -> dict[str, HeldId]:
+        return await store.run_read(held_ids, check_ids(self.ids))
 
 
 Steps = Generator[StoreRead[Any], Any, R]
@@ -162,6 +169,7 @@ async def arun_steps(steps: Steps[R], store: AsyncMemoryStore, threads: ProcessT
 
 
 __all__ = [
+    "IdsHeld",
     "LatestMemories",
     "MemoryById",
     "RecordsByVectorId",

@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "inferscale.fact_kv": 5,
     "inferscale.encoding_layout": 5,
     "inferscale.chains": 5,
+    "inferscale.new_memories": 5,
     "inferscale.steps": 5,
     "inferscale.derived": 5,
     "inferscale.encode_queue": 5,

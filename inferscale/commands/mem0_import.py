@@ -4,7 +4,8 @@
 For a local store only (no ``--host``). It reads Mem0's faiss folder (its ``path`` setting), that folder's docstore
 ``<collection>.json``, or a JSON file of Mem0 memories as ``get_all`` returns them (the way out of every other Mem0
 vector store); Mem0's files are only read. Scope flags import only the memories of that scope (ids ANDed, as
-``inferscale list``). Run it again after an interruption: what it stored is skipped.
+``inferscale list``); every record is checked all the same, and an error names a record by its place in the file.
+Run it again after an interruption: what it stored is skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from inferscale.cli_options import add_options, cli, from_args
 from inferscale.commands.options import LOCAL_ONLY
 from inferscale.commands.run import run_call
-from inferscale.mem0_import import DEFAULT_COLLECTION
+from inferscale.mem0_config import DEFAULT_COLLECTION
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,6 +44,15 @@ class ImportOptions:
         default=DEFAULT_COLLECTION,
         metadata=cli("--collection", metavar="NAME", help="the faiss collection_name, for a folder (default: mem0)"),
     )
+    assume_utc: bool = field(
+        default=False,
+        metadata=cli(
+            "--assume-utc",
+            action="store_true",
+            help="read a time without a zone as UTC (Mem0 keeps a created_at given in metadata as it was given); "
+            "by default such a record is refused",
+        ),
+    )
     encode_kv: bool | None = field(
         default=None,
         metadata=cli(
@@ -54,14 +64,6 @@ class ImportOptions:
     )
 
 
-def in_scope(record: object, ids: dict[str, str | None]) -> bool:
-    """Whether ``record`` (a Mem0 memory) has every given scope id; a record that is not a dict is kept, so that
-    the import refuses it by name."""
-    if not isinstance(record, dict):
-        return True
-    return all(str(record.get(key)) == value for key, value in ids.items() if value is not None)
-
-
 def _import(args: argparse.Namespace) -> int:
     opts = from_args(ImportOptions, args)
 
@@ -69,10 +71,10 @@ def _import(args: argparse.Namespace) -> int:
         from inferscale.mem0_import import read_mem0_file
 
         local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
-        scope = common.scope.ids()
-        ids = {"user_id": scope["user_id"], "agent_id": scope["agent_id"], "run_id": scope["run_id"]}
-        records = [r for r in read_mem0_file(opts.source, opts.collection) if in_scope(r, ids)]
-        return local.import_memories(records, encode_kv=opts.encode_kv)
+        records = read_mem0_file(opts.source, opts.collection)
+        return local.import_memories(
+            records, **common.scope.ids(), assume_utc=opts.assume_utc, encode_kv=opts.encode_kv
+        )
 
     def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:
         from inferscale.commands.output import count

@@ -136,23 +136,114 @@ def test_memories_keep_their_ids_scopes_metadata_and_times(make: Any) -> None:
     assert IDS[3] not in [m["id"] for m in client.run("search", "Plays the cello.", user_id="maya")["results"]]
 
 
-def test_a_scope_is_laid_out_and_encoded_as_add_without_inference_one_memory_at_a_time(make: Any, engine: Any) -> None:
-    """Context-window encoding (w=2) and K/V: an imported memory is encoded after the memories Mem0 created before it
-    in its scope, exactly as the same texts added one by one; its K/V equal a fresh encoding."""
-    client = make(context_window=2, encode_on_add="eager")
-    client.run("import_memories", MAYA)
-    for memory in sorted(MAYA, key=lambda m: datetime.fromisoformat(m["created_at"])):
-        client.run("add", memory["memory"], user_id="twin", infer=False)
-    twins = {m["memory"]: m["id"] for m in client.run("get_all", user_id="twin")["results"]}
+FIVE = [_item(i % 4, f"Fact number {i}.", f"2026-01-0{i + 1}T00:00:00+00:00") for i in range(5)]
+"""Five memories created a day apart (the ids are patched per test where they must differ)."""
+
+
+def _five(ids: list[str]) -> list[dict[str, Any]]:
+    return [{**record, "id": memory_id} for record, memory_id in zip(FIVE, ids, strict=True)]
+
+
+FIVE_IDS = [*IDS, "7d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c05"]
+
+
+def _laid_out_alike(client: Client, engine: Any, imported_ids: list[str], scope: str) -> None:
+    """Each imported memory's context (and chain) equals that of the same text added with ``add(infer=False)`` one
+    call at a time in ``scope``, and so do its stored K/V; those of a memory in no chain equal a fresh encoding."""
+    twins = {m["memory"]: m["id"] for m in client.run("get_all", user_id=scope)["results"]}
     fact_kv = client.client.derived.fact_kv
-    for memory in MAYA:
-        imported, twin = client.record(memory["id"]), client.record(twins[memory["memory"]])
-        assert imported.context == twin.context
-        stored = fact_kv.store.get(fact_kv.key(imported, IN_CONTEXT))
-        assert stored is not None
-        (fresh,) = engine.encode_facts([fact_kv.encode_request(imported)])
-        assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
-    assert client.record(IDS[0]).context == ["Teaches chemistry.", "Has a beagle named Biscuit."]
+    for memory_id in imported_ids:
+        imported = client.record(memory_id)
+        twin = client.record(twins[imported.text])
+        assert (imported.context, imported.chain_from) == (twin.context, twin.chain_from), imported.text
+        stored, twins_kv = (fact_kv.store.get(fact_kv.key(r, IN_CONTEXT)) for r in (imported, twin))
+        assert stored is not None and twins_kv is not None
+        assert torch.equal(stored.keys, twins_kv.keys) and torch.equal(stored.values, twins_kv.values)
+        if imported.chain_from is None:  # a chained memory is encoded on its chain's stored K/V (tests/kv: chains)
+            (fresh,) = engine.encode_facts([fact_kv.encode_request(imported)])
+            assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
+
+
+@pytest.mark.parametrize("kv", [{}, {"chain_block": 3}], ids=["window", "chains"])
+def test_a_scope_is_laid_out_and_encoded_as_add_without_inference_one_call_at_a_time(
+    make: Any, engine: Any, kv: dict[str, Any]
+) -> None:
+    """Context-window encoding (w=2) and chains: an imported memory is encoded after the memories created before
+    it in its scope (a review's find: the import laid a scope out as one add call of all its texts, keeping up to
+    64 of them as each one's context), after the scope's memories stored before the import, and its K/V equal a
+    fresh encoding. Five memories, listed newest first, into a scope that holds one already."""
+    client = make(context_window=2, encode_on_add="eager", **kv)
+    for scope in ("maya", "twin"):
+        client.run("add", "Plays chess.", user_id=scope, infer=False)
+    client.run("import_memories", list(reversed(_five(FIVE_IDS))))
+    for record in FIVE:
+        client.run("add", record["memory"], user_id="twin", infer=False)
+    _laid_out_alike(client, engine, FIVE_IDS, "twin")
+    if not kv:
+        assert client.record(FIVE_IDS[4]).context == ["Fact number 2.", "Fact number 3."]
+        assert client.record(FIVE_IDS[0]).context == ["Plays chess."]
+
+
+def test_a_second_import_lays_new_memories_after_the_stored_ones(make: Any, engine: Any) -> None:
+    """A review's find: the records imported before stayed in the layout, so a new one was laid out after copies of
+    them (``[f2, f3, f0, f1, f2, f3]`` at w=2)."""
+    client = make(context_window=2, encode_on_add="eager")
+    five = _five(FIVE_IDS)
+    client.run("import_memories", five[:4])
+    again = client.run("import_memories", five)
+    assert [r["id"] for r in again["results"]] == [FIVE_IDS[4]]
+    assert {s["id"]: s["reason"] for s in again["skipped"]} == {i: "imported before" for i in FIVE_IDS[:4]}
+    assert client.record(FIVE_IDS[4]).context == ["Fact number 2.", "Fact number 3."]
+
+
+def test_a_memory_deleted_since_its_import_is_not_brought_back(make: Any) -> None:
+    """A review's find: a re-import stored it again, its history then running backwards (ADD, DELETE, ADD dated
+    before the DELETE)."""
+    client = make()
+    client.run("import_memories", MAYA)
+    client.run("delete", IDS[1])
+    again = client.run("import_memories", MAYA)
+    assert again["results"] == []
+    assert {s["id"]: s["reason"] for s in again["skipped"]}[IDS[1]] == "a memory with this id was deleted here"
+    assert [h["event"] for h in client.run("history", IDS[1])] == ["ADD", "DELETE"]
+    assert client.count() == 2
+
+
+def test_a_memory_changed_since_its_import_is_kept_and_the_difference_said(make: Any) -> None:
+    client = make()
+    client.run("import_memories", MAYA[:1])
+    edited = {**MAYA[0], "memory": "Lives in Lisbon now."}
+    again = client.run("import_memories", [edited])
+    assert again["skipped"] == [{"id": IDS[0], "reason": "imported before; its text here differs, kept"}]
+    assert client.run("get", IDS[0])["memory"] == "Lives in Porto."
+
+
+def test_a_memory_with_an_update_time_alone_is_dated_by_it(make: Any) -> None:
+    """A review's find: ``created_at`` became the import's time, later than the memory's ``updated_at``."""
+    client = make()
+    record = {k: v for k, v in MAYA[1].items() if k != "created_at"}
+    client.run("import_memories", [record])
+    got = client.run("get", IDS[1])
+    assert got["created_at"] == got["updated_at"] == "2026-03-01T09:30:00.123456+00:00"
+
+
+def test_times_without_a_zone_are_read_as_utc_when_asked(make: Any) -> None:
+    client = make()
+    naive = {**MAYA[0], "created_at": "2026-03-02T10:00:00", "updated_at": "2026-03-02T10:00:00"}
+    with pytest.raises(InvalidInputError, match="no time zone"):
+        client.run("import_memories", [naive])
+    client.run("import_memories", [naive], assume_utc=True)
+    assert client.run("get", IDS[0])["created_at"] == "2026-03-02T10:00:00+00:00"
+
+
+def test_scope_ids_import_only_that_scope_and_a_platform_page_is_taken(make: Any) -> None:
+    client = make()
+    bob = _item(3, "Plays the cello.", "2026-01-01T00:00:00+00:00", user_id="bob", agent_id="tutor")
+    page = {"count": 4, "next": None, "previous": None, "results": [*MAYA, bob]}
+    out = client.run("import_memories", page, user_id="bob")
+    assert [r["id"] for r in out["results"]] == [IDS[3]]
+    assert client.run("import_memories", page, agent_id="tutor", user_id="maya")["results"] == []
+    assert client.count() == 1
 
 
 def test_importing_again_stores_nothing_twice(make: Any) -> None:
@@ -160,7 +251,7 @@ def test_importing_again_stores_nothing_twice(make: Any) -> None:
     client.run("import_memories", MAYA)
     again = client.run("import_memories", {"results": MAYA})  # get_all's return value as it is
     assert again["results"] == []
-    assert sorted(s["id"] for s in again["skipped"]) == sorted(IDS[:3])
+    assert again["skipped"] == [{"id": i, "reason": "imported before"} for i in IDS[:3]]
     assert client.count() == 3
 
 
@@ -203,6 +294,16 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
 
 
 BAD_RECORDS = [
+    pytest.param({k: v for k, v in MAYA[2].items() if k != "id"}, InvalidInputError, "no id", id="no id"),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "metadata": {"user_id": "bob"}},
+        InvalidInputError,
+        "scope ids",
+        id="scope in metadata",
+    ),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "metadata": {"role": "assistant"}}, InvalidInputError, "both", id="role twice"
+    ),
     pytest.param(  # found by the bad-input fuzz: an OverflowError in the conversion to UTC
         {**MAYA[0], "id": IDS[3], "updated_at": "9999-12-31T23:59:59-05:00"},
         InvalidInputError,

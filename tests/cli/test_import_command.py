@@ -37,7 +37,7 @@ def test_a_get_all_file_is_imported_then_skipped_the_second_time(
     assert [(r["id"], r["event"]) for r in ran.json()["results"]] == [(ALICE_ID, "ADD"), (BOB_ID, "ADD")]
     again = cli("import-mem0", str(exported))
     assert again.code == 0, again.err
-    assert "imported 0 memories" in again.out and f"skipped {ALICE_ID}: a memory of its scope holds" in again.out
+    assert "imported 0 memories" in again.out and f"skipped {ALICE_ID}: imported before" in again.out
     client = reference()
     assert [m["id"] for m in client.get_all(user_id="alice")["results"]] == [ALICE_ID]
     assert [m["id"] for m in client.get_all(user_id="bob")["results"]] == [BOB_ID]
@@ -54,6 +54,18 @@ def test_a_faiss_folder_is_read_and_the_scope_flags_pick_whose_memories(
     assert ran.code == 0, ran.err
     assert "imported 1 memory from" in ran.out
     assert [m["id"] for m in reference().get_all(user_id="bob")["results"]] == [BOB_ID]
+    assert reference().get_all(user_id="alice")["results"] == []
+
+
+def test_with_a_scope_flag_a_bad_record_is_named_by_its_place_in_the_file(
+    cli: Callable[..., Ran], reference: Callable[[], MemoryClient], tmp_path: Path
+) -> None:
+    """A review's find: the records were filtered by scope first, so an error counted the filtered list."""
+    exported = tmp_path / "mem0.json"
+    exported.write_text(json.dumps([RESULTS[0], {**RESULTS[1], "id": "mem-2"}]))
+    ran = cli("import-mem0", str(exported), "--user", "bob")
+    assert ran.code == 2
+    assert "record 1 (id 'mem-2')" in ran.err
     assert reference().get_all(user_id="alice")["results"] == []
 
 
