@@ -267,7 +267,7 @@ def _fitted(layout: EncodingLayout, new: NewMemory) -> NewMemory:
     drops with them; an anchor keeps its chain start at the end of its cut context. A chained memory is stored as
     planned: when its chain does not fit, it is encoded after the last of its turns that fit instead
     (:meth:`EncodingLayout.chain_fallback`), so only a fact too long after the system prefix alone is refused."""
-    name = f"the memory {preview(new.text)}"
+    name = f"the memory {preview(new.text)}" + (f" (id {new.memory_id})" if new.memory_id is not None else "")
     if layout.chained(_link(new)):
         if not layout.fits_new(new):
             layout.fitting_context(name, new.text, ())  # raises: the fact does not fit after no turn

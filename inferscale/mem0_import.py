@@ -57,8 +57,9 @@ PAYLOAD_KEYS = frozenset(
     | DERIVED_KEYS
 )
 """The keys of a Mem0 payload that are not the memory's metadata (every other key is)."""
-PAGE_KEYS = frozenset({"results", "count", "next", "previous"})
-"""The keys of a ``get_all`` return value: ``{"results": [...]}``, with a page's count and links on Mem0's platform."""
+PAGE_KEYS = frozenset({"results", "relations", "count", "next", "previous"})
+"""The keys of a ``get_all`` return value: ``{"results": [...]}``, with ``relations`` when Mem0 has a graph store (not
+read: InferScale has no graph memory), and a page's count and links on Mem0's platform."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,8 @@ def mem0_memories(
             a canonical UUID, a time that is not ISO 8601 (or has no zone, unless ``assume_utc``), metadata that is
             not a dict of plain JSON or names a scope id or ``actor_id``, a key given both in the metadata and
             beside it, an unknown key in a result item, or an ``expiration_date`` that is not ``YYYY-MM-DD`` or is
-            today or later; when two records have the same id.
+            today or later; when two records that differ have the same id (two equal ones are taken once: the same
+            memory in two exports).
         ScopeError: for a record with no user, agent or run id, or one that is not a non-empty str or an int.
     """
     if isinstance(records, Mapping) and "results" in records and set(records) <= PAGE_KEYS:
@@ -133,6 +135,8 @@ def mem0_memories(
     seen: dict[str, int] = {}
     for position, record in enumerate(records):
         where = _where(position, record)
+        if _repeats(record, records, seen):
+            continue
         try:
             imported, expires = _memory(record, max_memory_chars, assume_utc)
             if expires is not None and expires >= today:
@@ -144,7 +148,7 @@ def mem0_memories(
             raise type(error)(f"{where}: {error}") from error
         memory_id = imported.memory.memory_id or ""
         if memory_id in seen:
-            raise InvalidInputError(f"{where}: its id is the id of record {seen[memory_id]} too")
+            raise InvalidInputError(f"{where}: its id is the id of record {seen[memory_id]} too, which differs")
         seen[memory_id] = position
         if only is not None and not _within(imported.scope, only):
             continue
@@ -153,6 +157,13 @@ def mem0_memories(
         else:
             memories.append(imported)
     return ReadMemories(memories, expired)
+
+
+def _repeats(record: object, records: Sequence[object], seen: Mapping[str, int]) -> bool:
+    """Whether ``record`` equals an earlier record with its id: the same memory exported twice (Mem0's ``get_all``
+    of a user and of an agent both list a memory of that user and agent), taken once."""
+    memory_id = record.get("id") if isinstance(record, Mapping) else None
+    return isinstance(memory_id, str) and memory_id in seen and records[seen[memory_id]] == record
 
 
 def _within(scope: Scope, only: Scope) -> bool:
@@ -186,7 +197,10 @@ def _memory(record: object, max_memory_chars: int, assume_utc: bool) -> tuple[Im
         raise InvalidInputError("no text: a Mem0 result item has 'memory', a Mem0 payload 'data'")
     text = check_text(text, "the memory's text")
     if len(text) > max_memory_chars:
-        raise InvalidInputError(f"its text is {len(text)} characters; at most {max_memory_chars} are taken")
+        raise InvalidInputError(
+            f"its text is {len(text)} characters; at most {max_memory_chars} are taken (max_memory_chars in the "
+            "client's config)"
+        )
     if "id" not in fields:
         raise InvalidInputError("no id: every Mem0 memory has one, which the memory keeps")
     metadata = {**check_metadata(metadata)}

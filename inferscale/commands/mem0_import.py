@@ -11,6 +11,7 @@ Run it again after an interruption: what it stored is skipped.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -80,8 +81,9 @@ def _import(args: argparse.Namespace) -> int:
         from inferscale.commands.output import count
 
         out.print(f"imported {count(len(value['results']), 'memory', 'memories')} from {opts.source}")
-        for skipped in value["skipped"]:
-            out.print(f"skipped {skipped['id']}: {skipped['reason']}")
+        reasons = Counter(skipped["reason"] for skipped in value["skipped"])
+        for reason, n in reasons.items():
+            out.print(f"skipped {count(n, 'memory', 'memories')}: {reason} (--json lists their ids)")
 
     return run_call(args, call, show, "importing (the first call loads the models)", creates_store=True)
 

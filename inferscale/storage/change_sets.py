@@ -137,7 +137,7 @@ class AppliedChanges:
 def held_elsewhere(memory_id: str) -> str:
     """The refusal of a new memory's given id that a memory of another scope holds: whose memory it is stays
     unsaid (another tenant's scope is never shown)."""
-    return f"memory id {memory_id} is held by a memory of another scope: nothing is written"
+    return f"memory id {memory_id} is held by a memory of another scope"
 
 
 # ---- building and checking change sets -------------------------------------------------------------------------
