@@ -335,9 +335,8 @@ def mem0_record(draw: st.DrawFn) -> Any:
     payload (``data``), mostly as Mem0 writes one, sometimes with an odd id, time, key or value."""
     record = draw(
         st.fixed_dictionaries(
-            {"memory": texts},
+            {"memory": texts, "id": given_ids},
             optional={
-                "id": given_ids,
                 "created_at": mem0_times,
                 "updated_at": mem0_times,
                 "metadata": metadata,
@@ -345,10 +344,11 @@ def mem0_record(draw: st.DrawFn) -> Any:
                 "actor_id": mostly(nice_text, st.one_of(odd_text, not_str)),
                 "hash": st.just("d41d8cd98f00b204e9800998ecf8427e"),
                 "expiration_date": mostly(st.sampled_from([None, "2020-01-01"]), st.one_of(timestamps, odd_text)),
-                "owner": json_scalars,
             },
         )
     )
+    if draw(st.integers(0, 5)) == 0:  # a key Mem0's records do not have (its platform's), or none at all
+        record = draw(st.sampled_from([{**record, "owner": "o"}, {k: v for k, v in record.items() if k != "id"}]))
     record = {**draw(scope_kwargs(required=True)), **record}
     if draw(st.booleans()):  # a payload: the text under "data", the metadata's keys beside Mem0's own
         text, meta = record.pop("memory"), record.pop("metadata", None)
