@@ -287,9 +287,10 @@ class MemoryClient(ClientCore):
                 canonical UUID, a time without a zone unless ``assume_utc``, bad metadata, an unknown key; see
                 :func:`inferscale.mem0_import.mem0_memories`), a text longer than ``max_memory_chars`` or too long
                 for the model's context once encoded, an ``expiration_date`` not yet past (InferScale does not expire
-                memories), two records with one id, or an id held by a memory of another scope. Nothing is written.
-                A failure while writing (the database's) leaves the scopes written before it: run the import again to
-                finish it.
+                memories), two records that differ with one id, or an id held by a memory of another scope: found
+                while checking, before anything is written. While writing, each scope's memories are one
+                transaction: another import that stores one of the ids in another scope first (then refused as
+                above) or a database failure leaves the scopes written before it; run the import again to finish it.
             ScopeError: for a record without a user, agent or run id.
             ModelNotAvailableError, ConfigError: as :meth:`add` (the memories' spans are measured with the chat
                 model's tokenizer).

@@ -91,6 +91,13 @@ class ImportPlan:
     left_out: list[dict[str, str]]
 
 
+def _stored_time(new: NewMemory) -> tuple[bool, datetime]:
+    """The sort key of an imported memory: the time it is stored with (``created_at``, else ``updated_at``), those
+    without either last."""
+    at = new.created_at or new.updated_at
+    return at is None, at or datetime.min.replace(tzinfo=UTC)
+
+
 def ms_since(t0: float) -> float:
     """Milliseconds elapsed since ``t0`` (a ``time.perf_counter()`` reading)."""
     return (time.perf_counter() - t0) * 1000.0
@@ -624,25 +631,26 @@ class ClientCore:
         return neighbours, last
 
     def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[ImportPlan]:
-        """The change sets that store ``memories``: one per scope, each memory known to fit the model's context once
-        encoded (:meth:`_span_steps`), and the memories left out.
+        """The change sets that store ``memories``: one per exact scope, each memory known to fit the model's context
+        once encoded (:meth:`_span_steps`), and the memories left out.
 
         A memory whose id its scope holds already is left out (imported before), and so is one whose id a deleted
-        memory had (a re-run never brings back what was deleted since). A scope's other memories are laid out as
-        ``add(infer=False)`` of each, one call after another in the order they were created (those without a time
-        last, in the order given), lays them out (:func:`~inferscale.new_memories.one_by_one`): after the scope's
-        last memories, so an imported memory's K/V are those of the same memory added here. A text stored twice in
-        a scope is stored twice, as it was (each id stays).
+        memory had (a re-run never brings back what was deleted since). A scope's other memories are ordered by the
+        time they are stored with (``created_at``, else ``updated_at``; those without either last, in the order
+        given), and each gets the context and chain ``add(infer=False)`` of its text would give it, one call after
+        another (:func:`~inferscale.new_memories.one_by_one`): after the scope's last memories, so an imported
+        memory's K/V are those of the same memory added here. A text stored twice in a scope is stored twice, as it
+        was (each id stays).
 
         Raises:
             InvalidInputError: naming the first memory that does not fit, or an id a memory of another scope holds
                 (nothing is written; the write checks the ids again, in its transaction).
         """
-        held: dict[str, HeldId] = yield IdsHeld(tuple(m.memory.memory_id for m in memories if m.memory.memory_id))
+        held: dict[str, HeldId] = yield IdsHeld(tuple(m.memory_id for m in memories))
         fresh: dict[Scope, list[NewMemory]] = {}
         left_out: list[dict[str, str]] = []
         for imported in memories:
-            memory_id, holder = imported.memory.memory_id or "", held.get(imported.memory.memory_id or "")
+            memory_id, holder = imported.memory_id, held.get(imported.memory_id)
             if holder is None:
                 fresh.setdefault(imported.scope, []).append(imported.memory)
             elif holder.scope is None:
@@ -654,9 +662,7 @@ class ClientCore:
                 left_out.append({"id": memory_id, "reason": f"imported before{changed}"})
         planned: list[ChangeSet] = []
         for scope, group in fresh.items():
-            ordered = sorted(
-                group, key=lambda m: (m.created_at is None, m.created_at or datetime.min.replace(tzinfo=UTC))
-            )
+            ordered = sorted(group, key=_stored_time)
             neighbours, last = yield from self._scope_tail_steps(scope)
             adds = one_by_one(ordered, neighbours, last, self.config.kv)
             fitted: ChangeSet = yield from self._span_steps(ChangeSet(scope, adds=adds, skip_duplicates=False))

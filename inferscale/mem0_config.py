@@ -371,7 +371,7 @@ def _llm_fields(provider: str | None, cfg: dict[str, Any]) -> dict[str, Any]:
 def is_file_name(name: object) -> bool:
     """Whether ``name`` is a plain file name (no folder, not ``.`` or ``..``): what a faiss ``collection_name`` must
     be, since it names files in the store's folder."""
-    return isinstance(name, str) and Path(name).name == name and name not in (".", "..")
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
 def _faiss_store(own: dict[str, Any], cfg: Mapping[str, Any], history_db_path: object) -> None:

@@ -39,15 +39,16 @@ from inferscale.storage.change_sets import NewMemory
 from inferscale.storage.records import ATTRIBUTION_KEYS
 from inferscale.storage.validation import check_new_id, check_text, check_utc_time
 
-DERIVED_KEYS = frozenset({"hash", "text_lemmatized", "score"})
-"""Left out: Mem0's md5 of the text, its BM25 text, and a search's score."""
+DERIVED_KEYS = frozenset({"hash", "text_lemmatized"})
+"""Left out: Mem0's md5 of the text and its BM25 text, derived from the text (beside the metadata in a payload)."""
 RESULT_KEYS = frozenset(
-    {"id", "memory", "created_at", "updated_at", "metadata", "attributed_to", "expiration_date", "categories"}
+    {"id", "memory", "created_at", "updated_at", "metadata", "attributed_to", "expiration_date", "categories", "score"}
     | set(SCOPE_KEYS)
     | set(ATTRIBUTION_KEYS)
     | DERIVED_KEYS
 )
-"""The keys of a Mem0 result item: what ``get_all`` gives (Mem0's platform adds ``categories``)."""
+"""The keys of a Mem0 result item: what ``get_all`` gives (Mem0's platform adds ``categories``, a search ``score``,
+which is left out). In a payload, a ``score`` key is the metadata's own."""
 KEPT_IN_METADATA = ("attributed_to", "categories")
 """Top-level keys of a result item that Mem0 holds in the payload beside the metadata: kept in the metadata."""
 PAYLOAD_KEYS = frozenset(
@@ -75,6 +76,15 @@ class ImportedMemory:
 
     scope: Scope
     memory: NewMemory
+
+    def __post_init__(self) -> None:
+        if self.memory.memory_id is None:
+            raise InvalidInputError("an imported memory keeps its id: give it one")
+
+    @property
+    def memory_id(self) -> str:
+        """Its Mem0 id (``memory.memory_id``, which every imported memory has)."""
+        return self.memory.memory_id or ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +135,7 @@ def mem0_memories(
             memory in two exports).
         ScopeError: for a record with no user, agent or run id, or one that is not a non-empty str or an int.
     """
-    if isinstance(records, Mapping) and "results" in records and set(records) <= PAGE_KEYS:
-        records = records["results"]
+    records = _unwrapped(records)
     if isinstance(records, str | bytes) or not isinstance(records, Sequence):
         raise InvalidInputError(f"memories must be a list of Mem0 memories, got {type(records).__name__}")
     today = today or datetime.now(UTC).date()
@@ -146,7 +155,7 @@ def mem0_memories(
                 )
         except InvalidInputError as error:  # ScopeError included, and kept
             raise type(error)(f"{where}: {error}") from error
-        memory_id = imported.memory.memory_id or ""
+        memory_id = imported.memory_id
         if memory_id in seen:
             raise InvalidInputError(f"{where}: its id is the id of record {seen[memory_id]} too, which differs")
         seen[memory_id] = position
@@ -169,6 +178,13 @@ def _repeats(record: object, records: Sequence[object], seen: Mapping[str, int])
 def _within(scope: Scope, only: Scope) -> bool:
     """Whether every id ``only`` names is ``scope``'s."""
     return all(value == getattr(scope, key) for key, value in only.as_dict().items())
+
+
+def _unwrapped(value: object) -> object:
+    """The ``results`` of a ``get_all`` return value (:data:`PAGE_KEYS`); any other value as it is."""
+    if isinstance(value, Mapping) and "results" in value and set(value) <= PAGE_KEYS:
+        return value["results"]
+    return value
 
 
 def _where(position: int, record: object) -> str:
@@ -231,7 +247,9 @@ def _result_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
             f"unknown keys {unknown} in a Mem0 result item (its own keys: {sorted(RESULT_KEYS)}); put them in "
             "'metadata' to keep them"
         )
-    metadata = fields.get("metadata") or {}
+    metadata = fields.get("metadata")
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
     kept = {key: fields[key] for key in KEPT_IN_METADATA if fields.get(key) is not None}
@@ -296,10 +314,14 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
             rewrites it as JSON when it opens the store), the file is not UTF-8 JSON, or its JSON is none of these
             shapes.
     """
-    source = Path(path).expanduser()
     if not is_file_name(collection):
         raise InvalidInputError(f"a faiss collection's name is a plain file name, got {collection!r}")
-    if source.is_dir():
+    try:
+        source = Path(path).expanduser()
+        is_folder = source.is_dir()
+    except (RuntimeError, ValueError, TypeError) as error:  # "~nobody/x": no such home; a NUL in the path
+        raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
+    if is_folder:
         docstore = source / f"{collection}.json"
         if not docstore.is_file():
             pickled = source / f"{collection}.pkl"
@@ -311,17 +333,16 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
         source = docstore
     try:
         loaded = json.loads(source.read_text(encoding="utf-8"))
+    except ValueError as error:  # a JSON or UTF-8 error (both ValueErrors), or a path the OS cannot take
+        raise InvalidInputError(f"{source} cannot be read as JSON: {error}") from None
     except FileNotFoundError:
         raise InvalidInputError(f"no such file or folder: {source}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InvalidInputError(f"{source} is not a JSON file: {error}") from None
     except OSError as error:
         raise InvalidInputError(f"{source} cannot be read: {error.strerror}") from None
     if isinstance(loaded, dict) and isinstance(loaded.get("docstore"), dict):
         payloads: dict[str, Any] = loaded["docstore"]
         return [{**payload, "id": key} if isinstance(payload, dict) else payload for key, payload in payloads.items()]
-    if isinstance(loaded, dict) and "results" in loaded and set(loaded) <= PAGE_KEYS:
-        loaded = loaded["results"]
+    loaded = _unwrapped(loaded)
     if not isinstance(loaded, list):
         raise InvalidInputError(
             f"{source} holds none of Mem0's shapes: a list of memories, a get_all result {{'results': [...]}}, or a "

@@ -52,9 +52,9 @@ def in_chains(
 def one_by_one(
     memories: Sequence[NewMemory], stored: Sequence[str], last: ChainLink | None, kv: KVConfig
 ) -> tuple[NewMemory, ...]:
-    """``memories`` laid out as ``add(infer=False)`` of each, one call after another, lays them out: each after the
-    ``kv.context_window`` texts stored last before it (the scope's ``stored`` texts, then the earlier
-    ``memories``), or in chains when ``kv.chain_block`` is set (continuing the scope's ``last`` memory)."""
+    """``memories``, each with the context and chain ``add(infer=False)`` of its text would give it, one call after
+    another: after the ``kv.context_window`` texts stored last before it (the scope's ``stored`` texts, then the
+    earlier ``memories``), or in chains when ``kv.chain_block`` is set (continuing the scope's ``last`` memory)."""
     if kv.chains:
         return in_chains(memories, stored, last, kv.chain_block, kv.context_window)
     return in_turn_order(memories, stored, kv.context_window)

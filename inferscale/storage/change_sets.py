@@ -45,10 +45,11 @@ class NewMemory:
             puts the memory in no chain. Every entry of a chained memory's context is a neighbour.
         memory_id: the new memory's id, a canonical UUID, when it comes from another store (an import keeps the ids
             an application holds); ``None`` (the default) gives it a new UUID4. A memory of exactly the change
-            set's scope that holds the id already makes the add a skip (an import run again); one of another scope,
-            an error.
-        created_at, updated_at: the memory's times in the store it comes from (tz-aware); ``None`` (the default)
-            stamps it with the time of the write. Its ``ADD`` history row is dated ``created_at``.
+            set's scope that holds the id already, or a deleted memory that had it, makes the add a skip (an import
+            run again); a memory of another scope holding it, an error.
+        created_at, updated_at: the memory's times in the store it comes from (tz-aware). Without ``created_at`` the
+            memory is dated ``updated_at``, without both the time of the write; ``updated_at`` defaults to the
+            memory's date. Its ``ADD`` history row is dated as the memory.
     """
 
     text: str
@@ -137,7 +138,10 @@ class AppliedChanges:
 def held_elsewhere(memory_id: str) -> str:
     """The refusal of a new memory's given id that a memory of another scope holds: whose memory it is stays
     unsaid (another tenant's scope is never shown)."""
-    return f"memory id {memory_id} is held by a memory of another scope"
+    return (
+        f"memory id {memory_id} is held by a memory of another scope: leave the record out, or give it that scope's "
+        "ids if it is that memory"
+    )
 
 
 # ---- building and checking change sets -------------------------------------------------------------------------

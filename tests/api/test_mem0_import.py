@@ -227,6 +227,17 @@ def test_a_memory_with_an_update_time_alone_is_dated_by_it(make: Any) -> None:
     assert got["created_at"] == got["updated_at"] == "2026-03-01T09:30:00.123456+00:00"
 
 
+def test_memories_are_laid_out_in_the_order_of_the_times_they_are_stored_with(make: Any) -> None:
+    """A review's find: a memory with an update time alone was dated by it but laid out after every dated one."""
+    client = make(context_window=2)
+    first = {k: v for k, v in _item(0, "First.", "2026-01-01T00:00:00+00:00").items() if k != "created_at"}
+    second, third = _item(1, "Second.", "2026-01-02T00:00:00+00:00"), _item(2, "Third.", "2026-01-03T00:00:00+00:00")
+    client.run("import_memories", [third, second, first])
+    assert [m["id"] for m in client.run("get_all", user_id="maya")["results"]] == IDS[:3]
+    assert client.record(IDS[0]).context == []
+    assert client.record(IDS[2]).context == ["First.", "Second."]
+
+
 def test_times_without_a_zone_are_read_as_utc_when_asked(make: Any) -> None:
     client = make()
     naive = {**MAYA[0], "created_at": "2026-03-02T10:00:00", "updated_at": "2026-03-02T10:00:00"}
@@ -277,6 +288,7 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
         "role": "user",
         "severity": "high",
         "attributed_to": "user",
+        "score": 5,
     }
     (folder / "people.json").write_text(json.dumps({"docstore": {IDS[0]: payload}, "index_to_id": {"0": IDS[0]}}))
     (folder / "people.faiss").write_bytes(b"")
@@ -289,7 +301,7 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
         "visit-3",
         "user",
     )
-    assert got["metadata"] == {"severity": "high", "attributed_to": "user"}
+    assert got["metadata"] == {"severity": "high", "attributed_to": "user", "score": 5}  # a payload's own key
     assert got["created_at"] == "2026-04-01T10:00:00+00:00"
 
 
@@ -303,6 +315,22 @@ BAD_RECORDS = [
     ),
     pytest.param(
         {**MAYA[0], "id": IDS[3], "metadata": {"role": "assistant"}}, InvalidInputError, "both", id="role twice"
+    ),
+    pytest.param(
+        {**MAYA[1], "id": IDS[3], "categories": ["pets"], "metadata": {"categories": []}},
+        InvalidInputError,
+        "both",
+        id="categories twice",
+    ),
+    pytest.param(
+        {**MAYA[1], "id": IDS[3], "metadata": {"actor_id": "bob"}},
+        InvalidInputError,
+        "actor_id",
+        id="actor in metadata",
+    ),
+    pytest.param({**MAYA[1], "id": IDS[3], "metadata": []}, InvalidInputError, "must be a dict", id="metadata []"),
+    pytest.param(
+        {**MAYA[1], "id": IDS[3], "metadata": False}, InvalidInputError, "must be a dict", id="metadata False"
     ),
     pytest.param(  # found by the bad-input fuzz: an OverflowError in the conversion to UTC
         {**MAYA[0], "id": IDS[3], "updated_at": "9999-12-31T23:59:59-05:00"},
@@ -410,8 +438,13 @@ def test_the_file_reader_takes_mem0s_shapes_and_refuses_others(tmp_path: Path) -
     with pytest.raises(InvalidInputError, match="none of Mem0's shapes"):
         read_mem0_file(odd)
     odd.write_text("{not json")
-    with pytest.raises(InvalidInputError, match="not a JSON file"):
+    with pytest.raises(InvalidInputError, match="cannot be read as JSON"):
         read_mem0_file(odd)
+    for path, says in [("~nosuchuser_h/x.json", "not a usable path"), ("a\x00b.json", "cannot be read as JSON")]:
+        with pytest.raises(InvalidInputError, match=says):  # a raw RuntimeError and ValueError before
+            read_mem0_file(path)
+    with pytest.raises(InvalidInputError, match="plain file name"):
+        read_mem0_file(tmp_path, collection="")
 
 
 def test_records_are_checked_against_today_in_utc() -> None:

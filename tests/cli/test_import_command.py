@@ -66,7 +66,7 @@ def test_with_a_scope_flag_a_bad_record_is_named_by_its_place_in_the_file(
     ran = cli("import-mem0", str(exported), "--user", "bob")
     assert ran.code == 2
     assert "record 1 (id 'mem-2')" in ran.err
-    assert reference().get_all(user_id="alice")["results"] == []
+    assert reference().db.all_memories() == []
 
 
 def test_a_bad_record_exits_2_and_stores_nothing(
