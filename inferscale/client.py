@@ -266,8 +266,8 @@ class MemoryClient(ClientCore):
 
         ``memories`` is a list of Mem0 memories: result items as Mem0's ``get_all`` returns them (its
         ``{"results": [...]}`` is taken too), or Mem0's vector store payloads with their id (as
-        :func:`inferscale.mem0_import.read_mem0_file` reads them from a faiss store). Given ids keep only the
-        memories of that scope (ids ANDed). Every record is checked before anything is written: one bad record
+        :func:`inferscale.mem0_import.read_mem0_file` reads them from a local Qdrant or faiss store). Given ids keep
+        only the memories of that scope (ids ANDed). Every record is checked before anything is written: one bad record
         refuses the call and stores none. Each scope's memories are then stored in one transaction, in the order Mem0
         created them, laid out as ``add(infer=False)`` of each, one call after another, would lay them out (the same
         context turns and K/V; no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else

@@ -551,7 +551,7 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
     elif vs_provider is not None or config.get("vector_store") is not None:
         raise ConfigError(
             f"vector_store provider {vs_provider!r} is not supported; use 'faiss' or 'pgvector' (Mem0's default, "
-            "qdrant, is not served)"
+            "qdrant, is not served; `inferscale import-mem0 <its path>` moves a local Qdrant store's memories over)"
         )
     if config.get("history_db_path") and not (vs_provider == "faiss" and vs_cfg.get("path")):  # else: above
         if "db_url" in own:

@@ -10,7 +10,8 @@ one memory, both Mem0 2.x's (``mem0/memory/main.py``):
   (``owner``, ``organization``, ``immutable``, ...), which have no counterpart here and are refused by name;
 - a vector store payload, as Mem0 writes it: ``{"data", "hash", "created_at", "updated_at", "user_id", ...}`` with
   the memory's metadata as the payload's other keys. Mem0's faiss store keeps them in ``<collection>.json``
-  (``{"docstore": {id: payload}, "index_to_id": ...}``), which :func:`read_mem0_file` reads as is.
+  (``{"docstore": {id: payload}, "index_to_id": ...}``), which :func:`read_mem0_file` reads as is, and its local
+  Qdrant store (Mem0's default) as points whose payloads these are.
 
 Every record needs its id, a canonical UUID as Mem0 gives every memory: the memory keeps it (an application may hold
 it), and a second import knows it by it. Every memory keeps its text, scope and times; ``role`` and ``actor_id`` go
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.arguments import check_metadata
-from inferscale.errors import InvalidInputError
+from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.mem0_config import DEFAULT_COLLECTION, is_file_name
 from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.storage.change_sets import NewMemory
@@ -295,11 +296,18 @@ def _expiration(value: object) -> date | None:
         raise InvalidInputError(f"expiration_date {value!r} is not a YYYY-MM-DD date") from None
 
 
+QDRANT_PAGE = 1_000
+"""Points read from a local Qdrant collection per request."""
+
+
 def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> list[dict[str, Any]]:
     """The Mem0 memories a file or folder holds, as records for :func:`mem0_memories`.
 
     ``path`` is one of (``collection`` matters for a folder alone):
 
+    - a folder of Mem0's local Qdrant store (Mem0's default vector store; its ``path``, ``/tmp/qdrant`` by default):
+      the collection's points are read with Qdrant's own client (``pip install 'inferscale[mem0-import]'``), which
+      needs the folder to itself: stop the Mem0 process that has it open first;
     - a folder of Mem0's faiss store (its ``path`` setting): the docstore ``<collection>.json`` there is read;
     - such a docstore file itself;
     - a JSON file of Mem0 result items: a list, or a ``get_all`` return value ``{"results": [...]}``; e.g. written
@@ -309,18 +317,21 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
     Nothing is written; Mem0's files are only read.
 
     Raises:
-        InvalidInputError: when ``collection`` is not a plain file name, the path does not exist, the folder holds
-            no ``<collection>.json`` (Mem0's older pickle docstore ``<collection>.pkl`` is not read: Mem0 2.x
-            rewrites it as JSON when it opens the store), the file is not UTF-8 JSON, or its JSON is none of these
-            shapes.
+        InvalidInputError: when ``collection`` is not a plain file name, the path does not exist, a Qdrant folder
+            has no such collection or is open in another process, a faiss folder holds no ``<collection>.json``
+            (Mem0's older pickle docstore ``<collection>.pkl`` is not read: Mem0 2.x rewrites it as JSON when it
+            opens the store), the file is not UTF-8 JSON, or its JSON is none of these shapes.
+        ConfigError: for a Qdrant folder when ``qdrant-client`` is not installed.
     """
     if not is_file_name(collection):
-        raise InvalidInputError(f"a faiss collection's name is a plain file name, got {collection!r}")
+        raise InvalidInputError(f"a collection's name is a plain file name, got {collection!r}")
     try:
         source = Path(path).expanduser()
         is_folder = source.is_dir()
     except (RuntimeError, ValueError, TypeError) as error:  # "~nobody/x": no such home; a NUL in the path
         raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
+    if is_folder and (source / "collection").is_dir() and (source / "meta.json").is_file():
+        return _qdrant_points(source, collection)
     if is_folder:
         docstore = source / f"{collection}.json"
         if not docstore.is_file():
@@ -331,6 +342,48 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
                 "once with Mem0 2.x, which writes it, or give the collection's name (--collection)"
             )
         source = docstore
+    return _json_records(source)
+
+
+def _qdrant_points(folder: Path, collection: str) -> list[dict[str, Any]]:
+    """The payloads of a local Qdrant collection, each with its point's id (Mem0's memory id).
+
+    Raises:
+        ConfigError: when ``qdrant-client`` is not installed.
+        InvalidInputError: when the collection is not there, or another process has the folder open.
+    """
+    try:
+        from qdrant_client import QdrantClient
+    except ImportError:
+        raise ConfigError(
+            f"{folder} is a local Qdrant store (Mem0's default): reading it needs Qdrant's client, "
+            "pip install 'inferscale[mem0-import]'; or export the memories with Mem0's get_all to a JSON file"
+        ) from None
+    try:
+        client = QdrantClient(path=str(folder))
+    except RuntimeError as error:  # its folder lock: a running Mem0 holds it
+        raise InvalidInputError(f"{folder} cannot be opened: {error}. Stop the process that has it open") from None
+    try:
+        if not client.collection_exists(collection):
+            names = sorted(c.name for c in client.get_collections().collections)
+            raise InvalidInputError(f"{folder} has no collection {collection!r} (it has {names}): give --collection")
+        records: list[dict[str, Any]] = []
+        offset = None
+        while True:
+            points, offset = client.scroll(collection, limit=QDRANT_PAGE, offset=offset, with_payload=True)
+            records += [{**(point.payload or {}), "id": str(point.id)} for point in points]
+            if offset is None:
+                return records
+    finally:
+        client.close()
+
+
+def _json_records(source: Path) -> list[dict[str, Any]]:
+    """The records of a JSON file: a faiss docstore's payloads (each with its id), or a list of result items.
+
+    Raises:
+        InvalidInputError: when the file is missing, unreadable, not UTF-8 JSON, or none of these shapes.
+    """
     try:
         loaded = json.loads(source.read_text(encoding="utf-8"))
     except ValueError as error:  # a JSON or UTF-8 error (both ValueErrors), or a path the OS cannot take

@@ -1,11 +1,12 @@
 """``inferscale import-mem0``: move the memories a Mem0 store holds into the local store
 (:meth:`MemoryClient.import_memories <inferscale.MemoryClient.import_memories>`).
 
-For a local store only (no ``--host``). It reads Mem0's faiss folder (its ``path`` setting), that folder's docstore
-``<collection>.json``, or a JSON file of Mem0 memories as ``get_all`` returns them (the way out of every other Mem0
-vector store); Mem0's files are only read. Scope flags import only the memories of that scope (ids ANDed, as
-``inferscale list``); every record is checked all the same, and an error names a record by its place in the file.
-Run it again after an interruption: what it stored is skipped.
+For a local store only (no ``--host``). It reads Mem0's local Qdrant folder (its default store) or faiss folder (the
+vector store's ``path`` setting), a faiss docstore ``<collection>.json``, or a JSON file of Mem0 memories as
+``get_all`` returns them (the way out of every other Mem0 vector store); Mem0's files are only read. Scope flags
+import only the memories of that scope (ids ANDed, as ``inferscale list``); every record is checked all the same,
+and an error names a record by its place in the file. Run it again after an interruption: what it stored is
+skipped.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ class ImportOptions:
     source: str = field(
         metadata=cli(
             "PATH",
-            help="Mem0's faiss folder (its vector store's path), its <collection>.json, or a JSON file of Mem0 "
-            "memories (what Memory.get_all returns)",
+            help="Mem0's local Qdrant folder (its default store) or faiss folder (the vector store's path), a faiss "
+            "<collection>.json, or a JSON file of Mem0 memories (what Memory.get_all returns)",
         )
     )
     collection: str = field(
         default=DEFAULT_COLLECTION,
-        metadata=cli("--collection", metavar="NAME", help="the faiss collection_name, for a folder (default: mem0)"),
+        metadata=cli("--collection", metavar="NAME", help="the collection_name, for a folder (default: mem0)"),
     )
     assume_utc: bool = field(
         default=False,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 from mem0_fakes import HashEmbedder
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient, MemoryConfig, ScopeError
+from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, MemoryClient, MemoryConfig, ScopeError
 from inferscale.config import KVConfig
 from inferscale.fact_kv import IN_CONTEXT
 from inferscale.mem0_import import read_mem0_file
@@ -303,6 +304,71 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
     )
     assert got["metadata"] == {"severity": "high", "attributed_to": "user", "score": 5}  # a payload's own key
     assert got["created_at"] == "2026-04-01T10:00:00+00:00"
+
+
+def _qdrant_store(folder: Path, collection: str = "mem0") -> Any:
+    """A local Qdrant store as Mem0 2.2.1 writes one (``mem0/vector_stores/qdrant.py``): a point per memory, its id
+    the memory's, its payload Mem0's. Returns the open client (close it before reading the folder)."""
+    qdrant = pytest.importorskip("qdrant_client", reason="reading Qdrant needs pip install 'inferscale[mem0-import]'")
+    client = qdrant.QdrantClient(path=str(folder))
+    client.create_collection(collection, vectors_config=qdrant.models.VectorParams(size=4, distance="Cosine"))
+    payloads = [
+        {
+            "data": m["memory"],
+            "hash": m["hash"],
+            "created_at": m["created_at"],
+            "updated_at": m["updated_at"],
+            "user_id": m["user_id"],
+            **({"role": m["role"]} if "role" in m else {}),
+            **({"actor_id": m["actor_id"]} if "actor_id" in m else {}),
+            **m.get("metadata", {}),
+        }
+        for m in MAYA
+    ]
+    points = [
+        qdrant.models.PointStruct(id=m["id"], vector=[0.1, 0.2, 0.3, 0.4], payload=p)
+        for m, p in zip(MAYA, payloads, strict=True)
+    ]
+    client.upsert(collection, points=points)
+    return client
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_mem0s_default_store_a_local_qdrant_folder_is_read_and_left_as_it_is(make: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "qdrant"
+    _qdrant_store(folder).close()
+    before = _files(folder)
+    client = make()
+    client.run("import_memories", read_mem0_file(folder))
+    assert _files(folder) == before
+    porto, biscuit = client.run("get", IDS[0]), client.run("get", IDS[1])
+    assert (porto["memory"], porto["role"], porto["actor_id"]) == ("Lives in Porto.", "user", "maya_s")
+    assert (biscuit["metadata"], biscuit["created_at"]) == ({"topic": "pets"}, "2026-03-01T09:30:00.123456+00:00")
+    assert client.count() == 3
+
+
+def test_a_qdrant_folder_open_elsewhere_or_without_the_collection_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "qdrant"
+    open_client = _qdrant_store(folder, collection="books")
+    with pytest.raises(InvalidInputError, match="Stop the process that has it open"):
+        read_mem0_file(folder, collection="books")
+    open_client.close()
+    with pytest.raises(InvalidInputError, match=r"no collection 'mem0' \(it has \['books'\]\)"):
+        read_mem0_file(folder)
+    assert sorted(r["id"] for r in read_mem0_file(folder, collection="books")) == sorted(IDS[:3])
+
+
+def test_a_qdrant_folder_without_qdrants_client_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "qdrant"
+    _qdrant_store(folder).close()
+    monkeypatch.setitem(sys.modules, "qdrant_client", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"inferscale\[mem0-import\]"):
+        read_mem0_file(folder)
 
 
 BAD_RECORDS = [
