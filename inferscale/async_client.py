@@ -55,7 +55,6 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
-from inferscale.mem0_import import mem0_memories
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
@@ -228,10 +227,7 @@ class AsyncMemoryClient(ClientCore):
         """Store memories exported from Mem0 with their ids, scopes, metadata and times; see
         :meth:`MemoryClient.import_memories` (same arguments, result and errors). The memories' spans are measured
         on a model thread."""
-        only = optional_scope(user_id, agent_id, run_id)
-        read = mem0_memories(
-            memories, self.config.max_memory_chars, only=only, assume_utc=check_flag(assume_utc, "assume_utc")
-        )
+        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = await arun_steps(self._import_steps(read.memories), self.adb, MODEL_WORK)
         applied: list[tuple[ChangeSet, AppliedChanges]] = []

@@ -45,7 +45,6 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
-from inferscale.mem0_import import mem0_memories
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
@@ -269,8 +268,8 @@ class MemoryClient(ClientCore):
         :func:`inferscale.mem0_import.read_mem0_file` reads them from a local Qdrant or faiss store). Given ids keep
         only the memories of that scope (ids ANDed). Every record is checked before anything is written: one bad record
         refuses the call and stores none. Each scope's memories are then stored in one transaction, in the order Mem0
-        created them, laid out as ``add(infer=False)`` of each, one call after another, would lay them out (the same
-        context turns and K/V; no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
+        created them, each with the context turns (and K/V) ``add(infer=False)`` of its text would give it, one call
+        after another (no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
         ``kv.encode_on_add``; for a large import, ``encode_kv=False`` and ``inferscale prepare-kv`` later keep the
         call short). Each keeps its Mem0 id, so an app's stored ids still name it; its history starts with one ADD
         dated when Mem0 created it (Mem0's history is not read). Running the same import again stores nothing
@@ -295,10 +294,7 @@ class MemoryClient(ClientCore):
             ModelNotAvailableError, ConfigError: as :meth:`add` (the memories' spans are measured with the chat
                 model's tokenizer).
         """
-        only = optional_scope(user_id, agent_id, run_id)
-        read = mem0_memories(
-            memories, self.config.max_memory_chars, only=only, assume_utc=check_flag(assume_utc, "assume_utc")
-        )
+        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = run_steps(self._import_steps(read.memories), self.db)
         applied = [

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from inferscale.arguments import check_query, check_threshold, check_update, resolve_limit, resolve_scope
+from inferscale.arguments import check_flag, check_query, check_threshold, check_update, resolve_limit, resolve_scope
 from inferscale.chains import ChainLink
 from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, MemoryLayout
@@ -36,7 +36,7 @@ from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.mem0_config import config_from_dict
-from inferscale.mem0_import import ImportedMemory
+from inferscale.mem0_import import ImportedMemory, ReadMemories, mem0_memories
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
 from inferscale.memory.grounding import ungrounded_reason
@@ -629,6 +629,17 @@ class ClientCore:
         neighbours = [r.text for r in earlier[max(0, len(earlier) - window) :]] if window else []
         last = ChainLink.of(earlier[-1]) if kv.chains and earlier else None
         return neighbours, last
+
+    def _read_imports(self, memories: object, only: Scope | None, assume_utc: object) -> ReadMemories:
+        """``import_memories``' records, every one checked (:func:`~inferscale.mem0_import.mem0_memories`), those of
+        ``only`` kept.
+
+        Raises:
+            InvalidInputError: for a bad record (named), or an ``assume_utc`` that is not a bool.
+            ScopeError: for a record without a scope id.
+        """
+        checked = check_flag(assume_utc, "assume_utc")
+        return mem0_memories(memories, self.config.max_memory_chars, only=only, assume_utc=checked)
 
     def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[ImportPlan]:
         """The change sets that store ``memories``: one per exact scope, each memory known to fit the model's context
