@@ -223,11 +223,12 @@ class AsyncMemoryClient(ClientCore):
         run_id: ScopeId | None = None,
         assume_utc: bool = False,
         encode_kv: bool | None = None,
+        history: object = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Store memories exported from Mem0 with their ids, scopes, metadata and times; see
         :meth:`MemoryClient.import_memories` (same arguments, result and errors). The memories' spans are measured
         on a model thread."""
-        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc)
+        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc, history)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = await arun_steps(self._import_steps(read.memories), self.adb, MODEL_WORK)
         applied: list[tuple[ChangeSet, AppliedChanges]] = []

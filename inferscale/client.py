@@ -259,6 +259,7 @@ class MemoryClient(ClientCore):
         run_id: ScopeId | None = None,
         assume_utc: bool = False,
         encode_kv: bool | None = None,
+        history: object = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Store memories exported from Mem0, each with its id, text, scope, metadata and times: how a Mem0 user's
         memories move over (:mod:`inferscale.mem0_import`; ``inferscale import-mem0`` reads Mem0's files).
@@ -271,8 +272,11 @@ class MemoryClient(ClientCore):
         created them, each with the context turns (and K/V) ``add(infer=False)`` of its text would give it, one call
         after another (no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
         ``kv.encode_on_add``; for a large import, ``encode_kv=False`` and ``inferscale prepare-kv`` later keep the
-        call short). Each keeps its Mem0 id, so an app's stored ids still name it; its history starts with one ADD
-        dated when Mem0 created it (Mem0's history is not read). Running the same import again stores nothing
+        call short). Each keeps its Mem0 id, so an app's stored ids still name it. Its history is Mem0's when
+        ``history`` is given: Mem0's history rows (:func:`inferscale.mem0_history.read_mem0_history` reads its
+        ``history.db``), of which those of the memories imported are stored, each dated as in Mem0; without
+        ``history``, or for a memory it has no row of, one ADD dated when Mem0 created it. Running the same import
+        again stores nothing
         twice: a memory whose id is stored already is skipped (its text is not updated), and so is one whose id a
         memory deleted here had. Mem0's vectors are not read: InferScale embeds the texts with its own embedder.
 
@@ -286,7 +290,9 @@ class MemoryClient(ClientCore):
                 canonical UUID, a time without a zone unless ``assume_utc``, bad metadata, an unknown key; see
                 :func:`inferscale.mem0_import.mem0_memories`), a text longer than ``max_memory_chars`` or too long
                 for the model's context once encoded, an ``expiration_date`` not yet past (InferScale does not expire
-                memories), two records that differ with one id, or an id held by a memory of another scope: found
+                memories), two records that differ with one id, an id held by a memory of another scope, or
+                ``history`` rows of a memory that are not its ADD and UPDATEs up to its text (see
+                :func:`inferscale.mem0_history.with_history`): found
                 while checking, before anything is written. While writing, each scope's memories are one
                 transaction: another import that stores one of the ids in another scope first (then refused as
                 above) or a database failure leaves the scopes written before it; run the import again to finish it.
@@ -294,7 +300,7 @@ class MemoryClient(ClientCore):
             ModelNotAvailableError, ConfigError: as :meth:`add` (the memories' spans are measured with the chat
                 model's tokenizer).
         """
-        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc)
+        read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc, history)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = run_steps(self._import_steps(read.memories), self.db)
         applied = [

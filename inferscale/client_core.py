@@ -16,7 +16,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,6 +36,7 @@ from inferscale.fact_kv import FactKVManager
 from inferscale.filters import Filter
 from inferscale.kv.store import KVStore
 from inferscale.mem0_config import config_from_dict
+from inferscale.mem0_history import with_history
 from inferscale.mem0_import import ImportedMemory, ReadMemories, mem0_memories
 from inferscale.memory import FactExtractor, JSONGenerator, Message
 from inferscale.memory.chunking import chunk_messages
@@ -630,16 +631,20 @@ class ClientCore:
         last = ChainLink.of(earlier[-1]) if kv.chains and earlier else None
         return neighbours, last
 
-    def _read_imports(self, memories: object, only: Scope | None, assume_utc: object) -> ReadMemories:
+    def _read_imports(self, memories: object, only: Scope | None, assume_utc: object, history: object) -> ReadMemories:
         """``import_memories``' records, every one checked (:func:`~inferscale.mem0_import.mem0_memories`), those of
-        ``only`` kept.
+        ``only`` kept, each with its Mem0 ``history`` rows (:func:`~inferscale.mem0_history.with_history`) unless
+        that is ``None``.
 
         Raises:
-            InvalidInputError: for a bad record (named), or an ``assume_utc`` that is not a bool.
+            InvalidInputError: for a bad record or history row (named), or an ``assume_utc`` that is not a bool.
             ScopeError: for a record without a scope id.
         """
         checked = check_flag(assume_utc, "assume_utc")
-        return mem0_memories(memories, self.config.max_memory_chars, only=only, assume_utc=checked)
+        read = mem0_memories(memories, self.config.max_memory_chars, only=only, assume_utc=checked)
+        if history is None:
+            return read
+        return replace(read, memories=with_history(read.memories, history, assume_utc=checked))
 
     def _import_steps(self, memories: Sequence[ImportedMemory]) -> Steps[ImportPlan]:
         """The change sets that store ``memories``: one per exact scope, each memory known to fit the model's context

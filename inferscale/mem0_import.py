@@ -228,8 +228,8 @@ def _memory(record: object, max_memory_chars: int, assume_utc: bool) -> tuple[Im
         text,
         metadata,
         memory_id=check_new_id(fields["id"]),
-        created_at=_time(fields.get("created_at"), "created_at", assume_utc),
-        updated_at=_time(fields.get("updated_at"), "updated_at", assume_utc),
+        created_at=mem0_time(fields.get("created_at"), "created_at", assume_utc),
+        updated_at=mem0_time(fields.get("updated_at"), "updated_at", assume_utc),
     )
     scope = Scope.of(*(fields.get(key) for key in SCOPE_KEYS))
     return ImportedMemory(scope, memory), _expiration(fields.get("expiration_date"))
@@ -261,7 +261,7 @@ def _result_metadata(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {**metadata, **kept}
 
 
-def _time(value: object, name: str, assume_utc: bool) -> datetime | None:
+def mem0_time(value: object, name: str, assume_utc: bool) -> datetime | None:
     """An ISO 8601 time with a zone (Mem0 writes ``datetime.isoformat()`` of a tz-aware time), or a tz-aware
     ``datetime``, in UTC; ``None`` for ``None``. With ``assume_utc``, a time without a zone is read as UTC.
 
@@ -404,4 +404,4 @@ def _json_records(source: Path) -> list[dict[str, Any]]:
     return loaded
 
 
-__all__ = ["DEFAULT_COLLECTION", "ImportedMemory", "ReadMemories", "mem0_memories", "read_mem0_file"]
+__all__ = ["DEFAULT_COLLECTION", "ImportedMemory", "ReadMemories", "mem0_memories", "mem0_time", "read_mem0_file"]

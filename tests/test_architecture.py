@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "inferscale.kv_prepare": 5,
     "inferscale.arguments": 6,
     "inferscale.mem0_import": 6,
+    "inferscale.mem0_history": 6,
     "inferscale.chat_request": 6,
     "inferscale.results": 6,
     "inferscale.types": 6,

@@ -6,7 +6,7 @@ vector store's ``path`` setting), a faiss docstore ``<collection>.json``, or a J
 ``get_all`` returns them (the way out of every other Mem0 vector store); Mem0's files are only read. Scope flags
 import only the memories of that scope (ids ANDed, as ``inferscale list``); every record is checked all the same,
 and an error names a record by its place in the file. Run it again after an interruption: what it stored is
-skipped.
+skipped. ``--history`` reads Mem0's history as well.
 """
 
 from __future__ import annotations
@@ -55,6 +55,15 @@ class ImportOptions:
             "by default such a record is refused",
         ),
     )
+    history: str | None = field(
+        default=None,
+        metadata=cli(
+            "--history",
+            metavar="FILE",
+            help="Mem0's history.db (its history_db_path, ~/.mem0/history.db by default), or a JSON list of the rows "
+            "Memory.history returns: each memory's history then starts at its ADD in Mem0; by default at one ADD",
+        ),
+    )
     encode_kv: bool | None = field(
         default=None,
         metadata=cli(
@@ -70,12 +79,14 @@ def _import(args: argparse.Namespace) -> int:
     opts = from_args(ImportOptions, args)
 
     def call(client: CommandClient, common: Common) -> dict[str, list[dict[str, Any]]]:
+        from inferscale.mem0_history import read_mem0_history
         from inferscale.mem0_import import read_mem0_file
 
         local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
         records = read_mem0_file(opts.source, opts.collection)
+        history = read_mem0_history(opts.history) if opts.history is not None else None
         return local.import_memories(
-            records, **common.scope.ids(), assume_utc=opts.assume_utc, encode_kv=opts.encode_kv
+            records, **common.scope.ids(), assume_utc=opts.assume_utc, encode_kv=opts.encode_kv, history=history
         )
 
     def show(value: dict[str, list[dict[str, Any]]], common: Common, out: Console) -> None:

@@ -11,7 +11,7 @@ The async store lives in :mod:`inferscale.storage.async_store` (imported on dema
 need ``greenlet``).
 """
 
-from inferscale.storage.change_sets import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory
+from inferscale.storage.change_sets import AppliedChanges, ChangeSet, MemoryUpdate, NewMemory, PastChange
 from inferscale.storage.database import make_engine
 from inferscale.storage.models import Base, HistoryRow, KVEntryRow, MemoryRow
 from inferscale.storage.records import HistoryEvent, HistoryRecord, KVEntryRecord, MemoryRecord, hash_text
@@ -31,6 +31,7 @@ __all__ = [
     "MemoryStore",
     "MemoryUpdate",
     "NewMemory",
+    "PastChange",
     "hash_text",
     "make_engine",
 ]

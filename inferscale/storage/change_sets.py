@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
@@ -25,6 +25,24 @@ from inferscale.storage.validation import (
     check_text,
     check_utc_time,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class PastChange:
+    """One change a memory went through in the store an import brings it from, kept as its history row.
+
+    Attributes:
+        event: ``"ADD"`` (the first change, with no ``old_text``) or ``"UPDATE"``.
+        old_text, new_text: the memory's text before and after the change.
+        at: when the change was made (tz-aware).
+        actor: who made it, as that store recorded (Mem0's ``actor_id``); ``None`` when it did not.
+    """
+
+    event: Literal["ADD", "UPDATE"]
+    old_text: str | None
+    new_text: str
+    at: datetime
+    actor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +68,9 @@ class NewMemory:
         created_at, updated_at: the memory's times in the store it comes from (tz-aware). Without ``created_at`` the
             memory is dated ``updated_at``, without both the time of the write; ``updated_at`` defaults to the
             memory's date. Its ``ADD`` history row is dated as the memory.
+        history: the changes the store it comes from recorded, oldest first: an ``ADD``, then ``UPDATE``s, the last
+            one's ``new_text`` the memory's text. They are its history rows instead of one ``ADD`` row; empty (the
+            default): that one row.
     """
 
     text: str
@@ -60,6 +81,7 @@ class NewMemory:
     memory_id: str | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    history: tuple[PastChange, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +221,9 @@ def _checked_add(new: NewMemory) -> NewMemory:
     Raises:
         InvalidInputError: for an empty text, non-JSON metadata, non-str context, ``neighbours`` that is not an
             int from 0 to the number of context turns, or a ``chain_from`` that is not ``None`` or such an int, or
-            that is set while some context entry is not a neighbour; for a given id that is not a canonical UUID, or
-            a given time that is not a tz-aware ``datetime``.
+            that is set while some context entry is not a neighbour; for a given id that is not a canonical UUID, a
+            given time that is not a tz-aware ``datetime``, or a ``history`` that is not an ``ADD`` and then
+            ``UPDATE``s in time order, each taking the text on from the one before to the memory's text.
     """
     context = tuple(check_context(new.context))
     neighbours = check_count(new.neighbours, "neighbours")
@@ -215,8 +238,9 @@ def _checked_add(new: NewMemory) -> NewMemory:
     memory_id = None if new.memory_id is None else check_new_id(new.memory_id)
     created_at = None if new.created_at is None else check_utc_time(new.created_at, "created_at")
     updated_at = None if new.updated_at is None else check_utc_time(new.updated_at, "updated_at")
+    text = check_text(new.text)
     return NewMemory(
-        check_text(new.text),
+        text,
         check_metadata(new.metadata),
         context,
         neighbours,
@@ -224,7 +248,35 @@ def _checked_add(new: NewMemory) -> NewMemory:
         memory_id,
         created_at,
         updated_at,
+        _checked_history(new.history, text),
     )
+
+
+def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
+    """``history`` (:attr:`NewMemory.history`) checked: empty, or an ``ADD`` with no old text, then ``UPDATE``s each
+    taking the text on from the change before it, in time order, ending at ``text``.
+
+    Raises:
+        InvalidInputError: for anything else, or a change whose text, time or actor is not valid.
+    """
+    if not isinstance(history, tuple) or any(not isinstance(change, PastChange) for change in history):
+        raise InvalidInputError("a new memory's history is a tuple of PastChange")
+    checked: list[PastChange] = []
+    for change in history:
+        expected = ("ADD", None) if not checked else ("UPDATE", checked[-1].new_text)
+        if (change.event, change.old_text) != expected:
+            raise InvalidInputError(
+                f"history change {len(checked)} is {change.event} from {change.old_text!r}: a history is an ADD, then "
+                "UPDATEs, each from the text the change before it left"
+            )
+        at = check_utc_time(change.at, "a history change's time")
+        if checked and at < checked[-1].at:
+            raise InvalidInputError(f"history change {len(checked)} is dated before the change before it")
+        new_text = check_text(change.new_text, "a history change's new text")
+        checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor)))
+    if checked and checked[-1].new_text != text:
+        raise InvalidInputError("a history ends at the text its memory has: its last change leaves another one")
+    return tuple(checked)
 
 
 def add_change(
@@ -271,6 +323,7 @@ __all__ = [
     "ChangeSet",
     "MemoryUpdate",
     "NewMemory",
+    "PastChange",
     "add_change",
     "delete_change",
     "held_elsewhere",

@@ -35,42 +35,18 @@ from inferscale.storage.contexts import (
     live_neighbours,
     without_texts,
 )
+from inferscale.storage.history_rows import history_row, imported_history_rows
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import advisory_key, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
-from inferscale.storage.records import HistoryEvent, MemoryRecord, hash_text, merged_metadata
-from inferscale.storage.validation import json_copy, same_json
+from inferscale.storage.records import MemoryRecord, hash_text, merged_metadata
+from inferscale.storage.validation import same_json
 
 log = logging.getLogger(__name__)
 
 
 # ---- session functions -----------------------------------------------------------------------------------------
-
-
-def _history(
-    memory_id: str,
-    event: HistoryEvent,
-    before: MemoryRecord | None,
-    after: MemoryRow | None,
-    actor: str | None,
-    now: datetime,
-) -> HistoryRow:
-    """The history row of one change; ``before`` or ``after`` (whichever exists) gives the memory's scope."""
-    scope = before.scope() if before is not None else after
-    return HistoryRow(
-        memory_id=memory_id,
-        event=event,
-        old_text=before.text if before is not None else None,
-        new_text=after.text if after is not None else None,
-        old_metadata=json_copy(before.metadata) if before is not None else None,
-        new_metadata=json_copy(after.metadata_) if after is not None else None,
-        actor=actor,
-        user_id=scope.user_id if scope is not None else None,
-        agent_id=scope.agent_id if scope is not None else None,
-        run_id=scope.run_id if scope is not None else None,
-        created_at=now,
-    )
 
 
 def _missing(changes: ChangeSet, what: str, memory_id: str, skipped: list[str]) -> None:
@@ -113,7 +89,7 @@ def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | N
             delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
         )
         s.execute(delete(MemoryRow).where(MemoryRow.id.in_(chunk)).execution_options(synchronize_session=False))
-    s.add_all(_history(r.id, "DELETE", r, None, actor, now) for r in records)
+    s.add_all(history_row(r.id, "DELETE", r, None, actor, now) for r in records)
 
 
 def _named_scopes(s: Session, changes: ChangeSet) -> dict[str, Scope]:
@@ -289,7 +265,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             # SQLAlchemy skips writing a JSON value equal (by ==) to the loaded one, and == calls True equal to 1.
             flag_modified(row, "metadata_")
         row.updated_at = now
-        s.add(_history(update.memory_id, "UPDATE", before, row, changes.actor, now))
+        s.add(history_row(update.memory_id, "UPDATE", before, row, changes.actor, now))
         s.flush()
         changed.append((before, row))
     added = _add_memories(s, changes, (*changes.adds, *instead), now, skipped)
@@ -310,7 +286,8 @@ def _add_memories(
     given id (:attr:`NewMemory.memory_id`) that a memory of exactly the scope holds already, or a deleted memory
     had, is skipped, and is refused when a memory of another scope holds it (the transaction rolls back). A given
     ``created_at`` dates the memory and its ``ADD`` history row; without one, a given ``updated_at`` does (no memory is
-    updated before it is created), else the write's time."""
+    updated before it is created), else the write's time. A memory with :attr:`NewMemory.history` gets those
+    changes as its history rows instead of the one ``ADD``."""
     if not adds:
         return []
     scope = changes.scope
@@ -354,7 +331,10 @@ def _add_memories(
         )
         seen.add(digest)
         s.add(row)
-        s.add(_history(row.id, "ADD", None, row, changes.actor, created_at))
+        if new.history:
+            s.add_all(imported_history_rows(row, new.history))
+        else:
+            s.add(history_row(row.id, "ADD", None, row, changes.actor, created_at))
         s.flush()  # assigns the integer key (the vector id)
         added.append(MemoryRecord.from_row(row))
     return added

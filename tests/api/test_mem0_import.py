@@ -522,3 +522,140 @@ def test_records_are_checked_against_today_in_utc() -> None:
     ]
     with pytest.raises(InvalidInputError, match="not past"):
         mem0_memories([record], 4000, today=datetime(2026, 5, 1, tzinfo=UTC).date())
+
+
+# ---- Mem0's history (history.db): each memory's history starts at its ADD in Mem0 ---------------------------------
+
+GONE_ID, OTHER_ID = "1f2e3d4c-5b6a-4978-8a7b-6c5d4e3f2a10", "2a3b4c5d-6e7f-4081-9a2b-3c4d5e6f7a11"
+
+
+def _row(memory_id: str, event: str, old: str | None, new: str | None, created: str, **extra: Any) -> dict[str, Any]:
+    """A row of Mem0 2.2.1's ``history`` table (``mem0/memory/storage.py``), as ``Memory.history`` returns it."""
+    return {
+        "id": extra.pop("row_id", f"00000000-0000-4000-8000-{len(created):012d}"),
+        "memory_id": memory_id,
+        "old_memory": old,
+        "new_memory": new,
+        "event": event,
+        "created_at": created,
+        "updated_at": extra.pop("updated_at", None),
+        "is_deleted": 1 if event == "DELETE" else 0,
+        "actor_id": extra.pop("actor_id", None),
+        "role": extra.pop("role", None),
+        **extra,
+    }
+
+
+CHEMISTRY_ROWS = [  # MAYA[2]'s life in Mem0: an UPDATE row keeps the memory's created_at and dates itself by updated_at
+    _row(IDS[2], "ADD", None, "Teaches biology.", "2026-02-28T00:00:00-08:00"),
+    _row(IDS[2], "UPDATE", "Teaches biology.", "Teaches physics.", "2026-02-28T00:00:00-08:00",
+         updated_at="2026-03-01T07:00:00-08:00"),
+    _row(IDS[2], "UPDATE", "Teaches physics.", "Teaches chemistry.", "2026-02-28T00:00:00-08:00",
+         updated_at="2026-03-05T04:00:00-08:00", actor_id="maya_s"),
+]  # fmt: skip
+OTHER_ROWS = [  # a memory Mem0 deleted, and one of a scope not imported: their rows are not read
+    _row(GONE_ID, "ADD", None, "Likes jazz.", "2026-01-01T00:00:00+00:00"),
+    _row(GONE_ID, "DELETE", "Likes jazz.", None, "2026-01-01T00:00:00+00:00", updated_at="2026-01-02T00:00:00+00:00"),
+    _row(OTHER_ID, "WHATEVER", None, None, "not a time"),
+]
+
+
+def test_mem0s_history_is_each_memorys_history_from_its_add(make: Any) -> None:
+    """Mem0's rows of one memory, listed newest first, with the ADD written twice (Mem0's batch write fails half-way
+    and writes it again one by one) and the rows of other memories among them."""
+    client = make()
+    rows = [*reversed(CHEMISTRY_ROWS), CHEMISTRY_ROWS[0] | {"id": "another row id"}, *OTHER_ROWS]
+    client.run("import_memories", MAYA, history=rows)
+    history = client.run("history", IDS[2])
+    assert [(h["event"], h["old_memory"], h["new_memory"], h["created_at"], h["actor_id"]) for h in history] == [
+        ("ADD", None, "Teaches biology.", "2026-02-28T08:00:00+00:00", None),
+        ("UPDATE", "Teaches biology.", "Teaches physics.", "2026-03-01T15:00:00+00:00", None),
+        ("UPDATE", "Teaches physics.", "Teaches chemistry.", "2026-03-05T12:00:00+00:00", "maya_s"),
+    ]
+    assert {h["user_id"] for h in history} == {"maya"}
+    assert [h["event"] for h in client.run("history", IDS[1])] == ["ADD"]  # no rows in Mem0's history: one ADD
+    assert client.run("history", GONE_ID) == [] and client.run("history", OTHER_ID) == []
+    again = client.run("import_memories", MAYA, history=rows)
+    assert again["results"] == [] and len(client.run("history", IDS[2])) == 3  # nothing stored twice
+
+
+def _replaced(index: int, **changes: Any) -> list[dict[str, Any]]:
+    return [row | changes if i == index else row for i, row in enumerate(CHEMISTRY_ROWS)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        ([*CHEMISTRY_ROWS, _row(IDS[2], "DELETE", "Teaches chemistry.", None, "2026-03-06T00:00:00+00:00")],
+         "history row 3 of memory .*: Mem0 deleted this memory after its records were read"),
+        (CHEMISTRY_ROWS[:2], "ends at 'Teaches physics.', not at its text 'Teaches chemistry.'"),
+        (_replaced(1, old_memory="Teaches maths."), "not one ADD and then UPDATEs"),
+        ([*CHEMISTRY_ROWS, _row(IDS[2], "ADD", None, "Teaches art.", "2026-03-09T00:00:00+00:00")],
+         "not one ADD and then UPDATEs"),
+        (_replaced(0, event="CREATE"), "history row 0 of memory .*: event 'CREATE' is none of Mem0's"),
+        (_replaced(0, score=1), r"unknown keys \['score'\]"),
+        (_replaced(1, created_at=None, updated_at=None), "history row 1 of memory .*: no time"),
+        (_replaced(1, updated_at="2026-03-01T07:00:00"), "no time zone"),
+        (_replaced(1, new_memory=""), "new_memory"),
+        ([*CHEMISTRY_ROWS, {"memory_id": None}], "history row 3: a Mem0 history row is a dict"),
+        ({"results": CHEMISTRY_ROWS}, "history must be a list"),
+    ],
+)  # fmt: skip
+def test_a_history_that_does_not_lead_to_the_memory_refuses_the_import(make: Any, rows: Any, says: str) -> None:
+    client = make()
+    with pytest.raises(InvalidInputError, match=says):
+        client.run("import_memories", MAYA, history=rows)
+    assert client.count() == 0
+
+
+def test_a_time_without_a_zone_in_the_history_is_read_as_utc_when_asked(make: Any) -> None:
+    client = make()
+    client.run("import_memories", MAYA, history=_replaced(1, updated_at="2026-03-01T15:00:00"), assume_utc=True)
+    assert client.run("history", IDS[2])[1]["created_at"] == "2026-03-01T15:00:00+00:00"
+
+
+MEM0_HISTORY_TABLE = """CREATE TABLE history (
+    id TEXT PRIMARY KEY, memory_id TEXT, old_memory TEXT, new_memory TEXT, event TEXT, created_at DATETIME,
+    updated_at DATETIME, is_deleted INTEGER, actor_id TEXT, role TEXT)"""
+"""Mem0 2.2.1's table (``mem0/memory/storage.py``, ``SQLiteManager._create_history_table``)."""
+
+
+def test_the_history_reader_takes_mem0s_history_db_and_json_and_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    import sqlite3
+
+    from inferscale.mem0_history import read_mem0_history
+
+    rows = [_row(IDS[2], "ADD", None, "x", "2026-01-01T00:00:00+00:00", row_id=f"row-{i}") for i in range(3)]
+    db = tmp_path / "history.db"
+    with sqlite3.connect(db) as connection:
+        connection.execute(MEM0_HISTORY_TABLE)
+        connection.executemany(
+            "INSERT INTO history VALUES (:id, :memory_id, :old_memory, :new_memory, :event, :created_at, :updated_at, "
+            ":is_deleted, :actor_id, :role)",
+            rows,
+        )
+    connection.close()
+    before = db.read_bytes()
+    assert read_mem0_history(db) == rows
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["history.db"]
+    listed = tmp_path / "rows.json"
+    listed.write_text(json.dumps(rows))
+    assert read_mem0_history(listed) == rows
+    empty = tmp_path / "other.db"
+    with sqlite3.connect(empty) as connection:
+        connection.execute("CREATE TABLE memories (id TEXT)")
+    connection.close()
+    for path, says in [
+        (empty, r"cannot be read as Mem0's history\.db: no such table: history"),
+        (tmp_path, "cannot be read as Mem0's history"),
+        (tmp_path / "missing.db", "cannot be read as Mem0's history"),
+        ("a\x00b.db", "cannot be read as Mem0's history"),
+    ]:
+        with pytest.raises(InvalidInputError, match=says):
+            read_mem0_history(path)
+    listed.write_text(json.dumps({"rows": rows}))
+    with pytest.raises(InvalidInputError, match="holds no list"):
+        read_mem0_history(listed)
+    listed.write_text("{not json")
+    with pytest.raises(InvalidInputError, match=r"neither Mem0's history\.db nor JSON"):
+        read_mem0_history(listed)

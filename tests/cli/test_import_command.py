@@ -80,6 +80,32 @@ def test_a_bad_record_exits_2_and_stores_nothing(
     assert reference().get_all(user_id="alice")["results"] == []
 
 
+def test_history_reads_mem0s_rows_for_the_memories_imported(
+    cli: Callable[..., Ran], reference: Callable[[], MemoryClient], tmp_path: Path
+) -> None:
+    exported, history = tmp_path / "mem0.json", tmp_path / "history.json"
+    exported.write_text(json.dumps(RESULTS))
+    added = {"memory_id": ALICE_ID, "event": "ADD", "old_memory": None, "created_at": "2026-03-01T09:30:00+00:00"}
+    updated = {
+        "memory_id": ALICE_ID,
+        "event": "UPDATE",
+        "old_memory": "Has a dog.",
+        "new_memory": "Has a beagle named Biscuit.",
+        "created_at": "2026-03-01T09:30:00+00:00",
+        "updated_at": "2026-03-04T10:00:00+00:00",
+    }
+    history.write_text(json.dumps([{**added, "new_memory": "Has a dog."}, updated]))
+    ran = cli("import-mem0", str(exported), "--history", str(history))
+    assert ran.code == 0, ran.err
+    assert [(h["event"], h["new_memory"]) for h in reference().history(ALICE_ID)] == [
+        ("ADD", "Has a dog."),
+        ("UPDATE", "Has a beagle named Biscuit."),
+    ]
+    assert [h["event"] for h in reference().history(BOB_ID)] == ["ADD"]
+    missing = cli("import-mem0", str(exported), "--history", str(tmp_path / "none.db"))
+    assert missing.code == 2 and "none.db cannot be read as Mem0's history" in missing.err
+
+
 def test_import_offers_no_server_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["import-mem0", "x.json", "--host", "http://127.0.0.1:9"])

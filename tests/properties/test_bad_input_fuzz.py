@@ -356,13 +356,47 @@ def mem0_record(draw: st.DrawFn) -> Any:
     return draw(mostly(st.just(record), st.one_of(not_str, odd_text)))
 
 
-imports = st.builds(
-    lambda records: Call("import_memories", (records,)),
-    mostly(st.lists(mem0_record(), max_size=3), st.one_of(not_str, odd_text, st.just({"results": "x"}))),
-)
+@st.composite
+def mem0_history(draw: st.DrawFn, records: Any) -> Any:
+    """Mem0 history rows for ``records``: mostly each one's ADD, sometimes an UPDATE from another text to its
+    text after it; sometimes a row Mem0 would not write for it (a DELETE, another event, no time, odd values, an
+    unknown key), or not a list at all."""
+    rows: list[Any] = []
+    for record in records if isinstance(records, list) else []:
+        if not isinstance(record, dict) or "id" not in record:
+            continue
+        text = record.get("memory", record.get("data"))
+        first = draw(st.one_of(st.just(text), nice_text))
+        row = {"memory_id": record["id"], "event": "ADD", "old_memory": None, "new_memory": first}
+        rows.append({**row, "id": draw(st.uuids(version=4).map(str)), "created_at": draw(mem0_times)})
+        if first != text:
+            updated = {"event": "UPDATE", "old_memory": first, "new_memory": text, "updated_at": draw(mem0_times)}
+            rows.append({**row, **updated, "created_at": rows[-1]["created_at"]})
+        if draw(st.integers(0, 5)) == 0:
+            rows[-1] = draw(
+                st.sampled_from(
+                    [
+                        {**rows[-1], "event": "DELETE", "new_memory": None},
+                        {**rows[-1], "event": "MERGE"},
+                        {**rows[-1], "created_at": None, "updated_at": None},
+                        {**rows[-1], "actor_id": draw(st.one_of(odd_text, not_str))},
+                        {**rows[-1], "score": 1},
+                    ]
+                )
+            )
+    return draw(mostly(st.just(rows), st.one_of(not_str, odd_text, st.just({"rows": rows}))))
+
+
+@st.composite
+def imports(draw: st.DrawFn) -> Call:
+    """An ``import_memories`` call, half of them with Mem0's history of the records."""
+    records = draw(mostly(st.lists(mem0_record(), max_size=3), st.one_of(not_str, odd_text, st.just({"results": "x"}))))
+    history = {"history": draw(mem0_history(records))} if draw(st.booleans()) else {}
+    return Call("import_memories", (records,), history)
+
 
 calls = st.one_of(
-    imports,
+    imports(),
     _merged(
         scope_kwargs(required=True),
         _call("add", messages(), metadata=metadata, infer=flags, encode_kv=_maybe(encode_flags)),
@@ -405,12 +439,16 @@ class Backend:
         ]
 
     def resolve(self, value: Any) -> Any:
-        """``value`` with each :class:`Ref` replaced by this backend's id; in a list of records (what
-        ``import_memories`` takes), each record's ``id`` too."""
+        """``value`` with each :class:`Ref` replaced by this backend's id; in a list of records or history rows
+        (what ``import_memories`` takes), each one's ``id`` and ``memory_id`` too."""
         if isinstance(value, Ref):
             return self.ids[value.index]
         if isinstance(value, list):
-            return [{**v, "id": self.resolve(v["id"])} if isinstance(v, dict) and "id" in v else v for v in value]
+            named = ("id", "memory_id")
+            return [
+                {k: self.resolve(x) if k in named else x for k, x in v.items()} if isinstance(v, dict) else v
+                for v in value
+            ]
         return value
 
     def run(self, call: Call) -> tuple[str, Any]:
@@ -521,7 +559,10 @@ def test_bad_input_gets_a_typed_error_writes_nothing_and_answers_alike_on_both_b
                 count_case("fuzz: calls", backend.name)
                 count_case(f"fuzz: {'accepted' if kind == 'ok' else f'refused with {value}'}", backend.name)
                 if call.method == "import_memories":
-                    count_case(f"fuzz: imports {'accepted' if kind == 'ok' else 'refused'}", backend.name)
+                    outcome = "accepted" if kind == "ok" else "refused"
+                    count_case(f"fuzz: imports {outcome}", backend.name)
+                    if "history" in call.kwargs:
+                        count_case(f"fuzz: imports with history {outcome}", backend.name)
                 if kind == "error":
                     assert after == before, f"{backend.name}: {call!r} raised {value} after writing"
             (kind, value, _, after), *others = outcomes

@@ -16,7 +16,7 @@ import pytest
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
-from inferscale.storage import ChangeSet, MemoryStore, MemoryUpdate, NewMemory, hash_text
+from inferscale.storage import ChangeSet, MemoryStore, MemoryUpdate, NewMemory, PastChange, hash_text
 from inferscale.storage.change_sets import validate_changes
 
 ALICE = Scope(user_id="alice")
@@ -302,3 +302,51 @@ def test_one_id_given_in_two_scopes_at_once_is_stored_once_and_refused_once(stor
     assert len(errors) == len(ids)
     assert all(isinstance(e, InvalidInputError) and "held by a memory of another scope" in str(e) for e in errors)
     assert sorted(r.id for r in store.all_memories()) == sorted(ids)
+
+
+# ---- a history brought from another store (an import of Mem0's history) --------------------------------------
+
+T0 = datetime(2025, 5, 1, tzinfo=UTC)
+
+
+def _past(*steps: tuple[str, str | None, str, int]) -> tuple[PastChange, ...]:
+    """Changes ``(event, old text, new text, days after T0)``."""
+    return tuple(PastChange(event, old, new, T0 + timedelta(days=day), "maya") for event, old, new, day in steps)  # type: ignore[arg-type]
+
+
+def test_a_given_history_is_stored_instead_of_one_add(store: MemoryStore) -> None:
+    history = _past(("ADD", None, "likes tea", 0), ("UPDATE", "likes tea", "likes green tea", 3))
+    new = NewMemory("likes green tea", {"topic": "drinks"}, memory_id=GIVEN_ID, created_at=T0, history=history)
+    store.apply(ChangeSet(ALICE, adds=(new,)))
+    rows = store.history(GIVEN_ID)
+    assert [(h.event, h.old_text, h.new_text, h.created_at, h.actor, h.scope) for h in rows] == [
+        ("ADD", None, "likes tea", T0, "maya", ALICE),
+        ("UPDATE", "likes tea", "likes green tea", T0 + timedelta(days=3), "maya", ALICE),
+    ]
+    assert [(h.old_metadata, h.new_metadata) for h in rows] == [
+        (None, {"topic": "drinks"}),
+        ({"topic": "drinks"}, {"topic": "drinks"}),
+    ]
+    assert store.get(GIVEN_ID).created_at == T0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("history", "says"),
+    [
+        (_past(("UPDATE", "likes tea", "likes green tea", 0)), "is UPDATE from 'likes tea'"),
+        (_past(("ADD", None, "likes tea", 0), ("ADD", None, "likes green tea", 1)), "is ADD from None"),
+        (_past(("ADD", None, "likes tea", 0), ("UPDATE", "likes coffee", "likes green tea", 1)), "from 'likes coffee'"),
+        (_past(("ADD", None, "likes tea", 2), ("UPDATE", "likes tea", "likes green tea", 1)), "dated before"),
+        (_past(("ADD", None, "likes tea", 0)), "its last change leaves another one"),
+        (_past(("ADD", None, " ", 0), ("UPDATE", " ", "likes green tea", 1)), "new text"),
+        ((PastChange("ADD", None, "likes green tea", datetime(2025, 1, 1)),), "no time zone"),
+        ([PastChange("ADD", None, "likes green tea", T0)], "a tuple of PastChange"),
+    ],
+)
+def test_a_given_history_that_does_not_lead_to_the_memory_is_refused_before_anything_is_written(
+    store: MemoryStore, history: Any, says: str
+) -> None:
+    new = NewMemory("likes green tea", memory_id=GIVEN_ID, history=history)
+    with pytest.raises(InvalidInputError, match=says):
+        store.apply(ChangeSet(ALICE, adds=(NewMemory("likes chess"), new)))
+    assert store.all_memories() == []

@@ -1,0 +1,166 @@
+"""Mem0's change history, read for an import (:meth:`inferscale.MemoryClient.import_memories`'s ``history``,
+``inferscale import-mem0 --history``), so a memory's ``history()`` here goes back to its first ``ADD`` in Mem0.
+
+Mem0 keeps one table, ``history``, in a SQLite file (``history_db_path``, ``~/.mem0/history.db`` by default), shared
+by every memory it ever stored: ``{"id", "memory_id", "old_memory", "new_memory", "event", "created_at",
+"updated_at", "is_deleted", "actor_id", "role"}`` per row (``mem0/memory/storage.py``); ``Memory.history(id)``
+returns a memory's rows in that shape. An ``ADD`` row is dated by its ``created_at``; an ``UPDATE`` row carries the
+memory's ``created_at`` and the update's time as ``updated_at`` (``Memory._update_memory``), so it is dated by
+``updated_at``.
+
+Only the rows of the memories imported are read: the table also holds those of deleted memories and of every other
+scope, which carry no scope and are left where they are. Mem0's rows keep no metadata; each imported row shows the
+memory's metadata as imported (:func:`inferscale.storage.history_rows.imported_history_rows`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from inferscale.errors import InvalidInputError
+from inferscale.mem0_import import ImportedMemory, mem0_time
+from inferscale.storage.change_sets import PastChange
+from inferscale.storage.validation import check_actor, check_text
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
+ROW_KEYS = frozenset(
+    {"id", "memory_id", "old_memory", "new_memory", "event", "created_at", "updated_at", "is_deleted"}
+    | {"actor_id", "role"}
+)
+"""The columns of Mem0's ``history`` table (``role`` and ``actor_id`` since Mem0 0.1.100)."""
+
+
+def with_history(memories: Sequence[ImportedMemory], rows: object, *, assume_utc: bool = False) -> list[ImportedMemory]:
+    """``memories``, each with the changes Mem0's ``rows`` recorded for it as its history
+    (:attr:`~inferscale.storage.NewMemory.history`); one without rows keeps the single ``ADD`` an import gives.
+
+    Args:
+        memories: the memories read for the import (:func:`~inferscale.mem0_import.mem0_memories`).
+        rows: Mem0's history rows, every memory's together (:func:`read_mem0_history`, or the rows
+            ``Memory.history(id)`` returned): a list of dicts. Rows of a memory not in ``memories`` are not read.
+        assume_utc: read a time without a zone as UTC (Mem0 writes its own times with one).
+
+    Returns:
+        The memories, in the order given.
+
+    Raises:
+        InvalidInputError: ``rows`` that are not a list of dicts each with a str ``memory_id``; naming the memory
+            and the row, for a row of an imported memory with an unknown key or event, a ``DELETE`` (Mem0 deleted
+            the memory after the records were read: read them again), no time or one that is not ISO 8601 with a
+            zone, or no text; and for a memory whose rows are not one ``ADD`` and then ``UPDATE``s each from the
+            text the row before it left, ending at the memory's text (the records and the history come from
+            different stores, or different times). Two equal rows (Mem0 writes an ``ADD`` twice when its batch
+            write fails half-way) count once.
+    """
+    if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
+        raise InvalidInputError(f"history must be a list of Mem0 history rows, got {type(rows).__name__}")
+    wanted = {m.memory_id for m in memories}
+    by_memory: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
+    for position, row in enumerate(rows):
+        if not isinstance(row, Mapping) or not isinstance(row.get("memory_id"), str):
+            raise InvalidInputError(f"history row {position}: a Mem0 history row is a dict with a str memory_id")
+        if row["memory_id"] in wanted:
+            by_memory.setdefault(row["memory_id"], []).append((position, row))
+    return [_with_changes(m, by_memory[m.memory_id], assume_utc) if m.memory_id in by_memory else m for m in memories]
+
+
+def _with_changes(
+    imported: ImportedMemory, rows: Sequence[tuple[int, Mapping[str, Any]]], assume_utc: bool
+) -> ImportedMemory:
+    changes: list[PastChange] = []
+    for position, row in rows:
+        try:
+            change = _change(row, assume_utc)
+        except InvalidInputError as error:
+            raise InvalidInputError(f"history row {position} of memory {imported.memory_id}: {error}") from error
+        if change not in changes:
+            changes.append(change)
+    changes.sort(key=lambda c: (c.at, c.event != "ADD"))  # stable: rows of one time keep their order
+    text = imported.memory.text
+    left: str | None = None
+    for change in changes:
+        if (change.event, change.old_text) != (("ADD", None) if left is None else ("UPDATE", left)):
+            raise InvalidInputError(
+                f"Mem0's history of memory {imported.memory_id} is not one ADD and then UPDATEs, each from the text "
+                f"the one before left (its {change.event} of {change.at.isoformat()} does not follow): leave the "
+                "history out to start it at one ADD"
+            )
+        left = change.new_text
+    if left != text:
+        raise InvalidInputError(
+            f"Mem0's history of memory {imported.memory_id} ends at {left!r}, not at its text {text!r}: the records "
+            "and the history were read from different stores or at different times; read both again, or leave the "
+            "history out"
+        )
+    return replace(imported, memory=replace(imported.memory, history=tuple(changes)))
+
+
+def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
+    """One row as a change."""
+    unknown = sorted(set(row) - ROW_KEYS)
+    if unknown:
+        raise InvalidInputError(f"unknown keys {unknown} (Mem0's history rows have {sorted(ROW_KEYS)})")
+    event = row.get("event")
+    if event == "DELETE":
+        raise InvalidInputError(
+            "Mem0 deleted this memory after its records were read: read them again, or leave the memory out"
+        )
+    if event not in ("ADD", "UPDATE"):
+        raise InvalidInputError(f"event {event!r} is none of Mem0's (ADD, UPDATE, DELETE)")
+    created = mem0_time(row.get("created_at"), "created_at", assume_utc)
+    updated = mem0_time(row.get("updated_at"), "updated_at", assume_utc)
+    at: datetime | None = (created or updated) if event == "ADD" else (updated or created)
+    if at is None:
+        raise InvalidInputError("no time: neither created_at nor updated_at is set")
+    old = None if event == "ADD" else check_text(row.get("old_memory"), "old_memory")
+    try:
+        actor = check_actor(row.get("actor_id"))
+    except InvalidInputError as error:
+        raise InvalidInputError(f"actor_id: {error}") from None
+    return PastChange(event, old, check_text(row.get("new_memory"), "new_memory"), at, actor)
+
+
+def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a Mem0 history: its SQLite file (``history_db_path``; opened read-only), or a JSON file of rows
+    as ``Memory.history(id)`` returns them, every memory's in one list.
+
+    Raises:
+        InvalidInputError: when the path is not a readable file, a SQLite file has no ``history`` table, or a JSON
+            file holds no list.
+    """
+    source = Path(path).expanduser()
+    try:
+        with source.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except (OSError, ValueError) as error:  # missing, a folder, unreadable; a NUL in the path
+        raise InvalidInputError(f"{source} cannot be read as Mem0's history: {error}") from None
+    if header == SQLITE_HEADER:
+        return _sqlite_rows(source)
+    try:
+        loaded = json.loads(source.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise InvalidInputError(f"{source} is neither Mem0's history.db nor JSON: {error}") from None
+    if not isinstance(loaded, list):
+        raise InvalidInputError(f"{source} holds no list of Mem0 history rows")
+    return loaded
+
+
+def _sqlite_rows(source: Path) -> list[dict[str, Any]]:
+    connection = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
+    connection.row_factory = sqlite3.Row
+    try:
+        return [dict(row) for row in connection.execute("SELECT * FROM history ORDER BY rowid")]
+    except sqlite3.DatabaseError as error:  # no history table, a damaged file, a lock held past the timeout
+        raise InvalidInputError(f"{source} cannot be read as Mem0's history.db: {error}") from None
+    finally:
+        connection.close()
+
+
+__all__ = ["read_mem0_history", "with_history"]
