@@ -9,14 +9,16 @@ memory's ``created_at`` and the update's time as ``updated_at`` (``Memory._updat
 ``updated_at``.
 
 Only the rows of the memories imported are read: the table also holds those of deleted memories and of every other
-scope, which carry no scope and are left where they are. Mem0's rows keep no metadata; each imported row shows the
-memory's metadata as imported (:func:`inferscale.storage.history_rows.imported_history_rows`).
+scope, which carry no scope and are left where they are. Mem0's rows keep no metadata but a change's ``role`` and
+``actor_id``; each imported row shows the memory's metadata as imported with those two of its change
+(:func:`inferscale.storage.history_rows.imported_history_rows`).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
@@ -26,7 +28,7 @@ from typing import Any
 from inferscale.errors import InvalidInputError
 from inferscale.mem0_import import ImportedMemory, mem0_time
 from inferscale.storage.change_sets import PastChange
-from inferscale.storage.validation import check_actor, check_text
+from inferscale.storage.validation import check_key, check_text
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite database file."""
@@ -74,32 +76,57 @@ def with_history(memories: Sequence[ImportedMemory], rows: object, *, assume_utc
 def _with_changes(
     imported: ImportedMemory, rows: Sequence[tuple[int, Mapping[str, Any]]], assume_utc: bool
 ) -> ImportedMemory:
-    changes: list[PastChange] = []
+    """``imported`` with its rows as its history, in the order their texts chain (:func:`chained`)."""
+    changes: dict[PastChange, None] = {}  # equal rows once, in order
     for position, row in rows:
         try:
-            change = _change(row, assume_utc)
+            changes.setdefault(_change(row, assume_utc))
         except InvalidInputError as error:
             raise InvalidInputError(f"history row {position} of memory {imported.memory_id}: {error}") from error
-        if change not in changes:
-            changes.append(change)
-    changes.sort(key=lambda c: (c.at, c.event != "ADD"))  # stable: rows of one time keep their order
+    history = chained(imported.memory_id, list(changes))
     text = imported.memory.text
-    left: str | None = None
-    for change in changes:
-        if (change.event, change.old_text) != (("ADD", None) if left is None else ("UPDATE", left)):
-            raise InvalidInputError(
-                f"Mem0's history of memory {imported.memory_id} is not one ADD and then UPDATEs, each from the text "
-                f"the one before left (its {change.event} of {change.at.isoformat()} does not follow): leave the "
-                "history out to start it at one ADD"
-            )
-        left = change.new_text
-    if left != text:
+    if history[-1].new_text != text:
         raise InvalidInputError(
-            f"Mem0's history of memory {imported.memory_id} ends at {left!r}, not at its text {text!r}: the records "
-            "and the history were read from different stores or at different times; read both again, or leave the "
-            "history out"
+            f"Mem0's history of memory {imported.memory_id} ends at {history[-1].new_text!r}, not at its text "
+            f"{text!r}: the records and the history were read from different stores or at different times; read "
+            "both again, or leave the history out"
         )
-    return replace(imported, memory=replace(imported.memory, history=tuple(changes)))
+    return replace(imported, memory=replace(imported.memory, history=history))
+
+
+def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, ...]:
+    """``changes`` (one ADD and UPDATEs, in any order) in the order their texts chain: the ADD, then each time the
+    earliest UPDATE not yet taken from the text the one before left.
+
+    Their times alone do not give the order: Mem0 dates an ADD by the memory's ``created_at``, which a caller may set
+    in its metadata (backdated, or from another clock), and an UPDATE by the time Mem0 made it; two rows of one
+    second may be listed either way round. The times are kept as Mem0 recorded them.
+
+    Raises:
+        InvalidInputError: naming the memory, when there is not exactly one ADD, or an UPDATE follows from no text
+            the chain reaches.
+    """
+    adds = [c for c in changes if c.event == "ADD"]
+    if len(adds) != 1:
+        raise InvalidInputError(
+            f"Mem0's history of memory {memory_id} has {len(adds)} ADD rows, where a memory has one: leave the "
+            "history out to start it at one ADD"
+        )
+    waiting: dict[str | None, deque[PastChange]] = {}
+    for change in sorted((c for c in changes if c.event == "UPDATE"), key=lambda c: c.at):
+        waiting.setdefault(change.old_text, deque()).append(change)
+    history = [adds[0]]
+    for _ in range(len(changes) - 1):
+        following = waiting.get(history[-1].new_text)
+        if not following:
+            stranded = next(c for queue in waiting.values() for c in queue)
+            raise InvalidInputError(
+                f"Mem0's history of memory {memory_id} does not chain: its UPDATE of {stranded.at.isoformat()} from "
+                f"{stranded.old_text!r} follows no row that left that text: leave the history out to start it at "
+                "one ADD"
+            )
+        history.append(following.popleft())
+    return tuple(history)
 
 
 def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
@@ -120,11 +147,8 @@ def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
     if at is None:
         raise InvalidInputError("no time: neither created_at nor updated_at is set")
     old = None if event == "ADD" else check_text(row.get("old_memory"), "old_memory")
-    try:
-        actor = check_actor(row.get("actor_id"))
-    except InvalidInputError as error:
-        raise InvalidInputError(f"actor_id: {error}") from None
-    return PastChange(event, old, check_text(row.get("new_memory"), "new_memory"), at, actor)
+    said = {key: None if row.get(key) is None else check_key(row.get(key), key) for key in ("actor_id", "role")}
+    return PastChange(event, old, check_text(row.get("new_memory"), "new_memory"), at, said["actor_id"], said["role"])
 
 
 def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:

@@ -34,8 +34,11 @@ class PastChange:
     Attributes:
         event: ``"ADD"`` (the first change, with no ``old_text``) or ``"UPDATE"``.
         old_text, new_text: the memory's text before and after the change.
-        at: when the change was made (tz-aware).
-        actor: who made it, as that store recorded (Mem0's ``actor_id``); ``None`` when it did not.
+        at: when the change was made (tz-aware), by that store's clock: a history's times need not increase.
+        actor: who made it, or whose message the memory is, as that store recorded (Mem0's ``actor_id``); ``None``
+            when it did not.
+        role: the role of the message the memory was then (Mem0's ``role``: ``"user"``, ``"assistant"``); ``None``
+            for none.
     """
 
     event: Literal["ADD", "UPDATE"]
@@ -43,6 +46,7 @@ class PastChange:
     new_text: str
     at: datetime
     actor: str | None = None
+    role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,10 +258,10 @@ def _checked_add(new: NewMemory) -> NewMemory:
 
 def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
     """``history`` (:attr:`NewMemory.history`) checked: empty, or an ``ADD`` with no old text, then ``UPDATE``s each
-    taking the text on from the change before it, in time order, ending at ``text``.
+    taking the text on from the change before it, ending at ``text``.
 
     Raises:
-        InvalidInputError: for anything else, or a change whose text, time or actor is not valid.
+        InvalidInputError: for anything else, or a change whose text, time, actor or role is not valid.
     """
     if not isinstance(history, tuple) or any(not isinstance(change, PastChange) for change in history):
         raise InvalidInputError("a new memory's history is a tuple of PastChange")
@@ -270,10 +274,9 @@ def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
                 "UPDATEs, each from the text the change before it left"
             )
         at = check_utc_time(change.at, "a history change's time")
-        if checked and at < checked[-1].at:
-            raise InvalidInputError(f"history change {len(checked)} is dated before the change before it")
         new_text = check_text(change.new_text, "a history change's new text")
-        checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor)))
+        role = None if change.role is None else check_key(change.role, "a history change's role")
+        checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role))
     if checked and checked[-1].new_text != text:
         raise InvalidInputError("a history ends at the text its memory has: its last change leaves another one")
     return tuple(checked)

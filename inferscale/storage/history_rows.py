@@ -8,7 +8,7 @@ from datetime import datetime
 
 from inferscale.storage.change_sets import PastChange
 from inferscale.storage.models import HistoryRow, MemoryRow
-from inferscale.storage.records import HistoryEvent, MemoryRecord
+from inferscale.storage.records import ATTRIBUTION_KEYS, HistoryEvent, MemoryRecord
 from inferscale.storage.validation import json_copy
 
 
@@ -38,27 +38,33 @@ def history_row(
 
 
 def imported_history_rows(row: MemoryRow, past: Sequence[PastChange]) -> list[HistoryRow]:
-    """The rows of the changes ``past`` (oldest first: an ``ADD``, then ``UPDATE``s ending at ``row``'s text) that
-    the store ``row``'s memory comes from recorded, each dated and attributed as it was there.
+    """The rows of the changes ``past`` (an ``ADD``, then ``UPDATE``s ending at ``row``'s text) that the store
+    ``row``'s memory comes from recorded, in that order, each dated and attributed as it was there.
 
-    That store kept no metadata in its history (Mem0's does not), so each row shows the memory's metadata as
-    stored here (``role`` and ``actor_id`` included), on both sides of an update.
+    That store kept no other metadata in its history (Mem0's keeps a row's ``role`` and ``actor_id`` alone), so each
+    row shows the memory's metadata as stored here with the ``role`` and ``actor_id`` of its change; an update's old
+    metadata is the change before it's.
     """
+    kept = {key: value for key, value in (row.metadata_ or {}).items() if key not in ATTRIBUTION_KEYS}
+    said = [
+        {**kept, **{key: value for key, value in (("role", c.role), ("actor_id", c.actor)) if value is not None}}
+        for c in past
+    ]
     return [
         HistoryRow(
             memory_id=row.id,
             event=change.event,
             old_text=change.old_text,
             new_text=change.new_text,
-            old_metadata=json_copy(row.metadata_) if change.old_text is not None else None,
-            new_metadata=json_copy(row.metadata_),
+            old_metadata=json_copy(said[i - 1]) if i > 0 else None,
+            new_metadata=json_copy(said[i]),
             actor=change.actor,
             user_id=row.user_id,
             agent_id=row.agent_id,
             run_id=row.run_id,
             created_at=change.at,
         )
-        for change in past
+        for i, change in enumerate(past)
     ]
 
 

@@ -589,9 +589,10 @@ def _replaced(index: int, **changes: Any) -> list[dict[str, Any]]:
         ([*CHEMISTRY_ROWS, _row(IDS[2], "DELETE", "Teaches chemistry.", None, "2026-03-06T00:00:00+00:00")],
          "history row 3 of memory .*: Mem0 deleted this memory after its records were read"),
         (CHEMISTRY_ROWS[:2], "ends at 'Teaches physics.', not at its text 'Teaches chemistry.'"),
-        (_replaced(1, old_memory="Teaches maths."), "not one ADD and then UPDATEs"),
+        (_replaced(1, old_memory="Teaches maths."),
+         "does not chain: its UPDATE of 2026-03-01T15:00:00\\+00:00 from 'Teaches maths.' follows no row"),
         ([*CHEMISTRY_ROWS, _row(IDS[2], "ADD", None, "Teaches art.", "2026-03-09T00:00:00+00:00")],
-         "not one ADD and then UPDATEs"),
+         "has 2 ADD rows"),
         (_replaced(0, event="CREATE"), "history row 0 of memory .*: event 'CREATE' is none of Mem0's"),
         (_replaced(0, score=1), r"unknown keys \['score'\]"),
         (_replaced(1, created_at=None, updated_at=None), "history row 1 of memory .*: no time"),
@@ -606,6 +607,32 @@ def test_a_history_that_does_not_lead_to_the_memory_refuses_the_import(make: Any
     with pytest.raises(InvalidInputError, match=says):
         client.run("import_memories", MAYA, history=rows)
     assert client.count() == 0
+
+
+def test_a_history_is_ordered_by_how_its_texts_chain_and_keeps_each_rows_time_and_role(make: Any) -> None:
+    """Found with real Mem0 2.2.1: a memory added with a created_at in its metadata two hours ahead (a naive local
+    time, read with assume_utc) has its ADD dated after its UPDATE, and that valid history was refused. Two UPDATEs
+    of one second, listed the wrong way round, chain as well. Mem0's rows keep each change's role and actor_id, which
+    had been replaced by the memory's."""
+    client = make()
+    porto = [
+        _row(IDS[0], "ADD", None, "Lives in Lisbon.", "2026-03-02T12:00:00+00:00", role="user", actor_id="maya_s"),
+        _row(IDS[0], "UPDATE", "Lives in Faro.", "Lives in Porto.", "2026-03-02T12:00:00+00:00",
+             updated_at="2026-03-02T10:00:05+00:00", role="assistant"),
+        _row(IDS[0], "UPDATE", "Lives in Lisbon.", "Lives in Faro.", "2026-03-02T12:00:00+00:00",
+             updated_at="2026-03-02T10:00:05+00:00", role="user", actor_id="maya_s"),
+    ]  # fmt: skip
+    client.run("import_memories", MAYA, history=porto)
+    history = client.run("history", IDS[0])
+    assert [(h["event"], h["new_memory"], h["created_at"], h["role"], h["actor_id"]) for h in history] == [
+        ("ADD", "Lives in Lisbon.", "2026-03-02T12:00:00+00:00", "user", "maya_s"),
+        ("UPDATE", "Lives in Faro.", "2026-03-02T10:00:05+00:00", "user", "maya_s"),
+        ("UPDATE", "Lives in Porto.", "2026-03-02T10:00:05+00:00", "assistant", None),
+    ]
+    assert (history[2]["old_metadata"], history[2]["new_metadata"]) == (
+        {"role": "user", "actor_id": "maya_s"},
+        {"role": "assistant"},
+    )
 
 
 def test_a_time_without_a_zone_in_the_history_is_read_as_utc_when_asked(make: Any) -> None:

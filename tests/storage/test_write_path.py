@@ -323,11 +323,27 @@ def test_a_given_history_is_stored_instead_of_one_add(store: MemoryStore) -> Non
         ("ADD", None, "likes tea", T0, "maya", ALICE),
         ("UPDATE", "likes tea", "likes green tea", T0 + timedelta(days=3), "maya", ALICE),
     ]
-    assert [(h.old_metadata, h.new_metadata) for h in rows] == [
-        (None, {"topic": "drinks"}),
-        ({"topic": "drinks"}, {"topic": "drinks"}),
-    ]
+    said = {"topic": "drinks", "actor_id": "maya"}  # the memory's metadata, with each change's role and actor
+    assert [(h.old_metadata, h.new_metadata) for h in rows] == [(None, said), (said, said)]
     assert store.get(GIVEN_ID).created_at == T0  # type: ignore[union-attr]
+
+
+def test_a_given_history_keeps_each_changes_role_and_its_order_and_times_as_given(store: MemoryStore) -> None:
+    """Another store's clock may date an ADD after the UPDATE that follows it (Mem0 dates an ADD by a created_at
+    its caller may set): the changes are stored in the order given, with their times."""
+    history = (
+        PastChange("ADD", None, "likes tea", T0 + timedelta(days=5), "maya", "user"),
+        PastChange("UPDATE", "likes tea", "likes green tea", T0, None, "assistant"),
+    )
+    new = NewMemory("likes green tea", {"role": "assistant", "k": 1}, memory_id=GIVEN_ID, history=history)
+    store.apply(ChangeSet(ALICE, adds=(new,)))
+    rows = store.history(GIVEN_ID)
+    assert [(h.event, h.created_at, h.actor) for h in rows] == [
+        ("ADD", T0 + timedelta(days=5), "maya"),
+        ("UPDATE", T0, None),
+    ]
+    user, assistant = {"k": 1, "role": "user", "actor_id": "maya"}, {"k": 1, "role": "assistant"}
+    assert [(h.old_metadata, h.new_metadata) for h in rows] == [(None, user), (user, assistant)]
 
 
 @pytest.mark.parametrize(
@@ -336,10 +352,10 @@ def test_a_given_history_is_stored_instead_of_one_add(store: MemoryStore) -> Non
         (_past(("UPDATE", "likes tea", "likes green tea", 0)), "is UPDATE from 'likes tea'"),
         (_past(("ADD", None, "likes tea", 0), ("ADD", None, "likes green tea", 1)), "is ADD from None"),
         (_past(("ADD", None, "likes tea", 0), ("UPDATE", "likes coffee", "likes green tea", 1)), "from 'likes coffee'"),
-        (_past(("ADD", None, "likes tea", 2), ("UPDATE", "likes tea", "likes green tea", 1)), "dated before"),
         (_past(("ADD", None, "likes tea", 0)), "its last change leaves another one"),
         (_past(("ADD", None, " ", 0), ("UPDATE", " ", "likes green tea", 1)), "new text"),
         ((PastChange("ADD", None, "likes green tea", datetime(2025, 1, 1)),), "no time zone"),
+        ((PastChange("ADD", None, "likes green tea", T0, role=" "),), "role must not be empty"),
         ([PastChange("ADD", None, "likes green tea", T0)], "a tuple of PastChange"),
     ],
 )
