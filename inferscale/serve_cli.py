@@ -7,7 +7,7 @@ import argparse
 from typing import TypeVar, get_args
 
 from inferscale.config import DType, MemoryLayout
-from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S
+from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S, MAX_PORT
 
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
     "transformers": ("device", "max_request_bytes"),
@@ -80,6 +80,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         check_engine_flags(args)
+        check_port_free(args.host, args.port)
         if args.engine == "vllm":
             _serve_vllm(args)
         else:
@@ -106,6 +107,32 @@ def check_engine_flags(args: argparse.Namespace) -> None:
                 f"--engine {args.engine} does not use {', '.join(given)} (--engine {engine} only); "
                 f"leave {'it' if len(given) == 1 else 'them'} out"
             )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a ``host:port`` this process cannot listen on (another process has the port), before the model loads:
+    the server would find it only after loading the model, and exit with uvicorn's status 3. A bind taken and
+    released at once, with ``SO_REUSEADDR`` as uvicorn sets it, so a port left in ``TIME_WAIT`` passes.
+
+    Raises:
+        ConfigError: naming the address and the system's reason.
+    """
+    import socket
+
+    from inferscale.errors import ConfigError
+
+    if not 0 <= port <= MAX_PORT:
+        return  # the server's options refuse it, naming the range
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:  # in use; an address this machine does not have or cannot resolve
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {error.strerror or error}; another process may have the port: stop "
+                "it, or give another --port"
+            ) from None
 
 
 T = TypeVar("T")

@@ -225,3 +225,23 @@ def test_a_server_setting_out_of_range_is_refused_before_anything_loads(
     assert run_serve(_parse("--data-dir", str(tmp_path), *flags)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1  # one line
+
+
+def test_a_port_another_process_has_is_refused_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new user's find: the server loaded the whole model, then uvicorn found the port taken and exited with its
+    own status 3, which cli.md does not list."""
+    import socket
+
+    def must_not_load(options: ServerOptions) -> None:
+        raise AssertionError("the model was about to load")
+
+    monkeypatch.setattr("inferscale.server.run.serve_transformers", must_not_load)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_serve(_parse("--port", str(port), "--data-dir", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: Address already in use") and "--port" in err
