@@ -266,8 +266,9 @@ class FactKVManager:
         chosen: bool = False,
     ) -> list[MemoryRecord]:
         """Those of ``records`` that fit a context window of ``context_tokens`` together with the system prefix, the
-        conversation and the answer budget, in order: each memory is kept while the prompt with it and the memories
-        kept before it fits, so a memory ranked lower gives way to those ranked above it. Checked from token counts
+        conversation and the answer budget, in order: each memory is kept when the prompt with it and the memories
+        kept before it fits, so a memory ranked lower gives way to those ranked above it (a shorter one ranked below
+        a memory left out may still be kept). Checked from token counts
         (:meth:`fact_tokens`), so a request bound to fail costs no forward pass. Each memory left out is logged: one
         long memory, or many, must not fail every chat of their scope. Memories the caller ``chosen`` by id are all
         kept, and the prompt they make must fit.
@@ -281,9 +282,11 @@ class FactKVManager:
 
         Raises:
             ContextLengthError: when the prompt of the memories kept does not fit: the conversation and the answer
-                budget alone do not, or the memories ``chosen`` do not with them
+                budget alone do not (raised before any memory is looked at, so none is logged as left out), or the
+                memories ``chosen`` do not with them
                 (:func:`~inferscale.engines.base.check_prompt_fits`).
         """
+        check_prompt_fits(prefix_tokens, 0, rest_tokens, context_tokens)  # before any memory's warning
         kept: list[MemoryRecord] = []
         total = prefix_tokens + rest_tokens
         for record in records:

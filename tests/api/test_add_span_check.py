@@ -440,16 +440,25 @@ def test_memories_that_fit_alone_but_not_together_give_way_by_rank_and_only_thos
 
 @pytest.mark.parametrize("mode", ["kv", "prompt"])
 def test_a_chat_whose_conversation_and_budget_alone_pass_the_context_is_refused_before_any_kv_is_encoded(
-    mode: str, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+    mode: str,
+    engine: TransformersEngine,
+    tmp_path: Path,
+    clients: list[ClientAdapter],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Refused before any memory is looked at: a new user's find, each retrieved memory was first logged as left
+    out "with the 0 memories ranked above it that fit", a warning that misleads when no memory could help."""
     client = _client("sync", _config(tmp_path, None, encode_on_add="lazy", context_window=0), engine)
     clients.append(client)
     client.add("Note: tea.", user_id="maya", infer=False)
     budget = engine.max_context_tokens - len(engine.system_prefix_ids()) - len(engine.conversation_token_ids("tea?"))
-    with pytest.raises(
-        ContextLengthError, match=r"the prompt needs \d+ tokens \(system prefix \d+, memories 0,"
-    ) as refused:
+    needs = r"the prompt needs \d+ tokens \(system prefix \d+, memories 0,"
+    with (
+        caplog.at_level(logging.WARNING, logger="inferscale.fact_kv"),
+        pytest.raises(ContextLengthError, match=needs) as refused,
+    ):
         client.chat("tea?", user_id="maya", max_new_tokens=budget + 1, mode=mode)
+    assert "left out" not in caplog.text
     # every memory was left out already: fewer would not help (the advice said "retrieve fewer memories")
     assert str(refused.value).endswith("; send a shorter conversation or lower max_new_tokens")
     assert client.client.db.all_kv_entries() == []  # no memory was encoded for a chat bound to fail
