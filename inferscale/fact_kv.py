@@ -296,8 +296,8 @@ class FactKVManager:
                 total += tokens
             else:
                 log.warning(
-                    "memory %s (%s) is left out of this chat: with the conversation, the answer budget and the %d "
-                    "memories ranked above it that fit, it would not fit the context of %d tokens",
+                    "memory %s (%s) is left out of this chat: with the conversation, the answer budget and the "
+                    "memories ranked above it that fit (%d), it would not fit the context of %d tokens",
                     record.id,
                     preview(record.text),
                     len(kept),
