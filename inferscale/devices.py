@@ -7,7 +7,7 @@ from __future__ import annotations
 from inferscale.errors import ConfigError
 
 
-def resolve_device(device: str, setting: str) -> str:
+def checked_device(device: str, setting: str) -> str:
     """The device ``device`` names: ``"auto"`` is ``"cuda"`` when a CUDA device is visible, else ``"cpu"``; any
     other value as given once it is usable here.
 
@@ -35,4 +35,4 @@ def resolve_device(device: str, setting: str) -> str:
     return device
 
 
-__all__ = ["resolve_device"]
+__all__ = ["checked_device"]

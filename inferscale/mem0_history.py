@@ -54,12 +54,12 @@ def with_history(memories: Sequence[ImportedMemory], rows: object, *, assume_utc
 
     Raises:
         InvalidInputError: ``rows`` that are not a list of dicts each with a str ``memory_id``; naming the memory
-            and the row, for a row of an imported memory with an unknown key or event, a ``DELETE`` (Mem0 deleted
-            the memory after the records were read: read them again), no time or one that is not ISO 8601 with a
-            zone, or no text; and for a memory whose rows are not one ``ADD`` and then ``UPDATE``s each from the
-            text the row before it left, ending at the memory's text (the records and the history come from
-            different stores, or different times). Two equal rows (Mem0 writes an ``ADD`` twice when its batch
-            write fails half-way) count once.
+            and the row, for a row of an imported memory with a key that is not a str, an unknown key or event, a
+            ``DELETE`` (Mem0 deleted the memory after the records were read: read them again), no time or one that
+            is not ISO 8601 with a zone, or no text; and for a memory whose rows cannot be laid out as one ``ADD``
+            and then ``UPDATE``s each from the text the one before left (:func:`chained`), ending at the memory's
+            text (the records and the history come from different stores, or different times). Two equal rows count
+            once (an export that lists a memory under its user and under its agent lists its rows twice).
     """
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError(f"history must be a list of Mem0 history rows, got {type(rows).__name__}")
@@ -95,16 +95,19 @@ def _with_changes(
 
 
 def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, ...]:
-    """``changes`` (one ADD and UPDATEs, in any order) in the order their texts chain: the ADD, then each time the
-    earliest UPDATE not yet taken from the text the one before left.
+    """``changes`` (one ADD and UPDATEs, in any order) in an order their texts chain: the ADD, then UPDATEs each from
+    the text the one before left, every UPDATE once. From each text the earliest UPDATE not yet taken comes first;
+    where that walk would end before every UPDATE is taken (a text changed back, then on: A→B, B→A, A→C with A→C
+    dated first), the UPDATEs it skipped are spliced in where their text was reached (Hierholzer's walk of an
+    Eulerian trail, over the texts as nodes and the UPDATEs as edges).
 
     Their times alone do not give the order: Mem0 dates an ADD by the memory's ``created_at``, which a caller may set
     in its metadata (backdated, or from another clock), and an UPDATE by the time Mem0 made it; two rows of one
     second may be listed either way round. The times are kept as Mem0 recorded them.
 
     Raises:
-        InvalidInputError: naming the memory, when there is not exactly one ADD, or an UPDATE follows from no text
-            the chain reaches.
+        InvalidInputError: naming the memory, when there is not exactly one ADD, or no order takes every UPDATE
+            (one is named that no order reaches).
     """
     adds = [c for c in changes if c.event == "ADD"]
     if len(adds) != 1:
@@ -112,25 +115,34 @@ def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, 
             f"Mem0's history of memory {memory_id} has {len(adds)} ADD rows, where a memory has one: leave the "
             "history out to start it at one ADD"
         )
+    updates = sorted((c for c in changes if c.event == "UPDATE"), key=lambda c: c.at)
     waiting: dict[str | None, deque[PastChange]] = {}
-    for change in sorted((c for c in changes if c.event == "UPDATE"), key=lambda c: c.at):
+    for change in updates:
         waiting.setdefault(change.old_text, deque()).append(change)
-    history = [adds[0]]
-    for _ in range(len(changes) - 1):
-        following = waiting.get(history[-1].new_text)
-        if not following:
-            stranded = next(c for queue in waiting.values() for c in queue)
-            raise InvalidInputError(
-                f"Mem0's history of memory {memory_id} does not chain: its UPDATE of {stranded.at.isoformat()} from "
-                f"{stranded.old_text!r} follows no row that left that text: leave the history out to start it at "
-                "one ADD"
-            )
-        history.append(following.popleft())
-    return tuple(history)
+    walk: list[PastChange] = [adds[0]]  # Hierholzer: walk on while the current text has an UPDATE left
+    trail: list[PastChange] = []
+    while walk:
+        following = waiting.get(walk[-1].new_text)
+        if following:
+            walk.append(following.popleft())
+        else:
+            trail.append(walk.pop())
+    trail.reverse()
+    if len(trail) != len(changes):
+        taken = {id(c) for c in trail}
+        stranded = next(c for c in updates if id(c) not in taken)
+        raise InvalidInputError(
+            f"Mem0's history of memory {memory_id} does not chain: its UPDATE of {stranded.at.isoformat()} from "
+            f"{stranded.old_text!r} follows no row that left that text: leave the history out to start it at one "
+            "ADD"
+        )
+    return tuple(trail)
 
 
 def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
     """One row as a change."""
+    if any(not isinstance(key, str) for key in row):
+        raise InvalidInputError("a Mem0 history row's keys are strs")
     unknown = sorted(set(row) - ROW_KEYS)
     if unknown:
         raise InvalidInputError(f"unknown keys {unknown} (Mem0's history rows have {sorted(ROW_KEYS)})")
@@ -159,7 +171,10 @@ def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:
         InvalidInputError: when the path is not a readable file, a SQLite file has no ``history`` table, or a JSON
             file holds no list.
     """
-    source = Path(path).expanduser()
+    try:
+        source = Path(path).expanduser()
+    except (RuntimeError, TypeError) as error:  # "~nobody/x": no such home; not a path at all
+        raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
     try:
         with source.open("rb") as file:
             header = file.read(len(SQLITE_HEADER))

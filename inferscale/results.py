@@ -46,12 +46,15 @@ def history_to_dict(row: HistoryRecord) -> dict[str, Any]:
         "role", "created_at", "is_deleted"}`` and the memory's scope ids that are set; ``old_memory`` is ``None``
         on ADD, ``new_memory`` is ``None`` on DELETE. As in Mem0, a memory stored from a message keeps that
         message's ``role`` and speaker (``actor_id``: its ``name``, ``None`` without one) on every event, an
-        UPDATE's and a DELETE's included (read from the metadata after the change; a DELETE's, before it: a history
-        imported from Mem0 keeps each change's own); an extracted fact has no ``role``, and its ``actor_id`` is who
-        made the change, when the caller said so. A row of a memory deleted before the store recorded scopes has no
-        scope ids.
+        UPDATE's and a DELETE's included (read from the metadata after the change, or before it where that names
+        neither: a history imported from Mem0 keeps each change's own); an extracted fact has no ``role``, and its
+        ``actor_id`` is who made the change, when the caller said so. A row of a memory deleted before the store
+        recorded scopes has no scope ids.
     """
-    said = (row.new_metadata if row.new_metadata is not None else row.old_metadata) or {}  # after it; a DELETE's before
+    after = row.new_metadata or {}
+    # the metadata after the change (an imported row's own role and actor_id); merged with the metadata before it
+    # where it names neither (a DELETE's; an update's of a store before metadata updates kept them, 5 Dec 2026)
+    said = after if any(key in after for key in ATTRIBUTION_KEYS) else {**(row.old_metadata or {}), **after}
     actor = said.get("actor_id") if "role" in said else row.actor
     return {
         "id": row.public_id,

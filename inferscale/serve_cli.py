@@ -110,13 +110,15 @@ def check_engine_flags(args: argparse.Namespace) -> None:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Refuse a ``host:port`` this process cannot listen on (another process has the port), before the model loads:
+    """Refuse a ``host:port`` this process cannot listen on (another process has the port, or the host is no address
+    of this machine), before the model loads:
     the server would find it only after loading the model, and exit with uvicorn's status 3. A bind taken and
     released at once, with ``SO_REUSEADDR`` as uvicorn sets it, so a port left in ``TIME_WAIT`` passes.
 
     Raises:
         ConfigError: naming the address and the system's reason.
     """
+    import errno
     import socket
 
     from inferscale.errors import ConfigError
@@ -129,10 +131,14 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as error:  # in use; an address this machine does not have or cannot resolve
-            raise ConfigError(
-                f"cannot listen on {host}:{port}: {error.strerror or error}; another process may have the port: stop "
-                "it, or give another --port"
-            ) from None
+            advice = (
+                "another process has the port: stop it, or give another --port"
+                if error.errno == errno.EADDRINUSE
+                else "give an address of this machine (--host)"
+            )
+            raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror or error}; {advice}") from None
+        except (TypeError, ValueError, UnicodeError) as error:  # a NUL in the host, a name IDNA cannot encode
+            raise ConfigError(f"cannot listen on {host!r}: {error}; give an address of this machine (--host)") from None
 
 
 T = TypeVar("T")

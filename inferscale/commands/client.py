@@ -31,8 +31,8 @@ def open_client(
     """The client a memory command calls: ``MemoryClient(config)`` on the local store, or ``MemoryClient(host=...,
     api_key=...)`` on the server at ``--host`` (the key from ``--api-key``; without it the remote client reads
     ``$INFERSCALE_API_KEY``). Building it does no I/O; the store opens, or the server is called, on first use.
-    A local store must exist unless the command ``creates_store`` (``add``): :meth:`StoreOptions.existing_config`
-    (a named data folder must hold its ``memory.db``).
+    A local store must exist unless the command ``creates_store`` (``add``, ``import-mem0``):
+    :meth:`StoreOptions.existing_config` (a named data folder must hold its ``memory.db``).
 
     Raises:
         InvalidInputError: for ``--host`` with local store options (the server's own apply), or ``--api-key``

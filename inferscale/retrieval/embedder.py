@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from inferscale.devices import resolve_device
+from inferscale.devices import checked_device
 from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class SentenceTransformerEmbedder:
         from inferscale.model_load import MODEL_LOADS, loading_model
         from inferscale.models import default_embedder_path
 
-        device = resolve_device(self._device, "embedder.device")
+        device = checked_device(self._device, "embedder.device")
         if self._model_name is None:
             with MODEL_LOADS:  # the embedded model is there: no error to translate
                 model = SentenceTransformer(str(default_embedder_path()), device=device, local_files_only=True)

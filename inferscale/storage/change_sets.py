@@ -71,10 +71,10 @@ class NewMemory:
             run again); a memory of another scope holding it, an error.
         created_at, updated_at: the memory's times in the store it comes from (tz-aware). Without ``created_at`` the
             memory is dated ``updated_at``, without both the time of the write; ``updated_at`` defaults to the
-            memory's date. Its ``ADD`` history row is dated as the memory.
-        history: the changes the store it comes from recorded, oldest first: an ``ADD``, then ``UPDATE``s, the last
-            one's ``new_text`` the memory's text. They are its history rows instead of one ``ADD`` row; empty (the
-            default): that one row.
+            memory's date. Its ``ADD`` history row is dated as the memory (unless ``history`` is given).
+        history: the changes the store it comes from recorded, in the order their texts chain: an ``ADD``, then
+            ``UPDATE``s, the last one's ``new_text`` the memory's text, each dated by its own time. They are its
+            history rows instead of the one ``ADD`` row dated as the memory; empty (the default): that one row.
     """
 
     text: str
@@ -227,7 +227,7 @@ def _checked_add(new: NewMemory) -> NewMemory:
             int from 0 to the number of context turns, or a ``chain_from`` that is not ``None`` or such an int, or
             that is set while some context entry is not a neighbour; for a given id that is not a canonical UUID, a
             given time that is not a tz-aware ``datetime``, or a ``history`` that is not an ``ADD`` and then
-            ``UPDATE``s in time order, each taking the text on from the one before to the memory's text.
+            ``UPDATE``s, each taking the text on from the one before, to the memory's text.
     """
     context = tuple(check_context(new.context))
     neighbours = check_count(new.neighbours, "neighbours")

@@ -285,9 +285,9 @@ def _add_memories(
     any more are dropped from its context (and its chain start moves back by those dropped before it). An add with a
     given id (:attr:`NewMemory.memory_id`) that a memory of exactly the scope holds already, or a deleted memory
     had, is skipped, and is refused when a memory of another scope holds it (the transaction rolls back). A given
-    ``created_at`` dates the memory and its ``ADD`` history row; without one, a given ``updated_at`` does (no memory is
-    updated before it is created), else the write's time. A memory with :attr:`NewMemory.history` gets those
-    changes as its history rows instead of the one ``ADD``."""
+    ``created_at`` dates the memory and (without a given history) its ``ADD`` history row; without one, a given
+    ``updated_at`` does (no memory is updated before it is created), else the write's time. A memory with
+    :attr:`NewMemory.history` gets those changes as its history rows instead of the one ``ADD``."""
     if not adds:
         return []
     scope = changes.scope

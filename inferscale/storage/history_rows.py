@@ -42,14 +42,15 @@ def imported_history_rows(row: MemoryRow, past: Sequence[PastChange]) -> list[Hi
     ``row``'s memory comes from recorded, in that order, each dated and attributed as it was there.
 
     That store kept no other metadata in its history (Mem0's keeps a row's ``role`` and ``actor_id`` alone), so each
-    row shows the memory's metadata as stored here with the ``role`` and ``actor_id`` of its change; an update's old
-    metadata is the change before it's.
+    row shows the memory's metadata as stored here with the ``role`` and ``actor_id`` of its change, and the last
+    one the memory's metadata as it is; an update's old metadata is the change before it's.
     """
     kept = {key: value for key, value in (row.metadata_ or {}).items() if key not in ATTRIBUTION_KEYS}
     said = [
         {**kept, **{key: value for key, value in (("role", c.role), ("actor_id", c.actor)) if value is not None}}
-        for c in past
+        for c in past[:-1]
     ]
+    said.append(dict(row.metadata_ or {}))  # after the last change: the memory as it is
     return [
         HistoryRow(
             memory_id=row.id,

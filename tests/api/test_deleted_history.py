@@ -10,6 +10,7 @@ every event, as Mem0's do (an UPDATE's and a DELETE's row had ``actor_id`` ``Non
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from client_adapter import ClientKind, open_client
@@ -96,3 +97,28 @@ def test_every_event_carries_the_actor_and_role_the_memory_was_stored_with(
         assert [(h["event"], h["actor_id"], h["role"]) for h in c.history(reply)] == [("ADD", None, "assistant")]
     finally:
         c.close()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "shown"),
+    [
+        # an update of a store from before metadata updates kept the attribution (5 Dec 2026): the old side has it
+        ({"role": "user", "actor_id": "alice"}, {"topic": "x"}, ("user", "alice")),
+        # a row imported from Mem0: the change's own role and speaker, not the ones before it
+        ({"role": "user", "actor_id": "alice"}, {"role": "assistant"}, ("assistant", None)),
+        ({"role": "user", "actor_id": "alice"}, None, ("user", "alice")),  # a DELETE
+    ],
+)
+def test_a_history_rows_role_and_speaker_come_from_its_metadata_after_the_change_where_it_names_them(
+    old: dict[str, Any], new: dict[str, Any] | None, shown: tuple[str | None, str | None]
+) -> None:
+    from datetime import UTC, datetime
+
+    from inferscale.results import history_to_dict
+    from inferscale.scope import Scope
+    from inferscale.storage import HistoryRecord
+
+    event = "UPDATE" if new is not None else "DELETE"
+    row = HistoryRecord(1, "h", "m", event, "a", "b", old, new, "the caller", Scope(user_id="u"), datetime.now(UTC))
+    as_dict = history_to_dict(row)
+    assert (as_dict["role"], as_dict["actor_id"]) == shown

@@ -598,6 +598,7 @@ def _replaced(index: int, **changes: Any) -> list[dict[str, Any]]:
         (_replaced(1, created_at=None, updated_at=None), "history row 1 of memory .*: no time"),
         (_replaced(1, updated_at="2026-03-01T07:00:00"), "no time zone"),
         (_replaced(1, new_memory=""), "new_memory"),
+        ([CHEMISTRY_ROWS[0] | {1: "x"}, *CHEMISTRY_ROWS[1:]], "history row 0 of memory .*: a Mem0 history row's keys"),
         ([*CHEMISTRY_ROWS, {"memory_id": None}], "history row 3: a Mem0 history row is a dict"),
         ({"results": CHEMISTRY_ROWS}, "history must be a list"),
     ],
@@ -618,21 +619,43 @@ def test_a_history_is_ordered_by_how_its_texts_chain_and_keeps_each_rows_time_an
     porto = [
         _row(IDS[0], "ADD", None, "Lives in Lisbon.", "2026-03-02T12:00:00+00:00", role="user", actor_id="maya_s"),
         _row(IDS[0], "UPDATE", "Lives in Faro.", "Lives in Porto.", "2026-03-02T12:00:00+00:00",
-             updated_at="2026-03-02T10:00:05+00:00", role="assistant"),
-        _row(IDS[0], "UPDATE", "Lives in Lisbon.", "Lives in Faro.", "2026-03-02T12:00:00+00:00",
              updated_at="2026-03-02T10:00:05+00:00", role="user", actor_id="maya_s"),
+        _row(IDS[0], "UPDATE", "Lives in Lisbon.", "Lives in Faro.", "2026-03-02T12:00:00+00:00",
+             updated_at="2026-03-02T10:00:05+00:00", role="assistant"),
     ]  # fmt: skip
     client.run("import_memories", MAYA, history=porto)
     history = client.run("history", IDS[0])
     assert [(h["event"], h["new_memory"], h["created_at"], h["role"], h["actor_id"]) for h in history] == [
         ("ADD", "Lives in Lisbon.", "2026-03-02T12:00:00+00:00", "user", "maya_s"),
-        ("UPDATE", "Lives in Faro.", "2026-03-02T10:00:05+00:00", "user", "maya_s"),
-        ("UPDATE", "Lives in Porto.", "2026-03-02T10:00:05+00:00", "assistant", None),
+        ("UPDATE", "Lives in Faro.", "2026-03-02T10:00:05+00:00", "assistant", None),
+        ("UPDATE", "Lives in Porto.", "2026-03-02T10:00:05+00:00", "user", "maya_s"),
     ]
     assert (history[2]["old_metadata"], history[2]["new_metadata"]) == (
-        {"role": "user", "actor_id": "maya_s"},
         {"role": "assistant"},
+        {"role": "user", "actor_id": "maya_s"},  # after the last change: the memory's metadata as it is
     )
+
+
+def test_a_text_changed_back_and_then_on_chains_whichever_update_is_dated_first(make: Any) -> None:
+    """A review's find: from each text the earliest UPDATE came next, so biology→physics→biology→chemistry with
+    biology→chemistry dated first reached chemistry with two UPDATEs left, and was refused."""
+    client = make()
+    rows = [
+        _row(IDS[2], "ADD", None, "Teaches biology.", "2026-02-28T08:00:00+00:00"),
+        _row(IDS[2], "UPDATE", "Teaches biology.", "Teaches chemistry.", "2026-02-28T08:00:00+00:00",
+             updated_at="2026-03-01T00:00:00+00:00"),
+        _row(IDS[2], "UPDATE", "Teaches biology.", "Teaches physics.", "2026-02-28T08:00:00+00:00",
+             updated_at="2026-03-02T00:00:00+00:00"),
+        _row(IDS[2], "UPDATE", "Teaches physics.", "Teaches biology.", "2026-02-28T08:00:00+00:00",
+             updated_at="2026-03-03T00:00:00+00:00"),
+    ]  # fmt: skip
+    client.run("import_memories", MAYA, history=rows)
+    assert [(h["old_memory"], h["new_memory"]) for h in client.run("history", IDS[2])] == [
+        (None, "Teaches biology."),
+        ("Teaches biology.", "Teaches physics."),
+        ("Teaches physics.", "Teaches biology."),
+        ("Teaches biology.", "Teaches chemistry."),
+    ]
 
 
 def test_a_time_without_a_zone_in_the_history_is_read_as_utc_when_asked(make: Any) -> None:
@@ -677,6 +700,8 @@ def test_the_history_reader_takes_mem0s_history_db_and_json_and_leaves_the_file_
         (tmp_path, "cannot be read as Mem0's history"),
         (tmp_path / "missing.db", "cannot be read as Mem0's history"),
         ("a\x00b.db", "cannot be read as Mem0's history"),
+        ("~nosuchuser_h/history.db", "not a usable path"),
+        (5, "not a usable path"),
     ]:
         with pytest.raises(InvalidInputError, match=says):
             read_mem0_history(path)

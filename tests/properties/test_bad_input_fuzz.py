@@ -381,6 +381,7 @@ def mem0_history(draw: st.DrawFn, records: Any) -> Any:
                         {**rows[-1], "created_at": None, "updated_at": None},
                         {**rows[-1], "actor_id": draw(st.one_of(odd_text, not_str))},
                         {**rows[-1], "score": 1},
+                        {**rows[-1], 1: "a key that is not a str"},
                     ]
                 )
             )

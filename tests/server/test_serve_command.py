@@ -245,3 +245,6 @@ def test_a_port_another_process_has_is_refused_before_the_model_loads(
         assert run_serve(_parse("--port", str(port), "--data-dir", str(tmp_path))) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot listen on 127.0.0.1:{port}: Address already in use") and "--port" in err
+    for host, says in [("192.0.2.1", "give an address of this machine"), ("a\x00b", "cannot listen on 'a\\x00b'")]:
+        assert run_serve(_parse("--host", host, "--port", str(port), "--data-dir", str(tmp_path))) == 2
+        assert says in capsys.readouterr().err

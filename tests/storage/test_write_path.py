@@ -324,7 +324,7 @@ def test_a_given_history_is_stored_instead_of_one_add(store: MemoryStore) -> Non
         ("UPDATE", "likes tea", "likes green tea", T0 + timedelta(days=3), "maya", ALICE),
     ]
     said = {"topic": "drinks", "actor_id": "maya"}  # the memory's metadata, with each change's role and actor
-    assert [(h.old_metadata, h.new_metadata) for h in rows] == [(None, said), (said, said)]
+    assert [(h.old_metadata, h.new_metadata) for h in rows] == [(None, said), (said, {"topic": "drinks"})]
     assert store.get(GIVEN_ID).created_at == T0  # type: ignore[union-attr]
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from inferscale import devices
 from inferscale.config import EngineConfig, inferscale_home
+from inferscale.devices import checked_device
 from inferscale.engines.hf.attention import resolve_attention
 from inferscale.engines.hf.dtype import choose_dtype, probe_cpu_dtype
 from inferscale.errors import ConfigError
@@ -27,12 +27,12 @@ DTYPE_RECORD = "dtype-choice.json"
 
 def resolve_device(device: str) -> torch.device:
     """The engine's device: ``"auto"`` → CUDA when available, else CPU; anything else as given
-    (:func:`inferscale.devices.resolve_device`).
+    (:func:`inferscale.devices.checked_device`).
 
     Raises:
         ConfigError: for a CUDA device this machine does not have.
     """
-    return torch.device(devices.resolve_device(device, "engine.device"))
+    return torch.device(checked_device(device, "engine.device"))
 
 
 def load_causal_lm(config: EngineConfig, home: Path | None) -> tuple[str, Any, Any]:
