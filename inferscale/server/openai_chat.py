@@ -26,6 +26,15 @@ SUPPORTED_FIELDS = frozenset(
 )  # fmt: skip
 """The OpenAI chat fields a memory request honours; any other field given a value is refused, not ignored."""
 
+DEFAULT_MEANING_VALUES: dict[str, tuple[Any, ...]] = {
+    "response_format": ({"type": "text"},),
+    "service_tier": ("auto", "default"),
+    "modalities": (["text"],),
+}
+"""Values of fields a memory request does not honour that ask for what it does anyway: a plain text answer, on the
+one tier there is. OpenAI accepts each as its default, and SDK wrappers send them so (a new user's find: they were
+refused)."""
+
 SSE_DONE = b"data: [DONE]\n\n"
 """The event that ends an OpenAI stream."""
 
@@ -33,14 +42,21 @@ SSE_DONE = b"data: [DONE]\n\n"
 def check_supported_fields(body: Mapping[str, Any]) -> None:
     """Refuse a memory request that sets a field it would otherwise silently ignore (tools, ``response_format``,
     ``logprobs``, presence/frequency penalties, ``logit_bias``, ``n`` above 1, ...). A field sent with its neutral
-    value (``null``, ``false``, ``0``, empty) is accepted.
+    value (``null``, ``false``, ``0``, empty), or a value that asks for what the request does anyway
+    (:data:`DEFAULT_MEANING_VALUES`), is accepted.
 
     Raises:
         InvalidInputError: naming every unsupported field that was set, or for ``stream_options`` that are not an
             object of OpenAI's flags (:data:`STREAM_OPTIONS`, each ``true``, ``false`` or ``null``).
     """
     _check_stream_options(body.get("stream_options"))
-    unsupported = sorted(k for k, v in body.items() if k not in SUPPORTED_FIELDS and v not in (None, False, 0, [], {}))
+    unsupported = sorted(
+        k
+        for k, v in body.items()
+        if k not in SUPPORTED_FIELDS
+        and v not in (None, False, 0, [], {})
+        and v not in DEFAULT_MEANING_VALUES.get(k, ())
+    )
     if body.get("n") not in (None, 1):
         unsupported.append(f"n={body['n']!r} (one answer per request: n may be 1 or left out)")
     if unsupported:

@@ -90,6 +90,19 @@ def test_openai_fields_are_honoured_or_refused(http: httpx.Client) -> None:
     greedy = http.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["message"]["content"]
     neutral = {**CHAT, "top_k": 0, "logprobs": False, "tools": [], "n": 1, "presence_penalty": 0}
     assert http.post("/v1/chat/completions", json=neutral).json()["choices"][0]["message"]["content"] == greedy
+    # what a plain text answer on the one tier asks for anyway, as SDK wrappers send it (refused before)
+    defaults = {**CHAT, "response_format": {"type": "text"}, "service_tier": "auto", "modalities": ["text"]}
+    assert http.post("/v1/chat/completions", json=defaults).json()["choices"][0]["message"]["content"] == greedy
+    for field, value in [
+        ("response_format", {"type": "json_object"}),
+        ("service_tier", "flex"),
+        ("modalities", ["audio"]),
+    ]:
+        refused_value = http.post("/v1/chat/completions", json={**CHAT, field: value})
+        assert (
+            refused_value.status_code == 400
+            and f"unsupported field(s) for a memory chat: {field};" in refused_value.text
+        )
     refused = http.post("/v1/chat/completions", json={**CHAT, "tools": [{"type": "function"}], "n": 2})
     assert refused.status_code == 400
     message = refused.json()["error"]["message"]

@@ -383,6 +383,9 @@ def test_an_unknown_query_parameter_is_400_invalid_input_on_every_route(served: 
             http.get("/v1/memories/", params={"user_id": "dev", "page": 2}), 400, "invalid_input", "InvalidInputError"
         )
         assert len(http.get("/v1/memories/", params={"user_id": "dev", "limit": 5}).json()["results"]) == 1
+        twice = http.request("DELETE", "/v1/memories/", params=[("user_id", "dev"), ("user_id", "someone")])
+        assert "'user_id' given more than once" in _error(twice, 400, "invalid_input", "InvalidInputError")
+        assert served.row_counts() == (1, 1)  # the last value was taken: a delete of someone's memories
 
 
 def test_delete_all_needs_a_scope_named_in_the_request_even_with_a_key_bound_to_one_user(served: Served) -> None:
