@@ -203,7 +203,16 @@ def internal_error_content(exc: BaseException) -> dict[str, Any]:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    return "invalid request: " + describe_errors(exc.errors(), limit=5, show_input=True)
+    """The message of a request that failed validation; a body that is not JSON says so, with the parser's reason
+    and where it stopped (FastAPI reports it as an error at ``body.<character>`` with the input ``{}``)."""
+    errors = exc.errors()
+    broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        reason = broken.get("ctx", {}).get("error", "not JSON")
+        at = broken.get("loc", ())[-1:]
+        where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
+        return f"invalid request: the body is not valid JSON: {reason}{where}"
+    return "invalid request: " + describe_errors(errors, limit=5, show_input=True)
 
 
 async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:

@@ -134,7 +134,9 @@ def test_a_request_with_many_bad_fields_names_five_with_their_input_and_counts_t
 
 def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: httpx.Client) -> None:
     reply = http.post("/v1/memories/", content=b'{"messages": ', headers={"content-type": "application/json"})
-    assert "JSON decode error" in _error(reply, 400, "invalid_input", "InvalidInputError")
+    assert _error(reply, 400, "invalid_input", "InvalidInputError").endswith(
+        "the body is not valid JSON: Expecting value at character 13"
+    )
     reply = http.get("/v1/memories/", params={"user_id": "alice", "limit": "ten"})
     assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
@@ -420,3 +422,17 @@ def test_mem0_2x_arguments_the_clients_take_are_taken_over_http_too(http: httpx.
     assert "memories do not expire" in _error(refused, 400, "invalid_input", "InvalidInputError")
     updated = http.put(f"/v1/memories/{memory_id}/", json={"text": "I like green tea.", "expiration_date": None})
     assert updated.status_code == 200 and updated.json()["result"]["memory"] == "I like green tea."
+
+
+def test_a_body_that_is_not_json_says_so_and_where(served: Served) -> None:
+    """A new user's find: it read "invalid request: body.1: JSON decode error (got {})"."""
+    with served.http() as http:
+        for path in ("/v1/memories/", "/v1/chat/completions"):
+            sent = b'{"messages": "I like tea.",}'  # a trailing comma: the parser stops at the brace, character 27
+            reply = http.post(path, content=sent, headers={"content-type": "application/json"})
+            message = _error(reply, 400, "invalid_input", "InvalidInputError")
+            assert message == (
+                "invalid request: the body is not valid JSON: Expecting property name enclosed in double quotes at "
+                "character 27"
+            ), path
+        assert served.row_counts() == (0, 0)
