@@ -95,13 +95,12 @@ def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
     if missing:
         raise InvalidInputError(f"{where} lacks {', '.join(map(repr, missing))}; expected {_EXPECTED}")
     role, content, name = item["role"], item["content"], item.get("name")
-    if isinstance(role, str):
-        role = ROLE_ALIASES.get(role, role)
-    if content is None and role in ROLES:
+    if not isinstance(role, str) or ROLE_ALIASES.get(role, role) not in ROLES:
+        raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES | set(ROLE_ALIASES))}")
+    role = ROLE_ALIASES.get(role, role)
+    if content is None:
         log.warning("%s (%s) has no content (None); it is skipped", where, role)
         return None
-    if not isinstance(role, str) or role not in ROLES:
-        raise InvalidInputError(f"{where} has role {role!r}; expected one of {sorted(ROLES | set(ROLE_ALIASES))}")
     if isinstance(content, list):
         content = _text_of_parts(content, where)
         if content is None:

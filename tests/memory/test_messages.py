@@ -66,6 +66,9 @@ def test_message_is_frozen_and_renders_as_chat_dict() -> None:
         ({"role": "user", "content": [{"type": "text", "text": 3}]}, "text part without a str 'text'"),
         ({"role": 3, "content": "x"}, "role 3"),
         ({"role": "bot", "content": None}, "role 'bot'"),
+        # the bad-input fuzz's find: a role that is not hashable, with no content, raised TypeError
+        ({"role": [], "content": None}, "role []"),
+        ({"role": {"r": 1}, "content": None}, "role {'r': 1}"),
         ({"role": "user", "content": 5}, "content of type int"),
         ({"role": "user", "content": " \t"}, "empty content"),
         ({"role": "user", "content": "x", "name": ""}, "name ''"),
