@@ -16,6 +16,7 @@ scope, which carry no scope and are left where they are. Mem0's rows keep no met
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from collections import deque
@@ -192,14 +193,13 @@ def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _sqlite_rows(source: Path) -> list[dict[str, Any]]:
-    connection = sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)
-    connection.row_factory = sqlite3.Row
+    """Every row of the ``history`` table of the SQLite file ``source``, opened read-only, in the order written."""
     try:
-        return [dict(row) for row in connection.execute("SELECT * FROM history ORDER BY rowid")]
+        with contextlib.closing(sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+            connection.row_factory = sqlite3.Row
+            return [dict(row) for row in connection.execute("SELECT * FROM history ORDER BY rowid")]
     except sqlite3.DatabaseError as error:  # no history table, a damaged file, a lock held past the timeout
         raise InvalidInputError(f"{source} cannot be read as Mem0's history.db: {error}") from None
-    finally:
-        connection.close()
 
 
 __all__ = ["read_mem0_history", "with_history"]

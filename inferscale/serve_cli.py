@@ -111,9 +111,9 @@ def check_engine_flags(args: argparse.Namespace) -> None:
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse a ``host:port`` this process cannot listen on (another process has the port, or the host is no address
-    of this machine), before the model loads:
-    the server would find it only after loading the model, and exit with uvicorn's status 3. A bind taken and
-    released at once, with ``SO_REUSEADDR`` as uvicorn sets it, so a port left in ``TIME_WAIT`` passes.
+    of this machine) before the model loads: the server would find it only after loading the model, and exit with
+    uvicorn's status 3. A bind taken and released at once, with ``SO_REUSEADDR`` as uvicorn sets it, so a port left
+    in ``TIME_WAIT`` passes.
 
     Raises:
         ConfigError: naming the address and the system's reason.
