@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.errors import InvalidInputError
-from inferscale.mem0_import import ImportedMemory, mem0_time
+from inferscale.mem0_import import ImportedMemory, mem0_time, usable_path
 from inferscale.storage.change_sets import PastChange
 from inferscale.storage.validation import check_key, check_text
 
@@ -172,10 +172,7 @@ def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:
         InvalidInputError: when the path is not a readable file, a SQLite file has no ``history`` table, or a JSON
             file holds no list.
     """
-    try:
-        source = Path(path).expanduser()
-    except (RuntimeError, TypeError) as error:  # "~nobody/x": no such home; not a path at all
-        raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
+    source = usable_path(path)
     try:
         with source.open("rb") as file:
             header = file.read(len(SQLITE_HEADER))

@@ -300,6 +300,18 @@ QDRANT_PAGE = 1_000
 """Points read from a local Qdrant collection per request."""
 
 
+def usable_path(path: object) -> Path:
+    """``path`` (a str or ``os.PathLike``) as a :class:`~pathlib.Path`, ``~`` expanded.
+
+    Raises:
+        InvalidInputError: for a value that is no path, or a ``~user`` whose home does not exist.
+    """
+    try:
+        return Path(path).expanduser()  # type: ignore[arg-type]  # checked here: a TypeError is refused
+    except (RuntimeError, TypeError, ValueError) as error:  # "~nobody/x": no such home; not a path at all
+        raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
+
+
 def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> list[dict[str, Any]]:
     """The Mem0 memories a file or folder holds, as records for :func:`mem0_memories`.
 
@@ -325,10 +337,10 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
     """
     if not is_file_name(collection):
         raise InvalidInputError(f"a collection's name is a plain file name, got {collection!r}")
+    source = usable_path(path)
     try:
-        source = Path(path).expanduser()
         is_folder = source.is_dir()
-    except (RuntimeError, ValueError, TypeError) as error:  # "~nobody/x": no such home; a NUL in the path
+    except (OSError, ValueError) as error:  # a name longer than the file system takes; a NUL in the path
         raise InvalidInputError(f"not a usable path: {path!r} ({error})") from None
     if is_folder and (source / "collection").is_dir() and (source / "meta.json").is_file():
         return _qdrant_points(source, collection)
@@ -404,4 +416,12 @@ def _json_records(source: Path) -> list[dict[str, Any]]:
     return loaded
 
 
-__all__ = ["DEFAULT_COLLECTION", "ImportedMemory", "ReadMemories", "mem0_memories", "mem0_time", "read_mem0_file"]
+__all__ = [
+    "DEFAULT_COLLECTION",
+    "ImportedMemory",
+    "ReadMemories",
+    "mem0_memories",
+    "mem0_time",
+    "read_mem0_file",
+    "usable_path",
+]

@@ -506,7 +506,12 @@ def test_the_file_reader_takes_mem0s_shapes_and_refuses_others(tmp_path: Path) -
     odd.write_text("{not json")
     with pytest.raises(InvalidInputError, match="cannot be read as JSON"):
         read_mem0_file(odd)
-    for path, says in [("~nosuchuser_h/x.json", "not a usable path"), ("a\x00b.json", "cannot be read as JSON")]:
+    for path, says in [
+        ("~nosuchuser_h/x.json", "not a usable path"),
+        ("a\x00b.json", "cannot be read as JSON"),
+        ("x" * 300, "not a usable path"),  # a raw OSError (a name too long for the file system) before
+        (5, "not a usable path"),
+    ]:
         with pytest.raises(InvalidInputError, match=says):  # a raw RuntimeError and ValueError before
             read_mem0_file(path)
     with pytest.raises(InvalidInputError, match="plain file name"):
@@ -702,6 +707,7 @@ def test_the_history_reader_takes_mem0s_history_db_and_json_and_leaves_the_file_
         ("a\x00b.db", "cannot be read as Mem0's history"),
         ("~nosuchuser_h/history.db", "not a usable path"),
         (5, "not a usable path"),
+        ("x" * 300, "cannot be read as Mem0's history"),
     ]:
         with pytest.raises(InvalidInputError, match=says):
             read_mem0_history(path)
