@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,11 +12,14 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
+from inferscale.errors import InvalidInputError, ScopeError
 from langchain_inferscale.chat_models import ChatInferScale
 from langchain_inferscale.messages import with_memory_block
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 _SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 
@@ -33,7 +37,11 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     tagged with the ids (the Mem0 way; see :mod:`langchain_inferscale.messages`).
 
     After the run (``after_agent``) it stores the last user message and the agent's final answer with
-    ``client.add(..., infer=infer)``.
+    ``client.add(..., infer=infer)``; a message with no text (an image alone) is left out, as ``add`` leaves out
+    a message with no text part. Storing the turn never fails a run whose model has answered over what a message
+    holds: a message ``add`` refuses (with ``infer=False``, one longer than ``max_memory_chars`` or than the
+    model's context) is not stored, with a warning logged that names the reason, and the turn's other message is
+    stored alone. Any other error of the write-back (a database down, a scope the key may not write) is raised.
 
     The scope is the constructor's ids, unless the runtime context sets any of ``user_id``, ``agent_id``,
     ``run_id`` (as keys of a dict, or attributes of a dataclass or pydantic ``context_schema``): then it is exactly
@@ -132,17 +140,36 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     def after_agent(self, state: AgentState, runtime: Runtime) -> dict[str, Any] | None:
         turn = _last_turn(state["messages"])
         if self.remember and turn:
-            self.client.add(turn, **self._scope(runtime), infer=self.infer)
+            scope = self._scope(runtime)
+            try:
+                self.client.add(turn, **scope, infer=self.infer)
+            except InvalidInputError as error:
+                for message in _one_by_one(turn, error):
+                    try:
+                        self.client.add([message], **scope, infer=self.infer)
+                    except InvalidInputError as refusal:
+                        _not_stored(message, refusal)
         return None
 
     async def aafter_agent(self, state: AgentState, runtime: Runtime) -> dict[str, Any] | None:
         turn = _last_turn(state["messages"])
         if self.remember and turn:
-            if self.async_client is not None:
-                await self.async_client.add(turn, **self._scope(runtime), infer=self.infer)
-            else:
-                await asyncio.to_thread(self.client.add, turn, **self._scope(runtime), infer=self.infer)
+            scope = self._scope(runtime)
+            try:
+                await self._aadd(turn, scope)
+            except InvalidInputError as error:
+                for message in _one_by_one(turn, error):
+                    try:
+                        await self._aadd([message], scope)
+                    except InvalidInputError as refusal:
+                        _not_stored(message, refusal)
         return None
+
+    async def _aadd(self, messages: list[dict[str, str]], scope: Mapping[str, str | None]) -> None:
+        if self.async_client is not None:
+            await self.async_client.add(messages, **scope, infer=self.infer)
+        else:
+            await asyncio.to_thread(self.client.add, messages, **scope, infer=self.infer)
 
     # ------------------------------------------------------------------ helpers
     def _scope(self, runtime: Runtime | None) -> dict[str, str | None]:
@@ -181,12 +208,44 @@ def _sent_texts(messages: Sequence[BaseMessage]) -> set[str]:
 
 
 def _last_turn(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """The run's last user message and the agent's final answer after it, as ``add`` takes them."""
+    """The run's last user message and the agent's final answer after it, as ``add`` takes them; either left out
+    when it has no text."""
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], HumanMessage):
-            turn = [{"role": "user", "content": messages[i].text}]
-            answers = [m for m in messages[i + 1 :] if isinstance(m, AIMessage) and m.text and not m.tool_calls]
+            turn = [{"role": "user", "content": messages[i].text}] if messages[i].text.strip() else []
+            answers = [m for m in messages[i + 1 :] if isinstance(m, AIMessage) and m.text.strip() and not m.tool_calls]
             if answers:
                 turn.append({"role": "assistant", "content": answers[-1].text})
             return turn
     return []
+
+
+def _one_by_one(turn: list[dict[str, str]], error: InvalidInputError) -> list[dict[str, str]]:
+    """After ``add`` refused the whole ``turn`` with ``error``: the messages to store one at a time (none for a
+    turn of one message, whose refusal is logged).
+
+    Raises:
+        ScopeError: ``error`` itself when it is about the scope, not about what a message holds.
+    """
+    if isinstance(error, ScopeError):
+        raise error
+    if len(turn) == 1:
+        _not_stored(turn[0], error)
+        return []
+    return turn
+
+
+def _not_stored(message: Mapping[str, str], error: InvalidInputError) -> None:
+    """Log that ``add`` refused ``message`` for what it holds.
+
+    Raises:
+        ScopeError: ``error`` itself when it is about the scope.
+    """
+    if isinstance(error, ScopeError):
+        raise error
+    log.warning(
+        "the agent's %s message (%d characters) was not stored as a memory: %s",
+        message["role"],
+        len(message["content"]),
+        error,
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
+import pytest
 from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -206,3 +208,39 @@ def test_one_kv_agent_serves_users_by_context(client: MemoryClient) -> None:
     for params, (_, (user_id, agent_id), memory_ids) in zip(calls.params, runs, strict=True):
         assert (params["user_id"], params["agent_id"], params["memory_run_id"]) == (user_id, agent_id, None)
         assert params["memory_ids"] == memory_ids
+
+
+LONG_QUESTION = "Please summarise: " + "lorem ipsum " * 420  # 5,058 characters: over max_memory_chars=4,000
+IMAGE_ONLY = [{"type": "image", "url": "https://example.com/cat.png"}]
+
+
+@pytest.mark.parametrize(
+    ("user_content", "stored_question"),
+    [(IMAGE_ONLY, None), (LONG_QUESTION, None), ("Where do I live?", "Where do I live?")],
+    ids=["image-only", "longer-than-a-memory", "plain"],
+)
+@pytest.mark.parametrize("run", ["sync", "async", "async-client"])
+async def test_the_write_back_never_loses_the_answer_over_what_a_message_holds(
+    client: MemoryClient, caplog: pytest.LogCaptureFixture, user_content: Any, stored_question: str | None, run: str
+) -> None:
+    """A user turn holding only an image, or more than a memory holds, made ``after_agent``'s ``add`` raise
+    after the model had answered: ``invoke`` raised InvalidInputError and the answer was lost (a new user's find).
+    The answer is returned, and what can be a memory is stored."""
+    user = f"writeback-{uuid4().hex}"
+    model = GenericFakeChatModel(messages=iter([AIMessage("Here is my answer.")]))
+    middleware = InferScaleMemoryMiddleware(
+        NoSyncClient() if run == "async-client" else client,  # type: ignore[arg-type]
+        async_client=shared_async_client() if run == "async-client" else None,
+        user_id=user,
+    )
+    agent = create_agent(model=model, middleware=[middleware])
+    request = {"messages": [{"role": "user", "content": user_content}]}
+    with caplog.at_level(logging.WARNING, logger="langchain_inferscale.middleware"):
+        state = agent.invoke(request) if run == "sync" else await agent.ainvoke(request)
+    assert state["messages"][-1].text == "Here is my answer."
+    stored = sorted(m["memory"] for m in client.get_all(user_id=user)["results"])
+    assert stored == sorted(filter(None, [stored_question, "Here is my answer."]))
+    refused = [r for r in caplog.records if "was not stored as a memory" in r.getMessage()]
+    assert len(refused) == (user_content is LONG_QUESTION)
+    if refused:
+        assert "5,058 characters" in refused[0].getMessage() and "max_memory_chars" in refused[0].getMessage()

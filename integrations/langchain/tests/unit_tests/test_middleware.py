@@ -15,6 +15,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_inferscale import ChatInferScale, InferScaleMemoryMiddleware
 from pydantic import BaseModel
 
+from inferscale.errors import InvalidInputError, ScopeError
+
 _CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
 
 
@@ -127,3 +129,34 @@ def test_messages_being_sent_are_not_recalled() -> None:
     assert sent.model_settings["memory_ids"] == ["a"]
     sent = _call(middleware, [HumanMessage(question), AIMessage(answer), HumanMessage(f" {question} ")])
     assert sent.model_settings["memory_ids"] == ["f1"]
+
+
+class RefusingClient:
+    """``add`` refuses with ``error``, and records each call's messages."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.added: list[list[dict[str, str]]] = []
+
+    def add(self, messages: list[dict[str, str]], **kwargs: Any) -> dict[str, Any]:
+        self.added.append(messages)
+        raise self.error
+
+
+def test_a_write_back_refused_for_its_scope_is_raised_not_logged() -> None:
+    """Only refusals of what a message holds are logged and skipped: a scope refusal is the caller's to fix."""
+    client = RefusingClient(ScopeError("set at least one of user_id, agent_id or run_id"))
+    middleware = InferScaleMemoryMiddleware(client)  # type: ignore[arg-type]
+    state = {"messages": [HumanMessage("Hi"), AIMessage("Hello!")]}
+    with pytest.raises(ScopeError):
+        middleware.after_agent(state, SimpleNamespace(context=None))  # type: ignore[arg-type]
+    assert client.added == [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]]
+
+
+def test_a_refused_turn_is_stored_message_by_message() -> None:
+    client = RefusingClient(InvalidInputError("message 0 has 5,058 characters"))
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya")  # type: ignore[arg-type]
+    state = {"messages": [HumanMessage("Hi"), AIMessage("Hello!")]}
+    middleware.after_agent(state, SimpleNamespace(context=None))  # type: ignore[arg-type]
+    user, answer = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}
+    assert client.added == [[user, answer], [user], [answer]]

@@ -3,6 +3,8 @@ no memory message without memories."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleContext, InferScaleMemory
@@ -27,8 +29,12 @@ def test_context_of_checks_the_scope() -> None:
         InferScaleContext.of({})
     with pytest.raises(InvalidInputError, match="unknown scope keys"):
         InferScaleContext.of({"session": "x"})
-    with pytest.raises(InvalidInputError, match="must be a string"):
-        InferScaleContext.of({"user_id": 7})
+    assert InferScaleContext.of({"user_id": 7}).ids() == {"user_id": "7"}  # as MemoryClient and Mem0 take an int id
+    for bad in (7.0, True, "", " ", ["a"]):
+        with pytest.raises(ScopeError, match="non-empty string or an int"):
+            InferScaleContext.of({"user_id": bad})
+    with pytest.raises(InvalidInputError, match="at most 255"):
+        InferScaleContext.of({"user_id": "u" * 256})
 
 
 def turn(role: str, n_words: int, tag: str = "") -> ChatMessage:
@@ -76,3 +82,31 @@ def test_no_memory_message_without_memories() -> None:
     memory = memory_on(StubClient(HITS), similarity_top_k=0)
     memory.set([question])
     assert memory.get() == [question]
+
+
+class RefusingClient(StubClient):
+    """``add`` refuses with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def add(self, messages: Any, **kwargs: Any) -> dict[str, Any]:
+        super().add(messages, **kwargs)
+        raise self.error
+
+
+def test_a_message_refused_for_its_scope_is_raised_not_logged() -> None:
+    """Only a refusal of what a message holds is logged and skipped: a scope refusal is the caller's to fix."""
+    memory = memory_on(RefusingClient(ScopeError("set at least one of user_id, agent_id or run_id")))
+    with pytest.raises(ScopeError):
+        memory.put(ChatMessage(role="user", content="Hi"))
+
+
+def test_messages_with_no_text_are_not_stored() -> None:
+    client = StubClient()
+    memory = memory_on(client)
+    memory.put(ChatMessage(role="user", content="  "))
+    memory.put(ChatMessage(role="user", content="Hi"))
+    assert [c[1]["messages"] for c in client.calls] == [[{"role": "user", "content": "Hi"}]]
+    assert len(memory.get_all()) == 2

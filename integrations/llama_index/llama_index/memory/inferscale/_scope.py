@@ -8,6 +8,7 @@ from typing import Any
 from llama_index.core.bridge.pydantic import BaseModel
 
 from inferscale import InvalidInputError, ScopeError
+from inferscale.scope import check_scope_id
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 
@@ -21,21 +22,25 @@ class InferScaleContext(BaseModel):
     run_id: str | None = None
 
     @classmethod
-    def of(cls, context: Mapping[str, Any] | InferScaleContext | None = None, **ids: str | None) -> InferScaleContext:
+    def of(
+        cls, context: Mapping[str, Any] | InferScaleContext | None = None, **ids: str | int | None
+    ) -> InferScaleContext:
         """A checked scope from a context dict (``{"user_id": ...}``), a context, or keyword ids (which win).
 
+        An id is checked as ``MemoryClient`` checks it: an int is its decimal string (``42`` is ``"42"``, as in
+        Mem0).
+
         Raises:
-            ScopeError: when no id is set.
-            InvalidInputError: for a key other than user_id, agent_id and run_id, or an id that is not a string.
+            ScopeError: when no id is set, or an id is neither a non-empty string nor an int.
+            InvalidInputError: for a key other than user_id, agent_id and run_id, or an id longer than 255
+                characters or holding a character no backend stores.
         """
         given = dict(context.ids() if isinstance(context, InferScaleContext) else (context or {}))
         given.update({k: v for k, v in ids.items() if v is not None})
         unknown = sorted(set(given) - set(SCOPE_KEYS))
         if unknown:
             raise InvalidInputError(f"unknown scope keys {unknown}; a context takes {', '.join(SCOPE_KEYS)}")
-        for key, value in given.items():
-            if value is not None and not isinstance(value, str):
-                raise InvalidInputError(f"{key} must be a string, got {type(value).__name__}")
+        given = {key: None if value is None else check_scope_id(key, value) for key, value in given.items()}
         if not any(given.values()):
             raise ScopeError("set at least one of user_id, agent_id or run_id (e.g. context={'user_id': 'alice'})")
         return cls(**given)

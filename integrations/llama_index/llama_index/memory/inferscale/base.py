@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,7 +15,9 @@ from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import SCOPE_KEYS, InferScaleContext
 
-from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
+from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient, ScopeError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_LIMIT = 3000
 """Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
@@ -33,9 +36,13 @@ class InferScaleMemory(BaseMemory):
     refuse an empty system message). :class:`~llama_index.memory.inferscale.InferScaleLLM` drops the tagged text
     and injects those ids as K/V (build it with ``auto_retrieve=False`` so that it injects none on a turn without
     a memory message, as :func:`~llama_index.memory.inferscale.simple_chat_engine` does); any other LLM reads the
-    text. :meth:`put` and :meth:`set` store new user and assistant messages with ``client.add(infer=...)``.
+    text. :meth:`put` and :meth:`set` store new user and assistant messages with ``client.add(infer=...)``; a
+    message ``add`` refuses for what it holds (with ``infer=False``, one longer than ``max_memory_chars`` or than the
+    model's context) joins the history but is not stored as a memory, with a warning logged that names the reason,
+    so a chat engine's turn goes on.
 
-    Memories stored from messages still in the window are not recalled again (their text is already there).
+    Memories stored from messages still in the window, and memories whose text is a message of the window, are not
+    recalled again (their text is already there).
     :meth:`aget` and :meth:`aput` use ``async_client`` (an ``AsyncMemoryClient`` on the same store) when given, else
     run the sync client on a thread.
     """
@@ -251,7 +258,7 @@ class InferScaleMemory(BaseMemory):
         window = self._window(history, self.token_limit - initial_token_count)
         exclude = self._ids_in_window(len(window))
         query = self._query(history, input)
-        hits = self._client.search(query, **self.context.ids(), limit=self._limit(exclude)) if query else None
+        hits = self._client.search(query, **self.context.ids(), limit=self._limit(exclude, window)) if query else None
         return self._with_memories(hits, exclude, window)
 
     async def aget(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
@@ -263,7 +270,7 @@ class InferScaleMemory(BaseMemory):
         query = self._query(history, input)
         hits = None
         if query:
-            search = {**self.context.ids(), "limit": self._limit(exclude)}
+            search = {**self.context.ids(), "limit": self._limit(exclude, window)}
             if self._async_client is not None:
                 hits = await self._async_client.search(query, **search)
             else:
@@ -285,7 +292,10 @@ class InferScaleMemory(BaseMemory):
         turns = turns_to_add([message])
         ids: list[str] = []
         if turns and self._async_client is not None:
-            ids = _stored_ids(await self._async_client.add(turns, **self.context.ids(), infer=self.infer))
+            try:
+                ids = _stored_ids(await self._async_client.add(turns, **self.context.ids(), infer=self.infer))
+            except InvalidInputError as error:
+                _not_stored(turns, error)
         elif turns:
             ids = await asyncio.to_thread(self._add, [message])
         await self.primary_memory.aput(message)
@@ -310,7 +320,11 @@ class InferScaleMemory(BaseMemory):
         turns = turns_to_add(messages)
         if not turns:
             return []
-        return _stored_ids(self._client.add(turns, **self.context.ids(), infer=self.infer))
+        try:
+            return _stored_ids(self._client.add(turns, **self.context.ids(), infer=self.infer))
+        except InvalidInputError as error:
+            _not_stored(turns, error)
+            return []
 
     def _ids_in_window(self, n_messages: int) -> set[str]:
         """Ids stored from the newest ``n_messages`` history messages."""
@@ -321,16 +335,20 @@ class InferScaleMemory(BaseMemory):
         query = search_text(history, self.search_msg_limit, input)
         return query if query.strip() and self.similarity_top_k > 0 else None
 
-    def _limit(self, exclude: set[str]) -> int:
-        """Hits to ask for so that ``similarity_top_k`` remain once ``exclude`` is left out."""
-        return self.similarity_top_k + len(exclude)
+    def _limit(self, exclude: set[str], window: Sequence[ChatMessage]) -> int:
+        """Hits to ask for so that ``similarity_top_k`` remain once ``exclude`` and the texts of ``window`` are left
+        out."""
+        return self.similarity_top_k + len(exclude) + len(window)
 
     def _with_memories(
         self, found: Mapping[str, Any] | None, exclude: set[str], window: list[ChatMessage]
     ) -> list[ChatMessage]:
         """``window`` after the memory message of ``found`` (a search's result) less ``exclude``; ``window`` alone
         when no memory is left."""
-        hits = [h for h in (found or {}).get("results", []) if h["id"] not in exclude][: self.similarity_top_k]
+        shown = {text for m in window if (text := (m.content or "").strip())}
+        results = (found or {}).get("results", [])
+        hits = [h for h in results if h["id"] not in exclude and h["memory"].strip() not in shown]
+        hits = hits[: self.similarity_top_k]
         return [memory_message(hits), *window] if hits else window
 
     def _window(self, history: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
@@ -349,6 +367,22 @@ class InferScaleMemory(BaseMemory):
 
     def _tokens(self, message: ChatMessage) -> int:
         return len(self.tokenizer_fn(message.content or ""))
+
+
+def _not_stored(turns: Sequence[Mapping[str, str]], error: InvalidInputError) -> None:
+    """Log that ``add`` refused ``turns`` (one message) for what they hold.
+
+    Raises:
+        ScopeError: ``error`` itself when it is about the scope, not about the message.
+    """
+    if isinstance(error, ScopeError):
+        raise error
+    log.warning(
+        "a %s message (%d characters) joined the chat history but was not stored as a memory: %s",
+        turns[0]["role"],
+        len(turns[0]["content"]),
+        error,
+    )
 
 
 def _stored_ids(result: Mapping[str, Any]) -> list[str]:
