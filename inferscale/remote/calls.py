@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import date
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -42,7 +43,7 @@ from inferscale.errors import InvalidInputError, ServerError
 from inferscale.filters import parse_filters
 from inferscale.memory_ids import routable
 from inferscale.scope import SCOPE_KEYS, check_scope_ids
-from inferscale.storable import check_json, check_unicode
+from inferscale.storable import MAX_JSON_DEPTH, check_json, check_unicode
 
 T = TypeVar("T")
 
@@ -110,19 +111,27 @@ class ApiCall(Generic[T]):
 # ------------------------------------------------------------------------------------------------ JSON and URLs
 
 
-def _plain(value: Any, *, dates: bool = False) -> Any:
+def _plain(value: Any, name: str, *, dates: bool = False, depth: int = 0) -> Any:
     """``value`` with the containers the client accepts made plain (a dataclass such as ``ChatMessage`` a dict, any
     ``Mapping`` a dict, any other non-text ``Sequence`` a list), at any depth; keys and scalars as they are, but with
     ``dates`` a date or datetime becomes ISO 8601 text (a filter's timestamp operand, which the server reads back
-    alike; naive still means UTC)."""
+    alike; naive still means UTC).
+
+    Raises:
+        InvalidInputError: the local client's error for a value nested deeper than
+            :data:`~inferscale.storable.MAX_JSON_DEPTH` (a cycle included: it would recurse until Python's
+            ``RecursionError``), naming the argument ``name``.
+    """
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(f"{name} nests deeper than {MAX_JSON_DEPTH} levels (is it cyclic?)")
     if dates and isinstance(value, date):  # datetime included
         return value.isoformat()
     if is_dataclass(value) and not isinstance(value, type):
-        return _plain(asdict(value), dates=dates)
+        value = {f.name: getattr(value, f.name) for f in dataclass_fields(value)}  # one level; depth counted below
     if isinstance(value, Mapping):
-        return {key: _plain(item, dates=dates) for key, item in value.items()}
+        return {key: _plain(item, name, dates=dates, depth=depth + 1) for key, item in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
-        return [_plain(item, dates=dates) for item in value]
+        return [_plain(item, name, dates=dates, depth=depth + 1) for item in value]
     return value
 
 
@@ -140,7 +149,7 @@ def check_sendable(fields: Mapping[str, Any]) -> dict[str, Any]:
     """
     if isinstance(fields.get("filters"), Mapping):
         parse_filters(fields["filters"])  # the local client's checks and errors, dates and datetimes only as timestamps
-    given = {name: _plain(value, dates=name == "filters") for name, value in fields.items() if value is not None}
+    given = {name: _plain(value, name, dates=name == "filters") for name, value in fields.items() if value is not None}
     for name, value in given.items():
         check_json(value, name, strings=False)
     return given

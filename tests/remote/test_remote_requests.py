@@ -250,6 +250,25 @@ def test_a_memory_id_no_path_carries_to_its_route_is_answered_as_unknown_without
 PART = {"type": "text", "text": "Hi"}
 
 
+def _cyclic() -> dict[str, Any]:
+    node: dict[str, Any] = {"a": 1}
+    node["self"] = node
+    return node
+
+
+def _cyclic_list() -> list[Any]:
+    node: list[Any] = ["a"]
+    node.append(node)
+    return node
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        node = {"a": node}
+    return node
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -272,6 +291,11 @@ PART = {"type": "text", "text": "Hi"}
         (lambda m: m.chat(messages=[{"role": "user", "content": [PART]}], user_id="u"), InvalidInputError, "content"),
         (lambda m: m.chat([PART], user_id="u"), InvalidInputError, "query must be a non-empty string"),
         (lambda m: m.chat("x", user_id="u", search_query=" "), InvalidInputError, "search_query must be"),
+        # a cycle, or nesting far past MAX_JSON_DEPTH, raised a bare RecursionError before the depth check ran
+        (lambda m: m.add("x", user_id="u", metadata=_cyclic()), InvalidInputError, "metadata nests deeper than 64"),
+        (lambda m: m.update("m1", metadata=_nested(1000)), InvalidInputError, "metadata nests deeper than 64"),
+        (lambda m: m.search("x", user_id="u", filters={"k": {"in": _cyclic_list()}}), InvalidInputError, "is a list"),
+        (lambda m: m.chat("x", user_id="u", stop=_cyclic_list()), InvalidInputError, "stop nests deeper than 64"),
     ],
 )
 def test_what_cannot_be_sent_is_refused_before_sending(wire: Wire, call: Any, error: type, match: str) -> None:
