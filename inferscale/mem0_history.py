@@ -17,7 +17,6 @@ scope, which carry no scope and are left where they are. Mem0's rows keep no met
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 from inferscale.errors import InvalidInputError
 from inferscale.mem0_import import ImportedMemory, mem0_time, usable_path
+from inferscale.storable import loads_json
 from inferscale.storage.change_sets import PastChange
 from inferscale.storage.validation import check_key, check_text
 
@@ -181,7 +181,7 @@ def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:
     if header == SQLITE_HEADER:
         return _sqlite_rows(source)
     try:
-        loaded = json.loads(source.read_text(encoding="utf-8"))
+        loaded = loads_json(source.read_text(encoding="utf-8"))
     except ValueError as error:
         raise InvalidInputError(f"{source} is neither Mem0's history.db nor JSON: {error}") from None
     if not isinstance(loaded, list):

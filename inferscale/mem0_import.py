@@ -25,7 +25,6 @@ here too. InferScale does not expire memories, so one that would expire later is
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -36,6 +35,7 @@ from inferscale.arguments import check_metadata
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.mem0_config import DEFAULT_COLLECTION, is_file_name
 from inferscale.scope import SCOPE_KEYS, Scope
+from inferscale.storable import loads_json
 from inferscale.storage.change_sets import NewMemory
 from inferscale.storage.records import ATTRIBUTION_KEYS
 from inferscale.storage.validation import check_new_id, check_text, check_utc_time
@@ -397,7 +397,7 @@ def _json_records(source: Path) -> list[dict[str, Any]]:
         InvalidInputError: when the file is missing, unreadable, not UTF-8 JSON, or none of these shapes.
     """
     try:
-        loaded = json.loads(source.read_text(encoding="utf-8"))
+        loaded = loads_json(source.read_text(encoding="utf-8"))
     except ValueError as error:  # a JSON or UTF-8 error (both ValueErrors), or a path the OS cannot take
         raise InvalidInputError(f"{source} cannot be read as JSON: {error}") from None
     except FileNotFoundError:

@@ -27,6 +27,7 @@ from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.scope import ScopeIds
+from inferscale.storable import loads_json
 
 __all__ = [
     "LOCAL_ONLY",
@@ -51,7 +52,7 @@ def json_object(text: str) -> dict[str, Any]:
         argparse.ArgumentTypeError: for text that is not JSON or not an object (argparse reports it and exits 2).
     """
     try:
-        value = json.loads(text)
+        value = loads_json(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc.msg})") from exc
     if not isinstance(value, dict):
@@ -153,7 +154,7 @@ def _read_config(path: str) -> MemoryConfig:
 
     try:
         with open(os.path.expanduser(path), encoding="utf-8") as file:
-            data = json.load(file)
+            data = loads_json(file.read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
     if not isinstance(data, dict):

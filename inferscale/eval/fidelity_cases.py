@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from inferscale.config import MemoryLayout
 from inferscale.errors import InvalidInputError
 from inferscale.memory.contexts import turn_contexts
+from inferscale.storable import loads_json
 from inferscale.validation_text import describe_errors
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def load_cases(path: str | Path) -> FidelitySlice:
     """
     file = Path(path)
     try:
-        raw = json.loads(file.read_text("utf-8"))
+        raw = loads_json(file.read_text("utf-8"))
         cases = _CASES.validate_python(raw)
     except FileNotFoundError as exc:
         raise InvalidInputError(f"no cases file at {file}") from exc

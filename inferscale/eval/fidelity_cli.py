@@ -26,6 +26,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.storable import loads_json
 from inferscale.validation_text import describe_errors
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]
@@ -203,7 +204,7 @@ def _settings(raw: tuple[str, ...] | None) -> list[Any]:
 
 def _setting_object(text: str) -> dict[str, Any]:
     try:
-        obj = json.loads(text)
+        obj = loads_json(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--setting {text!r} is not JSON ({exc.msg} at character {exc.pos})") from exc
     if not isinstance(obj, dict):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.errors import InvalidInputError
+from inferscale.storable import loads_json
 
 __all__ = [
     "DATE_TIME_FORMAT",
@@ -187,7 +188,7 @@ def load_locomo(path: str | Path) -> list[LocomoConversation]:
     if not file.is_file():
         raise InvalidInputError(f"LoCoMo file not found: {str(file)!r} (pass the path of locomo10.json)")
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
+        raw = loads_json(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInputError(f"cannot read LoCoMo file {str(file)!r}: {exc}") from exc
     if not isinstance(raw, list):

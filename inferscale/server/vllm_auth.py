@@ -25,7 +25,6 @@ This module does not import vLLM.
 from __future__ import annotations
 
 import hmac
-import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from inferscale.server.auth import caller_for
 from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
 from inferscale.server.local_only import cross_site_reason, is_open
+from inferscale.storable import loads_json
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths answered without a key (``/metrics/...`` too: vLLM mounts its Prometheus app there)."""
@@ -143,7 +143,7 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
     if not raw:
         return None
     try:
-        body = json.loads(raw)
+        body = loads_json(raw)
     except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too): no route reads it as JSON either
         return None
     if not isinstance(body, dict):

@@ -506,6 +506,9 @@ def test_the_file_reader_takes_mem0s_shapes_and_refuses_others(tmp_path: Path) -
     odd.write_text("{not json")
     with pytest.raises(InvalidInputError, match="cannot be read as JSON"):
         read_mem0_file(odd)
+    odd.write_text("[" * 100_000 + "]" * 100_000)  # raised the JSON parser's bare RecursionError
+    with pytest.raises(InvalidInputError, match="cannot be read as JSON: it nests deeper"):
+        read_mem0_file(odd)
     for path, says in [
         ("~nosuchuser_h/x.json", "not a usable path"),
         ("a\x00b.json", "cannot be read as JSON"),
@@ -713,6 +716,9 @@ def test_the_history_reader_takes_mem0s_history_db_and_json_and_leaves_the_file_
             read_mem0_history(path)
     listed.write_text(json.dumps({"rows": rows}))
     with pytest.raises(InvalidInputError, match="holds no list"):
+        read_mem0_history(listed)
+    listed.write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)  # raised the JSON parser's bare RecursionError
+    with pytest.raises(InvalidInputError, match=r"neither Mem0's history\.db nor JSON: it nests deeper"):
         read_mem0_history(listed)
     listed.write_text("{not json")
     with pytest.raises(InvalidInputError, match=r"neither Mem0's history\.db nor JSON"):

@@ -88,7 +88,11 @@ def test_keys_commands_take_the_store_and_output_options() -> None:
         build_parser().parse_args(["keys", "list", "--host", "http://h:1"])
 
 
-@pytest.mark.parametrize("bad", ["{not json", "[1, 2]"])
+DEEP_JSON = '{"a": ' * 100_000 + "1" + "}" * 100_000
+"""Nested past the JSON parser's recursion limit: it raised a bare RecursionError, a traceback."""
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", DEEP_JSON], ids=["not-json", "a-list", "nested-too-deep"])
 def test_a_json_option_that_is_not_an_object_is_a_usage_error(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["search", "q", "--user", "u", "--filters", bad])
@@ -325,6 +329,12 @@ def test_a_command_on_a_folder_that_holds_no_store_fails_without_creating_one(
     ran = cli(*argv, "--data-dir", str(folder), local=False)
     _one_error_line(ran, 2, f"no store at {folder} (--data-dir): no memory.db in that folder")
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
+def test_a_config_file_nested_too_deep_is_refused_in_one_line(cli: Callable[..., Ran], tmp_path: Path) -> None:
+    config = tmp_path / "app.json"
+    config.write_text(DEEP_JSON, encoding="utf-8")
+    _one_error_line(cli("list", "--user", "maya", "--config", str(config), local=False), 2, "nests deeper")
 
 
 def test_a_config_files_data_dir_that_does_not_exist_is_refused_too(cli: Callable[..., Ran], tmp_path: Path) -> None:

@@ -251,6 +251,7 @@ def test_eval_fidelity_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str])
     [
         (["--cases", "."], "cannot read the cases file"),  # a folder: was an IsADirectoryError traceback
         (["--setting", "{recompute: 1}"], "is not JSON"),
+        (["--setting", "[" * 100_000 + "]" * 100_000], "is not JSON (it nests deeper"),  # was a RecursionError
         (["--setting", "[1, 2]"], "must be a JSON object"),
         (["--setting", "null"], "must be a JSON object"),
         (["--setting", '{"name": "a"}', "--setting", '{"name": "a", "recompute": "tail:4"}'], "share the label 'a'"),
@@ -267,6 +268,15 @@ def test_eval_fidelity_refuses_bad_input_with_a_clear_message(
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "errors.pydantic.dev" not in err
+
+
+def test_eval_fidelity_refuses_a_cases_file_nested_too_deep(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Nested past the JSON parser's recursion limit, the file raised a bare RecursionError (a traceback)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert main(["eval", "fidelity", "--cases", str(deep)]) == 2
+    err = capsys.readouterr().err
+    assert "is not JSON: it nests deeper" in err and "Traceback" not in err
 
 
 @pytest.mark.slow

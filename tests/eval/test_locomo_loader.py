@@ -181,6 +181,9 @@ def test_bad_json_and_bad_shape(tmp_path: Path) -> None:
     bad.write_text("{not json", encoding="utf-8")
     with pytest.raises(InvalidInputError, match=r"bad\.json"):
         load_locomo(bad)
+    bad.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")  # raised the parser's bare RecursionError
+    with pytest.raises(InvalidInputError, match=r"bad\.json'?: it nests deeper"):
+        load_locomo(bad)
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps([{"sample_id": "x", "conversation": {"session_1": []}}]), encoding="utf-8")
     with pytest.raises(InvalidInputError, match=r"'x'.*wrong\.json"):
