@@ -2,14 +2,16 @@
 
 :class:`ApiKeyMiddleware` is an ASGI middleware that vLLM's server installs outside the memory middleware
 (``--middleware``). With keys in the store (:class:`~inferscale.server.keys.KeyStore`, in the memory database) every
-request but ``/health``, ``/metrics``, the OpenAPI schema and docs, and CORS preflights (``OPTIONS``) must carry
+request but ``/health``, the OpenAPI schema and docs, and CORS preflights (``OPTIONS``) must carry
 ``Authorization: Token <key>`` or ``Bearer <key>`` naming a valid key, else 401 ``unauthenticated`` with the
-structured error body; with no key the server is open (and :func:`inferscale.server.run.check_listen_address` kept
-it on loopback), and a request whose ``Host`` or ``Origin`` is not a loopback one is refused with 403
-``permission_denied``, as on the transformers server (:mod:`inferscale.server.local_only`: web pages and DNS
-rebinding). The decision is :func:`inferscale.server.auth.caller_for`, the one the transformers server uses;
-the request's :class:`~inferscale.server.auth.Caller` is left in the ASGI scope under :data:`CALLER` for the memory
-middleware, which picks a chat's user with :meth:`~inferscale.server.auth.Caller.chat_user`.
+structured error body, and vLLM's ``/metrics`` needs an admin key (403 ``permission_denied`` otherwise: its figures
+count every tenant's requests and tokens), as the transformers server's does; with no key the server is open
+(and :func:`inferscale.server.run.check_listen_address` kept it on loopback), and a request whose ``Host`` or
+``Origin`` is not a loopback one is refused with 403 ``permission_denied``, as on the transformers server
+(:mod:`inferscale.server.local_only`: web pages and DNS rebinding). The decision is
+:func:`inferscale.server.auth.caller_for`, the one the transformers server uses; the request's
+:class:`~inferscale.server.auth.Caller` is left in the ASGI scope under :data:`CALLER` for the memory middleware, which
+picks a chat's user with :meth:`~inferscale.server.auth.Caller.chat_user`.
 
 The memory middleware calls the server's own ``/v1/completions`` with the memory K/V (``kv_transfer_params``) and
 its ``cache_salt``. Those internal requests carry a random per-process token (:meth:`KeyGate.internal_headers`) and
@@ -42,8 +44,8 @@ from inferscale.server.keys import KeyStore
 from inferscale.server.local_only import cross_site_reason, is_open
 from inferscale.storable import loads_json
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-"""Paths answered without a key (``/metrics/...`` too: vLLM mounts its Prometheus app there)."""
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Paths answered without a key."""
 
 INTERNAL_HEADER = "x-inferscale-internal"
 """The header of the memory middleware's own requests to the server."""
@@ -63,7 +65,16 @@ def needs_key(method: str, path: str) -> bool:
         method: the HTTP method (``"GET"``, ...); ``""`` for a websocket.
         path: the path without the server's root path.
     """
-    return method != "OPTIONS" and path not in OPEN_PATHS and not path.startswith("/metrics/")
+    return method != "OPTIONS" and path not in OPEN_PATHS
+
+
+def needs_admin(path: str) -> bool:
+    """Whether a request needs an admin key: vLLM's Prometheus app, mounted at ``/metrics`` (``/metrics/...`` too).
+
+    Args:
+        path: the path without the server's root path.
+    """
+    return path == "/metrics" or path.startswith("/metrics/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +165,8 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
 
 class ApiKeyMiddleware:
     """ASGI middleware: authenticates every HTTP and websocket request of the vLLM server with the installed
-    :class:`KeyGate` (see the module docstring). A refused HTTP request gets 401 ``unauthenticated``; a refused
+    :class:`KeyGate` (see the module docstring). A refused HTTP request gets 401 ``unauthenticated`` (403
+    ``permission_denied`` for ``/metrics`` with a key that is not an admin's); a refused
     websocket is closed before it is accepted (code 1008). Without an installed gate every request is answered
     500 ``internal_error``: the server never runs open by mistake.
     """
@@ -180,10 +192,13 @@ class ApiKeyMiddleware:
         if reason is not None and await anyio.to_thread.run_sync(is_open, gate.keys):
             await self._refuse(PermissionDeniedError(reason), scope, receive, send)
             return
-        if needs_key(scope.get("method", ""), scope["path"].removeprefix(scope.get("root_path", ""))):
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if needs_key(scope.get("method", ""), path):
             try:
                 caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.get("authorization"))
-            except AuthenticationError as exc:
+                if needs_admin(path):
+                    caller.require_admin("reading the server's metrics")
+            except (AuthenticationError, PermissionDeniedError) as exc:
                 await self._refuse(exc, scope, receive, send)
                 return
             scope[CALLER] = caller

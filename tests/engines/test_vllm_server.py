@@ -485,9 +485,14 @@ def test_every_route_needs_a_valid_unrevoked_key(server: Server) -> None:
                 reply = http.request(method, path, json=body, headers=headers)
                 assert _error(reply) == (401, "unauthenticated"), (credential, method, path, reply.text)
                 assert reply.json()["error"]["type"] == "AuthenticationError"
-        assert [http.get(path).status_code for path in ("/health", "/metrics", "/openapi.json")] == [200, 200, 200]
+        assert [http.get(path).status_code for path in ("/health", "/openapi.json")] == [200, 200]
+        assert _error(http.get("/metrics")) == (401, "unauthenticated")
         key, secret = server.store.create("while running", user_ids=["alice"])
         auth = {"Authorization": f"Token {secret}"}
+        # vLLM's metrics count every tenant's requests and tokens: an admin key's (the transformers server's rule)
+        assert _error(http.get("/metrics", headers=auth)) == (403, "permission_denied")
+        admin = http.get("/metrics", headers={"Authorization": f"Token {server.keys['admin']}"})
+        assert admin.status_code == 200 and "vllm:" in admin.text
         assert [m["id"] for m in http.get("/v1/models", headers=auth).json()["data"]] == [MODEL]
         plain = http.post("/v1/completions", json=completion, headers=auth)
         assert plain.status_code == 200 and 1 <= plain.json()["usage"]["completion_tokens"] <= 2

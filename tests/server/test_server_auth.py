@@ -229,8 +229,23 @@ def test_a_missing_unknown_malformed_or_revoked_key_is_401(served: Served) -> No
         assert http.get("/v1/memories/", params={"user_id": "alice"}).status_code == 200
         served.keys.revoke(key.key_id)
         assert _code(http.get("/v1/memories/", params={"user_id": "alice"})) == (401, "unauthenticated")
-    with served.http() as http:  # health, metrics and the schema need no key
-        assert [http.get(p).status_code for p in ("/health", "/metrics", "/openapi.json")] == [200, 200, 200]
+    with served.http() as http:  # health and the schema need no key
+        assert [http.get(p).status_code for p in ("/health", "/openapi.json")] == [200, 200]
+
+
+def test_metrics_need_an_admin_key_on_a_server_with_keys(served: Served) -> None:
+    """An adversarial tester's find: /metrics answered anyone, keyless, with every tenant's request and token counts
+    and the encoder's backlog, which /v1/encoding/wait/ refuses a bound key."""
+    _, admin = served.keys.create("admin", admin=True)
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http() as http:
+        assert _code(http.get("/metrics")) == (401, "unauthenticated")
+    with served.http(alice) as http:
+        assert _code(http.get("/metrics")) == (403, "permission_denied")
+        assert "inferscale_kv_encode_pending" not in http.get("/metrics").text
+    with served.http(admin) as http:
+        page = http.get("/metrics")
+        assert page.status_code == 200 and "inferscale_kv_encode_pending" in page.text
 
 
 def test_reset_needs_an_admin_key(served: Served) -> None:
@@ -255,11 +270,11 @@ def test_waiting_for_the_encoder_needs_an_admin_key(served: Served) -> None:
         assert http.post("/v1/encoding/wait/", json={"timeout": 0}).json() == {"done": True}
 
 
-OPEN_PATHS = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN_PATHS = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 """The only paths a keyed server answers without a key."""
 
 
-def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path) -> None:
+def test_every_route_but_health_and_the_docs_needs_a_key(tmp_path: Path) -> None:
     """Every route of the app, every method it answers (HEAD included), both trailing-slash spellings: 401 without a
     key once the store has one. A route added later without the caller dependency fails here."""
     from fastapi.testclient import TestClient
@@ -297,6 +312,7 @@ def test_every_route_but_health_metrics_and_the_docs_needs_a_key(tmp_path: Path)
         ("GET", "/v1/models"),
         ("POST", "/v1/chat/completions/"),
         ("GET", "/v1/ping"),
+        ("GET", "/metrics"),
     ]:
         assert must in refused, must
-    assert all(answered[("GET", p)] == 200 for p in ("/health", "/metrics", "/openapi.json", "/docs", "/redoc"))
+    assert all(answered[("GET", p)] == 200 for p in ("/health", "/openapi.json", "/docs", "/redoc"))

@@ -90,7 +90,7 @@ def test_fuzzing_finds_no_server_error_and_a_rejected_request_stores_nothing(ser
                 assert mode == schemathesis.GenerationMode.NEGATIVE
                 unbreakable.append(operation.label)
     assert failures == []
-    assert unbreakable == ["GET /health", "GET /metrics"]
+    assert unbreakable == ["GET /health"]  # /metrics takes an API key (an admin's on a server with keys)
     # both outcomes were reached on the routes that store or generate
     for label in ("POST /v1/memories/", "POST /v1/memories/search/", "POST /v1/chat/completions"):
         assert statuses[(label, 200)] > 0 and statuses[(label, 400)] > 0, sorted(statuses.items())

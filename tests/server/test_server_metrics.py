@@ -70,11 +70,13 @@ def test_labels_take_no_value_the_client_makes_up(served: Served) -> None:
     """Made-up methods count as ``other`` and paths by their route template (or ``unmatched``), so a client cannot
     grow the number of series; counted before authentication too."""
     served.keys.create("alice", user_ids=["alice"])
+    _, admin = served.keys.create("admin", admin=True)
     with served.http() as http:  # no key: every request below is refused or unknown, and still counted
         for i in range(3):
             assert http.request(f"BREW{i}", "/v1/memories/").status_code == 405
             assert http.request("PURGE", f"/made/up/path{i}").status_code == 404
             assert http.get(f"/v1/memories/secret-id-{i}/").status_code == 401
+    with served.http(admin) as http:  # the scrape: an admin key on a server with keys
         page = http.get("/metrics").text
     samples = _samples(page)
     assert samples[_requests("/v1/memories", "other", "405")] == 3

@@ -33,6 +33,7 @@ from inferscale.server.vllm_auth import (
     check_client_fields,
     checked_client_body,
     install_gate,
+    needs_admin,
     needs_key,
 )
 
@@ -127,8 +128,8 @@ def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
     ("method", "path", "needed"),
     [
         ("GET", "/health", False),
-        ("GET", "/metrics", False),
-        ("GET", "/metrics/", False),
+        ("GET", "/metrics", True),  # and an admin key (needs_admin)
+        ("GET", "/metrics/", True),
         ("GET", "/openapi.json", False),
         ("GET", "/docs", False),
         ("OPTIONS", "/v1/chat/completions", False),
@@ -141,8 +142,9 @@ def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
         ("", "/v1/realtime", True),  # a websocket
     ],
 )
-def test_every_path_but_health_metrics_and_docs_needs_a_key(method: str, path: str, needed: bool) -> None:
+def test_every_path_but_health_and_docs_needs_a_key(method: str, path: str, needed: bool) -> None:
     assert needs_key(method, path) is needed
+    assert needs_admin(path) is (path in ("/metrics", "/metrics/"))
 
 
 def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt() -> None:
@@ -298,8 +300,12 @@ def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, 
     for headers in ({}, {"Authorization": "Bearer unused"}, {INTERNAL_HEADER: KeyGate(None).internal_token}):
         assert _error(http.get("/v1/models", headers=headers)) == (401, "unauthenticated", "AuthenticationError")
         assert _error(http.post("/v1/chat/completions", json={}, headers=headers))[:2] == (401, "unauthenticated")
-    for path in ("/health", "/metrics"):
-        assert http.get(path).json()["checked"] is False
+    assert http.get("/health").json()["checked"] is False
+    # vLLM's metrics count every tenant's requests and tokens: an admin key's only
+    assert _error(http.get("/metrics")) == (401, "unauthenticated", "AuthenticationError")
+    assert _error(http.get("/metrics", headers={"Authorization": f"Bearer {secret}"}))[:2] == (403, "permission_denied")
+    admin, admin_secret = store.create("admin", admin=True)
+    assert http.get("/metrics", headers={"Authorization": f"Bearer {admin_secret}"}).json()["key"] == admin.key_id
     assert http.get("/v1/models", headers={"Authorization": f"Bearer {secret}"}).json() == {
         "checked": True,
         "key": key.key_id,

@@ -1,5 +1,5 @@
 """Operational routes: ``/v1/ping/`` (who am I), ``/v1/encoding/wait/`` (drain the background K/V encoder),
-``/health`` and ``/metrics`` (no key needed for these two)."""
+``/health`` (no key needed) and ``/metrics`` (an admin key on a server with keys)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,17 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@route(router, "GET", "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
-async def metrics(server: State) -> Response:
-    """Prometheus metrics in the text format (see :mod:`inferscale.server.metrics`)."""
+@route(
+    router,
+    "GET",
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}}, **ERROR_RESPONSES},
+)
+async def metrics(caller: CurrentCaller, server: State) -> Response:
+    """Prometheus metrics in the text format (see :mod:`inferscale.server.metrics`). On a server with keys it needs an
+    admin key (401 without a key, 403 ``permission_denied`` for a key bound to scopes): the figures count every
+    tenant's requests, tokens and memories waiting for the encoder, which a bound key may not learn
+    (``/v1/encoding/wait/``'s rule). A Prometheus scrape job sends the key with its ``authorization`` setting."""
+    caller.require_admin("reading the server's metrics")
     return Response(server.metrics.render(), media_type=CONTENT_TYPE)
