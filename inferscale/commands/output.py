@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -192,8 +193,15 @@ def history_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
     return out
 
 
+_PLAIN_ID = re.compile(r"[\w.@:+-]+")
+"""A scope id shown as it is in the keys table; any other (a comma, a space, a quote, ...) is shown as a JSON string."""
+
+
 def _bound(kind: str, ids: Sequence[str] | None) -> str | None:
-    return None if ids is None else f"{kind}={','.join(ids)}"
+    """``kind=id1,id2`` for a bound list, each id that is not plain quoted (so that a key bound to ``alice`` and
+    ``bob`` never reads like one bound to the single id ``"alice,bob"``); ``None`` for an unbound one."""
+    shown = (i if _PLAIN_ID.fullmatch(i) else json.dumps(i, ensure_ascii=False) for i in ids or ())
+    return None if ids is None else f"{kind}={','.join(shown)}"
 
 
 def keys_table(keys: Sequence[ApiKey]) -> Table:

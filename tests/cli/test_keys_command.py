@@ -85,6 +85,19 @@ def test_list_table_shows_scopes_admin_and_revocation(cli: Callable[..., Ran], s
     assert "any" in rows[admin["key_id"]] and "yes" in rows[admin["key_id"]]
 
 
+def test_the_table_tells_two_ids_from_one_id_with_a_comma(cli: Callable[..., Ran], store: KeyStore) -> None:
+    """An adversarial tester's find: keys bound to ["alice", "bob"] and to ["alice,bob"] both showed
+    ``user=alice,bob``, and a leading space of an id was lost."""
+    two = cli("keys", "create", "two", "--user", "alice", "--user", "bob", "--json").json()["api_key"]
+    one = cli("keys", "create", "one", "--user", "alice,bob", "--json").json()["api_key"]
+    spaced = cli("keys", "create", "spaced", "--user", " x", "--agent", "a.b@c:d+e-f_g", "--json").json()["api_key"]
+    out = cli("keys", "list").out
+    rows = {k["name"]: next(line for line in out.splitlines() if k["key_id"] in line) for k in (two, one, spaced)}
+    assert "user=alice,bob " in rows["two"]
+    assert 'user="alice,bob" ' in rows["one"]
+    assert 'user=" x" agent=a.b@c:d+e-f_g ' in rows["spaced"]
+
+
 def test_key_errors_are_one_line_with_the_exit_code_of_their_kind(cli: Callable[..., Ran], store: KeyStore) -> None:
     """A key without a scope is bad input (2), named in the command line's terms (it said ``admin=True``); an
     unknown key id is not found (1, as ``delete`` of an unknown memory; it exited 2)."""
