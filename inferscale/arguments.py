@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
 from inferscale.config import MAX_INSTRUCTIONS_CHARS, EncodeMode, Instructions
-from inferscale.errors import InvalidInputError
+from inferscale.errors import InvalidInputError, MemoryTooLongError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, ScopeId, check_scope_ids
@@ -176,11 +176,11 @@ def check_memory_length(text: str, max_memory_chars: int, what: str, other_fix: 
         other_fix: a further fix to name after splitting it or raising the limit, e.g. ``"or use infer=True"``.
 
     Raises:
-        InvalidInputError: naming ``what``, its length and the limit.
+        MemoryTooLongError: naming ``what``, its length and the limit.
     """
     if len(text) > max_memory_chars:
         fixes = f"Split it, raise the limit{', ' + other_fix if other_fix else ''}"
-        raise InvalidInputError(
+        raise MemoryTooLongError(
             f"{what} has {len(text):,} characters; a memory holds at most max_memory_chars={max_memory_chars:,}. "
             f"{fixes}"
         )

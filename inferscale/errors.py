@@ -22,6 +22,13 @@ class ScopeError(InvalidInputError):
     """A call that reads or writes memories was given no ``user_id``, ``agent_id`` or ``run_id``."""
 
 
+class MemoryTooLongError(InvalidInputError):
+    """A text is too long to be one memory: more characters than ``max_memory_chars`` (``add(infer=False)``'s
+    messages, ``update``'s new text), or more tokens than the model's context holds after the system prefix. The
+    server answers it with code ``memory_too_long``. The framework packages' write-back leaves such a message out
+    (:mod:`inferscale.write_back`)."""
+
+
 class ContextLengthError(InvalidInputError):
     """A chat's prompt (system prefix, memories, conversation) and answer budget do not fit the model's context
     window. The message names each part's size in tokens and what would make it fit: fewer memories (only when the

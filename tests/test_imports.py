@@ -33,6 +33,7 @@ EXPECTED_ALL = [
     "MemoryClient",
     "MemoryConfig",
     "MemoryNotFoundError",
+    "MemoryTooLongError",
     "MethodNotAllowedError",
     "ModelNotAvailableError",
     "PermissionDeniedError",

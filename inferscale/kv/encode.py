@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from inferscale.errors import InvalidInputError, UnsupportedModelError
+from inferscale.errors import MemoryTooLongError, UnsupportedModelError
 from inferscale.kv.fact import FactKV
 
 
@@ -74,12 +74,12 @@ def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Se
         names: what each request is, for the message (``"the memory 'My dog…'"``); default ``"fact <i>"``.
 
     Raises:
-        InvalidInputError: naming the first request whose :attr:`EncodeRequest.span` exceeds ``max_positions``.
+        MemoryTooLongError: naming the first request whose :attr:`EncodeRequest.span` exceeds ``max_positions``.
     """
     for i, req in enumerate(requests):
         if req.span > max_positions:
             name = names[i] if names is not None else f"fact {i}"
-            raise InvalidInputError(
+            raise MemoryTooLongError(
                 f"{name} needs positions up to {req.span} with its context, any facts it is chained on and its "
                 f"position gap; the model's context "
                 f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,16 +12,13 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
-from inferscale.errors import InvalidInputError, ScopeError
+from inferscale.scope import ScopeIds
+from inferscale.write_back import astore_turns, store_turns
 from langchain_inferscale.chat_models import ChatInferScale
 from langchain_inferscale.messages import with_memory_block
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
-
-log = logging.getLogger(__name__)
-
-_SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 
 
 class InferScaleMemoryMiddleware(AgentMiddleware):
@@ -41,7 +38,8 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
     a message with no text part. Storing the turn never fails a run whose model has answered over what a message
     holds: a message ``add`` refuses (with ``infer=False``, one longer than ``max_memory_chars`` or than the
     model's context) is not stored, with a warning logged that names the reason, and the turn's other message is
-    stored alone. Any other error of the write-back (a database down, a scope the key may not write) is raised.
+    stored alone (:func:`inferscale.write_back.store_turns`). Any other error of the write-back (a database down, a
+    scope the key may not write) is raised.
 
     The scope is the constructor's ids, unless the runtime context sets any of ``user_id``, ``agent_id``,
     ``run_id`` (as keys of a dict, or attributes of a dataclass or pydantic ``context_schema``): then it is exactly
@@ -83,7 +81,7 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
         super().__init__()
         self.client = client
         self.async_client = async_client
-        self.scope = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+        self.scope = ScopeIds(user_id=user_id, agent_id=agent_id, run_id=run_id)
         self.limit = limit
         self.infer = infer
         self.remember = remember
@@ -118,9 +116,7 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
             memories = self._recalled(found, sent)
         return await handler(self._with_memories(request, scope, memories))
 
-    def _with_memories(
-        self, request: ModelRequest, scope: Mapping[str, str | None], memories: list[tuple[str, str]]
-    ) -> ModelRequest:
+    def _with_memories(self, request: ModelRequest, scope: ScopeIds, memories: list[tuple[str, str]]) -> ModelRequest:
         if isinstance(request.model, ChatInferScale):
             # always the run's scope and the recalled ids (maybe none): the model never retrieves on its own,
             # under its own default scope
@@ -141,43 +137,28 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
         turn = _last_turn(state["messages"])
         if self.remember and turn:
             scope = self._scope(runtime)
-            try:
-                self.client.add(turn, **scope, infer=self.infer)
-            except InvalidInputError as error:
-                for message in _one_by_one(turn, error):
-                    try:
-                        self.client.add([message], **scope, infer=self.infer)
-                    except InvalidInputError as refusal:
-                        _not_stored(message, refusal)
+            store_turns(lambda messages: self.client.add(messages, **scope, infer=self.infer), turn)
         return None
 
     async def aafter_agent(self, state: AgentState, runtime: Runtime) -> dict[str, Any] | None:
         turn = _last_turn(state["messages"])
         if self.remember and turn:
             scope = self._scope(runtime)
-            try:
-                await self._aadd(turn, scope)
-            except InvalidInputError as error:
-                for message in _one_by_one(turn, error):
-                    try:
-                        await self._aadd([message], scope)
-                    except InvalidInputError as refusal:
-                        _not_stored(message, refusal)
+            if self.async_client is not None:
+                client = self.async_client
+                await astore_turns(lambda messages: client.add(messages, **scope, infer=self.infer), turn)
+            else:
+                add = functools.partial(self.client.add, **scope, infer=self.infer)
+                await asyncio.to_thread(store_turns, add, turn)
         return None
 
-    async def _aadd(self, messages: list[dict[str, str]], scope: Mapping[str, str | None]) -> None:
-        if self.async_client is not None:
-            await self.async_client.add(messages, **scope, infer=self.infer)
-        else:
-            await asyncio.to_thread(self.client.add, messages, **scope, infer=self.infer)
-
     # ------------------------------------------------------------------ helpers
-    def _scope(self, runtime: Runtime | None) -> dict[str, str | None]:
+    def _scope(self, runtime: Runtime | None) -> ScopeIds:
         """The run's scope: the context's ids when it sets any (the others ``None``), else the constructor's."""
         ids = _context_ids(getattr(runtime, "context", None))
         if any(value is not None for value in ids.values()):
             return ids
-        return dict(self.scope)
+        return ScopeIds(**self.scope)
 
     def _recalled(self, found: Mapping[str, Any], sent: set[str]) -> list[tuple[str, str]]:
         """The top ``limit`` hits, leaving out those whose text is a message of the request (already there)."""
@@ -185,14 +166,16 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
         return hits[: self.limit]
 
 
-def _context_ids(context: object) -> dict[str, Any]:
+def _context_ids(context: object) -> ScopeIds:
     """The scope ids a runtime context sets (``None`` for those it does not): keys of a dict, attributes of anything
-    else (LangGraph's ``context_schema`` is often a dataclass or a pydantic model)."""
-    if context is None:
-        return dict.fromkeys(_SCOPE_KEYS)
+    else (LangGraph's ``context_schema`` is often a dataclass or a pydantic model). The client checks their types."""
     if isinstance(context, Mapping):
-        return {key: context.get(key) for key in _SCOPE_KEYS}
-    return {key: getattr(context, key, None) for key in _SCOPE_KEYS}
+        return ScopeIds(user_id=context.get("user_id"), agent_id=context.get("agent_id"), run_id=context.get("run_id"))
+    return ScopeIds(
+        user_id=getattr(context, "user_id", None),
+        agent_id=getattr(context, "agent_id", None),
+        run_id=getattr(context, "run_id", None),
+    )
 
 
 def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
@@ -218,34 +201,3 @@ def _last_turn(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
                 turn.append({"role": "assistant", "content": answers[-1].text})
             return turn
     return []
-
-
-def _one_by_one(turn: list[dict[str, str]], error: InvalidInputError) -> list[dict[str, str]]:
-    """After ``add`` refused the whole ``turn`` with ``error``: the messages to store one at a time (none for a
-    turn of one message, whose refusal is logged).
-
-    Raises:
-        ScopeError: ``error`` itself when it is about the scope, not about what a message holds.
-    """
-    if isinstance(error, ScopeError):
-        raise error
-    if len(turn) == 1:
-        _not_stored(turn[0], error)
-        return []
-    return turn
-
-
-def _not_stored(message: Mapping[str, str], error: InvalidInputError) -> None:
-    """Log that ``add`` refused ``message`` for what it holds.
-
-    Raises:
-        ScopeError: ``error`` itself when it is about the scope.
-    """
-    if isinstance(error, ScopeError):
-        raise error
-    log.warning(
-        "the agent's %s message (%d characters) was not stored as a memory: %s",
-        message["role"],
-        len(message["content"]),
-        error,
-    )

@@ -235,7 +235,7 @@ async def test_the_write_back_never_loses_the_answer_over_what_a_message_holds(
     )
     agent = create_agent(model=model, middleware=[middleware])
     request = {"messages": [{"role": "user", "content": user_content}]}
-    with caplog.at_level(logging.WARNING, logger="langchain_inferscale.middleware"):
+    with caplog.at_level(logging.WARNING, logger="inferscale.write_back"):
         state = agent.invoke(request) if run == "sync" else await agent.ainvoke(request)
     assert state["messages"][-1].text == "Here is my answer."
     stored = sorted(m["memory"] for m in client.get_all(user_id=user)["results"])

@@ -15,7 +15,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_inferscale import ChatInferScale, InferScaleMemoryMiddleware
 from pydantic import BaseModel
 
-from inferscale.errors import InvalidInputError, ScopeError
+from inferscale.errors import MemoryTooLongError, ScopeError
 
 _CONFIG = {"data_dir": tempfile.mkdtemp(prefix="langchain-inferscale-unit-"), "engine": {"dtype": "float32"}}
 
@@ -154,7 +154,7 @@ def test_a_write_back_refused_for_its_scope_is_raised_not_logged() -> None:
 
 
 def test_a_refused_turn_is_stored_message_by_message() -> None:
-    client = RefusingClient(InvalidInputError("message 0 has 5,058 characters"))
+    client = RefusingClient(MemoryTooLongError("message 0 has 5,058 characters"))
     middleware = InferScaleMemoryMiddleware(client, user_id="maya")  # type: ignore[arg-type]
     state = {"messages": [HumanMessage("Hi"), AIMessage("Hello!")]}
     middleware.after_agent(state, SimpleNamespace(context=None))  # type: ignore[arg-type]

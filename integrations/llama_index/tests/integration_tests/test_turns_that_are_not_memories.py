@@ -10,7 +10,8 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
-from llama_index.memory.inferscale import InferScaleMemory, simple_chat_engine
+from llama_index.core.memory import Memory
+from llama_index.memory.inferscale import InferScaleMemory, InferScaleMemoryBlock, simple_chat_engine
 
 from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
 from tests.integration_tests.shared import MAX_NEW_TOKENS
@@ -27,15 +28,15 @@ def _user() -> str:
 async def test_a_message_longer_than_a_memory_joins_the_history_and_the_chat_goes_on(
     client: MemoryClient, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
-    """``put`` raised InvalidInputError from ``client.add`` for a 4,228-character message, so SimpleChatEngine failed
-    on it before the LLM was called."""
+    """``put`` raised InvalidInputError from ``client.add`` for a message over 4,000 characters, so SimpleChatEngine
+    failed on it before the LLM was called."""
     user = _user()
     async_client = None
     if path == "async-client":
         async_client = AsyncMemoryClient(client.config, engine=client.engine, embedder=client.embedder)
     memory = InferScaleMemory.from_client(context={"user_id": user}, client=client, async_client=async_client)
     engine = SimpleChatEngine.from_defaults(llm=MockLLM(max_tokens=4), memory=memory)
-    with caplog.at_level(logging.WARNING, logger="llama_index.memory.inferscale.base"):
+    with caplog.at_level(logging.WARNING, logger="inferscale.write_back"):
         answer = engine.chat(LONG_MESSAGE) if path == "sync" else await engine.achat(LONG_MESSAGE)
     assert answer.response
     assert [m.content for m in memory.get_all()] == [LONG_MESSAGE, answer.response]
@@ -78,3 +79,30 @@ def test_an_empty_question_fails_alone_and_the_next_turns_are_answered(client: M
         "What is my dog called?",
         "Hello?",
     ]
+
+
+def test_a_memory_block_flush_holding_a_message_longer_than_a_memory_stores_the_others(
+    client: MemoryClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A review's find: LlamaIndex's Memory flushes old messages to its blocks in one batch, and the block's ``add``
+    of a batch holding a 4,811-character message raised from a later turn's ``put``, storing none of the batch."""
+    user = _user()
+    block = InferScaleMemoryBlock(client, user_id=user)
+    memory = Memory.from_defaults(
+        token_limit=60, chat_history_token_ratio=0.5, token_flush_size=20, memory_blocks=[block]
+    )
+    turns = [
+        ("user", "My dog is called Biscuit."),
+        ("assistant", "Nice."),
+        ("user", "Summarise: " + "lorem ipsum " * 400),
+    ]
+    turns += [("assistant", "Here is my answer.")]
+    turns += [(role, f"{role} turn {i} about the weather.") for i in range(4) for role in ("user", "assistant")]
+    with caplog.at_level(logging.WARNING, logger="inferscale.write_back"):
+        for role, text in turns:
+            memory.put(ChatMessage(role=role, content=text))
+    stored = {m["memory"] for m in client.get_all(user_id=user)["results"]}
+    assert {"My dog is called Biscuit.", "Nice.", "Here is my answer."} <= stored
+    assert not any(text.startswith("Summarise:") for text in stored)
+    [warning] = [r.getMessage() for r in caplog.records if "not stored as a memory" in r.getMessage()]
+    assert "a user message (4,811 characters)" in warning

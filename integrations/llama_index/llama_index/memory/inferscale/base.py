@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -15,9 +15,8 @@ from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import SCOPE_KEYS, InferScaleContext
 
-from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient, ScopeError
-
-log = logging.getLogger(__name__)
+from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
+from inferscale.write_back import astore_turns, store_turns
 
 DEFAULT_TOKEN_LIMIT = 3000
 """Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
@@ -270,11 +269,11 @@ class InferScaleMemory(BaseMemory):
         query = self._query(history, input)
         hits = None
         if query:
-            search = {**self.context.ids(), "limit": self._limit(exclude, window)}
+            scope, limit = self.context.ids(), self._limit(exclude, window)
             if self._async_client is not None:
-                hits = await self._async_client.search(query, **search)
+                hits = await self._async_client.search(query, **scope, limit=limit)
             else:
-                hits = await asyncio.to_thread(lambda: self._client.search(query, **search))
+                hits = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=limit))
         return self._with_memories(hits, exclude, window)
 
     def get_all(self) -> list[ChatMessage]:
@@ -292,10 +291,9 @@ class InferScaleMemory(BaseMemory):
         turns = turns_to_add([message])
         ids: list[str] = []
         if turns and self._async_client is not None:
-            try:
-                ids = _stored_ids(await self._async_client.add(turns, **self.context.ids(), infer=self.infer))
-            except InvalidInputError as error:
-                _not_stored(turns, error)
+            client, scope = self._async_client, self.context.ids()
+            stored = await astore_turns(lambda t: client.add(t, **scope, infer=self.infer), turns)
+            ids = _stored_ids(stored)
         elif turns:
             ids = await asyncio.to_thread(self._add, [message])
         await self.primary_memory.aput(message)
@@ -320,13 +318,10 @@ class InferScaleMemory(BaseMemory):
         turns = turns_to_add(messages)
         if not turns:
             return []
-        try:
-            return _stored_ids(self._client.add(turns, **self.context.ids(), infer=self.infer))
-        except InvalidInputError as error:
-            _not_stored(turns, error)
-            return []
+        scope = self.context.ids()
+        return _stored_ids(store_turns(lambda t: self._client.add(t, **scope, infer=self.infer), turns))
 
-    def _ids_in_window(self, n_messages: int) -> set[str]:
+    def _ids_in_window(self, n_messages: int) -> AbstractSet[str]:
         """Ids stored from the newest ``n_messages`` history messages."""
         return {i for ids in self._added[len(self._added) - n_messages :] for i in ids} if n_messages else set()
 
@@ -335,13 +330,13 @@ class InferScaleMemory(BaseMemory):
         query = search_text(history, self.search_msg_limit, input)
         return query if query.strip() and self.similarity_top_k > 0 else None
 
-    def _limit(self, exclude: set[str], window: Sequence[ChatMessage]) -> int:
+    def _limit(self, exclude: AbstractSet[str], window: Sequence[ChatMessage]) -> int:
         """Hits to ask for so that ``similarity_top_k`` remain once ``exclude`` and the texts of ``window`` are left
         out."""
         return self.similarity_top_k + len(exclude) + len(window)
 
     def _with_memories(
-        self, found: Mapping[str, Any] | None, exclude: set[str], window: list[ChatMessage]
+        self, found: Mapping[str, Any] | None, exclude: AbstractSet[str], window: list[ChatMessage]
     ) -> list[ChatMessage]:
         """``window`` after the memory message of ``found`` (a search's result) less ``exclude``; ``window`` alone
         when no memory is left."""
@@ -369,22 +364,6 @@ class InferScaleMemory(BaseMemory):
         return len(self.tokenizer_fn(message.content or ""))
 
 
-def _not_stored(turns: Sequence[Mapping[str, str]], error: InvalidInputError) -> None:
-    """Log that ``add`` refused ``turns`` (one message) for what they hold.
-
-    Raises:
-        ScopeError: ``error`` itself when it is about the scope, not about the message.
-    """
-    if isinstance(error, ScopeError):
-        raise error
-    log.warning(
-        "a %s message (%d characters) joined the chat history but was not stored as a memory: %s",
-        turns[0]["role"],
-        len(turns[0]["content"]),
-        error,
-    )
-
-
-def _stored_ids(result: Mapping[str, Any]) -> list[str]:
-    """The ids of the memories an ``add`` result says were added or updated."""
-    return [r["id"] for r in result["results"] if r.get("event") in ("ADD", "UPDATE")]
+def _stored_ids(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ids of the memories ``add`` results say were added or updated."""
+    return [r["id"] for result in results for r in result["results"] if r.get("event") in ("ADD", "UPDATE")]

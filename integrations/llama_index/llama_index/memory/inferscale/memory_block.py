@@ -21,15 +21,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Generic, TypeVar
 
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import ChatMessage, ContentBlock
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.memory import BaseMemoryBlock
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
-from llama_index.memory.inferscale._scope import scope_ids_of
+from llama_index.memory.inferscale._scope import ScopeKwargs, scope_ids_of
 
 from inferscale import AsyncMemoryClient, MemoryClient
+from inferscale.write_back import astore_turns, store_turns
 
-T = TypeVar("T")
+T = TypeVar("T", str, list[ContentBlock], list[ChatMessage])
+"""What a block's ``aget`` returns: the value types ``BaseMemoryBlock`` allows."""
 
 
 class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
@@ -53,7 +55,7 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         self._async_client = async_client
         self._scope_ids()  # a scope is checked now, and read from the fields on every call
 
-    def _scope_ids(self) -> dict[str, str]:
+    def _scope_ids(self) -> ScopeKwargs:
         """The scope of this call: the fields as they are now (:func:`scope_ids_of`)."""
         return scope_ids_of(self)
 
@@ -61,21 +63,26 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         query = search_text(messages or [], self.search_msg_limit)
         if not query.strip() or self.similarity_top_k == 0:
             return []
-        search = {**self._scope_ids(), "limit": self.similarity_top_k}
+        scope, limit = self._scope_ids(), self.similarity_top_k
         if self._async_client is not None:
-            found = await self._async_client.search(query, **search)
+            found = await self._async_client.search(query, **scope, limit=limit)
         else:
-            found = await asyncio.to_thread(lambda: self._client.search(query, **search))
+            found = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=limit))
         return found["results"]
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
+        """Store the user and assistant messages LlamaIndex's ``Memory`` flushes to the block, leaving out (with a
+        warning) those ``add`` refuses for what they hold (:func:`inferscale.write_back.store_turns`): a flush
+        never fails the chat turn that caused it."""
         turns = turns_to_add(messages)
         if not turns:
             return
+        scope = self._scope_ids()
         if self._async_client is not None:
-            await self._async_client.add(turns, **self._scope_ids(), infer=self.infer)
+            client = self._async_client
+            await astore_turns(lambda t: client.add(t, **scope, infer=self.infer), turns)
         else:
-            await asyncio.to_thread(lambda: self._client.add(turns, **self._scope_ids(), infer=self.infer))
+            await asyncio.to_thread(store_turns, lambda t: self._client.add(t, **scope, infer=self.infer), turns)
 
 
 _FIELDS_DOC = """
