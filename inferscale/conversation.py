@@ -60,8 +60,10 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
     OpenAI's API, and not used; so is any other key set to ``None``, as the OpenAI SDK's ``message.model_dump()``
     sends an answer's unset ``tool_calls``, ``function_call``, ``refusal``, ``audio`` and ``annotations`` back), has
     text content in every turn
-    (empty text is allowed for system and assistant turns only; a lone surrogate nowhere, as it has no UTF-8 form),
-    contains a user message and does not end with an assistant turn (continuing a partial answer is not supported).
+    (a lone surrogate nowhere, as it has no UTF-8 form), contains a user message whose last one has text (it is what
+    is answered, and retrieved with by default; an earlier user turn may be empty, as a chat engine keeps a question
+    it failed to send in its history, and OpenAI's API takes it) and does not end with an assistant turn (continuing a
+    partial answer is not supported).
 
     Returns:
         the messages as a tuple of :class:`ChatMessage`, contents unchanged.
@@ -97,12 +99,13 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
             raise InvalidInputError(f"messages[{i}] has role {role!r}; expected one of {', '.join(ROLES)}")
         if not isinstance(content, str):
             raise InvalidInputError(f"messages[{i}] content must be a string, got {type(content).__name__}")
-        if role == "user" and not content.strip():
-            raise InvalidInputError(f"messages[{i}] is a user message with no text")
         check_unicode(content, f"messages[{i}] content")
         checked.append(ChatMessage(cast(Role, role), content))
-    if not any(m.role == "user" for m in checked):
+    users = [i for i, m in enumerate(checked) if m.role == "user"]
+    if not users:
         raise InvalidInputError("messages has no user message; the model answers the last user turn")
+    if not checked[users[-1]].content.strip():
+        raise InvalidInputError(f"messages[{users[-1]}] is a user message with no text: the last one is answered")
     if checked[-1].role == "assistant":
         raise InvalidInputError(
             "messages ends with an assistant turn; end with the user turn to answer (continuing an answer is not "

@@ -53,6 +53,14 @@ def test_keys_set_to_none_are_accepted_as_the_openai_sdk_sends_its_answers_back(
         ([{"role": "user"}], "content must be a string"),
         ([{"role": "user", "content": ["parts"]}], "content must be a string"),
         ([{"role": "user", "content": "  "}], "no text"),
+        (
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": ""},
+            ],
+            r"messages\[2\] is a user message with no text",
+        ),
         ([{"role": "system", "content": "Be brief."}], "no user message"),
         ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}], "ends with an assistant"),
         ([{"role": "user", "content": "Hi", "tool_calls": []}], "unsupported keys"),
@@ -124,3 +132,17 @@ def test_a_developer_message_is_a_system_one_in_chat_as_in_add_and_on_the_server
     assert check_messages(messages) == (ChatMessage("system", "Answer briefly."), ChatMessage("user", "Hi"))
     with pytest.raises(InvalidInputError, match="has role 'bot'"):
         check_messages([{"role": "bot", "content": "Hi"}])
+
+
+def test_an_earlier_user_turn_with_no_text_is_taken_as_sent() -> None:
+    """A chat engine keeps a question it failed to send in its history (LlamaIndex's SimpleChatEngine, a LangGraph
+    checkpoint): refused anywhere, one empty question failed every later turn of the conversation (a new user's
+    find). Only the last user message, the one answered, must have text; OpenAI's API takes an empty earlier one."""
+    messages = [
+        {"role": "user", "content": "What is my dog called?"},
+        {"role": "assistant", "content": "Biscuit."},
+        {"role": "user", "content": ""},
+        {"role": "user", "content": " "},
+        {"role": "user", "content": "Hello?"},
+    ]
+    assert check_messages(messages) == tuple(ChatMessage(m["role"], m["content"]) for m in messages)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from langchain_core.messages import AIMessage, HumanMessage, trim_messages
 from langchain_inferscale import ChatInferScale
 
 from inferscale.client import MemoryClient
+from inferscale.errors import InvalidInputError
 from tests.integration_tests.shared import MAX_TOKENS, STANDARD_MEMORIES, STANDARD_USER
 
 
@@ -67,3 +68,21 @@ def test_tokens_are_counted_with_the_served_models_tokenizer(client: MemoryClien
     long_turns = [HumanMessage("I like tea. " * 40), AIMessage("Noted. " * 40), HumanMessage("What do I like?")]
     kept = trim_messages(long_turns, max_tokens=20, token_counter=model, strategy="last")
     assert [m.text for m in kept] == ["What do I like?"]
+
+
+def test_an_earlier_empty_question_in_a_checkpointed_thread_does_not_fail_later_turns(client: MemoryClient) -> None:
+    """LangGraph checkpoints a thread's input even when the model node fails: after one empty question was refused,
+    every later turn of the thread sent it again and was refused too (a review's find). Only the last user message
+    must have text."""
+    model = ChatInferScale(client=client, user_id=STANDARD_USER, max_tokens=MAX_TOKENS)
+    with pytest.raises(InvalidInputError, match="user message with no text"):
+        model.invoke([HumanMessage("What is my dog called?"), AIMessage("Biscuit."), HumanMessage("")])
+    later = model.invoke(
+        [
+            HumanMessage("What is my dog called?"),
+            AIMessage("Biscuit."),
+            HumanMessage(""),
+            HumanMessage("And where do I live?"),
+        ]
+    )
+    assert later.text.strip()

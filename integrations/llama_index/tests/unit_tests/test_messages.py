@@ -125,25 +125,3 @@ def test_split_memory_keeps_text_blocks_and_ignores_cache_points() -> None:
         role="user", blocks=[TextBlock(text="My dog?"), CachePoint(cache_control=CacheControl(type="ephemeral"))]
     )
     assert split_memory([message]) == ([{"role": "user", "content": "My dog?"}], None)
-
-
-def test_split_memory_leaves_out_earlier_questions_with_no_text_and_keeps_the_last() -> None:
-    """A chat engine keeps an empty question the LLM refused in its history: sent again, it was refused again on every
-    later turn. Only the last user message is what is answered."""
-    messages = [
-        ChatMessage(role="user", content="What is my dog called?"),
-        ChatMessage(role="assistant", content="Biscuit."),
-        ChatMessage(role="user", content=""),
-        ChatMessage(role="user", content=" \n"),
-        ChatMessage(role="assistant", content=""),
-        ChatMessage(role="user", content="Hello?"),
-    ]
-    conversation, _ = split_memory(messages)
-    assert conversation == [
-        {"role": "user", "content": "What is my dog called?"},
-        {"role": "assistant", "content": "Biscuit."},
-        {"role": "assistant", "content": ""},
-        {"role": "user", "content": "Hello?"},
-    ]
-    conversation, _ = split_memory(messages[:3])
-    assert conversation[-1] == {"role": "user", "content": ""}  # refused by chat, as before

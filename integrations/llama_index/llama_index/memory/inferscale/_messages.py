@@ -69,8 +69,8 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
 
     Returns:
         ``(conversation, memory_ids)``: the untagged messages as ``{"role", "content"}`` dicts (developer → system,
-        chatbot/model → assistant; a user message with no text before the last user message left out), and the ids
-        of every tagged message in order without repeats, or ``None`` when no message is tagged.
+        chatbot/model → assistant), and the ids of every tagged message in order without repeats, or ``None`` when
+        no message is tagged.
 
     Raises:
         InvalidInputError: for a tool or function message (tool calling is not supported), a message holding a
@@ -107,20 +107,7 @@ def split_memory(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, str]],
                 "messages (tool calling is not supported)"
             )
         conversation.append({"role": role, "content": message.content or ""})
-    return _without_earlier_empty_questions(conversation), memory_ids
-
-
-def _without_earlier_empty_questions(conversation: list[dict[str, str]]) -> list[dict[str, str]]:
-    """``conversation`` less the user messages with no text before its last user message.
-
-    A chat engine puts the user's message into its history before it calls the LLM, and keeps it there when the call
-    fails: an empty question that ``MemoryClient.chat`` refused would otherwise be refused again on every later turn.
-    Such a turn holds nothing to answer or prefill. The last user message is kept whatever it holds, so an empty
-    question is still refused.
-    """
-    users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
-    last = users[-1] if users else -1
-    return [m for i, m in enumerate(conversation) if i >= last or m["role"] != "user" or m["content"].strip()]
+    return conversation, memory_ids
 
 
 def search_text(messages: Sequence[ChatMessage], limit: int, input: str | None = None) -> str:
@@ -137,7 +124,7 @@ def turns_to_add(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     """The user and assistant messages with text, as ``{"role", "content"}`` dicts for ``MemoryClient.add``; memory
     messages and everything else are left out."""
     return [
-        {"role": m.role.value, "content": m.content}
+        {"role": m.role.value, "content": m.content or ""}
         for m in messages
         if m.role in (MessageRole.USER, MessageRole.ASSISTANT)
         and (m.content or "").strip()
