@@ -4,8 +4,9 @@
 (``--middleware``). With keys in the store (:class:`~inferscale.server.keys.KeyStore`, in the memory database) every
 request but ``/health``, the OpenAPI schema and docs, and CORS preflights (``OPTIONS``) must carry
 ``Authorization: Token <key>`` or ``Bearer <key>`` naming a valid key, else 401 ``unauthenticated`` with the
-structured error body, and vLLM's ``/metrics`` needs an admin key (403 ``permission_denied`` otherwise: its figures
-count every tenant's requests and tokens), as the transformers server's does; with no key the server is open
+structured error body, and a route that is not a serving one (vLLM's ``/metrics``, ``/load``, cache resets, sleep,
+profiling, weight updates: :func:`needs_admin`) needs an admin key (403 ``permission_denied`` otherwise: they act
+on or report about every tenant), as the transformers server's ``/metrics`` does; with no key the server is open
 (and :func:`inferscale.server.run.check_listen_address` kept it on loopback), and a request whose ``Host`` or
 ``Origin`` is not a loopback one is refused with 403 ``permission_denied``, as on the transformers server
 (:mod:`inferscale.server.local_only`: web pages and DNS rebinding). The decision is
@@ -37,12 +38,18 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferscale.errors import AuthenticationError, InferScaleError, PermissionDeniedError, ServerError
+from inferscale.errors import (
+    AuthenticationError,
+    InferScaleError,
+    InvalidInputError,
+    PermissionDeniedError,
+    ServerError,
+)
+from inferscale.json_text import JSONTooDeepError, loads_json
 from inferscale.server.auth import caller_for
 from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
 from inferscale.server.local_only import cross_site_reason, is_open
-from inferscale.storable import loads_json
 
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Paths answered without a key."""
@@ -68,13 +75,32 @@ def needs_key(method: str, path: str) -> bool:
     return method != "OPTIONS" and path not in OPEN_PATHS
 
 
+SERVING_PATHS = frozenset(
+    {"/tokenize", "/detokenize", "/tokenizer_info", "/version", "/ping", "/invocations", "/classify", "/score"}
+    | {"/rerank", "/pooling"}
+)
+"""vLLM's serving routes outside ``/v1/`` and ``/v2/``, which a key bound to scopes may call."""
+
+ADMIN_API_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""Routes under ``/v1/`` that change the server for every tenant (an admin key's)."""
+
+
 def needs_admin(path: str) -> bool:
-    """Whether a request needs an admin key: vLLM's Prometheus app, mounted at ``/metrics`` (``/metrics/...`` too).
+    """Whether a request needs an admin key: everything but the serving routes (the OpenAI-style API under ``/v1/``
+    and ``/v2/``, but loading or unloading a LoRA adapter, and :data:`SERVING_PATHS`). vLLM's operational routes
+    act on or report about every tenant: ``/metrics`` (vLLM mounts its Prometheus app for every path that starts
+    with it, ``/metricsx`` too), ``/load``, ``/server_info``, cache resets, ``/pause``, ``/sleep``, profiling,
+    weight updates, ``/abort_requests``, ``/collective_rpc``; a route a later vLLM adds is an admin's until it is
+    listed here.
 
     Args:
         path: the path without the server's root path.
     """
-    return path == "/metrics" or path.startswith("/metrics/")
+    if path in SERVING_PATHS:
+        return False
+    if path.startswith(("/v1/", "/v2/")):
+        return path.startswith(ADMIN_API_PATHS)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +175,16 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
 
     Raises:
         PermissionDeniedError: for a JSON object that sets what only the memory middleware may set.
+        InvalidInputError: for JSON nested deeper than Python's parser reads: no field of it could be checked, so it
+            does not reach the route (whose parser could read it, at a shallower stack).
     """
     raw = await request.body()
     if not raw:
         return None
     try:
         body = loads_json(raw)
+    except JSONTooDeepError as exc:
+        raise InvalidInputError(f"the request body is not JSON the server reads: {exc.msg}") from None
     except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too): no route reads it as JSON either
         return None
     if not isinstance(body, dict):
@@ -166,7 +196,7 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
 class ApiKeyMiddleware:
     """ASGI middleware: authenticates every HTTP and websocket request of the vLLM server with the installed
     :class:`KeyGate` (see the module docstring). A refused HTTP request gets 401 ``unauthenticated`` (403
-    ``permission_denied`` for ``/metrics`` with a key that is not an admin's); a refused
+    ``permission_denied`` for a route that is not a serving one with a key that is not an admin's); a refused
     websocket is closed before it is accepted (code 1008). Without an installed gate every request is answered
     500 ``internal_error``: the server never runs open by mistake.
     """
@@ -197,7 +227,7 @@ class ApiKeyMiddleware:
             try:
                 caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.get("authorization"))
                 if needs_admin(path):
-                    caller.require_admin("reading the server's metrics")
+                    caller.require_admin(f"{path} (it acts on or reports about every tenant)")
             except (AuthenticationError, PermissionDeniedError) as exc:
                 await self._refuse(exc, scope, receive, send)
                 return

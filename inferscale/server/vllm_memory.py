@@ -395,7 +395,7 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         return await call_next(request)
     try:
         body = await checked_client_body(request, RESERVED_SALT_PREFIXES)
-    except PermissionDeniedError as exc:
+    except (PermissionDeniedError, InvalidInputError) as exc:
         return error_response(exc)
     if body is None or request.method != "POST" or _SERVICE is None or request.url.path != "/v1/chat/completions":
         return await call_next(request)

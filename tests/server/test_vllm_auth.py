@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from inferscale.errors import AuthenticationError, PermissionDeniedError
+from inferscale.errors import AuthenticationError, InvalidInputError, PermissionDeniedError
 from inferscale.server import vllm_auth
 from inferscale.server.auth import Caller, caller_for
 from inferscale.server.errors import error_response
@@ -130,6 +130,7 @@ def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
         ("GET", "/health", False),
         ("GET", "/metrics", True),  # and an admin key (needs_admin)
         ("GET", "/metrics/", True),
+        ("GET", "/metricsx", True),  # vLLM's Prometheus app answers every path that starts with /metrics
         ("GET", "/openapi.json", False),
         ("GET", "/docs", False),
         ("OPTIONS", "/v1/chat/completions", False),
@@ -144,7 +145,33 @@ def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
 )
 def test_every_path_but_health_and_docs_needs_a_key(method: str, path: str, needed: bool) -> None:
     assert needs_key(method, path) is needed
-    assert needs_admin(path) is (path in ("/metrics", "/metrics/"))
+
+
+@pytest.mark.parametrize(
+    ("path", "admin"),
+    [
+        ("/metrics", True),
+        ("/metricsx", True),  # vLLM's Prometheus app answers every path starting with /metrics (a review)
+        ("/load", True),
+        ("/server_info", True),
+        ("/reset_prefix_cache", True),
+        ("/sleep", True),
+        ("/abort_requests", True),
+        ("/collective_rpc", True),
+        ("/start_profile", True),
+        ("/v1/load_lora_adapter", True),
+        ("/some_route_a_later_vllm_adds", True),
+        ("/v1/chat/completions", False),
+        ("/v1/completions", False),
+        ("/v1/models", False),
+        ("/v1/realtime", False),
+        ("/v2/rerank", False),
+        ("/tokenize", False),
+        ("/version", False),
+    ],
+)
+def test_only_serving_routes_are_open_to_a_key_bound_to_scopes(path: str, admin: bool) -> None:
+    assert needs_admin(path) is admin
 
 
 def test_a_client_may_not_set_kv_transfer_params_or_an_inferscale_salt() -> None:
@@ -190,7 +217,7 @@ def _guarded_app() -> TestClient:
     async def guard(request: Request, call_next: RequestResponseEndpoint) -> Response:
         try:
             await checked_client_body(request, ("is1.", "isp."))
-        except PermissionDeniedError as exc:
+        except (PermissionDeniedError, InvalidInputError) as exc:
             return error_response(exc)
         return await call_next(request)
 
@@ -220,10 +247,20 @@ def test_reserved_fields_are_refused_whatever_the_content_type(content_type: str
 
 def test_bodies_that_are_no_json_object_pass_unchecked() -> None:
     with _guarded_app() as http:
-        deep = b"[" * 100_000 + b"]" * 100_000  # past the JSON parser's recursion: a bare RecursionError, a 500
-        for body in (b"", b"[1, 2]", b"prompt=hi&kv_transfer_params=x", b"\xff\xfe{", deep):
+        for body in (b"", b"[1, 2]", b"prompt=hi&kv_transfer_params=x", b"\xff\xfe{"):
             reply = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
             assert reply.status_code in (400, 422), (body, reply.text)  # the route's own answer: no 403, no crash
+
+
+@pytest.mark.parametrize("deep", [b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000])
+def test_a_body_nested_past_the_parser_is_refused_not_passed_on(deep: bytes) -> None:
+    """Past the JSON parser's recursion limit the check raised a bare RecursionError (a 500); read as not JSON, the
+    body would reach the route with no field checked, whose own parser, at a shallower stack, might read it (a
+    review's find). It is refused with 400."""
+    with _guarded_app() as http:
+        reply = http.post("/v1/completions", content=deep, headers={"content-type": "application/json"})
+    assert (reply.status_code, reply.json()["error"]["code"]) == (400, "invalid_input")
+    assert "nests deeper" in reply.json()["error"]["message"]
 
 
 def test_the_internal_token_is_random_and_checked_exactly() -> None:
@@ -303,7 +340,8 @@ def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, 
     assert http.get("/health").json()["checked"] is False
     # vLLM's metrics count every tenant's requests and tokens: an admin key's only
     assert _error(http.get("/metrics")) == (401, "unauthenticated", "AuthenticationError")
-    assert _error(http.get("/metrics", headers={"Authorization": f"Bearer {secret}"}))[:2] == (403, "permission_denied")
+    for path in ("/metrics", "/metrics/", "/metricsx", "/metrics.txt"):  # vLLM's app answers them all (a review)
+        assert _error(http.get(path, headers={"Authorization": f"Bearer {secret}"}))[:2] == (403, "permission_denied")
     admin, admin_secret = store.create("admin", admin=True)
     assert http.get("/metrics", headers={"Authorization": f"Bearer {admin_secret}"}).json()["key"] == admin.key_id
     assert http.get("/v1/models", headers={"Authorization": f"Bearer {secret}"}).json() == {
