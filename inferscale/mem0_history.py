@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.errors import InvalidInputError
+from inferscale.json_text import loads_json
 from inferscale.mem0_import import ImportedMemory, mem0_time, usable_path
-from inferscale.storable import loads_json
 from inferscale.storage.change_sets import PastChange
 from inferscale.storage.validation import check_key, check_text
 

@@ -33,9 +33,9 @@ from typing import Any
 
 from inferscale.arguments import check_metadata
 from inferscale.errors import ConfigError, InvalidInputError
+from inferscale.json_text import loads_json
 from inferscale.mem0_config import DEFAULT_COLLECTION, is_file_name
 from inferscale.scope import SCOPE_KEYS, Scope
-from inferscale.storable import loads_json
 from inferscale.storage.change_sets import NewMemory
 from inferscale.storage.records import ATTRIBUTION_KEYS
 from inferscale.storage.validation import check_new_id, check_text, check_utc_time

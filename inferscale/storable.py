@@ -14,9 +14,7 @@ infinity, and no arbitrary objects.
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
 
 from inferscale.errors import InvalidInputError
 from inferscale.validation_text import int_digits
@@ -124,19 +122,3 @@ def check_json(value: object, where: str, depth: int = 0, *, strings: bool = Tru
 
 
 __all__ = ["MAX_JSON_DEPTH", "NUL", "check_json", "check_storable", "check_unicode"]
-
-
-def loads_json(text: str | bytes) -> Any:
-    """``json.loads(text)`` for text a caller hands in (a file, a request body, a command-line word), with nesting
-    too deep for Python's parser refused like any malformed text: the parser raises a bare ``RecursionError`` there
-    (from about a thousand levels of arrays or objects), which no handler of malformed JSON catches.
-
-    Raises:
-        json.JSONDecodeError: for malformed JSON, and for nesting past the parser's recursion limit (its ``pos`` 0).
-        UnicodeDecodeError: for bytes that are not UTF-8, UTF-16 or UTF-32 (as ``json.loads``).
-    """
-    try:
-        return json.loads(text)
-    except RecursionError:
-        document = text if isinstance(text, str) else ""
-        raise json.JSONDecodeError("it nests deeper than Python's JSON parser can read", document, 0) from None

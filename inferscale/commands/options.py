@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
+from inferscale.json_text import loads_json
 from inferscale.scope import ScopeIds
-from inferscale.storable import loads_json
 
 __all__ = [
     "LOCAL_ONLY",

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from inferscale.config import MemoryLayout
 from inferscale.errors import InvalidInputError
+from inferscale.json_text import loads_json
 from inferscale.memory.contexts import turn_contexts
-from inferscale.storable import loads_json
 from inferscale.validation_text import describe_errors
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from inferscale.cli_options import (
 from inferscale.config import DType, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
 from inferscale.eval.fidelity import SYSTEM_PROMPTS
-from inferscale.storable import loads_json
+from inferscale.json_text import loads_json
 from inferscale.validation_text import describe_errors
 
 __all__ = ["SETTING_FIELDS", "STANDARD_SETTINGS", "FidelityOptions", "add_fidelity_parser", "default_setting"]

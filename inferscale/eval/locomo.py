@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.errors import InvalidInputError
-from inferscale.storable import loads_json
+from inferscale.json_text import loads_json
 
 __all__ = [
     "DATE_TIME_FORMAT",

@@ -9,7 +9,6 @@ the answer, which is the message's content (or, streamed, the content deltas joi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from inferscale.arguments import check_max_new_tokens, check_query
 from inferscale.chat_request import chat_conversation
 from inferscale.errors import InvalidInputError, ServerError
+from inferscale.json_text import loads_json
 from inferscale.remote.calls import ApiCall, check_sendable, encode_json
 from inferscale.remote.errors import decoded_error
 from inferscale.scope import check_scope_ids
@@ -174,7 +174,7 @@ class ChunkReader:
             self.done = True
             return []
         try:
-            event = json.loads(data)
+            event = loads_json(data)
         except ValueError as exc:
             raise ServerError(f"the chat stream sent an event that is not JSON: {data[:200]!r}") from exc
         if not isinstance(event, dict):

@@ -8,11 +8,11 @@ error types. A reply in any other shape (a proxy's error page, a server of anoth
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from inferscale.error_codes import error_from_code
 from inferscale.errors import InferScaleError, MemoryNotFoundError, ServerError
+from inferscale.json_text import loads_json
 from inferscale.remote.calls import ApiCall
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ def decoded_error(body: Any) -> InferScaleError | None:
 
 def _json_or_none(content: bytes) -> Any:
     try:
-        return json.loads(content)
+        return loads_json(content)
     except ValueError:  # also UnicodeDecodeError
         return None
 
@@ -78,7 +78,7 @@ def reply_value(call: ApiCall[T], status: int, content: bytes, what: str) -> T:
     """
     if 200 <= status < 300:
         try:
-            body = json.loads(content) if content else None
+            body = loads_json(content) if content else None
         except ValueError as exc:
             raise ServerError(
                 f"{what} answered HTTP {status} with a body that is not JSON: {content[:BODY_QUOTED]!r}"

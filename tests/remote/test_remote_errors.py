@@ -89,6 +89,9 @@ def test_a_long_body_is_quoted_only_in_part(wire: Wire) -> None:
     ("call", "reply", "match"),
     [
         (lambda m: m.search("tea", user_id="u"), httpx.Response(200, text="not json"), "not JSON"),
+        # nested past the JSON parser's recursion: a bare RecursionError before
+        (lambda m: m.search("tea", user_id="u"), httpx.Response(200, text="[" * 100_000 + "]" * 100_000), "not JSON"),
+        (lambda m: m.get("m1"), httpx.Response(400, text='{"a":' * 100_000 + "1" + "}" * 100_000), "HTTP 400"),
         (lambda m: m.search("tea", user_id="u"), httpx.Response(200, json=["a", "list"]), "JSON object"),
         (lambda m: m.history("m1"), httpx.Response(200, json={"an": "object"}), "JSON list"),
         (lambda m: m.chat("Hi", user_id="u"), httpx.Response(200, json={"choices": []}), "choices"),
