@@ -85,9 +85,14 @@ test-integrations: $(ISTAMP)
 	cd integrations/langchain && ../../$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 	cd integrations/llama_index && ../../$(BIN)/python -m pytest -q tests $(PYTEST_ARGS)
 
-lint: $(STAMP)
+# mypy checks the core, then each framework package from its own folder, with the root pyproject's settings (mypy
+# looks for them up the tree) and the repository root on MYPYPATH: the editable install of inferscale is a path hook
+# that mypy does not follow.
+lint: $(ISTAMP)
 	$(BIN)/ruff check inferscale tests benchmarks examples integrations
 	$(BIN)/mypy
+	cd integrations/langchain && MYPYPATH=../.. ../../$(BIN)/mypy langchain_inferscale
+	cd integrations/llama_index && MYPYPATH=../..:. ../../$(BIN)/mypy -p llama_index.memory.inferscale
 
 # .venv-integrations: the framework packages' own environment in earlier versions.
 clean:

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
@@ -490,7 +490,7 @@ class AsyncMemoryClient(ClientCore):
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> AsyncIterator[ChatChunk]: ...
+    ) -> AsyncGenerator[ChatChunk, None]: ...
 
     async def chat(
         self,
@@ -513,7 +513,7 @@ class AsyncMemoryClient(ClientCore):
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> ChatResult | AsyncIterator[ChatChunk]:
+    ) -> ChatResult | AsyncGenerator[ChatChunk, None]:
         """Answer a question or a conversation with the scope's memories; see :meth:`MemoryClient.chat` (same
         arguments, results and errors). Retrieval is async; K/V loading, prefill and decode run in a worker thread.
         With ``stream=True`` the awaited call returns an async iterator of :class:`ChatChunk`; the answer is
@@ -615,7 +615,7 @@ class AsyncMemoryClient(ClientCore):
         await self.close()
 
 
-async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncIterator[ChatChunk]:
+async def _iterate_on_thread(chunks: Generator[ChatChunk, None, None]) -> AsyncGenerator[ChatChunk, None]:
     """Run ``chunks`` on a thread of its own (decoding is CPU/GPU-bound; the event loop stays free) and hand each
     chunk to the loop as it is produced.
 

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Self, overload
 
 from inferscale.arguments import (
@@ -670,7 +670,7 @@ class MemoryClient(ClientCore):
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> Iterator[ChatChunk]: ...
+    ) -> Generator[ChatChunk, None, None]: ...
 
     def chat(
         self,
@@ -693,7 +693,7 @@ class MemoryClient(ClientCore):
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> ChatResult | Iterator[ChatChunk]:
+    ) -> ChatResult | Generator[ChatChunk, None, None]:
         """Answer a question or a conversation with the scope's memories.
 
         The prompt is ``[system prefix][memory segment][conversation]``: the configured ``system_prompt`` (fixed,

@@ -11,7 +11,7 @@ typed overloads), each a one-line shell.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import httpx
@@ -312,7 +312,7 @@ class AsyncRemoteMemoryClient:
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> AsyncIterator[ChatChunk]: ...
+    ) -> AsyncGenerator[ChatChunk, None]: ...
 
     async def chat(
         self,
@@ -335,7 +335,7 @@ class AsyncRemoteMemoryClient:
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> ChatResult | AsyncIterator[ChatChunk]:
+    ) -> ChatResult | AsyncGenerator[ChatChunk, None]:
         """Answer a question or a conversation with the scope's memories, on the server's engine; see
         :meth:`AsyncMemoryClient.chat <inferscale.async_client.AsyncMemoryClient.chat>` (same arguments, results
         and errors).

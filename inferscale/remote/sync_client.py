@@ -9,7 +9,7 @@ typed overloads), each a one-line shell.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import httpx
@@ -316,7 +316,7 @@ class RemoteMemoryClient:
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> Iterator[ChatChunk]: ...
+    ) -> Generator[ChatChunk, None, None]: ...
 
     def chat(
         self,
@@ -339,7 +339,7 @@ class RemoteMemoryClient:
         seed: int | None = None,
         repetition_penalty: float | None = None,
         stop: str | Sequence[str] | None = None,
-    ) -> ChatResult | Iterator[ChatChunk]:
+    ) -> ChatResult | Generator[ChatChunk, None, None]:
         """Answer a question or a conversation with the scope's memories, on the server's engine; see
         :meth:`MemoryClient.chat <inferscale.client.MemoryClient.chat>` (same arguments, results and errors).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Generator
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -183,7 +183,7 @@ class Transport:
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content
 
-    def stream(self, call: ApiCall[Any]) -> Iterator[ChatChunk]:
+    def stream(self, call: ApiCall[Any]) -> Generator[ChatChunk, None, None]:
         """Open ``call`` as a server-sent event stream and return its chunks (see
         :class:`~inferscale.remote.chat.ChunkReader`). The reply's status is checked before this returns; closing
         the iterator (or dropping it) closes the connection.
@@ -197,7 +197,7 @@ class Transport:
         assert opened is _OPENED
         return chunks
 
-    def _chunks(self, call: ApiCall[Any]) -> Iterator[ChatChunk]:
+    def _chunks(self, call: ApiCall[Any]) -> Generator[ChatChunk, None, None]:
         reader = ChunkReader()
         http = self._http
         with ExitStack() as stack:
@@ -296,7 +296,7 @@ class AsyncTransport:
         check_reply(response.status_code, response.content, idempotent)
         return response.status_code, response.content
 
-    async def stream(self, call: ApiCall[Any]) -> AsyncIterator[ChatChunk]:
+    async def stream(self, call: ApiCall[Any]) -> AsyncGenerator[ChatChunk, None]:
         """Open ``call`` as an event stream; see :meth:`Transport.stream` (same errors). Closing the iterator
         (``await it.aclose()``), or dropping it, closes the connection."""
         chunks = self._chunks(call)
@@ -304,7 +304,7 @@ class AsyncTransport:
         assert opened is _OPENED
         return chunks
 
-    async def _chunks(self, call: ApiCall[Any]) -> AsyncIterator[ChatChunk]:
+    async def _chunks(self, call: ApiCall[Any]) -> AsyncGenerator[ChatChunk, None]:
         reader = ChunkReader()
         http = self._http
         async with AsyncExitStack() as stack:

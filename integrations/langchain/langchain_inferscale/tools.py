@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from inferscale import InvalidInputError
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
+from inferscale.scope import ScopeIds
 
 
 class Message(BaseModel):
@@ -77,12 +78,12 @@ def memory_tools(
         user_id, agent_id, run_id: the scope every call runs in; none: each call names its own (Mem0's recipe).
         infer: ``add``'s ``infer`` (``True``: the LLM extracts facts, as Mem0 does).
     """
-    scope = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+    scope = ScopeIds(user_id=user_id, agent_id=agent_id, run_id=run_id)
 
     def add_args(
         messages: list[Message], user_id: str | None, output_format: str | None, metadata: dict[str, Any] | None
     ) -> dict[str, Any]:
-        ids = dict(scope)
+        ids = ScopeIds(**scope)
         if user_id is not None:
             if scope["user_id"] not in (None, user_id):
                 raise InvalidInputError(f"user_id={user_id!r}: these tools are bound to user {scope['user_id']!r}")

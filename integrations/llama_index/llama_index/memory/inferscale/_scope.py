@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from llama_index.core.bridge.pydantic import BaseModel
 
@@ -11,6 +11,14 @@ from inferscale import InvalidInputError, ScopeError
 from inferscale.scope import check_scope_id
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+
+
+class ScopeKwargs(TypedDict, total=False):
+    """The scope ids that are set, as keyword arguments of a ``MemoryClient`` call (an id not set is left out)."""
+
+    user_id: str
+    agent_id: str
+    run_id: str
 
 
 class InferScaleContext(BaseModel):
@@ -45,17 +53,24 @@ class InferScaleContext(BaseModel):
             raise ScopeError("set at least one of user_id, agent_id or run_id (e.g. context={'user_id': 'alice'})")
         return cls(**given)
 
-    def ids(self) -> dict[str, str]:
+    def ids(self) -> ScopeKwargs:
         """The ids that are set, as keyword arguments for ``MemoryClient`` calls (and node metadata)."""
-        return {k: v for k in SCOPE_KEYS if (v := getattr(self, k))}
+        ids = ScopeKwargs()
+        if self.user_id:
+            ids["user_id"] = self.user_id
+        if self.agent_id:
+            ids["agent_id"] = self.agent_id
+        if self.run_id:
+            ids["run_id"] = self.run_id
+        return ids
 
 
-def scope_ids_of(fields: Any) -> dict[str, str]:
+def scope_ids_of(fields: Any) -> ScopeKwargs:
     """The scope ids of an object's ``user_id``, ``agent_id`` and ``run_id`` fields as they are now (set after
     construction or by ``model_copy(update=...)``), checked: what every call of that object is scoped to.
 
     Raises:
-        ScopeError: when none is set.
-        InvalidInputError: for an id that is not a string.
+        ScopeError: when none is set, or an id is neither a non-empty string nor an int.
+        InvalidInputError: for an id longer than 255 characters or holding a character no backend stores.
     """
     return InferScaleContext.of(user_id=fields.user_id, agent_id=fields.agent_id, run_id=fields.run_id).ids()

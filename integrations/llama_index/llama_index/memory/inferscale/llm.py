@@ -23,7 +23,7 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.memory.inferscale._messages import MEMORY_IDS_KEY, split_memory
-from llama_index.memory.inferscale._scope import scope_ids_of
+from llama_index.memory.inferscale._scope import ScopeKwargs, scope_ids_of
 
 from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
@@ -151,7 +151,7 @@ class InferScaleLLM(CustomLLM):
         kwargs.update(call)
         return kwargs
 
-    def _scope_ids(self) -> dict[str, str]:
+    def _scope_ids(self) -> ScopeKwargs:
         """The scope of this call: the fields as they are now (:func:`scope_ids_of`)."""
         return scope_ids_of(self)
 
