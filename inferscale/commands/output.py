@@ -193,8 +193,9 @@ def history_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
     return out
 
 
-_PLAIN_ID = re.compile(r"[\w.@:+-]+")
-"""A scope id shown as it is in the keys table; any other (a comma, a space, a quote, ...) is shown as a JSON string."""
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.@:+-]+")
+"""A scope id shown as it is in the keys table; any other (a comma, a space, a quote, a letter outside ASCII that may
+look like one inside it, ...) is shown as a JSON string."""
 
 
 def _bound(kind: str, ids: Sequence[str] | None) -> str | None:

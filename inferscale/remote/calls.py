@@ -117,6 +117,12 @@ def _plain(value: Any, name: str, *, dates: bool = False, depth: int = 0) -> Any
     ``dates`` a date or datetime becomes ISO 8601 text (a filter's timestamp operand, which the server reads back
     alike; naive still means UTC).
 
+    Args:
+        value: an argument's value, or a part of it.
+        name: the argument's name, for the message.
+        dates: turn dates and datetimes into ISO 8601 text (``filters``).
+        depth: how many lists and dicts hold ``value`` in the argument (0 for the argument itself).
+
     Raises:
         InvalidInputError: the local client's error for a value nested deeper than
             :data:`~inferscale.storable.MAX_JSON_DEPTH` (a cycle included: it would recurse until Python's
@@ -144,8 +150,9 @@ def check_sendable(fields: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         InvalidInputError: the local client's error (:func:`inferscale.storable.check_json`) for a non-str object key
-            at any depth (JSON would send ``1`` as ``"1"``), NaN or an infinity, or a value of another type; for
-            ``filters``, what :func:`inferscale.filters.parse_filters` refuses.
+            at any depth (JSON would send ``1`` as ``"1"``), NaN or an infinity, a value of another type, or nesting
+            deeper than :data:`~inferscale.storable.MAX_JSON_DEPTH` (a cycle included); for ``filters``, what
+            :func:`inferscale.filters.parse_filters` refuses.
     """
     if isinstance(fields.get("filters"), Mapping):
         parse_filters(fields["filters"])  # the local client's checks and errors, dates and datetimes only as timestamps

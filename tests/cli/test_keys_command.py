@@ -96,6 +96,10 @@ def test_the_table_tells_two_ids_from_one_id_with_a_comma(cli: Callable[..., Ran
     assert "user=alice,bob " in rows["two"]
     assert 'user="alice,bob" ' in rows["one"]
     assert 'user=" x" agent=a.b@c:d+e-f_g ' in rows["spaced"]
+    lookalike = cli("keys", "create", "lookalike", "--user", "\u0430lice", "--json").json()["api_key"]  # Cyrillic а
+    assert 'user="\u0430lice" ' in next(
+        line for line in cli("keys", "list").out.splitlines() if lookalike["key_id"] in line
+    )
 
 
 def test_key_errors_are_one_line_with_the_exit_code_of_their_kind(cli: Callable[..., Ran], store: KeyStore) -> None:
