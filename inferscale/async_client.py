@@ -550,7 +550,7 @@ class AsyncMemoryClient(ClientCore):
         retrieval_ms = ms_since(t0)
         if request.stream:
             self._refuse_if_closed(closing)  # closed while the memories were chosen
-            chunks = await on_threads(MODEL_WORK, self._chunks, request, records, t0, retrieval_ms)
+            chunks = await on_threads(MODEL_WORK, self._chunks, request, records, t0, retrieval_ms, closing)
             return _iterate_on_thread(chunks)
         abandoned = threading.Event()
         try:

@@ -771,7 +771,7 @@ class MemoryClient(ClientCore):
                 retrieval_ms = ms_since(t0)
                 if not request.stream:  # one use of the model from opening the answer to its last token
                     answering.enter_context(self.derived.foreground())
-                chunks = self._chunks(request, records, t0, retrieval_ms)
+                chunks = self._chunks(request, records, t0, retrieval_ms, closing)
             return chunks if request.stream else self._answer(chunks, closing)
 
     def _chat_records(self, request: ChatRequest) -> list[MemoryRecord]:

@@ -854,7 +854,7 @@ class ClientCore:
         closing = self._closing if closing is None else closing
         self._refuse_if_closed(closing)
         with self.derived.foreground():  # opening the answer too
-            return self._answer(self._chunks(request, records, t0, retrieval_ms), closing, abandoned)
+            return self._answer(self._chunks(request, records, t0, retrieval_ms, closing), closing, abandoned)
 
     @staticmethod
     def _refuse_if_closed(closing: threading.Event) -> None:
@@ -894,7 +894,12 @@ class ClientCore:
         return last.result
 
     def _chunks(
-        self, request: ChatRequest, records: Sequence[MemoryRecord], t0: float, retrieval_ms: float
+        self,
+        request: ChatRequest,
+        records: Sequence[MemoryRecord],
+        t0: float,
+        retrieval_ms: float,
+        closing: threading.Event,
     ) -> Generator[ChatChunk, None, None]:
         """Start answering ``request`` and return its chunks: one per piece of new text, then the final chunk with
         the :class:`ChatResult`. Errors before the first token are raised by this call, not by the iterator.
@@ -904,7 +909,10 @@ class ClientCore:
         Opening the stream (K/V load or encode, cache assembly) and each of its steps are foreground uses of the
         model (:meth:`~inferscale.derived.DerivedStores.foreground`): the background K/V encoder starts no chunk
         during one. Between two steps it may: a stream is read at its reader's pace, which must not hold the
-        encoder up (:meth:`_generate` marks the whole answer instead).
+        encoder up (:meth:`_generate` marks the whole answer instead). ``closing`` is the client's close event when
+        the chat began: once ``close()`` sets it, the next read raises
+        :class:`~inferscale.errors.EngineClosedError`, the first one included, whether or not the client owns the
+        engine.
 
         A memory too long for the model's context only with its context turns is served from its context-free
         encoding; a retrieved one too long even without them, or with this request's conversation and answer
@@ -917,6 +925,8 @@ class ClientCore:
 
         def steps() -> Iterator[StreamEvent]:
             while True:
+                if closing.is_set():
+                    raise EngineClosedError("the client was closed while this answer was streaming; ask again")
                 with self.derived.foreground():
                     event = next(events, None)
                 if event is None:

@@ -301,3 +301,29 @@ def test_closing_the_client_ends_a_chat_another_thread_waits_for(tmp_path: Path,
     assert [type(e) for e in raised] == [EngineClosedError]
     assert client.chat("Tell me a long story.", user_id="alice", max_new_tokens=8).answer == before
     client.close()
+
+
+def test_a_stream_not_read_yet_when_the_client_closes_raises_engine_closed(tmp_path: Path, engine: Any) -> None:
+    """A new user's find: a stream opened, then the client closed before the stream was read, raised a bare
+    AttributeError on the first read, sync and async (a remote client's raised EngineClosedError)."""
+    import asyncio
+
+    from inferscale import AsyncMemoryClient, EngineClosedError, MemoryClient
+
+    client = MemoryClient(fake_config(tmp_path / "sync"), engine=engine, embedder=HashEmbedder())
+    client.add(FACTS[0], user_id="alice", infer=False)
+    stream = client.chat("What is my dog called?", user_id="alice", max_new_tokens=8, stream=True)
+    client.close()
+    with pytest.raises(EngineClosedError, match="closed"):
+        "".join(chunk.delta for chunk in stream)
+
+    async def async_case() -> None:
+        aclient = AsyncMemoryClient(fake_config(tmp_path / "async"), engine=engine, embedder=HashEmbedder())
+        await aclient.add(FACTS[0], user_id="alice", infer=False)
+        astream = await aclient.chat("What is my dog called?", user_id="alice", max_new_tokens=8, stream=True)
+        await aclient.close()
+        with pytest.raises(EngineClosedError, match="closed"):
+            async for _ in astream:
+                pass
+
+    asyncio.run(async_case())

@@ -206,6 +206,25 @@ def test_closing_the_engine_under_an_open_stream_raises_a_typed_error() -> None:
     assert engine.generate_kv(CONVERSATION, facts, 4).token_ids  # it loads again and answers
 
 
+@pytest.mark.parametrize("kind", ["kv", "prompt"])
+@pytest.mark.parametrize("loaded_again", [False, True])
+def test_a_stream_closed_before_its_first_read_raises_a_typed_error(kind: str, loaded_again: bool) -> None:
+    """A new user's find: a stream opened, then the engine closed before the stream was read, raised a bare
+    AttributeError ('TransformersEngine' object has no attribute '_workspaces') on the first read; with the engine
+    loaded again meanwhile, the stream would have gone on after the close."""
+    engine: TransformersEngine = tiny_engine("llama")
+    fact_ids, facts = _facts(engine)
+    stream = (
+        engine.stream_kv(CONVERSATION, facts, 8) if kind == "kv" else engine.stream_prompt(CONVERSATION, fact_ids, 8)
+    )
+    engine.close()
+    if loaded_again:
+        engine.load()
+    with pytest.raises(EngineClosedError, match="closed"):
+        next(stream)
+    assert engine.generate_kv(CONVERSATION, facts, 4).token_ids  # the engine answers on
+
+
 def test_stop_strings_and_the_budget_end_the_answer() -> None:
     engine = _engine("llama")
     _, facts = _facts(engine)

@@ -347,7 +347,8 @@ class TransformersEngine(LayoutTokensMixin):
         interleave) and the caller may use the engine or the client between two events."""
         self.load()
         settings = serving if serving is not None else self.serving
-        workspace = self._workspaces.borrow()
+        pool = self._workspaces
+        workspace = pool.borrow()
         try:
             with self._lock:
                 t0 = _now_ms(self._device)
@@ -357,12 +358,13 @@ class TransformersEngine(LayoutTokensMixin):
                 t1 = _now_ms(self._device)
                 bias = self._memory_bias(served.assembled, settings)
         except BaseException:
-            self._workspaces.give_back(workspace)
+            pool.give_back(workspace)
             raise
         prompt = served.assembled.token_ids.tolist() + query_ids
         return self._stream(
-            workspace, served.cache, served.pending_ids + query_ids, served.start, max_new_tokens, prompt, sampling,
-            t0, t1 - t0, bias, memory_tokens=served.assembled.memory_tokens, recomputed_tokens=served.added_tokens,
+            pool, workspace, served.cache, served.pending_ids + query_ids, served.start, max_new_tokens, prompt,
+            sampling, t0, t1 - t0, bias, memory_tokens=served.assembled.memory_tokens,
+            recomputed_tokens=served.added_tokens,
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -376,7 +378,8 @@ class TransformersEngine(LayoutTokensMixin):
     ) -> Generator[StreamEvent, None, None]:
         """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
         self.load()
-        workspace = self._workspaces.borrow()
+        pool = self._workspaces
+        workspace = pool.borrow()
         try:
             with self._lock:
                 t0 = _now_ms(self._device)
@@ -386,11 +389,11 @@ class TransformersEngine(LayoutTokensMixin):
                 capacity = len(memory_ids) + len(query_ids) + max_new_tokens
                 cache = self._cache_from(workspace.assemble([], self._table, extra_capacity=capacity))
         except BaseException:
-            self._workspaces.give_back(workspace)
+            pool.give_back(workspace)
             raise
         prompt = list(self._layout.prefix_ids) + memory_ids + query_ids
         return self._stream(
-            workspace, cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0,
+            pool, workspace, cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0,
             0.0, memory_tokens=len(memory_ids),
         )  # fmt: skip
 
@@ -520,6 +523,7 @@ class TransformersEngine(LayoutTokensMixin):
 
     def _stream(
         self,
+        pool: WorkspacePool,
         workspace: SegmentWorkspace,
         cache: Any,
         ids: list[int],
@@ -541,14 +545,17 @@ class TransformersEngine(LayoutTokensMixin):
         ms; ``prompt_ids`` the whole prompt, for the repetition penalty).
 
         Each forward pass holds the engine's lock; nothing is held between two events, and inference mode is not
-        either, so the caller's code between events runs in its own autograd mode.
+        either, so the caller's code between events runs in its own autograd mode. ``pool`` lent ``workspace`` and
+        stands for the load the stream was opened on: once the engine is closed (and maybe loaded again), the next
+        read raises :class:`~inferscale.errors.EngineClosedError`, the first one included.
         """
-        pool = self._workspaces  # the pool that lent the workspace, even if the engine is closed meanwhile
         try:
-            chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
-            answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
+            with self._lock:
+                self._check_open(pool)
+                chooser = TokenChooser(sampling or GREEDY, prompt_ids, self._device)
+                answer = AnswerText(self._tokenizer, (sampling or GREEDY).stop)
             t_prefill = _now_ms(self._device)
-            token = self._next_token(chooser, cache, ids, start, bias)
+            token = self._next_token(pool, chooser, cache, ids, start, bias)
             prefill_ms = _now_ms(self._device) - t_prefill
             generated: list[int] = []
             position = start + len(ids)
@@ -557,7 +564,7 @@ class TransformersEngine(LayoutTokensMixin):
                 yield TextDelta(answer.push(token), [token])
                 if answer.stopped or len(generated) == max_new_tokens:
                     break  # no forward pass for a token that would not be kept
-                token = self._next_token(chooser, cache, [token], position, bias)
+                token = self._next_token(pool, chooser, cache, [token], position, bias)
                 position += 1
             # The budget ended the answer unless a stop string or an end-of-turn token did.
             reason: Literal["stop", "length"] = "stop" if answer.stopped or token in self._stop_ids else "length"
@@ -579,18 +586,33 @@ class TransformersEngine(LayoutTokensMixin):
             pool.give_back(workspace)
 
     def _next_token(
-        self, chooser: TokenChooser, cache: Any, ids: list[int], start: int, bias: MemoryBias | None
+        self,
+        pool: WorkspacePool,
+        chooser: TokenChooser,
+        cache: Any,
+        ids: list[int],
+        start: int,
+        bias: MemoryBias | None,
     ) -> int:
         """One forward pass of ``ids`` at ``start..`` on ``cache`` under the engine's lock, and the token chosen
         from its last position.
 
         Raises:
-            EngineClosedError: when the engine was closed since the stream was opened.
+            EngineClosedError: when the engine was closed since ``pool``'s load (:meth:`_check_open`).
         """
         with self._lock, torch.inference_mode():
-            if not self._ready:
-                raise EngineClosedError("the engine was closed while this answer was streaming; ask again")
+            self._check_open(pool)
             return chooser.choose(self._forward(cache, ids, start, bias)[0, -1])
+
+    def _check_open(self, pool: WorkspacePool) -> None:
+        """Hold the engine's lock when calling.
+
+        Raises:
+            EngineClosedError: when the engine is closed, or was closed and loaded again, since ``pool`` (the load's
+                workspace pool) lent a stream its workspace: a closed client's stream never goes on, read or not.
+        """
+        if not self._ready or self._workspaces is not pool:
+            raise EngineClosedError("the engine was closed while this answer was streaming; ask again")
 
 
 def _conforms_to_engine(engine: TransformersEngine) -> Engine:

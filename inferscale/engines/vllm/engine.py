@@ -500,7 +500,7 @@ class VLLMEngine(LayoutTokensMixin):
         """Check the request against vLLM's context limit, then return the generator that submits and drains it
         (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
         self._check_fits(request, max_new_tokens)
-        return self._events(request, max_new_tokens, sampling, t0, assembly_ms)
+        return self._events(self._llm, request, max_new_tokens, sampling, t0, assembly_ms)
 
     def _check_fits(self, request: PreparedRequest, max_new_tokens: int) -> None:
         """Load vLLM, then refuse ``request`` when its prompt and ``max_new_tokens`` exceed vLLM's context limit.
@@ -522,7 +522,13 @@ class VLLMEngine(LayoutTokensMixin):
             )
 
     def _events(
-        self, request: PreparedRequest, max_new_tokens: int, sampling: SamplingSettings, t0: float, assembly_ms: float
+        self,
+        llm: Any,
+        request: PreparedRequest,
+        max_new_tokens: int,
+        sampling: SamplingSettings,
+        t0: float,
+        assembly_ms: float,
     ) -> Generator[StreamEvent, None, None]:
         """Submit ``request`` to the offline engine's ``llm_engine`` and yield its tokens as they arrive.
 
@@ -530,8 +536,12 @@ class VLLMEngine(LayoutTokensMixin):
         answer and are not part of it, a stop string ends it (vLLM stops on it too; if the text sees it first the
         vLLM request is aborted), a budget of 0 keeps none of vLLM's one token. ``finish_reason`` is ``"stop"``
         for a stop token or string, ``"length"`` when the budget ran out. The ``finally`` aborts the vLLM request
-        when the stream is closed before vLLM finished it.
+        when the stream is closed before vLLM finished it. ``llm`` is the ``vllm.LLM`` the stream was opened on: when
+        the engine was closed (and maybe started again) before the stream is first read, the read raises
+        :class:`~inferscale.errors.EngineClosedError` and submits nothing.
         """
+        with self._lock:
+            self._check_open(llm)  # before anything of the engine's is used: a closed one has none
         prompt, params = request.vllm_inputs(self.sampling_params(sampling, max_new_tokens))
         request_id = f"inferscale-{uuid.uuid4().hex}"
         answer = AnswerText(self._tokenizer, sampling.stop)
@@ -541,6 +551,7 @@ class VLLMEngine(LayoutTokensMixin):
         stop_token = False
         finished = False
         with self._lock:
+            self._check_open(llm)
             submitted = time.perf_counter()
             self._llm.llm_engine.add_request(request_id, prompt, params)
             self._streams[request_id] = deque()
@@ -587,6 +598,16 @@ class VLLMEngine(LayoutTokensMixin):
                 self._streams.pop(request_id, None)
                 if not finished and self._ready:
                     self._llm.llm_engine.abort_request([request_id])
+
+    def _check_open(self, llm: Any) -> None:
+        """Hold the engine's lock when calling.
+
+        Raises:
+            EngineClosedError: when the engine is closed, or was closed and started again, since the stream that
+                was opened on ``llm`` (a ``vllm.LLM``) was built: a closed client's stream never goes on, read or not.
+        """
+        if not self._ready or getattr(self, "_llm", None) is not llm:
+            raise EngineClosedError("the vLLM engine was closed before this stream was read; ask again")
 
     def _next_output(self, request_id: str) -> Any:
         """The next vLLM ``RequestOutput`` (a delta) of the open stream ``request_id``. Under the engine lock,
