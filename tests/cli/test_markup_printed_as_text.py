@@ -79,7 +79,7 @@ def test_key_names_and_scopes_print_as_text(cli: Callable[..., Ran], store: KeyS
     listed = cli("keys", "list")
     assert listed.code == 0, listed.err
     row = _row_with(listed.out, key_id)
-    assert name in row and f"user={USER}" in row
+    assert name in row and f'user="{USER}"' in row  # an id that is not plain ASCII is shown quoted, as text
     revoked = cli("keys", "revoke", key_id)
     assert revoked.code == 0 and f"revoked API key {key_id} ({name})" in revoked.out
 
