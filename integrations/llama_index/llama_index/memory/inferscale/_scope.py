@@ -8,9 +8,7 @@ from typing import Any, TypedDict
 from llama_index.core.bridge.pydantic import BaseModel
 
 from inferscale import InvalidInputError, ScopeError
-from inferscale.scope import check_scope_id
-
-SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+from inferscale.scope import SCOPE_KEYS, check_scope_id
 
 
 class ScopeKwargs(TypedDict, total=False):

@@ -13,9 +13,10 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, SerializeAsAny
 from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
-from llama_index.memory.inferscale._scope import SCOPE_KEYS, InferScaleContext
+from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
+from inferscale.scope import SCOPE_KEYS
 from inferscale.write_back import astore_turns, store_turns
 
 DEFAULT_TOKEN_LIMIT = 3000
