@@ -194,17 +194,24 @@ def header_key(header: str | None) -> str | None:
     return (token.strip() or None) if scheme.lower() in ("token", "bearer") else None
 
 
-def caller_for(keys: KeyStore | None, authorization: str | None) -> Caller:
-    """The caller of a request with this ``Authorization`` header value: an open caller (``Caller(None)``) when
-    ``keys`` is ``None`` or holds no key, else the caller of the valid key the header names. Blocking (reads the key
-    store; scrypt on a key's first use in this process): call it in a worker thread from async code.
+def caller_for(keys: KeyStore | None, authorization: list[str]) -> Caller:
+    """The caller of a request with these ``Authorization`` header values (one per header line; usually none or
+    one): an open caller (``Caller(None)``) when ``keys`` is ``None`` or holds no key, else the caller of the valid key
+    the one header names. Blocking (reads the key store; scrypt on a key's first use in this process): call it in a
+    worker thread from async code.
 
     Raises:
-        AuthenticationError: when the store has keys and the header names none, an unknown one or a revoked one.
+        AuthenticationError: when the store has keys and the request has no header, names no key, an unknown one or
+            a revoked one, or has more than one header (which one a proxy or the client meant is unknown: the first
+            one was taken, a tester's find).
     """
     if keys is None or not keys.has_keys():
         return Caller(None)
-    token = header_key(authorization)
+    if len(authorization) > 1:
+        raise AuthenticationError(
+            f"this request has {len(authorization)} Authorization headers: send one, 'Authorization: Token <key>'"
+        )
+    token = header_key(authorization[0] if authorization else None)
     if token is None:
         raise AuthenticationError(
             "this server needs an API key: send the header 'Authorization: Token <key>' (or 'Bearer <key>')"
@@ -215,14 +222,16 @@ def caller_for(keys: KeyStore | None, authorization: str | None) -> Caller:
     return Caller(key)
 
 
-async def current_caller(request: Request, authorization: Annotated[str | None, Depends(_AUTHORIZATION)]) -> Caller:
-    """FastAPI dependency: the request's :class:`Caller` (:func:`caller_for` on the app's key store).
+async def current_caller(request: Request, declared: Annotated[str | None, Depends(_AUTHORIZATION)]) -> Caller:
+    """FastAPI dependency: the request's :class:`Caller` (:func:`caller_for` on the app's key store and every
+    ``Authorization`` header of the request; ``declared``, the first one, is there for the OpenAPI schema's security
+    scheme).
 
     Raises:
-        AuthenticationError: when the server has keys and the header names none, an unknown one or a revoked one.
+        AuthenticationError: see :func:`caller_for`.
     """
     state: ServerState = server_state(request)
-    return await run_in_threadpool(caller_for, state.keys, authorization)
+    return await run_in_threadpool(caller_for, state.keys, request.headers.getlist("authorization"))
 
 
 CurrentCaller = Annotated[Caller, Depends(current_caller)]

@@ -225,7 +225,7 @@ class ApiKeyMiddleware:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         if needs_key(scope.get("method", ""), path):
             try:
-                caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.get("authorization"))
+                caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.getlist("authorization"))
                 if needs_admin(path):
                     caller.require_admin(f"{path} (it acts on or reports about every tenant)")
             except (AuthenticationError, PermissionDeniedError) as exc:

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from server_harness import Served, app_routes
 from sqlalchemy import text
@@ -231,6 +232,22 @@ def test_a_missing_unknown_malformed_or_revoked_key_is_401(served: Served) -> No
         assert _code(http.get("/v1/memories/", params={"user_id": "alice"})) == (401, "unauthenticated")
     with served.http() as http:  # health and the schema need no key
         assert [http.get(p).status_code for p in ("/health", "/openapi.json")] == [200, 200]
+
+
+def test_a_request_with_two_authorization_headers_is_401_whichever_key_comes_first(served: Served) -> None:
+    """A tester's find: ``Token <bob>`` then ``Token <alice>`` was answered with bob's memories."""
+    _, bob = served.keys.create("bob", user_ids=["bob"])
+    _, alice = served.keys.create("alice", user_ids=["alice"])
+    with served.http(bob) as http:
+        http.post("/v1/memories/", json={"messages": "Bob likes tea.", "infer": False}).raise_for_status()
+        for second in (alice, bob):
+            headers = [("Authorization", f"Token {bob}"), ("Authorization", f"Token {second}")]
+            reply = http.get("/v1/memories/", params={"user_id": "bob"}, headers=httpx.Headers(headers))
+            assert _code(reply) == (401, "unauthenticated")
+            assert "2 Authorization headers" in reply.json()["error"]["message"]
+        assert [m["memory"] for m in http.get("/v1/memories/", params={"user_id": "bob"}).json()["results"]] == [
+            "Bob likes tea."
+        ]
 
 
 def test_metrics_need_an_admin_key_on_a_server_with_keys(served: Served) -> None:

@@ -104,21 +104,31 @@ def test_an_admin_key_without_lists_may_name_any_user(store: KeyStore) -> None:
 
 
 def test_without_a_store_or_a_key_the_caller_is_open(store: KeyStore) -> None:
-    assert caller_for(None, None) == Caller(None)
-    assert caller_for(store, None) == Caller(None)
-    assert caller_for(store, "Bearer whatever") == Caller(None)
+    assert caller_for(None, []) == Caller(None)
+    assert caller_for(store, []) == Caller(None)
+    assert caller_for(store, ["Bearer whatever", "Token other"]) == Caller(None)
 
 
 def test_with_keys_the_header_must_name_a_valid_key(store: KeyStore) -> None:
     key, secret = store.create("alice", user_ids=["alice"])
-    assert caller_for(store, f"Token {secret}") == Caller(key)
-    assert caller_for(store, f"bearer  {secret} ") == Caller(key)
-    for header in (None, "", secret, f"Basic {secret}", "Bearer unused", f"Bearer {secret[:-1]}x"):
+    assert caller_for(store, [f"Token {secret}"]) == Caller(key)
+    assert caller_for(store, [f"bearer  {secret} "]) == Caller(key)
+    for headers in ([], [""], [secret], [f"Basic {secret}"], ["Bearer unused"], [f"Bearer {secret[:-1]}x"]):
         with pytest.raises(AuthenticationError):
-            caller_for(store, header)
+            caller_for(store, headers)
     store.revoke(key.key_id)
     with pytest.raises(AuthenticationError, match="unknown or revoked"):
-        caller_for(store, f"Token {secret}")
+        caller_for(store, [f"Token {secret}"])
+
+
+def test_with_keys_a_request_with_two_headers_is_refused_whichever_comes_first(store: KeyStore) -> None:
+    """A tester's find: ``Token <bob>`` then ``Token <alice>`` was answered as bob (the first header was taken)."""
+    bob, bob_secret = store.create("bob", user_ids=["bob"])
+    _, alice_secret = store.create("alice", user_ids=["alice"])
+    for headers in ([f"Token {bob_secret}", f"Token {alice_secret}"], [f"Token {bob_secret}", f"Token {bob_secret}"]):
+        with pytest.raises(AuthenticationError, match="this request has 2 Authorization headers: send one"):
+            caller_for(store, headers)
+    assert caller_for(store, [f"Token {bob_secret}"]) == Caller(bob)
 
 
 # ---- paths, fields ------------------------------------------------------------------------------------------------
@@ -356,5 +366,7 @@ def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, 
     with pytest.raises(WebSocketDisconnect) as refused, http.websocket_connect("/v1/realtime"):
         pass
     assert refused.value.code == 1008
+    twice = [("Authorization", f"Token {secret}"), ("Authorization", f"Token {admin_secret}")]
+    assert _error(http.get("/v1/models", headers=twice))[:2] == (401, "unauthenticated")
     store.revoke(key.key_id)
     assert _error(http.get("/v1/models", headers={"Authorization": f"Token {secret}"}))[:2] == (401, "unauthenticated")
