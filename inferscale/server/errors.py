@@ -202,9 +202,11 @@ def internal_error_content(exc: BaseException) -> dict[str, Any]:
     return error_content(ERROR_CODE["internal_error"], message, ServerError.__name__)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _validation_message(exc: RequestValidationError, content_type: str | None) -> str:
     """The message of a request that failed validation; a body that is not JSON says so, with the parser's reason
-    and where it stopped (FastAPI reports it as an error at ``body.<character>`` with the input ``{}``)."""
+    and where it stopped (FastAPI reports it as an error at ``body.<character>`` with the input ``{}``), and a body
+    sent without a JSON ``content_type`` (FastAPI leaves it unparsed, so the error read "Input should be a valid
+    dictionary" for a well-formed JSON object: ``curl -d`` sends form data, a tester's find) names the header."""
     errors = exc.errors()
     broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
     if broken is not None:
@@ -212,6 +214,14 @@ def _validation_message(exc: RequestValidationError) -> str:
         at = broken.get("loc", ())[-1:]
         where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
         return f"invalid request: the body is not valid JSON: {reason}{where}"
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    is_json = media_type == "application/json" or media_type.endswith("+json")
+    if not is_json and any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors):
+        sent = f"is {content_type!r}" if content_type else "is missing"
+        return (
+            "invalid request: the body must be a JSON object sent with the header 'Content-Type: application/json' "
+            f"(this request's Content-Type {sent})"
+        )
     return "invalid request: " + describe_errors(errors, limit=5, show_input=True)
 
 
@@ -223,7 +233,7 @@ async def _inferscale_error(request: Request, exc: Exception) -> JSONResponse:
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     row = ERROR_CODE["invalid_input"]
-    return error_reply(error_content(row, _validation_message(exc)), row)
+    return error_reply(error_content(row, _validation_message(exc, request.headers.get("content-type"))), row)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

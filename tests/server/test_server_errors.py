@@ -141,6 +141,34 @@ def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: ht
     assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
 
+@pytest.mark.parametrize(
+    ("content_type", "said"),
+    [
+        ("application/x-www-form-urlencoded", "is 'application/x-www-form-urlencoded'"),
+        ("text/plain", "is 'text/plain'"),
+        (None, "is missing"),
+    ],
+)
+def test_a_json_body_sent_without_its_content_type_is_told_to_send_it(
+    http: httpx.Client, content_type: str | None, said: str
+) -> None:
+    """``curl -d '{...}'`` sends form data: the reply read "Input should be a valid dictionary" for a well-formed JSON
+    object (a tester's find). It names the header now, and nothing is stored; with the header the same body passes."""
+    body = b'{"messages": "I like tea.", "user_id": "alice", "infer": false}'
+    headers = {"content-type": content_type} if content_type else {}
+    reply = http.post("/v1/memories/", content=body, headers=headers)  # httpx sets no content type for bytes
+    message = _error(reply, 400, "invalid_input", "InvalidInputError")
+    assert message == (
+        "invalid request: the body must be a JSON object sent with the header 'Content-Type: application/json' "
+        f"(this request's Content-Type {said})"
+    )
+    assert http.get("/v1/memories/", params={"user_id": "alice"}).json()["results"] == []
+    stored = http.post("/v1/memories/", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert [r["memory"] for r in stored.json()["results"]] == ["I like tea."]
+    reply = http.post("/v1/chat/completions", content=b'{"model": "m"}', headers=headers)
+    assert "Content-Type: application/json" in _error(reply, 400, "invalid_input", "InvalidInputError")
+
+
 def test_an_unknown_path_or_method_keeps_its_status_with_a_code_of_its_own(http: httpx.Client) -> None:
     assert "Not Found" in _error(http.get("/v1/nothing/"), 404, "route_not_found", "RouteNotFoundError")
     assert "Method Not Allowed" in _error(
