@@ -17,7 +17,9 @@ argument shown under that name. So a flag, its default and its meaning are writt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -178,16 +180,31 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
 
 
 def output_folder(text: str) -> Path:
-    """A ``--out`` folder: the path, checked before any work is done. A folder that does not exist yet is created
-    when the results are written.
+    """A ``--out`` folder: the path, checked before any work is done by making it (with its missing parents) and
+    writing a file there, both removed again: the results make it when they are written, and a run refused later for
+    its input leaves no empty folder behind.
 
     Raises:
-        argparse.ArgumentTypeError: when the path exists and is not a folder (a run then measured everything and
-            lost it to ``FileExistsError`` when writing its results).
+        argparse.ArgumentTypeError: when the path exists and is not a folder, lies under a file, or cannot be written
+            (a run then measured everything and lost it to ``FileExistsError``, ``NotADirectoryError`` or
+            ``PermissionError`` when writing its results; a new user's find).
     """
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} exists and is not a folder; pass a folder for the results")
+    made = [folder for folder in (path, *path.parents) if not folder.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot write results to {text}: {exc.strerror or exc}; pass a folder you can write"
+        ) from exc
+    finally:
+        for folder in made:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     return path
 
 

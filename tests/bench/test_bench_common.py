@@ -50,6 +50,26 @@ def test_an_out_path_that_is_a_file_is_refused_before_any_work(tmp_path: Path) -
     with pytest.raises(argparse.ArgumentTypeError, match="afile exists and is not a folder"):
         output_folder(str(taken))
     assert output_folder(str(tmp_path / "new")) == tmp_path / "new" and output_folder(str(tmp_path)) == tmp_path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # the check made "new" and removed it again
+
+
+def test_an_out_path_under_a_file_or_where_nothing_can_be_written_is_refused(tmp_path: Path) -> None:
+    """``--out x.json/sub`` and ``--out /proc/fo`` passed the check and lost a measured run to a traceback (a new
+    user's find): the check now makes the folder and writes a file there, then removes what it made."""
+    import argparse
+
+    from inferscale.cli_options import output_folder
+
+    (tmp_path / "x.json").write_text("{}")
+    for bad in (tmp_path / "x.json" / "sub", tmp_path / "x.json" / "a" / "b", Path("/proc/inferscale-out")):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"cannot write results to {bad}: "):
+            output_folder(str(bad))
+    deep = tmp_path / "a" / "b" / "c"
+    assert output_folder(str(deep)) == deep
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
+    (tmp_path / "kept").mkdir()
+    assert output_folder(str(tmp_path / "kept" / "new")) == tmp_path / "kept" / "new"
+    assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -66,3 +86,7 @@ def test_every_out_option_refuses_a_file_with_a_usage_error(
         main([*command, "--out", str(taken)])
     assert exited.value.code == 2
     assert "exists and is not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--out", str(taken / "sub")])
+    assert exited.value.code == 2
+    assert f"cannot write results to {taken / 'sub'}: " in capsys.readouterr().err
