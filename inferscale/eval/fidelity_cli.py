@@ -106,10 +106,14 @@ class FidelityOptions:
         metadata=cli("--conversations", type=name_list, help="LoCoMo sample ids, comma-separated (default conv-26)"),
     )
     questions: int = field(
-        default=40, metadata=cli("--questions", help="LoCoMo questions of categories 1-4 per conversation (default 40)")
+        default=40,
+        metadata=cli(
+            "--questions", type=positive_int, help="LoCoMo questions of categories 1-4 per conversation (default 40)"
+        ),
     )
     k: int = field(
-        default=10, metadata=cli("-k", "--k", help="memories per question for retrieved slices (default 10)")
+        default=10,
+        metadata=cli("-k", "--k", type=positive_int, help="memories per question for retrieved slices (default 10)"),
     )
     memory_layout: MemoryLayout = field(
         default=MemoryConfig.model_fields["memory_layout"].default,

@@ -182,7 +182,7 @@ def load_locomo(path: str | Path) -> list[LocomoConversation]:
 
     Raises:
         InvalidInputError: The path does not exist, is not a file, is not valid JSON, or the JSON does not
-            have the LoCoMo shape. The message names the path (and the conversation, where known).
+            have the LoCoMo shape (a non-empty list). The message names the path (and the conversation, where known).
     """
     file = Path(path)
     if not file.is_file():
@@ -191,10 +191,9 @@ def load_locomo(path: str | Path) -> list[LocomoConversation]:
         raw = loads_json(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInputError(f"cannot read LoCoMo file {str(file)!r}: {exc}") from exc
-    if not isinstance(raw, list):
-        raise InvalidInputError(
-            f"LoCoMo file {str(file)!r} must hold a JSON list of conversations, got {type(raw).__name__}"
-        )
+    if not isinstance(raw, list) or not raw:
+        got = "an empty list" if isinstance(raw, list) else type(raw).__name__
+        raise InvalidInputError(f"LoCoMo file {str(file)!r} must hold a JSON list of conversations, got {got}")
     conversations: list[LocomoConversation] = []
     for position, item in enumerate(raw):
         try:

@@ -304,9 +304,9 @@ def run_locomo_eval(
 
     console = console or make_console(stderr=True)
     out_dir = Path(settings.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     convs = load_locomo(settings.data)
     questions = selected_questions(convs, settings)
+    out_dir.mkdir(parents=True, exist_ok=True)  # after the input's checks: a refused run leaves no folder behind
     check_run_file(out_dir, settings)
     results_path = out_dir / RESULTS_FILE
     done = load_results(results_path)

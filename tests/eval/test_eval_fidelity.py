@@ -258,13 +258,17 @@ def test_eval_fidelity_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str])
         (["--setting", "{}", "--setting", "{}"], "share the label"),  # would be pooled into one row
         (["--setting", '{"recompute": "tail:0"}'], "needs n >= 1"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--questions", "0"], "--questions"),  # wrote an empty report, and -1 ran all questions but the last
+        (["--questions", "-1"], "--questions"),
+        (["-k", "0"], "-k"),
     ],
 )
 def test_eval_fidelity_refuses_bad_input_with_a_clear_message(
     capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     argv = ["eval", "fidelity", *([] if "--cases" in args else ["--cases", str(CASES)]), *args]
-    with pytest.raises(SystemExit) if args[0] == "--max-new-tokens" else contextlib.nullcontext():
+    usage_error = args[0] in ("--max-new-tokens", "--questions", "-k")  # refused by argparse: SystemExit(2)
+    with pytest.raises(SystemExit) if usage_error else contextlib.nullcontext():
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and "errors.pydantic.dev" not in err

@@ -11,7 +11,7 @@ import pytest
 
 from inferscale.config import EngineConfig, MemoryConfig
 from inferscale.engines.transformers import TransformersEngine
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.eval import locomo_eval, locomo_files
 from inferscale.eval.locomo_eval import LocomoEvalSettings, load_results, run_locomo_eval
 
@@ -151,6 +151,20 @@ def test_other_settings_in_the_same_out_are_refused(
             embedder=embedder,
             progress=False,
         )
+
+
+@pytest.mark.parametrize("data", ["missing.json", "empty.json", "conv-999"])
+def test_a_run_refused_for_its_input_leaves_no_out_folder_behind(tmp_path: Path, data_file: Path, data: str) -> None:
+    """The out folder was made before the data file and the conversation ids were checked (a new user's find)."""
+    (tmp_path / "empty.json").write_text("[]", encoding="utf-8")
+    out = tmp_path / "out" / "run"
+    if data == "conv-999":
+        settings = LocomoEvalSettings(data=data_file, out_dir=out, conversations=("conv-999",))
+    else:
+        settings = LocomoEvalSettings(data=tmp_path / data, out_dir=out)
+    with pytest.raises(InvalidInputError):
+        run_locomo_eval(settings, progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_run_file_matches_a_resumed_run_with_tuple_settings(tmp_path: Path, data_file: Path) -> None:

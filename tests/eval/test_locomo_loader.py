@@ -188,6 +188,10 @@ def test_bad_json_and_bad_shape(tmp_path: Path) -> None:
     wrong.write_text(json.dumps([{"sample_id": "x", "conversation": {"session_1": []}}]), encoding="utf-8")
     with pytest.raises(InvalidInputError, match=r"'x'.*wrong\.json"):
         load_locomo(wrong)
+    empty = tmp_path / "empty.json"  # `eval locomo` answered 0 questions from it and exited 0 (a new user's find)
+    empty.write_text("[]", encoding="utf-8")
+    with pytest.raises(InvalidInputError, match=r"empty\.json' must hold a JSON list of conversations, got an empty"):
+        load_locomo(empty)
 
 
 def test_sessions_sorted_and_date_only_keys_ignored(tmp_path: Path) -> None:
