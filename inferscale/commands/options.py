@@ -19,9 +19,12 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
@@ -131,17 +134,35 @@ class StoreOptions:
         it is: before a first ``add`` it holds nothing, as a new store.
 
         Raises:
-            ConfigError: when that folder or its database file does not exist, naming it; or as :meth:`config`.
+            ConfigError: when that folder or its database file does not exist, or a SQLite ``--db-url`` (or the config
+                file's ``db_url``) names a file that does not exist (it too opened a new, empty store, and ``keys
+                list`` reported "0 API keys": a new user's find), naming it; or as :meth:`config`.
         """
         config = self.config(model)
+        create = "`inferscale add` and `inferscale keys create` create a store"
         if config.data_dir is not None and config.db_url is None and not (config.data_path() / DATABASE_FILE).is_file():
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
             missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"
-            raise ConfigError(
-                f"no store at {config.data_path()} ({named}): {missing}. Check the path; `inferscale add` and "
-                "`inferscale keys create` create a store"
-            )
+            raise ConfigError(f"no store at {config.data_path()} ({named}): {missing}. Check the path; {create}")
+        database = sqlite_file(config.db_url) if config.db_url is not None else None
+        if database is not None and not database.is_file():
+            named = "--db-url" if self.db_url is not None else f"db_url in {self.config_file}"
+            raise ConfigError(f"no store at {config.db_url} ({named}): no file {database}. Check the URL; {create}")
         return config
+
+
+def sqlite_file(db_url: str) -> Path | None:
+    """The database file a SQLite URL names (``sqlite:///relative.db``, ``sqlite:////absolute.db``), or ``None`` for
+    another backend, an in-memory database, a ``file:`` URI, or a URL SQLAlchemy cannot parse (the store reports
+    that one when it opens)."""
+    try:
+        url = make_url(db_url)
+    except ArgumentError:
+        return None
+    database = url.database or ""
+    if url.get_backend_name() != "sqlite" or database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
 
 
 def _read_config(path: str) -> MemoryConfig:

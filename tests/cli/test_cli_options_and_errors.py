@@ -5,6 +5,7 @@ code 2 (bad input) or 1 (any other failure)."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,24 @@ def test_a_command_on_a_data_dir_that_does_not_exist_fails_without_creating_a_st
     assert not typo.exists()
 
 
+@pytest.mark.parametrize(
+    "argv", [["list", "--user", "maya"], ["delete", "--all", "--user", "maya"], ["keys", "list"], ["history", "x"]]
+)
+def test_a_command_on_a_sqlite_db_url_whose_file_does_not_exist_fails_without_creating_it(
+    argv: list[str], cli: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """A mistyped ``--db-url sqlite:///...`` made the file (and its folder) and answered from the new, empty store:
+    ``list`` found nothing, ``keys list`` said "0 API keys", exit 0 (a new user's find)."""
+    typo = tmp_path / "nodir" / "nope.db"
+    url = f"sqlite:///{typo}"
+    _one_error_line(cli(*argv, "--db-url", url, local=False), 2, f"no store at {url} (--db-url): no file {typo}")
+    assert not (tmp_path / "nodir").exists()
+    config = tmp_path / "app.json"
+    config.write_text(json.dumps({"db_url": url}), encoding="utf-8")
+    _one_error_line(cli(*argv, "--config", str(config), local=False), 2, f"(db_url in {config}): no file {typo}")
+    assert not (tmp_path / "nodir").exists()
+
+
 @pytest.mark.parametrize("argv", [["list", "--user", "maya"], ["delete", "--all", "--user", "maya"], ["keys", "list"]])
 def test_a_command_on_a_folder_that_holds_no_store_fails_without_creating_one(
     argv: list[str], cli: Callable[..., Ran], tmp_path: Path
@@ -358,8 +377,13 @@ def test_add_and_keys_create_make_the_store_a_new_data_dir_names(
     assert (keys / "memory.db").is_file()
 
 
-def test_a_missing_data_dir_beside_a_db_url_is_not_refused() -> None:
+def test_a_missing_data_dir_beside_a_db_url_is_not_refused(tmp_path: Path) -> None:
     """With ``--db-url`` the memories are in that database; the data folder only holds the index and K/V, which
     are rebuilt from it (a second host's first start)."""
-    options = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url="sqlite:////tmp/elsewhere.db")
+    (tmp_path / "elsewhere.db").touch()  # the database exists: only the data folder is missing
+    options = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url=f"sqlite:///{tmp_path}/elsewhere.db")
     assert options.existing_config().data_path() == Path("/nonexistent/inferscale-data")
+    in_memory = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url="sqlite://")
+    assert in_memory.existing_config().db_url == "sqlite://"
+    postgres = StoreOptions(db_url="postgresql+psycopg://localhost/nonexistent")  # its server reports a missing one
+    assert postgres.existing_config().db_url == "postgresql+psycopg://localhost/nonexistent"
