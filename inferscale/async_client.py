@@ -237,6 +237,9 @@ class AsyncMemoryClient(ClientCore):
             done = await self.adb.apply(changes)
             await self._aafter_write(index, done, encode)
             applied.append((changes, done))
+        if encode == "eager" and plan.imported_before:  # a rerun after an interruption encodes what it left
+            batch = self.config.kv.encode_batch_size
+            await on_threads(MODEL_WORK, prepare_kv, self.derived, plan.imported_before, batch)
         return imports_to_results(applied, plan.left_out, read.expired)
 
     async def update(

@@ -86,10 +86,12 @@ class ImportPlan:
     Attributes:
         changes: one change set per scope, in the order the scopes first appear.
         left_out: ``{"id", "reason"}`` of each memory not to be stored (imported before, or deleted here).
+        imported_before: the ids of those stored here already (an import run again, after an interruption say).
     """
 
     changes: list[ChangeSet]
     left_out: list[dict[str, str]]
+    imported_before: list[str]
 
 
 def _stored_time(new: NewMemory) -> tuple[bool, datetime]:
@@ -665,6 +667,7 @@ class ClientCore:
         held: dict[str, HeldId] = yield IdsHeld(tuple(m.memory_id for m in memories))
         fresh: dict[Scope, list[NewMemory]] = {}
         left_out: list[dict[str, str]] = []
+        imported_before: list[str] = []
         for imported in memories:
             memory_id, holder = imported.memory_id, held.get(imported.memory_id)
             if holder is None:
@@ -676,6 +679,7 @@ class ClientCore:
             else:
                 changed = "" if holder.text_hash == hash_text(imported.memory.text) else "; its text here differs, kept"
                 left_out.append({"id": memory_id, "reason": f"imported before{changed}"})
+                imported_before.append(memory_id)
         planned: list[ChangeSet] = []
         for scope, group in fresh.items():
             ordered = sorted(group, key=_stored_time)
@@ -683,7 +687,7 @@ class ClientCore:
             adds = one_by_one(ordered, neighbours, last, self.config.kv)
             fitted: ChangeSet = yield from self._span_steps(ChangeSet(scope, adds=adds, skip_duplicates=False))
             planned.append(fitted)
-        return ImportPlan(planned, left_out)
+        return ImportPlan(planned, left_out, imported_before)
 
     @staticmethod
     def _unstored_steps(scope: Scope, texts: Sequence[str]) -> Steps[list[str]]:

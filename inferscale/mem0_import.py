@@ -276,7 +276,12 @@ def mem0_time(value: object, name: str, assume_utc: bool) -> datetime | None:
             value = datetime.fromisoformat(value)
         except ValueError:
             raise InvalidInputError(f"{name} {value!r} is not an ISO 8601 time") from None
-    if assume_utc and isinstance(value, datetime) and value.utcoffset() is None:
+    if isinstance(value, datetime) and value.utcoffset() is None:
+        if not assume_utc:  # the generic message named no way out of an export written without zones
+            raise InvalidInputError(
+                f"{name} {value.isoformat()!r} has no time zone: give one (e.g. +00:00 for UTC), or read such times "
+                "as UTC with assume_utc=True (`inferscale import-mem0 --assume-utc`)"
+            )
         value = value.replace(tzinfo=UTC)
     return check_utc_time(value, name)
 

@@ -242,8 +242,12 @@ def test_memories_are_laid_out_in_the_order_of_the_times_they_are_stored_with(ma
 def test_times_without_a_zone_are_read_as_utc_when_asked(make: Any) -> None:
     client = make()
     naive = {**MAYA[0], "created_at": "2026-03-02T10:00:00", "updated_at": "2026-03-02T10:00:00"}
-    with pytest.raises(InvalidInputError, match="no time zone"):
+    with pytest.raises(InvalidInputError, match="no time zone") as refused:
         client.run("import_memories", [naive])
+    assert str(refused.value).endswith(  # it named no way out (a new user's find)
+        "has no time zone: give one (e.g. +00:00 for UTC), or read such times as UTC with assume_utc=True "
+        "(`inferscale import-mem0 --assume-utc`)"
+    )
     client.run("import_memories", [naive], assume_utc=True)
     assert client.run("get", IDS[0])["created_at"] == "2026-03-02T10:00:00+00:00"
 
@@ -264,6 +268,22 @@ def test_importing_again_stores_nothing_twice(make: Any) -> None:
     again = client.run("import_memories", {"results": MAYA})  # get_all's return value as it is
     assert again["results"] == []
     assert again["skipped"] == [{"id": i, "reason": "imported before"} for i in IDS[:3]]
+    assert client.count() == 3
+
+
+def test_an_import_run_again_with_encode_kv_encodes_what_an_interrupted_one_left(make: Any) -> None:
+    """A new user's find: ``import-mem0 --encode-kv`` interrupted after its memories were stored and before their K/V
+    were encoded skipped them all as imported before when run again, and never encoded them. The rerun encodes the
+    K/V they lack; one without ``encode_kv`` leaves them to the first chat, as before."""
+    client = make()
+    client.run("import_memories", MAYA, encode_kv=False)  # stored, K/V left: the state an interruption leaves
+    derived = client.client.derived
+    assert derived.missing_kv(IDS[:3]) == IDS[:3]
+    client.run("import_memories", MAYA)  # the store's kv.encode_on_add: "lazy" here
+    assert derived.missing_kv(IDS[:3]) == IDS[:3]
+    again = client.run("import_memories", MAYA, encode_kv=True)
+    assert again["results"] == [] and [s["id"] for s in again["skipped"]] == IDS[:3]
+    assert derived.missing_kv(IDS[:3]) == []
     assert client.count() == 3
 
 
