@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.server.errors import UnexpectedErrors, install_error_handlers, install_request_ids, openapi_without_422
@@ -14,7 +14,8 @@ from inferscale.server.limits import BodySizeLimit
 from inferscale.server.local_only import LocalOnlyWhileOpen
 from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
-from inferscale.server.routes import add_routes, memories, openai, ops
+from inferscale.server.query import refuse_unknown_query
+from inferscale.server.routes import memories, openai, ops
 from inferscale.server.state import ServerState
 
 API_VERSION = "1"
@@ -51,6 +52,7 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         "recall",
         redirect_slashes=False,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_unknown_query)],  # every route: a query parameter it does not declare is a 400
     )
     metrics = Metrics(client)
     app.state.inferscale = ServerState(
@@ -62,8 +64,8 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
     )
     install_error_handlers(app)
     app.openapi = lambda: openapi_without_422(app)  # type: ignore[method-assign]
-    for group in (memories, openai, ops):  # built once per process; each route refuses undeclared query parameters
-        add_routes(app, group.router)
+    for group in (memories, openai, ops):
+        app.include_router(group.router)
     # Middleware added last runs first: metrics see every reply, the 403s of an open server's cross-site check, the
     # 413s of the size limit and the 500s included; the request id is set before all of them and on every reply.
     app.add_middleware(UnexpectedErrors)

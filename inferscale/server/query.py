@@ -2,8 +2,7 @@
 ``invalid_input``, as an unknown body field is, so that a misspelt one (``?agentid=a1``) is never silently ignored
 (on ``DELETE /v1/memories/`` the misspelt scope id would otherwise leave the call to the key's whole scope).
 
-:func:`refuse_unknown_query` is a FastAPI dependency of every route (each group's router adds it to the routes it holds:
-:func:`inferscale.server.routes.group_router`): the parameters each route accepts are read from its
+:func:`refuse_unknown_query` is an app-wide FastAPI dependency: the parameters each route accepts are read from its
 own declaration (its :class:`~fastapi.dependencies.models.Dependant` and those of its dependencies), so a route
 added later is covered without a list to keep in step.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferscale.arguments import check_version
 from inferscale.errors import ScopeError
@@ -20,11 +20,11 @@ from inferscale.memory_ids import RESERVED_MEMORY_IDS
 from inferscale.scope import ScopeIds
 from inferscale.server.auth import Caller, CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
-from inferscale.server.routes import group_router, route
+from inferscale.server.routes import route
 from inferscale.server.schemas import AddBody, GetAllBody, SearchBody, UpdateBody
 from inferscale.server.state import ServerState, State
 
-router = group_router(tags=["memories"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["memories"], responses=ERROR_RESPONSES)
 
 
 async def _memory_id(memory_id: str) -> str:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferscale.errors import InferScaleError, InvalidInputError, budget_named
@@ -40,14 +40,14 @@ from inferscale.server.openai_chat import (
     sampler_top_k,
     sse,
 )
-from inferscale.server.routes import group_router, route
+from inferscale.server.routes import route
 from inferscale.server.schemas import ChatBody, ChatOptions
 from inferscale.server.state import State
 from inferscale.types import ChatChunk, ChatResult
 
 log = logging.getLogger(__name__)
 
-router = group_router(tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES)
 
 _STARTED = int(time.time())
 

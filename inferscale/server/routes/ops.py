@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import APIRouter
 from fastapi.responses import Response
 
 from inferscale.arguments import check_timeout
 from inferscale.server.auth import CurrentCaller
 from inferscale.server.errors import ERROR_RESPONSES
 from inferscale.server.metrics import CONTENT_TYPE
-from inferscale.server.routes import group_router, route
+from inferscale.server.routes import route
 from inferscale.server.schemas import EncodingWaitBody
 from inferscale.server.state import State
 
-router = group_router(tags=["ops"])
+router = APIRouter(tags=["ops"])
 
 _ANY = {"user_ids": None, "agent_ids": None, "run_ids": None}
 
