@@ -31,6 +31,7 @@ from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
 from inferscale.scope import ScopeIds
+from inferscale.storage.database import sqlite_file
 
 __all__ = [
     "LOCAL_ONLY",
@@ -144,25 +145,22 @@ class StoreOptions:
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
             missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"
             raise ConfigError(f"no store at {config.data_path()} ({named}): {missing}. Check the path; {create}")
-        database = sqlite_file(config.db_url) if config.db_url is not None else None
+        database = _sqlite_database(config.db_url) if config.db_url is not None else None
         if database is not None and not database.is_file():
             named = "--db-url" if self.db_url is not None else f"db_url in {self.config_file}"
             raise ConfigError(f"no store at {config.db_url} ({named}): no file {database}. Check the URL; {create}")
         return config
 
 
-def sqlite_file(db_url: str) -> Path | None:
-    """The database file a SQLite URL names (``sqlite:///relative.db``, ``sqlite:////absolute.db``), or ``None`` for
-    another backend, an in-memory database, a ``file:`` URI, or a URL SQLAlchemy cannot parse (the store reports
-    that one when it opens)."""
+def _sqlite_database(db_url: str) -> Path | None:
+    """The database file a SQLite URL names (:func:`inferscale.storage.database.sqlite_file`), or ``None`` for an
+    in-memory database, another backend, or a URL SQLAlchemy cannot parse (the store reports that one when it
+    opens)."""
     try:
         url = make_url(db_url)
     except ArgumentError:
         return None
-    database = url.database or ""
-    if url.get_backend_name() != "sqlite" or database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    return Path(database)
+    return sqlite_file(url) if url.get_backend_name() == "sqlite" else None
 
 
 def _read_config(path: str) -> MemoryConfig:

@@ -383,7 +383,8 @@ def test_a_missing_data_dir_beside_a_db_url_is_not_refused(tmp_path: Path) -> No
     (tmp_path / "elsewhere.db").touch()  # the database exists: only the data folder is missing
     options = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url=f"sqlite:///{tmp_path}/elsewhere.db")
     assert options.existing_config().data_path() == Path("/nonexistent/inferscale-data")
-    in_memory = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url="sqlite://")
-    assert in_memory.existing_config().db_url == "sqlite://"
+    for memory_url in ("sqlite://", "sqlite:///x.db?mode=memory&cache=shared&uri=true"):  # in memory: no file
+        in_memory = StoreOptions(data_dir="/nonexistent/inferscale-data", db_url=memory_url)
+        assert in_memory.existing_config().db_url == memory_url
     postgres = StoreOptions(db_url="postgresql+psycopg://localhost/nonexistent")  # its server reports a missing one
     assert postgres.existing_config().db_url == "postgresql+psycopg://localhost/nonexistent"
