@@ -190,12 +190,14 @@ def output_folder(text: str) -> Path:
             ``PermissionError`` when writing its results; a new user's find).
     """
     path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder; pass a folder for the results")
-    made = [folder for folder in (path, *path.parents) if not folder.exists()]
+    made: list[Path] = []
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} exists and is not a folder; pass a folder for the results")
+        resolved = path.resolve()  # "new/../results" is ./results: ./new is neither made nor removed
+        made = [folder for folder in (resolved, *resolved.parents) if not folder.exists()]
+        resolved.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=resolved):
             pass
     except OSError as exc:
         raise argparse.ArgumentTypeError(

@@ -70,6 +70,10 @@ def test_an_out_path_under_a_file_or_where_nothing_can_be_written_is_refused(tmp
     (tmp_path / "kept").mkdir()
     assert output_folder(str(tmp_path / "kept" / "new")) == tmp_path / "kept" / "new"
     assert (tmp_path / "kept").is_dir() and list((tmp_path / "kept").iterdir()) == []
+    # a review's find: the folders made were read from the text, so "new/../kept" took ./kept (there before, empty)
+    # for one it made, and removed it
+    assert output_folder(str(tmp_path / "new" / ".." / "kept")) == tmp_path / "new" / ".." / "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "x.json"]
 
 
 @pytest.mark.parametrize(
