@@ -240,6 +240,8 @@ class AsyncMemoryClient(ClientCore):
         if encode == "eager" and plan.imported_before:  # a rerun after an interruption encodes what it left
             batch = self.config.kv.encode_batch_size
             await on_threads(MODEL_WORK, prepare_kv, self.derived, plan.imported_before, batch)
+        elif encode == "background" and plan.imported_before:  # the encoder skips those it finds encoded
+            await on_threads(MODEL_WORK, self.derived.queue_encoding, plan.imported_before)
         return imports_to_results(applied, plan.left_out, read.expired)
 
     async def update(

@@ -272,14 +272,14 @@ class MemoryClient(ClientCore):
         created them, each with the context turns (and K/V) ``add(infer=False)`` of its text would give it, one call
         after another (no LLM call), embedded, and their K/V encoded as ``add``'s are (``encode_kv``, else
         ``kv.encode_on_add``; for a large import, ``encode_kv=False`` and ``inferscale prepare-kv`` later keep the
-        call short; with ``encode_kv=True``, the memories skipped as imported before get any K/V they lack too, so
-        an import run again after an interruption finishes the encoding). Each keeps its Mem0 id, so an app's stored
-        ids still name it. Its history is Mem0's when ``history`` is given: Mem0's history rows
-        (:func:`inferscale.mem0_history.read_mem0_history` reads its ``history.db``), of which those of the memories
-        imported are stored, each dated as in Mem0; without ``history``, or for a memory it has no row of, one ADD
-        dated when Mem0 created it. Running the same import again stores nothing twice: a memory whose id is stored
-        already is skipped (its text is not updated), and so is one whose id a memory deleted here had. Mem0's
-        vectors are not read: InferScale embeds the texts with its own embedder.
+        call short). The memories skipped as imported before get the K/V they lack too, now or queued as
+        ``encode_kv`` says (not with ``False``), so that an import run again after an interruption finishes their
+        encoding. Each keeps its Mem0 id, so an app's stored ids still name it. Its history is Mem0's when ``history``
+        is given: Mem0's history rows (:func:`inferscale.mem0_history.read_mem0_history` reads its ``history.db``), of
+        which those of the memories imported are stored, each dated as in Mem0; without ``history``, or for a memory it
+        has no row of, one ADD dated when Mem0 created it. Running the same import again stores nothing twice: a memory
+        whose id is stored already is skipped (its text is not updated), and so is one whose id a memory deleted here
+        had. Mem0's vectors are not read: InferScale embeds the texts with its own embedder.
 
         Returns:
             ``{"results": [{"id", "memory", "event": "ADD", ...}, ...], "skipped": [{"id", "reason"}, ...]}``;
@@ -309,6 +309,8 @@ class MemoryClient(ClientCore):
         ]
         if encode == "eager" and plan.imported_before:  # a rerun after an interruption encodes what it left
             prepare_kv(self.derived, plan.imported_before, self.config.kv.encode_batch_size)
+        elif encode == "background":  # the encoder skips those it finds encoded
+            self.derived.queue_encoding(plan.imported_before)
         return imports_to_results(applied, plan.left_out, read.expired)
 
     def update(

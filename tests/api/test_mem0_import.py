@@ -287,6 +287,18 @@ def test_an_import_run_again_with_encode_kv_encodes_what_an_interrupted_one_left
     assert client.count() == 3
 
 
+def test_an_import_run_again_with_background_encoding_queues_what_an_interrupted_one_left(make: Any) -> None:
+    """As above, with the encoder behind ``add`` (``kv.encode_on_add="background"``, the default): the rerun queues
+    the memories stored without K/V."""
+    client = make(encode_on_add="background")
+    client.run("import_memories", MAYA, encode_kv=False)
+    derived = client.client.derived
+    assert derived.missing_kv(IDS[:3]) == IDS[:3]
+    client.run("import_memories", MAYA)
+    assert client.run("wait_for_encoding", 120)
+    assert derived.missing_kv(IDS[:3]) == []
+
+
 def test_a_text_stored_twice_in_a_scope_keeps_both_ids(make: Any) -> None:
     client = make()
     twice = [_item(0, "Likes tea.", "2026-01-01T00:00:00Z"), _item(1, "Likes tea.", "2026-01-02T00:00:00Z")]
