@@ -50,10 +50,11 @@ _OPENED = ChatChunk("")
 
 @cache
 def default_tls_context() -> ssl.SSLContext:
-    """The TLS settings of every remote client's connections (an https host, or a proxy reached over TLS): httpx's
-    defaults, which verify the server's certificate and host name against certifi's CA bundle or the files that
-    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name when the first client connects. Built once per process and shared:
-    httpx would build them again for each client, and loading the CA bundle takes ~45 ms of CPU (2-core EPYC)."""
+    """The TLS settings of every remote client's connections to an https host: httpx's defaults, which verify the
+    server's certificate and host name against certifi's CA bundle, or the files ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
+    name when the first client is built. Built once per process and shared: httpx would build them again for each
+    client, and loading the CA bundle takes ~45 ms of CPU (2-core EPYC). The clients speak HTTP/1.1 only; httpcore
+    sets the context's ALPN protocols on every connection, so a client given ``http2=True`` would need its own."""
     return httpx.create_ssl_context()
 
 

@@ -194,7 +194,7 @@ def header_key(header: str | None) -> str | None:
     return (token.strip() or None) if scheme.lower() in ("token", "bearer") else None
 
 
-def caller_for(keys: KeyStore | None, authorization: list[str]) -> Caller:
+def caller_for(keys: KeyStore | None, authorization_headers: list[str]) -> Caller:
     """The caller of a request with these ``Authorization`` header values (one per header line; usually none or
     one): an open caller (``Caller(None)``) when ``keys`` is ``None`` or holds no key, else the caller of the valid key
     the one header names. Blocking (reads the key store; scrypt on a key's first use in this process): call it in a
@@ -207,11 +207,12 @@ def caller_for(keys: KeyStore | None, authorization: list[str]) -> Caller:
     """
     if keys is None or not keys.has_keys():
         return Caller(None)
-    if len(authorization) > 1:
+    if len(authorization_headers) > 1:
         raise AuthenticationError(
-            f"this request has {len(authorization)} Authorization headers: send one, 'Authorization: Token <key>'"
+            f"this request has {len(authorization_headers)} Authorization headers: send one, "
+            "'Authorization: Token <key>'"
         )
-    token = header_key(authorization[0] if authorization else None)
+    token = header_key(authorization_headers[0] if authorization_headers else None)
     if token is None:
         raise AuthenticationError(
             "this server needs an API key: send the header 'Authorization: Token <key>' (or 'Bearer <key>')"

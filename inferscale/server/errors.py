@@ -215,7 +215,9 @@ def _validation_message(exc: RequestValidationError, content_type: str | None) -
         where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
         return f"invalid request: the body is not valid JSON: {reason}{where}"
     media_type = (content_type or "").partition(";")[0].strip().lower()
-    is_json = media_type == "application/json" or media_type.endswith("+json")
+    is_json = media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
     if not is_json and any(tuple(e.get("loc", ()))[:1] == ("body",) for e in errors):
         sent = f"is {content_type!r}" if content_type else "is missing"
         return (

@@ -240,8 +240,8 @@ def test_a_request_with_two_authorization_headers_is_401_whichever_key_comes_fir
     _, alice = served.keys.create("alice", user_ids=["alice"])
     with served.http(bob) as http:
         http.post("/v1/memories/", json={"messages": "Bob likes tea.", "infer": False}).raise_for_status()
-        for second in (alice, bob):
-            headers = [("Authorization", f"Token {bob}"), ("Authorization", f"Token {second}")]
+        for first, second in ((bob, alice), (alice, bob), (bob, bob)):
+            headers = [("Authorization", f"Token {first}"), ("Authorization", f"Token {second}")]
             reply = http.get("/v1/memories/", params={"user_id": "bob"}, headers=httpx.Headers(headers))
             assert _code(reply) == (401, "unauthenticated")
             assert "2 Authorization headers" in reply.json()["error"]["message"]

@@ -146,6 +146,7 @@ def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: ht
     [
         ("application/x-www-form-urlencoded", "is 'application/x-www-form-urlencoded'"),
         ("text/plain", "is 'text/plain'"),
+        ("text/x+json", "is 'text/x+json'"),  # FastAPI reads only application/*+json as JSON
         (None, "is missing"),
     ],
 )

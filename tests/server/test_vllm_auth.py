@@ -125,7 +125,11 @@ def test_with_keys_a_request_with_two_headers_is_refused_whichever_comes_first(s
     """A tester's find: ``Token <bob>`` then ``Token <alice>`` was answered as bob (the first header was taken)."""
     bob, bob_secret = store.create("bob", user_ids=["bob"])
     _, alice_secret = store.create("alice", user_ids=["alice"])
-    for headers in ([f"Token {bob_secret}", f"Token {alice_secret}"], [f"Token {bob_secret}", f"Token {bob_secret}"]):
+    for headers in (
+        [f"Token {bob_secret}", f"Token {alice_secret}"],
+        [f"Token {alice_secret}", f"Token {bob_secret}"],
+        [f"Token {bob_secret}", f"Token {bob_secret}"],
+    ):
         with pytest.raises(AuthenticationError, match="this request has 2 Authorization headers: send one"):
             caller_for(store, headers)
     assert caller_for(store, [f"Token {bob_secret}"]) == Caller(bob)
@@ -366,7 +370,8 @@ def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, 
     with pytest.raises(WebSocketDisconnect) as refused, http.websocket_connect("/v1/realtime"):
         pass
     assert refused.value.code == 1008
-    twice = [("Authorization", f"Token {secret}"), ("Authorization", f"Token {admin_secret}")]
-    assert _error(http.get("/v1/models", headers=twice))[:2] == (401, "unauthenticated")
+    for twice in ((secret, admin_secret), (admin_secret, secret)):
+        headers = [("Authorization", f"Token {twice[0]}"), ("Authorization", f"Token {twice[1]}")]
+        assert _error(http.get("/v1/models", headers=headers))[:2] == (401, "unauthenticated")
     store.revoke(key.key_id)
     assert _error(http.get("/v1/models", headers={"Authorization": f"Token {secret}"}))[:2] == (401, "unauthenticated")
