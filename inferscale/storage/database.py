@@ -33,7 +33,8 @@ WRITE_OPTION = "inferscale_write"
 
 
 def sqlite_file(url: URL) -> Path | None:
-    """The database file of a SQLite URL, or ``None`` for an in-memory database."""
+    """The database file of a SQLite URL, a leading ``~`` expanded (:func:`make_engine` opens it so), or ``None``
+    for an in-memory database."""
     database = url.database
     if not database or database == ":memory:" or database.startswith("file:") or url.query.get("mode"):
         return None
@@ -273,6 +274,7 @@ def make_engine(url: str) -> Engine:
     except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         raise ConfigError(f"database url {shown_url(url)!r} is not a SQLAlchemy URL: {exc}") from exc
 
+    parsed = _home_expanded(parsed)
     try:
         engine = create_engine(parsed, **_engine_options(parsed, in_memory={"check_same_thread": False}))
         _configure(engine, parsed)
@@ -313,7 +315,7 @@ def make_async_engine(url: str) -> AsyncEngine:
     """
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    parsed = make_url(url)
+    parsed = _home_expanded(make_url(url))
     try:
         engine = create_async_engine(parsed, **_engine_options(parsed, in_memory={}))
     except ImportError as exc:
@@ -322,6 +324,14 @@ def make_async_engine(url: str) -> AsyncEngine:
         ) from exc
     _configure(engine.sync_engine, parsed)
     return engine
+
+
+def _home_expanded(parsed: URL) -> URL:
+    """``parsed`` with a SQLite file's leading ``~`` expanded, as :func:`sqlite_file` reads it. The driver opens the
+    path as written: ``sqlite:///~/m.db`` was switched to WAL at ``$HOME/m.db`` (a file made there) and then opened
+    at ``./~/m.db``, which failed (a review's find)."""
+    path = sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
+    return parsed.set(database=str(path)) if path is not None and str(path) != parsed.database else parsed
 
 
 def _engine_options(parsed: URL, in_memory: dict[str, Any]) -> dict[str, Any]:

@@ -429,3 +429,20 @@ def test_concurrent_adds_from_threads(store: MemoryStore) -> None:
     assert len({m.vector_id for m in everything}) == n_threads * per_thread
     for w in range(n_threads):
         assert [m.text for m in store.list(Scope(user_id=f"user{w}"))] == [f"w{w} fact {i}" for i in range(per_thread)]
+
+
+def test_a_sqlite_url_under_home_is_opened_where_it_is_switched_to_wal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlite:///~/m.db``: WAL was switched on at ``$HOME/m.db`` (a file made there) while the driver opened
+    ``./~/m.db``, which failed as an unreachable database (a review's find). Both read the expanded path now."""
+    home, elsewhere = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    store = MemoryStore("sqlite:///~/m.db")
+    store.add("likes tea", ALICE)
+    assert [m.text for m in store.list(ALICE)] == ["likes tea"]
+    store.close()
+    assert sorted(p.name for p in home.iterdir()) == ["m.db"] and list(elsewhere.iterdir()) == []
