@@ -309,7 +309,7 @@ class MemoryClient(ClientCore):
         ]
         if encode == "eager" and plan.imported_before:  # a rerun after an interruption encodes what it left
             prepare_kv(self.derived, plan.imported_before, self.config.kv.encode_batch_size)
-        elif encode == "background":  # the encoder skips those it finds encoded
+        elif encode == "background" and plan.imported_before:  # the encoder skips those it finds encoded
             self.derived.queue_encoding(plan.imported_before)
         return imports_to_results(applied, plan.left_out, read.expired)
 

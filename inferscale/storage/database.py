@@ -331,7 +331,7 @@ def _home_expanded(parsed: URL) -> URL:
     path as written: ``sqlite:///~/m.db`` was switched to WAL at ``$HOME/m.db`` (a file made there) and then opened
     at ``./~/m.db``, which failed (a review's find)."""
     path = sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
-    return parsed.set(database=str(path)) if path is not None and str(path) != parsed.database else parsed
+    return parsed.set(database=str(path)) if path is not None and (parsed.database or "").startswith("~") else parsed
 
 
 def _engine_options(parsed: URL, in_memory: dict[str, Any]) -> dict[str, Any]:
