@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import ssl
 import threading
 from collections.abc import AsyncGenerator, Generator
@@ -40,6 +41,9 @@ DEFAULT_RETRIES = 3
 
 API_KEY_ENV = "INFERSCALE_API_KEY"
 """The environment variable the API key is read from when none is passed."""
+
+_HEADER_TOKEN = re.compile(r"[\x21-\x7e]+")
+"""What a key may hold: visible ASCII, no whitespace (a key is one token of the ``Authorization`` header)."""
 
 JSON_BODY = {"Content-Type": "application/json"}
 """The header of a request with a body (every body is JSON)."""
@@ -80,8 +84,9 @@ class Connection:
         or empty).
 
         Raises:
-            ConfigError: for a host that is not an http(s) URL, a key that is not a string, a timeout that is not a
-                positive number of seconds, or retries that are not an int >= 0.
+            ConfigError: for a host that is not an http(s) URL, a key that is not a string or holds a character an
+                HTTP header token cannot (whitespace, a control or a non-ASCII character; the message never shows
+                the key), a timeout that is not a positive number of seconds, or retries that are not an int >= 0.
         """
         url = httpx.URL(host) if isinstance(host, str) else None
         if url is None or url.scheme not in ("http", "https") or not url.host:
@@ -89,6 +94,14 @@ class Connection:
         key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
         if key is not None and not isinstance(key, str):
             raise ConfigError(f"api_key must be a string (isk_...), got {type(key).__name__}")
+        if key and not _HEADER_TOKEN.fullmatch(key):
+            # never echo the key: the message ends up in logs and tracebacks
+            source = f"${API_KEY_ENV}" if api_key is None else "api_key"
+            raise ConfigError(
+                f"{source} holds whitespace, a control or a non-ASCII character, which an Authorization header cannot "
+                "carry: pass the key as `inferscale keys create` printed it (a key read from a file keeps the file's "
+                "newline: strip it)"
+            )
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ConfigError(f"timeout must be a positive number of seconds, got {shown_input(timeout)}")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:

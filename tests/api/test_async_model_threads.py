@@ -162,12 +162,12 @@ def test_the_first_search_loads_the_index_and_embeds_what_it_lacks_on_a_model_th
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(1))
         busy = loop.run_in_executor(None, release.wait, 30)
-        try:
-            async with AsyncMemoryClient(config, embedder=HashEmbedder()) as client:
+        async with AsyncMemoryClient(config, embedder=HashEmbedder()) as client:
+            try:
                 hits = await asyncio.wait_for(client.search("Maya note", user_id="maya", limit=20), WAIT_S)
-                return len(hits["results"])
-        finally:
-            release.set()
-            await busy
+            finally:  # before the client closes: close() releases its files on the default executor
+                release.set()
+                await busy
+            return len(hits["results"])
 
     assert asyncio.run(first_search_beside_a_full_default_executor()) == 20

@@ -145,3 +145,20 @@ def test_a_string_as_the_first_argument_says_to_pass_host_or_api_key(
     assert "secret" not in str(refused.value)  # a key is never repeated
     with pytest.raises(ConfigError, match=says):
         local(given, host=HOST)
+
+
+@pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
+@pytest.mark.parametrize("key", ["isk_0123456789ab_secret\n", " isk_0123456789ab_secret", "isk_0123456789ab_sé", "a\tb"])
+@pytest.mark.parametrize("from_env", [False, True], ids=["argument", "environment"])
+def test_a_key_an_authorization_header_cannot_carry_is_refused_without_showing_it(
+    local: Any, remote: Any, key: str, from_env: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failing input of a new user's report: a key read from a file with its newline was sent, httpx refused the
+    header, and the error (a ``ServerError`` blaming the server and its timeout) held the whole secret."""
+    monkeypatch.setenv("INFERSCALE_API_KEY", key if from_env else "")
+    arguments = {} if from_env else {"api_key": key}
+    source = r"\$INFERSCALE_API_KEY" if from_env else "api_key"
+    for build in (lambda: local(host=HOST, **arguments), lambda: remote(HOST, **arguments)):
+        with pytest.raises(ConfigError, match=rf"^{source} holds whitespace, a control or a non-ASCII char") as bad:
+            build()
+        assert "secret" not in str(bad.value) and "sé" not in str(bad.value)
