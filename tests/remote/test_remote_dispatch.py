@@ -148,7 +148,9 @@ def test_a_string_as_the_first_argument_says_to_pass_host_or_api_key(
 
 
 @pytest.mark.parametrize(("local", "remote"), PAIRS, ids=["sync", "async"])
-@pytest.mark.parametrize("key", ["isk_0123456789ab_secret\n", " isk_0123456789ab_secret", "isk_0123456789ab_sé", "a\tb"])
+@pytest.mark.parametrize(
+    "key", ["isk_0123456789ab_secret\n", " isk_0123456789ab_secret", "isk_0123456789ab_sé", "a\tb"]
+)
 @pytest.mark.parametrize("from_env", [False, True], ids=["argument", "environment"])
 def test_a_key_an_authorization_header_cannot_carry_is_refused_without_showing_it(
     local: Any, remote: Any, key: str, from_env: bool, monkeypatch: pytest.MonkeyPatch

@@ -3,13 +3,16 @@ no memory message without memories."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleContext, InferScaleMemory
 
-from inferscale import InvalidInputError, ScopeError
+from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, ScopeError
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from tests.unit_tests.stubs import HITS, StubClient
 
 
@@ -110,3 +113,32 @@ def test_messages_with_no_text_are_not_stored() -> None:
     memory.put(ChatMessage(role="user", content="Hi"))
     assert [c[1]["messages"] for c in client.calls] == [[{"role": "user", "content": "Hi"}]]
     assert len(memory.get_all()) == 2
+
+
+def test_from_client_with_host_calls_that_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new user's report: ``from_client(context=..., api_key=KEY, host=URL)`` warned that both were ignored and
+    wrote the memories to a new local store (loading the model), not to the server at ``host``."""
+    monkeypatch.setenv("INFERSCALE_HOME", str(tmp_path))
+    key = "isk_0123456789ab_s"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory = InferScaleMemory.from_client(context={"user_id": "maya"}, api_key=key, host="http://127.0.0.1:9/")
+    assert type(memory.client) is RemoteMemoryClient and type(memory._async_client) is AsyncRemoteMemoryClient
+    for connection in (memory.client._transport.connection, memory._async_client._transport.connection):
+        assert (connection.base_url, connection.headers["Authorization"]) == ("http://127.0.0.1:9", f"Token {key}")
+    assert list(tmp_path.iterdir()) == []  # no local store, no model
+    mine = AsyncMemoryClient(host="http://127.0.0.1:9")
+    given = InferScaleMemory.from_client(context={"user_id": "maya"}, host="http://h:1", async_client=mine)
+    assert given._async_client is mine
+
+
+def test_from_client_refuses_host_with_a_client_and_warns_of_what_it_ignores() -> None:
+    with pytest.raises(ConfigError, match="not both"):
+        InferScaleMemory.from_client(context={"user_id": "maya"}, host="http://h:1", client=StubClient())
+    with pytest.raises(ConfigError, match="host must be the server's http"):
+        InferScaleMemory.from_client(context={"user_id": "maya"}, host="h:1")
+    with pytest.warns(UserWarning, match=r"^api_key, org_id name Mem0's hosted platform and are ignored"):
+        memory = InferScaleMemory.from_client(context={"user_id": "maya"}, api_key="k", org_id="o", client=StubClient())
+    assert isinstance(memory.client, StubClient)
+    with pytest.warns(UserWarning, match=r"^project_id name"):
+        InferScaleMemory.from_client(context={"user_id": "maya"}, host="http://h:1", project_id="p")

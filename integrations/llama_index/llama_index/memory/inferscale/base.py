@@ -15,14 +15,18 @@ from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import InferScaleContext
 
-from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
+from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, MemoryClient
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from inferscale.scope import SCOPE_KEYS
 from inferscale.write_back import astore_turns, store_turns
 
 DEFAULT_TOKEN_LIMIT = 3000
 """Tokens of chat history :meth:`InferScaleMemory.get` returns at most (the recalled memories come on top)."""
 
-_MEM0_PLATFORM_ARGS = ("api_key", "host", "org_id", "project_id")
+SyncClient = MemoryClient | RemoteMemoryClient
+"""A client answering sync calls: a local one, or a server's (``MemoryClient(host=...)``)."""
+AsyncClient = AsyncMemoryClient | AsyncRemoteMemoryClient
+"""A client answering async calls: a local one on the same store, or a server's."""
 
 
 class InferScaleMemory(BaseMemory):
@@ -56,11 +60,11 @@ class InferScaleMemory(BaseMemory):
     token_limit: int = Field(default=DEFAULT_TOKEN_LIMIT, ge=1, description="Tokens of chat history get() returns.")
     infer: bool = Field(default=False, description="add(infer=...): extract facts (True) or store messages as is.")
 
-    _client: MemoryClient = PrivateAttr()
-    _async_client: AsyncMemoryClient | None = PrivateAttr(default=None)
+    _client: SyncClient = PrivateAttr()
+    _async_client: AsyncClient | None = PrivateAttr(default=None)
     _added: list[list[str]] = PrivateAttr(default_factory=list)  # memory ids stored per history message, in order
 
-    def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **data: Any) -> None:
+    def __init__(self, client: SyncClient, *, async_client: AsyncClient | None = None, **data: Any) -> None:
         super().__init__(**data)
         self._client = client
         self._async_client = async_client
@@ -85,24 +89,30 @@ class InferScaleMemory(BaseMemory):
         project_id: str | None = None,
         search_msg_limit: int = 5,
         *,
-        client: MemoryClient | None = None,
+        client: SyncClient | None = None,
         token_limit: int = DEFAULT_TOKEN_LIMIT,
         similarity_top_k: int = 5,
         infer: bool = False,
         tokenizer_fn: Callable[[str], list[Any]] | None = None,
         chat_history: Sequence[ChatMessage] | None = None,
-        async_client: AsyncMemoryClient | None = None,
+        async_client: AsyncClient | None = None,
     ) -> InferScaleMemory:
-        """A memory over ``client`` (a ``MemoryClient``; one on the embedded defaults when ``None``).
+        """A memory over ``client``; when ``None``, over the InferScale server at ``host`` (with ``api_key``), else
+        over a ``MemoryClient`` on the embedded defaults.
 
-        ``api_key``, ``host``, ``org_id`` and ``project_id`` are Mem0's hosted-platform arguments, kept so that a
-        ``Mem0Memory.from_client`` call works unchanged: InferScale runs in-process, so they are ignored with a
+        ``api_key``, ``host``, ``org_id`` and ``project_id`` are Mem0's hosted-platform arguments, in its order, so
+        that a ``Mem0Memory.from_client`` call works unchanged. ``host`` names an InferScale server
+        (``inferscale serve``): the memory calls it with ``MemoryClient(host=host, api_key=api_key)`` and, for
+        :meth:`aget`/:meth:`aput`, ``AsyncMemoryClient(host=host, api_key=api_key)`` unless ``async_client`` is given.
+        ``api_key`` without ``host``, ``org_id`` and ``project_id`` have no InferScale meaning and are ignored with a
         warning.
 
         Args:
             context: the scope, ``{"user_id": ..., "agent_id": ..., "run_id": ...}`` (at least one).
+            api_key: the server's API key (``isk_...``); ``None`` reads ``$INFERSCALE_API_KEY``. Used with ``host``.
+            host: the InferScale server's URL, e.g. ``"http://127.0.0.1:8000"``.
             search_msg_limit: how many recent messages the memory search uses.
-            client: the InferScale client.
+            client: the InferScale client (local, or a server's); not together with ``host``.
             token_limit: tokens of chat history :meth:`get` returns at most (counted with ``tokenizer_fn``).
             similarity_top_k: memories recalled per :meth:`get`.
             infer: ``client.add(infer=...)`` for new messages.
@@ -112,14 +122,21 @@ class InferScaleMemory(BaseMemory):
                 sync client runs on a thread).
 
         Raises:
-            ScopeError: when the context sets no id. InvalidInputError: for an unknown context key.
+            ScopeError: when the context sets no id. InvalidInputError: for an unknown context key. ConfigError: for
+                ``host`` together with ``client``, a ``host`` that is not an http(s) URL, or a bad ``api_key``.
         """
-        given = zip(_MEM0_PLATFORM_ARGS, (api_key, host, org_id, project_id), strict=True)
-        platform = [name for name, value in given if value]
-        if platform:
+        ignored = [name for name, value in (("org_id", org_id), ("project_id", project_id)) if value]
+        if host and client is not None:
+            raise ConfigError("pass the server as host= or a client as client=, not both")
+        if host:
+            client = MemoryClient(host=host, api_key=api_key)
+            async_client = async_client or AsyncMemoryClient(host=host, api_key=api_key)
+        elif api_key:
+            ignored.insert(0, "api_key")
+        if ignored:
             warnings.warn(
-                f"{', '.join(platform)} name Mem0's hosted platform; InferScale runs in-process and ignores them "
-                "(pass client= or use from_config)",
+                f"{', '.join(ignored)} name Mem0's hosted platform and are ignored: InferScale runs in-process, or on "
+                "your server through host= (with api_key=)",
                 UserWarning,
                 stacklevel=2,
             )
@@ -167,7 +184,7 @@ class InferScaleMemory(BaseMemory):
     @classmethod
     def _build(
         cls,
-        client: MemoryClient,
+        client: SyncClient,
         context: Mapping[str, Any],
         search_msg_limit: int,
         *,
@@ -176,7 +193,7 @@ class InferScaleMemory(BaseMemory):
         infer: bool,
         tokenizer_fn: Callable[[str], list[Any]] | None,
         chat_history: Sequence[ChatMessage] | None,
-        async_client: AsyncMemoryClient | None = None,
+        async_client: AsyncClient | None = None,
     ) -> InferScaleMemory:
         scope = InferScaleContext.of(context)
         primary = Memory.from_defaults(
@@ -199,8 +216,8 @@ class InferScaleMemory(BaseMemory):
 
     # ------------------------------------------------------------------ accessors
     @property
-    def client(self) -> MemoryClient:
-        """The InferScale client."""
+    def client(self) -> SyncClient:
+        """The InferScale client (local, or a server's)."""
         return self._client
 
     @property
