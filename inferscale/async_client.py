@@ -49,7 +49,7 @@ from inferscale.arguments import (
 from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.conversation import ChatMessage
+from inferscale.conversation import ChatMessage, SentTexts
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
@@ -566,8 +566,10 @@ class AsyncMemoryClient(ClientCore):
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
         if request.memory_ids is None:
-            hits = await self._asearch_records(request.search_query, request.scope, request.node, request.limit)
-            return [r for r, _ in hits]  # best first: _servable keeps those that fit, then lays them out
+            sent = SentTexts.of(request.conversation)
+            limit = sent.retrieval_limit(request.limit)
+            hits = await self._asearch_records(request.search_query, request.scope, request.node, limit)
+            return sent.new_memories([r for r, _ in hits], request.limit)  # best first, as the sync client
         records = []
         for memory_id in request.memory_ids:
             record = await self.adb.get(memory_id, request.scope)

@@ -39,7 +39,7 @@ from inferscale.arguments import (
 from inferscale.chat_request import ChatRequest, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.conversation import ChatMessage
+from inferscale.conversation import ChatMessage, SentTexts
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
@@ -712,7 +712,8 @@ class MemoryClient(ClientCore):
             messages: the conversation, ``[{"role": "system" | "user" | "assistant", "content": str}, ...]``,
                 ending with a user (or system) turn.
             user_id, agent_id, run_id, filters: whose memories (v1 ids or v2 ``filters``); required.
-            limit: memories retrieved (default 5).
+            limit: memories retrieved (default 5); one whose text is a user or assistant message of the
+                conversation is left out, and the next takes its place (the prompt holds that text already).
             memory_ids: inject exactly these memories of the scope, in this order, with no retrieval.
             search_query: what to retrieve with (default: the last user message).
             mode: ``"kv"`` (KV injection) or ``"prompt"``.
@@ -781,10 +782,12 @@ class MemoryClient(ClientCore):
 
     def _chat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects: its ``memory_ids`` (each must be in the scope), or the top ``limit``
-        for its ``search_query``."""
+        for its ``search_query`` whose text is none of the conversation's messages (:class:`SentTexts`)."""
         if request.memory_ids is None:
-            hits = self._search_records(request.search_query, request.scope, request.node, request.limit)
-            return [r for r, _ in hits]  # best first: _servable keeps those that fit, then lays them out
+            sent = SentTexts.of(request.conversation)
+            limit = sent.retrieval_limit(request.limit)
+            hits = self._search_records(request.search_query, request.scope, request.node, limit)
+            return sent.new_memories([r for r, _ in hits], request.limit)  # best first: _servable keeps those that fit
         records = []
         for memory_id in request.memory_ids:
             record = self.db.get(memory_id, request.scope)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.arguments import MAX_LIMIT
-from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
+from inferscale.conversation import ChatMessage, SamplingSettings, SentTexts, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -201,9 +201,11 @@ class MemoryService:
         model_context = self._client.engine.max_context_tokens  # a longrope model's static part, say
         context = model_context if self._context_tokens is None else min(self._context_tokens, model_context)
         with self._lock:
-            hits = self._client.recall(query, user_id=user, limit=self._limit)
+            sent = SentTexts.of(conversation)
+            hits = self._client.recall(query, user_id=user, limit=min(MAX_LIMIT, sent.retrieval_limit(self._limit)))
             fact_kv = self._client.fact_kv
-            records = fact_kv.servable([hit.record for hit in hits])  # one that cannot be encoded is left out (logged)
+            new = sent.new_memories([hit.record for hit in hits], self._limit)  # none repeating a message sent
+            records = fact_kv.servable(new)  # one that cannot be encoded is left out (logged)
             records = fact_kv.fitting(
                 records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
             )

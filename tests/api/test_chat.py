@@ -17,11 +17,13 @@ from tiny_models import counted_forwards, tiny_engine
 from inferscale import ChatMessage, InvalidInputError, MemoryNotFoundError, ScopeError
 
 FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara is a teacher in Madrid."]
+# Its user turns have the words of two memories (HashEmbedder: the closest), not their texts: a memory whose text is
+# a message of the conversation is not injected (test_a_memory_repeating_a_message_of_the_conversation_...).
 CONVERSATION = [
     {"role": "system", "content": "Answer briefly."},
-    {"role": "user", "content": "I live in Porto."},
+    {"role": "user", "content": "I live in Porto!"},
     {"role": "assistant", "content": "Porto is lovely."},
-    {"role": "user", "content": "My dog is a beagle named Biscuit."},
+    {"role": "user", "content": "My dog is a beagle named Biscuit!"},
 ]
 
 
@@ -57,6 +59,24 @@ def test_a_conversation_retrieves_with_its_last_user_turn_or_the_search_query(c:
     query = c.engine.query_token_ids(CONVERSATION[-1]["content"])
     assert result.prompt_tokens - one_turn.prompt_tokens == len(turns) - len(query) > 0
     assert result.memory_tokens == one_turn.memory_tokens
+
+
+def test_a_memory_repeating_a_message_of_the_conversation_is_not_injected(c: ClientAdapter) -> None:
+    """A new user's report: a server's chats spent memory slots on stored copies of the question (written back by
+    an earlier session), which then ranked first; under a tight answer budget the fact was the memory left out. The
+    prompt holds that text already: the next memories take the slots."""
+    question = "What is my dog called?"
+    copy = c.add(question, user_id="alice", infer=False)["results"][0]["id"]
+    ranked = _ids(c, question, 4)
+    assert ranked[0] == copy
+    result = c.chat(question, user_id="alice", limit=2, max_new_tokens=2)
+    assert sorted(result.memory_ids) == sorted(ranked[1:3])
+    said = [{"role": "user", "content": " My dog is a beagle named Biscuit. "}, {"role": "assistant", "content": "Hi"}]
+    dog = next(r["id"] for r in c.get_all(user_id="alice")["results"] if r["memory"] == FACTS[0])
+    turns = [*said, {"role": "user", "content": question}]
+    conversation = c.chat(messages=turns, user_id="alice", limit=2, max_new_tokens=2)
+    assert sorted(conversation.memory_ids) == sorted(set(ranked) - {copy, dog})  # the other two of the four
+    assert c.chat(question, user_id="alice", memory_ids=[copy], max_new_tokens=2).memory_ids == [copy]  # as named
 
 
 @pytest.mark.parametrize("call", ["query", "messages", "stream"])
@@ -122,9 +142,9 @@ def test_a_stored_layout_lays_the_retrieved_memories_out_oldest_first(
         for fact in FACTS:
             client.add(fact, user_id="alice", infer=False)
         id_of = {r["memory"]: r["id"] for r in client.get_all(user_id="alice")["results"]}
-        query = FACTS[-1]
+        query = FACTS[-1].replace(".", "?")  # its words (HashEmbedder: the closest), not its text (never injected)
         by_score = _ids(client, query, 2)
-        assert by_score[0] == id_of[query]  # search still ranks best first: the last fact added before an older one
+        assert by_score[0] == id_of[FACTS[-1]]  # search ranks best first: the last fact added before an older one
         oldest_first = [id_of[fact] for fact in FACTS if id_of[fact] in by_score]
         assert oldest_first != by_score
         for mode in ("kv", "prompt"):

@@ -521,6 +521,15 @@ def test_a_prompt_past_the_context_is_context_length_exceeded_naming_the_request
     assert error["message"].endswith(f"send a shorter conversation or lower {field}"), error["message"]
 
 
+def test_a_memory_repeating_a_message_of_the_conversation_is_not_injected(server: Server) -> None:
+    """A new user's report: the vLLM server's chats spent memory slots on memories whose text the conversation
+    already holds (a question stored by an earlier session's write-back); the client's chat leaves them out, and
+    so does this server."""
+    said = [{"role": "user", "content": ALICE[1]}, {"role": "assistant", "content": "Nice."}, *QUESTION]
+    memories = _report(_chat(server.openai(), said, max_tokens=2))["memories"]
+    assert sorted(m["memory"] for m in memories) == sorted(set(ALICE) - {ALICE[1]})
+
+
 def test_a_memory_left_out_for_the_answer_budget_is_logged(server: Server) -> None:
     """A new user's report: memories left out of a chat were not logged (docs: "left out with a warning") on this
     server, while the transformers server logs each. vLLM's API server set the root logger's level to ERROR."""
