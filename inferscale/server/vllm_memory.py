@@ -61,10 +61,10 @@ from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vl
 from inferscale.error_codes import ERROR_CODE, code_of
 from inferscale.errors import (
     ConfigError,
-    ContextLengthError,
     InferScaleError,
     InvalidInputError,
     PermissionDeniedError,
+    RouteNotFoundError,
     ServerError,
     budget_named,
 )
@@ -93,6 +93,12 @@ KEY_MIDDLEWARE = "inferscale.server.vllm_auth.ApiKeyMiddleware"
 REQUEST_ID_MIDDLEWARE = "inferscale.server.errors.RequestIdMiddleware"
 RESERVED_SALT_PREFIXES = (f"{SALT_PREFIX}.", f"{PROMPT_SALT_PREFIX}.")
 """The starts of InferScale's ``cache_salt`` values, which a client's request may not use."""
+MEMORY_API_ROUTES = ("/v1/memories", "/v2/memories", "/v1/ping", "/v1/encoding", "/v1/reset")
+"""The transformers server's memory API (what ``MemoryClient(host=...)`` calls), which this server does not serve:
+these paths, and those under them, get a 404 that says where that API is."""
+REMOTE_CHAT_FIELD = "inferscale"
+"""The transformers server's chat extension (whose memories; what the remote client's ``chat`` sends), which this
+server does not read: a chat carrying it is refused, never answered without the memories it asked for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,10 +275,11 @@ class ChatSampling:
         }
 
 
-def _error(message: str, code: str | None = None) -> Any:
-    """A 400 in vLLM's (OpenAI's) error shape, with ``code`` when given; the same request gets it again, so it says
-    not to retry (:func:`~inferscale.server.errors.error_reply`)."""
-    error = {"message": message, "type": "invalid_request_error", **({"code": code} if code else {})}
+def _error(exc: InvalidInputError) -> Any:
+    """The 400 for ``exc`` in vLLM's (OpenAI's) error shape, ``{"error": {"message", "type", "code"}}``: ``code``
+    is the transformers server's for the same error (``invalid_input``; ``context_length_exceeded``, as OpenAI's).
+    The same request gets it again, so it says not to retry (:func:`~inferscale.server.errors.error_reply`)."""
+    error = {"message": str(exc), "type": "invalid_request_error", "code": code_of(exc).code}
     return error_reply({"error": error}, ERROR_CODE["invalid_input"])
 
 
@@ -388,8 +395,10 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     Returns:
         the ``chat.completion`` JSON response, a ``text/event-stream`` of ``chat.completion.chunk`` events, vLLM's own
         response (its error status and body when the internal completion fails), a 400 for bad messages, sampling
-        fields or a ``user`` that is not a string, a 403 ``permission_denied`` for a user the key may not name or
-        fields only the server sets, or a 500 ``internal_error`` when no key middleware ran before it.
+        fields, a ``user`` that is not a string or the transformers server's ``inferscale`` field, a 403
+        ``permission_denied`` for a user the key may not name or fields only the server sets, a 404
+        ``route_not_found`` naming where the memory API is for its paths (:data:`MEMORY_API_ROUTES`), or a 500
+        ``internal_error`` when no key middleware ran before it.
     """
     from starlette.responses import JSONResponse, StreamingResponse
 
@@ -399,14 +408,31 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         body = await checked_client_body(request, RESERVED_SALT_PREFIXES)
     except (PermissionDeniedError, InvalidInputError) as exc:
         return error_response(exc)
-    if body is None or request.method != "POST" or _SERVICE is None or request.url.path != "/v1/chat/completions":
+    path = request.url.path
+    if any(path == route or path.startswith(f"{route}/") for route in MEMORY_API_ROUTES):
+        return error_response(
+            RouteNotFoundError(
+                f"{path} is the memory API of `inferscale serve` (the transformers engine): this server, `inferscale "
+                "serve --engine vllm`, serves vLLM's OpenAI-compatible API only; add and manage memories through the "
+                "transformers server or the CLI on the same database (this server reads it on every chat)"
+            )
+        )
+    if body is None or request.method != "POST" or _SERVICE is None or path != "/v1/chat/completions":
         return await call_next(request)
+    if REMOTE_CHAT_FIELD in body:
+        return _error(
+            InvalidInputError(
+                f"the {REMOTE_CHAT_FIELD!r} field (the transformers server's, which MemoryClient(host=...).chat "
+                "sends) is not read by `inferscale serve --engine vllm`: send OpenAI's `user` field, whose top "
+                "memories are injected, with an OpenAI client, or chat through the transformers server"
+            )
+        )
     caller = request.scope.get(CALLER)
     if not isinstance(caller, Caller):  # fail closed: never serve memory to a caller nobody checked
         return error_response(ServerError(f"no API key check ran before the memory middleware: add {KEY_MIDDLEWARE}"))
     named = body.get("user")
     if named is not None and not isinstance(named, str):
-        return _error(f"user must be a string, got {named!r:.80}")
+        return _error(InvalidInputError(f"user must be a string, got {named!r:.80}"))
     try:
         user = caller.chat_user(named if named and named.strip() else None)
     except PermissionDeniedError as exc:
@@ -421,10 +447,8 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
         sampling = ChatSampling.of(body)
         with budget_named(budget_field(body)):  # max_tokens or max_completion_tokens, as the request says
             prepared, memories = await asyncio.to_thread(service.prepare, user, conversation, sampling.max_tokens)
-    except ContextLengthError as exc:
-        return _error(str(exc), code=code_of(exc).code)  # "context_length_exceeded", as OpenAI's
-    except InvalidInputError as exc:
-        return _error(str(exc))
+    except InvalidInputError as exc:  # ContextLengthError among them
+        return _error(exc)
     except InferScaleError as exc:  # a K/V entry that does not match, a database down: as the transformers server
         return error_response(exc)  # answers them (a plain 500 the OpenAI SDK sent three times: a review's find)
     payload: dict[str, Any] = {

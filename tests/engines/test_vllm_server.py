@@ -243,8 +243,11 @@ def test_stream_joined_equals_the_answer(server: Server) -> None:
 def test_bad_requests_are_400(
     server: Server, messages: list[dict[str, Any]], fields: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(openai.BadRequestError, match=message):
+    """Each with the code the transformers server gives the same error (a new user's find: the memory middleware's
+    400s had none)."""
+    with pytest.raises(openai.BadRequestError, match=message) as refused:
         _chat(server.openai(), messages, **fields)
+    assert refused.value.code == "invalid_input" and refused.value.type == "invalid_request_error"
 
 
 # ---- serving settings (kv.recompute): the service builder in process -------------------------------------------
@@ -528,6 +531,21 @@ def test_a_memory_repeating_a_message_of_the_conversation_is_not_injected(server
     said = [{"role": "user", "content": ALICE[1]}, {"role": "assistant", "content": "Nice."}, *QUESTION]
     memories = _report(_chat(server.openai(), said, max_tokens=2))["memories"]
     assert sorted(m["memory"] for m in memories) == sorted(set(ALICE) - {ALICE[1]})
+
+
+@pytest.mark.parametrize("key", ["alice", "admin"])
+def test_the_remote_client_is_told_this_server_has_no_memory_api(server: Server, key: str) -> None:
+    """A new user's report: ``MemoryClient(host=<this server>)`` got "HTTP 404, not with an InferScale error" for
+    ``search`` and "unsupported field(s) for a memory chat: inferscale" for ``chat``; with an admin key, the chat went
+    to vLLM as a chat with no user and was answered without the memories it asked for."""
+    from inferscale import InvalidInputError, MemoryClient, RouteNotFoundError
+
+    with MemoryClient(host=server.url, api_key=server.keys[key], retries=0) as remote:
+        for call in (lambda: remote.search("dog", user_id="alice"), lambda: remote.get_all(user_id="alice")):
+            with pytest.raises(RouteNotFoundError, match=r"is the memory API of `inferscale serve` \(the transf"):
+                call()
+        with pytest.raises(InvalidInputError, match=r"'inferscale' field .* is not read by `inferscale serve --eng"):
+            remote.chat("What is my dog called?", user_id="alice", max_new_tokens=2)
 
 
 def test_a_memory_left_out_for_the_answer_budget_is_logged(server: Server) -> None:
