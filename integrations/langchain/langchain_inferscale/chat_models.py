@@ -22,6 +22,7 @@ from inferscale import ChatChunk, InvalidInputError
 from inferscale import ChatResult as InferScaleResult
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
+from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from langchain_inferscale.messages import prepare
 
 _CALL_SCOPE = ("user_id", "agent_id", "memory_run_id")
@@ -94,6 +95,26 @@ class ChatInferScale(BaseChatModel):
     depends on the memories stored when it was given, and a cached one would be served after they are changed or
     deleted. ``True`` or a cache opts in; its key holds the store and the scope ids, so no two users (of one store
     or of two) share an entry."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_a_remote_client(cls, data: Any) -> Any:
+        """A remote client (``MemoryClient(host=...)``) is refused with what to use instead; pydantic's own error
+        only said that a ``RemoteMemoryClient`` is not a ``MemoryClient`` (a new user's report).
+
+        Raises:
+            TypeError: for a remote ``client`` or ``async_client``.
+        """
+        given = data if isinstance(data, Mapping) else {}
+        for name in ("client", "async_client"):
+            if isinstance(given.get(name), RemoteMemoryClient | AsyncRemoteMemoryClient):
+                raise TypeError(
+                    f"ChatInferScale needs a local inferscale client as {name}=, got a {type(given[name]).__name__}: "
+                    "it generates with the client's own model; with a server, use InferScaleRetriever, "
+                    "InferScaleMemoryMiddleware or memory_tools on the remote client, and chat through the server's "
+                    "OpenAI-compatible /v1/chat/completions"
+                )
+        return data
 
     @model_validator(mode="after")
     def _resolve_client(self) -> Self:

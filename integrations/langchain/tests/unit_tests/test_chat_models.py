@@ -188,3 +188,15 @@ def test_the_global_cache_is_not_used_and_a_cache_never_crosses_users(monkeypatc
     for url in ("sqlite:///:memory:", "sqlite://"):  # two in-memory stores are two stores
         assert ChatInferScale(config={**_CONFIG, "db_url": url}, user_id="bob", cache=shared).invoke("PIN?").text
     assert answered[6:] == ["bob", "bob"]
+
+
+@pytest.mark.parametrize("field", ["client", "async_client"])
+def test_a_remote_client_is_refused_with_what_to_use_instead(field: str) -> None:
+    """A new user's report: ``ChatInferScale(client=MemoryClient(host=...))`` was a pydantic ValidationError saying
+    only that the input should be an instance of MemoryClient."""
+    from inferscale import AsyncMemoryClient, MemoryClient
+
+    build = MemoryClient if field == "client" else AsyncMemoryClient
+    remote = build(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")
+    with pytest.raises(TypeError, match=rf"needs a local inferscale client as {field}=, got a \w*RemoteMemoryClient"):
+        ChatInferScale(**{field: remote}, user_id="maya")
