@@ -186,7 +186,9 @@ def _history(args: argparse.Namespace) -> int:
 
 def add_memory_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: Parents) -> None:
     """Add ``add``, ``search``, ``list``, ``delete`` and ``history`` to the ``inferscale`` subcommand parsers."""
-    add = sub.add_parser("add", parents=parents.memory, help="remember a message (facts extracted with --infer)")
+    add = sub.add_parser(
+        "add", parents=parents.memory, help="remember a message (the LLM extracts facts; --no-infer stores it as is)"
+    )
     add_options(add, AddOptions).set_defaults(func=_add)
     search = sub.add_parser(
         "search", parents=parents.memory + parents.select, help="the scope's memories most similar to a query"
