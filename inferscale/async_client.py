@@ -46,10 +46,10 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
-from inferscale.chat_request import ChatRequest, resolve_chat
+from inferscale.chat_request import ChatRequest, SentTexts, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.conversation import ChatMessage, SentTexts
+from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
@@ -566,10 +566,12 @@ class AsyncMemoryClient(ClientCore):
     async def _achat_records(self, request: ChatRequest) -> list[MemoryRecord]:
         """The memories ``request`` injects; see :meth:`MemoryClient._chat_records`."""
         if request.memory_ids is None:
-            sent = SentTexts.of(request.conversation)
-            limit = sent.retrieval_limit(request.limit)
-            hits = await self._asearch_records(request.search_query, request.scope, request.node, limit)
-            return sent.new_memories([r for r, _ in hits], request.limit)  # best first, as the sync client
+
+            async def search(k: int) -> list[MemoryRecord]:
+                hits = await self._asearch_records(request.search_query, request.scope, request.node, k)
+                return [r for r, _ in hits]
+
+            return await SentTexts.of(request.conversation).aretrieve_unsent(search, request.limit)  # as sync
         records = []
         for memory_id in request.memory_ids:
             record = await self.adb.get(memory_id, request.scope)

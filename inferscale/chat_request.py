@@ -8,7 +8,7 @@ sampling settings. Every problem raises :class:`~inferscale.errors.InvalidInputE
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from inferscale.conversation import ChatMessage, SamplingSettings, check_message
 from inferscale.errors import InvalidInputError
 from inferscale.filters import WILDCARD, Filter
 from inferscale.scope import SCOPE_KEYS, Scope, ScopeId
+from inferscale.storage import MemoryRecord
 from inferscale.types import ChatMode
 
 
@@ -57,6 +58,75 @@ class ChatRequest:
     max_new_tokens: int | None
     sampling: SamplingSettings
     stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SentTexts:
+    """The texts a conversation already puts in the prompt: its user and assistant messages, stripped. A retrieved
+    memory whose text is one of them (a question stored by an earlier session's write-back, say) would repeat it
+    and take the place of a memory the prompt lacks: a chat leaves it out and the next memory takes its place
+    (:meth:`retrieve_unsent`). The framework packages leave the same memories out of what they recall.
+
+    Attributes:
+        texts: the stripped, non-empty contents of the user and assistant messages.
+    """
+
+    texts: frozenset[str]
+
+    @classmethod
+    def of(cls, conversation: Sequence[ChatMessage]) -> SentTexts:
+        """The texts of ``conversation``'s user and assistant messages."""
+        sent = (m.content.strip() for m in conversation if m.role in ("user", "assistant"))
+        return cls(frozenset(text for text in sent if text))
+
+    def unsent(self, memories: Sequence[MemoryRecord], limit: int) -> list[MemoryRecord]:
+        """The first ``limit`` of ``memories`` (in their order) whose stripped text is none of :attr:`texts`."""
+        return [m for m in memories if m.text.strip() not in self.texts][:limit]
+
+    def retrieve_unsent(
+        self, search: Callable[[int], Sequence[MemoryRecord]], limit: int, most: int | None = None
+    ) -> list[MemoryRecord]:
+        """The best ``limit`` memories ``search(k)`` (the best ``k`` of the scope, best first) finds that repeat no
+        sent text: ``k`` starts at ``limit`` plus one per text and doubles while fewer than ``limit`` remain and the
+        scope may hold more (one text may be stored many times: under several run ids, or with other whitespace),
+        up to ``most`` when given.
+
+        Raises:
+            Whatever ``search`` raises.
+        """
+        k = self._first_k(limit, most)
+        while True:
+            found = search(k)
+            kept = self.unsent(found, limit)
+            k_next = self._next_k(k, len(found), len(kept), limit, most)
+            if k_next is None:
+                return kept
+            k = k_next
+
+    async def aretrieve_unsent(
+        self, search: Callable[[int], Awaitable[Sequence[MemoryRecord]]], limit: int, most: int | None = None
+    ) -> list[MemoryRecord]:
+        """:meth:`retrieve_unsent` with an async ``search``; same result and errors."""
+        k = self._first_k(limit, most)
+        while True:
+            found = await search(k)
+            kept = self.unsent(found, limit)
+            k_next = self._next_k(k, len(found), len(kept), limit, most)
+            if k_next is None:
+                return kept
+            k = k_next
+
+    def _first_k(self, limit: int, most: int | None) -> int:
+        k = limit + min(len(self.texts), limit) if limit else 0
+        return k if most is None else min(k, most)
+
+    @staticmethod
+    def _next_k(k: int, found: int, kept: int, limit: int, most: int | None) -> int | None:
+        """The next ``k`` to search with, or ``None`` when the search at ``k`` decides: ``limit`` kept, or fewer than
+        ``k`` found (the scope holds no more), or ``k`` is ``most``."""
+        if kept >= limit or found < k or k == most:
+            return None
+        return 2 * k if most is None else min(2 * k, most)
 
 
 def _memory_ids(memory_ids: Any) -> tuple[str, ...]:

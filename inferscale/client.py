@@ -36,10 +36,10 @@ from inferscale.arguments import (
     resolve_limit,
     resolve_scope,
 )
-from inferscale.chat_request import ChatRequest, resolve_chat
+from inferscale.chat_request import ChatRequest, SentTexts, resolve_chat
 from inferscale.client_core import ClientCore, ms_since
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.conversation import ChatMessage, SentTexts
+from inferscale.conversation import ChatMessage
 from inferscale.engines.base import Engine
 from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
@@ -784,10 +784,12 @@ class MemoryClient(ClientCore):
         """The memories ``request`` injects: its ``memory_ids`` (each must be in the scope), or the top ``limit``
         for its ``search_query`` whose text is none of the conversation's messages (:class:`SentTexts`)."""
         if request.memory_ids is None:
-            sent = SentTexts.of(request.conversation)
-            limit = sent.retrieval_limit(request.limit)
-            hits = self._search_records(request.search_query, request.scope, request.node, limit)
-            return sent.new_memories([r for r, _ in hits], request.limit)  # best first: _servable keeps those that fit
+
+            def search(k: int) -> list[MemoryRecord]:
+                return [r for r, _ in self._search_records(request.search_query, request.scope, request.node, k)]
+
+            # best first: _servable keeps those that fit, then lays them out
+            return SentTexts.of(request.conversation).retrieve_unsent(search, request.limit)
         records = []
         for memory_id in request.memory_ids:
             record = self.db.get(memory_id, request.scope)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
 from inferscale.storable import check_unicode
@@ -124,42 +124,6 @@ def last_user_text(messages: Sequence[ChatMessage]) -> str:
         if message.role == "user":
             return message.content
     raise InvalidInputError("messages has no user message")
-
-
-class _HasText(Protocol):
-    @property
-    def text(self) -> str: ...
-
-
-_Memory = TypeVar("_Memory", bound=_HasText)
-
-
-@dataclass(frozen=True, slots=True)
-class SentTexts:
-    """The texts a conversation already puts in the prompt: its user and assistant messages, stripped. A retrieved
-    memory whose text is one of them (a question stored by an earlier session's write-back, say) would repeat it
-    and take the place of a memory the prompt lacks, so retrieval asks for :meth:`retrieval_limit` memories and
-    keeps :meth:`new_memories`. The framework packages leave the same memories out of what they recall.
-
-    Attributes:
-        texts: the stripped, non-empty contents of the user and assistant messages.
-    """
-
-    texts: frozenset[str]
-
-    @classmethod
-    def of(cls, conversation: Sequence[ChatMessage]) -> SentTexts:
-        """The texts of ``conversation``'s user and assistant messages."""
-        sent = (m.content.strip() for m in conversation if m.role in ("user", "assistant"))
-        return cls(frozenset(text for text in sent if text))
-
-    def retrieval_limit(self, limit: int) -> int:
-        """How many memories to retrieve so that ``limit`` remain once those repeating a sent text are left out."""
-        return limit + len(self.texts) if limit else 0
-
-    def new_memories(self, memories: Sequence[_Memory], limit: int) -> list[_Memory]:
-        """The first ``limit`` of ``memories`` (in their order) whose stripped text is none of :attr:`texts`."""
-        return [m for m in memories if m.text.strip() not in self.texts][:limit]
 
 
 def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMessage, ...]:

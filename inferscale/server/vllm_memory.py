@@ -17,8 +17,9 @@ key's, or a key bound to agent or run ids, is refused with 403):
    ``repetition_penalty``, ``n`` > 1, ...) is refused rather than ignored (:func:`check_supported_fields`); bad
    input is a 400 with the typed error's message, before anything is retrieved or generated;
 2. the last user message is the retrieval query; the user's top-``limit`` memories are retrieved
-   (:class:`MemoryClient`, FAISS over the SQL store in ``--data-dir``) and their K/V come from the KV store, encoded
-   on a miss by a transformers copy of the served weights;
+   (:class:`MemoryClient`, FAISS over the SQL store in ``--data-dir``), those repeating a user or assistant message
+   of the conversation left out (:class:`~inferscale.chat_request.SentTexts`), and their K/V come from the KV store,
+   encoded on a miss by a transformers copy of the served weights;
 3. the prompt ``[system prefix][memory segment][conversation]`` (the whole conversation, the caller's system text
    and earlier turns included, rendered with the model's chat template after the memory) goes to the server's own
    ``/v1/completions`` as token ids with ``kv_transfer_params`` (the segment files) and a ``cache_salt`` bound to the
@@ -37,7 +38,9 @@ The reply carries an extra ``inferscale`` object, ``{"memories": [{"id", "memory
 and on the last chunk of a stream (vLLM reports ``kv_transfer_params``, the connector's
 injected and cached token counts, only for non-streamed completions; a stream's report has ``null`` there).
 
-Chats without a user (and no one-user key) and every other route go to vLLM unchanged, once the key is checked.
+Chats without a user (and no one-user key) and every other route go to vLLM unchanged, once the key is checked, but
+for the transformers server's memory API (:data:`MEMORY_API_ROUTES`: a 404 saying where it is) and a chat carrying
+its ``inferscale`` field (:data:`REMOTE_CHAT_FIELD`: a 400 naming OpenAI's ``user`` field).
 """
 
 from __future__ import annotations
@@ -52,13 +55,14 @@ from pathlib import Path
 from typing import Any
 
 from inferscale.arguments import MAX_LIMIT
-from inferscale.conversation import ChatMessage, SamplingSettings, SentTexts, last_user_text
+from inferscale.chat_request import SentTexts
+from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import PROMPT_SALT_PREFIX, SALT_PREFIX
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
-from inferscale.error_codes import ERROR_CODE, code_of
+from inferscale.error_codes import code_of
 from inferscale.errors import (
     ConfigError,
     InferScaleError,
@@ -85,6 +89,7 @@ from inferscale.server.openai_chat import (
 from inferscale.server.options import ServeSettings, check_setting, memory_config
 from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
 from inferscale.storable import NUL
+from inferscale.storage import MemoryRecord
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +180,10 @@ class MemoryService:
         self, user: str, conversation: Sequence[ChatMessage], answer_tokens: int
     ) -> tuple[PreparedRequest, list[dict[str, Any]]]:
         """The KV-mode request answering ``conversation`` (checked messages) with ``user``'s memories retrieved for
-        its last user message, laid out as ``MemoryConfig.memory_layout`` says; its memory segment's last
-        :attr:`recompute_tail` tokens are left to vLLM's prefill. Returns the request and those memories (Mem0
-        dicts), in layout order.
+        its last user message (none repeating one of its user or assistant messages: the next ones take their
+        places, :class:`~inferscale.chat_request.SentTexts`), laid out as ``MemoryConfig.memory_layout`` says;
+        its memory segment's last :attr:`recompute_tail` tokens are left to vLLM's prefill. Returns the request and
+        those memories (Mem0 dicts), in layout order.
 
         A retrieved memory too long for the model's context only with its context turns is served from its
         context-free encoding, and one too long even without them is left out with a warning, as the client's
@@ -207,11 +213,13 @@ class MemoryService:
         model_context = self._client.engine.max_context_tokens  # a longrope model's static part, say
         context = model_context if self._context_tokens is None else min(self._context_tokens, model_context)
         with self._lock:
-            sent = SentTexts.of(conversation)
-            hits = self._client.recall(query, user_id=user, limit=min(MAX_LIMIT, sent.retrieval_limit(self._limit)))
+
+            def search(k: int) -> list[MemoryRecord]:
+                return [hit.record for hit in self._client.recall(query, user_id=user, limit=k)]
+
+            unsent = SentTexts.of(conversation).retrieve_unsent(search, self._limit, most=MAX_LIMIT)
             fact_kv = self._client.fact_kv
-            new = sent.new_memories([hit.record for hit in hits], self._limit)  # none repeating a message sent
-            records = fact_kv.servable(new)  # one that cannot be encoded is left out (logged)
+            records = fact_kv.servable(unsent)  # one that cannot be encoded is left out (logged)
             records = fact_kv.fitting(
                 records, prefix_tokens=len(layout.prefix_ids), rest_tokens=rest, context_tokens=context
             )
@@ -279,8 +287,8 @@ def _error(exc: InvalidInputError) -> Any:
     """The 400 for ``exc`` in vLLM's (OpenAI's) error shape, ``{"error": {"message", "type", "code"}}``: ``code``
     is the transformers server's for the same error (``invalid_input``; ``context_length_exceeded``, as OpenAI's).
     The same request gets it again, so it says not to retry (:func:`~inferscale.server.errors.error_reply`)."""
-    error = {"message": str(exc), "type": "invalid_request_error", "code": code_of(exc).code}
-    return error_reply({"error": error}, ERROR_CODE["invalid_input"])
+    row = code_of(exc)
+    return error_reply({"error": {"message": str(exc), "type": "invalid_request_error", "code": row.code}}, row)
 
 
 class _Answer:

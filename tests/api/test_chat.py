@@ -79,6 +79,21 @@ def test_a_memory_repeating_a_message_of_the_conversation_is_not_injected(c: Cli
     assert c.chat(question, user_id="alice", memory_ids=[copy], max_new_tokens=2).memory_ids == [copy]  # as named
 
 
+def test_a_text_stored_many_times_still_leaves_limit_memories(c: ClientAdapter) -> None:
+    """A review's find: retrieval asked for one memory more per message, so a question stored by three earlier
+    sessions (one run id each), or with other whitespace, took every slot and the chat injected none."""
+    question = "What is my dog called?"
+    copies = {c.add(question, user_id="alice", run_id=f"s{i}", infer=False)["results"][0]["id"] for i in range(3)}
+    copies.add(c.add(f"  {question}\n", user_id="alice", infer=False)["results"][0]["id"])
+    ranked = _ids(c, question, 7)
+    assert set(ranked[:4]) == copies
+    for limit in (1, 2, 3):
+        result = c.chat(question, user_id="alice", limit=limit, max_new_tokens=2)
+        assert sorted(result.memory_ids) == sorted(ranked[4 : 4 + limit])
+    every = c.chat(question, user_id="alice", limit=5, max_new_tokens=2).memory_ids  # more than the scope's three
+    assert sorted(every) == sorted(ranked[4:]) and len(every) == 3
+
+
 @pytest.mark.parametrize("call", ["query", "messages", "stream"])
 def test_a_chat_message_holding_nul_is_answered_and_retrieves_as_without_it(c: ClientAdapter, call: str) -> None:
     """Chat messages are not stored, so they may hold NUL (docs/api.md); the query a chat searches with is derived

@@ -15,7 +15,7 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.memory.inferscale import MEMORY_IDS_KEY, InferScaleKVMemoryBlock, InferScaleLLM, simple_chat_engine
 from llama_index.memory.inferscale.llm import _chat_response
 
-from inferscale import ChatChunk, ChatResult, MemoryClient, ScopeError, Timings
+from inferscale import AsyncMemoryClient, ChatChunk, ChatResult, MemoryClient, ScopeError, Timings
 from tests.unit_tests.stubs import HITS, StubClient
 
 QUESTION = ChatMessage(role="user", content="What is my dog called?")
@@ -122,8 +122,11 @@ def test_stopping_an_async_client_stream_closes_it() -> None:
 def test_a_remote_client_is_refused_with_the_way_to_use_a_server() -> None:
     """A tester's report: ``InferScaleLLM(MemoryClient(host=...))`` failed on first use with an AttributeError."""
     remote = MemoryClient(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")
-    with pytest.raises(TypeError, match=r"needs a local inferscale\.MemoryClient, got a RemoteMemoryClient"):
+    with pytest.raises(TypeError, match=r"needs a local inferscale client as client, got a RemoteMemoryClient"):
         InferScaleLLM(remote, user_id="alice")
+    aremote = AsyncMemoryClient(host="http://127.0.0.1:9", api_key="isk_0123456789ab_s")  # a review's find
+    with pytest.raises(TypeError, match=r"as async_client, got a AsyncRemoteMemoryClient"):
+        InferScaleLLM(StubClient(), async_client=aremote, user_id="alice")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="use InferScaleMemory"):
         simple_chat_engine(remote, user_id="alice")
 

@@ -103,7 +103,7 @@ class InferScaleMemory(BaseMemory):
         ``api_key``, ``host``, ``org_id`` and ``project_id`` are Mem0's hosted-platform arguments, in its order, so
         that a ``Mem0Memory.from_client`` call works unchanged. ``host`` names an InferScale server
         (``inferscale serve``): the memory calls it with ``MemoryClient(host=host, api_key=api_key)`` and, for
-        :meth:`aget`/:meth:`aput`, ``AsyncMemoryClient(host=host, api_key=api_key)`` unless ``async_client`` is given.
+        :meth:`aget`/:meth:`aput`, ``AsyncMemoryClient(host=host, api_key=api_key)``.
         ``api_key`` without ``host``, ``org_id`` and ``project_id`` have no InferScale meaning and are ignored with a
         warning.
 
@@ -123,14 +123,15 @@ class InferScaleMemory(BaseMemory):
 
         Raises:
             ScopeError: when the context sets no id. InvalidInputError: for an unknown context key. ConfigError: for
-                ``host`` together with ``client``, a ``host`` that is not an http(s) URL, or a bad ``api_key``.
+                ``host`` together with ``client`` or ``async_client`` (two clients might name two stores), a
+                ``host`` that is not an http(s) URL, or a bad ``api_key``.
         """
         ignored = [name for name, value in (("org_id", org_id), ("project_id", project_id)) if value]
-        if host and client is not None:
-            raise ConfigError("pass the server as host= or a client as client=, not both")
+        if host and (client is not None or async_client is not None):
+            raise ConfigError("pass the server as host= or clients as client=/async_client=, not both")
         if host:
             client = MemoryClient(host=host, api_key=api_key)
-            async_client = async_client or AsyncMemoryClient(host=host, api_key=api_key)
+            async_client = AsyncMemoryClient(host=host, api_key=api_key)
         elif api_key:
             ignored.insert(0, "api_key")
         if ignored:

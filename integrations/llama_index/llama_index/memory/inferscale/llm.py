@@ -79,14 +79,17 @@ class InferScaleLLM(CustomLLM):
     _model_window: int | None = PrivateAttr(default=None)  # client.context_window, read after a call loaded it
 
     def __init__(self, client: MemoryClient, *, async_client: AsyncMemoryClient | None = None, **fields: Any) -> None:
-        """Raises: ScopeError when no scope id is given; TypeError for a remote client (``MemoryClient(host=...)``):
-        this LLM reads the local model's name, context window and answer budget from its client."""
-        if isinstance(client, RemoteMemoryClient | AsyncRemoteMemoryClient):
-            raise TypeError(
-                f"InferScaleLLM needs a local inferscale.MemoryClient, got a {type(client).__name__}: it reads the "
-                "model's name, context window and answer budget from its client; with a server, use InferScaleMemory "
-                "and the retriever on the remote client, and the server's OpenAI-compatible /v1/chat/completions"
-            )
+        """Raises: ScopeError when no scope id is given; TypeError for a remote ``client`` or ``async_client``
+        (``MemoryClient(host=...)``): this LLM reads the local model's name, context window and answer budget from
+        its client, and its async calls answer with that model too."""
+        for name, given in (("client", client), ("async_client", async_client)):
+            if isinstance(given, RemoteMemoryClient | AsyncRemoteMemoryClient):
+                raise TypeError(
+                    f"InferScaleLLM needs a local inferscale client as {name}, got a {type(given).__name__}: it reads "
+                    "the model's name, context window and answer budget from its client; with a server, use "
+                    "InferScaleMemory and the retriever on the remote client, and the server's OpenAI-compatible "
+                    "/v1/chat/completions"
+                )
         super().__init__(**fields)
         self._client = client
         self._async_client = async_client
