@@ -65,6 +65,39 @@ def test_a_k_v_file_whose_tensors_were_changed_in_place_is_encoded_again(
             assert torch.equal(tensor, intact[name]), name
 
 
+@pytest.mark.parametrize(
+    ("field", "damage"),
+    [
+        ("fingerprint", lambda value: chr(ord(value[0]) ^ 1) + value[1:]),  # one flipped bit, as a failing disk
+        ("encoded_at", lambda value: "x" + value[1:]),
+        ("checksum", lambda value: value[:-1] + ("0" if value[-1] != "0" else "1")),
+    ],
+)
+def test_a_k_v_file_whose_header_was_changed_in_place_is_encoded_again(
+    engine: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, field: str, damage: Any
+) -> None:
+    """A tester's find: one flipped byte in a file's recorded fingerprint made every chat retrieving its memory
+    raise KVFingerprintMismatchError (a garbled encoded_at, KVFormatError), and neither reconcile nor prepare_kv
+    repaired it. The header has a checksum of its own now: a header that does not match it is damage, removed and
+    encoded again; a whole file written under another key is still refused (tests/kv/test_kv_store.py)."""
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager", host_budget_bytes=0))
+    with MemoryClient(config, engine=engine, embedder=HashEmbedder()) as client:
+        (memory_id,) = [r["id"] for r in client.add("My dog is called Biscuit.", user_id="u", infer=False)["results"]]
+        answer = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
+        (path,) = (tmp_path / "kv" / memory_id).glob("*.safetensors")
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata()
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        assert metadata["header_checksum"].startswith("sha256:")
+        save_file(tensors, str(path), metadata={**metadata, field: damage(metadata[field])})
+        again = client.chat("What is my dog called?", user_id="u", max_new_tokens=4)
+        assert (again.memory_ids, again.answer) == (answer.memory_ids, answer.answer)
+        assert "its header does not match the checksum written with it" in caplog.text
+        with safe_open(str(path), framework="pt") as handle:  # stored anew, bit for bit as first encoded
+            assert handle.metadata()[field] == metadata[field]
+            assert all(torch.equal(handle.get_tensor(name), tensors[name]) for name in tensors)
+
+
 def test_a_change_whose_k_v_files_cannot_be_removed_is_committed_and_returns(
     engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

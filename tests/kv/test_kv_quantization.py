@@ -21,7 +21,7 @@ from inferscale.kv import FactKV, KVKey, TieredKVStore
 from inferscale.kv.fingerprint import encoding_key
 from inferscale.kv.quantization import FORMATS, STORAGE_FORMATS, quant_format, storage_tag
 from inferscale.kv.tiers import DiskTier, HostTier, KVFormatError
-from inferscale.kv.tiers.serialization import KVChecksumError, fact_from_payload, fact_to_payload
+from inferscale.kv.tiers.serialization import KVChecksumError, fact_from_payload, fact_to_payload, header_checksum
 from inferscale.mem0_config import config_from_dict
 
 # SmolLM2-135M's K/V layout: 30 layers, 3 KV heads, head_dim 64 (23,040 bytes per token in bfloat16).
@@ -191,10 +191,12 @@ def test_the_file_header_records_the_format_and_scale_layout() -> None:
 
 
 def rewrite(path: Path, **changes: str) -> None:
+    """Write ``path`` again with ``changes`` to its header, as a writer of that layout would (the header checksum
+    recomputed: a header changed in place is damage, tests/api/test_damaged_kv_file.py)."""
     tensors = load_file(str(path))
     with safe_open(str(path), framework="pt") as handle:
-        metadata = dict(handle.metadata() or {})
-    save_file(tensors, str(path), metadata={**metadata, **changes})
+        metadata = {**(handle.metadata() or {}), **changes}
+    save_file(tensors, str(path), metadata={**metadata, "header_checksum": header_checksum(metadata)})
 
 
 @pytest.mark.parametrize(
@@ -232,7 +234,7 @@ def test_scales_that_do_not_fit_the_format_are_refused() -> None:
     tensors, metadata = fact_to_payload(key_for("int8"), kv_like(3, shape=(2, 1, 8)).quantized("int8"))
     with pytest.raises(KVChecksumError):  # tensors other than those written: refused before they are read
         fact_from_payload({**tensors, "key_scale": tensors["key_scale"][..., :4]}, metadata, "mem")
-    del metadata["checksum"]  # a file without one (written before checksums): its layout is still checked
+    del metadata["checksum"], metadata["header_checksum"]  # a file written before checksums: its layout is checked
     with pytest.raises(KVFormatError, match="scales must be float32"):
         fact_from_payload({**tensors, "key_scale": tensors["key_scale"][..., :4]}, metadata, "mem")
     with pytest.raises(KVFormatError, match="lacks"):

@@ -282,7 +282,11 @@ def test_checksums_cover_dtype_and_shape_and_files_without_one_are_read(tmp_path
     assert base != tensors_checksum({**tensors, "token_ids": tensors["token_ids"].view(torch.float64)})
     disk = DiskTier(tmp_path)
     disk.put(key(), fact(2))
-    _rewrite(disk.path(key()), lambda _, metadata: metadata.pop("checksum"))  # as written before checksums
+
+    def written_before_checksums(_: object, metadata: dict[str, str]) -> None:
+        del metadata["checksum"], metadata["header_checksum"]
+
+    _rewrite(disk.path(key()), written_before_checksums)
     assert same(disk.get(key()), fact(2))
     with pytest.raises(KVChecksumError, match="refusing to inject it"):
         fact_from_payload({**tensors, "values": -tensors["values"]}, fact_to_payload(key(), fact(2))[1], "m1/x")

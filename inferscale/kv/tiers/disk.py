@@ -33,6 +33,7 @@ from inferscale.kv.tiers.base import Evicted, KVKey, check_memory_id, is_memory_
 from inferscale.kv.tiers.serialization import (
     KVChecksumError,
     KVFormatError,
+    check_header,
     check_key,
     fact_from_payload,
     fact_to_payload,
@@ -134,19 +135,23 @@ class DiskTier:
 
         A damaged file is removed with a warning and is a miss: its memory is encoded again and stored anew. It is
         damaged when it is not a readable safetensors file (cut short by a full disk or a copy, overwritten), or when
-        its tensors do not match the checksum written with them (changed in place: a failing disk, a tool that
-        rewrote them; :func:`~inferscale.kv.tiers.serialization.check_checksum`).
+        its header or its tensors do not match the checksums written with them (changed in place: a failing disk,
+        a tool that rewrote them; :func:`~inferscale.kv.tiers.serialization.check_header`,
+        :func:`~inferscale.kv.tiers.serialization.check_checksum`), checked before the key it records.
         """
         path = self.path(key)
         try:
             with safe_open(str(path), framework="pt", device="cpu") as handle:
                 metadata = handle.metadata() or {}
+                check_header(metadata, str(path))
                 check_key(metadata, key, str(path))
                 tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except FileNotFoundError:
             return None
         except SafetensorError as exc:
             return self._drop_damaged(path, f"it is unreadable ({exc})")
+        except KVChecksumError:
+            return self._drop_damaged(path, "its header does not match the checksum written with it")
         try:
             fact = fact_from_payload(tensors, metadata, str(path))
         except KVChecksumError:

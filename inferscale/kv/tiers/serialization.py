@@ -8,7 +8,7 @@ K/V in the model's dtype (``format`` ``inferscale.kv/1``, as before 8-bit storag
               values [n_layers, n_kv_heads, n_tokens, head_dim] (same dtype)
               token_ids [n_tokens] int64
     metadata: format, storage_format ("model"), memory_id, text_hash, fingerprint, encoding_key, encoded_at,
-              checksum
+              checksum, header_checksum
 
 K/V in 8 bits (``format`` ``inferscale.kv/2``, :mod:`inferscale.kv.quantization`; a reader of ``/1`` only refuses
 it rather than read codes as K/V)::
@@ -21,8 +21,10 @@ it rather than read codes as K/V)::
 
 ``checksum`` is ``sha256:<hex>`` over every tensor's name, dtype, shape and bytes (:func:`tensors_checksum`): a file
 whose tensors were changed in place (a failing disk, a tool that rewrote them) is refused with
-:class:`KVChecksumError` instead of being injected. Files written before it was recorded have none and are read
-unchecked.
+:class:`KVChecksumError` instead of being injected. ``header_checksum`` is the same over every other header field
+(:func:`header_checksum`), so a header changed in place (a flipped byte in its fingerprint, a garbled
+``encoded_at``) is told apart from a whole file written under another key, which :func:`check_key` refuses. Files
+written before either was recorded have none and are read unchecked.
 """
 
 from __future__ import annotations
@@ -92,13 +94,41 @@ def check_checksum(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, s
         )
 
 
+def header_checksum(metadata: Mapping[str, str]) -> str:
+    """``sha256:<64 hex>`` over every header field but ``header_checksum`` itself, sorted by name (name and value of
+    each, length-prefixed so no two headers collide by how their fields are cut)."""
+    digest = hashlib.sha256()
+    for name in sorted(metadata):
+        if name != "header_checksum":
+            for part in (name, metadata[name]):
+                data = part.encode()
+                digest.update(len(data).to_bytes(8, "little") + data)
+    return CHECKSUM_PREFIX + digest.hexdigest()
+
+
+def check_header(metadata: Mapping[str, str], source: str) -> None:
+    """Refuse a header that does not match the ``header_checksum`` written in it (headers without one are not
+    checked): it was changed after the file was written, so none of its fields can be trusted.
+
+    Raises:
+        KVChecksumError: naming ``source``.
+    """
+    recorded = metadata.get("header_checksum")
+    if recorded is not None and header_checksum(metadata) != recorded:
+        raise KVChecksumError(
+            f"{source} has a header that does not match the checksum written with it: the file was changed after "
+            "it was written; refusing to inject it"
+        )
+
+
 def fact_to_payload(key: KVKey, fact: FactKV) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Named CPU tensors and metadata of ``fact`` stored under ``key``.
 
     Returns:
         ``(tensors, metadata)``: contiguous CPU tensors (``keys``, ``values`` in the fact's dtype or as 8-bit codes,
         the two float32 scales of 8-bit K/V; ``token_ids`` int64) and the header strings, which include every
-        :class:`KVKey` field, the storage format and the tensors' checksum (:func:`tensors_checksum`).
+        :class:`KVKey` field, the storage format, the tensors' checksum (:func:`tensors_checksum`) and the
+        header's own (:func:`header_checksum`).
     """
     tensors = {
         "keys": fact.keys.detach().to("cpu").contiguous(),
@@ -119,6 +149,7 @@ def fact_to_payload(key: KVKey, fact: FactKV) -> tuple[dict[str, torch.Tensor], 
     metadata.update({name: getattr(key, name) for name in KEY_FIELDS})
     metadata["encoded_at"] = str(int(fact.encoded_at))
     metadata["checksum"] = tensors_checksum(tensors)
+    metadata["header_checksum"] = header_checksum(metadata)
     return tensors, metadata
 
 
@@ -198,13 +229,15 @@ def fact_from_payload(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str
     CPU).
 
     Raises:
-        KVChecksumError: when the tensors do not match the entry's checksum (:func:`check_checksum`).
+        KVChecksumError: when the header or the tensors do not match the entry's checksums (:func:`check_header`,
+            :func:`check_checksum`).
         KVFormatError: when a tensor or ``encoded_at`` is missing or malformed, or the storage format or its scale
             layout is not one this version reads.
     """
     missing = [name for name in ("keys", "values", "token_ids") if name not in tensors]
     if missing or "encoded_at" not in metadata:
         raise KVFormatError(f"{source} lacks {missing or ['encoded_at']}; it was not written by the KV store")
+    check_header(metadata, source)
     check_checksum(tensors, metadata, source)
     scales = _scales(tensors, metadata, source)
     try:
