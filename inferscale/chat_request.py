@@ -26,6 +26,7 @@ from inferscale.arguments import (
 from inferscale.conversation import ChatMessage, SamplingSettings, check_messages, last_user_text
 from inferscale.errors import InvalidInputError
 from inferscale.filters import WILDCARD, Filter
+from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.scope import SCOPE_KEYS, Scope, ScopeId
 from inferscale.storage import MemoryRecord
 from inferscale.types import ChatMode
@@ -79,54 +80,30 @@ class SentTexts:
         sent = (m.content.strip() for m in conversation if m.role in ("user", "assistant"))
         return cls(frozenset(text for text in sent if text))
 
-    def unsent(self, memories: Sequence[MemoryRecord], limit: int) -> list[MemoryRecord]:
-        """The first ``limit`` of ``memories`` (in their order) whose stripped text is none of :attr:`texts`."""
-        return [m for m in memories if m.text.strip() not in self.texts][:limit]
+    def repeats(self, text: str) -> bool:
+        """Whether ``text``, stripped, is one of :attr:`texts`."""
+        return text.strip() in self.texts
 
     def retrieve_unsent(
         self, search: Callable[[int], Sequence[MemoryRecord]], limit: int, most: int | None = None
     ) -> list[MemoryRecord]:
         """The best ``limit`` memories ``search(k)`` (the best ``k`` of the scope, best first) finds that repeat no
-        sent text: ``k`` starts at ``limit`` plus one per text and doubles while fewer than ``limit`` remain and the
-        scope may hold more (one text may be stored many times: under several run ids, or with other whitespace),
-        up to ``most`` when given.
+        sent text, searching wider while fewer remain (:func:`~inferscale.kept_search.search_kept`: ``limit`` plus
+        one per text at first), up to ``most`` when given.
 
         Raises:
             Whatever ``search`` raises.
         """
-        k = self._first_k(limit, most)
-        while True:
-            found = search(k)
-            kept = self.unsent(found, limit)
-            k_next = self._next_k(k, len(found), len(kept), limit, most)
-            if k_next is None:
-                return kept
-            k = k_next
+        return search_kept(search, self._unsent, limit, extra=min(len(self.texts), limit), most=most)
 
     async def aretrieve_unsent(
         self, search: Callable[[int], Awaitable[Sequence[MemoryRecord]]], limit: int, most: int | None = None
     ) -> list[MemoryRecord]:
         """:meth:`retrieve_unsent` with an async ``search``; same result and errors."""
-        k = self._first_k(limit, most)
-        while True:
-            found = await search(k)
-            kept = self.unsent(found, limit)
-            k_next = self._next_k(k, len(found), len(kept), limit, most)
-            if k_next is None:
-                return kept
-            k = k_next
+        return await asearch_kept(search, self._unsent, limit, extra=min(len(self.texts), limit), most=most)
 
-    def _first_k(self, limit: int, most: int | None) -> int:
-        k = limit + min(len(self.texts), limit) if limit else 0
-        return k if most is None else min(k, most)
-
-    @staticmethod
-    def _next_k(k: int, found: int, kept: int, limit: int, most: int | None) -> int | None:
-        """The next ``k`` to search with, or ``None`` when the search at ``k`` decides: ``limit`` kept, or fewer than
-        ``k`` found (the scope holds no more), or ``k`` is ``most``."""
-        if kept >= limit or found < k or k == most:
-            return None
-        return 2 * k if most is None else min(2 * k, most)
+    def _unsent(self, memory: MemoryRecord) -> bool:
+        return not self.repeats(memory.text)
 
 
 def _memory_ids(memory_ids: Any) -> tuple[str, ...]:

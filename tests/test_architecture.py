@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "inferscale.devices": 0,
     "inferscale.worker_threads": 0,
     "inferscale.control_tokens": 0,
+    "inferscale.kept_search": 0,
     "inferscale.kv": 1,
     "inferscale.config": 2,
     "inferscale.mem0_config": 2,

@@ -12,6 +12,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
+from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.scope import ScopeIds
 from inferscale.write_back import astore_turns, store_turns
 from langchain_inferscale.chat_models import ChatInferScale
@@ -96,8 +97,11 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
         memories: list[tuple[str, str]] = []
         if query is not None:
             sent = _sent_texts(request.messages)
-            found = self.client.search(query, **scope, limit=self.limit + len(sent))
-            memories = self._recalled(found, sent)
+
+            def search(k: int) -> list[dict[str, Any]]:
+                return list(self.client.search(query, **scope, limit=k)["results"])
+
+            memories = _pairs(search_kept(search, _unsent_in(sent), self.limit, extra=len(sent)))
         return handler(self._with_memories(request, scope, memories))
 
     async def awrap_model_call(
@@ -108,12 +112,13 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
         memories: list[tuple[str, str]] = []
         if query is not None:
             sent = _sent_texts(request.messages)
-            limit = self.limit + len(sent)
-            if self.async_client is not None:
-                found = await self.async_client.search(query, **scope, limit=limit)
-            else:
-                found = await asyncio.to_thread(self.client.search, query, **scope, limit=limit)
-            memories = self._recalled(found, sent)
+
+            async def search(k: int) -> list[dict[str, Any]]:
+                if self.async_client is not None:
+                    return list((await self.async_client.search(query, **scope, limit=k))["results"])
+                return list((await asyncio.to_thread(self.client.search, query, **scope, limit=k))["results"])
+
+            memories = _pairs(await asearch_kept(search, _unsent_in(sent), self.limit, extra=len(sent)))
         return await handler(self._with_memories(request, scope, memories))
 
     def _with_memories(self, request: ModelRequest, scope: ScopeIds, memories: list[tuple[str, str]]) -> ModelRequest:
@@ -160,11 +165,6 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
             return ids
         return ScopeIds(**self.scope)
 
-    def _recalled(self, found: Mapping[str, Any], sent: set[str]) -> list[tuple[str, str]]:
-        """The top ``limit`` hits, leaving out those whose text is a message of the request (already there)."""
-        hits = [(r["id"], r["memory"]) for r in found["results"] if r["memory"].strip() not in sent]
-        return hits[: self.limit]
-
 
 def _context_ids(context: object) -> ScopeIds:
     """The scope ids a runtime context sets (``None`` for those it does not): keys of a dict, attributes of anything
@@ -183,6 +183,17 @@ def _last_user_text(messages: Sequence[BaseMessage]) -> str | None:
         if isinstance(message, HumanMessage):
             return message.text or None
     return None
+
+
+def _unsent_in(sent: set[str]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a search hit's text is none of ``sent`` (a memory repeating a message of the request is there
+    already: the next ones take its place, as in ``MemoryClient.chat``)."""
+    return lambda hit: hit["memory"].strip() not in sent
+
+
+def _pairs(hits: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """``(id, text)`` of each search hit, in order."""
+    return [(hit["id"], hit["memory"]) for hit in hits]
 
 
 def _sent_texts(messages: Sequence[BaseMessage]) -> set[str]:

@@ -131,6 +131,19 @@ def test_messages_being_sent_are_not_recalled() -> None:
     assert sent.model_settings["memory_ids"] == ["f1"]
 
 
+def test_a_message_stored_many_times_still_leaves_limit_memories() -> None:
+    """A review's find: the search asked for one hit more per message, so a question stored by three earlier runs
+    (or with other whitespace) took every slot and nothing was recalled; the search now widens while hits are left
+    out."""
+    question = "What is my dog called?"
+    copies = [("q1", question), ("q2", question), ("q3", f" {question}\n")]
+    client = FakeClient(*copies, ("f1", "My dog is called Biscuit."), ("f2", "I live in Lisbon."))
+    middleware = InferScaleMemoryMiddleware(client, user_id="maya", limit=2)  # type: ignore[arg-type]
+    sent = _call(middleware, [HumanMessage(question)])
+    assert sent.model_settings["memory_ids"] == ["f1", "f2"]
+    assert [s["limit"] for s in client.searches] == [3, 6]  # the first one came back with copies only
+
+
 class RefusingClient:
     """``add`` refuses with ``error``, and records each call's messages."""
 

@@ -10,10 +10,10 @@ from inferscale import ChatChunk
 
 
 class StubClient:
-    """``search`` returns ``hits``; ``add`` stores nothing; ``chat(stream=True)`` yields ``n_chunks`` chunks and
-    records in ``closed`` whether each stream was closed (it keeps each stream, as an engine keeps its request, so
-    only an explicit ``close()`` ends one, not the garbage collector). Reading ``context_window`` fails (it would
-    load the model)."""
+    """``search`` returns the first ``limit`` of ``hits``; ``add`` stores nothing; ``chat(stream=True)`` yields
+    ``n_chunks`` chunks and records in ``closed`` whether each stream was closed (it keeps each stream, as an engine
+    keeps its request, so only an explicit ``close()`` ends one, not the garbage collector). Reading
+    ``context_window`` fails (it would load the model)."""
 
     model_name = "stub-model"
 
@@ -31,7 +31,7 @@ class StubClient:
 
     def search(self, query: str, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("search", {"query": query, **kwargs}))
-        return {"results": list(self.hits)}
+        return {"results": self.hits[: kwargs.get("limit", len(self.hits))]}
 
     def add(self, messages: Any, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("add", {"messages": messages, **kwargs}))

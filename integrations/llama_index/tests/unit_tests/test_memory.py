@@ -3,6 +3,7 @@ no memory message without memories."""
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,21 @@ class RefusingClient(StubClient):
     def add(self, messages: Any, **kwargs: Any) -> dict[str, Any]:
         super().add(messages, **kwargs)
         raise self.error
+
+
+def test_a_message_stored_many_times_still_leaves_similarity_top_k_memories() -> None:
+    """A review's find: the search asked for one hit more per message in view, so a question stored by three earlier
+    sessions (or with other whitespace) took every slot and no memory was recalled; the search now widens."""
+    question = "What is my dog called?"
+    copies = [{"id": f"q{i}", "memory": text} for i, text in enumerate([question, question, f" {question}\n"])]
+    facts = [{"id": "f1", "memory": "My dog is called Biscuit."}, {"id": "f2", "memory": "I live in Lisbon."}]
+    client = StubClient(hits=[*copies, *facts])
+    memory = memory_on(client, similarity_top_k=2)
+    memory.put(ChatMessage(role="user", content=question))
+    for got in (memory.get(), asyncio.run(memory.aget())):
+        assert got[0].additional_kwargs[MEMORY_IDS_KEY] == ["f1", "f2"]
+    limits = [kwargs["limit"] for name, kwargs in client.calls if name == "search"]
+    assert limits == [3, 6, 3, 6]  # the first search of each came back with copies only
 
 
 def test_a_message_refused_for_its_scope_is_raised_not_logged() -> None:

@@ -16,6 +16,7 @@ from llama_index.memory.inferscale._messages import memory_message, search_text,
 from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, MemoryClient
+from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from inferscale.scope import SCOPE_KEYS
 from inferscale.write_back import astore_turns, store_turns
@@ -276,8 +277,17 @@ class InferScaleMemory(BaseMemory):
         window = self._window(history, self.token_limit - initial_token_count)
         exclude = self._ids_in_window(len(window))
         query = self._query(history, input)
-        hits = self._client.search(query, **self.context.ids(), limit=self._limit(exclude, window)) if query else None
-        return self._with_memories(hits, exclude, window)
+        hits: list[Mapping[str, Any]] = []
+        if query:
+            scope = self.context.ids()
+
+            def search(k: int) -> list[Mapping[str, Any]]:
+                return list(self._client.search(query, **scope, limit=k)["results"])
+
+            hits = search_kept(
+                search, self._new_to(exclude, window), self.similarity_top_k, extra=self._extra(exclude, window)
+            )
+        return self._with_memories(hits, window)
 
     async def aget(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
         """:meth:`get` on the event loop: the history from ``primary_memory.aget``, the search on ``async_client``
@@ -286,14 +296,18 @@ class InferScaleMemory(BaseMemory):
         window = self._window(history, self.token_limit - initial_token_count)
         exclude = self._ids_in_window(len(window))
         query = self._query(history, input)
-        hits = None
+        hits: list[Mapping[str, Any]] = []
         if query:
-            scope, limit = self.context.ids(), self._limit(exclude, window)
-            if self._async_client is not None:
-                hits = await self._async_client.search(query, **scope, limit=limit)
-            else:
-                hits = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=limit))
-        return self._with_memories(hits, exclude, window)
+            scope = self.context.ids()
+
+            async def search(k: int) -> list[Mapping[str, Any]]:
+                if self._async_client is not None:
+                    return list((await self._async_client.search(query, **scope, limit=k))["results"])
+                return list((await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=k)))["results"])
+
+            keep, extra = self._new_to(exclude, window), self._extra(exclude, window)
+            hits = await asearch_kept(search, keep, self.similarity_top_k, extra=extra)
+        return self._with_memories(hits, window)
 
     def get_all(self) -> list[ChatMessage]:
         """The whole chat history (no memory message)."""
@@ -349,20 +363,22 @@ class InferScaleMemory(BaseMemory):
         query = search_text(history, self.search_msg_limit, input)
         return query if query.strip() and self.similarity_top_k > 0 else None
 
-    def _limit(self, exclude: AbstractSet[str], window: Sequence[ChatMessage]) -> int:
-        """Hits to ask for so that ``similarity_top_k`` remain once ``exclude`` and the texts of ``window`` are left
-        out."""
-        return self.similarity_top_k + len(exclude) + len(window)
+    @staticmethod
+    def _extra(exclude: AbstractSet[str], window: Sequence[ChatMessage]) -> int:
+        """Hits to ask for on top of ``similarity_top_k`` at first: one per memory or message that may be left out
+        (the search widens while more are, :func:`~inferscale.kept_search.search_kept`)."""
+        return len(exclude) + len(window)
 
-    def _with_memories(
-        self, found: Mapping[str, Any] | None, exclude: AbstractSet[str], window: list[ChatMessage]
-    ) -> list[ChatMessage]:
-        """``window`` after the memory message of ``found`` (a search's result) less ``exclude``; ``window`` alone
-        when no memory is left."""
+    @staticmethod
+    def _new_to(exclude: AbstractSet[str], window: Sequence[ChatMessage]) -> Callable[[Mapping[str, Any]], bool]:
+        """Whether a search hit is new to the model: not stored from a message of ``window`` (its id in ``exclude``)
+        and not the text of one."""
         shown = {text for m in window if (text := (m.content or "").strip())}
-        results = (found or {}).get("results", [])
-        hits = [h for h in results if h["id"] not in exclude and h["memory"].strip() not in shown]
-        hits = hits[: self.similarity_top_k]
+        return lambda hit: hit["id"] not in exclude and hit["memory"].strip() not in shown
+
+    @staticmethod
+    def _with_memories(hits: Sequence[Mapping[str, Any]], window: list[ChatMessage]) -> list[ChatMessage]:
+        """``window`` after the memory message of ``hits``; ``window`` alone when there is none."""
         return [memory_message(hits), *window] if hits else window
 
     def _window(self, history: Sequence[ChatMessage], budget: int) -> list[ChatMessage]:
