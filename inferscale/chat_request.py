@@ -89,7 +89,7 @@ class SentTexts:
     ) -> list[MemoryRecord]:
         """The best ``limit`` memories ``search(k)`` (the best ``k`` of the scope, best first) finds that repeat no
         sent text, searching wider while fewer remain (:func:`~inferscale.kept_search.search_kept`: ``limit`` plus
-        one per text at first), up to ``most`` when given.
+        one per text, at most ``2 * limit``, at first), up to ``most`` when given.
 
         Raises:
             Whatever ``search`` raises.

@@ -284,8 +284,9 @@ class ChatSampling:
 
 
 def _error(exc: InvalidInputError) -> Any:
-    """The 400 for ``exc`` in vLLM's (OpenAI's) error shape, ``{"error": {"message", "type", "code"}}``: ``code``
-    is the transformers server's for the same error (``invalid_input``; ``context_length_exceeded``, as OpenAI's).
+    """The reply for ``exc`` in vLLM's (OpenAI's) error shape, ``{"error": {"message", "type", "code"}}``, with the
+    status and ``code`` the transformers server gives the same error (a 400 ``invalid_input`` for every error the
+    middleware passes here; ``context_length_exceeded``, as OpenAI's, among them).
     The same request gets it again, so it says not to retry (:func:`~inferscale.server.errors.error_reply`)."""
     row = code_of(exc)
     return error_reply({"error": {"message": str(exc), "type": "invalid_request_error", "code": row.code}}, row)

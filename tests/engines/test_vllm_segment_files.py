@@ -51,3 +51,21 @@ def test_segment_cache_refuses_a_file_whose_tensors_changed_after_it_was_written
     save_file(tensors, path, metadata=metadata)
     with pytest.raises(SegmentError, match="was changed after it was written"):
         SegmentCache(torch.device("cpu")).get(SegmentRef(path, "u1"))
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["store-file", "staged-segment"])
+def test_segment_cache_refuses_a_file_whose_header_changed_after_it_was_written(tmp_path: Path, staged: bool) -> None:
+    """The header has a checksum of its own (a review's find: staged segment files were written without one)."""
+    from inferscale.engines.vllm import write_segment
+
+    stored, path = _stored(tmp_path, "model")
+    if staged:
+        path = str(tmp_path / "staged.safetensors")
+        write_segment(Path(path), stored, KEY.fingerprint)
+    with safe_open(path, framework="pt") as handle:
+        metadata = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    assert metadata["header_checksum"].startswith("sha256:")
+    save_file(tensors, path, metadata={**metadata, "fingerprint": "fp-b", "encoded_at": "4"})
+    with pytest.raises(SegmentError, match="header that does not match the checksum"):
+        SegmentCache(torch.device("cpu")).get(SegmentRef(path, "u1"))

@@ -30,7 +30,7 @@ from inferscale.engines.vllm.segments import read_header
 from inferscale.errors import ConfigError, InvalidInputError
 from inferscale.kv.fact import FactKV
 from inferscale.kv.serving import ServingSettings
-from inferscale.kv.tiers.serialization import tensors_checksum
+from inferscale.kv.tiers.serialization import header_checksum, tensors_checksum
 
 
 def vllm_recompute_tail(serving: ServingSettings) -> int:
@@ -124,6 +124,7 @@ def write_segment(path: Path, fact: FactKV, fingerprint: str) -> None:
         "encoded_at": str(fact.encoded_at),
         "checksum": tensors_checksum(tensors),
     }
+    metadata["header_checksum"] = header_checksum(metadata)  # checked by the workers, as the KV store's files
     save_file(tensors, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 

@@ -114,7 +114,7 @@ class SegmentCache:
 
         Raises:
             SegmentError: when the file is missing or malformed (an unknown storage format included), or its
-                tensors do not match its checksum.
+                header or tensors do not match their checksums.
         """
         key = (ref.uid, *_stamp(ref.path))
         hit = self._entries.get(key)

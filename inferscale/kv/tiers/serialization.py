@@ -24,7 +24,9 @@ whose tensors were changed in place (a failing disk, a tool that rewrote them) i
 :class:`KVChecksumError` instead of being injected. ``header_checksum`` is the same over every other header field
 (:func:`header_checksum`), so a header changed in place (a flipped byte in its fingerprint, a garbled
 ``encoded_at``) is told apart from a whole file written under another key, which :func:`check_key` refuses. Files
-written before either was recorded have none and are read unchecked.
+written before either was recorded have none and are read unchecked. A field added to the header later is covered
+by the same checksum (it hashes whatever the header holds); another way of hashing would need another field name,
+or this version would take every file written that way for damaged.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class KVFormatError(InferScaleError, ValueError):
 
 
 class KVChecksumError(KVFormatError):
-    """A stored entry's tensors do not match the checksum written with them: the file was changed after it was
-    written. Its K/V must not be injected."""
+    """A stored entry's header or tensors do not match the checksums written with them: the file was changed after
+    it was written. Its K/V must not be injected."""
 
 
 CHECKSUM_PREFIX = "sha256:"
@@ -234,10 +236,10 @@ def fact_from_payload(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str
         KVFormatError: when a tensor or ``encoded_at`` is missing or malformed, or the storage format or its scale
             layout is not one this version reads.
     """
+    check_header(metadata, source)  # first: a damaged field name is damage, not a missing field
     missing = [name for name in ("keys", "values", "token_ids") if name not in tensors]
     if missing or "encoded_at" not in metadata:
         raise KVFormatError(f"{source} lacks {missing or ['encoded_at']}; it was not written by the KV store")
-    check_header(metadata, source)
     check_checksum(tensors, metadata, source)
     scales = _scales(tensors, metadata, source)
     try:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest, ModelResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
+from inferscale.arguments import MAX_LIMIT
 from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
 from inferscale.kept_search import asearch_kept, search_kept
@@ -101,7 +102,7 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
             def search(k: int) -> list[dict[str, Any]]:
                 return list(self.client.search(query, **scope, limit=k)["results"])
 
-            memories = _pairs(search_kept(search, _unsent_in(sent), self.limit, extra=len(sent)))
+            memories = _pairs(search_kept(search, _unsent_in(sent), self.limit, extra=len(sent), most=MAX_LIMIT))
         return handler(self._with_memories(request, scope, memories))
 
     async def awrap_model_call(
@@ -118,7 +119,7 @@ class InferScaleMemoryMiddleware(AgentMiddleware):
                     return list((await self.async_client.search(query, **scope, limit=k))["results"])
                 return list((await asyncio.to_thread(self.client.search, query, **scope, limit=k))["results"])
 
-            memories = _pairs(await asearch_kept(search, _unsent_in(sent), self.limit, extra=len(sent)))
+            memories = _pairs(await asearch_kept(search, _unsent_in(sent), self.limit, extra=len(sent), most=MAX_LIMIT))
         return await handler(self._with_memories(request, scope, memories))
 
     def _with_memories(self, request: ModelRequest, scope: ScopeIds, memories: list[tuple[str, str]]) -> ModelRequest:

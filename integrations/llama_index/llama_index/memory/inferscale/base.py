@@ -16,6 +16,7 @@ from llama_index.memory.inferscale._messages import memory_message, search_text,
 from llama_index.memory.inferscale._scope import InferScaleContext
 
 from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, MemoryClient
+from inferscale.arguments import MAX_LIMIT
 from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from inferscale.scope import SCOPE_KEYS
@@ -284,9 +285,8 @@ class InferScaleMemory(BaseMemory):
             def search(k: int) -> list[Mapping[str, Any]]:
                 return list(self._client.search(query, **scope, limit=k)["results"])
 
-            hits = search_kept(
-                search, self._new_to(exclude, window), self.similarity_top_k, extra=self._extra(exclude, window)
-            )
+            keep, extra = self._new_to(exclude, window), self._extra(exclude, window)
+            hits = search_kept(search, keep, self.similarity_top_k, extra=extra, most=MAX_LIMIT)
         return self._with_memories(hits, window)
 
     async def aget(self, input: str | None = None, initial_token_count: int = 0, **kwargs: Any) -> list[ChatMessage]:
@@ -306,7 +306,7 @@ class InferScaleMemory(BaseMemory):
                 return list((await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=k)))["results"])
 
             keep, extra = self._new_to(exclude, window), self._extra(exclude, window)
-            hits = await asearch_kept(search, keep, self.similarity_top_k, extra=extra)
+            hits = await asearch_kept(search, keep, self.similarity_top_k, extra=extra, most=MAX_LIMIT)
         return self._with_memories(hits, window)
 
     def get_all(self) -> list[ChatMessage]:
