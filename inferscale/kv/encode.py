@@ -79,10 +79,15 @@ def check_spans(requests: Sequence[EncodeRequest], max_positions: int, names: Se
     for i, req in enumerate(requests):
         if req.span > max_positions:
             name = names[i] if names is not None else f"fact {i}"
+            gap = (
+                f", or lower kv.position_buckets (this encoding leaves a gap of {req.position_gap} positions)"
+                if req.position_gap
+                else ""
+            )
             raise MemoryTooLongError(
                 f"{name} needs positions up to {req.span} with its context, any facts it is chained on and its "
                 f"position gap; the model's context "
-                f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns"
+                f"is {max_positions} tokens: shorten the fact, or encode it after fewer context turns{gap}"
             )
 
 

@@ -108,6 +108,18 @@ def test_add_refuses_a_fact_too_long_after_the_system_prefix_alone_and_stores_no
     assert [m["memory"] for m in client.get_all(user_id="maya")["results"]] == ["My dog is Rex."]
 
 
+def test_a_position_bucket_past_the_context_is_named_in_the_refusal(
+    engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
+) -> None:
+    """A tester's find: with ``kv.position_buckets=[0, 9000]`` every add of a short fact was refused as needing
+    positions past the model's context, advising to shorten the fact; the bucket is what to change."""
+    client = _client("sync", _config(tmp_path, None, encode_on_add="eager", position_buckets=(0, CONTEXT)), engine)
+    clients.append(client)
+    with pytest.raises(InvalidInputError, match=rf"or lower kv.position_buckets \(.* a gap of {CONTEXT} positions\)$"):
+        client.add("My cat is called Pixel.", user_id="maya", infer=False)
+    assert client.get_all(user_id="maya")["results"] == []
+
+
 @pytest.mark.parametrize("kind", ["sync", "async", "remote"])
 def test_update_refuses_a_text_too_long_with_the_memorys_context_turns(
     kind: ClientKind, engine: TransformersEngine, tmp_path: Path, clients: list[ClientAdapter]
