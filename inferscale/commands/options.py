@@ -160,7 +160,7 @@ def _sqlite_database(db_url: str) -> Path | None:
         url = make_url(db_url)
     except ArgumentError:
         return None
-    return sqlite_file(url) if url.get_backend_name() == "sqlite" else None
+    return sqlite_file(url)
 
 
 def _read_config(path: str) -> MemoryConfig:

@@ -34,9 +34,11 @@ WRITE_OPTION = "inferscale_write"
 
 def sqlite_file(url: URL) -> Path | None:
     """The database file of a SQLite URL, a leading ``~`` expanded (:func:`make_engine` opens it so), or ``None``
-    for an in-memory database."""
+    for an in-memory database or another backend's URL."""
     database = url.database
-    if not database or database == ":memory:" or database.startswith("file:") or url.query.get("mode"):
+    if url.get_backend_name() != "sqlite" or not database:
+        return None
+    if database == ":memory:" or database.startswith("file:") or url.query.get("mode"):  # in memory
         return None
     return Path(database).expanduser()
 
@@ -330,7 +332,7 @@ def _home_expanded(parsed: URL) -> URL:
     """``parsed`` with a SQLite file's leading ``~`` expanded, as :func:`sqlite_file` reads it. The driver opens the
     path as written: ``sqlite:///~/m.db`` was switched to WAL at ``$HOME/m.db`` (a file made there) and then opened
     at ``./~/m.db``, which failed (a review's find)."""
-    path = sqlite_file(parsed) if parsed.get_backend_name() == "sqlite" else None
+    path = sqlite_file(parsed)
     return parsed.set(database=str(path)) if path is not None and (parsed.database or "").startswith("~") else parsed
 
 
