@@ -132,12 +132,6 @@ def _lock_rows(s: Session, ids: Iterable[str]) -> dict[str, MemoryRow]:
     return rows
 
 
-def text_lock_key(scope: Scope, text_hash: str) -> int:
-    """The advisory-lock key of one text in one scope (:func:`~inferscale.storage.locks.advisory_key`): adds of the
-    same text to the same scope take turns, on PostgreSQL, between the duplicate check and the insert."""
-    return advisory_key("inferscale.memories", scope.key(), text_hash)
-
-
 def _scrub(s: Session, leaving: dict[Scope, set[str]], holders: dict[str, tuple[Scope, MemoryRow]]) -> list[MemoryRow]:
     """Remove from the holders' contexts every text that left its scope (no memory of exactly that scope holds it
     after the change), moving each one's chain start back by the entries removed before it, and delete the
@@ -176,10 +170,11 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     Locks come first, advisory locks (PostgreSQL, held to the end of the transaction) before row locks:
 
     - the stored contexts of each exact scope the change set touches (:func:`~inferscale.storage.contexts.
-      context_lock_key`): those of the memories it deletes or updates, and its own scope when it adds;
-    - with ``skip_duplicates``, the scope's texts being added (:func:`text_lock_key`), so the duplicate check sees
-      every add committed before it, under any concurrency: the same text is stored once per exact scope on
-      PostgreSQL as on SQLite, whose writers take turns already;
+      context_lock_key`): those of the memories it deletes or updates, and its own scope when it adds. Every write
+      that can put a text into a scope (an add to it, an update of one of its memories) thus takes that scope's
+      lock, so with ``skip_duplicates`` the duplicate check sees every such write committed before it, under any
+      concurrency: the same text is stored once per exact scope on PostgreSQL as on SQLite, whose writers take
+      turns already;
     - the ids given to new memories (:attr:`NewMemory.memory_id`), so two change sets giving one id to memories of
       two scopes take turns: the second sees the first's memory and refuses (never a unique-key error);
     - then the rows the deletes and updates name and the rows whose context holds a text they take out of their scope
@@ -206,8 +201,6 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     possible = changes.possible_adds()
     if possible and changes.scope is not None:
         keys.append(context_lock_key(changes.scope))
-        if changes.skip_duplicates:
-            keys += [text_lock_key(changes.scope, hash_text(new.text)) for new in possible]
     keys += [advisory_key("inferscale.memory_id", new.memory_id) for new in possible if new.memory_id is not None]
     lock_keys(s, keys)
     leaving = _leaving_texts(s, changes, scopes)
@@ -373,4 +366,4 @@ def reset_in_session(s: Session) -> list[str]:
     return sorted(set(known))
 
 
-__all__ = ["apply_in_session", "delete_scope_in_session", "reset_in_session", "text_lock_key"]
+__all__ = ["apply_in_session", "delete_scope_in_session", "reset_in_session"]

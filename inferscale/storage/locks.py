@@ -6,6 +6,14 @@ SQLite needs none of its own: every write transaction starts ``BEGIN IMMEDIATE``
 transaction takes an advisory lock (``pg_advisory_xact_lock``) on a 64-bit key before it checks, so a second one
 waits until the first commits and then sees its row. The lock is released when the transaction ends, commit or
 rollback. Other dialects get no lock (InferScale is tested on SQLite and PostgreSQL).
+
+Each advisory lock takes a slot of PostgreSQL's shared lock table (``max_locks_per_transaction`` x
+``max_connections`` slots for the whole server, 64 x 100 by default), so one lock per key would let a large change
+set (an ``add`` of thousands of messages, each with an id to claim) fill it and fail with "out of shared memory".
+:func:`lock_keys` therefore escalates, as databases escalate row locks to a table lock: every locking transaction
+first takes one *escalation lock*, shared while it names at most :data:`MAX_ADVISORY_KEYS` keys (it then locks each
+of them as well), exclusive when it names more (it then locks none of them: holding the escalation lock alone
+excludes every other locking transaction). A transaction thus holds at most ``MAX_ADVISORY_KEYS + 1`` advisory locks.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ from sqlalchemy.orm import Session
 
 _INT64_BITS = 64
 
+MAX_ADVISORY_KEYS = 32
+"""The most keys :func:`lock_keys` locks one by one in a transaction; past it, the exclusive escalation lock stands
+for them all. Half of PostgreSQL's default ``max_locks_per_transaction`` (64)."""
+
 
 def advisory_key(*parts: str) -> int:
     """A signed 64-bit advisory-lock key naming ``parts`` (the first 8 bytes of the sha256 of their NUL-joined UTF-8
@@ -26,10 +38,19 @@ def advisory_key(*parts: str) -> int:
     return int.from_bytes(digest[: _INT64_BITS // 8], "big", signed=True)
 
 
+ESCALATION_KEY = advisory_key("inferscale.escalation")
+"""The advisory key every :func:`lock_keys` call locks first: shared for a few keys, exclusive for many."""
+
+
 def lock_keys(conn: Connection | Session, keys: Iterable[int]) -> None:
-    """Take PostgreSQL's transaction-scoped advisory lock on every key, in ascending order (two transactions that
-    lock overlapping key sets then never wait for each other in a cycle); waits while another transaction holds
+    """Lock ``keys`` for the rest of the current transaction, on PostgreSQL; waits while another transaction holds
     one. Does nothing on other dialects.
+
+    The escalation lock comes first (module docstring), shared when there are at most :data:`MAX_ADVISORY_KEYS`
+    distinct keys, then each key in ascending order (two transactions that lock overlapping key sets then never wait
+    for each other in a cycle); with more keys, the escalation lock is taken exclusive and the keys are not locked
+    one by one. Call it once per transaction: a second call could wait, holding locks, on a transaction that waits
+    on the first call's.
 
     Args:
         conn: the connection or session whose current transaction holds the locks until it ends.
@@ -38,8 +59,13 @@ def lock_keys(conn: Connection | Session, keys: Iterable[int]) -> None:
     dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
     if dialect.name != "postgresql":
         return
-    for key in sorted(set(keys)):
+    distinct = sorted(set(keys))
+    if len(distinct) > MAX_ADVISORY_KEYS:
+        conn.execute(select(func.pg_advisory_xact_lock(ESCALATION_KEY)))
+        return
+    conn.execute(select(func.pg_advisory_xact_lock_shared(ESCALATION_KEY)))
+    for key in distinct:
         conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
-__all__ = ["advisory_key", "lock_keys"]
+__all__ = ["ESCALATION_KEY", "MAX_ADVISORY_KEYS", "advisory_key", "lock_keys"]
