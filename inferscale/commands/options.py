@@ -127,12 +127,12 @@ class StoreOptions:
             raise ConfigError(f"invalid config: {exc}") from exc
 
     def existing_config(self, model: ModelOptions | None = None) -> MemoryConfig:
-        """:meth:`config`, for a command that reads or changes what a store already holds (every command but ``add``
-        and ``keys create``): a data folder named by ``--data-dir`` or the config file must hold the database
-        (``memory.db``) when the database lives there (no ``--db-url``). Opening a mistyped path, or an existing
-        folder that is not a store (``--data-dir .``), would create a new, empty store there and answer from it (no
-        memories found, none deleted) as if the right one were empty. The default folder (``<home>/data``) is taken as
-        it is: before a first ``add`` it holds nothing, as a new store.
+        """:meth:`config`, for a command that reads or changes what a store already holds (every command but ``add``,
+        ``import-mem0``, ``keys create`` and ``serve``): a data folder named by ``--data-dir`` or the config file must
+        hold the database (``memory.db``) when the database lives there (no ``--db-url``). Opening a mistyped path, or
+        an existing folder that is not a store (``--data-dir .``), would create a new, empty store there and answer
+        from it (no memories found, none deleted) as if the right one were empty. The default folder (``<home>/data``)
+        is taken as it is: before a first ``add`` it holds nothing, as a new store.
 
         Raises:
             ConfigError: when that folder or its database file does not exist, or a SQLite ``--db-url`` (or the config
@@ -140,7 +140,7 @@ class StoreOptions:
                 list`` reported "0 API keys": a new user's find), naming it; or as :meth:`config`.
         """
         config = self.config(model)
-        create = "`inferscale add` and `inferscale keys create` create a store"
+        create = "`inferscale add`, `import-mem0`, `keys create` and `serve` create a store"
         if config.data_dir is not None and config.db_url is None and not (config.data_path() / DATABASE_FILE).is_file():
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
             missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"

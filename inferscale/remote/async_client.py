@@ -338,7 +338,7 @@ class AsyncRemoteMemoryClient:
     ) -> ChatResult | AsyncGenerator[ChatChunk, None]:
         """Answer a question or a conversation with the scope's memories, on the server's engine; see
         :meth:`AsyncMemoryClient.chat <inferscale.async_client.AsyncMemoryClient.chat>` (same arguments, results
-        and errors).
+        and errors). Without ``limit`` the request names none and the server's ``--limit`` applies (5 unless set).
 
         With ``stream=True`` the awaited call returns an async iterator of the server-sent chunks: the server refuses
         bad input before the first chunk, so the error is raised by the awaited call, and the last chunk carries the

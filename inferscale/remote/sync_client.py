@@ -341,7 +341,8 @@ class RemoteMemoryClient:
         stop: str | Sequence[str] | None = None,
     ) -> ChatResult | Generator[ChatChunk, None, None]:
         """Answer a question or a conversation with the scope's memories, on the server's engine; see
-        :meth:`MemoryClient.chat <inferscale.client.MemoryClient.chat>` (same arguments, results and errors).
+        :meth:`MemoryClient.chat <inferscale.client.MemoryClient.chat>` (same arguments, results and errors). Without
+        ``limit`` the request names none and the server's ``--limit`` applies (5 unless set).
 
         With ``stream=True`` the answer arrives as server-sent events: the server refuses bad input before the
         first chunk, so the error is raised by this call, and the iterator's last chunk carries the

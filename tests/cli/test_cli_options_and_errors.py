@@ -312,9 +312,11 @@ def test_a_command_on_a_data_dir_that_does_not_exist_fails_without_creating_a_st
     argv: list[str], cli: Callable[..., Ran], tmp_path: Path
 ) -> None:
     """A mistyped ``--data-dir`` created a new, empty store there: ``search`` found nothing, ``delete --all``
-    deleted nothing, both exit 0, as if the right store were empty (a CLI user's report)."""
+    deleted nothing, both exit 0, as if the right store were empty (a CLI user's report). The hint names every
+    command that creates a store, as docs/cli.md does (it named two of the four: a new user's find)."""
     typo = tmp_path / "dta"
-    _one_error_line(cli(*argv, "--data-dir", str(typo), local=False), 2, f"no store at {typo} (--data-dir)")
+    hint = "`inferscale add`, `import-mem0`, `keys create` and `serve` create a store"
+    _one_error_line(cli(*argv, "--data-dir", str(typo), local=False), 2, f"no store at {typo} (--data-dir)", hint)
     assert not typo.exists()
 
 
