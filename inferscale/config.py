@@ -302,8 +302,9 @@ class KVConfig(_Strict):
             CUDA and no GPU tier otherwise.
         storage_format: how fact K/V are kept at rest and in the host/device tiers
             (:mod:`inferscale.kv.quantization`): ``"model"`` (the model's dtype), ``"float8_e4m3"`` (float8 codes,
-            one scale per layer and head: 2x smaller than bfloat16) or ``"int8"`` (the KIVI layout, keys per
-            channel and values per token: 1.86x smaller for 46-token memories, more exact). Quantised once when a
+            one scale per layer and head: 2x smaller than bfloat16) or ``"int8"`` (affine codes in the KIVI layout,
+            keys per channel and values per token, each group with a scale and an offset: 1.86x smaller for 46-token
+            memories, more exact). Quantised once when a
             fact is stored, dequantised where the cache is assembled; part of each entry's key. ``"model"`` stays
             the default: in bfloat16 both formats keep first-token KL near 0.003 nats but change a third of the
             greedy answers, as re-batching the encoding does (docs/architecture.md, "K/V at rest in 8 bits").

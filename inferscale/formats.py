@@ -8,6 +8,6 @@ from typing import Literal
 
 StorageFormat = Literal["model", "float8_e4m3", "int8"]
 """How fact K/V are stored: ``"model"``, in the model's dtype; ``"float8_e4m3"`` or ``"int8"``, in 8 bits with
-float32 scales (:mod:`inferscale.kv.quantization`)."""
+scales, and for int8 offsets (:mod:`inferscale.kv.quantization`)."""
 
 __all__ = ["StorageFormat"]

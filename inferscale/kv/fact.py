@@ -57,15 +57,19 @@ class FactKV:
             shape = tuple(self.keys.shape)
             if self.keys.dtype != fmt.code_dtype or self.values.dtype != fmt.code_dtype:
                 raise ValueError(f"{fmt.name} K/V must be {fmt.code_dtype} codes, got {self.keys.dtype}")
-            for name, scale, axis in (
-                ("key", self.scales.keys, fmt.key_scale),
-                ("value", self.scales.values, fmt.value_scale),
+            offsets = (self.scales.key_offsets, self.scales.value_offsets)
+            if [o is not None for o in offsets] != [fmt.affine, fmt.affine]:
+                raise ValueError(f"{fmt.name} K/V need {'both' if fmt.affine else 'no'} key and value offsets")
+            for name, scale, offset, axis in (
+                ("key", self.scales.keys, offsets[0], fmt.key_scale),
+                ("value", self.scales.values, offsets[1], fmt.value_scale),
             ):
-                if tuple(scale.shape) != scale_shape(axis, shape) or scale.dtype != torch.float32:
-                    raise ValueError(
-                        f"{fmt.name} {name} scales must be float32 {list(scale_shape(axis, shape))} (per {axis}), "
-                        f"got {scale.dtype} {list(scale.shape)}"
-                    )
+                for kind, t, dtype in (("scales", scale, fmt.scale_dtype), ("offsets", offset, fmt.scale_dtype)):
+                    if t is not None and (tuple(t.shape) != scale_shape(axis, shape) or t.dtype != dtype):
+                        raise ValueError(
+                            f"{fmt.name} {name} {kind} must be {dtype} {list(scale_shape(axis, shape))} "
+                            f"(per {axis}), got {t.dtype} {list(t.shape)}"
+                        )
 
     @property
     def n_tokens(self) -> int:
@@ -98,9 +102,7 @@ class FactKV:
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> FactKV:
         """A copy with ``fn`` applied to keys, values and scales (not to the token ids), e.g. to move them to
         another device; :attr:`source` is kept, so ``fn`` must not change values."""
-        scales = self.scales
-        if scales is not None:
-            scales = KVScales(scales.format, fn(scales.keys), fn(scales.values), scales.dtype)
+        scales = None if self.scales is None else self.scales.map_tensors(fn)
         return FactKV(fn(self.keys), fn(self.values), self.token_ids, self.encoded_at, self.source, scales)
 
     def quantized(self, storage_format: str) -> FactKV:
@@ -120,9 +122,9 @@ class FactKV:
                 f"these K/V are stored as {self.storage_format!r}; quantising them to {storage_format!r} would round "
                 "them twice: encode the fact again"
             )
-        keys, key_scale = quantize(self.keys, fmt, fmt.key_scale)
-        values, value_scale = quantize(self.values, fmt, fmt.value_scale)
-        scales = KVScales(fmt.name, key_scale, value_scale, self.keys.dtype)
+        keys, key_scale, key_offset = quantize(self.keys, fmt, fmt.key_scale)
+        values, value_scale, value_offset = quantize(self.values, fmt, fmt.value_scale)
+        scales = KVScales(fmt.name, key_scale, value_scale, self.keys.dtype, key_offset, value_offset)
         return FactKV(keys, values, self.token_ids, self.encoded_at, self.source, scales)
 
     def dequantized(self, dtype: torch.dtype | None = None) -> FactKV:
@@ -133,8 +135,8 @@ class FactKV:
         if self.scales is None:
             return self if self.keys.dtype == target else self.to(self.keys.device, target)
         return FactKV(
-            dequantize(self.keys, self.scales.keys, target),
-            dequantize(self.values, self.scales.values, target),
+            dequantize(self.keys, self.scales.keys, target, self.scales.key_offsets),
+            dequantize(self.values, self.scales.values, target, self.scales.value_offsets),
             self.token_ids,
             self.encoded_at,
             self.source if target == self.dtype else None,

@@ -1,31 +1,37 @@
-"""K/V at rest in 8 bits: a fact's keys and values as 8-bit codes with float32 scales, ``x ≈ codes * scale``.
+"""K/V at rest in 8 bits: a fact's keys and values as 8-bit codes with a scale (and, for int8, an offset) per group,
+``x ≈ codes * scale + offset``.
 
 A fact is quantised once, when its K/V are stored (after encoding; keys before RoPE), and dequantised where the
 cache is assembled, on that device, to the engine's dtype (:func:`inferscale.kv.compose.assemble`). Only torch
-primitives: an ``amax`` per group for the scale, then ``.to(torch.float8_e4m3fn)`` or ``round``/``clamp`` to
-``int8``; no bit packing.
+primitives: ``amin``/``amax`` per group for the scale (and offset), then ``.to(torch.float8_e4m3fn)`` or
+``round``/``clamp`` to ``uint8``; no bit packing.
 
 The formats (``kv.storage_format``), each a fixed scale layout over ``[n_layers, n_kv_heads, n_tokens, head_dim]``:
 
 - ``"model"``: the model's dtype, no scales (the default);
-- ``"float8_e4m3"``: ``torch.float8_e4m3fn`` codes (3 mantissa bits, max 448), one scale per (layer, head) for
-  keys and for values. A float8 code keeps a relative precision of 2^-4 over 17 binades, so per-channel key scales
-  only halve its KL, and they cost 23 KB per fact for SmolLM2-135M (a whole bfloat16 token) where per (layer, head)
-  costs 720 bytes: 2x smaller than bfloat16 rather than 1.8x for a ~20-token fact;
-- ``"int8"``: symmetric ``int8`` codes in the KIVI layout (Liu et al. 2024): keys per channel (one scale per
-  (layer, head, channel), over the fact's tokens: outlier channels keep their own range), values per token (one
-  scale per (layer, head, token), over ``head_dim``). Its first-token KL is ~100x below float8's in float32.
+- ``"float8_e4m3"``: ``torch.float8_e4m3fn`` codes (3 mantissa bits, max 448), one float32 scale per (layer, head)
+  for keys and for values. A float8 code keeps a relative precision of 2^-4 over 17 binades, so per-channel key
+  scales only halve its KL, and they cost 23 KB per fact for SmolLM2-135M (a whole bfloat16 token) where per
+  (layer, head) costs 720 bytes: 2x smaller than bfloat16 rather than 1.8x for a ~20-token fact;
+- ``"int8"``: affine 8-bit integer codes in the KIVI layout with zero points (Liu et al. 2024, "KIVI", Sec. 3):
+  keys per channel (one scale and offset per (layer, head, channel), over the fact's tokens: outlier channels keep
+  their own range), values per token (one per (layer, head, token), over ``head_dim``). Each group's codes span
+  its own ``[min, max]`` (``uint8`` 0-255, ``x ≈ code * scale + offset``), so a channel whose keys sit away from
+  zero keeps its steps for its own range: about half the key error of symmetric codes. Offset and scale are
+  bfloat16, the offset rounded down and the scale up so the group's range stays covered: 4 bytes a group, what the
+  float32 scale of symmetric codes took.
 
 What each costs in answers is measured by ``benchmarks/kv_quantization.py`` (docs/architecture.md, "K/V at rest in
 8 bits"); ``"model"`` stays the default.
 
-Error bounds, per element, with ``s`` the element's scale (tested in ``tests/kv/test_kv_quantization.py``):
+Error bounds, per element, with ``s`` the element's stored scale (tested in ``tests/kv/test_kv_quantization.py``):
 float8 e4m3, ``|x - x̂| <= 2^-4 |x| + 2^-10 s`` (half an ulp of a 3-bit mantissa, or of the subnormal step
-2^-9 below 2^-6); int8, ``|x - x̂| <= s / 2``.
+2^-9 below 2^-6); int8, ``|x - x̂| <= s / 2`` (plus float32 rounding of ``code * s + offset``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -63,13 +69,16 @@ _REDUCED: dict[str, tuple[int, ...]] = {"channel": (2,), "token": (3,), "head": 
 
 @dataclass(frozen=True, slots=True)
 class QuantFormat:
-    """An 8-bit storage format: the code dtype, its largest magnitude and the scale layout of keys and values.
+    """An 8-bit storage format: the code dtype, its code range and the scale layout of keys and values.
 
     Attributes:
         name: the ``kv.storage_format`` value.
-        code_dtype: ``torch.float8_e4m3fn`` or ``torch.int8``.
-        code_max: the largest code magnitude used (448 for e4m3, 127 for int8: symmetric, -128 unused).
+        code_dtype: ``torch.float8_e4m3fn`` or ``torch.uint8``.
+        code_max: the largest code used: 448 for e4m3 (symmetric, ``-448..448``), 255 for int8 (``0..255``).
         key_scale, value_scale: the :data:`ScaleAxis` of keys and of values.
+        affine: whether each group also has an offset (its minimum): ``x ≈ code * scale + offset``, codes from 0;
+            otherwise ``x ≈ code * scale``.
+        scale_dtype: the dtype scales (and offsets) are stored in.
     """
 
     name: str
@@ -77,17 +86,20 @@ class QuantFormat:
     code_max: float
     key_scale: ScaleAxis
     value_scale: ScaleAxis
+    affine: bool = False
+    scale_dtype: torch.dtype = torch.float32
 
     @property
     def tag(self) -> str:
-        """The format and its scale layout in one token, e.g. ``"int8:k=channel,v=token"``: what the KV key and
-        the file's header record (:func:`storage_tag`)."""
-        return f"{self.name}:k={self.key_scale},v={self.value_scale}"
+        """The format and its scale layout in one token, e.g. ``"int8:k=channel,v=token,offset"``: what the KV key
+        and the file's header record (:func:`storage_tag`)."""
+        tag = f"{self.name}:k={self.key_scale},v={self.value_scale}"
+        return f"{tag},offset" if self.affine else tag
 
 
 FORMATS: dict[str, QuantFormat] = {
     "float8_e4m3": QuantFormat("float8_e4m3", torch.float8_e4m3fn, 448.0, "head", "head"),
-    "int8": QuantFormat("int8", torch.int8, 127.0, "channel", "token"),
+    "int8": QuantFormat("int8", torch.uint8, 255.0, "channel", "token", affine=True, scale_dtype=torch.bfloat16),
 }
 """The 8-bit formats by name (every :data:`StorageFormat` but ``"model"``)."""
 
@@ -134,20 +146,25 @@ def tag_of_encoding_key(encoding_key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KVScales:
-    """What turns a fact's 8-bit codes back into K/V: ``keys ≈ codes.float() * scales.keys`` (broadcast), likewise
-    values.
+    """What turns a fact's 8-bit codes back into K/V: ``keys ≈ codes.float() * scales.keys + scales.key_offsets``
+    (broadcast; no offset for a format that is not affine), likewise values.
 
     Attributes:
         format: the :attr:`QuantFormat.name` (``"float8_e4m3"`` or ``"int8"``).
-        keys: float32 key scales, ``[L, H, 1, D]`` (per channel) or ``[L, H, 1, 1]`` (per head).
-        values: float32 value scales, ``[L, H, T, 1]`` (per token) or ``[L, H, 1, 1]`` (per head).
+        keys: key scales in the format's ``scale_dtype``, ``[L, H, 1, D]`` (per channel) or ``[L, H, 1, 1]`` (per
+            head).
+        values: value scales, ``[L, H, T, 1]`` (per token) or ``[L, H, 1, 1]`` (per head).
         dtype: the dtype the K/V had before quantisation (what :func:`dequantize` gives back when none is asked).
+        key_offsets, value_offsets: the groups' offsets, shaped and typed as the scales, for an affine format;
+            else ``None``.
     """
 
     format: str
     keys: torch.Tensor
     values: torch.Tensor
     dtype: torch.dtype
+    key_offsets: torch.Tensor | None = None
+    value_offsets: torch.Tensor | None = None
 
     @property
     def spec(self) -> QuantFormat:
@@ -159,8 +176,25 @@ class KVScales:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by both scale tensors (bytes)."""
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        """Bytes held by the scales and offsets (bytes)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The scales, then the offsets when there are any."""
+        if self.key_offsets is None or self.value_offsets is None:
+            return (self.keys, self.values)
+        return (self.keys, self.values, self.key_offsets, self.value_offsets)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> KVScales:
+        """A copy with ``fn`` applied to every scale and offset (e.g. to move them to another device)."""
+        return KVScales(
+            self.format,
+            fn(self.keys),
+            fn(self.values),
+            self.dtype,
+            None if self.key_offsets is None else fn(self.key_offsets),
+            None if self.value_offsets is None else fn(self.value_offsets),
+        )
 
 
 def scale_shape(axis: ScaleAxis, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -168,40 +202,65 @@ def scale_shape(axis: ScaleAxis, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if dim in _REDUCED[axis] else size for dim, size in enumerate(shape))
 
 
-def quantize(x: torch.Tensor, fmt: QuantFormat, axis: ScaleAxis) -> tuple[torch.Tensor, torch.Tensor]:
-    """8-bit codes and scales of ``x``, on its device.
+def quantize(
+    x: torch.Tensor, fmt: QuantFormat, axis: ScaleAxis
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """8-bit codes, scales and offsets of ``x``, on its device.
 
-    Each group's scale is ``amax(|x|) / fmt.code_max`` (float32; at least the smallest normal float32, so a group
-    of zeros gets codes 0), and ``codes = x / scale`` rounded to ``fmt.code_dtype``: nearest-even by the float8 cast,
-    ``round`` then ``clamp`` for int8.
+    Symmetric (float8): each group's scale is ``amax(|x|) / fmt.code_max`` (at least the smallest normal float32, so
+    a group of zeros gets codes 0) and ``codes = x / scale``, rounded nearest-even by the float8 cast; no offset.
+    Affine (int8): each group's offset is its minimum rounded down to ``fmt.scale_dtype`` and its scale ``(max -
+    offset) / fmt.code_max`` rounded up to it (at least its smallest normal), so ``[offset, offset + code_max *
+    scale]`` covers the group; ``codes = round((x - offset) / scale)``, clamped to ``0..code_max``.
 
     Args:
-        x: ``[n_layers, n_kv_heads, n_tokens, head_dim]``, any float dtype.
+        x: ``[n_layers, n_kv_heads, n_tokens, head_dim]``, any float dtype, finite.
         fmt: the format.
         axis: what one scale covers (:data:`ScaleAxis`).
 
     Returns:
-        ``(codes, scale)``: codes ``[L, H, T, D]`` in ``fmt.code_dtype``; scale float32 of
-        :func:`scale_shape` ``(axis, x.shape)``.
+        ``(codes, scale, offset)``: codes ``[L, H, T, D]`` in ``fmt.code_dtype``; scale and offset (``None`` unless
+        ``fmt.affine``) in ``fmt.scale_dtype``, shaped :func:`scale_shape` ``(axis, x.shape)``.
     """
     x32 = x.detach().float()
-    amax = x32.abs().amax(dim=_REDUCED[axis], keepdim=True)
-    scale = (amax / fmt.code_max).clamp_min(torch.finfo(torch.float32).tiny)
-    scaled = (x32 / scale).clamp(-fmt.code_max, fmt.code_max)
-    if fmt.code_dtype.is_floating_point:
-        return scaled.to(fmt.code_dtype), scale
-    return scaled.round().to(fmt.code_dtype), scale
+    reduced = _REDUCED[axis]
+    if not fmt.affine:
+        amax = x32.abs().amax(dim=reduced, keepdim=True)
+        scale = (amax / fmt.code_max).clamp_min(torch.finfo(torch.float32).tiny)
+        scaled = (x32 / scale).clamp(-fmt.code_max, fmt.code_max)
+        codes = scaled.to(fmt.code_dtype) if fmt.code_dtype.is_floating_point else scaled.round().to(fmt.code_dtype)
+        return codes, scale.to(fmt.scale_dtype), None
+    offset = _rounded(x32.amin(dim=reduced, keepdim=True), fmt.scale_dtype, up=False)
+    wanted = ((x32.amax(dim=reduced, keepdim=True) - offset.float()) / fmt.code_max).clamp_min(
+        torch.finfo(fmt.scale_dtype).tiny
+    )
+    scale = _rounded(wanted, fmt.scale_dtype, up=True)
+    codes = ((x32 - offset.float()) / scale.float()).round().clamp(0, fmt.code_max).to(fmt.code_dtype)
+    return codes, scale, offset
 
 
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``codes * scale`` in ``dtype``, computed in float32 on the codes' device.
+def _rounded(x: torch.Tensor, dtype: torch.dtype, *, up: bool) -> torch.Tensor:
+    """``x`` (float32) in ``dtype``, rounded toward +inf (``up``) or -inf instead of to nearest."""
+    near = x.to(dtype)
+    past = near.float() < x if up else near.float() > x
+    return torch.where(past, torch.nextafter(near, torch.full_like(near, float("inf") if up else float("-inf"))), near)
+
+
+def dequantize(
+    codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``codes * scale (+ offset)`` in ``dtype``, computed in float32 on the codes' device.
 
     Args:
         codes: ``[L, H, T, D]`` 8-bit codes.
-        scale: float32, broadcastable to ``codes`` and on the same device.
+        scale: broadcastable to ``codes`` and on the same device.
         dtype: the dtype returned (the engine's).
+        offset: shaped as ``scale``, for an affine format; else ``None``.
 
     Returns:
         ``[L, H, T, D]`` in ``dtype``.
     """
-    return (codes.float() * scale).to(dtype)
+    out = codes.float() * scale.float()
+    if offset is not None:
+        out = out + offset.float()
+    return out.to(dtype)

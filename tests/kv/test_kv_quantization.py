@@ -73,27 +73,48 @@ def test_float8_round_trip_is_within_half_an_e4m3_ulp(dtype: torch.dtype) -> Non
 def test_int8_round_trip_is_within_half_a_step_in_the_kivi_layout(dtype: torch.dtype) -> None:
     original = kv_like(24, dtype=dtype)
     stored = original.quantized("int8")
-    assert stored.keys.dtype == torch.int8 and stored.scales is not None
-    assert stored.scales.keys.shape == (30, 3, 1, 64)  # keys: one scale per channel, over the fact's tokens
-    assert stored.scales.values.shape == (30, 3, 24, 1)  # values: one scale per token, over head_dim
-    assert int(stored.keys.abs().amax()) == 127 and int(stored.values.abs().amax()) == 127
+    scales = stored.scales
+    assert stored.keys.dtype == torch.uint8 and scales is not None
+    assert scales.key_offsets is not None and scales.value_offsets is not None
+    assert scales.keys.shape == scales.key_offsets.shape == (30, 3, 1, 64)  # keys: per channel, over the tokens
+    assert scales.values.shape == scales.value_offsets.shape == (30, 3, 24, 1)  # values: per token, over head_dim
+    assert scales.keys.dtype == scales.values.dtype == scales.key_offsets.dtype == torch.bfloat16
+    # every group's codes span most of 0..255: the offset is rounded down and the scale up to bfloat16, which here
+    # leaves at most a few codes unused at either end
+    for codes, reduced in ((stored.keys, 2), (stored.values, 3)):
+        assert bool((codes.amin(dim=reduced) <= 3).all()) and bool((codes.amax(dim=reduced) >= 250).all())
     back = stored.dequantized(torch.float32)
-    for x, x_hat, scale in (
-        (original.keys, back.keys, stored.scales.keys),
-        (original.values, back.values, stored.scales.values),
+    for x, x_hat, scale, offset in (
+        (original.keys, back.keys, scales.keys, scales.key_offsets),
+        (original.values, back.values, scales.values, scales.value_offsets),
     ):
-        error = (x_hat - x.float()).abs()
-        s = scale.expand_as(error)
-        assert bool((error <= s / 2 * (1 + 1e-5)).all())
+        x = x.float()
+        error = (x_hat - x).abs()
+        s = scale.float().expand_as(error)
+        # the offset rounded down and the scale up: the group's range stays covered, so no code is clamped
+        assert bool((offset.float().expand_as(x) <= x).all()) and bool((x <= (offset.float() + 255 * s)).all())
+        assert bool((error <= s / 2 + 1e-6 * x.abs()).all())
         assert float((error / s).amax()) > 0.45  # rounding really uses the whole half step
+        assert float((s / ((x.amax() - x.amin()) / 255)).amax()) < 1  # each group's own range, not the tensor's
+
+
+def test_affine_codes_halve_the_error_of_symmetric_ones_on_offset_channels() -> None:
+    """A key channel whose values sit away from zero (pre-RoPE keys have them) keeps all 256 steps for its own
+    range: symmetric codes spent half of them on the sign, and most on the distance from zero."""
+    keys = torch.linspace(5.0, 6.0, 2 * 1 * 16 * 8).reshape(2, 1, 16, 8)
+    fact = FactKV(keys, keys.clone(), torch.arange(16), 0)
+    error = (fact.quantized("int8").dequantized(torch.float32).keys - keys).abs().amax()
+    symmetric_step = float(keys.abs().amax()) / 127  # what int8 codes of amax/127 would round to
+    assert float(error) <= symmetric_step / 8
 
 
 def test_per_channel_key_scales_keep_small_channels_exact_despite_outliers() -> None:
     original = kv_like(24)
     int8 = original.quantized("int8").dequantized(torch.float32)
     small = original.keys[..., 1]  # a channel without outliers
-    error = (int8.keys[..., 1] - small).abs().amax() / small.abs().amax()
-    assert float(error) <= 0.5 / 127 + 1e-6  # its own scale: the outliers in other channels do not cost it
+    span = small.amax(dim=2) - small.amin(dim=2)
+    error = (int8.keys[..., 1] - small).abs().amax(dim=2)
+    assert bool((error <= span / 255 * 0.5 * (1 + 2.0**-7) + 1e-6).all())  # its own scale, whatever the outliers
 
 
 def test_a_group_of_zeros_is_stored_as_zeros() -> None:
@@ -125,8 +146,8 @@ def test_8bit_files_are_about_half_a_bfloat16_file(tmp_path: Path) -> None:
     bf16 = file_bytes(tmp_path, fact, "model")
     assert bf16 > 21 * 23_040
     assert bf16 / file_bytes(tmp_path, fact, "float8_e4m3") >= 1.9
-    # int8's per-channel key scales cost one bf16 token per fact (float32, 30 x 3 x 64): ~1.8x at 21 tokens,
-    # >= 1.9x from about 100 tokens.
+    # int8's per-channel key scales and offsets cost one bf16 token per fact (2 x bfloat16, 30 x 3 x 64): ~1.8x at
+    # 21 tokens, >= 1.9x from about 100 tokens.
     assert bf16 / file_bytes(tmp_path, fact, "int8") >= 1.75
     long = kv_like(128, dtype=torch.bfloat16)
     assert file_bytes(tmp_path / "long", long, "model") / file_bytes(tmp_path / "long", long, "int8") >= 1.9
@@ -136,14 +157,14 @@ def test_host_tier_budget_counts_codes_and_scales() -> None:
     model = kv_like(8, shape=(4, 2, 16), dtype=torch.bfloat16)
     stored = model.quantized("int8")
     assert stored.scales is not None
-    expected = 2 * 4 * 2 * 8 * 16 + 4 * (4 * 2 * 16 + 4 * 2 * 8)  # int8 codes + float32 scales
+    expected = 2 * 4 * 2 * 8 * 16 + 2 * 2 * (4 * 2 * 16 + 4 * 2 * 8)  # codes + bfloat16 scales and offsets
     assert stored.nbytes == expected < model.nbytes
     host = HostTier(budget_bytes=4 * expected, pin_memory=False)
     for i in range(5):
         host.put(key_for("int8", f"m{i}"), stored)
     assert len(host) == 4 and host.nbytes == 4 * expected  # four 8-bit entries fit where two bf16 ones would
     placed = host.get(key_for("int8", "m4"))
-    assert placed is not None and placed.scales is not None and placed.keys.dtype == torch.int8
+    assert placed is not None and placed.scales is not None and placed.keys.dtype == torch.uint8
     store = TieredKVStore(None, host_budget_bytes=4 * expected)
     store.put(key_for("int8"), stored)
     assert store.host_bytes == expected and store.stats().nbytes["host"] == expected
@@ -154,7 +175,7 @@ def test_keys_of_different_formats_never_collide() -> None:
     keys = {fmt: key_for(fmt) for fmt in STORAGE_FORMATS}
     assert len({k.encoding_key for k in keys.values()}) == len({k.digest() for k in keys.values()}) == 3
     assert "kv=" not in keys["model"].encoding_key  # model-dtype keys are the ones written before 8-bit storage
-    assert keys["int8"].storage_tag == "int8:k=channel,v=token" == storage_tag("int8")
+    assert keys["int8"].storage_tag == "int8:k=channel,v=token,offset" == storage_tag("int8")
     assert keys["float8_e4m3"].storage_tag == "float8_e4m3:k=head,v=head"
     assert keys["model"].storage_tag == "model"
 
@@ -184,8 +205,10 @@ def test_the_file_header_records_the_format_and_scale_layout() -> None:
     tensors, metadata = fact_to_payload(key_for("int8"), kv_like(3, shape=(2, 1, 8)).quantized("int8"))
     assert metadata["format"] == "inferscale.kv/2"  # a reader of inferscale.kv/1 only refuses it
     assert (metadata["storage_format"], metadata["key_scale"], metadata["value_scale"]) == ("int8", "channel", "token")
-    assert metadata["kv_dtype"] == "float32"
-    assert set(tensors) == {"keys", "values", "key_scale", "value_scale", "token_ids"}
+    assert metadata["kv_dtype"] == "float32" and metadata["storage_tag"] == "int8:k=channel,v=token,offset"
+    assert set(tensors) == {"keys", "values", "key_scale", "value_scale", "key_offset", "value_offset", "token_ids"}
+    _, float8 = fact_to_payload(key_for("float8_e4m3"), kv_like(3, shape=(2, 1, 8)).quantized("float8_e4m3"))
+    assert float8["storage_tag"] == "float8_e4m3:k=head,v=head"
     _, plain = fact_to_payload(key_for("model"), kv_like(3, shape=(2, 1, 8)))
     assert plain["format"] == "inferscale.kv/1" and plain["storage_format"] == "model"
 
@@ -203,11 +226,14 @@ def rewrite(path: Path, **changes: str) -> None:
     ("changes", "message"),
     [
         ({"storage_format": "int4"}, "stored as 'int4'"),
-        ({"key_scale": "head"}, "scales per"),
+        ({"storage_tag": "int8:k=head,v=token,offset"}, "stored as 'int8:k=head"),
         ({"kv_dtype": "float64"}, "kv_dtype"),
         ({"format": "inferscale.kv/1"}, "format"),
         ({"format": "inferscale.kv/9"}, "format"),
-        ({"storage_format": "float8_e4m3", "key_scale": "head", "value_scale": "head"}, "must be"),
+        (
+            {"storage_format": "float8_e4m3", "storage_tag": "float8_e4m3:k=head,v=head", "key_scale": "head"},
+            "must be",
+        ),
     ],
 )
 def test_a_file_of_an_unknown_or_inconsistent_format_is_refused(
@@ -235,10 +261,29 @@ def test_scales_that_do_not_fit_the_format_are_refused() -> None:
     with pytest.raises(KVChecksumError):  # tensors other than those written: refused before they are read
         fact_from_payload({**tensors, "key_scale": tensors["key_scale"][..., :4]}, metadata, "mem")
     del metadata["checksum"], metadata["header_checksum"]  # a file written before checksums: its layout is checked
-    with pytest.raises(KVFormatError, match="scales must be float32"):
+    with pytest.raises(KVFormatError, match=r"scales must be torch\.bfloat16"):
         fact_from_payload({**tensors, "key_scale": tensors["key_scale"][..., :4]}, metadata, "mem")
-    with pytest.raises(KVFormatError, match="lacks"):
-        fact_from_payload({k: v for k, v in tensors.items() if k != "value_scale"}, metadata, "mem")
+    with pytest.raises(KVFormatError, match=r"offsets must be torch\.bfloat16"):
+        fact_from_payload({**tensors, "value_offset": tensors["value_offset"].float()}, metadata, "mem")
+    for name in ("value_scale", "key_offset"):
+        with pytest.raises(KVFormatError, match="lacks"):
+            fact_from_payload({k: v for k, v in tensors.items() if k != name}, metadata, "mem")
+
+
+def test_an_int8_file_written_before_offsets_is_refused_by_name(tmp_path: Path) -> None:
+    """int8 was symmetric (``int8`` codes, float32 scales, no offsets, no ``storage_tag`` in the header): such a
+    file is a format this version does not read, said so, never read as affine codes."""
+    disk = DiskTier(tmp_path, fsync=False)
+    disk.put(key_for("int8"), kv_like(3, shape=(2, 1, 8)).quantized("int8"))
+    path = disk.path(key_for("int8"))
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = dict(handle.metadata() or {})
+    del metadata["storage_tag"], metadata["checksum"], metadata["header_checksum"]
+    old = {k: v for k, v in tensors.items() if k not in ("key_offset", "value_offset")}
+    save_file(old, str(path), metadata=metadata)
+    with pytest.raises(KVFormatError, match="stored as 'int8:k=channel,v=token'; this version reads"):
+        disk.get(key_for("int8"))
 
 
 # ---------------------------------------------------------------- mixing formats, bad names

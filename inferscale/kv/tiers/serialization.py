@@ -13,11 +13,16 @@ K/V in the model's dtype (``format`` ``inferscale.kv/1``, as before 8-bit storag
 K/V in 8 bits (``format`` ``inferscale.kv/2``, :mod:`inferscale.kv.quantization`; a reader of ``/1`` only refuses
 it rather than read codes as K/V)::
 
-    tensors:  keys, values [n_layers, n_kv_heads, n_tokens, head_dim]  (float8_e4m3fn or int8 codes)
-              key_scale, value_scale  float32, [L, H, 1, D] / [L, H, T, 1] / [L, H, 1, 1] as the layout says
+    tensors:  keys, values [n_layers, n_kv_heads, n_tokens, head_dim]  (float8_e4m3fn or uint8 codes)
+              key_scale, value_scale  [L, H, 1, D] / [L, H, T, 1] / [L, H, 1, 1] as the layout says, in the
+                                      format's scale dtype (float32 for float8, bfloat16 for int8)
+              key_offset, value_offset  shaped and typed as the scales, for an affine format (int8) only
               token_ids [n_tokens] int64
-    metadata: as above, storage_format ("float8_e4m3" or "int8"), key_scale and value_scale (the scale layouts,
-              e.g. "channel" and "token") and kv_dtype (the dtype the K/V were quantised from, e.g. "bfloat16")
+    metadata: as above, storage_format ("float8_e4m3" or "int8"), storage_tag (the format with its layout,
+              :attr:`~inferscale.kv.quantization.QuantFormat.tag`), key_scale and value_scale (the scale layouts,
+              e.g. "channel" and "token") and kv_dtype (the dtype the K/V were quantised from, e.g. "bfloat16").
+              A file without storage_tag was written before it was recorded: its tag is read as
+              ``<storage_format>:k=<key_scale>,v=<value_scale>`` (int8 was symmetric then, and is refused now)
 
 ``checksum`` is ``sha256:<hex>`` over every tensor's name, dtype, shape and bytes (:func:`tensors_checksum`): a file
 whose tensors were changed in place (a failing disk, a tool that rewrote them) is refused with
@@ -128,8 +133,8 @@ def fact_to_payload(key: KVKey, fact: FactKV) -> tuple[dict[str, torch.Tensor], 
 
     Returns:
         ``(tensors, metadata)``: contiguous CPU tensors (``keys``, ``values`` in the fact's dtype or as 8-bit codes,
-        the two float32 scales of 8-bit K/V; ``token_ids`` int64) and the header strings, which include every
-        :class:`KVKey` field, the storage format, the tensors' checksum (:func:`tensors_checksum`) and the
+        the scales of 8-bit K/V and an affine format's offsets; ``token_ids`` int64) and the header strings, which
+        include every :class:`KVKey` field, the storage format, the tensors' checksum (:func:`tensors_checksum`) and the
         header's own (:func:`header_checksum`).
     """
     tensors = {
@@ -142,8 +147,12 @@ def fact_to_payload(key: KVKey, fact: FactKV) -> tuple[dict[str, torch.Tensor], 
         fmt = fact.scales.spec
         tensors["key_scale"] = fact.scales.keys.detach().to("cpu").contiguous()
         tensors["value_scale"] = fact.scales.values.detach().to("cpu").contiguous()
+        if fact.scales.key_offsets is not None and fact.scales.value_offsets is not None:
+            tensors["key_offset"] = fact.scales.key_offsets.detach().to("cpu").contiguous()
+            tensors["value_offset"] = fact.scales.value_offsets.detach().to("cpu").contiguous()
         metadata.update(
             format=QUANTIZED_FORMAT,
+            storage_tag=fmt.tag,
             key_scale=fmt.key_scale,
             value_scale=fmt.value_scale,
             kv_dtype=str(fact.scales.dtype).removeprefix("torch."),
@@ -196,8 +205,8 @@ def _scales(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], so
     """The scales of an 8-bit entry (``None`` for K/V in a float dtype), its layout checked against this version's.
 
     Raises:
-        KVFormatError: for an unknown storage format or dtype, a scale layout other than the format's, a missing
-            scale tensor, or a ``format`` that does not match the storage format.
+        KVFormatError: for an unknown storage format or dtype, a storage tag (scale layout, offsets) other than
+            the format's, a missing scale or offset tensor, or a ``format`` that does not match the storage format.
     """
     name = metadata.get("storage_format", "model")
     if name not in STORAGE_FORMATS:
@@ -211,19 +220,21 @@ def _scales(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], so
     if not quantized:
         return None
     spec = FORMATS[name]
-    layout = (metadata.get("key_scale"), metadata.get("value_scale"))
-    if layout != (spec.key_scale, spec.value_scale):
+    tag = metadata.get("storage_tag", f"{name}:k={metadata.get('key_scale')},v={metadata.get('value_scale')}")
+    if tag != spec.tag:
         raise KVFormatError(
-            f"{source} holds {name} K/V with key/value scales per {layout}; this version reads "
-            f"{(spec.key_scale, spec.value_scale)}"
+            f"{source} holds {name} K/V stored as {tag!r}; this version reads {spec.tag!r}: delete the file (or the "
+            "memory's entries) to re-encode it"
         )
     dtype = _DTYPES.get(metadata.get("kv_dtype", ""))
-    missing = [t for t in ("key_scale", "value_scale") if t not in tensors]
+    wanted = ("key_scale", "value_scale", *(("key_offset", "value_offset") if spec.affine else ()))
+    missing = [t for t in wanted if t not in tensors]
     if dtype is None or missing:
         raise KVFormatError(
             f"{source} lacks {missing or ['a known kv_dtype']} for its {name} K/V; it was not written by the KV store"
         )
-    return KVScales(name, tensors["key_scale"], tensors["value_scale"], dtype)
+    offsets = (tensors.get("key_offset"), tensors.get("value_offset"))
+    return KVScales(name, tensors["key_scale"], tensors["value_scale"], dtype, *offsets)
 
 
 def fact_from_payload(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], source: str) -> FactKV:
