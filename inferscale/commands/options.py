@@ -140,7 +140,9 @@ class StoreOptions:
                 list`` reported "0 API keys": a new user's find), naming it; or as :meth:`config`.
         """
         config = self.config(model)
-        create = "`inferscale add`, `import-mem0`, `keys create` and `serve` create a store"
+        create = (
+            "`inferscale add`, `inferscale import-mem0`, `inferscale keys create` and `inferscale serve` create a store"
+        )
         if config.data_dir is not None and config.db_url is None and not (config.data_path() / DATABASE_FILE).is_file():
             named = "--data-dir" if self.data_dir is not None else f"data_dir in {self.config_file}"
             missing = f"no {DATABASE_FILE} in that folder" if config.data_path().is_dir() else "no folder there"

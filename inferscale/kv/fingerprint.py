@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inferscale.kv.quantization import encoding_setting
+from inferscale.kv.quantization import CURRENT_STORAGE_TAGS, encoding_setting, tag_of_encoding_key
 from inferscale.kv.rope_config import rope_parameters
 
 
@@ -179,9 +179,9 @@ def encoding_key(
             without this part in their key they never match again, while every other key stays as it was.
 
     Returns:
-        e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``, or ``"v3;w=5;prefix=system;gap=0;kv=int8:k=channel,v=token;
-        <32 hex>"`` (at most about 110 characters): the readable settings, then a digest over all of them and the
-        turns' texts.
+        e.g. ``"v3;w=5;prefix=system;gap=0;<32 hex>"``, or
+        ``"v3;w=5;prefix=system;gap=0;kv=int8:k=channel,v=token,offset;<32 hex>"`` (at most about 120 characters):
+        the readable settings, then a digest over all of them and the turns' texts.
 
     Raises:
         ConfigError: for an unknown ``storage_format``.
@@ -217,5 +217,6 @@ def survives_recontext(key: str, context_left: bool) -> bool:
 
 
 def is_current_encoding(key: str) -> bool:
-    """Whether an encoding key was written in this version's :data:`ENCODING_FORMAT` (older ones never match)."""
-    return key.startswith(f"{ENCODING_FORMAT};")
+    """Whether an encoding key was written in this version's :data:`ENCODING_FORMAT` and, for 8-bit K/V, in a
+    storage layout this version writes (an ``int8`` entry from before int8 became affine never matches again)."""
+    return key.startswith(f"{ENCODING_FORMAT};") and tag_of_encoding_key(key) in CURRENT_STORAGE_TAGS

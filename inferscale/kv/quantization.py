@@ -41,6 +41,7 @@ from inferscale.errors import ConfigError
 from inferscale.formats import StorageFormat
 
 __all__ = [
+    "CURRENT_STORAGE_TAGS",
     "FORMATS",
     "STORAGE_FORMATS",
     "KVScales",
@@ -103,6 +104,10 @@ FORMATS: dict[str, QuantFormat] = {
 }
 """The 8-bit formats by name (every :data:`StorageFormat` but ``"model"``)."""
 
+CURRENT_STORAGE_TAGS: frozenset[str] = frozenset({"model", *(fmt.tag for fmt in FORMATS.values())})
+"""The storage tags this version writes and reads (:func:`storage_tag`); an entry under any other (an earlier
+layout of a format) is never looked up again."""
+
 
 def quant_format(name: str) -> QuantFormat | None:
     """The 8-bit format called ``name``, or ``None`` for ``"model"`` (no quantisation).
@@ -131,7 +136,7 @@ _KEY_SETTING = "kv="
 def encoding_setting(name: str) -> str:
     """The part of an encoding key (:func:`inferscale.kv.fingerprint.encoding_key`) that names the storage format:
     ``""`` for ``"model"`` (keys written before 8-bit storage stay valid), else ``";kv=<tag>"``, e.g.
-    ``";kv=int8:k=channel,v=token"``. Raises :class:`ConfigError` as :func:`quant_format`."""
+    ``";kv=int8:k=channel,v=token,offset"``. Raises :class:`ConfigError` as :func:`quant_format`."""
     fmt = quant_format(name)
     return "" if fmt is None else f";{_KEY_SETTING}{fmt.tag}"
 

@@ -9,11 +9,14 @@ rollback. Other dialects get no lock (InferScale is tested on SQLite and Postgre
 
 Each advisory lock takes a slot of PostgreSQL's shared lock table (``max_locks_per_transaction`` x
 ``max_connections`` slots for the whole server, 64 x 100 by default), so one lock per key would let a large change
-set (an ``add`` of thousands of messages, each with an id to claim) fill it and fail with "out of shared memory".
+set (an import of thousands of memories, each with an id to claim) fill it and fail with "out of shared memory".
 :func:`lock_keys` therefore escalates, as databases escalate row locks to a table lock: every locking transaction
-first takes one *escalation lock*, shared while it names at most :data:`MAX_ADVISORY_KEYS` keys (it then locks each
-of them as well), exclusive when it names more (it then locks none of them: holding the escalation lock alone
-excludes every other locking transaction). A transaction thus holds at most ``MAX_ADVISORY_KEYS + 1`` advisory locks.
+first takes one *escalation lock* of its schema (advisory locks are database-wide; stores in other schemas never
+wait for each other), shared while it names at most :data:`MAX_ADVISORY_KEYS` keys (it then locks each of them as
+well), exclusive when it names more (it then locks none of them: holding the escalation lock alone excludes every
+other locking transaction of the schema, as SQLite's writers exclude each other). A transaction thus holds at most
+``MAX_ADVISORY_KEYS + 1`` advisory locks. The schema lock (:mod:`inferscale.storage.schema`) is taken alone
+(``escalate=False``): a migration's DDL must never wait on writers while holding a lock they wait for.
 """
 
 from __future__ import annotations
@@ -38,34 +41,43 @@ def advisory_key(*parts: str) -> int:
     return int.from_bytes(digest[: _INT64_BITS // 8], "big", signed=True)
 
 
-ESCALATION_KEY = advisory_key("inferscale.escalation")
-"""The advisory key every :func:`lock_keys` call locks first: shared for a few keys, exclusive for many."""
+def escalation_key(schema: str) -> int:
+    """The advisory key :func:`lock_keys` locks first in ``schema``: shared for a few keys, exclusive for many."""
+    return advisory_key("inferscale.escalation", schema)
 
 
-def lock_keys(conn: Connection | Session, keys: Iterable[int]) -> None:
+def current_schema(conn: Connection | Session) -> str:
+    """``current_schema()`` of ``conn``'s PostgreSQL session (``""`` when none is set)."""
+    return str(conn.execute(select(func.current_schema())).scalar_one_or_none() or "")
+
+
+def lock_keys(conn: Connection | Session, keys: Iterable[int], *, escalate: bool = True) -> None:
     """Lock ``keys`` for the rest of the current transaction, on PostgreSQL; waits while another transaction holds
-    one. Does nothing on other dialects.
+    one. Does nothing on other dialects, or when there are no keys.
 
-    The escalation lock comes first (module docstring), shared when there are at most :data:`MAX_ADVISORY_KEYS`
-    distinct keys, then each key in ascending order (two transactions that lock overlapping key sets then never wait
-    for each other in a cycle); with more keys, the escalation lock is taken exclusive and the keys are not locked
-    one by one. Call it once per transaction: a second call could wait, holding locks, on a transaction that waits
-    on the first call's.
+    With ``escalate`` (module docstring), the schema's escalation lock comes first, shared when there are at most
+    :data:`MAX_ADVISORY_KEYS` distinct keys, then each key in ascending order (two transactions that lock
+    overlapping key sets then never wait for each other in a cycle); with more keys, the escalation lock is taken
+    exclusive and the keys are not locked one by one. Without it, each key alone, in ascending order. Call it once
+    per transaction: a second call could wait, holding locks, on a transaction that waits on the first call's.
 
     Args:
         conn: the connection or session whose current transaction holds the locks until it ends.
         keys: signed 64-bit keys (see :func:`advisory_key`); duplicates are taken once.
+        escalate: whether the keys take part in escalation (every write does; the schema lock does not).
     """
     dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
-    if dialect.name != "postgresql":
-        return
     distinct = sorted(set(keys))
-    if len(distinct) > MAX_ADVISORY_KEYS:
-        conn.execute(select(func.pg_advisory_xact_lock(ESCALATION_KEY)))
+    if dialect.name != "postgresql" or not distinct:
         return
-    conn.execute(select(func.pg_advisory_xact_lock_shared(ESCALATION_KEY)))
+    if escalate:
+        escalation = escalation_key(current_schema(conn))
+        if len(distinct) > MAX_ADVISORY_KEYS:
+            conn.execute(select(func.pg_advisory_xact_lock(escalation)))
+            return
+        conn.execute(select(func.pg_advisory_xact_lock_shared(escalation)))
     for key in distinct:
         conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
-__all__ = ["ESCALATION_KEY", "MAX_ADVISORY_KEYS", "advisory_key", "lock_keys"]
+__all__ = ["MAX_ADVISORY_KEYS", "advisory_key", "current_schema", "escalation_key", "lock_keys"]

@@ -41,11 +41,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, MetaData, inspect, text
+from sqlalchemy import Connection, Engine, MetaData, inspect
 
 from inferscale.errors import SchemaError
 from inferscale.storage.database import WRITE_OPTION
-from inferscale.storage.locks import advisory_key, lock_keys
+from inferscale.storage.locks import advisory_key, current_schema, lock_keys
 from inferscale.storage.uninterrupted import sigint_deferred
 
 log = logging.getLogger(__name__)
@@ -140,8 +140,8 @@ def _schema_lock(conn: Connection, chain: SchemaChain) -> None:
     """Wait for the chain's lock in ``conn``'s transaction (PostgreSQL: an advisory lock per schema; SQLite holds
     the write lock already)."""
     if conn.dialect.name == "postgresql":
-        schema = conn.execute(text("select current_schema()")).scalar_one_or_none() or ""
-        lock_keys(conn, [advisory_key("inferscale.schema", chain.version_table, schema)])
+        key = advisory_key("inferscale.schema", chain.version_table, current_schema(conn))
+        lock_keys(conn, [key], escalate=False)  # alone: a migration's DDL must not hold a lock writers wait for
 
 
 def _check_baseline(conn: Connection, chain: SchemaChain, present: list[str]) -> None:

@@ -315,7 +315,7 @@ def test_a_command_on_a_data_dir_that_does_not_exist_fails_without_creating_a_st
     deleted nothing, both exit 0, as if the right store were empty (a CLI user's report). The hint names every
     command that creates a store, as docs/cli.md does (it named two of the four: a new user's find)."""
     typo = tmp_path / "dta"
-    hint = "`inferscale add`, `import-mem0`, `keys create` and `serve` create a store"
+    hint = "`inferscale add`, `inferscale import-mem0`, `inferscale keys create` and `inferscale serve` create a store"
     _one_error_line(cli(*argv, "--data-dir", str(typo), local=False), 2, f"no store at {typo} (--data-dir)", hint)
     assert not typo.exists()
 

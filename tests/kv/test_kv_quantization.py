@@ -18,7 +18,7 @@ from inferscale.config import KVConfig
 from inferscale.errors import ConfigError, InvalidInputError, KVFingerprintMismatchError
 from inferscale.formats import StorageFormat
 from inferscale.kv import FactKV, KVKey, TieredKVStore
-from inferscale.kv.fingerprint import encoding_key
+from inferscale.kv.fingerprint import encoding_key, is_current_encoding
 from inferscale.kv.quantization import FORMATS, STORAGE_FORMATS, quant_format, storage_tag
 from inferscale.kv.tiers import DiskTier, HostTier, KVFormatError
 from inferscale.kv.tiers.serialization import KVChecksumError, fact_from_payload, fact_to_payload, header_checksum
@@ -110,11 +110,13 @@ def test_affine_codes_halve_the_error_of_symmetric_ones_on_offset_channels() -> 
 
 def test_per_channel_key_scales_keep_small_channels_exact_despite_outliers() -> None:
     original = kv_like(24)
-    int8 = original.quantized("int8").dequantized(torch.float32)
-    small = original.keys[..., 1]  # a channel without outliers
-    span = small.amax(dim=2) - small.amin(dim=2)
-    error = (int8.keys[..., 1] - small).abs().amax(dim=2)
-    assert bool((error <= span / 255 * 0.5 * (1 + 2.0**-7) + 1e-6).all())  # its own scale, whatever the outliers
+    stored = original.quantized("int8")
+    assert stored.scales is not None
+    scale = stored.scales.keys.float()
+    # channel 0 holds outliers (x20), channel 1 none: each has its own scale, so channel 1's steps stay small
+    assert bool((scale[..., 1] < scale[..., 0] / 8).all())
+    error = (stored.dequantized(torch.float32).keys[..., 1] - original.keys[..., 1]).abs()
+    assert bool((error <= scale[..., 1] / 2 * (1 + 1e-5)).all())
 
 
 def test_a_group_of_zeros_is_stored_as_zeros() -> None:
@@ -231,7 +233,12 @@ def rewrite(path: Path, **changes: str) -> None:
         ({"format": "inferscale.kv/1"}, "format"),
         ({"format": "inferscale.kv/9"}, "format"),
         (
-            {"storage_format": "float8_e4m3", "storage_tag": "float8_e4m3:k=head,v=head", "key_scale": "head"},
+            {
+                "storage_format": "float8_e4m3",
+                "storage_tag": "float8_e4m3:k=head,v=head",
+                "key_scale": "head",
+                "value_scale": "head",
+            },
             "must be",
         ),
     ],
@@ -270,20 +277,53 @@ def test_scales_that_do_not_fit_the_format_are_refused() -> None:
             fact_from_payload({k: v for k, v in tensors.items() if k != name}, metadata, "mem")
 
 
-def test_an_int8_file_written_before_offsets_is_refused_by_name(tmp_path: Path) -> None:
-    """int8 was symmetric (``int8`` codes, float32 scales, no offsets, no ``storage_tag`` in the header): such a
-    file is a format this version does not read, said so, never read as affine codes."""
-    disk = DiskTier(tmp_path, fsync=False)
-    disk.put(key_for("int8"), kv_like(3, shape=(2, 1, 8)).quantized("int8"))
-    path = disk.path(key_for("int8"))
-    tensors = load_file(str(path))
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = dict(handle.metadata() or {})
-    del metadata["storage_tag"], metadata["checksum"], metadata["header_checksum"]
-    old = {k: v for k, v in tensors.items() if k not in ("key_offset", "value_offset")}
-    save_file(old, str(path), metadata=metadata)
+def test_an_int8_entry_written_before_offsets_is_refused_by_name_and_pruned() -> None:
+    """int8 was symmetric: ``int8`` codes, float32 scales, no offsets, no ``storage_tag`` in the header, and
+    ``kv=int8:k=channel,v=token`` in its key. Its key never matches this version's (a miss: encoded again), the
+    store prunes it as an older key format (:func:`is_current_encoding`), and its file, read directly, is refused
+    by name, never read as affine codes."""
+    old_key = KVKey("m1", "h" * 64, "f" * 32, key_for("int8").encoding_key.replace(",offset", ""))
+    assert old_key.storage_tag == "int8:k=channel,v=token" and old_key.digest() != key_for("int8").digest()
+    assert not is_current_encoding(old_key.encoding_key)
+    assert all(is_current_encoding(key_for(fmt).encoding_key) for fmt in STORAGE_FORMATS)
+    codes = torch.zeros(2, 1, 3, 8, dtype=torch.int8)
+    tensors = {
+        "keys": codes,
+        "values": codes.clone(),
+        "key_scale": torch.ones(2, 1, 1, 8),
+        "value_scale": torch.ones(2, 1, 3, 1),
+        "token_ids": torch.arange(3),
+    }
+    metadata = {
+        "format": "inferscale.kv/2",
+        "storage_format": "int8",
+        "key_scale": "channel",
+        "value_scale": "token",
+        "kv_dtype": "bfloat16",
+        "memory_id": "m1",
+        "text_hash": "h" * 64,
+        "fingerprint": "f" * 32,
+        "encoding_key": old_key.encoding_key,
+        "encoded_at": "0",
+    }
     with pytest.raises(KVFormatError, match="stored as 'int8:k=channel,v=token'; this version reads"):
-        disk.get(key_for("int8"))
+        fact_from_payload(tensors, metadata, "old.safetensors")
+
+
+def test_a_float8_file_written_before_storage_tag_still_reads() -> None:
+    """float8's layout did not change: its files without ``storage_tag`` read as they did."""
+    fact = kv_like(3, shape=(2, 1, 8)).quantized("float8_e4m3")
+    tensors, metadata = fact_to_payload(key_for("float8_e4m3"), fact)
+    del metadata["storage_tag"], metadata["header_checksum"]
+    back = fact_from_payload(tensors, metadata, "old.safetensors")
+    assert back.storage_format == "float8_e4m3" and torch.equal(back.keys.float(), fact.keys.float())
+
+
+def test_a_header_whose_scale_layout_contradicts_its_tag_is_refused() -> None:
+    tensors, metadata = fact_to_payload(key_for("int8"), kv_like(3, shape=(2, 1, 8)).quantized("int8"))
+    del metadata["checksum"], metadata["header_checksum"]
+    with pytest.raises(KVFormatError, match="scales per"):
+        fact_from_payload(tensors, {**metadata, "value_scale": "head"}, "mem")
 
 
 # ---------------------------------------------------------------- mixing formats, bad names

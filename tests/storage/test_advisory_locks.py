@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, text
+from databases import database_url
+from sqlalchemy import Connection, Engine, event, text
 
+from inferscale.errors import DatabaseUnavailableError
 from inferscale.scope import Scope
 from inferscale.storage import ChangeSet, MemoryStore, NewMemory, make_engine
-from inferscale.storage.locks import ESCALATION_KEY, MAX_ADVISORY_KEYS, lock_keys
+from inferscale.storage.locks import MAX_ADVISORY_KEYS, advisory_key, current_schema, escalation_key, lock_keys
 
 pytestmark = pytest.mark.postgres
 
@@ -27,11 +30,22 @@ SHORT_WAIT = text("SET LOCAL lock_timeout = '300ms'")
 
 @pytest.fixture
 def pg_engine(postgres_url_or_none: str | None) -> Iterator[Engine]:
+    """An engine on a fresh PostgreSQL schema of its own (the escalation lock is per schema: tests running beside
+    this one, each in its own schema, never take this one's)."""
     if postgres_url_or_none is None:
         pytest.skip("no PostgreSQL server answers (advisory locks are PostgreSQL's)")
     engine = make_engine(postgres_url_or_none)
     yield engine
     engine.dispose()
+
+
+def _escalation_modes(conn: Connection) -> set[str]:
+    """The modes this session holds its schema's escalation lock in."""
+    query = text(
+        "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1 "
+        "AND ((classid::bigint << 32) | objid::bigint) = :key"
+    )
+    return set(conn.execute(query, {"key": escalation_key(current_schema(conn))}).scalars())
 
 
 @pytest.mark.parametrize("n_keys", [1, MAX_ADVISORY_KEYS, MAX_ADVISORY_KEYS + 1, 20_000])
@@ -41,15 +55,7 @@ def test_a_transaction_holds_at_most_max_keys_plus_one_advisory_locks(pg_engine:
     with pg_engine.begin() as conn:
         lock_keys(conn, [*range(n_keys), 0])  # a duplicate is locked once
         held = conn.execute(HELD).scalar_one()
-        modes = set(
-            conn.execute(
-                text(
-                    "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
-                    "AND ((classid::bigint << 32) | objid::bigint) = :key"
-                ),
-                {"key": ESCALATION_KEY},
-            ).scalars()
-        )
+        modes = _escalation_modes(conn)
     if n_keys <= MAX_ADVISORY_KEYS:
         assert held == n_keys + 1
         assert modes == {"ShareLock"}
@@ -82,7 +88,7 @@ def test_escalated_and_single_key_transactions_exclude_each_other(
     thread.start()
     try:
         assert entered.wait(30)
-        with pytest.raises(Exception, match="lock timeout"), pg_engine.begin() as conn:
+        with pytest.raises(DatabaseUnavailableError, match="lock"), pg_engine.begin() as conn:
             conn.execute(SHORT_WAIT)
             lock_keys(conn, waiter)
     finally:
@@ -91,6 +97,39 @@ def test_escalated_and_single_key_transactions_exclude_each_other(
     with pg_engine.begin() as conn:  # the holder committed: the same locks are free now
         conn.execute(SHORT_WAIT)
         lock_keys(conn, waiter)
+
+
+def test_no_keys_take_no_lock_and_the_schema_lock_stands_alone(pg_engine: Engine) -> None:
+    """A change set with nothing to lock takes nothing; the schema lock (``escalate=False``) takes no escalation lock,
+    so a migration never holds a lock that writers wait for (a reviewer's find: its DDL could deadlock with an
+    escalated write that had read the table)."""
+    with pg_engine.begin() as conn:
+        lock_keys(conn, [])
+        assert conn.execute(HELD).scalar_one() == 0
+        lock_keys(conn, [advisory_key("inferscale.schema", "x")], escalate=False)
+        assert conn.execute(HELD).scalar_one() == 1 and _escalation_modes(conn) == set()
+
+
+def test_an_escalated_write_in_one_schema_does_not_hold_back_another_schema(pg_engine: Engine, tmp_path: Path) -> None:
+    """Advisory locks are database-wide, so the escalation lock names the schema: one schema's exclusive lock (an
+    import of many memories) leaves a store in another schema of the same database free to write."""
+    entered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_holds, args=(pg_engine, list(range(100, 200)), entered, release))
+    thread.start()
+    try:
+        assert entered.wait(30)
+        with database_url("postgres", tmp_path) as other_url:
+            other = make_engine(other_url)
+            try:
+                with other.begin() as conn:
+                    conn.execute(SHORT_WAIT)
+                    lock_keys(conn, list(range(100, 200)))  # the same keys, escalated too, in its own schema
+                    assert _escalation_modes(conn) == {"ExclusiveLock"}
+            finally:
+                other.dispose()
+    finally:
+        release.set()
+        thread.join(30)
 
 
 def test_disjoint_keys_under_the_bound_do_not_wait(pg_engine: Engine) -> None:

@@ -72,8 +72,9 @@ class KVKey:
     @property
     def storage_tag(self) -> str:
         """The storage format and scale layout the entry is held in, as the encoding key records it
-        (:func:`inferscale.kv.quantization.tag_of_encoding_key`): ``"model"``, or e.g. ``"int8:k=channel,v=token"``.
-        A key of one format never names an entry of another: the stores refuse such a write and such a file."""
+        (:func:`inferscale.kv.quantization.tag_of_encoding_key`): ``"model"``, or e.g.
+        ``"int8:k=channel,v=token,offset"``. A key of one format never names an entry of another: the stores refuse
+        such a write and such a file."""
         return tag_of_encoding_key(self.encoding_key)
 
     def digest(self) -> str:

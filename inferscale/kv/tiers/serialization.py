@@ -220,7 +220,13 @@ def _scales(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], so
     if not quantized:
         return None
     spec = FORMATS[name]
-    tag = metadata.get("storage_tag", f"{name}:k={metadata.get('key_scale')},v={metadata.get('value_scale')}")
+    layout = (metadata.get("key_scale"), metadata.get("value_scale"))
+    if layout != (spec.key_scale, spec.value_scale):
+        raise KVFormatError(
+            f"{source} holds {name} K/V with key/value scales per {layout}; this version reads "
+            f"{(spec.key_scale, spec.value_scale)}"
+        )
+    tag = metadata.get("storage_tag", f"{name}:k={layout[0]},v={layout[1]}")
     if tag != spec.tag:
         raise KVFormatError(
             f"{source} holds {name} K/V stored as {tag!r}; this version reads {spec.tag!r}: delete the file (or the "
