@@ -33,8 +33,8 @@ class FactKV:
         scales: the scales of 8-bit ``keys``/``values`` (on their device), or ``None`` for K/V in a float dtype.
 
     Raises:
-        ValueError: when keys and values differ in shape, token ids do not match, or the codes and scales do not
-            fit their format (dtype, scale shape).
+        ValueError: when keys and values differ in shape, token ids do not match, or the codes, scales and offsets
+            do not fit their format (dtype, shape, offsets present for an affine format only).
     """
 
     keys: torch.Tensor

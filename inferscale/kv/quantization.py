@@ -219,7 +219,8 @@ def quantize(
     scale]`` covers the group; ``codes = round((x - offset) / scale)``, clamped to ``0..code_max``.
 
     Args:
-        x: ``[n_layers, n_kv_heads, n_tokens, head_dim]``, any float dtype, finite.
+        x: ``[n_layers, n_kv_heads, n_tokens, head_dim]``, any float dtype. A non-finite element makes its whole
+            group non-finite when dequantised (as it would be in the model's dtype: nothing is checked here).
         fmt: the format.
         axis: what one scale covers (:data:`ScaleAxis`).
 
@@ -258,9 +259,11 @@ def dequantize(
 
     Args:
         codes: ``[L, H, T, D]`` 8-bit codes.
-        scale: broadcastable to ``codes`` and on the same device.
-        dtype: the dtype returned (the engine's).
-        offset: shaped as ``scale``, for an affine format; else ``None``.
+        scale: ``[L, H, 1, D]``, ``[L, H, T, 1]`` or ``[L, H, 1, 1]`` (:func:`scale_shape`), float32 or bfloat16, on
+            the codes' device.
+        dtype: the dtype returned (the engine's): the error bounds above hold in float32, and casting to a narrower
+            dtype adds its own rounding.
+        offset: shaped as ``scale``, for an affine format (required for its unsigned codes); else ``None``.
 
     Returns:
         ``[L, H, T, D]`` in ``dtype``.
