@@ -254,6 +254,8 @@ def _rewrite(path: Path, change: Callable[[dict[str, torch.Tensor], dict[str, st
         ("int8", "keys"),
         ("int8", "key_scale"),
         ("int8", "value_scale"),
+        ("int8", "key_offset"),
+        ("int8", "value_offset"),
     ],
 )
 def test_a_file_whose_tensors_changed_in_place_is_removed_and_is_a_miss(
