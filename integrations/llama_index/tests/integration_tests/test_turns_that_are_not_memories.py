@@ -11,7 +11,12 @@ from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
 from llama_index.core.memory import Memory
-from llama_index.memory.inferscale import InferScaleMemory, InferScaleMemoryBlock, simple_chat_engine
+from llama_index.memory.inferscale import (
+    InferScaleKVMemoryBlock,
+    InferScaleMemory,
+    InferScaleMemoryBlock,
+    simple_chat_engine,
+)
 
 from inferscale import AsyncMemoryClient, InvalidInputError, MemoryClient
 from tests.integration_tests.shared import MAX_NEW_TOKENS
@@ -106,3 +111,23 @@ def test_a_memory_block_flush_holding_a_message_longer_than_a_memory_stores_the_
     assert not any(text.startswith("Summarise:") for text in stored)
     [warning] = [r.getMessage() for r in caplog.records if "not stored as a memory" in r.getMessage()]
     assert "a user message (4,811 characters)" in warning
+
+
+@pytest.mark.parametrize("kind", ["text", "kv"])
+async def test_a_block_leaves_out_memories_that_repeat_a_message_in_view(client: MemoryClient, kind: str) -> None:
+    """A question stored by earlier sessions (three copies, under three run ids) ranked first for that question and
+    took the block's slots, so the model was shown its own question instead of the fact (stop 55 left this open:
+    the chat and ``InferScaleMemory`` already left such memories out)."""
+    user = _user()
+    question = "Which city did I move to?"
+    for run in ("r1", "r2", "r3"):
+        client.add(question, user_id=user, run_id=run, infer=False)
+    client.add("I moved to Porto last month.", user_id=user, infer=False)
+    block_type = InferScaleMemoryBlock if kind == "text" else InferScaleKVMemoryBlock
+    block = block_type(client, user_id=user, similarity_top_k=2)
+    got = await block.aget(messages=[ChatMessage(role="user", content=question)])
+    text = got if isinstance(got, str) else "\n".join(m.content or "" for m in got)
+    assert "Porto" in text and question not in text
+    plain = await block.aget(messages=[ChatMessage(role="user", content="Tell me where I live now.")])
+    plain_text = plain if isinstance(plain, str) else "\n".join(m.content or "" for m in plain)
+    assert question in plain_text  # only a repeat of a message in view is left out

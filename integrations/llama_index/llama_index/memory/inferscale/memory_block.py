@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Generic, TypeVar
 
-from llama_index.core.base.llms.types import ChatMessage, ContentBlock
+from llama_index.core.base.llms.types import ChatMessage, ContentBlock, MessageRole
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.memory import BaseMemoryBlock
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import ScopeKwargs, scope_ids_of
 
 from inferscale import AsyncMemoryClient, MemoryClient
+from inferscale.arguments import MAX_LIMIT
+from inferscale.kept_search import asearch_kept
 from inferscale.write_back import astore_turns, store_turns
 
 T = TypeVar("T", str, list[ContentBlock], list[ChatMessage])
@@ -60,15 +62,29 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         return scope_ids_of(self)
 
     async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
-        query = search_text(messages or [], self.search_msg_limit)
+        """The best ``similarity_top_k`` memories for the recent messages, leaving out those whose text is a user or
+        assistant message of ``messages`` (the history ``Memory`` shows the model holds it already: a question an
+        earlier session stored, say), as a chat does; the search widens while it leaves some out
+        (:func:`inferscale.kept_search.asearch_kept`)."""
+        messages = messages or []
+        query = search_text(messages, self.search_msg_limit)
         if not query.strip() or self.similarity_top_k == 0:
             return []
-        scope, limit = self._scope_ids(), self.similarity_top_k
-        if self._async_client is not None:
-            found = await self._async_client.search(query, **scope, limit=limit)
-        else:
-            found = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=limit))
-        return found["results"]
+        scope = self._scope_ids()
+        said = (m for m in messages if m.role in (MessageRole.USER, MessageRole.ASSISTANT))
+        shown = {text for m in said if (text := (m.content or "").strip())}
+
+        async def search(k: int) -> list[dict[str, Any]]:
+            if self._async_client is not None:
+                found = await self._async_client.search(query, **scope, limit=k)
+            else:
+                found = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=k))
+            return list(found["results"])
+
+        def keep(hit: dict[str, Any]) -> bool:
+            return str(hit["memory"]).strip() not in shown
+
+        return await asearch_kept(search, keep, self.similarity_top_k, extra=len(shown), most=MAX_LIMIT)
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         """Store the user and assistant messages LlamaIndex's ``Memory`` flushes to the block, leaving out (with a
