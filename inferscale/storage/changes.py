@@ -37,7 +37,7 @@ from inferscale.storage.contexts import (
 )
 from inferscale.storage.history_rows import history_row, imported_history_rows
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
-from inferscale.storage.locks import advisory_key, lock_keys
+from inferscale.storage.locks import advisory_key, lock_all, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
 from inferscale.storage.records import MemoryRecord, hash_text, merged_metadata
@@ -338,11 +338,20 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
 
     No other memory's context is scrubbed: a deleted text can sit only in the contexts of memories of exactly its
     memory's scope (:mod:`inferscale.storage.contexts`), and every one of them is in ``scope`` too, so deleted here.
-    The rows are locked in id order first, the order :func:`apply_in_session` locks in.
+
+    Locks, as :func:`apply_in_session` takes them: first the stored-contexts lock of every exact scope with a memory
+    in ``scope`` (PostgreSQL; an add to one of them holds it from reading its neighbours' texts to its commit), then
+    the rows in id order. Without the first, an add running beside the deletion could commit a memory whose context
+    held the deleted texts (a tester's find on PostgreSQL; SQLite's writers take turns already). An exact scope with
+    no memory yet gives an add no neighbour to read.
 
     Returns:
         The deleted memories, oldest first.
     """
+    exact = s.execute(
+        select(MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id).where(*scope_clauses(scope)).distinct()
+    ).all()
+    lock_keys(s, [context_lock_key(Scope(user_id=u, agent_id=a, run_id=r)) for u, a, r in exact])
     stmt = select(MemoryRow).where(*scope_clauses(scope)).order_by(MemoryRow.id).with_for_update()
     rows = sorted(s.scalars(stmt).all(), key=lambda row: (row.created_at, row.pk))
     records = [MemoryRecord.from_row(row) for row in rows]
@@ -353,12 +362,15 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
 
 
 def reset_in_session(s: Session) -> list[str]:
-    """Delete every row of every table (the schema stays).
+    """Delete every row of every table (the schema stays), holding the schema's exclusive escalation lock on
+    PostgreSQL (:func:`~inferscale.storage.locks.lock_all`): no write runs beside it, so none commits a memory whose
+    context holds a text the reset removed.
 
     Returns:
         The ids of every memory the database knew (stored, or in the history), sorted: whose K/V files the caller
         removes, and no others (other databases may share the K/V folder).
     """
+    lock_all(s)
     known = s.scalars(select(MemoryRow.id).union(select(HistoryRow.memory_id))).all()
     s.execute(delete(KVEntryRow))
     s.execute(delete(HistoryRow))

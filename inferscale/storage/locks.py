@@ -80,4 +80,13 @@ def lock_keys(conn: Connection | Session, keys: Iterable[int], *, escalate: bool
         conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
-__all__ = ["MAX_ADVISORY_KEYS", "advisory_key", "current_schema", "escalation_key", "lock_keys"]
+def lock_all(conn: Connection | Session) -> None:
+    """Take the schema's escalation lock exclusive for the rest of the current transaction, on PostgreSQL: no other
+    locking transaction of the schema runs until it ends (for a change to every memory, ``reset``). Does nothing on
+    other dialects. Counts as the transaction's one :func:`lock_keys` call."""
+    dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
+    if dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(escalation_key(current_schema(conn)))))
+
+
+__all__ = ["MAX_ADVISORY_KEYS", "advisory_key", "current_schema", "escalation_key", "lock_all", "lock_keys"]
