@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import delete, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
@@ -37,7 +37,7 @@ from inferscale.storage.contexts import (
 )
 from inferscale.storage.history_rows import history_row, imported_history_rows
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
-from inferscale.storage.locks import advisory_key, lock_all, lock_keys
+from inferscale.storage.locks import MAX_ADVISORY_KEYS, advisory_key, lock_all, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
 from inferscale.storage.records import MemoryRecord, hash_text, merged_metadata
@@ -342,17 +342,29 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
     Locks, as :func:`apply_in_session` takes them: first the stored-contexts lock of every exact scope with a memory
     in ``scope`` (PostgreSQL; an add to one of them holds it from reading its neighbours' texts to its commit), then
     the rows in id order. Without the first, an add running beside the deletion could commit a memory whose context
-    held the deleted texts (a tester's find on PostgreSQL; SQLite's writers take turns already). An exact scope with
-    no memory yet gives an add no neighbour to read.
+    held the deleted texts (a tester's find on PostgreSQL; SQLite's writers take turns already). Only the memories of
+    the exact scopes locked are deleted: a scope that gets its first memory after they were read is left to the
+    adds beside the deletion, which count as after it (a reviewer's find: deleting its memories unlocked let an add
+    keep one of their texts in its context). Past :data:`~inferscale.storage.locks.MAX_ADVISORY_KEYS` scopes the
+    lock is the schema's exclusive one, which waits for every add, and the whole of ``scope`` is deleted.
 
     Returns:
         The deleted memories, oldest first.
     """
-    exact = s.execute(
-        select(MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id).where(*scope_clauses(scope)).distinct()
-    ).all()
-    lock_keys(s, [context_lock_key(Scope(user_id=u, agent_id=a, run_id=r)) for u, a, r in exact])
-    stmt = select(MemoryRow).where(*scope_clauses(scope)).order_by(MemoryRow.id).with_for_update()
+    exact = [
+        Scope(user_id=u, agent_id=a, run_id=r)
+        for u, a, r in s.execute(
+            select(MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id).where(*scope_clauses(scope)).distinct()
+        )
+    ]
+    if not exact:
+        return []
+    keys = {context_lock_key(e) for e in exact}
+    lock_keys(s, keys)
+    where = scope_clauses(scope)
+    if len(keys) <= MAX_ADVISORY_KEYS:
+        where.append(or_(*(and_(*exact_scope_clauses(e)) for e in exact)))
+    stmt = select(MemoryRow).where(*where).order_by(MemoryRow.id).with_for_update()
     rows = sorted(s.scalars(stmt).all(), key=lambda row: (row.created_at, row.pk))
     records = [MemoryRecord.from_row(row) for row in rows]
     for row in rows:

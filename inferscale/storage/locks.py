@@ -11,8 +11,9 @@ Each advisory lock takes a slot of PostgreSQL's shared lock table (``max_locks_p
 ``max_connections`` slots for the whole server, 64 x 100 by default), so one lock per key would let a large change
 set (an import of thousands of memories, each with an id to claim) fill it and fail with "out of shared memory".
 :func:`lock_keys` therefore escalates, as databases escalate row locks to a table lock: every locking transaction
-first takes one *escalation lock* of its schema (advisory locks are database-wide; stores in other schemas never
-wait for each other), shared while it names at most :data:`MAX_ADVISORY_KEYS` keys (it then locks each of them as
+first takes one *escalation lock* of its schema (advisory locks are database-wide; an escalated write in one schema
+never holds back another schema's writers, though two schemas' writers to scopes of the same ids still take turns on
+their keys), shared while it names at most :data:`MAX_ADVISORY_KEYS` keys (it then locks each of them as
 well), exclusive when it names more (it then locks none of them: holding the escalation lock alone excludes every
 other locking transaction of the schema, as SQLite's writers exclude each other). A transaction thus holds at most
 ``MAX_ADVISORY_KEYS + 1`` advisory locks. The schema lock (:mod:`inferscale.storage.schema`) is taken alone

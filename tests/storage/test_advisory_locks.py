@@ -12,19 +12,31 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from databases import database_url
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.orm import Session
 
 import inferscale.storage.database
 from inferscale.errors import DatabaseUnavailableError
 from inferscale.scope import Scope
 from inferscale.storage import ChangeSet, MemoryStore, NewMemory, make_engine
+from inferscale.storage.changes import apply_in_session, delete_scope_in_session
 from inferscale.storage.contexts import context_lock_key
 from inferscale.storage.locks import MAX_ADVISORY_KEYS, advisory_key, current_schema, escalation_key, lock_keys
+from inferscale.storage.uninterrupted import guarded_session
 
 pytestmark = pytest.mark.postgres
+
+
+def fresh_keys(n: int) -> list[int]:
+    """``n`` advisory keys no other test (in this process or a parallel worker) locks: advisory locks are
+    database-wide, and only the escalation lock is per schema."""
+    tag = uuid4().hex
+    return [advisory_key("test", tag, str(i)) for i in range(n)]
+
 
 HELD = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
 SHORT_WAIT = text("SET LOCAL lock_timeout = '300ms'")
@@ -55,7 +67,8 @@ def test_a_transaction_holds_at_most_max_keys_plus_one_advisory_locks(pg_engine:
     """Up to the bound, the shared escalation lock and one lock per key; past it, the exclusive escalation lock
     alone. 20,000 keys one by one overflowed the server's lock table before."""
     with pg_engine.begin() as conn:
-        lock_keys(conn, [*range(n_keys), 0])  # a duplicate is locked once
+        keys = fresh_keys(n_keys)
+        lock_keys(conn, [*keys, keys[0]])  # a duplicate is locked once
         held = conn.execute(HELD).scalar_one()
         modes = _escalation_modes(conn)
     if n_keys <= MAX_ADVISORY_KEYS:
@@ -74,17 +87,16 @@ def _holds(engine: Engine, keys: list[int], entered: threading.Event, release: t
 
 
 @pytest.mark.parametrize(
-    ("holder", "waiter"),
+    "case",
     [
-        (list(range(100, 200)), [7]),  # many keys (exclusive) keep out a transaction with one key
-        ([7], list(range(100, 200))),  # one key (shared escalation) keeps out a transaction with many
-        ([7], [7]),  # the same key, both under the bound
+        "many-then-one",  # many keys (exclusive) keep out a transaction with one key
+        "one-then-many",  # one key (shared escalation) keeps out a transaction with many
+        "same-key",  # the same key, both under the bound
     ],
-    ids=["many-then-one", "one-then-many", "same-key"],
 )
-def test_escalated_and_single_key_transactions_exclude_each_other(
-    pg_engine: Engine, holder: list[int], waiter: list[int]
-) -> None:
+def test_escalated_and_single_key_transactions_exclude_each_other(pg_engine: Engine, case: str) -> None:
+    one, many = fresh_keys(1), fresh_keys(100)
+    holder, waiter = {"many-then-one": (many, one), "one-then-many": (one, many), "same-key": (one, one)}[case]
     entered, release = threading.Event(), threading.Event()
     thread = threading.Thread(target=_holds, args=(pg_engine, holder, entered, release))
     thread.start()
@@ -116,7 +128,8 @@ def test_an_escalated_write_in_one_schema_does_not_hold_back_another_schema(pg_e
     """Advisory locks are database-wide, so the escalation lock names the schema: one schema's exclusive lock (an
     import of many memories) leaves a store in another schema of the same database free to write."""
     entered, release = threading.Event(), threading.Event()
-    thread = threading.Thread(target=_holds, args=(pg_engine, list(range(100, 200)), entered, release))
+    keys = fresh_keys(100)
+    thread = threading.Thread(target=_holds, args=(pg_engine, keys, entered, release))
     thread.start()
     try:
         assert entered.wait(30)
@@ -125,7 +138,7 @@ def test_an_escalated_write_in_one_schema_does_not_hold_back_another_schema(pg_e
             try:
                 with other.begin() as conn:
                     conn.execute(SHORT_WAIT)
-                    lock_keys(conn, list(range(100, 200)))  # the same keys, escalated too, in its own schema
+                    lock_keys(conn, keys)  # the same keys, escalated too, in its own schema
                     assert _escalation_modes(conn) == {"ExclusiveLock"}
             finally:
                 other.dispose()
@@ -136,13 +149,14 @@ def test_an_escalated_write_in_one_schema_does_not_hold_back_another_schema(pg_e
 
 def test_disjoint_keys_under_the_bound_do_not_wait(pg_engine: Engine) -> None:
     entered, release = threading.Event(), threading.Event()
-    thread = threading.Thread(target=_holds, args=(pg_engine, [1, 2, 3], entered, release))
+    first, second = fresh_keys(3), fresh_keys(2)
+    thread = threading.Thread(target=_holds, args=(pg_engine, first, entered, release))
     thread.start()
     try:
         assert entered.wait(30)
         with pg_engine.begin() as conn:
             conn.execute(SHORT_WAIT)
-            lock_keys(conn, [4, 5])
+            lock_keys(conn, second)
     finally:
         release.set()
         thread.join(30)
@@ -198,21 +212,68 @@ def test_delete_all_and_reset_wait_for_an_add_of_their_scope(
     if postgres_url_or_none is None:
         pytest.skip("no PostgreSQL server answers (advisory locks are PostgreSQL's)")
     monkeypatch.setattr(inferscale.storage.database, "POSTGRES_LOCK_TIMEOUT_MS", 300)
-    nested = Scope(user_id="u", run_id="r1")
+    user = f"u-{uuid4().hex[:8]}"  # context keys are not per schema: no other test's scope
+    nested = Scope(user_id=user, run_id="r1")
     with MemoryStore(postgres_url_or_none) as store:
-        store.add("I like tea.", Scope(user_id="u"))
+        store.add("I like tea.", Scope(user_id=user))
         store.add("I like coffee.", nested)
         holder = make_engine(postgres_url_or_none)
         try:
             for held, call in (
-                (context_lock_key(nested), lambda: store.delete_scope(Scope(user_id="u"))),
-                (advisory_key("any write"), store.reset),
+                (context_lock_key(nested), lambda: store.delete_scope(Scope(user_id=user))),
+                (advisory_key(f"any write {user}"), store.reset),
             ):
                 with holder.begin() as conn:  # an add of that scope, between its neighbours' read and its commit
                     lock_keys(conn, [held])
                     with pytest.raises(DatabaseUnavailableError, match="lock"):
                         call()
-                assert len(store.list(Scope(user_id="u"))) == 2  # nothing was deleted
-            assert len(store.delete_scope(Scope(user_id="u"))) == 2  # the locks are free: it goes through
+                assert len(store.list(Scope(user_id=user))) == 2  # nothing was deleted
+            assert len(store.delete_scope(Scope(user_id=user))) == 2  # the locks are free: it goes through
         finally:
             holder.dispose()
+
+
+def test_delete_all_leaves_a_scope_that_gets_its_first_memory_meanwhile_to_the_adds_beside_it(
+    postgres_url_or_none: str | None,
+) -> None:
+    """A reviewer's interleaving: ``delete_all`` read its exact scopes, then a new exact scope E of it got its first
+    memory "x", and an add "y" to E, encoded after "x", took E's lock and wrote. ``delete_all`` locked the scopes it
+    had read but deleted every memory of its scope, "x" among them, and "y" committed with "x" in its context. Now it
+    deletes only the scopes it locked: "x" and "y" count as added after it."""
+    if postgres_url_or_none is None:
+        pytest.skip("no PostgreSQL server answers (advisory locks are PostgreSQL's)")
+    user = f"u-{uuid4().hex[:8]}"
+    new_scope = Scope(user_id=user, run_id="r1")
+    with MemoryStore(postgres_url_or_none) as store:
+        store.add("seed", Scope(user_id=user))
+        engine = store.engine
+        paused, go = threading.Event(), threading.Event()
+        deleted: list[str] = []
+
+        def pause_before_locking(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "pg_advisory_xact_lock" in statement and not paused.is_set():
+                paused.set()
+                go.wait(30)  # the exact scopes are read; the new scope is not among them
+
+        def delete_all() -> None:
+            with guarded_session(engine, write=True) as s:
+                event.listen(s.connection(), "before_cursor_execute", pause_before_locking)
+                deleted.extend(r.text for r in delete_scope_in_session(s, Scope(user_id=user), None))
+
+        thread = threading.Thread(target=delete_all)
+        thread.start()
+        try:
+            assert paused.wait(30)
+            store.add("x", new_scope)
+            other = make_engine(postgres_url_or_none)
+            with Session(other) as adding, adding.begin():
+                apply_in_session(adding, ChangeSet(new_scope, adds=(NewMemory("y", context=("x",), neighbours=1),)))
+                go.set()
+                thread.join(30)
+            other.dispose()
+        finally:
+            go.set()
+            thread.join(30)
+        assert deleted == ["seed"]
+        left = {r.text: r.context for r in store.list(Scope(user_id=user))}
+        assert left == {"x": [], "y": ["x"]}  # every text in a stored context is still stored

@@ -84,7 +84,8 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         def keep(hit: dict[str, Any]) -> bool:
             return str(hit["memory"]).strip() not in shown
 
-        return await asearch_kept(search, keep, self.similarity_top_k, extra=len(shown), most=MAX_LIMIT)
+        extra = min(len(shown), self.similarity_top_k)  # the search widens past it when more are left out
+        return await asearch_kept(search, keep, self.similarity_top_k, extra=extra, most=MAX_LIMIT)
 
     async def _aput(self, messages: list[ChatMessage]) -> None:
         """Store the user and assistant messages LlamaIndex's ``Memory`` flushes to the block, leaving out (with a
