@@ -67,27 +67,30 @@ def lock_keys(conn: Connection | Session, keys: Iterable[int], *, escalate: bool
         keys: signed 64-bit keys (see :func:`advisory_key`); duplicates are taken once.
         escalate: whether the keys take part in escalation (every write does; the schema lock does not).
     """
-    dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
     distinct = sorted(set(keys))
-    if dialect.name != "postgresql" or not distinct:
+    if not distinct or not _on_postgresql(conn):
+        return
+    if escalate and len(distinct) > MAX_ADVISORY_KEYS:
+        lock_all(conn)
         return
     if escalate:
-        escalation = escalation_key(current_schema(conn))
-        if len(distinct) > MAX_ADVISORY_KEYS:
-            conn.execute(select(func.pg_advisory_xact_lock(escalation)))
-            return
-        conn.execute(select(func.pg_advisory_xact_lock_shared(escalation)))
+        conn.execute(select(func.pg_advisory_xact_lock_shared(escalation_key(current_schema(conn)))))
     for key in distinct:
         conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
 def lock_all(conn: Connection | Session) -> None:
     """Take the schema's escalation lock exclusive for the rest of the current transaction, on PostgreSQL: no other
-    locking transaction of the schema runs until it ends (for a change to every memory, ``reset``). Does nothing on
-    other dialects. Counts as the transaction's one :func:`lock_keys` call."""
-    dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
-    if dialect.name == "postgresql":
+    locking transaction of the schema runs until it ends (for a change to every memory, ``reset``; a
+    :func:`lock_keys` call with more than :data:`MAX_ADVISORY_KEYS` keys). Does nothing on other dialects. Counts
+    as the transaction's one :func:`lock_keys` call."""
+    if _on_postgresql(conn):
         conn.execute(select(func.pg_advisory_xact_lock(escalation_key(current_schema(conn)))))
+
+
+def _on_postgresql(conn: Connection | Session) -> bool:
+    dialect = conn.dialect if isinstance(conn, Connection) else conn.get_bind().dialect
+    return dialect.name == "postgresql"
 
 
 __all__ = ["MAX_ADVISORY_KEYS", "advisory_key", "current_schema", "escalation_key", "lock_all", "lock_keys"]
