@@ -14,6 +14,7 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, Ser
 from llama_index.core.memory import BaseMemory, Memory
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import InferScaleContext
+from llama_index.memory.inferscale._search import async_search
 
 from inferscale import AsyncMemoryClient, ConfigError, InvalidInputError, MemoryClient
 from inferscale.arguments import MAX_LIMIT
@@ -298,13 +299,7 @@ class InferScaleMemory(BaseMemory):
         query = self._query(history, input)
         hits: list[Mapping[str, Any]] = []
         if query:
-            scope = self.context.ids()
-
-            async def search(k: int) -> list[Mapping[str, Any]]:
-                if self._async_client is not None:
-                    return list((await self._async_client.search(query, **scope, limit=k))["results"])
-                return list((await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=k)))["results"])
-
+            search = async_search(self._client, self._async_client, query, self.context.ids())
             keep, extra = self._new_to(exclude, window), self._extra(exclude, window)
             hits = await asearch_kept(search, keep, self.similarity_top_k, extra=extra, most=MAX_LIMIT)
         return self._with_memories(hits, window)

@@ -19,6 +19,7 @@ Both store what ``Memory`` flushes from its short-term history with ``client.add
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage, ContentBlock, MessageRole
@@ -26,6 +27,7 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.memory import BaseMemoryBlock
 from llama_index.memory.inferscale._messages import memory_message, search_text, turns_to_add
 from llama_index.memory.inferscale._scope import ScopeKwargs, scope_ids_of
+from llama_index.memory.inferscale._search import async_search
 
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.arguments import MAX_LIMIT
@@ -61,7 +63,7 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         """The scope of this call: the fields as they are now (:func:`scope_ids_of`)."""
         return scope_ids_of(self)
 
-    async def _hits(self, messages: list[ChatMessage] | None) -> list[dict[str, Any]]:
+    async def _hits(self, messages: list[ChatMessage] | None) -> list[Mapping[str, Any]]:
         """The best ``similarity_top_k`` memories for the recent messages, leaving out those whose text is a user or
         assistant message of ``messages`` (the history ``Memory`` shows the model holds it already: a question an
         earlier session stored, say), as a chat does; the search widens while it leaves some out
@@ -70,18 +72,11 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         query = search_text(messages, self.search_msg_limit)
         if not query.strip() or self.similarity_top_k == 0:
             return []
-        scope = self._scope_ids()
         said = (m for m in messages if m.role in (MessageRole.USER, MessageRole.ASSISTANT))
         shown = {text for m in said if (text := (m.content or "").strip())}
+        search = async_search(self._client, self._async_client, query, self._scope_ids())
 
-        async def search(k: int) -> list[dict[str, Any]]:
-            if self._async_client is not None:
-                found = await self._async_client.search(query, **scope, limit=k)
-            else:
-                found = await asyncio.to_thread(lambda: self._client.search(query, **scope, limit=k))
-            return list(found["results"])
-
-        def keep(hit: dict[str, Any]) -> bool:
+        def keep(hit: Mapping[str, Any]) -> bool:
             return str(hit["memory"]).strip() not in shown
 
         extra = min(len(shown), self.similarity_top_k)  # the search widens past it when more are left out
