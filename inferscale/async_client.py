@@ -55,6 +55,7 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
+from inferscale.kv_prune import KVPruneReport, prune_kv
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
@@ -588,6 +589,15 @@ class AsyncMemoryClient(ClientCore):
         encoding runs on a model thread."""
         ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
         return await on_threads(MODEL_WORK, prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
+
+    async def prune_kv(
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+    ) -> KVPruneReport:
+        """Remove the stored K/V that no :meth:`chat` of this client looks up; see :meth:`MemoryClient.prune_kv`
+        (same arguments, result and errors). SQL is awaited on the event loop, the rest (tokenising, files) runs on
+        a model thread."""
+        ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
+        return await on_threads(MODEL_WORK, prune_kv, self.derived, ids)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background K/V encoder has finished what ``add`` queued; see

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     from inferscale.commands.memory import add_memory_parsers
     from inferscale.commands.options import parents
     from inferscale.commands.prepare import add_prepare_parser
+    from inferscale.commands.prune import add_prune_parser
     from inferscale.demo import DemoOptions
     from inferscale.serve_cli import add_serve_parser
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_memory_parsers(sub, shared)
     add_chat_parser(sub, shared)
     add_prepare_parser(sub, shared)
+    add_prune_parser(sub, shared)
     add_import_parser(sub, shared)
     add_serve_parser(sub)
     add_keys_parser(sub, shared)

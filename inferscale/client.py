@@ -45,6 +45,7 @@ from inferscale.errors import MemoryNotFoundError
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv_prepare import KVPrepareReport, prepare_kv
+from inferscale.kv_prune import KVPruneReport, prune_kv
 from inferscale.memory import JSONGenerator
 from inferscale.reconcile import ReconcileReport
 from inferscale.results import changes_to_results, history_to_dict, imports_to_results, memory_to_dict
@@ -826,6 +827,32 @@ class MemoryClient(ClientCore):
         """
         ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
         return prepare_kv(self.derived, ids, self.config.kv.encode_batch_size)
+
+    def prune_kv(
+        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+    ) -> KVPruneReport:
+        """Remove the stored K/V that no :meth:`chat` of this client looks up: for every memory of the scope (every
+        memory of the database when no id is given), each entry written under another model fingerprint or other
+        ``kv`` settings (``kv.storage_format``, ``kv.context_window``, position buckets, an older version's
+        encoding), from every tier and from ``kv_entries`` (:mod:`inferscale.kv_prune`). Such entries are otherwise
+        kept, for clients still running with those settings: after switching to ``kv.storage_format="int8"``, the
+        model-dtype files stay on disk until pruned. Run :meth:`prepare_kv` first to encode what the new settings
+        lack, and prune with the configuration the chats run under (for a server's store, the server's own): a client
+        with other settings sharing the store encodes its K/V again on first use. Encodes nothing.
+
+        Returns:
+            A :class:`~inferscale.kv_prune.KVPruneReport`: memories looked at, entry copies and rows removed, and
+            the bytes of K/V those rows recorded.
+
+        Raises:
+            ScopeError: for an id that is neither a non-empty string nor an int.
+            InvalidInputError: for an id too long or not storable.
+            DatabaseUnavailableError: when the database cannot be connected to.
+            ModelNotAvailableError: when the configured model's files cannot be found.
+            OSError: when a K/V file cannot be removed (what was removed before stays removed).
+        """
+        ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
+        return prune_kv(self.derived, ids)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background encoder has encoded the K/V of every memory ``add`` queued

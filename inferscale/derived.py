@@ -32,7 +32,7 @@ import numpy as np
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.encode_queue import EncodeQueue, interpreter_exiting
 from inferscale.engines.base import Engine
-from inferscale.fact_kv import FactKVManager, Wanted
+from inferscale.fact_kv import FactKVManager, Pruned, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import survives_recontext
@@ -503,6 +503,23 @@ class DerivedStores:
             records = [found[memory_id] for memory_id in memory_ids if memory_id in found]
             lacking = {record.id for record, _ in fact_kv.missing(fact_kv.every_encoding(records))}
         return [record.id for record in records if record.id in lacking]
+
+    def prune_unserved(self, memory_ids: Sequence[str]) -> Pruned:
+        """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up under the
+        current model and settings (:meth:`~inferscale.fact_kv.FactKVManager.served_keys`), from every tier and from
+        ``kv_entries``, under the client's lock; unknown ids are left out. Loads the encoder (:meth:`load_encoder`),
+        encodes nothing.
+
+        Raises:
+            OSError: when a K/V file cannot be removed (no row is deleted then).
+        """
+        self.load_encoder()
+        with self._lock:
+            fact_kv = self.fact_kv
+            found = self._db().get_many(memory_ids)
+            records = [found[memory_id] for memory_id in memory_ids if memory_id in found]
+            served = fact_kv.served_keys(records)
+            return fact_kv.prune([record.id for record in records], served.__contains__)
 
     def _store_unchanged(self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
         """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that

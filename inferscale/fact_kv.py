@@ -25,7 +25,8 @@ K/V do not depend on which of them were stored before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,7 +41,8 @@ from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
 from inferscale.kv.serving import bucket_per_fact
 from inferscale.kv.store import KVKey, KVStore
-from inferscale.kv.tiers import KVFormatError
+from inferscale.kv.tiers import DiskTier, KVFormatError
+from inferscale.reconcile import entry_key, filed_here
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
 
@@ -82,6 +84,22 @@ ChainMemo = dict[tuple[Scope, ChainLink], FactKV]
 
 FITTING_CACHE_SIZE = 65_536
 """How many memory keys :meth:`FactKVManager.fit` remembers the fit of (then it starts again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What :meth:`FactKVManager.prune` removed.
+
+    Attributes:
+        copies: entry copies removed from the tiers (an entry cached in memory and on disk counts twice).
+        rows: ``kv_entries`` rows deleted.
+        nbytes: the size of the K/V tensors those rows recorded (bytes; an 8-bit entry's codes and scales).
+    """
+
+    copies: int
+    rows: int
+    nbytes: int
+
 
 Fit = Literal["context", "alone", "none"]
 """How a memory's encoding fits the model's context window (:meth:`FactKVManager.fit`): after its context turns (or on
@@ -547,10 +565,40 @@ class FactKVManager:
             stored.append(self._put_one(record, self.key(record, encoding), fact))
         # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
         try:
-            self._store.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
+            self.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
         except OSError as exc:
             log.warning("K/V files of an older format could not be removed (%s); they are never read", exc)
         return stored
+
+    def served_keys(self, records: Sequence[MemoryRecord]) -> set[KVKey]:
+        """The keys under which a chat of this client looks up the K/V of ``records``: each one's encodings
+        (:meth:`every_encoding`, for those :meth:`servable`) and its encoding after its context turns at bucket 0,
+        the one a chained memory's chain reads (:meth:`chain_kv`). Tokenises each record the first time it is asked
+        about (:meth:`fit`); runs no model."""
+        kept = self.servable(records)
+        return {self.key(r, e) for r, e in self.every_encoding(kept)} | {self.key(r) for r in kept}
+
+    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool]) -> Pruned:
+        """Remove every entry of ``memory_ids`` that ``keep`` refuses: its copies in every tier (on disk, the files'
+        headers are read), then its ``kv_entries`` row. Only the rows of this client's K/V store go: a row whose file
+        another host's K/V folder holds is left to that folder's clients (:func:`inferscale.reconcile.filed_here`),
+        and a row whose fields make no key to reconciliation.
+
+        Raises:
+            OSError: when a file cannot be removed (no row is deleted then).
+            InvalidInputError: when a memory id is not a plain id.
+        """
+        copies = self._store.prune(memory_ids, keep)
+        directory = self._store.directory
+        disk = DiskTier(directory) if directory is not None else None
+        doomed = []
+        for row in self._db.kv_entries_of(sorted(memory_ids)):
+            key = entry_key(row)
+            ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
+            if key is not None and ours and not keep(key):
+                doomed.append(row)
+        rows = self._db.delete_kv_entry_rows([row.id for row in doomed]) if doomed else 0
+        return Pruned(copies=copies, rows=rows, nbytes=sum(row.nbytes for row in doomed))
 
     def _put_one(self, record: MemoryRecord, key: KVKey, fact: FactKV) -> FactKV:
         """Store ``fact`` under ``key``: the row, then the tensors; returns the fact as stored (naming its file

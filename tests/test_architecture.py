@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "inferscale.encode_queue": 5,
     "inferscale.reconcile": 5,
     "inferscale.kv_prepare": 5,
+    "inferscale.kv_prune": 5,
     "inferscale.arguments": 6,
     "inferscale.mem0_import": 6,
     "inferscale.mem0_history": 6,

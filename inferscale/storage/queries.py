@@ -244,6 +244,15 @@ def all_kv_entries(s: Session) -> list[KVEntryRecord]:
     return [KVEntryRecord.from_row(row) for row in s.scalars(select(KVEntryRow).order_by(KVEntryRow.id))]
 
 
+def kv_entries_of(s: Session, memory_ids: Sequence[str]) -> list[KVEntryRecord]:
+    """The KV entries of the memories ``memory_ids``, by row id. One statement per :data:`IN_CHUNK` ids."""
+    found: list[KVEntryRecord] = []
+    for chunk in chunks(memory_ids):
+        rows = s.scalars(select(KVEntryRow).where(KVEntryRow.memory_id.in_(list(chunk))))
+        found += [KVEntryRecord.from_row(row) for row in rows]
+    return sorted(found, key=lambda entry: entry.id)
+
+
 def history(s: Session, memory_id: str, scope: Scope | None = None) -> list[HistoryRecord]:
     """The changes to ``memory_id``, oldest first, when the memory was in ``scope`` (any scope for ``None``; also
     after it was deleted); ``[]`` for an unknown id or one outside ``scope``.
@@ -307,6 +316,7 @@ __all__ = [
     "get_memory",
     "held_ids",
     "history",
+    "kv_entries_of",
     "latest_memories",
     "list_memories",
     "memories_with_hash",

@@ -211,12 +211,16 @@ def test_an_entry_of_the_old_key_format_is_never_used_and_is_pruned(
     model: Any, tokenizer: Any, tmp_path: Path, db: MemoryStore
 ) -> None:
     """A file written under the previous key format ("w=2;prefix=system;v2", same fingerprint) holding other K/V
-    is a miss; re-encoding the memory removes it from disk (and its header-less neighbours are left alone)."""
+    is a miss; re-encoding the memory removes it from disk and its ``kv_entries`` row (an upgrade tester found the
+    rows of removed files kept until a later reconciliation), and its header-less neighbours are left alone."""
     rows = records(db)[:1]
     setting = Setting(model, tokenizer)
     kv = setting.manager(tmp_path / "kv", db)
     legacy = KVKey(rows[0].id, rows[0].hash, kv.key(rows[0]).fingerprint, "w=2;prefix=system;v2")
     wrong = FactKV(torch.zeros(3, 2, 4, 16), torch.zeros(3, 2, 4, 16), torch.arange(4), 0)
+    db.put_kv_entry(
+        rows[0].id, rows[0].hash, legacy.fingerprint, legacy.encoding_key, 4, wrong.nbytes, kv.store.location(legacy)
+    )
     kv.store.put(legacy, wrong)
     foreign = tmp_path / "kv" / rows[0].id / "notes.txt"
     foreign.write_text("not an entry")
@@ -227,6 +231,7 @@ def test_an_entry_of_the_old_key_format_is_never_used_and_is_pruned(
     assert equal(served, fresh)
     on_disk = DiskTier(tmp_path / "kv").keys()
     assert [k.encoding_key for k in on_disk] == [kv.encoding_key(rows[0])]
+    assert [row.encoding_key for row in db.kv_entries_of([rows[0].id])] == [kv.encoding_key(rows[0])]
     assert kv.store.get(legacy) is None
     assert foreign.read_text() == "not an entry"
 
