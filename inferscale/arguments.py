@@ -211,11 +211,15 @@ def check_update(
 
     Raises:
         InvalidInputError: when ``text`` and ``data`` (Mem0's name for it) disagree, nothing is given, the new
-            text is longer than ``max_memory_chars``, or the metadata is not storable (:func:`check_metadata`).
+            text is not a str or is longer than ``max_memory_chars``, or the metadata is not storable
+            (:func:`check_metadata`).
     """
     if text is not None and data is not None and text != data:
         raise InvalidInputError("text and data are two names for the new text; pass one of them")
     new_text = text if text is not None else data
+    if new_text is not None and not isinstance(new_text, str):  # before the lookup, as a remote client's server does
+        name, kind = "text" if text is not None else "data", type(new_text).__name__
+        raise InvalidInputError(f"{name} must be a str (memory {memory_id!r}'s new text), got {kind}")
     meta = check_metadata(metadata) if metadata is not None else None
     if new_text is None and meta is None:
         raise InvalidInputError(f"nothing to update for memory {memory_id!r}: pass text (or data), metadata or both")

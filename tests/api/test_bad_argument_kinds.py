@@ -18,6 +18,7 @@ from mem0_fakes import ScriptedGenerator, facts
 from inferscale.errors import InvalidInputError, ScopeError
 
 INF = float("inf")
+UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
 NAN = float("nan")
 
 Call = Callable[[ClientAdapter, str], Any]
@@ -66,6 +67,11 @@ INVALID_CASES: list[tuple[str, Call, str]] = [
     # a date is a filter's timestamp operand only, never metadata or a metadata operand
     ("metadata-date", lambda m, i: m.add("x", user_id="a", metadata={"on": date(2026, 1, 1)}, infer=False), "on"),
     ("filters-date-operand", lambda m, i: m.get_all(user_id="a", filters={"on": date(2026, 1, 1)}), "date"),
+    # a new text that is no str, checked before the memory is looked up: a local client answered an unknown id's
+    # MemoryNotFoundError, a remote one InvalidInputError (a differential fuzzer's find)
+    ("update-unknown-data-false", lambda m, i: m.update(UNKNOWN_ID, data=False, user_id="a"), r"(^|body\.)data\b"),
+    ("update-unknown-text-bytes", lambda m, i: m.update(UNKNOWN_ID, b"x"), "^text"),
+    ("update-data-int", lambda m, i: m.update(i, data=5), r"(^|body\.)data\b"),
     # bool arguments given something else
     ("infer-str", lambda m, i: m.add("x", user_id="a", infer="yes"), "infer"),
     ("infer-int", lambda m, i: m.add("x", user_id="a", infer=1), "infer"),
