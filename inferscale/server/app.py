@@ -14,7 +14,7 @@ from inferscale.server.limits import BodySizeLimit
 from inferscale.server.local_only import LocalOnlyWhileOpen
 from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
-from inferscale.server.query import refuse_unknown_query
+from inferscale.server.query import refuse_undecodable_url, refuse_unknown_query
 from inferscale.server.routes import memories, openai, ops
 from inferscale.server.state import ServerState
 
@@ -52,7 +52,8 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         "recall",
         redirect_slashes=False,
         lifespan=lifespan,
-        dependencies=[Depends(refuse_unknown_query)],  # every route: a query parameter it does not declare is a 400
+        # every route: a query parameter it does not declare, or a URL that is not UTF-8, is a 400
+        dependencies=[Depends(refuse_undecodable_url), Depends(refuse_unknown_query)],
     )
     metrics = Metrics(client)
     app.state.inferscale = ServerState(

@@ -1,6 +1,7 @@
-"""Strict query strings: a query parameter the route does not declare, or one given twice, is refused with 400
+"""Strict URLs: a query parameter the route does not declare, or one given twice, is refused with 400
 ``invalid_input``, as an unknown body field is, so that a misspelt one (``?agentid=a1``) is never silently ignored
-(on ``DELETE /v1/memories/`` the misspelt scope id would otherwise leave the call to the key's whole scope).
+(on ``DELETE /v1/memories/`` the misspelt scope id would otherwise leave the call to the key's whole scope). So is a
+path or query string whose percent-escapes do not decode as UTF-8 (:func:`refuse_undecodable_url`).
 
 :func:`refuse_unknown_query` is an app-wide FastAPI dependency: the parameters each route accepts are read from its
 own declaration (its :class:`~fastapi.dependencies.models.Dependant` and those of its dependencies), so a route
@@ -8,6 +9,8 @@ added later is covered without a list to keep in step.
 """
 
 from __future__ import annotations
+
+from urllib.parse import unquote_to_bytes
 
 from fastapi import Request
 from fastapi.dependencies.models import Dependant
@@ -49,3 +52,23 @@ async def refuse_unknown_query(request: Request) -> None:
             f"query parameter(s) {', '.join(map(repr, repeated))} given more than once for {request.method} "
             f"{route.path}: give each once"
         )
+
+
+async def refuse_undecodable_url(request: Request) -> None:
+    """FastAPI dependency: refuse a request whose path or query string holds percent-escapes that are not UTF-8
+    (``?user_id=%FF``, or an escaped lone surrogate ``%ED%A0%80``). The ASGI server and Starlette decode such bytes
+    to U+FFFD, so every one of them named the same user ``"\ufffd"``: ``DELETE /v1/memories/?user_id=%FF`` deleted
+    that user's memories (a differential fuzzer's find), where a body's text that is not UTF-8 is refused.
+
+    Raises:
+        InvalidInputError: naming the part of the URL (path or query string) to send as UTF-8.
+    """
+    for part, raw in (("path", request.scope.get("raw_path")), ("query string", request.scope.get("query_string"))):
+        if not raw:
+            continue
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInputError(
+                f"the URL's {part} holds percent-escapes that are not UTF-8 text; percent-encode text as UTF-8"
+            ) from None

@@ -45,7 +45,7 @@ from inferscale.errors import (
     PermissionDeniedError,
     ServerError,
 )
-from inferscale.json_text import JSONTooDeepError, loads_json
+from inferscale.json_text import JSONDuplicateKeyError, JSONTooDeepError, loads_json
 from inferscale.server.auth import caller_for
 from inferscale.server.errors import error_response
 from inferscale.server.keys import KeyStore
@@ -176,14 +176,15 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
     Raises:
         PermissionDeniedError: for a JSON object that sets what only the memory middleware may set.
         InvalidInputError: for JSON nested deeper than Python's parser reads: no field of it could be checked, so it
-            does not reach the route (whose parser could read it, at a shallower stack).
+            does not reach the route (whose parser could read it, at a shallower stack); and for an object naming a
+            key twice, which this check and the route, or a proxy before them, could read differently.
     """
     raw = await request.body()
     if not raw:
         return None
     try:
-        body = loads_json(raw)
-    except JSONTooDeepError as exc:
+        body = loads_json(raw, unique_keys=True)
+    except (JSONTooDeepError, JSONDuplicateKeyError) as exc:
         raise InvalidInputError(f"the request body is not JSON the server reads: {exc.msg}") from None
     except ValueError:  # not JSON (UnicodeDecodeError is a ValueError too): no route reads it as JSON either
         return None

@@ -465,3 +465,51 @@ def test_a_body_that_is_not_json_says_so_and_where(served: Served) -> None:
                 "character 27"
             ), path
         assert served.row_counts() == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "key"),
+    [
+        ("/v1/memories/", b'{"messages": "I like tea.", "user_id": "u1", "user_id": "u2", "infer": false}', "user_id"),
+        ("/v1/memories/", b'{"messages": "x", "user_id": "u1", "metadata": {"k": 1, "k": 2}, "infer": false}', "k"),
+        ("/v1/memories/search/", b'{"query": "tea", "filters": {"user_id": "u1", "user_id": "u2"}}', "user_id"),
+        ("/v1/chat/completions", b'{"model": "m", "messages": [], "max_tokens": 8, "max_tokens": 9}', "max_tokens"),
+    ],
+)
+@pytest.mark.parametrize("content_type", ["application/json", "application/merge-patch+json"])
+def test_a_body_naming_a_key_twice_is_refused_and_stores_nothing(
+    http: httpx.Client, route: str, body: bytes, key: str, content_type: str
+) -> None:
+    """JSON keeps the last of a repeated key: the memory went to u2, while a proxy or log that keeps the first sees
+    u1 (a differential fuzzer's find; a repeated query parameter was already refused). FastAPI reads both content
+    types as JSON."""
+    headers = {"content-type": content_type}
+    message = _error(http.post(route, content=body, headers=headers), 400, "invalid_input", "InvalidInputError")
+    assert f"the body is not valid JSON: the key {key!r} is given twice in one object" in message
+    for user in ("u1", "u2"):
+        assert http.get("/v1/memories/", params={"user_id": user}).json() == {"results": []}
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "part"),
+    [
+        ("GET", "/v1/memories/?user_id=%FF", "query string"),
+        ("GET", "/v1/memories/?user_id=%ED%A0%80", "query string"),  # an escaped lone surrogate
+        ("DELETE", "/v1/memories/?user_id=%FF", "query string"),
+        ("GET", "/v1/memories/%FF/", "path"),
+        ("GET", "/v1/memories/%C3%28/history/", "path"),
+    ],
+)
+def test_a_url_whose_escapes_are_not_utf8_is_refused_and_deletes_nothing(
+    http: httpx.Client, method: str, url: str, part: str
+) -> None:
+    """Every such escape was decoded to U+FFFD: ``DELETE /v1/memories/?user_id=%FF`` answered 200 ``deleted: 1``,
+    deleting the memories of user "\\ufffd" (a differential fuzzer's find), and ``%E9`` or ``%E8`` from a client
+    encoding in Latin-1 named that same user."""
+    added = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "\ufffd", "infer": False})
+    assert added.status_code == 200, added.text
+    message = _error(http.request(method, url), 400, "invalid_input", "InvalidInputError")
+    assert message == f"the URL's {part} holds percent-escapes that are not UTF-8 text; percent-encode text as UTF-8"
+    kept = http.get("/v1/memories/", params={"user_id": "\ufffd"}).json()["results"]
+    assert [m["memory"] for m in kept] == ["I like tea."]
+    assert http.get("/v1/memories/?user_id=%E6%9E%97").status_code == 200  # UTF-8 escapes still read

@@ -277,6 +277,18 @@ def test_a_body_nested_past_the_parser_is_refused_not_passed_on(deep: bytes) -> 
     assert "nests deeper" in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "body", [b'{"kv_transfer_params": {"x": 1}, "kv_transfer_params": null}', b'{"a": {"user": "u1", "user": "u2"}}']
+)
+def test_a_body_naming_a_key_twice_is_refused_not_passed_on(body: bytes) -> None:
+    """This check and the route each keep the last of a repeated key; a proxy before them may keep the first. The
+    body is refused, as the memory server's are (tests/server/test_server_errors.py)."""
+    with _guarded_app() as http:
+        reply = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert (reply.status_code, reply.json()["error"]["code"]) == (400, "invalid_input")
+    assert "is given twice in one object" in reply.json()["error"]["message"]
+
+
 def test_the_internal_token_is_random_and_checked_exactly() -> None:
     gate, other = KeyGate(None), KeyGate(None)
     assert gate.internal_token != other.internal_token and len(gate.internal_token) == 43

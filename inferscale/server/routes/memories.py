@@ -23,8 +23,9 @@ from inferscale.server.errors import ERROR_RESPONSES
 from inferscale.server.routes import route
 from inferscale.server.schemas import AddBody, GetAllBody, SearchBody, UpdateBody
 from inferscale.server.state import ServerState, State
+from inferscale.server.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["memories"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["memories"], responses=ERROR_RESPONSES, route_class=StrictJSONRoute)
 
 
 async def _memory_id(memory_id: str) -> str:

@@ -43,11 +43,12 @@ from inferscale.server.openai_chat import (
 from inferscale.server.routes import route
 from inferscale.server.schemas import ChatBody, ChatOptions
 from inferscale.server.state import State
+from inferscale.server.strict_json import StrictJSONRoute
 from inferscale.types import ChatChunk, ChatResult
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["openai"], responses=ERROR_RESPONSES, route_class=StrictJSONRoute)
 
 _STARTED = int(time.time())
 

@@ -15,8 +15,9 @@ from inferscale.server.metrics import CONTENT_TYPE
 from inferscale.server.routes import route
 from inferscale.server.schemas import EncodingWaitBody
 from inferscale.server.state import State
+from inferscale.server.strict_json import StrictJSONRoute
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(tags=["ops"], route_class=StrictJSONRoute)
 
 _ANY = {"user_ids": None, "agent_ids": None, "run_ids": None}
 
