@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferscale.async_client import AsyncMemoryClient
+from inferscale.server.disconnects import CLIENT_CLOSED_REQUEST
 from inferscale.types import ChatResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -127,7 +128,9 @@ class Metrics:
 
 class RequestMetrics:
     """ASGI middleware: counts each HTTP request by route template, method and status in ``metrics``, and times
-    it. ``fixed_paths``: paths of routes without a template in the scope (the docs), labelled by their path."""
+    it. ``fixed_paths``: paths of routes without a template in the scope (the docs), labelled by their path. A request
+    that got no reply counts as 499 when its client disconnected (an upload cut short: the size limit stops reading),
+    else as 500."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, fixed_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
@@ -139,7 +142,14 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500  # when the app fails before answering
+        status: int | None = None  # no reply started
+        gone = False  # the client disconnected
+
+        async def receive_and_note() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def send_and_note(message: Message) -> None:
             nonlocal status
@@ -148,10 +158,12 @@ class RequestMetrics:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive_and_note, send_and_note)
         finally:
             label = route_label(
                 scope.get("route"), scope.get("path", ""), self.fixed_paths
             )  # set by the router on the scope it was given (this dict)
+            if status is None:  # no reply: the client left (mid-upload, say), else the app failed before answering
+                status = CLIENT_CLOSED_REQUEST if gone else 500
             self.metrics.requests.labels(label, method_label(scope["method"]), str(status)).inc()
             self.metrics.latency.labels(label).observe(time.perf_counter() - started)

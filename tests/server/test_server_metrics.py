@@ -96,3 +96,29 @@ def test_the_docs_are_labelled_by_their_path(served: Served) -> None:
     assert [samples.get(_requests(p, "GET", s)) for p, s in [("/docs", "200"), ("/redoc", "200")]] == [1, 1]
     assert samples[_requests("/openapi.json", "GET", "200")] == 2
     assert samples[_requests("unmatched", "GET", "404")] == 1
+
+
+def test_an_upload_its_client_cut_short_counts_as_499_not_500(served: Served) -> None:
+    """An upload cut short gets no reply (the body size limit stops reading at the client's disconnect) and was
+    counted as a 500: 5 aborted uploads raised the 500 series by 5 (a tester's find), paging whoever alerts on 5xx."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    where = urlsplit(served.url)
+    head = (
+        "POST /v1/memories/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    for _ in range(5):
+        with socket.create_connection((where.hostname, where.port)) as sock:
+            sock.sendall(head.encode() + b'{"messages":')
+    with served.http() as http:
+        deadline = time.monotonic() + 60  # the server notices each disconnect soon after: poll, not a timed assert
+        while True:
+            samples = _samples(http.get("/metrics").text)
+            if samples.get(_requests("unmatched", "POST", "499"), 0) == 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    assert samples.get(_requests("unmatched", "POST", "499")) == 5
+    assert not any(name == "inferscale_http_requests_total" and ("status", "500") in labels for name, labels in samples)
