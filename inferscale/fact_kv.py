@@ -45,6 +45,7 @@ from inferscale.kv.tiers import DiskTier, KVFormatError
 from inferscale.reconcile import entry_key, filed_here
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
+from inferscale.storage.queries import kv_entries_of
 
 log = logging.getLogger(__name__)
 
@@ -592,7 +593,7 @@ class FactKVManager:
         directory = self._store.directory
         disk = DiskTier(directory) if directory is not None else None
         doomed = []
-        for row in self._db.kv_entries_of(sorted(memory_ids)):
+        for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
             key = entry_key(row)
             ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):

@@ -48,7 +48,6 @@ from inferscale.storage.queries import (
     get_memories,
     get_memory,
     history,
-    kv_entries_of,
     latest_memories,
     list_memories,
     memories_with_hash,
@@ -391,16 +390,6 @@ class MemoryStore:
     def all_kv_entries(self) -> builtins.list[KVEntryRecord]:
         """Every KV entry, by row id."""
         return self.run_read(all_kv_entries)
-
-    def kv_entries_of(self, memory_ids: Sequence[str]) -> builtins.list[KVEntryRecord]:
-        """The KV entries of the memories ``memory_ids`` (unknown ids have none), by row id. One query per
-        :data:`~inferscale.storage.queries.IN_CHUNK` ids.
-
-        Raises:
-            InvalidInputError: when ``memory_ids`` is a str (a list of ids is needed) or an id is not a non-empty str.
-        """
-        wanted = check_ids(memory_ids)
-        return self.run_read(kv_entries_of, wanted) if wanted else []
 
     def delete_kv_entry_rows(self, row_ids: Sequence[int]) -> int:
         """Delete the KV entries with these row ids; returns how many were deleted (ids already gone count 0)."""

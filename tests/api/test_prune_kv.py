@@ -23,6 +23,7 @@ from inferscale.config import KVConfig
 from inferscale.kv.tiers import DiskTier
 from inferscale.kv_prune import KVPruneReport
 from inferscale.storage import KVEntryRecord
+from inferscale.storage.queries import kv_entries_of
 
 MAYA = ["My dog is a beagle named Biscuit.", "I live in Porto.", "My sister Clara teaches in Madrid."]
 BOB = ["I play the cello.", "My cat is called Miso."]
@@ -58,7 +59,7 @@ def _add(client: Any, texts: list[str], user_id: str) -> list[str]:
 
 
 def _rows(client: Any, memory_ids: list[str]) -> list[KVEntryRecord]:
-    rows: list[KVEntryRecord] = client.db.kv_entries_of(memory_ids)
+    rows: list[KVEntryRecord] = client.db.run_read(kv_entries_of, memory_ids)
     return rows
 
 

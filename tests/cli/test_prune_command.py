@@ -16,6 +16,7 @@ from inferscale import MemoryClient
 from inferscale.cli import build_parser
 from inferscale.commands.options import StoreOptions
 from inferscale.storage import KVEntryRecord
+from inferscale.storage.queries import kv_entries_of
 
 FACTS = ["My dog is a beagle named Biscuit.", "I live in Porto."]
 
@@ -101,4 +102,4 @@ def test_prune_kv_keeps_what_the_apps_config_file_serves(
     ran = cli("prune-kv", "--config", str(config_file), "--json")
     assert ran.code == 0, ran.err
     assert ran.json()["rows_removed"] == len(model_dtype) > 0
-    assert reference().db.kv_entries_of([memory_id]) == int8
+    assert reference().db.run_read(kv_entries_of, [memory_id]) == int8

@@ -133,8 +133,8 @@ class _Rows:
     def delete_kv_entries(self, memory_id: str) -> None:
         self.rows = {k: v for k, v in self.rows.items() if k[0] != memory_id}
 
-    def kv_entries_of(self, memory_ids: list[str]) -> list[Any]:
-        """No row of an older key format to prune: every row here is written by the manager under test."""
+    def run_read(self, query: Any, *args: Any) -> list[Any]:
+        """The rows of older key formats a prune reads (``kv_entries_of``): none, every row here is the manager's."""
         return []
 
 

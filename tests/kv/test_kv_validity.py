@@ -27,6 +27,7 @@ from inferscale.kv.fingerprint import encoding_key, token_ids_digest, weights_di
 from inferscale.kv.tiers import DiskTier
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
+from inferscale.storage.queries import kv_entries_of
 from tests.mem0_fakes import HashEmbedder, ScriptedGenerator
 from tests.tiny_models import byte_chat_tokenizer, tiny_model
 
@@ -231,7 +232,7 @@ def test_an_entry_of_the_old_key_format_is_never_used_and_is_pruned(
     assert equal(served, fresh)
     on_disk = DiskTier(tmp_path / "kv").keys()
     assert [k.encoding_key for k in on_disk] == [kv.encoding_key(rows[0])]
-    assert [row.encoding_key for row in db.kv_entries_of([rows[0].id])] == [kv.encoding_key(rows[0])]
+    assert [row.encoding_key for row in db.run_read(kv_entries_of, [rows[0].id])] == [kv.encoding_key(rows[0])]
     assert kv.store.get(legacy) is None
     assert foreign.read_text() == "not an entry"
 
