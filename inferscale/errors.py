@@ -135,6 +135,21 @@ class AuthenticationError(InferScaleError):
     """The InferScale server was called with no API key, an unknown one or a revoked one."""
 
 
+class RateLimitedError(InferScaleError):
+    """The InferScale server refused the request for now (HTTP 429, code ``rate_limited``, with a ``Retry-After``
+    header): too many API key checks failed lately, and this request's key is not one the server has verified before
+    (``ServeSettings.failed_key_checks_per_s`` and ``failed_key_check_burst``). The same request may pass later.
+
+    Attributes:
+        retry_after_s: when to try again (whole seconds, at least 1); a remote client's error, built from the
+            reply's body alone, holds the default, 1.
+    """
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class PermissionDeniedError(InferScaleError):
     """The API key is valid but may not make this call (an admin-only route, or a scope outside the key's)."""
 

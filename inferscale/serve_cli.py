@@ -7,6 +7,7 @@ import argparse
 from typing import TypeVar, get_args
 
 from inferscale.config import DType, MemoryLayout
+from inferscale.server.key_checks import DEFAULT_FAILED_KEY_CHECK_BURST, DEFAULT_FAILED_KEY_CHECKS_PER_S
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S, MAX_PORT
 
 ENGINE_FLAGS: dict[str, tuple[str, ...]] = {
@@ -66,6 +67,19 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, how long running requests may finish before they are cancelled (default "
         f"{DEFAULT_SHUTDOWN_GRACE_S:g}; 0 cancels them at once)",
+    )
+    serve.add_argument(
+        "--failed-key-checks-per-s",
+        type=float,
+        metavar="N",
+        help="API key checks that may fail per second, once the burst is spent; past it a key the server has not "
+        f"verified before gets 429 at once (default {DEFAULT_FAILED_KEY_CHECKS_PER_S:g})",
+    )
+    serve.add_argument(
+        "--failed-key-check-burst",
+        type=int,
+        metavar="N",
+        help=f"API key checks that may fail back to back (default {DEFAULT_FAILED_KEY_CHECK_BURST})",
     )
     serve.set_defaults(func=run_serve)
     return serve
@@ -169,6 +183,8 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             device=_or(args.device, defaults.device),
             max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
             shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
+            failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
+            failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
         )
     )
 
@@ -195,6 +211,8 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             max_model_len=_or(args.max_model_len, defaults.max_model_len),
             kv_cache_bytes=_or(args.kv_cache_bytes, defaults.kv_cache_bytes),
             shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
+            failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
+            failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
         )
     )
 

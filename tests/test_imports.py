@@ -37,6 +37,7 @@ EXPECTED_ALL = [
     "MethodNotAllowedError",
     "ModelNotAvailableError",
     "PermissionDeniedError",
+    "RateLimitedError",
     "RecalledMemory",
     "RequestTooLargeError",
     "RouteNotFoundError",

@@ -2,9 +2,10 @@
 
 :func:`caller_for` decides who is calling, as a plain function shared by both servers: with no key in the store (or
 no store) the server is open and every call is allowed; otherwise the ``Authorization: Token <key>`` (Mem0's client)
-or ``Bearer <key>`` (OpenAI's) header must name a valid key, else 401 ``unauthenticated``. :func:`current_caller` is
-its FastAPI dependency (the transformers server); :mod:`inferscale.server.vllm_auth` calls it from an ASGI middleware
-(the vLLM server).
+or ``Bearer <key>`` (OpenAI's) header must name a valid key, else 401 ``unauthenticated`` (429 ``rate_limited`` for
+a key not verified before while too many key checks failed lately: :mod:`inferscale.server.key_checks`).
+:func:`current_caller` is its FastAPI dependency (the transformers server); :mod:`inferscale.server.vllm_auth` calls
+it from an ASGI middleware (the vLLM server).
 
 :class:`Caller` applies a key's scope rules:
 
@@ -197,13 +198,14 @@ def header_key(header: str | None) -> str | None:
 def caller_for(keys: KeyStore | None, authorization_headers: list[str]) -> Caller:
     """The caller of a request with these ``Authorization`` header values (one per header line; usually none or
     one): an open caller (``Caller(None)``) when ``keys`` is ``None`` or holds no key, else the caller of the valid key
-    the one header names. Blocking (reads the key store; scrypt on a key's first use in this process): call it in a
-    worker thread from async code.
+    the one header names. Blocking (reads the key store; scrypt on a key's first use in this process, one at a time:
+    :meth:`KeyStore.authenticate`): call it in a worker thread from async code.
 
     Raises:
         AuthenticationError: when the store has keys and the request has no header, names no key, an unknown one or
             a revoked one, or has more than one header (which one a proxy or the client meant is unknown: the first
             one was taken, a tester's find).
+        RateLimitedError: for a key not verified before while the store's budget of failed key checks is spent.
     """
     if keys is None or not keys.has_keys():
         return Caller(None)
@@ -229,7 +231,7 @@ async def current_caller(request: Request, declared: Annotated[str | None, Depen
     scheme).
 
     Raises:
-        AuthenticationError: see :func:`caller_for`.
+        AuthenticationError, RateLimitedError: see :func:`caller_for`.
     """
     state: ServerState = server_state(request)
     return await run_in_threadpool(caller_for, state.keys, request.headers.getlist("authorization"))

@@ -38,6 +38,7 @@ from inferscale.errors import (
     InferScaleError,
     KVFingerprintMismatchError,
     ModelNotAvailableError,
+    RateLimitedError,
     SchemaError,
     ServerError,
 )
@@ -76,6 +77,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "the API key may not make this call (permission_denied)"),
         (404, "no such memory in the caller's scopes (memory_not_found), or no such route (route_not_found)"),
         (413, "request body over the limit (request_too_large)"),
+        (429, "too many API key checks failed lately, and this key was not verified before (rate_limited)"),
         (500, "the server failed (internal_error, config_error)"),
     )
 }
@@ -170,8 +172,10 @@ def error_reply(
 
 
 def error_response(exc: InferScaleError) -> JSONResponse:
-    """The reply for ``exc``: its code's status and body (:func:`error_body`), and :func:`error_reply`'s headers."""
-    return error_reply(error_body(exc), code_of(exc))
+    """The reply for ``exc``: its code's status and body (:func:`error_body`), and :func:`error_reply`'s headers;
+    a :class:`~inferscale.errors.RateLimitedError` adds ``Retry-After`` (its ``retry_after_s``, whole seconds)."""
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, RateLimitedError) else None
+    return error_reply(error_body(exc), code_of(exc), headers=headers)
 
 
 def error_body(exc: InferScaleError) -> dict[str, Any]:

@@ -12,7 +12,10 @@ No route manages keys: they are created, listed and revoked by whoever can open 
 or this class).
 
 Every failed check of a well-formed key costs one scrypt: an unknown or revoked ``key_id`` is hashed against a fixed
-dummy hash, so the time of a 401 does not tell which ids exist.
+dummy hash, so the time of a 401 does not tell which ids exist. These checks run within a budget
+(:mod:`inferscale.server.key_checks`): one at a time, and refused at once with ``RateLimitedError`` once too many
+failed lately; a key string that failed is remembered too (the last :data:`REFUSED_KEYS_KEPT`), and refused again
+without a scrypt. A key verified before skips both.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from inferscale.config import MemoryConfig
 from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.scope import SCOPE_KEYS
+from inferscale.server.key_checks import KeyCheckLimiter, KeyCheckLimits
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
 from inferscale.storage.schema import SchemaChain, ensure_schema
@@ -44,6 +48,10 @@ KEY_PREFIX = "isk_"
 _KEY = re.compile(r"isk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _MAX_SCOPE_IDS = 1000
+
+REFUSED_KEYS_KEPT = 4096
+"""Key strings that failed their check, remembered (by sha256, the oldest forgotten first) and refused again without a
+scrypt: a client retrying a revoked or mistyped key spends neither CPU nor the failed-check budget."""
 
 
 def _baseline() -> MetaData:
@@ -163,19 +171,24 @@ class KeyStore:
 
     Args:
         url: the database, e.g. ``MemoryConfig.database_url()``.
+        limits: the budget of failed checks of keys not verified yet (:class:`KeyCheckLimits`; ``None``: its
+            defaults).
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, limits: KeyCheckLimits | None = None) -> None:
         self.url = url
         self._engine: Engine | None = None
         self._lock = threading.Lock()
         self._verified: dict[str, str] = {}  # sha256 of a key string -> its key_id, once scrypt accepted it
+        self._refused: dict[str, None] = {}  # sha256 of key strings that failed scrypt, oldest first
+        self._refused_lock = threading.Lock()
+        self._checks = KeyCheckLimiter(limits or KeyCheckLimits())
         self._has_keys = False
 
     @classmethod
-    def for_config(cls, config: MemoryConfig) -> KeyStore:
-        """The key store in ``config``'s memory database."""
-        return cls(config.database_url())
+    def for_config(cls, config: MemoryConfig, limits: KeyCheckLimits | None = None) -> KeyStore:
+        """The key store in ``config``'s memory database, with ``limits`` (``None``: the defaults)."""
+        return cls(config.database_url(), limits)
 
     def _db(self) -> Engine:
         with self._lock:
@@ -265,27 +278,46 @@ class KeyStore:
     def authenticate(self, key: str) -> ApiKey | None:
         """The valid key ``key`` is, or ``None`` when it is malformed, unknown, wrong or revoked.
 
-        A well-formed key that fails costs one scrypt whatever the reason (an unknown or revoked id is hashed against
-        a dummy hash), so the reply time does not tell which key ids exist; a malformed one fails at once.
+        A key verified before in this process costs no scrypt and is never limited (its row is still read: a
+        revocation is seen at once, and refused without a scrypt). Any other well-formed key costs one scrypt whatever
+        the reason it fails (an unknown or revoked id is hashed against a dummy hash), so the reply time does not tell
+        which key ids exist; that scrypt runs within the store's :class:`KeyCheckLimits` (one at a time: waits while
+        another runs). A malformed key, or a key string that failed before (the last :data:`REFUSED_KEYS_KEPT`),
+        fails at once.
+
+        Raises:
+            RateLimitedError: for a key not verified before, at once and without a scrypt, while the budget of
+                failed checks is spent (:meth:`KeyCheckLimiter.check`).
         """
         match = _KEY.fullmatch(key) if isinstance(key, str) else None
         if match is None:
             return None
         key_id, secret = match.groups()
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        if digest in self._refused:
+            return None
         with guarded_session(self._db()) as s:
             row = s.get(ApiKeyRow, key_id)
             if row is None or row.revoked_at is not None:
-                hmac.compare_digest(_hash(secret, _DUMMY_SALT), _DUMMY_HASH)
-                return None
-            found = row.record()
-            salt, stored = row.salt, row.secret_hash
-        digest = hashlib.sha256(key.encode()).hexdigest()
-        if self._verified.get(digest) == key_id:
+                found, salt, stored = None, _DUMMY_SALT, _DUMMY_HASH
+            else:
+                found, salt, stored = row.record(), row.salt, row.secret_hash
+        if self._verified.get(digest) == key_id:  # verified before: only its holder knows it, and that its id exists
+            if found is None:  # revoked since
+                self._refuse(digest)
             return found
-        if not hmac.compare_digest(_hash(secret, salt), stored):
+        if not self._checks.check(lambda: hmac.compare_digest(_hash(secret, salt), stored)) or found is None:
+            self._refuse(digest)
             return None
         self._verified[digest] = key_id
         return found
+
+    def _refuse(self, digest: str) -> None:
+        """Remember the key string of sha256 ``digest`` as refused (the last :data:`REFUSED_KEYS_KEPT`)."""
+        with self._refused_lock:
+            self._refused[digest] = None
+            if len(self._refused) > REFUSED_KEYS_KEPT:
+                del self._refused[next(iter(self._refused))]
 
     def has_keys(self) -> bool:
         """Whether any key was ever created in this database (revoked ones count: revoking every key never

@@ -14,6 +14,11 @@ from pydantic import ValidationError
 from inferscale.arguments import MAX_LIMIT
 from inferscale.config import DType, EngineConfig, KVConfig, MemoryConfig
 from inferscale.errors import ConfigError
+from inferscale.server.key_checks import (
+    DEFAULT_FAILED_KEY_CHECK_BURST,
+    DEFAULT_FAILED_KEY_CHECKS_PER_S,
+    KeyCheckLimits,
+)
 from inferscale.validation_text import describe_errors
 
 MAX_PORT = 65_535
@@ -51,6 +56,10 @@ class ServeSettings:
         shutdown_grace_s: on SIGTERM or Ctrl-C, how long (seconds, rounded up to whole ones) the server lets
             running requests finish once it stops accepting new ones; then it cancels them (an open stream ends and
             its engine request is freed) and closes the memory client. 0 cancels them at once.
+        failed_key_checks_per_s, failed_key_check_burst: the budget of failed checks of API keys the server has not
+            verified before (:class:`~inferscale.server.key_checks.KeyCheckLimits`: failed checks per second, a
+            finite number > 0, and how many it holds, a whole number >= 1); past it such keys are answered 429
+            ``rate_limited`` at once, without a scrypt. Keys verified before are never refused by it.
     """
 
     host: str = "127.0.0.1"
@@ -63,18 +72,31 @@ class ServeSettings:
     recompute: str | None = None
     memory_layout: str | None = None
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    failed_key_checks_per_s: float = DEFAULT_FAILED_KEY_CHECKS_PER_S
+    failed_key_check_burst: int = DEFAULT_FAILED_KEY_CHECK_BURST
 
     def __post_init__(self) -> None:
-        """Check the shutdown grace and the port.
+        """Check the shutdown grace, the port and the failed key check budget.
 
         Raises:
             ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or is not finite,
-                or a port outside 0-65535 (before the model is loaded: uvicorn's bind raised ``OverflowError``).
+                a port outside 0-65535 (before the model is loaded: uvicorn's bind raised ``OverflowError``), or a
+                budget :class:`~inferscale.server.key_checks.KeyCheckLimits` refuses.
         """
         grace = self.shutdown_grace_s
         if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < float("inf"):
             raise ConfigError(f"shutdown grace must be a finite number of seconds >= 0, got {self.shutdown_grace_s}")
         check_setting("port (--port)", self.port, 0, MAX_PORT)
+        _ = self.key_check_limits
+
+    @property
+    def key_check_limits(self) -> KeyCheckLimits:
+        """The key store's budget of failed key checks (``KeyStore.for_config(config, options.key_check_limits)``).
+
+        Raises:
+            ConfigError: for a rate or burst out of bounds (see :class:`ServeSettings`).
+        """
+        return KeyCheckLimits(self.failed_key_checks_per_s, self.failed_key_check_burst)
 
     @property
     def engine_device(self) -> str:

@@ -53,7 +53,7 @@ def serve_transformers(options: ServerOptions) -> None:
     from inferscale.server.app import create_app
 
     config = memory_config(options)
-    keys = KeyStore.for_config(config)
+    keys = KeyStore.for_config(config, options.key_check_limits)
     try:
         check_listen_address(options.host, keys)
         client = AsyncMemoryClient(config)

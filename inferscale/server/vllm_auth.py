@@ -43,6 +43,7 @@ from inferscale.errors import (
     InferScaleError,
     InvalidInputError,
     PermissionDeniedError,
+    RateLimitedError,
     ServerError,
 )
 from inferscale.json_text import JSONDuplicateKeyError, JSONTooDeepError, loads_json
@@ -197,7 +198,8 @@ async def checked_client_body(request: Request, reserved_salt_prefixes: Sequence
 class ApiKeyMiddleware:
     """ASGI middleware: authenticates every HTTP and websocket request of the vLLM server with the installed
     :class:`KeyGate` (see the module docstring). A refused HTTP request gets 401 ``unauthenticated`` (403
-    ``permission_denied`` for a route that is not a serving one with a key that is not an admin's); a refused
+    ``permission_denied`` for a route that is not a serving one with a key that is not an admin's, 429
+    ``rate_limited`` for a key not verified before while too many key checks failed lately); a refused
     websocket is closed before it is accepted (code 1008). Without an installed gate every request is answered
     500 ``internal_error``: the server never runs open by mistake.
     """
@@ -229,7 +231,7 @@ class ApiKeyMiddleware:
                 caller = await anyio.to_thread.run_sync(caller_for, gate.keys, headers.getlist("authorization"))
                 if needs_admin(path):
                     caller.require_admin(f"{path} (it acts on or reports about every tenant)")
-            except (AuthenticationError, PermissionDeniedError) as exc:
+            except (AuthenticationError, PermissionDeniedError, RateLimitedError) as exc:
                 await self._refuse(exc, scope, receive, send)
                 return
             scope[CALLER] = caller

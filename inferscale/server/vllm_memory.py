@@ -586,7 +586,7 @@ def serve(options: ServeOptions) -> None:
             "(`inferscale keys create`); unset VLLM_API_KEY"
         )
     config = memory_config(options)
-    keys = KeyStore.for_config(config)
+    keys = KeyStore.for_config(config, options.key_check_limits)
     check_listen_address(options.host, keys)
     install_gate(keys)
     try:

@@ -38,8 +38,9 @@ def make_server(tmp_path: Path, chat_engine: Any) -> Iterator[MakeServer]:
         client = AsyncMemoryClient(
             config, engine=chat_engine, embedder=HashEmbedder(), generator=generator or ScriptedGenerator()
         )
-        keys = KeyStore.for_config(config)
-        app = create_app(client, keys=keys, options=options or ServerOptions())
+        options = options or ServerOptions()
+        keys = KeyStore.for_config(config, options.key_check_limits)  # as serve_transformers builds it
+        app = create_app(client, keys=keys, options=options)
         context = running_server(app)
         url = context.__enter__()
         stack.append((context, keys))

@@ -164,6 +164,35 @@ def test_the_shutdown_grace_flag_reaches_the_server_options(tmp_path: Path, monk
     assert [(o.shutdown_grace_s, o.shutdown_grace_whole_s) for o in seen] == [(2.5, 3), (30.0, 30)]
 
 
+def test_the_failed_key_check_flags_reach_the_servers_key_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--failed-key-checks-per-s`` and ``--failed-key-check-burst`` become the budget of the key store the server
+    checks keys with; unset, 5 per second and 10."""
+    from inferscale.server import run
+    from inferscale.server.key_checks import KeyCheckLimits
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    flags = ("--failed-key-checks-per-s", "0.5", "--failed-key-check-burst", "3")
+    assert run_serve(_parse("--data-dir", str(tmp_path), *flags)) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
+    assert [o.key_check_limits for o in seen] == [KeyCheckLimits(0.5, 3), KeyCheckLimits(5.0, 10)]
+    assert run_serve(_parse("--data-dir", str(tmp_path), "--failed-key-check-burst", "0")) == 2
+    assert "--failed-key-check-burst) must be a whole number of at least 1, got 0" in capsys.readouterr().err
+    built: list[KeyStore] = []
+    close = KeyStore.close
+
+    def noting_close(store: KeyStore) -> None:  # the store serve_transformers built
+        built.append(store)
+        close(store)
+
+    monkeypatch.setattr(KeyStore, "close", noting_close)
+    with pytest.raises(ConfigError, match="without API keys"):  # refused after the store is built, before loading
+        serve_transformers(ServerOptions(host="0.0.0.0", data_dir=str(tmp_path), failed_key_check_burst=3))
+    assert [store._checks.limits for store in built] == [KeyCheckLimits(5.0, 3)]
+
+
 @pytest.mark.parametrize("grace", ["-1", "nan", "inf"])
 def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str

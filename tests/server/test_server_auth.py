@@ -1,22 +1,27 @@
-"""API keys: the store (hashed, scrypt once per key, revocation at once) and the server's authentication (open
+"""API keys: the store (hashed, scrypt once per key, revocation at once), the budget of failed key checks (one
+scrypt at a time, 429 past the budget, never for a key verified before) and the server's authentication (open
 without keys, 401 for a missing, unknown or revoked key, 403 for a non-admin reset)."""
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 import sqlite3
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from server_harness import Served, app_routes
+from server_harness import MakeServer, Served, app_routes
 from sqlalchemy import text
 
-from inferscale.errors import APIKeyNotFoundError, InvalidInputError
+from inferscale.errors import APIKeyNotFoundError, ConfigError, InvalidInputError, RateLimitedError
 from inferscale.server import keys as keys_module
+from inferscale.server.key_checks import KeyCheckLimiter, KeyCheckLimits
 from inferscale.server.keys import KeyStore
+from inferscale.server.options import ServerOptions
 from inferscale.storage import make_engine
 
 
@@ -165,6 +170,156 @@ def test_every_failed_check_of_a_well_formed_key_runs_scrypt_once(
     assert store.authenticate("isk_short") is None and calls == []
     assert store.authenticate(secret) == key
     store.close()
+
+
+def _made_up_key() -> str:
+    """A well-formed key no store holds (an id of 12 hex characters, a secret of 43)."""
+    return f"isk_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"
+
+
+class _Scrypts:
+    """Counts the key store's scrypt calls (``keys._hash``) and the most that ran at once."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, wait_for_company_s: float = 0.0) -> None:
+        self.calls = 0
+        self.running = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+        self._second_started = threading.Event()
+        self._wait_s = wait_for_company_s
+        self._real = keys_module._hash
+        monkeypatch.setattr(keys_module, "_hash", self)
+
+    def __call__(self, secret: str, salt: bytes) -> bytes:
+        with self._lock:
+            self.calls += 1
+            first = self.calls == 1
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            if self.running > 1:
+                self._second_started.set()
+        try:
+            if first and self._wait_s:  # give a second check the chance to start beside the first (none may)
+                self._second_started.wait(self._wait_s)
+            return self._real(secret, salt)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def test_the_failed_check_budget_spends_a_token_per_failure_and_refills_by_the_clock() -> None:
+    now = [100.0]
+    limiter = KeyCheckLimiter(KeyCheckLimits(failures_per_s=0.5, failure_burst=2), clock=lambda: now[0])
+    ran: list[bool] = []
+
+    def verify(result: bool) -> Any:
+        return lambda: ran.append(result) or result
+
+    assert [limiter.check(verify(True)) for _ in range(5)] == [True] * 5  # a key that verifies gives its token back
+    assert [limiter.check(verify(False)) for _ in range(2)] == [False, False]
+    ran.clear()
+    with pytest.raises(RateLimitedError, match=r"try again in 2 s") as refused:
+        limiter.check(verify(True))  # a valid key not verified before waits for the budget too
+    assert refused.value.retry_after_s == 2 and ran == []  # no token for 1 / 0.5 s; nothing ran
+    now[0] += 1.0  # half a token back
+    with pytest.raises(RateLimitedError) as refused:
+        limiter.check(verify(False))
+    assert refused.value.retry_after_s == 1 and ran == []
+    now[0] += 1.0  # a whole token
+    assert limiter.check(verify(True)) is True and limiter.check(verify(False)) is False
+    with pytest.raises(RateLimitedError):
+        limiter.check(verify(False))
+    now[0] += 1000.0  # refills up to the burst, not past it
+    assert [limiter.check(verify(False)) for _ in range(2)] == [False, False]
+    with pytest.raises(RateLimitedError):
+        limiter.check(verify(False))
+
+    def broken() -> bool:
+        raise MemoryError("scrypt")
+
+    now[0] += 2.0
+    with pytest.raises(MemoryError):
+        limiter.check(broken)  # a check that raises spends its token too
+    with pytest.raises(RateLimitedError):
+        limiter.check(verify(True))
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "match"),
+    [
+        (0, 10, "--failed-key-checks-per-s"),
+        (float("inf"), 10, "--failed-key-checks-per-s"),
+        (-1.0, 10, "--failed-key-checks-per-s"),
+        (True, 10, "--failed-key-checks-per-s"),
+        (5.0, 0, "--failed-key-check-burst"),
+        (5.0, 2.5, "--failed-key-check-burst"),
+    ],
+)
+def test_the_server_refuses_a_budget_out_of_bounds(rate: Any, burst: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ServerOptions(failed_key_checks_per_s=rate, failed_key_check_burst=burst)
+    assert ServerOptions().key_check_limits == KeyCheckLimits(failures_per_s=5.0, failure_burst=10)
+
+
+def test_checks_of_keys_not_verified_run_one_at_a_time_and_a_failed_key_is_refused_again_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent checks of made-up keys each took a core (a tester's 16 clients took the server's CPU)."""
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db", KeyCheckLimits(failures_per_s=0.001, failure_burst=5))
+    key, secret = store.create("agent", user_ids=["alice"])
+    scrypts = _Scrypts(monkeypatch, wait_for_company_s=1.0)
+    made_up = [_made_up_key() for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(store.authenticate, made_up)) == [None] * 4
+    assert (scrypts.calls, scrypts.most_at_once) == (4, 1)
+    assert [store.authenticate(k) for k in made_up] == [None] * 4  # remembered as refused
+    assert store.authenticate(secret) == key and scrypts.calls == 5  # first use: one scrypt, its token back
+    store.revoke(key.key_id)
+    assert store.authenticate(secret) is None and scrypts.calls == 5  # revoked since verified: no scrypt
+    assert store.authenticate(_made_up_key()) is None and scrypts.calls == 6
+    with pytest.raises(RateLimitedError):
+        store.authenticate(_made_up_key())  # 5 failures: the burst is spent
+    assert scrypts.calls == 6
+    store.close()
+
+
+def test_a_flood_of_made_up_keys_is_refused_past_the_budget_and_a_verified_key_is_still_answered(
+    make_server: MakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tester's find: 964 requests with made-up keys from 16 clients cost one scrypt each, and a legitimate chat
+    took 21.7-26.2 s instead of 0.59 s. Past the budget they are answered 429 at once, with no scrypt; a key verified
+    before is answered throughout."""
+    served = make_server(ServerOptions(failed_key_checks_per_s=0.001, failed_key_check_burst=4))
+    key, alice = served.keys.create("alice", user_ids=["alice"])
+    _, bob = served.keys.create("bob", user_ids=["bob"])
+    with served.http(alice) as http:
+        assert http.get("/v1/ping/").status_code == 200  # alice's key is verified now
+    scrypts = _Scrypts(monkeypatch)
+
+    def request(credential: str) -> tuple[str, int, str | None, str | None, str | None]:
+        with served.http(credential) as http:
+            reply = http.get("/v1/memories/", params={"user_id": "alice"})
+        code = reply.json()["error"]["code"] if reply.status_code != 200 else None
+        headers = reply.headers
+        return credential, reply.status_code, code, headers.get("retry-after"), headers.get("x-should-retry")
+
+    credentials = [alice if i % 4 == 0 else _made_up_key() for i in range(80)]  # alice's among the flood's
+    with ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(request, credentials))
+    assert [reply[1:3] for reply in replies if reply[0] == alice] == [(200, None)] * 20
+    flooded = [reply[1:] for reply in replies if reply[0] != alice]
+    assert sorted(reply[:2] for reply in flooded) == [(401, "unauthenticated")] * 4 + [(429, "rate_limited")] * 56
+    limited = [reply for reply in flooded if reply[0] == 429]
+    assert all(after is not None and 1 <= int(after) <= 1000 and retry is None for *_, after, retry in limited)
+    assert (scrypts.calls, scrypts.most_at_once) == (4, 1)  # the budget's 4 failures, one at a time; none else
+    with served.http(bob) as http:  # a key not verified before waits for the budget like any other
+        reply = http.get("/v1/ping/")
+        assert _code(reply) == (429, "rate_limited") and reply.json()["error"]["type"] == "RateLimitedError"
+    with served.http(alice) as http:
+        assert http.get("/v1/ping/").json()["scopes"]["user_ids"] == ["alice"]
+        served.keys.revoke(key.key_id)
+        assert _code(http.get("/v1/ping/")) == (401, "unauthenticated")  # revoked: refused, not rate limited
+    assert scrypts.calls == 4
 
 
 def test_an_admin_row_with_lists_is_not_trusted_with_reset() -> None:

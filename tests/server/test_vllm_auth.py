@@ -23,6 +23,7 @@ from inferscale.errors import AuthenticationError, InvalidInputError, Permission
 from inferscale.server import vllm_auth
 from inferscale.server.auth import Caller, caller_for
 from inferscale.server.errors import error_response
+from inferscale.server.key_checks import KeyCheckLimits
 from inferscale.server.keys import KeyStore
 from inferscale.server.vllm_auth import (
     CALLER,
@@ -387,3 +388,26 @@ def test_with_keys_each_request_needs_one_and_gets_its_caller(http: TestClient, 
         assert _error(http.get("/v1/models", headers=headers))[:2] == (401, "unauthenticated")
     store.revoke(key.key_id)
     assert _error(http.get("/v1/models", headers={"Authorization": f"Token {secret}"}))[:2] == (401, "unauthenticated")
+
+
+def test_past_the_failed_key_check_budget_a_key_not_verified_before_is_429(http: TestClient, tmp_path: Path) -> None:
+    """The middleware let only 401 and 403 through: the key store's ``RateLimitedError`` would have been a 500."""
+    store = KeyStore(f"sqlite:///{tmp_path}/limited.db", KeyCheckLimits(failures_per_s=0.001, failure_burst=2))
+    install_gate(store)
+    key, secret = store.create("alice", user_ids=["alice"])
+    verified = {"Authorization": f"Bearer {secret}"}
+    assert http.get("/v1/models", headers=verified).json()["key"] == key.key_id
+    made_up = [f"isk_{'ab' * 6}_{'x' * 42}{c}" for c in "abc"]
+    replies = [http.get("/v1/models", headers={"Authorization": f"Bearer {k}"}) for k in made_up]
+    assert [_error(reply) for reply in replies] == [(401, "unauthenticated", "AuthenticationError")] * 2 + [
+        (429, "rate_limited", "RateLimitedError")
+    ]
+    assert 1 <= int(replies[2].headers["retry-after"]) <= 1000
+    assert http.get("/v1/models", headers=verified).json()["key"] == key.key_id
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        http.websocket_connect("/v1/realtime", headers={"Authorization": f"Bearer {made_up[2]}"}),
+    ):
+        pass
+    assert refused.value.code == 1008
+    store.close()
