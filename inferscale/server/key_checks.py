@@ -5,11 +5,13 @@ hashed against a dummy, so that the time of a 401 does not tell which ids exist)
 well-formed made-up keys took the server's CPU: 964 such requests from 16 clients slowed a legitimate chat from
 0.59 s to 21.7-26.2 s (a tester's find). So such checks:
 
-- run one at a time (:data:`KEY_CHECKS_AT_ONCE`), in the caller's worker thread;
-- each take a token from a bucket of :attr:`KeyCheckLimits.failure_burst` tokens refilled at
-  :attr:`KeyCheckLimits.failures_per_s`; a check that verifies its key gives the token back, so only failed checks
-  spend the budget. With no token left (or as many checks waiting as the bucket holds) a check is refused at once
-  with :class:`~inferscale.errors.RateLimitedError` (HTTP 429 ``rate_limited``, ``Retry-After``), without a scrypt.
+- run one at a time (:data:`KEY_CHECKS_AT_ONCE`), in the caller's worker thread, at most
+  :data:`KEY_CHECKS_WAITING` of them admitted at once (past it, one is refused at once);
+- run only while a bucket of :attr:`KeyCheckLimits.failure_burst` tokens, refilled at
+  :attr:`KeyCheckLimits.failures_per_s`, holds a whole token when the check's turn comes; a check that fails (or
+  raises) spends one, one that verifies its key spends none, so any number of valid keys are verified while no check
+  fails. A check whose turn finds no whole token is refused without a scrypt, with
+  :class:`~inferscale.errors.RateLimitedError` (HTTP 429 ``rate_limited``, ``Retry-After``).
 
 A key verified before is never checked here (the key store remembers it), so it is neither refused nor delayed. The
 refusal does not depend on whether the key's id exists: every key not verified before goes through the same bucket.
@@ -28,6 +30,10 @@ from inferscale.errors import ConfigError, RateLimitedError
 KEY_CHECKS_AT_ONCE = 1
 """Scrypt checks of keys not verified yet that run at once (each takes one core for about 40 ms)."""
 
+KEY_CHECKS_WAITING = 64
+"""Checks of keys not verified yet admitted at once, waiting for their turn or running; one more is refused at once
+(a check whose turn finds the budget spent ends without a scrypt, so the queue drains fast during a flood)."""
+
 DEFAULT_FAILED_KEY_CHECKS_PER_S = 5.0
 """The failed key checks a server runs per second once its burst is spent (about a fifth of one core)."""
 
@@ -41,8 +47,7 @@ class KeyCheckLimits:
 
     Attributes:
         failures_per_s: failed checks per second the budget refills with (a finite number > 0).
-        failure_burst: failed checks the budget holds, and the most checks admitted and not yet finished (a whole
-            number >= 1).
+        failure_burst: failed checks the budget holds (a whole number >= 1).
     """
 
     failures_per_s: float = DEFAULT_FAILED_KEY_CHECKS_PER_S
@@ -81,44 +86,62 @@ class KeyCheckLimiter:
         self._one_at_a_time = threading.BoundedSemaphore(KEY_CHECKS_AT_ONCE)
         self._tokens = float(limits.failure_burst)
         self._refilled_at = clock()
-        self._admitted = 0  # checks holding a token, waiting or running
+        self._admitted = 0  # checks waiting for their turn or running
+
+    @property
+    def admitted(self) -> int:
+        """Checks admitted and not finished: waiting for their turn or running."""
+        with self._lock:
+            return self._admitted
 
     def check(self, verify: Callable[[], bool]) -> bool:
         """Run ``verify`` (one scrypt and a comparison; ``True`` when the key is valid) within the budget; returns
         its result. Blocks while another check runs. A check that does not return ``True`` spends a token.
 
         Raises:
-            RateLimitedError: at once, without calling ``verify``, when no token is left or as many checks as the
-                burst are admitted and unfinished; its ``retry_after_s`` is when a token will be back (whole
-                seconds, at least 1).
+            RateLimitedError: without calling ``verify``: at once when :data:`KEY_CHECKS_WAITING` checks are admitted
+                and unfinished, or at the check's turn when the bucket holds no whole token; its ``retry_after_s``
+                is when a token will be back (whole seconds, at least 1).
         """
-        self._admit()
-        verified = False
+        with self._lock:
+            if self._admitted >= KEY_CHECKS_WAITING:
+                raise self._refusal(f"{KEY_CHECKS_WAITING} key checks are waiting", 1)
+            self._admitted += 1
         try:
-            with self._one_at_a_time:
-                verified = verify()
+            with self._one_at_a_time:  # one check's turn at a time: the token it finds cannot be taken meanwhile
+                self._require_token()
+                verified = False
+                try:
+                    verified = verify()
+                finally:
+                    if not verified:
+                        with self._lock:
+                            self._tokens -= 1
+                return verified
         finally:
             with self._lock:
                 self._admitted -= 1
-                if verified:
-                    self._tokens = min(float(self.limits.failure_burst), self._tokens + 1)
-        return verified
 
-    def _admit(self) -> None:
+    def _require_token(self) -> None:
         limits = self.limits
         with self._lock:
             now = self._clock()
             elapsed = max(0.0, now - self._refilled_at)
             self._tokens = min(float(limits.failure_burst), self._tokens + elapsed * limits.failures_per_s)
             self._refilled_at = now
-            if self._tokens >= 1 and self._admitted < limits.failure_burst:
-                self._tokens -= 1
-                self._admitted += 1
+            if self._tokens >= 1:
                 return
-            wait_s = max(1, math.ceil((1 - self._tokens) / limits.failures_per_s)) if self._tokens < 1 else 1
-        raise RateLimitedError(
-            f"too many API key checks failed lately (more than {limits.failure_burst} at once or "
-            f"{limits.failures_per_s:g} per second), and this key was not verified before: try again in {wait_s} s "
-            "(keys this server verified before are still answered)",
+            wait_s = max(1, math.ceil((1 - self._tokens) / limits.failures_per_s))
+        raise self._refusal(
+            f"more than {limits.failure_burst} API key checks failed lately (the budget refills at "
+            f"{limits.failures_per_s:g} per second)",
+            wait_s,
+        )
+
+    @staticmethod
+    def _refusal(why: str, wait_s: int) -> RateLimitedError:
+        return RateLimitedError(
+            f"{why}, and this key was not verified before: try again in {wait_s} s (keys this server verified before "
+            "are still answered)",
             retry_after_s=wait_s,
         )

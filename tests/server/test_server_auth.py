@@ -18,6 +18,7 @@ from server_harness import MakeServer, Served, app_routes
 from sqlalchemy import text
 
 from inferscale.errors import APIKeyNotFoundError, ConfigError, InvalidInputError, RateLimitedError
+from inferscale.server import key_checks
 from inferscale.server import keys as keys_module
 from inferscale.server.key_checks import KeyCheckLimiter, KeyCheckLimits
 from inferscale.server.keys import KeyStore
@@ -242,6 +243,44 @@ def test_the_failed_check_budget_spends_a_token_per_failure_and_refills_by_the_c
         limiter.check(broken)  # a check that raises spends its token too
     with pytest.raises(RateLimitedError):
         limiter.check(verify(True))
+
+
+def test_valid_keys_not_verified_yet_are_all_verified_at_once_while_no_check_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's find in the first budget: a check took a token as it started and a valid key gave it back only
+    once verified, with the burst also capping the checks in progress, so 11 tenants reconnecting together after a
+    restart (burst 10) got one 429 though no check had failed. Only failed checks spend the budget now."""
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db", KeyCheckLimits(failures_per_s=0.001, failure_burst=2))
+    created = [store.create(f"tenant{i}", user_ids=[f"u{i}"]) for i in range(11)]
+    store.close()
+    store = KeyStore(f"sqlite:///{tmp_path}/keys.db", KeyCheckLimits(failures_per_s=0.001, failure_burst=2))
+    scrypts = _Scrypts(monkeypatch)
+    with ThreadPoolExecutor(11) as pool:
+        found = list(pool.map(store.authenticate, [secret for _, secret in created]))
+    assert found == [key for key, _ in created] and (scrypts.calls, scrypts.most_at_once) == (11, 1)
+    store.close()
+
+
+def test_checks_past_the_waiting_cap_are_refused_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    limiter = KeyCheckLimiter(KeyCheckLimits(failures_per_s=1.0, failure_burst=1))
+    monkeypatch.setattr(key_checks, "KEY_CHECKS_WAITING", 2)
+    release, started = threading.Event(), threading.Event()
+
+    def slow() -> bool:
+        started.set()
+        return release.wait(30)
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(limiter.check, slow)
+        assert started.wait(30)
+        waiting = pool.submit(limiter.check, lambda: True)  # admitted: waits for its turn
+        while limiter.admitted < 2:  # waits for the second admission, not for a time
+            threading.Event().wait(0.01)
+        with pytest.raises(RateLimitedError, match="2 key checks are waiting") as refused:
+            limiter.check(lambda: True)
+        release.set()
+        assert running.result() is True and waiting.result() is True and refused.value.retry_after_s == 1
 
 
 @pytest.mark.parametrize(
