@@ -336,9 +336,10 @@ class MemoryClient(ClientCore):
             unchanged when the new values equal the old ones, and then no history row is written).
 
         Raises:
-            InvalidInputError: when nothing is given, text and data disagree, metadata sets a scope id or
-                ``actor_id``, or the new text is longer than ``max_memory_chars`` or too long for the model's context
-                once encoded after the memory's context turns (nothing is written; see :meth:`add`).
+            InvalidInputError: when nothing is given, text and data disagree, the new text is no str (checked before
+                the memory is looked up), metadata sets a scope id or ``actor_id``, or the new text is longer than
+                ``max_memory_chars`` or too long for the model's context once encoded after the memory's context
+                turns (nothing is written; see :meth:`add`).
             MemoryNotFoundError: when no memory has that id (or it is outside the scope the given ids name).
 
         ``expiration_date`` is Mem0 2.x's, accepted only as ``None`` or ``False``: memories do not expire.
@@ -850,6 +851,7 @@ class MemoryClient(ClientCore):
             DatabaseUnavailableError: when the database cannot be connected to.
             ModelNotAvailableError: when the configured model's files cannot be found.
             OSError: when a K/V file cannot be removed (what was removed before stays removed).
+            KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is removed).
         """
         ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
         return prune_kv(self.derived, ids)

@@ -49,6 +49,9 @@ from inferscale.storage.records import MemoryVersions
 
 log = logging.getLogger(__name__)
 
+PRUNE_CHUNK = 32
+"""Memories whose unserved K/V entries :meth:`DerivedStores.prune_unserved` removes at a time."""
+
 INDEX_SAVE_INTERVAL_S = 5.0
 """The index file is rewritten at most this often while writing (and always on ``close``); SQL stays the truth."""
 
@@ -504,14 +507,20 @@ class DerivedStores:
             lacking = {record.id for record, _ in fact_kv.missing(fact_kv.every_encoding(records))}
         return [record.id for record in records if record.id in lacking]
 
-    def prune_unserved(self, memory_ids: Sequence[str]) -> Pruned:
+    def prune_unserved(self, memory_ids: Sequence[str]) -> tuple[int, Pruned]:
         """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up under the
         current model and settings (:meth:`~inferscale.fact_kv.FactKVManager.served_keys`), from every tier and from
-        ``kv_entries``, under the client's lock; unknown ids are left out. Loads the encoder (:meth:`load_encoder`),
-        encodes nothing.
+        ``kv_entries``; unknown ids are left out. The keys served are read under the client's lock, the entries
+        removed after it, :data:`PRUNE_CHUNK` memories at a time (each holding the K/V store's lock while their files'
+        headers are read), so chats and the encoder go on meanwhile (they only ever store keys that are served).
+        Loads the encoder (:meth:`load_encoder`), encodes nothing.
+
+        Returns:
+            ``(memories found, what was removed)``.
 
         Raises:
-            OSError: when a K/V file cannot be removed (no row is deleted then).
+            OSError: when a K/V file cannot be removed (no row of that memory is deleted then).
+            KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id.
         """
         self.load_encoder()
         with self._lock:
@@ -519,7 +528,14 @@ class DerivedStores:
             found = self._db().get_many(memory_ids)
             records = [found[memory_id] for memory_id in memory_ids if memory_id in found]
             served = fact_kv.served_keys(records)
-            return fact_kv.prune([record.id for record in records], served.__contains__)
+        ids = [record.id for record in records]
+        parts = [fact_kv.prune(ids[i : i + PRUNE_CHUNK], served.__contains__) for i in range(0, len(ids), PRUNE_CHUNK)]
+        total = Pruned(
+            copies=sum(part.copies for part in parts),
+            rows=sum(part.rows for part in parts),
+            nbytes=sum(part.nbytes for part in parts),
+        )
+        return len(records), total
 
     def _store_unchanged(self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
         """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that

@@ -35,7 +35,7 @@ from inferscale.config import KVConfig
 from inferscale.control_tokens import holds_control_token
 from inferscale.encoding_layout import EncodingLayout, context_turns, preview
 from inferscale.engines.base import Engine, check_prompt_fits
-from inferscale.errors import MemoryNotFoundError
+from inferscale.errors import InferScaleError, MemoryNotFoundError
 from inferscale.kv.encode import EncodeRequest, chunk_length
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import encoding_key, is_current_encoding, token_ids_digest
@@ -45,6 +45,7 @@ from inferscale.kv.tiers import DiskTier, KVFormatError
 from inferscale.reconcile import entry_key, filed_here
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
+from inferscale.storage.kv_entries import delete_kv_entry_rows_sized
 from inferscale.storage.queries import kv_entries_of
 
 log = logging.getLogger(__name__)
@@ -564,11 +565,13 @@ class FactKVManager:
         for (record, encoding), fresh in zip(wanted, encoded, strict=True):
             fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
             stored.append(self._put_one(record, self.key(record, encoding), fact))
-        # Entries of an older key format can never hit again: drop them as their memories are encoded anew.
+        # Entries of an older key format can never hit again: drop them as their memories are encoded anew. What is
+        # stored above stays stored whatever this cleanup meets: a leftover is never read, and prune_kv or
+        # reconciliation removes it later.
         try:
             self.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
-        except OSError as exc:
-            log.warning("K/V files of an older format could not be removed (%s); they are never read", exc)
+        except (OSError, InferScaleError) as exc:
+            log.warning("K/V entries of an older format could not be removed (%s); they are never read", exc)
         return stored
 
     def served_keys(self, records: Sequence[MemoryRecord]) -> set[KVKey]:
@@ -583,23 +586,31 @@ class FactKVManager:
         """Remove every entry of ``memory_ids`` that ``keep`` refuses: its copies in every tier (on disk, the files'
         headers are read), then its ``kv_entries`` row. Only the rows of this client's K/V store go: a row whose file
         another host's K/V folder holds is left to that folder's clients (:func:`inferscale.reconcile.filed_here`),
-        and a row whose fields make no key to reconciliation.
+        and a row whose fields make no key to reconciliation. A row that hosts share (one row per key, naming the
+        host that wrote it last) goes with this host's file: another host's file under that key is then removed by
+        its own reconciliation, and encoded again there when used.
 
         Raises:
+            KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (read before anything is
+                removed).
             OSError: when a file cannot be removed (no row is deleted then).
             InvalidInputError: when a memory id is not a plain id.
+            DatabaseUnavailableError: when the database cannot be connected to (the files are removed; their rows
+                are then rows without a file, which reconciliation deletes).
         """
-        copies = self._store.prune(memory_ids, keep)
         directory = self._store.directory
         disk = DiskTier(directory) if directory is not None else None
+        if disk is not None:
+            disk.existing_store_id()  # a damaged id file is refused before a file goes, not between files and rows
+        copies = self._store.prune(memory_ids, keep)
         doomed = []
         for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
             key = entry_key(row)
             ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):
-                doomed.append(row)
-        rows = self._db.delete_kv_entry_rows([row.id for row in doomed]) if doomed else 0
-        return Pruned(copies=copies, rows=rows, nbytes=sum(row.nbytes for row in doomed))
+                doomed.append(row.id)
+        sizes = self._db.run_write(delete_kv_entry_rows_sized, doomed) if doomed else []
+        return Pruned(copies=copies, rows=len(sizes), nbytes=sum(sizes))
 
     def _put_one(self, record: MemoryRecord, key: KVKey, fact: FactKV) -> FactKV:
         """Store ``fact`` under ``key``: the row, then the tensors; returns the fact as stored (naming its file

@@ -29,11 +29,12 @@ class KVPruneReport:
     """What one :func:`prune_kv` removed.
 
     Attributes:
-        memories: the memories looked at.
+        memories: the memories looked at (those still stored when their page was read).
         entries_removed: K/V entry copies removed from the tiers (a file on disk, a copy in host or device memory;
             an entry held in two tiers counts twice).
-        rows_removed: ``kv_entries`` rows deleted.
-        bytes_removed: the size of the K/V tensors those rows recorded (bytes).
+        rows_removed: ``kv_entries`` rows this call deleted.
+        bytes_removed: the size of the K/V tensors those rows recorded (bytes; rows another call deleted first are not
+            counted).
     """
 
     memories: int
@@ -51,10 +52,12 @@ def prune_kv(derived: DerivedStores, memory_ids: Sequence[str]) -> KVPruneReport
     Raises:
         DatabaseUnavailableError: when the database cannot be connected to.
         ModelNotAvailableError: when the configured model's files cannot be found.
-        OSError: when a K/V file cannot be removed (what was removed before stays removed; that page's rows stay).
+        OSError: when a K/V file cannot be removed (what was removed before stays removed; that memory's rows stay).
+        KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is removed).
     """
-    entries = rows = nbytes = 0
+    memories = entries = rows = nbytes = 0
     for page in range(0, len(memory_ids), PAGE_SIZE):
-        pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE])
-        entries, rows, nbytes = entries + pruned.copies, rows + pruned.rows, nbytes + pruned.nbytes
-    return KVPruneReport(memories=len(memory_ids), entries_removed=entries, rows_removed=rows, bytes_removed=nbytes)
+        found, pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE])
+        memories, entries = memories + found, entries + pruned.copies
+        rows, nbytes = rows + pruned.rows, nbytes + pruned.nbytes
+    return KVPruneReport(memories=memories, entries_removed=entries, rows_removed=rows, bytes_removed=nbytes)

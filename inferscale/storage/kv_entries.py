@@ -107,4 +107,20 @@ def delete_kv_entry_rows_in_session(s: Session, row_ids: Sequence[int]) -> int:
     return deleted
 
 
-__all__ = ["NewKVEntry", "delete_kv_entries_in_session", "delete_kv_entry_rows_in_session", "put_kv_entry_in_session"]
+def delete_kv_entry_rows_sized(s: Session, row_ids: Sequence[int]) -> list[int]:
+    """Delete the KV entries whose row id is in ``row_ids`` and return the ``nbytes`` of each row deleted (ids already
+    gone are ignored), so a caller counts only what it removed itself (``DELETE ... RETURNING``)."""
+    sizes: list[int] = []
+    for chunk in chunks(sorted(set(row_ids))):
+        stmt = delete(KVEntryRow).where(KVEntryRow.id.in_(list(chunk))).returning(KVEntryRow.nbytes)
+        sizes += [int(size) for size in s.scalars(stmt.execution_options(synchronize_session=False))]
+    return sizes
+
+
+__all__ = [
+    "NewKVEntry",
+    "delete_kv_entries_in_session",
+    "delete_kv_entry_rows_in_session",
+    "delete_kv_entry_rows_sized",
+    "put_kv_entry_in_session",
+]

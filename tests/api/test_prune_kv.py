@@ -18,9 +18,17 @@ import torch
 from mem0_fakes import HashEmbedder
 from tiny_models import tiny_engine
 
-from inferscale import AsyncMemoryClient, MemoryClient, MemoryConfig, ScopeError, kv_prune
+from inferscale import (
+    AsyncMemoryClient,
+    DatabaseUnavailableError,
+    MemoryClient,
+    MemoryConfig,
+    ScopeError,
+    kv_prepare,
+    kv_prune,
+)
 from inferscale.config import KVConfig
-from inferscale.kv.tiers import DiskTier
+from inferscale.kv.tiers import DiskTier, KVFormatError
 from inferscale.kv_prune import KVPruneReport
 from inferscale.storage import KVEntryRecord
 from inferscale.storage.queries import kv_entries_of
@@ -173,3 +181,44 @@ def test_a_row_of_another_hosts_kv_folder_is_left_to_it(tmp_path: Path, db_url: 
 def test_a_bad_scope_id_is_refused_before_anything_is_removed(tmp_path: Path, db_url: str, engine: Any) -> None:
     with _client("sync", _config(tmp_path, db_url), engine) as client, pytest.raises(ScopeError, match="user_id"):
         client.prune_kv(user_id="")
+
+
+def test_a_damaged_store_id_file_is_refused_before_any_file_or_row_goes(
+    tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    """A review's find: the files went first and the folder's id was read after, so a damaged id file left rows
+    without their files (files 0, rows 1)."""
+    with _client("sync", _config(tmp_path, db_url), engine) as client:
+        ids = _add(client, MAYA[:1], "maya")
+        client.prepare_kv()
+    with _client("sync", _config(tmp_path, db_url, storage_format="int8"), engine) as client:
+        client.prepare_kv()
+        rows = _rows(client, ids)
+        kv_dir = Path(client.derived.fact_kv.store.directory)
+        (kv_dir / "store-id").write_text("not an id")
+        with pytest.raises(KVFormatError, match="store-id"):
+            client.prune_kv()
+        assert _rows(client, ids) == rows and len(DiskTier(kv_dir).keys()) == len(rows)
+
+
+def test_a_failed_cleanup_of_older_entries_leaves_what_was_just_stored_stored(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's find: the cleanup of older-format entries after a store reads files' headers and SQL now, and an
+    error of it other than an OSError (a database gone away is one) escaped the store, failing a chat whose K/V were
+    stored. Each is logged; what was stored stays."""
+    with _client("sync", _config(tmp_path, db_url), engine) as client:
+        ids = _add(client, MAYA, "maya")
+        fact_kv = client.derived.fact_kv
+
+        errors = [DatabaseUnavailableError("the database went away"), KVFormatError("a header from elsewhere")]
+
+        def failing(*args: Any) -> Any:
+            raise errors[0]
+
+        monkeypatch.setattr(fact_kv, "prune", failing)
+        assert client.prepare_kv(user_id="maya") == kv_prepare.KVPrepareReport(memories=3, encoded=3, left=())
+        errors.pop(0)
+        more = _add(client, BOB[:1], "bob")
+        assert client.prepare_kv(user_id="bob").encoded == 1
+        assert client.derived.missing_kv([*ids, *more]) == []
