@@ -262,15 +262,16 @@ def encode_mode(encode_kv: Any, default: EncodeMode) -> EncodeMode:
     return "eager" if flag else "lazy"
 
 
-def check_timeout(timeout: Any) -> float | None:
-    """``None`` (no limit) or a finite number of seconds from 0 to :data:`threading.TIMEOUT_MAX`, as a float.
+def check_timeout(timeout: Any, name: str = "timeout") -> float | None:
+    """``None`` (no limit) or a finite number of seconds from 0 to :data:`threading.TIMEOUT_MAX`, as a float
+    (``name``: the argument it came from, for the message).
 
     Raises:
         InvalidInputError: for anything else (a negative number, a bool, a string, NaN, an infinity, more seconds
             than a wait can take).
     """
     return _validated(
-        _TIMEOUT, timeout, f"timeout must be None or a finite number of seconds from 0 to {threading.TIMEOUT_MAX:g}"
+        _TIMEOUT, timeout, f"{name} must be None or a finite number of seconds from 0 to {threading.TIMEOUT_MAX:g}"
     )
 
 

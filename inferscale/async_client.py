@@ -613,12 +613,15 @@ class AsyncMemoryClient(ClientCore):
             await asyncio.sleep(min(left, ENCODING_POLL_S))
         return True
 
-    async def close(self) -> None:
-        """Wait for the background K/V encoder to finish (it stays closed), write the index file if it changed, and
-        release what this client opened or built; see :meth:`MemoryClient.close`."""
+    async def close(self, *, encoding_timeout: float | None = None) -> None:
+        """Wait for the background K/V encoder to finish (it stays closed), for at most ``encoding_timeout`` seconds
+        (``None``: however long it takes), write the index file if it changed, and release what this client opened
+        or built; see :meth:`MemoryClient.close` (same argument and errors)."""
+        limit = check_timeout(encoding_timeout, "encoding_timeout")
         self._closing.set()
         try:
-            await on_threads(MODEL_WORK, self.derived.close_encoding)  # waits for the encoder's queue to drain
+            # waits for the encoder's queue to drain, or for the timeout and the chunk running
+            await on_threads(MODEL_WORK, self.derived.close_encoding, limit)
             await asyncio.to_thread(self._release)
             if self._adb is not None:
                 await self._adb.close()

@@ -873,7 +873,7 @@ class MemoryClient(ClientCore):
         """
         return self.derived.wait_for_encoding(check_timeout(timeout))
 
-    def close(self) -> None:
+    def close(self, *, encoding_timeout: float | None = None) -> None:
         """Wait for the background K/V encoder to finish what ``add`` queued (:meth:`wait_for_encoding`), write
         the index file if it changed, and release what this client opened or built: the database connections, an
         HTTP LLM client, and the engine when the client built it (an engine passed in is left to its owner). The
@@ -881,10 +881,25 @@ class MemoryClient(ClientCore):
         memories written from then on (or by an ``add`` still running when ``close`` began) are encoded by the
         first ``chat`` that retrieves them, as in ``"lazy"`` mode, so no background thread reopens what ``close``
         released. A non-streamed chat running meanwhile on another thread raises ``EngineClosedError`` within a
-        token, as a stream being read does."""
+        token, as a stream being read does.
+
+        Args:
+            encoding_timeout: the most seconds to wait for the background encoder (``None``, the default: until
+                every queued memory is encoded, however long). Once spent, the encoder starts no further chunk:
+                the chunk running (at most ``kv.encode_chunk_size`` facts) finishes and is stored, and the
+                memories not encoded yet are logged at WARNING with their count. Nothing is lost: they are stored,
+                and the first ``chat`` that retrieves one encodes it (or :meth:`prepare_kv`,
+                ``inferscale prepare-kv``). ``0`` stops the encoder at once. The server passes what is left of its
+                shutdown grace.
+
+        Raises:
+            InvalidInputError: when ``encoding_timeout`` is not ``None`` or a finite number >= 0 (checked before
+                anything is closed).
+        """
+        limit = check_timeout(encoding_timeout, "encoding_timeout")
         self._closing.set()
         try:
-            self.derived.close_encoding()
+            self.derived.close_encoding(limit)
             with self._lock:
                 self._release()
                 if self._db is not None:

@@ -262,8 +262,9 @@ class KVConfig(_Strict):
             - ``"background"`` (default): after the call, by one background thread, in batches. ``add`` returns as
               soon as the memories are in SQL and the index (``search`` finds them at once) and costs no forward
               pass; a ``chat`` that retrieves a memory not encoded yet encodes it itself (the answer is the
-              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain (after
-              ``close()`` the encoder stays closed: later ``add`` calls leave the K/V to ``chat``). The thread
+              same as eager), and ``close()`` / ``wait_for_encoding()`` wait for the queue to drain
+              (``close(encoding_timeout=...)`` for at most that long; after ``close()`` the encoder stays closed:
+              later ``add`` calls leave the K/V to ``chat``). The thread
               competes with the caller for the CPU/GPU while it works.
             - ``"eager"``: inside ``add``, before it returns (one forward pass per call, ~0.6 s for a short fact
               with SmolLM2-135M on a CPU); every later ``chat`` finds the K/V ready.

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from inferscale.config import EncodeMode, MemoryConfig
-from inferscale.encode_queue import EncodeQueue, interpreter_exiting
+from inferscale.encode_queue import EncodeQueue, StopCheck, interpreter_exiting
 from inferscale.engines.base import Engine
 from inferscale.fact_kv import FactKVManager, Pruned, Wanted
 from inferscale.filters import Filter
@@ -424,14 +424,24 @@ class DerivedStores:
             running = set(self._foreground)
             self._foreground_idle.wait_for(lambda: running.isdisjoint(self._foreground))
 
-    def close_encoding(self) -> None:
+    def close_encoding(self, timeout: float | None = None) -> list[str]:
         """Close the background encoder for good and wait for what it was given (the client's ``close``): memories
         queued later, or waiting for room in the queue now, are left to the first ``chat`` that retrieves them, so
         no encoder thread reopens the engine or the database after ``close`` released them. Call it without holding
-        the client's lock."""
-        self._encoder.close()
+        the client's lock.
 
-    def encode_queued(self, memory_ids: list[str]) -> None:
+        Args:
+            timeout: the most seconds to wait for the queue to drain (``None``: as long as it takes); then the
+                encoder starts no further chunk, the chunk running finishes (:meth:`EncodeQueue.close
+                <inferscale.encode_queue.EncodeQueue.close>`), and the memories not encoded are logged and left to
+                the first ``chat`` that retrieves them, or to ``prepare_kv``.
+
+        Returns:
+            the ids of the memories left unencoded, oldest first (``[]`` when the queue drained).
+        """
+        return self._encoder.close(timeout)
+
+    def encode_queued(self, memory_ids: list[str], stop: StopCheck | None = None) -> list[str]:
         """Encode and store every encoding of queued memories (each position bucket; the context-free one with
         ``kv.first_memory_context_free``), as eager ``add`` does: the
         background encoder's batch (:class:`~inferscale.encode_queue.EncodeQueue`).
@@ -451,7 +461,17 @@ class DerivedStores:
         drops what a chat stored meanwhile. Each chunk's results are stored under the client's lock, and
         only for a memory whose text and context are still those it was encoded from (SQL read again, one query
         per chunk): a change that landed during the pass leaves nothing stale behind. At interpreter exit
-        (:func:`~inferscale.encode_queue.interpreter_exiting`) it starts no chunk: the one running is the last.
+        (:func:`~inferscale.encode_queue.interpreter_exiting`), or once ``stop`` says so (the queue's, when a bounded
+        ``close`` ran out of time), it starts no chunk: the one running is the last.
+
+        Args:
+            memory_ids: the memories, oldest first.
+            stop: asked before each chunk (and again after waiting for the chats' uses of the model); ``True`` ends
+                the pass there. ``None``: only the interpreter's exit does.
+
+        Returns:
+            the ids of ``memory_ids`` with an encoding still missing because the pass stopped early (``[]`` when it
+            ran to the end), oldest first.
 
         Raises:
             MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
@@ -459,8 +479,12 @@ class DerivedStores:
             OSError, DatabaseUnavailableError, ModelNotAvailableError: from the disk, the database or the engine's
                 first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
         """
-        if interpreter_exiting():  # no model load at exit: its loader's threads may be shut down already
-            return
+
+        def halted() -> bool:
+            return interpreter_exiting() or (stop is not None and stop())
+
+        if halted():  # no model load at exit: its loader's threads may be shut down already
+            return list(memory_ids)
         self.load_encoder()
         with self._lock:
             fact_kv = self.fact_kv
@@ -469,8 +493,10 @@ class DerivedStores:
             left = fact_kv.every_encoding(records)
         stored = 0
         chunk_size = self._config.kv.encode_chunk_size
-        while left and not interpreter_exiting():  # at exit, the chunk running is the last
+        while left and not halted():  # at exit, or once stopped, the chunk running is the last
             self._yield_to_foreground()
+            if halted():  # stopped while a chat used the model
+                break
             with self._lock:
                 left = fact_kv.chain_first(fact_kv.missing(left))  # those a chat stored meanwhile are done
                 n = fact_kv.next_chunk(left, chunk_size)  # memories sharing context turns kept together
@@ -479,6 +505,11 @@ class DerivedStores:
             if chunk:
                 stored += self._store_unchanged(fact_kv, chunk, fact_kv.encode(requests))
         log.debug("background-encoded and stored %d facts of %d memories", stored, len(memory_ids))
+        if not left:
+            return []
+        with self._lock:
+            unencoded = {record.id for record, _ in fact_kv.missing(left)}  # a chat may have stored some meanwhile
+        return [memory_id for memory_id in memory_ids if memory_id in unencoded]
 
     def load_encoder(self) -> None:
         """Load what encoding facts needs now, outside the client's lock (a first load takes seconds): the chat

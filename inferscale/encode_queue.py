@@ -21,6 +21,10 @@ K/V are missing and stores them. The queue knows nothing of SQL, models or K/V: 
 - Closed for good by :meth:`EncodeQueue.close` (the client's ``close``): ids submitted afterwards, or still waiting
   for room then, are not queued but left to the first ``chat`` that retrieves them, so no encoder thread starts
   after ``close`` and reopens what it released (the engine, the database).
+- A close may bound its drain (``close(timeout)``, the server's shutdown grace): once the timeout is spent the
+  encoder starts no further batch or chunk (the ``encode`` callback is told so by its ``stop`` argument), the
+  chunk running finishes and is stored, and what was not encoded is logged and left to the first ``chat`` that
+  retrieves it (or to ``prepare_kv``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeAlias
 
 from inferscale.errors import InvalidInputError
 
@@ -46,6 +51,16 @@ threads torch starts for its forward passes inherit it. Measured with ``benchmar
 ``OMP_NUM_THREADS=1``, 2 cores shared with other jobs, load average ~5): a background ``add``'s p50 was 60 ms
 without it against 29 ms for a lazy one (which encodes nothing), and 27 against 20 ms, then 36 against 38 ms,
 with it."""
+
+
+StopCheck: TypeAlias = Callable[[], bool]
+"""Says whether the encoder must start no further chunk (a bounded close's timeout is spent, or the interpreter is
+exiting); an ``encode`` callback calls it before each chunk."""
+
+Encode: TypeAlias = Callable[[list[str], StopCheck], Sequence[str]]
+"""The queue's ``encode`` callback: encodes and stores the K/V of its ids (oldest first), asks its
+:data:`StopCheck` before each chunk, and returns the ids it left unencoded because the check said stop (``[]``
+when it finished them)."""
 
 
 def interpreter_exiting() -> bool:
@@ -73,8 +88,9 @@ class EncodeQueue:
     thread would wait for itself).
 
     Args:
-        encode: called on the encoder thread with 1 to ``batch_size`` ids, oldest first; encodes and stores their
-            K/V. What it raises is logged (see the module docstring).
+        encode: called on the encoder thread with 1 to ``batch_size`` ids, oldest first, and a :data:`StopCheck`;
+            encodes and stores their K/V and returns those it left when told to stop (:data:`Encode`). What it
+            raises is logged (see the module docstring).
         batch_size: the most ids handed to one ``encode`` call (>= 1).
         capacity: the most ids waiting (>= 1); the batch being encoded is not counted.
 
@@ -82,7 +98,7 @@ class EncodeQueue:
         InvalidInputError: when ``batch_size`` or ``capacity`` is below 1.
     """
 
-    def __init__(self, encode: Callable[[list[str]], None], batch_size: int, capacity: int) -> None:
+    def __init__(self, encode: Encode, batch_size: int, capacity: int) -> None:
         if batch_size < 1 or capacity < 1:
             raise InvalidInputError(f"batch_size ({batch_size}) and capacity ({capacity}) must each be >= 1")
         self._encode = encode
@@ -92,6 +108,8 @@ class EncodeQueue:
         self._batch: list[str] = []  # being encoded now
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stopped = False  # a bounded close ran out of time: no further batch or chunk starts
+        self._abandoned: list[str] = []  # ids of the batch running then that it left unencoded
         self._warned_closed = False  # whether a submit after close was logged as a warning yet
         self._cond = threading.Condition()
 
@@ -136,13 +154,52 @@ class EncodeQueue:
             n_left,
         )
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> list[str]:
         """Queue nothing from now on (:meth:`submit` leaves later ids to ``chat``, and stops a call waiting for room)
-        and block until every id queued before was handed to ``encode`` and the call returned. Idempotent."""
+        and block until every id queued before was handed to ``encode`` and the call returned, or ``timeout`` runs
+        out. Then the encoder starts no further batch or chunk: the waiting ids are dropped, the chunk running (if
+        any) finishes and is stored, and the ids not encoded are logged (a WARNING: they are in SQL, and the first
+        ``chat`` that retrieves one, or ``prepare_kv``, encodes it). Idempotent.
+
+        Args:
+            timeout: the most seconds to wait for the queue to drain before stopping the encoder; ``None`` drains
+                it whatever it takes, ``0`` stops at once. The call returns after it plus at most the chunk running
+                (``kv.encode_chunk_size`` facts; a forward pass is never interrupted).
+
+        Returns:
+            the ids left unencoded, oldest first (``[]`` when the queue drained).
+        """
         with self._cond:
             self._closed = True
             self._cond.notify_all()  # a submit waiting for room stops waiting
-            self._cond.wait_for(lambda: not self._waiting and not self._batch)
+            if self._cond.wait_for(self._drained, timeout):
+                return []
+            self._stopped = True  # the encode callback's StopCheck: it starts no further chunk
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._batch)  # the chunk running ends (one chunk at most)
+            running = set(self._abandoned)  # an id re-queued while it was being encoded is counted once
+            left = [*self._abandoned, *(memory_id for memory_id in waiting if memory_id not in running)]
+            self._abandoned = []
+        if left:
+            log.warning(
+                "closing before the background K/V encoder finished (%.1f s drain limit): the K/V of %d memories were "
+                "not encoded; they are stored and are encoded by the first chat that retrieves them, or now by "
+                "`inferscale prepare-kv`",
+                timeout,
+                len(left),
+            )
+        return left
+
+    def _drained(self) -> bool:
+        """Whether no id waits and none is being encoded (the caller holds the condition's lock)."""
+        return not self._waiting and not self._batch
+
+    def _should_stop(self) -> bool:
+        """The :data:`StopCheck` handed to ``encode``: a bounded :meth:`close` ran out of time, or the interpreter
+        is exiting."""
+        return self._stopped or interpreter_exiting()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued id was handed to ``encode`` and the call returned (or failed and was logged).
@@ -154,7 +211,7 @@ class EncodeQueue:
             ``True`` when nothing is pending, ``False`` when ``timeout`` ran out first.
         """
         with self._cond:
-            return self._cond.wait_for(lambda: not self._waiting and not self._batch, timeout)
+            return self._cond.wait_for(self._drained, timeout)
 
     # ---- the encoder thread ------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -190,10 +247,13 @@ class EncodeQueue:
                         del self._waiting[memory_id]
                     batch = list(self._batch)
                     self._cond.notify_all()  # room for a blocked submit
+                left: Sequence[str] = batch  # a BaseException leaves the whole batch
                 try:
-                    self._encode_batch(batch)
+                    left = self._encode_batch(batch)
                 finally:
                     with self._cond:
+                        if self._stopped:  # close reports them
+                            self._abandoned = list(left)
                         self._batch = []
                         self._cond.notify_all()
         finally:
@@ -202,8 +262,9 @@ class EncodeQueue:
                 self._start()  # ids queued while this thread was ending (or a batch that raised BaseException)
                 self._cond.notify_all()
 
-    def _encode_batch(self, batch: list[str]) -> None:
-        """``encode(batch)``; when it raises, each id again on its own, and what still fails is logged.
+    def _encode_batch(self, batch: list[str]) -> Sequence[str]:
+        """``encode(batch)``; when it raises, each id again on its own, and what still fails is logged. Returns the
+        ids left unencoded because :meth:`_should_stop` said stop (not those that failed: they are logged).
 
         ``encode`` may raise anything a model, a database or a file system raises (an engine that fails to load, a
         fact longer than the context, a full disk, a lost connection); none of it may end the thread or reach a
@@ -212,18 +273,23 @@ class EncodeQueue:
         model load uses), and the batch is left to ``chat`` without one.
         """
         try:
-            self._encode(batch)
-            return
+            return self._encode(batch, self._should_stop)
         except Exception:
             if interpreter_exiting():  # e.g. a model load whose thread pool the exit shut down: expected, not logged
                 log.info("interpreter exiting: the K/V of %d memories are left to the first chat", len(batch))
-                return
+                return batch
             if len(batch) == 1:
                 log.warning("background K/V encoding of memory %s failed; chat encodes it", batch[0], exc_info=True)
-                return
+                return []
             log.warning("background K/V encoding of %d memories failed; retrying one at a time", len(batch))
-        for memory_id in batch:
+        for i, memory_id in enumerate(batch):
+            if self._should_stop():
+                return batch[i:]
             try:
-                self._encode([memory_id])
+                left = self._encode([memory_id], self._should_stop)
             except Exception:
                 log.warning("background K/V encoding of memory %s failed; chat encodes it", memory_id, exc_info=True)
+                continue
+            if left:
+                return [*left, *batch[i + 1 :]]
+        return []

@@ -16,6 +16,7 @@ from typing import Any, Literal, overload
 
 import httpx
 
+from inferscale.arguments import check_timeout
 from inferscale.conversation import ChatMessage
 from inferscale.errors import budget_named
 from inferscale.remote import calls
@@ -370,8 +371,15 @@ class AsyncRemoteMemoryClient:
                 return await self._transport.stream(call)
             return await self._transport.call(call)
 
-    async def close(self) -> None:
-        """Close the connection pool; a later call opens a new one."""
+    async def close(self, *, encoding_timeout: float | None = None) -> None:
+        """Close the connection pool; a later call opens a new one. ``encoding_timeout`` is checked as the local
+        client's (:meth:`MemoryClient.close <inferscale.client.MemoryClient.close>`), so the two take the same
+        arguments, and has no other effect: the background encoder is the server's, bounded by its shutdown grace.
+
+        Raises:
+            InvalidInputError: when ``encoding_timeout`` is not ``None`` or a finite number >= 0.
+        """
+        check_timeout(encoding_timeout, "encoding_timeout")
         await self._transport.close()
 
     async def __aenter__(self) -> AsyncRemoteMemoryClient:

@@ -16,23 +16,36 @@ from inferscale.server.metrics import Metrics, RequestMetrics
 from inferscale.server.options import ServerOptions
 from inferscale.server.query import refuse_undecodable_url, refuse_unknown_query
 from inferscale.server.routes import memories, openai, ops
+from inferscale.server.shutdown import ShutdownClock
 from inferscale.server.state import ServerState
 
 API_VERSION = "1"
 
 
-def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: ServerOptions) -> FastAPI:
+def create_app(
+    client: AsyncMemoryClient,
+    *,
+    keys: KeyStore | None,
+    options: ServerOptions,
+    shutdown_clock: ShutdownClock | None = None,
+) -> FastAPI:
     """The InferScale server: Mem0's memory REST API, OpenAI's chat completions and models, ping, health, metrics
     and the OpenAPI schema (``/openapi.json``, ``/docs``), all answering through ``client``'s public methods.
 
-    The app owns ``client``: it is closed when the app shuts down (uvicorn's lifespan). Build one client per app.
+    The app owns ``client``: it is closed when the app shuts down (uvicorn's lifespan), its background K/V encoder
+    given what is left of the shutdown grace. Build one client per app.
 
     Args:
         client: the async memory client (its store, index, engine and K/V).
         keys: the API keys; ``None``, or a store holding no key, runs the server without authentication (keep it on
             loopback: :func:`inferscale.server.run.serve_transformers` refuses other hosts then). While open, requests
             whose ``Host`` or ``Origin`` is not a loopback one are refused (:mod:`inferscale.server.local_only`).
-        options: the server's settings (request size limit, chat defaults, served model name).
+        options: the server's settings (request size limit, chat defaults, served model name, shutdown grace).
+        shutdown_clock: when the server began stopping (:func:`inferscale.server.shutdown.serve_uvicorn` starts it
+            on the signal). At shutdown the client's background K/V encoder gets what is left of
+            ``options.shutdown_grace_s`` counted from it (``client.close(encoding_timeout=...)``); the memories it
+            leaves unencoded then are logged and encoded on first use. ``None``: the grace is counted from the
+            lifespan's shutdown (after the running requests ended).
 
     Returns:
         the ASGI application; construction does no I/O.
@@ -43,7 +56,8 @@ def create_app(client: AsyncMemoryClient, *, keys: KeyStore | None, options: Ser
         try:
             yield
         finally:
-            await client.close()
+            clock = shutdown_clock if shutdown_clock is not None else ShutdownClock()  # None: begun now
+            await client.close(encoding_timeout=clock.left(options.shutdown_grace_s))
 
     app = FastAPI(
         title="InferScale",

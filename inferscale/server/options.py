@@ -28,8 +28,10 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body the server reads (1 MiB); a larger one is answered 413 ``request_too_large``."""
 
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
-"""How long a stopping server lets running requests finish before it cancels them (seconds; Kubernetes' default
-termination grace period, so that the pod is not killed before the server has closed its client)."""
+"""How long a stopping server's shutdown may take (seconds, from the signal; Kubernetes' default termination grace
+period): running requests finish within it, and the background K/V encoder works for what is left, plus the chunk
+it is encoding then (:class:`ServeSettings`). Under Kubernetes set it a few seconds below the pod's
+``terminationGracePeriodSeconds`` so that the pod is not killed before the process has exited."""
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 """The hosts a server without API keys may listen on."""
@@ -53,9 +55,13 @@ class ServeSettings:
             ``"none"`` and ``"tail:n"`` and refuses the others at startup.
         memory_layout: ``MemoryConfig.memory_layout``, the order a chat lays its retrieved memories out in
             (``"score"``, best first, or ``"added"``, oldest first); ``None`` keeps ``MemoryConfig``'s default.
-        shutdown_grace_s: on SIGTERM or Ctrl-C, how long (seconds, rounded up to whole ones) the server lets
-            running requests finish once it stops accepting new ones; then it cancels them (an open stream ends and
-            its engine request is freed) and closes the memory client. 0 cancels them at once.
+        shutdown_grace_s: on SIGTERM or Ctrl-C, how long (seconds) the shutdown may take, counted from the
+            signal: the server lets running requests finish for up to the grace (rounded up to whole seconds) once
+            it stops accepting new ones; then it cancels them (an open stream ends and its engine request is freed)
+            and closes the memory client, whose background K/V encoder gets what is left of the grace
+            (``close(encoding_timeout=...)``: then it starts no further chunk, finishes the one running, and logs
+            how many memories it leaves to be encoded on first use). 0 cancels the requests and stops the encoder
+            at once. ``--engine vllm`` passes it to vLLM as ``--shutdown-timeout``.
         failed_key_checks_per_s, failed_key_check_burst: the budget of failed checks of API keys the server has not
             verified before (:class:`~inferscale.server.key_checks.KeyCheckLimits`: failed checks per second, a
             finite number > 0, and how many it holds, a whole number >= 1); past it such keys are answered 429

@@ -14,6 +14,9 @@ __all__ = ["check_listen_address", "memory_config", "serve_transformers"]
 
 log = logging.getLogger(__name__)
 
+UVICORN_STARTUP_FAILURE = 3
+"""The exit status of a server that could not start (uvicorn's, as ``uvicorn.run`` exits with)."""
+
 
 def check_listen_address(host: str, keys: KeyStore) -> bool:
     """Whether the server may listen on ``host``; returns ``True`` when it runs open (no API keys), which is logged.
@@ -41,16 +44,20 @@ def check_listen_address(host: str, keys: KeyStore) -> bool:
 def serve_transformers(options: ServerOptions) -> None:
     """Run the server until interrupted (blocks): the async memory client on the transformers engine, the API keys
     of its database, and the app of :func:`inferscale.server.app.create_app` under uvicorn on ``host:port``. The
-    model is loaded before the port opens.
+    model is loaded before the port opens. On SIGTERM or Ctrl-C, ``options.shutdown_grace_s`` bounds the whole
+    shutdown: the running requests get the grace, and the background K/V encoder what is left of it once they are
+    done (plus the chunk it is encoding then; :class:`~inferscale.server.shutdown.ShutdownClock`).
 
     Raises:
         ConfigError: for bad options, or a non-loopback host with no API key in the store
             (:func:`check_listen_address`).
         ModelNotAvailableError: when the model cannot be found.
+        SystemExit: with status 3 when uvicorn could not start the server (as ``uvicorn.run`` exits).
     """
     import uvicorn
 
     from inferscale.server.app import create_app
+    from inferscale.server.shutdown import ShutdownClock, serve_uvicorn
 
     config = memory_config(options)
     keys = KeyStore.for_config(config, options.key_check_limits)
@@ -59,13 +66,16 @@ def serve_transformers(options: ServerOptions) -> None:
         client = AsyncMemoryClient(config)
         log.info("loading %s", client.model_name)
         client.engine.load()
-        app = create_app(client, keys=keys, options=options)
-        uvicorn.run(
+        clock = ShutdownClock()  # the requests and the encoder's drain share one grace, counted from the signal
+        app = create_app(client, keys=keys, options=options, shutdown_clock=clock)
+        server_config = uvicorn.Config(
             app,
             host=options.host,
             port=options.port,
             log_level=options.log_level,
             timeout_graceful_shutdown=options.shutdown_grace_whole_s,
         )
+        if not serve_uvicorn(server_config, clock):
+            raise SystemExit(UVICORN_STARTUP_FAILURE)
     finally:
         keys.close()

@@ -139,6 +139,17 @@ def _assert_fresh(client: ClientAdapter, engine: Any, memory_id: str, encoding: 
     assert torch.equal(stored.keys, fresh.keys) and torch.equal(stored.values, fresh.values)
 
 
+def _assert_encoded(client: ClientAdapter, engine: Any, memory_id: str) -> None:
+    """As :func:`_assert_fresh`, for a memory encoded in a chunk beside others: the same tokens and positions, and
+    K/V equal up to the rounding of another batch shape (padding beside longer facts: docs/api.md, ~1e-5)."""
+    stored = _stored(client, memory_id)
+    assert stored is not None, f"no K/V stored for {memory_id}"
+    (fresh,) = engine.encode_facts([client.fact_kv.encode_request(_record(client, memory_id))])
+    assert torch.equal(stored.token_ids, fresh.token_ids) and stored.encoded_at == fresh.encoded_at
+    assert torch.allclose(stored.keys, fresh.keys, rtol=0, atol=1e-4)
+    assert torch.allclose(stored.values, fresh.values, rtol=0, atol=1e-4)
+
+
 def _kv_rows(client: ClientAdapter) -> list[tuple[str, str]]:
     return sorted((row.memory_id, row.text_hash) for row in client.db.all_kv_entries())
 
@@ -304,6 +315,214 @@ def test_close_stops_an_add_waiting_for_room_and_leaves_its_memory_to_chat(
     finally:
         gate.opened.set()
         client.close()
+
+
+MANY = [f"Locker {i} holds my spare key number {i * 7}." for i in range(12)]
+"""Twelve memories: the first batch's memory, then three batches of four."""
+
+
+class Turnstile(Gate):
+    """A :class:`Gate` that holds each background encode call on its own: the call signals :attr:`arrivals` and
+    waits for one :attr:`permits` release, so a test lets the encoder through chunk by chunk. Counts the calls."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.arrivals = threading.Semaphore(0)
+        self.permits = threading.Semaphore(0)
+        self.background_calls = 0
+
+    def __call__(self, requests: Sequence[Any]) -> list[FactKV]:
+        if threading.current_thread().name == THREAD_NAME and not self.opened.is_set():
+            self.background_calls += 1
+            self.arrivals.release()
+            if not self.permits.acquire(timeout=GATE_TIMEOUT_S):
+                raise TimeoutError("the test never let the call through")
+            self.background_facts += len(requests)
+            return self._encode(requests)
+        return super().__call__(requests)
+
+
+@pytest.fixture
+def turnstile(engine: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Turnstile]:
+    held = Turnstile(engine)
+    monkeypatch.setattr(engine, "encode_facts", held)
+    yield held
+    held.opened.set()
+    for _ in range(len(MANY)):
+        held.permits.release()
+
+
+class UntimedWaitCondition(threading.Condition):
+    """Sets :attr:`stopped` when a thread other than the encoder waits on it with no timeout: in a bounded
+    ``close``, the wait for the chunk running once the timeout is spent (the encoder is told to stop by then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None and threading.current_thread().name != THREAD_NAME:
+            self.stopped.set()
+        return super().wait(timeout)
+
+
+def _run_held_then_close(
+    client: ClientAdapter, turnstile: Turnstile, close: Any, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """Add :data:`MANY` one by one, the encoder held on the first memory's call; let that call through, hold the
+    second (the first chunk of the batch of memories 1-4), then run ``close`` on a thread: once it has stopped the
+    encoder and waits for that chunk, let the chunk through. Returns the memories' ids."""
+    (first,) = _add_each(client, MANY[:1])
+    assert turnstile.arrivals.acquire(timeout=GATE_TIMEOUT_S)  # the thread holds [first]
+    ids = [first, *_add_each(client, MANY[1:])]  # all waiting behind it
+    turnstile.permits.release()
+    assert turnstile.arrivals.acquire(timeout=GATE_TIMEOUT_S)  # its next batch's first chunk is held
+    queue = client._local.derived._encoder
+    assert queue.pending() == ids[1:]
+    queue._cond = UntimedWaitCondition()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    closer = threading.Thread(target=run)
+    with caplog.at_level(logging.WARNING, logger="inferscale.encode_queue"):
+        closer.start()
+        assert queue._cond.stopped.wait(GATE_TIMEOUT_S)  # the timeout is spent: close waits for the chunk
+        assert closer.is_alive()  # the forward pass running is never cut
+        turnstile.permits.release()
+        closer.join(GATE_TIMEOUT_S)
+    assert not closer.is_alive() and errors == []
+    return ids
+
+
+@pytest.mark.parametrize(("kind", "timeout"), [("sync", 0.0), ("async", 0.05)])
+def test_a_bounded_close_stops_the_encoder_after_its_running_chunk_and_loses_nothing(
+    kind: ClientKind,
+    timeout: float,
+    tmp_path: Path,
+    db_url: str,
+    engine: Any,
+    turnstile: Turnstile,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tester: ``inferscale serve --shutdown-grace 8`` exited 67.6 s after SIGTERM, the encoder draining 69
+    memories at close. ``close(encoding_timeout=...)`` stops it once the timeout is spent: the chunk running is
+    stored, no later chunk (of its batch or the next) starts, the memories left are counted in a WARNING, and every
+    one is in SQL and encoded later by ``prepare_kv`` (or the first chat)."""
+    client = _client(kind, _config(tmp_path, db_url, encode_batch_size=4, encode_chunk_size=2), engine)
+    try:
+        ids = _run_held_then_close(
+            client, turnstile, lambda: client._call(client.client.close, encoding_timeout=timeout), caplog
+        )
+        assert turnstile.background_calls == 2  # [first], then memories 1-2; memories 3-4's chunk never started
+        assert turnstile.background_facts == 3
+        assert client._local.derived.pending_encoding() == []
+        warnings = [r.getMessage() for r in caplog.records if r.name == "inferscale.encode_queue"]
+        assert len(warnings) == 1 and "the K/V of 9 memories were not encoded" in warnings[0], warnings
+        assert "inferscale prepare-kv" in warnings[0]
+        for memory_id in ids[:3]:
+            _assert_encoded(client, engine, memory_id)
+        assert [_stored(client, memory_id) for memory_id in ids[3:]] == [None] * 9
+        assert [m["id"] for m in client.get_all(user_id="maya", limit=100)["results"]] == ids  # all in SQL
+
+        turnstile.opened.set()
+        report = client._call(client.client.prepare_kv, user_id="maya")
+        assert (report.memories, report.encoded, report.left) == (12, 9, ())
+        for memory_id in ids:
+            _assert_encoded(client, engine, memory_id)
+        assert turnstile.background_calls == 2  # prepare_kv encoded them on its own thread
+    finally:
+        turnstile.opened.set()
+        client.close()
+
+
+def test_a_close_without_a_timeout_still_drains_the_whole_queue(
+    tmp_path: Path, engine: Any, turnstile: Turnstile
+) -> None:
+    client = _client("sync", _config(tmp_path, None, encode_batch_size=4, encode_chunk_size=2), engine)
+    try:
+        (first,) = _add_each(client, MANY[:1])
+        assert turnstile.arrivals.acquire(timeout=GATE_TIMEOUT_S)
+        ids = [first, *_add_each(client, MANY[1:])]
+        for _ in range(len(MANY)):  # more permits than the calls need
+            turnstile.permits.release()
+        client.client.close()  # type: ignore[union-attr]
+        assert turnstile.background_facts == 12
+        for memory_id in ids:
+            _assert_encoded(client, engine, memory_id)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), float("inf"), "1", True])
+def test_a_bad_encoding_timeout_is_refused_before_anything_is_closed(
+    tmp_path: Path, engine: Any, gate: Gate, timeout: object
+) -> None:
+    client = _client("sync", _config(tmp_path, None), engine)
+    try:
+        with pytest.raises(InvalidInputError, match="encoding_timeout must be None or a finite number of seconds"):
+            client.client.close(encoding_timeout=timeout)  # type: ignore[union-attr, arg-type]
+        (memory_id,) = _add_each(client, FACTS[:1])
+        assert client.client.derived.pending_encoding() == [memory_id]  # type: ignore[union-attr]  # still open
+    finally:
+        gate.opened.set()
+        client.close()
+
+
+def test_the_server_gives_the_encoder_what_is_left_of_its_shutdown_grace(
+    tmp_path: Path, engine: Any, turnstile: Turnstile, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The app's lifespan closes its client with ``encoding_timeout`` = the grace minus the time since the server
+    began stopping (:class:`ShutdownClock`): here the requests used all of it, so the encoder stops at once."""
+    pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+    from server_fixture import running_server
+
+    import inferscale.server.shutdown as shutdown
+    from inferscale import AsyncMemoryClient, MemoryClient
+    from inferscale.server.app import create_app
+    from inferscale.server.options import ServerOptions
+
+    now = [1000.0]
+    clock = shutdown.ShutdownClock(lambda: now[0])
+    config = _config(tmp_path, None, encode_batch_size=4, encode_chunk_size=2)
+    served = AsyncMemoryClient(config, engine=engine, embedder=HashEmbedder())
+    server = contextlib.ExitStack()
+    app = create_app(served, keys=None, options=ServerOptions(shutdown_grace_s=30), shutdown_clock=clock)
+    client = ClientAdapter(MemoryClient(host=server.enter_context(running_server(app))), served, server)
+
+    def stop_server() -> None:
+        clock.begin()  # the signal, at 1000 s
+        now[0] += 30  # the running requests took the whole grace
+        server.close()  # the lifespan's shutdown: closes the client
+
+    try:
+        ids = _run_held_then_close(client, turnstile, stop_server, caplog)
+        assert (turnstile.background_calls, turnstile.background_facts) == (2, 3)
+        warnings = [r.getMessage() for r in caplog.records if r.name == "inferscale.encode_queue"]
+        assert len(warnings) == 1 and "(0.0 s drain limit)" in warnings[0] and "of 9 memories" in warnings[0]
+        assert [_stored(client, memory_id) for memory_id in ids[3:]] == [None] * 9
+    finally:
+        turnstile.opened.set()
+        client.close()  # the remote client, then the server (closed already)
+
+
+def test_the_shutdown_clock_counts_the_grace_from_its_first_begin() -> None:
+    import inferscale.server.shutdown as shutdown
+
+    now = [50.0]
+    clock = shutdown.ShutdownClock(lambda: now[0])
+    clock.begin()
+    now[0] = 53.5
+    clock.begin()  # a second signal does not restart it
+    assert clock.left(8) == 4.5
+    now[0] = 60.0
+    assert clock.left(8) == 0.0  # spent: never negative
+    unbegun = shutdown.ShutdownClock(lambda: now[0])
+    assert unbegun.left(8) == 8.0  # begun by the first look
 
 
 def test_the_server_metrics_count_the_memories_waiting_for_the_encoder(tmp_path: Path, engine: Any, gate: Gate) -> None:
