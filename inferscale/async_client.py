@@ -618,10 +618,17 @@ class AsyncMemoryClient(ClientCore):
         (``None``: however long it takes), write the index file if it changed, and release what this client opened
         or built; see :meth:`MemoryClient.close` (same argument and errors)."""
         limit = check_timeout(encoding_timeout, "encoding_timeout")
+        deadline = None if limit is None else time.monotonic() + limit  # counted from now, not from a free thread
+
+        def close_encoding() -> list[str]:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self.derived.close_encoding(left)
+
         self._closing.set()
         try:
-            # waits for the encoder's queue to drain, or for the timeout and the chunk running
-            await on_threads(MODEL_WORK, self.derived.close_encoding, limit)
+            # waits for the encoder's queue to drain, or for the timeout and the chunk running; a model thread may be
+            # free only after the deadline (a review's find: the timeout then started late), so it counts from here
+            await on_threads(MODEL_WORK, close_encoding)
             await asyncio.to_thread(self._release)
             if self._adb is not None:
                 await self._adb.close()

@@ -542,9 +542,11 @@ class DerivedStores:
         """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up under the
         current model and settings (:meth:`~inferscale.fact_kv.FactKVManager.served_keys`), from every tier and from
         ``kv_entries``; unknown ids are left out. The keys served are read under the client's lock, the entries
-        removed after it, :data:`PRUNE_CHUNK` memories at a time (each holding the K/V store's lock while their files'
-        headers are read), so chats and the encoder go on meanwhile (they only ever store keys that are served).
-        Loads the encoder (:meth:`load_encoder`), encodes nothing.
+        removed after it, :data:`PRUNE_CHUNK` memories at a time (each holding the K/V store's lock while their
+        files' headers are read), so chats and the encoder go on meanwhile. A memory re-worded while its page is
+        pruned may lose the K/V of its new text, which are not among the keys read: they are encoded again when next
+        used (a row left without its file, or a file without its row, is what reconciliation repairs); nothing stale
+        is served. Loads the encoder (:meth:`load_encoder`), encodes nothing.
 
         Returns:
             ``(memories found, what was removed)``.

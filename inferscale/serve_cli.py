@@ -65,8 +65,9 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--shutdown-grace",
         type=float,
         metavar="SECONDS",
-        help="on SIGTERM or Ctrl-C, how long running requests may finish before they are cancelled (default "
-        f"{DEFAULT_SHUTDOWN_GRACE_S:g}; 0 cancels them at once)",
+        help="on SIGTERM or Ctrl-C, how long the shutdown may take: running requests finish within it (then they "
+        "are cancelled), and the background K/V encoder works for what is left, plus the chunk it is encoding "
+        f"(default {DEFAULT_SHUTDOWN_GRACE_S:g}; at most 86400; 0 cancels and stops at once)",
     )
     serve.add_argument(
         "--failed-key-checks-per-s",

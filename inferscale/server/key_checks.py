@@ -30,9 +30,10 @@ from inferscale.errors import ConfigError, RateLimitedError
 KEY_CHECKS_AT_ONCE = 1
 """Scrypt checks of keys not verified yet that run at once (each takes one core for about 40 ms)."""
 
-KEY_CHECKS_WAITING = 64
+KEY_CHECKS_WAITING = 32
 """Checks of keys not verified yet admitted at once, waiting for their turn or running; one more is refused at once
-(a check whose turn finds the budget spent ends without a scrypt, so the queue drains fast during a flood)."""
+(a check whose turn finds the budget spent ends without a scrypt, so the queue drains fast during a flood). Below the
+40 threads of the pool the servers check keys on (anyio's default), so a flood cannot hold all of them."""
 
 DEFAULT_FAILED_KEY_CHECKS_PER_S = 5.0
 """The failed key checks a server runs per second once its burst is spent (about a fifth of one core)."""

@@ -27,6 +27,10 @@ MAX_PORT = 65_535
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 """Largest request body the server reads (1 MiB); a larger one is answered 413 ``request_too_large``."""
 
+MAX_SHUTDOWN_GRACE_S = 86_400.0
+"""The longest shutdown grace accepted (seconds, a day): a grace of 1e10 s passed validation and overflowed the
+wait of the encoder's drain (``threading.TIMEOUT_MAX``), so the client was never closed (a review's find)."""
+
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
 """How long a stopping server's shutdown may take (seconds, from the signal; Kubernetes' default termination grace
 period): running requests finish within it, and the background K/V encoder works for what is left, plus the chunk
@@ -85,13 +89,17 @@ class ServeSettings:
         """Check the shutdown grace, the port and the failed key check budget.
 
         Raises:
-            ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or is not finite,
+            ConfigError: for a ``shutdown_grace_s`` that is not a number of seconds, is negative or past
+                :data:`MAX_SHUTDOWN_GRACE_S` (a wait that long overflowed the encoder's drain at shutdown),
                 a port outside 0-65535 (before the model is loaded: uvicorn's bind raised ``OverflowError``), or a
                 budget :class:`~inferscale.server.key_checks.KeyCheckLimits` refuses.
         """
         grace = self.shutdown_grace_s
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace < float("inf"):
-            raise ConfigError(f"shutdown grace must be a finite number of seconds >= 0, got {self.shutdown_grace_s}")
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= MAX_SHUTDOWN_GRACE_S:
+            raise ConfigError(
+                f"shutdown grace must be a finite number of seconds >= 0 (at most {MAX_SHUTDOWN_GRACE_S:,.0f}), "
+                f"got {self.shutdown_grace_s}"
+            )
         check_setting("port (--port)", self.port, 0, MAX_PORT)
         _ = self.key_check_limits
 

@@ -109,11 +109,17 @@ def delete_kv_entry_rows_in_session(s: Session, row_ids: Sequence[int]) -> int:
 
 def delete_kv_entry_rows_sized(s: Session, row_ids: Sequence[int]) -> list[int]:
     """Delete the KV entries whose row id is in ``row_ids`` and return the ``nbytes`` of each row deleted (ids already
-    gone are ignored), so a caller counts only what it removed itself (``DELETE ... RETURNING``)."""
+    gone are ignored), so a caller counts only what it removed itself. The rows are read, locked on PostgreSQL
+    (``FOR UPDATE``; SQLite's write transaction holds the database), then deleted in the caller's transaction: no
+    ``DELETE ... RETURNING``, which SQLite before 3.35 does not parse."""
     sizes: list[int] = []
     for chunk in chunks(sorted(set(row_ids))):
-        stmt = delete(KVEntryRow).where(KVEntryRow.id.in_(list(chunk))).returning(KVEntryRow.nbytes)
-        sizes += [int(size) for size in s.scalars(stmt.execution_options(synchronize_session=False))]
+        held = select(KVEntryRow.id, KVEntryRow.nbytes).where(KVEntryRow.id.in_(list(chunk))).with_for_update()
+        rows = [(int(row_id), int(nbytes)) for row_id, nbytes in s.execute(held)]
+        if rows:
+            gone = delete(KVEntryRow).where(KVEntryRow.id.in_([row_id for row_id, _ in rows]))
+            s.execute(gone.execution_options(synchronize_session=False))
+        sizes += [nbytes for _, nbytes in rows]
     return sizes
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -508,6 +509,37 @@ def test_the_server_gives_the_encoder_what_is_left_of_its_shutdown_grace(
     finally:
         turnstile.opened.set()
         client.close()  # the remote client, then the server (closed already)
+
+
+def test_the_async_close_counts_its_encoding_timeout_from_the_call_not_from_a_free_model_thread(
+    tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's find: the async close computed the encoder's timeout before waiting for a model thread, so with
+    every model thread busy the timeout started late and a server's grace was overrun. The thread now gets what is
+    left of the timeout when it starts: here the clock moves 5 s past a 2 s timeout before it does, so 0."""
+    import inferscale.async_client as async_client
+    from inferscale import AsyncMemoryClient
+
+    client = AsyncMemoryClient(_config(tmp_path, None), engine=engine, embedder=HashEmbedder())
+    real_monotonic, skipped = time.monotonic, [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + skipped[0])  # the clock, jumped ahead below
+    given: list[float | None] = []
+    close_encoding = client.derived.close_encoding
+
+    def noting(timeout: float | None = None) -> list[str]:
+        given.append(timeout)
+        return close_encoding(timeout)
+
+    monkeypatch.setattr(client.derived, "close_encoding", noting)
+    real_on_threads = async_client.on_threads
+
+    async def late_thread(pool: Any, fn: Any, *args: Any) -> Any:
+        skipped[0] += 5.0  # every model thread was busy for 5 s
+        return await real_on_threads(pool, fn, *args)
+
+    monkeypatch.setattr(async_client, "on_threads", late_thread)
+    asyncio.run(client.close(encoding_timeout=2.0))
+    assert given == [0.0]  # was [2.0]
 
 
 def test_the_shutdown_clock_counts_the_grace_from_its_first_begin() -> None:

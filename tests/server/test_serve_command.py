@@ -193,13 +193,13 @@ def test_the_failed_key_check_flags_reach_the_servers_key_store(
     assert [store._checks.limits for store in built] == [KeyCheckLimits(5.0, 3)]
 
 
-@pytest.mark.parametrize("grace", ["-1", "nan", "inf"])
+@pytest.mark.parametrize("grace", ["-1", "nan", "inf", "1e10", "86400.5"])
 def test_a_shutdown_grace_that_is_not_a_finite_number_of_seconds_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], grace: str
 ) -> None:
     assert run_serve(_parse("--data-dir", str(tmp_path), "--shutdown-grace", grace)) == 2
     assert capsys.readouterr().err.startswith(
-        f"error: shutdown grace must be a finite number of seconds >= 0, got {float(grace)}"
+        f"error: shutdown grace must be a finite number of seconds >= 0 (at most 86,400), got {float(grace)}"
     )
 
 

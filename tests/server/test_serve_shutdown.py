@@ -74,8 +74,8 @@ def test_sigterm_cancels_a_running_stream_after_the_grace_and_closes_the_client(
 
 
 N_MEMORIES = 60
-"""Memories added in one request right before SIGTERM: SmolLM2 on CPU encodes them for far longer than the grace
-(69 took about a minute in the tester's run)."""
+"""Memories added in one request right before SIGTERM: SmolLM2 on CPU (the server's device) encodes them for far
+longer than the grace (69 took about a minute in the tester's run)."""
 
 
 def test_sigterm_stops_the_background_encoder_within_the_grace_and_loses_no_memory(tmp_path: Path) -> None:
@@ -99,10 +99,8 @@ def test_sigterm_stops_the_background_encoder_within_the_grace_and_loses_no_memo
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/memories/", json=body, timeout=300)
         assert reply.status_code == 200, reply.text
         assert len(reply.json()["results"]) == N_MEMORIES
-        sent = time.monotonic()
         server.send_signal(signal.SIGTERM)
-        server.wait(timeout=GRACE_S + 120)  # before the fix: until every memory was encoded
-        stopped_after = time.monotonic() - sent
+        server.wait(timeout=GRACE_S + 120)  # a hang guard; before the fix it ran until every memory was encoded
     finally:
         if server.poll() is None:
             server.kill()
@@ -110,8 +108,8 @@ def test_sigterm_stops_the_background_encoder_within_the_grace_and_loses_no_memo
     (line,) = [line for line in stderr.splitlines() if "memories were not encoded" in line]
     left = int(line.split("the K/V of ")[1].split(" memories")[0])
     assert 0 < left <= N_MEMORIES, line
-    assert "inferscale prepare-kv" in line
-    assert stopped_after < GRACE_S + 30, stopped_after  # the grace, one chunk and the process's exit
+    assert "inferscale prepare-kv" in line  # the encoder was stopped, not drained (the bounded close itself:
+    # tests/api/test_background_encoding.py, counted, not timed)
     assert "Application shutdown complete" in stderr
     with MemoryClient(MemoryConfig(data_dir=str(tmp_path))) as reopened:
         stored = reopened.get_all(user_id="u1", limit=1000)["results"]
