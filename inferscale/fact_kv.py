@@ -103,6 +103,11 @@ class Pruned:
     nbytes: int
 
 
+def _current_format(key: KVKey) -> bool:
+    """Whether ``key`` is in a key format this version reads (:func:`inferscale.kv.fingerprint.is_current_encoding`)."""
+    return is_current_encoding(key.encoding_key)
+
+
 Fit = Literal["context", "alone", "none"]
 """How a memory's encoding fits the model's context window (:meth:`FactKVManager.fit`): after its context turns (or on
 its chain) at every position bucket; only after the system prefix alone; not at all."""
@@ -568,8 +573,10 @@ class FactKVManager:
         # Entries of an older key format can never hit again: drop them as their memories are encoded anew. What is
         # stored above stays stored whatever this cleanup meets: a leftover is never read, and prune_kv or
         # reconciliation removes it later.
+        memory_ids = {record.id for record, _ in wanted}
         try:
-            self.prune({record.id for record, _ in wanted}, lambda key: is_current_encoding(key.encoding_key))
+            if self._store.prune(memory_ids, _current_format):  # rows only where a copy went: most stores read no SQL
+                self._prune_rows(memory_ids, _current_format, self._disk_tier())
         except (OSError, InferScaleError) as exc:
             log.warning("K/V entries of an older format could not be removed (%s); they are never read", exc)
         return stored
@@ -598,19 +605,31 @@ class FactKVManager:
             DatabaseUnavailableError: when the database cannot be connected to (the files are removed; their rows
                 are then rows without a file, which reconciliation deletes).
         """
-        directory = self._store.directory
-        disk = DiskTier(directory) if directory is not None else None
+        disk = self._disk_tier()
         if disk is not None:
             disk.existing_store_id()  # a damaged id file is refused before a file goes, not between files and rows
         copies = self._store.prune(memory_ids, keep)
+        sizes = self._prune_rows(memory_ids, keep, disk)
+        return Pruned(copies=copies, rows=len(sizes), nbytes=sum(sizes))
+
+    def _disk_tier(self) -> DiskTier | None:
+        """The K/V store's folder as a :class:`DiskTier` (what :func:`~inferscale.reconcile.filed_here` reads), or
+        ``None`` without a disk tier."""
+        directory = self._store.directory
+        return DiskTier(directory) if directory is not None else None
+
+    def _prune_rows(
+        self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], disk: DiskTier | None
+    ) -> list[int]:
+        """Delete the ``kv_entries`` rows of ``memory_ids`` that ``keep`` refuses and this client's K/V store wrote
+        (see :meth:`prune`); returns the ``nbytes`` of each row deleted."""
         doomed = []
         for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
             key = entry_key(row)
             ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):
                 doomed.append(row.id)
-        sizes = self._db.run_write(delete_kv_entry_rows_sized, doomed) if doomed else []
-        return Pruned(copies=copies, rows=len(sizes), nbytes=sum(sizes))
+        return self._db.run_write(delete_kv_entry_rows_sized, doomed) if doomed else []
 
     def _put_one(self, record: MemoryRecord, key: KVKey, fact: FactKV) -> FactKV:
         """Store ``fact`` under ``key``: the row, then the tensors; returns the fact as stored (naming its file

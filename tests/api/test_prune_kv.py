@@ -211,14 +211,33 @@ def test_a_failed_cleanup_of_older_entries_leaves_what_was_just_stored_stored(
         ids = _add(client, MAYA, "maya")
         fact_kv = client.derived.fact_kv
 
-        errors = [DatabaseUnavailableError("the database went away"), KVFormatError("a header from elsewhere")]
+        def a_copy_went(*args: Any) -> int:
+            return 1  # an older entry's file removed: its rows are read next
 
-        def failing(*args: Any) -> Any:
-            raise errors[0]
+        def database_gone(*args: Any) -> Any:
+            raise DatabaseUnavailableError("the database went away")
 
-        monkeypatch.setattr(fact_kv, "prune", failing)
+        def header_unreadable(*args: Any) -> Any:
+            raise KVFormatError("a header from elsewhere")
+
+        monkeypatch.setattr(fact_kv.store, "prune", a_copy_went)
+        monkeypatch.setattr(fact_kv, "_prune_rows", database_gone)
         assert client.prepare_kv(user_id="maya") == kv_prepare.KVPrepareReport(memories=3, encoded=3, left=())
-        errors.pop(0)
+        monkeypatch.setattr(fact_kv.store, "prune", header_unreadable)
         more = _add(client, BOB[:1], "bob")
         assert client.prepare_kv(user_id="bob").encoded == 1
         assert client.derived.missing_kv([*ids, *more]) == []
+
+
+def test_a_store_with_no_older_entry_to_remove_reads_no_rows_for_it(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store (a chat's encode on a miss among them) cleans up its memories' older-format entries; their rows are
+    read only where a copy went, so the common store adds no SQL read to the chat's path."""
+    with _client("sync", _config(tmp_path, db_url), engine) as client:
+        ids = _add(client, MAYA, "maya")
+        fact_kv = client.derived.fact_kv
+        calls: list[Any] = []
+        monkeypatch.setattr(fact_kv, "_prune_rows", lambda *args: calls.append(args) or [])
+        assert client.prepare_kv().encoded == 3 and calls == []
+        assert client.derived.missing_kv(ids) == []
