@@ -77,12 +77,14 @@ class ScopeOptions:
         """``{"user_id", "agent_id", "run_id"}``, as the client's keyword arguments."""
         return ScopeIds(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
 
-    def describe(self) -> str:
-        """The ids given, e.g. ``"user=alice run=r1"``. When none is, a call that succeeded took its scope from the
-        ``--filters`` (their ``user_id``/``agent_id``/``run_id``) or from the API key (one bound id; with ``--host``),
-        since a call with no scope at all is refused: ``"the scope of the --filters or API key"``."""
+    def describe(self, none: str = "the scope of the --filters or API key") -> str:
+        """The ids given, e.g. ``"user=alice run=r1"``, or ``none`` when no id is. For a memory command, a call
+        without ids that succeeded took its scope from the ``--filters`` (their ``user_id``/``agent_id``/``run_id``)
+        or from the API key (one bound id; with ``--host``), since a call with no scope at all is refused: the
+        default. A command that reads every memory without ids (``prepare-kv``, ``prune-kv``) passes
+        ``"every scope"``."""
         named = [(k, v) for k, v in (("user", self.user_id), ("agent", self.agent_id), ("run", self.run_id)) if v]
-        return " ".join(f"{k}={v}" for k, v in named) or "the scope of the --filters or API key"
+        return " ".join(f"{k}={v}" for k, v in named) or none
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ def _prepare(args: argparse.Namespace) -> int:
     def show(value: dict[str, Any], common: Common, out: Console) -> None:
         from inferscale.commands.output import count
 
-        ids = common.scope.ids()
-        whose = common.scope.describe() if any(ids.values()) else "every scope"
+        whose = common.scope.describe(none="every scope")
         looked = count(value["memories"], "memory", "memories")
         out.print(f"encoded the K/V of {count(value['encoded'], 'memory', 'memories')} ({looked} of {whose})")
         if value["left"]:

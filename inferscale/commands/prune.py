@@ -34,8 +34,7 @@ def _prune(args: argparse.Namespace) -> int:
     def show(value: dict[str, Any], common: Common, out: Console) -> None:
         from inferscale.commands.output import count
 
-        ids = common.scope.ids()
-        whose = common.scope.describe() if any(ids.values()) else "every scope"
+        whose = common.scope.describe(none="every scope")
         looked = count(value["memories"], "memory", "memories")
         removed = count(value["entries_removed"], "K/V entry", "K/V entries")
         megabytes = value["bytes_removed"] / 1e6
