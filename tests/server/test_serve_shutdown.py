@@ -27,17 +27,23 @@ LONG_ANSWER = "Write a very long story about a dragon, with many chapters."
 """Greedy SmolLM2 answers this with about 3,000 tokens: the stream outlives the grace by minutes."""
 
 
-def test_sigterm_cancels_a_running_stream_after_the_grace_and_closes_the_client(tmp_path: Path) -> None:
+def _serve(data_dir: Path) -> tuple[str, subprocess.Popen[str]]:
+    """``inferscale serve`` on a free port and ``data_dir`` with a grace of :data:`GRACE_S`, offline, its stderr
+    piped: the port and the process."""
     port = str(free_port())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    argv = ["serve", "--port", port, "--data-dir", str(tmp_path), "--shutdown-grace", str(GRACE_S)]
+    argv = ["serve", "--port", port, "--data-dir", str(data_dir), "--shutdown-grace", str(GRACE_S)]
     server = subprocess.Popen(
         [sys.executable, "-m", "inferscale.serve_cli", *argv],
-        env=env,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    return port, server
+
+
+def test_sigterm_cancels_a_running_stream_after_the_grace_and_closes_the_client(tmp_path: Path) -> None:
+    port, server = _serve(tmp_path)
     lines: list[str] = []
     errors: list[Exception] = []
 
@@ -79,16 +85,7 @@ longer than the grace (69 took about a minute in the tester's run)."""
 
 
 def test_sigterm_stops_the_background_encoder_within_the_grace_and_loses_no_memory(tmp_path: Path) -> None:
-    port = str(free_port())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    argv = ["serve", "--port", port, "--data-dir", str(tmp_path), "--shutdown-grace", str(GRACE_S)]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "inferscale.serve_cli", *argv],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    port, server = _serve(tmp_path)
     messages = [
         {"role": "user", "content": f"Fact {i}: locker {i} holds my spare key number {i * 7}."}
         for i in range(N_MEMORIES)
