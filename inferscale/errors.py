@@ -141,8 +141,9 @@ class RateLimitedError(InferScaleError):
     (``ServeSettings.failed_key_checks_per_s`` and ``failed_key_check_burst``). The same request may pass later.
 
     Attributes:
-        retry_after_s: when to try again (whole seconds, at least 1); a remote client's error, built from the
-            reply's body alone, holds the default, 1.
+        retry_after_s: when to try again (whole seconds, at least 1); a remote client's error takes it from the
+            reply's ``Retry-After`` header (rounded up), or holds the default, 1, when the reply had none it could
+            read. The remote clients send the request again themselves first (:mod:`inferscale.remote.retry`).
     """
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:

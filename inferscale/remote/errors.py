@@ -8,10 +8,11 @@ error types. A reply in any other shape (a proxy's error page, a server of anoth
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 from inferscale.error_codes import error_from_code
-from inferscale.errors import InferScaleError, MemoryNotFoundError, ServerError
+from inferscale.errors import InferScaleError, MemoryNotFoundError, RateLimitedError, ServerError
 from inferscale.json_text import loads_json
 from inferscale.remote.calls import ApiCall
 
@@ -43,13 +44,17 @@ def is_error_reply(content: bytes) -> bool:
     return decoded_error(_json_or_none(content)) is not None
 
 
-def error_of(status: int, content: bytes, what: str) -> InferScaleError:
+def error_of(status: int, content: bytes, what: str, retry_after_s: float | None = None) -> InferScaleError:
     """The exception of a non-2xx reply: its code's type with its message, or a :class:`ServerError` naming
-    ``what`` (e.g. ``"POST http://host/v1/memories/"``), the status and the start of the body."""
+    ``what`` (e.g. ``"POST http://host/v1/memories/"``), the status and the start of the body. A
+    :class:`~inferscale.errors.RateLimitedError` takes its ``retry_after_s`` from the reply's ``Retry-After``
+    (``retry_after_s``, rounded up to whole seconds, at least 1) where the reply had one."""
     text = content.decode("utf-8", errors="replace")
     error = decoded_error(_json_or_none(content))
     if error is None:
         return ServerError(f"{what} answered HTTP {status}, not with an InferScale error: {text[:BODY_QUOTED]!r}")
+    if isinstance(error, RateLimitedError) and retry_after_s is not None:
+        error.retry_after_s = max(1, math.ceil(retry_after_s))
     return error
 
 
@@ -65,7 +70,7 @@ def unsent_value(call: ApiCall[T], unroutable_id: str) -> T:
     raise MemoryNotFoundError(f"no memory with id {unroutable_id!r}")
 
 
-def reply_value(call: ApiCall[T], status: int, content: bytes, what: str) -> T:
+def reply_value(call: ApiCall[T], status: int, content: bytes, what: str, retry_after_s: float | None = None) -> T:
     """The result of ``call`` from its reply's status and body.
 
     Returns:
@@ -73,7 +78,8 @@ def reply_value(call: ApiCall[T], status: int, content: bytes, what: str) -> T:
         call that is ``missing_ok``.
 
     Raises:
-        InferScaleError: the type of a non-2xx reply's code (see :func:`error_of`).
+        InferScaleError: the type of a non-2xx reply's code (see :func:`error_of`, which ``retry_after_s`` is
+            passed to).
         ServerError: for a 2xx body that is not JSON, or not the JSON the call answers with.
     """
     if 200 <= status < 300:
@@ -84,7 +90,7 @@ def reply_value(call: ApiCall[T], status: int, content: bytes, what: str) -> T:
                 f"{what} answered HTTP {status} with a body that is not JSON: {content[:BODY_QUOTED]!r}"
             ) from exc
         return call.decode(body)
-    error = error_of(status, content, what)
+    error = error_of(status, content, what, retry_after_s)
     if call.missing_ok and isinstance(error, MemoryNotFoundError):
         return call.decode(None)
     raise error

@@ -27,7 +27,7 @@ from inferscale.errors import ConfigError, EngineClosedError, InferScaleError, S
 from inferscale.remote.calls import ApiCall
 from inferscale.remote.chat import ChunkReader
 from inferscale.remote.errors import error_of, reply_value, unsent_value
-from inferscale.remote.retry import RetryableReply, aretrying, check_reply, retrying
+from inferscale.remote.retry import Reply, RetryableReply, aretrying, check_reply, retrying
 from inferscale.types import ChatChunk
 from inferscale.validation_text import shown_input
 
@@ -137,6 +137,14 @@ class Connection:
             f"({type(error).__name__}: {error}); the timeout is {self.timeout:g} s"
         )
 
+    def value(self, call: ApiCall[T], reply: Reply) -> T:
+        """The result of ``call`` from its last reply (see :func:`~inferscale.remote.errors.reply_value`)."""
+        return reply_value(call, reply.status, reply.content, self.what(call), reply.retry_after_s)
+
+    def refused(self, call: ApiCall[Any], reply: Reply) -> InferScaleError:
+        """The error of a stream whose opening reply was not a 2xx (see :func:`~inferscale.remote.errors.error_of`)."""
+        return error_of(reply.status, reply.content, self.what(call), reply.retry_after_s)
+
     def closed_between_attempts(self, request: httpx.Request) -> EngineClosedError:
         """The error of a call whose client was closed after an attempt that failed and before the next one."""
         return EngineClosedError(f"{request.method} {request.url.path}: the client was closed between two attempts")
@@ -199,19 +207,19 @@ class Transport:
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            status, content = retrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
+            reply = retrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
         except RetryableReply as last:
-            status, content = last.status, last.content
+            reply = last.reply
         except httpx.HTTPError as exc:
             raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
-        return reply_value(call, status, content, self.connection.what(call))
+        return self.connection.value(call, reply)
 
-    def _attempt(self, http: httpx.Client, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+    def _attempt(self, http: httpx.Client, request: httpx.Request, idempotent: bool) -> Reply:
         if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
             raise self.connection.closed_between_attempts(request)
-        response = http.send(request)
-        check_reply(response.status_code, response.content, idempotent)
-        return response.status_code, response.content
+        reply = Reply.of(http.send(request))
+        check_reply(reply, idempotent)
+        return reply
 
     def stream(self, call: ApiCall[Any]) -> Generator[ChatChunk, None, None]:
         """Open ``call`` as a server-sent event stream and return its chunks (see
@@ -234,13 +242,15 @@ class Transport:
             try:
                 source = retrying(self.connection.retries)(self._open, http, stack, call)
                 if not source.response.is_success:
-                    content = source.response.read()
-                    raise error_of(source.response.status_code, content, self.connection.what(call))
+                    source.response.read()
+                    raise self.connection.refused(call, Reply.of(source.response))
                 yield _OPENED
                 for event in source.iter_sse():
                     yield from reader.feed(event.data)
                     if reader.done:
                         break
+            except RetryableReply as last:  # the last attempt's reply, closed by _open
+                raise self.connection.refused(call, last.reply) from None
             except SSEError as exc:  # an httpx.TransportError: caught first
                 raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
@@ -248,9 +258,18 @@ class Transport:
         reader.end()
 
     def _open(self, http: httpx.Client, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
-        return stack.enter_context(
-            connect_sse(http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call))
-        )
+        """One attempt to open the stream; a reply the policy tries again on is closed before it raises."""
+        with ExitStack() as attempt:
+            source = attempt.enter_context(
+                connect_sse(
+                    http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+                )
+            )
+            if not source.response.is_success:
+                source.response.read()
+                check_reply(Reply.of(source.response), call.idempotent)
+            stack.enter_context(attempt.pop_all())
+            return source
 
     def close(self) -> None:
         """Close the connection pool (an open stream is cut off); a later call opens a new one."""
@@ -309,22 +328,19 @@ class AsyncTransport:
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            reply: tuple[int, bytes] = await aretrying(self.connection.retries)(
-                self._attempt, http, request, call.idempotent
-            )
-            status, content = reply
+            reply: Reply = await aretrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
         except RetryableReply as last:
-            status, content = last.status, last.content
+            reply = last.reply
         except httpx.HTTPError as exc:
             raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
-        return reply_value(call, status, content, self.connection.what(call))
+        return self.connection.value(call, reply)
 
-    async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, idempotent: bool) -> tuple[int, bytes]:
+    async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, idempotent: bool) -> Reply:
         if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
             raise self.connection.closed_between_attempts(request)
-        response = await http.send(request)
-        check_reply(response.status_code, response.content, idempotent)
-        return response.status_code, response.content
+        reply = Reply.of(await http.send(request))
+        check_reply(reply, idempotent)
+        return reply
 
     async def stream(self, call: ApiCall[Any]) -> AsyncGenerator[ChatChunk, None]:
         """Open ``call`` as an event stream; see :meth:`Transport.stream` (same errors). Closing the iterator
@@ -341,14 +357,16 @@ class AsyncTransport:
             try:
                 source: EventSource = await aretrying(self.connection.retries)(self._open, http, stack, call)
                 if not source.response.is_success:
-                    content = await source.response.aread()
-                    raise error_of(source.response.status_code, content, self.connection.what(call))
+                    await source.response.aread()
+                    raise self.connection.refused(call, Reply.of(source.response))
                 yield _OPENED
                 async for event in source.aiter_sse():
                     for chunk in reader.feed(event.data):
                         yield chunk
                     if reader.done:
                         break
+            except RetryableReply as last:  # the last attempt's reply, closed by _open
+                raise self.connection.refused(call, last.reply) from None
             except SSEError as exc:  # an httpx.TransportError: caught first
                 raise ServerError(f"{self.connection.what(call)} did not answer with an event stream: {exc}") from exc
             except httpx.HTTPError as exc:
@@ -356,9 +374,18 @@ class AsyncTransport:
         reader.end()
 
     async def _open(self, http: httpx.AsyncClient, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
-        return await stack.enter_async_context(
-            aconnect_sse(http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call))
-        )
+        """One attempt to open the stream; see :meth:`Transport._open`."""
+        async with AsyncExitStack() as attempt:
+            source = await attempt.enter_async_context(
+                aconnect_sse(
+                    http, call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
+                )
+            )
+            if not source.response.is_success:
+                await source.response.aread()
+                check_reply(Reply.of(source.response), call.idempotent)
+            await stack.enter_async_context(attempt.pop_all())
+            return source
 
     async def close(self) -> None:
         """Close the running loop's connection pool (an open stream is cut off), and forget those of loops that are

@@ -5,6 +5,8 @@ twice; a server that cannot be reached is a ServerError naming it)."""
 from __future__ import annotations
 
 import socket
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import httpx
@@ -13,8 +15,9 @@ from client_adapter import ClientAdapter
 from remote_wire import Wire
 
 from inferscale.error_codes import ERROR_CODES, ErrorCode
-from inferscale.errors import ServerError
+from inferscale.errors import RateLimitedError, ServerError
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
+from inferscale.remote.retry import retry_after_s
 
 PROXY_DOWN = httpx.Response(503, text="<html><body>503 Service Temporarily Unavailable</body></html>")
 OK = {"results": []}
@@ -45,13 +48,13 @@ SENT_ONCE: list[tuple[str, Any]] = [
 @pytest.mark.parametrize("row", ERROR_CODES, ids=[row.code for row in ERROR_CODES])
 def test_every_error_code_raises_its_exception_type_with_the_servers_message(wire: Wire, row: ErrorCode) -> None:
     """Also the 5xx codes (extraction_failed 502, model_not_available and engine_closed 503): the server's own typed
-    answer, raised at once, never retried."""
+    answer, raised at once, never retried. Only a 429 (``rate_limited``) is tried again, as every 429 is (below)."""
     wire.answer(wire.error(row.code, f"the message of {row.code}", row.status))
     with pytest.raises(row.error) as raised:
-        wire.client().search("tea", user_id="u")
+        wire.client(retries=2).search("tea", user_id="u")
     assert type(raised.value) is row.error
     assert str(raised.value) == f"the message of {row.code}"
-    assert len(wire.requests) == 1
+    assert len(wire.requests) == (3 if row.status == 429 else 1)
 
 
 def test_an_unknown_code_is_a_server_error_naming_it(wire: Wire) -> None:
@@ -143,6 +146,79 @@ def test_every_call_retries_a_connection_that_could_not_be_made(wire: Wire, call
     with pytest.raises(ValueError, match="reached"):  # the second attempt got the server's answer
         call(wire.client())
     assert len(wire.requests) == 2
+
+
+def _rate_limited(retry_after: str | None) -> httpx.Response:
+    headers = {} if retry_after is None else {"Retry-After": retry_after}
+    body = {"error": {"code": "rate_limited", "type": "RateLimitedError", "message": "try again in 1 s"}}
+    return httpx.Response(429, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    "call", [c[1] for c in IDEMPOTENT] + [c[1] for c in SENT_ONCE], ids=[c[0] for c in IDEMPOTENT + SENT_ONCE]
+)
+@pytest.mark.parametrize("retry_after", ["0", None])
+def test_every_call_retries_a_429_whose_request_never_ran(wire: Wire, call: Any, retry_after: str | None) -> None:
+    """A 429 refuses the request before it runs (the server's key-check budget, a proxy's rate limit), so even add,
+    chat and the deletes send it again; the streamed chat too, before its first chunk."""
+    wire.answer(_rate_limited(retry_after), wire.error("invalid_input", "reached", 400))
+    with pytest.raises(ValueError, match="reached"):  # the second attempt got the server's answer
+        call(wire.client())
+    assert len(wire.requests) == 2
+    first, second = wire.requests
+    assert (first.method, first.url, first.content) == (second.method, second.url, second.content)
+
+
+def test_the_wait_before_trying_a_429_again_is_its_retry_after(wire: Wire) -> None:
+    """Not the exponential back-off's 10 ms (the conftest's): the server said when a key check may run again."""
+    wire.answer(_rate_limited("1"), httpx.Response(200, json=OK))
+    assert wire.client().search("tea", user_id="u") == OK
+    assert 1.0 <= wire.times[1] - wire.times[0] < 1.5
+
+
+@pytest.mark.parametrize(
+    "call", [lambda m: m.search("tea", user_id="u"), lambda m: m.chat_stream_open("Hi", user_id="u")]
+)
+def test_a_429_that_asks_for_a_longer_wait_than_the_client_waits_is_raised_at_once_with_it(
+    wire: Wire, call: Any
+) -> None:
+    wire.answer(_rate_limited("61"), httpx.Response(200, json=OK))
+    with pytest.raises(RateLimitedError) as raised:
+        call(wire.client())
+    assert raised.value.retry_after_s == 61 and len(wire.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "call", [lambda m: m.add("I like tea", user_id="u"), lambda m: m.chat_stream_open("Hi", user_id="u")]
+)
+def test_the_last_429_is_raised_with_the_wait_its_retry_after_asked_for(wire: Wire, call: Any) -> None:
+    """The error built from the body alone held the default, 1 s."""
+    wire.answer(_rate_limited("7"))
+    with pytest.raises(RateLimitedError, match="try again") as raised:
+        call(wire.client(retries=0))
+    assert raised.value.retry_after_s == 7 and len(wire.requests) == 1
+
+
+def test_a_proxys_503_that_asks_for_a_long_wait_is_not_tried_again(wire: Wire) -> None:
+    wire.answer(
+        httpx.Response(503, text="down for maintenance", headers={"Retry-After": "3600"}), httpx.Response(200, json=OK)
+    )
+    with pytest.raises(ServerError, match=r"HTTP 503.*maintenance"):
+        wire.client().search("tea", user_id="u")
+    assert len(wire.requests) == 1
+
+
+def test_retry_after_reads_seconds_and_http_dates_and_ignores_anything_else() -> None:
+    """RFC 9110 §10.2.3: delay-seconds or an HTTP-date; the wait from a date is counted against this clock."""
+    ahead = datetime.now(UTC) + timedelta(seconds=30)
+    assert retry_after_s(httpx.Headers({"Retry-After": "12"})) == 12.0
+    assert retry_after_s(httpx.Headers({"Retry-After": " 0 "})) == 0.0
+    assert 28.0 <= (retry_after_s(httpx.Headers({"Retry-After": format_datetime(ahead, usegmt=True)})) or 0) <= 30.0
+    assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0  # past: no wait
+    for unreadable in ("-5", "1.5", "soon", "\uff11\uff12", "Wed, 21 Oct 2015 07:28:00 -0000", ""):
+        # full-width digits pass str.isdigit: sent as UTF-8 bytes, which httpx decodes
+        assert retry_after_s(httpx.Headers({"Retry-After": unreadable.encode()})) is None, unreadable
+    assert retry_after_s(httpx.Headers()) is None
 
 
 def test_retries_back_off_exponentially_then_raise_the_last_reply(wire: Wire) -> None:

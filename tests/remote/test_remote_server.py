@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from inferscale.errors import (
     InvalidInputError,
     MemoryNotFoundError,
     PermissionDeniedError,
+    RateLimitedError,
     ScopeError,
 )
 from inferscale.server.app import create_app
@@ -146,6 +148,34 @@ def test_the_async_remote_client_sends_the_key_too(keyed: Keyed) -> None:
             raise AssertionError("reset with alice's key went through")
 
     assert asyncio.run(scenario()) == (["Alice likes go"], PermissionDeniedError)
+
+
+def test_a_key_refused_for_a_flood_of_failed_checks_is_sent_again_after_retry_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget of one failed key check per 2 s: a wrong key spends it, and alice's key, not verified yet, is
+    answered 429 with ``Retry-After`` of at most 2 s. Without retries the remote client raises it with that wait;
+    with them it waits and is answered, while the calls before it were refused before they ran (nothing was added
+    twice)."""
+    monkeypatch.delenv("INFERSCALE_API_KEY", raising=False)
+    config = fake_config(tmp_path)
+    options = ServerOptions(failed_key_checks_per_s=0.5, failed_key_check_burst=1)
+    keys = KeyStore.for_config(config, options.key_check_limits)
+    _, alice = keys.create("alice", user_ids=["alice"])
+    served = AsyncMemoryClient(config, embedder=HashEmbedder(), generator=ScriptedGenerator())
+    try:
+        with running_server(create_app(served, keys=keys, options=options)) as url:
+            wrong_key = f"isk_{secrets.token_hex(6)}_{secrets.token_urlsafe(32)}"  # well formed: it is checked
+            with MemoryClient(host=url, api_key=wrong_key) as wrong, pytest.raises(AuthenticationError):
+                wrong.ping()  # the one failed check the bucket held
+            with MemoryClient(host=url, api_key=alice, retries=0) as once, pytest.raises(RateLimitedError) as refused:
+                once.add("Alice likes go", infer=False)
+            assert 1 <= refused.value.retry_after_s <= 2
+            with MemoryClient(host=url, api_key=alice) as patient:
+                patient.add("Alice likes go", infer=False)  # refused once more, then sent again after the wait
+                assert [r["memory"] for r in patient.get_all()["results"]] == ["Alice likes go"]
+    finally:
+        keys.close()
 
 
 def load_quickstart() -> Any:
