@@ -591,13 +591,19 @@ class AsyncMemoryClient(ClientCore):
         return await on_threads(MODEL_WORK, prepare_kv, self.derived, ids, self.config.kv.encode_batch_size)
 
     async def prune_kv(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
+        dry_run: bool = False,
     ) -> KVPruneReport:
         """Remove the stored K/V that no :meth:`chat` of this client looks up; see :meth:`MemoryClient.prune_kv`
         (same arguments, result and errors). SQL is awaited on the event loop, the rest (tokenising, files) runs on
         a model thread."""
+        check_flag(dry_run, "dry_run")
         ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
-        return await on_threads(MODEL_WORK, prune_kv, self.derived, ids)
+        return await on_threads(MODEL_WORK, prune_kv, self.derived, ids, dry_run)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background K/V encoder has finished what ``add`` queued; see

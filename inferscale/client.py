@@ -830,7 +830,12 @@ class MemoryClient(ClientCore):
         return prepare_kv(self.derived, ids, self.config.kv.encode_batch_size)
 
     def prune_kv(
-        self, *, user_id: ScopeId | None = None, agent_id: ScopeId | None = None, run_id: ScopeId | None = None
+        self,
+        *,
+        user_id: ScopeId | None = None,
+        agent_id: ScopeId | None = None,
+        run_id: ScopeId | None = None,
+        dry_run: bool = False,
     ) -> KVPruneReport:
         """Remove the stored K/V that no :meth:`chat` of this client looks up: for every memory of the scope (every
         memory of the database when no id is given), each entry written under another model fingerprint or other
@@ -839,22 +844,25 @@ class MemoryClient(ClientCore):
         kept, for clients still running with those settings: after switching to ``kv.storage_format="int8"``, the
         model-dtype files stay on disk until pruned. Run :meth:`prepare_kv` first to encode what the new settings
         lack, and prune with the configuration the chats run under (for a server's store, the server's own): a client
-        with other settings sharing the store encodes its K/V again on first use. Encodes nothing.
+        with other settings sharing the store encodes its K/V again on first use. Encodes nothing. ``dry_run=True``
+        removes nothing and reports what would be removed (it reads the same files' headers and rows).
 
         Returns:
             A :class:`~inferscale.kv_prune.KVPruneReport`: memories looked at, entry copies and rows removed, and
-            the bytes of K/V those rows recorded.
+            the bytes of K/V those rows recorded (in a dry run, what would be removed; ``dry_run`` says which).
 
         Raises:
             ScopeError: for an id that is neither a non-empty string nor an int.
-            InvalidInputError: for an id too long or not storable.
+            InvalidInputError: for an id too long or not storable, or a ``dry_run`` that is not ``True`` or
+                ``False``.
             DatabaseUnavailableError: when the database cannot be connected to.
             ModelNotAvailableError: when the configured model's files cannot be found.
             OSError: when a K/V file cannot be removed (what was removed before stays removed).
             KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is removed).
         """
+        check_flag(dry_run, "dry_run")
         ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
-        return prune_kv(self.derived, ids)
+        return prune_kv(self.derived, ids, dry_run)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background encoder has encoded the K/V of every memory ``add`` queued

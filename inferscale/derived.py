@@ -538,7 +538,7 @@ class DerivedStores:
             lacking = {record.id for record, _ in fact_kv.missing(fact_kv.every_encoding(records))}
         return [record.id for record in records if record.id in lacking]
 
-    def prune_unserved(self, memory_ids: Sequence[str]) -> tuple[int, Pruned]:
+    def prune_unserved(self, memory_ids: Sequence[str], remove: bool = True) -> tuple[int, Pruned]:
         """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up under the
         current model and settings (:meth:`~inferscale.fact_kv.FactKVManager.served_keys`), from every tier and from
         ``kv_entries``; unknown ids are left out. The keys served are read under the client's lock, the entries
@@ -546,7 +546,8 @@ class DerivedStores:
         files' headers are read), so chats and the encoder go on meanwhile. A memory re-worded while its page is
         pruned may lose the K/V of its new text, which are not among the keys read: they are encoded again when next
         used (a row left without its file, or a file without its row, is what reconciliation repairs); nothing stale
-        is served. Loads the encoder (:meth:`load_encoder`), encodes nothing.
+        is served. Loads the encoder (:meth:`load_encoder`), encodes nothing. ``remove=False`` is a dry run: the
+        same counts, nothing removed.
 
         Returns:
             ``(memories found, what was removed)``.
@@ -562,7 +563,8 @@ class DerivedStores:
             records = [found[memory_id] for memory_id in memory_ids if memory_id in found]
             served = fact_kv.served_keys(records)
         ids = [record.id for record in records]
-        parts = [fact_kv.prune(ids[i : i + PRUNE_CHUNK], served.__contains__) for i in range(0, len(ids), PRUNE_CHUNK)]
+        chunks = [ids[i : i + PRUNE_CHUNK] for i in range(0, len(ids), PRUNE_CHUNK)]
+        parts = [fact_kv.prune(chunk, served.__contains__, remove) for chunk in chunks]
         total = Pruned(
             copies=sum(part.copies for part in parts),
             rows=sum(part.rows for part in parts),

@@ -90,7 +90,7 @@ FITTING_CACHE_SIZE = 65_536
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """What :meth:`FactKVManager.prune` removed.
+    """What :meth:`FactKVManager.prune` removed, or in a dry run would remove.
 
     Attributes:
         copies: entry copies removed from the tiers (an entry cached in memory and on disk counts twice).
@@ -576,7 +576,7 @@ class FactKVManager:
         memory_ids = {record.id for record, _ in wanted}
         try:
             if self._store.prune(memory_ids, _current_format):  # rows only where a copy went: most stores read no SQL
-                self._prune_rows(memory_ids, _current_format, self._disk_tier())
+                self._prune_rows(memory_ids, _current_format, self._disk_tier(), remove=True)
         except (OSError, InferScaleError) as exc:
             log.warning("K/V entries of an older format could not be removed (%s); they are never read", exc)
         return stored
@@ -589,9 +589,10 @@ class FactKVManager:
         kept = self.servable(records)
         return {self.key(r, e) for r, e in self.every_encoding(kept)} | {self.key(r) for r in kept}
 
-    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool]) -> Pruned:
+    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], remove: bool = True) -> Pruned:
         """Remove every entry of ``memory_ids`` that ``keep`` refuses: its copies in every tier (on disk, the files'
-        headers are read), then its ``kv_entries`` row. Only the rows of this client's K/V store go: a row whose file
+        headers are read), then its ``kv_entries`` row. ``remove=False`` is a dry run: it counts the same copies and
+        rows, and removes nothing. Only the rows of this client's K/V store go: a row whose file
         another host's K/V folder holds is left to that folder's clients (:func:`inferscale.reconcile.filed_here`),
         and a row whose fields make no key to reconciliation. A row that hosts share (one row per key, naming the
         host that wrote it last) goes with this host's file: another host's file under that key is then removed by
@@ -608,8 +609,8 @@ class FactKVManager:
         disk = self._disk_tier()
         if disk is not None:
             disk.existing_store_id()  # a damaged id file is refused before a file goes, not between files and rows
-        copies = self._store.prune(memory_ids, keep)
-        sizes = self._prune_rows(memory_ids, keep, disk)
+        copies = self._store.prune(memory_ids, keep, remove)
+        sizes = self._prune_rows(memory_ids, keep, disk, remove)
         return Pruned(copies=copies, rows=len(sizes), nbytes=sum(sizes))
 
     def _disk_tier(self) -> DiskTier | None:
@@ -619,17 +620,20 @@ class FactKVManager:
         return DiskTier(directory) if directory is not None else None
 
     def _prune_rows(
-        self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], disk: DiskTier | None
+        self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], disk: DiskTier | None, remove: bool
     ) -> list[int]:
         """Delete the ``kv_entries`` rows of ``memory_ids`` that ``keep`` refuses and this client's K/V store wrote
-        (see :meth:`prune`); returns the ``nbytes`` of each row deleted."""
+        (see :meth:`prune`); returns the ``nbytes`` of each row deleted (``remove=False``: of each row that would
+        be, none deleted)."""
         doomed = []
         for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
             key = entry_key(row)
             ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):
-                doomed.append(row.id)
-        return self._db.run_write(delete_kv_entry_rows_sized, doomed) if doomed else []
+                doomed.append(row)
+        if not remove:
+            return [row.nbytes for row in doomed]
+        return self._db.run_write(delete_kv_entry_rows_sized, [row.id for row in doomed]) if doomed else []
 
     def _put_one(self, record: MemoryRecord, key: KVKey, fact: FactKV) -> FactKV:
         """Store ``fact`` under ``key``: the row, then the tensors; returns the fact as stored (naming its file

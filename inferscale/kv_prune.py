@@ -7,7 +7,8 @@ the entries of the old key stay on disk beside the new ones: switching to ``kv.s
 K/V at rest would otherwise leave the model-dtype files too. Pruning removes, for each memory, every entry except
 those this client's chats would serve (:meth:`inferscale.fact_kv.FactKVManager.served_keys`): their copies in every
 tier, then their ``kv_entries`` rows. A client with other settings sharing the store then encodes its own again on
-first use; nothing is ever served stale (lookups are by key, and each file's header is checked).
+first use; nothing is ever served stale (lookups are by key, and each file's header is checked). A dry run reads the
+same files' headers and rows, and reports what it would remove.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = ["KVPruneReport", "prune_kv"]
 
 @dataclass(frozen=True, slots=True)
 class KVPruneReport:
-    """What one :func:`prune_kv` removed.
+    """What one :func:`prune_kv` removed, or, in a dry run, would remove.
 
     Attributes:
         memories: the memories looked at (those still stored when their page was read).
@@ -35,17 +36,20 @@ class KVPruneReport:
         rows_removed: ``kv_entries`` rows this call deleted.
         bytes_removed: the size of the K/V tensors those rows recorded (bytes; rows another call deleted first are not
             counted).
+        dry_run: whether nothing was removed: the counts are then what a prune at that moment would remove.
     """
 
     memories: int
     entries_removed: int
     rows_removed: int
     bytes_removed: int
+    dry_run: bool = False
 
 
-def prune_kv(derived: DerivedStores, memory_ids: Sequence[str]) -> KVPruneReport:
+def prune_kv(derived: DerivedStores, memory_ids: Sequence[str], dry_run: bool = False) -> KVPruneReport:
     """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up, :data:`PAGE_SIZE`
-    memories at a time (module docstring). Memories no longer stored are left to reconciliation.
+    memories at a time (module docstring). Memories no longer stored are left to reconciliation. ``dry_run`` removes
+    nothing and reports what would be removed.
 
     Loads the encoder's tokenizer and model fingerprint (not vLLM); encodes nothing.
 
@@ -57,7 +61,9 @@ def prune_kv(derived: DerivedStores, memory_ids: Sequence[str]) -> KVPruneReport
     """
     memories = entries = rows = nbytes = 0
     for page in range(0, len(memory_ids), PAGE_SIZE):
-        found, pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE])
+        found, pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE], remove=not dry_run)
         memories, entries = memories + found, entries + pruned.copies
         rows, nbytes = rows + pruned.rows, nbytes + pruned.nbytes
-    return KVPruneReport(memories=memories, entries_removed=entries, rows_removed=rows, bytes_removed=nbytes)
+    return KVPruneReport(
+        memories=memories, entries_removed=entries, rows_removed=rows, bytes_removed=nbytes, dry_run=dry_run
+    )

@@ -29,7 +29,7 @@ __all__ = ["add_prune_parser"]
 def _prune(args: argparse.Namespace) -> int:
     def call(client: CommandClient, common: Common) -> dict[str, Any]:
         local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
-        return dataclasses.asdict(local.prune_kv(**common.scope.ids()))
+        return dataclasses.asdict(local.prune_kv(**common.scope.ids(), dry_run=args.dry_run))
 
     def show(value: dict[str, Any], common: Common, out: Console) -> None:
         from inferscale.commands.output import count
@@ -38,7 +38,8 @@ def _prune(args: argparse.Namespace) -> int:
         looked = count(value["memories"], "memory", "memories")
         removed = count(value["entries_removed"], "K/V entry", "K/V entries")
         megabytes = value["bytes_removed"] / 1e6
-        out.print(f"removed {removed}, {megabytes:.1f} MB, that no chat looks up ({looked} of {whose})")
+        verb = "would remove (dry run: nothing removed)" if value["dry_run"] else "removed"
+        out.print(f"{verb} {removed}, {megabytes:.1f} MB, that no chat looks up ({looked} of {whose})")
 
     return run_call(args, call, show, "pruning (the first call loads the model)")
 
@@ -50,5 +51,8 @@ def add_prune_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], p
         parents=parents.local,
         help="remove the stored K/V of the scope's memories (every memory without a scope flag) that no chat under "
         "this store's model and settings looks up: entries of another storage format, model or kv setting",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="remove nothing: report what would be removed (entries, rows, bytes)"
     )
     prune.set_defaults(func=_prune, **LOCAL_ONLY)

@@ -8,6 +8,7 @@ On a tiny float32 model with a byte-level tokenizer (fast, real encoding), sync 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from tiny_models import tiny_engine
 from inferscale import (
     AsyncMemoryClient,
     DatabaseUnavailableError,
+    InvalidInputError,
     MemoryClient,
     MemoryConfig,
     ScopeError,
@@ -178,6 +180,40 @@ def test_a_row_of_another_hosts_kv_folder_is_left_to_it(tmp_path: Path, db_url: 
     assert len(DiskTier(tmp_path / "host-a" / "kv").keys()) == len(theirs)
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_dry_run_removes_nothing_and_reports_what_the_prune_then_removes(
+    kind: str, tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    with _client("sync", _config(tmp_path, db_url), engine) as client:
+        ids = _add(client, MAYA, "maya")
+        client.prepare_kv()
+    with _client(kind, _config(tmp_path, db_url, storage_format="int8"), engine) as client:
+        client.call(client.prepare_kv())
+        rows = _rows(client, ids)
+        kv_dir = Path(client.derived.fact_kv.store.directory)
+        files = {path: path.read_bytes() for path in kv_dir.rglob("*") if path.is_file()}
+
+        dry = client.call(client.prune_kv(user_id="maya", dry_run=True))
+        assert _rows(client, ids) == rows
+        assert {path: path.read_bytes() for path in kv_dir.rglob("*") if path.is_file()} == files
+        done = client.call(client.prune_kv(user_id="maya"))
+        assert not done.dry_run and done.rows_removed == len([row for row in rows if not _int8(row)]) > 0
+        assert dry == dataclasses.replace(done, dry_run=True)
+        assert client.call(client.prune_kv(dry_run=True)) == KVPruneReport(3, 0, 0, 0, dry_run=True)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("dry_run", [1, "yes", None])
+def test_a_dry_run_flag_that_is_not_a_bool_is_refused(
+    kind: str, dry_run: Any, tmp_path: Path, db_url: str, engine: Any
+) -> None:
+    """``dry_run="no"`` would be truthy: refused, not taken for a prune or a dry run."""
+    with _client(kind, _config(tmp_path, db_url), engine) as client:
+        _add(client, MAYA[:1], "maya")
+        with pytest.raises(InvalidInputError, match="dry_run must be True or False"):
+            client.call(client.prune_kv(dry_run=dry_run))
+
+
 def test_a_bad_scope_id_is_refused_before_anything_is_removed(tmp_path: Path, db_url: str, engine: Any) -> None:
     with _client("sync", _config(tmp_path, db_url), engine) as client, pytest.raises(ScopeError, match="user_id"):
         client.prune_kv(user_id="")
@@ -211,13 +247,13 @@ def test_a_failed_cleanup_of_older_entries_leaves_what_was_just_stored_stored(
         ids = _add(client, MAYA, "maya")
         fact_kv = client.derived.fact_kv
 
-        def a_copy_went(*args: Any) -> int:
+        def a_copy_went(*args: Any, **kwargs: Any) -> int:
             return 1  # an older entry's file removed: its rows are read next
 
-        def database_gone(*args: Any) -> Any:
+        def database_gone(*args: Any, **kwargs: Any) -> Any:
             raise DatabaseUnavailableError("the database went away")
 
-        def header_unreadable(*args: Any) -> Any:
+        def header_unreadable(*args: Any, **kwargs: Any) -> Any:
             raise KVFormatError("a header from elsewhere")
 
         monkeypatch.setattr(fact_kv.store, "prune", a_copy_went)

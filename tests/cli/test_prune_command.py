@@ -56,6 +56,7 @@ def test_prune_kv_json_removes_the_other_formats_entries_of_the_scope_then_of_ev
         "entries_removed": removed,
         "rows_removed": removed,
         "bytes_removed": sum(row.nbytes for row in of_alice),
+        "dry_run": False,
     }
     left = [row for row in reference().db.all_kv_entries() if ";kv=int8:" in row.encoding_key]
     assert left == [row for row in int8 if row.memory_id == bob]
@@ -74,6 +75,24 @@ def test_prune_kv_table_names_the_count_the_bytes_and_the_scope(
     entries = f"{len(int8)} K/V entries" if len(int8) > 1 else "1 K/V entry"
     assert f"removed {entries}, {megabytes:.1f} MB, that no chat looks up (1 memory of user=alice)" in ran.out
     assert "removed 0 K/V entries, 0.0 MB, that no chat looks up (1 memory of every scope)" in cli("prune-kv").out
+
+
+def test_prune_kv_dry_run_reports_what_the_prune_then_removes_and_removes_nothing(
+    cli: Callable[..., Ran], fakes: Fakes, reference: Callable[[], MemoryClient]
+) -> None:
+    _add(cli, "alice", FACTS[0])
+    int8 = _prepare_int8_and_model(fakes, reference)
+    kv_dir = fakes.data_dir / "kv"
+    files = sorted(path for path in kv_dir.rglob("*.safetensors"))
+    dry = cli("prune-kv", "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    assert reference().db.all_kv_entries() and sorted(kv_dir.rglob("*.safetensors")) == files
+    table = cli("prune-kv", "--dry-run")
+    entries = f"{len(int8)} K/V entries" if len(int8) > 1 else "1 K/V entry"
+    assert f"would remove (dry run: nothing removed) {entries}" in table.out
+    done = cli("prune-kv", "--json")
+    assert done.json()["rows_removed"] == len(int8) > 0
+    assert dry.json() == {**done.json(), "dry_run": True}
 
 
 def test_prune_kv_offers_no_server_options(capsys: pytest.CaptureFixture[str]) -> None:

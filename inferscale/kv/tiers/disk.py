@@ -208,10 +208,11 @@ class DiskTier:
             shutil.rmtree(folder)
         return count
 
-    def prune(self, memory_id: str, keep: Callable[[KVKey], bool]) -> int:
+    def prune(self, memory_id: str, keep: Callable[[KVKey], bool], remove: bool = True) -> int:
         """Remove the files of ``memory_id`` whose recorded key ``keep`` refuses (reads each file's header only);
-        returns how many were removed. A file whose header cannot be read is kept: it may belong to a newer
-        version, and it is never injected (:meth:`get` refuses it).
+        returns how many were removed (with ``remove=False``, how many would be: nothing is removed). A file whose
+        header cannot be read is kept: it may belong to a newer version, and it is never injected (:meth:`get`
+        refuses it).
 
         Raises:
             InvalidInputError: when ``memory_id`` is not a plain id (see :func:`check_memory_id`).
@@ -225,7 +226,8 @@ class DiskTier:
             except (OSError, KVFormatError, SafetensorError):  # removed meanwhile, or not ours to judge
                 continue
             if not keep(key):
-                path.unlink(missing_ok=True)
+                if remove:
+                    path.unlink(missing_ok=True)
                 removed += 1
         return removed
 
