@@ -640,7 +640,8 @@ class FactKVManager:
         when there is a disk tier).
 
         Raises:
-            MemoryNotFoundError: when the record's memory was deleted meanwhile.
+            MemoryNotFoundError: when the record's memory was deleted meanwhile, or its text or context changed
+                (another client's change, committed after the record was read: nothing is written).
             OSError: when the K/V folder, its id or the file cannot be written.
             KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is written).
         """
@@ -657,6 +658,8 @@ class FactKVManager:
             nbytes=fact.nbytes,
             location=location,
             store_id=self._store.store_id(),
+            context=record.context,
+            chain_from=record.chain_from,
         )
         self._store.put(key, fact)
         # With a disk tier, return the entry as the store now holds it, naming its file; without one, ``location``

@@ -20,10 +20,23 @@ from inferscale.storage.records import KVEntryRecord
 from inferscale.storage.validation import check_count, check_id, check_key, check_text
 
 
+class MemoryChangedError(MemoryNotFoundError):
+    """The memory's text, stored context or chain start is no longer the one a K/V entry was encoded from: another
+    client changed it after the encoder read it (a re-wording, or a deleted text scrubbed from its context). The
+    entry is not written; the memory is encoded again from its new state when next used."""
+
+
 @dataclass(frozen=True, slots=True)
 class NewKVEntry:
     """Where one fact's KV tensors were stored; build it with :meth:`checked`. Fields as in
-    :class:`~inferscale.storage.records.KVEntryRecord`."""
+    :class:`~inferscale.storage.records.KVEntryRecord`, and:
+
+    Attributes:
+        context: the context turns the K/V were encoded after (the memory's whole stored context, as read before
+            encoding), or ``None`` to write the entry whatever the memory holds now. When given, the entry is
+            written only while the memory still has ``text_hash``, this context and ``chain_from``.
+        chain_from: the memory's chain start as read before encoding (with ``context``).
+    """
 
     memory_id: str
     text_hash: str
@@ -33,6 +46,8 @@ class NewKVEntry:
     nbytes: int
     location: str
     store_id: str | None = None
+    context: tuple[str, ...] | None = None
+    chain_from: int | None = None
 
     @classmethod
     def checked(
@@ -45,8 +60,10 @@ class NewKVEntry:
         nbytes: object,
         location: object,
         store_id: object = None,
+        context: Sequence[str] | None = None,
+        chain_from: int | None = None,
     ) -> NewKVEntry:
-        """The validated entry.
+        """The validated entry (``context`` and ``chain_from``, from a memory record, are taken as they are).
 
         Raises:
             InvalidInputError: when an id or key is empty or longer than 255 characters (a ``store_id`` longer than
@@ -61,19 +78,33 @@ class NewKVEntry:
             check_count(nbytes, "nbytes"),
             check_text(location, "location"),
             None if store_id is None else check_key(store_id, "store_id", STORE_ID_LENGTH),
+            None if context is None else tuple(context),
+            chain_from,
         )
 
 
 def put_kv_entry_in_session(s: Session, entry: NewKVEntry) -> KVEntryRecord:
-    """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; ``created_at`` is now.
+    """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; ``created_at`` is now. The
+    memory's row is read locked (``FOR UPDATE`` on PostgreSQL; SQLite's write transaction holds the database), so a
+    change of its text or context commits either before this check or after this row, and then deletes it.
 
     Raises:
         MemoryNotFoundError: when no memory has id ``entry.memory_id``.
+        MemoryChangedError: when ``entry.context`` is given and the memory's text hash, context or chain start is
+            no longer the entry's (nothing is written).
         sqlalchemy.exc.IntegrityError: when a concurrent writer inserted the same key first (retry the
             transaction: the row then exists and is updated).
     """
-    if s.scalar(select(MemoryRow.pk).where(MemoryRow.id == entry.memory_id)) is None:
+    held = select(MemoryRow.hash, MemoryRow.context, MemoryRow.chain_from).where(MemoryRow.id == entry.memory_id)
+    memory = s.execute(held.with_for_update()).one_or_none()
+    if memory is None:
         raise MemoryNotFoundError(f"no memory with id {entry.memory_id!r}")
+    now = (memory.hash, tuple(memory.context or ()), memory.chain_from)
+    if entry.context is not None and now != (entry.text_hash, entry.context, entry.chain_from):
+        raise MemoryChangedError(
+            f"memory {entry.memory_id!r} changed after its K/V were encoded (its text or context): they are not "
+            "stored, and it is encoded again when next used"
+        )
     row = s.scalars(select_kv_entry(entry.memory_id, entry.fingerprint, entry.encoding_key)).one_or_none()
     if row is None:
         row = KVEntryRow(memory_id=entry.memory_id, fingerprint=entry.fingerprint, encoding_key=entry.encoding_key)
@@ -124,6 +155,7 @@ def delete_kv_entry_rows_sized(s: Session, row_ids: Sequence[int]) -> list[int]:
 
 
 __all__ = [
+    "MemoryChangedError",
     "NewKVEntry",
     "delete_kv_entries_in_session",
     "delete_kv_entry_rows_in_session",

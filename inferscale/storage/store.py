@@ -338,25 +338,26 @@ class MemoryStore:
         nbytes: int,
         location: str,
         store_id: str | None = None,
+        context: Sequence[str] | None = None,
+        chain_from: int | None = None,
     ) -> KVEntryRecord:
-        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; returns the stored entry
-        (``created_at``: the time of this write).
+        """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; returns it as stored.
 
         Args:
-            memory_id: the memory's public id.
-            text_hash: sha256 hex of the text the KV was encoded from.
-            fingerprint: model / dtype / rope / tokenizer fingerprint (at most 255 characters).
-            encoding_key: how the fact was encoded (at most 255 characters).
-            n_tokens: the fact's length (tokens, >= 0).
-            nbytes: size of the stored tensors (bytes, >= 0).
+            memory_id, text_hash: the memory's public id; sha256 hex of the text the KV was encoded from.
+            fingerprint, encoding_key: model / dtype / rope / tokenizer fingerprint; how the fact was encoded (<= 255).
+            n_tokens, nbytes: the fact's length (tokens, >= 0); size of the stored tensors (bytes, >= 0).
             location: where the tensors live.
             store_id: the id of the K/V folder holding the file (:meth:`inferscale.kv.tiers.DiskTier.store_id`).
+            context, chain_from: the memory's context and chain start as read before encoding: when given, the
+                entry is written only if the memory still has them and ``text_hash`` (:class:`NewKVEntry`).
 
         Raises:
             InvalidInputError: when an argument is empty, too long or negative.
-            MemoryNotFoundError: when no memory has id ``memory_id``.
+            MemoryNotFoundError: when no memory has id ``memory_id`` (``MemoryChangedError`` when it changed).
         """
-        new = NewKVEntry.checked(memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id)
+        entry = (memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id, context)
+        new = NewKVEntry.checked(*entry, chain_from)
         try:
             return self.run_write(put_kv_entry_in_session, new)
         except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists

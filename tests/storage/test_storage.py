@@ -16,6 +16,7 @@ import pytest
 from inferscale.errors import ConfigError, InvalidInputError, MemoryNotFoundError, ScopeError
 from inferscale.scope import Scope
 from inferscale.storage import ChangeSet, MemoryRecord, MemoryStore, MemoryUpdate, hash_text, make_engine
+from inferscale.storage.kv_entries import MemoryChangedError
 
 ALICE = Scope(user_id="alice")
 BOB = Scope(user_id="bob")
@@ -337,6 +338,35 @@ def test_new_text_deletes_kv_entries_in_the_same_transaction_and_metadata_keeps_
     store.put_kv_entry(other.id, other.hash, "fp", "w0", 4, 1024, "/kv/2")
     store.apply(ChangeSet(ALICE, updates=(MemoryUpdate(other.id, text="I play go."),)))
     assert store.get_kv_entry(other.id, "fp", "w0") is None
+
+
+def test_a_kv_entry_is_written_only_while_the_memory_has_the_text_and_context_it_was_encoded_from(
+    store: MemoryStore,
+) -> None:
+    """Given the record as the encoder read it, the write is refused once another client re-worded the memory or
+    scrubbed a deleted text from its context; without it (the store's own callers) any text hash is written."""
+    dog = store.add("My dog is Rex.", ALICE)
+    city = store.add("I live in Porto.", ALICE, context=["My dog is Rex."])
+    read = store.get(city.id)
+    assert read is not None
+
+    def put(record: MemoryRecord, location: str) -> Any:
+        return store.put_kv_entry(
+            record.id, record.hash, "fp", "w1", 4, 64, location, context=record.context, chain_from=record.chain_from
+        )
+
+    store.delete(dog.id)  # its text leaves the city's stored context
+    with pytest.raises(MemoryChangedError, match="changed after its K/V were encoded"):
+        put(read, "/kv/1")
+    scrubbed = store.get(city.id)
+    assert scrubbed is not None and scrubbed.context == [] and store.get_kv_entry(city.id, "fp", "w1") is None
+    store.update(city.id, "I live in Lisbon.")
+    with pytest.raises(MemoryChangedError):
+        put(scrubbed, "/kv/2")
+    now = store.get(city.id)
+    assert now is not None and store.get_kv_entry(city.id, "fp", "w1") is None
+    assert put(now, "/kv/3") == store.get_kv_entry(city.id, "fp", "w1")
+    assert store.put_kv_entry(city.id, "h-of-another-text", "fp", "w1", 4, 64, "/kv/4").text_hash == "h-of-another-text"
 
 
 def test_kv_entry_for_unknown_memory(store: MemoryStore) -> None:
