@@ -24,6 +24,8 @@ from inferscale.conversation import ChatMessage  # noqa: E402
 from inferscale.engines.hf import PromptLayout  # noqa: E402
 from inferscale.engines.transformers import TransformersEngine  # noqa: E402
 from inferscale.engines.vllm import VLLMEngine  # noqa: E402
+from inferscale.errors import EngineClosedError  # noqa: E402
+from inferscale.kv.encode import EncodeRequest  # noqa: E402
 
 SYSTEM_PROMPT = "Memories:\n"
 MAX_MODEL_LEN = 100
@@ -264,3 +266,33 @@ def test_the_memory_middleware_answers_every_inferscale_error_as_the_transformer
     assert reply.json()["error"]["code"] == "kv_fingerprint_mismatch"
     assert reply.headers["x-should-retry"] == "false"
     assert where not in reply.text and "ab12" not in reply.text
+
+
+def test_an_encode_whose_encoder_closes_between_its_load_and_its_lock_raises_engine_closed(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the transformers engine (tests/engines/test_engine_close_race.py): a close() by another thread after a
+    call loaded the encoder gave a bare AttributeError (``_encoder``, ``_builder``); it is ``EngineClosedError``."""
+    engine = _engine(model_folder)
+    load_encoder = engine.load_encoder
+
+    def loaded_then_closed_elsewhere() -> VLLMEngine:
+        loaded = load_encoder()
+        engine.close()
+        return loaded
+
+    monkeypatch.setattr(engine, "load_encoder", loaded_then_closed_elsewhere)
+    calls = {
+        "encode_facts": lambda: engine.encode_facts([EncodeRequest(engine.fact_token_ids("I like tea."))]),
+        "builder": lambda: engine.builder,
+        "model": lambda: engine.model,
+        "tokenizer": lambda: engine.tokenizer,
+    }
+    for name, call in calls.items():
+        with pytest.raises(EngineClosedError, match="the engine was closed while this call"):
+            call()
+        assert not engine._encoder_ready, name
+    monkeypatch.setattr(engine, "load_encoder", load_encoder)
+    (fact,) = engine.encode_facts([EncodeRequest(engine.fact_token_ids("I like tea."))])  # loaded again
+    assert fact.n_tokens == len(engine.fact_token_ids("I like tea."))
+    engine.close()

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -161,6 +162,34 @@ class TransformersEngine(LayoutTokensMixin):
         """:meth:`load`: the model that answers is the one that encodes."""
         return self.load()
 
+    @contextmanager
+    def _loaded_and_locked(self) -> Iterator[None]:
+        """:meth:`load`, then hold the engine's lock, the engine still loaded: what every call that reads the loaded
+        state (the prefix K/V, the workspaces, the encoder, the layout) runs under.
+
+        Raises:
+            EngineClosedError: when :meth:`close` ran between this call's load and its turn at the lock (a call in
+                flight while its client closes); a call made after the close loads the engine again.
+        """
+        self.load()
+        with self._lock:
+            if not self._ready:
+                raise EngineClosedError("the engine was closed while this call waited for it; ask again")
+            yield
+
+    def _loaded_attribute(self, name: str) -> Any:
+        """The loaded engine's attribute ``name``, read without the lock (a property read must not queue behind a
+        forward pass).
+
+        Raises:
+            EngineClosedError: when :meth:`close` dropped it between this call's load and the read.
+        """
+        self.load()
+        value = getattr(self, name, None)
+        if value is None:
+            raise EngineClosedError("the engine was closed while this call used it; ask again")
+        return value
+
     def _load_layout_only(self) -> LayoutOnly:
         """The layout and context window before the model is loaded: from the tokenizer and model the caller passed
         in, else from the configured model's tokenizer and config files (no weights)."""
@@ -197,8 +226,8 @@ class TransformersEngine(LayoutTokensMixin):
     # ---------------------------------------------------------------- properties
     @property
     def model(self) -> Any:
-        """The loaded transformers model."""
-        return self.load()._model
+        """The loaded transformers model (:class:`EngineClosedError` when the engine is closed meanwhile)."""
+        return self._loaded_attribute("_model")
 
     @property
     def model_lock(self) -> threading.RLock:
@@ -208,8 +237,8 @@ class TransformersEngine(LayoutTokensMixin):
 
     @property
     def tokenizer(self) -> Any:
-        """The loaded tokenizer."""
-        return self.load()._tokenizer
+        """The loaded tokenizer (:class:`EngineClosedError` when the engine is closed meanwhile)."""
+        return self._loaded_attribute("_tokenizer")
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -228,21 +257,25 @@ class TransformersEngine(LayoutTokensMixin):
 
     @property
     def rope_table(self) -> RopeTable:
-        """The model's cos/sin table."""
-        return self.load()._table
+        """The model's cos/sin table (:class:`EngineClosedError` when the engine is closed meanwhile)."""
+        table: RopeTable = self._loaded_attribute("_table")
+        return table
 
     @property
     def prefix_kv(self) -> PrefixKV:
-        """K/V of the system prefix (post-RoPE), prefilled once at load."""
-        return self.load()._prefix
+        """K/V of the system prefix (post-RoPE), prefilled once at load (:class:`EngineClosedError` when the engine
+        is closed meanwhile)."""
+        prefix: PrefixKV = self._loaded_attribute("_prefix")
+        return prefix
 
     @property
     def max_context_tokens(self) -> int:
         """The model's context window (tokens): :func:`~inferscale.engines.hf.layout_only.max_positions`
         (``max_position_embeddings``, capped where a ``longrope`` RoPE stops being static). Before the model is
         loaded, read from its config alone (loads no weights)."""
-        if self._ready:
-            return max_positions(self._model.config)
+        model = self._model  # read before the flag: a close() meanwhile drops the engine's reference, not the model
+        if model is not None and self._ready:
+            return max_positions(model.config)
         return self._layout_only.get().max_positions
 
     def _check_context(self, memory_tokens: int, rest: int) -> None:
@@ -251,9 +284,11 @@ class TransformersEngine(LayoutTokensMixin):
         check_prompt_fits(self._prefix.n_tokens, memory_tokens, rest, self.max_context_tokens)
 
     def _prompt_layout(self) -> PromptLayout:
-        """The loaded engine's layout; before the model is loaded, one over its tokenizer alone (same ids)."""
-        if self._ready:
-            return self._layout
+        """The loaded engine's layout; before the model is loaded (or once it is closed), one over its tokenizer alone
+        (same ids)."""
+        layout: PromptLayout | None = getattr(self, "_layout", None)  # close() deletes it, from another thread too
+        if layout is not None and self._ready:
+            return layout
         return self._layout_only.get().layout
 
     # ---------------------------------------------------------------- encoding
@@ -265,10 +300,10 @@ class TransformersEngine(LayoutTokensMixin):
         Raises:
             InvalidInputError: when a fact with its context and position gap reaches past the model's context
                 window.
+            EngineClosedError: when the engine is closed while this call waits for its lock.
         """
-        self.load()
-        check_spans(requests, self.max_context_tokens)
-        with self._lock:
+        with self._loaded_and_locked():
+            check_spans(requests, self.max_context_tokens)
             return self._encoder.encode(requests)
 
     # ---------------------------------------------------------------- generation
@@ -277,9 +312,13 @@ class TransformersEngine(LayoutTokensMixin):
         return PreallocatedCache(assembled.key_buffer, assembled.value_buffer, assembled.n_tokens)
 
     def assemble(self, facts: Sequence[FactKV]) -> AssembledKV:
-        """Prefix K/V followed by the facts' rotated K/V (see :func:`inferscale.kv.compose.assemble`)."""
-        self.load()
-        return assemble(self._prefix, facts, self._table)
+        """Prefix K/V followed by the facts' rotated K/V (see :func:`inferscale.kv.compose.assemble`).
+
+        Raises:
+            EngineClosedError: when the engine is closed while this call waits for its lock.
+        """
+        with self._loaded_and_locked():
+            return assemble(self._prefix, facts, self._table)
 
     def generate_kv(
         self,
@@ -344,22 +383,26 @@ class TransformersEngine(LayoutTokensMixin):
         This call lays out and checks the request and builds its cache (errors are raised here, before any
         event); the iterator prefills and decodes. The cache lives in a workspace of the request's own and each
         forward pass takes the engine's lock, so several streams may be open and read at once (their steps
-        interleave) and the caller may use the engine or the client between two events."""
-        self.load()
+        interleave) and the caller may use the engine or the client between two events.
+
+        Raises:
+            EngineClosedError: when the engine is closed while this call waits for its lock (before any event), or
+                while the stream is read (:meth:`_check_open`).
+        """
         settings = serving if serving is not None else self.serving
-        pool = self._workspaces
-        workspace = pool.borrow()
-        try:
-            with self._lock:
+        with self._loaded_and_locked():
+            pool = self._workspaces
+            workspace = pool.borrow()
+            try:
                 t0 = _now_ms(self._device)
                 query_ids = self._layout.conversation_ids(conversation)
                 self._check_context(sum(f.n_tokens for f in facts), len(query_ids) + max_new_tokens)
                 served = self._kv_cache(workspace, facts, len(query_ids) + max_new_tokens, query_ids, settings)
                 t1 = _now_ms(self._device)
                 bias = self._memory_bias(served.assembled, settings)
-        except BaseException:
-            pool.give_back(workspace)
-            raise
+            except BaseException:
+                pool.give_back(workspace)
+                raise
         prompt = served.assembled.token_ids.tolist() + query_ids
         return self._stream(
             pool, workspace, served.cache, served.pending_ids + query_ids, served.start, max_new_tokens, prompt,
@@ -376,25 +419,25 @@ class TransformersEngine(LayoutTokensMixin):
         cache_scope: str = "",
         sampling: SamplingSettings | None = None,
     ) -> Generator[StreamEvent, None, None]:
-        """:meth:`generate_prompt`, streamed like :meth:`stream_kv`."""
-        self.load()
-        pool = self._workspaces
-        workspace = pool.borrow()
-        try:
-            with self._lock:
+        """:meth:`generate_prompt`, streamed like :meth:`stream_kv` (same :class:`EngineClosedError`)."""
+        with self._loaded_and_locked():
+            pool = self._workspaces
+            workspace = pool.borrow()
+            try:
                 t0 = _now_ms(self._device)
                 memory_ids = [t for ids in fact_ids for t in ids]
                 query_ids = self._layout.conversation_ids(conversation)
                 self._check_context(len(memory_ids), len(query_ids) + max_new_tokens)
                 capacity = len(memory_ids) + len(query_ids) + max_new_tokens
                 cache = self._cache_from(workspace.assemble([], self._table, extra_capacity=capacity))
-        except BaseException:
-            pool.give_back(workspace)
-            raise
-        prompt = list(self._layout.prefix_ids) + memory_ids + query_ids
+                prompt = list(self._layout.prefix_ids) + memory_ids + query_ids
+                start = self._prefix.n_tokens
+            except BaseException:
+                pool.give_back(workspace)
+                raise
         return self._stream(
-            pool, workspace, cache, memory_ids + query_ids, self._prefix.n_tokens, max_new_tokens, prompt, sampling, t0,
-            0.0, memory_tokens=len(memory_ids),
+            pool, workspace, cache, memory_ids + query_ids, start, max_new_tokens, prompt, sampling, t0, 0.0,
+            memory_tokens=len(memory_ids),
         )  # fmt: skip
 
     @torch.inference_mode()
@@ -410,13 +453,13 @@ class TransformersEngine(LayoutTokensMixin):
         ``fact_ids``. Used by exactness tests and the fidelity metrics.
 
         Raises:
-            the errors of :meth:`generate_kv`.
+            the errors of :meth:`generate_kv`, and :class:`EngineClosedError` as :meth:`stream_kv`.
         """
-        self.load()
         settings = serving if serving is not None else self.serving
-        workspace = self._workspaces.borrow()
-        try:
-            with self._lock:
+        with self._loaded_and_locked():
+            pool = self._workspaces
+            workspace = pool.borrow()
+            try:
                 query_ids = self._layout.conversation_ids(conversation)
                 bias = None
                 if facts is not None:
@@ -428,8 +471,8 @@ class TransformersEngine(LayoutTokensMixin):
                     assembled = workspace.assemble([], self._table, extra_capacity=len(ids) + len(query_ids))
                     cache, start = self._cache_from(assembled), assembled.n_tokens
                 return self._forward(cache, ids + query_ids, start, bias)[0, -1].float()
-        finally:
-            self._workspaces.give_back(workspace)
+            finally:
+                pool.give_back(workspace)
 
     def _memory_bias(self, assembled: AssembledKV, settings: ServingSettings) -> MemoryBias | None:
         """The attention bias on the memory slots ``[P, P + S)`` of ``assembled``, or ``None`` when s is 1."""

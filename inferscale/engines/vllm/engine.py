@@ -150,6 +150,19 @@ class VLLMEngine(LayoutTokensMixin):
             self._layout_only.drop()  # the loaded tokenizer answers from now on
             return self
 
+    def _encoder_attribute(self, name: str) -> Any:
+        """The loaded encoder's attribute ``name`` (:meth:`load_encoder` first).
+
+        Raises:
+            EngineClosedError: when :meth:`close` dropped it between this call's load and the read (a call in flight
+                while its client closes).
+        """
+        self.load_encoder()
+        value = getattr(self, name, None)
+        if value is None:
+            raise EngineClosedError("the engine was closed while this call used it; ask again")
+        return value
+
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` / ``vllm.AsyncEngineArgs``: the model folder, dtype, eager mode, prefix
         caching, KV cache size (bytes), context limit (tokens), the InferScale connector bound to this model's
@@ -254,8 +267,9 @@ class VLLMEngine(LayoutTokensMixin):
 
     @property
     def model(self) -> Any:
-        """The transformers copy of the weights (the fact encoder's model)."""
-        return self.load_encoder()._model
+        """The transformers copy of the weights (the fact encoder's model; :class:`EngineClosedError` when the engine
+        is closed meanwhile)."""
+        return self._encoder_attribute("_model")
 
     @property
     def model_lock(self) -> threading.RLock:
@@ -265,13 +279,13 @@ class VLLMEngine(LayoutTokensMixin):
 
     @property
     def tokenizer(self) -> Any:
-        """The tokenizer."""
-        return self.load_encoder()._tokenizer
+        """The tokenizer (:class:`EngineClosedError` when the engine is closed meanwhile)."""
+        return self._encoder_attribute("_tokenizer")
 
     @property
     def device(self) -> torch.device:
         """Where encoded fact K/V live (the encoder's device)."""
-        return next(self.load_encoder()._model.parameters()).device
+        return next(self.model.parameters()).device
 
     @property
     def fingerprint(self) -> str:
@@ -283,8 +297,9 @@ class VLLMEngine(LayoutTokensMixin):
         """vLLM's context limit (tokens): ``max_model_len``, or the model's window
         (:func:`~inferscale.engines.hf.layout_only.max_positions`) when none is set (or it is lower). Before the
         encoder is loaded, the model's config is read alone (loads no weights)."""
-        if self._encoder_ready:
-            model_limit = max_positions(self._model.config)
+        model = getattr(self, "_model", None)  # close() deletes it, from another thread too
+        if model is not None and self._encoder_ready:
+            model_limit = max_positions(model.config)
         else:
             model_limit = self._layout_only.get().max_positions
         return min(self._max_model_len, model_limit) if self._max_model_len is not None else model_limit
@@ -297,12 +312,14 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def prefix_segment(self) -> SegmentRef:
         """The system prefix's segment file."""
-        return self.load_encoder()._builder.prefix_ref
+        return self.builder.prefix_ref
 
     def _prompt_layout(self) -> PromptLayout:
-        """The loaded encoder's layout; before it is loaded, one over the tokenizer alone (same ids)."""
-        if self._encoder_ready:
-            return self._layout
+        """The loaded encoder's layout; before it is loaded (or once it is closed), one over the tokenizer alone (same
+        ids)."""
+        layout: PromptLayout | None = getattr(self, "_layout", None)  # close() deletes it, from another thread too
+        if layout is not None and self._encoder_ready:
+            return layout
         return self._layout_only.get().layout
 
     # ---------------------------------------------------------------- encoding
@@ -324,17 +341,22 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             InvalidInputError: when a fact with its context and position gap reaches past vLLM's context limit
                 (``max_model_len``, or the model's window when it is lower).
+            EngineClosedError: when the engine is closed between this call's load and its turn at the lock.
         """
         self.load_encoder()
-        check_spans(requests, self.max_context_tokens)
         with self._lock:
+            if not self._encoder_ready:
+                raise EngineClosedError("the engine was closed while this call waited for it; ask again")
+            check_spans(requests, self.max_context_tokens)
             return self._encoder.encode(requests)
 
     # ---------------------------------------------------------------- requests
     @property
     def builder(self) -> RequestBuilder:
-        """Builds prepared requests (prompt ids, payload, salt) for :meth:`run`."""
-        return self.load_encoder()._builder
+        """Builds prepared requests (prompt ids, payload, salt) for :meth:`run` (:class:`EngineClosedError` when the
+        engine is closed meanwhile)."""
+        builder: RequestBuilder = self._encoder_attribute("_builder")
+        return builder
 
     def _recompute_tail(self, serving: ServingSettings | None) -> int:
         """n of ``serving``'s ``tail:n`` (default :attr:`serving`), 0 for pure injection (tokens).
@@ -673,7 +695,7 @@ class VLLMEngine(LayoutTokensMixin):
             request = self.prepare_prompt(conversation, fact_ids or [])
         self._check_fits(request, 1)
         step = self.run([request], 1, logprobs=FULL_VOCABULARY)[0].outputs[0].logprobs[0]
-        vocab = self._model.config.vocab_size
+        vocab = self.model.config.vocab_size
         if len(step) < vocab:
             raise UnsupportedModelError(f"vLLM returned {len(step)} log-probabilities for a vocabulary of {vocab}")
         out = torch.full((vocab,), float("-inf"), dtype=torch.float32)
