@@ -143,7 +143,8 @@ class RateLimitedError(InferScaleError):
     Attributes:
         retry_after_s: when to try again (whole seconds, at least 1); a remote client's error takes it from the
             reply's ``Retry-After`` header (rounded up), or holds the default, 1, when the reply had none it could
-            read. The remote clients send the request again themselves first (:mod:`inferscale.remote.retry`).
+            read. The remote clients send the request again themselves first, unless the wait is over 60 s
+            (:mod:`inferscale.remote.retry`).
     """
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:

@@ -9,11 +9,12 @@
 - ``add``, ``chat``, ``reset`` and the two DELETEs are never sent twice on a 5xx: it is the caller's answer.
   A proxy's 502 or 504 may come after the server got the request, and a DELETE sent again would then answer for
   what the first one deleted (``memory_not_found``, or 0 memories deleted).
-- Every call, those included, is retried on a 429: the request was refused before it ran (RFC 6585 §4). The
-  InferScale server answers 429 ``rate_limited`` to a key it has not verified while too many key checks fail; a
-  proxy's rate limit answers 429 too.
+- Every call, those included, is retried on a 429, which refuses a request before it runs: the InferScale server
+  answers 429 ``rate_limited`` only from its API key check, before any route (to a key it has not verified while
+  too many key checks fail), and a rate-limiting proxy answers 429 instead of forwarding the request.
 
-A reply's ``Retry-After`` header (seconds, or an HTTP date; RFC 9110 §10.2.3) sets the wait before the next attempt.
+A reply's ``Retry-After`` header (seconds, or an HTTP date; RFC 9110 §10.2.3) sets the wait before the next attempt
+(:func:`parse_retry_after`).
 One that asks for more than :data:`MAX_RETRY_AFTER_S` is not waited for: the reply is the caller's answer at once
 (a :class:`~inferscale.errors.RateLimitedError` carries the wait in ``retry_after_s``). Without the header, waits grow
 exponentially from :data:`FIRST_WAIT_S` to at most :data:`MAX_WAIT_S`. A little jitter is added to every wait, so
@@ -23,6 +24,7 @@ is.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -78,7 +80,7 @@ class Reply:
     @classmethod
     def of(cls, response: httpx.Response) -> Reply:
         """The reply of a response whose body was read."""
-        return cls(response.status_code, response.content, retry_after_s(response.headers))
+        return cls(response.status_code, response.content, parse_retry_after(response.headers))
 
 
 class RetryableReply(Exception):
@@ -94,19 +96,24 @@ class RetryableReply(Exception):
         self.reply = reply
 
 
-def retry_after_s(headers: httpx.Headers) -> float | None:
-    """The wait (seconds, >= 0) a ``Retry-After`` header asks for: a count of seconds, or an HTTP date from which
-    the wait is counted against this machine's clock (RFC 9110 §10.2.3). ``None`` when there is no such header or it
-    holds neither (the header is advice: a value this client cannot read is ignored, not an error)."""
-    value = headers.get("retry-after", "").strip()
+def parse_retry_after(headers: httpx.Headers) -> float | None:
+    """The wait (seconds, finite, >= 0) a ``Retry-After`` header asks for: a count of seconds, or an HTTP date from
+    which the wait is counted against this machine's clock (RFC 9110 §10.2.3; the obsolete RFC 850 and asctime forms
+    too, read as GMT, §5.6.7). ``None`` when there is no such header or it holds neither, or a count too large for a
+    float (the header is advice: a value this client cannot read is ignored, not an error)."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(value)
+        seconds = float(value)
+        return seconds if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):  # not a date (also the empty string)
         return None
-    if when.tzinfo is None:  # "-0000": a date whose zone is unknown, which RFC 9110 never sends
-        return None
+    if when.tzinfo is None:  # asctime (no zone) or "-0000": HTTP dates are GMT
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 

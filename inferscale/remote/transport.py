@@ -145,9 +145,9 @@ class Connection:
         """The error of a stream whose opening reply was not a 2xx (see :func:`~inferscale.remote.errors.error_of`)."""
         return error_of(reply.status, reply.content, self.what(call), reply.retry_after_s)
 
-    def closed_between_attempts(self, request: httpx.Request) -> EngineClosedError:
+    def closed_between_attempts(self, call: ApiCall[Any]) -> EngineClosedError:
         """The error of a call whose client was closed after an attempt that failed and before the next one."""
-        return EngineClosedError(f"{request.method} {request.url.path}: the client was closed between two attempts")
+        return EngineClosedError(f"{call.method} {call.path}: the client was closed between two attempts")
 
     def broken(
         self, call: ApiCall[Any], error: httpx.HTTPError, closed_here: bool, reading: str = "its stream"
@@ -207,18 +207,18 @@ class Transport:
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            reply = retrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
+            reply = retrying(self.connection.retries)(self._attempt, http, request, call)
         except RetryableReply as last:
             reply = last.reply
         except httpx.HTTPError as exc:
             raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
         return self.connection.value(call, reply)
 
-    def _attempt(self, http: httpx.Client, request: httpx.Request, idempotent: bool) -> Reply:
+    def _attempt(self, http: httpx.Client, request: httpx.Request, call: ApiCall[Any]) -> Reply:
         if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
-            raise self.connection.closed_between_attempts(request)
+            raise self.connection.closed_between_attempts(call)
         reply = Reply.of(http.send(request))
-        check_reply(reply, idempotent)
+        check_reply(reply, call.idempotent)
         return reply
 
     def stream(self, call: ApiCall[Any]) -> Generator[ChatChunk, None, None]:
@@ -259,6 +259,8 @@ class Transport:
 
     def _open(self, http: httpx.Client, stack: ExitStack, call: ApiCall[Any]) -> EventSource:
         """One attempt to open the stream; a reply the policy tries again on is closed before it raises."""
+        if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
+            raise self.connection.closed_between_attempts(call)
         with ExitStack() as attempt:
             source = attempt.enter_context(
                 connect_sse(
@@ -328,18 +330,18 @@ class AsyncTransport:
             call.method, call.path, params=call.params, content=call.content, headers=_headers(call)
         )
         try:
-            reply: Reply = await aretrying(self.connection.retries)(self._attempt, http, request, call.idempotent)
+            reply: Reply = await aretrying(self.connection.retries)(self._attempt, http, request, call)
         except RetryableReply as last:
             reply = last.reply
         except httpx.HTTPError as exc:
             raise self.connection.broken(call, exc, closed_here=http.is_closed, reading="its reply") from exc
         return self.connection.value(call, reply)
 
-    async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, idempotent: bool) -> Reply:
+    async def _attempt(self, http: httpx.AsyncClient, request: httpx.Request, call: ApiCall[Any]) -> Reply:
         if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
-            raise self.connection.closed_between_attempts(request)
+            raise self.connection.closed_between_attempts(call)
         reply = Reply.of(await http.send(request))
-        check_reply(reply, idempotent)
+        check_reply(reply, call.idempotent)
         return reply
 
     async def stream(self, call: ApiCall[Any]) -> AsyncGenerator[ChatChunk, None]:
@@ -375,6 +377,8 @@ class AsyncTransport:
 
     async def _open(self, http: httpx.AsyncClient, stack: AsyncExitStack, call: ApiCall[Any]) -> EventSource:
         """One attempt to open the stream; see :meth:`Transport._open`."""
+        if http.is_closed:  # closed between two attempts: httpx would raise a bare RuntimeError
+            raise self.connection.closed_between_attempts(call)
         async with AsyncExitStack() as attempt:
             source = await attempt.enter_async_context(
                 aconnect_sse(

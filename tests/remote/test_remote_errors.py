@@ -17,7 +17,7 @@ from remote_wire import Wire
 from inferscale.error_codes import ERROR_CODES, ErrorCode
 from inferscale.errors import RateLimitedError, ServerError
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
-from inferscale.remote.retry import retry_after_s
+from inferscale.remote.retry import parse_retry_after
 
 PROXY_DOWN = httpx.Response(503, text="<html><body>503 Service Temporarily Unavailable</body></html>")
 OK = {"results": []}
@@ -208,17 +208,32 @@ def test_a_proxys_503_that_asks_for_a_long_wait_is_not_tried_again(wire: Wire) -
     assert len(wire.requests) == 1
 
 
+def _wait_of(value: str | bytes) -> float | None:
+    return parse_retry_after(httpx.Headers({"Retry-After": value}))
+
+
 def test_retry_after_reads_seconds_and_http_dates_and_ignores_anything_else() -> None:
-    """RFC 9110 §10.2.3: delay-seconds or an HTTP-date; the wait from a date is counted against this clock."""
+    """RFC 9110 §10.2.3: delay-seconds or an HTTP-date (also the obsolete asctime form, read as GMT, §5.6.7); the
+    wait from a date is counted against this clock."""
     ahead = datetime.now(UTC) + timedelta(seconds=30)
-    assert retry_after_s(httpx.Headers({"Retry-After": "12"})) == 12.0
-    assert retry_after_s(httpx.Headers({"Retry-After": " 0 "})) == 0.0
-    assert 28.0 <= (retry_after_s(httpx.Headers({"Retry-After": format_datetime(ahead, usegmt=True)})) or 0) <= 30.0
-    assert retry_after_s(httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0  # past: no wait
-    for unreadable in ("-5", "1.5", "soon", "\uff11\uff12", "Wed, 21 Oct 2015 07:28:00 -0000", ""):
-        # full-width digits pass str.isdigit: sent as UTF-8 bytes, which httpx decodes
-        assert retry_after_s(httpx.Headers({"Retry-After": unreadable.encode()})) is None, unreadable
-    assert retry_after_s(httpx.Headers()) is None
+    assert _wait_of("12") == 12.0 and _wait_of(" 0 ") == 0.0
+    assert 28.0 <= (_wait_of(format_datetime(ahead, usegmt=True)) or 0) <= 30.0
+    assert 28.0 <= (_wait_of(ahead.strftime("%a %b %d %H:%M:%S %Y")) or 0) <= 30.0  # asctime
+    assert _wait_of("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # past: no wait
+    assert _wait_of("Wed, 21 Oct 2015 07:28:00 -0000") == 0.0
+    for unreadable in ("-5", "1.5", "soon", "\uff11\uff12", "", "9" * 400):
+        # full-width digits pass str.isdigit: sent as UTF-8 bytes, which httpx decodes; 400 nines overflow a float
+        assert _wait_of(unreadable.encode()) is None, unreadable
+    assert parse_retry_after(httpx.Headers()) is None
+
+
+def test_a_429_whose_retry_after_overflows_a_float_is_a_rate_limited_error(wire: Wire) -> None:
+    """A review's find: ``Retry-After: 999...9`` (400 digits) read as infinity, and building the error raised a bare
+    ``OverflowError``. The header is ignored: the back-off's waits, then the error with its default wait."""
+    wire.answer(_rate_limited("9" * 400))
+    with pytest.raises(RateLimitedError) as raised:
+        wire.client(retries=1).search("tea", user_id="u")
+    assert raised.value.retry_after_s == 1 and len(wire.requests) == 2
 
 
 def test_retries_back_off_exponentially_then_raise_the_last_reply(wire: Wire) -> None:

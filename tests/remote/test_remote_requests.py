@@ -434,6 +434,26 @@ def test_a_client_closed_between_two_attempts_is_engine_closed(wire: Wire) -> No
     assert len(wire.requests) == 1
 
 
+def test_a_streamed_chat_whose_client_closes_while_it_waits_out_a_429_is_engine_closed(wire: Wire) -> None:
+    """A review's find: a stream retried after a 429 on a client closed during the wait raised httpx's bare
+    ``RuntimeError`` (the opening attempt did not check the client, as plain calls' attempts do)."""
+    m = wire.client()
+    body = {"error": {"code": "rate_limited", "type": "RateLimitedError", "message": "try again in 1 s"}}
+
+    def limited_and_closed(request: httpx.Request) -> httpx.Response:
+        m.close()
+        return httpx.Response(429, json=body, headers={"Retry-After": "0"})
+
+    async def alimited_and_closed(request: httpx.Request) -> httpx.Response:
+        await m.client.close()
+        return httpx.Response(429, json=body, headers={"Retry-After": "0"})
+
+    wire.answer(limited_and_closed if wire.kind == "remote" else alimited_and_closed)  # type: ignore[arg-type]
+    with pytest.raises(EngineClosedError, match=r"POST /v1/chat/.*the client was closed between two attempts"):
+        m.chat_stream_open("Hi", user_id="u")
+    assert len(wire.requests) == 1
+
+
 def test_every_client_verifies_the_servers_certificate_with_one_tls_context_per_process() -> None:
     """An https host's certificate and host name are checked; the context is built once for all clients (httpx
     built one per client: ~45 ms of CPU each, to load the CA bundle again)."""
