@@ -603,7 +603,7 @@ class AsyncMemoryClient(ClientCore):
         a model thread."""
         check_flag(dry_run, "dry_run")
         ids = (await self.adb.versions(optional_scope(user_id, agent_id, run_id))).ids  # no texts
-        return await on_threads(MODEL_WORK, prune_kv, self.derived, ids, dry_run)
+        return await on_threads(MODEL_WORK, prune_kv, self.derived, ids, dry_run=dry_run)
 
     async def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background K/V encoder has finished what ``add`` queued; see

@@ -862,7 +862,7 @@ class MemoryClient(ClientCore):
         """
         check_flag(dry_run, "dry_run")
         ids = self.db.versions(optional_scope(user_id, agent_id, run_id)).ids  # no texts: ids, vector ids, hashes
-        return prune_kv(self.derived, ids, dry_run)
+        return prune_kv(self.derived, ids, dry_run=dry_run)
 
     def wait_for_encoding(self, timeout: float | None = None) -> bool:
         """Wait until the background encoder has encoded the K/V of every memory ``add`` queued

@@ -32,6 +32,7 @@ import numpy as np
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.encode_queue import EncodeQueue, StopCheck, interpreter_exiting
 from inferscale.engines.base import Engine
+from inferscale.errors import MemoryNotFoundError
 from inferscale.fact_kv import FactKVManager, Pruned, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
@@ -474,8 +475,6 @@ class DerivedStores:
             ran to the end), oldest first.
 
         Raises:
-            MemoryNotFoundError: when a memory is deleted between the check and its row (async clients commit
-                outside the client's lock); the queue retries the batch one memory at a time, which skips it.
             OSError, DatabaseUnavailableError, ModelNotAvailableError: from the disk, the database or the engine's
                 first load. The queue logs every one of them; nothing is lost (the memories are in SQL).
         """
@@ -538,7 +537,7 @@ class DerivedStores:
             lacking = {record.id for record, _ in fact_kv.missing(fact_kv.every_encoding(records))}
         return [record.id for record in records if record.id in lacking]
 
-    def prune_unserved(self, memory_ids: Sequence[str], remove: bool = True) -> tuple[int, Pruned]:
+    def prune_unserved(self, memory_ids: Sequence[str], *, dry_run: bool = False) -> tuple[int, Pruned]:
         """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up under the
         current model and settings (:meth:`~inferscale.fact_kv.FactKVManager.served_keys`), from every tier and from
         ``kv_entries``; unknown ids are left out. The keys served are read under the client's lock, the entries
@@ -546,8 +545,8 @@ class DerivedStores:
         files' headers are read), so chats and the encoder go on meanwhile. A memory re-worded while its page is
         pruned may lose the K/V of its new text, which are not among the keys read: they are encoded again when next
         used (a row left without its file, or a file without its row, is what reconciliation repairs); nothing stale
-        is served. Loads the encoder (:meth:`load_encoder`), encodes nothing. ``remove=False`` is a dry run: the
-        same counts, nothing removed.
+        is served. Loads the encoder (:meth:`load_encoder`), encodes nothing. ``dry_run``: the same counts, nothing
+        removed.
 
         Returns:
             ``(memories found, what was removed)``.
@@ -564,7 +563,7 @@ class DerivedStores:
             served = fact_kv.served_keys(records)
         ids = [record.id for record in records]
         chunks = [ids[i : i + PRUNE_CHUNK] for i in range(0, len(ids), PRUNE_CHUNK)]
-        parts = [fact_kv.prune(chunk, served.__contains__, remove) for chunk in chunks]
+        parts = [fact_kv.prune(chunk, served.__contains__, dry_run=dry_run) for chunk in chunks]
         total = Pruned(
             copies=sum(part.copies for part in parts),
             rows=sum(part.rows for part in parts),
@@ -574,21 +573,28 @@ class DerivedStores:
 
     def _store_unchanged(self, fact_kv: FactKVManager, encoded_for: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
         """Store ``encoded[i]`` as the K/V of ``encoded_for[i]`` (a ``(record, encoding)``) where SQL still holds that
-        record's text and context and no tier holds the key yet (a chat stored it meanwhile); returns how many were
-        stored. Takes the client's lock."""
+        record's text and the context its encoding depends on, and no tier holds the key yet (a chat stored it
+        meanwhile); returns how many were stored. Each is stored as the K/V of the record SQL holds now (a
+        context-free encoding survives a context scrub). A memory another process changes or deletes between this
+        read and its row is skipped (:class:`~inferscale.storage.kv_entries.MemoryChangedError`, a
+        ``MemoryNotFoundError``): it is encoded again when next used. Takes the client's lock."""
+        stored = 0
         with self._lock:
             now = self._db().get_many([record.id for record, _ in encoded_for])
-            kept = []
             for (record, encoding), fact in zip(encoded_for, encoded, strict=True):
                 current = now.get(record.id)
                 key = fact_kv.key(record, encoding)
                 if current is None or fact_kv.key(current, encoding) != key:
                     continue  # deleted, re-worded or re-contexted during the pass: a stale encoding
-                if not fact_kv.store.contains(key):  # not stored meanwhile by a chat that needed it
-                    kept.append(((record, encoding), fact))
-            if kept:
-                fact_kv.put([pair for pair, _ in kept], [fact for _, fact in kept])
-        return len(kept)
+                if fact_kv.store.contains(key):  # stored meanwhile by a chat that needed it
+                    continue
+                try:
+                    fact_kv.put([(current, encoding)], [fact])
+                except MemoryNotFoundError:  # changed or deleted by another process since ``now`` was read
+                    log.debug("memory %s changed while its K/V were stored; left to its next use", record.id)
+                    continue
+                stored += 1
+        return stored
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted or re-worded memories from every tier (every key of each:

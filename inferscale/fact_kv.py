@@ -526,8 +526,8 @@ class FactKVManager:
         """:meth:`put` for a call that serves the K/V (a chat, the eager encoding of ``add``), where storing them is
         not the point: K/V that cannot be stored, quantised as they would be stored, still serve this call.
 
-        - A memory deleted meanwhile by another client (its row gone between retrieval and storing) is not stored:
-          this call retrieved it while it existed.
+        - A memory deleted meanwhile by another client (its row gone between retrieval and storing), or whose text
+          or context it changed, is not stored: this call retrieved it in the state it encoded.
         - K/V whose file cannot be written (a full or read-only disk: ``OSError``; a K/V folder whose ``store-id``
           file holds no id: ``KVFormatError``) are logged: the memory is encoded again when next needed. The call
           that encoded them neither fails nor is retried after its change was committed (a retried add is skipped
@@ -561,7 +561,8 @@ class FactKVManager:
             another process read it).
 
         Raises:
-            MemoryNotFoundError: when a record's memory was deleted meanwhile (the facts before it are stored).
+            MemoryNotFoundError: when a record's memory was deleted meanwhile, or its text or context changed
+                (:class:`~inferscale.storage.kv_entries.MemoryChangedError`; the facts before it are stored).
             OSError: when the K/V folder, its id or a file cannot be written (the facts before it are stored; a row
                 committed before the failed write is a row without a file, which reconciliation removes).
             KVFormatError: when the K/V folder's ``store-id`` file holds anything but an id (nothing is written).
@@ -576,7 +577,7 @@ class FactKVManager:
         memory_ids = {record.id for record, _ in wanted}
         try:
             if self._store.prune(memory_ids, _current_format):  # rows only where a copy went: most stores read no SQL
-                self._prune_rows(memory_ids, _current_format, self._disk_tier(), remove=True)
+                self._prune_rows(memory_ids, _current_format, self._disk_tier())
         except (OSError, InferScaleError) as exc:
             log.warning("K/V entries of an older format could not be removed (%s); they are never read", exc)
         return stored
@@ -589,10 +590,10 @@ class FactKVManager:
         kept = self.servable(records)
         return {self.key(r, e) for r, e in self.every_encoding(kept)} | {self.key(r) for r in kept}
 
-    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], remove: bool = True) -> Pruned:
+    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], *, dry_run: bool = False) -> Pruned:
         """Remove every entry of ``memory_ids`` that ``keep`` refuses: its copies in every tier (on disk, the files'
-        headers are read), then its ``kv_entries`` row. ``remove=False`` is a dry run: it counts the same copies and
-        rows, and removes nothing. Only the rows of this client's K/V store go: a row whose file
+        headers are read), then its ``kv_entries`` row. ``dry_run`` counts the same copies and rows, and removes
+        nothing. Only the rows of this client's K/V store go: a row whose file
         another host's K/V folder holds is left to that folder's clients (:func:`inferscale.reconcile.filed_here`),
         and a row whose fields make no key to reconciliation. A row that hosts share (one row per key, naming the
         host that wrote it last) goes with this host's file: another host's file under that key is then removed by
@@ -609,8 +610,8 @@ class FactKVManager:
         disk = self._disk_tier()
         if disk is not None:
             disk.existing_store_id()  # a damaged id file is refused before a file goes, not between files and rows
-        copies = self._store.prune(memory_ids, keep, remove)
-        sizes = self._prune_rows(memory_ids, keep, disk, remove)
+        copies = self._store.prune(memory_ids, keep, dry_run=dry_run)
+        sizes = self._prune_rows(memory_ids, keep, disk, dry_run=dry_run)
         return Pruned(copies=copies, rows=len(sizes), nbytes=sum(sizes))
 
     def _disk_tier(self) -> DiskTier | None:
@@ -620,18 +621,23 @@ class FactKVManager:
         return DiskTier(directory) if directory is not None else None
 
     def _prune_rows(
-        self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], disk: DiskTier | None, remove: bool
+        self,
+        memory_ids: Collection[str],
+        keep: Callable[[KVKey], bool],
+        disk: DiskTier | None,
+        *,
+        dry_run: bool = False,
     ) -> list[int]:
         """Delete the ``kv_entries`` rows of ``memory_ids`` that ``keep`` refuses and this client's K/V store wrote
-        (see :meth:`prune`); returns the ``nbytes`` of each row deleted (``remove=False``: of each row that would
-        be, none deleted)."""
+        (see :meth:`prune`); returns the ``nbytes`` of each row deleted (``dry_run``: of each row that would be, none
+        deleted)."""
         doomed = []
         for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
             key = entry_key(row)
             ours = filed_here(disk, row) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):
                 doomed.append(row)
-        if not remove:
+        if dry_run:
             return [row.nbytes for row in doomed]
         return self._db.run_write(delete_kv_entry_rows_sized, [row.id for row in doomed]) if doomed else []
 
@@ -658,8 +664,7 @@ class FactKVManager:
             nbytes=fact.nbytes,
             location=location,
             store_id=self._store.store_id(),
-            context=record.context,
-            chain_from=record.chain_from,
+            encoded_from=record,
         )
         self._store.put(key, fact)
         # With a disk tier, return the entry as the store now holds it, naming its file; without one, ``location``

@@ -11,12 +11,9 @@ memories sharing context turns together, yielding to ``chat``, nothing stale sto
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from inferscale.errors import MemoryNotFoundError
 
 if TYPE_CHECKING:
     from inferscale.derived import DerivedStores
@@ -54,8 +51,10 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
 
     Loads the encoder (not vLLM). Other calls go on meanwhile: each chunk holds the client's lock only to pick its
     memories and to store what it encoded, and waits for the ``chat`` uses of the model running when it starts. A
-    batch in which a memory is deleted before its K/V are stored (an async client commits outside the client's lock;
-    another process may share the database) is encoded again one memory at a time, and the deleted one is skipped.
+    memory deleted or changed before its K/V are stored (an async client commits outside the client's lock; another
+    process may share the database) is skipped, and the rest of its batch stored
+    (:meth:`~inferscale.derived.DerivedStores.encode_queued`); once a page is done, what it still lacks is encoded
+    once more, so a memory changed meanwhile is encoded in its new state.
 
     Raises:
         DatabaseUnavailableError: when the database cannot be connected to.
@@ -68,20 +67,13 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
     for page in range(0, len(memory_ids), PAGE_SIZE):
         lacking = derived.missing_kv(memory_ids[page : page + PAGE_SIZE])
         for start in range(0, len(lacking), batch_size):
-            _encode_skipping_deleted(derived, lacking[start : start + batch_size])
+            derived.encode_queued(lacking[start : start + batch_size])
+        changed = derived.missing_kv(lacking)  # and those too long for the context window, which encode nothing
+        for start in range(0, len(changed), batch_size):
+            derived.encode_queued(changed[start : start + batch_size])
         still = set(derived.missing_kv(lacking))
         present = derived.existing(lacking)
         encoded += sum(1 for memory_id in lacking if memory_id in present and memory_id not in still)
         left += [memory_id for memory_id in lacking if memory_id in still]
     return KVPrepareReport(memories=len(memory_ids), encoded=encoded, left=tuple(left))
 
-
-def _encode_skipping_deleted(derived: DerivedStores, batch: list[str]) -> None:
-    """``derived.encode_queued(batch)``; when a memory of it was deleted before its K/V were stored, each memory
-    again on its own, the deleted one skipped (what was stored before stays)."""
-    try:
-        derived.encode_queued(batch)
-    except MemoryNotFoundError:
-        for memory_id in batch:
-            with contextlib.suppress(MemoryNotFoundError):
-                derived.encode_queued([memory_id])

@@ -46,7 +46,7 @@ class KVPruneReport:
     dry_run: bool = False
 
 
-def prune_kv(derived: DerivedStores, memory_ids: Sequence[str], dry_run: bool = False) -> KVPruneReport:
+def prune_kv(derived: DerivedStores, memory_ids: Sequence[str], *, dry_run: bool = False) -> KVPruneReport:
     """Remove every stored K/V entry of ``memory_ids`` that this client's chats would not look up, :data:`PAGE_SIZE`
     memories at a time (module docstring). Memories no longer stored are left to reconciliation. ``dry_run`` removes
     nothing and reports what would be removed.
@@ -61,7 +61,7 @@ def prune_kv(derived: DerivedStores, memory_ids: Sequence[str], dry_run: bool = 
     """
     memories = entries = rows = nbytes = 0
     for page in range(0, len(memory_ids), PAGE_SIZE):
-        found, pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE], remove=not dry_run)
+        found, pruned = derived.prune_unserved(memory_ids[page : page + PAGE_SIZE], dry_run=dry_run)
         memories, entries = memories + found, entries + pruned.copies
         rows, nbytes = rows + pruned.rows, nbytes + pruned.nbytes
     return KVPruneReport(

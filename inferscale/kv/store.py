@@ -257,10 +257,10 @@ class TieredKVStore:
         with self._lock:
             return sum(tier.delete_memory(memory_id) for tier in self.tiers)
 
-    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], remove: bool = True) -> int:
+    def prune(self, memory_ids: Collection[str], keep: Callable[[KVKey], bool], *, dry_run: bool = False) -> int:
         """Remove the entries of ``memory_ids`` that ``keep`` refuses from every tier (e.g. those written under an
         older key format, which no lookup can match again). One pass over each memory tier's keys; on disk, reads
-        the headers of those memories' files only. ``remove=False`` counts them and removes nothing (a dry run).
+        the headers of those memories' files only. ``dry_run`` counts them and removes nothing.
 
         Returns:
             entry copies removed (or that would be), summed over tiers.
@@ -273,10 +273,10 @@ class TieredKVStore:
             removed = 0
             for tier in self._memory:
                 for key in tier.keys():  # noqa: SIM118  (a snapshot: popping while iterating)
-                    if key.memory_id in wanted and not keep(key) and (not remove or tier.pop(key) is not None):
+                    if key.memory_id in wanted and not keep(key) and (dry_run or tier.pop(key) is not None):
                         removed += 1
             if self._disk is not None:
-                removed += sum(self._disk.prune(memory_id, keep, remove) for memory_id in sorted(wanted))
+                removed += sum(self._disk.prune(memory_id, keep, dry_run=dry_run) for memory_id in sorted(wanted))
             return removed
 
     def clear(self) -> None:

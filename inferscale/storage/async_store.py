@@ -267,18 +267,17 @@ class AsyncMemoryStore:
         nbytes: int,
         location: str,
         store_id: str | None = None,
-        context: Sequence[str] | None = None,
-        chain_from: int | None = None,
+        encoded_from: MemoryRecord | None = None,
     ) -> KVEntryRecord:
         """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; see
         :meth:`MemoryStore.put_kv_entry` (same arguments).
 
         Raises:
-            InvalidInputError: when an argument is empty, too long or negative.
+            InvalidInputError: when an argument is empty, too long or negative, or ``encoded_from`` is another's.
             MemoryNotFoundError: when no memory has id ``memory_id`` (``MemoryChangedError`` when it changed).
         """
         new = NewKVEntry.checked(
-            memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id, context, chain_from
+            memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id, encoded_from
         )
         try:
             return await self._write(put_kv_entry_in_session, new)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from inferscale.errors import MemoryNotFoundError
+from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.storage.models import STORE_ID_LENGTH, KVEntryRow, MemoryRow, utc_now
 from inferscale.storage.queries import chunks, select_kv_entry
-from inferscale.storage.records import KVEntryRecord
+from inferscale.storage.records import KVEntryRecord, MemoryRecord
 from inferscale.storage.validation import check_count, check_id, check_key, check_text
 
 
@@ -32,9 +32,9 @@ class NewKVEntry:
     :class:`~inferscale.storage.records.KVEntryRecord`, and:
 
     Attributes:
-        context: the context turns the K/V were encoded after (the memory's whole stored context, as read before
-            encoding), or ``None`` to write the entry whatever the memory holds now. When given, the entry is
-            written only while the memory still has ``text_hash``, this context and ``chain_from``.
+        context: the memory's stored context as read before encoding (every turn, not only the last w), or ``None``
+            to write the entry whatever the memory holds now. When given, the entry is written only while the
+            memory still has ``text_hash``, this context and ``chain_from``.
         chain_from: the memory's chain start as read before encoding (with ``context``).
     """
 
@@ -60,15 +60,19 @@ class NewKVEntry:
         nbytes: object,
         location: object,
         store_id: object = None,
-        context: Sequence[str] | None = None,
-        chain_from: int | None = None,
+        encoded_from: MemoryRecord | None = None,
     ) -> NewKVEntry:
-        """The validated entry (``context`` and ``chain_from``, from a memory record, are taken as they are).
+        """The validated entry; ``encoded_from``, the memory's record as the encoder read it, gives its ``context``
+        and ``chain_from`` (``None``: unchecked).
 
         Raises:
             InvalidInputError: when an id or key is empty or longer than 255 characters (a ``store_id`` longer than
-                32), or a count is negative.
+                32), or a count is negative; when ``encoded_from`` is not a record of this memory and text hash.
         """
+        if encoded_from is not None and (
+            not isinstance(encoded_from, MemoryRecord) or (encoded_from.id, encoded_from.hash) != (memory_id, text_hash)
+        ):
+            raise InvalidInputError("encoded_from must be the MemoryRecord of the entry's memory and text hash")
         return cls(
             check_id(memory_id),
             check_key(text_hash, "text_hash"),
@@ -78,15 +82,16 @@ class NewKVEntry:
             check_count(nbytes, "nbytes"),
             check_text(location, "location"),
             None if store_id is None else check_key(store_id, "store_id", STORE_ID_LENGTH),
-            None if context is None else tuple(context),
-            chain_from,
+            None if encoded_from is None else tuple(encoded_from.context),
+            None if encoded_from is None else encoded_from.chain_from,
         )
 
 
 def put_kv_entry_in_session(s: Session, entry: NewKVEntry) -> KVEntryRecord:
     """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; ``created_at`` is now. The
     memory's row is read locked (``FOR UPDATE`` on PostgreSQL; SQLite's write transaction holds the database), so a
-    change of its text or context commits either before this check or after this row, and then deletes it.
+    change of its text or context commits either before this check or after this row, and then deletes it. Every
+    writer locks memory rows before K/V rows (``reset`` too), so none deadlocks with this one.
 
     Raises:
         MemoryNotFoundError: when no memory has id ``entry.memory_id``.

@@ -338,8 +338,7 @@ class MemoryStore:
         nbytes: int,
         location: str,
         store_id: str | None = None,
-        context: Sequence[str] | None = None,
-        chain_from: int | None = None,
+        encoded_from: MemoryRecord | None = None,
     ) -> KVEntryRecord:
         """Insert or replace the KV entry of ``(memory_id, fingerprint, encoding_key)``; returns it as stored.
 
@@ -349,15 +348,16 @@ class MemoryStore:
             n_tokens, nbytes: the fact's length (tokens, >= 0); size of the stored tensors (bytes, >= 0).
             location: where the tensors live.
             store_id: the id of the K/V folder holding the file (:meth:`inferscale.kv.tiers.DiskTier.store_id`).
-            context, chain_from: the memory's context and chain start as read before encoding: when given, the
-                entry is written only if the memory still has them and ``text_hash`` (:class:`NewKVEntry`).
+            encoded_from: the memory's record as read before encoding: when given, the entry is written only while
+                the memory still has its text hash, context and chain start (:class:`NewKVEntry`).
 
         Raises:
-            InvalidInputError: when an argument is empty, too long or negative.
+            InvalidInputError: when an argument is empty, too long or negative, or ``encoded_from`` is another's.
             MemoryNotFoundError: when no memory has id ``memory_id`` (``MemoryChangedError`` when it changed).
         """
-        entry = (memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id, context)
-        new = NewKVEntry.checked(*entry, chain_from)
+        new = NewKVEntry.checked(
+            memory_id, text_hash, fingerprint, encoding_key, n_tokens, nbytes, location, store_id, encoded_from
+        )
         try:
             return self.run_write(put_kv_entry_in_session, new)
         except IntegrityError:  # a concurrent writer inserted the same key: this time the row exists

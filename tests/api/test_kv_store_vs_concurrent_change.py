@@ -73,3 +73,74 @@ def test_kv_encoded_before_another_clients_change_are_not_stored(
         now = encoding.db.get(city)
         assert now is not None and rows and {row.text_hash for row in rows} == {now.hash}
         assert encoding.derived.missing_kv([city]) == []
+
+
+def test_the_encoder_stores_a_context_free_encoding_whose_context_was_scrubbed_as_the_memory_is_now(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's find in the first version of the check: the encoder kept the context-free encoding of a memory
+    whose context lost one of its turns during the pass (its key does not depend on the turns while one is left),
+    then stored it as the record it had read, whose context the row's check no longer found: ``MemoryChangedError``
+    failed the pass. It is stored as the memory is now; the in-context encoding, computed after the deleted text,
+    is not."""
+    config = MemoryConfig(data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(encode_on_add="lazy"))
+    with (
+        MemoryClient(config, engine=engine, embedder=HashEmbedder()) as encoding,
+        MemoryClient(config, engine=engine, embedder=HashEmbedder()) as other,
+    ):
+        texts = ["I play the cello.", DOG, CITY]
+        messages = [{"role": "user", "content": text} for text in texts]
+        _, dog, city = [r["id"] for r in encoding.add(messages, user_id="u", infer=False)["results"]]
+        encoding.derived.load_encoder()
+        fact_kv = encoding.derived.fact_kv
+        encode = fact_kv.encode
+
+        def encode_then_deleted_elsewhere(requests: Any) -> Any:
+            encoded = encode(requests)
+            if other.get(dog) is not None:
+                other.delete(dog)  # its text leaves the city's context
+            return encoded
+
+        monkeypatch.setattr(fact_kv, "encode", encode_then_deleted_elsewhere)
+        assert encoding.derived.encode_queued([city]) == []
+        monkeypatch.setattr(fact_kv, "encode", encode)
+        now = encoding.db.get(city)
+        assert now is not None and now.context == texts[:1]  # a turn is left: the context-free key is unchanged
+        (row,) = encoding.db.run_read(kv_entries_of, [city])  # the context-free one, under the memory as it is
+        assert row.text_hash == now.hash and ";w=0;" in row.encoding_key
+        assert encoding.prune_kv(dry_run=True).rows_removed == 0  # no entry of the old context
+        assert encoding.derived.missing_kv([city]) == [city]  # its in-context one, after the turn left
+
+
+def test_a_memory_changed_between_the_encoders_check_and_its_row_is_skipped_and_the_rest_stored(
+    tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process re-words one memory of a chunk after the encoder compared the chunk with SQL: that memory is
+    skipped (encoded again when next used), the others are stored, and the chunk is not retried (the first version
+    of the check failed the whole chunk, which the queue then encoded again one memory at a time)."""
+    config = MemoryConfig(
+        data_dir=str(tmp_path), db_url=db_url, kv=KVConfig(encode_on_add="lazy", first_memory_context_free=False)
+    )
+    with (
+        MemoryClient(config, engine=engine, embedder=HashEmbedder()) as encoding,
+        MemoryClient(config, engine=engine, embedder=HashEmbedder()) as other,
+    ):
+        texts = [DOG, CITY, "I play the cello."]
+        ids = [r["id"] for r in encoding.add(texts[0], user_id="u", infer=False)["results"]]
+        ids += [r["id"] for r in encoding.add(texts[1], user_id="v", infer=False)["results"]]
+        ids += [r["id"] for r in encoding.add(texts[2], user_id="w", infer=False)["results"]]
+        encoding.derived.load_encoder()
+        fact_kv = encoding.derived.fact_kv
+        put = fact_kv.put
+
+        def put_after_a_change_elsewhere(wanted: Any, encoded: Any) -> Any:
+            if wanted[0][0].id == ids[1] and other.get(ids[1])["memory"] == CITY:
+                other.update(ids[1], "I live in Lisbon.")  # committed after the encoder's check
+            return put(wanted, encoded)
+
+        monkeypatch.setattr(fact_kv, "put", put_after_a_change_elsewhere)
+        encoding.derived.encode_queued(ids)
+        stored = {row.memory_id for row in encoding.db.all_kv_entries()}
+        assert stored == {ids[0], ids[2]}
+        assert "retrying one at a time" not in caplog.text
+        assert encoding.derived.missing_kv(ids) == [ids[1]]  # its new text, encoded when next used

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from inferscale import MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
@@ -27,6 +29,7 @@ from inferscale.kv.fingerprint import encoding_key, token_ids_digest, weights_di
 from inferscale.kv.tiers import DiskTier
 from inferscale.scope import Scope
 from inferscale.storage import MemoryRecord, MemoryStore, hash_text
+from inferscale.storage.models import MemoryRow
 from inferscale.storage.queries import kv_entries_of
 from tests.mem0_fakes import HashEmbedder, ScriptedGenerator
 from tests.tiny_models import byte_chat_tokenizer, tiny_model
@@ -72,10 +75,25 @@ class Setting:
 
     def ensure(self, directory: Path, db: MemoryStore, rows: Sequence[MemoryRecord]) -> tuple[list[FactKV], int]:
         """The K/V a fresh manager on ``directory`` serves for ``rows`` under this setting, and how many lookups
-        missed (each miss was encoded)."""
+        missed (each miss was encoded). A setting that changes the records commits the change to SQL first, as an
+        update or a context scrub would: K/V are stored only for a memory's state in SQL."""
+        changed = [self.record(r) for r in rows]
+        for before, after in zip(rows, changed, strict=True):
+            if after != before:
+                _commit(db, after)
         kv = self.manager(directory, db)
-        facts = kv.ensure([self.record(r) for r in rows])
+        facts = kv.ensure(changed)
         return facts, kv.store.stats().misses
+
+
+def _commit(db: MemoryStore, record: MemoryRecord) -> None:
+    """Make ``record``'s text, hash and context its memory's in SQL."""
+
+    def write(s: Session) -> None:
+        values = {"text": record.text, "hash": record.hash, "context": list(record.context)}
+        s.execute(update(MemoryRow).where(MemoryRow.id == record.id).values(**values))
+
+    db.run_write(write)
 
 
 @pytest.fixture(scope="module")

@@ -351,9 +351,7 @@ def test_a_kv_entry_is_written_only_while_the_memory_has_the_text_and_context_it
     assert read is not None
 
     def put(record: MemoryRecord, location: str) -> Any:
-        return store.put_kv_entry(
-            record.id, record.hash, "fp", "w1", 4, 64, location, context=record.context, chain_from=record.chain_from
-        )
+        return store.put_kv_entry(record.id, record.hash, "fp", "w1", 4, 64, location, encoded_from=record)
 
     store.delete(dog.id)  # its text leaves the city's stored context
     with pytest.raises(MemoryChangedError, match="changed after its K/V were encoded"):
@@ -367,6 +365,8 @@ def test_a_kv_entry_is_written_only_while_the_memory_has_the_text_and_context_it
     assert now is not None and store.get_kv_entry(city.id, "fp", "w1") is None
     assert put(now, "/kv/3") == store.get_kv_entry(city.id, "fp", "w1")
     assert store.put_kv_entry(city.id, "h-of-another-text", "fp", "w1", 4, 64, "/kv/4").text_hash == "h-of-another-text"
+    with pytest.raises(InvalidInputError, match="encoded_from must be the MemoryRecord of the entry's memory"):
+        store.put_kv_entry(dog.id, dog.hash, "fp", "w1", 4, 64, "/kv/5", encoded_from=now)  # another memory's
 
 
 def test_kv_entry_for_unknown_memory(store: MemoryStore) -> None:

@@ -208,9 +208,9 @@ class DiskTier:
             shutil.rmtree(folder)
         return count
 
-    def prune(self, memory_id: str, keep: Callable[[KVKey], bool], remove: bool = True) -> int:
+    def prune(self, memory_id: str, keep: Callable[[KVKey], bool], *, dry_run: bool = False) -> int:
         """Remove the files of ``memory_id`` whose recorded key ``keep`` refuses (reads each file's header only);
-        returns how many were removed (with ``remove=False``, how many would be: nothing is removed). A file whose
+        returns how many were removed (``dry_run``: how many would be, nothing removed). A file whose
         header cannot be read is kept: it may belong to a newer version, and it is never injected (:meth:`get`
         refuses it).
 
@@ -226,7 +226,7 @@ class DiskTier:
             except (OSError, KVFormatError, SafetensorError):  # removed meanwhile, or not ours to judge
                 continue
             if not keep(key):
-                if remove:
+                if not dry_run:
                     path.unlink(missing_ok=True)
                 removed += 1
         return removed
