@@ -76,4 +76,3 @@ def prepare_kv(derived: DerivedStores, memory_ids: Sequence[str], batch_size: in
         encoded += sum(1 for memory_id in lacking if memory_id in present and memory_id not in still)
         left += [memory_id for memory_id in lacking if memory_id in still]
     return KVPrepareReport(memories=len(memory_ids), encoded=encoded, left=tuple(left))
-

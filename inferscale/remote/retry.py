@@ -110,7 +110,7 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
         return seconds if math.isfinite(seconds) else None
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):  # not a date (also the empty string)
+    except (TypeError, ValueError, OverflowError):  # not a date (also the empty string), or a year past datetime's
         return None
     if when.tzinfo is None:  # asctime (no zone) or "-0000": HTTP dates are GMT
         when = when.replace(tzinfo=UTC)

@@ -386,7 +386,7 @@ def reset_in_session(s: Session) -> list[str]:
     # The memory rows before the K/V rows, the order every writer locks them in: a K/V write holds its memory's row
     # while it writes its entry (kv_entries.put_kv_entry_in_session), and would deadlock with a reset that took the
     # entries first.
-    s.execute(select(MemoryRow.pk).order_by(MemoryRow.pk).with_for_update())
+    s.execute(select(MemoryRow.pk).order_by(MemoryRow.id).with_for_update())
     known = s.scalars(select(MemoryRow.id).union(select(HistoryRow.memory_id))).all()
     s.execute(delete(KVEntryRow))
     s.execute(delete(HistoryRow))

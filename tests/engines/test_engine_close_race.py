@@ -50,7 +50,8 @@ def test_a_close_between_a_calls_load_and_its_lock_raises_engine_closed(
 
 
 def test_the_layout_and_context_window_answer_while_the_engine_is_closed() -> None:
-    """They read the loaded state without the lock: after a close they answer from the tokenizer and config."""
+    """They read the loaded state without the lock, so a close on another thread may come at any point of the read;
+    what they fall back to is checked here: after a close they answer from the tokenizer and config, the same."""
     engine = tiny_engine("llama")
     window, ids = engine.max_context_tokens, engine.fact_token_ids("Maya lives in Porto.")
     engine.close()

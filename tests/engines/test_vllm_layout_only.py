@@ -296,3 +296,22 @@ def test_an_encode_whose_encoder_closes_between_its_load_and_its_lock_raises_eng
     (fact,) = engine.encode_facts([EncodeRequest(engine.fact_token_ids("I like tea."))])  # loaded again
     assert fact.n_tokens == len(engine.fact_token_ids("I like tea."))
     engine.close()
+
+
+def test_a_chat_or_run_whose_vllm_engine_closes_before_it_is_used_raises_engine_closed(
+    model_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second review's find: past the encoder, a stream opening (``_stream`` read ``self._llm``), ``run`` and the
+    ``llm`` property still read what ``close()`` deletes, and gave a bare AttributeError. vLLM's load stands still
+    here (``load`` does nothing), so the engine is as another thread's ``close()`` left it: never started again."""
+    engine = _engine(model_folder)
+    request = engine.prepare_prompt("Where does Maya live?", [engine.fact_token_ids("Maya lives in Porto.")])
+    monkeypatch.setattr(engine, "load", lambda: engine)  # the load ran; the close came after it
+    stream = engine.stream_prompt("Where does Maya live?", [engine.fact_token_ids("Maya lives in Porto.")], 4)
+    with pytest.raises(EngineClosedError, match="closed before this stream was read"):
+        next(stream)
+    with pytest.raises(EngineClosedError, match="closed while this call waited"):
+        engine.run([request], 4)
+    with pytest.raises(EngineClosedError, match="closed while this call used it"):
+        _ = engine.llm
+    engine.close()

@@ -221,7 +221,8 @@ def test_retry_after_reads_seconds_and_http_dates_and_ignores_anything_else() ->
     assert 28.0 <= (_wait_of(ahead.strftime("%a %b %d %H:%M:%S %Y")) or 0) <= 30.0  # asctime
     assert _wait_of("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # past: no wait
     assert _wait_of("Wed, 21 Oct 2015 07:28:00 -0000") == 0.0
-    for unreadable in ("-5", "1.5", "soon", "\uff11\uff12", "", "9" * 400):
+    huge_year = "Wed, 21 Oct 99999999999999999999 07:28:00 GMT"  # overflowed inside parsedate_to_datetime
+    for unreadable in ("-5", "1.5", "soon", "\uff11\uff12", "", "9" * 400, huge_year):
         # full-width digits pass str.isdigit: sent as UTF-8 bytes, which httpx decodes; 400 nines overflow a float
         assert _wait_of(unreadable.encode()) is None, unreadable
     assert parse_retry_after(httpx.Headers()) is None

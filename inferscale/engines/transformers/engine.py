@@ -193,8 +193,9 @@ class TransformersEngine(LayoutTokensMixin):
     def _load_layout_only(self) -> LayoutOnly:
         """The layout and context window before the model is loaded: from the tokenizer and model the caller passed
         in, else from the configured model's tokenizer and config files (no weights)."""
-        if self._model is not None and self._tokenizer is not None:
-            return LayoutOnly(PromptLayout(self._tokenizer, self._system_prompt), max_positions(self._model.config))
+        model, tokenizer = self._model, self._tokenizer  # once: a close() on another thread may drop them meanwhile
+        if model is not None and tokenizer is not None:
+            return LayoutOnly(PromptLayout(tokenizer, self._system_prompt), max_positions(model.config))
         return load_layout_only(self._config, self._system_prompt, self._home)
 
     def close(self) -> None:

@@ -167,10 +167,10 @@ class VLLMEngine(LayoutTokensMixin):
         """Keyword arguments for ``vllm.LLM`` / ``vllm.AsyncEngineArgs``: the model folder, dtype, eager mode, prefix
         caching, KV cache size (bytes), context limit (tokens), the InferScale connector bound to this model's
         fingerprint, and ``llm_kwargs`` on top. Loads the encoder (for the path and fingerprint)."""
-        self.load_encoder()
+        model = self.model  # loads the encoder
         kwargs: dict[str, Any] = {
             "model": self._path,
-            "dtype": loaded_dtype(self._model),  # what "auto" chose for the encoder: both must agree
+            "dtype": loaded_dtype(model),  # what "auto" chose for the encoder: both must agree
             "enforce_eager": self._enforce_eager,
             "enable_prefix_caching": True,
             "kv_cache_memory_bytes": self._kv_cache_bytes,
@@ -262,8 +262,12 @@ class VLLMEngine(LayoutTokensMixin):
     # ---------------------------------------------------------------- properties
     @property
     def llm(self) -> Any:
-        """The ``vllm.LLM`` instance."""
-        return self.load()._llm
+        """The ``vllm.LLM`` instance (:class:`EngineClosedError` when the engine is closed meanwhile)."""
+        self.load()
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            raise EngineClosedError("the vLLM engine was closed while this call used it; ask again")
+        return llm
 
     @property
     def model(self) -> Any:
@@ -426,6 +430,7 @@ class VLLMEngine(LayoutTokensMixin):
         Raises:
             RuntimeError: while a stream (:meth:`stream_kv`, :meth:`stream_prompt`) is open: ``LLM.generate``
                 steps the engine until it is idle and would swallow the stream's outputs.
+            EngineClosedError: when another thread closes the engine between this call's load and its lock.
         """
         from vllm import SamplingParams
 
@@ -436,6 +441,8 @@ class VLLMEngine(LayoutTokensMixin):
         pairs = [r.vllm_inputs(sampling) for r in requests]
         prompts: list[Any] = [p for p, _ in pairs]  # token prompts (vLLM's TokensPrompt dicts)
         with self._lock:
+            if not self._ready:  # closed by another thread since this call's load
+                raise EngineClosedError("the vLLM engine was closed while this call waited for it; ask again")
             if self._streams:
                 raise RuntimeError(
                     f"{len(self._streams)} stream(s) of this engine are open; exhaust or close them before run()"
@@ -522,7 +529,8 @@ class VLLMEngine(LayoutTokensMixin):
         """Check the request against vLLM's context limit, then return the generator that submits and drains it
         (:meth:`_events`). ``t0`` is when the request started (``time.perf_counter()`` seconds)."""
         self._check_fits(request, max_new_tokens)
-        return self._events(self._llm, request, max_new_tokens, sampling, t0, assembly_ms)
+        # None once another thread closed the engine: the first read then raises EngineClosedError (_check_open)
+        return self._events(getattr(self, "_llm", None), request, max_new_tokens, sampling, t0, assembly_ms)
 
     def _check_fits(self, request: PreparedRequest, max_new_tokens: int) -> None:
         """Load vLLM, then refuse ``request`` when its prompt and ``max_new_tokens`` exceed vLLM's context limit.
@@ -564,9 +572,10 @@ class VLLMEngine(LayoutTokensMixin):
         """
         with self._lock:
             self._check_open(llm)  # before anything of the engine's is used: a closed one has none
+            tokenizer = self._tokenizer
         prompt, params = request.vllm_inputs(self.sampling_params(sampling, max_new_tokens))
         request_id = f"inferscale-{uuid.uuid4().hex}"
-        answer = AnswerText(self._tokenizer, sampling.stop)
+        answer = AnswerText(tokenizer, sampling.stop)
         generated: list[int] = []
         prefill_ms: float | None = None
         vllm_reason: str | None = None
