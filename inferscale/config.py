@@ -320,7 +320,8 @@ class KVConfig(_Strict):
             which is why it is off by default (docs/architecture.md, runs 17-19). A deleted or re-worded memory
             re-encodes the later memories of its block (at most B - 1, each with its context-free encoding).
             Memories extracted by ``add(infer=True)`` are never chained. Needs ``encode_after_system_prefix`` and
-            ``position_buckets=(0,)``.
+            ``position_buckets=(0,)``, and a model without sliding-window attention: on one, ``add`` and a
+            re-wording ``update`` raise ``UnsupportedModelError`` before they write (the model is only known then).
         chain_window: how many of the block's earlier memories a chained memory is encoded on (the last ones).
         first_memory_context_free: serve the memory segment's first memory from its *context-free* encoding (right
             after the system prefix, with no context turns) and every other from its context-window encoding. In

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from inferscale.chains import ChainLink, anchor_context, chained_on, next_in_chain
 from inferscale.config import KVConfig
 from inferscale.engines.base import Engine
+from inferscale.errors import UnsupportedModelError
 from inferscale.kv.encode import EncodeRequest, check_spans
 from inferscale.kv.serving import gap_for_bucket
 from inferscale.steps import MemoryById, Steps
@@ -71,6 +72,19 @@ class EncodingLayout:
             EncodeRequest(fact_ids=fact_ids, context_ids=prefix + turns, position_gap=gap_for_bucket(b, len(turns)))
             for b in buckets
         ]
+
+    def check_chains(self) -> None:
+        """Refuse chains (``kv.chain_block``) on an engine that cannot encode them; nothing when chains are off.
+
+        Raises:
+            UnsupportedModelError: when chains are on and the model has sliding-window layers
+                (:attr:`~inferscale.engines.base.Engine.encodes_chains`).
+        """
+        if self._config.chains and not self._engine.encodes_chains:
+            raise UnsupportedModelError(
+                "kv.chain_block needs a model without sliding-window attention: this one's layers attend over a "
+                "window, and facts cannot be encoded on stored K/V on it; set kv.chain_block=0"
+            )
 
     def chained(self, link: ChainLink) -> bool:
         """Whether the memory of ``link`` is encoded on the stored K/V of earlier memories under these settings
@@ -214,6 +228,8 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
         InvalidInputError: for changes the write would refuse (an empty or unstorable text, a bad id or metadata),
             or naming the first memory that does not fit: a fact too long even after the system prefix alone, or a
             new text too long after its memory's turns. Nothing has been written.
+        UnsupportedModelError: when chains are on and the model cannot encode them
+            (:meth:`EncodingLayout.check_chains`). Nothing has been written.
     """
     validate_changes(changes)
     memories: list[tuple[str, str, Sequence[str], int | None]] = []
@@ -226,6 +242,7 @@ def span_steps(layout: Callable[[], EncodingLayout], changes: ChangeSet) -> Step
     if not memories and not changes.adds:
         return changes
     built = layout()
+    built.check_chains()
     built.check(memories)
     replanned: dict[ChainLink, ChainLink] = {}
     fitted: list[NewMemory] = []

@@ -204,6 +204,13 @@ class Engine(Protocol):
         ...
 
     @property
+    def encodes_chains(self) -> bool:
+        """Whether facts can be encoded on the stored K/V of the facts before them (``kv.chain_block``): not on a
+        model with sliding-window layers, whose cache the chained encoding cannot lay out. Loads no weights, as
+        :attr:`max_context_tokens`."""
+        ...
+
+    @property
     def fingerprint(self) -> str:
         """:func:`inferscale.kv.fingerprint.model_fingerprint` of the loaded model (32 hex characters). Loads the
         model."""

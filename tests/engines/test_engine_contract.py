@@ -39,6 +39,7 @@ def test_contract_members() -> None:
             "conversation_token_ids",
             "device",
             "encode_facts",
+            "encodes_chains",
             "fact_token_ids",
             "fingerprint",
             "first_token_logits",

@@ -44,6 +44,19 @@ def max_positions(model_config: Any) -> int:
     return declared if static is None else min(declared, static)
 
 
+def sliding_window(model_config: Any) -> int | None:
+    """The width (tokens) of the model's sliding-window attention when its layers have one, else ``None``: the
+    ``sliding_window`` of its text config, the field the fact encoder reads
+    (:class:`~inferscale.kv.encode.FactEncoder`).
+
+    Args:
+        model_config: a ``transformers.PretrainedConfig`` (typed ``Any``: each model class has its own).
+    """
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    window = getattr(text, "sliding_window", None)
+    return int(window) if window else None
+
+
 @dataclass(frozen=True, slots=True)
 class LayoutOnly:
     """What an engine's token layout needs, without the weights.
@@ -51,10 +64,12 @@ class LayoutOnly:
     Attributes:
         layout: the prompt layout over the model's tokenizer and the engine's system prompt.
         max_positions: the model's context window (tokens), :func:`max_positions` of its config.
+        sliding_window: :func:`sliding_window` of its config (tokens), or ``None``.
     """
 
     layout: PromptLayout
     max_positions: int
+    sliding_window: int | None = None
 
 
 FILE_CACHE_SIZE = 8
@@ -86,7 +101,7 @@ def _layout_from_files(path: str, system_prompt: str) -> LayoutOnly:
     with loading_model("engine.model", path):
         tokenizer = AutoTokenizer.from_pretrained(path)
         model_config = AutoConfig.from_pretrained(path)
-    return LayoutOnly(PromptLayout(tokenizer, system_prompt), max_positions(model_config))
+    return LayoutOnly(PromptLayout(tokenizer, system_prompt), max_positions(model_config), sliding_window(model_config))
 
 
 class LayoutOnlyCache:

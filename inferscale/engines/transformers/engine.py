@@ -36,7 +36,13 @@ from inferscale.engines.base import (
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
-from inferscale.engines.hf.layout_only import LayoutOnly, LayoutOnlyCache, load_layout_only, max_positions
+from inferscale.engines.hf.layout_only import (
+    LayoutOnly,
+    LayoutOnlyCache,
+    load_layout_only,
+    max_positions,
+    sliding_window,
+)
 from inferscale.engines.hf.threads import choose_threads
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
@@ -195,7 +201,10 @@ class TransformersEngine(LayoutTokensMixin):
         in, else from the configured model's tokenizer and config files (no weights)."""
         model, tokenizer = self._model, self._tokenizer  # once: a close() on another thread may drop them meanwhile
         if model is not None and tokenizer is not None:
-            return LayoutOnly(PromptLayout(tokenizer, self._system_prompt), max_positions(model.config))
+            config = model.config
+            return LayoutOnly(
+                PromptLayout(tokenizer, self._system_prompt), max_positions(config), sliding_window(config)
+            )
         return load_layout_only(self._config, self._system_prompt, self._home)
 
     def close(self) -> None:
@@ -278,6 +287,15 @@ class TransformersEngine(LayoutTokensMixin):
         if model is not None and self._ready:
             return max_positions(model.config)
         return self._layout_only.get().max_positions
+
+    @property
+    def encodes_chains(self) -> bool:
+        """Whether facts can be encoded on stored K/V (``kv.chain_block``): not on a model with sliding-window
+        layers. From the loaded model's config, or before the load from its config file alone (loads no weights)."""
+        model = self._model
+        if model is not None and self._ready:
+            return sliding_window(model.config) is None
+        return self._layout_only.get().sliding_window is None
 
     def _check_context(self, memory_tokens: int, rest: int) -> None:
         """Refuse a request whose prefix + memory + query + answer budget passes the context window: it could

@@ -41,7 +41,7 @@ from inferscale.engines.base import Conversation, Engine, Generation, StreamEven
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
-from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only, max_positions
+from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only, max_positions, sliding_window
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
@@ -307,6 +307,15 @@ class VLLMEngine(LayoutTokensMixin):
         else:
             model_limit = self._layout_only.get().max_positions
         return min(self._max_model_len, model_limit) if self._max_model_len is not None else model_limit
+
+    @property
+    def encodes_chains(self) -> bool:
+        """Whether facts can be encoded on stored K/V (``kv.chain_block``): not on a model with sliding-window
+        layers. From the encoder's config, or before it is loaded from the config file alone (loads no weights)."""
+        model = getattr(self, "_model", None)  # close() deletes it, from another thread too
+        if model is not None and self._encoder_ready:
+            return sliding_window(model.config) is None
+        return self._layout_only.get().sliding_window is None
 
     @property
     def stop_token_ids(self) -> list[int]:
