@@ -32,7 +32,6 @@ import numpy as np
 from inferscale.config import EncodeMode, MemoryConfig
 from inferscale.encode_queue import EncodeQueue, StopCheck, interpreter_exiting
 from inferscale.engines.base import Engine
-from inferscale.errors import MemoryNotFoundError
 from inferscale.fact_kv import FactKVManager, Pruned, Wanted
 from inferscale.filters import Filter
 from inferscale.kv.fact import FactKV
@@ -578,23 +577,17 @@ class DerivedStores:
         context-free encoding survives a context scrub). A memory another process changes or deletes between this
         read and its row is skipped (:class:`~inferscale.storage.kv_entries.MemoryChangedError`, a
         ``MemoryNotFoundError``): it is encoded again when next used. Takes the client's lock."""
-        stored = 0
         with self._lock:
             now = self._db().get_many([record.id for record, _ in encoded_for])
+            kept: list[tuple[Wanted, FactKV]] = []
             for (record, encoding), fact in zip(encoded_for, encoded, strict=True):
                 current = now.get(record.id)
                 key = fact_kv.key(record, encoding)
                 if current is None or fact_kv.key(current, encoding) != key:
                     continue  # deleted, re-worded or re-contexted during the pass: a stale encoding
-                if fact_kv.store.contains(key):  # stored meanwhile by a chat that needed it
-                    continue
-                try:
-                    fact_kv.put([(current, encoding)], [fact])
-                except MemoryNotFoundError:  # changed or deleted by another process since ``now`` was read
-                    log.debug("memory %s changed while its K/V were stored; left to its next use", record.id)
-                    continue
-                stored += 1
-        return stored
+                if not fact_kv.store.contains(key):  # not stored meanwhile by a chat that needed it
+                    kept.append(((current, encoding), fact))
+            return fact_kv.put_unless_changed([pair for pair, _ in kept], [fact for _, fact in kept])
 
     def forget_kv(self, memory_ids: Sequence[str]) -> None:
         """Drop the K/V tensors of deleted or re-worded memories from every tier (every key of each:

@@ -571,16 +571,38 @@ class FactKVManager:
         for (record, encoding), fresh in zip(wanted, encoded, strict=True):
             fact = fresh.quantized(self._config.storage_format)  # once, before it is stored
             stored.append(self._put_one(record, self.key(record, encoding), fact))
-        # Entries of an older key format can never hit again: drop them as their memories are encoded anew. What is
-        # stored above stays stored whatever this cleanup meets: a leftover is never read, and prune_kv or
-        # reconciliation removes it later.
-        memory_ids = {record.id for record, _ in wanted}
+        self._prune_older_formats({record.id for record, _ in wanted})
+        return stored
+
+    def put_unless_changed(self, wanted: Sequence[Wanted], encoded: Sequence[FactKV]) -> int:
+        """:meth:`put`, skipping (logged at DEBUG) each memory deleted, or whose text or context changed, since its
+        record was read, instead of stopping there: it is encoded again when next used. Returns how many were stored.
+
+        Raises:
+            OSError, KVFormatError: as :meth:`put`.
+        """
+        stored: list[str] = []
+        for (record, encoding), fresh in zip(wanted, encoded, strict=True):
+            try:
+                self._put_one(record, self.key(record, encoding), fresh.quantized(self._config.storage_format))
+            except MemoryNotFoundError:  # changed or deleted by another process since the record was read
+                log.debug("memory %s changed while its K/V were stored; left to its next use", record.id)
+                continue
+            stored.append(record.id)
+        self._prune_older_formats(set(stored))
+        return len(stored)
+
+    def _prune_older_formats(self, memory_ids: set[str]) -> None:
+        """Drop the entries of an older key format of ``memory_ids``, which can never hit again, as their memories
+        are encoded anew. What was just stored stays stored whatever this cleanup meets: a leftover is never read,
+        and prune_kv or reconciliation removes it later."""
+        if not memory_ids:
+            return
         try:
             if self._store.prune(memory_ids, _current_format):  # rows only where a copy went: most stores read no SQL
                 self._prune_rows(memory_ids, _current_format, self._disk_tier())
         except (OSError, InferScaleError) as exc:
             log.warning("K/V entries of an older format could not be removed (%s); they are never read", exc)
-        return stored
 
     def served_keys(self, records: Sequence[MemoryRecord]) -> set[KVKey]:
         """The keys under which a chat of this client looks up the K/V of ``records``: each one's encodings

@@ -131,14 +131,14 @@ def test_a_memory_changed_between_the_encoders_check_and_its_row_is_skipped_and_
         ids += [r["id"] for r in encoding.add(texts[2], user_id="w", infer=False)["results"]]
         encoding.derived.load_encoder()
         fact_kv = encoding.derived.fact_kv
-        put = fact_kv.put
+        put_one = fact_kv._put_one
 
-        def put_after_a_change_elsewhere(wanted: Any, encoded: Any) -> Any:
-            if wanted[0][0].id == ids[1] and other.get(ids[1])["memory"] == CITY:
+        def put_after_a_change_elsewhere(record: Any, key: Any, fact: Any) -> Any:
+            if record.id == ids[1] and other.get(ids[1])["memory"] == CITY:
                 other.update(ids[1], "I live in Lisbon.")  # committed after the encoder's check
-            return put(wanted, encoded)
+            return put_one(record, key, fact)
 
-        monkeypatch.setattr(fact_kv, "put", put_after_a_change_elsewhere)
+        monkeypatch.setattr(fact_kv, "_put_one", put_after_a_change_elsewhere)
         assert encoding.derived.encode_queued(ids) == []  # no error for the queue to retry the chunk on
         stored = {row.memory_id for row in encoding.db.all_kv_entries()}
         assert stored == {ids[0], ids[2]}

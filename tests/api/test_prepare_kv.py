@@ -138,16 +138,16 @@ def test_a_memory_deleted_while_prepare_kv_runs_is_skipped_and_not_counted(
     try:
         ids = client.add(MAYA, "maya")
         fact_kv = client.client.derived.fact_kv
-        put = fact_kv.put
+        put_one = fact_kv._put_one
         deleted: list[str] = []
 
-        def put_after_a_delete(wanted: Any, encoded: Any) -> Any:
+        def put_after_a_delete(record: Any, key: Any, fact: Any) -> Any:
             if not deleted:
                 deleted.append(ids[1])
                 client.client.db.delete(ids[1])  # straight to SQL, as another writer commits
-            return put(wanted, encoded)
+            return put_one(record, key, fact)
 
-        monkeypatch.setattr(fact_kv, "put", put_after_a_delete)
+        monkeypatch.setattr(fact_kv, "_put_one", put_after_a_delete)
         assert client.prepare_kv() == KVPrepareReport(memories=3, encoded=2, left=())
         assert deleted == [ids[1]] and client.client.db.get(ids[1]) is None
         _assert_stored_fresh(client, engine, [ids[0], ids[2]])
