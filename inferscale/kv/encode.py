@@ -159,6 +159,19 @@ def model_config(model: nn.Module) -> Any:
     return config
 
 
+def sliding_window(config: Any) -> int | None:
+    """The width (tokens) of a model's sliding-window attention when its layers have one, else ``None``: the
+    ``sliding_window`` of a transformers config (of its text config, for a config that has one). The fact encoder
+    lays its cache out by it and encodes nothing chained on it; the engines read it from the config file alone.
+
+    Args:
+        config: a ``transformers.PretrainedConfig`` (typed ``Any``: each model class has its own).
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    return int(window) if window else None
+
+
 def kv_head_shape(config: Any) -> tuple[int, int]:
     """``(n_kv_heads, head_dim)`` of a transformers config: ``num_key_value_heads`` and ``head_dim`` (or
     ``hidden_size // num_attention_heads`` when the config has none)."""
@@ -350,8 +363,7 @@ class FactEncoder:
         self._pad = pad_token_id
         self._share_contexts = share_contexts
         self._rotate_keys = rotate_keys
-        window = getattr(model_config(model), "sliding_window", None)
-        self._window: int | None = int(window) if window else None
+        self._window = sliding_window(model_config(model))
         self._prefix_ids: tuple[int, ...] = ()
         self._prefix_kv: KVPerLayer = []
         self.tokens_prefilled = 0

@@ -21,6 +21,7 @@ from inferscale.config import EngineConfig
 from inferscale.engines.hf.prompt import PromptLayout
 from inferscale.errors import UnsupportedModelError
 from inferscale.kv import max_static_position
+from inferscale.kv.encode import sliding_window
 from inferscale.model_load import loading_model
 from inferscale.models import resolve_llm_path
 
@@ -44,19 +45,6 @@ def max_positions(model_config: Any) -> int:
     return declared if static is None else min(declared, static)
 
 
-def sliding_window(model_config: Any) -> int | None:
-    """The width (tokens) of the model's sliding-window attention when its layers have one, else ``None``: the
-    ``sliding_window`` of its text config, the field the fact encoder reads
-    (:class:`~inferscale.kv.encode.FactEncoder`).
-
-    Args:
-        model_config: a ``transformers.PretrainedConfig`` (typed ``Any``: each model class has its own).
-    """
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    window = getattr(text, "sliding_window", None)
-    return int(window) if window else None
-
-
 @dataclass(frozen=True, slots=True)
 class LayoutOnly:
     """What an engine's token layout needs, without the weights.
@@ -64,7 +52,7 @@ class LayoutOnly:
     Attributes:
         layout: the prompt layout over the model's tokenizer and the engine's system prompt.
         max_positions: the model's context window (tokens), :func:`max_positions` of its config.
-        sliding_window: :func:`sliding_window` of its config (tokens), or ``None``.
+        sliding_window: :func:`~inferscale.kv.encode.sliding_window` of its config (tokens), or ``None``.
     """
 
     layout: PromptLayout

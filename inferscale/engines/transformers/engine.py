@@ -36,13 +36,7 @@ from inferscale.engines.base import (
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.attention import QueryAttentionProbe, routed_through_sdpa_gqa
-from inferscale.engines.hf.layout_only import (
-    LayoutOnly,
-    LayoutOnlyCache,
-    load_layout_only,
-    max_positions,
-    sliding_window,
-)
+from inferscale.engines.hf.layout_only import LayoutOnly, LayoutOnlyCache, load_layout_only, max_positions
 from inferscale.engines.hf.threads import choose_threads
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.engines.transformers.remedies import MemoryBias, bias_mask, check_remedies, recompute_slots
@@ -50,7 +44,7 @@ from inferscale.engines.transformers.sampling import TokenChooser
 from inferscale.engines.transformers.workspaces import WorkspacePool
 from inferscale.errors import EngineClosedError, InvalidInputError
 from inferscale.kv.compose import AssembledKV, PrefixKV, SegmentWorkspace, assemble
-from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
+from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans, sliding_window
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.recompute import planned_slots, top_scored_slots

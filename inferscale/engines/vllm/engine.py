@@ -29,7 +29,7 @@ import time
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,12 +41,12 @@ from inferscale.engines.base import Conversation, Engine, Generation, StreamEven
 from inferscale.engines.hf import LayoutTokensMixin, PromptLayout, load_causal_lm, stop_token_ids
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
-from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only, max_positions, sliding_window
+from inferscale.engines.hf.layout_only import LayoutOnlyCache, load_layout_only, max_positions
 from inferscale.engines.vllm.connector import kv_transfer_config
 from inferscale.engines.vllm.metadata import SegmentRef
 from inferscale.engines.vllm.requests import PreparedRequest, RequestBuilder, vllm_recompute_tail
 from inferscale.errors import ContextLengthError, EngineClosedError, InvalidInputError, UnsupportedModelError
-from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans
+from inferscale.kv.encode import EncodeRequest, FactEncoder, check_spans, sliding_window
 from inferscale.kv.fact import FactKV
 from inferscale.kv.fingerprint import model_fingerprint
 from inferscale.kv.rope import RopeTable
@@ -150,14 +150,14 @@ class VLLMEngine(LayoutTokensMixin):
             self._layout_only.drop()  # the loaded tokenizer answers from now on
             return self
 
-    def _encoder_attribute(self, name: str) -> Any:
-        """The loaded encoder's attribute ``name`` (:meth:`load_encoder` first).
+    def _loaded_attribute(self, name: str, load: Callable[[], object] | None = None) -> Any:
+        """The attribute ``name`` once ``load`` ran (default :meth:`load_encoder`; :meth:`load` for vLLM's own).
 
         Raises:
             EngineClosedError: when :meth:`close` dropped it between this call's load and the read (a call in flight
                 while its client closes).
         """
-        self.load_encoder()
+        (load or self.load_encoder)()
         value = getattr(self, name, None)
         if value is None:
             raise EngineClosedError("the engine was closed while this call used it; ask again")
@@ -263,17 +263,13 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def llm(self) -> Any:
         """The ``vllm.LLM`` instance (:class:`EngineClosedError` when the engine is closed meanwhile)."""
-        self.load()
-        llm = getattr(self, "_llm", None)
-        if llm is None:
-            raise EngineClosedError("the vLLM engine was closed while this call used it; ask again")
-        return llm
+        return self._loaded_attribute("_llm", self.load)
 
     @property
     def model(self) -> Any:
         """The transformers copy of the weights (the fact encoder's model; :class:`EngineClosedError` when the engine
         is closed meanwhile)."""
-        return self._encoder_attribute("_model")
+        return self._loaded_attribute("_model")
 
     @property
     def model_lock(self) -> threading.RLock:
@@ -284,7 +280,7 @@ class VLLMEngine(LayoutTokensMixin):
     @property
     def tokenizer(self) -> Any:
         """The tokenizer (:class:`EngineClosedError` when the engine is closed meanwhile)."""
-        return self._encoder_attribute("_tokenizer")
+        return self._loaded_attribute("_tokenizer")
 
     @property
     def device(self) -> torch.device:
@@ -368,7 +364,7 @@ class VLLMEngine(LayoutTokensMixin):
     def builder(self) -> RequestBuilder:
         """Builds prepared requests (prompt ids, payload, salt) for :meth:`run` (:class:`EngineClosedError` when the
         engine is closed meanwhile)."""
-        builder: RequestBuilder = self._encoder_attribute("_builder")
+        builder: RequestBuilder = self._loaded_attribute("_builder")
         return builder
 
     def _recompute_tail(self, serving: ServingSettings | None) -> int:
