@@ -10,7 +10,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from inferscale.errors import ConfigError
+from inferscale.errors import ConfigError, InferScaleError
 
 
 class _ProcessLock:
@@ -59,11 +59,14 @@ def loading_model(
         weights: whether the load builds a model from its weights (not a tokenizer or a config alone).
 
     Raises:
-        ConfigError: for ``errors``.
+        ConfigError: for ``errors``. InferScale's own errors raised inside the block (a ``ConfigError`` is a
+            ``ValueError``: the weights load's own, naming the attention setting) pass through as they are.
     """
     try:
         with MODEL_LOADS if weights else contextlib.nullcontext():
             yield
+    except InferScaleError:
+        raise  # already says what is wrong: wrapping it would blame a folder that holds a loadable model
     except errors as exc:
         reason = str(exc).strip().splitlines()
         raise ConfigError(

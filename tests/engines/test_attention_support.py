@@ -30,8 +30,12 @@ def test_an_attention_the_model_lacks_is_a_config_error_naming_the_setting(gemma
     assert config.attn_implementation == "sdpa_gqa"
     with pytest.raises(
         ConfigError, match=r"engine\.attn_implementation='sdpa_gqa'.*set engine\.attn_implementation='eager'"
-    ):
+    ) as refused:
         load_causal_lm(config, tmp_path)
+    # a tester found it wrapped in a second ConfigError telling the user to point engine.model at another folder
+    assert "holds no model" not in str(refused.value)
+    assert str(refused.value).startswith(f"engine.model {str(gemma2_folder)!r} cannot run")
+    assert not isinstance(refused.value.__cause__, ConfigError)
     eager = config.model_copy(update={"attn_implementation": "eager"})
     _, model, _ = load_causal_lm(eager, tmp_path)
     assert type(model).__name__ == "Gemma2ForCausalLM"
