@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import reprlib
 import tempfile
 import types
 import typing
@@ -40,6 +41,7 @@ __all__ = [
     "name_list",
     "non_negative_int",
     "positive_int",
+    "quoted",
 ]
 
 _CLI = "inferscale.cli"
@@ -210,6 +212,16 @@ def output_folder(text: str) -> Path:
     return path
 
 
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = 200
+
+
+def quoted(text: str) -> str:
+    """``repr(text)`` for an error message, shortened to about 200 characters (its middle elided as ``...``): a
+    refused word may be a 120 KB JSON argument, which is not echoed whole."""
+    return _QUOTE.repr(text)
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """``"0,5,50"`` → ``(0, 5, 50)``: comma-separated non-negative integers.
 
@@ -219,9 +231,9 @@ def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.replace(" ", "").split(",") if part)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {quoted(text)}") from exc
     if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {quoted(text)}")
     return values
 
 
@@ -239,7 +251,7 @@ def positive_int(text: str) -> int:
     """
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {quoted(text)}")
     return value
 
 
@@ -252,7 +264,7 @@ def non_negative_int(text: str) -> int:
     """
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {quoted(text)}")
     return value
 
 

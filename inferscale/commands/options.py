@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args
+from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args, quoted
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
@@ -58,10 +58,11 @@ def json_object(text: str) -> dict[str, Any]:
     try:
         value = loads_json(text)
     except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc.msg})") from exc
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {quoted(text)} ({exc.msg})") from exc
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object ({{...}}), got {quoted(text)}")
     return value
+
 
 
 @dataclass(frozen=True)
