@@ -200,6 +200,8 @@ class AsyncMemoryClient(ClientCore):
         changes = await arun_steps(self._plan_add_steps(msgs, scope, meta, infer, instructions), self.adb, extracting)
         if changes is None:
             return {"results": []}
+        if encode == "eager":  # a model that cannot be loaded or encoded with is refused before the write
+            await on_threads(MODEL_WORK, self.derived.load_encoder)
         index = await self._aindex()
         applied = await self.adb.apply(changes)
         await self._aafter_write(index, applied, encode)
@@ -232,6 +234,8 @@ class AsyncMemoryClient(ClientCore):
         read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc, history)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = await arun_steps(self._import_steps(read.memories), self.adb, MODEL_WORK)
+        if encode == "eager" and (plan.changes or plan.imported_before):  # refused before the write, as add's
+            await on_threads(MODEL_WORK, self.derived.load_encoder)
         applied: list[tuple[ChangeSet, AppliedChanges]] = []
         for changes in plan.changes:
             index = await self._aindex()

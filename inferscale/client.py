@@ -211,7 +211,12 @@ class MemoryClient(ClientCore):
                 the model's tokenizer and config alone: an ``add`` never loads the model's weights for it.
             ModelNotAvailableError, ConfigError: when the chat model's tokenizer or config cannot be found, or its
                 tokenizer has no usable chat template, or the engine cannot be built (needed to measure the memories'
-                spans; nothing is written).
+                spans; nothing is written). With eager encoding (``encode_kv=True``, ``kv.encode_on_add="eager"``)
+                the model itself is loaded before anything is written, and a ``ConfigError`` also means its weights
+                cannot be loaded.
+            UnsupportedModelError: with eager encoding, for a model whose keys InferScale cannot rotate (see
+                docs/architecture.md, "RoPE coverage"); nothing is written. Background and lazy encoding load no
+                model in ``add``: the memory is stored, and the encoder, a chat or ``prepare_kv`` raises it later.
             ExtractionError: when the LLM backend gives no answer (unreachable, an HTTP error, no text content;
                 nothing is written). A malformed answer is repaired, asked again once or stored verbatim instead.
         """
@@ -236,6 +241,8 @@ class MemoryClient(ClientCore):
         changes = run_steps(self._plan_add_steps(msgs, scope, meta, infer, instructions), self.db)
         if changes is None:
             return {"results": []}
+        if encode == "eager":  # a model that cannot be loaded or encoded with is refused before the write
+            self.derived.load_encoder()
         applied = self._commit(lambda: self.db.apply(changes), encode)
         return {"results": changes_to_results(applied)}
 
@@ -305,6 +312,8 @@ class MemoryClient(ClientCore):
         read = self._read_imports(memories, optional_scope(user_id, agent_id, run_id), assume_utc, history)
         encode = encode_mode(encode_kv, self.config.kv.encode_on_add)
         plan = run_steps(self._import_steps(read.memories), self.db)
+        if encode == "eager" and (plan.changes or plan.imported_before):  # refused before the write, as add's
+            self.derived.load_encoder()
         applied = [
             (changes, self._commit(functools.partial(self.db.apply, changes), encode)) for changes in plan.changes
         ]

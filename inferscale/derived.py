@@ -516,6 +516,9 @@ class DerivedStores:
 
         Raises:
             ModelNotAvailableError: when the configured model's files cannot be found.
+            ConfigError: when they hold no model that can be loaded, or one that cannot run the configured attention.
+            UnsupportedModelError: for a model whose keys InferScale cannot rotate (no shared rotary module, fused
+                QKV, a RoPE that is not static): an ``add`` that encodes eagerly loads it first, before it writes.
         """
         self._engine().load_encoder()
 
