@@ -372,9 +372,11 @@ class DerivedStores:
             self.forget_kv(list(dict.fromkeys(r.id for r in [*applied.deleted, *retexted])))
             self.forget_context_kv(applied.recontexted)
         fresh = {r.id: r for r in [*retexted, *applied.recontexted, *applied.added]}  # the latest record of each
-        if encode == "eager" and fresh:
-            self.fact_kv.prepare(list(fresh.values()))
-        self.save_index()
+        try:
+            if encode == "eager" and fresh:
+                self.fact_kv.prepare(list(fresh.values()))
+        finally:
+            self.save_index()  # the vectors above are committed rows' whether or not their encoding ran
         return list(fresh) if encode == "background" else []
 
     # ---- the background encoder ---------------------------------------------------------------------------------

@@ -64,7 +64,6 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-
 @dataclass(frozen=True)
 class ScopeOptions:
     """Whose memories a command reads or writes; ids given are ANDed (as the client's ``user_id``, ``agent_id``,

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import transformers
 from mem0_fakes import HashEmbedder
-from tiny_models import TINY, byte_chat_tokenizer, tiny_model
+from tiny_models import TINY, byte_chat_tokenizer, tiny_engine, tiny_model
 
 from inferscale import AsyncMemoryClient, ConfigError, MemoryClient, MemoryConfig, UnsupportedModelError
 from inferscale.config import EngineConfig, KVConfig
+from inferscale.fact_kv import FactKVManager
 
 MEMORY = "5c1f3c52-7e0e-4c55-9a43-7c1d1f6b2a01"
 EXPORTED = [{"id": MEMORY, "memory": "Lives in Porto.", "created_at": "2026-03-02T10:00:00+00:00", "user_id": "u"}]
@@ -99,3 +100,29 @@ def test_a_background_add_on_such_a_model_stores_the_memory(folders: dict[str, s
         assert [m["id"] for m in client.search("nurse", user_id="u")["results"]] == [added[0]["id"]]
         with pytest.raises(UnsupportedModelError, match="fused"):
             client.chat("Who is Ana?", user_id="u", mode="kv")
+
+
+def test_an_eager_encoding_that_fails_after_the_write_still_saves_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tester read it in the code: when the eager encoding raised after the commit, ``save_index`` was skipped, so
+    the committed memory's vector reached the index file only at a later write or ``close``."""
+    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager"))
+    with MemoryClient(config, engine=tiny_engine("llama"), embedder=HashEmbedder()) as client:
+        saves: list[bool] = []
+        real_save = client.derived.save_index
+
+        def save_index(force: bool = False) -> None:
+            saves.append(force)
+            real_save(force)
+
+        monkeypatch.setattr(client.derived, "save_index", save_index)
+
+        def failing(self: FactKVManager, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("encoding failed")
+
+        monkeypatch.setattr(FactKVManager, "prepare", failing)
+        with pytest.raises(RuntimeError, match="encoding failed"):
+            client.add("Ana is a nurse in Lisbon.", user_id="u", infer=False)
+        assert saves == [False]
+        assert _texts(client) == ["Ana is a nurse in Lisbon."]  # committed: the error says so by its kind
