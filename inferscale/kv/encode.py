@@ -161,14 +161,22 @@ def model_config(model: nn.Module) -> Any:
 
 def sliding_window(config: Any) -> int | None:
     """The width (tokens) of a model's sliding-window attention when its layers have one, else ``None``: the
-    ``sliding_window`` of a transformers config (of its text config, for a config that has one). The fact encoder
-    lays its cache out by it and encodes nothing chained on it; the engines read it from the config file alone.
+    ``sliding_window`` of a transformers config (of its text config, for a config that has one), unless its
+    ``layer_types`` name no ``"sliding_attention"`` layer (a Qwen2 config with ``use_sliding_window`` whose
+    ``max_window_layers`` covers every layer keeps its ``sliding_window``, and transformers runs no layer with it).
+    The fact encoder lays its cache out by it and encodes nothing chained on it, request-time remedies are refused
+    on it, and the engines read it from the config file alone.
 
     Args:
         config: a ``transformers.PretrainedConfig`` (typed ``Any``: each model class has its own).
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        n_layers = int(getattr(text, "num_hidden_layers", len(layer_types)))
+        if "sliding_attention" not in layer_types[:n_layers]:
+            return None
     return int(window) if window else None
 
 

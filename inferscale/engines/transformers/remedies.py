@@ -21,6 +21,7 @@ import torch
 
 from inferscale.engines.transformers.cache import PreallocatedCache
 from inferscale.errors import UnsupportedModelError
+from inferscale.kv.encode import sliding_window
 from inferscale.kv.serving import ServingSettings
 
 
@@ -59,9 +60,7 @@ def check_remedies(config: Any, settings: ServingSettings) -> None:
     """
     if settings.is_pure_injection:
         return
-    sliding = getattr(config, "sliding_window", None) is not None or "sliding_attention" in (
-        getattr(config, "layer_types", None) or ()
-    )
+    sliding = sliding_window(config) is not None
     capped = getattr(config, "attn_logit_softcapping", None) is not None
     if sliding or capped:
         feature = "sliding-window attention" if sliding else "attention logit soft-capping"
