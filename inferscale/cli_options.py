@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import reprlib
 import tempfile
 import types
 import typing
@@ -28,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from inferscale.validation_text import shown_input
+
 __all__ = [
     "DEVICE_OPTION",
     "DTYPE_OPTION",
     "MODEL_OPTION",
+    "QUOTED_CHARS",
     "THREADS_OPTION",
     "CliOption",
     "add_options",
@@ -212,14 +214,14 @@ def output_folder(text: str) -> Path:
     return path
 
 
-_QUOTE = reprlib.Repr()
-_QUOTE.maxstring = 200
+QUOTED_CHARS = 200
+"""How much of a refused word an error message quotes: a word may be a 120 KB JSON argument, not echoed whole."""
 
 
 def quoted(text: str) -> str:
-    """``repr(text)`` for an error message, shortened to about 200 characters (its middle elided as ``...``): a
-    refused word may be a 120 KB JSON argument, which is not echoed whole."""
-    return _QUOTE.repr(text)
+    """``repr(text)`` for an error message, cut to :data:`QUOTED_CHARS` characters
+    (:func:`~inferscale.validation_text.shown_input`)."""
+    return shown_input(text, QUOTED_CHARS)
 
 
 def int_list(text: str) -> tuple[int, ...]:
