@@ -7,11 +7,12 @@ Every way an extraction or reconcile answer can be malformed falls in one of the
 - NUL (``\\u0000`` or the raw character) and raw control characters inside a string: repaired, NUL is dropped and
   the others become spaces;
 - JSON wrapped in prose or a code fence, or cut off by the token budget: read tolerantly
-  (:func:`tolerant_json_values`);
+  (:func:`tolerant_json_reads`); an answer cut off before its first item is nothing usable, not an empty answer;
 - not JSON at all (prose only, a refusal, an empty answer) or the wrong shape (``{"facts": "x"}``,
   ``{"items": [...]}``): nothing usable, so the LLM is asked once more, then the caller falls back;
 - unusable items (a fact that is not a string, empty or over-long; a decision that is not an object): the item is
-  dropped; an answer that had items and has none left counts as nothing usable.
+  dropped; a value that had items and has none left counts as nothing usable, and the next value read from the
+  answer is tried (``I found [2] facts: {"facts": [...]}``).
 
 Repairs need no second call. A retry (:func:`ask`) repeats the conversation with the unusable answer and a turn
 naming its problem, so that a greedy decoder (the default local model, or an endpoint at temperature 0), which
@@ -23,6 +24,7 @@ later, by :func:`inferscale.memory.reconcile.plan`.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -114,35 +116,67 @@ def repair_text(raw: str) -> tuple[str, list[str]]:
     return text, repairs
 
 
-def _candidates(raw: str) -> list[str]:
-    """Texts that may hold the JSON answer, most likely first: fenced blocks, then each ``{``/``[`` onward."""
-    texts = [m.group(1) for m in _FENCE.finditer(raw)] + [raw]
-    out: list[str] = []
-    for text in texts:
-        starts = [i for i, ch in enumerate(text) if ch in "{["][:_MAX_JSON_STARTS]
-        out.extend(text[i:] for i in starts)
-    return out
+def _starts(raw: str) -> Iterator[tuple[int, str, int]]:
+    """``(n, text, i)`` for each place an answer's JSON may start, most likely first: each ``{``/``[`` (at ``i``)
+    of each fenced block, then of the whole answer (the ``n``-th text; at most :data:`_MAX_JSON_STARTS` each)."""
+    for n, text in enumerate([m.group(1) for m in _FENCE.finditer(raw)] + [raw]):
+        for i in [i for i, ch in enumerate(text) if ch in "{["][:_MAX_JSON_STARTS]:
+            yield n, text, i
 
 
-def tolerant_json_values(raw: str, list_key: str) -> Iterator[Any]:
+def _complete_end(text: str) -> int | None:
+    """Where the complete JSON value at the start of ``text`` ends (trailing text is not read), or ``None`` when the
+    text is cut off before the value closes (or is not JSON)."""
+    try:
+        return _DECODER.raw_decode(text)[1]
+    except json.JSONDecodeError:
+        return None
+
+
+_DECODER = json.JSONDecoder(strict=False)
+
+
+@dataclass(frozen=True, slots=True)
+class JSONRead:
+    """One JSON value read from an LLM answer.
+
+    Attributes:
+        value: the value (a bare list already wrapped as ``{list_key: list}``).
+        cut: whether the text was cut off inside it (the token budget ran out): the value is what was complete, a
+            half-written last element dropped.
+    """
+
+    value: Any
+    cut: bool
+
+
+def tolerant_json_reads(raw: str, list_key: str) -> Iterator[JSONRead]:
     """Every JSON value that can be read from an LLM answer, most likely first.
 
     Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON; a candidate that only
-    fails on raw tabs or line breaks inside a string is read with them as spaces. A bare list is wrapped as
-    ``{list_key: list}``. Callers take the first value that validates against their schema. An answer that is not
-    valid Unicode (it holds a lone surrogate) yields nothing: pass it through :func:`repair_text` first.
+    fails on raw tabs or line breaks inside a string is read with them as spaces. Text after a complete value is not
+    read. A candidate that starts inside a value read before it is part of that value, not an answer of its own: the
+    list in ``{"items": [...]}`` is not read as the answer's list. A bare list is wrapped as ``{list_key: list}``.
+    Callers take the first value that validates against their schema and has something usable. An answer that is
+    not valid Unicode (it holds a lone surrogate) yields nothing: pass it through :func:`repair_text` first.
     """
     try:
         raw.encode("utf-8")
     except UnicodeEncodeError:
         return
-    for candidate in _candidates(raw):
-        for text in (candidate, _LINE_BREAKS.sub(" ", candidate)):
+    read_until: dict[int, int] = {}  # per text: where the last value read from it ends
+    for n, text, start in _starts(raw):
+        if start < read_until.get(n, -1):
+            continue
+        candidate = text[start:]
+        for variant in (candidate, _LINE_BREAKS.sub(" ", candidate)):
             try:
-                value = from_json(text, allow_partial=True)
+                value = from_json(variant, allow_partial=True)
             except ValueError:
                 continue
-            yield {list_key: value} if isinstance(value, list) else value
+            end = _complete_end(variant)
+            read_until[n] = start + (len(variant) if end is None else end)
+            yield JSONRead({list_key: value} if isinstance(value, list) else value, cut=end is None)
             break
 
 
@@ -198,4 +232,12 @@ def ask(
     return reading
 
 
-__all__ = ["MAX_ECHO_CHARS", "RETRY_PROMPT", "Reading", "ask", "repair_text", "tolerant_json_values"]
+__all__ = [
+    "MAX_ECHO_CHARS",
+    "RETRY_PROMPT",
+    "JSONRead",
+    "Reading",
+    "ask",
+    "repair_text",
+    "tolerant_json_reads",
+]

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_values
+from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_reads
 from inferscale.memory.llm import JSONGenerator
 from inferscale.memory.messages import Message, user_turns
 from inferscale.memory.prompts import build_extraction_messages
@@ -91,9 +91,11 @@ def read_facts(raw: str, max_fact_chars: int | None = None) -> Reading[list[str]
     """Read an extraction answer tolerantly, repairing what can be repaired (see :mod:`inferscale.memory.answers`).
 
     Accepts plain JSON, JSON inside a Markdown code fence, JSON surrounded by prose, truncated JSON (a
-    half-written last fact is dropped) and a bare JSON list. Lone surrogates and NUL are dropped first. Facts get
-    their whitespace collapsed; a fact that is not a string, is empty or is longer than ``max_fact_chars`` is
-    dropped, and so is a repeat (compared case-insensitively), keeping first-seen order.
+    half-written last fact is dropped) and a bare JSON list (not one inside another object: ``{"items": [...]}``
+    is the wrong shape). A value whose facts are all unusable gives way to the next one read from the answer. Lone
+    surrogates and NUL are dropped first. Facts get their whitespace collapsed; a fact that is not a string, is
+    empty or is longer than ``max_fact_chars`` is dropped, and so is a repeat (compared case-insensitively),
+    keeping first-seen order.
 
     Args:
         raw: the generator's answer text.
@@ -101,30 +103,43 @@ def read_facts(raw: str, max_fact_chars: int | None = None) -> Reading[list[str]
 
     Returns:
         A :class:`Reading` of the facts: ``[]`` for ``{"facts": []}`` (nothing to remember); ``value=None`` when
-        no ``{"facts": [...]}`` object could be read or the answer gave facts and none of them is usable.
+        no ``{"facts": [...]}`` object with a usable fact could be read: none at all, only ones whose facts are
+        all unusable, or one cut off before its first fact (which is not "nothing to remember").
     """
     text, repairs = repair_text(raw)
     adapter = _fact_adapter(max_fact_chars)
-    for value in tolerant_json_values(text, "facts"):
+    problem = 'no {"facts": [...]} JSON object could be read from it'
+    unusable_drops: list[str] = []
+    unusable = False  # whether a {"facts": [...]} value was read and had nothing usable
+    for read in tolerant_json_reads(text, "facts"):
         try:
-            items = _AnyFacts.model_validate(value).facts
+            items = _AnyFacts.model_validate(read.value).facts
         except ValidationError:
             continue
+        dropped: list[str] = []
         seen: set[str] = set()
         kept: list[str] = []
         for item in items:
             try:
                 fact = adapter.validate_python(item)
             except ValidationError as exc:
-                repairs.append(f"dropped the fact {str(item)[:80]!r}: {exc.errors()[0]['msg']}")
+                dropped.append(f"dropped the fact {str(item)[:80]!r}: {exc.errors()[0]['msg']}")
                 continue
             if fact.casefold() not in seen:
                 seen.add(fact.casefold())
                 kept.append(fact)
-        if items and not kept:
-            return Reading(None, f"none of its {len(items)} facts is usable ({_ITEM_REJECTS})", tuple(repairs))
-        return Reading(kept, repairs=tuple(repairs))
-    return Reading(None, 'no {"facts": [...]} JSON object could be read from it', tuple(repairs))
+        if kept or not (items or read.cut):
+            cut = ["the answer was cut off; read up to its last complete fact"] if read.cut else []
+            return Reading(kept, repairs=(*repairs, *dropped, *cut))
+        if not unusable:  # the first such value names the problem (and its drops); a later one may be usable
+            unusable = True
+            problem = (
+                f"none of its {len(items)} facts is usable ({_ITEM_REJECTS})"
+                if items
+                else "it was cut off before its first fact was complete"
+            )
+            unusable_drops = dropped
+    return Reading(None, problem, (*repairs, *unusable_drops))
 
 
 def parse_facts(raw: str) -> list[str]:

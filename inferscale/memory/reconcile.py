@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_values
+from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_reads
 from inferscale.memory.llm import JSONGenerator
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Decision(BaseModel):
     @field_validator("event", mode="before")
     @classmethod
     def _event_upper(cls, value: object) -> str:
-        return str(value).strip().upper()
+        return "" if value is None else str(value).strip().upper()  # null is no event (str(None) read as NONE)
 
 
 @functools.cache
@@ -135,28 +135,42 @@ def decisions_json_schema(max_items: int, max_text_chars: int) -> dict[str, Any]
 def read_decisions(raw: str) -> Reading[list[Decision]]:
     """Read the reconcile answer tolerantly (plain JSON, fenced, inside prose, truncated, or a bare list), repairing
     what can be repaired (see :mod:`inferscale.memory.answers`): lone surrogates and NUL are dropped, and an entry
-    that is not a decision object (for example the half-written last entry of a truncated answer) is dropped.
+    that is not a decision object (for example the half-written last entry of a truncated answer) is dropped. A value
+    whose entries are all unusable gives way to the next one read from the answer.
 
     Returns:
         A :class:`Reading` of the decisions in the order given (events upper-cased; unknown events are kept and
         skipped by :func:`plan`): ``[]`` for ``{"memory": []}``; ``value=None`` when no ``{"memory": [...]}``
-        object can be read or it has entries and none of them is a decision.
+        object with a decision can be read: none at all, only ones whose entries are none of them decisions, or one
+        cut off before its first decision.
     """
     text, repairs = repair_text(raw)
-    for value in tolerant_json_values(text, "memory"):
-        if not isinstance(value, dict) or not isinstance(value.get("memory"), list):
+    problem = 'no {"memory": [...]} JSON object could be read from it'
+    unusable_drops: list[str] = []
+    unusable = False  # whether a {"memory": [...]} value was read and had nothing usable
+    for read in tolerant_json_reads(text, "memory"):
+        entries = read.value.get("memory") if isinstance(read.value, dict) else None
+        if not isinstance(entries, list):
             continue
+        dropped: list[str] = []
         decisions: list[Decision] = []
-        for item in value["memory"]:
+        for item in entries:
             try:
                 decisions.append(Decision.model_validate(item))
             except ValidationError:
-                repairs.append(f"dropped an entry that is not a decision: {str(item)[:120]!r}")
-        if value["memory"] and not decisions:
-            problem = f"none of its {len(value['memory'])} entries is a decision object"
-            return Reading(None, problem, tuple(repairs))
-        return Reading(decisions, repairs=tuple(repairs))
-    return Reading(None, 'no {"memory": [...]} JSON object could be read from it', tuple(repairs))
+                dropped.append(f"dropped an entry that is not a decision: {str(item)[:120]!r}")
+        if decisions or not (entries or read.cut):
+            cut = ["the answer was cut off; read up to its last complete entry"] if read.cut else []
+            return Reading(decisions, repairs=(*repairs, *dropped, *cut))
+        if not unusable:  # the first such value names the problem (and its drops); a later one may be usable
+            unusable = True
+            problem = (
+                f"none of its {len(entries)} entries is a decision object"
+                if entries
+                else "it was cut off before its first decision was complete"
+            )
+            unusable_drops = dropped
+    return Reading(None, problem, (*repairs, *unusable_drops))
 
 
 def parse_decisions(raw: str) -> list[Decision]:
@@ -226,7 +240,13 @@ def holds(container: str, text: str) -> bool:
     return _share(text, container) >= HOLDS_MIN_SHARE
 
 
-def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts: Sequence[str]) -> Plan:
+def plan(
+    decisions: Sequence[Decision],
+    shown: Sequence[tuple[str, str]],
+    facts: Sequence[str],
+    *,
+    max_text_chars: int | None = None,
+) -> Plan:
     """Map decisions on short ids back to memory ids, keeping only changes grounded in the new facts.
 
     Rules, each broken rule skipping the decision with a warning:
@@ -236,7 +256,12 @@ def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts:
       rewrite or delete an unrelated memory.
     - ADD and UPDATE texts must be grounded: the new facts (and, for UPDATE, the old text) hold the text
       (:func:`holds`). A small model's invented text is never stored.
-    - NONE ("already stored") counts only when the memory it names holds one of the facts.
+    - ADD and UPDATE texts are at most ``max_text_chars`` long, the bound the answer's schema states (an
+      unconstrained endpoint does not follow it).
+    - An ADD or UPDATE text that a shown memory (other than the UPDATE's own) or an earlier kept decision already
+      has, compared case-insensitively, is not stored twice; one a shown memory has counts as that memory's NONE.
+    - NONE ("already stored") counts only when the memory it names holds one of the facts. A decision with no event
+      (``null``) has an unknown event.
     - A fact that no kept ADD, UPDATE or NONE accounts for is added as extracted: an answer that forgets or
       garbles a fact must not lose it.
 
@@ -244,6 +269,7 @@ def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts:
         decisions: the parsed LLM answer.
         shown: ``(memory_id, text)`` of the memories shown; index ``i`` is short id ``str(i)``.
         facts: the new facts the LLM was asked about.
+        max_text_chars: the longest ADD or UPDATE text kept, in characters (``None``: any length).
 
     Returns:
         A :class:`Plan`.
@@ -260,16 +286,33 @@ def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts:
     def related(memory: str) -> bool:
         return any(_share(memory, fact) >= RELATED_MIN_SHARE for fact in facts)
 
+    stored = {text.casefold(): text for _, text in shown}
+    written: set[str] = set()  # the texts kept ADDs and UPDATEs give, casefolded
+
+    def repeated(text: str, own: str | None = None) -> bool:
+        """Whether another memory or a kept decision has ``text`` already (a stored one then counts as NONE)."""
+        key = text.casefold()
+        if key in written or (key in stored and key != own):
+            skip(f"{text!r} is stored already or given by an earlier decision; it is not stored twice")
+            if key in stored:
+                result.confirmed.append(stored[key])
+            return True
+        return False
+
     for d in decisions:
         text = " ".join(d.text.split())
         if d.event not in EVENTS:
             skip(f"decision {d.model_dump()} has unknown event {d.event!r}")
             continue
+        if d.event in ("ADD", "UPDATE") and max_text_chars is not None and len(text) > max_text_chars:
+            skip(f"{d.event} of a text of {len(text):,} characters, over max_text_chars ({max_text_chars:,})")
+            continue
         if d.event == "ADD":
-            if text and holds(facts_text, text):
-                result.adds.append(text)
-            else:
+            if not text or not holds(facts_text, text):
                 skip(f"ADD of {text!r}, which the new facts do not hold")
+            elif not repeated(text):
+                result.adds.append(text)
+                written.add(text.casefold())
             continue
         target = by_short.get(d.id)
         if d.event == "NONE":
@@ -290,9 +333,13 @@ def plan(decisions: Sequence[Decision], shown: Sequence[tuple[str, str]], facts:
             if not text or not holds(f"{facts_text}\n{old_text}", text):
                 skip(f"UPDATE of id {d.id!r} to {text!r}, which the new facts and the old text do not hold")
                 continue
+            if repeated(text, own=old_text.casefold()):
+                continue
             result.updates.append((memory_id, text))
+            written.add(text.casefold())
         else:
             result.deletes.append(memory_id)
+        stored.pop(old_text.casefold(), None)  # the memory will no longer have its old text
         acted.add(memory_id)
     kept = [*result.adds, *(text for _, text in result.updates), *result.confirmed]
     for fact in facts:
@@ -333,6 +380,7 @@ class Reconciler:
         self.generator = generator
         self.max_new_tokens = max_new_tokens
         self.retries = retries
+        self.max_text_chars = max_text_chars
         self.schema = decisions_json_schema(max_items, max_text_chars)
 
     def decide(self, shown: Sequence[tuple[str, str]], facts: Sequence[str]) -> Plan:
@@ -374,7 +422,7 @@ class Reconciler:
                 len(facts),
             )
             return Plan(adds=list(facts))
-        return plan(reading.value, shown, facts)
+        return plan(reading.value, shown, facts, max_text_chars=self.max_text_chars)
 
 
 __all__ = [

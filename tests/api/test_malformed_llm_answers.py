@@ -49,6 +49,11 @@ EXTRACTION_UNUSABLE: list[tuple[str, str]] = [
     ("only-bad-items", '{"facts": [1, null, ""]}'),
     ("only-a-surrogate", '{"facts": ["\\ud83d"]}'),
     ("only-over-long", json.dumps({"facts": ["x" * 201]})),
+    # a tester's finds: these were read as "nothing to remember", or their list as the facts, and lost the turns
+    ("cut-inside-its-first-fact", '{"facts": ["Likes green te'),
+    ("cut-after-the-bracket", '{"facts": ['),
+    ("a-list-under-another-key", '{"items": ["Likes green tea"]}'),
+    ("a-list-beside-a-wrong-shape", '{"facts": "none", "discarded": ["Likes green tea"]}'),
 ]
 
 
@@ -147,6 +152,10 @@ RECONCILE_REPAIRED: list[RepairedCase] = [
     ("not-a-decision", '{"memory": [7, ' + _update(NEW)[len('{"memory": [') :], [NEW], "not a decision"),
     ("unknown-id", '{"memory": [{"id": "9", "text": "Likes green tea", "event": "UPDATE"}]}', [OLD, NEW], "'9'"),
     ("invalid-event", '{"memory": [{"id": "0", "text": "Likes green tea", "event": "MERGE"}]}', [OLD, NEW], "MERGE"),
+    # a tester's finds: a null event read as NONE (the fact, which OLD nearly holds, was lost); an UPDATE text past
+    # the schema's 200 characters stored (or, longer, failing the whole add)
+    ("null-event", '{"memory": [{"id": "0", "text": "Likes green tea", "event": null}]}', [OLD, NEW], "event ''"),
+    ("over-long-update", _update("Likes green tea " * 13), [OLD, NEW], "over max_text_chars (200)"),
 ]
 
 # (id, reconcile answer that holds nothing usable, given on both calls)
@@ -155,6 +164,8 @@ RECONCILE_UNUSABLE: list[tuple[str, str]] = [
     ("empty", ""),
     ("wrong-shape", '{"memory": "UPDATE"}'),
     ("only-bad-entries", '{"memory": [1, "x"]}'),
+    ("cut-after-the-bracket", '{"memory": ['),
+    ("a-list-under-another-key", '{"decisions": [' + _update(NEW)[len('{"memory": [') :]),
 ]
 
 
@@ -215,6 +226,57 @@ def test_an_unusable_reconcile_answer_is_asked_for_once_more(
     assert texts(m) == [NEW]
     assert row_counts() == (1, 2)
     assert gen.titles() == ["ExtractedFacts", "MemoryDecisions", "MemoryDecisions"]
+
+
+def test_a_bracket_in_prose_before_the_json_does_not_hide_it(
+    make: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tester's find: ``[2]`` was read as the answer's list, its one fact (a number) unusable, and the facts after
+    it never read; the turns were stored verbatim after a second call. Now the next value is tried."""
+    gen = ScriptedGenerator(facts=f"I found [2] facts: {facts(*TWO)}")
+    m = make(gen)
+    with caplog.at_level(logging.WARNING, logger="inferscale.memory"):
+        m.add(CONVERSATION, user_id="u")
+    assert texts(m) == TWO
+    assert gen.titles() == ["ExtractedFacts"]
+    assert not [r for r in caplog.records if r.name.startswith("inferscale.memory")]  # nothing repaired or dropped
+
+
+def test_reconcile_stores_no_text_twice(make: MakeClient, row_counts: Callable[[], tuple[int, int]]) -> None:
+    """A tester's find: two ADDs of one text (differing in case), or an UPDATE to another memory's text, left the same
+    text twice in the scope. A repeated ADD is dropped; an UPDATE to another memory's text is skipped (that memory
+    counts as the fact's NONE), and the fact nothing holds is added as extracted."""
+    gen = ScriptedGenerator(
+        facts=facts("Likes black tea"),
+        decisions=json.dumps(
+            {
+                "memory": [
+                    {"id": "new", "text": "Likes black tea", "event": "ADD", "old_memory": None},
+                    {"id": "new", "text": "likes BLACK tea", "event": "ADD", "old_memory": None},
+                ]
+            }
+        ),
+    )
+    m = make(gen)
+    m.add(OLD, user_id="u", infer=False)
+    m.add("I like black tea", user_id="u")
+    assert sorted(texts(m)) == ["Likes black tea", OLD]
+    gen = ScriptedGenerator(
+        facts=facts("Likes coffee more than tea"),
+        decisions=json.dumps(
+            {
+                "memory": [
+                    {"id": "0", "text": "Likes coffee", "event": "UPDATE", "old_memory": "Likes tea"},
+                ]
+            }
+        ),
+    )
+    m = make(gen)
+    m.add(OLD, user_id="v", infer=False)
+    m.add("Likes coffee", user_id="v", infer=False)
+    results = m.add("I like coffee more than tea", user_id="v")["results"]
+    assert [(r["event"], r["memory"]) for r in results] == [("ADD", "Likes coffee more than tea")]
+    assert sorted(texts(m, "v")) == ["Likes coffee", "Likes coffee more than tea", OLD]
 
 
 def test_an_over_long_user_turn_kept_verbatim_is_cut_into_memories_of_at_most_max_memory_chars(

@@ -24,7 +24,7 @@ from inferscale.memory import (
     normalize_messages,
     parse_facts,
 )
-from inferscale.memory.answers import Reading
+from inferscale.memory.answers import Reading, tolerant_json_reads
 from inferscale.memory.extraction import read_facts
 from inferscale.memory.llm import _close_truncated
 
@@ -389,3 +389,20 @@ def test_read_facts_names_what_is_unusable(answer: str, problem: str) -> None:
     reading = read_facts(answer, max_fact_chars=200)
     assert reading.value is None and problem in reading.problem
     assert read_facts('{"facts": []}') == Reading([])  # nothing to remember is a usable answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "reads"),
+    [
+        ('{"facts": ["a"]}', [({"facts": ["a"]}, False)]),
+        ('{"facts": ["a", "b', [({"facts": ["a"]}, True)]),  # cut: the half-written fact dropped
+        ('{"facts": [', [({"facts": []}, True)]),  # cut before its first fact: not {"facts": []}
+        ('{"items": ["a"]} and ["b"]', [({"items": ["a"]}, False), ({"facts": ["b"]}, False)]),  # inner list skipped
+        ('I found [2] facts: {"facts": ["a"]}', [({"facts": [2]}, False), ({"facts": ["a"]}, False)]),
+        ('["a"] trailing', [({"facts": ["a"]}, False)]),  # text after a complete value is not read
+    ],
+)
+def test_tolerant_json_reads_say_what_was_cut_and_skip_what_a_value_holds(
+    answer: str, reads: list[tuple[object, bool]]
+) -> None:
+    assert [(r.value, r.cut) for r in tolerant_json_reads(answer, "facts")] == reads
