@@ -300,7 +300,8 @@ class KVConfig(_Strict):
             The defaults of these four were chosen by ``inferscale eval fidelity`` (docs/architecture.md).
         host_budget_bytes: capacity of the host-memory KV tier in bytes (LRU; evicted entries stay on disk).
         device_budget_bytes: capacity of the GPU KV tier in bytes; ``None`` means 1 GiB when the engine runs on
-            CUDA and no GPU tier otherwise.
+            CUDA and no GPU tier otherwise. A positive budget with ``engine.device="cpu"`` is a ``ConfigError``;
+            with ``"auto"`` on a machine without CUDA it is ignored, with a warning.
         storage_format: how fact K/V are kept at rest and in the host/device tiers
             (:mod:`inferscale.kv.quantization`): ``"model"`` (the model's dtype), ``"float8_e4m3"`` (float8 codes,
             one scale per layer and head: 2x smaller than bfloat16) or ``"int8"`` (affine codes in the KIVI layout,
@@ -430,6 +431,15 @@ class MemoryConfig(_Strict):
         "You are a helpful assistant with a long-term memory of the user. "
         "Answer the question briefly, using the memories below when they are relevant.\nMemories:\n"
     )
+
+    @model_validator(mode="after")
+    def _device_tier_needs_cuda(self) -> MemoryConfig:
+        if self.engine.device == "cpu" and self.kv.device_budget_bytes:
+            raise ValueError(
+                f"kv.device_budget_bytes={self.kv.device_budget_bytes} asks for a GPU K/V tier, but engine.device is "
+                "'cpu': set it to 0 (or None), or run the engine on CUDA"
+            )
+        return self
 
     def home_dir(self) -> Path:
         """The resolved cache directory (``home`` or :func:`inferscale_home`)."""

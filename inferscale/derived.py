@@ -511,10 +511,15 @@ class DerivedStores:
             unencoded = {record.id for record, _ in fact_kv.missing(left)}  # a chat may have stored some meanwhile
         return [memory_id for memory_id in memory_ids if memory_id in unencoded]
 
-    def load_encoder(self) -> None:
+    def load_encoder(self) -> FactKVManager:
         """Load what encoding facts needs now, outside the client's lock (a first load takes seconds): the chat
         engine's model, or with vLLM its transformers copy alone, so an encoder that runs behind ``add`` never
-        starts vLLM's engine processes (:meth:`~inferscale.engines.base.Engine.load_encoder`).
+        starts vLLM's engine processes (:meth:`~inferscale.engines.base.Engine.load_encoder`); then build the K/V
+        store on it (:attr:`fact_kv`), so an ``add`` that encodes eagerly meets every error of either before it
+        writes.
+
+        Returns:
+            The K/V manager (:attr:`fact_kv`).
 
         Raises:
             ModelNotAvailableError: when the configured model's files cannot be found.
@@ -523,6 +528,7 @@ class DerivedStores:
                 QKV, a RoPE that is not static): an ``add`` that encodes eagerly loads it first, before it writes.
         """
         self._engine().load_encoder()
+        return self.fact_kv
 
     def existing(self, memory_ids: Sequence[str]) -> set[str]:
         """Those of ``memory_ids`` SQL holds now (one query per :data:`~inferscale.storage.queries.IN_CHUNK` ids)."""
@@ -594,23 +600,31 @@ class DerivedStores:
                     kept.append(((current, encoding), fact))
             return fact_kv.put_unless_changed([pair for pair, _ in kept], [fact for _, fact in kept])
 
-    def forget_kv(self, memory_ids: Sequence[str]) -> None:
+    def forget_kv(self, memory_ids: Sequence[str]) -> int:
         """Drop the K/V tensors of deleted or re-worded memories from every tier (every key of each:
         memory, host and disk; files other processes wrote included). Their ``kv_entries`` rows were
         deleted by the transaction that made the change (:func:`inferscale.storage.changes.apply_in_session`), so
         no SQL runs here.
 
         A file that cannot be removed (a read-only folder) is logged and left for reconciliation: the change is
-        committed, and the file can never be read again (its key names a text or context that no memory has)."""
+        committed, and the file can never be read again (its key names a text or context that no memory has).
+
+        Returns:
+            How many of ``memory_ids`` had their K/V removed (those whose removal failed are not counted).
+        """
         if not memory_ids:
-            return
+            return 0
         # Without a K/V manager the engine is not loaded and only the disk tier can hold them.
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
+        removed = 0
         for memory_id in memory_ids:
             try:
                 store.delete_memory(memory_id)
             except OSError as exc:
                 _log_left_behind(memory_id, exc)
+            else:
+                removed += 1
+        return removed
 
     def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:
         """Drop from every tier the K/V of re-contexted memories (``records``, as they are now) that depended on
@@ -653,11 +667,19 @@ class DerivedStores:
             if self._fact_kv is None:
                 engine = self._engine()
                 kv = self._config.kv
+                device_budget = kv.device_budget_bytes
+                if device_budget and engine.device.type != "cuda":  # "auto" without CUDA ("cpu" fails the config)
+                    log.warning(
+                        "kv.device_budget_bytes=%d is ignored: the engine runs on %s, and the GPU K/V tier needs CUDA",
+                        device_budget,
+                        engine.device,
+                    )
+                    device_budget = 0
                 store = KVStore(
                     self._kv_dir,
                     host_budget_bytes=kv.host_budget_bytes,
                     device=engine.device,
-                    device_budget_bytes=kv.device_budget_bytes,
+                    device_budget_bytes=device_budget,
                 )
                 self._fact_kv = FactKVManager(engine, store, self._db(), kv)
             return self._fact_kv

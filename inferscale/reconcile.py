@@ -325,12 +325,12 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
         rows_removed = yield DeleteKVRows(bad_rows)
     with stores.lock:
         files_removed = _remove_stray_files(disk, plan.stray_files)
-        stores.forget_kv(deleted)
+        kv_memories_removed = stores.forget_kv(deleted)
     report = ReconcileReport(
         vectors_added=vectors_added,
         vectors_refreshed=int(differ.size) - vectors_added,
         vectors_removed=vectors_removed,
-        kv_memories_removed=len(deleted),
+        kv_memories_removed=kv_memories_removed,
         kv_files_removed=files_removed,
         kv_rows_removed=rows_removed,
         temp_files_removed=temp_removed,
