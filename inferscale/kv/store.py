@@ -53,9 +53,11 @@ class KVStoreStats:
     Attributes:
         hits: lookups answered by each tier, by tier name (``"device"``, ``"host"``, ``"disk"``).
         misses: lookups no tier could answer.
-        promotions: entries moved up to the top memory tier after a hit below it.
+        promotions: entries moved up into a higher memory tier after a hit below it (an entry larger than every
+            memory tier's budget stays where it was and is not counted).
         demotions: entries moved down one memory tier to make room.
-        drops: entries evicted from the last memory tier (still on disk when there is a disk tier).
+        drops: entries evicted from the last memory tier (still on disk when there is a disk tier); an entry too
+            large to be cached at all was never held, and is not counted.
         nbytes: bytes held by each tier, by tier name (K/V bytes in memory, file sizes on disk).
         entries: entries held by each memory tier, by tier name.
     """
@@ -183,8 +185,9 @@ class TieredKVStore:
                     self._hits[tier.name] += 1
                     if level > 0:
                         tier.pop(key)
-                        self._promotions += 1
-                        fact = self._cache(key, fact)
+                        fact, placed = self._cache(key, fact)
+                        if placed is not None and placed < level:
+                            self._promotions += 1
                     return _on(fact, self._device)
             fact = self._disk.get(key) if self._disk is not None else None
             if self._disk is None or fact is None:
@@ -192,8 +195,9 @@ class TieredKVStore:
                 return None
             self._hits[self._disk.name] += 1
             if self._memory:
-                self._promotions += 1
-                fact = self._cache(key, fact)
+                fact, placed = self._cache(key, fact)
+                if placed is not None:
+                    self._promotions += 1
             return _on(fact, self._device)
 
     def contains(self, key: KVKey) -> bool:
@@ -225,22 +229,25 @@ class TieredKVStore:
                 self._cache(key, fact)
             return self.location(key)
 
-    def _cache(self, key: KVKey, fact: FactKV) -> FactKV:
-        """Insert into the top memory tier, demoting what it evicts; returns the copy cached highest (or
-        ``fact`` when no tier could hold it)."""
-        self._insert(0, key, fact)
-        for tier in self._memory:
+    def _cache(self, key: KVKey, fact: FactKV) -> tuple[FactKV, int | None]:
+        """Insert into the top memory tier, demoting what it evicts; returns the copy cached highest and the level
+        of its tier (``fact`` and ``None`` when no tier could hold it)."""
+        self._insert(0, key, fact, key)
+        for level, tier in enumerate(self._memory):
             cached = tier.get(key)
             if cached is not None:
-                return cached
-        return fact
+                return cached, level
+        return fact, None
 
-    def _insert(self, level: int, key: KVKey, fact: FactKV) -> None:
+    def _insert(self, level: int, key: KVKey, fact: FactKV, new: KVKey) -> None:
+        """Put ``key`` in the tier at ``level``, each entry it evicts into the next. ``new`` is the entry being
+        cached: a tier too small for it passes it on without counting a demotion or a drop (it held nothing)."""
         for victim, evicted in self._memory[level].put(key, fact):
             if level + 1 < len(self._memory):
-                self._demotions += 1
-                self._insert(level + 1, victim, evicted)
-            else:
+                if victim != new:
+                    self._demotions += 1
+                self._insert(level + 1, victim, evicted, new)
+            elif victim != new:
                 self._drops += 1
 
     # ------------------------------------------------------------------ removal

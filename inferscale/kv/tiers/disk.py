@@ -76,7 +76,9 @@ class DiskTier:
 
     def store_id(self) -> str:
         """This folder's id: 32 hex characters, random, made (and the folder with it) on the first call for the
-        folder by any process, and the same for every later call. A ``kv_entries`` row records the id of the folder
+        folder by any process, and the same for every later call (written again when the file was removed by hand
+        while this process ran, so the rows it writes next still name a file that exists). A ``kv_entries`` row
+        records the id of the folder
         its writer put the file in, so a client can tell a row of its own folder, whose file is gone, from a row of
         another host's folder at the same path, whose file it cannot see.
 
@@ -84,9 +86,10 @@ class DiskTier:
             KVFormatError: when ``<root>/store-id`` holds anything but an id.
             OSError: when the folder or the file cannot be written.
         """
-        if self._store_id is None:
+        if self._store_id is None or not (self._root / STORE_ID_FILE).is_file():  # new, or removed by hand
             self._root.mkdir(parents=True, exist_ok=True)
-            data = create_once(self._root / STORE_ID_FILE, uuid.uuid4().hex.encode(), fsync=self._fsync)
+            wanted = self._store_id or uuid.uuid4().hex
+            data = create_once(self._root / STORE_ID_FILE, wanted.encode(), fsync=self._fsync)
             self._store_id = self._parse_store_id(data)
         return self._store_id
 
@@ -294,14 +297,23 @@ class DiskTier:
         """
         found = []
         for path in self._files():
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                found.append(key_from_metadata(handle.metadata() or {}, str(path)))
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as handle:
+                    found.append(key_from_metadata(handle.metadata() or {}, str(path)))
+            except FileNotFoundError:  # removed meanwhile by another store on the same folder
+                continue
         return found
 
     @property
     def nbytes(self) -> int:
-        """Size of the entry files on disk (bytes; headers and token ids included)."""
-        return sum(path.stat().st_size for path in self._files())
+        """Size of the entry files on disk (bytes; headers and token ids included). Files another store on the
+        same folder removes during the count are left out."""
+        total = 0
+        for path in self._files():
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
 
     def _files(self) -> list[Path]:
-        return sorted(self._root.glob(f"*/*{SUFFIX}")) if self._root.is_dir() else []
+        """The entry files, sorted (:meth:`entry_files`: folders removed while they are listed are left out)."""
+        return sorted(path for paths in self.entry_files().values() for path in paths)
