@@ -8,6 +8,7 @@ either read, accepted as inert (a warning names it and says why it has no effect
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
+from inferscale.json_text import loads_json
 from inferscale.validation_text import describe_errors
 
 log = logging.getLogger(__name__)
@@ -569,3 +571,20 @@ def from_mem0_dict(config: Mapping[str, Any]) -> MemoryConfig:
         return MemoryConfig(**own)
     except (TypeError, ValidationError) as exc:  # TypeError: a key that is not a string
         raise ConfigError(f"invalid config after translating the Mem0 shape: {exc}") from exc
+
+
+def config_from_file(path: str) -> MemoryConfig:
+    """The client config in the JSON file ``path`` (``~`` expanded), as :func:`config_from_dict` reads a dict: what
+    ``inferscale <command> --config FILE`` and ``inferscale serve --config FILE`` start from.
+
+    Raises:
+        ConfigError: when the file cannot be read or is not a JSON object, or as :func:`config_from_dict`.
+    """
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as file:
+            data = loads_json(file.read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config file {path} must hold a JSON object, got {type(data).__name__}")
+    return config_from_dict(data)

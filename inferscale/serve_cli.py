@@ -31,6 +31,12 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a JSON file of the memory client's config, as MemoryClient(config=...) takes it (our fields or Mem0's "
+        "shape: the extraction llm, embedder, kv settings, system prompt, ...); the flags given override it",
+    )
     serve.add_argument("--data-dir", help="memory database, index and K/V folder (default <home>/data)")
     serve.add_argument("--db-url", help="memory database URL, API keys included (default <data-dir>/memory.db)")
     serve.add_argument("--model", help="model folder (default: the embedded SmolLM2-135M-Instruct)")
@@ -181,11 +187,12 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             served_model_name=args.served_model_name,
             recompute=args.recompute,
             memory_layout=args.memory_layout,
-            device=_or(args.device, defaults.device),
+            device=args.device,
             max_request_bytes=_or(args.max_request_bytes, defaults.max_request_bytes),
             shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
             failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
             failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
+            config_file=args.config,
         )
     )
 
@@ -214,6 +221,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             shutdown_grace_s=_or(args.shutdown_grace, defaults.shutdown_grace_s),
             failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
             failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
+            config_file=args.config,
         )
     )
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args, qu
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
+from inferscale.mem0_config import config_from_file
 from inferscale.scope import ScopeIds
 from inferscale.storage.database import sqlite_file
 
@@ -119,7 +119,7 @@ class StoreOptions:
         Raises:
             ConfigError: when the file cannot be read, is not JSON, or holds a config that does not validate.
         """
-        fields = {} if self.config_file is None else _read_config(self.config_file).model_dump()
+        fields = {} if self.config_file is None else config_from_file(self.config_file).model_dump()
         fields.update({k: v for k, v in (("data_dir", self.data_dir), ("db_url", self.db_url)) if v is not None})
         given = {} if model is None else {"model": model.model, "dtype": model.dtype}
         engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v is not None}}
@@ -165,24 +165,6 @@ def _sqlite_database(db_url: str) -> Path | None:
     except ArgumentError:
         return None
     return sqlite_file(url)
-
-
-def _read_config(path: str) -> MemoryConfig:
-    """The client config in the JSON file ``path`` (:func:`inferscale.mem0_config.config_from_dict`).
-
-    Raises:
-        ConfigError: when the file cannot be read or is not a JSON object, or as ``config_from_dict``.
-    """
-    from inferscale.mem0_config import config_from_dict
-
-    try:
-        with open(os.path.expanduser(path), encoding="utf-8") as file:
-            data = loads_json(file.read())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read the config file {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"the config file {path} must hold a JSON object, got {type(data).__name__}")
-    return config_from_dict(data)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
 from inferscale.arguments import MAX_LIMIT
 from inferscale.config import DType, EngineConfig, KVConfig, MemoryConfig
 from inferscale.errors import ConfigError
+from inferscale.mem0_config import config_from_file
 from inferscale.server.key_checks import (
     DEFAULT_FAILED_KEY_CHECK_BURST,
     DEFAULT_FAILED_KEY_CHECKS_PER_S,
@@ -70,6 +70,11 @@ class ServeSettings:
             verified before (:class:`~inferscale.server.key_checks.KeyCheckLimits`: failed checks per second, a
             finite number > 0, and how many it holds, a whole number >= 1); past it such keys are answered 429
             ``rate_limited`` at once, without a scrypt. Keys verified before are never refused by it.
+        config_file: a JSON file of the memory client's config, as ``MemoryClient(config=...)`` takes it (our
+            fields or Mem0's shape; :func:`~inferscale.mem0_config.config_from_file`): what :func:`memory_config`
+            starts from, so that a server extracts facts with the ``llm`` it names, embeds with its ``embedder``,
+            encodes under its ``kv`` settings and answers after its ``system_prompt``. The settings above that are
+            given override it; ``None``: every field at its default.
     """
 
     host: str = "127.0.0.1"
@@ -84,6 +89,7 @@ class ServeSettings:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     failed_key_checks_per_s: float = DEFAULT_FAILED_KEY_CHECKS_PER_S
     failed_key_check_burst: int = DEFAULT_FAILED_KEY_CHECK_BURST
+    config_file: str | None = None
 
     def __post_init__(self) -> None:
         """Check the shutdown grace, the port and the failed key check budget.
@@ -113,8 +119,9 @@ class ServeSettings:
         return KeyCheckLimits(self.failed_key_checks_per_s, self.failed_key_check_burst)
 
     @property
-    def engine_device(self) -> str:
-        """The device of the memory client's transformers engine (``"cpu"`` unless a subclass says otherwise)."""
+    def engine_device(self) -> str | None:
+        """The device of the memory client's transformers engine: ``"cpu"`` (the vLLM server's copy of the weights,
+        which only encodes facts), unless a subclass says otherwise; ``None`` keeps the config file's."""
         return "cpu"
 
     @property
@@ -128,13 +135,14 @@ class ServerOptions(ServeSettings):
     """How the transformers server runs: :class:`ServeSettings` and
 
     Attributes:
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``; ``None`` keeps the config file's
+            ``engine.device`` (``"auto"`` without one).
         max_request_bytes: the largest request body read (bytes); larger ones get 413 before parsing.
         chat_limit: memories a chat retrieves when the request names no ``limit`` (``None``: the client's default).
         log_level: uvicorn's log level.
     """
 
-    device: str = "auto"
+    device: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     chat_limit: int | None = None
     log_level: str = "info"
@@ -153,7 +161,7 @@ class ServerOptions(ServeSettings):
             check_setting("the chat limit (--limit)", self.chat_limit, 0, MAX_LIMIT)
 
     @property
-    def engine_device(self) -> str:
+    def engine_device(self) -> str | None:
         """:attr:`device`."""
         return self.device
 
@@ -170,28 +178,26 @@ def check_setting(name: str, value: object, low: int, high: int | None = None) -
 
 
 def memory_config(options: ServeSettings) -> MemoryConfig:
-    """The memory client's config for either server: the transformers engine on ``model`` (``dtype``,
-    ``engine_device``), data in ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` and
-    ``memory_layout`` when given. Its database holds the memories and the API keys (``KeyStore.for_config``).
+    """The memory client's config for either server: the ``config_file``'s (every field at its default without one),
+    with what the options give over it: the transformers engine on ``model`` (``dtype``, ``engine_device``), data in
+    ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` and ``memory_layout``. The engine is always the
+    transformers one (the server's own, or the vLLM server's encoder), whatever the file's ``engine.provider``. Its
+    database holds the memories and the API keys (``KeyStore.for_config``).
 
     Raises:
-        ConfigError: for a value ``EngineConfig``, ``KVConfig`` or ``MemoryConfig`` refuses (an unknown recompute
-            policy or memory layout among them).
+        ConfigError: for a config file that cannot be read or does not validate
+            (:func:`~inferscale.mem0_config.config_from_file`), or a value ``EngineConfig``, ``KVConfig`` or
+            ``MemoryConfig`` refuses (an unknown recompute policy or memory layout among them).
     """
-    engine: dict[str, Any] = {"provider": "transformers", "model": options.model, "device": options.engine_device}
-    if options.dtype is not None:
-        engine["dtype"] = options.dtype
+    fields = {} if options.config_file is None else config_from_file(options.config_file).model_dump()
+    given = {"model": options.model, "dtype": options.dtype, "device": options.engine_device}
+    engine = {**fields.get("engine", {}), "provider": "transformers", **{k: v for k, v in given.items() if v}}
+    overrides = {"data_dir": options.data_dir, "db_url": options.db_url, "memory_layout": options.memory_layout}
+    fields.update({name: value for name, value in overrides.items() if value is not None})
+    kv = {**fields.get("kv", {}), **({} if options.recompute is None else {"recompute": options.recompute})}
     try:
-        kv = KVConfig() if options.recompute is None else KVConfig(recompute=options.recompute)
-        layout = {} if options.memory_layout is None else {"memory_layout": options.memory_layout}
         return MemoryConfig.model_validate(
-            {
-                "engine": EngineConfig.model_validate(engine),
-                "kv": kv,
-                "data_dir": options.data_dir,
-                "db_url": options.db_url,
-                **layout,
-            }
+            {**fields, "engine": EngineConfig.model_validate(engine), "kv": KVConfig.model_validate(kv)}
         )
     except ValidationError as exc:
         raise ConfigError(f"invalid server options: {describe_errors(exc.errors(), show_input=True)}") from exc

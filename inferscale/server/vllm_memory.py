@@ -547,7 +547,7 @@ def build_service(options: ServeOptions) -> tuple[MemoryService, str, str, str]:
     client = MemoryClient(config)
     engine: Any = client.engine
     engine.load()
-    path = resolve_llm_path(options.model, config.home_dir())
+    path = resolve_llm_path(config.engine.model, config.home_dir())  # --model, else the config file's
     layout = PromptLayout(engine.tokenizer, config.system_prompt)
     prefix = engine.encode_facts([EncodeRequest(layout.prefix_ids)])[0]
     builder = RequestBuilder(layout, engine.fingerprint, prefix, config.data_path() / "vllm-staging")

@@ -4,6 +4,7 @@ but loopback (before loading a model or binding a port) and says it is open when
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,90 @@ def test_unset_engine_flags_keep_the_options_defaults(tmp_path: Path, monkeypatc
     assert run_serve(_parse("--data-dir", str(tmp_path))) == 0
     assert run_serve(_parse("--data-dir", str(tmp_path), "--device", "cpu", "--max-request-bytes", "10")) == 0
     assert [(o.device, o.max_request_bytes, o.data_dir) for o in seen] == [
-        ("auto", 1 << 20, str(tmp_path)),
+        (None, 1 << 20, str(tmp_path)),  # not given: the config file's engine.device, else EngineConfig's "auto"
         ("cpu", 10, str(tmp_path)),
     ]
+    assert [memory_config(o).engine.device for o in seen] == ["auto", "cpu"]
+
+
+def _config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "app.json"
+    path.write_text(
+        json.dumps(
+            {
+                "llm": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "extractor"},
+                "system_prompt": "Be terse.\nMemories:\n",
+                "kv": {"recompute": "tail:4", "encode_on_add": "lazy"},
+                "engine": {"provider": "vllm", "device": "cpu", "dtype": "float32", "model": "/models/from-file"},
+                "data_dir": str(tmp_path / "from-file"),
+            }
+        )
+    )
+    return path
+
+
+def test_a_config_file_is_the_servers_memory_config_and_flags_override_it(tmp_path: Path) -> None:
+    """A tester's find: ``inferscale serve`` had no way to name the extraction LLM (or the embedder, the kv settings,
+    the system prompt): a server always extracted with its chat model. ``--config FILE`` takes the app's config."""
+    path = str(_config_file(tmp_path))
+    config = memory_config(ServerOptions(config_file=path))
+    assert (config.llm.provider, config.llm.base_url, config.llm.model) == (
+        "openai",
+        "http://127.0.0.1:9/v1",
+        "extractor",
+    )
+    assert (config.system_prompt, config.kv.recompute, config.kv.encode_on_add) == (
+        "Be terse.\nMemories:\n",
+        "tail:4",
+        "lazy",
+    )
+    engine = config.engine
+    assert (engine.provider, engine.device, engine.dtype, engine.model) == (
+        "transformers",
+        "cpu",
+        "float32",
+        "/models/from-file",
+    )
+    assert config.data_path() == tmp_path / "from-file"
+    given = ServerOptions(
+        config_file=path, data_dir=str(tmp_path), model="/models/m", dtype="bfloat16", device="auto", recompute="none"
+    )
+    config = memory_config(given)
+    assert (config.engine.model, config.engine.dtype, config.engine.device) == ("/models/m", "bfloat16", "auto")
+    assert (config.data_path(), config.kv.recompute, config.kv.encode_on_add) == (tmp_path, "none", "lazy")
+    assert config.llm.model == "extractor"
+
+
+def test_the_config_flag_reaches_the_server_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    path = str(_config_file(tmp_path))
+    assert run_serve(_parse("--config", path)) == 0
+    assert seen[0].config_file == path and memory_config(seen[0]).llm.model == "extractor"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "cannot read the config file"),
+        ("[1]", "must hold a JSON object"),
+        ('{"kv": {"recompute": "x"}}', "recompute"),
+    ],
+)
+def test_a_config_file_that_does_not_serve_is_refused_before_anything_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    path = tmp_path / "app.json"
+    path.write_text(content)
+    assert run_serve(_parse("--config", str(path), "--data-dir", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    with pytest.raises(ConfigError, match=message):
+        memory_config(ServerOptions(config_file=str(path)))
+    assert run_serve(_parse("--config", str(tmp_path / "missing.json"))) == 2
+    assert "cannot read the config file" in capsys.readouterr().err
 
 
 def test_the_recompute_flag_reaches_the_memory_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
