@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -124,16 +124,30 @@ def _starts(raw: str) -> Iterator[tuple[int, str, int]]:
             yield n, text, i
 
 
+_DECODER = json.JSONDecoder(strict=False)
+_EMPTY_LIST = re.compile(r"\s*\[\s*\]")
+
+
 def _complete_end(text: str) -> int | None:
-    """Where the complete JSON value at the start of ``text`` ends (trailing text is not read), or ``None`` when the
-    text is cut off before the value closes (or is not JSON)."""
+    """Where the complete JSON value at the start of ``text`` ends (the text after it is not read), or ``None`` when
+    the text is cut off before the value closes (or is not JSON)."""
     try:
         return _DECODER.raw_decode(text)[1]
     except json.JSONDecodeError:
         return None
 
 
-_DECODER = json.JSONDecoder(strict=False)
+def _list_cut(text: str, value: Any, list_key: str) -> bool:
+    """Whether ``text``, cut off inside ``value``, was cut inside its list (``value`` itself, or ``value[list_key]``):
+    an empty list counts as cut unless ``text`` closes it (``{"facts": [] `` is complete, ``{"facts": [`` is not)."""
+    if (value if isinstance(value, list) else value.get(list_key) if isinstance(value, dict) else None) != []:
+        return True
+    closed = (
+        _EMPTY_LIST.match(text)
+        if isinstance(value, list)
+        else re.search(rf'"{re.escape(list_key)}"\s*:\s*\[\s*\]', text)
+    )
+    return closed is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +156,8 @@ class JSONRead:
 
     Attributes:
         value: the value (a bare list already wrapped as ``{list_key: list}``).
-        cut: whether the text was cut off inside it (the token budget ran out): the value is what was complete, a
-            half-written last element dropped.
+        cut: whether the text was cut off inside the value's list (the token budget ran out): the list is what was
+            complete, a half-written last element dropped.
     """
 
     value: Any
@@ -153,31 +167,79 @@ class JSONRead:
 def tolerant_json_reads(raw: str, list_key: str) -> Iterator[JSONRead]:
     """Every JSON value that can be read from an LLM answer, most likely first.
 
-    Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON; a candidate that only
-    fails on raw tabs or line breaks inside a string is read with them as spaces. Text after a complete value is not
-    read. A candidate that starts inside a value read before it is part of that value, not an answer of its own: the
-    list in ``{"items": [...]}`` is not read as the answer's list. A bare list is wrapped as ``{list_key: list}``.
-    Callers take the first value that validates against their schema and has something usable. An answer that is
-    not valid Unicode (it holds a lone surrogate) yields nothing: pass it through :func:`repair_text` first.
+    Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON and stopping at the end of a
+    complete value; a candidate that only fails on raw tabs or line breaks inside a string is read with them as
+    spaces. A candidate that starts inside a value read before it is part of that value: it is read only when it is
+    an object that has ``list_key`` (the answer wrapped, ``{"result": {"facts": [...]}}``), so the list in
+    ``{"items": [...]}`` is not read as the answer's list. A bare list is wrapped as ``{list_key: list}``. Callers
+    take the first value that validates against their schema and has something usable (:func:`read_items`). An
+    answer that is not valid Unicode (it holds a lone surrogate) yields nothing: pass it through
+    :func:`repair_text` first.
     """
     try:
         raw.encode("utf-8")
     except UnicodeEncodeError:
         return
-    read_until: dict[int, int] = {}  # per text: where the last value read from it ends
+    read_until: dict[int, int] = {}  # per text: where the outermost value read from it ends
     for n, text, start in _starts(raw):
-        if start < read_until.get(n, -1):
-            continue
+        nested = start < read_until.get(n, -1)
         candidate = text[start:]
         for variant in (candidate, _LINE_BREAKS.sub(" ", candidate)):
             try:
                 value = from_json(variant, allow_partial=True)
             except ValueError:
                 continue
+            if nested and not (isinstance(value, dict) and list_key in value):
+                break
             end = _complete_end(variant)
-            read_until[n] = start + (len(variant) if end is None else end)
-            yield JSONRead({list_key: value} if isinstance(value, list) else value, cut=end is None)
+            if not nested:
+                read_until[n] = start + (len(variant) if end is None else end)
+            cut = end is None and _list_cut(variant, value, list_key)
+            yield JSONRead({list_key: value} if isinstance(value, list) else value, cut)
             break
+
+
+def read_items(
+    text: str,
+    list_key: str,
+    items_of: Callable[[Any], list[Any] | None],
+    keep: Callable[[list[Any]], tuple[list[T], list[str]]],
+    *,
+    noun: str,
+    unusable: Callable[[int], str],
+    repairs: Sequence[str] = (),
+) -> Reading[list[T]]:
+    """The first value read from an answer (:func:`tolerant_json_reads`) whose list has something usable.
+
+    Args:
+        text: the answer, repaired (:func:`repair_text`).
+        list_key: the key of the answer's list (``"facts"``, ``"memory"``).
+        items_of: the list of a value read, or ``None`` for a value of another shape (skipped).
+        keep: the usable items of a list, and one repair sentence per item dropped.
+        noun: what one item is, for messages (``"fact"``, ``"decision"``).
+        unusable: the problem of a list of ``n`` items none of which is usable.
+        repairs: what was repaired before reading (kept in front of the reading's own).
+
+    Returns:
+        The items of the first list with a usable item, or of the first empty list that was not cut off (``[]``,
+        nothing to remember); else ``value=None`` with the problem of the first list read (none usable, or cut off
+        before its first item), or that no list could be read.
+    """
+    first_problem: tuple[str, list[str]] | None = None
+    for read in tolerant_json_reads(text, list_key):
+        items = items_of(read.value)
+        if items is None:
+            continue
+        kept, dropped = keep(items)
+        if kept or not (items or read.cut):
+            cut = [f"the answer was cut off; read up to its last complete {noun}"] if read.cut else []
+            return Reading(kept, repairs=(*repairs, *dropped, *cut))
+        if first_problem is None:  # a later value may still be usable
+            problem = unusable(len(items)) if items else f"it was cut off before its first {noun} was complete"
+            first_problem = (problem, dropped)
+    if first_problem is not None:
+        return Reading(None, first_problem[0], (*repairs, *first_problem[1]))
+    return Reading(None, f'no {{"{list_key}": [...]}} JSON object could be read from it', tuple(repairs))
 
 
 def ask(
@@ -238,6 +300,7 @@ __all__ = [
     "JSONRead",
     "Reading",
     "ask",
+    "read_items",
     "repair_text",
     "tolerant_json_reads",
 ]

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_reads
+from inferscale.memory.answers import Reading, ask, read_items, repair_text
 from inferscale.memory.llm import JSONGenerator
 from inferscale.memory.messages import Message, user_turns
 from inferscale.memory.prompts import build_extraction_messages
@@ -108,17 +108,17 @@ def read_facts(raw: str, max_fact_chars: int | None = None) -> Reading[list[str]
     """
     text, repairs = repair_text(raw)
     adapter = _fact_adapter(max_fact_chars)
-    problem = 'no {"facts": [...]} JSON object could be read from it'
-    unusable_drops: list[str] = []
-    unusable = False  # whether a {"facts": [...]} value was read and had nothing usable
-    for read in tolerant_json_reads(text, "facts"):
+
+    def facts_of(value: Any) -> list[Any] | None:
         try:
-            items = _AnyFacts.model_validate(read.value).facts
+            return _AnyFacts.model_validate(value).facts
         except ValidationError:
-            continue
+            return None
+
+    def keep(items: list[Any]) -> tuple[list[str], list[str]]:
+        kept: list[str] = []
         dropped: list[str] = []
         seen: set[str] = set()
-        kept: list[str] = []
         for item in items:
             try:
                 fact = adapter.validate_python(item)
@@ -128,18 +128,17 @@ def read_facts(raw: str, max_fact_chars: int | None = None) -> Reading[list[str]
             if fact.casefold() not in seen:
                 seen.add(fact.casefold())
                 kept.append(fact)
-        if kept or not (items or read.cut):
-            cut = ["the answer was cut off; read up to its last complete fact"] if read.cut else []
-            return Reading(kept, repairs=(*repairs, *dropped, *cut))
-        if not unusable:  # the first such value names the problem (and its drops); a later one may be usable
-            unusable = True
-            problem = (
-                f"none of its {len(items)} facts is usable ({_ITEM_REJECTS})"
-                if items
-                else "it was cut off before its first fact was complete"
-            )
-            unusable_drops = dropped
-    return Reading(None, problem, (*repairs, *unusable_drops))
+        return kept, dropped
+
+    return read_items(
+        text,
+        "facts",
+        facts_of,
+        keep,
+        noun="fact",
+        unusable=lambda n: f"none of its {n} facts is usable ({_ITEM_REJECTS})",
+        repairs=repairs,
+    )
 
 
 def parse_facts(raw: str) -> list[str]:

@@ -14,14 +14,14 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from inferscale.errors import ExtractionError, InvalidInputError
-from inferscale.memory.answers import Reading, ask, repair_text, tolerant_json_reads
+from inferscale.memory.answers import Reading, ask, read_items, repair_text
 from inferscale.memory.llm import JSONGenerator
 
 log = logging.getLogger(__name__)
@@ -145,32 +145,28 @@ def read_decisions(raw: str) -> Reading[list[Decision]]:
         cut off before its first decision.
     """
     text, repairs = repair_text(raw)
-    problem = 'no {"memory": [...]} JSON object could be read from it'
-    unusable_drops: list[str] = []
-    unusable = False  # whether a {"memory": [...]} value was read and had nothing usable
-    for read in tolerant_json_reads(text, "memory"):
-        entries = read.value.get("memory") if isinstance(read.value, dict) else None
-        if not isinstance(entries, list):
-            continue
-        dropped: list[str] = []
+
+    def keep(items: list[Any]) -> tuple[list[Decision], list[str]]:
         decisions: list[Decision] = []
-        for item in entries:
+        dropped: list[str] = []
+        for item in items:
             try:
                 decisions.append(Decision.model_validate(item))
             except ValidationError:
                 dropped.append(f"dropped an entry that is not a decision: {str(item)[:120]!r}")
-        if decisions or not (entries or read.cut):
-            cut = ["the answer was cut off; read up to its last complete entry"] if read.cut else []
-            return Reading(decisions, repairs=(*repairs, *dropped, *cut))
-        if not unusable:  # the first such value names the problem (and its drops); a later one may be usable
-            unusable = True
-            problem = (
-                f"none of its {len(entries)} entries is a decision object"
-                if entries
-                else "it was cut off before its first decision was complete"
-            )
-            unusable_drops = dropped
-    return Reading(None, problem, (*repairs, *unusable_drops))
+        return decisions, dropped
+
+    return read_items(
+        text,
+        "memory",
+        lambda value: (
+            value.get("memory") if isinstance(value, dict) and isinstance(value.get("memory"), list) else None
+        ),
+        keep,
+        noun="decision",
+        unusable=lambda n: f"none of its {n} entries is a decision object",
+        repairs=repairs,
+    )
 
 
 def parse_decisions(raw: str) -> list[Decision]:
@@ -240,6 +236,30 @@ def holds(container: str, text: str) -> bool:
     return _share(text, container) >= HOLDS_MIN_SHARE
 
 
+def _drop_repeats(
+    result: Plan, shown: Sequence[tuple[str, str]], acted: set[str], confirmed: list[str], skip: Callable[[str], None]
+) -> None:
+    """Keep one of each ADD or UPDATE text (compared case-insensitively), and none that a shown memory the answer
+    leaves as it is already has: that memory counts as the fact's NONE (its id joins ``confirmed``). Decided once
+    every decision is known, so a text is judged against the memories that will still hold it (an ADD of a text
+    whose memory the answer deletes is kept)."""
+    remaining = {text.casefold(): memory_id for memory_id, text in shown if memory_id not in acted}
+    written: set[str] = set()
+
+    def repeated(text: str) -> bool:
+        key = text.casefold()
+        if key in written or key in remaining:
+            skip(f"{text!r} is stored already or given by another decision; it is not stored twice")
+            if key in remaining:
+                confirmed.append(remaining[key])
+            return True
+        written.add(key)
+        return False
+
+    result.updates[:] = [(memory_id, text) for memory_id, text in result.updates if not repeated(text)]
+    result.adds[:] = [text for text in result.adds if not repeated(text)]
+
+
 def plan(
     decisions: Sequence[Decision],
     shown: Sequence[tuple[str, str]],
@@ -258,10 +278,11 @@ def plan(
       (:func:`holds`). A small model's invented text is never stored.
     - ADD and UPDATE texts are at most ``max_text_chars`` long, the bound the answer's schema states (an
       unconstrained endpoint does not follow it).
-    - An ADD or UPDATE text that a shown memory (other than the UPDATE's own) or an earlier kept decision already
-      has, compared case-insensitively, is not stored twice; one a shown memory has counts as that memory's NONE.
-    - NONE ("already stored") counts only when the memory it names holds one of the facts. A decision with no event
-      (``null``) has an unknown event.
+    - An ADD or UPDATE text that another kept decision gives, or that a shown memory the answer leaves as it is
+      already has (compared case-insensitively), is not stored twice; one a shown memory has counts as that
+      memory's NONE (:func:`_drop_repeats`).
+    - NONE ("already stored") counts only when the memory it names holds one of the facts and the answer neither
+      updates nor deletes that memory. A decision with no event (``null``) has an unknown event.
     - A fact that no kept ADD, UPDATE or NONE accounts for is added as extracted: an answer that forgets or
       garbles a fact must not lose it.
 
@@ -286,18 +307,7 @@ def plan(
     def related(memory: str) -> bool:
         return any(_share(memory, fact) >= RELATED_MIN_SHARE for fact in facts)
 
-    stored = {text.casefold(): text for _, text in shown}
-    written: set[str] = set()  # the texts kept ADDs and UPDATEs give, casefolded
-
-    def repeated(text: str, own: str | None = None) -> bool:
-        """Whether another memory or a kept decision has ``text`` already (a stored one then counts as NONE)."""
-        key = text.casefold()
-        if key in written or (key in stored and key != own):
-            skip(f"{text!r} is stored already or given by an earlier decision; it is not stored twice")
-            if key in stored:
-                result.confirmed.append(stored[key])
-            return True
-        return False
+    confirmed: list[str] = []  # ids of the memories an accepted NONE (or a repeated text) names
 
     for d in decisions:
         text = " ".join(d.text.split())
@@ -308,16 +318,15 @@ def plan(
             skip(f"{d.event} of a text of {len(text):,} characters, over max_text_chars ({max_text_chars:,})")
             continue
         if d.event == "ADD":
-            if not text or not holds(facts_text, text):
-                skip(f"ADD of {text!r}, which the new facts do not hold")
-            elif not repeated(text):
+            if text and holds(facts_text, text):
                 result.adds.append(text)
-                written.add(text.casefold())
+            else:
+                skip(f"ADD of {text!r}, which the new facts do not hold")
             continue
         target = by_short.get(d.id)
         if d.event == "NONE":
             if target is not None and any(holds(target[1], fact) for fact in facts):
-                result.confirmed.append(target[1])
+                confirmed.append(target[0])
             continue
         if target is None:
             skip(f"{d.event} on id {d.id!r}, which the LLM was not shown (shown: {sorted(by_short)})")
@@ -333,14 +342,14 @@ def plan(
             if not text or not holds(f"{facts_text}\n{old_text}", text):
                 skip(f"UPDATE of id {d.id!r} to {text!r}, which the new facts and the old text do not hold")
                 continue
-            if repeated(text, own=old_text.casefold()):
-                continue
             result.updates.append((memory_id, text))
-            written.add(text.casefold())
         else:
             result.deletes.append(memory_id)
-        stored.pop(old_text.casefold(), None)  # the memory will no longer have its old text
         acted.add(memory_id)
+    _drop_repeats(result, shown, acted, confirmed, skip)
+    texts = dict(shown)
+    changed = set(result.deletes) | {memory_id for memory_id, _ in result.updates}
+    result.confirmed.extend(dict.fromkeys(texts[i] for i in confirmed if i not in changed))  # what stays as it is
     kept = [*result.adds, *(text for _, text in result.updates), *result.confirmed]
     for fact in facts:
         if not any(holds(text, fact) for text in kept):

@@ -9,7 +9,7 @@ import pytest
 from inferscale.errors import ExtractionError
 from inferscale.memory import Message
 from inferscale.memory.chunking import chunk_messages, estimate_tokens, split_text
-from inferscale.memory.reconcile import build_reconcile_messages, parse_decisions, plan
+from inferscale.memory.reconcile import Decision, build_reconcile_messages, parse_decisions, plan
 
 
 def test_reconcile_answers_parse_tolerantly() -> None:
@@ -158,3 +158,40 @@ def test_reconcile_answers_are_repaired_or_fall_back_to_adding_the_facts() -> No
     decided = Reconciler(generator).decide([("m1", "Lives in Lisbon")], ["Lives in Porto", "Has a cat"])
     assert (decided.adds, decided.updates, decided.deletes) == (["Lives in Porto", "Has a cat"], [], [])
     assert generator.calls == 2  # asked once more before falling back
+
+
+def _decisions(*items: dict[str, object]) -> list[Decision]:
+    return [Decision.model_validate(item) for item in items]
+
+
+TEA = [("m0", "Likes tea")]
+
+
+@pytest.mark.parametrize(
+    "decisions",
+    [
+        _decisions({"event": "ADD", "text": "Likes tea"}, {"id": "0", "event": "DELETE"}),
+        _decisions({"id": "0", "event": "DELETE"}, {"event": "ADD", "text": "Likes tea"}),
+        _decisions({"id": "0", "event": "NONE"}, {"id": "0", "event": "DELETE"}),
+    ],
+    ids=["add-then-delete", "delete-then-add", "none-then-delete"],
+)
+def test_a_fact_whose_memory_the_answer_deletes_is_kept(decisions: list[Decision]) -> None:
+    """A review's find: an ADD repeating a stored text counted as that memory's NONE, and the DELETE of the memory
+    that followed was applied, so the fact was lost (a small model's "delete it, add it again"). The same held for
+    a NONE on a memory the answer then deletes."""
+    result = plan(decisions, TEA, ["Likes tea"])
+    assert (result.adds, result.deletes, result.confirmed) == (["Likes tea"], ["m0"], [])
+
+
+def test_a_text_one_of_two_case_variants_keeps_is_not_added_again() -> None:
+    shown = [("m0", "Likes tea"), ("m1", "LIKES TEA")]
+    result = plan(
+        _decisions({"id": "0", "event": "DELETE"}, {"event": "ADD", "text": "likes tea"}), shown, ["Likes tea"]
+    )
+    assert (result.adds, result.deletes, result.confirmed) == ([], ["m0"], ["LIKES TEA"])
+
+
+def test_a_wrapped_reconcile_answer_is_read() -> None:
+    wrapped = '{"result": {"memory": [{"id": "0", "text": "", "event": "NONE"}]}}'
+    assert [(d.id, d.event) for d in parse_decisions(wrapped)] == [("0", "NONE")]
