@@ -446,7 +446,7 @@ class ClientCore:
 
                     if not llm.base_url or not llm.model:
                         raise ConfigError("llm provider 'openai' needs base_url and model")
-                    self._owned_generator = OpenAIJSONGenerator(llm.base_url, llm.api_key, llm.model)
+                    self._owned_generator = OpenAIJSONGenerator(llm.base_url, llm.api_key, llm.model, llm.timeout_s)
                     self._generator = self._owned_generator
                     self._generator_built_here = True
                 else:

@@ -117,6 +117,9 @@ class LLMConfig(_Strict):
         provider: ``"engine"`` reuses the chat engine's model with JSON-constrained decoding;
             ``"openai"`` calls any OpenAI-compatible endpoint (for example a vLLM server).
         base_url, api_key, model: the endpoint, for ``provider="openai"``.
+        timeout_s: how long one request to that endpoint may take (seconds, > 0, at most an hour), connecting and
+            reading; a 429 or 502/503/504 reply is sent again twice at most, after the wait its ``Retry-After``
+            asks for (:class:`~inferscale.memory.llm.OpenAIJSONGenerator`).
         max_new_tokens: decode budget of one extraction, in tokens.
         max_input_tokens: the most conversation tokens shown to the LLM in one extraction call (estimated as
             UTF-8 bytes / 3); a longer conversation is extracted chunk by chunk.
@@ -146,6 +149,7 @@ class LLMConfig(_Strict):
     base_url: str | None = None
     api_key: str | None = None
     model: str | None = None
+    timeout_s: float = Field(strict=True, default=60.0, gt=0, le=3600, allow_inf_nan=False)
     max_new_tokens: int = Field(strict=True, default=160, ge=16, le=4096)
     max_input_tokens: int = Field(strict=True, default=2048, ge=64, le=131072)
     reconcile: bool = Field(default=True, strict=True)

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "inferscale.formats": 0,
     "inferscale.validation_text": 0,
     "inferscale.model_load": 0,
+    "inferscale.http_retry": 0,
     "inferscale.devices": 0,
     "inferscale.worker_threads": 0,
     "inferscale.control_tokens": 0,

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
-from pydantic_core import from_json
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from inferscale.control_tokens import rendered_token_ids
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
+from inferscale.http_retry import RETRY_STATUSES, Reply, RetryableReply, WaitRetryAfter, asks_to_retry
 from inferscale.model_load import loading_model
 
 if TYPE_CHECKING:
@@ -63,31 +64,6 @@ def _schema_key(schema: dict[str, Any]) -> str:
         raise InvalidInputError(f"the JSON schema is not JSON-serialisable: {exc}") from exc
 
 
-def _close_truncated(text: str) -> str:
-    """JSON text that stopped mid-way, cut back to its last complete element and closed.
-
-    ``'{"facts": ["a", "b'`` becomes ``'{"facts": ["a"]}'``: pydantic-core's partial JSON parser drops a half-written
-    string or key (it never completes one) and closes the open containers. Complete JSON is returned unchanged.
-
-    Args:
-        text: the prefix of a JSON value, as produced by a grammar-constrained decoder that ran out of tokens.
-
-    Returns:
-        Valid JSON text in xgrammar's layout (``", "`` and ``": "`` separators), or ``""`` when ``text`` never
-        opened a value.
-    """
-    try:
-        from_json(text)
-        return text
-    except ValueError:
-        pass
-    try:
-        value = from_json(text, allow_partial=True)
-    except ValueError:
-        return ""
-    return json.dumps(value, ensure_ascii=False)
-
-
 # ---------------------------------------------------------------------------------------------------- local model
 
 
@@ -98,9 +74,10 @@ class TransformersJSONGenerator:
     (:class:`xgrammar.contrib.hf.LogitsProcessor`): at every step it fills a vocabulary bitmask of the tokens that
     keep the output a valid prefix of schema-conforming JSON and sets the other logits to -inf. Once the JSON value
     is complete only the tokenizer's stop tokens are allowed, and decoding ends on one. If ``max_new_tokens`` runs
-    out first, the output is cut back to its last complete element and closed by pydantic-core's partial JSON
-    parser, so the answer is valid JSON either way (it may then miss ``required`` keys only if the budget ended
-    before they were written, which needs a budget of a handful of tokens). Sampling, beams, repetition penalties
+    out first, the cut answer is returned as it is, with a warning: the readers of answers take what is complete
+    and tell an answer cut before its first item from an empty one (:mod:`inferscale.memory.answers`; closing it
+    here made ``{"facts": ["Alice moved to Berl`` read as ``{"facts": []}``, nothing to remember, and the turns were
+    lost). Sampling, beams, repetition penalties
     and n-gram bans of the model's generation config are switched off: the answer is the plain argmax.
 
     Compiled grammars are cached per schema. One lock serialises compilation and decoding: the model's
@@ -220,7 +197,7 @@ class TransformersJSONGenerator:
             max_new_tokens: decode budget, in tokens (>= 1).
 
         Returns:
-            Valid JSON text matching ``schema`` (see the class notes for a budget that runs out).
+            JSON text matching ``schema``, or its beginning when ``max_new_tokens`` ran out (see the class notes).
 
         Raises:
             InvalidInputError: for ``max_new_tokens < 1`` or a schema xgrammar cannot compile.
@@ -255,10 +232,7 @@ class TransformersJSONGenerator:
         generated = sequences[0, prompt_ids.shape[1] :].tolist()  # the answer's token ids, a stop token last if any
         text = self._tokenizer.batch_decode([generated], skip_special_tokens=True)[0]
         if not generated or generated[-1] not in stop_ids:
-            closed = _close_truncated(text)
-            if closed != text:
-                log.warning("JSON answer hit max_new_tokens=%d; closed it at its last complete element", max_new_tokens)
-            text = closed
+            log.warning("JSON answer hit max_new_tokens=%d before it was complete", max_new_tokens)
         return text
 
 
@@ -268,9 +242,11 @@ class TransformersJSONGenerator:
 class OpenAIJSONGenerator:
     """An OpenAI-compatible chat endpoint asked for JSON with ``response_format={"type": "json_schema"}``.
 
-    Connection failures (refused, DNS, connect timeout) are retried by the HTTP transport (``retries`` times);
-    HTTP errors and read timeouts are not retried and raise :class:`~inferscale.errors.ExtractionError`.
-    Decoding is greedy (``temperature=0``).
+    Connection failures (refused, DNS, connect timeout) are retried by the HTTP transport (``retries`` times). A
+    429 (rate limited) or a 502/503/504 (a proxy, an overloaded server) is sent again, at most ``retries`` times,
+    after the wait its ``Retry-After`` asks for, else after a short exponential back-off (:mod:`inferscale.http_retry`;
+    a wait over a minute is not waited for). Other HTTP errors and read timeouts are not retried. What is not
+    answered raises :class:`~inferscale.errors.ExtractionError`. Decoding is greedy (``temperature=0``).
 
     Args:
         base_url: the server root, with or without the ``/v1`` suffix (``http://localhost:8000`` and
@@ -278,7 +254,7 @@ class OpenAIJSONGenerator:
         api_key: sent as ``Authorization: Bearer <api_key>``; ``None`` sends no header (local servers).
         model: the model name the server expects.
         timeout_s: per-request timeout, in seconds.
-        retries: connection retries of the transport.
+        retries: connection retries of the transport, and retries of a 429/502/503/504 reply.
         strict: ask the server for strict schema adherence (``json_schema.strict``).
         transport: an httpx transport to use instead of a real one (tests pass ``httpx.MockTransport``).
 
@@ -307,6 +283,7 @@ class OpenAIJSONGenerator:
         self.url = f"{root}/chat/completions" if root.endswith("/v1") else f"{root}/v1/chat/completions"
         self.model = model
         self.strict = strict
+        self.retries = retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             transport=transport or httpx.HTTPTransport(retries=retries),
@@ -346,15 +323,30 @@ class OpenAIJSONGenerator:
         Raises:
             InvalidInputError: for ``max_new_tokens < 1``.
             ExtractionError: on a connection failure or timeout (after the transport's retries), an HTTP error
-                status, a body that is not a chat completion, or an answer without text content (for example
-                a refusal).
+                status (a 429 or 502/503/504 after its retries), a body that is not a chat completion, or an answer
+                without text content (for example a refusal).
         """
         if max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         body = self.request_body(messages, schema, max_new_tokens)
+        policy = Retrying(
+            retry=retry_if_exception_type(RetryableReply),
+            stop=stop_after_attempt(self.retries + 1),
+            wait=WaitRetryAfter(),
+            reraise=True,
+        )
         try:
-            response = self._client.post(self.url, json=body)
+            for attempt in policy:
+                with attempt:
+                    response = self._client.post(self.url, json=body)
+                    if asks_to_retry(Reply.of(response), RETRY_STATUSES):
+                        raise RetryableReply(Reply.of(response))
             response.raise_for_status()
+        except RetryableReply as exc:
+            raise ExtractionError(
+                f"{self.url} answered HTTP {exc.reply.status} {self.retries + 1} times: "
+                f"{exc.reply.content[:300].decode('utf-8', 'replace')}"
+            ) from exc
         except httpx.HTTPStatusError as exc:
             raise ExtractionError(
                 f"{self.url} answered HTTP {exc.response.status_code}: {exc.response.text[:300]}"

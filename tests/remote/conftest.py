@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from remote_wire import Wire
 
-from inferscale.remote import retry
+from inferscale import http_retry as retry
 
 
 @pytest.fixture(params=["remote", "remote-async"])
