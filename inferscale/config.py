@@ -304,8 +304,9 @@ class KVConfig(_Strict):
             The defaults of these four were chosen by ``inferscale eval fidelity`` (docs/architecture.md).
         host_budget_bytes: capacity of the host-memory KV tier in bytes (LRU; evicted entries stay on disk).
         device_budget_bytes: capacity of the GPU KV tier in bytes; ``None`` means 1 GiB when the engine runs on
-            CUDA and no GPU tier otherwise. A positive budget with ``engine.device="cpu"`` is a ``ConfigError``;
-            with ``"auto"`` on a machine without CUDA it is ignored, with a warning.
+            CUDA and no GPU tier otherwise. A positive budget with ``engine.device="cpu"`` is refused when the
+            :class:`MemoryConfig` is built (pydantic's ``ValidationError``; a ``ConfigError`` from a client, a dict
+            or a file); with ``"auto"`` on a machine without CUDA it is ignored, with a warning.
         storage_format: how fact K/V are kept at rest and in the host/device tiers
             (:mod:`inferscale.kv.quantization`): ``"model"`` (the model's dtype), ``"float8_e4m3"`` (float8 codes,
             one scale per layer and head: 2x smaller than bfloat16) or ``"int8"`` (affine codes in the KIVI layout,

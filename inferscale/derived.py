@@ -610,7 +610,8 @@ class DerivedStores:
         committed, and the file can never be read again (its key names a text or context that no memory has).
 
         Returns:
-            How many of ``memory_ids`` had their K/V removed (those whose removal failed are not counted).
+            How many of ``memory_ids`` had K/V removed here: those whose removal failed, and those with none left
+            (removed meanwhile by another process on the same folder), are not counted.
         """
         if not memory_ids:
             return 0
@@ -619,11 +620,10 @@ class DerivedStores:
         removed = 0
         for memory_id in memory_ids:
             try:
-                store.delete_memory(memory_id)
+                if store.delete_memory(memory_id) > 0:
+                    removed += 1
             except OSError as exc:
                 _log_left_behind(memory_id, exc)
-            else:
-                removed += 1
         return removed
 
     def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 from mem0_fakes import HashEmbedder
+from pydantic import ValidationError
 from tiny_models import tiny_engine
 
 from inferscale import AsyncMemoryClient, ConfigError, MemoryClient, MemoryConfig
-from inferscale.config import KVConfig
+from inferscale.config import EngineConfig, KVConfig
 from inferscale.kv import KVStore
 from inferscale.mem0_config import config_from_dict
 
@@ -27,6 +28,8 @@ def test_a_gpu_kv_budget_with_a_cpu_engine_is_refused_with_the_config() -> None:
             build(GPU_TIER_ON_CPU)
     for budget in (0, None):  # no GPU tier: accepted
         config_from_dict({"engine": {"device": "cpu"}, "kv": {"device_budget_bytes": budget}})
+    with pytest.raises(ValidationError, match="asks for a GPU K/V tier"):  # built directly: pydantic's error
+        MemoryConfig(engine=EngineConfig(device="cpu"), kv=KVConfig(device_budget_bytes=1))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the engine runs on CUDA here: the budget is used")
@@ -77,5 +80,8 @@ def test_reconcile_counts_only_the_kv_it_removed(tmp_path: Path, monkeypatch: py
             patched.setattr(KVStore, "delete_memory", read_only)
             assert client.reconcile().kv_memories_removed == 0  # it said 1, and 1 again once removal worked
         assert (store_dir / memory_id).is_dir()
+        with monkeypatch.context() as patched:  # another process removed them first: nothing removed here
+            patched.setattr(KVStore, "delete_memory", lambda self, memory_id: 0)
+            assert client.reconcile().kv_memories_removed == 0
         assert client.reconcile().kv_memories_removed == 1
         assert not (store_dir / memory_id).exists()

@@ -350,6 +350,20 @@ def test_a_k_v_folder_id_file_removed_by_hand_is_written_again_with_the_same_id(
     assert DiskTier(root).existing_store_id() == first  # a later process reads the same id
 
 
+def test_a_k_v_folder_id_another_process_made_again_is_taken(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A review's find: after the id file was removed, another process could make a new id first, and this one kept
+    writing rows under its old id, which the folder no longer had."""
+    root = tmp_path / "kv"
+    disk = DiskTier(root)
+    first = disk.store_id()
+    shutil.rmtree(root)
+    second = DiskTier(root).store_id()  # another process, first to make the folder again
+    assert second != first
+    with caplog.at_level("WARNING", logger="inferscale.kv.tiers.disk"):
+        assert disk.store_id() == second
+    assert f"now has the id {second}, not {first}" in caplog.text
+
+
 @pytest.mark.parametrize("content", [b"", b"not an id", b"A" * 32, b"0" * 33])
 def test_a_k_v_folder_id_file_holding_no_id_is_refused(tmp_path: Path, content: bytes) -> None:
     (tmp_path / "store-id").write_bytes(content)
@@ -422,6 +436,41 @@ def test_disk_sizes_and_keys_leave_out_files_removed_while_they_are_read(
     assert disk.keys() == [key("b")]
     disk.put(key("a"), fact(1))
     assert KVStore(tmp_path, host_budget_bytes=0).stats().nbytes["disk"] == size_of_b
+
+
+def test_a_file_another_store_removes_during_a_delete_or_clear_stops_neither(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's find: delete_memory gave up at the first file another store had removed (the rest stayed), and
+    clear() raised a bare FileNotFoundError for a folder removed after it was listed."""
+    disk = DiskTier(tmp_path)
+    for text_hash in ("h1", "h2", "h3"):
+        disk.put(key("a", text_hash=text_hash), fact(1))
+    real_unlink = os.unlink
+    raced: list[str] = []
+
+    def removed_first(path: object, *args: object, **kwargs: object) -> None:
+        real_unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+        if not raced:  # the other store got to the first file
+            raced.append(str(path))
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(os, "unlink", removed_first)
+    assert disk.delete_memory("a") == 3
+    assert raced and not (tmp_path / "a").exists()
+    monkeypatch.undo()
+    disk.put(key("b"), fact(2))
+    real_iterdir = Path.iterdir
+
+    def folder_gone(self: Path) -> object:
+        if self.name == "b":
+            shutil.rmtree(self)
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", folder_gone)
+    disk.clear()
+    monkeypatch.undo()
+    assert disk.keys() == []
 
 
 def test_eviction_from_host_only_demotes_the_entry_to_disk(tmp_path: Path) -> None:

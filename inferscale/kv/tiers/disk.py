@@ -76,9 +76,10 @@ class DiskTier:
 
     def store_id(self) -> str:
         """This folder's id: 32 hex characters, random, made (and the folder with it) on the first call for the
-        folder by any process, and the same for every later call (written again when the file was removed by hand
-        while this process ran, so the rows it writes next still name a file that exists). A ``kv_entries`` row
-        records the id of the folder
+        folder by any process, and read from its file on every call: a file removed by hand while this process ran
+        is written again with the id it has used, and one another process made again meanwhile is taken (with a
+        warning), so the rows written next name the id the folder has. A ``kv_entries`` row records the id of the
+        folder
         its writer put the file in, so a client can tell a row of its own folder, whose file is gone, from a row of
         another host's folder at the same path, whose file it cannot see.
 
@@ -86,12 +87,22 @@ class DiskTier:
             KVFormatError: when ``<root>/store-id`` holds anything but an id.
             OSError: when the folder or the file cannot be written.
         """
-        if self._store_id is None or not (self._root / STORE_ID_FILE).is_file():  # new, or removed by hand
+        try:
+            found = self._parse_store_id((self._root / STORE_ID_FILE).read_bytes())
+        except FileNotFoundError:  # new, or removed by hand: made again, with the id this process has used
             self._root.mkdir(parents=True, exist_ok=True)
             wanted = self._store_id or uuid.uuid4().hex
-            data = create_once(self._root / STORE_ID_FILE, wanted.encode(), fsync=self._fsync)
-            self._store_id = self._parse_store_id(data)
-        return self._store_id
+            found = self._parse_store_id(create_once(self._root / STORE_ID_FILE, wanted.encode(), fsync=self._fsync))
+        if self._store_id is not None and found != self._store_id:
+            log.warning(
+                "the K/V folder %s now has the id %s, not %s: it was made again by another process; rows written "
+                "from now on record the new id",
+                self._root,
+                found,
+                self._store_id,
+            )
+        self._store_id = found
+        return found
 
     def existing_store_id(self) -> str | None:
         """This folder's id (:meth:`store_id`), or ``None`` when no process made one yet; it makes none.
@@ -207,8 +218,7 @@ class DiskTier:
         if not folder.is_dir():
             return 0
         count = sum(1 for _ in folder.glob(f"*{SUFFIX}"))
-        with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another store on the same folder
-            shutil.rmtree(folder)
+        shutil.rmtree(folder, onerror=_unless_gone)  # what another store on the folder removes meanwhile is gone
         return count
 
     def prune(self, memory_id: str, keep: Callable[[KVKey], bool], *, dry_run: bool = False) -> int:
@@ -242,9 +252,10 @@ class DiskTier:
         for folder in self._root.iterdir():
             if not folder.is_dir():
                 continue
-            for file in folder.iterdir():
-                if file.suffix in (SUFFIX, TEMP_SUFFIX):
-                    file.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another store on the same folder
+                for file in folder.iterdir():
+                    if file.suffix in (SUFFIX, TEMP_SUFFIX):
+                        file.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # not empty: it holds files this tier did not write
                 folder.rmdir()
 
@@ -317,3 +328,9 @@ class DiskTier:
     def _files(self) -> list[Path]:
         """The entry files, sorted (:meth:`entry_files`: folders removed while they are listed are left out)."""
         return sorted(path for paths in self.entry_files().values() for path in paths)
+
+
+def _unless_gone(function: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+    """``shutil.rmtree``'s error handler: a file or folder already gone is skipped; any other error is raised."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
