@@ -40,8 +40,10 @@ __all__ = [
     "cli",
     "from_args",
     "int_list",
+    "integer",
     "name_list",
     "non_negative_int",
+    "number",
     "positive_int",
     "quoted",
 ]
@@ -150,7 +152,8 @@ def add_options(parser: P, cls: type) -> P:
         if choices is not None:
             kwargs["choices"] = choices
         if spec.action not in ("store_true", "store_false", argparse.BooleanOptionalAction):
-            parse = spec.parse or _plain(hint)
+            plain = _plain(hint)
+            parse = spec.parse or (_PARSERS.get(plain, plain) if plain is not None else None)
             if parse is not None and parse is not str:
                 kwargs["type"] = parse
             if not positional and (spec.metavar is not None or choices is None):  # the value's name, not the field's
@@ -224,6 +227,35 @@ def quoted(text: str) -> str:
     return shown_input(text, QUOTED_CHARS)
 
 
+def integer(text: str) -> int:
+    """An integer, as ``int(text)`` reads it.
+
+    Raises:
+        argparse.ArgumentTypeError: for a word that is not one, quoted short (:func:`quoted`): argparse's own
+            message for ``type=int`` echoed a 5,000-character word whole.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {quoted(text)}") from None
+
+
+def number(text: str) -> float:
+    """A number, as ``float(text)`` reads it.
+
+    Raises:
+        argparse.ArgumentTypeError: for a word that is not one, quoted short (:func:`quoted`).
+    """
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {quoted(text)}") from None
+
+
+_PARSERS: dict[type, Callable[[str], Any]] = {int: integer, float: number}
+"""How a plain ``int`` or ``float`` field's word is read (a word that is not one is quoted short)."""
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """``"0,5,50"`` → ``(0, 5, 50)``: comma-separated non-negative integers.
 
@@ -248,10 +280,9 @@ def positive_int(text: str) -> int:
     """An integer >= 1.
 
     Raises:
-        argparse.ArgumentTypeError: for a smaller value.
-        ValueError: for a word that is not an integer (argparse reports it as an invalid value).
+        argparse.ArgumentTypeError: for a smaller value, or a word that is not an integer (:func:`integer`).
     """
-    value = int(text)
+    value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {quoted(text)}")
     return value
@@ -261,10 +292,9 @@ def non_negative_int(text: str) -> int:
     """An integer >= 0.
 
     Raises:
-        argparse.ArgumentTypeError: for a negative value.
-        ValueError: for a word that is not an integer (argparse reports it as an invalid value).
+        argparse.ArgumentTypeError: for a negative value, or a word that is not an integer (:func:`integer`).
     """
-    value = int(text)
+    value = integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {quoted(text)}")
     return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TypeVar, get_args
 
+from inferscale.cli_options import integer, number
 from inferscale.config import DType, MemoryLayout
 from inferscale.server.key_checks import DEFAULT_FAILED_KEY_CHECK_BURST, DEFAULT_FAILED_KEY_CHECKS_PER_S
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S, MAX_PORT
@@ -30,7 +31,7 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "middleware (docs/vllm.md)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
+    serve.add_argument("--port", type=integer, default=8000, help="listen port (default 8000)")
     serve.add_argument(
         "--config",
         metavar="FILE",
@@ -46,14 +47,14 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="weights and K/V dtype (default auto: bfloat16 where the hardware runs it faster, else float32)",
     )
     serve.add_argument("--device", help="transformers engine only: cpu, cuda, cuda:N or auto (default)")
-    serve.add_argument("--limit", type=int, help="memories retrieved per chat request (default 5)")
+    serve.add_argument("--limit", type=integer, help="memories retrieved per chat request (default 5)")
     serve.add_argument(
         "--max-request-bytes",
-        type=int,
+        type=integer,
         help=f"transformers engine only: largest request body (default {DEFAULT_MAX_REQUEST_BYTES:,} bytes)",
     )
-    serve.add_argument("--max-model-len", type=int, help="vLLM only: context limit in tokens (default 4096)")
-    serve.add_argument("--kv-cache-bytes", type=int, help="vLLM only: paged KV cache size in bytes (default 2 GiB)")
+    serve.add_argument("--max-model-len", type=integer, help="vLLM only: context limit in tokens (default 4096)")
+    serve.add_argument("--kv-cache-bytes", type=integer, help="vLLM only: paged KV cache size in bytes (default 2 GiB)")
     serve.add_argument("--served-model-name", help="model name clients send (default: the folder name)")
     serve.add_argument(
         "--recompute",
@@ -69,7 +70,7 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=number,
         metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, how long the shutdown may take: running requests finish within it (then they "
         "are cancelled), and the background K/V encoder works for what is left, plus the chunk it is encoding "
@@ -77,14 +78,14 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     serve.add_argument(
         "--failed-key-checks-per-s",
-        type=float,
+        type=number,
         metavar="N",
         help="API key checks that may fail per second, once the burst is spent; past it a key the server has not "
         f"verified before gets 429 at once (default {DEFAULT_FAILED_KEY_CHECKS_PER_S:g})",
     )
     serve.add_argument(
         "--failed-key-check-burst",
-        type=int,
+        type=integer,
         metavar="N",
         help=f"API key checks that may fail back to back (default {DEFAULT_FAILED_KEY_CHECK_BURST})",
     )

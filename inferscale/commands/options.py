@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args, quoted
+from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args, integer, quoted
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
@@ -220,7 +220,9 @@ class SelectOptions:
     )
     limit: int | None = field(
         default=None,
-        metadata=cli("--limit", type=int, metavar="N", help="memories at most (default: the client's, 100; chat: 5)"),
+        metadata=cli(
+            "--limit", type=integer, metavar="N", help="memories at most (default: the client's, 100; chat: 5)"
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from inferscale.cli_options import (
     name_list,
     output_folder,
     positive_int,
+    quoted,
 )
 from inferscale.config import DType, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
@@ -198,7 +199,7 @@ def _settings(raw: tuple[str, ...] | None) -> list[Any]:
             settings.append(FidelitySetting(**obj))
         except ValidationError as exc:
             problems = describe_errors(exc.errors(), lambda loc: loc or "setting")
-            raise ConfigError(f"invalid --setting {json.dumps(obj)}: {problems}") from exc
+            raise ConfigError(f"invalid --setting {quoted(json.dumps(obj))}: {problems}") from exc
     labels = [s.label for s in settings]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
@@ -210,9 +211,9 @@ def _setting_object(text: str) -> dict[str, Any]:
     try:
         obj = loads_json(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--setting {text!r} is not JSON ({exc.msg} at character {exc.pos})") from exc
+        raise ConfigError(f"--setting {quoted(text)} is not JSON ({exc.msg} at character {exc.pos})") from exc
     if not isinstance(obj, dict):
-        raise ConfigError(f'--setting {text!r} must be a JSON object, e.g. \'{{"recompute": "tail:16"}}\'')
+        raise ConfigError(f'--setting {quoted(text)} must be a JSON object, e.g. \'{{"recompute": "tail:16"}}\'')
     return obj
 
 

@@ -16,6 +16,7 @@ from inferscale.cli_options import (
     MODEL_OPTION,
     THREADS_OPTION,
     cli,
+    integer,
     name_list,
     non_negative_int,
     output_folder,
@@ -124,7 +125,7 @@ class LocomoEvalSettings:
         default=tuple(_KV["position_buckets"].default),
         metadata=cli(
             "--position-buckets",
-            type=int,
+            type=integer,
             nargs="+",
             help="distances from the system prefix facts are encoded at, tokens "
             f"(default {' '.join(map(str, _KV['position_buckets'].default))})",
