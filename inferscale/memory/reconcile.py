@@ -236,28 +236,23 @@ def holds(container: str, text: str) -> bool:
     return _share(text, container) >= HOLDS_MIN_SHARE
 
 
-def _drop_repeats(
-    result: Plan, shown: Sequence[tuple[str, str]], acted: set[str], confirmed: list[str], skip: Callable[[str], None]
-) -> None:
-    """Keep one of each ADD or UPDATE text (compared case-insensitively), and none that a shown memory the answer
-    leaves as it is already has: that memory counts as the fact's NONE (its id joins ``confirmed``). Decided once
-    every decision is known, so a text is judged against the memories that will still hold it (an ADD of a text
-    whose memory the answer deletes is kept)."""
-    remaining = {text.casefold(): memory_id for memory_id, text in shown if memory_id not in acted}
+def _drop_repeats(result: Plan, skip: Callable[[str], None]) -> None:
+    """Keep one of each ADD or UPDATE text of the answer, compared case-insensitively (an UPDATE's over an ADD's,
+    then the first given: the memory it refines keeps the text). A text a
+    stored memory already has is left to the write, which skips a text stored in exactly the scope: a shown memory
+    may be of a narrower scope (a run's), where the same fact does not make one for the user redundant."""
     written: set[str] = set()
 
-    def repeated(text: str) -> bool:
+    def first(text: str) -> bool:
         key = text.casefold()
-        if key in written or key in remaining:
-            skip(f"{text!r} is stored already or given by another decision; it is not stored twice")
-            if key in remaining:
-                confirmed.append(remaining[key])
-            return True
+        if key in written:
+            skip(f"{text!r} is given by another decision of the answer; it is not stored twice")
+            return False
         written.add(key)
-        return False
+        return True
 
-    result.updates[:] = [(memory_id, text) for memory_id, text in result.updates if not repeated(text)]
-    result.adds[:] = [text for text in result.adds if not repeated(text)]
+    result.updates[:] = [(memory_id, text) for memory_id, text in result.updates if first(text)]
+    result.adds[:] = [text for text in result.adds if first(text)]
 
 
 def plan(
@@ -278,9 +273,8 @@ def plan(
       (:func:`holds`). A small model's invented text is never stored.
     - ADD and UPDATE texts are at most ``max_text_chars`` long, the bound the answer's schema states (an
       unconstrained endpoint does not follow it).
-    - An ADD or UPDATE text that another kept decision gives, or that a shown memory the answer leaves as it is
-      already has (compared case-insensitively), is not stored twice; one a shown memory has counts as that
-      memory's NONE (:func:`_drop_repeats`).
+    - An ADD or UPDATE text that another kept decision of the answer gives (compared case-insensitively) is not
+      stored twice (:func:`_drop_repeats`).
     - NONE ("already stored") counts only when the memory it names holds one of the facts and the answer neither
       updates nor deletes that memory. A decision with no event (``null``) has an unknown event.
     - A fact that no kept ADD, UPDATE or NONE accounts for is added as extracted: an answer that forgets or
@@ -307,7 +301,7 @@ def plan(
     def related(memory: str) -> bool:
         return any(_share(memory, fact) >= RELATED_MIN_SHARE for fact in facts)
 
-    confirmed: list[str] = []  # ids of the memories an accepted NONE (or a repeated text) names
+    confirmed: list[str] = []  # ids of the memories an accepted NONE names
 
     for d in decisions:
         text = " ".join(d.text.split())
@@ -346,7 +340,7 @@ def plan(
         else:
             result.deletes.append(memory_id)
         acted.add(memory_id)
-    _drop_repeats(result, shown, acted, confirmed, skip)
+    _drop_repeats(result, skip)
     texts = dict(shown)
     changed = set(result.deletes) | {memory_id for memory_id, _ in result.updates}
     result.confirmed.extend(dict.fromkeys(texts[i] for i in confirmed if i not in changed))  # what stays as it is

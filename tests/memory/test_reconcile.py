@@ -184,12 +184,14 @@ def test_a_fact_whose_memory_the_answer_deletes_is_kept(decisions: list[Decision
     assert (result.adds, result.deletes, result.confirmed) == (["Likes tea"], ["m0"], [])
 
 
-def test_a_text_one_of_two_case_variants_keeps_is_not_added_again() -> None:
-    shown = [("m0", "Likes tea"), ("m1", "LIKES TEA")]
-    result = plan(
-        _decisions({"id": "0", "event": "DELETE"}, {"event": "ADD", "text": "likes tea"}), shown, ["Likes tea"]
+def test_a_text_the_answer_gives_twice_is_stored_once() -> None:
+    decisions = _decisions(
+        {"event": "ADD", "text": "Likes black tea"},
+        {"event": "ADD", "text": "likes BLACK tea"},
+        {"id": "0", "event": "UPDATE", "text": "Likes black tea"},
     )
-    assert (result.adds, result.deletes, result.confirmed) == ([], ["m0"], ["LIKES TEA"])
+    result = plan(decisions, TEA, ["Likes black tea"])
+    assert (result.adds, result.updates) == ([], [("m0", "Likes black tea")])  # the memory it refines, once
 
 
 def test_a_wrapped_reconcile_answer_is_read() -> None:
