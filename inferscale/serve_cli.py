@@ -205,6 +205,14 @@ def _serve_vllm(args: argparse.Namespace) -> None:
     from inferscale.server.vllm_memory import ServeOptions, serve
 
     defaults = ServeOptions()
+    if args.config is not None:  # the file's vLLM limits, where no flag gives them
+        from inferscale.mem0_config import config_from_file
+
+        engine = config_from_file(args.config).engine
+        defaults = ServeOptions(
+            max_model_len=engine.max_model_len or defaults.max_model_len,
+            kv_cache_bytes=engine.kv_cache_bytes or defaults.kv_cache_bytes,
+        )
     serve(
         ServeOptions(
             host=args.host,

@@ -125,6 +125,11 @@ class ServeSettings:
         return "cpu"
 
     @property
+    def encodes_only(self) -> bool:
+        """Whether the memory client's engine only encodes facts (the vLLM server's) rather than serving chats."""
+        return True
+
+    @property
     def shutdown_grace_whole_s(self) -> int:
         """:attr:`shutdown_grace_s` rounded up to whole seconds, as uvicorn and vLLM take it (never cut short)."""
         return math.ceil(self.shutdown_grace_s)
@@ -165,6 +170,11 @@ class ServerOptions(ServeSettings):
         """:attr:`device`."""
         return self.device
 
+    @property
+    def encodes_only(self) -> bool:
+        """``False``: this server's engine serves the chats."""
+        return False
+
 
 def check_setting(name: str, value: object, low: int, high: int | None = None) -> None:
     """Refuse a server setting that is not a whole number from ``low`` to ``high`` (no upper bound: ``None``).
@@ -180,9 +190,12 @@ def check_setting(name: str, value: object, low: int, high: int | None = None) -
 def memory_config(options: ServeSettings) -> MemoryConfig:
     """The memory client's config for either server: the ``config_file``'s (every field at its default without one),
     with what the options give over it: the transformers engine on ``model`` (``dtype``, ``engine_device``), data in
-    ``data_dir`` / ``db_url``, ``kv.recompute`` from ``recompute`` and ``memory_layout``. The engine is always the
-    transformers one (the server's own, or the vLLM server's encoder), whatever the file's ``engine.provider``. Its
-    database holds the memories and the API keys (``KeyStore.for_config``).
+    ``data_dir`` (the database, index and K/V folder all there, the file's ``db_url``, ``index_path`` and
+    ``kv.store_dir`` set aside) or ``db_url``, ``kv.recompute`` from ``recompute`` and ``memory_layout``. The engine
+    is always the transformers one (the server's own, or the vLLM server's CPU copy that encodes facts, which has no
+    GPU K/V tier), whatever the file's ``engine.provider``; vLLM's limits are :class:`ServeSettings`' subclass's
+    (``inferscale serve`` takes them from the file's engine when no flag gives them). Its database holds the
+    memories and the API keys (``KeyStore.for_config``).
 
     Raises:
         ConfigError: for a config file that cannot be read or does not validate
@@ -191,10 +204,16 @@ def memory_config(options: ServeSettings) -> MemoryConfig:
     """
     fields = {} if options.config_file is None else config_from_file(options.config_file).model_dump()
     given = {"model": options.model, "dtype": options.dtype, "device": options.engine_device}
-    engine = {**fields.get("engine", {}), "provider": "transformers", **{k: v for k, v in given.items() if v}}
+    engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v}}
+    engine.update(provider="transformers", max_model_len=None, kv_cache_bytes=None)  # vLLM's own: ServeOptions'
+    kv = {**fields.get("kv", {}), **({} if options.recompute is None else {"recompute": options.recompute})}
+    if options.encodes_only:  # its K/V reach vLLM through files: a GPU tier for the CPU copy would hold nothing
+        kv["device_budget_bytes"] = 0
+    if options.data_dir is not None:  # the folder holds all three, unless --db-url names the database
+        fields.update(db_url=None, index_path=None)
+        kv["store_dir"] = None
     overrides = {"data_dir": options.data_dir, "db_url": options.db_url, "memory_layout": options.memory_layout}
     fields.update({name: value for name, value in overrides.items() if value is not None})
-    kv = {**fields.get("kv", {}), **({} if options.recompute is None else {"recompute": options.recompute})}
     try:
         return MemoryConfig.model_validate(
             {**fields, "engine": EngineConfig.model_validate(engine), "kv": KVConfig.model_validate(kv)}

@@ -319,6 +319,29 @@ def test_the_shutdown_grace_is_vllms_drain_timeout(monkeypatch: pytest.MonkeyPat
     assert (args.shutdown_timeout, args.model, args.served_model_name) == (timeout, "/models/SmolLM2", ["SmolLM2"])
 
 
+def test_a_config_files_vllm_limits_reach_the_vllm_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review's find: a vLLM client's config file (engine.provider "vllm" with its limits) was refused, and its
+    limits would have been left for ServeOptions' defaults. Now the file's limits hold where no flag gives them."""
+    from inferscale.serve_cli import add_serve_parser, run_serve
+    from inferscale.server import vllm_memory
+    from inferscale.server.options import memory_config
+
+    path = tmp_path / "app.json"
+    engine = {"provider": "vllm", "model": "/m", "max_model_len": 8192, "kv_cache_bytes": 4 << 30, "device": "cuda"}
+    path.write_text(json.dumps({"engine": engine, "kv": {"device_budget_bytes": 1 << 30}}))
+    parser = argparse.ArgumentParser(prog="inferscale")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    seen: list[ServeOptions] = []
+    monkeypatch.setattr(vllm_memory, "serve", seen.append)
+    assert run_serve(parser.parse_args(["serve", "--engine", "vllm", "--config", str(path)])) == 0
+    flagged = ["serve", "--engine", "vllm", "--config", str(path), "--max-model-len", "512"]
+    assert run_serve(parser.parse_args(flagged)) == 0
+    assert [(o.max_model_len, o.kv_cache_bytes) for o in seen] == [(8192, 4 << 30), (512, 4 << 30)]
+    config = memory_config(seen[0])  # the CPU copy that encodes facts: no GPU tier, whatever the file's
+    assert (config.engine.provider, config.engine.device, config.engine.model) == ("transformers", "cpu", "/m")
+    assert config.kv.device_budget_bytes == 0
+
+
 def test_a_recompute_flag_vllm_cannot_apply_is_refused_before_the_service_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

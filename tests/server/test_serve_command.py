@@ -166,6 +166,33 @@ def test_a_config_file_is_the_servers_memory_config_and_flags_override_it(tmp_pa
     assert config.llm.model == "extractor"
 
 
+def test_data_dir_moves_the_database_index_and_kv_a_config_file_names(tmp_path: Path) -> None:
+    """A review's find: with a file that names db_url (a Mem0 file's faiss path sets it and index_path), --data-dir
+    moved nothing, and keys made with `inferscale keys create --data-dir` were not found by the server."""
+    path = tmp_path / "app.json"
+    named = {"db_url": f"sqlite:///{tmp_path / 'elsewhere.db'}", "index_path": str(tmp_path / "elsewhere.faiss")}
+    path.write_text(json.dumps({**named, "kv": {"store_dir": str(tmp_path / "elsewhere-kv")}}))
+    data = tmp_path / "data"
+    config = memory_config(ServerOptions(config_file=str(path), data_dir=str(data)))
+    assert (config.database_url(), config.index_path, config.kv.store_dir) == (
+        f"sqlite:///{data / 'memory.db'}",
+        None,
+        None,
+    )
+    both = memory_config(ServerOptions(config_file=str(path), data_dir=str(data), db_url="sqlite:///other.db"))
+    assert both.database_url() == "sqlite:///other.db"
+    kept = memory_config(ServerOptions(config_file=str(path)))  # no flag: the file's
+    assert (kept.db_url, kept.index_path) == (named["db_url"], named["index_path"])
+
+
+def test_a_vllm_client_config_file_serves_on_the_transformers_server(tmp_path: Path) -> None:
+    """A review's find: the file's vLLM limits made the forced transformers engine refuse the whole file."""
+    path = tmp_path / "app.json"
+    path.write_text(json.dumps({"engine": {"provider": "vllm", "model": "/m", "max_model_len": 8192}}))
+    engine = memory_config(ServerOptions(config_file=str(path))).engine
+    assert (engine.provider, engine.model, engine.max_model_len) == ("transformers", "/m", None)
+
+
 def test_the_config_flag_reaches_the_server_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from inferscale.server import run
 
