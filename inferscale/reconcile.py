@@ -139,19 +139,18 @@ def has_file(disk: DiskTier, row: KVEntryRecord) -> bool:
     return os.path.isabs(row.location) and os.path.exists(row.location)
 
 
-def filed_here(disk: DiskTier, row: KVEntryRecord) -> bool:
+def filed_here(disk: DiskTier, row: KVEntryRecord, folder_id: str | None) -> bool:
     """Whether ``row``'s file belongs in ``disk``'s folder, so that this client can tell that it is gone: the row
-    records this folder's id (:meth:`~inferscale.kv.tiers.DiskTier.store_id`); for a row that records none (written
+    records this folder's id, ``folder_id`` (:meth:`~inferscale.kv.tiers.DiskTier.existing_store_id`, read once by
+    the caller for all its rows); for a row that records none (written
     before folders had ids, or without a disk tier), its location is in this folder's path, or names no folder (a
     memory tier's). A row another K/V folder wrote is left to that folder's clients: the folder may be on another
     host sharing the database, at another path or at the same one, and deleting the row there made its owner remove
     the file as unaccounted for.
 
-    Raises:
-        KVFormatError: when this folder's id file holds anything but an id.
     """
     if row.store_id is not None:
-        return row.store_id == disk.existing_store_id()
+        return row.store_id == folder_id
     if not os.path.isabs(row.location):
         return True
     return Path(os.path.normpath(row.location)).parent.parent == disk.root
@@ -314,8 +313,9 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     unseen = [row for row in plan.current_rows if not has_file(disk, row)]  # one stat per row, not two
     others: list[KVEntryRecord] = []  # another folder's: left alone
     unfiled: list[KVEntryRecord] = []  # this folder's, its file gone: deleted once settled
+    folder_id = disk.existing_store_id()
     for row in unseen:
-        if not filed_here(disk, row):
+        if not filed_here(disk, row, folder_id):
             others.append(row)
         elif settled(row, now):
             unfiled.append(row)

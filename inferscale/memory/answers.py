@@ -139,15 +139,14 @@ def _complete_end(text: str) -> int | None:
 
 def _list_cut(text: str, value: Any, list_key: str) -> bool:
     """Whether ``text``, cut off inside ``value``, was cut inside its list (``value`` itself, or ``value[list_key]``):
-    an empty list counts as cut unless ``text`` closes it (``{"facts": [] `` is complete, ``{"facts": [`` is not)."""
+    an empty list counts as cut unless ``text`` closes it (``{"facts": [] `` is complete, ``{"facts": [`` is not).
+    The list read is the last one opened under ``list_key`` (the text ends inside it, or after it)."""
     if (value if isinstance(value, list) else value.get(list_key) if isinstance(value, dict) else None) != []:
         return True
-    closed = (
-        _EMPTY_LIST.match(text)
-        if isinstance(value, list)
-        else re.search(rf'"{re.escape(list_key)}"\s*:\s*\[\s*\]', text)
-    )
-    return closed is None
+    if isinstance(value, list):
+        return _EMPTY_LIST.match(text) is None
+    opened = list(re.finditer(rf'"{re.escape(list_key)}"\s*:\s*\[', text))
+    return not opened or _EMPTY_LIST.match(text, opened[-1].end() - 1) is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +169,9 @@ def tolerant_json_reads(raw: str, list_key: str) -> Iterator[JSONRead]:
     Tries fenced blocks, then each ``{``/``[`` onward, parsing partial (truncated) JSON and stopping at the end of a
     complete value; a candidate that only fails on raw tabs or line breaks inside a string is read with them as
     spaces. A candidate that starts inside a value read before it is part of that value: it is read only when it is
-    an object that has ``list_key`` (the answer wrapped, ``{"result": {"facts": [...]}}``), so the list in
-    ``{"items": [...]}`` is not read as the answer's list. A bare list is wrapped as ``{list_key: list}``. Callers
+    an object that has ``list_key`` inside one that has not (the answer wrapped, ``{"result": {"facts": [...]}}``),
+    so the list in ``{"items": [...]}`` is not read as the answer's list, nor an inner list of an answer that has
+    its own. A bare list is wrapped as ``{list_key: list}``. Callers
     take the first value that validates against their schema and has something usable (:func:`read_items`). An
     answer that is not valid Unicode (it holds a lone surrogate) yields nothing: pass it through
     :func:`repair_text` first.
@@ -181,8 +181,11 @@ def tolerant_json_reads(raw: str, list_key: str) -> Iterator[JSONRead]:
     except UnicodeEncodeError:
         return
     read_until: dict[int, int] = {}  # per text: where the outermost value read from it ends
+    wrapper: dict[int, bool] = {}  # per text: whether that value lacks list_key (so it may wrap the answer)
     for n, text, start in _starts(raw):
         nested = start < read_until.get(n, -1)
+        if nested and not wrapper[n]:
+            continue
         candidate = text[start:]
         for variant in (candidate, _LINE_BREAKS.sub(" ", candidate)):
             try:
@@ -194,6 +197,7 @@ def tolerant_json_reads(raw: str, list_key: str) -> Iterator[JSONRead]:
             end = _complete_end(variant)
             if not nested:
                 read_until[n] = start + (len(variant) if end is None else end)
+                wrapper[n] = not (isinstance(value, list) or (isinstance(value, dict) and list_key in value))
             cut = end is None and _list_cut(variant, value, list_key)
             yield JSONRead({list_key: value} if isinstance(value, list) else value, cut)
             break

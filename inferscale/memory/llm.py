@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_before_delay
 
 from inferscale.control_tokens import rendered_token_ids
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
@@ -48,7 +48,9 @@ class JSONGenerator(Protocol):
             max_new_tokens: decode budget of the answer, in tokens.
 
         Returns:
-            The answer as text. Constrained backends return valid JSON; others may wrap it in prose.
+            The answer as text. Constrained backends return valid JSON, or its beginning when ``max_new_tokens``
+            runs out first; others may wrap it in prose. The readers of answers handle all three
+            (:mod:`inferscale.memory.answers`).
 
         Raises:
             ExtractionError: when the backend fails to produce an answer.
@@ -77,8 +79,8 @@ class TransformersJSONGenerator:
     out first, the cut answer is returned as it is, with a warning: the readers of answers take what is complete
     and tell an answer cut before its first item from an empty one (:mod:`inferscale.memory.answers`; closing it
     here made ``{"facts": ["Alice moved to Berl`` read as ``{"facts": []}``, nothing to remember, and the turns were
-    lost). Sampling, beams, repetition penalties
-    and n-gram bans of the model's generation config are switched off: the answer is the plain argmax.
+    lost). Sampling, beams, repetition penalties and n-gram bans of the model's generation config are switched off:
+    the answer is the plain argmax.
 
     Compiled grammars are cached per schema. One lock serialises compilation and decoding: the model's
     forward pass is not re-entrant-safe with a shared cache object and CPU threads are already saturated by
@@ -245,15 +247,17 @@ class OpenAIJSONGenerator:
     Connection failures (refused, DNS, connect timeout) are retried by the HTTP transport (``retries`` times). A
     429 (rate limited) or a 502/503/504 (a proxy, an overloaded server) is sent again, at most ``retries`` times,
     after the wait its ``Retry-After`` asks for, else after a short exponential back-off (:mod:`inferscale.http_retry`;
-    a wait over a minute is not waited for). Other HTTP errors and read timeouts are not retried. What is not
-    answered raises :class:`~inferscale.errors.ExtractionError`. Decoding is greedy (``temperature=0``).
+    a wait over a minute is not waited for), as long as the waits of the call stay within ``timeout_s`` together.
+    Other HTTP errors and read timeouts are not retried. What is not answered raises
+    :class:`~inferscale.errors.ExtractionError`. Decoding is greedy (``temperature=0``).
 
     Args:
         base_url: the server root, with or without the ``/v1`` suffix (``http://localhost:8000`` and
             ``http://localhost:8000/v1`` both post to ``http://localhost:8000/v1/chat/completions``).
         api_key: sent as ``Authorization: Bearer <api_key>``; ``None`` sends no header (local servers).
         model: the model name the server expects.
-        timeout_s: per-request timeout, in seconds.
+        timeout_s: httpx's timeout of each request, in seconds (each of connecting, writing and each read; not the
+            whole request), and the most the waits before retries add up to in one call.
         retries: connection retries of the transport, and retries of a 429/502/503/504 reply.
         strict: ask the server for strict schema adherence (``json_schema.strict``).
         transport: an httpx transport to use instead of a real one (tests pass ``httpx.MockTransport``).
@@ -284,6 +288,7 @@ class OpenAIJSONGenerator:
         self.model = model
         self.strict = strict
         self.retries = retries
+        self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
             transport=transport or httpx.HTTPTransport(retries=retries),
@@ -329,22 +334,25 @@ class OpenAIJSONGenerator:
         if max_new_tokens < 1:
             raise InvalidInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         body = self.request_body(messages, schema, max_new_tokens)
-        policy = Retrying(
+        policy = Retrying(  # the waits of one call together at most timeout_s: an add never sleeps minutes
             retry=retry_if_exception_type(RetryableReply),
-            stop=stop_after_attempt(self.retries + 1),
+            stop=stop_after_attempt(self.retries + 1) | stop_before_delay(self.timeout_s),
             wait=WaitRetryAfter(),
             reraise=True,
         )
+        attempts = 0
         try:
             for attempt in policy:
                 with attempt:
+                    attempts += 1
                     response = self._client.post(self.url, json=body)
-                    if asks_to_retry(Reply.of(response), RETRY_STATUSES):
-                        raise RetryableReply(Reply.of(response))
+                    reply = Reply.of(response)
+                    if asks_to_retry(reply, RETRY_STATUSES):
+                        raise RetryableReply(reply)
             response.raise_for_status()
         except RetryableReply as exc:
             raise ExtractionError(
-                f"{self.url} answered HTTP {exc.reply.status} {self.retries + 1} times: "
+                f"{self.url} answered HTTP {exc.reply.status} to {attempts} attempt(s): "
                 f"{exc.reply.content[:300].decode('utf-8', 'replace')}"
             ) from exc
         except httpx.HTTPStatusError as exc:

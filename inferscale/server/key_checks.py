@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferscale.errors import ConfigError, RateLimitedError
+from inferscale.validation_text import shown_input
 
 KEY_CHECKS_AT_ONCE = 1
 """Scrypt checks of keys not verified yet that run at once (each takes one core for about 40 ms)."""
@@ -40,6 +41,9 @@ DEFAULT_FAILED_KEY_CHECKS_PER_S = 5.0
 
 DEFAULT_FAILED_KEY_CHECK_BURST = 10
 """The failed key checks a server runs back to back before :data:`DEFAULT_FAILED_KEY_CHECKS_PER_S` applies."""
+
+MAX_FAILED_KEY_CHECK_BURST = 1_000_000
+"""The largest burst accepted (a million failed checks in a row is no limit at all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +61,19 @@ class KeyCheckLimits:
     def __post_init__(self) -> None:
         """Raises:
         ConfigError: for a ``failures_per_s`` that is not a finite number > 0, or a ``failure_burst`` that is not a
-            whole number >= 1 (each names its ``inferscale serve`` flag)."""
+            whole number from 1 to :data:`MAX_FAILED_KEY_CHECK_BURST` (each names its ``inferscale serve`` flag; a
+            burst of 4,000 digits overflowed the float of the limiter's bucket)."""
         rate = self.failures_per_s
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
             raise ConfigError(
                 "the failed key checks per second (--failed-key-checks-per-s) must be a finite number > 0, "
-                f"got {rate!r}"
+                f"got {shown_input(rate)}"
             )
         burst = self.failure_burst
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_FAILED_KEY_CHECK_BURST:
             raise ConfigError(
-                f"the failed key check burst (--failed-key-check-burst) must be a whole number of at least 1, "
-                f"got {burst!r}"
+                "the failed key check burst (--failed-key-check-burst) must be a whole number from 1 to "
+                f"{MAX_FAILED_KEY_CHECK_BURST:,}, got {shown_input(burst)}"
             )
 
 

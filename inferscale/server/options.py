@@ -19,7 +19,7 @@ from inferscale.server.key_checks import (
     DEFAULT_FAILED_KEY_CHECKS_PER_S,
     KeyCheckLimits,
 )
-from inferscale.validation_text import describe_errors
+from inferscale.validation_text import describe_errors, shown_input
 
 MAX_PORT = 65_535
 """The highest TCP port (0 asks the system for a free one)."""
@@ -104,7 +104,7 @@ class ServeSettings:
         if isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 <= grace <= MAX_SHUTDOWN_GRACE_S:
             raise ConfigError(
                 f"shutdown grace must be a finite number of seconds >= 0 (at most {MAX_SHUTDOWN_GRACE_S:,.0f}), "
-                f"got {self.shutdown_grace_s}"
+                f"got {shown_input(self.shutdown_grace_s)}"
             )
         check_setting("port (--port)", self.port, 0, MAX_PORT)
         _ = self.key_check_limits
@@ -184,7 +184,7 @@ def check_setting(name: str, value: object, low: int, high: int | None = None) -
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bounds = f"from {low} to {high:,}" if high is not None else f"of at least {low}"
-        raise ConfigError(f"{name} must be a whole number {bounds}, got {value!r}")
+        raise ConfigError(f"{name} must be a whole number {bounds}, got {shown_input(value)}")
 
 
 def memory_config(options: ServeSettings) -> MemoryConfig:

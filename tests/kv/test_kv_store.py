@@ -357,8 +357,9 @@ def test_a_k_v_folder_id_another_process_made_again_is_taken(tmp_path: Path, cap
     disk = DiskTier(root)
     first = disk.store_id()
     shutil.rmtree(root)
+    assert disk.existing_store_id() is None  # read from the folder, not remembered
     second = DiskTier(root).store_id()  # another process, first to make the folder again
-    assert second != first
+    assert second != first and disk.existing_store_id() == second
     with caplog.at_level("WARNING", logger="inferscale.kv.tiers.disk"):
         assert disk.store_id() == second
     assert f"now has the id {second}, not {first}" in caplog.text

@@ -331,6 +331,23 @@ def test_openai_replies_not_waited_out_are_an_extraction_error(reply: httpx.Resp
     assert len(seen) == attempts
 
 
+@pytest.mark.usefixtures("short_waits")
+def test_openai_waits_what_retry_after_asks_within_the_calls_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait before a retry is the one ``Retry-After`` asks for; the waits of one call stay within its timeout
+    (a review's find: two waits of a minute each could hold an add, and a worker thread, for minutes)."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    ok = httpx.Response(200, json=_completion('{"facts": []}'))
+    seen, handler = _replies(httpx.Response(429, headers={"Retry-After": "2"}), ok)
+    assert _generator(handler).generate_json([{"role": "user", "content": "x"}], {"title": "T"}, 8) == '{"facts": []}'
+    assert slept == [2.0] and len(seen) == 2
+    seen, handler = _replies(httpx.Response(429, headers={"Retry-After": "2"}), ok)
+    short = OpenAIJSONGenerator("http://x", None, "m", timeout_s=1, transport=httpx.MockTransport(handler))
+    with pytest.raises(ExtractionError, match="HTTP 429"):  # a 2 s wait does not fit a 1 s timeout
+        short.generate_json([{"role": "user", "content": "x"}], {"title": "T"}, 8)
+    assert len(seen) == 1 and slept == [2.0]
+
+
 def test_the_llm_timeout_is_a_setting() -> None:
     assert LLMConfig().timeout_s == 60.0 and LLMConfig(timeout_s=5).timeout_s == 5.0
     for bad in (0, -1.0, float("inf"), True, "5", 3601):
@@ -425,6 +442,8 @@ def test_read_facts_names_what_is_unusable(answer: str, problem: str) -> None:
         ('{"result": {"facts": ["a"]}}', [({"result": {"facts": ["a"]}}, False), ({"facts": ["a"]}, False)]),
         ('{"facts": [] ', [({"facts": []}, False)]),
         ("[ ]  and", [({"facts": []}, False)]),
+        # the answer's own list cut: an inner empty list under the same key is not read as the answer
+        ('{"a": {"facts": []}, "facts": ["b', [({"a": {"facts": []}, "facts": []}, True)]),
     ],
 )
 def test_tolerant_json_reads_say_what_was_cut_and_skip_what_a_value_holds(

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -105,19 +106,18 @@ class DiskTier:
         return found
 
     def existing_store_id(self) -> str | None:
-        """This folder's id (:meth:`store_id`), or ``None`` when no process made one yet; it makes none.
+        """This folder's id as its file holds it now (:meth:`store_id`), or ``None`` when there is none (no process
+        made one yet, or it was removed); it makes none.
 
         Raises:
             KVFormatError: when ``<root>/store-id`` holds anything but an id.
             OSError: when the file exists but cannot be read.
         """
-        if self._store_id is None:
-            try:
-                data = (self._root / STORE_ID_FILE).read_bytes()
-            except FileNotFoundError:
-                return None
-            self._store_id = self._parse_store_id(data)
-        return self._store_id
+        try:
+            data = (self._root / STORE_ID_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        return self._parse_store_id(data)
 
     def _parse_store_id(self, data: bytes) -> str:
         text = data.decode("ascii", errors="replace").strip()
@@ -218,7 +218,10 @@ class DiskTier:
         if not folder.is_dir():
             return 0
         count = sum(1 for _ in folder.glob(f"*{SUFFIX}"))
-        shutil.rmtree(folder, onerror=_unless_gone)  # what another store on the folder removes meanwhile is gone
+        if sys.version_info >= (3, 12):  # what another store on the folder removes meanwhile is already gone
+            shutil.rmtree(folder, onexc=_unless_gone)
+        else:
+            shutil.rmtree(folder, onerror=lambda function, path, info: _unless_gone(function, path, info[1]))
         return count
 
     def prune(self, memory_id: str, keep: Callable[[KVKey], bool], *, dry_run: bool = False) -> int:
@@ -330,7 +333,7 @@ class DiskTier:
         return sorted(path for paths in self.entry_files().values() for path in paths)
 
 
-def _unless_gone(function: object, path: str, exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+def _unless_gone(function: object, path: str, error: BaseException) -> None:
     """``shutil.rmtree``'s error handler: a file or folder already gone is skipped; any other error is raised."""
-    if not isinstance(exc_info[1], FileNotFoundError):
-        raise exc_info[1]
+    if not isinstance(error, FileNotFoundError):
+        raise error
