@@ -610,8 +610,9 @@ class DerivedStores:
         committed, and the file can never be read again (its key names a text or context that no memory has).
 
         Returns:
-            How many of ``memory_ids`` had K/V removed here: those whose removal failed, and those with none left
-            (removed meanwhile by another process on the same folder), are not counted.
+            How many of ``memory_ids`` had K/V (a folder, empty or not, or cached entries) removed here: those whose
+            removal failed, and those with nothing left (removed meanwhile by another process on the same folder),
+            are not counted.
         """
         if not memory_ids:
             return 0
@@ -619,11 +620,14 @@ class DerivedStores:
         store = self._fact_kv.store if self._fact_kv is not None else KVStore(self._kv_dir)
         removed = 0
         for memory_id in memory_ids:
+            found = self._kv_dir is not None and (self._kv_dir / memory_id).is_dir()
             try:
-                if store.delete_memory(memory_id) > 0:
-                    removed += 1
+                entries = store.delete_memory(memory_id)
             except OSError as exc:
                 _log_left_behind(memory_id, exc)
+            else:
+                if found or entries > 0:
+                    removed += 1
         return removed
 
     def forget_context_kv(self, records: Sequence[MemoryRecord]) -> None:

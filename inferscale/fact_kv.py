@@ -654,8 +654,10 @@ class FactKVManager:
         (see :meth:`prune`); returns the ``nbytes`` of each row deleted (``dry_run``: of each row that would be, none
         deleted)."""
         doomed = []
-        folder_id = disk.existing_store_id() if disk is not None else None
-        for row in self._db.run_read(kv_entries_of, sorted(memory_ids)):
+        rows = self._db.run_read(kv_entries_of, sorted(memory_ids))
+        ids_kept = disk is not None and any(row.store_id is not None for row in rows)
+        folder_id = disk.existing_store_id() if disk is not None and ids_kept else None
+        for row in rows:
             key = entry_key(row)
             ours = filed_here(disk, row, folder_id) if disk is not None else not os.path.isabs(row.location)
             if key is not None and ours and not keep(key):

@@ -313,7 +313,7 @@ def reconcile_steps(stores: DerivedStores) -> Steps[ReconcileReport]:
     unseen = [row for row in plan.current_rows if not has_file(disk, row)]  # one stat per row, not two
     others: list[KVEntryRecord] = []  # another folder's: left alone
     unfiled: list[KVEntryRecord] = []  # this folder's, its file gone: deleted once settled
-    folder_id = disk.existing_store_id()
+    folder_id = disk.existing_store_id() if any(row.store_id is not None for row in unseen) else None
     for row in unseen:
         if not filed_here(disk, row, folder_id):
             others.append(row)

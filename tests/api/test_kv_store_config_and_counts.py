@@ -5,6 +5,7 @@ failing too; ``reconcile()`` counted a deleted memory's K/V as removed when remo
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tiny_models import tiny_engine
 from inferscale import AsyncMemoryClient, ConfigError, MemoryClient, MemoryConfig
 from inferscale.config import EngineConfig, KVConfig
 from inferscale.kv import KVStore
+from inferscale.kv.tiers import DiskTier
 from inferscale.mem0_config import config_from_dict
 
 GPU_TIER_ON_CPU = {"engine": {"device": "cpu"}, "kv": {"device_budget_bytes": 1_000_000}}
@@ -66,22 +68,27 @@ def test_an_eager_add_whose_kv_store_cannot_be_built_writes_nothing(
 
 
 def test_reconcile_counts_only_the_kv_it_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    config = MemoryConfig(data_dir=str(tmp_path), kv=KVConfig(encode_on_add="eager"))
+    kv = KVConfig(encode_on_add="eager", host_budget_bytes=0)  # on disk only: no cached copy to count
+    config = MemoryConfig(data_dir=str(tmp_path), kv=kv)
     with MemoryClient(config, engine=tiny_engine("llama"), embedder=HashEmbedder()) as client:
-        memory_id = client.add("Ana is a nurse in Lisbon.", user_id="u", infer=False)["results"][0]["id"]
+        texts = ["Ana is a nurse in Lisbon.", "Raj plays chess."]
+        ids = [client.add(text, user_id="u", infer=False)["results"][0]["id"] for text in texts]
         store_dir = client.fact_kv.store.directory
         assert store_dir is not None
-        client.db.delete(memory_id)  # the transaction alone: its K/V folder stays for reconciliation
+        for memory_id in ids:
+            client.db.delete(memory_id)  # the transaction alone: their K/V folders stay for reconciliation
 
         def read_only(self: KVStore, memory_id: str) -> int:
             raise PermissionError(13, "Read-only file system")
 
         with monkeypatch.context() as patched:
             patched.setattr(KVStore, "delete_memory", read_only)
-            assert client.reconcile().kv_memories_removed == 0  # it said 1, and 1 again once removal worked
-        assert (store_dir / memory_id).is_dir()
-        with monkeypatch.context() as patched:  # another process removed them first: nothing removed here
-            patched.setattr(KVStore, "delete_memory", lambda self, memory_id: 0)
-            assert client.reconcile().kv_memories_removed == 0
-        assert client.reconcile().kv_memories_removed == 1
-        assert not (store_dir / memory_id).exists()
+            assert client.reconcile().kv_memories_removed == 0  # it said 2, and 2 again once removal worked
+        assert all((store_dir / memory_id).is_dir() for memory_id in ids)
+        listed = DiskTier(store_dir).entry_files()
+        shutil.rmtree(store_dir / ids[0])  # another process, between this reconcile's listing and its removal
+        with monkeypatch.context() as patched:
+            patched.setattr(DiskTier, "entry_files", lambda self: listed)
+            assert client.reconcile().kv_memories_removed == 1  # the folder this reconcile removed
+        assert not any((store_dir / memory_id).exists() for memory_id in ids)
+        assert client.reconcile().kv_memories_removed == 0
