@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from inferscale.config import EmbedderConfig, LLMConfig, MemoryConfig, sqlite_url
+from inferscale.config import EmbedderConfig, EngineConfig, KVConfig, LLMConfig, MemoryConfig, sqlite_url
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
 from inferscale.validation_text import describe_errors
@@ -588,3 +588,45 @@ def config_from_file(path: str) -> MemoryConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"the config file {path} must hold a JSON object, got {type(data).__name__}")
     return config_from_dict(data)
+
+
+def config_with_flags(
+    config_file: str | None,
+    *,
+    data_dir: str | None = None,
+    db_url: str | None = None,
+    engine: Mapping[str, Any] | None = None,
+    kv: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> MemoryConfig:
+    """The client config a command or the server runs on: the file ``config_file``'s (:func:`config_from_file`;
+    every field at its default without one), with what its flags give over it. Every command and ``inferscale
+    serve`` build it here, so that the same file and flags name the same store everywhere.
+
+    Args:
+        config_file: the ``--config`` file, or ``None``.
+        data_dir: ``--data-dir``: the folder then holds the database, the index and the K/V folder together, the
+            file's ``db_url``, ``index_path`` and ``kv.store_dir`` set aside (``db_url`` still names the database).
+        db_url: ``--db-url``.
+        engine, kv, fields: ``EngineConfig``, ``KVConfig`` and other ``MemoryConfig`` fields set over the file's,
+            each as given (``None`` included: leave a flag that was not given out).
+
+    Raises:
+        ConfigError: as :func:`config_from_file`, or for a value the configs refuse, naming it.
+    """
+    settings = {} if config_file is None else config_from_file(config_file).model_dump()
+    if data_dir is not None:  # the folder holds all three (db_url, when given, still names the database)
+        settings.update(db_url=None, index_path=None, kv={**settings.get("kv", {}), "store_dir": None})
+    engine_fields = {**settings.get("engine", {}), **(engine or {})}
+    kv_fields = {**settings.get("kv", {}), **(kv or {})}
+    flags = {"data_dir": data_dir, "db_url": db_url}
+    settings.update({**(fields or {}), **{name: value for name, value in flags.items() if value is not None}})
+    try:
+        return MemoryConfig.model_validate(
+            {**settings, "engine": EngineConfig.model_validate(engine_fields), "kv": KVConfig.model_validate(kv_fields)}
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"invalid options: {describe_errors(exc.errors(), show_input=True)}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"invalid options: {exc}") from exc
+

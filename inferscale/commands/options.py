@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -29,7 +28,7 @@ from inferscale.cli_options import MODEL_OPTION, add_options, cli, from_args, in
 from inferscale.config import DATABASE_FILE, DType, EngineConfig, MemoryConfig
 from inferscale.errors import ConfigError
 from inferscale.json_text import loads_json
-from inferscale.mem0_config import config_from_file
+from inferscale.mem0_config import config_with_flags
 from inferscale.scope import ScopeIds
 from inferscale.storage.database import sqlite_file
 
@@ -112,21 +111,18 @@ class StoreOptions:
 
     def config(self, model: ModelOptions | None = None) -> MemoryConfig:
         """The :class:`MemoryConfig` of the store these options name: the ``--config`` file's (every field at its
-        default without one), with ``--data-dir``, ``--db-url`` and ``model``'s chat model and dtype where given.
-        The app's own config makes a command see what the app sees: ``prepare-kv`` encodes under the app's ``kv``
+        default without one), with ``--data-dir``, ``--db-url`` and ``model``'s chat model and dtype where given
+        (:func:`~inferscale.mem0_config.config_with_flags`, as ``inferscale serve``: ``--data-dir`` moves the
+        database, index and K/V folder a file names). The app's own config makes a command see what the app sees: ``prepare-kv`` encodes under the app's ``kv``
         settings and system prompt, which key the K/V.
 
         Raises:
-            ConfigError: when the file cannot be read, is not JSON, or holds a config that does not validate.
+            ConfigError: when the file cannot be read, is not JSON, or holds a config that does not validate, or a
+                flag's value is refused.
         """
-        fields = {} if self.config_file is None else config_from_file(self.config_file).model_dump()
-        fields.update({k: v for k, v in (("data_dir", self.data_dir), ("db_url", self.db_url)) if v is not None})
         given = {} if model is None else {"model": model.model, "dtype": model.dtype}
-        engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v is not None}}
-        try:
-            return MemoryConfig.model_validate({**fields, "engine": EngineConfig.model_validate(engine)})
-        except ValidationError as exc:
-            raise ConfigError(f"invalid config: {exc}") from exc
+        engine = {name: value for name, value in given.items() if value is not None}
+        return config_with_flags(self.config_file, data_dir=self.data_dir, db_url=self.db_url, engine=engine)
 
     def existing_config(self, model: ModelOptions | None = None) -> MemoryConfig:
         """:meth:`config`, for a command that reads or changes what a store already holds (every command but ``add``,

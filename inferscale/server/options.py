@@ -8,18 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import ValidationError
-
 from inferscale.arguments import MAX_LIMIT
-from inferscale.config import DType, EngineConfig, KVConfig, MemoryConfig
+from inferscale.config import DType, MemoryConfig
 from inferscale.errors import ConfigError
-from inferscale.mem0_config import config_from_file
+from inferscale.mem0_config import config_with_flags
 from inferscale.server.key_checks import (
     DEFAULT_FAILED_KEY_CHECK_BURST,
     DEFAULT_FAILED_KEY_CHECKS_PER_S,
     KeyCheckLimits,
 )
-from inferscale.validation_text import describe_errors, shown_input
+from inferscale.validation_text import shown_input
 
 MAX_PORT = 65_535
 """The highest TCP port (0 asks the system for a free one)."""
@@ -198,27 +196,17 @@ def memory_config(options: ServeSettings) -> MemoryConfig:
     memories and the API keys (``KeyStore.for_config``).
 
     Raises:
-        ConfigError: for a config file that cannot be read or does not validate
-            (:func:`~inferscale.mem0_config.config_from_file`), or a value ``EngineConfig``, ``KVConfig`` or
-            ``MemoryConfig`` refuses (an unknown recompute policy or memory layout among them).
+        ConfigError: for a config file that cannot be read or does not validate, or a value ``EngineConfig``,
+            ``KVConfig`` or ``MemoryConfig`` refuses (an unknown recompute policy or memory layout among them):
+            :func:`~inferscale.mem0_config.config_with_flags`, which builds it as every command builds its own.
     """
-    fields = {} if options.config_file is None else config_from_file(options.config_file).model_dump()
     given = {"model": options.model, "dtype": options.dtype, "device": options.engine_device}
-    engine = {**fields.get("engine", {}), **{k: v for k, v in given.items() if v}}
+    engine: dict[str, object] = {name: value for name, value in given.items() if value}
     engine.update(provider="transformers", max_model_len=None, kv_cache_bytes=None)  # vLLM's own: ServeOptions'
-    kv = {**fields.get("kv", {}), **({} if options.recompute is None else {"recompute": options.recompute})}
+    kv: dict[str, object] = {} if options.recompute is None else {"recompute": options.recompute}
     if options.encodes_only:  # its K/V reach vLLM through files: a GPU tier for the CPU copy would hold nothing
         kv["device_budget_bytes"] = 0
-    if options.data_dir is not None:  # the folder holds all three, unless --db-url names the database
-        fields.update(db_url=None, index_path=None)
-        kv["store_dir"] = None
-    overrides = {"data_dir": options.data_dir, "db_url": options.db_url, "memory_layout": options.memory_layout}
-    fields.update({name: value for name, value in overrides.items() if value is not None})
-    try:
-        return MemoryConfig.model_validate(
-            {**fields, "engine": EngineConfig.model_validate(engine), "kv": KVConfig.model_validate(kv)}
-        )
-    except ValidationError as exc:
-        raise ConfigError(f"invalid server options: {describe_errors(exc.errors(), show_input=True)}") from exc
-    except ValueError as exc:
-        raise ConfigError(f"invalid server options: {exc}") from exc
+    layout = {} if options.memory_layout is None else {"memory_layout": options.memory_layout}
+    return config_with_flags(
+        options.config_file, data_dir=options.data_dir, db_url=options.db_url, engine=engine, kv=kv, fields=layout
+    )

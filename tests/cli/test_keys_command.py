@@ -3,13 +3,16 @@ authenticates with its bound scopes, a revoked one no longer does."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from cli_runner import Fakes, Ran
 
 from inferscale.commands.options import StoreOptions
 from inferscale.server.keys import KeyStore
+from inferscale.server.options import ServerOptions, memory_config
 
 
 @pytest.fixture
@@ -121,3 +124,38 @@ def test_an_admin_key_bound_to_scopes_is_refused(cli: Callable[..., Ran], store:
         assert ran.code == 2 and ran.out == "" and ran.err.count("\n") == 1, ran.err
         assert ran.err.startswith("error: an admin key touches every scope") and "cannot bind" in ran.err
     assert store.list() == []
+
+
+def test_keys_made_with_a_config_file_and_data_dir_are_the_servers(cli: Callable[..., Ran], tmp_path: Path) -> None:
+    """The last stop's find: ``--data-dir`` set aside the database, index and K/V folder a ``--config`` file names
+    for ``inferscale serve`` but not for the other commands, so ``keys create --config app.json --data-dir X`` wrote
+    its key into the file's database, and ``serve --config app.json --data-dir X`` never found it."""
+    app = tmp_path / "app.json"
+    named = {"db_url": f"sqlite:///{tmp_path / 'file.db'}", "index_path": str(tmp_path / "file.faiss")}
+    app.write_text(json.dumps({**named, "kv": {"store_dir": str(tmp_path / "file-kv")}}), encoding="utf-8")
+    data = tmp_path / "data"
+    command = StoreOptions(config_file=str(app), data_dir=str(data)).config()
+    served = memory_config(ServerOptions(config_file=str(app), data_dir=str(data)))
+    assert (command.database_url(), command.index_path, command.kv.store_dir, command.data_path()) == (
+        f"sqlite:///{data / 'memory.db'}",
+        None,
+        None,
+        data,
+    )
+    assert (served.database_url(), served.index_path, served.kv.store_dir) == (
+        command.database_url(),
+        command.index_path,
+        command.kv.store_dir,
+    )
+    created = cli(
+        "keys", "create", "app", "--user", "maya", "--config", str(app), "--data-dir", str(data), "--json", local=False
+    )
+    assert created.code == 0, created.err
+    keys = KeyStore.for_config(served)
+    try:
+        assert keys.authenticate(created.json()["key"]) is not None
+    finally:
+        keys.close()
+    assert not (tmp_path / "file.db").exists()
+    kept = StoreOptions(config_file=str(app)).config()  # no --data-dir: the file's paths
+    assert (kept.db_url, kept.index_path, kept.kv.store_dir) == (*named.values(), str(tmp_path / "file-kv"))

@@ -80,7 +80,7 @@ def test_server_options_become_the_memory_config(tmp_path: Path) -> None:
         "cpu",
     )
     assert config.database_url() == f"sqlite:///{tmp_path / 'memory.db'}"
-    with pytest.raises(ConfigError, match="invalid server options"):
+    with pytest.raises(ConfigError, match="invalid options"):
         memory_config(ServerOptions(dtype="float8"))  # type: ignore[arg-type]
 
 
