@@ -629,4 +629,3 @@ def config_with_flags(
         raise ConfigError(f"invalid options: {describe_errors(exc.errors(), show_input=True)}") from exc
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from exc
-

@@ -113,8 +113,8 @@ class StoreOptions:
         """The :class:`MemoryConfig` of the store these options name: the ``--config`` file's (every field at its
         default without one), with ``--data-dir``, ``--db-url`` and ``model``'s chat model and dtype where given
         (:func:`~inferscale.mem0_config.config_with_flags`, as ``inferscale serve``: ``--data-dir`` moves the
-        database, index and K/V folder a file names). The app's own config makes a command see what the app sees: ``prepare-kv`` encodes under the app's ``kv``
-        settings and system prompt, which key the K/V.
+        database, index and K/V folder a file names). The app's own config makes a command see what the app sees:
+        ``prepare-kv`` encodes under the app's ``kv`` settings and system prompt, which key the K/V.
 
         Raises:
             ConfigError: when the file cannot be read, is not JSON, or holds a config that does not validate, or a

@@ -1,14 +1,12 @@
-"""Every write to memories and their history: change sets, scope deletion and reset (KV entries:
-:mod:`inferscale.storage.kv_entries`).
+"""Every write to memories and their history: change sets, scope deletion and reset (K/V rows: :mod:`.kv_entries`).
 
 A :class:`ChangeSet` (adds, updates, deletes in one scope; built and checked in :mod:`inferscale.storage.change_sets`,
 single changes by its ``add_change``, ``update_change`` and ``delete_change``) is applied by :func:`apply_in_session`
 inside one transaction: either every row and history row is written, or none is. A deletion or re-wording also takes
 the old text out of the stored contexts of its scope's other memories (:mod:`inferscale.storage.contexts`).
 
-Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
-:class:`~inferscale.storage.MemoryStore` runs it directly and
-:class:`~inferscale.storage.async_store.AsyncMemoryStore` through its :mod:`~inferscale.storage.async_sessions` runner.
+Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so ``MemoryStore`` runs it
+directly and ``AsyncMemoryStore`` through its :mod:`~inferscale.storage.async_sessions` runner.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from inferscale.storage.history_rows import history_row, imported_history_rows
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import MAX_ADVISORY_KEYS, advisory_key, lock_all, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
+from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, memories_with_hash, scope_clauses
 from inferscale.storage.records import MemoryRecord, hash_text, merged_metadata
 from inferscale.storage.validation import same_json
 
@@ -244,6 +242,12 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
+        fact = update.instead if changes.skip_duplicates else None  # an LLM's update (explicit ones have none)
+        new_text = None if same_text else update.text  # another memory of its scope holding it: its lock is held
+        if fact and new_text and memories_with_hash(s, hash_text(new_text), scopes[update.memory_id], 1):
+            skipped.append(f"UPDATE of memory {update.memory_id!r} to {new_text!r} skipped: its scope holds that text")
+            instead.append(fact)
+            continue
         if update.text is not None and update.text != row.text:
             row.text = update.text
             row.hash = hash_text(update.text)
@@ -383,9 +387,8 @@ def reset_in_session(s: Session) -> list[str]:
         removes, and no others (other databases may share the K/V folder).
     """
     lock_all(s)
-    # The memory rows before the K/V rows, the order every writer locks them in: a K/V write holds its memory's row
-    # while it writes its entry (kv_entries.put_kv_entry_in_session), and would deadlock with a reset that took the
-    # entries first.
+    # Memory rows before K/V rows, as every writer locks them: a K/V write holds its memory's row while it writes its
+    # entry (kv_entries.put_kv_entry_in_session), and would deadlock with a reset that took the entries first.
     s.execute(select(MemoryRow.pk).order_by(MemoryRow.id).with_for_update())
     known = s.scalars(select(MemoryRow.id).union(select(HistoryRow.memory_id))).all()
     s.execute(delete(KVEntryRow))

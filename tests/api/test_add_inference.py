@@ -82,6 +82,22 @@ def test_thai_food_preference_is_updated(make: MakeClient) -> None:
     assert texts(m.search("Thai food", user_id="u", run_id="r1")) == ["Hates Thai food"]
 
 
+def test_an_update_to_the_text_another_memory_holds_stores_no_second_copy(make: MakeClient) -> None:
+    """The last stop's find: the LLM updated "Likes cheese pizza" to the text "Loves cheese and pepperoni pizza"
+    already held, and the user had two memories with one text (an ADD of it was skipped as a duplicate)."""
+    likes, loves = "Likes cheese pizza", "Loves cheese and pepperoni pizza"
+
+    def update(messages: list[dict[str, str]]) -> str:
+        old = next(m for m in shown_memories(messages) if m["text"] == likes)
+        return json.dumps({"memory": [{"id": old["id"], "text": loves, "event": "UPDATE", "old_memory": likes}]})
+
+    m = make(ScriptedGenerator(facts=facts("Loves pepperoni and cheese pizza"), decisions=update))
+    kept = [m.add(text, user_id="u", infer=False)["results"][0]["id"] for text in (likes, loves)]
+    assert m.add("I love pepperoni and cheese pizza", user_id="u")["results"] == []
+    assert sorted(texts(m.get_all(user_id="u"))) == [likes, loves]
+    assert [[h["event"] for h in m.history(memory_id)] for memory_id in kept] == [["ADD"], ["ADD"]]
+
+
 def test_thai_food_as_delete_plus_add_is_atomic(make: MakeClient) -> None:
     decisions = json.dumps(
         {

@@ -366,3 +366,28 @@ def test_a_given_history_that_does_not_lead_to_the_memory_is_refused_before_anyt
     with pytest.raises(InvalidInputError, match=says):
         store.apply(ChangeSet(ALICE, adds=(NewMemory("likes chess"), new)))
     assert store.all_memories() == []
+
+
+def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_is_skipped(store: MemoryStore) -> None:
+    """The last stop's find: a reconcile's UPDATE of one memory to the text of another of the same scope left two
+    memories with one text (an ADD of that text was skipped as a duplicate, an UPDATE was not)."""
+    likes = store.add("likes cheese pizza", ALICE)
+    loves = store.add("loves cheese and pepperoni pizza", ALICE)
+    run = store.add("loves cheese and pepperoni pizza", Scope(user_id="alice", run_id="r1"))  # another scope
+    inferred = MemoryUpdate(likes.id, loves.text, instead=NewMemory(loves.text))
+    applied = store.apply(ChangeSet(ALICE, updates=(inferred,), seen=((likes.id, likes.hash),)))
+    assert applied.updated == [] and applied.added == []
+    assert applied.skipped == [
+        f"UPDATE of memory {likes.id!r} to {loves.text!r} skipped: its scope holds that text",
+        f"ADD of {loves.text!r} skipped: already stored in scope {ALICE}",
+    ]
+    assert [(r.id, r.text) for r in store.memories_with_hash(likes.hash, ALICE)] == [(likes.id, likes.text)]
+    assert [r.id for r in store.memories_with_hash(loves.hash, ALICE)] == [loves.id]
+    assert [e.event for e in store.history(likes.id)] == ["ADD"]
+    # The run's memory of the same text is of another scope: an update in that scope is not a duplicate of it...
+    other = store.add("likes pizza", Scope(user_id="alice", run_id="r2"))
+    run_update = MemoryUpdate(other.id, run.text, instead=NewMemory(run.text))
+    assert [after.text for _, after in store.apply(ChangeSet(ALICE, updates=(run_update,))).updated] == [run.text]
+    # ...and an explicit update (no ``instead``) is the caller's choice, written as asked.
+    explicit = store.apply(ChangeSet(None, updates=(MemoryUpdate(likes.id, loves.text),), strict=True))
+    assert [after.text for _, after in explicit.updated] == [loves.text]
