@@ -19,7 +19,7 @@ from inferscale.errors import InvalidInputError, MemoryTooLongError
 from inferscale.filters import Filter, parse_filters, required_ids
 from inferscale.memory import Message, normalize_messages
 from inferscale.scope import SCOPE_KEYS, Scope, ScopeId, check_scope_ids
-from inferscale.storable import check_json, check_storable, check_unicode
+from inferscale.storable import check_json, check_storable, check_unicode, is_blank
 from inferscale.storage import MemoryRecord
 from inferscale.storage.validation import check_id, check_key
 from inferscale.types import ChatMode
@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 def _not_blank(value: str) -> str:
-    if not value.strip():
+    if is_blank(value):
         raise ValueError("whitespace only")
     return value
 

@@ -28,6 +28,7 @@ from inferscale.errors import InvalidInputError
 from inferscale.filters import WILDCARD, Filter
 from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.scope import SCOPE_KEYS, Scope, ScopeId
+from inferscale.storable import is_blank
 from inferscale.storage import MemoryRecord
 from inferscale.types import ChatMode
 
@@ -110,7 +111,7 @@ def _memory_ids(memory_ids: Any) -> tuple[str, ...]:
     if isinstance(memory_ids, (str, bytes)) or not isinstance(memory_ids, Sequence):
         raise InvalidInputError(f"memory_ids must be a list of memory id strings, got {type(memory_ids).__name__}")
     ids = tuple(memory_ids)
-    if not all(isinstance(i, str) and i.strip() for i in ids):
+    if not all(isinstance(i, str) and not is_blank(i) for i in ids):
         raise InvalidInputError("memory_ids must hold non-empty strings")
     if len(set(ids)) != len(ids):
         raise InvalidInputError("memory_ids names a memory twice; each memory is injected once")

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from sqlalchemy import URL
 
 from inferscale.formats import StorageFormat
+from inferscale.storable import is_blank
 
 if TYPE_CHECKING:
     from inferscale.kv.serving import ServingSettings
@@ -98,7 +99,7 @@ conversation, and must leave room in a small model's context."""
 
 
 def _instructions_not_blank(value: str) -> str:
-    if not value.strip():
+    if is_blank(value):
         raise ValueError("whitespace only")
     return value
 

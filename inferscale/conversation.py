@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from inferscale.errors import InvalidInputError
-from inferscale.storable import check_unicode
+from inferscale.storable import check_unicode, is_blank
 from inferscale.validation_text import shown_input
 
 GREEDY_BELOW = 1e-5
@@ -104,7 +104,7 @@ def check_messages(messages: Sequence[ChatMessage | Mapping[str, Any]]) -> tuple
     users = [i for i, m in enumerate(checked) if m.role == "user"]
     if not users:
         raise InvalidInputError("messages has no user message; the model answers the last user turn")
-    if not checked[users[-1]].content.strip():
+    if is_blank(checked[users[-1]].content):
         raise InvalidInputError(f"messages[{users[-1]}] is a user message with no text: the last one is answered")
     if checked[-1].role == "assistant":
         raise InvalidInputError(
@@ -134,7 +134,7 @@ def as_conversation(conversation: str | Sequence[ChatMessage]) -> tuple[ChatMess
         InvalidInputError: for a query with no text or with a lone surrogate.
     """
     if isinstance(conversation, str):
-        if not conversation.strip():
+        if is_blank(conversation):
             raise InvalidInputError("the query is empty")
         check_unicode(conversation, "the query")
         return (ChatMessage("user", conversation),)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from inferscale.errors import InvalidInputError, ScopeError
-from inferscale.storable import check_storable
+from inferscale.storable import check_storable, is_blank
 from inferscale.validation_text import shown_input
 
 ScopeId = str | int
@@ -50,7 +50,7 @@ def check_scope_id(key: str, value: object) -> str:
     """
     if isinstance(value, int) and not isinstance(value, bool):
         value = int_id_text(value, key)
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or is_blank(value):
         raise ScopeError(f"{key} must be a non-empty string or an int, got {shown_input(value)}")
     check_storable(value, key)
     if len(value) > MAX_ID_LENGTH:

@@ -15,11 +15,23 @@ infinity, and no arbitrary objects.
 from __future__ import annotations
 
 import math
+import unicodedata
 
 from inferscale.errors import InvalidInputError
 from inferscale.validation_text import int_digits
 
 NUL = "\x00"
+
+_INVISIBLE_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: it holds only whitespace and invisible control or format characters (Unicode
+    categories Zs, Zl, Zp, Cc and Cf: a zero-width space U+200B, a word joiner U+2060, a byte-order mark U+FEFF, a
+    soft hyphen U+00AD). Every blank check of a text, id, name or query uses it: ``str.strip`` keeps the invisible
+    format characters, so a memory of one zero-width space was stored, and listed as an empty line."""
+    return all(char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES for char in text)
+
 
 MAX_JSON_INT_DIGITS = 4300
 """The most digits of an int JSON carries here: Python writes no int of more (``str`` raises ``ValueError`` past

@@ -22,6 +22,7 @@ from inferscale.memory.answers import Reading, ask, read_items, repair_text
 from inferscale.memory.llm import JSONGenerator
 from inferscale.memory.messages import Message, user_turns
 from inferscale.memory.prompts import build_extraction_messages
+from inferscale.storable import is_blank
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,11 @@ _ITEM_REJECTS = "not a string, empty, or longer than max_fact_chars"
 
 
 def _collapse(value: object) -> object:
-    return " ".join(value.split()) if isinstance(value, str) else value
+    """A str fact with its inner whitespace collapsed, and empty when it shows nothing (invisible characters only:
+    :func:`~inferscale.storable.is_blank`), so that it is dropped as an empty one is."""
+    if not isinstance(value, str):
+        return value
+    return "" if is_blank(value) else " ".join(value.split())
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from inferscale.control_tokens import rendered_token_ids
 from inferscale.errors import ConfigError, ExtractionError, InvalidInputError
 from inferscale.http_retry import RETRY_STATUSES, Reply, RetryableReply, WaitRetryAfter, asks_to_retry
 from inferscale.model_load import loading_model
+from inferscale.storable import is_blank
 
 if TYPE_CHECKING:
     import torch
@@ -370,7 +371,7 @@ class OpenAIJSONGenerator:
                 f"{self.url} did not return a chat completion (expected choices[0].message.content): "
                 f"{response.text[:300]}"
             ) from exc
-        if not isinstance(content, str) or not content.strip():
+        if not isinstance(content, str) or is_blank(content):
             refusal = choice.get("message", {}).get("refusal")
             raise ExtractionError(
                 f"{self.url} returned no text content (finish_reason={choice.get('finish_reason')!r}, "

@@ -14,7 +14,7 @@ from typing import Any
 
 from inferscale.conversation import ROLE_ALIASES
 from inferscale.errors import InvalidInputError
-from inferscale.storable import check_storable
+from inferscale.storable import check_storable, is_blank
 
 TOOL_ROLES: frozenset[str] = frozenset({"tool", "function"})
 """The roles of tool results (``function`` is OpenAI's older name): stored by ``add(infer=False)``, never shown to
@@ -82,7 +82,7 @@ def _text_of_parts(content: list[Any], where: str) -> str | None:
             texts.append(part["text"])
     if len(texts) < len(content):
         log.warning("%s: left out %d content parts that are not text", where, len(content) - len(texts))
-    return " ".join(texts) if any(t.strip() for t in texts) else None
+    return " ".join(texts) if not all(is_blank(t) for t in texts) else None
 
 
 def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
@@ -109,10 +109,10 @@ def _from_dict(item: Mapping[Any, Any], where: str) -> Message | None:
         raise InvalidInputError(
             f"{where} has content of type {type(content).__name__} ({content!r}); expected a non-empty string"
         )
-    if not content.strip():
+    if is_blank(content):
         raise InvalidInputError(f"{where} has empty content {content!r}; expected a non-empty string")
     check_storable(content, where)
-    if name is not None and (not isinstance(name, str) or not name.strip()):
+    if name is not None and (not isinstance(name, str) or is_blank(name)):
         raise InvalidInputError(f"{where} has name {name!r}; expected a non-empty string or no 'name' key")
     return Message(role=role, content=content, name=name)
 
@@ -144,7 +144,7 @@ def normalize_messages(messages: str | Mapping[str, Any] | Sequence[Any]) -> lis
             shape.
     """
     if isinstance(messages, str):
-        if not messages.strip():
+        if is_blank(messages):
             raise InvalidInputError(f"messages is an empty string {messages!r}; expected {_EXPECTED}")
         check_storable(messages, "messages")
         return [Message(role="user", content=messages)]
@@ -186,7 +186,7 @@ def user_turns(messages: Sequence[Message], max_chars: int) -> list[str]:
     turns: list[str] = []
     for m in messages:
         text = m.content.strip()
-        if m.role != "user" or not text:
+        if m.role != "user" or is_blank(text):
             continue
         if len(text) <= max_chars:
             turns.append(text)

@@ -11,6 +11,7 @@ import numpy as np
 
 from inferscale.devices import checked_device
 from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
+from inferscale.storable import is_blank
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -104,7 +105,7 @@ class SentenceTransformerEmbedder:
     """
 
     def __init__(self, model: str | None = None, device: str = "cpu", batch_size: int = 64) -> None:
-        if model is not None and (not isinstance(model, str) or not model.strip()):
+        if model is not None and (not isinstance(model, str) or is_blank(model)):
             raise InvalidInputError(f"model must be a non-empty str or None, got {model!r}")
         if not isinstance(device, str) or not device:
             raise InvalidInputError(f"device must be a non-empty str, got {device!r}")

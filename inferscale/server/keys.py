@@ -39,6 +39,7 @@ from inferscale.config import MemoryConfig
 from inferscale.errors import APIKeyNotFoundError, InvalidInputError
 from inferscale.scope import SCOPE_KEYS
 from inferscale.server.key_checks import KeyCheckLimiter, KeyCheckLimits
+from inferscale.storable import is_blank
 from inferscale.storage import make_engine
 from inferscale.storage.models import UTCDateTime, utc_now
 from inferscale.storage.schema import SchemaChain, ensure_schema
@@ -158,7 +159,7 @@ def _ids(field: str, ids: Sequence[str] | None) -> list[str] | None:
         raise InvalidInputError(f"{field} must be a list of ids or None, got {ids!r}")
     if not ids or len(ids) > _MAX_SCOPE_IDS:
         raise InvalidInputError(f"{field} must hold 1 to {_MAX_SCOPE_IDS} ids (None binds any), got {len(ids)}")
-    if not all(isinstance(i, str) and i.strip() for i in ids):
+    if not all(isinstance(i, str) and not is_blank(i) for i in ids):
         raise InvalidInputError(f"{field} must hold non-empty strings, got {list(ids)!r}")
     return list(dict.fromkeys(ids))
 
@@ -218,7 +219,7 @@ class KeyStore:
                 no list (it could touch every memory), or an admin key that binds one (an admin key touches every
                 scope and may reset the store, so its lists would bind nothing).
         """
-        if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        if not isinstance(name, str) or is_blank(name) or len(name) > 255:
             raise InvalidInputError(f"a key's name must be a non-empty string of at most 255 characters, got {name!r}")
         lists = {"user_ids": _ids("user_ids", user_ids), "agent_ids": _ids("agent_ids", agent_ids)}
         lists["run_ids"] = _ids("run_ids", run_ids)

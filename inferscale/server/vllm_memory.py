@@ -88,7 +88,7 @@ from inferscale.server.openai_chat import (
 )
 from inferscale.server.options import ServeSettings, check_setting, memory_config
 from inferscale.server.vllm_auth import CALLER, INTERNAL, checked_client_body, install_gate, installed_gate
-from inferscale.storable import NUL
+from inferscale.storable import NUL, is_blank
 from inferscale.storage import MemoryRecord
 
 log = logging.getLogger(__name__)
@@ -443,7 +443,7 @@ async def memory_middleware(request: Any, call_next: Callable[[Any], Awaitable[A
     if named is not None and not isinstance(named, str):
         return _error(InvalidInputError(f"user must be a string, got {named!r:.80}"))
     try:
-        user = caller.chat_user(named if named and named.strip() else None)
+        user = caller.chat_user(None if named is None or is_blank(named) else named)
     except PermissionDeniedError as exc:
         return error_response(exc)
     if user is None:

@@ -18,21 +18,22 @@ import numpy as np
 
 from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
-from inferscale.storable import MAX_JSON_DEPTH, check_json, check_storable
+from inferscale.storable import MAX_JSON_DEPTH, check_json, check_storable, is_blank
 from inferscale.storage.models import KEY_LENGTH
 from inferscale.validation_text import shown_input
 
 
 def check_text(text: object, name: str = "text") -> str:
-    """``text`` when it is a str that is not empty or whitespace and every backend can store.
+    """``text`` when it is a str that shows something (:func:`~inferscale.storable.is_blank`) and every backend can
+    store.
 
     Raises:
         InvalidInputError: otherwise (a lone surrogate or NUL included), naming ``name``.
     """
     if not isinstance(text, str):
         raise InvalidInputError(f"{name} must be a str, got {type(text).__name__}")
-    if not text.strip():
-        raise InvalidInputError(f"{name} must not be empty or whitespace, got {text!r}")
+    if is_blank(text):
+        raise InvalidInputError(f"{name} must not be empty, whitespace or invisible characters only, got {text!r}")
     return check_storable(text, name)
 
 

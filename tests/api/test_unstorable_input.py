@@ -6,6 +6,7 @@ instead (issue 15, item 6: test_malformed_llm_answers.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -132,6 +133,52 @@ def test_unstorable_text_is_refused_and_writes_nothing(
     got = m.get(kept)
     assert got is not None and (got["metadata"], got["role"]) == ({"k": "v"}, "user")
     assert [h["event"] for h in m.history(kept)] == ["ADD"]
+
+
+# Text that shows nothing: str.strip() keeps invisible format characters, so these were taken where whitespace is
+# refused (a memory of one zero-width space was stored and listed as an empty line).
+INVISIBLE = ["\u200b", " \u2060\ufeff\u00ad\u200d\t\u200c "]
+BLANK_CASES: list[tuple[str, Call, type[Exception]]] = [
+    ("add-text", lambda m, t: m.add(t, user_id="a", infer=False), InvalidInputError),
+    ("add-message", lambda m, t: m.add([{"role": "user", "content": t}], user_id="a", infer=False), InvalidInputError),
+    ("add-infer", lambda m, t: m.add(t, user_id="a"), InvalidInputError),
+    ("update-text", lambda m, t: m.update(m.get_all(user_id="a")["results"][0]["id"], t), InvalidInputError),
+    ("search-query", lambda m, t: m.search(t, user_id="a"), InvalidInputError),
+    ("chat-query", lambda m, t: m.chat(t, user_id="a"), InvalidInputError),
+    ("user-id", lambda m, t: m.add("ok", user_id=t, infer=False), ScopeError),
+    ("run-id", lambda m, t: m.get_all(user_id="a", run_id=t), ScopeError),
+]
+
+
+@pytest.mark.parametrize("text", INVISIBLE, ids=ascii)
+@pytest.mark.parametrize(("call", "error"), [c[1:] for c in BLANK_CASES], ids=[c[0] for c in BLANK_CASES])
+def test_text_of_invisible_characters_only_is_refused_as_blank(
+    make: MakeClient,
+    row_counts: Callable[[], tuple[int, int]],
+    call: Call,
+    error: type[Exception],
+    text: str,
+) -> None:
+    m = make(ScriptedGenerator(facts=facts("Likes tea")))
+    m.add("kept", user_id="a", infer=False)
+    with pytest.raises(error, match="empty|whitespace|non-empty") as refused:
+        call(m, text)
+    assert type(refused.value) is error
+    assert row_counts() == (1, 1)
+    assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["kept"]
+
+
+def test_an_extracted_fact_of_invisible_characters_is_dropped(make: MakeClient) -> None:
+    """The extraction LLM's blank-looking fact is dropped as an empty one is, and the rest of the answer stored."""
+    m = make(ScriptedGenerator(facts=json.dumps({"facts": ["\u200b", "Likes tea", "\u2060 \ufeff"]})))
+    assert [r["memory"] for r in m.add("I like tea", user_id="a")["results"]] == ["Likes tea"]
+    assert [r["memory"] for r in m.get_all(user_id="a")["results"]] == ["Likes tea"]
+
+
+def test_text_with_something_to_show_beside_invisible_characters_is_stored(m: ClientAdapter) -> None:
+    for text in ("a\u200b", "\U0001f468\u200d\U0001f469", "\u0915\u094d\u200d"):  # a ZWJ emoji, Devanagari with ZWJ
+        added = m.add(text, user_id="a", infer=False)["results"][0]
+        assert m.get(added["id"])["memory"] == text  # type: ignore[index]
 
 
 def test_a_refused_update_leaves_the_scope_readable(

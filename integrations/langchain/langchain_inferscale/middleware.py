@@ -15,6 +15,7 @@ from inferscale.async_client import AsyncMemoryClient
 from inferscale.client import MemoryClient
 from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.scope import ScopeIds
+from inferscale.storable import is_blank
 from inferscale.write_back import astore_turns, store_turns
 from langchain_inferscale.chat_models import ChatInferScale
 from langchain_inferscale.messages import with_memory_block
@@ -199,7 +200,7 @@ def _pairs(hits: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 
 def _sent_texts(messages: Sequence[BaseMessage]) -> set[str]:
     """The texts of the user and assistant messages about to be sent (what a stored turn would repeat)."""
-    return {text for m in messages if isinstance(m, (HumanMessage, AIMessage)) and (text := m.text.strip())}
+    return {text for m in messages if isinstance(m, (HumanMessage, AIMessage)) and not is_blank(text := m.text.strip())}
 
 
 def _last_turn(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
@@ -207,8 +208,10 @@ def _last_turn(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
     when it has no text."""
     for i in range(len(messages) - 1, -1, -1):
         if isinstance(messages[i], HumanMessage):
-            turn = [{"role": "user", "content": messages[i].text}] if messages[i].text.strip() else []
-            answers = [m for m in messages[i + 1 :] if isinstance(m, AIMessage) and m.text.strip() and not m.tool_calls]
+            turn = [] if is_blank(messages[i].text) else [{"role": "user", "content": messages[i].text}]
+            answers = [
+                m for m in messages[i + 1 :] if isinstance(m, AIMessage) and not is_blank(m.text) and not m.tool_calls
+            ]
             if answers:
                 turn.append({"role": "assistant", "content": answers[-1].text})
             return turn

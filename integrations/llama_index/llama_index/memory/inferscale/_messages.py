@@ -15,6 +15,7 @@ from typing import Any
 from llama_index.core.base.llms.types import CachePoint, ChatMessage, MessageRole, TextBlock, ThinkingBlock
 
 from inferscale import InvalidInputError
+from inferscale.storable import is_blank
 
 _KEPT_BLOCKS = (TextBlock, CachePoint, ThinkingBlock)
 """The blocks a message may hold: text, prompt-cache markers (nothing to prefill) and an earlier turn's reasoning
@@ -127,6 +128,6 @@ def turns_to_add(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
         {"role": m.role.value, "content": m.content or ""}
         for m in messages
         if m.role in (MessageRole.USER, MessageRole.ASSISTANT)
-        and (m.content or "").strip()
+        and not is_blank(m.content or "")
         and memory_ids_of(m) is None
     ]

@@ -21,6 +21,7 @@ from inferscale.arguments import MAX_LIMIT
 from inferscale.kept_search import asearch_kept, search_kept
 from inferscale.remote import AsyncRemoteMemoryClient, RemoteMemoryClient
 from inferscale.scope import SCOPE_KEYS
+from inferscale.storable import is_blank
 from inferscale.write_back import astore_turns, store_turns
 
 DEFAULT_TOKEN_LIMIT = 3000
@@ -356,7 +357,7 @@ class InferScaleMemory(BaseMemory):
     def _query(self, history: Sequence[ChatMessage], input: str | None) -> str | None:
         """What :meth:`get` searches with (the recent messages and ``input``), or ``None`` for no search."""
         query = search_text(history, self.search_msg_limit, input)
-        return query if query.strip() and self.similarity_top_k > 0 else None
+        return query if not is_blank(query) and self.similarity_top_k > 0 else None
 
     @staticmethod
     def _extra(exclude: AbstractSet[str], window: Sequence[ChatMessage]) -> int:

@@ -32,6 +32,7 @@ from llama_index.memory.inferscale._search import async_search
 from inferscale import AsyncMemoryClient, MemoryClient
 from inferscale.arguments import MAX_LIMIT
 from inferscale.kept_search import asearch_kept
+from inferscale.storable import is_blank
 from inferscale.write_back import astore_turns, store_turns
 
 T = TypeVar("T", str, list[ContentBlock], list[ChatMessage])
@@ -70,7 +71,7 @@ class _InferScaleBlock(BaseMemoryBlock[T], Generic[T]):
         (:func:`inferscale.kept_search.asearch_kept`)."""
         messages = messages or []
         query = search_text(messages, self.search_msg_limit)
-        if not query.strip() or self.similarity_top_k == 0:
+        if is_blank(query) or self.similarity_top_k == 0:
             return []
         said = (m for m in messages if m.role in (MessageRole.USER, MessageRole.ASSISTANT))
         shown = {text for m in said if (text := (m.content or "").strip())}
