@@ -117,13 +117,14 @@ def _revoke(args: argparse.Namespace) -> int:
     opts = from_args(KeyRevokeOptions, args)
 
     def act(store: KeyStore, as_json: bool) -> None:
-        from inferscale.commands.output import print_json, stdout, when
+        from inferscale.commands.output import print_json, shown, stdout, when
 
         api_key = store.revoke(opts.key_id)
         if as_json:
             print_json(api_key)
         else:
-            stdout().print(f"revoked API key {api_key.key_id} ({api_key.name}) at {when(api_key.revoked_at)} UTC")
+            name = shown(api_key.name)
+            stdout().print(f"revoked API key {api_key.key_id} ({name}) at {when(api_key.revoked_at)} UTC")
 
     return _with_store(args, act)
 

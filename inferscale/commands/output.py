@@ -7,6 +7,8 @@ console; notes, warnings and spinners go to stderr. Rich comes with the ``apps``
 What users and servers wrote (memory text, ids, scope ids, key names, queries, chat answers) is printed as it is,
 never read as rich markup: ``"[bold]x[/bold]"`` keeps its brackets and ``"[/x]"`` is no error. The consoles here
 have markup off, and the tables hold such strings as :class:`rich.text.Text`, so they are safe on any console.
+Nor can they drive the terminal: control characters in them (an escape sequence stored in a memory's text would
+clear the screen or set the window title) are printed as escapes (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -38,11 +40,23 @@ __all__ = [
     "plain",
     "print_json",
     "scope_of",
+    "shown",
     "stderr",
     "stdout",
     "when",
     "working",
 ]
+
+
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What a terminal acts on rather than shows: C0 controls (but tab and newline), DEL, C1 controls, and the
+bidirectional marks, embeddings, overrides and isolates (a U+202E reverses the rest of a table's row)."""
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal should print it: each character of :data:`_TERMINAL_CONTROLS` written as its Python
+    escape (``"\\x1b"``, ``"\\u202e"``), as ``--json`` escapes them; everything else as it is."""
+    return _TERMINAL_CONTROLS.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _encode(value: object) -> object:
@@ -87,7 +101,8 @@ def stderr() -> Console:
 
 
 def plain(value: object, style: str = "") -> Text:
-    """``value`` as rich text printed as it is, never read as markup (``str(value)``; ``""`` for ``None``).
+    """``value`` as rich text printed as it is, never read as markup (``str(value)``; ``""`` for ``None``), its
+    terminal controls escaped (:func:`shown`).
 
     Raises:
         ConfigError: when rich is not installed.
@@ -95,7 +110,7 @@ def plain(value: object, style: str = "") -> Text:
     require("rich.text")
     from rich.text import Text
 
-    return Text("" if value is None else str(value), style=style)
+    return Text("" if value is None else shown(str(value)), style=style)
 
 
 @contextlib.contextmanager
