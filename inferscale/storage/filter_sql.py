@@ -106,6 +106,13 @@ def _compare(expr: ColumnElement[_T], op: str, value: object) -> ColumnElement[b
     raise AssertionError(f"not a comparison: {op}")
 
 
+def _code_point_order(expr: ColumnElement[Any], dialect: str) -> ColumnElement[Any]:
+    """``expr`` ordered by code point, as SQLite's default ``BINARY`` collation orders text: ``COLLATE "C"`` on
+    PostgreSQL, whose own order is the database's collation (an ICU ``en-US`` one put ``"B"`` between ``"a"`` and
+    ``"c"``, so ``{"gt": "B"}`` left out ``"a"`` there and kept it on SQLite: a tester's find)."""
+    return expr.collate("C") if dialect == "postgresql" else expr
+
+
 def _contains(expr: ColumnElement[Any], needle: str, dialect: str, fold_case: bool) -> ColumnElement[bool]:
     if fold_case:
         expr, needle = _folded(expr, dialect), fold(needle)
@@ -273,7 +280,7 @@ def _metadata(cond: Condition, dialect: str) -> ColumnElement[bool]:
         value = value.isoformat()
     if isinstance(value, int | float):
         return _number_is(key, dialect, op, value)
-    return _compare(_as_text(key, dialect), op, str(value))
+    return _compare(_code_point_order(_as_text(key, dialect), dialect), op, str(value))
 
 
 __all__ = ["compile_filter"]
