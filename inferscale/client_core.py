@@ -761,11 +761,14 @@ class ClientCore:
             return ChangeSet(scope, adds=tuple(new(f) for f in facts), actor=actor)
         decided = reconciler.decide(shown, facts)
         # Applied only to memories still holding the text the LLM was shown; an update skipped adds its fact instead.
+        # An updated memory takes the call's metadata over its own, key by key (as update() merges; Mem0 gives it
+        # the call's metadata too), so a tag of the call (its source, its session) is on every memory it wrote.
         seen = tuple((memory_id, hash_text(text)) for memory_id, text in shown)
+        updates = (MemoryUpdate(i, text, dict(meta) or None, instead=new(text)) for i, text in decided.updates)
         return ChangeSet(
             scope,
             adds=tuple(new(text) for text in decided.adds),
-            updates=tuple(MemoryUpdate(memory_id, text, instead=new(text)) for memory_id, text in decided.updates),
+            updates=tuple(updates),
             deletes=tuple(decided.deletes),
             actor=actor,
             seen=seen,

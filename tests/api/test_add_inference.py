@@ -98,6 +98,25 @@ def test_an_update_to_the_text_another_memory_holds_stores_no_second_copy(make: 
     assert [[h["event"] for h in m.history(memory_id)] for memory_id in kept] == [["ADD"], ["ADD"]]
 
 
+def test_an_update_decided_by_add_takes_the_calls_metadata(make: MakeClient) -> None:
+    """A tester's find: the UPDATE kept only the memory's old metadata, so a caller tagging each add (its source, its
+    session) lost the tag of the call that changed the memory. Merged key by key, as update() merges."""
+
+    def update(messages: list[dict[str, str]]) -> str:
+        (old,) = shown_memories(messages)
+        answer = {"id": old["id"], "text": "Lives in Lisbon", "event": "UPDATE", "old_memory": old["text"]}
+        return json.dumps({"memory": [answer]})
+
+    m = make(ScriptedGenerator(facts=[facts("Lives in Porto"), facts("Lives in Lisbon")], decisions=update))
+    memory_id = m.add("I live in Porto", user_id="u", metadata={"src": 1, "kept": "yes"})["results"][0]["id"]
+    changed = m.add("I moved to Lisbon", user_id="u", metadata={"src": 2})["results"]
+    assert [(r["id"], r["event"]) for r in changed] == [(memory_id, "UPDATE")]
+    got = m.get(memory_id)
+    assert got is not None and (got["memory"], got["metadata"]) == ("Lives in Lisbon", {"src": 2, "kept": "yes"})
+    last = m.history(memory_id)[-1]
+    assert (last["old_metadata"], last["new_metadata"]) == ({"src": 1, "kept": "yes"}, {"src": 2, "kept": "yes"})
+
+
 def test_thai_food_as_delete_plus_add_is_atomic(make: MakeClient) -> None:
     decisions = json.dumps(
         {
