@@ -11,7 +11,9 @@ Small models are prone to this failure: SmolLM2-135M answered a Chinese introduc
   them is not in the conversation. SmolLM2-135M answered "Hi, my name is Maya and I live in Porto." with "User
   hates flying", an example fact without a name or number for the checks above to catch.
 
-Paraphrase is allowed ("I ride my red bike" → "Owns a red bicycle"); only copied tokens are checked.
+Paraphrase is allowed ("I ride my red bike" → "Owns a red bicycle"); only copied tokens are checked. Both texts are
+compared in Unicode's NFKC form, so a name copied in another normal form (NFD "José" for NFC), full-width digits
+and half-width katakana count as copied.
 """
 
 from __future__ import annotations
@@ -19,11 +21,26 @@ from __future__ import annotations
 import functools
 import json
 import re
+import unicodedata
 
 from inferscale.memory.prompts import FEW_SHOT_EXAMPLES
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:[.,:/]\d+)*", re.UNICODE)
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\U00020000-\U0003134f]")
+"""A CJK character: kana, CJK ideographs (with the extensions beyond the BMP) and Hangul syllables, of NFKC text
+(which maps half-width katakana to full-width and composes conjoining jamo into syllables)."""
+
+
+def is_cjk(char: str) -> bool:
+    """Whether ``char`` (of NFKC text) is written in CJK script (:data:`_CJK`), whose words are not spaced."""
+    return _CJK.match(char) is not None
+
+
+def comparable(text: str) -> str:
+    """``text`` in Unicode's NFKC form: the form every grounding check compares texts in."""
+    return unicodedata.normalize("NFKC", text)
+
+
 CJK_CONVERSATION_SHARE = 0.3
 """A conversation counts as CJK when at least this share of its letters are CJK characters."""
 CJK_FACT_MIN_SHARE = 0.5
@@ -108,6 +125,7 @@ def ungrounded_reason(fact: str, conversation: str) -> str | None:
         A short reason naming the first invented name or number, the copied example, or the language mismatch;
         ``None`` if the fact passes every check.
     """
+    fact, conversation = comparable(fact), comparable(conversation)
     source = conversation.casefold()
     source_words = {w.casefold() for w in _WORD.findall(conversation)}
     words = _WORD.findall(fact)
@@ -129,4 +147,4 @@ def ungrounded_reason(fact: str, conversation: str) -> str | None:
     return None
 
 
-__all__ = ["ungrounded_reason"]
+__all__ = ["comparable", "is_cjk", "ungrounded_reason"]

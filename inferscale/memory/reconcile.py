@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from inferscale.errors import ExtractionError, InvalidInputError
 from inferscale.memory.answers import Reading, ask, read_items, repair_text
+from inferscale.memory.grounding import comparable, is_cjk
 from inferscale.memory.llm import JSONGenerator
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,8 @@ RELATED_MIN_SHARE = 0.34
 
 def _tokens(text: str) -> set[str]:
     out: set[str] = set()
-    for word in _TOKEN.findall(text.casefold()):
-        if any("\u3040" <= ch <= "\u9fff" or "\uac00" <= ch <= "\ud7af" for ch in word):
+    for word in _TOKEN.findall(comparable(text).casefold()):
+        if any(is_cjk(ch) for ch in word):
             out.update(word)  # CJK and Hangul are not space-separated: compare characters
         else:
             out.add(word)

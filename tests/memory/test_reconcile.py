@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 
@@ -130,12 +131,27 @@ def test_a_fact_the_answer_forgets_is_added() -> None:
         ("User's name is Tom", "Hi, I'm Tom.", True),
         ("User will fly to Rome on 3 July", "I'm flying to Rome on 3 July.", True),
         ("Tom is a teacher from Oslo", "I'm Tom and I teach in Oslo.", True),
+        # copied in another Unicode form (a tester's find: each was dropped as invented)
+        ("User is Jos\u00e9 from Porto", "Hi, I am Jose\u0301 from Porto.", True),  # NFC fact, NFD conversation
+        ("User is Jose\u0301 from Porto", "Hi, I am Jos\u00e9 from Porto.", True),  # and the other way round
+        ("User PIN is 1234", "My PIN is \uff11\uff12\uff13\uff14", True),  # full-width digits
+        ("\uff80\uff8f", "\uff80\uff8f\u3067\u3059", True),  # half-width katakana
+        ("喜欢\U00020000", "我喜欢\U00020000。", True),  # an ideograph beyond the BMP
+        ("User PIN is 1235", "My PIN is \uff11\uff12\uff13\uff14", False),
     ],
 )
 def test_grounding_catches_invented_names_numbers_and_language(fact: str, conversation: str, grounded: bool) -> None:
     from inferscale.memory import ungrounded_reason
 
     assert (ungrounded_reason(fact, conversation) is None) is grounded
+
+
+def test_an_update_copied_in_another_unicode_form_is_grounded() -> None:
+    """As the facts' check: an UPDATE whose text writes the new fact's name in NFD was skipped as ungrounded."""
+    nfd = "Lives in Malmo\u0308 with Bjo\u0308rn and So\u0308ren"
+    fact = unicodedata.normalize("NFC", nfd)
+    decided = plan([Decision(id="0", text=nfd, event="UPDATE")], [("m1", "Lives in Oslo")], [fact])
+    assert decided.updates == [("m1", nfd)] and decided.skipped == []
 
 
 def test_reconcile_answers_are_repaired_or_fall_back_to_adding_the_facts() -> None:
