@@ -214,7 +214,7 @@ def _validation_message(exc: RequestValidationError, content_type: str | None) -
     errors = exc.errors()
     broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
     if broken is not None:
-        reason = broken.get("ctx", {}).get("error", "not JSON")
+        reason = str(broken.get("ctx", {}).get("error", "not JSON")).removesuffix(" at")  # json's "...character at"
         at = broken.get("loc", ())[-1:]
         where = f" at character {at[0]}" if at and isinstance(at[0], int) else ""
         return f"invalid request: the body is not valid JSON: {reason}{where}"

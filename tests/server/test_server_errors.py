@@ -137,6 +137,10 @@ def test_malformed_json_and_a_bad_query_parameter_are_400_invalid_input(http: ht
     assert _error(reply, 400, "invalid_input", "InvalidInputError").endswith(
         "the body is not valid JSON: Expecting value at character 13"
     )
+    control = http.post("/v1/memories/", content=b'{"messages": "a\x1b"}', headers={"content-type": "application/json"})
+    assert _error(control, 400, "invalid_input", "InvalidInputError").endswith(  # said "at at character 15"
+        "the body is not valid JSON: Invalid control character at character 15"
+    )
     reply = http.get("/v1/memories/", params={"user_id": "alice", "limit": "ten"})
     assert "query.limit" in _error(reply, 400, "invalid_input", "InvalidInputError")
 
