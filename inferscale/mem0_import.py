@@ -39,6 +39,7 @@ from inferscale.scope import SCOPE_KEYS, Scope
 from inferscale.storage.change_sets import NewMemory
 from inferscale.storage.records import ATTRIBUTION_KEYS
 from inferscale.storage.validation import check_new_id, check_text, check_utc_time
+from inferscale.validation_text import shown_input
 
 DERIVED_KEYS = frozenset({"hash", "text_lemmatized"})
 """Left out: Mem0's md5 of the text and its BM25 text, derived from the text (beside the metadata in a payload)."""
@@ -283,6 +284,8 @@ def mem0_time(value: object, name: str, assume_utc: bool) -> datetime | None:
                 "as UTC with assume_utc=True (`inferscale import-mem0 --assume-utc`)"
             )
         value = value.replace(tzinfo=UTC)
+    if not isinstance(value, datetime):  # the generic "must be a datetime" did not say a string is taken
+        raise InvalidInputError(f"{name} must be an ISO 8601 time string or a datetime, got {shown_input(value)}")
     return check_utc_time(value, name)
 
 

@@ -446,6 +446,12 @@ BAD_RECORDS = [
         id="naive time",
     ),
     pytest.param({**MAYA[0], "id": IDS[3], "created_at": "yesterday"}, InvalidInputError, "ISO 8601", id="not a time"),
+    pytest.param(  # epoch seconds: the message said only "must be a datetime", not that a string is taken
+        {**MAYA[0], "id": IDS[3], "created_at": 1735689600},
+        InvalidInputError,
+        "created_at must be an ISO 8601 time string or a datetime, got 1735689600",
+        id="epoch seconds",
+    ),
     pytest.param(
         {**MAYA[0], "id": IDS[3], "score": 0.4, "categories": ["x"], "owner": "o"},
         InvalidInputError,
