@@ -35,6 +35,7 @@ from inferscale.errors import (
     ConfigError,
     DatabaseUnavailableError,
     EngineClosedError,
+    ExtractionError,
     InferScaleError,
     KVFingerprintMismatchError,
     ModelNotAvailableError,
@@ -118,6 +119,11 @@ DATABASE_UNAVAILABLE_MESSAGE = "the memory database is unavailable; the server l
 :func:`logged_message`): its own text names the database's URL (driver, user, host, port, database) and the driver's
 message, which are the server's to know."""
 
+EXTRACTION_FAILED_MESSAGE = "the LLM that extracts facts gave no answer; the server log has the details"
+"""What a caller reads of an :class:`~inferscale.errors.ExtractionError` (with the request id): its own text names the
+LLM backend's URL and quotes its reply, which may hold the backend's internal host names or echo its API key (an
+operator tester's find)."""
+
 KV_MISMATCH_MESSAGE = (
     "a stored K/V entry of a memory this request uses was written for another model, encoding or text, and is never "
     "injected: the operator can delete it to have it encoded again; the server log names it"
@@ -135,6 +141,7 @@ and folders (an index file, a model folder), which are the operator's to know an
 
 _LOGGED_ONLY: tuple[tuple[type[InferScaleError], str], ...] = (
     (DatabaseUnavailableError, DATABASE_UNAVAILABLE_MESSAGE),
+    (ExtractionError, EXTRACTION_FAILED_MESSAGE),
     (KVFingerprintMismatchError, KV_MISMATCH_MESSAGE),
     *SERVER_SETUP_MESSAGES.items(),  # the subclasses first: the first match answers
 )
@@ -182,7 +189,8 @@ def error_body(exc: InferScaleError) -> dict[str, Any]:
     """The body of the reply for ``exc`` (``type`` is the exception's own class name), in a reply or in a stream's
     error event. Errors whose text is the server's to know are answered with a fixed message and the request id
     (:func:`logged_message`), their own text logged under that id: a database that cannot be connected to
-    (:data:`DATABASE_UNAVAILABLE_MESSAGE`: its URL and the driver's message), a stored K/V entry that does not match
+    (:data:`DATABASE_UNAVAILABLE_MESSAGE`: its URL and the driver's message), an extraction LLM that gave no answer
+    (:data:`EXTRACTION_FAILED_MESSAGE`: its URL and reply), a stored K/V entry that does not match
     its memory (:data:`KV_MISMATCH_MESSAGE`: the file's path on the server and text hashes, a helper's find), the
     server's own setup (:data:`SERVER_SETUP_MESSAGES`: a config error, an unknown schema, a missing model), and an
     InferScale error with no code of its own (an unreadable K/V file, say), answered as an unexpected exception

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +27,7 @@ from inferscale.errors import (
 from inferscale.kv.tiers.serialization import KVFormatError
 from inferscale.server.errors import (
     DATABASE_UNAVAILABLE_MESSAGE,
+    EXTRACTION_FAILED_MESSAGE,
     KV_MISMATCH_MESSAGE,
     SERVER_SETUP_MESSAGES,
     SHUT_DOWN_MESSAGE,
@@ -237,16 +239,24 @@ def test_a_body_over_the_limit_is_413_before_parsing_and_stores_nothing(make_ser
     assert served.row_counts() == (1, 1)
 
 
-def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(make_server: MakeServer) -> None:
-    """An LLM backend that gives no answer (a malformed answer is repaired or falls back instead: issue 15 item 6)."""
+def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(
+    make_server: MakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An LLM backend that gives no answer (a malformed answer is repaired or falls back instead: issue 15 item 6).
+    Its URL and reply stay in the server's log (an operator tester's find: a 401 body echoing the backend's key and
+    host names reached every caller, and nothing was logged)."""
+    said = 'http://llm-gw-7.corp:8000/v1/chat/completions answered HTTP 401: {"error": "bad key sk-SECRET"}'
 
     def down(messages: list[dict[str, str]]) -> str:
-        raise ExtractionError("http://llm.local:8000/v1/chat/completions answered HTTP 503: overloaded")
+        raise ExtractionError(said)
 
     served = make_server(generator=ScriptedGenerator(facts=down))
-    with served.http() as http:
+    with served.http() as http, caplog.at_level(logging.ERROR, logger="inferscale.server.errors"):
         reply = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice"})
-        assert "answered HTTP 503" in _error(reply, 502, "extraction_failed", "ExtractionError")
+        message = _error(reply, 502, "extraction_failed", "ExtractionError")
+    request = reply.headers["X-Request-ID"]
+    assert message == f"{EXTRACTION_FAILED_MESSAGE} (request {request})"
+    assert f"request {request}: {said}" in caplog.messages
     assert served.row_counts() == (0, 0)
 
 
@@ -273,10 +283,11 @@ def test_every_error_code_has_its_status_and_body(
     told = f"made to fail with {row.error.__name__}"
     logged_only = {
         DatabaseUnavailableError: DATABASE_UNAVAILABLE_MESSAGE,
+        ExtractionError: EXTRACTION_FAILED_MESSAGE,
         KVFingerprintMismatchError: KV_MISMATCH_MESSAGE,
         **SERVER_SETUP_MESSAGES,
     }
-    if row.error in logged_only:  # its own text, which names the database or a file of the server, is logged
+    if row.error in logged_only:  # its own text, which names the database, the LLM or a file of the server, is logged
         told = f"{logged_only[row.error]} (request {reply.headers['x-request-id']})"
     assert reply.json()["error"]["message"] == told
 
