@@ -194,6 +194,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
             failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
             config_file=args.config,
+            log_level=_or(args.log_level, defaults.log_level),
         )
     )
 

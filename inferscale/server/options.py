@@ -142,7 +142,7 @@ class ServerOptions(ServeSettings):
             ``engine.device`` (``"auto"`` without one).
         max_request_bytes: the largest request body read (bytes); larger ones get 413 before parsing.
         chat_limit: memories a chat retrieves when the request names no ``limit`` (``None``: the client's default).
-        log_level: uvicorn's log level.
+        log_level: uvicorn's log level (``inferscale --log-level``; ``"info"``, its access log included, by default).
     """
 
     device: str | None = None

@@ -390,3 +390,33 @@ def test_a_port_another_process_has_is_refused_before_the_model_loads(
     for host, says in [("192.0.2.1", "give an address of this machine"), ("a\x00b", "cannot listen on 'a\\x00b'")]:
         assert run_serve(_parse("--host", host, "--port", str(port), "--data-dir", str(tmp_path))) == 2
         assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "server_level"),
+    [
+        (["serve"], "warning", "info"),  # the access log stays on by default
+        (["serve", "-v"], "info", "info"),  # refused after the command before (an operator tester's find)
+        (["-v", "serve"], "info", "info"),
+        (["serve", "--log-level", "error"], "error", "error"),  # keeps memory text (in warnings) out of the log
+        (["--log-level", "debug", "serve", "-v"], "debug", "debug"),  # a level given wins over -v, wherever
+    ],
+)
+def test_the_log_level_is_taken_before_or_after_the_command_and_reaches_uvicorn(
+    argv: list[str], level: str, server_level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferscale.cli import build_parser, log_level
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    args = build_parser().parse_args([*argv, "--data-dir", str(tmp_path)])
+    assert log_level(args) == level
+    assert run_serve(args) == 0 and seen[0].log_level == server_level
+
+
+def test_every_command_takes_the_log_level_after_it() -> None:
+    from inferscale.cli import build_parser, log_level
+
+    for argv in (["list", "--user", "u"], ["keys", "create", "n", "--admin"], ["bench", "ttft"], ["eval", "fidelity"]):
+        assert log_level(build_parser().parse_args([*argv, "--log-level", "error"])) == "error", argv
