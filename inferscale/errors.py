@@ -84,7 +84,8 @@ class ConfigError(InferScaleError, ValueError):
 class SchemaError(ConfigError):
     """The database's schema is not one this InferScale can use: it is at a revision this version does not know
     (a newer InferScale wrote it), or it holds InferScale's tables from before the schema was versioned that differ
-    from the first versioned schema. Raised on a store's first use, before anything is changed."""
+    from the first versioned schema. Raised on a store's first use, before anything is changed; and by any call
+    once its tables are gone (the database was dropped and made again under the running process)."""
 
 
 class DatabaseUnavailableError(InferScaleError, ConnectionError):

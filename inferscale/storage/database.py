@@ -16,7 +16,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import Pool, StaticPool
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from inferscale.errors import ConfigError, DatabaseUnavailableError
+from inferscale.errors import ConfigError, DatabaseUnavailableError, SchemaError
 from inferscale.storage.case_fold import SQLITE_FUNCTION, sqlite_fold
 
 if TYPE_CHECKING:
@@ -149,6 +149,7 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 POSTGRES_LOCK_NOT_AVAILABLE = "55P03"
+POSTGRES_UNDEFINED_TABLE = "42P01"
 """PostgreSQL's SQLSTATE for a lock not obtained within ``lock_timeout``."""
 
 SQLITE_UNAVAILABLE = (
@@ -222,15 +223,31 @@ def hidden_password(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+def _lost_table(context: ExceptionContext) -> bool:
+    """Whether the DBAPI error of ``context`` says a table does not exist: the store created its tables on first
+    use, so the database was dropped and made again (or its tables dropped) under the running process."""
+    error = context.original_exception
+    if getattr(error, "sqlstate", None) == POSTGRES_UNDEFINED_TABLE:
+        return True
+    return isinstance(error, sqlite3.OperationalError) and str(error).startswith("no such table")
+
+
 def _report_unavailable(context: ExceptionContext) -> None:
     """A ``handle_error`` hook: a DBAPI error that says the database cannot be used now (:func:`_unavailable`)
-    becomes :class:`DatabaseUnavailableError`, naming the URL without its password and the driver's own message."""
-    fix = _unavailable(context)
-    if fix is None:
-        return
+    becomes :class:`DatabaseUnavailableError`, and one that says its tables are gone (:func:`_lost_table`)
+    :class:`SchemaError`, each naming the URL without its password and the driver's own message."""
     url = context.engine.url if context.engine is not None else None
     reason = str(context.original_exception).strip().splitlines()
     shown = hidden_password(url) if url is not None else "?"
+    if isinstance(context.sqlalchemy_exception, DBAPIError) and _lost_table(context):
+        raise SchemaError(  # was a bare ProgrammingError on every call (500 internal_error), an operator's find
+            f"the database {shown} has lost InferScale's tables ({reason[0] if reason else 'no such table'}): it was "
+            "dropped and made again, or its tables dropped, after this process opened it; restore it, or restart "
+            "the process to create them empty"
+        ) from context.original_exception
+    fix = _unavailable(context)
+    if fix is None:
+        return
     verb = "cannot connect to" if context.connection is None else "cannot use"
     raise DatabaseUnavailableError(
         f"{verb} the database {shown}: {reason[0] if reason else type(context.original_exception).__name__}; {fix}"

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 import inferscale.storage.database
 from inferscale import AsyncMemoryClient, ConfigError, DatabaseUnavailableError, MemoryClient, MemoryConfig
 from inferscale.config import KVConfig
+from inferscale.errors import SchemaError
 from inferscale.mem0_config import from_mem0_dict
 from inferscale.scope import Scope
 from inferscale.server.keys import KeyStore
@@ -250,3 +251,30 @@ def test_a_postgresql_table_locked_past_the_lock_timeout_is_unavailable_and_noth
                 asyncio.run(async_add())
         holder.dispose()
         assert [r["memory"] for r in client.get_all(user_id="u")["results"]] == ["I like tea."]
+
+
+def test_tables_dropped_under_a_running_store_are_a_schema_error_naming_the_fix(db_url: str) -> None:
+    """An operator's find: a PostgreSQL database dropped and made again under a running server answered every call
+    with a bare ProgrammingError (500 internal_error) until a restart. Its calls now raise SchemaError, saying what
+    happened and what to do, on both backends and the async store alike."""
+    alice = Scope(user_id="alice")
+    with MemoryStore(db_url) as store:
+        store.add("I like tea", alice)
+        with store.engine.begin() as conn:  # what a dropped and remade database leaves: none of the tables
+            conn.execute(text("drop table memory_history"))
+            conn.execute(text("drop table kv_entries"))
+            conn.execute(text("drop table memories"))
+        for call in (lambda: store.list(alice), lambda: store.add("I like coffee", alice)):
+            with pytest.raises(SchemaError, match=r"has lost InferScale's tables .*restart the process") as lost:
+                call()
+            assert "memor" in str(lost.value)  # the driver's own message names the table
+
+    async def read() -> None:
+        store = AsyncMemoryStore(db_url)
+        try:
+            await store.list(alice)
+        finally:
+            await store.close()
+
+    with pytest.raises(SchemaError, match="has lost InferScale's tables"):
+        asyncio.run(read())
