@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from inferscale.cli_options import add_options, from_args
+from inferscale.cli_options import add_logging_options, add_options, from_args, log_level
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -75,38 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     demo = sub.add_parser("demo", help="add a conversation, then chat with KV-injected memory vs the prompt baseline")
     add_options(demo, DemoOptions).set_defaults(func=_demo)
-    _add_logging_options(parser)
+    add_logging_options(parser)
     return parser
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-"""The levels ``--log-level`` takes (Python's logging levels, lower case)."""
-
-
-def _add_logging_options(parser: argparse.ArgumentParser, *, nested: bool = False) -> None:
-    """Add ``-v`` and ``--log-level`` to ``parser`` and to every subcommand's parser under it, so that they are
-    taken before or after the command (``inferscale serve -v`` was refused: an operator tester's find). Below the
-    top they default to nothing given, so that a subcommand's parser leaves a value given before it alone."""
-    unset: str | None = argparse.SUPPRESS if nested else None
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", default=unset or False, help="log at INFO level (--log-level info)"
-    )
-    parser.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        default=unset,
-        help="the lowest level logged (default warning; the server's access log is at info): warnings quote the "
-        "texts of facts an extraction dropped or added, so `error` keeps memory text out of the log",
-    )
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in dict.fromkeys(action.choices.values()):
-                _add_logging_options(child, nested=True)
-
-
-def log_level(args: argparse.Namespace) -> str:
-    """The level the command logs at: ``--log-level``, else ``info`` with ``-v``, else ``warning``."""
-    return str(args.log_level or ("info" if args.verbose else "warning"))
 
 
 SIGPIPE_EXIT = 141

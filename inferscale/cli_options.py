@@ -29,18 +29,59 @@ from typing import Any, Literal, TypeVar
 
 from inferscale.validation_text import shown_input
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+"""The levels ``--log-level`` takes (Python's logging levels, lower case)."""
+
+
+def add_logging_options(parser: argparse.ArgumentParser, *, nested: bool = False) -> None:
+    """Add ``-v`` and ``--log-level`` to ``parser`` and to every subcommand's parser under it, so that they are
+    taken before or after the command (``inferscale serve -v`` was refused: an operator tester's find). Below the
+    top they default to nothing given, so that a subcommand's parser leaves a value given before it alone."""
+    unset: str | None = argparse.SUPPRESS if nested else None
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=unset or False, help="log at INFO level (--log-level info)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=unset,
+        help="the lowest level logged (default warning; the server's access log is at info): warnings quote the "
+        "texts of facts an extraction dropped or added, so `error` keeps memory text out of the log",
+    )
+    for action in parser._actions:  # argparse has no public way to reach the subcommands' parsers
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                add_logging_options(child, nested=True)
+
+
+def given_log_level(args: argparse.Namespace) -> str | None:
+    """The level ``--log-level`` gave, else ``"info"`` for ``-v``, else ``None`` (also for a parser built without
+    :func:`add_logging_options`)."""
+    given = getattr(args, "log_level", None)
+    return str(given) if given else ("info" if getattr(args, "verbose", False) else None)
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """The level a command logs at: :func:`given_log_level`, else ``"warning"``."""
+    return given_log_level(args) or "warning"
+
+
 __all__ = [
     "DEVICE_OPTION",
     "DTYPE_OPTION",
+    "LOG_LEVELS",
     "MODEL_OPTION",
     "QUOTED_CHARS",
     "THREADS_OPTION",
     "CliOption",
+    "add_logging_options",
     "add_options",
     "cli",
     "from_args",
+    "given_log_level",
     "int_list",
     "integer",
+    "log_level",
     "name_list",
     "non_negative_int",
     "number",

@@ -4,9 +4,10 @@ KV-injected memory, on the transformers engine in process (default) or on vLLM."
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import TypeVar, get_args
 
-from inferscale.cli_options import integer, number
+from inferscale.cli_options import add_logging_options, given_log_level, integer, log_level, number
 from inferscale.config import DType, MemoryLayout
 from inferscale.server.key_checks import DEFAULT_FAILED_KEY_CHECK_BURST, DEFAULT_FAILED_KEY_CHECKS_PER_S
 from inferscale.server.options import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_SHUTDOWN_GRACE_S, MAX_PORT
@@ -194,7 +195,7 @@ def _serve_transformers(args: argparse.Namespace) -> None:
             failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
             failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
             config_file=args.config,
-            log_level=_or(args.log_level, defaults.log_level),
+            log_level=_or(given_log_level(args), defaults.log_level),
         )
     )
 
@@ -232,6 +233,7 @@ def _serve_vllm(args: argparse.Namespace) -> None:
             failed_key_checks_per_s=_or(args.failed_key_checks_per_s, defaults.failed_key_checks_per_s),
             failed_key_check_burst=_or(args.failed_key_check_burst, defaults.failed_key_check_burst),
             config_file=args.config,
+            log_level=_or(given_log_level(args), defaults.log_level),
         )
     )
 
@@ -244,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="inferscale")
     add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    add_logging_options(parser)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=log_level(args).upper())
     return int(args.func(args))
 
 

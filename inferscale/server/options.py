@@ -73,6 +73,8 @@ class ServeSettings:
             starts from, so that a server extracts facts with the ``llm`` it names, embeds with its ``embedder``,
             encodes under its ``kv`` settings and answers after its ``system_prompt``. The settings above that are
             given override it; ``None``: every field at its default.
+        log_level: uvicorn's log level (``inferscale --log-level``; ``"info"``, its access log included, by
+            default); ``--engine vllm`` passes it to vLLM as ``--uvicorn-log-level``.
     """
 
     host: str = "127.0.0.1"
@@ -88,6 +90,7 @@ class ServeSettings:
     failed_key_checks_per_s: float = DEFAULT_FAILED_KEY_CHECKS_PER_S
     failed_key_check_burst: int = DEFAULT_FAILED_KEY_CHECK_BURST
     config_file: str | None = None
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
         """Check the shutdown grace, the port and the failed key check budget.
@@ -142,13 +145,11 @@ class ServerOptions(ServeSettings):
             ``engine.device`` (``"auto"`` without one).
         max_request_bytes: the largest request body read (bytes); larger ones get 413 before parsing.
         chat_limit: memories a chat retrieves when the request names no ``limit`` (``None``: the client's default).
-        log_level: uvicorn's log level (``inferscale --log-level``; ``"info"``, its access log included, by default).
     """
 
     device: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     chat_limit: int | None = None
-    log_level: str = "info"
 
     def __post_init__(self) -> None:
         """Check every setting before anything is loaded.

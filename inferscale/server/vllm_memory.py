@@ -625,8 +625,8 @@ def pin_log_level() -> None:
 def vllm_argv(options: ServeOptions, model_path: str, fingerprint: str, dtype: str) -> list[str]:
     """The command line :func:`serve` hands vLLM's OpenAI server: ``model_path`` in ``dtype`` (the fact encoder's:
     both must agree), prefix caching and our KV connector keyed by ``fingerprint``, the two memory middlewares,
-    the cache sizes of ``options`` and its shutdown grace as vLLM's ``--shutdown-timeout`` (whole seconds: running
-    requests drain for that long on SIGTERM, then are aborted)."""
+    the cache sizes of ``options``, its shutdown grace as vLLM's ``--shutdown-timeout`` (whole seconds: running
+    requests drain for that long on SIGTERM, then are aborted) and its log level as ``--uvicorn-log-level``."""
     return [
         "--model",
         model_path,
@@ -654,4 +654,6 @@ def vllm_argv(options: ServeOptions, model_path: str, fingerprint: str, dtype: s
         options.served_model_name or Path(model_path).name,
         "--shutdown-timeout",  # drain the running requests for this long, then abort them (0: abort at once)
         str(options.shutdown_grace_whole_s),
+        "--uvicorn-log-level",  # its access log is at info
+        options.log_level,
     ]

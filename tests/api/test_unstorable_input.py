@@ -161,7 +161,7 @@ def test_text_of_invisible_characters_only_is_refused_as_blank(
 ) -> None:
     m = make(ScriptedGenerator(facts=facts("Likes tea")))
     m.add("kept", user_id="a", infer=False)
-    with pytest.raises(error, match="empty|whitespace|non-empty") as refused:
+    with pytest.raises(error, match=r"empty|whitespace|non-empty") as refused:
         call(m, text)
     assert type(refused.value) is error
     assert row_counts() == (1, 1)

@@ -303,6 +303,7 @@ def test_the_shutdown_grace_is_vllms_drain_timeout(monkeypatch: pytest.MonkeyPat
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from inferscale.cli_options import add_logging_options
     from inferscale.serve_cli import add_serve_parser, run_serve
     from inferscale.server import vllm_memory
     from inferscale.server.vllm_memory import vllm_argv
@@ -312,11 +313,13 @@ def test_the_shutdown_grace_is_vllms_drain_timeout(monkeypatch: pytest.MonkeyPat
 
     seen: list[ServeOptions] = []
     monkeypatch.setattr(vllm_memory, "serve", seen.append)
-    assert run_serve(parser.parse_args(["serve", "--engine", "vllm", "--shutdown-grace", str(grace)])) == 0
+    add_logging_options(parser)
+    argv = ["serve", "--engine", "vllm", "--shutdown-grace", str(grace), "--log-level", "error"]
+    assert run_serve(parser.parse_args(argv)) == 0
     assert seen[0].shutdown_grace_s == grace
-    argv = vllm_argv(seen[0], "/models/SmolLM2", "fp", "float32")
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(vllm_argv(seen[0], "/models/SmolLM2", "fp", "float32"))
     assert (args.shutdown_timeout, args.model, args.served_model_name) == (timeout, "/models/SmolLM2", ["SmolLM2"])
+    assert args.uvicorn_log_level == "error"  # a review's find: its access log ignored --log-level
 
 
 def test_a_config_files_vllm_limits_reach_the_vllm_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

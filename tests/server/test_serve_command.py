@@ -405,7 +405,8 @@ def test_a_port_another_process_has_is_refused_before_the_model_loads(
 def test_the_log_level_is_taken_before_or_after_the_command_and_reaches_uvicorn(
     argv: list[str], level: str, server_level: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inferscale.cli import build_parser, log_level
+    from inferscale.cli import build_parser
+    from inferscale.cli_options import log_level
     from inferscale.server import run
 
     seen: list[ServerOptions] = []
@@ -416,7 +417,31 @@ def test_the_log_level_is_taken_before_or_after_the_command_and_reaches_uvicorn(
 
 
 def test_every_command_takes_the_log_level_after_it() -> None:
-    from inferscale.cli import build_parser, log_level
+    from inferscale.cli import build_parser
+    from inferscale.cli_options import log_level
 
     for argv in (["list", "--user", "u"], ["keys", "create", "n", "--admin"], ["bench", "ttft"], ["eval", "fidelity"]):
         assert log_level(build_parser().parse_args([*argv, "--log-level", "error"])) == "error", argv
+
+
+def test_the_serve_modules_own_entry_point_takes_the_log_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review's find: ``python -m inferscale.serve_cli serve`` (a parser built without the top level's options)
+    failed on every start with an AttributeError once serve read the log level."""
+    from inferscale import serve_cli
+    from inferscale.server import run
+
+    seen: list[ServerOptions] = []
+    monkeypatch.setattr(run, "serve_transformers", seen.append)
+    assert serve_cli.main(["serve", "--data-dir", str(tmp_path)]) == 0
+    assert serve_cli.main(["serve", "--data-dir", str(tmp_path), "--log-level", "error"]) == 0
+    assert run_serve(_parse("--data-dir", str(tmp_path))) == 0  # a bare parser, with no logging options at all
+    assert [o.log_level for o in seen] == ["info", "error", "info"]
+
+
+def test_verbose_is_taken_after_a_nested_command() -> None:
+    from inferscale.cli import build_parser
+    from inferscale.cli_options import log_level
+
+    assert log_level(build_parser().parse_args(["keys", "create", "n", "--admin", "-v"])) == "info"
+    assert log_level(build_parser().parse_args(["-v", "keys", "list"])) == "info"
+    assert log_level(build_parser().parse_args(["keys", "list"])) == "warning"
