@@ -116,6 +116,17 @@ class Scope:
         """
         return cls(*check_scope_ids(user_id, agent_id, run_id))
 
+    @classmethod
+    def of_row(cls, user_id: str | None, agent_id: str | None, run_id: str | None) -> Scope:
+        """The scope of ids read from a stored row, taken as they are, unchecked: the database holds only ids that
+        passed the check of the release that wrote them (an id of invisible characters only passed before
+        :func:`~inferscale.storable.is_blank`), and a memory must stay readable and deletable by its id whatever the
+        check of a given id has become since (a review's find: such a memory could no longer be deleted)."""
+        scope = object.__new__(cls)
+        for key, value in zip(SCOPE_KEYS, (user_id, agent_id, run_id), strict=True):
+            object.__setattr__(scope, key, value)
+        return scope
+
     def as_dict(self) -> dict[str, str]:
         """The ids that are set, e.g. ``{"user_id": "alice"}``."""
         return {k: v for k in SCOPE_KEYS if (v := getattr(self, k)) is not None}

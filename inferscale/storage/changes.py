@@ -98,7 +98,7 @@ def _named_scopes(s: Session, changes: ChangeSet) -> dict[str, Scope]:
     for chunk in chunks(ids):
         columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id)
         stmt = select(*columns).where(MemoryRow.id.in_(chunk), *scope_clauses(changes.scope))
-        found.update((i, Scope(user_id=u, agent_id=a, run_id=r)) for i, u, a, r in s.execute(stmt))
+        found.update((i, Scope.of_row(u, a, r)) for i, u, a, r in s.execute(stmt))
     return found
 
 
@@ -356,7 +356,7 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
         The deleted memories, oldest first.
     """
     exact = [
-        Scope(user_id=u, agent_id=a, run_id=r)
+        Scope.of_row(u, a, r)
         for u, a, r in s.execute(
             select(MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id).where(*scope_clauses(scope)).distinct()
         )

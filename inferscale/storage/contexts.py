@@ -44,7 +44,7 @@ def context_lock_key(scope: Scope) -> int:
 
 def scope_of(row: MemoryRow) -> Scope:
     """The exact scope of a stored memory (every row sets at least one id)."""
-    return Scope(user_id=row.user_id, agent_id=row.agent_id, run_id=row.run_id)
+    return Scope.of_row(row.user_id, row.agent_id, row.run_id)
 
 
 def live_hashes(s: Session, scope: Scope, hashes: Collection[str]) -> set[str]:

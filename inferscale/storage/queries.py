@@ -298,7 +298,7 @@ def held_ids(s: Session, ids: Sequence[str]) -> dict[str, HeldId]:
     for chunk in chunks(wanted):
         columns = (MemoryRow.id, MemoryRow.user_id, MemoryRow.agent_id, MemoryRow.run_id, MemoryRow.hash)
         for i, u, a, r, digest in s.execute(select(*columns).where(MemoryRow.id.in_(chunk))):
-            held[i] = HeldId(Scope(user_id=u, agent_id=a, run_id=r), digest)
+            held[i] = HeldId(Scope.of_row(u, a, r), digest)
     for chunk in chunks([i for i in wanted if i not in held]):
         gone = s.scalars(select(HistoryRow.memory_id).where(HistoryRow.memory_id.in_(chunk)).distinct())
         held.update((i, HeldId(None, None)) for i in gone)

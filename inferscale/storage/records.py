@@ -67,7 +67,7 @@ class MemoryRecord:
 
     def scope(self) -> Scope:
         """The exact scope the memory was written in."""
-        return Scope(user_id=self.user_id, agent_id=self.agent_id, run_id=self.run_id)
+        return Scope.of_row(self.user_id, self.agent_id, self.run_id)
 
     def scope_dict(self) -> dict[str, str]:
         """The scope ids that are set, e.g. ``{"user_id": "alice", "run_id": "r1"}``."""
@@ -170,7 +170,7 @@ def scope_of_ids(user_id: str | None, agent_id: str | None, run_id: str | None) 
     """The scope of these ids, or ``None`` when none is set (a history row whose memory's scope is unknown)."""
     if user_id is None and agent_id is None and run_id is None:
         return None
-    return Scope(user_id=user_id, agent_id=agent_id, run_id=run_id)
+    return Scope.of_row(user_id, agent_id, run_id)
 
 
 @dataclass(frozen=True, slots=True)

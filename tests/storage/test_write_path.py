@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text as sa_text
 
 from inferscale.errors import InvalidInputError, MemoryNotFoundError
 from inferscale.scope import Scope
@@ -391,3 +392,18 @@ def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_is_skipped(s
     # ...and an explicit update (no ``instead``) is the caller's choice, written as asked.
     explicit = store.apply(ChangeSet(None, updates=(MemoryUpdate(likes.id, loves.text),), strict=True))
     assert [after.text for _, after in explicit.updated] == [loves.text]
+
+
+def test_a_memory_stored_under_an_id_now_refused_stays_readable_and_deletable(store: MemoryStore) -> None:
+    """A review's find: once ids of invisible characters only were refused (storable.is_blank), a memory a release
+    before had stored under one could not be updated or deleted, even by its own id: the scope rebuilt from its row
+    went through the check of a given id. Stored ids are taken as they are."""
+    record = store.add("likes tea", ALICE)
+    with store.engine.begin() as conn:
+        conn.execute(sa_text("update memories set user_id = :invisible"), {"invisible": "\u200b"})
+    kept = store.get(record.id)
+    assert kept is not None and kept.scope().user_id == "\u200b"
+    applied = store.apply(ChangeSet(None, updates=(MemoryUpdate(record.id, "likes green tea"),), strict=True))
+    assert [after.text for _, after in applied.updated] == ["likes green tea"]
+    assert [h.event for h in store.history(record.id)] == ["ADD", "UPDATE"]
+    assert store.delete(record.id).id == record.id and store.get(record.id) is None
