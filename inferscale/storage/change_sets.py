@@ -94,10 +94,9 @@ class MemoryUpdate:
     merges: :func:`~inferscale.storage.records.merged_metadata`), or both.
 
     Attributes:
-        instead: the memory to add when this update is skipped because its memory is gone, changed since the
-            update was decided (:attr:`ChangeSet.seen`), or another memory of its scope holds the new text
-            (:attr:`ChangeSet.skip_duplicates`): the new fact an LLM's ``UPDATE`` carried, which no other change of
-            the set holds.
+        instead: the memory to add when this update is skipped because its memory is gone, or changed since the
+            update was decided (:attr:`ChangeSet.seen`): the new fact an LLM's ``UPDATE`` carried, which no other
+            change of the set holds. Its presence marks the update as an LLM's (:attr:`ChangeSet.skip_duplicates`).
     """
 
     memory_id: str
@@ -117,10 +116,10 @@ class ChangeSet:
         actor: who made the changes, recorded in every history row.
         strict: raise :class:`MemoryNotFoundError` for an update or delete of an unknown id (explicit calls);
             otherwise such a change is skipped with a warning (LLM decisions).
-        skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history); so is
-            an LLM's update (one with :attr:`MemoryUpdate.instead`) to a text another memory of exactly its memory's
-            scope holds (its ``instead`` memory is added, as for any skipped update, or skipped as a duplicate in
-            turn): two memories of a scope never hold one text through a reconcile.
+        skip_duplicates: an add whose text is already stored in the scope is skipped (no row, no history); an
+            LLM's update (one with :attr:`MemoryUpdate.instead`) to a text another memory of exactly its memory's
+            scope holds deletes its memory instead (a ``DELETE`` history row): two memories of a scope never hold
+            one text through a reconcile, and the old text the update was to replace does not stay beside the new.
         skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
             ``updated_at``); otherwise it is written like any other update. Metadata is unchanged only when it is the
             same JSON, types included (``True`` is not ``1``, ``1.0`` is not ``1``).

@@ -1,12 +1,14 @@
-"""Every write to memories and their history: change sets, scope deletion and reset (K/V rows: :mod:`.kv_entries`).
+"""Every write to memories and their history: change sets, scope deletion and reset (K/V rows:
+:mod:`inferscale.storage.kv_entries`; a change set's deletes and updates of rows: :mod:`inferscale.storage.row_changes`).
 
 A :class:`ChangeSet` (adds, updates, deletes in one scope; built and checked in :mod:`inferscale.storage.change_sets`,
 single changes by its ``add_change``, ``update_change`` and ``delete_change``) is applied by :func:`apply_in_session`
 inside one transaction: either every row and history row is written, or none is. A deletion or re-wording also takes
 the old text out of the stored contexts of its scope's other memories (:mod:`inferscale.storage.contexts`).
 
-Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so ``MemoryStore`` runs it
-directly and ``AsyncMemoryStore`` through its :mod:`~inferscale.storage.async_sessions` runner.
+Each ``*_in_session`` function takes the caller's plain ``Session`` (and transaction), so
+:class:`~inferscale.storage.MemoryStore` runs it directly and
+:class:`~inferscale.storage.async_store.AsyncMemoryStore` through its :mod:`~inferscale.storage.async_sessions` runner.
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from sqlalchemy import and_, delete, or_, select
-from sqlalchemy import update as update_rows
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import flag_modified
 
-from inferscale.errors import InvalidInputError, MemoryNotFoundError
+from inferscale.errors import InvalidInputError
 from inferscale.kv.fingerprint import survives_recontext
 from inferscale.scope import Scope
 from inferscale.storage.change_sets import AppliedChanges, ChangeSet, NewMemory, held_elsewhere
@@ -37,57 +37,14 @@ from inferscale.storage.history_rows import history_row, imported_history_rows
 from inferscale.storage.kv_entries import delete_kv_entry_rows_in_session
 from inferscale.storage.locks import MAX_ADVISORY_KEYS, advisory_key, lock_all, lock_keys
 from inferscale.storage.models import HistoryRow, KVEntryRow, MemoryRow, utc_now
-from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, memories_with_hash, scope_clauses
-from inferscale.storage.records import MemoryRecord, hash_text, merged_metadata
-from inferscale.storage.validation import same_json
+from inferscale.storage.queries import chunks, exact_scope_clauses, held_ids, scope_clauses
+from inferscale.storage.records import MemoryRecord, hash_text
+from inferscale.storage.row_changes import changed_since_seen, delete_memories, skip_missing, update_memories
 
 log = logging.getLogger(__name__)
 
 
 # ---- session functions -----------------------------------------------------------------------------------------
-
-
-def _missing(changes: ChangeSet, what: str, memory_id: str, skipped: list[str]) -> None:
-    reason = f"{what} of memory {memory_id!r} skipped: no such memory in scope {changes.scope}"
-    if changes.strict:
-        raise MemoryNotFoundError(f"no memory with id {memory_id!r}")
-    log.warning(reason)
-    skipped.append(reason)
-
-
-def _changed_since_seen(row: MemoryRow, seen: dict[str, str], what: str, skipped: list[str]) -> bool:
-    """Whether ``row``'s text is not the one its change was decided on (``seen``: :attr:`ChangeSet.seen`); such a
-    change is skipped, with a warning, and the reason is added to ``skipped``."""
-    if row.id not in seen or seen[row.id] == row.hash:
-        return False
-    reason = f"{what} of memory {row.id!r} skipped: its text changed after the change was decided (now {row.text!r})"
-    log.warning(reason)
-    skipped.append(reason)
-    return True
-
-
-def _delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | None, now: datetime) -> None:
-    """Delete the memories and their KV entries; one ``DELETE`` history row each. Their history rows that recorded
-    no scope (written before revision 0004_history_scope, or by an older InferScale) get it first: they read it from
-    the live memory (:func:`~inferscale.storage.queries.history`), which is about to go."""
-    by_scope: dict[Scope, list[str]] = {}
-    for record in records:
-        by_scope.setdefault(record.scope(), []).append(record.id)
-    unrecorded = (HistoryRow.user_id.is_(None), HistoryRow.agent_id.is_(None), HistoryRow.run_id.is_(None))
-    for scope, ids in by_scope.items():
-        for chunk in chunks(ids):
-            s.execute(
-                update_rows(HistoryRow)
-                .where(HistoryRow.memory_id.in_(chunk), *unrecorded)
-                .values(user_id=scope.user_id, agent_id=scope.agent_id, run_id=scope.run_id)
-                .execution_options(synchronize_session=False)
-            )
-    for chunk in chunks([r.id for r in records]):
-        s.execute(
-            delete(KVEntryRow).where(KVEntryRow.memory_id.in_(chunk)).execution_options(synchronize_session=False)
-        )
-        s.execute(delete(MemoryRow).where(MemoryRow.id.in_(chunk)).execution_options(synchronize_session=False))
-    s.add_all(history_row(r.id, "DELETE", r, None, actor, now) for r in records)
 
 
 def _named_scopes(s: Session, changes: ChangeSet) -> dict[str, Scope]:
@@ -212,64 +169,23 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
     for memory_id in dict.fromkeys(changes.deletes):
         row = rows.get(memory_id)
         if row is None:
-            _missing(changes, "DELETE", memory_id, skipped)
+            skip_missing(changes, "DELETE", memory_id, skipped)
             continue
-        if _changed_since_seen(row, seen, "DELETE", skipped):
+        if changed_since_seen(row, seen, "DELETE", skipped):
             continue
         record = MemoryRecord.from_row(row)
         s.expunge(row)
-        _delete_memories(s, [record], changes.actor, now)
+        delete_memories(s, [record], changes.actor, now)
         deleted.append(record)
     gone = {d.id for d in deleted}
-    changed: list[tuple[MemoryRecord, MemoryRow]] = []
-    instead: list[NewMemory] = []  # the new facts of updates skipped below: added, never lost
-    for update in changes.updates:
-        row = None if update.memory_id in gone else rows.get(update.memory_id)
-        if update.memory_id in gone:
-            skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: it is deleted in the same change set")
-        elif row is None:
-            _missing(changes, "UPDATE", update.memory_id, skipped)
-        elif _changed_since_seen(row, seen, "UPDATE", skipped):
-            row = None
-        if row is None:
-            if update.instead is not None:
-                instead.append(update.instead)
-            continue
-        before = MemoryRecord.from_row(row)
-        same_text = update.text is None or update.text == row.text
-        new_meta = None if update.metadata is None else merged_metadata(row.metadata_, update.metadata)
-        same_meta = new_meta is None or same_json(new_meta, row.metadata_)
-        if changes.skip_unchanged and same_text and same_meta:
-            skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
-            continue
-        fact = update.instead if changes.skip_duplicates else None  # an LLM's update (explicit ones have none)
-        new_text = None if same_text else update.text  # another memory of its scope holding it: its lock is held
-        if fact and new_text and memories_with_hash(s, hash_text(new_text), scopes[update.memory_id], 1):
-            skipped.append(f"UPDATE of memory {update.memory_id!r} to {new_text!r} skipped: its scope holds that text")
-            instead.append(fact)
-            continue
-        if update.text is not None and update.text != row.text:
-            row.text = update.text
-            row.hash = hash_text(update.text)
-            # K/V encoded from the old text can never be served again: their rows go in the same transaction.
-            s.execute(
-                delete(KVEntryRow)
-                .where(KVEntryRow.memory_id == update.memory_id)
-                .execution_options(synchronize_session=False)
-            )
-        if new_meta is not None:
-            row.metadata_ = new_meta
-            # SQLAlchemy skips writing a JSON value equal (by ==) to the loaded one, and == calls True equal to 1.
-            flag_modified(row, "metadata_")
-        row.updated_at = now
-        s.add(history_row(update.memory_id, "UPDATE", before, row, changes.actor, now))
-        s.flush()
-        changed.append((before, row))
-    added = _add_memories(s, changes, (*changes.adds, *instead), now, skipped)
+    updates = update_memories(s, changes, rows, scopes, gone, now, skipped)
+    deleted += updates.deleted
+    gone |= {d.id for d in updates.deleted}
+    added = _add_memories(s, changes, (*changes.adds, *updates.instead), now, skipped)
     holders = {i: (scope, locked[i]) for i, scope in holder_scopes.items() if i in locked and i not in gone}
     recontexted = _scrub(s, leaving, holders)
     s.flush()
-    updated = [(before, MemoryRecord.from_row(row)) for before, row in changed]
+    updated = [(before, MemoryRecord.from_row(row)) for before, row in updates.changed]
     return AppliedChanges(added, updated, deleted, skipped, [MemoryRecord.from_row(row) for row in recontexted])
 
 
@@ -373,7 +289,7 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
     records = [MemoryRecord.from_row(row) for row in rows]
     for row in rows:
         s.expunge(row)
-    _delete_memories(s, records, actor, utc_now())
+    delete_memories(s, records, actor, utc_now())
     return records
 
 

@@ -369,29 +369,29 @@ def test_a_given_history_that_does_not_lead_to_the_memory_is_refused_before_anyt
     assert store.all_memories() == []
 
 
-def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_is_skipped(store: MemoryStore) -> None:
+def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_deletes_its_memory(store: MemoryStore) -> None:
     """The last stop's find: a reconcile's UPDATE of one memory to the text of another of the same scope left two
-    memories with one text (an ADD of that text was skipped as a duplicate, an UPDATE was not)."""
-    likes = store.add("likes cheese pizza", ALICE)
-    loves = store.add("loves cheese and pepperoni pizza", ALICE)
-    run = store.add("loves cheese and pepperoni pizza", Scope(user_id="alice", run_id="r1"))  # another scope
-    inferred = MemoryUpdate(likes.id, loves.text, instead=NewMemory(loves.text))
-    applied = store.apply(ChangeSet(ALICE, updates=(inferred,), seen=((likes.id, likes.hash),)))
-    assert applied.updated == [] and applied.added == []
-    assert applied.skipped == [
-        f"UPDATE of memory {likes.id!r} to {loves.text!r} skipped: its scope holds that text",
-        f"ADD of {loves.text!r} skipped: already stored in scope {ALICE}",
-    ]
-    assert [(r.id, r.text) for r in store.memories_with_hash(likes.hash, ALICE)] == [(likes.id, likes.text)]
-    assert [r.id for r in store.memories_with_hash(loves.hash, ALICE)] == [loves.id]
-    assert [e.event for e in store.history(likes.id)] == ["ADD"]
+    memories with one text (an ADD of that text was skipped as a duplicate, an UPDATE was not). Skipping the update
+    instead left the old text beside the new one it was to be replaced by (a review's find: "Lives in Oslo" beside
+    "Lives in Bergen"): the memory is deleted, its text held already by the other."""
+    oslo = store.add("lives in Oslo", ALICE, {"src": 1})
+    bergen = store.add("lives in Bergen", ALICE)
+    run = store.add("lives in Bergen", Scope(user_id="alice", run_id="r1"))  # another scope
+    inferred = MemoryUpdate(oslo.id, bergen.text, {"src": 2}, instead=NewMemory(bergen.text))
+    applied = store.apply(ChangeSet(ALICE, updates=(inferred,), seen=((oslo.id, oslo.hash),), actor="llm"))
+    assert (applied.updated, applied.added, applied.skipped) == ([], [], [])
+    assert [d.id for d in applied.deleted] == [oslo.id] and store.get(oslo.id) is None
+    assert [(h.event, h.old_text, h.actor) for h in store.history(oslo.id)][1:] == [("DELETE", oslo.text, "llm")]
+    assert [r.id for r in store.memories_with_hash(bergen.hash, ALICE)] == [bergen.id]
+    assert store.get(bergen.id).metadata == {}  # type: ignore[union-attr]  # the holder is left as it was
     # The run's memory of the same text is of another scope: an update in that scope is not a duplicate of it...
     other = store.add("likes pizza", Scope(user_id="alice", run_id="r2"))
     run_update = MemoryUpdate(other.id, run.text, instead=NewMemory(run.text))
     assert [after.text for _, after in store.apply(ChangeSet(ALICE, updates=(run_update,))).updated] == [run.text]
     # ...and an explicit update (no ``instead``) is the caller's choice, written as asked.
-    explicit = store.apply(ChangeSet(None, updates=(MemoryUpdate(likes.id, loves.text),), strict=True))
-    assert [after.text for _, after in explicit.updated] == [loves.text]
+    tea = store.add("likes tea", ALICE)
+    explicit = store.apply(ChangeSet(None, updates=(MemoryUpdate(tea.id, bergen.text),), strict=True))
+    assert [after.text for _, after in explicit.updated] == [bergen.text]
 
 
 def test_a_memory_stored_under_an_id_now_refused_stays_readable_and_deletable(store: MemoryStore) -> None:
