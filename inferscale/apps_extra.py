@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from inferscale.errors import ConfigError, MemoryNotFoundError
+from inferscale.terminal_text import terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,7 +118,8 @@ def fail(exc: Exception) -> int:
     try:
         from rich.console import Console
     except ImportError:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_safe(str(exc))}", file=sys.stderr)
     else:
-        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", style="red", markup=False, highlight=False)
+        line = f"error: {terminal_safe(str(exc))}"  # a server's message may quote what a user wrote
+        Console(stderr=True, soft_wrap=True).print(line, style="red", markup=False, highlight=False)
     return exit_code(exc)

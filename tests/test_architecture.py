@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "inferscale.memory_ids": 0,
     "inferscale.formats": 0,
     "inferscale.validation_text": 0,
+    "inferscale.terminal_text": 0,
     "inferscale.model_load": 0,
     "inferscale.http_retry": 0,
     "inferscale.devices": 0,

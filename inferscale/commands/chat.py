@@ -80,10 +80,10 @@ class ChatOptions:
 
 def _report(result: ChatResult, err: Console) -> None:
     """The memories a chat used and its timings, dim, on stderr."""
-    from inferscale.commands.output import count, shown
+    from inferscale.commands.output import count, terminal_safe
 
     for memory in result.memories:
-        err.print(f"  • {shown(memory)}", style="dim", markup=False, highlight=False)
+        err.print(f"  • {terminal_safe(memory)}", style="dim", markup=False, highlight=False)
     used = count(len(result.memory_ids), "memory", "memories")
     err.print(
         f"{result.mode} · {used} · TTFT {result.timings.ttft_ms:.0f} ms · "
@@ -98,9 +98,9 @@ def _whole(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -
         return client.chat(opts.query, **common.scope.ids(), **opts.arguments(select))
 
     def show(result: ChatResult, common: Common, out: Console) -> None:
-        from inferscale.commands.output import shown, stderr
+        from inferscale.commands.output import stderr, terminal_safe
 
-        out.print(shown(result.answer), markup=False, highlight=False)
+        out.print(terminal_safe(result.answer), markup=False, highlight=False)
         _report(result, stderr())
 
     return run_call(args, call, show, _BUSY)
@@ -109,7 +109,7 @@ def _whole(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -
 def _streamed(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions) -> int:
     """The answer piece by piece as it is generated: a spinner until the first piece, then each piece as it comes
     (a JSON line per chunk with ``--json``), then the memories used and the timings."""
-    from inferscale.commands.output import print_json, shown, stderr, working
+    from inferscale.commands.output import print_json, stderr, terminal_safe, working
 
     result: ChatResult | None = None
     with opened(args) as (client, common):
@@ -121,7 +121,7 @@ def _streamed(args: argparse.Namespace, opts: ChatOptions, select: SelectOptions
             if as_json:
                 print_json(chunk)
             else:
-                sys.stdout.write(shown(chunk.delta))
+                sys.stdout.write(terminal_safe(chunk.delta))
                 sys.stdout.flush()
             result = chunk.result or result
     if not as_json:

@@ -78,7 +78,7 @@ def _create(args: argparse.Namespace) -> int:
         )
 
     def act(store: KeyStore, as_json: bool) -> None:
-        from inferscale.commands.output import print_json, stderr, stdout
+        from inferscale.commands.output import print_json, stderr, stdout, terminal_safe
 
         api_key, key = store.create(
             opts.name,
@@ -93,7 +93,7 @@ def _create(args: argparse.Namespace) -> int:
             stderr().print(f"warning: {warning}", style="yellow", highlight=False)
             return
         out = stdout()
-        out.print(f"created API key {api_key.key_id} ({api_key.name}):", highlight=False)
+        out.print(f"created API key {api_key.key_id} ({terminal_safe(api_key.name)}):", highlight=False)
         out.print(key, markup=False, highlight=False, soft_wrap=True)
         stderr().print(f"warning: {warning}", style="bold yellow", highlight=False)
 
@@ -117,13 +117,13 @@ def _revoke(args: argparse.Namespace) -> int:
     opts = from_args(KeyRevokeOptions, args)
 
     def act(store: KeyStore, as_json: bool) -> None:
-        from inferscale.commands.output import print_json, shown, stdout, when
+        from inferscale.commands.output import print_json, stdout, terminal_safe, when
 
         api_key = store.revoke(opts.key_id)
         if as_json:
             print_json(api_key)
         else:
-            name = shown(api_key.name)
+            name = terminal_safe(api_key.name)
             stdout().print(f"revoked API key {api_key.key_id} ({name}) at {when(api_key.revoked_at)} UTC")
 
     return _with_store(args, act)

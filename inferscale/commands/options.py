@@ -31,6 +31,7 @@ from inferscale.json_text import loads_json
 from inferscale.mem0_config import config_with_flags
 from inferscale.scope import ScopeIds
 from inferscale.storage.database import sqlite_file
+from inferscale.terminal_text import terminal_safe
 
 __all__ = [
     "LOCAL_ONLY",
@@ -81,9 +82,10 @@ class ScopeOptions:
         without ids that succeeded took its scope from the ``--filters`` (their ``user_id``/``agent_id``/``run_id``)
         or from the API key (one bound id; with ``--host``), since a call with no scope at all is refused: the
         default. A command that reads every memory without ids (``prepare-kv``, ``prune-kv``) passes
-        ``"every scope"``."""
+        ``"every scope"``. Each id's terminal controls are escaped (:func:`~inferscale.terminal_text.terminal_safe`).
+        """
         named = [(k, v) for k, v in (("user", self.user_id), ("agent", self.agent_id), ("run", self.run_id)) if v]
-        return " ".join(f"{k}={v}" for k, v in named) or none
+        return " ".join(f"{k}={terminal_safe(v)}" for k, v in named) or none
 
 
 @dataclass(frozen=True)

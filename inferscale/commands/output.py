@@ -8,20 +8,20 @@ What users and servers wrote (memory text, ids, scope ids, key names, queries, c
 never read as rich markup: ``"[bold]x[/bold]"`` keeps its brackets and ``"[/x]"`` is no error. The consoles here
 have markup off, and the tables hold such strings as :class:`rich.text.Text`, so they are safe on any console.
 Nor can they drive the terminal: control characters in them (an escape sequence stored in a memory's text would
-clear the screen or set the window title) are printed as escapes (:func:`shown`).
+clear the screen or set the window title) are printed as escapes (:func:`terminal_safe`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from inferscale.apps_extra import console, require, table
+from inferscale.terminal_text import json_for_terminal, terminal_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,23 +40,12 @@ __all__ = [
     "plain",
     "print_json",
     "scope_of",
-    "shown",
     "stderr",
     "stdout",
+    "terminal_safe",
     "when",
     "working",
 ]
-
-
-_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-"""What a terminal acts on rather than shows: C0 controls (but tab and newline), DEL, C1 controls, and the
-bidirectional marks, embeddings, overrides and isolates (a U+202E reverses the rest of a table's row)."""
-
-
-def shown(text: str) -> str:
-    """``text`` as a terminal should print it: each character of :data:`_TERMINAL_CONTROLS` written as its Python
-    escape (``"\\x1b"``, ``"\\u202e"``), as ``--json`` escapes them; everything else as it is."""
-    return _TERMINAL_CONTROLS.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _encode(value: object) -> object:
@@ -76,7 +65,7 @@ def _encode(value: object) -> object:
 def print_json(value: Any) -> None:
     """Print ``value`` as one line of JSON on stdout: dicts and lists as they are, dataclasses (``ChatResult``,
     ``ChatChunk``, ``ApiKey``) as objects of their fields, datetimes as ISO 8601 strings."""
-    print(json.dumps(value, ensure_ascii=False, default=_encode), flush=True)
+    print(json_for_terminal(value, default=_encode), flush=True)
 
 
 def stdout() -> Console:
@@ -102,7 +91,7 @@ def stderr() -> Console:
 
 def plain(value: object, style: str = "") -> Text:
     """``value`` as rich text printed as it is, never read as markup (``str(value)``; ``""`` for ``None``), its
-    terminal controls escaped (:func:`shown`).
+    terminal controls escaped (:func:`terminal_safe`).
 
     Raises:
         ConfigError: when rich is not installed.
@@ -110,7 +99,7 @@ def plain(value: object, style: str = "") -> Text:
     require("rich.text")
     from rich.text import Text
 
-    return Text("" if value is None else shown(str(value)), style=style)
+    return Text("" if value is None else terminal_safe(str(value)), style=style)
 
 
 @contextlib.contextmanager
@@ -216,7 +205,7 @@ look like one inside it, ...) is shown as a JSON string."""
 def _bound(kind: str, ids: Sequence[str] | None) -> str | None:
     """``kind=id1,id2`` for a bound list, each id that is not plain quoted (so that a key bound to ``alice`` and
     ``bob`` never reads like one bound to the single id ``"alice,bob"``); ``None`` for an unbound one."""
-    shown = (i if _PLAIN_ID.fullmatch(i) else json.dumps(i, ensure_ascii=False) for i in ids or ())
+    shown = (i if _PLAIN_ID.fullmatch(i) else json_for_terminal(i) for i in ids or ())
     return None if ids is None else f"{kind}={','.join(shown)}"
 
 

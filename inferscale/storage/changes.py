@@ -1,5 +1,5 @@
 """Every write to memories and their history: change sets, scope deletion and reset (K/V rows:
-:mod:`inferscale.storage.kv_entries`; a change set's deletes and updates of rows: :mod:`inferscale.storage.row_changes`).
+:mod:`inferscale.storage.kv_entries`; a change set's row deletes and updates: :mod:`inferscale.storage.row_changes`).
 
 A :class:`ChangeSet` (adds, updates, deletes in one scope; built and checked in :mod:`inferscale.storage.change_sets`,
 single changes by its ``add_change``, ``update_change`` and ``delete_change``) is applied by :func:`apply_in_session`

@@ -6,6 +6,7 @@ characters as escapes; ``--json`` keeps the text exact (JSON escapes them itself
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from cli_runner import Ran
 
 from inferscale import MemoryClient
-from inferscale.commands.output import shown
+from inferscale.terminal_text import json_for_terminal, terminal_safe
 from inferscale.types import ChatChunk
 
 TEXT = "osc \x1b]0;PWNED\x1b\\ then \x1b[2J clear, \u202eright to left\x07 and\r back"
@@ -26,10 +27,10 @@ def _no_controls(printed: str) -> None:
 
 
 def test_shown_escapes_what_a_terminal_acts_on_and_keeps_the_rest() -> None:
-    assert shown(TEXT) == SHOWN
+    assert terminal_safe(TEXT) == SHOWN
     kept = "tab\there\nnew line · é 東京 👨\u200d👩 \u200b"  # a ZWJ (and a zero-width space) is shown as it is
-    assert shown(kept) == kept
-    assert shown("\x00\x7f\x85\u2066\u061c") == "\\x00\\x7f\\x85\\u2066\\u061c"
+    assert terminal_safe(kept) == kept
+    assert terminal_safe("\x00\x7f\x85\u2066\u061c") == "\\x00\\x7f\\x85\\u2066\\u061c"
 
 
 @pytest.mark.parametrize("columns", ["200", "80"])
@@ -42,6 +43,9 @@ def test_tables_and_history_print_the_escapes(
     _no_controls(added.out)
     memory_id = cli("list", "--user", "esc", "--json").json()["results"][0]["id"]
     assert cli("list", "--user", "esc", "--json").json()["results"][0]["memory"] == TEXT
+    listed = cli("list", "--user", "esc", "--json")
+    _no_controls(listed.out)
+    assert listed.json()["results"][0]["memory"] == TEXT
     for argv in (("list", "--user", "esc"), ("search", "clear", "--user", "esc"), ("history", memory_id)):
         ran = cli(*argv)
         assert ran.code == 0, ran.err
@@ -68,10 +72,36 @@ def test_chat_answers_and_the_memories_used_print_the_escapes(
     _no_controls(ran.err)
 
 
-def test_a_revoked_keys_name_prints_the_escapes(cli: Callable[..., Ran]) -> None:
+def test_json_escapes_what_it_would_leave_raw_and_parses_to_the_same_text() -> None:
+    """A review's find: ``json.dumps(ensure_ascii=False)`` escapes C0 controls but leaves DEL, C1 controls (a U+009B
+    is a CSI) and bidirectional controls raw on the terminal."""
+    value = {"memory": "a\x9b2J \u202eb\x7f \x1b 東京"}
+    line = json_for_terminal(value)
+    assert line == '{"memory": "a\\u009b2J \\u202eb\\u007f \\u001b 東京"}'
+    assert json.loads(line) == value
+
+
+def test_key_names_print_the_escapes(cli: Callable[..., Ran]) -> None:
+    shown = cli("keys", "create", TEXT, "--user", "esc")  # a review's find: the line it prints was left raw
+    assert shown.code == 0, shown.err
+    _no_controls(shown.out)
+    assert f"({SHOWN}):" in shown.out
     created = cli("keys", "create", TEXT, "--user", "esc", "--json")
     assert created.code == 0, created.err
+    _no_controls(created.out)
+    assert created.json()["api_key"]["name"] == TEXT
     revoked = cli("keys", "revoke", created.json()["api_key"]["key_id"])
     assert revoked.code == 0 and f"({SHOWN})" in revoked.out
     listed = cli("keys", "list")
     _no_controls(listed.out)
+
+
+def test_an_error_line_prints_the_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+    """An error's message may quote what a user wrote, or come from a server (``--host``): its line is escaped too."""
+    from inferscale.apps_extra import fail
+    from inferscale.errors import InvalidInputError
+
+    assert fail(InvalidInputError(f"no memory {TEXT}")) == 2
+    printed = capsys.readouterr().err
+    _no_controls(printed)
+    assert SHOWN in printed.replace("\n", "")
