@@ -472,7 +472,9 @@ BAD_RECORDS = [
     pytest.param(
         {**MAYA[0], "id": IDS[3], "memory": "x" * 4001}, InvalidInputError, "at most 4000", id="text too long"
     ),
-    pytest.param({**MAYA[0], "id": IDS[3], "memory": "  "}, InvalidInputError, "must not be empty, whitespace", id="blank text"),
+    pytest.param(
+        {**MAYA[0], "id": IDS[3], "memory": "  "}, InvalidInputError, "must not be empty, whitespace", id="blank text"
+    ),
     pytest.param("Lives in Porto.", InvalidInputError, "is a dict", id="not a dict"),
 ]
 
