@@ -119,10 +119,11 @@ DATABASE_UNAVAILABLE_MESSAGE = "the memory database is unavailable; the server l
 :func:`logged_message`): its own text names the database's URL (driver, user, host, port, database) and the driver's
 message, which are the server's to know."""
 
-EXTRACTION_FAILED_MESSAGE = "the LLM that extracts facts gave no answer; the server log has the details"
+EXTRACTION_FAILED_MESSAGE = "the LLM that extracts facts gave no usable answer; the server log has the details"
 """What a caller reads of an :class:`~inferscale.errors.ExtractionError` (with the request id): its own text names the
 LLM backend's URL and quotes its reply, which may hold the backend's internal host names or echo its API key (an
-operator tester's find)."""
+operator tester's find), and which, quoting the prompt, may hold the conversation: the server logs it at WARNING,
+with only its class at ERROR, so that ``--log-level error`` keeps memory text out of the log."""
 
 KV_MISMATCH_MESSAGE = (
     "a stored K/V entry of a memory this request uses was written for another model, encoding or text, and is never "
@@ -202,7 +203,11 @@ def error_body(exc: InferScaleError) -> dict[str, Any]:
     message = str(exc)
     fixed = next((text for kind, text in _LOGGED_ONLY if isinstance(exc, kind)), None)
     if fixed is not None:
-        log.error("request %s: %s", request_id(), message)
+        if isinstance(exc, ExtractionError):  # its reply may quote the conversation: the text stays at WARNING
+            log.error("request %s: %s (its reply is logged at WARNING)", request_id(), type(exc).__name__)
+            log.warning("request %s: %s", request_id(), message)
+        else:
+            log.error("request %s: %s", request_id(), message)
         message = logged_message(fixed)
     return error_content(row, message, type(exc).__name__)
 

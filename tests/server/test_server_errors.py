@@ -251,12 +251,16 @@ def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(
         raise ExtractionError(said)
 
     served = make_server(generator=ScriptedGenerator(facts=down))
-    with served.http() as http, caplog.at_level(logging.ERROR, logger="inferscale.server.errors"):
+    with served.http() as http, caplog.at_level(logging.WARNING, logger="inferscale.server.errors"):
         reply = http.post("/v1/memories/", json={"messages": "I like tea.", "user_id": "alice"})
         message = _error(reply, 502, "extraction_failed", "ExtractionError")
     request = reply.headers["X-Request-ID"]
     assert message == f"{EXTRACTION_FAILED_MESSAGE} (request {request})"
-    assert f"request {request}: {said}" in caplog.messages
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if request in r.getMessage()]
+    assert logged == [  # the reply, which may quote the conversation, only at WARNING (--log-level error)
+        (logging.ERROR, f"request {request}: ExtractionError (its reply is logged at WARNING)"),
+        (logging.WARNING, f"request {request}: {said}"),
+    ]
     assert served.row_counts() == (0, 0)
 
 
