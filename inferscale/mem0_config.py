@@ -606,7 +606,9 @@ def config_with_flags(
     Args:
         config_file: the ``--config`` file, or ``None``.
         data_dir: ``--data-dir``: the folder then holds the database, the index and the K/V folder together, the
-            file's ``db_url``, ``index_path`` and ``kv.store_dir`` set aside (``db_url`` still names the database).
+            file's ``index_path``, ``kv.store_dir`` and SQLite ``db_url`` set aside (``db_url`` still names the
+            database). A file's ``db_url`` of a database server (PostgreSQL) is kept: it is in no folder, and the
+            command would otherwise write to a new, empty SQLite store without a word (a review's find).
         db_url: ``--db-url``.
         engine, kv, fields: ``EngineConfig``, ``KVConfig`` and other ``MemoryConfig`` fields set over the file's,
             each as given (``None`` included: leave a flag that was not given out).
@@ -616,7 +618,9 @@ def config_with_flags(
     """
     settings = {} if config_file is None else config_from_file(config_file).model_dump()
     if data_dir is not None:  # the folder holds all three (db_url, when given, still names the database)
-        settings.update(db_url=None, index_path=None, kv={**settings.get("kv", {}), "store_dir": None})
+        settings.update(index_path=None, kv={**settings.get("kv", {}), "store_dir": None})
+        if _is_sqlite(settings.get("db_url")):
+            settings["db_url"] = None
     engine_fields = {**settings.get("engine", {}), **(engine or {})}
     kv_fields = {**settings.get("kv", {}), **(kv or {})}
     flags = {"data_dir": data_dir, "db_url": db_url}
@@ -629,3 +633,14 @@ def config_with_flags(
         raise ConfigError(f"invalid options: {describe_errors(exc.errors(), show_input=True)}") from exc
     except ValueError as exc:
         raise ConfigError(f"invalid options: {exc}") from exc
+
+
+def _is_sqlite(db_url: object) -> bool:
+    """Whether ``db_url`` is a SQLite URL (a file, or an in-memory database); ``False`` for ``None``, another
+    backend, or a URL SQLAlchemy cannot parse (the store reports that one when it opens)."""
+    if not isinstance(db_url, str):
+        return False
+    try:
+        return make_url(db_url).get_backend_name() == "sqlite"
+    except ArgumentError:
+        return False

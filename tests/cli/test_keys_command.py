@@ -157,5 +157,11 @@ def test_keys_made_with_a_config_file_and_data_dir_are_the_servers(cli: Callable
     finally:
         keys.close()
     assert not (tmp_path / "file.db").exists()
+    server = {"db_url": "postgresql+psycopg://app@db.internal:5432/memories"}
+    app.write_text(json.dumps(server), encoding="utf-8")  # a review's find: a server's database is in no folder
+    on_server = StoreOptions(config_file=str(app), data_dir=str(data)).config()
+    assert (on_server.database_url(), on_server.data_path()) == (server["db_url"], data)
+    assert memory_config(ServerOptions(config_file=str(app), data_dir=str(data))).database_url() == server["db_url"]
+    app.write_text(json.dumps({**named, "kv": {"store_dir": str(tmp_path / "file-kv")}}), encoding="utf-8")
     kept = StoreOptions(config_file=str(app)).config()  # no --data-dir: the file's paths
     assert (kept.db_url, kept.index_path, kept.kv.store_dir) == (*named.values(), str(tmp_path / "file-kv"))
