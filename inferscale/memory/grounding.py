@@ -26,9 +26,9 @@ import unicodedata
 from inferscale.memory.prompts import FEW_SHOT_EXAMPLES
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:[.,:/]\d+)*", re.UNICODE)
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\U00020000-\U0003134f]")
-"""A CJK character: kana, CJK ideographs (with the extensions beyond the BMP) and Hangul syllables, of NFKC text
-(which maps half-width katakana to full-width and composes conjoining jamo into syllables)."""
+_CJK = re.compile(r"[\u1100-\u11ff\u3040-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\U00020000-\U000323af]")
+"""A CJK character of NFKC text: Hangul jamo and syllables (NFKC makes compatibility jamo conjoining ones), kana,
+Bopomofo, CJK strokes, symbols and ideographs (the compatibility ones and the extensions beyond the BMP too)."""
 
 
 def is_cjk(char: str) -> bool:

@@ -154,6 +154,20 @@ def test_an_update_copied_in_another_unicode_form_is_grounded() -> None:
     assert decided.updates == [("m1", nfd)] and decided.skipped == []
 
 
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("ㅋㅋㅋ 좋아", {"ᄏ", "좋", "아"}),  # compatibility jamo, which NFKC makes conjoining ones (a review's find)
+        ("ㇰㇱ ㄅㄆ", {"ㇰ", "ㇱ", "ㄅ", "ㄆ"}),  # katakana extensions, Bopomofo
+        ("喜欢\U00020000 ok", {"喜", "欢", "\U00020000", "ok"}),  # an ideograph beyond the BMP (extension B)
+    ],
+)
+def test_cjk_words_are_compared_character_by_character(text: str, tokens: set[str]) -> None:
+    from inferscale.memory.reconcile import _tokens
+
+    assert _tokens(text) == tokens
+
+
 def test_reconcile_answers_are_repaired_or_fall_back_to_adding_the_facts() -> None:
     from inferscale.memory.reconcile import Reconciler, read_decisions
 
