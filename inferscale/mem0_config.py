@@ -610,8 +610,8 @@ def config_with_flags(
             database). A file's ``db_url`` of a database server (PostgreSQL) is kept: it is in no folder, and the
             command would otherwise write to a new, empty SQLite store without a word (a review's find).
         db_url: ``--db-url``.
-        engine, kv, fields: ``EngineConfig``, ``KVConfig`` and other ``MemoryConfig`` fields set over the file's,
-            each as given (``None`` included: leave a flag that was not given out).
+        engine, kv, fields: ``EngineConfig``, ``KVConfig`` and other ``MemoryConfig`` fields set over the file's.
+            Every entry is applied, a ``None`` value too: leave out the flags that were not given.
 
     Raises:
         ConfigError: as :func:`config_from_file`, or for a value the configs refuse, naming it.
