@@ -120,6 +120,7 @@ class ChangeSet:
             LLM's update (one with :attr:`MemoryUpdate.instead`) to a text another memory of exactly its memory's
             scope holds deletes its memory instead (a ``DELETE`` history row): two memories of a scope never hold
             one text through a reconcile, and the old text the update was to replace does not stay beside the new.
+            Its ``instead`` memory is added unless its text is still held once the set's updates are applied.
         skip_unchanged: an update that changes neither text nor metadata is skipped (no history row, same
             ``updated_at``); otherwise it is written like any other update. Metadata is unchanged only when it is the
             same JSON, types included (``True`` is not ``1``, ``1.0`` is not ``1``).

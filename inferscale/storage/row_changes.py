@@ -105,13 +105,16 @@ def update_memories(
     it was decided (:attr:`ChangeSet.seen`), or changes nothing (``skip_unchanged``); a skipped update's
     ``instead`` memory is added by the caller. An LLM's update (one with ``instead``, ``skip_duplicates``) to a text
     another memory of its scope holds deletes its memory instead: the text it was to take is held already, and the
-    old one it was to drop must go (kept, it contradicted the new one; rewritten, two memories held one text).
+    old one it was to drop must go (kept, it contradicted the new one; rewritten, two memories held one text). Its
+    ``instead`` memory is handed to the caller too, whose add skips it as a duplicate unless a later update of the
+    set re-worded the holder (the fact is never lost); a later update of the deleted memory is skipped.
 
     Raises:
         MemoryNotFoundError: for an unknown id in a ``strict`` set.
     """
     result = Updates()
     seen = dict(changes.seen)
+    gone = set(gone)  # and the memories deleted below: a later update of one is skipped, as one of a deleted memory
     for update in changes.updates:
         row = None if update.memory_id in gone else rows.get(update.memory_id)
         if update.memory_id in gone:
@@ -131,13 +134,16 @@ def update_memories(
         if changes.skip_unchanged and same_text and same_meta:
             skipped.append(f"UPDATE of memory {update.memory_id!r} skipped: nothing changes")
             continue
-        inferred = changes.skip_duplicates and update.instead is not None  # an LLM's (explicit ones have none)
+        fact = update.instead if changes.skip_duplicates else None  # an LLM's update (explicit ones have none)
         new_text = None if same_text else update.text  # another memory of its scope holding it: its lock is held
-        if inferred and new_text and memories_with_hash(s, hash_text(new_text), scopes[update.memory_id], 1):
+        if fact is not None and new_text and memories_with_hash(s, hash_text(new_text), scopes[update.memory_id], 1):
             log.warning("UPDATE of memory %r to a text its scope holds: the memory is deleted", update.memory_id)
             s.expunge(row)
             delete_memories(s, [before], changes.actor, now)
             result.deleted.append(before)
+            gone.add(update.memory_id)
+            # added unless still held once every update is applied (a later one may re-word the holder)
+            result.instead.append(fact)
             continue
         if update.text is not None and update.text != row.text:
             row.text = update.text

@@ -379,7 +379,8 @@ def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_deletes_its_
     run = store.add("lives in Bergen", Scope(user_id="alice", run_id="r1"))  # another scope
     inferred = MemoryUpdate(oslo.id, bergen.text, {"src": 2}, instead=NewMemory(bergen.text))
     applied = store.apply(ChangeSet(ALICE, updates=(inferred,), seen=((oslo.id, oslo.hash),), actor="llm"))
-    assert (applied.updated, applied.added, applied.skipped) == ([], [], [])
+    assert (applied.updated, applied.added) == ([], [])
+    assert applied.skipped == [f"ADD of {bergen.text!r} skipped: already stored in scope {ALICE}"]  # its fact
     assert [d.id for d in applied.deleted] == [oslo.id] and store.get(oslo.id) is None
     assert [(h.event, h.old_text, h.actor) for h in store.history(oslo.id)][1:] == [("DELETE", oslo.text, "llm")]
     assert [r.id for r in store.memories_with_hash(bergen.hash, ALICE)] == [bergen.id]
@@ -392,6 +393,27 @@ def test_an_llms_update_to_a_text_another_memory_of_its_scope_holds_deletes_its_
     tea = store.add("likes tea", ALICE)
     explicit = store.apply(ChangeSet(None, updates=(MemoryUpdate(tea.id, bergen.text),), strict=True))
     assert [after.text for _, after in explicit.updated] == [bergen.text]
+
+
+def test_the_fact_of_an_update_turned_delete_survives_a_later_update_of_its_holder(store: MemoryStore) -> None:
+    """A second review's find: A -> "lives in Bergen" (held by B) deleted A, and B -> "lives in Stavanger" later in
+    the same set then took the text away: "Bergen" was stored nowhere. The fact is added once the updates are
+    applied, unless still held; and a later update of the deleted memory is skipped, its fact added (it was applied
+    to the detached row: A listed as deleted and as updated, its history ending in a phantom UPDATE)."""
+    oslo, bergen = store.add("lives in Oslo", ALICE), store.add("lives in Bergen", ALICE)
+
+    def llm(memory_id: str, text: str) -> MemoryUpdate:
+        return MemoryUpdate(memory_id, text, instead=NewMemory(text))
+
+    applied = store.apply(ChangeSet(ALICE, updates=(llm(oslo.id, bergen.text), llm(bergen.id, "lives in Stavanger"))))
+    assert [d.id for d in applied.deleted] == [oslo.id] and [a.text for a in applied.added] == [bergen.text]
+    assert sorted(r.text for r in store.list(ALICE)) == ["lives in Bergen", "lives in Stavanger"]
+    tromso = store.add("lives in Tromso", ALICE)
+    again = (llm(tromso.id, "lives in Stavanger"), llm(tromso.id, "lives in Narvik"))
+    applied = store.apply(ChangeSet(ALICE, updates=again))
+    assert ([d.id for d in applied.deleted], applied.updated) == ([tromso.id], [])
+    assert [e.event for e in store.history(tromso.id)] == ["ADD", "DELETE"]
+    assert sorted(r.text for r in store.list(ALICE)) == ["lives in Bergen", "lives in Narvik", "lives in Stavanger"]
 
 
 def test_a_memory_stored_under_an_id_now_refused_stays_readable_and_deletable(store: MemoryStore) -> None:
