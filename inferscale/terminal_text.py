@@ -15,6 +15,11 @@ TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u
 bidirectional marks, embeddings, overrides and isolates."""
 
 
+_JSON_RAW = re.compile(f"{TERMINAL_CONTROLS.pattern[:-1]}\u2028\u2029]")
+""":data:`TERMINAL_CONTROLS` and the line and paragraph separators, which ``str.splitlines`` and JavaScript end a
+line at: a JSON line holding one (a streamed chat chunk) would be cut in two."""
+
+
 def terminal_safe(text: str) -> str:
     """``text`` as a terminal should print it: each character of :data:`TERMINAL_CONTROLS` written as its Python
     escape (``"\\x1b"``, ``"\\u202e"``), everything else as it is."""
@@ -23,14 +28,15 @@ def terminal_safe(text: str) -> str:
 
 def json_for_terminal(value: Any, default: Callable[[Any], Any] | None = None) -> str:
     """``value`` as one line of JSON (``json.dumps``, non-ASCII letters as they are), with the characters of
-    :data:`TERMINAL_CONTROLS` that JSON leaves raw (DEL, C1 controls, bidirectional controls) written as ``\\uXXXX``
-    escapes: the same JSON value once parsed. They can only occur inside its strings.
+    :data:`TERMINAL_CONTROLS` that JSON leaves raw (DEL, C1 controls, bidirectional controls), and U+2028 and U+2029,
+    written as ``\\uXXXX`` escapes: the same JSON value once parsed, on one line. They can only occur inside its
+    strings.
 
     Raises:
         TypeError, ValueError: as ``json.dumps`` (a value it cannot write).
     """
     text = json.dumps(value, ensure_ascii=False, default=default)
-    return TERMINAL_CONTROLS.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+    return _JSON_RAW.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 __all__ = ["TERMINAL_CONTROLS", "json_for_terminal", "terminal_safe"]

@@ -204,7 +204,7 @@ def error_body(exc: InferScaleError) -> dict[str, Any]:
     fixed = next((text for kind, text in _LOGGED_ONLY if isinstance(exc, kind)), None)
     if fixed is not None:
         if isinstance(exc, ExtractionError):  # its reply may quote the conversation: the text stays at WARNING
-            log.error("request %s: %s (its reply is logged at WARNING)", request_id(), type(exc).__name__)
+            log.error("request %s: %s (its reply is at WARNING level)", request_id(), type(exc).__name__)
             log.warning("request %s: %s", request_id(), message)
         else:
             log.error("request %s: %s", request_id(), message)

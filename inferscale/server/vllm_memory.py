@@ -614,8 +614,8 @@ def serve(options: ServeOptions) -> None:
 
 
 def pin_log_level() -> None:
-    """Give the ``inferscale`` loggers the root logger's current level (the CLI's: warnings, or ``--verbose``'s
-    info) as their own, so that they keep it while vLLM's API server runs: building it imports
+    """Give the ``inferscale`` loggers the root logger's current level (the CLI's: ``--log-level``, else warnings, or
+    ``-v``'s info) as their own, so that they keep it while vLLM's API server runs: building it imports
     ``model_hosting_container_standards`` (vLLM's SageMaker routes), which sets the root logger's level to ERROR
     (its ``LOG_LEVEL`` default) and restores only the handlers' levels, and every InferScale warning (a memory left
     out of a chat, say) was dropped."""

@@ -149,8 +149,10 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 POSTGRES_LOCK_NOT_AVAILABLE = "55P03"
-POSTGRES_UNDEFINED_TABLE = "42P01"
 """PostgreSQL's SQLSTATE for a lock not obtained within ``lock_timeout``."""
+
+POSTGRES_UNDEFINED_TABLE = "42P01"
+"""PostgreSQL's SQLSTATE for a table that does not exist (:func:`_lost_table`)."""
 
 SQLITE_UNAVAILABLE = (
     "database is locked",
@@ -232,7 +234,7 @@ def _lost_table(context: ExceptionContext) -> bool:
     return isinstance(error, sqlite3.OperationalError) and str(error).startswith("no such table")
 
 
-def _report_unavailable(context: ExceptionContext) -> None:
+def _report_unusable(context: ExceptionContext) -> None:
     """A ``handle_error`` hook: a DBAPI error that says the database cannot be used now (:func:`_unavailable`)
     becomes :class:`DatabaseUnavailableError`, and one that says its tables are gone (:func:`_lost_table`)
     :class:`SchemaError`, each naming the URL without its password and the driver's own message."""
@@ -242,8 +244,9 @@ def _report_unavailable(context: ExceptionContext) -> None:
     if isinstance(context.sqlalchemy_exception, DBAPIError) and _lost_table(context):
         raise SchemaError(  # was a bare ProgrammingError on every call (500 internal_error), an operator's find
             f"the database {shown} has lost InferScale's tables ({reason[0] if reason else 'no such table'}): it was "
-            "dropped and made again, or its tables dropped, after this process opened it; restore it, or restart "
-            "the process to create them empty"
+            "dropped and made again, or its tables were dropped; restore it, or, to start it empty, drop what is left "
+            "of InferScale's tables (their version tables too: inferscale_schema_version and the server's) and "
+            "restart the process, which creates them"
         ) from context.original_exception
     fix = _unavailable(context)
     if fix is None:
@@ -258,9 +261,10 @@ def report_unavailable_database(engine: Engine) -> None:
     """Make a database that cannot be used raise :class:`~inferscale.errors.DatabaseUnavailableError` on ``engine``
     (also an async engine's ``sync_engine``) instead of the driver's ``OperationalError``: a failure to connect (a
     server down, a refused port, an unknown database or role, a wrong password), a connection lost during a call, a
-    SQLite file locked past the busy timeout, full or read-only (:func:`_unavailable`). Other errors (a constraint)
-    are left as they are."""
-    event.listen(engine, "handle_error", _report_unavailable)
+    SQLite file locked past the busy timeout, full or read-only (:func:`_unavailable`); and a database whose tables
+    are gone raise :class:`~inferscale.errors.SchemaError` (:func:`_lost_table`). Other errors (a constraint) are
+    left as they are."""
+    event.listen(engine, "handle_error", _report_unusable)
 
 
 def configure_sqlite(engine: Engine) -> None:

@@ -75,10 +75,10 @@ def test_chat_answers_and_the_memories_used_print_the_escapes(
 def test_json_escapes_what_it_would_leave_raw_and_parses_to_the_same_text() -> None:
     """A review's find: ``json.dumps(ensure_ascii=False)`` escapes C0 controls but leaves DEL, C1 controls (a U+009B
     is a CSI) and bidirectional controls raw on the terminal."""
-    value = {"memory": "a\x9b2J \u202eb\x7f \x1b 東京"}
+    value = {"memory": "a\x9b2J \u202eb\x7f \x1b 東京 \u2028 \u2029"}  # and the separators splitlines cuts at
     line = json_for_terminal(value)
-    assert line == '{"memory": "a\\u009b2J \\u202eb\\u007f \\u001b 東京"}'
-    assert json.loads(line) == value
+    assert line == '{"memory": "a\\u009b2J \\u202eb\\u007f \\u001b 東京 \\u2028 \\u2029"}'
+    assert json.loads(line) == value and len(line.splitlines()) == 1
 
 
 def test_key_names_print_the_escapes(cli: Callable[..., Ran]) -> None:

@@ -258,7 +258,7 @@ def test_an_extraction_failure_is_502_extraction_failed_and_stores_nothing(
     assert message == f"{EXTRACTION_FAILED_MESSAGE} (request {request})"
     logged = [(r.levelno, r.getMessage()) for r in caplog.records if request in r.getMessage()]
     assert logged == [  # the reply, which may quote the conversation, only at WARNING (--log-level error)
-        (logging.ERROR, f"request {request}: ExtractionError (its reply is logged at WARNING)"),
+        (logging.ERROR, f"request {request}: ExtractionError (its reply is at WARNING level)"),
         (logging.WARNING, f"request {request}: {said}"),
     ]
     assert served.row_counts() == (0, 0)
