@@ -20,6 +20,7 @@ from inferscale.cli_options import cli
 from inferscale.client import MemoryClient
 from inferscale.config import KVConfig, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError
+from inferscale.terminal_text import json_for_terminal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -141,6 +142,8 @@ def run_demo(
     console: Console,
 ) -> list[dict[str, Any]]:
     """Add the script's sessions, print what was stored, ask each question in both modes. Returns the rows."""
+    from inferscale.commands.output import plain
+
     user = script.user_id
     t0 = time.perf_counter()
     n_added = 0
@@ -155,8 +158,8 @@ def run_demo(
             f"[bold]Stored {len(stored)} memories for {user!r}[/] ({n_added} new, {add_s:.1f} s; "
             f"their K/V encoded in the background {encode_s:.1f} s more)"
         )
-        for m in stored[:40]:
-            console.print(f"  • {m['memory']}")
+        for m in stored[:40]:  # as the memory commands print them: never markup, terminal controls escaped
+            console.print(plain(f"  • {m['memory']}"))
         if len(stored) > 40:
             console.print(f"  … and {len(stored) - 40} more")
     rows: list[dict[str, Any]] = []
@@ -174,7 +177,7 @@ def run_demo(
         }
         rows.append(row)
         if as_json:
-            print(json.dumps(row, ensure_ascii=False))
+            print(json_for_terminal(row))
     if not as_json:
         from inferscale.apps_extra import table as make_table
 
@@ -183,11 +186,11 @@ def run_demo(
             table.add_column(col, overflow="fold")
         for r in rows:
             table.add_row(
-                r["question"],
-                r["expected"],
-                r["kv"]["answer"],
+                plain(r["question"]),
+                plain(r["expected"]),
+                plain(r["kv"]["answer"]),
                 f"{r['kv']['ttft_ms']:.0f}",
-                r["prompt"]["answer"],
+                plain(r["prompt"]["answer"]),
                 f"{r['prompt']['ttft_ms']:.0f}",
             )
         console.print(table)
