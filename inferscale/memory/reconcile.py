@@ -239,9 +239,10 @@ def holds(container: str, text: str) -> bool:
 
 def _drop_repeats(result: Plan, skip: Callable[[str], None]) -> None:
     """Keep one of each ADD or UPDATE text of the answer, compared case-insensitively (an UPDATE's over an ADD's,
-    then the first given: the memory it refines keeps the text). A text a
-    stored memory already has is left to the write, which skips a text stored in exactly the scope: a shown memory
-    may be of a narrower scope (a run's), where the same fact does not make one for the user redundant."""
+    then the first given: the memory it refines keeps the text). A text a stored memory already has is left to the
+    write, which compares it in exactly the scope (an ADD of it is skipped, an UPDATE to it deletes the updated
+    memory: :func:`~inferscale.storage.row_changes.update_memories`): a shown memory may be of a narrower scope (a
+    run's), where the same fact does not make one for the user redundant."""
     written: set[str] = set()
 
     def first(text: str) -> bool:

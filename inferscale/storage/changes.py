@@ -173,10 +173,7 @@ def apply_in_session(s: Session, changes: ChangeSet) -> AppliedChanges:
             continue
         if changed_since_seen(row, seen, "DELETE", skipped):
             continue
-        record = MemoryRecord.from_row(row)
-        s.expunge(row)
-        delete_memories(s, [record], changes.actor, now)
-        deleted.append(record)
+        deleted += delete_memories(s, [row], changes.actor, now)
     gone = {d.id for d in deleted}
     updates = update_memories(s, changes, rows, scopes, gone, now, skipped)
     deleted += updates.deleted
@@ -286,11 +283,7 @@ def delete_scope_in_session(s: Session, scope: Scope, actor: str | None) -> list
         where.append(or_(*(and_(*exact_scope_clauses(e)) for e in exact)))
     stmt = select(MemoryRow).where(*where).order_by(MemoryRow.id).with_for_update()
     rows = sorted(s.scalars(stmt).all(), key=lambda row: (row.created_at, row.pk))
-    records = [MemoryRecord.from_row(row) for row in rows]
-    for row in rows:
-        s.expunge(row)
-    delete_memories(s, records, actor, utc_now())
-    return records
+    return delete_memories(s, rows, actor, utc_now())
 
 
 def reset_in_session(s: Session) -> list[str]:

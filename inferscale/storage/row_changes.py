@@ -32,7 +32,8 @@ class Updates:
     Attributes:
         changed: ``(before, row)`` of each memory updated, its row as it is now.
         deleted: the memories an LLM's update deleted instead (its new text held by another of the scope).
-        instead: the ``instead`` memories of the updates skipped, for the caller to add.
+        instead: the ``instead`` memories of the updates skipped or turned into deletes, for the caller to add (a
+            duplicate's add is skipped).
     """
 
     changed: list[tuple[MemoryRecord, MemoryRow]] = field(default_factory=list)
@@ -65,10 +66,18 @@ def changed_since_seen(row: MemoryRow, seen: dict[str, str], what: str, skipped:
     return True
 
 
-def delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | None, now: datetime) -> None:
-    """Delete the memories and their KV entries; one ``DELETE`` history row each. Their history rows that recorded
-    no scope (written before revision 0004_history_scope, or by an older InferScale) get it first: they read it from
-    the live memory (:func:`~inferscale.storage.queries.history`), which is about to go."""
+def delete_memories(s: Session, rows: Sequence[MemoryRow], actor: str | None, now: datetime) -> list[MemoryRecord]:
+    """Delete the memories of ``rows`` (locked, and taken out of the session: the deletes below bypass it) and their
+    KV entries; one ``DELETE`` history row each. Their history rows that recorded no scope (written before revision
+    0004_history_scope, or by an older InferScale) get it first: they read it from the live memory
+    (:func:`~inferscale.storage.queries.history`), which is about to go.
+
+    Returns:
+        The deleted memories as they were, in the order of ``rows``.
+    """
+    records = [MemoryRecord.from_row(row) for row in rows]
+    for row in rows:
+        s.expunge(row)
     by_scope: dict[Scope, list[str]] = {}
     for record in records:
         by_scope.setdefault(record.scope(), []).append(record.id)
@@ -87,6 +96,7 @@ def delete_memories(s: Session, records: Sequence[MemoryRecord], actor: str | No
         )
         s.execute(delete(MemoryRow).where(MemoryRow.id.in_(chunk)).execution_options(synchronize_session=False))
     s.add_all(history_row(r.id, "DELETE", r, None, actor, now) for r in records)
+    return records
 
 
 def update_memories(
@@ -138,9 +148,7 @@ def update_memories(
         new_text = None if same_text else update.text  # another memory of its scope holding it: its lock is held
         if fact is not None and new_text and memories_with_hash(s, hash_text(new_text), scopes[update.memory_id], 1):
             log.warning("UPDATE of memory %r to a text its scope holds: the memory is deleted", update.memory_id)
-            s.expunge(row)
-            delete_memories(s, [before], changes.actor, now)
-            result.deleted.append(before)
+            result.deleted += delete_memories(s, [row], changes.actor, now)
             gone.add(update.memory_id)
             # added unless still held once every update is applied (a later one may re-word the holder)
             result.instead.append(fact)
