@@ -10,12 +10,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+
+TERMINAL_CONTROLS = re.compile(f"[{_CONTROLS}]")
 """What a terminal acts on rather than shows: C0 controls (but tab and newline), DEL, C1 controls, and the
 bidirectional marks, embeddings, overrides and isolates."""
 
-
-_JSON_RAW = re.compile(f"{TERMINAL_CONTROLS.pattern[:-1]}\u2028\u2029]")
+_JSON_RAW = re.compile(f"[{_CONTROLS}\u2028\u2029]")
 """:data:`TERMINAL_CONTROLS` and the line and paragraph separators, which ``str.splitlines`` and JavaScript end a
 line at: a JSON line holding one (a streamed chat chunk) would be cut in two."""
 
