@@ -40,6 +40,21 @@ from inferscale.retrieval.threads import one_thread
 log = logging.getLogger(__name__)
 
 
+def _deserialize(saved: index_file.SavedIndex, file: Path) -> faiss.Index:
+    """The FAISS index ``saved`` holds.
+
+    Raises:
+        DamagedIndexFileError: when it cannot be read from a file this version wrote (an ``.npz``).
+        ConfigError: when it cannot be read from a bare FAISS file, which may be another program's.
+    """
+    try:
+        return faiss.deserialize_index(saved.index)
+    except RuntimeError as exc:
+        if saved.label_ids is not None:
+            raise index_file.DamagedIndexFileError(f"cannot read the FAISS index in {file}: {exc}") from exc
+        raise ConfigError(f"cannot read the FAISS index {file}: {exc}; delete it if InferScale wrote it") from exc
+
+
 class VectorIndex:
     """Inner-product search over ``dim``-sized vectors with int64 ids, exact within small scopes.
 
@@ -109,20 +124,30 @@ class VectorIndex:
         Raises:
             InvalidInputError: when the saved index has another dimension than ``dim`` and records ``embedder`` as
                 its identity (both ``None`` included).
-            ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` (one InferScale wrote can
-                be deleted and rebuilt from the database with :meth:`add`; another program's, such as Mem0's faiss
-                store, is left alone).
+            ConfigError: when the file is not a readable FAISS ``IndexIDMap2(IndexFlat)`` and may be another
+                program's, such as Mem0's faiss store (it is left alone). A file InferScale wrote that cannot be read
+                (an ``.npz`` cut short or changed in place) or an empty one is not an error: it is renamed to
+                ``<name>.damaged-<UTC time>`` (:func:`~inferscale.retrieval.index_file.set_aside`), a warning is
+                logged, and an empty index is returned, which the client rebuilds from the database.
         """
         index = cls(dim, path, search, embedder)
         file = Path(path)
-        if not file.exists():
-            return index
-        saved = index_file.read(file)
-        index._embedder = saved.embedder
         try:
-            loaded = faiss.deserialize_index(saved.index)
-        except RuntimeError as exc:
-            raise ConfigError(f"cannot read the FAISS index {file}: {exc}; delete it and rebuild") from exc
+            read = file.stat()
+        except FileNotFoundError:
+            return index
+        try:
+            saved = index_file.read(file)
+            loaded = _deserialize(saved, file)
+        except index_file.DamagedIndexFileError as damaged:
+            aside = index_file.set_aside(file, read)
+            log.warning(
+                "%s; it was set aside as %s, and the index starts empty, to be rebuilt from the database",
+                damaged,
+                aside or "(replaced meanwhile: left as it is)",
+            )
+            return index
+        index._embedder = saved.embedder
         if not isinstance(loaded, faiss.IndexIDMap2) or not isinstance(
             faiss.downcast_index(loaded.index), faiss.IndexFlat
         ):

@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import zipfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,12 @@ log = logging.getLogger(__name__)
 
 NPZ_MAGIC = b"PK\x03\x04"
 """How an index file of this version starts (a zip archive: ``.npz``); one of the earliest versions is bare FAISS."""
+
+
+class DamagedIndexFileError(ConfigError):
+    """An index file this version wrote (an ``.npz``), or an empty one, that cannot be read: cut short by a full
+    disk or an interrupted copy, or changed in place. What it held is derived from the database, so the caller sets
+    it aside (:func:`set_aside`) and rebuilds the index rather than refuse to serve."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +88,11 @@ def read(file: Path) -> SavedIndex:
     """What ``file`` holds (labels are ``None`` for a bare FAISS file of the earliest versions).
 
     Raises:
-        ConfigError: when the file is an ``.npz`` this version cannot read (delete it: it is rebuilt).
+        DamagedIndexFileError: when the file is empty, or an ``.npz`` that cannot be read.
     """
     data = np.fromfile(file, dtype=np.uint8)
+    if data.size == 0:
+        raise DamagedIndexFileError(f"the index file {file} is empty")
     if data[: len(NPZ_MAGIC)].tobytes() != NPZ_MAGIC:
         return SavedIndex(data)
     try:
@@ -96,8 +106,30 @@ def read(file: Path) -> SavedIndex:
         if values.dtype.kind != "S" or values.shape != label_ids.shape:
             raise ValueError(f"labels of dtype {values.dtype} and shape {values.shape} for {label_ids.size} ids")
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # np.load of a cut .npz: BadZipFile
-        raise ConfigError(f"cannot read the index file {file}: {exc}; delete it and rebuild") from exc
+        raise DamagedIndexFileError(f"cannot read the index file {file}: {exc}") from exc
     return SavedIndex(index, label_ids, values, ann, trained_for, embedder)
+
+
+def set_aside(file: Path, read: os.stat_result) -> Path | None:
+    """Rename the damaged index file ``file`` to ``<name>.damaged-<UTC time>`` beside it, keeping its bytes, when it
+    is still the file that was read (``read``: its ``stat`` then). Another process that found it damaged too may have
+    set it aside and saved a rebuilt index in its place meanwhile: that one is left where it is.
+
+    Returns:
+        Where the file now lies, or ``None`` when it was left (replaced or removed meanwhile).
+    """
+    try:
+        now = file.stat()
+    except FileNotFoundError:
+        return None
+    if (now.st_ino, now.st_size, now.st_mtime_ns) != (read.st_ino, read.st_size, read.st_mtime_ns):
+        return None
+    aside = file.with_name(f"{file.name}.damaged-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}")
+    try:
+        file.rename(aside)
+    except FileNotFoundError:
+        return None
+    return aside
 
 
 def read_side_labels(file: Path, index_digest: str) -> tuple[np.ndarray, np.ndarray]:
@@ -122,4 +154,14 @@ def read_side_labels(file: Path, index_digest: str) -> tuple[np.ndarray, np.ndar
     return label_ids, values
 
 
-__all__ = ["NPZ_MAGIC", "SavedIndex", "digest", "encode", "labels_path", "read", "read_side_labels"]
+__all__ = [
+    "NPZ_MAGIC",
+    "DamagedIndexFileError",
+    "SavedIndex",
+    "digest",
+    "encode",
+    "labels_path",
+    "read",
+    "read_side_labels",
+    "set_aside",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import threading
@@ -13,7 +14,7 @@ import pytest
 
 import inferscale.retrieval.index
 from inferscale.errors import ConfigError, InvalidInputError, ModelNotAvailableError
-from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex
+from inferscale.retrieval import Embedder, SentenceTransformerEmbedder, VectorIndex, index_file
 from inferscale.retrieval.embedder import embedder_identity
 from inferscale.scope import Scope
 from inferscale.storage import MemoryStore
@@ -308,12 +309,54 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
     corrupt.write_bytes(b"not a faiss index")
     with pytest.raises(ConfigError):
         VectorIndex.open(corrupt, DIM)
-    truncated = tmp_path / "truncated.faiss"  # a save cut short (a full disk, a copy interrupted)
-    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(ConfigError, match=r"cannot read the index file .*truncated.faiss.*delete it and rebuild"):
-        VectorIndex.open(truncated, DIM)  # raised zipfile.BadZipFile, which is no InferScaleError
     with pytest.raises(InvalidInputError, match="no path"):
         VectorIndex(DIM).save()
+
+
+@pytest.mark.parametrize("damage", ["cut short", "empty", "index bytes changed"])
+def test_a_damaged_index_file_is_set_aside_and_the_index_starts_empty(
+    tmp_path: Path,
+    filled: tuple[VectorIndex, np.ndarray, np.ndarray],
+    damage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An index file InferScale wrote that cannot be read (a save or a backup copy cut short, an empty file, bytes
+    changed in place) made every search and chat fail with ConfigError until someone deleted it by hand: the index
+    is derived from the database, so the file is kept aside, bytes intact, and the index starts empty."""
+    index, ids, vectors = filled
+    path = index.save(tmp_path / "index.faiss")
+    whole = path.read_bytes()
+    if damage == "cut short":
+        damaged = whole[: len(whole) // 2]
+    elif damage == "empty":
+        damaged = b""
+    else:  # a readable .npz whose serialised FAISS index is garbage
+        saved = index_file.read(path)
+        garbage = np.frombuffer(b"not a faiss index at all", dtype=np.uint8)
+        damaged = bytes(index_file.encode(dataclasses.replace(saved, index=garbage)))
+    path.write_bytes(damaged)
+    with caplog.at_level("WARNING", logger="inferscale.retrieval.index"):
+        opened = VectorIndex.open(path, DIM)
+    assert len(opened) == 0 and opened.path == path and not path.exists()
+    (aside,) = tmp_path.glob("index.faiss.damaged-*")
+    assert aside.read_bytes() == damaged
+    assert str(aside) in caplog.text and "rebuilt from the database" in caplog.text
+    opened.add(ids, vectors)
+    opened.save()
+    assert VectorIndex.open(path, DIM).ids().tolist() == ids.tolist()
+
+
+def test_a_damaged_index_file_replaced_meanwhile_is_left(
+    tmp_path: Path, filled: tuple[VectorIndex, np.ndarray, np.ndarray]
+) -> None:
+    """Two processes that find the file damaged: the second must not set aside the index the first rebuilt."""
+    index, _, _ = filled
+    path = index.save(tmp_path / "index.faiss")
+    path.write_bytes(b"")
+    read = path.stat()
+    index.save(path)  # the other process's rebuilt index, saved by an atomic rename
+    assert index_file.set_aside(path, read) is None
+    assert len(VectorIndex.open(path, DIM)) == len(index)
 
 
 def test_open_reports_the_saved_embedder_and_drops_another_models_other_dimension(
