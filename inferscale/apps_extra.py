@@ -1,6 +1,6 @@
 """The optional libraries of the apps (``inferscale demo``, ``bench``, ``eval``): rich and matplotlib.
 
-They come with the ``apps`` extra (``pip install 'inferscale[apps]'``); the core install (``import inferscale``,
+They come with the ``apps`` extra (``pip install 'inferscale-memory[apps]'``); the core install (``import inferscale``,
 :class:`~inferscale.MemoryClient`, the server) never imports them. The apps get them through the functions
 here, at the time a command prints or plots, so a missing library is one clear error naming the extra.
 """
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["APPS_EXTRA", "console", "exit_code", "fail", "progress_bar", "pyplot", "require", "table"]
 
 APPS_EXTRA = "apps"
-"""The extra that installs rich and matplotlib: ``pip install 'inferscale[apps]'``."""
+"""The extra that installs rich and matplotlib: ``pip install 'inferscale-memory[apps]'``."""
 
 
 def require(module: str) -> ModuleType:
@@ -36,8 +36,8 @@ def require(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
-            f"{module} is not installed; the demo, bench and eval commands need the {APPS_EXTRA!r} extra: "
-            f"pip install 'inferscale[{APPS_EXTRA}]'"
+            f"{module} is not installed; tables and plots (every command's output without --json; the demo, bench "
+            f"and eval commands) need the {APPS_EXTRA!r} extra: pip install 'inferscale-memory[{APPS_EXTRA}]'"
         ) from exc
 
 

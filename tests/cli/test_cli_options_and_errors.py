@@ -289,7 +289,7 @@ def test_a_memory_layout_the_config_refuses_is_a_config_error_before_any_client_
 
 
 def test_a_database_that_cannot_be_connected_to_is_one_line_and_exit_1(cli: Callable[..., Ran]) -> None:
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale-memory[postgres]')")
     ran = cli("list", "--user", "maya", "--db-url", "postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories")
     assert ran.code == 1
     assert ran.err.startswith("error: cannot connect to the database postgresql+psycopg://inferscale:***@127.0.0.1:1")
@@ -419,3 +419,36 @@ def test_a_missing_data_dir_beside_a_db_url_is_not_refused(tmp_path: Path) -> No
         assert in_memory.existing_config().db_url == memory_url
     postgres = StoreOptions(db_url="postgresql+psycopg://localhost/nonexistent")  # its server reports a missing one
     assert postgres.existing_config().db_url == "postgresql+psycopg://localhost/nonexistent"
+
+
+@pytest.mark.parametrize("missing", ["uvicorn", "fastapi"])
+def test_serve_without_the_server_extra_is_one_error_line_naming_it(
+    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A core install (no `server` extra) has `inferscale serve`, whose import of uvicorn was a traceback, exit 1
+    (packaging tester)."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    import inferscale.serve_cli
+
+    monkeypatch.setattr(inferscale.serve_cli, "_serve_transformers", lambda args: pytest.fail("the server started"))
+    status = main(["serve", "--data-dir", str(tmp_path / "data"), "--port", "0"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("error: inferscale serve needs the 'server' extra") and "Traceback" not in err
+    assert f"missing: {missing}" in err and "pip install 'inferscale-memory[server]'" in err
+    assert not (tmp_path / "data").exists()  # refused before anything was made
+
+
+def test_a_missing_rich_names_the_apps_extra_for_any_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The message said the demo, bench and eval commands need it, when `list` and `keys list` asked (tester)."""
+    import sys
+
+    from inferscale.apps_extra import require
+
+    monkeypatch.setitem(sys.modules, "rich.table", None)  # as if not installed: its import raises ImportError
+    with pytest.raises(ConfigError, match=r"tables and plots \(every command's output without --json") as raised:
+        require("rich.table")
+    assert "pip install 'inferscale-memory[apps]'" in str(raised.value)
