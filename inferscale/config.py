@@ -196,8 +196,8 @@ class SearchConfig(_Strict):
         ivf_nprobe: how many lists a search visits: more is slower and closer to exact.
         rebuild_growth: re-train the approximate index once the index has grown this many times since it was
             trained (vectors added since are placed by the old centroids meanwhile).
-        gpu: move the approximate index to a GPU when FAISS sees one (``inferscale[gpu]``), for searches without a
-            scope; FAISS GPU indexes take no id selector, so scoped searches stay on the CPU.
+        gpu: move the approximate index to a GPU when FAISS sees one (``inferscale-memory[gpu]``), for searches
+            without a scope; FAISS GPU indexes take no id selector, so scoped searches stay on the CPU.
     """
 
     exact_scope_max: int = Field(strict=True, default=2048, ge=0)

@@ -328,7 +328,7 @@ def _conninfo_url(conninfo: str, sslmode: Mapping[str, str]) -> str:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError as exc:
         raise ConfigError(
-            f"a PostgreSQL connection_string needs psycopg: pip install 'inferscale[postgres]' ({exc})"
+            f"a PostgreSQL connection_string needs psycopg: pip install 'inferscale-memory[postgres]' ({exc})"
         ) from exc
     try:
         fields = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}

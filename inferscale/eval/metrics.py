@@ -118,7 +118,7 @@ def locomo_f1(prediction: Any, gold: Any, category: int) -> float:
 
 def _require_nltk() -> None:
     if importlib.util.find_spec("nltk") is None:
-        raise ConfigError("BLEU-1 needs nltk, which is not installed: pip install 'inferscale[eval]'")
+        raise ConfigError("BLEU-1 needs nltk, which is not installed: pip install 'inferscale-memory[eval]'")
 
 
 def word_tokens(text: Any) -> list[str]:

@@ -64,7 +64,7 @@ class VectorIndex:
 
     The exact store is a FAISS ``IndexIDMap2(IndexFlatIP)`` on the CPU. The approximate index (an ``IndexIVFFlat``,
     built once the index reaches ``search.approximate_min_total`` vectors and a search needs it) holds a second copy
-    of the vectors; with ``search.gpu`` and a GPU that FAISS sees (``inferscale[gpu]``: the ``faiss-gpu-cu12``
+    of the vectors; with ``search.gpu`` and a GPU that FAISS sees (``inferscale-memory[gpu]``: the ``faiss-gpu-cu12``
     wheel), it is copied to the GPU (``faiss.index_cpu_to_gpu``) for searches without a scope. FAISS GPU indexes
     take no ``IDSelector``, so scoped searches run on the CPU: the exact per-scope path, or the CPU copy of the
     approximate index for large scopes.

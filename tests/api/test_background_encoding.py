@@ -95,7 +95,7 @@ def _config(data_dir: Path, db_url: str | None, **kv: Any) -> MemoryConfig:
 
 def _client(kind: ClientKind, config: MemoryConfig, engine: Any) -> ClientAdapter:
     if kind in ("remote", "remote-async"):
-        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+        pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
     return open_client(kind, config, engine=engine, embedder=HashEmbedder())
 
 
@@ -479,7 +479,7 @@ def test_the_server_gives_the_encoder_what_is_left_of_its_shutdown_grace(
 ) -> None:
     """The app's lifespan closes its client with ``encoding_timeout`` = the grace minus the time since the server
     began stopping (:class:`ShutdownClock`): here the requests used all of it, so the encoder stops at once."""
-    pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+    pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
     from server_fixture import running_server
 
     import inferscale.server.shutdown as shutdown

@@ -341,7 +341,9 @@ def test_a_payload_of_mem0s_vector_store_is_read_with_its_metadata(make: Any, tm
 def _qdrant_store(folder: Path, collection: str = "mem0") -> Any:
     """A local Qdrant store as Mem0 2.2.1 writes one (``mem0/vector_stores/qdrant.py``): a point per memory, its id
     the memory's, its payload Mem0's. Returns the open client (close it before reading the folder)."""
-    qdrant = pytest.importorskip("qdrant_client", reason="reading Qdrant needs pip install 'inferscale[mem0-import]'")
+    qdrant = pytest.importorskip(
+        "qdrant_client", reason="reading Qdrant needs pip install 'inferscale-memory[mem0-import]'"
+    )
     client = qdrant.QdrantClient(path=str(folder))
     client.create_collection(collection, vectors_config=qdrant.models.VectorParams(size=4, distance="Cosine"))
     payloads = [

@@ -659,8 +659,8 @@ class Keyed:
 def keyed(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Iterator[Keyed]:
     """On SQLite only: the key's scope rules are the server's, above the store; both stores' answers to the same
     scopes are checked through the local clients above."""
-    pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
-    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
+    pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
+    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale-memory[server]')")
     from server_fixture import running_server
 
     from inferscale.server.app import create_app

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from mem0_fakes import HashEmbedder, ScriptedGenerator, facts, fake_config
 
-pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale[server]')")
+pytest.importorskip("fastapi", reason="the server needs FastAPI (pip install 'inferscale-memory[server]')")
 
 from server_fixture import running_server
 

@@ -24,7 +24,7 @@ def engine() -> Any:
 
 
 def test_closing_the_client_mid_stream_is_engine_closed(tmp_path: Path, engine: Any) -> None:
-    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
+    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale-memory[server]')")
     served = open_client("remote", fake_config(tmp_path), engine=engine, embedder=HashEmbedder())
     try:
         served.add("My dog is called Biscuit.", user_id="maya", infer=False)
@@ -57,7 +57,7 @@ def test_closing_the_client_mid_stream_is_engine_closed(tmp_path: Path, engine: 
 def test_one_async_remote_client_serves_one_event_loop_after_another(tmp_path: Path) -> None:
     """Its httpx pool belonged to the first loop: a second ``asyncio.run`` raised a bare RuntimeError ("Event loop is
     closed"), no InferScaleError (tester report), where the local async client serves every loop."""
-    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale[server]')")
+    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'inferscale-memory[server]')")
     served = open_client("remote", fake_config(tmp_path), embedder=HashEmbedder())
     try:
         client = served.client

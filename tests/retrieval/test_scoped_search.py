@@ -342,7 +342,7 @@ def test_an_approximate_index_built_by_a_search_is_saved_for_the_next_client(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(gpu_count() == 0, reason="FAISS sees no GPU (faiss-cpu or no CUDA device; inferscale[gpu])")
+@pytest.mark.skipif(gpu_count() == 0, reason="FAISS sees no GPU (faiss-cpu or no CUDA device; inferscale-memory[gpu])")
 def test_unscoped_searches_run_on_the_gpu(data: tuple[np.ndarray, np.ndarray, list[np.ndarray]]) -> None:
     ids, vectors, scopes = data
     index = _index(ids, vectors, APPROXIMATE)

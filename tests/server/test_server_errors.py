@@ -326,7 +326,7 @@ def test_a_database_the_server_cannot_connect_to_is_503_without_its_address(
     make_server: MakeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The database's URL and the driver's message are logged; the caller reads neither."""
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale-memory[postgres]')")
     served = make_server(db_url="postgresql+psycopg://inferscale:s3cret@127.0.0.1:1/memories")
     with caplog.at_level("ERROR", logger="inferscale.server.errors"), served.http() as http:
         reply = http.get("/v1/memories/", params={"user_id": "alice"})

