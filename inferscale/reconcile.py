@@ -131,11 +131,14 @@ def entry_file_name(row: KVEntryRecord) -> str | None:
 
 
 def has_file(disk: DiskTier, row: KVEntryRecord) -> bool:
-    """Whether the entry of ``row`` is on disk: in ``disk``'s folder, or where the row says (a client with another
-    K/V folder wrote it)."""
+    """Whether the entry of ``row`` is in ``disk``'s folder (for a row whose fields make no key, where the row says).
+
+    A copy of the file elsewhere does not count: the rows of a data folder copied or moved still name the original's
+    files by absolute path, and a row of this folder whose file is gone here is gone, whatever another copy holds. A
+    row another folder wrote is not judged here at all (:func:`filed_here`)."""
     key = entry_key(row)
-    if key is not None and disk.path(key).exists():
-        return True
+    if key is not None:
+        return disk.path(key).exists()
     return os.path.isabs(row.location) and os.path.exists(row.location)
 
 

@@ -309,6 +309,35 @@ def test_rows_of_another_hosts_k_v_folder_at_the_same_path_are_left_alone(
     store.close()
 
 
+def test_a_copied_data_folder_is_judged_by_its_own_k_v_files(
+    tmp_path: Path, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data folder copied (a backup, `cp -r`): its rows still name the original's files by absolute path, and its
+    reconcile kept the row of a file gone from the copy because the original still held it, so the answer depended on
+    whether another copy existed at the old path (portability tester). A row of this folder is judged by this folder's
+    files alone."""
+    monkeypatch.setattr(inferscale.reconcile, "KV_ROW_GRACE_S", 0.0)
+    original = tmp_path / "original"
+    host = open_client("sync", fake_config(original), engine=engine, embedder=HashEmbedder())
+    for fact in FACTS[:2]:
+        host.add(fact, user_id="maya", infer=False, encode_kv=True)
+    host.close()
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    store = MemoryStore(f"sqlite:///{copy / 'memory.db'}")
+    rows = store.all_kv_entries()
+    assert rows and all(Path(r.location).is_relative_to(original) for r in rows)  # the original's paths
+    gone = rows[0]
+    (copy / Path(gone.location).relative_to(original)).unlink()
+    copied = open_client("sync", fake_config(copy), engine=engine, embedder=HashEmbedder())
+    report = copied.reconcile()
+    copied.close()
+    assert (report.kv_rows_removed, report.kv_rows_kept) == (1, 0)  # before the fix: (0, 0), the row kept
+    assert sorted(r.id for r in store.all_kv_entries()) == sorted(r.id for r in rows if r.id != gone.id)
+    assert Path(gone.location).exists()  # the original's file is not the copy's to touch
+    store.close()
+
+
 def test_a_row_without_a_folder_id_is_judged_by_its_location(
     tmp_path: Path, db_url: str, engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
