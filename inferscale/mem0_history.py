@@ -8,6 +8,10 @@ returns a memory's rows in that shape. An ``ADD`` row is dated by its ``created_
 memory's ``created_at`` and the update's time as ``updated_at`` (``Memory._update_memory``), so it is dated by
 ``updated_at``.
 
+InferScale's own ``history()`` rows are read too (an InferScale store moved to another database): they add
+``old_metadata``, ``new_metadata`` and the memory's scope ids (:data:`INFERSCALE_ROW_KEYS`); each keeps its
+``new_metadata``, and a row whose scope ids are not its memory's is refused.
+
 Only the rows of the memories imported are read: the table also holds those of deleted memories and of every other
 scope, which carry no scope and are left where they are. Mem0's rows keep no metadata but a change's ``role`` and
 ``actor_id``; each imported row shows the memory's metadata as imported with those two of its change
@@ -28,8 +32,9 @@ from typing import Any
 from inferscale.errors import InvalidInputError
 from inferscale.json_text import loads_json
 from inferscale.mem0_import import ImportedMemory, mem0_time, usable_path
+from inferscale.scope import SCOPE_KEYS
 from inferscale.storage.change_sets import PastChange
-from inferscale.storage.validation import check_key, check_text
+from inferscale.storage.validation import check_key, check_metadata, check_text
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite database file."""
@@ -38,6 +43,9 @@ ROW_KEYS = frozenset(
     | {"actor_id", "role"}
 )
 """The columns of Mem0's ``history`` table (``role`` and ``actor_id`` since Mem0 0.1.100)."""
+INFERSCALE_ROW_KEYS = frozenset({"old_metadata", "new_metadata", *SCOPE_KEYS})
+"""The keys InferScale's own ``history()`` rows add to Mem0's (an InferScale store moved to another database): the
+metadata before and after each change, and the memory's scope ids."""
 
 
 def with_history(memories: Sequence[ImportedMemory], rows: object, *, assume_utc: bool = False) -> list[ImportedMemory]:
@@ -81,6 +89,7 @@ def _with_changes(
     changes: dict[PastChange, None] = {}  # equal rows once, in order
     for position, row in rows:
         try:
+            _check_scope(row, imported)
             changes.setdefault(_change(row, assume_utc))
         except InvalidInputError as error:
             raise InvalidInputError(f"history row {position} of memory {imported.memory_id}: {error}") from error
@@ -93,6 +102,15 @@ def _with_changes(
             "both again, or leave the history out"
         )
     return replace(imported, memory=replace(imported.memory, history=history))
+
+
+def _check_scope(row: Mapping[str, Any], imported: ImportedMemory) -> None:
+    """Refuse an InferScale history row whose scope ids are not its memory's (rows of another scope's memory with
+    the same id: the records and the rows come from different stores)."""
+    held = imported.scope.as_dict()
+    for key in SCOPE_KEYS:
+        if key in row and row[key] != held.get(key):
+            raise InvalidInputError(f"its {key} is {row[key]!r}, the memory's is {held.get(key)!r}")
 
 
 def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, ...]:
@@ -144,9 +162,12 @@ def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
     """One row as a change."""
     if any(not isinstance(key, str) for key in row):
         raise InvalidInputError("a Mem0 history row's keys are strs")
-    unknown = sorted(set(row) - ROW_KEYS)
+    unknown = sorted(set(row) - ROW_KEYS - INFERSCALE_ROW_KEYS)
     if unknown:
-        raise InvalidInputError(f"unknown keys {unknown} (Mem0's history rows have {sorted(ROW_KEYS)})")
+        raise InvalidInputError(
+            f"unknown keys {unknown} (Mem0's history rows have {sorted(ROW_KEYS)}, InferScale's also "
+            f"{sorted(INFERSCALE_ROW_KEYS)})"
+        )
     event = row.get("event")
     if event == "DELETE":
         raise InvalidInputError(
@@ -161,7 +182,9 @@ def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
         raise InvalidInputError("no time: neither created_at nor updated_at is set")
     old = None if event == "ADD" else check_text(row.get("old_memory"), "old_memory")
     said = {key: None if row.get(key) is None else check_key(row.get(key), key) for key in ("actor_id", "role")}
-    return PastChange(event, old, check_text(row.get("new_memory"), "new_memory"), at, said["actor_id"], said["role"])
+    metadata = None if row.get("new_metadata") is None else check_metadata(row["new_metadata"])
+    new = check_text(row.get("new_memory"), "new_memory")
+    return PastChange(event, old, new, at, said["actor_id"], said["role"], metadata)
 
 
 def read_mem0_history(path: str | Path) -> list[dict[str, Any]]:

@@ -39,6 +39,9 @@ class PastChange:
             when it did not.
         role: the role of the message the memory was then (Mem0's ``role``: ``"user"``, ``"assistant"``); ``None``
             for none.
+        metadata: the memory's metadata after the change, as that store recorded it (an InferScale history row's
+            ``new_metadata``); ``None`` where it recorded none (Mem0's rows). Not hashed: equal changes with other
+            metadata are told apart by ``==`` alone.
     """
 
     event: Literal["ADD", "UPDATE"]
@@ -47,6 +50,7 @@ class PastChange:
     at: datetime
     actor: str | None = None
     role: str | None = None
+    metadata: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +284,10 @@ def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
         at = check_utc_time(change.at, "a history change's time")
         new_text = check_text(change.new_text, "a history change's new text")
         role = None if change.role is None else check_key(change.role, "a history change's role")
-        checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role))
+        metadata = None if change.metadata is None else check_metadata(change.metadata)
+        checked.append(
+            PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role, metadata)
+        )
     if checked and checked[-1].new_text != text:
         raise InvalidInputError("a history ends at the text its memory has: its last change leaves another one")
     return tuple(checked)

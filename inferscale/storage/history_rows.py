@@ -41,9 +41,10 @@ def imported_history_rows(row: MemoryRow, past: Sequence[PastChange]) -> list[Hi
     """The rows of the changes ``past`` (an ``ADD``, then ``UPDATE``s ending at ``row``'s text) that the store
     ``row``'s memory comes from recorded, in that order, each dated and attributed as it was there.
 
-    That store kept no other metadata in its history (Mem0's keeps a row's ``role`` and ``actor_id`` alone), so each
-    row shows the memory's metadata as stored here with the ``role`` and ``actor_id`` of its change, and the last
-    one the memory's metadata as it is; an update's old metadata is the change before it's.
+    A change that records the metadata after it (:attr:`PastChange.metadata`: another InferScale store's history)
+    shows that metadata. Mem0 kept no other metadata in its history (a row's ``role`` and ``actor_id`` alone), so
+    each of its rows shows the memory's metadata as stored here with the ``role`` and ``actor_id`` of its change, and
+    the last one the memory's metadata as it is. An update's old metadata is the change before it's.
     """
     kept = {key: value for key, value in (row.metadata_ or {}).items() if key not in ATTRIBUTION_KEYS}
     said = [
@@ -51,6 +52,7 @@ def imported_history_rows(row: MemoryRow, past: Sequence[PastChange]) -> list[Hi
         for c in past[:-1]
     ]
     said.append(dict(row.metadata_ or {}))  # after the last change: the memory as it is
+    said = [c.metadata if c.metadata is not None else computed for c, computed in zip(past, said, strict=True)]
     return [
         HistoryRow(
             memory_id=row.id,

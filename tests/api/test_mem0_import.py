@@ -401,7 +401,7 @@ def test_a_qdrant_folder_without_qdrants_client_says_what_to_install(
     folder = tmp_path / "qdrant"
     _qdrant_store(folder).close()
     monkeypatch.setitem(sys.modules, "qdrant_client", None)  # as if it were not installed
-    with pytest.raises(ConfigError, match=r"inferscale\[mem0-import\]"):
+    with pytest.raises(ConfigError, match=r"inferscale-memory\[mem0-import\]"):
         read_mem0_file(folder)
 
 
