@@ -30,7 +30,8 @@ __all__ = ["add_bench_parser", "add_eval_parser"]
 
 
 def _bench_ttft(args: argparse.Namespace) -> int:
-    from inferscale.bench.ttft import TTFTSettings, print_report, run_ttft_bench
+    from inferscale.bench.settings import TTFTSettings
+    from inferscale.bench.ttft import print_report, run_ttft_bench
     from inferscale.errors import InferScaleError
 
     try:
@@ -42,7 +43,8 @@ def _bench_ttft(args: argparse.Namespace) -> int:
 
 
 def _bench_throughput(args: argparse.Namespace) -> int:
-    from inferscale.bench.throughput import ThroughputSettings, print_throughput, run_throughput_bench
+    from inferscale.bench.settings import ThroughputSettings
+    from inferscale.bench.throughput import print_throughput, run_throughput_bench
     from inferscale.errors import InferScaleError
 
     try:
@@ -56,8 +58,7 @@ def _bench_throughput(args: argparse.Namespace) -> int:
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` (with ``bench ttft`` and ``bench throughput``) to ``subparsers``; returns the ``bench``
     parser."""
-    from inferscale.bench.throughput import ThroughputSettings
-    from inferscale.bench.ttft import TTFTSettings
+    from inferscale.bench.settings import ThroughputSettings, TTFTSettings
 
     bench = subparsers.add_parser("bench", help="latency and throughput benchmarks (TTFT vs k, requests/s vs users)")
     sub = bench.add_subparsers(dest="bench_command", required=True)

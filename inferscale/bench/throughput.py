@@ -27,31 +27,19 @@ every prompt request prefills it). Outputs:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import random
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferscale.bench.common import check_engine, machine_info, synthetic_facts
+from inferscale.bench.settings import DEFAULT_USERS, ThroughputSettings
 from inferscale.bench.throughput_report import ThroughputReport, ThroughputRound, print_throughput, write_outputs
-from inferscale.cli_options import (
-    DTYPE_OPTION,
-    MODEL_OPTION,
-    cli,
-    int_list,
-    name_list,
-    non_negative_int,
-    output_folder,
-    positive_int,
-)
-from inferscale.config import DType
-from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -71,94 +59,6 @@ __all__ = [
     "write_outputs",
 ]
 
-DEFAULT_USERS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 100)
-"""Concurrent users of the paper's throughput figure."""
-
-MODES: tuple[str, ...] = ("prompt", "kv")
-
-
-@dataclass(frozen=True)
-class ThroughputSettings:
-    """What ``inferscale bench throughput`` measures; each field's flag and help are in its metadata.
-
-    Attributes:
-        users: concurrent user counts N, each >= 1.
-        k: memories per request (>= 1, at most ``facts``).
-        requests_per_user: requests each user sends, one after another (>= 1).
-        max_tokens: answer budget per request (tokens, >= 1); decoding is greedy and stops only at the budget.
-        facts: size of the fact pool the requests draw from (>= k).
-        modes: ``"prompt"`` and/or ``"kv"``.
-        dtype: model dtype of vLLM and of the fact encoder.
-        model: model folder; ``None`` = the embedded SmolLM2-135M-Instruct.
-        kv_cache_bytes: vLLM's paged KV cache size (bytes); it must hold N requests' prompts at the largest N.
-        max_num_seqs: most requests vLLM runs at once (>= max(users), or the rest queue).
-        enforce_eager: run vLLM without CUDA graphs / torch.compile (needed for a quick start on CPU; pass False on
-            a GPU for representative figures).
-        seed: seed of the fact draws.
-        out_dir: folder for the JSON and the plot (created).
-
-    Raises:
-        ConfigError: for repeated or non-positive user counts, ``k`` outside 1..facts, ``requests_per_user`` or
-            ``max_tokens`` below 1, or modes that are not a non-empty subset of ``prompt``, ``kv``.
-    """
-
-    users: tuple[int, ...] = field(
-        default=DEFAULT_USERS,
-        metadata=cli(
-            "--users",
-            type=int_list,
-            help=f"comma-separated concurrent user counts (default {','.join(map(str, DEFAULT_USERS))})",
-        ),
-    )
-    k: int = field(default=30, metadata=cli("-k", "--k", type=positive_int, help="memories per request (default 30)"))
-    requests_per_user: int = field(
-        default=2,
-        metadata=cli("--requests-per-user", type=positive_int, help="requests each user sends in turn (default 2)"),
-    )
-    max_tokens: int = field(
-        default=16, metadata=cli("--max-tokens", type=positive_int, help="tokens generated per request (default 16)")
-    )
-    facts: int = field(
-        default=120, metadata=cli("--facts", type=positive_int, help="fact pool the requests draw from (default 120)")
-    )
-    modes: tuple[str, ...] = field(
-        default=MODES, metadata=cli("--modes", type=name_list, help="prompt,kv (default both)")
-    )
-    dtype: DType = field(default="auto", metadata=DTYPE_OPTION)
-    model: str | None = field(default=None, metadata=MODEL_OPTION)
-    kv_cache_bytes: int = field(
-        default=6 << 30,
-        metadata=cli("--kv-cache-bytes", type=positive_int, help="vLLM paged KV cache size in bytes (default 6 GiB)"),
-    )
-    max_num_seqs: int = field(
-        default=128,
-        metadata=cli("--max-num-seqs", type=positive_int, help="most requests vLLM runs at once (default 128)"),
-    )
-    enforce_eager: bool = field(
-        default=True,
-        metadata=cli(
-            "--enforce-eager",
-            action=argparse.BooleanOptionalAction,
-            help="run vLLM eagerly (default; quick start on CPU); --no-enforce-eager for CUDA graphs on a GPU",
-        ),
-    )
-    seed: int = field(
-        default=0, metadata=cli("--seed", type=non_negative_int, help="seed of the fact draws (default 0)")
-    )
-    out_dir: Path = field(
-        default=Path("out/bench/throughput"),
-        metadata=cli("--out", type=output_folder, help="output folder (default out/bench/throughput)"),
-    )
-
-    def __post_init__(self) -> None:
-        if not self.users or any(n < 1 for n in self.users) or len(set(self.users)) != len(self.users):
-            raise ConfigError(f"users must be distinct counts >= 1, got {self.users!r}")
-        if self.k < 1 or self.facts < self.k:
-            raise ConfigError(f"need 1 <= k <= facts, got k={self.k}, facts={self.facts}")
-        if self.requests_per_user < 1 or self.max_tokens < 1:
-            raise ConfigError("requests_per_user and max_tokens must be >= 1")
-        if not self.modes or set(self.modes) - set(MODES) or len(set(self.modes)) != len(self.modes):
-            raise ConfigError(f"modes must be a non-empty subset of {list(MODES)}, got {self.modes!r}")
 
 
 # ---------------------------------------------------------------------------------------------------- workload

@@ -25,26 +25,13 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from inferscale.bench.common import check_engine, machine_info, percentile, synthetic_facts
 from inferscale.bench.kv_tiers import available_tiers, hit_delta, hits, make_resident, stage
+from inferscale.bench.settings import DEFAULT_KS, DEFAULT_QUERY, TTFTSettings
 from inferscale.bench.ttft_report import TIER_ORDER, TTFTCell, TTFTReport, compute_ratios, print_report, write_outputs
-from inferscale.cli_options import (
-    DEVICE_OPTION,
-    DTYPE_OPTION,
-    MODEL_OPTION,
-    THREADS_OPTION,
-    cli,
-    int_list,
-    name_list,
-    non_negative_int,
-    output_folder,
-    positive_int,
-)
-from inferscale.config import DType
 from inferscale.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -70,110 +57,8 @@ __all__ = [
     "write_outputs",
 ]
 
-DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 50)
-"""Memory counts of the paper's TTFT figure."""
-
-DEFAULT_QUERY = "Which of my friends collects old maps, and since when?"
-"""The query of every call (any query works: the same one retrieves the same top-k at every k)."""
-
 USER_ID = "bench"
 """Scope of the benchmark's memories (a throwaway database in a temporary folder)."""
-
-
-@dataclass(frozen=True)
-class TTFTSettings:
-    """What ``inferscale bench ttft`` measures and where it writes; each field's flag and help are in its metadata.
-
-    Attributes:
-        ks: memory counts k (the facts retrieved per call), each >= 0.
-        repeats: timed calls per cell (>= 1); medians and p95 are taken over them.
-        engine: ``"transformers"`` or ``"vllm"`` (the latter needs ``inferscale.engines.vllm``).
-        dtype: model dtype (``"auto"``, ``"bfloat16"``, ``"float16"``, ``"float32"``).
-        device: ``"auto"``, ``"cpu"``, ``"cuda"``...
-        model: model folder or name; ``None`` = the embedded SmolLM2-135M-Instruct.
-        tiers: KV store tiers to measure; ``None`` = every tier the store has (device, host, disk).
-        query: the query text.
-        warmup: untimed rounds (every path once per round) before measuring.
-        num_threads: torch CPU threads; ``None`` runs the engine's default (``"auto"``: the CPUs the process may use).
-        out_dir: folder for ``ttft_vs_k.json`` and ``ttft_vs_k.png`` (created).
-        data_dir: folder for the throwaway database and KV files; ``None`` = a new temporary folder.
-        prefix_cache: vLLM only. ``"cold"`` empties vLLM's prefix cache before every timed call and then prefills
-            the system prefix alone, as a running server would have it, so a repeat of the same request is
-            computed (prompt) or injected (KV) again; ``"warm"`` keeps the cache, so repeats of a request are
-            served from it. The transformers engine keeps nothing between requests (each builds its cache on the
-            shared system prefix), so this changes nothing there.
-        recompute: the ``kv.recompute`` policy the KV cells are served with; ``None`` keeps ``KVConfig``'s
-            default. Its recomputed tokens are counted in the FLOP ratio.
-
-    Raises:
-        ConfigError: for an empty or negative ``ks`` or one without a k >= 1, ``repeats < 1``, ``warmup < 0``, an
-            unknown ``prefix_cache``, an unknown tier or an unknown ``recompute`` policy.
-    """
-
-    ks: tuple[int, ...] = field(
-        default=DEFAULT_KS,
-        metadata=cli(
-            "--ks", type=int_list, help=f"comma-separated k values (default {','.join(map(str, DEFAULT_KS))})"
-        ),
-    )
-    repeats: int = field(
-        default=5, metadata=cli("--repeats", type=positive_int, help="timed calls per cell (default 5)")
-    )
-    engine: Literal["transformers", "vllm"] = field(
-        default="transformers", metadata=cli("--engine", help="chat engine (default transformers)")
-    )
-    dtype: DType = field(default="auto", metadata=DTYPE_OPTION)
-    device: str = field(default="auto", metadata=DEVICE_OPTION)
-    model: str | None = field(default=None, metadata=MODEL_OPTION)
-    tiers: tuple[str, ...] | None = field(
-        default=None,
-        metadata=cli(
-            "--tiers", type=name_list, help="KV tiers to measure, e.g. host,disk (default: every tier present)"
-        ),
-    )
-    query: str = field(default=DEFAULT_QUERY, metadata=cli("--query", help="the query text"))
-    warmup: int = field(
-        default=2, metadata=cli("--warmup", type=non_negative_int, help="untimed warm-up rounds (default 2)")
-    )
-    num_threads: int | None = field(default=None, metadata=THREADS_OPTION)
-    out_dir: Path = field(
-        default=Path("out/bench/ttft"),
-        metadata=cli("--out", type=output_folder, help="output folder (default out/bench/ttft)"),
-    )
-    data_dir: Path | None = None
-    prefix_cache: Literal["cold", "warm"] = field(
-        default="cold",
-        metadata=cli(
-            "--prefix-cache",
-            help="vLLM only: empty its prefix cache before every timed call (cold, default) or keep it (warm)",
-        ),
-    )
-    recompute: str | None = field(
-        default=None,
-        metadata=cli(
-            "--recompute",
-            metavar="POLICY",
-            help="kv.recompute for the KV cells, e.g. tail:24 or none (default: the configured default)",
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if not self.ks or any(k < 0 for k in self.ks):
-            raise ConfigError(f"ks must be non-empty and >= 0, got {self.ks!r}")
-        if max(self.ks) == 0:  # it failed later, on storing an empty list of memories
-            raise ConfigError("ks needs at least one k >= 1 (k=0, the query alone, is measured beside them)")
-        if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
-        if self.warmup < 0:
-            raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
-        if self.prefix_cache not in ("cold", "warm"):
-            raise ConfigError(f"prefix_cache must be 'cold' or 'warm', got {self.prefix_cache!r}")
-        if self.tiers is not None and (unknown := set(self.tiers) - set(TIER_ORDER)):
-            raise ConfigError(f"unknown KV tiers {sorted(unknown)}; choose from {list(TIER_ORDER)}")
-        if self.recompute is not None:
-            from inferscale.kv.recompute import RecomputePolicy
-
-            RecomputePolicy.parse(self.recompute)  # ConfigError for an unknown policy
 
 
 # ---------------------------------------------------------------------------------------------------- running

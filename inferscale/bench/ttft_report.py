@@ -13,14 +13,12 @@ import numpy as np
 
 from inferscale.bench.common import percentile, write_json_and_plot
 from inferscale.bench.report import figure, percentile_lines, print_ratios, print_written, report_table
+from inferscale.bench.settings import TIER_ORDER
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["TIER_ORDER", "TTFTCell", "TTFTReport", "compute_ratios", "plot_report", "print_report", "write_outputs"]
-
-TIER_ORDER: tuple[str, ...] = ("device", "host", "disk")
-"""KV store tiers the benchmark knows how to stage, fastest first."""
 
 
 def _median(values: Sequence[float]) -> float:

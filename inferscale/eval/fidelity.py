@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inferscale.config import KVConfig, PositionBuckets, RecomputeSpec
 from inferscale.eval.fidelity_cases import MAX_CONTEXT_TURNS, FidelityCase, FidelitySlice
 from inferscale.eval.metrics import first_token_kl, token_f1
+from inferscale.eval.system_prompts import SYSTEM_PROMPTS
 from inferscale.formats import StorageFormat
 from inferscale.kv.encode import EncodeRequest
 from inferscale.kv.fact import FactKV
@@ -60,21 +61,6 @@ __all__ = [
     "summarize_rows",
 ]
 
-SYSTEM_PROMPTS: dict[str, str] = {
-    "short": "Memories:\n",
-    "default": (
-        "You are a helpful assistant with a long-term memory of the user. "
-        "Answer the question briefly, using the memories below when they are relevant.\nMemories:\n"
-    ),
-    "long": (
-        "You are a careful, friendly assistant that remembers what the user told you in earlier conversations. "
-        "Below is a list of memories retrieved for this question: each line is one thing the user or someone "
-        "they spoke with said, sometimes with the date it was said. Some memories may be irrelevant. Answer the "
-        "user's question in one short sentence, using only the memories that matter; if they do not contain the "
-        "answer, say that you do not know.\nMemories:\n"
-    ),
-}
-"""The three system prompts every setting is judged on (a remedy tuned on one prompt is not a default)."""
 
 
 def _product_default(field: str) -> Any:

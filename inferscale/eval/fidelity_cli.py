@@ -26,7 +26,7 @@ from inferscale.cli_options import (
 )
 from inferscale.config import DType, MemoryConfig, MemoryLayout
 from inferscale.errors import ConfigError, InferScaleError
-from inferscale.eval.fidelity import SYSTEM_PROMPTS
+from inferscale.eval.system_prompts import SYSTEM_PROMPTS
 from inferscale.json_text import loads_json
 from inferscale.validation_text import describe_errors
 
@@ -78,7 +78,7 @@ class FidelityOptions:
         session_contexts: a retrieved slice's memories get the turns before them in their own session only as
             context, as the runs before run 23 measured, instead of what ``add`` records (earlier sessions' last
             memories first; :func:`inferscale.eval.fidelity_cases.memories_with_contexts`).
-        system_prompts: names from :data:`inferscale.eval.fidelity.SYSTEM_PROMPTS`.
+        system_prompts: names from :data:`inferscale.eval.system_prompts.SYSTEM_PROMPTS`.
         setting: settings to measure, as JSON objects (``None``: the default and :data:`STANDARD_SETTINGS`).
         calibrate: pick the attention scale on half the cases, report it on the other half.
         first_token_only: measure KL and agreement only.
