@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``inferscale``."""
     from inferscale.bench.cli import add_bench_parser, add_eval_parser
     from inferscale.commands.chat import add_chat_parser
+    from inferscale.commands.export import add_export_parser
     from inferscale.commands.keys import add_keys_parser
     from inferscale.commands.mem0_import import add_import_parser
     from inferscale.commands.memory import add_memory_parsers
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prepare_parser(sub, shared)
     add_prune_parser(sub, shared)
     add_import_parser(sub, shared)
+    add_export_parser(sub, shared)
     add_serve_parser(sub)
     add_keys_parser(sub, shared)
     add_bench_parser(sub)

@@ -40,6 +40,7 @@ COMMANDS = [
     "prepare-kv",
     "prune-kv",
     "import-mem0",
+    "export",
     "serve",
     "keys",
     "bench",

@@ -1,0 +1,96 @@
+"""``inferscale export DIR``: write a local store's memories and their history as JSON, to move the store to another
+database (SQLite to PostgreSQL, say) with ``inferscale import-mem0``.
+
+Two files in ``DIR``: ``memories.json``, the memories as ``get_all`` returns them (every scope, or those of the scope
+flags), oldest first, and ``history.json``, every row of their ``history()``. ``import-mem0 DIR/memories.json
+--history DIR/history.json`` on the other store brings them over with their ids, scopes, metadata, times and
+history (``MemoryClient.import_memories``). Deleted memories stay behind, and K/V are not exported: the other store
+encodes them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from inferscale.commands.options import LOCAL_ONLY
+from inferscale.commands.run import run_call
+from inferscale.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from inferscale.client import MemoryClient
+    from inferscale.commands.client import CommandClient
+    from inferscale.commands.options import Common, Parents
+
+__all__ = ["EXPORT_FILES", "add_export_parser", "export_store"]
+
+EXPORT_FILES = ("memories.json", "history.json")
+"""The files ``inferscale export`` writes: the memories, then their history rows."""
+
+
+def export_store(client: MemoryClient, ids: Mapping[str, object]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The memories of ``client``'s store whose scope holds every id of ``ids`` (all of them for ``{}``), oldest
+    first, as ``get_all`` returns them, and every row of their history, each memory's oldest first.
+
+    Returns:
+        ``(memories, history_rows)``.
+    """
+    from inferscale.results import memory_to_dict
+
+    records = [r for r in client.db.all_memories() if all(getattr(r, key) == value for key, value in ids.items())]
+    records.sort(key=lambda r: (r.created_at, r.id))
+    memories = [memory_to_dict(r) for r in records]
+    rows = [row for record in records for row in client.history(record.id)]
+    return memories, rows
+
+
+def _export(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+
+    def call(client: CommandClient, common: Common) -> dict[str, Any]:
+        taken = [name for name in EXPORT_FILES if (folder / name).exists()]
+        if taken:
+            raise InvalidInputError(f"{folder} holds {', '.join(taken)} already; export into an empty folder")
+        local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
+        memories, rows = export_store(local, {k: v for k, v in common.scope.ids().items() if v is not None})
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, value in zip(EXPORT_FILES, (memories, rows), strict=True):
+            (folder / name).write_text(json.dumps(value, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        return {"memories": len(memories), "history_rows": len(rows), "folder": str(folder)}
+
+    def show(value: dict[str, Any], common: Common, out: Console) -> None:
+        from inferscale.commands.output import count
+
+        whose = common.scope.describe(none="every scope")
+        memories = count(value["memories"], "memory", "memories")
+        rows = count(value["history_rows"], "history row", "history rows")
+        from inferscale.terminal_text import terminal_safe
+
+        where = terminal_safe(value["folder"])
+        out.print(f"exported {memories} ({whose}) and {rows} to {where}", markup=False, highlight=False)
+        memories_file, history_file = (terminal_safe(str(Path(value["folder"]) / name)) for name in EXPORT_FILES)
+        out.print(
+            f"import them into another store: inferscale import-mem0 {memories_file} --history {history_file} "
+            "--db-url URL",
+            markup=False,
+            highlight=False,
+        )
+
+    return run_call(args, call, show, "exporting")
+
+
+def add_export_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], parents: Parents) -> None:
+    """Add ``export`` to the ``inferscale`` subcommand parsers."""
+    export = sub.add_parser(
+        "export",
+        parents=parents.local,
+        help="write the store's memories (every scope without a scope flag) and their history as JSON into a folder, "
+        "for import-mem0 into another store",
+    )
+    export.add_argument("folder", metavar="DIR", help=f"where to write {' and '.join(EXPORT_FILES)} (created)")
+    export.set_defaults(func=_export, **LOCAL_ONLY)
