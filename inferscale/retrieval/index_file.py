@@ -88,11 +88,17 @@ def read(file: Path) -> SavedIndex:
     """What ``file`` holds (labels are ``None`` for a bare FAISS file of the earliest versions).
 
     Raises:
-        DamagedIndexFileError: when the file is empty, or an ``.npz`` that cannot be read.
+        DamagedIndexFileError: when the file is empty, holds only zero bytes (what a power loss leaves of a file
+            whose blocks were never written), is cut short within :data:`NPZ_MAGIC`, or is an ``.npz`` that cannot
+            be read.
     """
     data = np.fromfile(file, dtype=np.uint8)
     if data.size == 0:
         raise DamagedIndexFileError(f"the index file {file} is empty")
+    if not data.any():
+        raise DamagedIndexFileError(f"the index file {file} holds only zero bytes")
+    if data.size < len(NPZ_MAGIC) and NPZ_MAGIC.startswith(data.tobytes()):
+        raise DamagedIndexFileError(f"the index file {file} is cut short ({data.size} bytes)")
     if data[: len(NPZ_MAGIC)].tobytes() != NPZ_MAGIC:
         return SavedIndex(data)
     try:
@@ -116,7 +122,8 @@ def set_aside(file: Path, read: os.stat_result) -> Path | None:
     set it aside and saved a rebuilt index in its place meanwhile: that one is left where it is.
 
     Returns:
-        Where the file now lies, or ``None`` when it was left (replaced or removed meanwhile).
+        Where the file now lies, or ``None`` when it was left: replaced or removed meanwhile, or not renamed (a
+        read-only folder, say: logged; the index is rebuilt all the same and its next save fails as it would).
     """
     try:
         now = file.stat()
@@ -128,6 +135,9 @@ def set_aside(file: Path, read: os.stat_result) -> Path | None:
     try:
         file.rename(aside)
     except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("the damaged index file %s could not be set aside (%s); it stays where it is", file, exc)
         return None
     return aside
 

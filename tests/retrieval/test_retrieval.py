@@ -313,7 +313,9 @@ def test_open_rejects_wrong_dim_and_corrupt_files(
         VectorIndex(DIM).save()
 
 
-@pytest.mark.parametrize("damage", ["cut short", "empty", "index bytes changed"])
+@pytest.mark.parametrize(
+    "damage", ["cut short", "empty", "index bytes changed", "cut within the zip magic", "zero bytes"]
+)
 def test_a_damaged_index_file_is_set_aside_and_the_index_starts_empty(
     tmp_path: Path,
     filled: tuple[VectorIndex, np.ndarray, np.ndarray],
@@ -330,6 +332,10 @@ def test_a_damaged_index_file_is_set_aside_and_the_index_starts_empty(
         damaged = whole[: len(whole) // 2]
     elif damage == "empty":
         damaged = b""
+    elif damage == "cut within the zip magic":  # an .npz begins PK\x03\x04
+        damaged = whole[:3]
+    elif damage == "zero bytes":  # what a power loss can leave of a file whose blocks were never written
+        damaged = bytes(len(whole))
     else:  # a readable .npz whose serialised FAISS index is garbage
         saved = index_file.read(path)
         garbage = np.frombuffer(b"not a faiss index at all", dtype=np.uint8)
@@ -499,3 +505,24 @@ def test_an_embedder_folder_holding_no_model_is_a_config_error(tmp_path: Path) -
     embedder = SentenceTransformerEmbedder(str(tmp_path))
     with pytest.raises(ConfigError, match=r"embedder.model '.*' holds no model that can be loaded"):
         embedder.embed(["hello"])
+
+
+def test_a_damaged_index_file_that_cannot_be_renamed_is_left_and_the_index_still_starts_empty(
+    tmp_path: Path,
+    filled: tuple[VectorIndex, np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read-only folder: the rename raised a raw PermissionError out of open() (review)."""
+    index, _, _ = filled
+    path = index.save(tmp_path / "index.faiss")
+    path.write_bytes(b"")
+
+    def read_only(self: Path, target: object) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "rename", read_only)
+    with caplog.at_level("WARNING", logger="inferscale.retrieval"):
+        opened = VectorIndex.open(path, DIM)
+    assert len(opened) == 0 and path.read_bytes() == b""
+    assert "could not be set aside (" in caplog.text and "Permission denied" in caplog.text
