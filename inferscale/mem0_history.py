@@ -34,7 +34,7 @@ from inferscale.json_text import loads_json
 from inferscale.mem0_import import ImportedMemory, mem0_time, usable_path
 from inferscale.scope import SCOPE_KEYS
 from inferscale.storage.change_sets import PastChange
-from inferscale.storage.validation import check_key, check_metadata, check_text
+from inferscale.storage.validation import check_key, check_metadata, check_text, same_json
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite database file."""
@@ -87,13 +87,18 @@ def _with_changes(
 ) -> ImportedMemory:
     """``imported`` with its rows as its history, in the order their texts chain (:func:`chained`)."""
     changes: dict[PastChange, None] = {}  # equal rows once, in order
+    before: dict[int, tuple[int, dict[str, Any] | None]] = {}  # id of a change: its row, its old_metadata
     for position, row in rows:
         try:
             _check_scope(row, imported)
-            changes.setdefault(_change(row, assume_utc))
+            change = _change(row, assume_utc)
+            old = None if row.get("old_metadata") is None else check_metadata(row["old_metadata"])
         except InvalidInputError as error:
             raise InvalidInputError(f"history row {position} of memory {imported.memory_id}: {error}") from error
+        changes.setdefault(change)
+        before.setdefault(id(next(c for c in changes if c == change)), (position, old))
     history = chained(imported.memory_id, list(changes))
+    _check_old_metadata(imported.memory_id, history, before)
     text = imported.memory.text
     if history[-1].new_text != text:
         raise InvalidInputError(
@@ -102,6 +107,21 @@ def _with_changes(
             "both again, or leave the history out"
         )
     return replace(imported, memory=replace(imported.memory, history=history))
+
+
+def _check_old_metadata(
+    memory_id: str, history: Sequence[PastChange], before: Mapping[int, tuple[int, dict[str, Any] | None]]
+) -> None:
+    """Refuse a row whose ``old_metadata`` (InferScale's rows) is not what the row before it in ``history`` left: an
+    ADD has none, an UPDATE the ``new_metadata`` of the change before it, where that records one."""
+    for i, change in enumerate(history):
+        position, old = before[id(change)]
+        left = None if i == 0 else history[i - 1].metadata
+        if old is not None and (i == 0 or (left is not None and not same_json(old, left))):
+            raise InvalidInputError(
+                f"history row {position} of memory {memory_id}: its old_metadata {old!r} is not what the change "
+                f"before it left ({left!r})"
+            )
 
 
 def _check_scope(row: Mapping[str, Any], imported: ImportedMemory) -> None:
@@ -183,6 +203,9 @@ def _change(row: Mapping[str, Any], assume_utc: bool) -> PastChange:
     old = None if event == "ADD" else check_text(row.get("old_memory"), "old_memory")
     said = {key: None if row.get(key) is None else check_key(row.get(key), key) for key in ("actor_id", "role")}
     metadata = None if row.get("new_metadata") is None else check_metadata(row["new_metadata"])
+    for key, value in said.items():  # an InferScale row keeps its role and actor_id in its metadata too
+        if metadata is not None and value is not None and key in metadata and metadata[key] != value:
+            raise InvalidInputError(f"its {key} is {value!r}, its new_metadata's {metadata[key]!r}")
     new = check_text(row.get("new_memory"), "new_memory")
     return PastChange(event, old, new, at, said["actor_id"], said["role"], metadata)
 

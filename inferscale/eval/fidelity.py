@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 
-
 def _product_default(field: str) -> Any:
     """The default of a :class:`~inferscale.config.KVConfig` field."""
     return KVConfig.model_fields[field].default

@@ -24,6 +24,7 @@ from inferscale.storage.validation import (
     check_scope,
     check_text,
     check_utc_time,
+    same_json,
 )
 
 
@@ -251,22 +252,24 @@ def _checked_add(new: NewMemory) -> NewMemory:
     created_at = None if new.created_at is None else check_utc_time(new.created_at, "created_at")
     updated_at = None if new.updated_at is None else check_utc_time(new.updated_at, "updated_at")
     text = check_text(new.text)
+    metadata = check_metadata(new.metadata)
     return NewMemory(
         text,
-        check_metadata(new.metadata),
+        metadata,
         context,
         neighbours,
         chain_from,
         memory_id,
         created_at,
         updated_at,
-        _checked_history(new.history, text),
+        _checked_history(new.history, text, metadata),
     )
 
 
-def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
+def _checked_history(history: object, text: str, metadata: dict[str, Any]) -> tuple[PastChange, ...]:
     """``history`` (:attr:`NewMemory.history`) checked: empty, or an ``ADD`` with no old text, then ``UPDATE``s each
-    taking the text on from the change before it, ending at ``text``.
+    taking the text on from the change before it, ending at ``text``, and, where the last change records the
+    metadata after it, at ``metadata``.
 
     Raises:
         InvalidInputError: for anything else, or a change whose text, time, actor or role is not valid.
@@ -284,12 +287,15 @@ def _checked_history(history: object, text: str) -> tuple[PastChange, ...]:
         at = check_utc_time(change.at, "a history change's time")
         new_text = check_text(change.new_text, "a history change's new text")
         role = None if change.role is None else check_key(change.role, "a history change's role")
-        metadata = None if change.metadata is None else check_metadata(change.metadata)
-        checked.append(
-            PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role, metadata)
-        )
+        after = None if change.metadata is None else check_metadata(change.metadata)
+        checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role, after))
     if checked and checked[-1].new_text != text:
         raise InvalidInputError("a history ends at the text its memory has: its last change leaves another one")
+    if checked and checked[-1].metadata is not None and not same_json(checked[-1].metadata, metadata):
+        raise InvalidInputError(
+            "a history ends at the metadata its memory has: its last change records other metadata "
+            f"({checked[-1].metadata!r}, the memory's is {metadata!r})"
+        )
     return tuple(checked)
 
 

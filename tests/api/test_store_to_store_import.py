@@ -69,3 +69,45 @@ def test_a_history_row_of_another_scope_is_refused_by_name(tmp_path: Path, key: 
         with pytest.raises(InvalidInputError, match=f"history row 0 of memory .*its {key} is 'somebody-else'"):
             target.import_memories(records, history=[stray, *rows[1:]])
         assert target.get_all(user_id="maya")["results"] == []  # refused before anything was written
+
+
+def _last_row_of(rows: list[dict[str, Any]], memory_id: str) -> int:
+    return max(i for i, row in enumerate(rows) if row["memory_id"] == memory_id)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ("last new_metadata", "a history ends at the metadata its memory has"),
+        ("old_metadata not an object", "metadata must be a dict, got str"),
+        ("old_metadata of another change", "its old_metadata .* is not what the change before it left"),
+        ("old_metadata on an ADD", "its old_metadata .* is not what the change before it left"),
+        ("role beside another in new_metadata", "its role is 'user', its new_metadata's 'assistant'"),
+    ],
+)
+def test_history_rows_that_disagree_with_themselves_or_their_memory_are_refused(
+    tmp_path: Path, change: str, refusal: str
+) -> None:
+    """Rows a review found accepted: the memory's metadata said one thing and its history's end another, an
+    old_metadata that was no object or not the change before's, a role contradicting the row's own metadata."""
+    source, records, rows = _source(tmp_path)
+    source.close()
+    car = next(r for r in records if r["memory"] == "I drive a red Volvo now.")
+    first = next(i for i, row in enumerate(rows) if row["memory_id"] == car["id"])
+    last = _last_row_of(rows, car["id"])
+    edited = [dict(row) for row in rows]
+    if change == "last new_metadata":
+        edited[last]["new_metadata"] = {**edited[last]["new_metadata"], "topic": "boats"}
+    elif change == "old_metadata not an object":
+        edited[last]["old_metadata"] = "not a dict at all"
+    elif change == "old_metadata of another change":
+        edited[last]["old_metadata"] = {"topic": "boats"}
+    elif change == "old_metadata on an ADD":
+        edited[first]["old_metadata"] = {"topic": "cars"}
+    else:
+        assert edited[first]["role"] == "user"
+        edited[first]["new_metadata"] = {**edited[first]["new_metadata"], "role": "assistant"}
+    with MemoryClient(fake_config(tmp_path / "target"), embedder=HashEmbedder()) as target:
+        with pytest.raises(InvalidInputError, match=refusal):
+            target.import_memories(records, history=edited)
+        assert target.get_all(user_id="maya")["results"] == []
