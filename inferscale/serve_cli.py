@@ -106,10 +106,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         check_engine_flags(args)
         check_port_free(args.host, args.port)
+        check_server()  # both servers: vLLM's imports the memory middleware's errors (asgi-correlation-id) too
         if args.engine == "vllm":
             _serve_vllm(args)
         else:
-            check_server()
             _serve_transformers(args)
     except InferScaleError as exc:
         return fail(exc)

@@ -14,7 +14,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ loads, typed for the type checker
+    from inferscale.bench.ttft import TTFTCell, TTFTReport, TTFTSettings, run_ttft_bench, synthetic_facts
 
 __all__ = ["TTFTCell", "TTFTReport", "TTFTSettings", "run_ttft_bench", "synthetic_facts"]
 
@@ -25,3 +28,7 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         return getattr(importlib.import_module("inferscale.bench.ttft"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -40,13 +40,13 @@ VLLM_INSTALL = (
 """How to install vLLM, for messages: not an extra, since vLLM 0.32 declares ``transformers<5.20``."""
 
 SERVER_MODULES = ("fastapi", "uvicorn", "prometheus_client", "asgi_correlation_id")
-"""What the ``server`` extra installs that ``inferscale serve --engine transformers`` imports."""
+"""What the ``server`` extra installs that ``inferscale serve`` imports."""
 
 
 def check_server() -> None:
-    """Refuse ``inferscale serve`` (the transformers engine's server) where the ``server`` extra is not installed,
-    before anything loads: a core install has the command but not its dependencies, and its import of uvicorn was a
-    traceback.
+    """Refuse ``inferscale serve`` where the ``server`` extra is not installed, before anything loads: a core install
+    has the command but not its dependencies, and its import of uvicorn was a traceback (vLLM's server needs the
+    extra too: the memory middleware's errors carry asgi-correlation-id's request ids, which vLLM does not install).
 
     Raises:
         ConfigError: naming the missing modules and the extra that installs them.

@@ -422,9 +422,11 @@ def test_a_missing_data_dir_beside_a_db_url_is_not_refused(tmp_path: Path) -> No
     assert postgres.existing_config().db_url == "postgresql+psycopg://localhost/nonexistent"
 
 
-@pytest.mark.parametrize("missing", ["uvicorn", "fastapi"])
+@pytest.mark.parametrize(
+    ("missing", "engine"), [("uvicorn", "transformers"), ("fastapi", "transformers"), ("asgi_correlation_id", "vllm")]
+)
 def test_serve_without_the_server_extra_is_one_error_line_naming_it(
-    missing: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    missing: str, engine: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """A core install (no `server` extra) has `inferscale serve`, whose import of uvicorn was a traceback, exit 1
     (packaging tester)."""
@@ -434,8 +436,9 @@ def test_serve_without_the_server_extra_is_one_error_line_naming_it(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
     import inferscale.serve_cli
 
-    monkeypatch.setattr(inferscale.serve_cli, "_serve_transformers", lambda args: pytest.fail("the server started"))
-    status = main(["serve", "--data-dir", str(tmp_path / "data"), "--port", "0"])
+    for start in ("_serve_transformers", "_serve_vllm"):
+        monkeypatch.setattr(inferscale.serve_cli, start, lambda args: pytest.fail("the server started"))
+    status = main(["serve", "--engine", engine, "--data-dir", str(tmp_path / "data"), "--port", "0"])
     err = capsys.readouterr().err
     assert status == 2
     assert err.startswith("error: inferscale serve needs the 'server' extra") and "Traceback" not in err
@@ -453,3 +456,18 @@ def test_a_missing_rich_names_the_apps_extra_for_any_table(monkeypatch: pytest.M
     with pytest.raises(ConfigError, match=r"tables and plots \(every command's output without --json") as raised:
         require("rich.table")
     assert "pip install 'inferscale-memory[apps]'" in str(raised.value)
+
+
+def test_building_the_parser_imports_neither_nltk_nor_scipy() -> None:
+    """`inferscale --help` imported torch, nltk and scipy for the bench and eval parsers: 17-39 s on a loaded 2-core
+    machine (packaging tester). Their settings now live apart from the benchmarks. (torch is still imported, through
+    the store's modules.)"""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from inferscale.cli import build_parser; build_parser(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'nltk', 'scipy', 'matplotlib'}))"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert ran.stdout.strip() == "[]"
