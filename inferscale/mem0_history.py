@@ -65,10 +65,13 @@ def with_history(memories: Sequence[ImportedMemory], rows: object, *, assume_utc
         InvalidInputError: ``rows`` that are not a list of dicts each with a str ``memory_id``; naming the memory
             and the row, for a row of an imported memory with a key that is not a str, an unknown key or event, a
             ``DELETE`` (Mem0 deleted the memory after the records were read: read them again), no time or one that
-            is not ISO 8601 with a zone, or no text; and for a memory whose rows cannot be laid out as one ``ADD``
-            and then ``UPDATE``s each from the text the one before left (:func:`chained`), ending at the memory's
-            text (the records and the history come from different stores, or different times). Two equal rows count
-            once (an export that lists a memory under its user and under its agent lists its rows twice).
+            is not ISO 8601 with a zone, or no text; for an InferScale row whose scope ids are not its memory's, whose
+            ``new_metadata`` or ``old_metadata`` is not a JSON object, whose ``role`` or ``actor_id`` contradicts its
+            ``new_metadata``, or whose ``old_metadata`` is not what the change before it left; and for a memory whose
+            rows cannot be laid out as one ``ADD`` and then ``UPDATE``s each from the text the one before left
+            (:func:`chained`), ending at the memory's text (the records and the history come from different stores, or
+            different times). Two equal rows count once (an export that lists a memory under its user and under its
+            agent lists its rows twice).
     """
     if isinstance(rows, str | bytes | Mapping) or not isinstance(rows, Sequence):
         raise InvalidInputError(f"history must be a list of Mem0 history rows, got {type(rows).__name__}")
@@ -86,7 +89,7 @@ def _with_changes(
     imported: ImportedMemory, rows: Sequence[tuple[int, Mapping[str, Any]]], assume_utc: bool
 ) -> ImportedMemory:
     """``imported`` with its rows as its history, in the order their texts chain (:func:`chained`)."""
-    changes: dict[PastChange, None] = {}  # equal rows once, in order
+    changes: dict[PastChange, PastChange] = {}  # equal rows once, in order
     before: dict[int, tuple[int, dict[str, Any] | None]] = {}  # id of a change: its row, its old_metadata
     for position, row in rows:
         try:
@@ -95,14 +98,18 @@ def _with_changes(
             old = None if row.get("old_metadata") is None else check_metadata(row["old_metadata"])
         except InvalidInputError as error:
             raise InvalidInputError(f"history row {position} of memory {imported.memory_id}: {error}") from error
-        changes.setdefault(change)
-        before.setdefault(id(next(c for c in changes if c == change)), (position, old))
-    history = chained(imported.memory_id, list(changes))
+        kept = changes.setdefault(change, change)
+        before.setdefault(id(kept), (position, old))
+    # InferScale's rows (they record the metadata after each change) are in the order written, which their times
+    # need not show (hosts' clocks differ); Mem0's are ordered by time, as before
+    listed = all(c.metadata is not None for c in changes)
+    order = {id(c): i for i, c in enumerate(changes)} if listed else None
+    history = chained(imported.memory_id, list(changes), order)
     _check_old_metadata(imported.memory_id, history, before)
     text = imported.memory.text
     if history[-1].new_text != text:
         raise InvalidInputError(
-            f"Mem0's history of memory {imported.memory_id} ends at {history[-1].new_text!r}, not at its text "
+            f"the history of memory {imported.memory_id} ends at {history[-1].new_text!r}, not at its text "
             f"{text!r}: the records and the history were read from different stores or at different times; read "
             "both again, or leave the history out"
         )
@@ -133,7 +140,9 @@ def _check_scope(row: Mapping[str, Any], imported: ImportedMemory) -> None:
             raise InvalidInputError(f"its {key} is {row[key]!r}, the memory's is {held.get(key)!r}")
 
 
-def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, ...]:
+def chained(
+    memory_id: str, changes: Sequence[PastChange], order: Mapping[int, int] | None = None
+) -> tuple[PastChange, ...]:
     """``changes`` (one ADD and UPDATEs, in any order) in an order their texts chain: the ADD, then UPDATEs each from
     the text the one before left, every UPDATE once. From each text the earliest UPDATE not yet taken comes first;
     where that walk would end before every UPDATE is taken (a text changed back, then on: A→B, B→A, A→C with A→C
@@ -142,7 +151,9 @@ def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, 
 
     Their times alone do not give the order: Mem0 dates an ADD by the memory's ``created_at``, which a caller may set
     in its metadata (backdated, or from another clock), and an UPDATE by the time Mem0 made it; two rows of one
-    second may be listed either way round. The times are kept as Mem0 recorded them.
+    second may be listed either way round. The times are kept as Mem0 recorded them. With ``order`` (``id`` of a
+    change: its place in the rows, InferScale's, listed in the order written), that order ranks the UPDATEs instead
+    of their times, which the clocks of several hosts writing one database need not keep in step.
 
     Raises:
         InvalidInputError: naming the memory, when there is not exactly one ADD, or no order takes every UPDATE
@@ -151,10 +162,12 @@ def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, 
     adds = [c for c in changes if c.event == "ADD"]
     if len(adds) != 1:
         raise InvalidInputError(
-            f"Mem0's history of memory {memory_id} has {len(adds)} ADD rows, where a memory has one: leave the "
+            f"the history of memory {memory_id} has {len(adds)} ADD rows, where a memory has one: leave the "
             "history out to start it at one ADD"
         )
-    updates = sorted((c for c in changes if c.event == "UPDATE"), key=lambda c: c.at)
+    updates = sorted(
+        (c for c in changes if c.event == "UPDATE"), key=(lambda c: c.at) if order is None else (lambda c: order[id(c)])
+    )
     waiting: dict[str | None, deque[PastChange]] = {}
     for change in updates:
         waiting.setdefault(change.old_text, deque()).append(change)
@@ -171,7 +184,7 @@ def chained(memory_id: str, changes: Sequence[PastChange]) -> tuple[PastChange, 
         taken = {id(c) for c in trail}
         stranded = next(c for c in updates if id(c) not in taken)
         raise InvalidInputError(
-            f"Mem0's history of memory {memory_id} does not chain: its UPDATE of {stranded.at.isoformat()} from "
+            f"the history of memory {memory_id} does not chain: its UPDATE of {stranded.at.isoformat()} from "
             f"{stranded.old_text!r} follows no row that left that text: leave the history out to start it at one "
             "ADD"
         )

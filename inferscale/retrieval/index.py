@@ -141,11 +141,8 @@ class VectorIndex:
             loaded = _deserialize(saved, file)
         except index_file.DamagedIndexFileError as damaged:
             aside = index_file.set_aside(file, read)
-            log.warning(
-                "%s; it was set aside as %s, and the index starts empty, to be rebuilt from the database",
-                damaged,
-                aside or "(replaced meanwhile: left as it is)",
-            )
+            where = f"set aside as {aside}" if aside is not None else "not set aside (replaced meanwhile, or see above)"
+            log.warning("%s; it was %s, and the index starts empty, to be rebuilt from the database", damaged, where)
             return index
         index._embedder = saved.embedder
         if not isinstance(loaded, faiss.IndexIDMap2) or not isinstance(

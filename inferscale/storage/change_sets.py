@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from inferscale.errors import InvalidInputError
 from inferscale.scope import Scope
-from inferscale.storage.records import MemoryRecord
+from inferscale.storage.records import ATTRIBUTION_KEYS, MemoryRecord
 from inferscale.storage.validation import (
     check_actor,
     check_context,
@@ -236,7 +236,8 @@ def _checked_add(new: NewMemory) -> NewMemory:
             int from 0 to the number of context turns, or a ``chain_from`` that is not ``None`` or such an int, or
             that is set while some context entry is not a neighbour; for a given id that is not a canonical UUID, a
             given time that is not a tz-aware ``datetime``, or a ``history`` that is not an ``ADD`` and then
-            ``UPDATE``s, each taking the text on from the one before, to the memory's text.
+            ``UPDATE``s, each taking the text on from the one before, to the memory's text (and to its metadata,
+            where the last change records the metadata after it).
     """
     context = tuple(check_context(new.context))
     neighbours = check_count(new.neighbours, "neighbours")
@@ -291,12 +292,18 @@ def _checked_history(history: object, text: str, metadata: dict[str, Any]) -> tu
         checked.append(PastChange(change.event, change.old_text, new_text, at, check_actor(change.actor), role, after))
     if checked and checked[-1].new_text != text:
         raise InvalidInputError("a history ends at the text its memory has: its last change leaves another one")
-    if checked and checked[-1].metadata is not None and not same_json(checked[-1].metadata, metadata):
+    if checked and checked[-1].metadata is not None and not same_json(_stated(checked[-1].metadata), _stated(metadata)):
         raise InvalidInputError(
             "a history ends at the metadata its memory has: its last change records other metadata "
             f"({checked[-1].metadata!r}, the memory's is {metadata!r})"
         )
     return tuple(checked)
+
+
+def _stated(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` without a ``role`` or ``actor_id`` of ``None``: an import leaves such a key out of the memory's
+    metadata (it says nothing), so a history row that kept it ends at the same metadata."""
+    return {key: value for key, value in metadata.items() if not (key in ATTRIBUTION_KEYS and value is None)}
 
 
 def add_change(

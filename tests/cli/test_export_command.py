@@ -75,3 +75,67 @@ def test_export_with_a_scope_flag_writes_that_scope_and_never_overwrites(
     again = cli("export", str(out))
     assert again.code == 2 and "holds memories.json, history.json already" in again.err
     assert [m["memory"] for m in json.loads((out / "memories.json").read_text())] == ["I play the cello."]
+
+
+def test_a_memory_changed_or_deleted_during_the_export_is_read_again_or_left_out(fakes: Fakes) -> None:
+    """The memories and their histories were separate reads: a change in between wrote files that import-mem0
+    refuses (second review)."""
+    from inferscale.commands.export import export_store
+
+    client = fakes.client()
+    kept = client.add("I drive a blue Volvo.", user_id="maya", infer=False)["results"][0]["id"]
+    gone = client.add("I hate mornings.", user_id="maya", infer=False)["results"][0]["id"]
+    history = client.history
+    meanwhile = {kept: lambda: client.update(kept, "I drive a red Volvo now."), gone: lambda: client.delete(gone)}
+
+    def changed_meanwhile(memory_id: str, **scope: str) -> list[dict[str, object]]:
+        rows = history(memory_id, **scope)
+        change = meanwhile.pop(memory_id, None)
+        if change is not None:  # another process writes between this read and the next
+            change()
+        return rows
+
+    client.history = changed_meanwhile  # type: ignore[method-assign]
+    memories, rows = export_store(client, {})
+    assert [m["memory"] for m in memories] == ["I drive a red Volvo now."]
+    assert [(r["event"], r["new_memory"]) for r in rows] == [
+        ("ADD", "I drive a blue Volvo."),
+        ("UPDATE", "I drive a red Volvo now."),
+    ]
+    client.close()
+
+
+def test_an_empty_scope_flag_is_refused(cli: Callable[..., Ran], fakes: Fakes, tmp_path: Path) -> None:
+    """`--user ""` exported every scope's memories while saying so (second review)."""
+    fakes.client().close()
+    ran = cli("export", str(tmp_path / "out"), "--user", "")
+    assert ran.code == 2 and "user_id" in ran.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_history_rows_keep_their_listed_order_whatever_their_times_say(
+    cli: Callable[..., Ran], fakes: Fakes, tmp_path: Path
+) -> None:
+    """Two metadata-only updates written by hosts whose clocks disagree: their times run backwards. The import
+    ordered them by time and then refused the old_metadata chain (second review); InferScale's rows are listed in
+    the order written."""
+    source = fakes.client()
+    memory = source.add("I drive a Volvo.", user_id="maya", infer=False)["results"][0]["id"]
+    source.update(memory, metadata={"v": 1})
+    source.update(memory, metadata={"v": 2, "role": None})  # a role of None: the import leaves it out
+    before = source.history(memory)
+    source.close()
+    out = tmp_path / "export"
+    assert cli("export", str(out)).code == 0
+    rows = json.loads((out / "history.json").read_text())
+    rows[1]["created_at"], rows[2]["created_at"] = rows[2]["created_at"], rows[1]["created_at"]
+    (out / "history.json").write_text(json.dumps(rows))
+    target = tmp_path / "target"
+    moved = cli(
+        "import-mem0", str(out / "memories.json"), "--history", str(out / "history.json"),
+        "--data-dir", str(target), "--no-encode-kv", local=False,
+    )  # fmt: skip
+    assert moved.code == 0, moved.err
+    with MemoryClient({"data_dir": str(target)}, embedder=HashEmbedder()) as other:
+        after = other.history(memory)
+    assert [r["new_metadata"] for r in after] == [r["new_metadata"] for r in before]
