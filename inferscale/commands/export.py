@@ -73,7 +73,7 @@ def _agreeing(client: MemoryClient, memory_id: str) -> tuple[dict[str, Any], lis
         if after is None or (rows and rows[-1]["event"] == "DELETE"):
             return None
         memory = memory_to_dict(after)
-        if record is not None and memory == memory_to_dict(record) and rows and rows[-1]["new_memory"] == after.text:
+        if record is not None and memory == memory_to_dict(record):  # unchanged while its history was read
             return memory, rows
     raise InferScaleError(f"memory {memory_id} kept changing while it was exported; run the export again")
 
@@ -95,12 +95,11 @@ def _export(args: argparse.Namespace) -> int:
 
     def show(value: dict[str, Any], common: Common, out: Console) -> None:
         from inferscale.commands.output import count
+        from inferscale.terminal_text import terminal_safe
 
         whose = common.scope.describe(none="every scope")
         memories = count(value["memories"], "memory", "memories")
         rows = count(value["history_rows"], "history row", "history rows")
-        from inferscale.terminal_text import terminal_safe
-
         where = terminal_safe(value["folder"])
         out.print(f"exported {memories} ({whose}) and {rows} to {where}", markup=False, highlight=False)
         memories_file, history_file = (
