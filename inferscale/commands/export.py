@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
     from inferscale.client import MemoryClient
     from inferscale.commands.client import CommandClient
     from inferscale.commands.options import Common, Parents
+    from inferscale.scope import Scope
+    from inferscale.storage import MemoryRecord
 
 __all__ = ["EXPORT_FILES", "add_export_parser", "export_store"]
 
@@ -35,9 +36,9 @@ EXPORT_FILES = ("memories.json", "history.json")
 """The files ``inferscale export`` writes: the memories, then their history rows."""
 
 
-def export_store(client: MemoryClient, ids: Mapping[str, object]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The memories of ``client``'s store whose scope holds every id of ``ids`` (all of them for ``{}``), oldest
-    first, as ``get_all`` returns them, and every row of their history, each memory's oldest first.
+def export_store(client: MemoryClient, scope: Scope | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The memories of ``scope`` in ``client``'s store (every scope's for ``None``), oldest first, as ``get_all``
+    returns them, and every row of their history, each memory's oldest first.
 
     The memories and each one's history are separate reads, so another process may change a memory in between: a
     memory that changed while its history was read is read again (one deleted meanwhile is left out), so that the
@@ -49,33 +50,36 @@ def export_store(client: MemoryClient, ids: Mapping[str, object]) -> tuple[list[
     Raises:
         InferScaleError: when a memory still changes under three reads in a row (run the export again).
     """
-    records = [r for r in client.db.all_memories() if all(getattr(r, key) == value for key, value in ids.items())]
-    records.sort(key=lambda r: (r.created_at, r.id))
+    if scope is not None:
+        records = client.db.list(scope)  # the scope as get_all reads it
+    else:
+        records = sorted(client.db.all_memories(), key=lambda r: (r.created_at, r.id))
     memories: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     for record in records:
-        pair = _agreeing(client, record.id)
+        pair = _agreeing(client, record)
         if pair is not None:
             memories.append(pair[0])
             rows += pair[1]
     return memories, rows
 
 
-def _agreeing(client: MemoryClient, memory_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """The memory ``memory_id`` and its history rows, read until the memory is the same before and after its history
-    was read (``None`` when it was deleted meanwhile)."""
+def _agreeing(client: MemoryClient, listed: MemoryRecord) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The memory ``listed`` (as the listing read it) and its history rows, read until the memory is the same before
+    and after its history was read (``None`` when it was deleted meanwhile)."""
     from inferscale.results import memory_to_dict
 
+    before = memory_to_dict(listed)
     for _ in range(3):
-        record = client.db.get(memory_id)
-        rows = client.history(memory_id)
-        after = client.db.get(memory_id)
+        rows = client.history(listed.id)
+        after = client.db.get(listed.id)
         if after is None or (rows and rows[-1]["event"] == "DELETE"):
             return None
         memory = memory_to_dict(after)
-        if record is not None and memory == memory_to_dict(record):  # unchanged while its history was read
+        if memory == before:  # unchanged while its history was read
             return memory, rows
-    raise InferScaleError(f"memory {memory_id} kept changing while it was exported; run the export again")
+        before = memory
+    raise InferScaleError(f"memory {listed.id} kept changing while it was exported; run the export again")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -87,7 +91,7 @@ def _export(args: argparse.Namespace) -> int:
             raise InvalidInputError(f"{folder} holds {', '.join(taken)} already; export into an empty folder")
         local = cast("MemoryClient", client)  # the parser offers no --host: open_client built the local client
         scope = optional_scope(**common.scope.ids())  # an empty or blank id is refused, as by every command
-        memories, rows = export_store(local, scope.as_dict() if scope is not None else {})
+        memories, rows = export_store(local, scope)
         folder.mkdir(parents=True, exist_ok=True)
         for name, value in zip(EXPORT_FILES, (memories, rows), strict=True):
             (folder / name).write_text(json.dumps(value, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")

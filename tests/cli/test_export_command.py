@@ -96,7 +96,7 @@ def test_a_memory_changed_or_deleted_during_the_export_is_read_again_or_left_out
         return rows
 
     client.history = changed_meanwhile  # type: ignore[method-assign]
-    memories, rows = export_store(client, {})
+    memories, rows = export_store(client, None)
     assert [m["memory"] for m in memories] == ["I drive a red Volvo now."]
     assert [(r["event"], r["new_memory"]) for r in rows] == [
         ("ADD", "I drive a blue Volvo."),
